@@ -1,0 +1,75 @@
+/*
+ * cli/cli.h — internal to the `cairn` executable: the subcommands and the
+ * small pieces they share (model + KV pool set-up, prompt evaluation).
+ * Nothing outside cli/ includes this.
+ */
+#ifndef CAIRN_CLI_H
+#define CAIRN_CLI_H
+
+#include "engine/engine.h"
+#include "store/store.h"
+
+#include <stdio.h>
+
+int cmd_run(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_perplexity(int argc, char **argv);
+
+/* Options every model-loading command accepts. */
+typedef struct {
+    const char *model_path;
+    int n_threads;      /* 0 = all cores                           */
+    int n_ctx;          /* tokens of KV to reserve; 0 = default     */
+    int page_size;
+    cairn_type kv_type; /* F16 by default, like llama.cpp           */
+    int batch;          /* max tokens per forward call              */
+} cli_model_opts;
+
+void cli_model_opts_defaults(cli_model_opts *o);
+/* Parses one of the shared options; returns 1 if `opt` was one of them, 0 if
+ * not, -1 on a bad value (message printed). */
+int cli_model_opts_parse(cli_model_opts *o, int opt, const char *arg);
+/* The getopt_long entries and help text for the shared options. */
+#define CLI_MODEL_LONGOPTS                                                                         \
+    {"model", required_argument, 0, 'm'}, {"threads", required_argument, 0, 't'},                  \
+        {"ctx-size", required_argument, 0, 'c'}, {"page-size", required_argument, 0, 1001},        \
+        {"kv-type", required_argument, 0, 1002}, {"batch-size", required_argument, 0, 'b'}
+#define CLI_MODEL_SHORTOPTS "m:t:c:b:"
+#define CLI_MODEL_HELP                                                                             \
+    "  -m, --model FILE       GGUF model (default models/stories260K.gguf)\n"                      \
+    "  -t, --threads N        CPU threads (default: all cores)\n"                                  \
+    "  -c, --ctx-size N       context to reserve KV pages for (default: model's, max 4096)\n"      \
+    "  -b, --batch-size N     most tokens per forward call (default 512)\n"                        \
+    "      --page-size N      tokens per KV page (default 16)\n"                                   \
+    "      --kv-type T        KV cache type: f16 (default) or f32\n"
+
+/* A loaded model with one sequence's worth of KV pages. */
+typedef struct {
+    cairn_backend *be;
+    cairn_model *model;
+    cairn_page_pool *pool;
+    cairn_kv_layout kv;
+    int n_ctx;
+    int32_t *pages; /* page table of the single sequence, n_ctx tokens */
+    float *logits;  /* host [batch][n_vocab]                          */
+    int batch;
+} cli_runtime;
+
+int cli_runtime_open(cli_runtime *rt, const cli_model_opts *o);
+void cli_runtime_close(cli_runtime *rt);
+
+/* Evaluate tokens[0..n) at KV indices kv_start.. of the sequence, in chunks
+ * of the batch size. When all_logits is set, logits for every token are
+ * written to out_logits ([n][n_vocab]); otherwise only the last token's
+ * ([n_vocab]). */
+int cli_eval(cli_runtime *rt, const int32_t *tokens, int n, int kv_start, bool all_logits,
+             float *out_logits);
+
+/* Tokenize a whole string into a freshly allocated array (caller frees). */
+int cli_tokenize_alloc(const cairn_vocab *v, const char *text, size_t len, int flags,
+                       int32_t **out, size_t *n_out);
+
+/* Read a whole file ("-" = stdin) into a NUL-terminated buffer. */
+char *cli_read_file(const char *path, size_t *len);
+
+#endif /* CAIRN_CLI_H */

@@ -1,0 +1,150 @@
+/*
+ * cli/cmd_perplexity.c — `cairn perplexity`, computed the way llama.cpp's
+ * llama-perplexity does so the figures are comparable:
+ *
+ *   - the whole file is tokenized once, with BOS if the model asks for it;
+ *   - it is cut into floor(n_tokens / CTX) non-overlapping chunks of CTX
+ *     tokens (at least two chunks' worth of text is required);
+ *   - each chunk is evaluated from an empty context, its first token replaced
+ *     by BOS (when the model uses one);
+ *   - only the second half is scored: for positions j = CTX/2 .. CTX-2 the
+ *     negative log-likelihood of token j+1 under the logits at j;
+ *   - PPL = exp(mean NLL) over all scored tokens, printed cumulatively per
+ *     chunk to stderr and finally as the last line of stdout: `PPL = <value>`.
+ */
+#include "cli/cli.h"
+
+#include <getopt.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char help[] =
+    "usage: cairn perplexity -m MODEL -f FILE -c CTX [options]\n\n"
+    "Perplexity over non-overlapping chunks of CTX tokens, scoring the second half\n"
+    "of each chunk (the llama-perplexity method). Last line of stdout: PPL = <value>.\n\n"
+    "  -f, --file FILE          text to score\n"
+    "      --chunks N           score at most N chunks (default: all)\n" CLI_MODEL_HELP
+    "  -h, --help               this help\n";
+
+/* -log softmax(logits)[target], in double like the reference tool. */
+static double token_nll(const float *logits, int n_vocab, int target)
+{
+    float max = logits[0];
+    for (int i = 1; i < n_vocab; i++)
+        max = logits[i] > max ? logits[i] : max;
+    double sum = 0;
+    for (int i = 0; i < n_vocab; i++)
+        sum += exp((double)(logits[i] - max));
+    return -((double)(logits[target] - max) - log(sum));
+}
+
+int cmd_perplexity(int argc, char **argv)
+{
+    cli_model_opts mo;
+    cli_model_opts_defaults(&mo);
+    const char *path = NULL;
+    int max_chunks = -1;
+    static const struct option longopts[] = {
+        CLI_MODEL_LONGOPTS,
+        {"file", required_argument, 0, 'f'},
+        {"chunks", required_argument, 0, 3000},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    int opt;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, CLI_MODEL_SHORTOPTS "f:h", longopts, NULL)) != -1) {
+        int r = cli_model_opts_parse(&mo, opt, optarg);
+        if (r < 0)
+            return 2;
+        if (r > 0)
+            continue;
+        switch (opt) {
+        case 'f': path = optarg; break;
+        case 3000: max_chunks = atoi(optarg); break;
+        case 'h': fputs(help, stdout); return 0;
+        default: fputs(help, stderr); return 2;
+        }
+    }
+    if (!path || mo.n_ctx < 4) {
+        fprintf(stderr, "cairn perplexity: -f FILE and -c CTX (>= 4) are required\n");
+        return 2;
+    }
+    const int n_ctx = mo.n_ctx;
+    if (mo.batch < n_ctx)
+        mo.batch = n_ctx; /* one forward call per chunk */
+
+    size_t len = 0;
+    char *text = cli_read_file(path, &len);
+    if (!text) {
+        fprintf(stderr, "cairn perplexity: cannot read '%s'\n", path);
+        return 1;
+    }
+    cli_runtime rt;
+    if (cli_runtime_open(&rt, &mo) != CAIRN_OK) {
+        free(text);
+        return 1;
+    }
+    const cairn_vocab *vocab = cairn_model_vocab(rt.model);
+    const int n_vocab = cairn_model_hparams(rt.model)->n_vocab;
+    const bool add_bos = cairn_vocab_add_bos(vocab);
+    int32_t *tokens = NULL;
+    size_t n_tokens = 0;
+    float *logits = NULL;
+    int rc = cli_tokenize_alloc(vocab, text, len, add_bos ? CAIRN_TOK_ADD_BOS : 0, &tokens,
+                                &n_tokens);
+    if (rc != CAIRN_OK)
+        goto done;
+    if (n_tokens < 2 * (size_t)n_ctx) {
+        fprintf(stderr, "cairn perplexity: need at least %d tokens for a context of %d; '%s' "
+                "has %zu\n", 2 * n_ctx, n_ctx, path, n_tokens);
+        rc = CAIRN_ERANGE;
+        goto done;
+    }
+    int n_chunk = (int)(n_tokens / (size_t)n_ctx);
+    if (max_chunks > 0 && max_chunks < n_chunk)
+        n_chunk = max_chunks;
+    const int first = n_ctx / 2;
+    logits = malloc((size_t)n_ctx * n_vocab * sizeof(float));
+    if (!logits) {
+        rc = CAIRN_ENOMEM;
+        goto done;
+    }
+    cairn_log(CAIRN_LOG_INFO, "perplexity: %zu tokens, %d chunks of %d, scoring the last %d of "
+              "each", n_tokens, n_chunk, n_ctx, n_ctx - first - 1);
+
+    double nll = 0, nll2 = 0;
+    long count = 0;
+    double t0 = cairn_now();
+    for (int c = 0; c < n_chunk; c++) {
+        int32_t *chunk = tokens + (size_t)c * n_ctx;
+        int32_t saved = chunk[0];
+        if (add_bos)
+            chunk[0] = cairn_vocab_bos(vocab);
+        rc = cli_eval(&rt, chunk, n_ctx, 0, true, logits);
+        chunk[0] = saved;
+        if (rc != CAIRN_OK)
+            goto done;
+        for (int j = first; j < n_ctx - 1; j++) {
+            double v = token_nll(logits + (size_t)j * n_vocab, n_vocab, chunk[j + 1]);
+            nll += v;
+            nll2 += v * v;
+        }
+        count += n_ctx - 1 - first;
+        fprintf(stderr, "[%d]%.4f,", c + 1, exp(nll / count));
+    }
+    fprintf(stderr, "\n");
+    double mean = nll / count, var = nll2 / count - mean * mean;
+    double ppl = exp(mean);
+    double err = var > 0 && count > 1 ? ppl * sqrt(var / (count - 1)) : 0;
+    cairn_log(CAIRN_LOG_INFO, "perplexity: %ld tokens scored in %.2f s; PPL = %.6f +/- %.5f",
+              count, cairn_now() - t0, ppl, err);
+    printf("PPL = %.4f\n", ppl);
+done:
+    free(logits);
+    free(tokens);
+    free(text);
+    cli_runtime_close(&rt);
+    return rc == CAIRN_OK ? 0 : 1;
+}

@@ -1,0 +1,142 @@
+/*
+ * common/common.h — what every cairn module shares: status codes, element
+ * types, half-precision conversion and logging.
+ *
+ * Status codes
+ * ------------
+ * Every fallible function in cairn returns an `int`: CAIRN_OK (0) on success,
+ * a negative CAIRN_E* code otherwise. Results come back through
+ * out-parameters, which are left untouched on failure unless the function says
+ * otherwise. cairn_strerror() turns a code into a short English phrase; the
+ * functions that can say more (a GGUF file that is corrupt, say) also fill a
+ * caller-supplied message buffer.
+ *
+ * Element types
+ * -------------
+ * cairn_type values are GGUF's own tensor type ids, so a type read from a
+ * file needs no translation. Quantized types are stored in GGUF's block
+ * layout: a row of n elements is n / block_elems blocks of block_bytes each.
+ *
+ *   type   block_elems block_bytes  layout of one block
+ *   F32        1           4        float
+ *   F16        1           2        IEEE half
+ *   BF16       1           2        upper half of an IEEE float
+ *   Q8_0      32          34        half scale d, 32 x int8 q      x = d*q
+ *   Q4_0      32          18        half scale d, 16 bytes of nibbles:
+ *                                   byte j holds element j (low nibble) and
+ *                                   element j+16 (high nibble)  x = d*(q-8)
+ *
+ * Thread safety: everything here is pure or uses only atomics, except
+ * cairn_log_set_level(), which is meant to be called once at start-up.
+ */
+#ifndef CAIRN_COMMON_H
+#define CAIRN_COMMON_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- status codes ------------------------------------------------------ */
+
+enum {
+    CAIRN_OK = 0,
+    CAIRN_EINVAL = -1,     /* an argument is out of its documented range     */
+    CAIRN_ENOMEM = -2,     /* an allocation failed (host or device)          */
+    CAIRN_EIO = -3,        /* a read, write, open or mmap failed             */
+    CAIRN_EFORMAT = -4,    /* a file or message is malformed or corrupt      */
+    CAIRN_EUNSUPPORTED = -5, /* valid, but cairn does not implement it       */
+    CAIRN_ENOTFOUND = -6,  /* a key, tensor, token or record does not exist  */
+    CAIRN_ERANGE = -7,     /* an output buffer is too small, or a count or
+                              position exceeds a configured limit           */
+    CAIRN_EFULL = -8,      /* a pool or store has no free capacity left      */
+    CAIRN_EBUSY = -9,      /* the object is in use (locked, still loading)   */
+    CAIRN_ECORRUPT = -10,  /* stored data failed its checksum or identity    */
+    CAIRN_EBACKEND = -11,  /* the compute backend reported an error          */
+    CAIRN_ECLOSED = -12,   /* the peer or object has been shut down          */
+};
+
+/* A static, never-NULL description of a status code. */
+const char *cairn_strerror(int status);
+
+/* ---- element types (values are GGUF's ggml_type ids) ------------------- */
+
+typedef enum {
+    CAIRN_TYPE_F32 = 0,
+    CAIRN_TYPE_F16 = 1,
+    CAIRN_TYPE_Q4_0 = 2,
+    CAIRN_TYPE_Q4_1 = 3,
+    CAIRN_TYPE_Q5_0 = 6,
+    CAIRN_TYPE_Q5_1 = 7,
+    CAIRN_TYPE_Q8_0 = 8,
+    CAIRN_TYPE_Q8_1 = 9,
+    CAIRN_TYPE_Q2_K = 10,
+    CAIRN_TYPE_Q3_K = 11,
+    CAIRN_TYPE_Q4_K = 12,
+    CAIRN_TYPE_Q5_K = 13,
+    CAIRN_TYPE_Q6_K = 14,
+    CAIRN_TYPE_Q8_K = 15,
+    CAIRN_TYPE_I8 = 24,
+    CAIRN_TYPE_I16 = 25,
+    CAIRN_TYPE_I32 = 26,
+    CAIRN_TYPE_I64 = 27,
+    CAIRN_TYPE_F64 = 28,
+    CAIRN_TYPE_BF16 = 30,
+    CAIRN_TYPE_COUNT_ = 40 /* upper bound on ids, not a type */
+} cairn_type;
+
+typedef struct {
+    const char *name;    /* "F32", "Q4_0", ...                               */
+    int block_elems;     /* elements per block (1 for plain types)           */
+    int block_bytes;     /* bytes per block                                  */
+    bool compute;        /* true when cairn's kernels can multiply with it   */
+} cairn_type_traits;
+
+/* Traits of `type`, or NULL when the id is unknown to cairn (so a GGUF file
+ * naming it is refused with a message, not misread). */
+const cairn_type_traits *cairn_type_get(int type);
+
+/* Bytes of a row of `n` elements of `type`; 0 when `n` is not a multiple of
+ * the block size or the type is unknown. */
+size_t cairn_type_row_bytes(int type, int64_t n);
+
+/* Dequantize one row of `n` elements (n a multiple of the block size) into
+ * floats. Supports every type whose traits say `compute`. Returns CAIRN_OK or
+ * CAIRN_EUNSUPPORTED. Host memory only; this is the reference definition of
+ * each format that the kernels and their tests agree with. */
+int cairn_dequantize_row(int type, const void *src, float *dst, int64_t n);
+
+/* Quantize one row of floats into `type` (F32, F16, BF16, Q8_0, Q4_0), with
+ * round-to-nearest scales as GGUF writers do. Used by tests and tools. */
+int cairn_quantize_row(int type, const float *src, void *dst, int64_t n);
+
+/* ---- half precision ---------------------------------------------------- */
+
+float cairn_fp16_to_fp32(uint16_t h);
+uint16_t cairn_fp32_to_fp16(float f); /* round to nearest even */
+static inline float cairn_bf16_to_fp32(uint16_t h)
+{
+    union { uint32_t u; float f; } v;
+    v.u = (uint32_t)h << 16;
+    return v.f;
+}
+uint16_t cairn_fp32_to_bf16(float f); /* round to nearest even, NaN kept */
+
+/* ---- logging ----------------------------------------------------------- */
+
+/* Diagnostics go to stderr, never stdout (stdout carries generated text). */
+typedef enum { CAIRN_LOG_ERROR = 0, CAIRN_LOG_WARN, CAIRN_LOG_INFO, CAIRN_LOG_DEBUG } cairn_log_level;
+void cairn_log_set_level(cairn_log_level level);
+void cairn_log(cairn_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Monotonic clock in seconds, for timings. */
+double cairn_now(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CAIRN_COMMON_H */

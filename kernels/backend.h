@@ -1,0 +1,196 @@
+/*
+ * kernels/backend.h — the compute backend interface.
+ *
+ * A backend is a table of function pointers plus an opaque context, in the
+ * manner of ggml-backend: the engine is written once against this table and
+ * runs on whichever device implements it. The CPU backend (kernels/cpu/) is
+ * the reference and always exists; the CUDA backend (kernels/cuda/) must
+ * produce the same logits within a stated tolerance.
+ *
+ * Memory model
+ * ------------
+ *   - "Backend memory" is memory the backend allocated with alloc(): host RAM
+ *     for the CPU backend, device memory for CUDA. Every tensor argument of an
+ *     op (float *, const void *weights, the KV pool) is backend memory.
+ *   - Small index arrays (token ids, positions, KV slots, page tables, masks)
+ *     are host memory: they are a few KB per step and a device backend stages
+ *     them itself. This keeps the engine free of device-side bookkeeping.
+ *   - Ops may run asynchronously on a device; download() and synchronize()
+ *     are the points where results are guaranteed visible to the host. The
+ *     CPU backend runs every op to completion before returning.
+ *
+ * Shapes
+ * ------
+ * Activations are row-major float32: a batch of T tokens of width D is a
+ * [T][D] array. Weights are [n_out][n_in] in GGUF order (each output row is
+ * contiguous, quantized in cairn_type block layout), so y = x · Wᵀ.
+ *
+ * Paged KV
+ * --------
+ * The KV cache is a pool of fixed-size pages. A page holds `page_size`
+ * consecutive tokens of one sequence, for every layer, K and V:
+ *
+ *     page p:  [layer 0: K[page_size][n_kv_head][head_dim] V[...]] [layer 1 ...] ...
+ *
+ * so a page is one contiguous block of kv_layout.page_bytes bytes — the unit
+ * that is shared, evicted, copied between tiers and written to disk. A
+ * sequence's KV is addressed through its page table: token index j lives in
+ * page pages[j / page_size] at row j % page_size. A "slot" is
+ * page * page_size + row.
+ *
+ * Threading: a backend is used by one thread at a time (the engine thread);
+ * the backend may use worker threads internally. Ops return CAIRN_OK or a
+ * negative status (CAIRN_EINVAL for a bad argument, CAIRN_EBACKEND for a
+ * device failure); they never abort on bad input.
+ */
+#ifndef CAIRN_KERNELS_BACKEND_H
+#define CAIRN_KERNELS_BACKEND_H
+
+#include "common/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Geometry of one KV page. Built by the engine from model hyper-parameters
+ * (cairn_kv_layout_init) and shared by the engine, the backend and the store. */
+typedef struct {
+    int n_layer;       /* layers stored in a page (the model's, +1 for an EAGLE head) */
+    int n_kv_head;     /* KV heads per layer                                   */
+    int head_dim;      /* elements per head                                    */
+    int page_size;     /* tokens per page                                      */
+    cairn_type dtype;  /* CAIRN_TYPE_F32 or CAIRN_TYPE_F16                      */
+    size_t row_bytes;  /* bytes of one token's K (or V) in one layer           */
+    size_t page_bytes; /* bytes of a whole page                                */
+} cairn_kv_layout;
+
+/* Fill *out from the four shape numbers. CAIRN_EINVAL when a number is not
+ * positive or dtype is neither F32 nor F16. */
+int cairn_kv_layout_init(cairn_kv_layout *out, int n_layer, int n_kv_head, int head_dim,
+                         int page_size, cairn_type dtype);
+
+/* Byte offset, inside a page, of K (kv = 0) or V (kv = 1) of `layer` at
+ * page row `row`. */
+static inline size_t cairn_kv_offset(const cairn_kv_layout *L, int layer, int kv, int row)
+{
+    return ((size_t)layer * 2 + (size_t)kv) * (size_t)L->page_size * L->row_bytes +
+           (size_t)row * L->row_bytes;
+}
+
+/* One sequence's share of an attention call. */
+typedef struct {
+    int q_start;            /* first row of this sequence in q / out            */
+    int n_q;                /* number of query rows                             */
+    int n_kv;               /* KV entries visible to this sequence: indices
+                               0 .. n_kv-1 of its page table                    */
+    const int32_t *q_index; /* [n_q] KV index of each query token; without a
+                               mask, query i sees KV indices 0 .. q_index[i]
+                               (causal). Equals the position in plain decoding. */
+    const int32_t *pages;   /* page table, ceil(n_kv / page_size) page ids       */
+    const uint8_t *mask;    /* optional [n_q][n_kv], 1 = visible (EAGLE tree).
+                               When set it replaces the causal rule.            */
+} cairn_attn_seq;
+
+typedef struct {
+    float *out;               /* [n_rows][n_head * head_dim]                     */
+    const float *q;           /* [n_rows][n_head * head_dim], RoPE applied        */
+    const void *kv_pool;      /* base of the page pool (backend memory)           */
+    const cairn_kv_layout *kv;
+    int layer;
+    int n_head;               /* query heads; n_head % kv->n_kv_head == 0 (GQA)  */
+    float scale;              /* usually 1/sqrt(head_dim)                         */
+    int n_seqs;
+    const cairn_attn_seq *seqs; /* host array [n_seqs]                            */
+} cairn_attn_args;
+
+typedef enum { CAIRN_ROPE_NORMAL = 0, CAIRN_ROPE_NEOX = 2 } cairn_rope_mode;
+
+typedef struct {
+    int n_rot;                 /* rotated dims per head (<= head_dim, even)      */
+    cairn_rope_mode mode;      /* NORMAL rotates pairs (2i, 2i+1); NEOX rotates
+                                  (i, i + n_rot/2)                               */
+    float freq_base;           /* theta, e.g. 10000                              */
+    float freq_scale;          /* linear position scaling, 1 = none              */
+    const float *freq_factors; /* optional [n_rot/2] divisors of each frequency
+                                  (Llama 3 rope_freqs), backend memory          */
+} cairn_rope_params;
+
+typedef struct cairn_backend cairn_backend;
+
+/* The table a backend implements. Every pointer is required. */
+typedef struct {
+    const char *name;
+
+    void (*destroy)(cairn_backend *be);
+
+    /* Memory. alloc returns zeroed memory aligned to at least 64 bytes. */
+    int (*alloc)(cairn_backend *be, size_t bytes, void **out);
+    void (*free)(cairn_backend *be, void *ptr);
+    int (*upload)(cairn_backend *be, void *dst, const void *host_src, size_t bytes);
+    int (*download)(cairn_backend *be, void *host_dst, const void *src, size_t bytes);
+    int (*copy)(cairn_backend *be, void *dst, const void *src, size_t bytes);
+    int (*synchronize)(cairn_backend *be);
+
+    /* out[T][D] = table[ids[t]][:], table rows of `type` (host ids). */
+    int (*get_rows)(cairn_backend *be, float *out, const void *table, cairn_type type,
+                    int D, const int32_t *ids, int T);
+
+    /* y[T][n_out] = x[T][n_in] · W[n_out][n_in]ᵀ, W of type `wtype`. */
+    int (*matmul)(cairn_backend *be, float *y, const void *W, cairn_type wtype,
+                  const float *x, int T, int n_in, int n_out);
+
+    /* out[T][D] = x / sqrt(mean(x²) + eps) * w[D]. out may equal x. */
+    int (*rmsnorm)(cairn_backend *be, float *out, const float *x, const float *w,
+                   int T, int D, float eps);
+
+    /* Rotate x[T][n_heads][head_dim] in place; pos[T] on the host. */
+    int (*rope)(cairn_backend *be, float *x, int T, int n_heads, int head_dim,
+                const int32_t *pos, const cairn_rope_params *p);
+
+    /* out[n] = silu(gate[n]) * up[n]. out may equal gate. */
+    int (*swiglu)(cairn_backend *be, float *out, const float *gate, const float *up, size_t n);
+
+    /* y[n] = a[n] + b[n]. y may equal a. */
+    int (*add)(cairn_backend *be, float *y, const float *a, const float *b, size_t n);
+
+    /* Softmax over each of the T rows of x[T][n], in place. */
+    int (*softmax)(cairn_backend *be, float *x, int T, int n);
+
+    /* Write K and V rows of T new tokens of `layer` into the pool at
+     * slots[T] (host). k, v: [T][n_kv_head * head_dim] floats, converted to
+     * the layout's dtype. */
+    int (*kv_store)(cairn_backend *be, void *kv_pool, const cairn_kv_layout *L, int layer,
+                    const float *k, const float *v, const int32_t *slots, int T);
+
+    /* Scaled dot-product attention of each query row over its sequence's
+     * paged KV, grouped-query: query head h reads KV head h / (n_head / n_kv_head). */
+    int (*attention)(cairn_backend *be, const cairn_attn_args *args);
+} cairn_backend_iface;
+
+struct cairn_backend {
+    const cairn_backend_iface *iface;
+    void *ctx; /* owned by the backend */
+};
+
+/* ---- backends ---------------------------------------------------------- */
+
+/* The CPU backend with `n_threads` workers (0 = one per online core). The
+ * worker pool is created once here and reused by every op. The caller owns
+ * the result and releases it with cairn_backend_destroy(). */
+int cairn_backend_cpu_create(int n_threads, cairn_backend **out);
+
+/* Number of threads the CPU backend actually uses. */
+int cairn_backend_cpu_threads(const cairn_backend *be);
+
+/* The CUDA backend on device `device`. CAIRN_EUNSUPPORTED when cairn was
+ * built without CUDA or no such device exists. */
+int cairn_backend_cuda_create(int device, cairn_backend **out);
+
+/* Destroy any backend; NULL is a no-op. All memory allocated from it must
+ * have been freed first. */
+void cairn_backend_destroy(cairn_backend *be);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CAIRN_KERNELS_BACKEND_H */

@@ -1,0 +1,287 @@
+/*
+ * kernels/cpu/cpu_attention.c — writing K/V into the paged pool and attention
+ * over it.
+ *
+ * Attention is computed per (query row, query head) item, two-pass: first
+ * every visible score s_j = scale * q·k_j and their maximum, then
+ * softmax weights exp(s_j - max) and the weighted sum of V. Each item is
+ * independent, so the work is split over all items of all sequences at once
+ * (a decode step of many sequences and a long prefill both keep every thread
+ * busy).
+ *
+ * Rules beyond kernels/backend.h:
+ *   - A query row that sees no KV entry at all (an all-zero mask row) gets an
+ *     all-zero output instead of NaNs.
+ *   - Without a mask, q_index[i] must be in [0, n_kv): CAIRN_EINVAL otherwise.
+ *     With a mask, q_index is not read and may be NULL.
+ *   - Page ids must be >= 0 (checked) and inside the pool (cannot be checked:
+ *     the pool's size is not an argument). KV slots in kv_store likewise.
+ *   - out may be the same array as q (each item reads its query before it
+ *     writes its output); other overlaps are not allowed.
+ *   - kv_store's slots must be distinct within one call.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu_impl.h"
+
+int cpu_kv_layout_valid(const cairn_kv_layout *L)
+{
+    if (!L || L->n_layer <= 0 || L->n_kv_head <= 0 || L->head_dim <= 0 || L->page_size <= 0)
+        return 0;
+    size_t elem;
+    if (L->dtype == CAIRN_TYPE_F32)
+        elem = 4;
+    else if (L->dtype == CAIRN_TYPE_F16)
+        elem = 2;
+    else
+        return 0;
+    return L->row_bytes == (size_t)L->n_kv_head * (size_t)L->head_dim * elem &&
+           L->page_bytes == (size_t)L->n_layer * 2 * (size_t)L->page_size * L->row_bytes;
+}
+
+/* Address of K (kv = 0) or V (kv = 1) of `layer` for token row `row` of
+ * page `page`. */
+static inline const uint8_t *kv_row_addr(const uint8_t *pool, const cairn_kv_layout *L, int layer,
+                                         int kv, int32_t page, int row)
+{
+    return pool + (size_t)page * L->page_bytes + cairn_kv_offset(L, layer, kv, row);
+}
+
+/* ---- kv_store ---------------------------------------------------------- */
+
+typedef struct {
+    uint8_t *pool;
+    const cairn_kv_layout *L;
+    int layer;
+    const float *k, *v;   /* [T][n_kv_head * head_dim] */
+    const int32_t *slots; /* [T] */
+} kv_store_job;
+
+static void store_row(uint8_t *dst, const float *src, int n, cairn_type dtype)
+{
+    if (dtype == CAIRN_TYPE_F32) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+    } else {
+        uint16_t *h = (uint16_t *)dst;
+        for (int i = 0; i < n; i++)
+            h[i] = cairn_fp32_to_fp16(src[i]);
+    }
+}
+
+static void kv_store_range(void *p, int64_t begin, int64_t end, int thread)
+{
+    (void)thread;
+    const kv_store_job *job = p;
+    const cairn_kv_layout *L = job->L;
+    const int width = L->n_kv_head * L->head_dim;
+    for (int64_t t = begin; t < end; t++) {
+        const int32_t slot = job->slots[t];
+        const int32_t page = slot / L->page_size;
+        const int row = slot % L->page_size;
+        uint8_t *k_dst = (uint8_t *)kv_row_addr(job->pool, L, job->layer, 0, page, row);
+        uint8_t *v_dst = (uint8_t *)kv_row_addr(job->pool, L, job->layer, 1, page, row);
+        store_row(k_dst, job->k + (size_t)t * (size_t)width, width, L->dtype);
+        store_row(v_dst, job->v + (size_t)t * (size_t)width, width, L->dtype);
+    }
+}
+
+int cpu_kv_store(cairn_backend *be, void *kv_pool, const cairn_kv_layout *L, int layer,
+                 const float *k, const float *v, const int32_t *slots, int T)
+{
+    if (!be || !kv_pool || !k || !v || !slots || T <= 0 || !cpu_kv_layout_valid(L))
+        return CAIRN_EINVAL;
+    if (layer < 0 || layer >= L->n_layer)
+        return CAIRN_EINVAL;
+    for (int t = 0; t < T; t++)
+        if (slots[t] < 0)
+            return CAIRN_EINVAL;
+    kv_store_job job = {.pool = kv_pool, .L = L, .layer = layer, .k = k, .v = v, .slots = slots};
+    int64_t min_chunk = 1 + 16384 / ((int64_t)L->n_kv_head * L->head_dim);
+    cpu_pool_parallel_for(cpu_ctx_of(be)->pool, T, min_chunk, kv_store_range, &job);
+    return CAIRN_OK;
+}
+
+/* ---- attention --------------------------------------------------------- */
+
+typedef struct {
+    cpu_ctx *ctx;
+    const cairn_attn_args *a;
+    const int64_t *row_start; /* [n_seqs + 1] first flattened query row of each sequence */
+    int group;                /* query heads per KV head */
+} attn_job;
+
+/* Dot product of a float query with one K row of the pool. */
+static inline float dot_q_k(const float *q, const uint8_t *k, int n, cairn_type dtype)
+{
+    if (dtype == CAIRN_TYPE_F32)
+        return cpu_dot_f32(q, (const float *)k, n);
+    const uint16_t *kh = (const uint16_t *)k;
+    float sum = 0.0f;
+    for (int d = 0; d < n; d++)
+        sum += q[d] * cpu_half_to_float(kh[d]);
+    return sum;
+}
+
+/* acc[n] += w * v[n], v a V row of the pool. */
+static inline void axpy_v(float *acc, float w, const uint8_t *v, int n, cairn_type dtype)
+{
+    if (dtype == CAIRN_TYPE_F32) {
+        const float *vf = (const float *)v;
+        for (int d = 0; d < n; d++)
+            acc[d] += w * vf[d];
+    } else {
+        const uint16_t *vh = (const uint16_t *)v;
+        for (int d = 0; d < n; d++)
+            acc[d] += w * cpu_half_to_float(vh[d]);
+    }
+}
+
+/* One query row `i` of sequence `seq`, query head `h`. Scratch holds the
+ * scores [n_kv], then the query copy and the accumulator [head_dim] each. */
+static void attend_one(const attn_job *job, const cairn_attn_seq *seq, int i, int h, float *scratch)
+{
+    const cairn_attn_args *a = job->a;
+    const cairn_kv_layout *L = a->kv;
+    const int hd = L->head_dim;
+    const int ps = L->page_size;
+    const int kv_head = h / job->group;
+    const size_t head_off = (size_t)kv_head * (size_t)hd * (L->dtype == CAIRN_TYPE_F32 ? 4 : 2);
+    const size_t q_off = ((size_t)(seq->q_start + i) * (size_t)a->n_head + (size_t)h) * (size_t)hd;
+    const uint8_t *pool = a->kv_pool;
+    const uint8_t *mask = seq->mask ? seq->mask + (size_t)i * (size_t)seq->n_kv : NULL;
+    /* Without a mask the query sees the causal prefix 0 .. q_index[i]. */
+    const int n_scan = mask ? seq->n_kv : seq->q_index[i] + 1;
+
+    float *scores = scratch;                       /* [n_kv]     */
+    float *q = scratch + ((seq->n_kv + 15) / 16 * 16); /* [head_dim] */
+    float *acc = q + ((hd + 15) / 16 * 16);        /* [head_dim] */
+    memcpy(q, a->q + q_off, (size_t)hd * sizeof(float));
+
+    /* Pass 1: scores of the visible entries and their maximum. */
+    float max = -INFINITY;
+    int any_visible = 0;
+    for (int j = 0; j < n_scan; j++) {
+        if (mask && !mask[j])
+            continue;
+        const uint8_t *k = kv_row_addr(pool, L, a->layer, 0, seq->pages[j / ps], j % ps) + head_off;
+        const float s = dot_q_k(q, k, hd, L->dtype) * a->scale;
+        scores[j] = s;
+        max = s > max ? s : max;
+        any_visible = 1;
+    }
+
+    /* Pass 2: softmax weights and the weighted sum of V. */
+    for (int d = 0; d < hd; d++)
+        acc[d] = 0.0f;
+    float sum = 0.0f;
+    if (any_visible) {
+        for (int j = 0; j < n_scan; j++) {
+            if (mask && !mask[j])
+                continue;
+            const float w = expf(scores[j] - max);
+            sum += w;
+            const uint8_t *v = kv_row_addr(pool, L, a->layer, 1, seq->pages[j / ps], j % ps) + head_off;
+            axpy_v(acc, w, v, hd, L->dtype);
+        }
+    }
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    float *out = a->out + q_off;
+    for (int d = 0; d < hd; d++)
+        out[d] = acc[d] * inv;
+}
+
+static void attention_range(void *p, int64_t begin, int64_t end, int thread)
+{
+    const attn_job *job = p;
+    const cairn_attn_args *a = job->a;
+    float *scratch = cpu_scratch_of(job->ctx, thread);
+    /* Find the sequence of the first item: the last one starting at or
+     * before its row (binary search over the row starts). */
+    int64_t row = begin / a->n_head;
+    int lo = 0, hi = a->n_seqs - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (job->row_start[mid] <= row)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    int s = lo;
+    for (int64_t item = begin; item < end; item++) {
+        row = item / a->n_head;
+        const int h = (int)(item % a->n_head);
+        while (row >= job->row_start[s + 1])
+            s++;
+        attend_one(job, &a->seqs[s], (int)(row - job->row_start[s]), h, scratch);
+    }
+}
+
+/* Check one sequence's share; returns 0 when it is unusable. */
+static int seq_valid(const cairn_attn_seq *seq, int page_size)
+{
+    if (seq->q_start < 0 || seq->n_q <= 0 || seq->n_kv <= 0 || !seq->pages)
+        return 0;
+    if (!seq->mask) {
+        if (!seq->q_index)
+            return 0;
+        for (int i = 0; i < seq->n_q; i++)
+            if (seq->q_index[i] < 0 || seq->q_index[i] >= seq->n_kv)
+                return 0;
+    }
+    const int n_pages = (seq->n_kv + page_size - 1) / page_size;
+    for (int p = 0; p < n_pages; p++)
+        if (seq->pages[p] < 0)
+            return 0;
+    return 1;
+}
+
+int cpu_attention(cairn_backend *be, const cairn_attn_args *a)
+{
+    if (!be || !a || !a->out || !a->q || !a->kv_pool || !a->seqs || a->n_seqs <= 0)
+        return CAIRN_EINVAL;
+    const cairn_kv_layout *L = a->kv;
+    if (!cpu_kv_layout_valid(L) || a->layer < 0 || a->layer >= L->n_layer)
+        return CAIRN_EINVAL;
+    if (a->n_head <= 0 || a->n_head % L->n_kv_head != 0 || !isfinite(a->scale))
+        return CAIRN_EINVAL;
+    int max_kv = 0;
+    for (int s = 0; s < a->n_seqs; s++) {
+        if (!seq_valid(&a->seqs[s], L->page_size))
+            return CAIRN_EINVAL;
+        if (a->seqs[s].n_kv > max_kv)
+            max_kv = a->seqs[s].n_kv;
+    }
+
+    cpu_ctx *ctx = cpu_ctx_of(be);
+    /* Scratch per thread: scores [max_kv] plus query copy and accumulator,
+     * each padded to whole cache lines as attend_one lays them out. */
+    size_t scratch = (size_t)(max_kv + 15) / 16 * 16 + 2 * ((size_t)(L->head_dim + 15) / 16 * 16);
+    int rc = cpu_scratch_reserve(ctx, scratch);
+    if (rc != CAIRN_OK)
+        return rc;
+    if (ctx->seq_row_cap < a->n_seqs + 1) {
+        int64_t *grown = realloc(ctx->seq_row_start, sizeof(int64_t) * (size_t)(a->n_seqs + 1));
+        if (!grown)
+            return CAIRN_ENOMEM;
+        ctx->seq_row_start = grown;
+        ctx->seq_row_cap = a->n_seqs + 1;
+    }
+    int64_t n_rows = 0;
+    for (int s = 0; s < a->n_seqs; s++) {
+        ctx->seq_row_start[s] = n_rows;
+        n_rows += a->seqs[s].n_q;
+    }
+    ctx->seq_row_start[a->n_seqs] = n_rows;
+
+    attn_job job = {
+        .ctx = ctx, .a = a, .row_start = ctx->seq_row_start,
+        .group = a->n_head / L->n_kv_head,
+    };
+    /* An item costs about 2 * n_kv * head_dim multiply-adds. */
+    int64_t work_per_item = 2 * (int64_t)max_kv * L->head_dim;
+    cpu_pool_parallel_for(ctx->pool, n_rows * a->n_head, 1 + 16384 / work_per_item,
+                          attention_range, &job);
+    return CAIRN_OK;
+}

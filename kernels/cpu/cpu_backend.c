@@ -1,0 +1,168 @@
+/*
+ * kernels/cpu/cpu_backend.c — the CPU backend: creation, host memory and the
+ * function table. The ops themselves live in cpu_matmul.c, cpu_ops.c and
+ * cpu_attention.c.
+ *
+ * Argument rules shared by every op of this backend (the CUDA backend follows
+ * the same ones):
+ *   - NULL tensor or index pointers, and sizes that are not positive, are
+ *     CAIRN_EINVAL. Memory copies of 0 bytes are a no-op, as with memcpy.
+ *   - What cannot be checked is the caller's responsibility: that buffers are
+ *     as large as the shapes say, that token ids are below the table's row
+ *     count, and that KV slots and page ids lie inside the pool.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kernels/cpu/cpu_impl.h"
+
+/* Alignment of every allocation: a cache line, and enough for any AVX-512
+ * load. */
+#define CPU_ALIGN 64
+
+/* More threads than this is a configuration mistake, not a machine. */
+#define CPU_MAX_THREADS 1024
+
+int cpu_scratch_reserve(cpu_ctx *ctx, size_t floats)
+{
+    /* Round each slice up to whole cache lines. */
+    size_t stride = (floats + 15) / 16 * 16;
+    if (stride <= ctx->scratch_stride)
+        return CAIRN_OK;
+    if (stride > SIZE_MAX / sizeof(float) / (size_t)ctx->n_threads)
+        return CAIRN_ENOMEM;
+    void *mem = NULL;
+    if (posix_memalign(&mem, CPU_ALIGN, stride * sizeof(float) * (size_t)ctx->n_threads) != 0)
+        return CAIRN_ENOMEM;
+    free(ctx->scratch);
+    ctx->scratch = mem;
+    ctx->scratch_stride = stride;
+    return CAIRN_OK;
+}
+
+static void cpu_destroy(cairn_backend *be)
+{
+    if (!be)
+        return;
+    cpu_ctx *ctx = cpu_ctx_of(be);
+    if (ctx) {
+        cpu_pool_destroy(ctx->pool);
+        free(ctx->scratch);
+        free(ctx->seq_row_start);
+        free(ctx);
+    }
+    free(be);
+}
+
+static int cpu_alloc(cairn_backend *be, size_t bytes, void **out)
+{
+    (void)be;
+    if (!out || bytes == 0)
+        return CAIRN_EINVAL;
+    if (bytes > SIZE_MAX - CPU_ALIGN)
+        return CAIRN_ENOMEM;
+    /* Whole cache lines, so a vector loop may read a row's padded tail. */
+    size_t rounded = (bytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN;
+    void *mem = NULL;
+    if (posix_memalign(&mem, CPU_ALIGN, rounded) != 0)
+        return CAIRN_ENOMEM;
+    memset(mem, 0, rounded);
+    *out = mem;
+    return CAIRN_OK;
+}
+
+static void cpu_free(cairn_backend *be, void *ptr)
+{
+    (void)be;
+    free(ptr);
+}
+
+static int cpu_memcpy(void *dst, const void *src, size_t bytes)
+{
+    if (!dst || !src)
+        return CAIRN_EINVAL;
+    if (bytes > 0 && dst != src)
+        memmove(dst, src, bytes);
+    return CAIRN_OK;
+}
+
+static int cpu_upload(cairn_backend *be, void *dst, const void *host_src, size_t bytes)
+{
+    (void)be;
+    return cpu_memcpy(dst, host_src, bytes);
+}
+
+static int cpu_download(cairn_backend *be, void *host_dst, const void *src, size_t bytes)
+{
+    (void)be;
+    return cpu_memcpy(host_dst, src, bytes);
+}
+
+static int cpu_copy(cairn_backend *be, void *dst, const void *src, size_t bytes)
+{
+    (void)be;
+    return cpu_memcpy(dst, src, bytes);
+}
+
+static int cpu_synchronize(cairn_backend *be)
+{
+    /* Every op has finished when it returns. */
+    (void)be;
+    return CAIRN_OK;
+}
+
+static const cairn_backend_iface cpu_iface = {
+    .name = "cpu",
+    .destroy = cpu_destroy,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_upload,
+    .download = cpu_download,
+    .copy = cpu_copy,
+    .synchronize = cpu_synchronize,
+    .get_rows = cpu_get_rows,
+    .matmul = cpu_matmul,
+    .rmsnorm = cpu_rmsnorm,
+    .rope = cpu_rope,
+    .swiglu = cpu_swiglu,
+    .add = cpu_add,
+    .softmax = cpu_softmax,
+    .kv_store = cpu_kv_store,
+    .attention = cpu_attention,
+};
+
+int cairn_backend_cpu_create(int n_threads, cairn_backend **out)
+{
+    if (!out || n_threads < 0 || n_threads > CPU_MAX_THREADS)
+        return CAIRN_EINVAL;
+    if (n_threads == 0) {
+        long online = sysconf(_SC_NPROCESSORS_ONLN);
+        n_threads = online < 1 ? 1 : online > CPU_MAX_THREADS ? CPU_MAX_THREADS : (int)online;
+    }
+    cairn_backend *be = calloc(1, sizeof *be);
+    cpu_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!be || !ctx) {
+        free(be);
+        free(ctx);
+        return CAIRN_ENOMEM;
+    }
+    ctx->n_threads = n_threads;
+    int rc = cpu_pool_create(n_threads, &ctx->pool);
+    if (rc != CAIRN_OK) {
+        free(ctx);
+        free(be);
+        return rc;
+    }
+    be->iface = &cpu_iface;
+    be->ctx = ctx;
+    *out = be;
+    return CAIRN_OK;
+}
+
+int cairn_backend_cpu_threads(const cairn_backend *be)
+{
+    if (!be || be->iface != &cpu_iface || !be->ctx)
+        return CAIRN_EINVAL;
+    return ((const cpu_ctx *)be->ctx)->n_threads;
+}

@@ -1,0 +1,133 @@
+/*
+ * kernels/cpu/cpu_impl.h — internals of the CPU backend, shared by the files
+ * of kernels/cpu/ and included by nothing outside that folder.
+ *
+ * Structure
+ * ---------
+ *   cpu_pool.c       a persistent worker pool and its parallel-for
+ *   cpu_backend.c    create/destroy, memory ops, the function table
+ *   cpu_matmul.c     get_rows and matmul (weights in GGUF block layout)
+ *   cpu_ops.c        rmsnorm, rope, swiglu, add, softmax
+ *   cpu_attention.c  kv_store and attention over paged KV
+ *
+ * Determinism: every parallel op splits its work into independent items
+ * (an output row, a token, a (query row, head) pair) and each item is
+ * computed by the same sequential code whichever thread runs it, so results
+ * are bitwise identical for any thread count.
+ */
+#ifndef CAIRN_KERNELS_CPU_IMPL_H
+#define CAIRN_KERNELS_CPU_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/backend.h"
+
+/* ---- worker pool ------------------------------------------------------- */
+
+typedef struct cpu_pool cpu_pool;
+
+/* Work function of a parallel-for: handle items [begin, end). `thread` is in
+ * [0, n_threads) and unique among the threads running concurrently, so it can
+ * index per-thread scratch memory. */
+typedef void (*cpu_range_fn)(void *arg, int64_t begin, int64_t end, int thread);
+
+/* Start n_threads - 1 workers (the calling thread is the n-th). n_threads must
+ * be >= 1; with 1 no thread is started. CAIRN_ENOMEM when a thread cannot be
+ * created (the ones already started are joined again). */
+int cpu_pool_create(int n_threads, cpu_pool **out);
+/* Wake, stop and join every worker. NULL is a no-op. */
+void cpu_pool_destroy(cpu_pool *pool);
+int cpu_pool_threads(const cpu_pool *pool);
+
+/* Run fn over items [0, n_items), handing out chunks of at least `min_chunk`
+ * items to the workers and the calling thread, and return when all are done.
+ * Runs inline on the calling thread when the pool has one thread or there is
+ * only one chunk. Must only be called from the thread that owns the backend
+ * (it is not re-entrant). */
+void cpu_pool_parallel_for(cpu_pool *pool, int64_t n_items, int64_t min_chunk, cpu_range_fn fn,
+                           void *arg);
+
+/* ---- backend context --------------------------------------------------- */
+
+typedef struct {
+    cpu_pool *pool;
+    int n_threads;
+    /* Per-thread scratch: n_threads slices of scratch_stride floats each,
+     * grown (never shrunk) by cpu_scratch_reserve on the owning thread
+     * before a parallel-for; slices start on 64-byte boundaries so threads
+     * never share a cache line. */
+    float *scratch;
+    size_t scratch_stride;
+    /* Attention's map from a flattened query row to its sequence: first row
+     * of each sequence, [n_seqs + 1], grown like scratch. */
+    int64_t *seq_row_start;
+    int seq_row_cap;
+} cpu_ctx;
+
+static inline cpu_ctx *cpu_ctx_of(cairn_backend *be)
+{
+    return (cpu_ctx *)be->ctx;
+}
+
+/* Make every thread's scratch slice hold at least `floats` floats.
+ * CAIRN_ENOMEM (scratch unchanged) on failure. */
+int cpu_scratch_reserve(cpu_ctx *ctx, size_t floats);
+
+static inline float *cpu_scratch_of(cpu_ctx *ctx, int thread)
+{
+    return ctx->scratch + (size_t)thread * ctx->scratch_stride;
+}
+
+/* ---- ops (implemented in cpu_matmul.c, cpu_ops.c, cpu_attention.c) ----- */
+
+int cpu_get_rows(cairn_backend *be, float *out, const void *table, cairn_type type, int D,
+                 const int32_t *ids, int T);
+int cpu_matmul(cairn_backend *be, float *y, const void *W, cairn_type wtype, const float *x,
+               int T, int n_in, int n_out);
+int cpu_rmsnorm(cairn_backend *be, float *out, const float *x, const float *w, int T, int D,
+                float eps);
+int cpu_rope(cairn_backend *be, float *x, int T, int n_heads, int head_dim, const int32_t *pos,
+             const cairn_rope_params *p);
+int cpu_swiglu(cairn_backend *be, float *out, const float *gate, const float *up, size_t n);
+int cpu_add(cairn_backend *be, float *y, const float *a, const float *b, size_t n);
+int cpu_softmax(cairn_backend *be, float *x, int T, int n);
+int cpu_kv_store(cairn_backend *be, void *kv_pool, const cairn_kv_layout *L, int layer,
+                 const float *k, const float *v, const int32_t *slots, int T);
+int cpu_attention(cairn_backend *be, const cairn_attn_args *args);
+
+/* ---- shared helpers ---------------------------------------------------- */
+
+/* True when the kernels can multiply or look up rows of `type`
+ * (F32, F16, BF16, Q8_0, Q4_0). */
+int cpu_type_supported(cairn_type type);
+
+/* A KV layout that is internally consistent (positive sizes, F32 or F16,
+ * row_bytes and page_bytes as cairn_kv_layout_init computes them). */
+int cpu_kv_layout_valid(const cairn_kv_layout *L);
+
+/* Exact IEEE half -> float conversion (same values as cairn_fp16_to_fp32),
+ * inline because attention converts every K and V element it reads. */
+static inline float cpu_half_to_float(uint16_t h)
+{
+    union { uint32_t u; float f; } v;
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    const uint32_t exponent = (h >> 10) & 0x1fu;
+    const uint32_t mantissa = h & 0x3ffu;
+    if (exponent == 0) {
+        /* zero or subnormal: mantissa * 2^-24, exact in float */
+        v.f = (float)mantissa * 0x1p-24f;
+        v.u |= sign;
+    } else if (exponent == 31) {
+        v.u = sign | 0x7f800000u | (mantissa << 13); /* inf or NaN */
+    } else {
+        v.u = sign | ((exponent + 112u) << 23) | (mantissa << 13);
+    }
+    return v.f;
+}
+
+/* Single-precision dot product of two float vectors of length n. Uses a fixed
+ * number of partial sums, so the result depends only on the inputs. */
+float cpu_dot_f32(const float *a, const float *b, int64_t n);
+
+#endif /* CAIRN_KERNELS_CPU_IMPL_H */

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Install what cairn needs to build (and, with --test, to run its tests) when
+# it is missing. Safe to run repeatedly: it only acts on what is absent.
+#   scripts/setup.sh          build dependencies (Debian packages)
+#   scripts/setup.sh --test   also the test dependencies (Python packages)
+set -euo pipefail
+
+want_test=0
+[ "${1:-}" = "--test" ] && want_test=1
+
+debs=(build-essential cmake pkg-config liblmdb-dev lmdb-utils libuv1-dev libmsgpack-dev
+      libxxhash-dev libcmocka-dev libpcre2-dev python3 python3-pip)
+missing=()
+for p in "${debs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing Debian packages: ${missing[*]}" >&2
+    SUDO=""
+    [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >&2
+fi
+
+if [ $want_test -eq 1 ]; then
+    # numpy and gguf (the reference GGUF reader in Python) drive the
+    # independent forward-pass reference the tests compare against.
+    py=python3
+    if ! $py -c "import numpy, gguf" 2>/dev/null; then
+        echo "setup: installing Python packages: numpy gguf" >&2
+        $py -m pip install -q numpy gguf 2>/dev/null ||
+            $py -m pip install -q --break-system-packages numpy gguf
+    fi
+fi

@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""CLI contract tests for the `cairn` executable (real binary, real model).
+
+usage: test_cli.py CAIRN_BIN MODEL REF_SCRIPT TEXT_FILE
+"""
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+CAIRN, MODEL, REF, TEXT = sys.argv[1:5]
+
+GREEDY_IDS = [432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337,
+              410, 408, 419, 292, 411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394]
+GREEDY_TEXT = (", there was a little girl named Lily. She loved to play outside in the park. "
+               "One day, she saw")
+
+
+def cairn(*args, stdin=None):
+    return subprocess.run([CAIRN, *args], input=stdin, capture_output=True, timeout=300)
+
+
+class Run(unittest.TestCase):
+    def test_greedy_continuation_text_and_ids(self):
+        r = cairn("run", "-m", MODEL, "-p", "Once upon a time", "-n", "32", "--temp", "0", "-v")
+        self.assertEqual(r.returncode, 0, r.stderr.decode())
+        # only the continuation on stdout: no prompt echo, no diagnostics
+        self.assertEqual(r.stdout.decode(), GREEDY_TEXT + "\n")
+        ids = [int(x) for x in re.findall(r"\[(\d+)\]", r.stderr.decode())]
+        self.assertEqual(ids, GREEDY_IDS)
+
+    def test_f32_kv_and_small_pages_same_output(self):
+        r = cairn("run", "-m", MODEL, "-p", "Once upon a time", "-n", "32", "--temp", "0",
+                  "--kv-type", "f32", "--page-size", "5", "-b", "3", "-t", "1")
+        self.assertEqual(r.returncode, 0, r.stderr.decode())
+        self.assertEqual(r.stdout.decode(), GREEDY_TEXT + "\n")
+
+    def test_seed_reproducible(self):
+        args = ("run", "-m", MODEL, "-p", "The cat", "-n", "40", "--temp", "0.9", "--seed", "7")
+        a, b = cairn(*args), cairn(*args)
+        self.assertEqual(a.returncode, 0, a.stderr.decode())
+        self.assertEqual(a.stdout, b.stdout)
+        self.assertTrue(len(a.stdout.strip()) > 0)
+
+    def test_missing_prompt_and_bad_values(self):
+        self.assertEqual(cairn("run", "-m", MODEL).returncode, 2)
+        self.assertEqual(cairn("run", "-m", MODEL, "-p", "x", "--temp", "abc").returncode, 2)
+        self.assertEqual(cairn("run", "-m", MODEL, "-p", "x", "--kv-type", "q9").returncode, 2)
+
+    def test_missing_and_corrupt_model(self):
+        r = cairn("run", "-m", "/nonexistent.gguf", "-p", "hi")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("nonexistent", r.stderr.decode())
+        with open(MODEL, "rb") as f:
+            data = f.read()
+        with tempfile.NamedTemporaryFile(suffix=".gguf") as t:
+            t.write(data[: len(data) // 3])
+            t.flush()
+            r = cairn("run", "-m", t.name, "-p", "hi")
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn("cannot load model", r.stderr.decode())
+            self.assertEqual(r.stdout, b"")
+
+
+class Tokenize(unittest.TestCase):
+    def test_ids(self):
+        r = cairn("tokenize", "-m", MODEL, stdin=b"Once upon a time")
+        self.assertEqual(r.returncode, 0, r.stderr.decode())
+        self.assertEqual(r.stdout.decode().strip(), "1 403 407 261 378")
+        r = cairn("tokenize", "-m", MODEL, "--no-bos", stdin=b"Once upon a time")
+        self.assertEqual(r.stdout.decode().strip(), "403 407 261 378")
+
+    def test_special_tokens_only_when_asked(self):
+        plain = cairn("tokenize", "-m", MODEL, "--no-bos", stdin=b"<s>hi").stdout.split()
+        special = cairn("tokenize", "-m", MODEL, "--no-bos", "--parse-special",
+                        stdin=b"<s>hi").stdout.split()
+        self.assertNotIn(b"1", plain)
+        self.assertEqual(special[0], b"1")
+
+
+class Help(unittest.TestCase):
+    def test_help_everywhere(self):
+        for cmd in ([], ["run"], ["tokenize"], ["perplexity"]):
+            r = cairn(*cmd, "--help")
+            self.assertEqual(r.returncode, 0, cmd)
+            self.assertIn(b"usage", r.stdout)
+        self.assertEqual(cairn("frobnicate").returncode, 2)
+
+
+class Perplexity(unittest.TestCase):
+    def test_matches_numpy_reference(self):
+        """cairn's PPL equals the llama-perplexity formula applied to the
+        independent numpy reference's logits on the same tokens."""
+        ctx = 128
+        r = cairn("perplexity", "-m", MODEL, "-f", TEXT, "-c", str(ctx), "--kv-type", "f32")
+        self.assertEqual(r.returncode, 0, r.stderr.decode())
+        last = r.stdout.decode().strip().splitlines()[-1]
+        m = re.fullmatch(r"PPL = ([0-9.]+)", last)
+        self.assertIsNotNone(m, last)
+        ppl = float(m.group(1))
+
+        with open(TEXT, "rb") as f:
+            toks = [int(x) for x in cairn("tokenize", "-m", MODEL, stdin=f.read()).stdout.split()]
+        n_chunk = len(toks) // ctx
+        self.assertGreaterEqual(n_chunk, 2)
+        first = ctx // 2
+        nll, count = 0.0, 0
+        with tempfile.TemporaryDirectory() as d:
+            for c in range(n_chunk):
+                chunk = toks[c * ctx:(c + 1) * ctx]
+                chunk[0] = 1  # BOS
+                out = os.path.join(d, "l.f32")
+                subprocess.run([sys.executable, REF, MODEL, "--tokens",
+                                ",".join(map(str, chunk)), "--out", out], check=True)
+                logits = np.fromfile(out, dtype=np.float32).reshape(ctx, -1).astype(np.float64)
+                for j in range(first, ctx - 1):
+                    row = logits[j]
+                    lse = row.max() + math.log(np.exp(row - row.max()).sum())
+                    nll += lse - row[chunk[j + 1]]
+                    count += 1
+        want = math.exp(nll / count)
+        self.assertAlmostEqual(ppl, want, delta=want * 2e-4 + 1e-4)
+
+    def test_too_short(self):
+        r = cairn("perplexity", "-m", MODEL, "-f", TEXT, "-c", "4096")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("need at least", r.stderr.decode())
+
+
+if __name__ == "__main__":
+    unittest.main(argv=[sys.argv[0], "-v"])

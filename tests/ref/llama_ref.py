@@ -1,0 +1,254 @@
+#!/usr/bin/env python3
+"""An independent numpy reference of the Llama forward pass.
+
+cairn's C forward pass is checked against this file, so it is written to be
+obviously right rather than fast: one full (non-cached) pass over the whole
+token sequence, every product in float64, weights read straight from the GGUF
+with the `gguf` package (no cairn code involved).
+
+What the GGUF stores, and how this file uses it:
+
+* Shapes. GGUF lists a tensor's dimensions fastest-varying first (ggml's
+  `ne`); `gguf.GGUFReader` already hands back numpy arrays in the usual
+  row-major order, so a matrix with ne = [n_in, n_out] arrives as
+  [n_out, n_in] and a projection is simply `x @ W.T`.
+* Q/K layout. HF Llama checkpoints rotate the two halves of each head
+  ("NEOX" style); the GGUF converter permutes the rows of attn_q / attn_k so
+  that the same rotation becomes one over adjacent pairs (2i, 2i+1), which is
+  ggml's NORMAL rope mode used for the llama architecture. We therefore use
+  the stored weights as they are and rotate adjacent pairs.
+* RoPE. For pair i of the first n_rot dimensions of a head at position p:
+  theta_i = p * freq_scale * base^(-2i / n_rot) (divided by rope_freqs[i]
+  when the file has that tensor), and
+      (x0, x1) -> (x0 cos - x1 sin, x0 sin + x1 cos).
+  Dimensions past n_rot are left alone.
+
+CLI:
+  llama_ref.py MODEL --tokens 1,403,407 --out logits.f32 [--hidden h.f32]
+      float32 little-endian logits [n_tokens][n_vocab] for every position
+      (and the final hidden state after the output norm, [n_tokens][dim]).
+  llama_ref.py MODEL --tokens 1,403,407 --greedy 32 [--expect "ids"]
+      greedy decoding; prints the generated ids separated by spaces (and
+      fails unless they equal --expect).
+Exit status 77 when the gguf package is missing (ctest: skipped).
+"""
+
+import argparse
+import sys
+
+try:
+    import gguf
+    import numpy as np
+except ImportError:  # the tests treat exit code 77 as "skipped"
+    sys.stderr.write("llama_ref.py: the 'numpy' and 'gguf' Python packages are needed "
+                     "(scripts/setup.sh --test installs them)\n")
+    sys.exit(77)
+
+
+class Model:
+    """Hyper-parameters and float64 weights of a llama-architecture GGUF."""
+
+    def __init__(self, path):
+        reader = gguf.GGUFReader(path)
+        self.meta = {name: field for name, field in reader.fields.items()}
+        arch = self._str("general.architecture")
+        if arch != "llama":
+            raise SystemExit(f"llama_ref.py: architecture '{arch}' is not llama")
+
+        self.dim = self._int("llama.embedding_length")
+        self.n_layer = self._int("llama.block_count")
+        self.n_head = self._int("llama.attention.head_count")
+        self.n_kv_head = self._int("llama.attention.head_count_kv", self.n_head)
+        self.ffn_dim = self._int("llama.feed_forward_length")
+        self.head_dim = self._int("llama.attention.key_length", self.dim // self.n_head)
+        self.n_rot = self._int("llama.rope.dimension_count", self.head_dim)
+        self.rope_base = self._float("llama.rope.freq_base", 10000.0)
+        self.rms_eps = self._float("llama.attention.layer_norm_rms_epsilon", 1e-5)
+        # Linear position interpolation: positions are multiplied by 1/factor.
+        self.rope_scale = 1.0
+        if self._str("llama.rope.scaling.type", "none") == "linear":
+            self.rope_scale = 1.0 / self._float("llama.rope.scaling.factor", 1.0)
+
+        self.tensors = {t.name: t for t in reader.tensors}
+        self.tok_embd = self._weight("token_embd.weight")      # [n_vocab][dim]
+        self.n_vocab = self.tok_embd.shape[0]
+        self.output_norm = self._weight("output_norm.weight")  # [dim]
+        if "output.weight" in self.tensors:
+            self.output = self._weight("output.weight")        # [n_vocab][dim]
+        else:
+            self.output = self.tok_embd                         # tied embeddings
+        self.rope_freqs = None
+        if "rope_freqs.weight" in self.tensors:
+            self.rope_freqs = self._weight("rope_freqs.weight")  # [n_rot/2]
+
+        self.layers = []
+        for i in range(self.n_layer):
+            w = lambda name: self._weight(f"blk.{i}.{name}.weight")
+            self.layers.append({
+                "attn_norm": w("attn_norm"),   # [dim]
+                "wq": w("attn_q"),             # [n_head*head_dim][dim]
+                "wk": w("attn_k"),             # [n_kv_head*head_dim][dim]
+                "wv": w("attn_v"),             # [n_kv_head*head_dim][dim]
+                "wo": w("attn_output"),        # [dim][n_head*head_dim]
+                "ffn_norm": w("ffn_norm"),     # [dim]
+                "w_gate": w("ffn_gate"),       # [ffn_dim][dim]
+                "w_up": w("ffn_up"),           # [ffn_dim][dim]
+                "w_down": w("ffn_down"),       # [dim][ffn_dim]
+            })
+
+    # -- metadata helpers ----------------------------------------------------
+    def _scalar(self, key):
+        field = self.meta.get(key)
+        if field is None:
+            return None
+        return field.parts[field.data[0]]
+
+    def _int(self, key, default=None):
+        v = self._scalar(key)
+        if v is None:
+            if default is None:
+                raise SystemExit(f"llama_ref.py: metadata key '{key}' missing")
+            return default
+        return int(v[0])
+
+    def _float(self, key, default):
+        v = self._scalar(key)
+        return default if v is None else float(v[0])
+
+    def _str(self, key, default=None):
+        v = self._scalar(key)
+        if v is None:
+            if default is None:
+                raise SystemExit(f"llama_ref.py: metadata key '{key}' missing")
+            return default
+        return bytes(v).decode("utf-8")
+
+    def _weight(self, name):
+        t = self.tensors.get(name)
+        if t is None:
+            raise SystemExit(f"llama_ref.py: tensor '{name}' missing")
+        kind = t.tensor_type
+        if kind == gguf.GGMLQuantizationType.F32:
+            data = np.asarray(t.data, dtype=np.float32)
+        elif kind == gguf.GGMLQuantizationType.F16:
+            data = np.asarray(t.data, dtype=np.float16)
+        else:
+            raise SystemExit(f"llama_ref.py: tensor '{name}' has type {kind.name}; "
+                             "only F32 and F16 are supported")
+        # ne is fastest-first; numpy wants slowest-first.
+        shape = tuple(int(n) for n in reversed(t.shape))
+        return data.reshape(shape).astype(np.float64)
+
+
+def rms_norm(x, weight, eps):
+    """x: [n][dim] -> x / sqrt(mean(x^2) + eps) * weight."""
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+
+
+def rope_normal(x, positions, m):
+    """Rotate adjacent pairs of the first n_rot dims of each head.
+
+    x: [n][heads][head_dim], positions: [n]."""
+    half = m.n_rot // 2
+    inv_freq = m.rope_base ** (-2.0 * np.arange(half) / m.n_rot)  # [half]
+    if m.rope_freqs is not None:
+        inv_freq = inv_freq / m.rope_freqs[:half]
+    theta = np.outer(positions * m.rope_scale, inv_freq)           # [n][half]
+    cos = np.cos(theta)[:, None, :]                                 # [n][1][half]
+    sin = np.sin(theta)[:, None, :]
+    out = x.copy()
+    x0 = x[:, :, 0:m.n_rot:2]                                       # [n][heads][half]
+    x1 = x[:, :, 1:m.n_rot:2]
+    out[:, :, 0:m.n_rot:2] = x0 * cos - x1 * sin
+    out[:, :, 1:m.n_rot:2] = x0 * sin + x1 * cos
+    return out
+
+
+def silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def forward(m, tokens):
+    """Full causal pass over `tokens`.
+
+    Returns (logits [n][n_vocab], hidden [n][dim]) in float64; hidden is the
+    state after the output norm (what the output projection multiplies)."""
+    n = len(tokens)
+    positions = np.arange(n, dtype=np.float64)
+    x = m.tok_embd[np.asarray(tokens)]                       # [n][dim]
+    group = m.n_head // m.n_kv_head                          # query heads per KV head
+    scale = 1.0 / np.sqrt(m.head_dim)
+    causal = np.triu(np.ones((n, n), dtype=bool), k=1)       # True = future, masked
+
+    for layer in m.layers:
+        h = rms_norm(x, layer["attn_norm"], m.rms_eps)
+        q = (h @ layer["wq"].T).reshape(n, m.n_head, m.head_dim)
+        k = (h @ layer["wk"].T).reshape(n, m.n_kv_head, m.head_dim)
+        v = (h @ layer["wv"].T).reshape(n, m.n_kv_head, m.head_dim)
+        q = rope_normal(q, positions, m)
+        k = rope_normal(k, positions, m)
+
+        attn = np.empty((n, m.n_head, m.head_dim))
+        for head in range(m.n_head):
+            kv = head // group
+            scores = (q[:, head, :] @ k[:, kv, :].T) * scale  # [n_q][n_k]
+            scores[causal] = -np.inf
+            scores -= scores.max(axis=-1, keepdims=True)
+            p = np.exp(scores)
+            p /= p.sum(axis=-1, keepdims=True)
+            attn[:, head, :] = p @ v[:, kv, :]
+        x = x + attn.reshape(n, m.n_head * m.head_dim) @ layer["wo"].T
+
+        h = rms_norm(x, layer["ffn_norm"], m.rms_eps)
+        ffn = silu(h @ layer["w_gate"].T) * (h @ layer["w_up"].T)  # [n][ffn_dim]
+        x = x + ffn @ layer["w_down"].T
+
+    hidden = rms_norm(x, m.output_norm, m.rms_eps)
+    logits = hidden @ m.output.T
+    return logits, hidden
+
+
+def main():
+    ap = argparse.ArgumentParser(description="numpy reference of the Llama forward pass")
+    ap.add_argument("model")
+    ap.add_argument("--tokens", required=True, help="comma-separated token ids")
+    ap.add_argument("--out", help="write float32 logits [n_tokens][n_vocab] here")
+    ap.add_argument("--hidden", help="write float32 hidden states [n_tokens][dim] here")
+    ap.add_argument("--greedy", type=int, metavar="N",
+                    help="greedily generate N tokens and print their ids")
+    ap.add_argument("--expect", help="with --greedy: space- or comma-separated ids the "
+                    "generation must equal (exit status 1 otherwise)")
+    args = ap.parse_args()
+
+    tokens = [int(t) for t in args.tokens.split(",") if t.strip()]
+    m = Model(args.model)
+    if not tokens or min(tokens) < 0 or max(tokens) >= m.n_vocab:
+        raise SystemExit(f"llama_ref.py: tokens must be in [0, {m.n_vocab})")
+
+    if args.out or args.hidden:
+        logits, hidden = forward(m, tokens)
+        if args.out:
+            logits.astype("<f4").tofile(args.out)
+        if args.hidden:
+            hidden.astype("<f4").tofile(args.hidden)
+
+    if args.greedy:
+        seq = list(tokens)
+        generated = []
+        for _ in range(args.greedy):
+            logits, _ = forward(m, seq)
+            # np.argmax returns the first maximum: ties go to the lowest id.
+            nxt = int(np.argmax(logits[-1]))
+            generated.append(nxt)
+            seq.append(nxt)
+        print(" ".join(str(t) for t in generated))
+        if args.expect is not None:
+            want = [int(t) for t in args.expect.replace(",", " ").split()]
+            if generated != want:
+                sys.stderr.write(f"llama_ref.py: greedy mismatch\n  want {want}\n"
+                                 f"  got  {generated}\n")
+                sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
