@@ -79,7 +79,9 @@ typedef struct {
     const void *data;    /* inside the mapping                               */
 } cairn_gguf_tensor;
 
-/* Open and validate `path`. On success *out owns the mapping. */
+/* Open and validate `path`. On success *out owns the mapping. GGUF v1,
+ * big-endian files and tensor types cairn does not know give
+ * CAIRN_EUNSUPPORTED; damage gives CAIRN_EFORMAT. */
 int cairn_gguf_open(const char *path, cairn_gguf **out, char *err, size_t err_len);
 
 /* Parse an in-memory image (not copied; must outlive the handle). Used by
@@ -111,8 +113,9 @@ int cairn_gguf_get_str(const cairn_gguf *g, const char *key, const char **str, s
 
 /* Arrays: element type and count; scalar elements as a packed little-endian
  * array inside the mapping (may be unaligned: read with memcpy); string
- * elements one at a time. Nested arrays are parsed and validated but can only
- * be counted. */
+ * elements one at a time (CAIRN_EINVAL for an index out of range). For string
+ * and nested arrays *data is NULL. Nested arrays are parsed and validated but
+ * can only be counted. */
 int cairn_gguf_get_arr(const cairn_gguf *g, const char *key, cairn_gguf_vtype *elem_type,
                        uint64_t *n, const void **data);
 int cairn_gguf_get_arr_str(const cairn_gguf *g, const char *key, uint64_t i, const char **str,
@@ -136,10 +139,13 @@ const cairn_gguf_tensor *cairn_gguf_find_tensor(const cairn_gguf *g, const char 
  *                  properties), each piece mapped to byte-level symbols and
  *                  merged by rank from `tokenizer.ggml.merges`.
  *
- * Special tokens (control and user-defined: <s>, <|im_start|>, ...) are only
- * recognised in the input text when CAIRN_TOK_PARSE_SPECIAL is given; by
- * default their text is tokenized as ordinary characters, so user text cannot
- * inject turn markers.
+ * Control tokens (<s>, <|im_start|>, ...) are only recognised in the input
+ * text when CAIRN_TOK_PARSE_SPECIAL is given; by default their text is
+ * tokenized as ordinary characters, so user text cannot inject turn markers.
+ * User-defined (added) tokens are always matched, as the reference tokenizers
+ * do (mpt's runs of spaces are such tokens) — except end-of-turn markers
+ * (<|im_end|>, <|eot_id|>, <|end|>, ...), which count as control whatever
+ * type the file gives them. Special matching is leftmost, then longest.
  */
 
 typedef struct cairn_vocab cairn_vocab;
@@ -307,13 +313,21 @@ typedef struct {
 
 typedef struct cairn_sampler cairn_sampler;
 
+/* CAIRN_EINVAL for: temperature not finite, top_p outside (0, 1], min_p
+ * outside [0, 1], repeat_penalty <= 0 or not finite, frequency or presence
+ * penalty not finite, penalty_last_n outside 0 .. 2^20, n_logprobs outside
+ * 0 .. 20, n_vocab <= 0. All buffers are sized here; sampling allocates
+ * nothing. */
 int cairn_sampler_create(const cairn_sampling_params *p, int n_vocab, cairn_sampler **out);
 void cairn_sampler_free(cairn_sampler *s);
 
 /* Choose a token from `logits` [n_vocab] (read-only). When n_logprobs > 0
- * and `top` is non-NULL, writes the chosen token's logprob to *chosen and the
- * n_logprobs most likely tokens, best first, to top[]. Does not record the
- * token: call cairn_sampler_accept for tokens that are kept. */
+ * and `top` is non-NULL, writes the n_logprobs most likely tokens, best first,
+ * to top[] (token -1 / -inf past the vocabulary); *chosen, when non-NULL,
+ * always receives the chosen token's logprob. A NaN logit is an impossible
+ * token; a row with no finite maximum (all NaN/-inf, or any +inf) gives
+ * CAIRN_EINVAL. Does not record the token: call cairn_sampler_accept for
+ * tokens that are kept (ids outside the vocabulary are ignored there). */
 int cairn_sampler_sample(cairn_sampler *s, const float *logits, int32_t *token,
                          cairn_token_logprob *chosen, cairn_token_logprob *top);
 

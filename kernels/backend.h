@@ -42,6 +42,18 @@
  * the backend may use worker threads internally. Ops return CAIRN_OK or a
  * negative status (CAIRN_EINVAL for a bad argument, CAIRN_EBACKEND for a
  * device failure); they never abort on bad input.
+ *
+ * Edge rules every backend follows:
+ *   - a size or count of 0 passed to an op is CAIRN_EINVAL; a copy of 0
+ *     bytes is a no-op;
+ *   - negative token ids, slots and page ids are CAIRN_EINVAL; ids beyond
+ *     the pool or table cannot be checked and are the caller's invariant;
+ *   - with a mask, q_index may be NULL; without one every q_index must be in
+ *     [0, n_kv);
+ *   - a query row that can see no KV entry gets zeros; a softmax row of all
+ *     -inf becomes zeros;
+ *   - attention may write `out` over `q`; matmul's y must not alias x;
+ *   - slots within one kv_store call are distinct.
  */
 #ifndef CAIRN_KERNELS_BACKEND_H
 #define CAIRN_KERNELS_BACKEND_H
@@ -179,7 +191,8 @@ struct cairn_backend {
  * the result and releases it with cairn_backend_destroy(). */
 int cairn_backend_cpu_create(int n_threads, cairn_backend **out);
 
-/* Number of threads the CPU backend actually uses. */
+/* Number of threads the CPU backend actually uses; CAIRN_EINVAL for NULL or
+ * a backend that is not the CPU one. */
 int cairn_backend_cpu_threads(const cairn_backend *be);
 
 /* The CUDA backend on device `device`. CAIRN_EUNSUPPORTED when cairn was
