@@ -1,0 +1,418 @@
+/*
+ * tests/radix/test_radix.c — the radix tree on its own: the header's
+ * examples, then random operations against a naive model (a plain list of
+ * token sequences), with the tree's invariant check after every step.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "radix/radix.h"
+
+#define PS 4
+
+static const cairn_page_hash SEED = {.lo = 0x1234, .hi = 0x5678};
+
+/* "abcd" -> token ids 'a','b','c','d' */
+static void letters(const char *s, int32_t *out, size_t *n)
+{
+    size_t k = 0;
+    for (; *s; s++)
+        if (*s != ' ')
+            out[k++] = (int32_t)*s;
+    *n = k;
+}
+
+static void test_header_example(void **state)
+{
+    (void)state;
+    cairn_radix *t;
+    assert_int_equal(cairn_radix_create(PS, SEED, &t), CAIRN_OK);
+    int32_t tok[64];
+    size_t n, cached;
+    int32_t ids[16];
+    for (int i = 0; i < 16; i++)
+        ids[i] = 100 + i;
+    cairn_radix_node *leaf;
+
+    letters("abcd efgh ijkl", tok, &n);
+    assert_int_equal(cairn_radix_insert(t, tok, n / PS, ids, &cached, &leaf), CAIRN_OK);
+    assert_int_equal(cached, 0);
+    assert_int_equal(cairn_radix_node_depth(leaf), 3);
+
+    letters("abcd efgh mnop qrst", tok, &n);
+    assert_int_equal(cairn_radix_insert(t, tok, n / PS, ids + 3, &cached, &leaf), CAIRN_OK);
+    assert_int_equal(cached, 2); /* abcd efgh were there: split of [abcd efgh ijkl] */
+    cairn_radix_node *mnop_qrst = leaf;
+    assert_int_equal(cairn_radix_node_pages(leaf, NULL), 2);
+
+    letters("abcd wxyz", tok, &n);
+    assert_int_equal(cairn_radix_insert(t, tok, n / PS, ids + 7, &cached, &leaf), CAIRN_OK);
+    assert_int_equal(cached, 1);
+    assert_int_equal(cairn_radix_check(t), CAIRN_OK);
+
+    cairn_radix_stats st;
+    cairn_radix_get_stats(t, &st);
+    assert_int_equal(st.n_nodes, 5); /* abcd, efgh, ijkl, mnop qrst, wxyz */
+    assert_int_equal(st.pages[CAIRN_TIER_DEVICE], 6);
+
+    /* A match ending inside [mnop qrst] splits it; the old handle keeps qrst. */
+    letters("abcd efgh mnop uvwx zz", tok, &n);
+    cairn_radix_match_result m;
+    assert_int_equal(cairn_radix_match(t, tok, n, &m), CAIRN_OK);
+    assert_int_equal(m.n_pages, 3);
+    assert_int_equal(cairn_radix_node_pages(m.node, NULL), 1);
+    assert_ptr_equal(cairn_radix_parent(mnop_qrst), m.node);
+    assert_int_equal(cairn_radix_node_depth(mnop_qrst), 4);
+    cairn_radix_page *pg;
+    cairn_radix_node_pages(mnop_qrst, &pg);
+    assert_int_equal(pg[0].device_page, 100 + 3 + 3); /* qrst was inserted with ids+3, 4th page */
+    assert_int_equal(cairn_radix_check(t), CAIRN_OK);
+
+    /* Pages come back in path order with their ids; the hash chain is the
+     * one documented: h_i = H(h_{i-1} || page i). */
+    cairn_radix_page *path[8];
+    size_t np;
+    assert_int_equal(cairn_radix_path(m.node, path, 8, &np), CAIRN_OK);
+    assert_int_equal(np, 3);
+    assert_int_equal(path[0]->device_page, 100);
+    assert_int_equal(path[1]->device_page, 101);
+    assert_int_equal(path[2]->device_page, 105);
+    cairn_page_hash h = SEED;
+    for (size_t i = 0; i < 3; i++) {
+        h = cairn_page_hash_next(h, tok + i * PS, PS);
+        assert_true(cairn_page_hash_equal(h, path[i]->hash));
+    }
+    assert_true(cairn_page_hash_equal(h, m.last_hash));
+    assert_int_equal(cairn_radix_path(m.node, path, 2, &np), CAIRN_ERANGE);
+
+    /* Unmatched first page: nothing. Partial trailing page: ignored. */
+    letters("abcx", tok, &n);
+    assert_int_equal(cairn_radix_match(t, tok, n, &m), CAIRN_OK);
+    assert_int_equal(m.n_pages, 0);
+    assert_ptr_equal(m.node, cairn_radix_root(t));
+    letters("abcd ef", tok, &n);
+    assert_int_equal(cairn_radix_match(t, tok, n, &m), CAIRN_OK);
+    assert_int_equal(m.n_pages, 1);
+    cairn_radix_free(t);
+}
+
+static void test_hash_chain(void **state)
+{
+    (void)state;
+    int32_t a[PS] = {1, 2, 3, 4}, b[PS] = {1, 2, 3, 5};
+    cairn_page_hash h1 = cairn_page_hash_next(SEED, a, PS);
+    cairn_page_hash h1b = cairn_page_hash_next(SEED, a, PS);
+    cairn_page_hash h2 = cairn_page_hash_next(SEED, b, PS);
+    cairn_page_hash other_seed = cairn_page_hash_next((cairn_page_hash){0, 1}, a, PS);
+    assert_true(cairn_page_hash_equal(h1, h1b));
+    assert_false(cairn_page_hash_equal(h1, h2));
+    assert_false(cairn_page_hash_equal(h1, other_seed));
+    /* Same page after a different prefix: a different key. */
+    cairn_page_hash x = cairn_page_hash_next(h1, a, PS), y = cairn_page_hash_next(h2, a, PS);
+    assert_false(cairn_page_hash_equal(x, y));
+    uint8_t bytes[16];
+    cairn_page_hash_to_bytes((cairn_page_hash){.lo = 0x0102030405060708ull, .hi = 0x1112131415161718ull},
+                             bytes);
+    assert_int_equal(bytes[0], 0x11); /* big-endian, high half first */
+    assert_int_equal(bytes[15], 0x08);
+    /* Large pages take the other code path; same function of the input. */
+    int32_t big[1000];
+    for (int i = 0; i < 1000; i++)
+        big[i] = i * 7;
+    cairn_page_hash g1 = cairn_page_hash_next(SEED, big, 1000);
+    big[999]++;
+    assert_false(cairn_page_hash_equal(g1, cairn_page_hash_next(SEED, big, 1000)));
+}
+
+static void test_locks_and_lru(void **state)
+{
+    (void)state;
+    cairn_radix *t;
+    assert_int_equal(cairn_radix_create(PS, SEED, &t), CAIRN_OK);
+    int32_t tok[64];
+    size_t n, cached;
+    int32_t ids[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    cairn_radix_node *a, *b, *c;
+    letters("aaaa bbbb", tok, &n);
+    cairn_radix_insert(t, tok, 2, ids, &cached, &a);
+    letters("aaaa cccc", tok, &n);
+    cairn_radix_insert(t, tok, 2, ids + 2, &cached, &b);
+    letters("dddd", tok, &n);
+    cairn_radix_insert(t, tok, 1, ids + 4, &cached, &c);
+    /* LRU leaf first: the "bbbb" leaf. */
+    assert_ptr_equal(cairn_radix_lru(t, CAIRN_TIER_DEVICE), a);
+    /* Using a path makes it recent. */
+    letters("aaaa bbbb", tok, &n);
+    cairn_radix_match_result m;
+    cairn_radix_match(t, tok, n, &m);
+    assert_ptr_equal(m.node, a);
+    assert_ptr_equal(cairn_radix_lru(t, CAIRN_TIER_DEVICE), b);
+    /* Locked nodes are not candidates; the lock covers the path. */
+    assert_int_equal(cairn_radix_lock(t, b), CAIRN_OK);
+    assert_int_equal(cairn_radix_node_refs(cairn_radix_parent(b)), 1);
+    assert_ptr_equal(cairn_radix_lru(t, CAIRN_TIER_DEVICE), c);
+    assert_int_equal(cairn_radix_drop(t, cairn_radix_parent(b), 0, NULL, NULL), CAIRN_EBUSY);
+    assert_int_equal(cairn_radix_check(t), CAIRN_OK);
+    /* Moving a locked node to a slower tier is refused. */
+    cairn_radix_page *pg;
+    cairn_radix_node_pages(b, &pg);
+    pg[0].device_page = -1;
+    pg[0].host_slot = 9;
+    assert_int_equal(cairn_radix_set_tier(t, b, CAIRN_TIER_HOST), CAIRN_EBUSY);
+    assert_int_equal(cairn_radix_unlock(t, b), CAIRN_OK);
+    assert_int_equal(cairn_radix_unlock(t, b), CAIRN_EINVAL);
+    /* Unlocked: the move is fine, and the inner "aaaa" node is then not a
+     * device leaf yet (its "bbbb" child is still on the device). */
+    assert_int_equal(cairn_radix_set_tier(t, b, CAIRN_TIER_HOST), CAIRN_OK);
+    assert_ptr_equal(cairn_radix_lru(t, CAIRN_TIER_HOST), b);
+    cairn_radix_node_pages(a, &pg);
+    pg[0].device_page = -1;
+    pg[0].host_slot = 10;
+    assert_int_equal(cairn_radix_set_tier(t, a, CAIRN_TIER_HOST), CAIRN_OK);
+    /* Both children on the host: the parent is a device candidate now. */
+    cairn_radix_node *inner = cairn_radix_parent(a);
+    assert_ptr_equal(cairn_radix_parent(b), inner);
+    cairn_radix_stats st;
+    cairn_radix_get_stats(t, &st);
+    assert_int_equal(st.evictable[CAIRN_TIER_DEVICE], 2); /* inner, dddd */
+    assert_int_equal(st.evictable[CAIRN_TIER_HOST], 2);
+    /* Inconsistent records are refused. */
+    cairn_radix_node_pages(c, &pg);
+    assert_int_equal(cairn_radix_set_tier(t, c, CAIRN_TIER_HOST), CAIRN_EINVAL);
+    assert_int_equal(cairn_radix_check(t), CAIRN_OK);
+    /* Dropping a subtree takes every node below with it. */
+    assert_int_equal(cairn_radix_drop(t, inner, 0, NULL, NULL), CAIRN_OK);
+    cairn_radix_get_stats(t, &st);
+    assert_int_equal(st.n_nodes, 1);
+    assert_int_equal(cairn_radix_check(t), CAIRN_OK);
+    cairn_radix_free(t);
+}
+
+/* ---- property test against a list of sequences --------------------------- */
+
+#define MAXP 24     /* pages per sequence */
+#define MAXSEQ 4096 /* model capacity     */
+#define MAXIDS 200000
+
+typedef struct {
+    int32_t tok[MAXP * PS];
+    size_t n_pages;
+} seq;
+
+typedef struct {
+    seq *seqs;
+    size_t n;
+} model;
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint64_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+/* Common prefix of two page-aligned sequences, in pages. */
+static size_t common_pages(const int32_t *a, size_t na, const int32_t *b, size_t nb)
+{
+    size_t k = 0;
+    while (k < na && k < nb && memcmp(a + k * PS, b + k * PS, PS * sizeof(int32_t)) == 0)
+        k++;
+    return k;
+}
+
+static size_t model_match(const model *m, const int32_t *tok, size_t np)
+{
+    size_t best = 0;
+    for (size_t i = 0; i < m->n; i++) {
+        size_t k = common_pages(m->seqs[i].tok, m->seqs[i].n_pages, tok, np);
+        if (k > best)
+            best = k;
+    }
+    return best;
+}
+
+/* Queries share prefixes: pick an existing sequence, keep some of it, and
+ * continue with tokens from a small alphabet. */
+static void gen_query(const model *m, int32_t *tok, size_t *np)
+{
+    size_t n = 1 + rnd() % MAXP, keep = 0;
+    if (m->n && rnd() % 4 != 0) {
+        const seq *s = &m->seqs[rnd() % m->n];
+        keep = rnd() % (s->n_pages + 1);
+        if (keep > n)
+            keep = n;
+        memcpy(tok, s->tok, keep * PS * sizeof(int32_t));
+    }
+    for (size_t i = keep * PS; i < n * PS; i++)
+        tok[i] = (int32_t)(rnd() % 3);
+    *np = n;
+}
+
+/* Page-id owners: what each id was inserted for (digest of its prefix). */
+static uint64_t prefix_digest(const int32_t *tok, size_t np)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < np * PS; i++)
+        h = (h ^ (uint32_t)tok[i]) * 1099511628211ull;
+    return h;
+}
+
+typedef struct {
+    uint64_t *owner;   /* [MAXIDS] digest, 0 = free */
+    int32_t next_id;
+    size_t live;
+} id_table;
+
+static void release_page(const cairn_radix_page *p, void *user)
+{
+    id_table *ids = user;
+    assert_true(p->device_page >= 0 && ids->owner[p->device_page] != 0);
+    ids->owner[p->device_page] = 0;
+    ids->live--;
+}
+
+static void test_property_random(void **state)
+{
+    (void)state;
+    cairn_radix *t;
+    assert_int_equal(cairn_radix_create(PS, SEED, &t), CAIRN_OK);
+    model m = {.seqs = calloc(MAXSEQ, sizeof(seq))};
+    id_table ids = {.owner = calloc(MAXIDS, sizeof(uint64_t))};
+    assert_non_null(m.seqs);
+    assert_non_null(ids.owner);
+    cairn_radix_node *locked[64];
+    size_t n_locked = 0;
+    int32_t tok[MAXP * PS];
+    int32_t pages[MAXP];
+    cairn_radix_page *path[MAXP];
+
+    for (int step = 0; step < 6000; step++) {
+        unsigned op = (unsigned)(rnd() % 100);
+        size_t np;
+        if (op < 40 && m.n < MAXSEQ && ids.next_id + MAXP < MAXIDS) { /* insert */
+            gen_query(&m, tok, &np);
+            for (size_t i = 0; i < np; i++) {
+                pages[i] = ids.next_id++;
+                ids.owner[pages[i]] = prefix_digest(tok, i + 1);
+            }
+            size_t expect = model_match(&m, tok, np), cached;
+            cairn_radix_node *leaf;
+            assert_int_equal(cairn_radix_insert(t, tok, np, pages, &cached, &leaf), CAIRN_OK);
+            assert_int_equal(cached, expect);
+            assert_int_equal(cairn_radix_node_depth(leaf), np);
+            for (size_t i = 0; i < cached; i++)
+                ids.owner[pages[i]] = 0; /* duplicates: the caller frees them */
+            ids.live += np - cached;
+            m.seqs[m.n].n_pages = np;
+            memcpy(m.seqs[m.n].tok, tok, np * PS * sizeof(int32_t));
+            m.n++;
+        } else if (op < 70) { /* match: length and content of every page */
+            gen_query(&m, tok, &np);
+            size_t extra = np < MAXP ? rnd() % PS : 0; /* a partial page is never matched */
+            for (size_t i = 0; i < extra; i++)
+                tok[np * PS + i] = 7;
+            size_t qn = np * PS + extra;
+            cairn_radix_match_result r;
+            assert_int_equal(cairn_radix_match(t, tok, qn, &r), CAIRN_OK);
+            assert_int_equal(r.n_pages, model_match(&m, tok, np));
+            size_t got;
+            assert_int_equal(cairn_radix_path(r.node, path, MAXP, &got), CAIRN_OK);
+            assert_int_equal(got, r.n_pages);
+            for (size_t i = 0; i < got; i++)
+                assert_true(ids.owner[path[i]->device_page] == prefix_digest(tok, i + 1));
+        } else if (op < 80 && n_locked < 64) { /* lock the end of a match */
+            gen_query(&m, tok, &np);
+            cairn_radix_match_result r;
+            assert_int_equal(cairn_radix_match(t, tok, np * PS, &r), CAIRN_OK);
+            if (r.n_pages) {
+                assert_int_equal(cairn_radix_lock(t, r.node), CAIRN_OK);
+                locked[n_locked++] = r.node;
+            }
+        } else if (op < 88 && n_locked) { /* unlock */
+            size_t i = rnd() % n_locked;
+            assert_int_equal(cairn_radix_unlock(t, locked[i]), CAIRN_OK);
+            locked[i] = locked[--n_locked];
+        } else { /* evict LRU device leaves: drop them, as a one-tier cache would */
+            int k = 1 + (int)(rnd() % 4);
+            for (int e = 0; e < k; e++) {
+                cairn_radix_node *v = cairn_radix_lru(t, CAIRN_TIER_DEVICE);
+                if (!v)
+                    break;
+                assert_int_equal(cairn_radix_node_refs(v), 0);
+                assert_int_equal(cairn_radix_node_n_children(v), 0);
+                /* Model: no sequence extends past the node's first page now. */
+                size_t depth = cairn_radix_node_depth(v);
+                size_t start = depth - cairn_radix_node_pages(v, NULL);
+                cairn_radix_page *dummy[MAXP];
+                size_t gotp;
+                assert_int_equal(cairn_radix_path(v, dummy, MAXP, &gotp), CAIRN_OK);
+                /* Rebuild the node's token path from its ancestors. */
+                int32_t vt[MAXP * PS];
+                size_t pos = depth;
+                for (cairn_radix_node *x = v; cairn_radix_parent(x); x = cairn_radix_parent(x)) {
+                    size_t xn = cairn_radix_node_pages(x, NULL);
+                    pos -= xn;
+                    memcpy(vt + pos * PS, cairn_radix_node_tokens(x), xn * PS * sizeof(int32_t));
+                }
+                for (size_t i = 0; i < m.n; i++)
+                    if (common_pages(m.seqs[i].tok, m.seqs[i].n_pages, vt, depth) > start)
+                        m.seqs[i].n_pages = start;
+                assert_int_equal(cairn_radix_drop(t, v, 0, release_page, &ids), CAIRN_OK);
+            }
+            /* Locked nodes are still there and still locked. */
+            for (size_t i = 0; i < n_locked; i++)
+                assert_true(cairn_radix_node_refs(locked[i]) > 0);
+        }
+        assert_int_equal(cairn_radix_check(t), CAIRN_OK);
+        cairn_radix_stats st;
+        cairn_radix_get_stats(t, &st);
+        assert_int_equal(st.pages[CAIRN_TIER_DEVICE], ids.live);
+    }
+    while (n_locked)
+        assert_int_equal(cairn_radix_unlock(t, locked[--n_locked]), CAIRN_OK);
+    cairn_radix_stats st;
+    cairn_radix_get_stats(t, &st);
+    assert_int_equal(st.locked_nodes, 0);
+    free(m.seqs);
+    free(ids.owner);
+    cairn_radix_free(t);
+}
+
+static void test_bad_arguments(void **state)
+{
+    (void)state;
+    cairn_radix *t;
+    assert_int_equal(cairn_radix_create(0, SEED, &t), CAIRN_EINVAL);
+    assert_int_equal(cairn_radix_create(PS, SEED, NULL), CAIRN_EINVAL);
+    assert_int_equal(cairn_radix_create(PS, SEED, &t), CAIRN_OK);
+    int32_t tok[PS] = {1, 2, 3, 4}, bad_id = -1;
+    size_t cached;
+    assert_int_equal(cairn_radix_insert(t, tok, 1, &bad_id, &cached, NULL), CAIRN_EINVAL);
+    assert_int_equal(cairn_radix_insert(t, NULL, 1, &bad_id, &cached, NULL), CAIRN_EINVAL);
+    assert_int_equal(cairn_radix_match(t, tok, PS, NULL), CAIRN_EINVAL);
+    assert_int_equal(cairn_radix_drop(t, cairn_radix_root(t), 0, NULL, NULL), CAIRN_EINVAL);
+    assert_int_equal(cairn_radix_set_tier(t, cairn_radix_root(t), 1), CAIRN_EINVAL);
+    assert_null(cairn_radix_lru(t, 5));
+    cairn_radix_free(t);
+    cairn_radix_free(NULL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_header_example),
+        cmocka_unit_test(test_hash_chain),
+        cmocka_unit_test(test_locks_and_lru),
+        cmocka_unit_test(test_property_random),
+        cmocka_unit_test(test_bad_arguments),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,587 @@
+/*
+ * tests/store/test_store_property.c — random operations on the whole tiered
+ * cache (tree + device pool + host pool + LMDB) against a naive model: a
+ * plain list of the token sequences inserted.
+ *
+ * After every step:
+ *   - the tree's own invariants hold (cairn_radix_check);
+ *   - no locked node ever moved to a slower tier or left the tree;
+ *   - accounting is exact: device pages named by the tree + free pages ==
+ *     capacity, same for host slots, and no id is named twice;
+ *   - periodically, once the disk has caught up: pages in LMDB == distinct
+ *     page keys the cache ever queued for writing.
+ * Every match is compared with the model's longest prefix, and every matched
+ * page, once promoted, must hold exactly the payload inserted for its prefix.
+ * This file is built twice: as is, and with ASan + UBSan (leaks included).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "test_util.h"
+
+#define PS 4
+#define MAXP 10
+#define MAXSEQ 2000
+#define MAXLOCKS 3
+#define DEVICE_PAGES 64
+#define HOST_PAGES 48
+
+typedef struct {
+    int32_t tok[MAXP * PS];
+    size_t n_pages;
+} seq;
+
+/* The sequence of operations depends only on the seed (nothing depends on
+ * how fast the disk answers), so a failure reproduces. */
+static uint64_t rng = 0x243f6a8885a308d3ull;
+static uint64_t rnd(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+static size_t common_pages(const int32_t *a, size_t na, const int32_t *b, size_t nb)
+{
+    size_t k = 0;
+    while (k < na && k < nb && memcmp(a + k * PS, b + k * PS, PS * sizeof(int32_t)) == 0)
+        k++;
+    return k;
+}
+
+typedef struct {
+    cairn_backend *be;
+    cairn_kvcache *c;
+    cairn_radix *t;
+    cairn_kv_layout L;
+    char dir[512];
+    seq *seqs;
+    size_t n_seqs;
+    struct {
+        cairn_radix_node *node;
+        int tier_at_lock[MAXP]; /* per page of the path */
+        size_t n_pages;
+        bool pinned;
+    } locks[MAXLOCKS];
+    size_t n_locks;
+    /* distinct page keys ever queued for the disk (open addressing) */
+    cairn_page_hash *keys;
+    size_t n_keys, cap_keys;
+    uint8_t *seen_dev, *seen_host;
+    uint64_t cookie;
+    size_t n_promotions_checked, n_pages_checked;
+} world;
+
+static size_t model_match(const world *w, const int32_t *tok, size_t np)
+{
+    size_t best = 0;
+    for (size_t i = 0; i < w->n_seqs; i++) {
+        size_t k = common_pages(w->seqs[i].tok, w->seqs[i].n_pages, tok, np);
+        if (k > best)
+            best = k;
+    }
+    return best;
+}
+
+static void gen_query(const world *w, int32_t *tok, size_t *np)
+{
+    size_t n = 1 + rnd() % MAXP, keep = 0;
+    if (w->n_seqs && rnd() % 5 != 0) {
+        const seq *s = &w->seqs[rnd() % w->n_seqs];
+        keep = rnd() % (s->n_pages + 1);
+        if (keep > n)
+            keep = n;
+        memcpy(tok, s->tok, keep * PS * sizeof(int32_t));
+    }
+    for (size_t i = keep * PS; i < n * PS; i++)
+        tok[i] = (int32_t)(rnd() % 3);
+    *np = n;
+}
+
+static void key_add(world *w, cairn_page_hash h)
+{
+    if (2 * (w->n_keys + 1) > w->cap_keys) {
+        size_t cap = w->cap_keys ? 2 * w->cap_keys : 1024;
+        cairn_page_hash *nk = calloc(cap, sizeof *nk);
+        assert_non_null(nk);
+        for (size_t i = 0; i < w->cap_keys; i++) {
+            if (!w->keys[i].lo && !w->keys[i].hi)
+                continue;
+            size_t j = w->keys[i].lo & (cap - 1);
+            while (nk[j].lo || nk[j].hi)
+                j = (j + 1) & (cap - 1);
+            nk[j] = w->keys[i];
+        }
+        free(w->keys);
+        w->keys = nk;
+        w->cap_keys = cap;
+    }
+    size_t j = h.lo & (w->cap_keys - 1);
+    while (w->keys[j].lo || w->keys[j].hi) {
+        if (cairn_page_hash_equal(w->keys[j], h))
+            return;
+        j = (j + 1) & (w->cap_keys - 1);
+    }
+    w->keys[j] = h;
+    w->n_keys++;
+}
+
+/* ---- per-step checks ----------------------------------------------------- */
+
+/* Tier of every page on the path root..node; returns the page count. */
+static size_t path_tiers(cairn_radix_node *node, int *tiers)
+{
+    size_t depth = cairn_radix_node_depth(node), pos = depth;
+    for (cairn_radix_node *x = node; cairn_radix_parent(x); x = cairn_radix_parent(x)) {
+        size_t xn = cairn_radix_node_pages(x, NULL);
+        for (size_t k = 0; k < xn; k++)
+            tiers[pos - xn + k] = cairn_radix_node_tier(x);
+        pos -= xn;
+    }
+    return depth;
+}
+
+typedef struct {
+    world *w;
+    size_t dev, host;
+} acct;
+
+static int count_node(cairn_radix_node *n, void *user)
+{
+    acct *a = user;
+    cairn_radix_page *pg;
+    size_t np = cairn_radix_node_pages(n, &pg);
+    for (size_t i = 0; i < np; i++) {
+        if (pg[i].device_page >= 0) {
+            assert_true(pg[i].device_page < DEVICE_PAGES);
+            assert_int_equal(a->w->seen_dev[pg[i].device_page], 0); /* named once */
+            a->w->seen_dev[pg[i].device_page] = 1;
+            a->dev++;
+        }
+        if (pg[i].host_slot >= 0) {
+            assert_true(pg[i].host_slot < HOST_PAGES);
+            assert_int_equal(a->w->seen_host[pg[i].host_slot], 0);
+            a->w->seen_host[pg[i].host_slot] = 1;
+            a->host++;
+        }
+        if (pg[i].on_disk)
+            key_add(a->w, pg[i].hash);
+    }
+    return 0;
+}
+
+static void check_world(world *w)
+{
+    assert_int_equal(cairn_radix_check(w->t), CAIRN_OK);
+    memset(w->seen_dev, 0, DEVICE_PAGES);
+    memset(w->seen_host, 0, HOST_PAGES);
+    acct a = {.w = w};
+    assert_int_equal(cairn_radix_visit(w->t, count_node, &a), 0);
+    assert_int_equal(a.dev + (size_t)cairn_page_pool_available(cairn_kvcache_device_pool(w->c)),
+                     DEVICE_PAGES);
+    assert_int_equal(a.host + (size_t)cairn_host_pool_available(cairn_kvcache_host_pool(w->c)),
+                     HOST_PAGES);
+    /* Locked paths: still there, and no page on them is in a slower tier
+     * than when the lock was taken. */
+    for (size_t i = 0; i < w->n_locks; i++) {
+        cairn_radix_node *x = w->locks[i].node;
+        assert_true(cairn_radix_node_refs(x) > 0);
+        int tiers[MAXP];
+        size_t n = path_tiers(x, tiers);
+        assert_int_equal(n, w->locks[i].n_pages);
+        for (size_t k = 0; k < n; k++)
+            assert_true(tiers[k] <= w->locks[i].tier_at_lock[k]);
+    }
+}
+
+/* Wait until the disk has served every write the cache queued, then compare
+ * the number of stored pages with the distinct keys queued. */
+static void check_disk(world *w)
+{
+    cairn_disk *d = cairn_kvcache_disk(w->c);
+    cairn_kvcache_stats ks;
+    cairn_disk_stats ds;
+    for (;;) {
+        cairn_kvcache_event ev[8];
+        int n;
+        assert_int_equal(cairn_kvcache_poll(w->c, ev, 8, &n), CAIRN_OK);
+        assert_int_equal(n, 0); /* no promotion is outstanding between steps */
+        cairn_kvcache_get_stats(w->c, &ks);
+        cairn_disk_get_stats(d, &ds);
+        if (ds.writes + ds.write_failures == ks.written_pages)
+            break;
+        cairn_kvcache_wait(w->c, 20);
+    }
+    assert_int_equal(ds.write_failures, 0);
+    assert_int_equal(ds.corrupt, 0);
+    assert_int_equal(ds.evicted, 0);
+    check_world(w); /* refresh the key set */
+    assert_int_equal(ds.pages, w->n_keys);
+}
+
+/* ---- operations ------------------------------------------------------------ */
+
+static void fill_and_upload(world *w, const int32_t *tok, size_t first, size_t np, const int32_t *ids)
+{
+    uint8_t buf[1024];
+    assert_true(w->L.page_bytes <= sizeof buf);
+    for (size_t i = first; i < np; i++) {
+        test_payload(tok, (i + 1) * PS, buf, w->L.page_bytes);
+        uint8_t *dst = (uint8_t *)cairn_page_pool_base(cairn_kvcache_device_pool(w->c)) +
+                       (size_t)ids[i] * w->L.page_bytes;
+        assert_int_equal(w->be->iface->upload(w->be, dst, buf, w->L.page_bytes), CAIRN_OK);
+    }
+}
+
+static void op_insert(world *w)
+{
+    int32_t tok[MAXP * PS], ids[MAXP];
+    size_t np;
+    gen_query(w, tok, &np);
+    size_t expect = model_match(w, tok, np), cached;
+    cairn_radix_node *leaf;
+    if (rnd() % 2) {
+        /* The engine's way: match, lock, compute only the rest. */
+        cairn_radix_match_result r;
+        assert_int_equal(cairn_radix_match(w->t, tok, np * PS, &r), CAIRN_OK);
+        assert_int_equal(r.n_pages, expect);
+        assert_int_equal(cairn_radix_lock(w->t, r.node), CAIRN_OK);
+        int rc = cairn_kvcache_alloc(w->c, (int32_t)(np - r.n_pages), ids + r.n_pages);
+        if (rc == CAIRN_EFULL) {
+            assert_int_equal(cairn_radix_unlock(w->t, r.node), CAIRN_OK);
+            return;
+        }
+        assert_int_equal(rc, CAIRN_OK);
+        for (size_t i = 0; i < r.n_pages; i++)
+            ids[i] = -1;
+        fill_and_upload(w, tok, r.n_pages, np, ids);
+        assert_int_equal(cairn_radix_insert(w->t, tok, np, ids, &cached, &leaf), CAIRN_OK);
+        assert_int_equal(cached, expect);
+        assert_int_equal(cairn_radix_unlock(w->t, r.node), CAIRN_OK);
+    } else {
+        /* Blind insert of fully computed pages: duplicates go back. */
+        int rc = cairn_kvcache_alloc(w->c, (int32_t)np, ids);
+        if (rc == CAIRN_EFULL)
+            return;
+        assert_int_equal(rc, CAIRN_OK);
+        fill_and_upload(w, tok, 0, np, ids);
+        assert_int_equal(cairn_radix_insert(w->t, tok, np, ids, &cached, &leaf), CAIRN_OK);
+        assert_int_equal(cached, model_match(w, tok, np));
+        cairn_page_pool_release(cairn_kvcache_device_pool(w->c), (int32_t)cached, ids);
+    }
+    assert_int_equal(cairn_radix_node_depth(leaf), np);
+    if (w->n_seqs < MAXSEQ) {
+        w->seqs[w->n_seqs].n_pages = np;
+        memcpy(w->seqs[w->n_seqs].tok, tok, np * PS * sizeof(int32_t));
+        w->n_seqs++;
+    }
+}
+
+/* Match, lock, promote, wait for the event, and compare every page. */
+static void op_match_promote(world *w)
+{
+    int32_t tok[MAXP * PS];
+    size_t np;
+    gen_query(w, tok, &np);
+    cairn_radix_match_result r;
+    assert_int_equal(cairn_radix_match(w->t, tok, np * PS + rnd() % PS, &r), CAIRN_OK);
+    assert_int_equal(r.n_pages, model_match(w, tok, np));
+    if (r.n_pages == 0)
+        return;
+    assert_int_equal(cairn_radix_lock(w->t, r.node), CAIRN_OK);
+    uint64_t cookie = ++w->cookie;
+    assert_int_equal(cairn_kvcache_promote(w->c, r.node, cookie), CAIRN_OK);
+    /* Other work goes on while the disk loads: the locked path must survive
+     * it, and the pages being loaded must not be touched. */
+    if (rnd() % 2)
+        cairn_kvcache_evict(w->c, (int)(rnd() % 2), 1 + rnd() % 4, NULL);
+    cairn_kvcache_event ev;
+    int n = 0;
+    for (;;) {
+        assert_int_equal(cairn_kvcache_poll(w->c, &ev, 1, &n), CAIRN_OK);
+        if (n)
+            break;
+        cairn_kvcache_wait(w->c, 20);
+    }
+    assert_int_equal(ev.cookie, cookie);
+    assert_int_equal(ev.status, CAIRN_OK);
+    assert_int_equal(ev.resident_pages, r.n_pages);
+    cairn_radix_page *path[MAXP];
+    size_t got;
+    assert_int_equal(cairn_radix_path(r.node, path, MAXP, &got), CAIRN_OK);
+    assert_int_equal(got, r.n_pages);
+    uint8_t want[1024], have[1024];
+    for (size_t i = 0; i < got; i++) {
+        assert_true(path[i]->device_page >= 0);
+        test_payload(tok, (i + 1) * PS, want, w->L.page_bytes);
+        assert_int_equal(cairn_kvcache_read_page(w->c, path[i], have), CAIRN_OK);
+        assert_memory_equal(want, have, w->L.page_bytes);
+        w->n_pages_checked++;
+    }
+    w->n_promotions_checked++;
+    assert_int_equal(cairn_radix_unlock(w->t, r.node), CAIRN_OK);
+}
+
+/* Two promotions in flight at once; the second match may split nodes whose
+ * pages the first is still loading. */
+static void op_two_promotions(world *w)
+{
+    int32_t tok[2][MAXP * PS];
+    cairn_radix_match_result r[2];
+    uint64_t cookies[2];
+    bool done[2] = {false, false};
+    for (int k = 0; k < 2; k++) {
+        size_t np;
+        gen_query(w, tok[k], &np);
+        assert_int_equal(cairn_radix_match(w->t, tok[k], np * PS, &r[k]), CAIRN_OK);
+        assert_int_equal(r[k].n_pages, model_match(w, tok[k], np));
+        assert_int_equal(cairn_radix_lock(w->t, r[k].node), CAIRN_OK);
+        cookies[k] = ++w->cookie;
+        assert_int_equal(cairn_kvcache_promote(w->c, r[k].node, cookies[k]), CAIRN_OK);
+    }
+    while (!done[0] || !done[1]) {
+        cairn_kvcache_event ev;
+        int n;
+        assert_int_equal(cairn_kvcache_poll(w->c, &ev, 1, &n), CAIRN_OK);
+        if (!n) {
+            cairn_kvcache_wait(w->c, 20);
+            continue;
+        }
+        int k = ev.cookie == cookies[0] ? 0 : 1;
+        assert_true(ev.cookie == cookies[k] && !done[k]);
+        assert_int_equal(ev.status, CAIRN_OK);
+        done[k] = true;
+    }
+    uint8_t want[1024], have[1024];
+    for (int k = 0; k < 2; k++) {
+        cairn_radix_page *path[MAXP];
+        size_t got;
+        assert_int_equal(cairn_radix_path(r[k].node, path, MAXP, &got), CAIRN_OK);
+        assert_int_equal(got, r[k].n_pages);
+        for (size_t i = 0; i < got; i++) {
+            assert_true(path[i]->device_page >= 0);
+            test_payload(tok[k], (i + 1) * PS, want, w->L.page_bytes);
+            assert_int_equal(cairn_kvcache_read_page(w->c, path[i], have), CAIRN_OK);
+            assert_memory_equal(want, have, w->L.page_bytes);
+            w->n_pages_checked++;
+        }
+        w->n_promotions_checked++;
+    }
+    for (int k = 0; k < 2; k++)
+        assert_int_equal(cairn_radix_unlock(w->t, r[k].node), CAIRN_OK);
+}
+
+/* Match without promoting: pages resident in tier 0 or 1 must be right. */
+static void op_match_peek(world *w)
+{
+    int32_t tok[MAXP * PS];
+    size_t np;
+    gen_query(w, tok, &np);
+    cairn_radix_match_result r;
+    assert_int_equal(cairn_radix_match(w->t, tok, np * PS, &r), CAIRN_OK);
+    assert_int_equal(r.n_pages, model_match(w, tok, np));
+    cairn_radix_page *path[MAXP];
+    size_t got;
+    assert_int_equal(cairn_radix_path(r.node, path, MAXP, &got), CAIRN_OK);
+    uint8_t want[1024], have[1024];
+    for (size_t i = 0; i < got; i++) {
+        if (cairn_kvcache_read_page(w->c, path[i], have) != CAIRN_OK)
+            continue; /* on disk only */
+        test_payload(tok, (i + 1) * PS, want, w->L.page_bytes);
+        assert_memory_equal(want, have, w->L.page_bytes);
+        w->n_pages_checked++;
+    }
+}
+
+static void op_lock(world *w, bool pin)
+{
+    if (w->n_locks == MAXLOCKS)
+        return;
+    int32_t tok[MAXP * PS];
+    size_t np;
+    gen_query(w, tok, &np);
+    cairn_radix_match_result r;
+    assert_int_equal(cairn_radix_match(w->t, tok, np * PS, &r), CAIRN_OK);
+    if (r.n_pages == 0)
+        return;
+    if (pin)
+        assert_int_equal(cairn_kvcache_pin(w->c, r.node), CAIRN_OK);
+    else
+        assert_int_equal(cairn_radix_lock(w->t, r.node), CAIRN_OK);
+    w->locks[w->n_locks].node = r.node;
+    w->locks[w->n_locks].n_pages = path_tiers(r.node, w->locks[w->n_locks].tier_at_lock);
+    w->locks[w->n_locks].pinned = pin;
+    w->n_locks++;
+    if (pin) {
+        /* Write-through: every resident page of the prefix is queued for
+         * disk now. */
+        cairn_radix_page *path[MAXP];
+        size_t got;
+        assert_int_equal(cairn_radix_path(r.node, path, MAXP, &got), CAIRN_OK);
+        for (size_t i = 0; i < got; i++)
+            if (path[i]->device_page >= 0 || path[i]->host_slot >= 0)
+                assert_int_equal(path[i]->on_disk, 1);
+    }
+}
+
+static void op_unlock(world *w)
+{
+    if (!w->n_locks)
+        return;
+    size_t i = rnd() % w->n_locks;
+    if (w->locks[i].pinned)
+        assert_int_equal(cairn_kvcache_unpin(w->c, w->locks[i].node), CAIRN_OK);
+    else
+        assert_int_equal(cairn_radix_unlock(w->t, w->locks[i].node), CAIRN_OK);
+    w->locks[i] = w->locks[--w->n_locks];
+}
+
+/* Evict from a random tier. Dropping disk-tier leaves from the tree loses
+ * those prefixes from the in-memory index, so the model forgets them too. */
+static void op_evict(world *w)
+{
+    int tier = (int)(rnd() % 3);
+    size_t want = 1 + rnd() % 8;
+    if (tier != CAIRN_TIER_DISK) {
+        size_t moved;
+        assert_int_equal(cairn_kvcache_evict(w->c, tier, want, &moved), CAIRN_OK);
+        return;
+    }
+    for (size_t e = 0; e < want; e++) {
+        cairn_radix_node *v = cairn_radix_lru(w->t, CAIRN_TIER_DISK);
+        if (!v)
+            break;
+        assert_int_equal(cairn_radix_node_refs(v), 0);
+        size_t depth = cairn_radix_node_depth(v);
+        size_t start = depth - cairn_radix_node_pages(v, NULL);
+        int32_t vt[MAXP * PS];
+        size_t pos = depth;
+        for (cairn_radix_node *x = v; cairn_radix_parent(x); x = cairn_radix_parent(x)) {
+            size_t xn = cairn_radix_node_pages(x, NULL);
+            pos -= xn;
+            memcpy(vt + pos * PS, cairn_radix_node_tokens(x), xn * PS * sizeof(int32_t));
+        }
+        size_t moved;
+        assert_int_equal(cairn_kvcache_evict(w->c, CAIRN_TIER_DISK, 1, &moved), CAIRN_OK);
+        assert_int_equal(moved, depth - start);
+        for (size_t i = 0; i < w->n_seqs; i++)
+            if (common_pages(w->seqs[i].tok, w->seqs[i].n_pages, vt, depth) > start)
+                w->seqs[i].n_pages = start;
+    }
+}
+
+static void run_world(uint64_t seed, int steps)
+{
+    rng = seed;
+    world w = {0};
+    w.L = test_layout(PS);
+    w.be = test_backend_create();
+    assert_non_null(w.be);
+    test_make_dir(w.dir, sizeof w.dir, "prop");
+    assert_true(w.dir[0]);
+    cairn_kv_layout L = w.L;
+    cairn_page_hash ns;
+    cairn_page_namespace nsd = {.model_fingerprint = "test-model", .fingerprint_bytes = 10,
+                                .layout = &L, .layout_version = CAIRN_KV_LAYOUT_VERSION};
+    assert_int_equal(cairn_page_namespace_hash(&nsd, &ns), CAIRN_OK);
+    cairn_kvcache_config cfg = {
+        .backend = w.be, .layout = L,
+        .device_bytes = DEVICE_PAGES * L.page_bytes,
+        .host_bytes = HOST_PAGES * L.page_bytes,
+        .disk_dir = w.dir, .disk_map_bytes = 64u << 20, .ns = ns,
+    };
+    char err[256] = "";
+    assert_int_equal(cairn_kvcache_create(&cfg, &w.c, err, sizeof err), CAIRN_OK);
+    w.t = cairn_kvcache_tree(w.c);
+    w.seqs = calloc(MAXSEQ, sizeof(seq));
+    w.seen_dev = calloc(DEVICE_PAGES, 1);
+    w.seen_host = calloc(HOST_PAGES, 1);
+    assert_non_null(w.seqs);
+
+    for (int step = 0; step < steps; step++) {
+        unsigned op = (unsigned)(rnd() % 100);
+        if (op < 30)
+            op_insert(&w);
+        else if (op < 45)
+            op_match_promote(&w);
+        else if (op < 50)
+            op_two_promotions(&w);
+        else if (op < 62)
+            op_match_peek(&w);
+        else if (op < 69)
+            op_lock(&w, false);
+        else if (op < 72)
+            op_lock(&w, true);
+        else if (op < 81)
+            op_unlock(&w);
+        else
+            op_evict(&w);
+        check_world(&w);
+        if (step % 250 == 249)
+            check_disk(&w);
+    }
+    while (w.n_locks)
+        op_unlock(&w);
+    check_disk(&w);
+
+    /* The run must have exercised every tier. */
+    cairn_kvcache_stats ks;
+    cairn_kvcache_get_stats(w.c, &ks);
+    cairn_disk_stats ds;
+    cairn_disk_get_stats(cairn_kvcache_disk(w.c), &ds);
+    print_message("promotions %zu (pages %zu), pages checked %zu, evicted dev %zu host %zu "
+                  "disk %zu, disk pages %llu reads %llu\n",
+                  w.n_promotions_checked, ks.promoted_pages, w.n_pages_checked,
+                  ks.evicted_pages[0], ks.evicted_pages[1], ks.evicted_pages[2],
+                  (unsigned long long)ds.pages, (unsigned long long)ds.reads);
+    assert_true(ks.evicted_pages[CAIRN_TIER_DEVICE] > 100);
+    assert_true(ks.evicted_pages[CAIRN_TIER_HOST] > 100);
+    assert_true(ks.evicted_pages[CAIRN_TIER_DISK] > 10);
+    assert_true(ds.hits > 100);
+    assert_int_equal(ds.misses, 0);
+    assert_int_equal(ks.lost_pages, 0);
+
+    cairn_kvcache_free(w.c);
+    assert_int_equal(test_backend_counters_of(w.be)->live_allocs, 0);
+    cairn_backend_destroy(w.be);
+    test_remove_dir(w.dir);
+    free(w.seqs);
+    free(w.keys);
+    free(w.seen_dev);
+    free(w.seen_host);
+}
+
+/* Three independent worlds of 5000 steps each. */
+static void test_property_seed1(void **state)
+{
+    (void)state;
+    run_world(0x243f6a8885a308d3ull, 5000);
+}
+static void test_property_seed2(void **state)
+{
+    (void)state;
+    run_world(0x13198a2e03707344ull, 5000);
+}
+static void test_property_seed3(void **state)
+{
+    (void)state;
+    run_world(0xa4093822299f31d0ull, 5000);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_property_seed1),
+        cmocka_unit_test(test_property_seed2),
+        cmocka_unit_test(test_property_seed3),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,48 @@
+# store/: tiers, LMDB, and the whole tiered cache against a model.
+set(CAIRN_STORE_TEST_UTIL ${CMAKE_CURRENT_LIST_DIR}/test_util.c)
+
+cairn_add_test(store_property
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_store_property.c ${CAIRN_STORE_TEST_UTIL}
+  LABELS store TIMEOUT 300)
+target_include_directories(store_property PRIVATE ${CMAKE_CURRENT_LIST_DIR})
+
+cairn_add_test(store_disk
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_disk.c ${CAIRN_STORE_TEST_UTIL}
+  LABELS store TIMEOUT 300)
+target_include_directories(store_disk PRIVATE ${CMAKE_CURRENT_LIST_DIR})
+
+# The property test again, under AddressSanitizer + UBSan, whatever
+# CAIRN_SANITIZE says: an object library of the radix/store sources (and the
+# little of common/ and kernels/ they use) compiled with the sanitizers, and a
+# test executable linked against it rather than against cairn_lib. Leak
+# checking is on (LeakSanitizer is part of ASan on Linux).
+file(GLOB CAIRN_SAN_SOURCES CONFIGURE_DEPENDS
+  ${PROJECT_SOURCE_DIR}/radix/*.c ${PROJECT_SOURCE_DIR}/store/*.c)
+add_library(cairn_store_asan OBJECT ${CAIRN_SAN_SOURCES}
+  ${PROJECT_SOURCE_DIR}/common/common.c ${PROJECT_SOURCE_DIR}/kernels/backend.c)
+set(CAIRN_SAN_FLAGS -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all)
+target_compile_options(cairn_store_asan PRIVATE ${CAIRN_SAN_FLAGS})
+target_include_directories(cairn_store_asan PUBLIC ${PROJECT_SOURCE_DIR})
+target_link_libraries(cairn_store_asan PUBLIC PkgConfig::XXHASH PkgConfig::LMDB Threads::Threads m)
+
+function(cairn_add_asan_test name)
+  add_executable(${name} ${ARGN})
+  target_compile_options(${name} PRIVATE ${CAIRN_SAN_FLAGS})
+  target_link_options(${name} PRIVATE -fsanitize=address,undefined)
+  target_include_directories(${name} PRIVATE ${CMAKE_CURRENT_LIST_DIR})
+  target_link_libraries(${name} PRIVATE cairn_store_asan PkgConfig::CMOCKA)
+  add_test(NAME ${name} COMMAND ${name})
+  set_tests_properties(${name} PROPERTIES TIMEOUT 300 LABELS "store;asan"
+    ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
+endfunction()
+cairn_add_asan_test(store_property_asan
+  ${CMAKE_CURRENT_LIST_DIR}/test_store_property.c ${CAIRN_STORE_TEST_UTIL})
+cairn_add_asan_test(radix_tree_asan ${PROJECT_SOURCE_DIR}/tests/radix/test_radix.c)
+cairn_add_asan_test(store_disk_asan
+  ${CMAKE_CURRENT_LIST_DIR}/test_disk.c ${CAIRN_STORE_TEST_UTIL})
+
+# Benchmark (a build target, not a test): see bench/radix_store/README.md.
+add_executable(bench_radix_store ${PROJECT_SOURCE_DIR}/bench/radix_store/bench_radix_store.c
+  ${CAIRN_STORE_TEST_UTIL})
+target_include_directories(bench_radix_store PRIVATE ${CMAKE_CURRENT_LIST_DIR})
+target_link_libraries(bench_radix_store PRIVATE cairn_lib)
