@@ -491,11 +491,9 @@ static void test_pretok_llama3(void **state)
 static void test_pretok_qwen2_vs_gpt2(void **state)
 {
     (void)state;
-    const char *extra[] = {"12", "\xC3\xA9t", "\xC3\xA9t\xC3\xA9"}; /* ids 256, 257, 258 */
     const char *merges[] = {"\xC3 \xA9", "\xC3\xA9 t", "\xC3\xA9t \xC3\xA9", "1 2"};
-    /* merges need their intermediate tokens: add "é" (id 259) */
+    /* ids 256.. : "12", "ét", "été", and "é" (merges need every step) */
     const char *extra2[] = {"12", "\xC3\xA9t", "\xC3\xA9t\xC3\xA9", "\xC3\xA9"};
-    (void)extra;
     buf k1, k2;
     cairn_vocab *q = make_bpe("qwen2", extra2, 4, merges, 4, &k1);
     cairn_vocab *g = make_bpe("gpt-2", extra2, 4, merges, 4, &k2);
@@ -518,6 +516,31 @@ static void test_pretok_qwen2_vs_gpt2(void **state)
     cairn_vocab_free(g);
     free(k1.p);
     free(k2.p);
+
+    /* every pre-tokenizer compiles; digit handling tells them apart
+     * (an unknown name falls back to the default split) */
+    static const struct {
+        const char *pre;
+        bool digits_together;
+    } pres[] = {
+        {"default", true},         {"gpt-2", true},      {"mpt", true},
+        {"starcoder", false},      {"refact", false},    {"falcon", true},
+        {"deepseek-coder", false}, {"deepseek-llm", true}, {"llama-bpe", true},
+        {"llama3", true},          {"qwen2", false},     {"no-such-pre", true},
+    };
+    for (size_t i = 0; i < sizeof pres / sizeof pres[0]; i++) {
+        buf k;
+        cairn_vocab *v = make_bpe(pres[i].pre, extra2, 4, merges, 4, &k);
+        n = tok(v, "12", 0, ids, 64);
+        if (pres[i].digits_together) {
+            assert_int_equal(n, 1);
+            assert_int_equal(ids[0], 256);
+        } else {
+            assert_int_equal(n, 2);
+        }
+        cairn_vocab_free(v);
+        free(k.p);
+    }
 }
 
 /* Merge order: lowest rank first, leftmost on ties. */
@@ -551,6 +574,101 @@ static void test_bpe_merge_order(void **state)
     assert_int_equal(ids[1], 'a');
     cairn_vocab_free(v);
     free(keep.p);
+}
+
+
+/* ---- random input --------------------------------------------------------- */
+
+static uint64_t rng_state = 12345;
+static uint32_t rng(void)
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(rng_state >> 33);
+}
+
+static bool valid_utf8(const char *s, size_t n)
+{
+    const uint8_t *p = (const uint8_t *)s;
+    for (size_t i = 0; i < n;) {
+        uint8_t c = p[i];
+        size_t len = c < 0x80 ? 1 : c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3
+                                 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+        if (!len || i + len > n)
+            return false;
+        for (size_t k = 1; k < len; k++)
+            if ((p[i + k] & 0xC0) != 0x80)
+                return false;
+        if ((c == 0xE0 && p[i + 1] < 0xA0) || (c == 0xED && p[i + 1] > 0x9F) ||
+            (c == 0xF0 && p[i + 1] < 0x90) || (c == 0xF4 && p[i + 1] > 0x8F))
+            return false;
+        i += len;
+    }
+    return true;
+}
+
+/* Random mixes of bytes, ASCII, multi-byte characters and special-token
+ * texts: tokenizing never fails, the pieces give the input back byte for
+ * byte, and the streaming detokenizer only ever emits valid UTF-8. */
+static void test_random_input(void **state)
+{
+    (void)state;
+    const char *names[] = {"gpt-2", "llama-spm", "falcon", "deepseek-coder"};
+    const char *atoms[] = {" ", "  ", "\n", "\t", "a", "Z", "7", "'s", "é", "日本", "🦙", "!?",
+                           "<s>", "</s>", "<|endoftext|>", "\xFF", "\xE2\x82", "\x80"};
+    const size_t n_atoms = sizeof atoms / sizeof atoms[0];
+    char text[1024], back[4096], out[8192];
+    int32_t ids[1024];
+    for (int vi = 0; vi < 4; vi++) {
+        cairn_vocab *v = load_conformance(names[vi]);
+        bool spm = cairn_vocab_kind_of(v) == CAIRN_VOCAB_SPM;
+        bool byte_exact = vi < 2; /* full byte coverage */
+        for (int it = 0; it < 300; it++) {
+            size_t len = 0;
+            int parts = (int)(rng() % 40);
+            for (int p = 0; p < parts; p++) {
+                if (rng() % 4 == 0) {
+                    text[len++] = (char)(rng() & 0xFF);
+                } else {
+                    const char *a = atoms[rng() % n_atoms];
+                    memcpy(text + len, a, strlen(a));
+                    len += strlen(a);
+                }
+            }
+            for (int flags = 0; flags <= CAIRN_TOK_PARSE_SPECIAL; flags += CAIRN_TOK_PARSE_SPECIAL) {
+                size_t n = 0;
+                assert_int_equal(cairn_tokenize(v, text, len, flags, ids, 1024, &n), CAIRN_OK);
+                for (size_t i = 0; i < n; i++)
+                    assert_true(ids[i] >= 0 && ids[i] < cairn_vocab_n_tokens(v));
+                if (byte_exact && !(spm && flags)) {
+                    size_t m = 0, k;
+                    for (size_t i = 0; i < n; i++) {
+                        assert_int_equal(cairn_token_to_piece(v, ids[i], true, back + m,
+                                                              sizeof back - m, &k),
+                                         CAIRN_OK);
+                        m += k;
+                    }
+                    const char *b = back;
+                    if (spm && len > 0)
+                        b++, m--;
+                    assert_int_equal(m, len);
+                    assert_memory_equal(b, text, len);
+                }
+                cairn_detok *d;
+                assert_int_equal(cairn_detok_create(v, true, &d), CAIRN_OK);
+                size_t m = 0, k;
+                for (size_t i = 0; i < n; i++) {
+                    assert_int_equal(cairn_detok_push(d, ids[i], out + m, sizeof out - m, &k),
+                                     CAIRN_OK);
+                    assert_true(valid_utf8(out + m, k));
+                    m += k;
+                }
+                assert_int_equal(cairn_detok_flush(d, out + m, sizeof out - m, &k), CAIRN_OK);
+                assert_true(valid_utf8(out + m, k));
+                cairn_detok_free(d);
+            }
+        }
+        cairn_vocab_free(v);
+    }
 }
 
 static void test_bad_vocab(void **state)
@@ -588,6 +706,7 @@ int main(void)
         cmocka_unit_test(test_pretok_llama3),
         cmocka_unit_test(test_pretok_qwen2_vs_gpt2),
         cmocka_unit_test(test_bpe_merge_order),
+        cmocka_unit_test(test_random_input),
         cmocka_unit_test(test_bad_vocab),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
