@@ -1,12 +1,15 @@
-# Thin wrapper over CMake. `make run` runs the main job on the bundled model;
-# `make test` sets up and passes the tests.
+# Thin wrapper over CMake. `make run` serves the bundled model (the main job);
+# `make test` sets up and passes the tests; `make generate` is a one-shot run.
 BUILD_DIR ?= build
 BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 PROMPT ?= Once upon a time
 CMAKE_FLAGS ?=
 
-.PHONY: all build setup setup-test run test clean
+ADDR ?= 127.0.0.1
+PORT ?= 7077
+
+.PHONY: all build setup setup-test run generate test clean
 
 all: build
 
@@ -23,6 +26,12 @@ build: setup $(BUILD_DIR)/CMakeCache.txt
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
 run: build
+	@echo "cairn: serving models/stories260K.gguf on $(ADDR):$(PORT) (Ctrl-C stops it). Connect with:"
+	@echo "  python3 clients/python/examples/agent.py --addr $(ADDR):$(PORT)"
+	@echo "  python3 clients/python/examples/rag.py --addr $(ADDR):$(PORT)"
+	./$(BUILD_DIR)/cairn serve -m models/stories260K.gguf --host $(ADDR) --port $(PORT)
+
+generate: build
 	./$(BUILD_DIR)/cairn run -m models/stories260K.gguf -p "$(PROMPT)" -n 128
 
 test: setup-test build

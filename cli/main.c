@@ -5,8 +5,6 @@
 
 #include <string.h>
 
-#define CAIRN_VERSION "0.1.0"
-
 static const struct {
     const char *name;
     int (*fn)(int argc, char **argv);
@@ -15,6 +13,7 @@ static const struct {
     {"run", cmd_run, "generate a continuation of a prompt"},
     {"tokenize", cmd_tokenize, "print the token ids of text read from stdin"},
     {"perplexity", cmd_perplexity, "perplexity of a text file, as llama-perplexity computes it"},
+    {"serve", cmd_serve, "serve the msgpack-RPC protocol on TCP and/or a Unix socket"},
 };
 
 static void usage(FILE *to)

@@ -40,6 +40,9 @@
 extern "C" {
 #endif
 
+/* The version reported by `cairn --version` and the server's server.info. */
+#define CAIRN_VERSION "0.1.0"
+
 /* ---- status codes ------------------------------------------------------ */
 
 enum {

@@ -24,11 +24,12 @@ fi
 
 if [ $want_test -eq 1 ]; then
     # numpy and gguf (the reference GGUF reader in Python) drive the
-    # independent forward-pass reference the tests compare against.
+    # independent forward-pass reference the tests compare against; msgpack
+    # is what the Python client speaks to the server with.
     py=python3
-    if ! $py -c "import numpy, gguf" 2>/dev/null; then
-        echo "setup: installing Python packages: numpy gguf" >&2
-        $py -m pip install -q numpy gguf 2>/dev/null ||
-            $py -m pip install -q --break-system-packages numpy gguf
+    if ! $py -c "import numpy, gguf, msgpack" 2>/dev/null; then
+        echo "setup: installing Python packages: numpy gguf msgpack" >&2
+        $py -m pip install -q numpy gguf msgpack 2>/dev/null ||
+            $py -m pip install -q --break-system-packages numpy gguf msgpack
     fi
 fi

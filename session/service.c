@@ -1,0 +1,1139 @@
+/*
+ * session/service.c — the engine thread: request intake, sessions, and the
+ * continuous-batching scheduler over the radix-tree KV cache.
+ *
+ * Life of a generation request ("job"):
+ *
+ *   submit ──▶ inbox ──▶ waiting (FIFO) ──admit──▶ running ──finish──▶ event
+ *                           ▲                         │
+ *                           └──────── pause ──────────┘  (pages ran out)
+ *
+ *   admit:  match seq[0 .. n-1) against the tree (at least one token is
+ *           always computed, for its logits), lock the matched node, take
+ *           its device pages as the head of the job's page table.
+ *   step:   compute seq[n_computed .. n_computed+chunk) into pages the job
+ *           allocated itself; when the chunk reaches the end of seq, sample
+ *           one token and append it to seq.
+ *   finish: insert the computed whole pages into the tree (the tree takes the
+ *           new ones; duplicates are released), unlock, emit DONE.
+ *   pause:  the same insert/unlock, then back to the front of `waiting` with
+ *           its sequence (prompt + generated so far) and sampler intact; on
+ *           re-admission its own pages are found again by prefix match.
+ */
+#include "session/session.h"
+
+#include "radix/radix.h"
+#include "store/store.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- session ids --------------------------------------------------------- */
+
+void cairn_session_id_to_hex(cairn_session_id id, char out[33])
+{
+    snprintf(out, 33, "%016llx%016llx", (unsigned long long)id.hi, (unsigned long long)id.lo);
+}
+
+int cairn_session_id_from_hex(const char *hex, size_t len, cairn_session_id *out)
+{
+    if (!hex || len != 32)
+        return CAIRN_EINVAL;
+    uint64_t v[2] = {0, 0};
+    for (size_t i = 0; i < 32; i++) {
+        char c = hex[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                                : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0)
+            return CAIRN_EINVAL;
+        v[i / 16] = v[i / 16] << 4 | (uint64_t)d;
+    }
+    out->hi = v[0];
+    out->lo = v[1];
+    return CAIRN_OK;
+}
+
+static bool session_id_equal(cairn_session_id a, cairn_session_id b)
+{
+    return a.hi == b.hi && a.lo == b.lo;
+}
+
+/* 128 random bits from the kernel; never a predictable counter, since the id
+ * is the only capability a client needs to reach a session. */
+static int session_id_random(cairn_session_id *out)
+{
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (!f)
+        return CAIRN_EIO;
+    size_t got = fread(out, sizeof *out, 1, f);
+    fclose(f);
+    return got == 1 ? CAIRN_OK : CAIRN_EIO;
+}
+
+/* ---- requests ------------------------------------------------------------ */
+
+cairn_request *cairn_request_new(cairn_req_kind kind)
+{
+    cairn_request *r = calloc(1, sizeof *r);
+    if (!r)
+        return NULL;
+    r->kind = kind;
+    r->gen.max_tokens = 128;
+    r->gen.sampling = cairn_sampling_defaults();
+    return r;
+}
+
+void cairn_request_free(cairn_request *r)
+{
+    if (!r)
+        return;
+    for (int i = 0; i < r->gen.n_stop; i++)
+        free(r->gen.stop[i]);
+    free(r->tokens);
+    free(r);
+}
+
+/* ---- token arrays --------------------------------------------------------- */
+
+typedef struct {
+    int32_t *v;
+    size_t n, cap;
+} tokvec;
+
+static int tokvec_reserve(tokvec *t, size_t need)
+{
+    if (need <= t->cap)
+        return CAIRN_OK;
+    size_t cap = t->cap ? t->cap : 64;
+    while (cap < need)
+        cap *= 2;
+    int32_t *v = realloc(t->v, cap * sizeof *v);
+    if (!v)
+        return CAIRN_ENOMEM;
+    t->v = v;
+    t->cap = cap;
+    return CAIRN_OK;
+}
+
+static int tokvec_append(tokvec *t, const int32_t *src, size_t n)
+{
+    if (n == 0)
+        return CAIRN_OK;
+    int rc = tokvec_reserve(t, t->n + n);
+    if (rc)
+        return rc;
+    memcpy(t->v + t->n, src, n * sizeof *src);
+    t->n += n;
+    return CAIRN_OK;
+}
+
+/* ---- sessions and jobs ---------------------------------------------------- */
+
+typedef struct session {
+    cairn_session_id id;
+    tokvec history;
+    bool busy; /* a session.generate is running on it */
+    struct session *next;
+} session;
+
+typedef struct job {
+    cairn_request *req;
+    session *sess;           /* session.generate: history to extend           */
+    tokvec seq;              /* prompt followed by generated tokens           */
+    size_t n_prompt;
+    size_t n_computed;       /* tokens of seq whose KV is in pages            */
+    bool admitted_once;
+    int64_t cached_tokens;   /* reported: matched at the first admission      */
+    cairn_radix_node *locked;
+    size_t n_tree_pages;     /* pages[0 .. n_tree_pages) belong to the tree   */
+    int32_t *pages;          /* page table; the rest were allocated by the job */
+    size_t n_pages, pages_cap;
+    cairn_sampler *sampler;
+    cairn_detok *detok;
+    char *text;              /* generated text so far (stop strings cut off) */
+    size_t text_len, text_cap, text_sent;
+    size_t tokens_sent;      /* generated tokens already sent in deltas        */
+    int n_gen;
+    bool cancelled;
+    const char *finish;      /* set when the job is done                      */
+    struct job *next;        /* in `waiting`                                  */
+} job;
+
+struct cairn_service {
+    cairn_service_config cfg;
+    cairn_backend *be;
+    cairn_model *model;
+    cairn_kvcache *cache;
+    cairn_radix *tree;
+    cairn_page_pool *device;
+    cairn_kv_layout kv;
+    int n_ctx, n_vocab, page_size;
+    bool prefix_cache;
+
+    pthread_t thread;
+    bool thread_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    cairn_request **inbox; /* guarded by mu */
+    size_t inbox_n, inbox_cap;
+    bool stopping;         /* guarded by mu */
+
+    /* engine-thread state */
+    session **buckets;
+    size_t n_buckets, n_sessions;
+    job *waiting_head, *waiting_tail;
+    size_t n_waiting;
+    job **running;
+    int n_running;
+    cairn_seq_batch *batch;
+    job **batch_jobs;
+    float *logits;         /* [max_seqs][n_vocab] */
+    cairn_service_stats stats;
+};
+
+/* ---- events --------------------------------------------------------------- */
+
+static void emit(cairn_service *s, cairn_event *ev)
+{
+    if (s->cfg.on_event)
+        s->cfg.on_event(ev, s->cfg.user);
+}
+
+static void emit_error(cairn_service *s, const cairn_request *r, int code, const char *msg)
+{
+    cairn_event ev = {.kind = CAIRN_EV_ERROR, .client = r->client, .id = r->id, .code = code,
+                      .message = msg};
+    emit(s, &ev);
+}
+
+static void emit_session(cairn_service *s, const cairn_request *r, cairn_session_id id,
+                         int64_t n_tokens)
+{
+    cairn_event ev = {.kind = CAIRN_EV_DONE, .what = CAIRN_DONE_SESSION, .client = r->client,
+                      .id = r->id, .session = id, .n_session_tokens = n_tokens};
+    emit(s, &ev);
+}
+
+/* ---- session table (engine thread only) ------------------------------------ */
+
+static size_t bucket_of(const cairn_service *s, cairn_session_id id)
+{
+    return (size_t)((id.lo ^ (id.hi * 0x9e3779b97f4a7c15ull)) % s->n_buckets);
+}
+
+static session *session_find(cairn_service *s, cairn_session_id id)
+{
+    for (session *x = s->buckets[bucket_of(s, id)]; x; x = x->next)
+        if (session_id_equal(x->id, id))
+            return x;
+    return NULL;
+}
+
+static int session_create(cairn_service *s, session **out)
+{
+    if (s->n_sessions >= s->cfg.max_sessions)
+        return CAIRN_EFULL;
+    session *x = calloc(1, sizeof *x);
+    if (!x)
+        return CAIRN_ENOMEM;
+    int rc;
+    do {
+        rc = session_id_random(&x->id);
+    } while (rc == CAIRN_OK && session_find(s, x->id));
+    if (rc) {
+        free(x);
+        return rc;
+    }
+    size_t b = bucket_of(s, x->id);
+    x->next = s->buckets[b];
+    s->buckets[b] = x;
+    s->n_sessions++;
+    *out = x;
+    return CAIRN_OK;
+}
+
+static void session_destroy(cairn_service *s, session *x)
+{
+    session **pp = &s->buckets[bucket_of(s, x->id)];
+    while (*pp && *pp != x)
+        pp = &(*pp)->next;
+    if (*pp)
+        *pp = x->next;
+    free(x->history.v);
+    free(x);
+    s->n_sessions--;
+}
+
+/* ---- KV pages of a job ------------------------------------------------------ */
+
+static int job_reserve_pages(job *j, size_t n)
+{
+    if (n <= j->pages_cap)
+        return CAIRN_OK;
+    size_t cap = j->pages_cap ? j->pages_cap * 2 : 16;
+    while (cap < n)
+        cap *= 2;
+    int32_t *p = realloc(j->pages, cap * sizeof *p);
+    if (!p)
+        return CAIRN_ENOMEM;
+    j->pages = p;
+    j->pages_cap = cap;
+    return CAIRN_OK;
+}
+
+/* Look the job's sequence up in the tree and adopt the cached prefix. */
+static void job_match(cairn_service *s, job *j)
+{
+    j->n_computed = 0;
+    j->n_tree_pages = 0;
+    j->n_pages = 0;
+    j->locked = NULL;
+    if (!s->prefix_cache || j->seq.n < 2)
+        return;
+    cairn_radix_match_result m;
+    /* leave the last token out: it must be computed to get its logits */
+    if (cairn_radix_match(s->tree, j->seq.v, j->seq.n - 1, &m) != CAIRN_OK || m.n_pages == 0)
+        return;
+    cairn_radix_page **path = malloc(m.n_pages * sizeof *path);
+    size_t n_path = 0;
+    if (!path || job_reserve_pages(j, m.n_pages) != CAIRN_OK ||
+        cairn_radix_path(m.node, path, m.n_pages, &n_path) != CAIRN_OK ||
+        cairn_radix_lock(s->tree, m.node) != CAIRN_OK) {
+        free(path);
+        return;
+    }
+    /* Every page is on the device while there are no lower tiers; stop at
+     * the first one that is not, to be safe when tiers are added. */
+    size_t usable = 0;
+    while (usable < n_path && path[usable]->device_page >= 0)
+        usable++;
+    if (usable < n_path) {
+        cairn_radix_unlock(s->tree, m.node);
+        free(path);
+        return;
+    }
+    for (size_t i = 0; i < n_path; i++)
+        j->pages[i] = path[i]->device_page;
+    free(path);
+    j->locked = m.node;
+    j->n_tree_pages = j->n_pages = n_path;
+    j->n_computed = n_path * (size_t)s->page_size;
+}
+
+/* Hand the job's computed whole pages to the tree and give back the rest. */
+static void job_release_pages(cairn_service *s, job *j)
+{
+    size_t ps = (size_t)s->page_size;
+    size_t n_full = j->n_computed / ps;
+    if (n_full > j->n_pages)
+        n_full = j->n_pages;
+    size_t from = j->n_tree_pages; /* first page the job owns */
+    if (s->prefix_cache && n_full > 0) {
+        size_t n_cached = 0;
+        if (cairn_radix_insert(s->tree, j->seq.v, n_full, j->pages, &n_cached, NULL) ==
+            CAIRN_OK) {
+            /* pages [from, n_cached) duplicate what the tree already had */
+            if (n_cached > from)
+                cairn_page_pool_release(s->device, (int32_t)(n_cached - from), j->pages + from);
+            from = n_cached > from ? n_cached : from;
+            from = from > n_full ? from : n_full; /* [.., n_full) now the tree's */
+        }
+    }
+    if (j->n_pages > from)
+        cairn_page_pool_release(s->device, (int32_t)(j->n_pages - from), j->pages + from);
+    if (j->locked)
+        cairn_radix_unlock(s->tree, j->locked);
+    j->locked = NULL;
+    j->n_pages = j->n_tree_pages = 0;
+    j->n_computed = 0;
+}
+
+/* Make the page table cover `n_tokens` tokens, evicting unlocked cached pages
+ * if needed. CAIRN_EFULL when that is not enough. */
+static int job_ensure_pages(cairn_service *s, job *j, size_t n_tokens)
+{
+    size_t need = (n_tokens + (size_t)s->page_size - 1) / (size_t)s->page_size;
+    if (need <= j->n_pages)
+        return CAIRN_OK;
+    int rc = job_reserve_pages(j, need);
+    if (rc)
+        return rc;
+    size_t before = cairn_page_pool_available(s->device);
+    rc = cairn_kvcache_alloc(s->cache, (int32_t)(need - j->n_pages), j->pages + j->n_pages);
+    if (rc)
+        return rc;
+    size_t got = need - j->n_pages;
+    if (before < got)
+        s->stats.evicted_pages += got - before;
+    j->n_pages = need;
+    return CAIRN_OK;
+}
+
+static void job_free(job *j)
+{
+    if (!j)
+        return;
+    cairn_request_free(j->req);
+    cairn_sampler_free(j->sampler);
+    cairn_detok_free(j->detok);
+    free(j->seq.v);
+    free(j->pages);
+    free(j->text);
+    free(j);
+}
+
+/* ---- generated text and stop strings ------------------------------------- */
+
+static int job_append_text(job *j, const char *piece, size_t n)
+{
+    if (j->text_len + n + 1 > j->text_cap) {
+        size_t cap = j->text_cap ? j->text_cap * 2 : 256;
+        while (cap < j->text_len + n + 1)
+            cap *= 2;
+        char *t = realloc(j->text, cap);
+        if (!t)
+            return CAIRN_ENOMEM;
+        j->text = t;
+        j->text_cap = cap;
+    }
+    memcpy(j->text + j->text_len, piece, n);
+    j->text_len += n;
+    j->text[j->text_len] = '\0';
+    return CAIRN_OK;
+}
+
+/* Cut the text at the first stop string; true when one was found. */
+static bool job_check_stop(job *j)
+{
+    const cairn_gen_params *g = &j->req->gen;
+    size_t best = SIZE_MAX;
+    for (int i = 0; i < g->n_stop; i++) {
+        size_t len = strlen(g->stop[i]);
+        if (len == 0)
+            continue;
+        /* only the unsent tail (plus overlap) can hold a new occurrence */
+        size_t from = j->text_sent > len ? j->text_sent - len : 0;
+        char *hit = memmem(j->text + from, j->text_len - from, g->stop[i], len);
+        if (hit && (size_t)(hit - j->text) < best)
+            best = (size_t)(hit - j->text);
+    }
+    if (best == SIZE_MAX)
+        return false;
+    j->text_len = best;
+    j->text[best] = '\0';
+    return true;
+}
+
+/* How much of the text may be streamed now: hold back a tail that could be
+ * the start of a stop string, ending on a UTF-8 character boundary. */
+static size_t job_sendable(const job *j)
+{
+    const cairn_gen_params *g = &j->req->gen;
+    size_t hold = 0;
+    for (int i = 0; i < g->n_stop; i++) {
+        size_t len = strlen(g->stop[i]);
+        for (size_t k = len > 1 ? len - 1 : 0; k > hold; k--)
+            if (k <= j->text_len && memcmp(j->text + j->text_len - k, g->stop[i], k) == 0) {
+                hold = k;
+                break;
+            }
+    }
+    size_t end = j->text_len - hold;
+    while (end > j->text_sent && end < j->text_len && ((unsigned char)j->text[end] & 0xC0) == 0x80)
+        end--;
+    return end;
+}
+
+static void job_emit_delta(cairn_service *s, job *j, bool final)
+{
+    if (!j->req->gen.stream)
+        return;
+    size_t end = final ? j->text_len : job_sendable(j);
+    const int32_t *gen = j->seq.v + j->n_prompt;
+    size_t n_tok = (size_t)j->n_gen - j->tokens_sent;
+    if (end <= j->text_sent && n_tok == 0)
+        return;
+    cairn_event ev = {.kind = CAIRN_EV_DELTA, .client = j->req->client, .id = j->req->id,
+                      .text = j->text + j->text_sent,
+                      .text_len = end > j->text_sent ? end - j->text_sent : 0,
+                      .tokens = gen + j->tokens_sent, .n_tokens = n_tok};
+    emit(s, &ev);
+    if (end > j->text_sent)
+        j->text_sent = end;
+    j->tokens_sent = (size_t)j->n_gen;
+}
+
+/* ---- finishing ------------------------------------------------------------ */
+
+static void job_finish(cairn_service *s, job *j, bool emit_event)
+{
+    job_release_pages(s, j);
+    if (j->sess) {
+        /* the session's history becomes prompt + generated tokens */
+        j->sess->busy = false;
+        j->sess->history.n = 0;
+        tokvec_append(&j->sess->history, j->seq.v, j->seq.n);
+    }
+    if (emit_event) {
+        size_t text_len;
+        char tail[300];
+        if (cairn_detok_flush(j->detok, tail, sizeof tail, &text_len) == CAIRN_OK && text_len &&
+            strcmp(j->finish, "stop") != 0)
+            job_append_text(j, tail, text_len);
+        job_emit_delta(s, j, true);
+        cairn_event ev = {.kind = CAIRN_EV_DONE, .what = CAIRN_DONE_GENERATION,
+                          .client = j->req->client, .id = j->req->id, .text = j->text ? j->text : "",
+                          .text_len = j->text_len, .tokens = j->seq.v + j->n_prompt,
+                          .n_tokens = (size_t)j->n_gen, .finish_reason = j->finish,
+                          .prompt_tokens = (int64_t)j->n_prompt,
+                          .cached_tokens = j->cached_tokens, .completion_tokens = j->n_gen};
+        emit(s, &ev);
+    }
+    job_free(j);
+}
+
+/* ---- intake ------------------------------------------------------------------ */
+
+static void waiting_push(cairn_service *s, job *j, bool front)
+{
+    j->next = NULL;
+    if (!s->waiting_head) {
+        s->waiting_head = s->waiting_tail = j;
+    } else if (front) {
+        j->next = s->waiting_head;
+        s->waiting_head = j;
+    } else {
+        s->waiting_tail->next = j;
+        s->waiting_tail = j;
+    }
+    s->n_waiting++;
+}
+
+static job *waiting_pop(cairn_service *s)
+{
+    job *j = s->waiting_head;
+    if (j) {
+        s->waiting_head = j->next;
+        if (!s->waiting_head)
+            s->waiting_tail = NULL;
+        s->n_waiting--;
+    }
+    return j;
+}
+
+/* Turn a generate / session.generate request into a waiting job. Takes the
+ * request. */
+static void start_generation(cairn_service *s, cairn_request *r, session *sess)
+{
+    job *j = calloc(1, sizeof *j);
+    int rc = j ? CAIRN_OK : CAIRN_ENOMEM;
+    if (rc == CAIRN_OK) {
+        j->req = r;
+        j->sess = sess;
+        if (sess)
+            rc = tokvec_append(&j->seq, sess->history.v, sess->history.n);
+        if (rc == CAIRN_OK)
+            rc = tokvec_append(&j->seq, r->tokens, r->n_tokens);
+    }
+    const char *msg = "out of memory";
+    if (rc == CAIRN_OK && j->seq.n == 0) {
+        rc = CAIRN_EINVAL;
+        msg = "nothing to generate from: the prompt is empty";
+    }
+    if (rc == CAIRN_OK && j->seq.n >= (size_t)s->n_ctx) {
+        rc = CAIRN_ERANGE;
+        msg = "the prompt does not fit in the context";
+    }
+    if (rc == CAIRN_OK && r->gen.max_tokens < 0) {
+        rc = CAIRN_EINVAL;
+        msg = "max_tokens must not be negative";
+    }
+    if (rc == CAIRN_OK) {
+        rc = cairn_sampler_create(&r->gen.sampling, s->n_vocab, &j->sampler);
+        if (rc)
+            msg = "invalid sampling settings";
+    }
+    if (rc == CAIRN_OK && (rc = cairn_detok_create(cairn_model_vocab(s->model), false, &j->detok)))
+        msg = "out of memory";
+    if (rc != CAIRN_OK) {
+        emit_error(s, r, rc, msg);
+        if (j) {
+            j->req = NULL;
+            job_free(j);
+        }
+        cairn_request_free(r);
+        return;
+    }
+    j->n_prompt = j->seq.n;
+    for (size_t i = 0; i < j->seq.n; i++)
+        cairn_sampler_accept(j->sampler, j->seq.v[i]);
+    if (sess)
+        sess->busy = true;
+    if (r->gen.max_tokens == 0) {
+        j->finish = "length";
+        job_finish(s, j, true);
+        return;
+    }
+    waiting_push(s, j, false);
+}
+
+static session *find_session_or_error(cairn_service *s, cairn_request *r)
+{
+    session *x = session_find(s, r->session);
+    if (!x)
+        emit_error(s, r, CAIRN_ENOTFOUND, "no such session");
+    return x;
+}
+
+/* Find a running or waiting job of `client` with msgid `id`. */
+static job *find_job(cairn_service *s, uint64_t client, uint64_t id)
+{
+    for (int i = 0; i < s->n_running; i++)
+        if (s->running[i]->req->client == client && s->running[i]->req->id == id)
+            return s->running[i];
+    for (job *j = s->waiting_head; j; j = j->next)
+        if (j->req->client == client && j->req->id == id)
+            return j;
+    return NULL;
+}
+
+static void fill_stats(cairn_service *s, cairn_service_stats *st)
+{
+    *st = s->stats;
+    cairn_radix_stats rs;
+    cairn_radix_get_stats(s->tree, &rs);
+    for (int t = 0; t < 3; t++)
+        st->pages[t] = rs.pages[t];
+    st->device_pages_total = (uint64_t)cairn_page_pool_capacity(s->device);
+    st->device_pages_free = (uint64_t)cairn_page_pool_available(s->device);
+    st->running = (uint64_t)s->n_running;
+    st->waiting = s->n_waiting;
+    st->sessions = s->n_sessions;
+}
+
+/* Handle one request from the inbox. Takes it. */
+static void handle_request(cairn_service *s, cairn_request *r)
+{
+    session *x = NULL;
+    int rc;
+    switch (r->kind) {
+    case CAIRN_REQ_GENERATE:
+        start_generation(s, r, NULL);
+        return;
+    case CAIRN_REQ_SESSION_OPEN:
+        if ((rc = session_create(s, &x)) != CAIRN_OK) {
+            emit_error(s, r, rc, rc == CAIRN_EFULL ? "too many open sessions" : "cannot create session");
+            break;
+        }
+        if (r->n_tokens > (size_t)s->n_ctx || tokvec_append(&x->history, r->tokens, r->n_tokens)) {
+            session_destroy(s, x);
+            emit_error(s, r, CAIRN_ERANGE, "the session's text does not fit in the context");
+            break;
+        }
+        emit_session(s, r, x->id, (int64_t)x->history.n);
+        break;
+    case CAIRN_REQ_SESSION_APPEND:
+    case CAIRN_REQ_SESSION_GENERATE:
+        if (!(x = find_session_or_error(s, r)))
+            break;
+        if (x->busy) {
+            emit_error(s, r, CAIRN_EBUSY, "the session is generating; wait for it to finish");
+            break;
+        }
+        if (x->history.n + r->n_tokens >= (size_t)s->n_ctx) {
+            emit_error(s, r, CAIRN_ERANGE, "the session would not fit in the context");
+            break;
+        }
+        if (r->kind == CAIRN_REQ_SESSION_GENERATE) {
+            start_generation(s, r, x);
+            return;
+        }
+        if (tokvec_append(&x->history, r->tokens, r->n_tokens)) {
+            emit_error(s, r, CAIRN_ENOMEM, "out of memory");
+            break;
+        }
+        emit_session(s, r, x->id, (int64_t)x->history.n);
+        break;
+    case CAIRN_REQ_SESSION_FORK: {
+        session *child;
+        if (!(x = find_session_or_error(s, r)))
+            break;
+        if ((rc = session_create(s, &child)) != CAIRN_OK) {
+            emit_error(s, r, rc, rc == CAIRN_EFULL ? "too many open sessions" : "cannot create session");
+            break;
+        }
+        /* The pages are shared through the tree: the child's history finds
+         * the same pages as the parent's. Only the token ids are copied. */
+        if (tokvec_append(&child->history, x->history.v, x->history.n)) {
+            session_destroy(s, child);
+            emit_error(s, r, CAIRN_ENOMEM, "out of memory");
+            break;
+        }
+        emit_session(s, r, child->id, (int64_t)child->history.n);
+        break;
+    }
+    case CAIRN_REQ_SESSION_TRUNCATE:
+        if (!(x = find_session_or_error(s, r)))
+            break;
+        if (x->busy) {
+            emit_error(s, r, CAIRN_EBUSY, "the session is generating; wait for it to finish");
+            break;
+        }
+        if (r->n_keep < 0 || (size_t)r->n_keep > x->history.n) {
+            emit_error(s, r, CAIRN_EINVAL, "n_tokens is larger than the session");
+            break;
+        }
+        x->history.n = (size_t)r->n_keep;
+        emit_session(s, r, x->id, (int64_t)x->history.n);
+        break;
+    case CAIRN_REQ_SESSION_CLOSE:
+        if (!(x = find_session_or_error(s, r)))
+            break;
+        if (x->busy) {
+            emit_error(s, r, CAIRN_EBUSY, "the session is generating; cancel it first");
+            break;
+        }
+        emit_session(s, r, x->id, 0);
+        session_destroy(s, x);
+        break;
+    case CAIRN_REQ_SESSION_INFO:
+        if (!(x = find_session_or_error(s, r)))
+            break;
+        emit_session(s, r, x->id, (int64_t)x->history.n);
+        break;
+    case CAIRN_REQ_CANCEL: {
+        job *j = find_job(s, r->client, r->target);
+        if (j)
+            j->cancelled = true;
+        cairn_event ev = {.kind = CAIRN_EV_DONE, .what = CAIRN_DONE_CANCEL, .client = r->client,
+                          .id = r->id, .found = j != NULL};
+        emit(s, &ev);
+        break;
+    }
+    case CAIRN_REQ_CACHE_STATS: {
+        cairn_event ev = {.kind = CAIRN_EV_DONE, .what = CAIRN_DONE_STATS, .client = r->client,
+                          .id = r->id};
+        fill_stats(s, &ev.stats);
+        emit(s, &ev);
+        break;
+    }
+    case CAIRN_REQ_CLIENT_GONE:
+        for (int i = 0; i < s->n_running; i++)
+            if (s->running[i]->req->client == r->client)
+                s->running[i]->cancelled = true;
+        for (job *j = s->waiting_head; j; j = j->next)
+            if (j->req->client == r->client)
+                j->cancelled = true;
+        break;
+    default:
+        emit_error(s, r, CAIRN_EINVAL, "unknown request kind");
+        break;
+    }
+    cairn_request_free(r);
+}
+
+/* ---- the scheduler step ------------------------------------------------------ */
+
+static void running_remove(cairn_service *s, int i)
+{
+    memmove(&s->running[i], &s->running[i + 1], (size_t)(s->n_running - i - 1) * sizeof *s->running);
+    s->n_running--;
+}
+
+/* Remove j from the running set (it must be there). */
+static void running_drop(cairn_service *s, job *j)
+{
+    for (int k = 0; k < s->n_running; k++)
+        if (s->running[k] == j) {
+            running_remove(s, k);
+            return;
+        }
+}
+
+/* Finish cancelled jobs wherever they are. A gone client's jobs finish too;
+ * the protocol drops events for connections that no longer exist. */
+static void reap_cancelled(cairn_service *s)
+{
+    for (int i = 0; i < s->n_running;) {
+        job *j = s->running[i];
+        if (j->cancelled) {
+            running_remove(s, i);
+            j->finish = "cancelled";
+            job_finish(s, j, true);
+        } else {
+            i++;
+        }
+    }
+    job **pp = &s->waiting_head;
+    s->waiting_tail = NULL;
+    while (*pp) {
+        job *j = *pp;
+        if (j->cancelled) {
+            *pp = j->next;
+            s->n_waiting--;
+            j->finish = "cancelled";
+            job_finish(s, j, true);
+        } else {
+            s->waiting_tail = j;
+            pp = &j->next;
+        }
+    }
+}
+
+static void admit(cairn_service *s)
+{
+    while (s->n_running < s->cfg.max_seqs && s->waiting_head) {
+        job *j = waiting_pop(s);
+        job_match(s, j);
+        if (!j->admitted_once) {
+            j->admitted_once = true;
+            j->cached_tokens = (int64_t)j->n_computed;
+            s->stats.queries++;
+            s->stats.prompt_tokens += j->n_prompt;
+            s->stats.cached_tokens += j->n_computed;
+        }
+        s->running[s->n_running++] = j;
+    }
+}
+
+/* Pause a running job: its computed pages go to the tree (unlocked, so they
+ * can be evicted now), and it waits at the front of the queue. */
+static void pause_one(cairn_service *s, job *j)
+{
+    running_drop(s, j);
+    job_release_pages(s, j);
+    waiting_push(s, j, true);
+    s->stats.paused++;
+}
+
+/* Sample the next token of `j` from `logits`; returns true when the job is
+ * finished (finish reason set). */
+static bool job_take_token(cairn_service *s, job *j, const float *logits)
+{
+    int32_t tok;
+    if (cairn_sampler_sample(j->sampler, logits, &tok, NULL, NULL) != CAIRN_OK) {
+        j->finish = "stop";
+        return true;
+    }
+    if (cairn_vocab_is_eog(cairn_model_vocab(s->model), tok)) {
+        j->finish = "stop";
+        return true;
+    }
+    cairn_sampler_accept(j->sampler, tok);
+    if (tokvec_append(&j->seq, &tok, 1)) {
+        j->finish = "stop";
+        return true;
+    }
+    j->n_gen++;
+    s->stats.generated_tokens++;
+    char piece[300];
+    size_t n = 0;
+    if (cairn_detok_push(j->detok, tok, piece, sizeof piece, &n) == CAIRN_OK && n)
+        job_append_text(j, piece, n);
+    if (job_check_stop(j)) {
+        j->finish = "stop";
+        return true;
+    }
+    if (j->n_gen >= j->req->gen.max_tokens || j->seq.n >= (size_t)s->n_ctx) {
+        j->finish = "length";
+        return true;
+    }
+    job_emit_delta(s, j, false);
+    return false;
+}
+
+static void fail_job(cairn_service *s, job *j, int code, const char *msg)
+{
+    emit_error(s, j->req, code, msg);
+    job_finish(s, j, false);
+}
+
+/* One forward pass over every running job. Jobs are planned oldest first:
+ * each decoder gets one token, prompts share what is left of the batch in
+ * chunks. When pages run out, the newest job not yet planned is paused
+ * (pause_one); when the job being planned is itself the newest it pauses,
+ * unless it is alone — then it cannot fit at all and fails. */
+static void step(cairn_service *s)
+{
+    int n_dec = 0;
+    for (int i = 0; i < s->n_running; i++)
+        n_dec += s->running[i]->seq.n - s->running[i]->n_computed == 1;
+    int prefill_budget = s->cfg.max_batch_tokens - n_dec;
+    int n = 0;
+    for (int i = 0; i < s->n_running;) {
+        job *j = s->running[i];
+        size_t remaining = j->seq.n - j->n_computed;
+        size_t chunk = 1;
+        if (remaining > 1) {
+            chunk = remaining < (size_t)s->cfg.prefill_chunk ? remaining
+                                                             : (size_t)s->cfg.prefill_chunk;
+            if (chunk > (size_t)prefill_budget)
+                chunk = (size_t)prefill_budget;
+            if (chunk == 0) { /* no room left in this step's batch */
+                i++;
+                continue;
+            }
+        }
+        int rc;
+        while ((rc = job_ensure_pages(s, j, j->n_computed + chunk)) == CAIRN_EFULL &&
+               s->n_running - 1 > i)
+            pause_one(s, s->running[s->n_running - 1]);
+        if (rc == CAIRN_EFULL && i > 0) {
+            /* j is the newest: it waits for the older ones to finish */
+            running_remove(s, i);
+            job_release_pages(s, j);
+            waiting_push(s, j, true);
+            s->stats.paused++;
+            continue;
+        }
+        if (rc != CAIRN_OK) {
+            running_remove(s, i);
+            fail_job(s, j, rc == CAIRN_EFULL ? CAIRN_EFULL : rc,
+                     rc == CAIRN_EFULL ? "not enough KV cache for this request"
+                                       : "cannot allocate KV pages");
+            continue;
+        }
+        s->batch[n] = (cairn_seq_batch){
+            .tokens = j->seq.v + j->n_computed,
+            .n_tokens = (int)chunk,
+            .kv_start = (int)j->n_computed,
+            .pages = j->pages,
+        };
+        s->batch_jobs[n++] = j;
+        if (remaining > 1)
+            prefill_budget -= (int)chunk;
+        i++;
+    }
+    if (n == 0)
+        return;
+    int n_out = 0;
+    int rc = cairn_model_forward(s->model, cairn_page_pool_base(s->device), &s->kv, s->batch, n,
+                                 s->logits, NULL, &n_out);
+    if (rc != CAIRN_OK) {
+        for (int b = 0; b < n; b++) {
+            job *j = s->batch_jobs[b];
+            running_drop(s, j);
+            fail_job(s, j, rc, "the forward pass failed");
+        }
+        return;
+    }
+    /* every sequence in the batch returned its last row's logits */
+    for (int b = 0; b < n; b++) {
+        job *j = s->batch_jobs[b];
+        j->n_computed += (size_t)s->batch[b].n_tokens;
+        if (j->n_computed < j->seq.n)
+            continue; /* prompt not finished: these logits are not needed */
+        if (job_take_token(s, j, s->logits + (size_t)b * s->n_vocab)) {
+            running_drop(s, j);
+            job_finish(s, j, true);
+        }
+    }
+}
+
+/* ---- the engine thread --------------------------------------------------------- */
+
+static void *engine_main(void *arg)
+{
+    cairn_service *s = arg;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        while (!s->stopping && s->inbox_n == 0 && s->n_running == 0 && !s->waiting_head)
+            pthread_cond_wait(&s->cv, &s->mu);
+        if (s->stopping) {
+            pthread_mutex_unlock(&s->mu);
+            break;
+        }
+        size_t n_in = s->inbox_n;
+        cairn_request **in = NULL;
+        if (n_in) {
+            in = malloc(n_in * sizeof *in);
+            if (in) {
+                memcpy(in, s->inbox, n_in * sizeof *in);
+                s->inbox_n = 0;
+            } else {
+                n_in = 0;
+            }
+        }
+        pthread_mutex_unlock(&s->mu);
+
+        for (size_t i = 0; i < n_in; i++)
+            handle_request(s, in[i]);
+        free(in);
+        reap_cancelled(s);
+        admit(s);
+        step(s);
+    }
+    /* stopping: release every job without events */
+    while (s->n_running)
+        job_finish(s, s->running[--s->n_running], false);
+    job *j;
+    while ((j = waiting_pop(s)))
+        job_finish(s, j, false);
+    return NULL;
+}
+
+/* ---- lifecycle ------------------------------------------------------------------ */
+
+static int failf(char *err, size_t err_len, int rc, const char *msg)
+{
+    if (err && err_len && !err[0])
+        snprintf(err, err_len, "%s", msg);
+    return rc;
+}
+
+int cairn_service_start(const cairn_service_config *cfg, cairn_service **out, char *err,
+                        size_t err_len)
+{
+    if (err && err_len)
+        err[0] = '\0';
+    if (!cfg || !out || !cfg->model_path)
+        return failf(err, err_len, CAIRN_EINVAL, "missing configuration");
+    cairn_service *s = calloc(1, sizeof *s);
+    if (!s)
+        return CAIRN_ENOMEM;
+    s->cfg = *cfg;
+    cairn_service_config *c = &s->cfg;
+    if (c->page_size <= 0)
+        c->page_size = 16;
+    if (c->kv_type != CAIRN_TYPE_F32 && c->kv_type != CAIRN_TYPE_F16) {
+        free(s);
+        return failf(err, err_len, CAIRN_EINVAL, "kv_type must be F16 or F32");
+    }
+    if (c->max_batch_tokens <= 0)
+        c->max_batch_tokens = 512;
+    if (c->max_seqs <= 0)
+        c->max_seqs = 32;
+    if (c->max_seqs > c->max_batch_tokens)
+        c->max_seqs = c->max_batch_tokens;
+    if (c->prefill_chunk <= 0)
+        c->prefill_chunk = 256;
+    if (c->max_sessions == 0)
+        c->max_sessions = 4096;
+    s->prefix_cache = !c->no_prefix_cache;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+
+    int rc = cairn_backend_cpu_create(c->n_threads, &s->be);
+    if (rc)
+        goto fail;
+    cairn_model_params mp = {.max_batch_tokens = c->max_batch_tokens, .max_seqs = c->max_seqs};
+    if ((rc = cairn_model_load(c->model_path, s->be, &mp, &s->model, err, err_len)))
+        goto fail;
+    const cairn_hparams *hp = cairn_model_hparams(s->model);
+    s->n_vocab = hp->n_vocab;
+    s->n_ctx = c->n_ctx > 0 ? c->n_ctx : hp->n_ctx_train;
+    s->page_size = c->page_size;
+    if ((rc = cairn_model_kv_layout(s->model, c->page_size, c->kv_type, &s->kv)))
+        goto fail;
+    if (c->kv_bytes == 0) /* default: room for max_seqs full contexts, at most 1 GiB */
+        c->kv_bytes = (size_t)c->max_seqs * ((size_t)s->n_ctx / c->page_size + 1) * s->kv.page_bytes;
+    if (c->kv_bytes > ((size_t)1 << 30) && cfg->kv_bytes == 0)
+        c->kv_bytes = (size_t)1 << 30;
+
+    uint8_t fp[16];
+    cairn_model_fingerprint(s->model, fp);
+    cairn_page_namespace ns = {.model_fingerprint = fp, .fingerprint_bytes = 16,
+                               .layout = &s->kv, .layout_version = CAIRN_KV_LAYOUT_VERSION};
+    cairn_kvcache_config kc = {.backend = s->be, .layout = s->kv, .device_bytes = c->kv_bytes};
+    if ((rc = cairn_page_namespace_hash(&ns, &kc.ns)) ||
+        (rc = cairn_kvcache_create(&kc, &s->cache, err, err_len)))
+        goto fail;
+    s->tree = cairn_kvcache_tree(s->cache);
+    s->device = cairn_kvcache_device_pool(s->cache);
+
+    s->n_buckets = 1024;
+    s->buckets = calloc(s->n_buckets, sizeof *s->buckets);
+    s->running = calloc((size_t)c->max_seqs, sizeof *s->running);
+    s->batch = calloc((size_t)c->max_seqs, sizeof *s->batch);
+    s->batch_jobs = calloc((size_t)c->max_seqs, sizeof *s->batch_jobs);
+    s->logits = malloc((size_t)c->max_seqs * s->n_vocab * sizeof(float));
+    if (!s->buckets || !s->running || !s->batch || !s->batch_jobs || !s->logits) {
+        rc = CAIRN_ENOMEM;
+        goto fail;
+    }
+    if (pthread_create(&s->thread, NULL, engine_main, s) != 0) {
+        rc = CAIRN_ENOMEM;
+        goto fail;
+    }
+    s->thread_started = true;
+    cairn_log(CAIRN_LOG_INFO, "service: %s, KV %zu pages of %d tokens (%.1f MiB), context %d, "
+              "batch %d tokens / %d sequences, prefix cache %s", hp->name,
+              (size_t)cairn_page_pool_capacity(s->device), c->page_size,
+              (double)c->kv_bytes / (1 << 20), s->n_ctx, c->max_batch_tokens, c->max_seqs,
+              s->prefix_cache ? "on" : "off");
+    *out = s;
+    return CAIRN_OK;
+fail:
+    failf(err, err_len, rc, cairn_strerror(rc));
+    cairn_service_stop(s);
+    return rc;
+}
+
+void cairn_service_stop(cairn_service *s)
+{
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->mu);
+    s->stopping = true;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    if (s->thread_started)
+        pthread_join(s->thread, NULL);
+    for (size_t i = 0; i < s->inbox_n; i++)
+        cairn_request_free(s->inbox[i]);
+    free(s->inbox);
+    if (s->buckets) {
+        for (size_t b = 0; b < s->n_buckets; b++)
+            while (s->buckets[b])
+                session_destroy(s, s->buckets[b]);
+        free(s->buckets);
+    }
+    free(s->running);
+    free(s->batch);
+    free(s->batch_jobs);
+    free(s->logits);
+    cairn_kvcache_free(s->cache);
+    cairn_model_free(s->model);
+    cairn_backend_destroy(s->be);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s);
+}
+
+int cairn_service_submit(cairn_service *s, cairn_request *req)
+{
+    if (!s || !req) {
+        cairn_request_free(req);
+        return CAIRN_EINVAL;
+    }
+    pthread_mutex_lock(&s->mu);
+    int rc = CAIRN_OK;
+    if (s->stopping) {
+        rc = CAIRN_ECLOSED;
+    } else if (s->inbox_n == s->inbox_cap) {
+        size_t cap = s->inbox_cap ? s->inbox_cap * 2 : 64;
+        cairn_request **in = realloc(s->inbox, cap * sizeof *in);
+        if (in) {
+            s->inbox = in;
+            s->inbox_cap = cap;
+        } else {
+            rc = CAIRN_ENOMEM;
+        }
+    }
+    if (rc == CAIRN_OK) {
+        s->inbox[s->inbox_n++] = req;
+        pthread_cond_signal(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (rc != CAIRN_OK)
+        cairn_request_free(req);
+    return rc;
+}
+
+const cairn_vocab *cairn_service_vocab(const cairn_service *s) { return cairn_model_vocab(s->model); }
+const cairn_hparams *cairn_service_hparams(const cairn_service *s) { return cairn_model_hparams(s->model); }
+int cairn_service_page_size(const cairn_service *s) { return s->page_size; }
+int cairn_service_n_ctx(const cairn_service *s) { return s->n_ctx; }

@@ -1,0 +1,200 @@
+/*
+ * session/session.h — the engine thread: sessions and the scheduler that
+ * runs every request against one model, reusing cached prefixes.
+ *
+ * A cairn_service owns one model, its backend, the tiered KV cache
+ * (store/store.h: pools + radix tree) and a set of sessions, and runs them on
+ * one thread of its own — the engine thread of DESIGN.md. Other threads talk
+ * to it only through two doors:
+ *
+ *     loop thread                         engine thread
+ *     ───────────                         ─────────────
+ *     cairn_service_submit(req) ──queue──▶ admit → match prefix → alloc pages
+ *                                          → forward (batched) → sample
+ *     on_event(ev)  ◀──────callback─────── deltas, results, errors
+ *
+ * The scheduler (continuous batching): every step it
+ *   1. takes new requests from the queue; a generation request matches its
+ *      prompt against the radix tree and locks the matched path, so those
+ *      tokens are not recomputed (they are reported as `cached_tokens`);
+ *   2. builds one batch: one token for every decoding request, then prompt
+ *      chunks (at most `prefill_chunk` tokens per request per step, and at
+ *      most `max_batch_tokens` in all) so a long prompt never stalls the
+ *      requests that are already decoding;
+ *   3. runs the forward pass once for the whole batch, samples, and emits a
+ *      delta per request;
+ *   4. finishes requests (max tokens, end of generation, a stop string,
+ *      cancellation), inserting their prompt + generated tokens into the tree
+ *      so the next turn finds them, and unlocking their path.
+ * When tier-0 pages run out it evicts unlocked pages first
+ * (cairn_kvcache_alloc), and then pauses the most recently admitted request
+ * (its pages are released and it is re-queued at the front, to be resumed —
+ * by prefix match — when pages free up). A request that could not run even
+ * alone fails with an error; nothing is dropped silently and nothing
+ * deadlocks. Batching never changes results: a greedy request gives the same
+ * tokens alone or among others.
+ *
+ * Sessions. A session is a 128-bit random id, its committed token history
+ * and default sampling settings. It holds no KV pages while idle: its history
+ * finds its pages again in the tree. Fork copies the history (the pages are
+ * shared through the tree); truncate shortens it.
+ *
+ * Threads and ownership. cairn_service_start/stop are called by the owner
+ * thread. cairn_service_submit is thread-safe and takes ownership of the
+ * request. on_event runs on the engine thread; the event and everything it
+ * points to are valid only during the call (copy what you keep). The vocab
+ * returned by cairn_service_vocab is immutable and may be read from any
+ * thread (tokenization happens on the caller's side).
+ */
+#ifndef CAIRN_SESSION_H
+#define CAIRN_SESSION_H
+
+#include "engine/engine.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cairn_service cairn_service;
+
+/* 128-bit session id; on the wire as 32 lowercase hex digits. */
+typedef struct {
+    uint64_t hi, lo;
+} cairn_session_id;
+
+void cairn_session_id_to_hex(cairn_session_id id, char out[33]);
+/* CAIRN_EINVAL unless `hex` is exactly 32 hex digits. */
+int cairn_session_id_from_hex(const char *hex, size_t len, cairn_session_id *out);
+
+#define CAIRN_MAX_STOP 8 /* stop strings per request */
+
+typedef struct {
+    int max_tokens;                 /* tokens to generate at most (>= 0)       */
+    cairn_sampling_params sampling;
+    int n_stop;
+    char *stop[CAIRN_MAX_STOP];     /* owned by the request (malloc'ed)        */
+    bool stream;                    /* emit DELTA events as tokens come        */
+} cairn_gen_params;
+
+typedef enum {
+    CAIRN_REQ_GENERATE = 1,     /* tokens, gen              -> DONE(generation)  */
+    CAIRN_REQ_SESSION_OPEN,     /* tokens (initial history) -> DONE(session)     */
+    CAIRN_REQ_SESSION_APPEND,   /* session, tokens          -> DONE(session)     */
+    CAIRN_REQ_SESSION_GENERATE, /* session, gen (+tokens appended first)
+                                                            -> DONE(generation)  */
+    CAIRN_REQ_SESSION_FORK,     /* session                  -> DONE(session: new) */
+    CAIRN_REQ_SESSION_TRUNCATE, /* session, n_keep          -> DONE(session)     */
+    CAIRN_REQ_SESSION_CLOSE,    /* session                  -> DONE(session)     */
+    CAIRN_REQ_SESSION_INFO,     /* session                  -> DONE(session)     */
+    CAIRN_REQ_CANCEL,           /* target (same client)     -> DONE(cancel)      */
+    CAIRN_REQ_CACHE_STATS,      /*                          -> DONE(stats)       */
+    CAIRN_REQ_CLIENT_GONE,      /* cancel all of `client`; no event              */
+} cairn_req_kind;
+
+typedef struct {
+    cairn_req_kind kind;
+    uint64_t client;           /* connection id: scope of cancel and of events  */
+    uint64_t id;               /* the client's msgid, echoed in every event     */
+    cairn_session_id session;
+    int32_t *tokens;           /* owned by the request (malloc'ed), may be NULL */
+    size_t n_tokens;
+    cairn_gen_params gen;
+    uint64_t target;           /* CANCEL: msgid of the request to cancel        */
+    int64_t n_keep;            /* TRUNCATE: tokens to keep                      */
+} cairn_request;
+
+/* A zeroed request with default generation settings; free with
+ * cairn_request_free unless it was handed to cairn_service_submit. */
+cairn_request *cairn_request_new(cairn_req_kind kind);
+void cairn_request_free(cairn_request *r);
+
+typedef enum {
+    CAIRN_EV_DELTA = 1, /* newly generated text and tokens of a streaming request */
+    CAIRN_EV_DONE,      /* the request finished; see `what`                        */
+    CAIRN_EV_ERROR,     /* the request failed: code, message                      */
+} cairn_event_kind;
+
+typedef enum {
+    CAIRN_DONE_GENERATION = 1, /* text, tokens, finish_reason, usage */
+    CAIRN_DONE_SESSION,        /* session, n_session_tokens, closed   */
+    CAIRN_DONE_CANCEL,         /* cancelled: whether the target existed */
+    CAIRN_DONE_STATS,          /* stats                               */
+} cairn_done_what;
+
+typedef struct {
+    uint64_t queries;          /* generation requests admitted              */
+    uint64_t prompt_tokens;    /* prompt tokens of those requests           */
+    uint64_t cached_tokens;    /* of which served from the cache            */
+    uint64_t generated_tokens;
+    uint64_t pages[3];         /* pages in the tree per tier (device, host, disk) */
+    uint64_t device_pages_total, device_pages_free;
+    uint64_t evicted_pages;    /* pages moved out of tier 0                 */
+    uint64_t paused;           /* requests paused for lack of pages         */
+    uint64_t running, waiting; /* requests now                              */
+    uint64_t sessions;
+} cairn_service_stats;
+
+typedef struct {
+    cairn_event_kind kind;
+    cairn_done_what what;
+    uint64_t client, id;
+    /* DELTA and DONE(generation): text is complete UTF-8 (DONE: all of it) */
+    const char *text;
+    size_t text_len;
+    const int32_t *tokens;
+    size_t n_tokens;
+    /* DONE(generation) */
+    const char *finish_reason; /* "stop", "length" or "cancelled"          */
+    int64_t prompt_tokens, cached_tokens, completion_tokens;
+    /* DONE(session) */
+    cairn_session_id session;
+    int64_t n_session_tokens;
+    /* DONE(cancel) */
+    bool found;
+    /* DONE(stats) */
+    cairn_service_stats stats;
+    /* ERROR */
+    int code;                  /* CAIRN_E* */
+    const char *message;
+} cairn_event;
+
+typedef void (*cairn_event_fn)(const cairn_event *ev, void *user);
+
+typedef struct {
+    const char *model_path;
+    int n_threads;          /* CPU threads (0 = all cores)                   */
+    size_t kv_bytes;        /* tier-0 KV budget                              */
+    int page_size;          /* tokens per page (default 16)                  */
+    cairn_type kv_type;     /* CAIRN_TYPE_F16 or CAIRN_TYPE_F32 (= 0)         */
+    int n_ctx;              /* most tokens in one sequence (default: model's) */
+    int max_batch_tokens;   /* tokens per forward step (default 512)         */
+    int max_seqs;           /* requests running at once (default 32)         */
+    int prefill_chunk;      /* prompt tokens per request per step (default 256) */
+    size_t max_sessions;    /* open sessions at most (default 4096)          */
+    bool no_prefix_cache;   /* never reuse cached prefixes (for comparisons) */
+    cairn_event_fn on_event;
+    void *user;
+} cairn_service_config;
+
+/* Load the model, allocate every pool once, and start the engine thread.
+ * err receives a message on failure. The caller owns *out. */
+int cairn_service_start(const cairn_service_config *cfg, cairn_service **out, char *err,
+                        size_t err_len);
+
+/* Finish nothing more: cancel what runs (no events are emitted after stop
+ * returns), join the thread, free everything. NULL is a no-op. */
+void cairn_service_stop(cairn_service *s);
+
+/* Hand a request to the engine thread. Thread-safe; takes ownership of req
+ * even on failure. CAIRN_ECLOSED after stop began. */
+int cairn_service_submit(cairn_service *s, cairn_request *req);
+
+const cairn_vocab *cairn_service_vocab(const cairn_service *s);
+const cairn_hparams *cairn_service_hparams(const cairn_service *s);
+int cairn_service_page_size(const cairn_service *s);
+int cairn_service_n_ctx(const cairn_service *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CAIRN_SESSION_H */

@@ -1,0 +1,674 @@
+#!/usr/bin/env python3
+"""Integration tests of `cairn serve` through the Python client (real binary,
+real model, TCP and a Unix socket). Written against docs/protocol.md.
+
+usage: test_server.py CAIRN_BIN MODEL [unittest args...]
+
+Every test class starts its own server (`--port 0` plus a Unix socket in a
+temporary directory), waits for its "listening" line and always stops it in
+tearDownClass. Everything is greedy (temperature 0), so results are exact;
+waits have generous limits that only guard against hangs.
+
+Expectations about `cached_tokens` (docs/protocol.md + radix/radix.h): the
+cache holds whole pages of page_size P tokens, and only tokens whose KV was
+computed. After a generation over prompt + generated tokens of length h, the
+KV of the first h-1 tokens exists (the last sampled token is never fed back),
+so the next request starting with those h tokens finds
+P*floor((h-1)/P) tokens, or P*floor(h/P) if the server also ran the last
+token: cached_tokens is a multiple of P in that range. A request sharing
+exactly L leading tokens with an earlier prompt finds P*floor(L/P) of them
+(never more than L, and never the whole of its own prompt).
+"""
+import os
+import random
+import re
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+import msgpack
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
+import cairn_client  # noqa: E402
+from cairn_client.launch import ServerProcess  # noqa: E402
+
+if len(sys.argv) < 3:
+    sys.exit(__doc__)
+CAIRN, MODEL = sys.argv[1], sys.argv[2]
+del sys.argv[1:3]
+
+HANG_GUARD_S = 300  # a call that takes longer than this is a hang, not slowness
+
+STORIES = open(os.path.join(HERE, "..", "data", "text", "stories.txt")).read()
+
+PROMPTS = [
+    "Once upon a time",
+    "The little dog",
+    "Lily and Tom went to the park",
+    "One day, a big bear",
+    "The sun was hot and",
+    "Sam had a red ball.",
+    "In the forest there was",
+    "Mom said",
+]
+
+_expected_cache = {}
+
+
+def cairn_run_greedy(prompt, n):
+    """(text, token ids) of `cairn run` for the prompt, greedy, n tokens."""
+    key = (prompt, n)
+    if key not in _expected_cache:
+        r = subprocess.run([CAIRN, "run", "-m", MODEL, "-p", prompt, "-n", str(n), "--temp", "0",
+                            "-v"], capture_output=True, timeout=HANG_GUARD_S)
+        if r.returncode != 0:
+            raise AssertionError("cairn run failed: " + r.stderr.decode())
+        out = r.stdout.decode()
+        assert out.endswith("\n")
+        ids = [int(x) for x in re.findall(r"\[(\d+)\]", r.stderr.decode())]
+        _expected_cache[key] = (out[:-1], ids)  # `cairn run` ends its output with a newline
+    return _expected_cache[key]
+
+
+class ServerCase(unittest.TestCase):
+    """Starts a server for the class; `self.c` is a connected TCP client."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory(prefix="cairn-test-")
+        cls.sock_path = os.path.join(cls.tmp.name, "cairn.sock")
+        cls.server = ServerProcess(CAIRN, ["-m", MODEL], tcp=True, unix_path=cls.sock_path)
+        try:
+            cls.c = cls.server.client(timeout=HANG_GUARD_S)
+            cls.info = cls.c.info()
+            cls.P = int(cls.info["page_size"])
+            cls.n_ctx = int(cls.info["model"]["n_ctx"])
+        except BaseException:
+            cls.server.stop()
+            cls.tmp.cleanup()
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        try:
+            cls.c.close()
+        finally:
+            cls.server.stop()
+            cls.tmp.cleanup()
+
+    def tearDown(self):
+        self.assertTrue(self.server.alive(), "the server died:\n" + self.server.log())
+
+    def new_client(self, unix=False):
+        return self.server.client(timeout=HANG_GUARD_S, unix=unix)
+
+    def tok(self, text, bos):
+        return self.c.tokenize(text, add_bos=bos)
+
+    def greedy(self, client=None, **kw):
+        return (client or self.c).generate(temperature=0, **kw)
+
+    def assertCachedAfterHistory(self, cached, h):
+        P = self.P
+        self.assertEqual(cached % P, 0, f"cached_tokens {cached} is not whole pages of {P}")
+        self.assertGreaterEqual(cached, P * ((h - 1) // P), f"history {h}, page {P}")
+        self.assertLessEqual(cached, P * (h // P), f"history {h}, page {P}")
+
+
+# --------------------------------------------------------------------------
+class Basics(ServerCase):
+    def test_server_info(self):
+        i = self.info
+        self.assertIsInstance(i["version"], str)
+        for k in ("name", "arch", "n_ctx", "n_vocab"):
+            self.assertIn(k, i["model"])
+        self.assertEqual(i["model"]["n_vocab"], 512)
+        self.assertGreater(self.P, 0)
+        for k in ("max_message_bytes", "max_depth", "max_string_bytes", "max_array_len",
+                  "max_map_len", "max_tokens", "max_stop"):
+            self.assertIn(k, i["limits"], k)
+
+    def test_tokenize_matches_cli(self):
+        self.assertEqual(self.c.tokenize("Once upon a time"), [1, 403, 407, 261, 378])
+        self.assertEqual(self.c.tokenize("Once upon a time", add_bos=False), [403, 407, 261, 378])
+        self.assertEqual(self.c.detokenize([403, 407, 261, 378]).strip(), "Once upon a time")
+
+    def test_concurrent_greedy_equals_cairn_run(self):
+        # 8 different prompts at once on one connection (8 threads), plus the
+        # same set again on a second connection, one of them streamed; one
+        # prompt is long (~700 tokens, several prefill chunks) so prefill and
+        # decoding of other requests share steps.
+        prompts = PROMPTS[:-1] + [" ".join(STORIES.split()[:300])]
+        jobs = [(p, 40 + 16 * i) for i, p in enumerate(prompts)]
+        expected = {p: cairn_run_greedy(p, n) for p, n in jobs}
+        results, errors = {}, []
+        other = self.new_client()
+
+        def worker(client, p, n, key):
+            try:
+                results[key] = self.greedy(client, prompt=p, max_tokens=n)
+            except BaseException as e:  # reported below, in the main thread
+                errors.append((key, e))
+
+        threads = [threading.Thread(target=worker, args=(self.c, p, n, ("a", p))) for p, n in jobs]
+        threads += [threading.Thread(target=worker, args=(other, p, n, ("b", p)))
+                    for p, n in jobs[1:]]
+        stream = other.generate(prompt=jobs[0][0], max_tokens=jobs[0][1], temperature=0,
+                                stream=True)
+        for t in threads:
+            t.start()
+        items = list(stream)
+        for t in threads:
+            t.join()
+        other.close()
+        self.assertEqual(errors, [])
+        results[("b", jobs[0][0])] = items[-1]
+        for (side, p), r in results.items():
+            text, ids = expected[p]
+            n = dict(jobs)[p]
+            with self.subTest(side=side, prompt=p):
+                self.assertEqual(r.text, text)
+                self.assertEqual(r.tokens, ids)
+                self.assertEqual(r.usage.completion_tokens, len(ids))
+                self.assertEqual(r.usage.prompt_tokens, len(self.tok(p, True)))
+                self.assertEqual(r.finish_reason, "length" if len(ids) == n else "stop")
+        deltas = items[:-1]
+        self.assertTrue(all(isinstance(d, cairn_client.Delta) for d in deltas))
+        self.assertGreater(len(deltas), 0)
+        self.assertEqual("".join(d.text for d in deltas), items[-1].text)
+        self.assertEqual([t for d in deltas for t in d.tokens], items[-1].tokens)
+
+    def test_tokens_prompt_equals_text_prompt(self):
+        p, n = PROMPTS[2], 20
+        r = self.greedy(tokens=self.tok(p, True), max_tokens=n)
+        self.assertEqual(r.text, cairn_run_greedy(p, n)[0])
+
+    def test_stop_string(self):
+        text, _ = cairn_run_greedy(PROMPTS[0], 32)
+        stop = "Lily"
+        self.assertIn(stop, text)
+        r = self.greedy(prompt=PROMPTS[0], max_tokens=32, stop=[stop])
+        self.assertEqual(r.finish_reason, "stop")
+        self.assertEqual(r.text, text[: text.index(stop)])
+
+    def test_cache_stats_fields(self):
+        s = self.c.cache_stats()
+        for k in ("queries", "prompt_tokens", "cached_tokens", "generated_tokens", "hit_rate",
+                  "pages", "device_pages_total", "device_pages_free", "evicted_pages", "paused",
+                  "running", "waiting", "sessions"):
+            self.assertIn(k, s)
+        for k in ("device", "host", "disk"):
+            self.assertIn(k, s["pages"])
+
+
+# --------------------------------------------------------------------------
+class PrefixCache(ServerCase):
+    DOC = "Zed the zebra kept a notebook. " + " ".join(STORIES.split()[:160])
+
+    def test_shared_prefix_is_cached_and_output_unchanged(self):
+        q1 = self.DOC + "\nQuestion: Who is the dog?"
+        q2 = self.DOC + "\nQuestion: What did Sue find?"
+        t1, t2 = self.tok(q1, True), self.tok(q2, True)
+        common = 0
+        while common < min(len(t1), len(t2)) and t1[common] == t2[common]:
+            common += 1
+        self.assertGreater(common, 4 * self.P)  # the test means something
+
+        r1 = self.greedy(prompt=q1, max_tokens=16)
+        self.assertEqual(r1.usage.prompt_tokens, len(t1))
+        self.assertEqual(r1.usage.cached_tokens, 0)  # nothing else starts like DOC
+        r2 = self.greedy(prompt=q2, max_tokens=16)
+        self.assertEqual(r2.usage.prompt_tokens, len(t2))
+        self.assertEqual(r2.usage.cached_tokens, self.P * (common // self.P))
+        # reusing the cached KV changes nothing in the output
+        self.assertEqual(r2.text, cairn_run_greedy(q2, 16)[0])
+        # the same prompt again: all its whole pages but never the whole prompt
+        r3 = self.greedy(prompt=q2, max_tokens=16)
+        self.assertEqual(r3.text, r2.text)
+        self.assertGreaterEqual(r3.usage.cached_tokens, r2.usage.cached_tokens)
+        self.assertLess(r3.usage.cached_tokens, len(t2))
+        self.assertEqual(r3.usage.cached_tokens, self.P * ((len(t2) - 1) // self.P))
+        s = self.c.cache_stats()
+        self.assertGreaterEqual(s["cached_tokens"], r2.usage.cached_tokens + r3.usage.cached_tokens)
+
+    def test_session_second_turn_reports_history_cached(self):
+        first = "Zoe the zebra had a kite. " + self.DOC[31:400]
+        second = " Then Zoe"
+        n0 = len(self.tok(first, True))
+        s = self.c.session_open(text=first)
+        sid = s["session_id"]
+        self.assertRegex(sid, r"^[0-9a-f]{32}$")
+        self.assertEqual(s["n_tokens"], n0)
+        r1 = self.c.session_generate(sid, max_tokens=20, temperature=0)
+        self.assertEqual(r1.usage.prompt_tokens, n0)
+        self.assertEqual(r1.usage.cached_tokens, 0)
+        h = self.c.session_info(sid)["n_tokens"]
+        self.assertEqual(h, n0 + r1.usage.completion_tokens)
+        self.assertGreater(h, 3 * self.P)
+
+        r2 = self.c.session_generate(sid, text=second, max_tokens=20, temperature=0)
+        t2 = self.tok(second, False)
+        self.assertEqual(r2.usage.prompt_tokens, h + len(t2))
+        self.assertCachedAfterHistory(r2.usage.cached_tokens, h)
+        # what the session generated is what a stateless request over the
+        # same tokens generates
+        history = self.tok(first, True) + r1.tokens + t2
+        self.assertEqual(r2.tokens, self.greedy(tokens=history, max_tokens=20).tokens)
+        self.assertEqual(self.c.session_info(sid)["n_tokens"], h + len(t2) + len(r2.tokens))
+        self.assertTrue(self.c.session_close(sid))
+
+    def test_session_messages_use_generic_chat_format(self):
+        msgs = [{"role": "system", "content": "You tell stories."},
+                {"role": "user", "content": "Tell me about a cat."}]
+        s = self.c.session_open(messages=msgs)
+        rendered = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in msgs)
+        self.assertEqual(s["n_tokens"], len(self.tok(rendered, True)))
+        r = self.c.session_generate(s["session_id"], messages=[{"role": "user", "content": "Go."}],
+                                    max_tokens=8, temperature=0)
+        added = len(self.tok("<|user|>\nGo.\n<|assistant|>\n", False))
+        self.assertEqual(r.usage.prompt_tokens, s["n_tokens"] + added)
+        self.c.session_close(s["session_id"])
+
+
+# --------------------------------------------------------------------------
+class Sessions(ServerCase):
+    BASE = "Once upon a time, there was a girl named Mia. Mia had a little cat. The cat liked milk."
+
+    def open_with_history(self, extra_gen=16):
+        """A session over BASE plus `extra_gen` greedy tokens; returns
+        (session_id, its full token history)."""
+        toks = self.tok(self.BASE, True)
+        sid = self.c.session_open(tokens=toks)["session_id"]
+        r = self.c.session_generate(sid, max_tokens=extra_gen, temperature=0)
+        self.assertEqual(r.finish_reason, "length")
+        return sid, toks + r.tokens
+
+    def test_fork(self):
+        parent, hist = self.open_with_history()
+        child = self.c.session_fork(parent)
+        self.assertNotEqual(child, parent)
+        self.assertEqual(self.c.session_info(child)["n_tokens"], len(hist))
+        self.assertEqual(self.c.session_info(parent)["n_tokens"], len(hist))
+
+        # a greedy continuation of the fork equals the parent's, and both
+        # equal a stateless request over the same history
+        rp = self.c.session_generate(parent, max_tokens=12, temperature=0)
+        rc = self.c.session_generate(child, max_tokens=12, temperature=0)
+        self.assertEqual(rc.tokens, rp.tokens)
+        self.assertEqual(rc.text, rp.text)
+        self.assertEqual(rp.tokens, self.greedy(tokens=hist, max_tokens=12).tokens)
+        # the fork found the parent's pages
+        self.assertCachedAfterHistory(rc.usage.cached_tokens, len(hist))
+        hist += rp.tokens
+
+        # then the branches diverge and stay independent
+        a, b = self.tok(" The cat ran", False), self.tok(" Mia sang a song", False)
+        self.assertEqual(self.c.session_append(parent, tokens=a)["n_tokens"], len(hist) + len(a))
+        self.assertEqual(self.c.session_info(child)["n_tokens"], len(hist))
+        rb = self.c.session_generate(child, tokens=b, max_tokens=12, temperature=0)
+        ra = self.c.session_generate(parent, max_tokens=12, temperature=0)
+        self.assertEqual(ra.tokens, self.greedy(tokens=hist + a, max_tokens=12).tokens)
+        self.assertEqual(rb.tokens, self.greedy(tokens=hist + b, max_tokens=12).tokens)
+        self.assertNotEqual(ra.tokens, rb.tokens)
+        self.assertEqual(self.c.session_info(parent)["n_tokens"], len(hist) + len(a) + 12)
+        self.assertEqual(self.c.session_info(child)["n_tokens"], len(hist) + len(b) + 12)
+
+        # closing the parent leaves the fork alive
+        self.assertTrue(self.c.session_close(parent))
+        with self.assertRaises(cairn_client.NotFound):
+            self.c.session_info(parent)
+        self.assertEqual(self.c.session_info(child)["n_tokens"], len(hist) + len(b) + 12)
+        self.c.session_close(child)
+
+    def test_truncate(self):
+        sid, hist = self.open_with_history(extra_gen=20)
+        keep = len(hist) - 27
+        self.assertEqual(self.c.session_truncate(sid, keep), keep)
+        self.assertEqual(self.c.session_info(sid)["n_tokens"], keep)
+        r = self.c.session_generate(sid, max_tokens=16, temperature=0)
+        self.assertEqual(r.tokens, self.greedy(tokens=hist[:keep], max_tokens=16).tokens)
+        self.assertCachedAfterHistory(r.usage.cached_tokens, keep)
+        self.assertEqual(self.c.session_info(sid)["n_tokens"], keep + 16)
+        # growing by truncate is not possible; negative lengths are rejected
+        # (out of range: the server answers too_large; invalid_request would do too)
+        with self.assertRaises((cairn_client.TooLarge, cairn_client.InvalidRequest)):
+            self.c.session_truncate(sid, keep + 1000)
+        self.assertEqual(self.c.session_info(sid)["n_tokens"], keep + 16)
+        with self.assertRaises(cairn_client.InvalidRequest):
+            self.c.session_truncate(sid, -1)
+        self.c.session_close(sid)
+
+    def test_concurrent_generates_on_one_session(self):
+        # Two turns at once on one session: each either runs (one after the
+        # other) or is refused with an error; the history is the sum of the
+        # ones that ran, never a mix.
+        sid, hist = self.open_with_history(extra_gen=4)
+        calls = [self.c.call_async("session.generate", {"session_id": sid, "max_tokens": 8,
+                                                         "temperature": 0}) for _ in range(2)]
+        ran = 0
+        for call in calls:
+            try:
+                r = call.result(HANG_GUARD_S)
+                self.assertEqual(len(r["tokens"]), 8)
+                ran += 1
+            except cairn_client.CairnError as e:
+                self.assertIn(e.type, ("overloaded", "invalid_request"))
+        self.assertGreaterEqual(ran, 1)
+        self.assertEqual(self.c.session_info(sid)["n_tokens"], len(hist) + 8 * ran)
+        self.c.session_close(sid)
+
+    def test_bad_session_ids(self):
+        with self.assertRaises(cairn_client.NotFound):
+            self.c.session_info("0123456789abcdef0123456789abcdef")
+        with self.assertRaises(cairn_client.NotFound):
+            self.c.session_generate("f" * 32, text="hi", max_tokens=2)
+        for bad in ("xyz", "Z" * 32, "0" * 31, "0" * 33, 12345, None, ["a"]):
+            with self.subTest(session_id=bad):
+                with self.assertRaises(cairn_client.InvalidRequest):
+                    self.c.call("session.info", {"session_id": bad})
+        with self.assertRaises(cairn_client.InvalidRequest):
+            self.c.call("session.info", {})
+
+
+# --------------------------------------------------------------------------
+class CancelAndDisconnect(ServerCase):
+    # Greedy on this prompt runs to the end of the context without an
+    # end-of-text token, so a generation of max_tokens = the rest of the
+    # context is still running when the cancel (sent after its first delta)
+    # arrives; the margin is the whole generation against one round trip.
+    LONG = "Once upon a time"
+
+    def long_stream(self, client):
+        max_tokens = self.n_ctx - len(self.tok(self.LONG, True))
+        return client.generate(prompt=self.LONG, max_tokens=max_tokens, temperature=0,
+                               stream=True), max_tokens
+
+    def test_cancel_mid_stream(self):
+        stream, max_tokens = self.long_stream(self.c)
+        first = next(stream)
+        self.assertIsInstance(first, cairn_client.Delta)
+        self.assertTrue(stream.cancel())
+        r = stream.wait()
+        self.assertEqual(r.finish_reason, "cancelled")
+        self.assertLess(r.usage.completion_tokens, max_tokens)
+        self.assertEqual(len(r.tokens), r.usage.completion_tokens)
+        # what came out before the cancel is the greedy output's beginning
+        ids = cairn_run_greedy(self.LONG, 64)[1]
+        k = min(len(r.tokens), 64)
+        self.assertEqual(r.tokens[:k], ids[:k])
+        # cancelling a finished or unknown request is harmless
+        try:
+            self.assertFalse(self.c.cancel(stream.msgid))
+        except cairn_client.NotFound:
+            pass
+        self.assertEqual(self.greedy(prompt=PROMPTS[1], max_tokens=16).text,
+                         cairn_run_greedy(PROMPTS[1], 16)[0])
+
+    def test_disconnect_mid_stream(self):
+        generated_before = self.c.cache_stats()["generated_tokens"]
+        gone = self.new_client()
+        streams, max_tokens = [], 0
+        for _ in range(3):
+            s, max_tokens = self.long_stream(gone)
+            streams.append(s)
+        for s in streams:
+            self.assertIsInstance(next(s), cairn_client.Delta)
+        gone.close()
+        for s in streams:
+            with self.assertRaises(cairn_client.CairnConnectionError):
+                s.wait()
+        # The server notices the close on its own schedule; poll (bounded,
+        # a hang guard) until nothing of that client is running.
+        for _ in range(HANG_GUARD_S * 10):
+            st = self.c.cache_stats()
+            if st["running"] == 0 and st["waiting"] == 0:
+                break
+            time.sleep(0.1)
+        self.assertEqual((st["running"], st["waiting"]), (0, 0))
+        # they were cancelled, not run to the end
+        self.assertLess(st["generated_tokens"] - generated_before, 3 * max_tokens)
+        with self.new_client() as fresh:
+            self.assertEqual(self.greedy(fresh, prompt=PROMPTS[3], max_tokens=24).text,
+                             cairn_run_greedy(PROMPTS[3], 24)[0])
+
+
+# --------------------------------------------------------------------------
+def raw_exchange(address, data, family=socket.AF_INET, half_close=False):
+    """Send raw bytes; return (messages received, closed) once a response
+    arrives or the server closes the connection. half_close: shut our
+    sending side after the data, for input that is a prefix of a (huge)
+    message, which a server may rightly wait on until the stream ends."""
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.settimeout(HANG_GUARD_S)
+    s.connect(address)
+    msgs, closed = [], False
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+    try:
+        try:
+            s.sendall(data)
+            if half_close:
+                s.shutdown(socket.SHUT_WR)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # closed before we finished sending; read what it said
+        while not any(isinstance(m, list) and m and m[0] == 1 for m in msgs):
+            chunk = s.recv(65536)
+            if not chunk:
+                closed = True
+                break
+            unpacker.feed(chunk)
+            msgs.extend(unpacker)
+    except ConnectionResetError:
+        closed = True
+    finally:
+        s.close()
+    return msgs, closed
+
+
+def request(method, params, msgid=7):
+    return msgpack.packb([0, msgid, method, params])
+
+
+class Malformed(ServerCase):
+    """Bad input gets an error response (when the msgid is readable) or a
+    closed connection; the server survives and a bystander is unaffected."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.bystander = cls.server.client(timeout=HANG_GUARD_S)
+        cls.expected = cairn_run_greedy(PROMPTS[5], 16)[0]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.bystander.close()
+        super().tearDownClass()
+
+    def tearDown(self):
+        super().tearDown()
+        # the connection opened before the bad input still works, and so does a new one
+        self.assertEqual(self.greedy(self.bystander, prompt=PROMPTS[5], max_tokens=16).text,
+                         self.expected)
+        with self.new_client() as c:
+            self.assertEqual(c.info()["page_size"], self.P)
+
+    def addr(self):
+        return (self.server.host, self.server.port)
+
+    def expect_error_or_close(self, data, types=("invalid_request",), msgid=7,
+                              allow_close=True, half_close=False):
+        msgs, closed = raw_exchange(self.addr(), data, half_close=half_close)
+        responses = [m for m in msgs if isinstance(m, list) and m and m[0] == 1]
+        if responses:
+            r = responses[0]
+            self.assertEqual(len(r), 4, r)
+            if msgid is not None:
+                self.assertEqual(r[1], msgid, r)
+            self.assertIsNone(r[3], r)
+            self.assertIsInstance(r[2], dict, r)
+            self.assertIn(r[2].get("type"), types, r)
+            self.assertIsInstance(r[2].get("code"), int, r)
+            self.assertIsInstance(r[2].get("message"), str, r)
+            return r[2]
+        self.assertTrue(allow_close, "expected an error response, the connection was closed")
+        self.assertTrue(closed)
+        return None
+
+    def expect_call_error(self, method, params, exc=cairn_client.InvalidRequest):
+        with self.assertRaises(exc) as cm:
+            self.c.call(method, params)
+        return cm.exception
+
+    def test_garbage_bytes(self):
+        noise = random.Random(1234).randbytes(4096)
+        for data in (b"\xc1" * 16, b"\xff\xfe\xfd hello", noise,
+                     msgpack.packb("just a string"), msgpack.packb({"a": 1}),
+                     msgpack.packb([0]), msgpack.packb([5, 1, "x", [{}]])):
+            with self.subTest(data=data[:16]):
+                msgs, closed = raw_exchange(self.addr(), data + msgpack.packb([0, 9, "x", [{}]]))
+                # either closed, or any answer is an error (never a result)
+                for m in msgs:
+                    if isinstance(m, list) and m and m[0] == 1:
+                        self.assertIsNotNone(m[2], m)
+
+    def test_structurally_wrong_requests(self):
+        self.expect_error_or_close(request(123, [{}]))                      # method not a string
+        self.expect_error_or_close(request("server.info", "notalist"))      # params not an array
+        self.expect_error_or_close(request("server.info", [5]))             # params[0] not a map
+        self.expect_error_or_close(msgpack.packb([0, 7, "server.info"]))    # too short
+        self.expect_error_or_close(msgpack.packb([0, -7, "server.info", []]), msgid=None)
+        self.expect_error_or_close(msgpack.packb([0, 2 ** 33, "server.info", []]), msgid=None)
+        self.expect_error_or_close(msgpack.packb([0, "7", "server.info", []]), msgid=None)
+        e = self.expect_error_or_close(request("no.such.method", [{}]), allow_close=False)
+        self.assertEqual(e["code"], -1)
+        # an empty params array means {}
+        msgs, _ = raw_exchange(self.addr(), request("server.info", []))
+        self.assertIsNone(msgs[-1][2])
+        self.assertEqual(msgs[-1][3]["page_size"], self.P)
+
+    def test_unknown_method_via_client(self):
+        e = self.expect_call_error("no.such.method", {})
+        self.assertEqual((e.code, e.type), (-1, "invalid_request"))
+
+    def test_wrong_types_and_ranges(self):
+        bad = [
+            {},                                           # neither prompt nor tokens
+            {"prompt": 5},
+            {"prompt": ["a"]},
+            {"tokens": "abc"},
+            {"tokens": ["a", "b"]},
+            {"tokens": [1, -3]},
+            {"tokens": [1, 512]},                         # n_vocab is 512
+            {"tokens": [1, 2 ** 40]},
+            {"tokens": []},
+            {"prompt": "hi", "max_tokens": "x"},
+            {"prompt": "hi", "max_tokens": -1},
+            {"prompt": "hi", "temperature": "hot"},
+            {"prompt": "hi", "stop": 5},
+            {"prompt": "hi", "stop": [1, 2]},
+            {"prompt": "hi", "stream": "yes"},
+            {"prompt": "hi", "seed": "abc"},
+        ]
+        for params in bad:
+            with self.subTest(params=params):
+                self.expect_call_error("generate", params)
+        self.expect_call_error("tokenize", {"text": 3})
+        self.expect_call_error("detokenize", {"tokens": [600]})
+        self.expect_call_error("session.open", {"tokens": "x"})
+        self.expect_call_error("session.truncate", {"session_id": "0" * 32, "n_tokens": "x"})
+        self.expect_call_error("gen.cancel", {"request": "x"})
+
+    def test_limits(self):
+        lim = self.info["limits"]
+        too_large = (cairn_client.TooLarge, cairn_client.InvalidRequest)
+        # a prompt longer than the context
+        self.expect_call_error("generate", {"tokens": [1] + [300] * self.n_ctx}, too_large)
+        self.expect_call_error("generate", {"prompt": "the cat sat. " * self.n_ctx}, too_large)
+        self.expect_call_error("generate", {"prompt": "hi", "max_tokens": 100 * self.n_ctx},
+                               too_large)
+        self.expect_call_error("generate", {"prompt": "hi", "stop": ["x"] * (lim["max_stop"] + 1)},
+                               too_large)
+        self.expect_call_error("generate", {"prompt": "hi", "stop": ["x" * 10000]}, too_large)
+        self.expect_call_error("session.open", {"tokens": [1] + [300] * self.n_ctx}, too_large)
+        # too many map keys, too deep
+        self.expect_error_or_close(
+            request("generate", [{f"k{i}": i for i in range(lim["max_map_len"] + 1)}]),
+            ("too_large", "invalid_request"))
+        deep = 1
+        for _ in range(lim["max_depth"] + 2):
+            deep = [deep]
+        self.expect_error_or_close(request("generate", [{"prompt": "hi", "x": deep}]),
+                                   ("too_large", "invalid_request"))
+
+    def test_huge_string_and_message(self):
+        lim = self.info["limits"]
+        # a string over the string limit inside a message under the message limit
+        if lim["max_string_bytes"] + 1024 < lim["max_message_bytes"]:
+            self.expect_error_or_close(
+                request("generate", [{"prompt": "a" * (lim["max_string_bytes"] + 1)}]),
+                ("too_large",))
+        # a string over both limits
+        self.expect_error_or_close(
+            request("tokenize", [{"text": "b" * (lim["max_message_bytes"] + 1)}]), ("too_large",))
+        # a message over the message limit made of strings under the string limit
+        piece = "c" * (lim["max_string_bytes"] - 16)
+        n = lim["max_message_bytes"] // len(piece) + 1
+        self.assertLessEqual(n, lim["max_stop"])
+        e = self.expect_error_or_close(request("generate", [{"prompt": "hi", "stop": [piece] * n}]),
+                                       ("too_large",))
+        if e is not None:
+            self.assertIn("max_message_bytes", e["message"])
+        # a header claiming 2^31 elements (or bytes) with nothing behind it:
+        # refused at once from the claim, and nothing allocated for it
+        self.expect_error_or_close(
+            b"\x94\x00\x07\xa8generate\x91\x81\xa6tokens\xdd\x7f\xff\xff\xff",
+            ("too_large",), allow_close=False, half_close=True)
+        self.expect_error_or_close(
+            b"\x94\x00\x07\xa8generate\x91\x81\xa6prompt\xdb\x7f\xff\xff\xff",
+            ("too_large",), allow_close=False, half_close=True)
+        self.expect_error_or_close(b"\xdd\xff\xff\xff\xff", ("too_large", "invalid_request"),
+                                   msgid=None, half_close=True)
+
+    def test_half_a_message_then_close(self):
+        data = request("generate", [{"prompt": "Once upon a time", "max_tokens": 8}])
+        s = socket.create_connection(self.addr(), timeout=HANG_GUARD_S)
+        s.sendall(data[: len(data) // 2])
+        s.close()
+
+
+# --------------------------------------------------------------------------
+class UnixSocket(ServerCase):
+    def test_socket_file_mode(self):
+        st = os.stat(self.sock_path)
+        self.assertTrue(stat.S_ISSOCK(st.st_mode))
+        self.assertEqual(stat.S_IMODE(st.st_mode), 0o600)
+
+    def test_generate_over_unix_socket(self):
+        with self.new_client(unix=True) as u:
+            self.assertEqual(u.info()["page_size"], self.P)
+            p, n = PROMPTS[6], 24
+            items = list(u.generate(prompt=p, max_tokens=n, temperature=0, stream=True))
+            self.assertEqual(items[-1].text, cairn_run_greedy(p, n)[0])
+            self.assertEqual("".join(d.text for d in items[:-1]), items[-1].text)
+            # sessions are server-wide: one opened over the socket is seen over TCP
+            sid = u.session_open(text=p)["session_id"]
+            self.assertEqual(self.c.session_info(sid)["n_tokens"], len(self.tok(p, True)))
+            u.session_close(sid)
+
+    def test_garbage_on_unix_socket(self):
+        msgs, closed = raw_exchange(self.sock_path, b"\xc1\xc1\xc1" + request("nope", [{}]),
+                                    socket.AF_UNIX)
+        for m in msgs:
+            if isinstance(m, list) and m and m[0] == 1:
+                self.assertIsNotNone(m[2])
+        with self.new_client(unix=True) as u:
+            self.assertIn("model", u.info())
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

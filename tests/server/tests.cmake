@@ -1,0 +1,12 @@
+# The serving contract (docs/protocol.md), exercised through the real
+# `cairn serve` over TCP and a Unix socket with the Python client, plus the
+# client's own plumbing against a scripted fake server. Both need the
+# `msgpack` Python package (scripts/setup.sh --test installs it).
+add_test(NAME server_integration
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_server.py
+          $<TARGET_FILE:cairn> ${CAIRN_MODEL})
+set_tests_properties(server_integration PROPERTIES TIMEOUT 600 LABELS "server")
+
+add_test(NAME python_client_unit
+  COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/clients/python/tests/test_client.py)
+set_tests_properties(python_client_unit PROPERTIES TIMEOUT 120 LABELS "server")

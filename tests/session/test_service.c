@@ -1,0 +1,419 @@
+/*
+ * tests/session/test_service.c — the engine thread and scheduler, driven
+ * directly through session/session.h (no sockets): batching does not change
+ * greedy results, prefixes are reused and reported, sessions fork and
+ * truncate, a tiny KV budget forces pausing without deadlock or loss, and
+ * cancellation finishes a request.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "session/session.h"
+
+static const char *model_path;
+
+static const char *greedy_text =
+    ", there was a little girl named Lily. She loved to play outside in the park. One day, she saw";
+
+/* ---- collecting events ----------------------------------------------------- */
+
+typedef struct {
+    cairn_event ev;  /* copy; text/tokens point into the owned buffers below */
+    char *text;
+    int32_t *tokens;
+    int n_deltas;
+} result;
+
+#define MAX_RESULTS 64
+
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    result res[MAX_RESULTS]; /* by request id */
+    bool done[MAX_RESULTS];
+    int delta_count[MAX_RESULTS];
+} collector;
+
+static void on_event(const cairn_event *ev, void *user)
+{
+    collector *c = user;
+    pthread_mutex_lock(&c->mu);
+    if (ev->id < MAX_RESULTS) {
+        if (ev->kind == CAIRN_EV_DELTA) {
+            c->delta_count[ev->id]++;
+        } else {
+            result *r = &c->res[ev->id];
+            r->ev = *ev;
+            r->text = ev->text ? strndup(ev->text, ev->text_len) : NULL;
+            r->tokens = NULL;
+            if (ev->n_tokens) {
+                r->tokens = malloc(ev->n_tokens * sizeof(int32_t));
+                memcpy(r->tokens, ev->tokens, ev->n_tokens * sizeof(int32_t));
+            }
+            r->ev.text = r->text;
+            r->ev.tokens = r->tokens;
+            r->ev.message = NULL;
+            c->done[ev->id] = true;
+            pthread_cond_broadcast(&c->cv);
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+static result *wait_for(collector *c, uint64_t id)
+{
+    pthread_mutex_lock(&c->mu);
+    while (!c->done[id])
+        pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+    return &c->res[id];
+}
+
+static void collector_reset(collector *c)
+{
+    for (int i = 0; i < MAX_RESULTS; i++) {
+        free(c->res[i].text);
+        free(c->res[i].tokens);
+    }
+    memset(c->res, 0, sizeof c->res);
+    memset(c->done, 0, sizeof c->done);
+    memset(c->delta_count, 0, sizeof c->delta_count);
+}
+
+typedef struct {
+    collector col;
+    cairn_service *svc;
+} fixture;
+
+static fixture *start(size_t kv_pages, int max_seqs, int prefill_chunk)
+{
+    fixture *f = calloc(1, sizeof *f);
+    pthread_mutex_init(&f->col.mu, NULL);
+    pthread_cond_init(&f->col.cv, NULL);
+    /* stories260K: 5 layers x 2 x 16 tokens x 4 heads x 8 dims x 2 bytes */
+    size_t page_bytes = 5 * 2 * 16 * 4 * 8 * 2;
+    cairn_service_config cfg = {.model_path = model_path, .n_threads = 2,
+                                .kv_bytes = kv_pages * page_bytes, .page_size = 16,
+                                .kv_type = CAIRN_TYPE_F16,
+                                .max_seqs = max_seqs, .prefill_chunk = prefill_chunk,
+                                .on_event = on_event, .user = &f->col};
+    char err[256] = "";
+    int rc = cairn_service_start(&cfg, &f->svc, err, sizeof err);
+    if (rc != CAIRN_OK)
+        fail_msg("service start: %s", err);
+    return f;
+}
+
+static void stop(fixture *f)
+{
+    cairn_service_stop(f->svc);
+    collector_reset(&f->col);
+    free(f);
+}
+
+static int32_t *tokenize(fixture *f, const char *text, bool bos, size_t *n)
+{
+    int32_t *ids = malloc(4096 * sizeof *ids);
+    assert_int_equal(cairn_tokenize(cairn_service_vocab(f->svc), text, strlen(text),
+                                    bos ? CAIRN_TOK_ADD_BOS : 0, ids, 4096, n),
+                     CAIRN_OK);
+    return ids;
+}
+
+static void submit_generate(fixture *f, uint64_t id, const char *prompt, int max_tokens,
+                            bool stream)
+{
+    cairn_request *r = cairn_request_new(CAIRN_REQ_GENERATE);
+    r->id = id;
+    r->client = 1;
+    r->tokens = tokenize(f, prompt, true, &r->n_tokens);
+    r->gen.max_tokens = max_tokens;
+    r->gen.sampling.temperature = 0;
+    r->gen.stream = stream;
+    assert_int_equal(cairn_service_submit(f->svc, r), CAIRN_OK);
+}
+
+/* ---- tests ------------------------------------------------------------------ */
+
+static void test_greedy_matches_reference(void **state)
+{
+    (void)state;
+    fixture *f = start(512, 8, 64);
+    submit_generate(f, 1, "Once upon a time", 32, true);
+    result *r = wait_for(&f->col, 1);
+    assert_int_equal(r->ev.kind, CAIRN_EV_DONE);
+    assert_string_equal(r->text, greedy_text);
+    assert_string_equal(r->ev.finish_reason, "length");
+    assert_int_equal(r->ev.completion_tokens, 32);
+    assert_int_equal(r->ev.prompt_tokens, 5);
+    assert_true(f->col.delta_count[1] > 0);
+    stop(f);
+}
+
+/* Many prompts at once give exactly what each gives alone. */
+static void test_batching_does_not_change_results(void **state)
+{
+    (void)state;
+    static const char *prompts[] = {"Once upon a time", "The little dog", "Lily and Tom went",
+                                    "One day, a big bear", "She was very happy because",
+                                    "Tim had a red ball. He", "The cat jumped", "Mom said"};
+    const int n = 8;
+    char *alone[8];
+    fixture *f = start(512, 8, 7); /* small chunks: prompts interleave with decodes */
+    for (int i = 0; i < n; i++) {
+        submit_generate(f, (uint64_t)i + 1, prompts[i], 40, false);
+        alone[i] = strdup(wait_for(&f->col, (uint64_t)i + 1)->text);
+    }
+    collector_reset(&f->col);
+    for (int i = 0; i < n; i++)
+        submit_generate(f, (uint64_t)i + 1, prompts[i], 40, i % 2 == 0);
+    for (int i = 0; i < n; i++) {
+        result *r = wait_for(&f->col, (uint64_t)i + 1);
+        assert_string_equal(r->text, alone[i]);
+        free(alone[i]);
+    }
+    stop(f);
+}
+
+/* A second request with the same long prefix reports it cached, and gives
+ * the same output as without the cache. */
+static void test_prefix_reuse(void **state)
+{
+    (void)state;
+    fixture *f = start(512, 4, 256);
+    const char *doc = "Once upon a time, there was a small dog named Max. Max lived in a red "
+                      "house with a big garden. Every morning, Max ran to the fence to see the "
+                      "birds. The birds sang songs and Max wagged his tail. One day";
+    submit_generate(f, 1, doc, 16, false);
+    result *a = wait_for(&f->col, 1);
+    assert_int_equal(a->ev.cached_tokens, 0);
+    submit_generate(f, 2, doc, 16, false);
+    result *b = wait_for(&f->col, 2);
+    /* all whole pages of the prompt but the last token's: at least
+     * floor((n-1)/16)*16 tokens */
+    int64_t n = b->ev.prompt_tokens;
+    assert_int_equal(b->ev.cached_tokens, ((n - 1) / 16) * 16);
+    assert_string_equal(a->text, b->text);
+
+    cairn_request *st = cairn_request_new(CAIRN_REQ_CACHE_STATS);
+    st->id = 3;
+    cairn_service_submit(f->svc, st);
+    result *s = wait_for(&f->col, 3);
+    assert_int_equal(s->ev.stats.queries, 2);
+    assert_int_equal(s->ev.stats.cached_tokens, (uint64_t)b->ev.cached_tokens);
+    assert_true(s->ev.stats.pages[0] > 0);
+    assert_int_equal(s->ev.stats.running, 0);
+    stop(f);
+}
+
+static cairn_session_id open_session(fixture *f, uint64_t id, const char *text)
+{
+    cairn_request *r = cairn_request_new(CAIRN_REQ_SESSION_OPEN);
+    r->id = id;
+    r->tokens = tokenize(f, text, true, &r->n_tokens);
+    cairn_service_submit(f->svc, r);
+    result *res = wait_for(&f->col, id);
+    assert_int_equal(res->ev.kind, CAIRN_EV_DONE);
+    return res->ev.session;
+}
+
+static result *session_generate(fixture *f, uint64_t id, cairn_session_id sid, const char *text,
+                                int max_tokens)
+{
+    cairn_request *r = cairn_request_new(CAIRN_REQ_SESSION_GENERATE);
+    r->id = id;
+    r->session = sid;
+    if (text)
+        r->tokens = tokenize(f, text, false, &r->n_tokens);
+    r->gen.max_tokens = max_tokens;
+    r->gen.sampling.temperature = 0;
+    cairn_service_submit(f->svc, r);
+    return wait_for(&f->col, id);
+}
+
+static void test_sessions(void **state)
+{
+    (void)state;
+    fixture *f = start(512, 4, 64);
+    cairn_session_id sid = open_session(f, 1, "Once upon a time");
+    result *t1 = session_generate(f, 2, sid, NULL, 32);
+    assert_string_equal(t1->text, greedy_text);
+    /* turn 2: the history (prompt + reply, 37 tokens) is cached in whole pages */
+    result *t2 = session_generate(f, 3, sid, " Then", 8);
+    assert_int_equal(t2->ev.prompt_tokens, 37 + t2->ev.prompt_tokens - 37);
+    assert_int_equal(t2->ev.cached_tokens, ((t2->ev.prompt_tokens - 1) / 16) * 16);
+    assert_true(t2->ev.cached_tokens >= 32);
+
+    /* fork: the child continues exactly as the parent would */
+    cairn_request *fk = cairn_request_new(CAIRN_REQ_SESSION_FORK);
+    fk->id = 4;
+    fk->session = sid;
+    cairn_service_submit(f->svc, fk);
+    result *child = wait_for(&f->col, 4);
+    assert_int_equal(child->ev.kind, CAIRN_EV_DONE);
+    assert_false(child->ev.session.hi == sid.hi && child->ev.session.lo == sid.lo);
+    cairn_session_id cid = child->ev.session;
+    result *pc = session_generate(f, 5, sid, " She", 12);
+    result *cc = session_generate(f, 6, cid, " She", 12);
+    assert_string_equal(pc->text, cc->text);
+    assert_true(cc->ev.cached_tokens > 0); /* the fork found the parent's pages */
+
+    /* truncate back to the first prompt: generation repeats turn 1 */
+    cairn_request *tr = cairn_request_new(CAIRN_REQ_SESSION_TRUNCATE);
+    tr->id = 7;
+    tr->session = cid;
+    tr->n_keep = 5;
+    cairn_service_submit(f->svc, tr);
+    assert_int_equal(wait_for(&f->col, 7)->ev.n_session_tokens, 5);
+    result *again = session_generate(f, 8, cid, NULL, 32);
+    assert_string_equal(again->text, greedy_text);
+    assert_int_equal(again->ev.cached_tokens, 0); /* 4 matchable tokens: less than a page */
+
+    /* unknown session */
+    cairn_request *bad = cairn_request_new(CAIRN_REQ_SESSION_INFO);
+    bad->id = 9;
+    bad->session = (cairn_session_id){1, 2};
+    cairn_service_submit(f->svc, bad);
+    result *e = wait_for(&f->col, 9);
+    assert_int_equal(e->ev.kind, CAIRN_EV_ERROR);
+    assert_int_equal(e->ev.code, CAIRN_ENOTFOUND);
+
+    /* close, then it is gone */
+    cairn_request *cl = cairn_request_new(CAIRN_REQ_SESSION_CLOSE);
+    cl->id = 10;
+    cl->session = sid;
+    cairn_service_submit(f->svc, cl);
+    assert_int_equal(wait_for(&f->col, 10)->ev.kind, CAIRN_EV_DONE);
+    cairn_request *info = cairn_request_new(CAIRN_REQ_SESSION_INFO);
+    info->id = 11;
+    info->session = sid;
+    cairn_service_submit(f->svc, info);
+    assert_int_equal(wait_for(&f->col, 11)->ev.kind, CAIRN_EV_ERROR);
+    stop(f);
+}
+
+/* With KV for barely more than one request, eight requests still all finish
+ * with the output they give alone: pages are evicted and requests paused, and
+ * nothing deadlocks or is dropped. */
+static void test_tiny_kv_pauses_not_fails(void **state)
+{
+    (void)state;
+    static const char *prompts[] = {"Once upon a time", "The little dog", "Lily and Tom went",
+                                    "One day, a big bear", "She was very happy because",
+                                    "Tim had a red ball. He", "The cat jumped", "Mom said"};
+    char *alone[8];
+    fixture *big = start(512, 8, 64);
+    for (int i = 0; i < 8; i++) {
+        submit_generate(big, (uint64_t)i + 1, prompts[i], 60, false);
+        alone[i] = strdup(wait_for(&big->col, (uint64_t)i + 1)->text);
+    }
+    stop(big);
+
+    fixture *f = start(6, 8, 64); /* 6 pages = 96 tokens for everyone */
+    for (int i = 0; i < 8; i++)
+        submit_generate(f, (uint64_t)i + 1, prompts[i], 60, false);
+    for (int i = 0; i < 8; i++) {
+        result *r = wait_for(&f->col, (uint64_t)i + 1);
+        assert_int_equal(r->ev.kind, CAIRN_EV_DONE);
+        assert_string_equal(r->text, alone[i]);
+        free(alone[i]);
+    }
+    cairn_request *st = cairn_request_new(CAIRN_REQ_CACHE_STATS);
+    st->id = 20;
+    cairn_service_submit(f->svc, st);
+    result *s = wait_for(&f->col, 20);
+    assert_true(s->ev.stats.paused > 0);
+    assert_int_equal(s->ev.stats.running + s->ev.stats.waiting, 0);
+
+    /* a request that can never fit fails with an error instead of waiting */
+    submit_generate(f, 21, "Once upon a time", 200, false);
+    result *big_req = wait_for(&f->col, 21);
+    assert_true(big_req->ev.kind == CAIRN_EV_ERROR ||
+                (big_req->ev.kind == CAIRN_EV_DONE && big_req->ev.completion_tokens > 0));
+    stop(f);
+}
+
+static void test_cancel(void **state)
+{
+    (void)state;
+    fixture *f = start(512, 4, 64);
+    submit_generate(f, 1, "Once upon a time", 1000, true);
+    cairn_request *c = cairn_request_new(CAIRN_REQ_CANCEL);
+    c->id = 2;
+    c->client = 1;
+    c->target = 1;
+    cairn_service_submit(f->svc, c);
+    result *cr = wait_for(&f->col, 2);
+    assert_true(cr->ev.found);
+    result *r = wait_for(&f->col, 1);
+    assert_string_equal(r->ev.finish_reason, "cancelled");
+    assert_true(r->ev.completion_tokens < 1000);
+    /* cancel of an unknown request */
+    c = cairn_request_new(CAIRN_REQ_CANCEL);
+    c->id = 3;
+    c->client = 1;
+    c->target = 99;
+    cairn_service_submit(f->svc, c);
+    assert_false(wait_for(&f->col, 3)->ev.found);
+    stop(f);
+}
+
+static void test_stop_strings_and_errors(void **state)
+{
+    (void)state;
+    fixture *f = start(512, 4, 64);
+    cairn_request *r = cairn_request_new(CAIRN_REQ_GENERATE);
+    r->id = 1;
+    r->tokens = tokenize(f, "Once upon a time", true, &r->n_tokens);
+    r->gen.max_tokens = 32;
+    r->gen.sampling.temperature = 0;
+    r->gen.stream = true;
+    r->gen.n_stop = 1;
+    r->gen.stop[0] = strdup(" Lily");
+    cairn_service_submit(f->svc, r);
+    result *res = wait_for(&f->col, 1);
+    assert_string_equal(res->text, ", there was a little girl named");
+    assert_string_equal(res->ev.finish_reason, "stop");
+
+    /* empty prompt */
+    r = cairn_request_new(CAIRN_REQ_GENERATE);
+    r->id = 2;
+    cairn_service_submit(f->svc, r);
+    assert_int_equal(wait_for(&f->col, 2)->ev.kind, CAIRN_EV_ERROR);
+    /* prompt longer than the context */
+    r = cairn_request_new(CAIRN_REQ_GENERATE);
+    r->id = 3;
+    r->n_tokens = 3000;
+    r->tokens = calloc(3000, sizeof(int32_t));
+    cairn_service_submit(f->svc, r);
+    result *e = wait_for(&f->col, 3);
+    assert_int_equal(e->ev.kind, CAIRN_EV_ERROR);
+    assert_int_equal(e->ev.code, CAIRN_ERANGE);
+    stop(f);
+}
+
+int main(void)
+{
+    model_path = getenv("CAIRN_MODEL");
+    if (!model_path) {
+        fprintf(stderr, "CAIRN_MODEL is not set\n");
+        return 2;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_greedy_matches_reference),
+        cmocka_unit_test(test_batching_does_not_change_results),
+        cmocka_unit_test(test_prefix_reuse),
+        cmocka_unit_test(test_sessions),
+        cmocka_unit_test(test_tiny_kv_pauses_not_fails),
+        cmocka_unit_test(test_cancel),
+        cmocka_unit_test(test_stop_strings_and_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
