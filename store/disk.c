@@ -1,11 +1,13 @@
 /*
  * store/disk.c — tier 2: KV pages in LMDB, served by one I/O thread.
  *
- * Layout of the environment (one per cache directory), four named databases:
+ * Layout of the environment (one per cache directory), five named databases:
  *   pages   16-byte page key -> value (header + tokens + payload, store.h)
  *   atime   16-byte page key -> 8-byte access tick of that page
  *   lru     8-byte big-endian access tick -> 16-byte page key
  *   meta    "format" -> u32 format version
+ *   records the caller's key bytes -> the caller's value bytes (session
+ *           records); never evicted, and independent of the page namespace
  * The lru database is the disk tier's own access order: its first entry is
  * the least recently used page, which is what a full map deletes first.
  * Ticks grow monotonically across restarts (the next tick is one past the
@@ -42,6 +44,11 @@ typedef struct disk_req {
     uint8_t key[16];
     void *dst;           /* read: caller's buffer                          */
     size_t bytes;        /* bytes in data[]                                */
+    size_t key_len;      /* records: data[0..key_len) is the key, the rest
+                            (bytes - key_len) the value                    */
+    void *result;        /* record get: the value, malloc'd, handed over   */
+    size_t result_bytes;
+    double queued_at;    /* cairn_now() at enqueue: completion latency     */
     int status;
     uint8_t data[];      /* write: the whole value; read: expected tokens  */
 } disk_req;
@@ -52,7 +59,7 @@ struct cairn_disk {
     size_t value_bytes;  /* header + tokens + payload */
     uint64_t max_pages;  /* keep at most this many values: see page_budget() */
     MDB_env *env;
-    MDB_dbi db_pages, db_atime, db_lru, db_meta;
+    MDB_dbi db_pages, db_atime, db_lru, db_meta, db_records;
     uint64_t tick;       /* I/O thread only, after open */
 
     pthread_t thread;
@@ -340,6 +347,41 @@ static int serve_batch(cairn_disk *d, disk_req *list, batch_counts *bc)
             r->status = CAIRN_OK;
             bc->hits++;
             bc->bytes_read += d->cfg.page_bytes;
+        } else if (r->op == CAIRN_DISK_RECORD_PUT) {
+            MDB_val rk = {r->key_len, r->data}, rv = {r->bytes - r->key_len, NULL};
+            rc = mdb_put(txn, d->db_records, &rk, &rv, MDB_RESERVE);
+            if (rc)
+                break;
+            if (rv.mv_size)
+                memcpy(rv.mv_data, r->data + r->key_len, rv.mv_size);
+            r->status = CAIRN_OK;
+        } else if (r->op == CAIRN_DISK_RECORD_DELETE) {
+            MDB_val rk = {r->key_len, r->data};
+            rc = mdb_del(txn, d->db_records, &rk, NULL);
+            r->status = rc == MDB_NOTFOUND ? CAIRN_ENOTFOUND : CAIRN_OK;
+            if (rc == MDB_NOTFOUND)
+                rc = MDB_SUCCESS;
+            if (rc)
+                break;
+        } else if (r->op == CAIRN_DISK_RECORD_GET) {
+            MDB_val rk = {r->key_len, r->data}, rv;
+            rc = mdb_get(txn, d->db_records, &rk, &rv);
+            if (rc == MDB_NOTFOUND) {
+                rc = MDB_SUCCESS;
+                r->status = CAIRN_ENOTFOUND;
+                continue;
+            }
+            if (rc)
+                break;
+            free(r->result); /* a retried batch */
+            r->result = malloc(rv.mv_size ? rv.mv_size : 1);
+            if (!r->result) {
+                r->status = CAIRN_ENOMEM;
+                continue;
+            }
+            memcpy(r->result, rv.mv_data, rv.mv_size);
+            r->result_bytes = rv.mv_size;
+            r->status = CAIRN_OK;
         } else {
             r->status = CAIRN_OK;
         }
@@ -348,15 +390,46 @@ static int serve_batch(cairn_disk *d, disk_req *list, batch_counts *bc)
         mdb_txn_abort(txn);
         return rc;
     }
-    MDB_stat ms;
+    MDB_stat ms, rs;
     int src = mdb_stat(txn, d->db_pages, &ms);
+    int rsrc = mdb_stat(txn, d->db_records, &rs);
     rc = mdb_txn_commit(txn);
     if (rc == MDB_SUCCESS && src == MDB_SUCCESS) {
         pthread_mutex_lock(&d->cmu);
         d->stats.pages = ms.ms_entries;
+        if (rsrc == MDB_SUCCESS)
+            d->stats.records = rs.ms_entries;
         pthread_mutex_unlock(&d->cmu);
     }
     return rc;
+}
+
+static bool is_durable_op(cairn_disk_op op)
+{
+    return op == CAIRN_DISK_SYNC || op == CAIRN_DISK_RECORD_PUT || op == CAIRN_DISK_RECORD_DELETE;
+}
+
+/* After a commit: when the batch holds an operation that promises
+ * durability, force the data file to stable storage (the environment runs
+ * with MDB_NOSYNC unless the whole store is durable). A failed sync fails
+ * exactly those operations: their callers were promised more than a commit. */
+static void sync_if_needed(cairn_disk *d, disk_req *list)
+{
+    bool need = false;
+    for (disk_req *r = list; r; r = r->next)
+        need |= is_durable_op(r->op) && r->status != CAIRN_EIO;
+    if (!need)
+        return;
+    int rc = mdb_env_sync(d->env, 1);
+    pthread_mutex_lock(&d->cmu);
+    d->stats.syncs++;
+    pthread_mutex_unlock(&d->cmu);
+    if (rc == MDB_SUCCESS)
+        return;
+    cairn_log(CAIRN_LOG_WARN, "disk tier: sync failed: %s", mdb_strerror(rc));
+    for (disk_req *r = list; r; r = r->next)
+        if (is_durable_op(r->op))
+            r->status = CAIRN_EIO;
 }
 
 static void post(cairn_disk *d, disk_req *list, const batch_counts *bc, uint64_t extra_failures)
@@ -375,9 +448,21 @@ static void post(cairn_disk *d, disk_req *list, const batch_counts *bc, uint64_t
             d->cap_done = cap;
         }
     }
-    for (disk_req *r = list; r; r = r->next)
-        if (d->n_done < d->cap_done)
-            d->done[d->n_done++] = (cairn_disk_completion){r->cookie, r->op, r->status};
+    double now = cairn_now();
+    for (disk_req *r = list; r; r = r->next) {
+        double waited = now - r->queued_at;
+        if (r->op == CAIRN_DISK_READ) {
+            d->stats.read_seconds += waited;
+        } else if (r->op == CAIRN_DISK_WRITE) {
+            d->stats.write_seconds += waited;
+        }
+        if (d->n_done < d->cap_done) {
+            d->done[d->n_done++] = (cairn_disk_completion){
+                .cookie = r->cookie, .op = r->op, .status = r->status, .seconds = waited,
+                .data = r->result, .bytes = r->result_bytes};
+            r->result = NULL; /* handed over */
+        }
+    }
     d->stats.hits += bc->hits;
     d->stats.misses += bc->misses;
     d->stats.corrupt += bc->corrupt;
@@ -430,9 +515,10 @@ static void process(cairn_disk *d, disk_req *list)
     bool any_io = false;
     for (disk_req *r = list; r; r = r->next) {
         r->status = CAIRN_OK;
-        any_io |= r->op != CAIRN_DISK_FENCE;
+        any_io |= r->op != CAIRN_DISK_FENCE && r->op != CAIRN_DISK_SYNC;
     }
     if (!any_io) {
+        sync_if_needed(d, list);
         post(d, list, &bc, 0);
         return;
     }
@@ -462,6 +548,7 @@ static void process(cairn_disk *d, disk_req *list)
             pthread_mutex_lock(&d->cmu);
             d->stats.commits++;
             pthread_mutex_unlock(&d->cmu);
+            sync_if_needed(d, list);
             post(d, list, &bc, 0);
             return;
         }
@@ -487,7 +574,11 @@ static void process(cairn_disk *d, disk_req *list)
             }
             /* A lone request and nothing left to evict. */
             memset(&bc, 0, sizeof bc);
-            list->status = list->op == CAIRN_DISK_WRITE ? CAIRN_EFULL : CAIRN_ENOTFOUND;
+            list->status = list->op == CAIRN_DISK_WRITE || list->op == CAIRN_DISK_RECORD_PUT
+                               ? CAIRN_EFULL
+                           : list->op == CAIRN_DISK_READ || list->op == CAIRN_DISK_RECORD_GET
+                               ? CAIRN_ENOTFOUND
+                               : CAIRN_EIO;
             bc.reads = bc.misses = list->op == CAIRN_DISK_READ;
             post(d, list, &bc, list->op == CAIRN_DISK_WRITE);
             return;
@@ -505,6 +596,8 @@ static void process(cairn_disk *d, disk_req *list)
                 r->status = CAIRN_ENOTFOUND;
                 bc.misses++;
                 bc.reads++;
+            } else if (r->op != CAIRN_DISK_FENCE) {
+                r->status = CAIRN_EIO; /* records and syncs: not done */
             }
         }
         post(d, list, &bc, failures);
@@ -536,6 +629,7 @@ static void *io_main(void *arg)
         process(d, list);
         while (list) {
             disk_req *next = list->next;
+            free(list->result); /* only when the completion could not be queued */
             free(list);
             list = next;
         }
@@ -575,7 +669,7 @@ static int open_env(cairn_disk *d, char *err, size_t err_len)
     int rc = mdb_env_create(&d->env);
     if (rc)
         return map_mdb(rc);
-    mdb_env_set_maxdbs(d->env, 4);
+    mdb_env_set_maxdbs(d->env, 8);
     mdb_env_set_mapsize(d->env, d->cfg.map_bytes);
     unsigned flags = MDB_NOTLS | (d->cfg.durable ? 0 : MDB_NOSYNC);
     rc = mdb_env_open(d->env, d->dir, flags, 0600);
@@ -619,6 +713,8 @@ static int open_env(cairn_disk *d, char *err, size_t err_len)
         rc = mdb_dbi_open(txn, "lru", MDB_CREATE, &d->db_lru);
     if (!rc)
         rc = mdb_dbi_open(txn, "meta", MDB_CREATE, &d->db_meta);
+    if (!rc)
+        rc = mdb_dbi_open(txn, "records", MDB_CREATE, &d->db_records);
     uint32_t version = CAIRN_DISK_FORMAT_VERSION;
     if (!rc) {
         MDB_val k = {6, "format"}, v;
@@ -653,6 +749,8 @@ static int open_env(cairn_disk *d, char *err, size_t err_len)
     MDB_stat ms;
     if (!rc && (rc = mdb_stat(txn, d->db_pages, &ms)) == MDB_SUCCESS)
         d->stats.pages = ms.ms_entries;
+    if (!rc && (rc = mdb_stat(txn, d->db_records, &ms)) == MDB_SUCCESS)
+        d->stats.records = ms.ms_entries;
     if (!rc)
         rc = mdb_txn_commit(txn);
     else if (txn)
@@ -739,9 +837,12 @@ void cairn_disk_close(cairn_disk *d)
     }
     while (d->head) {
         disk_req *n = d->head->next;
+        free(d->head->result);
         free(d->head);
         d->head = n;
     }
+    for (size_t i = 0; i < d->n_done; i++)
+        free(d->done[i].data);
     if (d->env)
         mdb_env_close(d->env);
     if (d->efd >= 0)
@@ -759,6 +860,7 @@ void cairn_disk_close(cairn_disk *d)
 
 static int enqueue(cairn_disk *d, disk_req *r)
 {
+    r->queued_at = cairn_now();
     pthread_mutex_lock(&d->qmu);
     if (d->stopping) {
         pthread_mutex_unlock(&d->qmu);
@@ -875,4 +977,114 @@ void cairn_disk_get_stats(cairn_disk *d, cairn_disk_stats *out)
     pthread_mutex_lock(&d->cmu);
     *out = d->stats;
     pthread_mutex_unlock(&d->cmu);
+}
+
+/* ---- durability and records --------------------------------------------- */
+
+int cairn_disk_sync(cairn_disk *d, uint64_t cookie)
+{
+    if (!d)
+        return CAIRN_EINVAL;
+    disk_req *r = calloc(1, sizeof *r);
+    if (!r)
+        return CAIRN_ENOMEM;
+    r->op = CAIRN_DISK_SYNC;
+    r->cookie = cookie;
+    return enqueue(d, r);
+}
+
+static bool record_key_ok(const cairn_disk *d, const void *key, size_t key_len)
+{
+    return key && key_len > 0 && key_len <= (size_t)mdb_env_get_maxkeysize(d->env);
+}
+
+static int record_request(cairn_disk *d, cairn_disk_op op, const void *key, size_t key_len,
+                          const void *value, size_t value_bytes, uint64_t cookie)
+{
+    if (!d || !record_key_ok(d, key, key_len) || (value_bytes && !value) ||
+        value_bytes > CAIRN_DISK_RECORD_MAX_BYTES)
+        return CAIRN_EINVAL;
+    disk_req *r = malloc(sizeof *r + key_len + value_bytes);
+    if (!r)
+        return CAIRN_ENOMEM;
+    memset(r, 0, sizeof *r);
+    r->op = op;
+    r->cookie = cookie;
+    r->key_len = key_len;
+    r->bytes = key_len + value_bytes;
+    memcpy(r->data, key, key_len);
+    if (value_bytes)
+        memcpy(r->data + key_len, value, value_bytes);
+    return enqueue(d, r);
+}
+
+int cairn_disk_record_put(cairn_disk *d, const void *key, size_t key_len, const void *value,
+                          size_t value_bytes, uint64_t cookie)
+{
+    return record_request(d, CAIRN_DISK_RECORD_PUT, key, key_len, value, value_bytes, cookie);
+}
+
+int cairn_disk_record_delete(cairn_disk *d, const void *key, size_t key_len, uint64_t cookie)
+{
+    return record_request(d, CAIRN_DISK_RECORD_DELETE, key, key_len, NULL, 0, cookie);
+}
+
+int cairn_disk_record_get(cairn_disk *d, const void *key, size_t key_len, uint64_t cookie)
+{
+    return record_request(d, CAIRN_DISK_RECORD_GET, key, key_len, NULL, 0, cookie);
+}
+
+int cairn_disk_record_read(cairn_disk *d, const void *key, size_t key_len, void **value,
+                           size_t *value_bytes)
+{
+    if (!d || !record_key_ok(d, key, key_len) || !value || !value_bytes)
+        return CAIRN_EINVAL;
+    MDB_txn *txn;
+    int rc = mdb_txn_begin(d->env, NULL, MDB_RDONLY, &txn);
+    if (rc)
+        return map_mdb(rc);
+    MDB_val k = {key_len, (void *)key}, v;
+    rc = mdb_get(txn, d->db_records, &k, &v);
+    int out = map_mdb(rc);
+    if (rc == MDB_SUCCESS) {
+        void *copy = malloc(v.mv_size ? v.mv_size : 1);
+        if (!copy) {
+            out = CAIRN_ENOMEM;
+        } else {
+            memcpy(copy, v.mv_data, v.mv_size);
+            *value = copy;
+            *value_bytes = v.mv_size;
+        }
+    }
+    mdb_txn_abort(txn);
+    return out;
+}
+
+int cairn_disk_record_iterate(cairn_disk *d, cairn_disk_record_fn fn, void *user)
+{
+    if (!d || !fn)
+        return CAIRN_EINVAL;
+    MDB_txn *txn;
+    int rc = mdb_txn_begin(d->env, NULL, MDB_RDONLY, &txn);
+    if (rc)
+        return map_mdb(rc);
+    MDB_cursor *cur;
+    rc = mdb_cursor_open(txn, d->db_records, &cur);
+    if (rc) {
+        mdb_txn_abort(txn);
+        return map_mdb(rc);
+    }
+    MDB_val k, v;
+    int out = CAIRN_OK;
+    for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == MDB_SUCCESS;
+         rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+        out = fn(k.mv_data, k.mv_size, v.mv_data, v.mv_size, user);
+        if (out)
+            break;
+    }
+    if (!out && rc != MDB_NOTFOUND)
+        out = map_mdb(rc);
+    mdb_cursor_close(cur);
+    mdb_txn_abort(txn);
+    return out;
 }

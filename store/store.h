@@ -51,13 +51,18 @@
  * completion queue that the engine thread drains with cairn_disk_poll (or
  * cairn_kvcache_poll). An eventfd becomes readable, and an optional callback
  * is called from the I/O thread, whenever completions are waiting, so an
- * event loop (libuv) can be woken.
+ * event loop (libuv) can be woken. Two exceptions, both documented where
+ * they are declared: cairn_disk_record_read / _iterate run a read
+ * transaction on the calling thread (any thread; blocking), and
+ * cairn_kvcache_flush blocks the engine thread until its writes are on disk
+ * (shutdown only). Nothing else in this header waits for the disk.
  *
  * Errors: CAIRN_EINVAL (bad argument), CAIRN_ENOMEM, CAIRN_EFULL (a pool is
  * exhausted and nothing can be evicted), CAIRN_EIO (LMDB or file failure),
  * CAIRN_ECORRUPT (a disk environment that cannot be trusted), CAIRN_ENOTFOUND
  * (a page is not stored, or failed verification), CAIRN_EBUSY (a locked
- * node), CAIRN_ECLOSED (the I/O thread has stopped).
+ * node), CAIRN_ECLOSED (the I/O thread has stopped), CAIRN_EUNSUPPORTED
+ * (a disk-only call on a cache without a disk tier).
  */
 #ifndef CAIRN_STORE_H
 #define CAIRN_STORE_H
@@ -161,14 +166,28 @@ int cairn_disk_open(const cairn_disk_config *cfg, cairn_disk **out, char *err, s
  * Completions not yet polled are discarded. NULL is a no-op. */
 void cairn_disk_close(cairn_disk *d);
 
-typedef enum { CAIRN_DISK_WRITE = 1, CAIRN_DISK_READ = 2, CAIRN_DISK_FENCE = 3 } cairn_disk_op;
+typedef enum {
+    CAIRN_DISK_WRITE = 1,
+    CAIRN_DISK_READ = 2,
+    CAIRN_DISK_FENCE = 3,
+    CAIRN_DISK_SYNC = 4,          /* durable fence (cairn_disk_sync)           */
+    CAIRN_DISK_RECORD_PUT = 5,    /* records: see "durable records" below      */
+    CAIRN_DISK_RECORD_DELETE = 6,
+    CAIRN_DISK_RECORD_GET = 7,
+} cairn_disk_op;
 
 typedef struct {
     uint64_t cookie;  /* the caller's, from the request                       */
     cairn_disk_op op;
     int status;       /* CAIRN_OK; a read: CAIRN_ENOTFOUND (absent or failed
                          verification); a write: CAIRN_EFULL (larger than the
-                         whole map), CAIRN_EIO                                */
+                         whole map), CAIRN_EIO; a sync or record put/delete:
+                         CAIRN_EIO when the commit or the fsync failed; a
+                         record delete or get: CAIRN_ENOTFOUND when absent   */
+    double seconds;   /* from queueing the request to its completion        */
+    void *data;       /* RECORD_GET with CAIRN_OK: the value, malloc'd; the
+                         poller owns it (free()). NULL otherwise.            */
+    size_t bytes;     /* bytes of data                                      */
 } cairn_disk_completion;
 
 /* Queue a write of one page. `tokens` [page_size] and `payload` [page_bytes]
@@ -194,6 +213,45 @@ int cairn_disk_read(cairn_disk *d, cairn_page_hash key, const int32_t *tokens, v
 /* Queue a no-op whose completion means every earlier request has completed. */
 int cairn_disk_fence(cairn_disk *d, uint64_t cookie);
 
+/* A durable fence: its completion (CAIRN_OK) means every earlier request has
+ * been committed and the data file has been fsync'd, whatever `durable`
+ * says. CAIRN_EIO in the completion when the sync failed. */
+int cairn_disk_sync(cairn_disk *d, uint64_t cookie);
+
+/* ---- durable records ----------------------------------------------------
+ * Arbitrary key bytes -> value bytes (session records: token history,
+ * settings) in a database of their own ("records") in the same LMDB
+ * environment. Records are not pages: they are never evicted, carry no
+ * namespace (the caller puts what it needs in the key or value), and are
+ * kept across restarts. Keys are 1 .. 511 bytes (LMDB's limit), values 0 ..
+ * CAIRN_DISK_RECORD_MAX_BYTES. Requests share the FIFO with page requests,
+ * so a put queued after page writes completes after them too.
+ *
+ * put / delete copy their arguments before return; their completion comes
+ * after the commit AND an fsync (they are durable when reported, even on a
+ * store opened without `durable`). A record that does not fit even after
+ * the store evicted pages fails with CAIRN_EFULL. get's completion carries
+ * the value in `data` (the poller frees it). */
+#define CAIRN_DISK_RECORD_MAX_BYTES ((size_t)256 << 20)
+
+int cairn_disk_record_put(cairn_disk *d, const void *key, size_t key_len, const void *value,
+                          size_t value_bytes, uint64_t cookie);
+int cairn_disk_record_delete(cairn_disk *d, const void *key, size_t key_len, uint64_t cookie);
+int cairn_disk_record_get(cairn_disk *d, const void *key, size_t key_len, uint64_t cookie);
+
+/* Blocking reads on the calling thread (a read transaction: they see every
+ * commit completed so far, and never wait for the I/O thread). Meant for
+ * start-up and tools, not for the engine's hot path.
+ * record_read: *value (malloc'd, the caller frees) and *value_bytes;
+ * CAIRN_ENOTFOUND when absent. record_iterate calls fn for every record in
+ * key order (byte-wise); the pointers are valid during the call only; a
+ * non-zero return from fn stops the walk and is returned. */
+int cairn_disk_record_read(cairn_disk *d, const void *key, size_t key_len, void **value,
+                           size_t *value_bytes);
+typedef int (*cairn_disk_record_fn)(const void *key, size_t key_len, const void *value,
+                                    size_t value_bytes, void *user);
+int cairn_disk_record_iterate(cairn_disk *d, cairn_disk_record_fn fn, void *user);
+
 /* Move up to `max` completions into out[]; *n receives how many (0 when none
  * are waiting). Never blocks. */
 int cairn_disk_poll(cairn_disk *d, cairn_disk_completion *out, int max, int *n);
@@ -215,6 +273,10 @@ typedef struct {
     uint64_t commits;
     uint64_t bytes_written, bytes_read; /* payload bytes                        */
     bool reset_on_open;    /* the data file was unusable and was recreated      */
+    uint64_t records;      /* records in the store now                          */
+    uint64_t syncs;        /* fsyncs forced by durable requests                 */
+    double read_seconds;   /* page reads / writes: sum of queue-to-completion  */
+    double write_seconds;  /* times (divide by reads / writes for the mean)     */
 } cairn_disk_stats;
 
 /* A snapshot of the counters, consistent with the completions polled so far
@@ -223,7 +285,9 @@ void cairn_disk_get_stats(cairn_disk *d, cairn_disk_stats *out);
 
 /* ---- the tiered cache --------------------------------------------------- *
  *
- * One request, as the engine thread runs it:
+ * One request, as the engine thread runs it (cairn_kvcache_fetch, below,
+ * does the first three steps in one call, continues the match on disk and
+ * applies the cost model; this is the same thing spelled out):
  *
  *   cairn_radix_match(tree, tokens, n, &m);          longest cached prefix
  *   cairn_radix_lock(tree, m.node);                  nothing on it moves down now
@@ -284,12 +348,39 @@ int cairn_kvcache_alloc(cairn_kvcache *c, int32_t n, int32_t *pages);
  * written to disk when it leaves host RAM, unless it is already there. */
 int cairn_kvcache_evict(cairn_kvcache *c, int tier, size_t n_pages, size_t *moved);
 
+/* What an event answers (cairn_kvcache_event.kind). */
+typedef enum {
+    CAIRN_KVCACHE_EV_PROMOTE = 0,   /* cairn_kvcache_promote                 */
+    CAIRN_KVCACHE_EV_FETCH = 1,     /* cairn_kvcache_fetch                   */
+    CAIRN_KVCACHE_EV_PERSIST = 2,   /* cairn_kvcache_persist                 */
+    CAIRN_KVCACHE_EV_RECORD_PUT = 3,
+    CAIRN_KVCACHE_EV_RECORD_DELETE = 4,
+    CAIRN_KVCACHE_EV_RECORD_GET = 5,
+} cairn_kvcache_event_kind;
+
 typedef struct {
     uint64_t cookie;
-    int status;            /* CAIRN_OK: every page of the path is on the device;
-                              CAIRN_ENOTFOUND: a page was lost (disk miss or
-                              corrupt); CAIRN_EFULL: no device pages free      */
-    size_t resident_pages; /* leading pages of the path now on the device      */
+    int status;            /* PROMOTE: CAIRN_OK: every page of the path is on
+                              the device; CAIRN_ENOTFOUND: a page was lost
+                              (disk miss or corrupt); CAIRN_EFULL: no device
+                              pages free. Other kinds: see their call.       */
+    size_t resident_pages; /* PROMOTE, FETCH: leading pages of the path now on
+                              the device                                     */
+    /* -- fields below are zero for PROMOTE events -- */
+    int kind;              /* cairn_kvcache_event_kind                       */
+    cairn_radix_node *node; /* FETCH: the node the caller now holds one lock on;
+                              its whole path (resident_pages pages) is on the
+                              device. The root (no lock) when nothing is.   */
+    size_t from_tier[CAIRN_TIER_COUNT]; /* FETCH: of resident_pages, how many
+                              were in each tier when fetch was called (pages
+                              found by hash in LMDB count as DISK)          */
+    size_t skipped_pages;  /* FETCH: pages cached in a lower tier that the cost
+                              model chose to recompute rather than load     */
+    size_t lost_pages;     /* FETCH: pages that failed verification or were
+                              gone from disk (they are dropped from the tree) */
+    void *data;            /* RECORD_GET with CAIRN_OK: the value, malloc'd;
+                              the poller owns it and free()s it             */
+    size_t data_bytes;
 } cairn_kvcache_event;
 
 /* Bring every page on the path root..node to tier 0, asynchronously. `node`
@@ -300,16 +391,158 @@ typedef struct {
  * resident_pages so the lost pages leave the tree, then recompute. */
 int cairn_kvcache_promote(cairn_kvcache *c, cairn_radix_node *node, uint64_t cookie);
 
-/* Handle disk completions and return finished promotions. Never blocks. */
+/* ---- admission: one call ---------------------------------------------- *
+ *
+ * cairn_kvcache_fetch is what the engine calls when it admits a request:
+ *
+ *   cairn_kvcache_fetch(c, seq, n - 1, SIZE_MAX, cookie);  (the last token is
+ *                                           always computed, for its logits)
+ *   ... other requests keep running; later, from poll():
+ *       event {FETCH, cookie, node, resident_pages, from_tier[], ...}
+ *   use the device pages of cairn_radix_path(node) for tokens
+ *   [0, resident_pages * page_size), compute the rest, insert, lock the new
+ *   leaf, and unlock `node` (unlocking the root is a no-op).
+ *
+ * What fetch does:
+ *   1. matches tokens[0 .. n_tokens) in the tree, looking at no more than
+ *      max_pages whole pages (SIZE_MAX: no limit);
+ *   2. drops from the tree a matched page whose only copy was lost (a DISK
+ *      page not on disk) and everything after it, unless someone holds it;
+ *   3. considers, after the in-memory match, every further whole page of the
+ *      request as a disk candidate (only with a disk tier): after a restart
+ *      the tree is empty but LMDB still holds pages under their hashes;
+ *   4. asks the cost model how many leading candidate pages are worth having
+ *      on the device (see "cost model" below);
+ *   5. locks the node that ends there (splitting one if needed), promotes
+ *      its path to tier 0 (host pages uploaded; disk pages read into host
+ *      slots, then uploaded), and, past the in-memory match, reads pages
+ *      h_n, h_n+1, ... from LMDB in rounds until the first miss, inserting
+ *      each round's hits into the tree on the device. Pages that fail
+ *      verification are misses.
+ * It returns at once: disk reads run on the I/O thread and the rest happens
+ * in cairn_kvcache_poll when they complete. The answer always comes as an
+ * event (even when everything was resident already; then the event is
+ * queued before fetch returns). `tokens` is copied.
+ *
+ * The event's node is locked once for the caller, who must unlock it; its
+ * whole path is on the device (resident_pages pages). status is CAIRN_OK,
+ * or says why the answer is shorter than the choice: CAIRN_ENOTFOUND (a
+ * page was lost), CAIRN_EFULL (no device or host room), CAIRN_ENOMEM —
+ * the answer is usable in every case. Disk misses past the in-memory match
+ * are not errors. Errors of the call itself: CAIRN_EINVAL, CAIRN_ENOMEM
+ * (nothing locked, no event).
+ *
+ * Requests whose matches overlap may be fetched concurrently; pages one
+ * fetch inserted while another's reads of the same pages were in flight are
+ * shared, and the duplicate copies go back to the pool.
+ */
+int cairn_kvcache_fetch(cairn_kvcache *c, const int32_t *tokens, size_t n_tokens,
+                        size_t max_pages, uint64_t cookie);
+
+/* ---- cost model ------------------------------------------------------- *
+ *
+ * A page costs nothing to use on the device, page_bytes / h2d to upload
+ * from host RAM, page_bytes / disk + page_bytes / h2d from disk, and the
+ * first disk page of a fetch adds one disk round trip (disk_latency_s; the
+ * model counts one even when the continuation needs several rounds).
+ * Recomputing a page costs page_size / compute_tokens_per_s. fetch takes
+ * the prefix length that saves the most time, the shorter one on a tie: a
+ * load is issued only when it is expected to be strictly faster than
+ * recomputing, so a slow disk makes a hit no slower than a miss.
+ *
+ * Measurements, as the cache runs: every upload (bytes, seconds) feeds the
+ * host->device rate (decayed sums, decay 0.9 per sample); every disk round
+ * (reads + fence, timed by the I/O thread from queueing to completion)
+ * feeds a decayed least-squares fit of seconds = latency + bytes / rate
+ * (rounds of one size cannot tell latency from throughput; then the last
+ * throughput estimate is kept and the latency follows the mean). The
+ * engine reports its prefill rate with cairn_kvcache_set_compute_rate
+ * (tokens per second of prompt processing, measured over its own batches).
+ *
+ * Priors, before any measurement: compute 2000 tokens/s, host->device 4e9
+ * bytes/s, disk 2e8 bytes/s with 2 ms per round. The compute prior is
+ * deliberately slow: until the engine has said how fast it is, a cache hit
+ * is assumed worth loading, which is right for every model large enough
+ * for caching to matter; the first report corrects it.
+ */
+typedef struct {
+    double compute_tokens_per_s;  /* prefill rate (engine-reported)          */
+    double h2d_bytes_per_s;       /* host RAM -> device upload               */
+    double disk_bytes_per_s;      /* LMDB read throughput (payload bytes)    */
+    double disk_latency_s;        /* fixed cost of one disk round trip       */
+    uint64_t compute_samples, h2d_samples, disk_samples; /* measurements so far;
+                                     ignored by override_rates              */
+    bool overridden;              /* get_rates: estimates pinned by override */
+} cairn_kvcache_rates;
+
+/* The engine's measured prefill rate (tokens per second, > 0). */
+int cairn_kvcache_set_compute_rate(cairn_kvcache *c, double tokens_per_s);
+/* The estimates in force. */
+int cairn_kvcache_get_rates(const cairn_kvcache *c, cairn_kvcache_rates *out);
+/* Pin the four estimates (tests, benchmarks, an operator who knows better);
+ * measurements go on being collected but do not change them. NULL returns
+ * to measured values. CAIRN_EINVAL for a rate <= 0 or a latency < 0. */
+int cairn_kvcache_override_rates(cairn_kvcache *c, const cairn_kvcache_rates *r);
+
+/* Handle disk completions and return finished promotions, fetches, persists
+ * and record operations, in completion order. Never blocks. */
 int cairn_kvcache_poll(cairn_kvcache *c, cairn_kvcache_event *out, int max, int *n);
 
 /* Block until there may be something to poll, or timeout_ms (-1 = forever). */
 int cairn_kvcache_wait(cairn_kvcache *c, int timeout_ms);
 
+/* Shutdown and restart, as the engine runs them:
+ *
+ *   SIGTERM:  cairn_kvcache_flush(c); cairn_kvcache_free(c); exit(0)
+ *   start:    the tree is empty; cairn_kvcache_fetch finds old pages by hash
+ *             in LMDB (same namespace only: another model fingerprint, KV
+ *             dtype, layout or page size gives other keys, and a value
+ *             whose header names another namespace is never returned);
+ *             session records come back with cairn_disk_record_iterate.
+ *   durable session call:  cairn_kvcache_persist(c, leaf, A) and
+ *             cairn_kvcache_record_put(c, id, ..., B); reply after both
+ *             events. (Requests complete in order, so B's event already
+ *             implies A's writes are durable; A's status says whether every
+ *             page could be written.)
+ */
+
 /* Pin: lock the path root..node and write its pages through to disk now, so
  * a pinned prefix survives a restart and is never evicted. Unpin unlocks. */
 int cairn_kvcache_pin(cairn_kvcache *c, cairn_radix_node *node);
 int cairn_kvcache_unpin(cairn_kvcache *c, cairn_radix_node *node);
+
+/* ---- durability --------------------------------------------------------- */
+
+/* Write-back on shutdown (SIGTERM): write every tree page that is in tier 0
+ * or 1 and not on disk yet, then wait — blocking the calling thread — until
+ * all of it is committed and fsync'd. Completions of other requests that
+ * arrive meanwhile are handled; their events wait for the next poll.
+ * CAIRN_OK, or CAIRN_EIO when a write or the sync failed. Without a disk
+ * tier: CAIRN_OK at once. */
+int cairn_kvcache_flush(cairn_kvcache *c);
+
+/* Make the pages of the path root..node durable: queue a write of every
+ * resident page not yet on disk (write-through; the bytes are copied before
+ * return, so the node may change tier afterwards), then a durable fence.
+ * The event (kind PERSIST, cookie) comes once all of them are committed and
+ * fsync'd: CAIRN_OK; CAIRN_ENOTFOUND when a page of the path exists nowhere
+ * (lost: recompute and persist again); CAIRN_EIO when a write or the sync
+ * failed (conservative: a failure of any write completed in between counts).
+ * Pages stay subject to the disk tier's own LRU when the map fills up.
+ * CAIRN_EUNSUPPORTED without a disk tier. */
+int cairn_kvcache_persist(cairn_kvcache *c, cairn_radix_node *node, uint64_t cookie);
+
+/* Durable records (session records) in the disk tier's "records" database
+ * (see cairn_disk_record_put for keys, sizes and semantics). The event
+ * (kind RECORD_PUT / RECORD_DELETE / RECORD_GET) comes after the commit and,
+ * for put and delete, an fsync. Requests are served in call order together
+ * with page writes: a put called after persist completes after it. For a
+ * blocking read at start-up use cairn_disk_record_read / _iterate on
+ * cairn_kvcache_disk(c). CAIRN_EUNSUPPORTED without a disk tier. */
+int cairn_kvcache_record_put(cairn_kvcache *c, const void *key, size_t key_len, const void *value,
+                             size_t value_bytes, uint64_t cookie);
+int cairn_kvcache_record_delete(cairn_kvcache *c, const void *key, size_t key_len, uint64_t cookie);
+int cairn_kvcache_record_get(cairn_kvcache *c, const void *key, size_t key_len, uint64_t cookie);
 
 /* Drop from the tree every cached page after the first keep_pages pages of
  * tokens[0 .. n_tokens), releasing their tier-0/1 memory (the disk copies
@@ -321,11 +554,39 @@ int cairn_kvcache_forget(cairn_kvcache *c, const int32_t *tokens, size_t n_token
  * CAIRN_ENOTFOUND when the page is only on disk. For tests and tools. */
 int cairn_kvcache_read_page(cairn_kvcache *c, const cairn_radix_page *page, void *dst);
 
+/* Per tier. Hits and misses are counted by fetch, in tokens, as a lookup
+ * goes down the tiers: tier 0 looks at every token of the request (up to
+ * max_pages), each slower tier at the misses of the tier above; a hit is a
+ * token whose page the tier served (from_tier), so the disk tier's misses
+ * are the tokens the engine computes. Loads move pages up out of a tier
+ * (host: an upload to the device; disk: one round of reads + fence) and
+ * stores move pages into it (host: a download at eviction; disk: one page
+ * write, from queueing to commit); their latencies are per operation. The
+ * device tier has no loads or stores. */
+typedef struct {
+    uint64_t pages;          /* pages in the tier now: tree pages (device,
+                                host); every value in LMDB (disk)          */
+    uint64_t bytes;          /* pages * page_bytes                          */
+    uint64_t capacity_pages, free_pages; /* the pool (0 for disk)          */
+    uint64_t hit_tokens, miss_tokens;
+    uint64_t evicted_pages;  /* moved out by eviction (disk: deleted by the
+                                store's own LRU when the map fills)        */
+    uint64_t promoted_pages; /* moved up out of this tier toward the device */
+    uint64_t load_ops, store_ops;
+    double load_seconds, store_seconds; /* totals                           */
+    double load_mean_s, store_mean_s;   /* totals / ops (0 when no ops)      */
+} cairn_kvcache_tier_stats;
+
 typedef struct {
     size_t promotions, promoted_pages, lost_pages;
     size_t evicted_pages[CAIRN_TIER_COUNT]; /* pages moved out of each tier */
     size_t written_pages;                   /* disk writes queued            */
     size_t write_failures;                  /* disk writes that failed       */
+    cairn_kvcache_tier_stats tier[CAIRN_TIER_COUNT];
+    size_t fetches;                         /* fetches completed             */
+    size_t fetch_skipped_pages;             /* pages the cost model skipped  */
+    size_t persists;                        /* persist calls queued          */
+    uint64_t disk_records;                  /* durable records stored        */
 } cairn_kvcache_stats;
 
 void cairn_kvcache_get_stats(const cairn_kvcache *c, cairn_kvcache_stats *out);
