@@ -31,7 +31,10 @@ static const char help[] =
     "      --max-sessions N   open sessions at most (default 4096)\n"
     "      --prefill-chunk N  prompt tokens per request per step (default 256)\n"
     "      --no-prefix-cache  never reuse cached prefixes (for comparisons)\n"
-    "      --cache-dir DIR    disk tier directory (accepted; not used yet)\n"
+    "      --host-mem SIZE    host-RAM tier for pages evicted from --kv-mem (default\n"
+    "                         256M with --cache-dir, else none)\n"
+    "      --cache-dir DIR    LMDB disk tier: pages and session records survive restarts\n"
+    "      --disk-max SIZE    most the disk tier may use (default 4G)\n"
     "      --idle-timeout S   close a connection that sends half a message and then\n"
     "                         nothing for S seconds (default 60)\n"
     "      --max-output SIZE  unread output per connection before it is dropped\n"
@@ -41,7 +44,8 @@ static const char help[] =
 
 enum {
     OPT_HOST = 3000, OPT_PORT, OPT_NO_TCP, OPT_UNIX, OPT_KV_MEM, OPT_MAX_SEQS, OPT_MAX_SESSIONS,
-    OPT_PREFILL, OPT_NO_PREFIX, OPT_CACHE_DIR, OPT_IDLE, OPT_MAX_OUTPUT,
+    OPT_PREFILL, OPT_NO_PREFIX, OPT_CACHE_DIR, OPT_IDLE, OPT_MAX_OUTPUT, OPT_HOST_MEM,
+    OPT_DISK_MAX,
 };
 
 /* "512", "64K", "1.5G" (binary multiples) -> bytes; 0 on a bad value. */
@@ -102,6 +106,8 @@ int cmd_serve(int argc, char **argv)
         {"prefill-chunk", required_argument, 0, OPT_PREFILL},
         {"no-prefix-cache", no_argument, 0, OPT_NO_PREFIX},
         {"cache-dir", required_argument, 0, OPT_CACHE_DIR},
+        {"host-mem", required_argument, 0, OPT_HOST_MEM},
+        {"disk-max", required_argument, 0, OPT_DISK_MAX},
         {"idle-timeout", required_argument, 0, OPT_IDLE},
         {"max-output", required_argument, 0, OPT_MAX_OUTPUT},
         {"verbose", no_argument, 0, 'v'},
@@ -151,9 +157,20 @@ int cmd_serve(int argc, char **argv)
             cfg.service.prefill_chunk = (int)v;
             break;
         case OPT_NO_PREFIX: cfg.service.no_prefix_cache = true; break;
-        case OPT_CACHE_DIR:
-            fprintf(stderr, "cairn serve: --cache-dir is accepted but not used yet (no disk "
-                            "tier); ignoring '%s'\n", optarg);
+        case OPT_CACHE_DIR: cfg.service.cache_dir = optarg; break;
+        case OPT_HOST_MEM:
+            if (!(cfg.service.host_bytes = parse_size(optarg))) {
+                fprintf(stderr, "cairn serve: --host-mem must be a size like 1G, got '%s'\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        case OPT_DISK_MAX:
+            if (!(cfg.service.disk_bytes = parse_size(optarg))) {
+                fprintf(stderr, "cairn serve: --disk-max must be a size like 4G, got '%s'\n",
+                        optarg);
+                return 2;
+            }
             break;
         case OPT_IDLE: {
             char *end;

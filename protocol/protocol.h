@@ -251,6 +251,7 @@ typedef struct {
     cairn_gen_params gen;     /* generate, session.generate (stop owned)   */
     uint32_t target;          /* gen.cancel                                */
     int64_t n_keep;           /* session.truncate                          */
+    bool persist;             /* session.open                              */
 } cairn_rpc_call;
 
 typedef struct {

@@ -519,10 +519,9 @@ static int decode_params(const cairn_rpc_context *ctx, const params *p, uint64_t
             return fail(err, CAIRN_RPC_INVALID_REQUEST, "the prompt is empty");
         return CAIRN_OK;
     case CAIRN_RPC_SESSION_OPEN: {
-        bool persist = false;
         float ttl = 0;
-        /* Accepted and checked; sessions are not persisted or expired yet. */
-        if (get_bool(p, F_PERSIST, &persist, err) ||
+        /* ttl_s is accepted and checked; sessions do not expire yet. */
+        if (get_bool(p, F_PERSIST, &c->persist, err) ||
             get_float(p, F_TTL_S, 0, 1e12, &ttl, err))
             return err->code;
         return decode_content(ctx, p, F_TEXT, true, true, true, false, c, err);
@@ -738,7 +737,7 @@ static void pack_session_id(msgpack_packer *pk, cairn_session_id id)
 
 static void pack_stats(msgpack_packer *pk, const cairn_service_stats *st)
 {
-    msgpack_pack_map(pk, 13);
+    msgpack_pack_map(pk, 14);
 #define U64(name, v) pack_cstr(pk, name), msgpack_pack_uint64(pk, v)
     U64("queries", st->queries);
     U64("prompt_tokens", st->prompt_tokens);
@@ -759,6 +758,26 @@ static void pack_stats(msgpack_packer *pk, const cairn_service_stats *st)
     U64("running", st->running);
     U64("waiting", st->waiting);
     U64("sessions", st->sessions);
+    static const char *tier_names[3] = {"device", "host", "disk"};
+    pack_cstr(pk, "tiers");
+    msgpack_pack_map(pk, 3);
+    for (int t = 0; t < 3; t++) {
+        const cairn_service_tier_stats *ts = &st->tiers[t];
+        pack_cstr(pk, tier_names[t]);
+        msgpack_pack_map(pk, 10);
+        U64("pages", ts->pages);
+        U64("bytes", ts->bytes);
+        U64("hit_tokens", ts->hit_tokens);
+        U64("miss_tokens", ts->miss_tokens);
+        U64("evicted_pages", ts->evicted_pages);
+        U64("promoted_pages", ts->promoted_pages);
+        U64("load_ops", ts->load_ops);
+        U64("store_ops", ts->store_ops);
+        pack_cstr(pk, "load_mean_ms");
+        msgpack_pack_double(pk, ts->load_mean_s * 1e3);
+        pack_cstr(pk, "store_mean_ms");
+        msgpack_pack_double(pk, ts->store_mean_s * 1e3);
+    }
 #undef U64
 }
 
@@ -793,11 +812,19 @@ int cairn_rpc_pack_event(msgpack_sbuffer *sb, cairn_rpc_method method, const cai
         pack_cstr(&pk, "finish_reason");
         pack_cstr(&pk, ev->finish_reason ? ev->finish_reason : "stop");
         pack_cstr(&pk, "usage");
-        msgpack_pack_map(&pk, 3);
+        msgpack_pack_map(&pk, 4);
         pack_cstr(&pk, "prompt_tokens");
         msgpack_pack_int64(&pk, ev->prompt_tokens);
         pack_cstr(&pk, "cached_tokens");
         msgpack_pack_int64(&pk, ev->cached_tokens);
+        pack_cstr(&pk, "cached_tokens_by_tier");
+        msgpack_pack_map(&pk, 3);
+        pack_cstr(&pk, "device");
+        msgpack_pack_int64(&pk, ev->cached_by_tier[0]);
+        pack_cstr(&pk, "host");
+        msgpack_pack_int64(&pk, ev->cached_by_tier[1]);
+        pack_cstr(&pk, "disk");
+        msgpack_pack_int64(&pk, ev->cached_by_tier[2]);
         pack_cstr(&pk, "completion_tokens");
         msgpack_pack_int64(&pk, ev->completion_tokens);
         break;

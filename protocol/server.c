@@ -372,6 +372,7 @@ static void submit_call(conn *c, cairn_rpc_call *call)
     }
     r->target = call->target;
     r->n_keep = call->n_keep;
+    r->persist = call->persist;
     int rc = cairn_service_submit(s->svc, r);
     if (rc != CAIRN_OK) {
         pending_remove(c, pending_find(c, msgid));

@@ -135,7 +135,8 @@ static int tokvec_append(tokvec *t, const int32_t *src, size_t n)
 typedef struct session {
     cairn_session_id id;
     tokvec history;
-    bool busy; /* a session.generate is running on it */
+    bool busy;    /* a session.generate is running on it                 */
+    bool persist; /* record and pages are made durable on every change   */
     struct session *next;
 } session;
 
@@ -159,8 +160,24 @@ typedef struct job {
     int n_gen;
     bool cancelled;
     const char *finish;      /* set when the job is done                      */
-    struct job *next;        /* in `waiting`                                  */
+    int64_t cached_by_tier[3];
+    uint64_t cookie;         /* of its fetch, then of its durability writes    */
+    int outstanding;         /* durability completions still to come           */
+    bool durable_failed;
+    struct job *next;        /* in `waiting`, or in `durable` (finished, waiting
+                                for its session to be on disk before replying) */
 } job;
+
+/* A session call whose reply waits for its record to be durable. */
+typedef struct deferred {
+    uint64_t cookie;
+    int outstanding;
+    bool failed;
+    cairn_request *req;
+    cairn_session_id id;
+    int64_t n_tokens;
+    struct deferred *next;
+} deferred;
 
 struct cairn_service {
     cairn_service_config cfg;
@@ -188,6 +205,14 @@ struct cairn_service {
     size_t n_waiting;
     job **running;
     int n_running;
+    job **fetching;        /* admitted, waiting for their fetch event  */
+    int n_fetching;
+    job *durable;          /* finished, waiting for durability          */
+    deferred *deferred;    /* session replies waiting for durability    */
+    uint64_t next_cookie;
+    bool pages_tight;      /* a job was paused: admit no more until one ends */
+    double compute_rate;   /* measured prefill tokens/s (moving average) */
+    bool have_disk;
     cairn_seq_batch *batch;
     job **batch_jobs;
     float *logits;         /* [max_seqs][n_vocab] */
@@ -284,48 +309,12 @@ static int job_reserve_pages(job *j, size_t n)
     return CAIRN_OK;
 }
 
-/* Look the job's sequence up in the tree and adopt the cached prefix. */
-static void job_match(cairn_service *s, job *j)
+/* Hand the job's computed whole pages to the tree and give back the rest.
+ * Returns the tree node that ends at the job's last whole page (NULL when
+ * none was inserted). */
+static cairn_radix_node *job_release_pages(cairn_service *s, job *j)
 {
-    j->n_computed = 0;
-    j->n_tree_pages = 0;
-    j->n_pages = 0;
-    j->locked = NULL;
-    if (!s->prefix_cache || j->seq.n < 2)
-        return;
-    cairn_radix_match_result m;
-    /* leave the last token out: it must be computed to get its logits */
-    if (cairn_radix_match(s->tree, j->seq.v, j->seq.n - 1, &m) != CAIRN_OK || m.n_pages == 0)
-        return;
-    cairn_radix_page **path = malloc(m.n_pages * sizeof *path);
-    size_t n_path = 0;
-    if (!path || job_reserve_pages(j, m.n_pages) != CAIRN_OK ||
-        cairn_radix_path(m.node, path, m.n_pages, &n_path) != CAIRN_OK ||
-        cairn_radix_lock(s->tree, m.node) != CAIRN_OK) {
-        free(path);
-        return;
-    }
-    /* Every page is on the device while there are no lower tiers; stop at
-     * the first one that is not, to be safe when tiers are added. */
-    size_t usable = 0;
-    while (usable < n_path && path[usable]->device_page >= 0)
-        usable++;
-    if (usable < n_path) {
-        cairn_radix_unlock(s->tree, m.node);
-        free(path);
-        return;
-    }
-    for (size_t i = 0; i < n_path; i++)
-        j->pages[i] = path[i]->device_page;
-    free(path);
-    j->locked = m.node;
-    j->n_tree_pages = j->n_pages = n_path;
-    j->n_computed = n_path * (size_t)s->page_size;
-}
-
-/* Hand the job's computed whole pages to the tree and give back the rest. */
-static void job_release_pages(cairn_service *s, job *j)
-{
+    cairn_radix_node *leaf = NULL;
     size_t ps = (size_t)s->page_size;
     size_t n_full = j->n_computed / ps;
     if (n_full > j->n_pages)
@@ -333,7 +322,7 @@ static void job_release_pages(cairn_service *s, job *j)
     size_t from = j->n_tree_pages; /* first page the job owns */
     if (s->prefix_cache && n_full > 0) {
         size_t n_cached = 0;
-        if (cairn_radix_insert(s->tree, j->seq.v, n_full, j->pages, &n_cached, NULL) ==
+        if (cairn_radix_insert(s->tree, j->seq.v, n_full, j->pages, &n_cached, &leaf) ==
             CAIRN_OK) {
             /* pages [from, n_cached) duplicate what the tree already had */
             if (n_cached > from)
@@ -349,6 +338,7 @@ static void job_release_pages(cairn_service *s, job *j)
     j->locked = NULL;
     j->n_pages = j->n_tree_pages = 0;
     j->n_computed = 0;
+    return leaf;
 }
 
 /* Make the page table cover `n_tokens` tokens, evicting unlocked cached pages
@@ -466,33 +456,146 @@ static void job_emit_delta(cairn_service *s, job *j, bool final)
     j->tokens_sent = (size_t)j->n_gen;
 }
 
+/* ---- session records ------------------------------------------------------ */
+/*
+ * A session's durable record, in the store's "records" database:
+ *   key   's' + id.hi (8 bytes, big-endian) + id.lo (8 bytes, big-endian)
+ *   value "CSR1" | u32 version (1) | u32 flags (bit 0: persist) | u32 0 |
+ *         u64 n_tokens | int32 tokens[n_tokens]         (little-endian)
+ */
+#define RECORD_MAGIC "CSR1"
+#define RECORD_HEADER 24
+
+static void record_key(cairn_session_id id, uint8_t key[17])
+{
+    key[0] = 's';
+    for (int i = 0; i < 8; i++) {
+        key[1 + i] = (uint8_t)(id.hi >> (56 - 8 * i));
+        key[9 + i] = (uint8_t)(id.lo >> (56 - 8 * i));
+    }
+}
+
+/* Queue a durable write of the session's record; the completion comes with
+ * `cookie`. */
+static int record_put(cairn_service *s, const session *x, uint64_t cookie)
+{
+    size_t n = x->history.n, bytes = RECORD_HEADER + n * sizeof(int32_t);
+    uint8_t *v = malloc(bytes), key[17];
+    if (!v)
+        return CAIRN_ENOMEM;
+    uint32_t head[4] = {0, 1, x->persist ? 1u : 0u, 0};
+    memcpy(head, RECORD_MAGIC, 4);
+    uint64_t n64 = n;
+    memcpy(v, head, 16);
+    memcpy(v + 16, &n64, 8);
+    if (n)
+        memcpy(v + RECORD_HEADER, x->history.v, n * sizeof(int32_t));
+    record_key(x->id, key);
+    int rc = cairn_kvcache_record_put(s->cache, key, sizeof key, v, bytes, cookie);
+    free(v);
+    return rc;
+}
+
+static int record_delete(cairn_service *s, cairn_session_id id, uint64_t cookie)
+{
+    uint8_t key[17];
+    record_key(id, key);
+    return cairn_kvcache_record_delete(s->cache, key, sizeof key, cookie);
+}
+
+static void emit_generation_done(cairn_service *s, job *j)
+{
+    cairn_event ev = {.kind = CAIRN_EV_DONE, .what = CAIRN_DONE_GENERATION,
+                      .client = j->req->client, .id = j->req->id, .text = j->text ? j->text : "",
+                      .text_len = j->text_len, .tokens = j->seq.v + j->n_prompt,
+                      .n_tokens = (size_t)j->n_gen, .finish_reason = j->finish,
+                      .prompt_tokens = (int64_t)j->n_prompt,
+                      .cached_tokens = j->cached_tokens, .completion_tokens = j->n_gen};
+    memcpy(ev.cached_by_tier, j->cached_by_tier, sizeof ev.cached_by_tier);
+    emit(s, &ev);
+}
+
 /* ---- finishing ------------------------------------------------------------ */
 
 static void job_finish(cairn_service *s, job *j, bool emit_event)
 {
-    job_release_pages(s, j);
-    if (j->sess) {
+    cairn_radix_node *leaf = job_release_pages(s, j);
+    s->pages_tight = false; /* its pages are free to be evicted now */
+    session *x = j->sess;
+    if (x) {
         /* the session's history becomes prompt + generated tokens */
-        j->sess->busy = false;
-        j->sess->history.n = 0;
-        tokvec_append(&j->sess->history, j->seq.v, j->seq.n);
+        x->busy = false;
+        x->history.n = 0;
+        tokvec_append(&x->history, j->seq.v, j->seq.n);
     }
-    if (emit_event) {
-        size_t text_len;
-        char tail[300];
-        if (cairn_detok_flush(j->detok, tail, sizeof tail, &text_len) == CAIRN_OK && text_len &&
-            strcmp(j->finish, "stop") != 0)
-            job_append_text(j, tail, text_len);
-        job_emit_delta(s, j, true);
-        cairn_event ev = {.kind = CAIRN_EV_DONE, .what = CAIRN_DONE_GENERATION,
-                          .client = j->req->client, .id = j->req->id, .text = j->text ? j->text : "",
-                          .text_len = j->text_len, .tokens = j->seq.v + j->n_prompt,
-                          .n_tokens = (size_t)j->n_gen, .finish_reason = j->finish,
-                          .prompt_tokens = (int64_t)j->n_prompt,
-                          .cached_tokens = j->cached_tokens, .completion_tokens = j->n_gen};
-        emit(s, &ev);
+    if (!emit_event) {
+        job_free(j);
+        return;
     }
+    size_t text_len;
+    char tail[300];
+    if (cairn_detok_flush(j->detok, tail, sizeof tail, &text_len) == CAIRN_OK && text_len &&
+        strcmp(j->finish, "stop") != 0)
+        job_append_text(j, tail, text_len);
+    job_emit_delta(s, j, true);
+    if (x && x->persist && s->have_disk) {
+        /* The reply waits until the new history and its pages are durable. */
+        j->cookie = ++s->next_cookie;
+        j->outstanding = 0;
+        if (leaf && cairn_kvcache_persist(s->cache, leaf, j->cookie) == CAIRN_OK)
+            j->outstanding++;
+        if (record_put(s, x, j->cookie) == CAIRN_OK)
+            j->outstanding++;
+        else
+            j->durable_failed = true;
+        if (j->outstanding > 0) {
+            j->next = s->durable;
+            s->durable = j;
+            return;
+        }
+    }
+    if (j->durable_failed)
+        emit_error(s, j->req, CAIRN_EIO, "the session could not be made durable");
+    else
+        emit_generation_done(s, j);
     job_free(j);
+}
+
+/* Reply to a session call now, or — for a persisted session — once its
+ * record (or its deletion) is durable. Takes nothing; copies what it needs. */
+static void reply_session(cairn_service *s, cairn_request *r, session *x, int64_t n_tokens,
+                          bool deleted)
+{
+    if (!x->persist || !s->have_disk) {
+        emit_session(s, r, x->id, n_tokens);
+        return;
+    }
+    deferred *d = calloc(1, sizeof *d);
+    if (!d) {
+        emit_error(s, r, CAIRN_ENOMEM, "out of memory");
+        return;
+    }
+    d->cookie = ++s->next_cookie;
+    d->id = x->id;
+    d->n_tokens = n_tokens;
+    int rc = deleted ? record_delete(s, x->id, d->cookie) : record_put(s, x, d->cookie);
+    if (rc != CAIRN_OK) {
+        free(d);
+        emit_error(s, r, CAIRN_EIO, "the session could not be made durable");
+        return;
+    }
+    /* the request is answered later: keep a copy of what the reply needs */
+    d->req = cairn_request_new(r->kind);
+    if (!d->req) {
+        free(d);
+        emit_error(s, r, CAIRN_ENOMEM, "out of memory");
+        return;
+    }
+    d->req->client = r->client;
+    d->req->id = r->id;
+    d->outstanding = 1;
+    d->next = s->deferred;
+    s->deferred = d;
 }
 
 /* ---- intake ------------------------------------------------------------------ */
@@ -597,6 +700,9 @@ static job *find_job(cairn_service *s, uint64_t client, uint64_t id)
     for (job *j = s->waiting_head; j; j = j->next)
         if (j->req->client == client && j->req->id == id)
             return j;
+    for (int i = 0; i < s->n_fetching; i++)
+        if (s->fetching[i]->req->client == client && s->fetching[i]->req->id == id)
+            return s->fetching[i];
     return NULL;
 }
 
@@ -609,7 +715,18 @@ static void fill_stats(cairn_service *s, cairn_service_stats *st)
         st->pages[t] = rs.pages[t];
     st->device_pages_total = (uint64_t)cairn_page_pool_capacity(s->device);
     st->device_pages_free = (uint64_t)cairn_page_pool_available(s->device);
-    st->running = (uint64_t)s->n_running;
+    st->running = (uint64_t)(s->n_running + s->n_fetching);
+    cairn_kvcache_stats ks;
+    cairn_kvcache_get_stats(s->cache, &ks);
+    for (int t = 0; t < 3; t++) {
+        const cairn_kvcache_tier_stats *k = &ks.tier[t];
+        st->tiers[t] = (cairn_service_tier_stats){
+            .pages = k->pages, .bytes = k->bytes, .hit_tokens = k->hit_tokens,
+            .miss_tokens = k->miss_tokens, .evicted_pages = k->evicted_pages,
+            .promoted_pages = k->promoted_pages, .load_ops = k->load_ops,
+            .store_ops = k->store_ops, .load_mean_s = k->load_mean_s,
+            .store_mean_s = k->store_mean_s};
+    }
     st->waiting = s->n_waiting;
     st->sessions = s->n_sessions;
 }
@@ -633,7 +750,13 @@ static void handle_request(cairn_service *s, cairn_request *r)
             emit_error(s, r, CAIRN_ERANGE, "the session's text does not fit in the context");
             break;
         }
-        emit_session(s, r, x->id, (int64_t)x->history.n);
+        x->persist = r->persist;
+        if (x->persist && !s->have_disk) {
+            session_destroy(s, x);
+            emit_error(s, r, CAIRN_EUNSUPPORTED, "persist needs a disk tier (serve --cache-dir)");
+            break;
+        }
+        reply_session(s, r, x, (int64_t)x->history.n, false);
         break;
     case CAIRN_REQ_SESSION_APPEND:
     case CAIRN_REQ_SESSION_GENERATE:
@@ -655,7 +778,7 @@ static void handle_request(cairn_service *s, cairn_request *r)
             emit_error(s, r, CAIRN_ENOMEM, "out of memory");
             break;
         }
-        emit_session(s, r, x->id, (int64_t)x->history.n);
+        reply_session(s, r, x, (int64_t)x->history.n, false);
         break;
     case CAIRN_REQ_SESSION_FORK: {
         session *child;
@@ -672,7 +795,9 @@ static void handle_request(cairn_service *s, cairn_request *r)
             emit_error(s, r, CAIRN_ENOMEM, "out of memory");
             break;
         }
-        emit_session(s, r, child->id, (int64_t)child->history.n);
+        /* a fork of a durable session is durable too */
+        child->persist = x->persist;
+        reply_session(s, r, child, (int64_t)child->history.n, false);
         break;
     }
     case CAIRN_REQ_SESSION_TRUNCATE:
@@ -687,7 +812,7 @@ static void handle_request(cairn_service *s, cairn_request *r)
             break;
         }
         x->history.n = (size_t)r->n_keep;
-        emit_session(s, r, x->id, (int64_t)x->history.n);
+        reply_session(s, r, x, (int64_t)x->history.n, false);
         break;
     case CAIRN_REQ_SESSION_CLOSE:
         if (!(x = find_session_or_error(s, r)))
@@ -696,7 +821,7 @@ static void handle_request(cairn_service *s, cairn_request *r)
             emit_error(s, r, CAIRN_EBUSY, "the session is generating; cancel it first");
             break;
         }
-        emit_session(s, r, x->id, 0);
+        reply_session(s, r, x, 0, true);
         session_destroy(s, x);
         break;
     case CAIRN_REQ_SESSION_INFO:
@@ -727,6 +852,9 @@ static void handle_request(cairn_service *s, cairn_request *r)
         for (job *j = s->waiting_head; j; j = j->next)
             if (j->req->client == r->client)
                 j->cancelled = true;
+        for (int i = 0; i < s->n_fetching; i++)
+            if (s->fetching[i]->req->client == r->client)
+                s->fetching[i]->cancelled = true;
         break;
     default:
         emit_error(s, r, CAIRN_EINVAL, "unknown request kind");
@@ -783,19 +911,137 @@ static void reap_cancelled(cairn_service *s)
     }
 }
 
+/* Start running a job whose cached prefix (if any) is known: `ev` is its
+ * fetch event, or NULL when nothing was looked up. */
+static void job_adopt(cairn_service *s, job *j, const cairn_kvcache_event *ev)
+{
+    j->n_computed = 0;
+    j->n_tree_pages = j->n_pages = 0;
+    j->locked = NULL;
+    size_t resident = ev ? ev->resident_pages : 0;
+    if (ev && ev->node && ev->node != cairn_radix_root(s->tree))
+        j->locked = ev->node;
+    if (resident > 0) {
+        cairn_radix_page **path = malloc(resident * sizeof *path);
+        size_t n_path = 0;
+        if (!path || job_reserve_pages(j, resident) != CAIRN_OK ||
+            cairn_radix_path(ev->node, path, resident, &n_path) != CAIRN_OK || n_path != resident) {
+            resident = 0; /* cannot use it: compute everything */
+        } else {
+            for (size_t i = 0; i < resident; i++)
+                j->pages[i] = path[i]->device_page;
+        }
+        free(path);
+        j->n_tree_pages = j->n_pages = resident;
+        j->n_computed = resident * (size_t)s->page_size;
+    }
+    if (!j->admitted_once) {
+        j->admitted_once = true;
+        j->cached_tokens = (int64_t)j->n_computed;
+        for (int t = 0; t < 3 && ev && resident > 0; t++)
+            j->cached_by_tier[t] = (int64_t)ev->from_tier[t] * s->page_size;
+        s->stats.queries++;
+        s->stats.prompt_tokens += j->n_prompt;
+        s->stats.cached_tokens += j->n_computed;
+    }
+    s->running[s->n_running++] = j;
+}
+
+/* Move waiting jobs in while there is room; each first asks the cache for
+ * its prefix (answered asynchronously by a FETCH event). */
 static void admit(cairn_service *s)
 {
-    while (s->n_running < s->cfg.max_seqs && s->waiting_head) {
+    /* After a pause, admitting more would only lock more pages and pause
+     * again: wait until a running job finishes (or nothing runs). */
+    if (s->pages_tight && s->n_running > 0)
+        return;
+    s->pages_tight = false;
+    while (s->n_running + s->n_fetching < s->cfg.max_seqs && s->waiting_head) {
         job *j = waiting_pop(s);
-        job_match(s, j);
-        if (!j->admitted_once) {
-            j->admitted_once = true;
-            j->cached_tokens = (int64_t)j->n_computed;
-            s->stats.queries++;
-            s->stats.prompt_tokens += j->n_prompt;
-            s->stats.cached_tokens += j->n_computed;
+        if (s->prefix_cache && j->seq.n >= 2) {
+            j->cookie = ++s->next_cookie;
+            /* leave the last token out: it must be computed for its logits */
+            if (cairn_kvcache_fetch(s->cache, j->seq.v, j->seq.n - 1, SIZE_MAX, j->cookie) ==
+                CAIRN_OK) {
+                s->fetching[s->n_fetching++] = j;
+                continue;
+            }
         }
-        s->running[s->n_running++] = j;
+        job_adopt(s, j, NULL);
+    }
+}
+
+/* A durability completion (persist or record) for a finished job or a
+ * deferred session reply. */
+static void durable_done(cairn_service *s, uint64_t cookie, int status)
+{
+    for (job **pp = &s->durable; *pp; pp = &(*pp)->next) {
+        job *j = *pp;
+        if (j->cookie != cookie)
+            continue;
+        if (status != CAIRN_OK)
+            j->durable_failed = true;
+        if (--j->outstanding > 0)
+            return;
+        *pp = j->next;
+        if (j->durable_failed)
+            emit_error(s, j->req, CAIRN_EIO, "the session could not be made durable");
+        else
+            emit_generation_done(s, j);
+        job_free(j);
+        return;
+    }
+    for (deferred **pp = &s->deferred; *pp; pp = &(*pp)->next) {
+        deferred *d = *pp;
+        if (d->cookie != cookie)
+            continue;
+        /* a record delete of an absent record still leaves it absent */
+        if (status != CAIRN_OK && status != CAIRN_ENOTFOUND)
+            d->failed = true;
+        if (--d->outstanding > 0)
+            return;
+        *pp = d->next;
+        if (d->failed)
+            emit_error(s, d->req, CAIRN_EIO, "the session could not be made durable");
+        else
+            emit_session(s, d->req, d->id, d->n_tokens);
+        cairn_request_free(d->req);
+        free(d);
+        return;
+    }
+}
+
+/* Take what the cache has finished: fetched prefixes start running;
+ * durability completions release replies. */
+static void poll_cache(cairn_service *s)
+{
+    cairn_kvcache_event ev[16];
+    int n = 0;
+    while (cairn_kvcache_poll(s->cache, ev, 16, &n) == CAIRN_OK && n > 0) {
+        for (int i = 0; i < n; i++) {
+            switch (ev[i].kind) {
+            case CAIRN_KVCACHE_EV_FETCH:
+                for (int k = 0; k < s->n_fetching; k++) {
+                    job *j = s->fetching[k];
+                    if (j->cookie != ev[i].cookie)
+                        continue;
+                    s->fetching[k] = s->fetching[--s->n_fetching];
+                    job_adopt(s, j, &ev[i]); /* cancelled ones are reaped next */
+                    break;
+                }
+                break;
+            case CAIRN_KVCACHE_EV_PERSIST:
+            case CAIRN_KVCACHE_EV_RECORD_PUT:
+            case CAIRN_KVCACHE_EV_RECORD_DELETE:
+                durable_done(s, ev[i].cookie, ev[i].status);
+                break;
+            case CAIRN_KVCACHE_EV_RECORD_GET:
+                free(ev[i].data);
+                break;
+            default:
+                break;
+            }
+        }
     }
 }
 
@@ -803,6 +1049,7 @@ static void admit(cairn_service *s)
  * can be evicted now), and it waits at the front of the queue. */
 static void pause_one(cairn_service *s, job *j)
 {
+    s->pages_tight = true;
     running_drop(s, j);
     job_release_pages(s, j);
     waiting_push(s, j, true);
@@ -881,12 +1128,19 @@ static void step(cairn_service *s)
         while ((rc = job_ensure_pages(s, j, j->n_computed + chunk)) == CAIRN_EFULL &&
                s->n_running - 1 > i)
             pause_one(s, s->running[s->n_running - 1]);
+        if (rc == CAIRN_EFULL && s->n_fetching > 0) {
+            /* Jobs still fetching hold locks on their prefixes; they join the
+             * running set (as its newest) next step and can be paused then. */
+            i++;
+            continue;
+        }
         if (rc == CAIRN_EFULL && i > 0) {
             /* j is the newest: it waits for the older ones to finish */
             running_remove(s, i);
             job_release_pages(s, j);
             waiting_push(s, j, true);
             s->stats.paused++;
+            s->pages_tight = true;
             continue;
         }
         if (rc != CAIRN_OK) {
@@ -909,9 +1163,20 @@ static void step(cairn_service *s)
     }
     if (n == 0)
         return;
-    int n_out = 0;
+    int n_out = 0, n_tokens = 0;
+    for (int b = 0; b < n; b++)
+        n_tokens += s->batch[b].n_tokens;
+    double t0 = cairn_now();
     int rc = cairn_model_forward(s->model, cairn_page_pool_base(s->device), &s->kv, s->batch, n,
                                  s->logits, NULL, &n_out);
+    /* Steps with real prefill measure how fast tokens are computed; the
+     * cache weighs that against load times to decide what to load. */
+    double dt = cairn_now() - t0;
+    if (rc == CAIRN_OK && n_tokens >= 32 && dt > 0) {
+        double rate = n_tokens / dt;
+        s->compute_rate = s->compute_rate > 0 ? 0.8 * s->compute_rate + 0.2 * rate : rate;
+        cairn_kvcache_set_compute_rate(s->cache, s->compute_rate);
+    }
     if (rc != CAIRN_OK) {
         for (int b = 0; b < n; b++) {
             job *j = s->batch_jobs[b];
@@ -939,8 +1204,12 @@ static void *engine_main(void *arg)
 {
     cairn_service *s = arg;
     for (;;) {
+        /* Disk and copy work finishes on the store's thread: while any is
+         * outstanding the loop polls for it instead of sleeping on the
+         * condition variable. */
+        bool io = s->n_fetching || s->durable || s->deferred;
         pthread_mutex_lock(&s->mu);
-        while (!s->stopping && s->inbox_n == 0 && s->n_running == 0 && !s->waiting_head)
+        while (!s->stopping && s->inbox_n == 0 && s->n_running == 0 && !s->waiting_head && !io)
             pthread_cond_wait(&s->cv, &s->mu);
         if (s->stopping) {
             pthread_mutex_unlock(&s->mu);
@@ -962,17 +1231,81 @@ static void *engine_main(void *arg)
         for (size_t i = 0; i < n_in; i++)
             handle_request(s, in[i]);
         free(in);
+        poll_cache(s);
         reap_cancelled(s);
         admit(s);
-        step(s);
+        if (s->n_running)
+            step(s);
+        else if (n_in == 0 && (s->n_fetching || s->durable || s->deferred))
+            cairn_kvcache_wait(s->cache, 2);
     }
-    /* stopping: release every job without events */
+    /* stopping: running jobs give their computed pages to the tree (so they
+     * are flushed to disk below); nothing more is emitted */
     while (s->n_running)
         job_finish(s, s->running[--s->n_running], false);
     job *j;
     while ((j = waiting_pop(s)))
         job_finish(s, j, false);
+    while (s->n_fetching)
+        job_free(s->fetching[--s->n_fetching]);
+    while ((j = s->durable)) {
+        s->durable = j->next;
+        job_free(j);
+    }
+    while (s->deferred) {
+        deferred *d = s->deferred;
+        s->deferred = d->next;
+        cairn_request_free(d->req);
+        free(d);
+    }
     return NULL;
+}
+
+/* Sessions from the records on disk: persisted ones, and — after a graceful
+ * stop — every session that was open. Records of sessions that were not
+ * persisted are deleted once read, so a later crash cannot bring back a
+ * stale history. */
+static int load_record(const void *key, size_t key_len, const void *value, size_t bytes,
+                       void *user)
+{
+    cairn_service *s = user;
+    const uint8_t *k = key, *v = value;
+    uint32_t head[4];
+    uint64_t n;
+    if (key_len != 17 || k[0] != 's' || bytes < RECORD_HEADER)
+        return 0;
+    memcpy(head, v, 16);
+    memcpy(&n, v + 16, 8);
+    if (memcmp(head, RECORD_MAGIC, 4) != 0 || head[1] != 1 || n > (uint64_t)s->n_ctx ||
+        bytes != RECORD_HEADER + n * sizeof(int32_t)) {
+        cairn_log(CAIRN_LOG_WARN, "service: ignoring a malformed session record");
+        return 0;
+    }
+    cairn_session_id id = {0, 0};
+    for (int i = 0; i < 8; i++) {
+        id.hi = id.hi << 8 | k[1 + i];
+        id.lo = id.lo << 8 | k[9 + i];
+    }
+    session *x = calloc(1, sizeof *x);
+    if (!x || session_find(s, id) || s->n_sessions >= s->cfg.max_sessions ||
+        tokvec_append(&x->history, (const int32_t *)(v + RECORD_HEADER), (size_t)n)) {
+        if (x)
+            free(x->history.v);
+        free(x);
+        return 0;
+    }
+    for (size_t i = 0; i < x->history.n; i++)
+        if (x->history.v[i] < 0 || x->history.v[i] >= s->n_vocab)
+            x->history.n = i; /* never trust ids from disk beyond the vocab */
+    x->id = id;
+    x->persist = head[2] & 1;
+    size_t b = bucket_of(s, id);
+    x->next = s->buckets[b];
+    s->buckets[b] = x;
+    s->n_sessions++;
+    if (!x->persist)
+        record_delete(s, id, 0);
+    return 0;
 }
 
 /* ---- lifecycle ------------------------------------------------------------------ */
@@ -1037,7 +1370,13 @@ int cairn_service_start(const cairn_service_config *cfg, cairn_service **out, ch
     cairn_model_fingerprint(s->model, fp);
     cairn_page_namespace ns = {.model_fingerprint = fp, .fingerprint_bytes = 16,
                                .layout = &s->kv, .layout_version = CAIRN_KV_LAYOUT_VERSION};
-    cairn_kvcache_config kc = {.backend = s->be, .layout = s->kv, .device_bytes = c->kv_bytes};
+    if (c->cache_dir && c->host_bytes == 0)
+        c->host_bytes = (size_t)256 << 20; /* disk reads land in host RAM */
+    if (c->cache_dir && c->disk_bytes == 0)
+        c->disk_bytes = (size_t)4 << 30;
+    cairn_kvcache_config kc = {.backend = s->be, .layout = s->kv, .device_bytes = c->kv_bytes,
+                               .host_bytes = c->host_bytes, .disk_dir = c->cache_dir,
+                               .disk_map_bytes = c->disk_bytes};
     if ((rc = cairn_page_namespace_hash(&ns, &kc.ns)) ||
         (rc = cairn_kvcache_create(&kc, &s->cache, err, err_len)))
         goto fail;
@@ -1047,12 +1386,20 @@ int cairn_service_start(const cairn_service_config *cfg, cairn_service **out, ch
     s->n_buckets = 1024;
     s->buckets = calloc(s->n_buckets, sizeof *s->buckets);
     s->running = calloc((size_t)c->max_seqs, sizeof *s->running);
+    s->fetching = calloc((size_t)c->max_seqs, sizeof *s->fetching);
     s->batch = calloc((size_t)c->max_seqs, sizeof *s->batch);
     s->batch_jobs = calloc((size_t)c->max_seqs, sizeof *s->batch_jobs);
     s->logits = malloc((size_t)c->max_seqs * s->n_vocab * sizeof(float));
-    if (!s->buckets || !s->running || !s->batch || !s->batch_jobs || !s->logits) {
+    if (!s->buckets || !s->running || !s->fetching || !s->batch || !s->batch_jobs || !s->logits) {
         rc = CAIRN_ENOMEM;
         goto fail;
+    }
+    s->have_disk = cairn_kvcache_disk(s->cache) != NULL;
+    if (s->have_disk) {
+        cairn_disk_record_iterate(cairn_kvcache_disk(s->cache), load_record, s);
+        if (s->n_sessions)
+            cairn_log(CAIRN_LOG_INFO, "service: %zu sessions restored from %s", s->n_sessions,
+                      c->cache_dir);
     }
     if (pthread_create(&s->thread, NULL, engine_main, s) != 0) {
         rc = CAIRN_ENOMEM;
@@ -1060,10 +1407,11 @@ int cairn_service_start(const cairn_service_config *cfg, cairn_service **out, ch
     }
     s->thread_started = true;
     cairn_log(CAIRN_LOG_INFO, "service: %s, KV %zu pages of %d tokens (%.1f MiB), context %d, "
-              "batch %d tokens / %d sequences, prefix cache %s", hp->name,
-              (size_t)cairn_page_pool_capacity(s->device), c->page_size,
+              "batch %d tokens / %d sequences, prefix cache %s; host tier %.1f MiB, disk tier %s",
+              hp->name, (size_t)cairn_page_pool_capacity(s->device), c->page_size,
               (double)c->kv_bytes / (1 << 20), s->n_ctx, c->max_batch_tokens, c->max_seqs,
-              s->prefix_cache ? "on" : "off");
+              s->prefix_cache ? "on" : "off", (double)c->host_bytes / (1 << 20),
+              c->cache_dir ? c->cache_dir : "off");
     *out = s;
     return CAIRN_OK;
 fail:
@@ -1082,6 +1430,21 @@ void cairn_service_stop(cairn_service *s)
     pthread_mutex_unlock(&s->mu);
     if (s->thread_started)
         pthread_join(s->thread, NULL);
+    if (s->thread_started && s->have_disk) {
+        /* Graceful stop: every open session's record, then every page that
+         * is not on disk yet; flush waits for both to be committed. */
+        size_t n_rec = 0;
+        for (size_t b = 0; b < s->n_buckets; b++)
+            for (session *x = s->buckets[b]; x; x = x->next)
+                n_rec += record_put(s, x, 0) == CAIRN_OK;
+        int rc = cairn_kvcache_flush(s->cache);
+        cairn_kvcache_stats ks;
+        cairn_kvcache_get_stats(s->cache, &ks);
+        cairn_log(rc == CAIRN_OK ? CAIRN_LOG_INFO : CAIRN_LOG_ERROR,
+                  "service: %s: %zu session records, %llu pages on disk", rc == CAIRN_OK
+                  ? "written back" : "write-back failed", n_rec,
+                  (unsigned long long)ks.tier[CAIRN_TIER_DISK].pages);
+    }
     for (size_t i = 0; i < s->inbox_n; i++)
         cairn_request_free(s->inbox[i]);
     free(s->inbox);
@@ -1092,6 +1455,7 @@ void cairn_service_stop(cairn_service *s)
         free(s->buckets);
     }
     free(s->running);
+    free(s->fetching);
     free(s->batch);
     free(s->batch_jobs);
     free(s->logits);

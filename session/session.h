@@ -39,6 +39,18 @@
  * finds its pages again in the tree. Fork copies the history (the pages are
  * shared through the tree); truncate shortens it.
  *
+ * Tiers and restarts. With host_bytes and cache_dir, pages evicted from
+ * tier 0 move to host RAM and then to LMDB instead of being dropped. A
+ * request is admitted through cairn_kvcache_fetch: its match continues in
+ * host RAM and, past the tree, by page hash on disk (so after a restart a
+ * prefix computed before it is found again), and the pages are promoted
+ * asynchronously while other requests keep running; the store's cost model
+ * (fed with the prefill rate measured here) skips loads slower than
+ * recomputing. A persisted session (persist: true) has its record and pages
+ * durable before the reply to any call that changed it; every session's
+ * record is written, and every page flushed, when the service stops, and
+ * records are read back at start.
+ *
  * Threads and ownership. cairn_service_start/stop are called by the owner
  * thread. cairn_service_submit is thread-safe and takes ownership of the
  * request. on_event runs on the engine thread; the event and everything it
@@ -101,6 +113,7 @@ typedef struct {
     cairn_gen_params gen;
     uint64_t target;           /* CANCEL: msgid of the request to cancel        */
     int64_t n_keep;            /* TRUNCATE: tokens to keep                      */
+    bool persist;              /* SESSION_OPEN: make the session durable        */
 } cairn_request;
 
 /* A zeroed request with default generation settings; free with
@@ -121,6 +134,16 @@ typedef enum {
     CAIRN_DONE_STATS,          /* stats                               */
 } cairn_done_what;
 
+/* One tier of the KV cache (0 device, 1 host RAM, 2 disk). */
+typedef struct {
+    uint64_t pages, bytes;              /* in the tier now                    */
+    uint64_t hit_tokens, miss_tokens;   /* lookups that reached this tier     */
+    uint64_t evicted_pages;             /* moved out (disk: dropped)          */
+    uint64_t promoted_pages;            /* moved up toward the device         */
+    uint64_t load_ops, store_ops;
+    double load_mean_s, store_mean_s;   /* mean latency of one load / store   */
+} cairn_service_tier_stats;
+
 typedef struct {
     uint64_t queries;          /* generation requests admitted              */
     uint64_t prompt_tokens;    /* prompt tokens of those requests           */
@@ -132,6 +155,7 @@ typedef struct {
     uint64_t paused;           /* requests paused for lack of pages         */
     uint64_t running, waiting; /* requests now                              */
     uint64_t sessions;
+    cairn_service_tier_stats tiers[3];
 } cairn_service_stats;
 
 typedef struct {
@@ -146,6 +170,7 @@ typedef struct {
     /* DONE(generation) */
     const char *finish_reason; /* "stop", "length" or "cancelled"          */
     int64_t prompt_tokens, cached_tokens, completion_tokens;
+    int64_t cached_by_tier[3]; /* where the cached tokens were: device, host, disk */
     /* DONE(session) */
     cairn_session_id session;
     int64_t n_session_tokens;
@@ -172,6 +197,10 @@ typedef struct {
     int prefill_chunk;      /* prompt tokens per request per step (default 256) */
     size_t max_sessions;    /* open sessions at most (default 4096)          */
     bool no_prefix_cache;   /* never reuse cached prefixes (for comparisons) */
+    size_t host_bytes;      /* tier-1 host RAM budget (0: none; default 256 MiB
+                               when cache_dir is set)                        */
+    const char *cache_dir;  /* tier-2 LMDB directory (NULL: no disk tier)     */
+    size_t disk_bytes;      /* LMDB map size (default 4 GiB)                  */
     cairn_event_fn on_event;
     void *user;
 } cairn_service_config;

@@ -92,7 +92,8 @@ typedef struct {
     cairn_service *svc;
 } fixture;
 
-static fixture *start(size_t kv_pages, int max_seqs, int prefill_chunk)
+static fixture *start_tiers(size_t kv_pages, int max_seqs, int prefill_chunk, size_t host_pages,
+                            const char *cache_dir)
 {
     fixture *f = calloc(1, sizeof *f);
     pthread_mutex_init(&f->col.mu, NULL);
@@ -102,6 +103,8 @@ static fixture *start(size_t kv_pages, int max_seqs, int prefill_chunk)
     cairn_service_config cfg = {.model_path = model_path, .n_threads = 2,
                                 .kv_bytes = kv_pages * page_bytes, .page_size = 16,
                                 .kv_type = CAIRN_TYPE_F16,
+                                .host_bytes = host_pages * page_bytes, .cache_dir = cache_dir,
+                                .disk_bytes = (size_t)64 << 20,
                                 .max_seqs = max_seqs, .prefill_chunk = prefill_chunk,
                                 .on_event = on_event, .user = &f->col};
     char err[256] = "";
@@ -109,6 +112,11 @@ static fixture *start(size_t kv_pages, int max_seqs, int prefill_chunk)
     if (rc != CAIRN_OK)
         fail_msg("service start: %s", err);
     return f;
+}
+
+static fixture *start(size_t kv_pages, int max_seqs, int prefill_chunk)
+{
+    return start_tiers(kv_pages, max_seqs, prefill_chunk, 0, NULL);
 }
 
 static void stop(fixture *f)
@@ -399,6 +407,131 @@ static void test_stop_strings_and_errors(void **state)
     stop(f);
 }
 
+static const char *long_doc =
+    "Once upon a time, there was a small dog named Max. Max lived in a red house with a big "
+    "garden. Every morning, Max ran to the fence to see the birds. The birds sang songs and Max "
+    "wagged his tail. One day, Max saw a ball under the tree. It was a blue ball with yellow "
+    "stars. Max wanted to play with it, but the ball was stuck in the mud. He pulled and pulled. "
+    "The ball did not move. Max felt sad. Then a little girl named Sue came to the garden. She "
+    "saw Max and smiled. Do you need help, she asked. Max barked and looked at the ball.";
+
+static void rm_rf(const char *dir)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* A graceful stop writes everything back; after a restart over the same
+ * cache directory the prompt is served from disk with the same output, and
+ * sessions are still there. */
+static void test_restart_serves_from_disk(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/cairn-svc-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    fixture *f = start_tiers(512, 4, 64, 64, dir);
+    submit_generate(f, 1, long_doc, 24, false);
+    char *first = strdup(wait_for(&f->col, 1)->text);
+    cairn_session_id sid = open_session(f, 2, "Once upon a time");
+    result *turn = session_generate(f, 3, sid, NULL, 32);
+    assert_string_equal(turn->text, greedy_text);
+    stop(f);
+
+    f = start_tiers(512, 4, 64, 64, dir);
+    submit_generate(f, 1, long_doc, 24, false);
+    result *r = wait_for(&f->col, 1);
+    assert_string_equal(r->text, first);
+    assert_true(r->ev.cached_tokens * 5 >= r->ev.prompt_tokens * 4); /* >= 80% */
+    assert_int_equal(r->ev.cached_by_tier[2], r->ev.cached_tokens);  /* all from disk */
+
+    /* the session survived the graceful restart and continues identically */
+    cairn_request *info = cairn_request_new(CAIRN_REQ_SESSION_INFO);
+    info->id = 4;
+    info->session = sid;
+    cairn_service_submit(f->svc, info);
+    result *in = wait_for(&f->col, 4);
+    assert_int_equal(in->ev.kind, CAIRN_EV_DONE);
+    assert_int_equal(in->ev.n_session_tokens, 5 + 32);
+    result *t2 = session_generate(f, 5, sid, " She", 8);
+    assert_true(t2->ev.cached_by_tier[2] >= 32);
+    stop(f);
+    free(first);
+
+    /* another page size never reads those entries */
+    cairn_service_config cfg = {.model_path = model_path, .n_threads = 2, .page_size = 8,
+                                .kv_type = CAIRN_TYPE_F16, .cache_dir = dir,
+                                .disk_bytes = (size_t)64 << 20, .max_seqs = 4};
+    collector col = {0};
+    pthread_mutex_init(&col.mu, NULL);
+    pthread_cond_init(&col.cv, NULL);
+    cfg.on_event = on_event;
+    cfg.user = &col;
+    cairn_service *svc;
+    char err[256];
+    assert_int_equal(cairn_service_start(&cfg, &svc, err, sizeof err), CAIRN_OK);
+    fixture tmp = {.svc = svc};
+    cairn_request *g = cairn_request_new(CAIRN_REQ_GENERATE);
+    g->id = 1;
+    g->tokens = tokenize(&tmp, long_doc, true, &g->n_tokens);
+    g->gen.max_tokens = 4;
+    g->gen.sampling.temperature = 0;
+    cairn_service_submit(svc, g);
+    assert_int_equal(wait_for(&col, 1)->ev.cached_tokens, 0);
+    cairn_service_stop(svc);
+    collector_reset(&col);
+    rm_rf(dir);
+}
+
+/* With room for about two sessions in tier 0, two dozen sessions each take
+ * a turn; then each takes a second turn, finds its history in host RAM or on
+ * disk, and says so — and the output equals a server with plenty of memory. */
+static void test_many_sessions_resume_from_lower_tiers(void **state)
+{
+    (void)state;
+    static const char *starts[] = {"Once upon a time", "The little dog", "Lily and Tom went",
+                                   "One day, a big bear", "She was very happy", "Tim had a ball",
+                                   "The cat jumped", "Mom said"};
+    enum { N = 24 };
+    char *want[N];
+    cairn_session_id sids[N];
+    fixture *big = start(1024, 8, 64);
+    for (int i = 0; i < N; i++) {
+        cairn_session_id sid = open_session(big, 1, starts[i % 8]);
+        session_generate(big, 2, sid, i < 8 ? NULL : " Then", 20 + i % 5);
+        want[i] = strdup(session_generate(big, 3, sid, " The", 6)->text);
+        collector_reset(&big->col);
+    }
+    stop(big);
+
+    char dir[] = "/tmp/cairn-svc-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    fixture *f = start_tiers(6, 4, 64, 16, dir); /* 6 device pages, 16 host slots */
+    for (int i = 0; i < N; i++) {
+        sids[i] = open_session(f, 1, starts[i % 8]);
+        result *t1 = session_generate(f, 2, sids[i], i < 8 ? NULL : " Then", 20 + i % 5);
+        assert_int_equal(t1->ev.kind, CAIRN_EV_DONE);
+        collector_reset(&f->col);
+    }
+    int from_lower = 0;
+    for (int i = 0; i < N; i++) {
+        result *t2 = session_generate(f, 3, sids[i], " The", 6);
+        assert_int_equal(t2->ev.kind, CAIRN_EV_DONE);
+        assert_string_equal(t2->text, want[i]);
+        assert_true(t2->ev.cached_tokens >= 16); /* the history, in whole pages */
+        assert_int_equal(t2->ev.cached_by_tier[0] + t2->ev.cached_by_tier[1] +
+                             t2->ev.cached_by_tier[2],
+                         t2->ev.cached_tokens);
+        from_lower += t2->ev.cached_by_tier[1] + t2->ev.cached_by_tier[2] > 0;
+        free(want[i]);
+        collector_reset(&f->col);
+    }
+    /* all but the few most recent sessions had left tier 0 */
+    assert_true(from_lower >= N - 4);
+    stop(f);
+    rm_rf(dir);
+}
+
 int main(void)
 {
     model_path = getenv("CAIRN_MODEL");
@@ -414,6 +547,8 @@ int main(void)
         cmocka_unit_test(test_tiny_kv_pauses_not_fails),
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_stop_strings_and_errors),
+        cmocka_unit_test(test_restart_serves_from_disk),
+        cmocka_unit_test(test_many_sessions_resume_from_lower_tiers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
