@@ -35,6 +35,8 @@ static const char help[] =
     "                         256M with --cache-dir, else none)\n"
     "      --cache-dir DIR    LMDB disk tier: pages and session records survive restarts\n"
     "      --disk-max SIZE    most the disk tier may use (default 4G)\n"
+    "      --tier-loads P     when to load host/disk pages instead of recomputing:\n"
+    "                         measured (default: when measured to be faster), always, never\n"
     "      --idle-timeout S   close a connection that sends half a message and then\n"
     "                         nothing for S seconds (default 60)\n"
     "      --max-output SIZE  unread output per connection before it is dropped\n"
@@ -45,7 +47,7 @@ static const char help[] =
 enum {
     OPT_HOST = 3000, OPT_PORT, OPT_NO_TCP, OPT_UNIX, OPT_KV_MEM, OPT_MAX_SEQS, OPT_MAX_SESSIONS,
     OPT_PREFILL, OPT_NO_PREFIX, OPT_CACHE_DIR, OPT_IDLE, OPT_MAX_OUTPUT, OPT_HOST_MEM,
-    OPT_DISK_MAX,
+    OPT_DISK_MAX, OPT_TIER_LOADS,
 };
 
 /* "512", "64K", "1.5G" (binary multiples) -> bytes; 0 on a bad value. */
@@ -108,6 +110,7 @@ int cmd_serve(int argc, char **argv)
         {"cache-dir", required_argument, 0, OPT_CACHE_DIR},
         {"host-mem", required_argument, 0, OPT_HOST_MEM},
         {"disk-max", required_argument, 0, OPT_DISK_MAX},
+        {"tier-loads", required_argument, 0, OPT_TIER_LOADS},
         {"idle-timeout", required_argument, 0, OPT_IDLE},
         {"max-output", required_argument, 0, OPT_MAX_OUTPUT},
         {"verbose", no_argument, 0, 'v'},
@@ -158,6 +161,18 @@ int cmd_serve(int argc, char **argv)
             break;
         case OPT_NO_PREFIX: cfg.service.no_prefix_cache = true; break;
         case OPT_CACHE_DIR: cfg.service.cache_dir = optarg; break;
+        case OPT_TIER_LOADS:
+            if (strcmp(optarg, "measured") == 0)
+                cfg.service.load_policy = CAIRN_LOAD_MEASURED;
+            else if (strcmp(optarg, "always") == 0)
+                cfg.service.load_policy = CAIRN_LOAD_ALWAYS;
+            else if (strcmp(optarg, "never") == 0)
+                cfg.service.load_policy = CAIRN_LOAD_NEVER;
+            else {
+                fprintf(stderr, "cairn serve: --tier-loads must be measured, always or never\n");
+                return 2;
+            }
+            break;
         case OPT_HOST_MEM:
             if (!(cfg.service.host_bytes = parse_size(optarg))) {
                 fprintf(stderr, "cairn serve: --host-mem must be a size like 1G, got '%s'\n",

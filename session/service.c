@@ -1395,6 +1395,16 @@ int cairn_service_start(const cairn_service_config *cfg, cairn_service **out, ch
         goto fail;
     }
     s->have_disk = cairn_kvcache_disk(s->cache) != NULL;
+    if (c->load_policy != CAIRN_LOAD_MEASURED) {
+        /* Pinned rates: a recompute that takes ~forever (always load), or a
+         * load that does (never load). */
+        cairn_kvcache_rates r = {.compute_tokens_per_s = 1e-3, .h2d_bytes_per_s = 1e12,
+                                 .disk_bytes_per_s = 1e12, .disk_latency_s = 0};
+        if (c->load_policy == CAIRN_LOAD_NEVER)
+            r = (cairn_kvcache_rates){.compute_tokens_per_s = 1e12, .h2d_bytes_per_s = 1e-3,
+                                      .disk_bytes_per_s = 1e-3, .disk_latency_s = 1e6};
+        cairn_kvcache_override_rates(s->cache, &r);
+    }
     if (s->have_disk) {
         cairn_disk_record_iterate(cairn_kvcache_disk(s->cache), load_record, s);
         if (s->n_sessions)

@@ -185,6 +185,14 @@ typedef struct {
 
 typedef void (*cairn_event_fn)(const cairn_event *ev, void *user);
 
+/* When pages in host RAM or on disk are loaded rather than recomputed. */
+typedef enum {
+    CAIRN_LOAD_MEASURED = 0, /* when loading is expected to be faster, from the
+                                rates measured as the server runs (default)  */
+    CAIRN_LOAD_ALWAYS,       /* whenever they are cached (deterministic: tests) */
+    CAIRN_LOAD_NEVER,        /* only tier-0 pages are used (comparisons)      */
+} cairn_load_policy;
+
 typedef struct {
     const char *model_path;
     int n_threads;          /* CPU threads (0 = all cores)                   */
@@ -201,6 +209,7 @@ typedef struct {
                                when cache_dir is set)                        */
     const char *cache_dir;  /* tier-2 LMDB directory (NULL: no disk tier)     */
     size_t disk_bytes;      /* LMDB map size (default 4 GiB)                  */
+    cairn_load_policy load_policy;
     cairn_event_fn on_event;
     void *user;
 } cairn_service_config;
