@@ -137,6 +137,7 @@ typedef struct session {
     tokvec history;
     bool busy;    /* a session.generate is running on it                 */
     bool persist; /* record and pages are made durable on every change   */
+    uint64_t tenant;
     struct session *next;
 } session;
 
@@ -201,6 +202,7 @@ struct cairn_service {
     /* engine-thread state */
     session **buckets;
     size_t n_buckets, n_sessions;
+    tokvec key;            /* scratch: a job's tokens as cache keys (tenants) */
     job *waiting_head, *waiting_tail;
     size_t n_waiting;
     job **running;
@@ -309,6 +311,33 @@ static int job_reserve_pages(job *j, size_t n)
     return CAIRN_OK;
 }
 
+/* The job's first n tokens as the cache knows them: as they are without
+ * tenants, else each tagged with 7 bits of a PRNG keyed by the tenant and the
+ * position (see session.h), in a scratch buffer valid until the next call. */
+static uint64_t splitmix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static const int32_t *cache_key(cairn_service *s, const struct job *j, size_t n)
+{
+    uint64_t tenant = j->req->tenant;
+    if (tenant == 0)
+        return j->seq.v;
+    s->key.n = 0;
+    if (tokvec_reserve(&s->key, n) != CAIRN_OK)
+        return NULL; /* callers treat a NULL key as a failed lookup */
+    for (size_t i = 0; i < n; i++) {
+        uint32_t tag = (uint32_t)(splitmix64(tenant ^ splitmix64(i)) >> 57); /* 7 bits */
+        s->key.v[i] = (int32_t)((uint32_t)j->seq.v[i] | tag << 24);
+    }
+    s->key.n = n;
+    return s->key.v;
+}
+
 /* Hand the job's computed whole pages to the tree and give back the rest.
  * Returns the tree node that ends at the job's last whole page (NULL when
  * none was inserted). */
@@ -322,7 +351,8 @@ static cairn_radix_node *job_release_pages(cairn_service *s, job *j)
     size_t from = j->n_tree_pages; /* first page the job owns */
     if (s->prefix_cache && n_full > 0) {
         size_t n_cached = 0;
-        if (cairn_radix_insert(s->tree, j->seq.v, n_full, j->pages, &n_cached, &leaf) ==
+        if (cairn_radix_insert(s->tree, cache_key(s, j, n_full * ps), n_full, j->pages, &n_cached,
+                               &leaf) ==
             CAIRN_OK) {
             /* pages [from, n_cached) duplicate what the tree already had */
             if (n_cached > from)
@@ -461,10 +491,10 @@ static void job_emit_delta(cairn_service *s, job *j, bool final)
  * A session's durable record, in the store's "records" database:
  *   key   's' + id.hi (8 bytes, big-endian) + id.lo (8 bytes, big-endian)
  *   value "CSR1" | u32 version (1) | u32 flags (bit 0: persist) | u32 0 |
- *         u64 n_tokens | int32 tokens[n_tokens]         (little-endian)
+ *         u64 tenant | u64 n_tokens | int32 tokens[n_tokens]  (little-endian)
  */
 #define RECORD_MAGIC "CSR1"
-#define RECORD_HEADER 24
+#define RECORD_HEADER 32
 
 static void record_key(cairn_session_id id, uint8_t key[17])
 {
@@ -487,7 +517,8 @@ static int record_put(cairn_service *s, const session *x, uint64_t cookie)
     memcpy(head, RECORD_MAGIC, 4);
     uint64_t n64 = n;
     memcpy(v, head, 16);
-    memcpy(v + 16, &n64, 8);
+    memcpy(v + 16, &x->tenant, 8);
+    memcpy(v + 24, &n64, 8);
     if (n)
         memcpy(v + RECORD_HEADER, x->history.v, n * sizeof(int32_t));
     record_key(x->id, key);
@@ -686,6 +717,8 @@ static void start_generation(cairn_service *s, cairn_request *r, session *sess)
 static session *find_session_or_error(cairn_service *s, cairn_request *r)
 {
     session *x = session_find(s, r->session);
+    if (x && x->tenant != r->tenant)
+        x = NULL; /* another tenant's session does not exist for this one */
     if (!x)
         emit_error(s, r, CAIRN_ENOTFOUND, "no such session");
     return x;
@@ -751,6 +784,7 @@ static void handle_request(cairn_service *s, cairn_request *r)
             break;
         }
         x->persist = r->persist;
+        x->tenant = r->tenant;
         if (x->persist && !s->have_disk) {
             session_destroy(s, x);
             emit_error(s, r, CAIRN_EUNSUPPORTED, "persist needs a disk tier (serve --cache-dir)");
@@ -797,6 +831,7 @@ static void handle_request(cairn_service *s, cairn_request *r)
         }
         /* a fork of a durable session is durable too */
         child->persist = x->persist;
+        child->tenant = x->tenant;
         reply_session(s, r, child, (int64_t)child->history.n, false);
         break;
     }
@@ -961,7 +996,8 @@ static void admit(cairn_service *s)
         if (s->prefix_cache && j->seq.n >= 2) {
             j->cookie = ++s->next_cookie;
             /* leave the last token out: it must be computed for its logits */
-            if (cairn_kvcache_fetch(s->cache, j->seq.v, j->seq.n - 1, SIZE_MAX, j->cookie) ==
+            if (cairn_kvcache_fetch(s->cache, cache_key(s, j, j->seq.n - 1), j->seq.n - 1,
+                                    SIZE_MAX, j->cookie) ==
                 CAIRN_OK) {
                 s->fetching[s->n_fetching++] = j;
                 continue;
@@ -1274,8 +1310,10 @@ static int load_record(const void *key, size_t key_len, const void *value, size_
     uint64_t n;
     if (key_len != 17 || k[0] != 's' || bytes < RECORD_HEADER)
         return 0;
+    uint64_t tenant;
     memcpy(head, v, 16);
-    memcpy(&n, v + 16, 8);
+    memcpy(&tenant, v + 16, 8);
+    memcpy(&n, v + 24, 8);
     if (memcmp(head, RECORD_MAGIC, 4) != 0 || head[1] != 1 || n > (uint64_t)s->n_ctx ||
         bytes != RECORD_HEADER + n * sizeof(int32_t)) {
         cairn_log(CAIRN_LOG_WARN, "service: ignoring a malformed session record");
@@ -1299,6 +1337,7 @@ static int load_record(const void *key, size_t key_len, const void *value, size_
             x->history.n = i; /* never trust ids from disk beyond the vocab */
     x->id = id;
     x->persist = head[2] & 1;
+    x->tenant = tenant;
     size_t b = bucket_of(s, id);
     x->next = s->buckets[b];
     s->buckets[b] = x;
@@ -1464,6 +1503,7 @@ void cairn_service_stop(cairn_service *s)
                 session_destroy(s, s->buckets[b]);
         free(s->buckets);
     }
+    free(s->key.v);
     free(s->running);
     free(s->fetching);
     free(s->batch);

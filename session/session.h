@@ -51,6 +51,14 @@
  * record is written, and every page flushed, when the service stops, and
  * records are read back at start.
  *
+ * Tenants. A request's `tenant` (a 64-bit value the protocol derives from the
+ * tenant's configured salt; 0 = none) scopes it: another tenant's session is
+ * "not found", and the cache keys of every page are tagged with the tenant:
+ * token t at position i is looked up as t | tag(tenant, i) << 24, with 7 tag
+ * bits per token from a keyed PRNG, so tenants' trees part at their first
+ * page (112 bits of tag in a 16-token page) and their disk keys (chained
+ * hashes over tagged tokens) never meet. Vocabularies are below 2^24.
+ *
  * Threads and ownership. cairn_service_start/stop are called by the owner
  * thread. cairn_service_submit is thread-safe and takes ownership of the
  * request. on_event runs on the engine thread; the event and everything it
@@ -114,6 +122,9 @@ typedef struct {
     uint64_t target;           /* CANCEL: msgid of the request to cancel        */
     int64_t n_keep;            /* TRUNCATE: tokens to keep                      */
     bool persist;              /* SESSION_OPEN: make the session durable        */
+    uint64_t tenant;           /* who asks (0: no tenants). Sessions belong to
+                                  the tenant that opened them; cached prefixes
+                                  are shared only within a tenant.           */
 } cairn_request;
 
 /* A zeroed request with default generation settings; free with

@@ -539,6 +539,52 @@ static void test_many_sessions_resume_from_lower_tiers(void **state)
     rm_rf(dir);
 }
 
+/* Tenants share nothing: not sessions, not cached prefixes. */
+static void test_tenants_are_isolated(void **state)
+{
+    (void)state;
+    fixture *f = start(512, 4, 64);
+    const uint64_t alice = 0x1111, bob = 0x2222;
+    for (int k = 0; k < 3; k++) {
+        cairn_request *r = cairn_request_new(CAIRN_REQ_GENERATE);
+        r->id = (uint64_t)k + 1;
+        r->tenant = k < 2 ? alice : bob;
+        r->tokens = tokenize(f, long_doc, true, &r->n_tokens);
+        r->gen.max_tokens = 8;
+        r->gen.sampling.temperature = 0;
+        cairn_service_submit(f->svc, r);
+        wait_for(&f->col, (uint64_t)k + 1);
+    }
+    result *a1 = &f->col.res[1], *a2 = &f->col.res[2], *b1 = &f->col.res[3];
+    assert_int_equal(a1->ev.cached_tokens, 0);
+    assert_true(a2->ev.cached_tokens > 0);      /* alice reuses her own prefix */
+    assert_int_equal(b1->ev.cached_tokens, 0);  /* bob does not see alice's */
+    assert_string_equal(a1->text, b1->text);    /* and computes the same answer */
+
+    /* alice's session is invisible to bob */
+    cairn_request *o = cairn_request_new(CAIRN_REQ_SESSION_OPEN);
+    o->id = 4;
+    o->tenant = alice;
+    o->tokens = tokenize(f, "Once upon a time", true, &o->n_tokens);
+    cairn_service_submit(f->svc, o);
+    cairn_session_id sid = wait_for(&f->col, 4)->ev.session;
+    cairn_request *i = cairn_request_new(CAIRN_REQ_SESSION_INFO);
+    i->id = 5;
+    i->tenant = bob;
+    i->session = sid;
+    cairn_service_submit(f->svc, i);
+    result *r = wait_for(&f->col, 5);
+    assert_int_equal(r->ev.kind, CAIRN_EV_ERROR);
+    assert_int_equal(r->ev.code, CAIRN_ENOTFOUND);
+    i = cairn_request_new(CAIRN_REQ_SESSION_INFO);
+    i->id = 6;
+    i->tenant = alice;
+    i->session = sid;
+    cairn_service_submit(f->svc, i);
+    assert_int_equal(wait_for(&f->col, 6)->ev.kind, CAIRN_EV_DONE);
+    stop(f);
+}
+
 int main(void)
 {
     model_path = getenv("CAIRN_MODEL");
@@ -556,6 +602,7 @@ int main(void)
         cmocka_unit_test(test_stop_strings_and_errors),
         cmocka_unit_test(test_restart_serves_from_disk),
         cmocka_unit_test(test_many_sessions_resume_from_lower_tiers),
+        cmocka_unit_test(test_tenants_are_isolated),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
