@@ -10,3 +10,10 @@ set_tests_properties(server_integration PROPERTIES TIMEOUT 600 LABELS "server")
 add_test(NAME python_client_unit
   COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/clients/python/tests/test_client.py)
 set_tests_properties(python_client_unit PROPERTIES TIMEOUT 120 LABELS "server")
+
+# The persistent prefix cache: host-RAM and LMDB tiers, SIGTERM / SIGKILL
+# restarts over the same --cache-dir, persisted sessions, namespace changes.
+add_test(NAME server_persist
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_persist.py
+          $<TARGET_FILE:cairn> ${CAIRN_MODEL})
+set_tests_properties(server_persist PROPERTIES TIMEOUT 600 LABELS "server")

@@ -12,6 +12,7 @@ from .client import (
     PendingCall,
     Stream,
     TooLarge,
+    Unauthorized,
     Unsupported,
     Usage,
     connect_from_env,
@@ -20,6 +21,6 @@ from .client import (
 __all__ = [
     "CairnConnectionError", "CairnError", "Client", "Delta", "GenerationResult",
     "InternalError", "InvalidRequest", "NotFound", "Overloaded", "PendingCall", "Stream",
-    "TooLarge", "Unsupported", "Usage", "connect_from_env",
+    "TooLarge", "Unauthorized", "Unsupported", "Usage", "connect_from_env",
 ]
 __version__ = "0.1.0"

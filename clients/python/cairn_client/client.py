@@ -60,6 +60,11 @@ class InternalError(CairnError):
     pass
 
 
+class Unauthorized(CairnError):
+    """The server wants a token (`auth`) first, or the token was wrong. The
+    server closes the connection after this answer."""
+
+
 _ERROR_CLASSES = {
     "invalid_request": InvalidRequest,
     "too_large": TooLarge,
@@ -67,6 +72,7 @@ _ERROR_CLASSES = {
     "overloaded": Overloaded,
     "unsupported": Unsupported,
     "internal": InternalError,
+    "unauthorized": Unauthorized,
 }
 
 
@@ -95,6 +101,9 @@ class Usage:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    # Where the cached tokens were found: {"device", "host", "disk"} -> tokens
+    # (sums to cached_tokens). Empty when the server does not report it.
+    cached_tokens_by_tier: Dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -111,6 +120,8 @@ class GenerationResult:
     @classmethod
     def from_wire(cls, m: Dict[str, Any]) -> "GenerationResult":
         u = m.get("usage") or {}
+        by_tier = u.get("cached_tokens_by_tier")
+        by_tier = {str(k): int(v) for k, v in by_tier.items()} if isinstance(by_tier, dict) else {}
         return cls(
             text=m.get("text", ""),
             tokens=list(m.get("tokens") or []),
@@ -119,6 +130,7 @@ class GenerationResult:
                 prompt_tokens=int(u.get("prompt_tokens", 0)),
                 cached_tokens=int(u.get("cached_tokens", 0)),
                 completion_tokens=int(u.get("completion_tokens", 0)),
+                cached_tokens_by_tier=by_tier,
             ),
             raw=m,
         )
@@ -250,14 +262,20 @@ class Client:
         Client("10.0.0.2", 7077)
         Client(unix_path="/run/cairn.sock")
         Client.connect("unix:/run/cairn.sock") / Client.connect("host:port")
+        Client("10.0.0.2", auth_token="...")   # a server with a token or tenants
 
     `timeout` bounds connecting and each blocking call (None = wait forever).
-    Use as a context manager or call close().
+    `auth_token`: sent with `auth` as the first request, before the
+    constructor returns (raises Unauthorized when it is wrong); `tenant` then
+    holds the tenant name the server reported (None without tenants). Use as
+    a context manager or call close().
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *,
-                 unix_path: Optional[str] = None, timeout: Optional[float] = None):
+                 unix_path: Optional[str] = None, timeout: Optional[float] = None,
+                 auth_token: Optional[str] = None):
         self.timeout = timeout
+        self.tenant: Optional[str] = None
         if unix_path is not None:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.settimeout(timeout)
@@ -276,18 +294,25 @@ class Client:
         self._reader = threading.Thread(target=self._read_loop, name="cairn-client-reader",
                                         daemon=True)
         self._reader.start()
+        if auth_token is not None:
+            try:
+                self.auth(auth_token)
+            except BaseException:
+                self.close()
+                raise
 
     @classmethod
-    def connect(cls, address: str, timeout: Optional[float] = None) -> "Client":
+    def connect(cls, address: str, timeout: Optional[float] = None, *,
+                auth_token: Optional[str] = None) -> "Client":
         """`unix:/path`, a path containing '/', `host:port`, or `host`."""
         if address.startswith("unix:"):
-            return cls(unix_path=address[5:], timeout=timeout)
+            return cls(unix_path=address[5:], timeout=timeout, auth_token=auth_token)
         if "/" in address:
-            return cls(unix_path=address, timeout=timeout)
+            return cls(unix_path=address, timeout=timeout, auth_token=auth_token)
         host, _, port = address.rpartition(":")
         if not host:
-            return cls(address, DEFAULT_PORT, timeout=timeout)
-        return cls(host.strip("[]"), int(port), timeout=timeout)
+            return cls(address, DEFAULT_PORT, timeout=timeout, auth_token=auth_token)
+        return cls(host.strip("[]"), int(port), timeout=timeout, auth_token=auth_token)
 
     # -- plumbing ---------------------------------------------------------
     def __enter__(self) -> "Client":
@@ -386,6 +411,14 @@ class Client:
         return self._send(method, params, Stream)  # type: ignore[return-value]
 
     # -- methods ----------------------------------------------------------
+    def auth(self, token: str) -> Optional[str]:
+        """auth: present a token. Returns (and keeps in `tenant`) the tenant
+        name, or None on a server without tenants (which accepts any token).
+        A wrong token raises Unauthorized and the server closes the
+        connection."""
+        self.tenant = self.call("auth", {"token": token}).get("tenant")
+        return self.tenant
+
     def info(self) -> Dict[str, Any]:
         """server.info: version, model {name, arch, n_ctx, n_vocab}, page_size, limits."""
         return self.call("server.info")
@@ -415,7 +448,9 @@ class Client:
                      messages: Optional[Sequence[Dict[str, str]]] = None,
                      text: Optional[str] = None, tokens: Optional[Sequence[int]] = None,
                      persist: Optional[bool] = None, ttl_s: Optional[float] = None) -> Dict[str, Any]:
-        """Open a session; returns {session_id, n_tokens}."""
+        """Open a session; returns {session_id, n_tokens}. persist=True makes
+        the session durable (its record and pages are on disk before any call
+        that changed it returns; needs a server with --cache-dir)."""
         params = _content(messages, text, tokens)
         params.update(_sampling(dict(system=system, persist=persist, ttl_s=ttl_s)))
         return self.call("session.open", params)
@@ -466,5 +501,7 @@ class Client:
 
 
 def connect_from_env(default: str = "127.0.0.1:7077", timeout: Optional[float] = None) -> Client:
-    """Connect to $CAIRN_ADDR (`host:port` or `unix:/path`), else `default`."""
-    return Client.connect(os.environ.get("CAIRN_ADDR", default), timeout=timeout)
+    """Connect to $CAIRN_ADDR (`host:port` or `unix:/path`), else `default`,
+    authenticating with $CAIRN_AUTH_TOKEN when it is set."""
+    return Client.connect(os.environ.get("CAIRN_ADDR", default), timeout=timeout,
+                          auth_token=os.environ.get("CAIRN_AUTH_TOKEN") or None)

@@ -11,6 +11,18 @@ The server is asked for a free TCP port (`--port 0`) and/or a Unix socket
 (`--unix PATH`); it prints a line containing "listening" with its address to
 stderr when ready. stderr is drained by a thread (so the server never blocks
 on a full pipe) and kept in `log_lines` for diagnostics.
+
+Restarts (for the disk tier: `--cache-dir` survives the process):
+
+    srv = ServerProcess("build/cairn", ["-m", MODEL, "--cache-dir", d])
+    ...
+    srv = srv.restart()             # SIGTERM (graceful: writes back), start again
+    srv = srv.restart(kill=True)    # SIGKILL (a crash), start again
+    srv = srv.restart(args=[...])   # start again with other arguments
+
+`restart` returns a new ServerProcess with the same binary, listeners and
+(unless given) arguments; the old object keeps the exit status in
+`returncode`.
 """
 from __future__ import annotations
 
@@ -59,6 +71,10 @@ class ServerProcess:
                  unix_path: Optional[str] = None, start_timeout: float = 120.0,
                  env: Optional[dict] = None):
         self.binary = binary
+        self.args = list(args)
+        self.tcp = tcp
+        self.start_timeout = start_timeout
+        self.env = env
         self.unix_path = unix_path
         self.host = "127.0.0.1"
         self.port: Optional[int] = None
@@ -86,6 +102,7 @@ class ServerProcess:
             line = raw.decode("utf-8", "replace").rstrip("\n")
             self.log_lines.append(line)
             self._lines.put(line)
+        self.proc.stderr.close()
         self._lines.put(None)
 
     def _unix_ready(self) -> bool:
@@ -130,15 +147,24 @@ class ServerProcess:
     def log(self) -> str:
         return "\n".join(self.log_lines[-60:])
 
-    def client(self, timeout: Optional[float] = 300.0, unix: bool = False) -> Client:
+    def client(self, timeout: Optional[float] = 300.0, unix: bool = False,
+               auth_token: Optional[str] = None) -> Client:
+        """A connected Client (TCP, or the Unix socket with unix=True); with
+        auth_token it has authenticated already."""
         if unix:
-            return Client(unix_path=self.unix_path, timeout=timeout)
+            return Client(unix_path=self.unix_path, timeout=timeout, auth_token=auth_token)
         if self.port is None:
             raise ServerStartError("the server has no TCP listener")
-        return Client(self.host, self.port, timeout=timeout)
+        return Client(self.host, self.port, timeout=timeout, auth_token=auth_token)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    @property
+    def returncode(self) -> Optional[int]:
+        """The exit status once the process has ended (negative: killed by
+        that signal), else None."""
+        return self.proc.poll()
 
     def stop(self, timeout: float = 30.0) -> int:
         """SIGTERM, then SIGKILL if it does not exit; returns the exit status."""
@@ -150,6 +176,29 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
+
+    def kill(self) -> int:
+        """SIGKILL at once (a crash: nothing is written back); returns the
+        exit status (-9, or the status it had already exited with)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        return self.proc.returncode
+
+    def restart(self, args: Optional[Sequence[str]] = None, *, kill: bool = False,
+                timeout: float = 30.0) -> "ServerProcess":
+        """End this server (SIGTERM and wait up to `timeout` s, or SIGKILL
+        with kill=True) and start a new one with the same binary, listeners,
+        environment and — unless `args` is given — arguments. Returns the new
+        ServerProcess; this one keeps its exit status in `returncode`. A new
+        TCP port is chosen when the old one was `--port 0`."""
+        if kill:
+            self.kill()
+        else:
+            self.stop(timeout)
+        return ServerProcess(self.binary, self.args if args is None else args, tcp=self.tcp,
+                             unix_path=self.unix_path, start_timeout=self.start_timeout,
+                             env=self.env)
 
     def __enter__(self) -> "ServerProcess":
         return self
