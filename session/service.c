@@ -1497,6 +1497,23 @@ void cairn_service_stop(cairn_service *s)
     for (size_t i = 0; i < s->inbox_n; i++)
         cairn_request_free(s->inbox[i]);
     free(s->inbox);
+    if (s->cache) {
+        /* the per-tier account of the run, as cache.stats reports it */
+        cairn_kvcache_stats ks;
+        cairn_kvcache_get_stats(s->cache, &ks);
+        static const char *names[3] = {"device", "host", "disk"};
+        for (int t = 0; t < 3; t++) {
+            const cairn_kvcache_tier_stats *k = &ks.tier[t];
+            cairn_log(CAIRN_LOG_INFO,
+                      "cache %s: %llu pages (%.1f MiB), hits %llu / misses %llu tokens, "
+                      "%llu evicted, %llu promoted, load %.3f ms x %llu, store %.3f ms x %llu",
+                      names[t], (unsigned long long)k->pages, (double)k->bytes / (1 << 20),
+                      (unsigned long long)k->hit_tokens, (unsigned long long)k->miss_tokens,
+                      (unsigned long long)k->evicted_pages, (unsigned long long)k->promoted_pages,
+                      k->load_mean_s * 1e3, (unsigned long long)k->load_ops,
+                      k->store_mean_s * 1e3, (unsigned long long)k->store_ops);
+        }
+    }
     if (s->buckets) {
         for (size_t b = 0; b < s->n_buckets; b++)
             while (s->buckets[b])
