@@ -7,12 +7,18 @@
  * When the sockets are bound and the model is loaded it prints one line
  * containing "listening" and the addresses to stderr (with the real port
  * when --port 0 asked for any free one), which is what scripts wait for.
+ *
+ * Access (protocol.h section 3, docs/protocol.md "Access control"): the
+ * options are checked, and secret files read, before the model is loaded,
+ * so a server that would listen on a non-loopback address without a token
+ * exits with status 2 without ever binding a socket.
  */
 #include "cli/cli.h"
 #include "protocol/protocol.h"
 
 #include <errno.h>
 #include <getopt.h>
+#include <stdint.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +31,13 @@ static const char help[] =
     "      --port N           TCP port (default 7077; 0 = any free port, printed)\n"
     "      --no-tcp           do not listen on TCP (use with --unix)\n"
     "      --unix PATH        also listen on a Unix socket (created with mode 0600)\n"
+    "      --auth-token-file PATH  clients must send `auth` with the token on the first\n"
+    "                         line of PATH (mode 0600 or stricter) before anything else\n"
+    "      --auth-token TOKEN the same with the token itself (visible to `ps`: prefer\n"
+    "                         the file)\n"
+    "      --tenants FILE     lines 'NAME TOKEN' (mode 0600): each token authenticates\n"
+    "                         one tenant; tenants see only their own sessions and cache\n"
+    "                         A --host other than 127.x.x.x or ::1 needs one of these.\n"
     "      --kv-mem SIZE      KV cache memory, with K/M/G suffix (default: room for\n"
     "                         --max-seqs full contexts, at most 1G)\n"
     "      --max-seqs N       requests decoded at once (default 32)\n"
@@ -47,7 +60,7 @@ static const char help[] =
 enum {
     OPT_HOST = 3000, OPT_PORT, OPT_NO_TCP, OPT_UNIX, OPT_KV_MEM, OPT_MAX_SEQS, OPT_MAX_SESSIONS,
     OPT_PREFILL, OPT_NO_PREFIX, OPT_CACHE_DIR, OPT_IDLE, OPT_MAX_OUTPUT, OPT_HOST_MEM,
-    OPT_DISK_MAX, OPT_TIER_LOADS,
+    OPT_DISK_MAX, OPT_TIER_LOADS, OPT_AUTH_TOKEN, OPT_AUTH_TOKEN_FILE, OPT_TENANTS,
 };
 
 /* "512", "64K", "1.5G" (binary multiples) -> bytes; 0 on a bad value. */
@@ -88,6 +101,108 @@ static int parse_long(const char *arg, const char *what, long lo, long hi, long 
     return 0;
 }
 
+/* ---- access options ------------------------------------------------------- */
+
+typedef struct {
+    cairn_credential *creds; /* from cairn_tenants_parse, or &shared        */
+    size_t n;
+    cairn_credential shared;
+    char token[CAIRN_AUTH_TOKEN_MAX + 1];
+    char what[64];           /* for the listening line                      */
+} access_opts;
+
+static void wipe(void *p, size_t n)
+{
+    volatile char *v = p;
+    while (n--)
+        *v++ = 0;
+}
+
+static void access_opts_clear(access_opts *a)
+{
+    if (a->creds && a->creds != &a->shared)
+        cairn_credentials_free(a->creds, a->n);
+    a->creds = NULL;
+    a->n = 0;
+    wipe(a->token, sizeof a->token);
+}
+
+/* Turn --auth-token, --auth-token-file and --tenants into credentials, and
+ * refuse a non-loopback listener without any. Returns 0 or the exit status. */
+static int load_access(const char *token, const char *token_file, const char *tenants_file,
+                       const char *host, access_opts *a)
+{
+    memset(a, 0, sizeof *a);
+    snprintf(a->what, sizeof a->what, "no authentication");
+    int given = (token != NULL) + (token_file != NULL) + (tenants_file != NULL);
+    if (given > 1) {
+        fprintf(stderr, "cairn serve: give only one of --auth-token, --auth-token-file and "
+                        "--tenants\n");
+        return 2;
+    }
+    if (given == 0) {
+        if (!cairn_host_is_loopback(host)) {
+            fprintf(stderr,
+                    "cairn serve: refusing to listen on %s without authentication: anyone who "
+                    "can reach it could use the model and every session.\n"
+                    "  Give --auth-token-file PATH (or --auth-token TOKEN, or --tenants FILE), "
+                    "or listen on 127.0.0.1 (the default).\n",
+                    host);
+            return 2;
+        }
+        return 0;
+    }
+    char err[300] = "";
+    size_t len = 0;
+    if (token) {
+        if (cairn_token_from_text(token, strlen(token), a->token, &len, err, sizeof err) !=
+                CAIRN_OK ||
+            strlen(token) != len) {
+            fprintf(stderr, "cairn serve: --auth-token: the token must be 1 to %d printable "
+                            "ASCII characters without spaces\n",
+                    CAIRN_AUTH_TOKEN_MAX);
+            return 2;
+        }
+        /* Out of /proc/PID/cmdline (and so `ps`) from now on; it was there
+         * until this moment, which is why the help prefers the file. */
+        wipe((char *)token, strlen(token));
+    } else {
+        const char *path = token_file ? token_file : tenants_file;
+        const char *opt = token_file ? "--auth-token-file" : "--tenants";
+        char *text = NULL;
+        int rc = cairn_secret_file_read(path, &text, &len, err, sizeof err);
+        if (rc == CAIRN_OK) {
+            if (token_file)
+                rc = cairn_token_from_text(text, len, a->token, &len, err, sizeof err);
+            else
+                rc = cairn_tenants_parse(text, len, &a->creds, &a->n, err, sizeof err);
+            wipe(text, strlen(text));
+        }
+        free(text);
+        if (rc != CAIRN_OK) {
+            fprintf(stderr, "cairn serve: %s %s: %s\n", opt, path, err[0] ? err :
+                    cairn_strerror(rc));
+            return 2;
+        }
+    }
+    if (tenants_file) {
+        snprintf(a->what, sizeof a->what, "%zu tenant%s", a->n, a->n == 1 ? "" : "s");
+        for (size_t i = 0; i < a->n; i++)
+            if (strlen(a->creds[i].token) < 16)
+                fprintf(stderr, "cairn serve: warning: tenant '%s' has a token shorter than "
+                                "16 characters\n", a->creds[i].name);
+    } else {
+        snprintf(a->what, sizeof a->what, "token required");
+        if (strlen(a->token) < 16)
+            fprintf(stderr, "cairn serve: warning: the token is shorter than 16 characters\n");
+        a->shared.name = NULL;
+        a->shared.token = a->token;
+        a->creds = &a->shared;
+        a->n = 1;
+    }
+    return 0;
+}
+
 int cmd_serve(int argc, char **argv)
 {
     cli_model_opts mo;
@@ -95,6 +210,7 @@ int cmd_serve(int argc, char **argv)
     cairn_server_config cfg;
     cairn_server_config_default(&cfg);
     bool verbose = false, batch_given = false;
+    const char *auth_token = NULL, *auth_token_file = NULL, *tenants_file = NULL;
 
     static const struct option longopts[] = {
         CLI_MODEL_LONGOPTS,
@@ -113,6 +229,9 @@ int cmd_serve(int argc, char **argv)
         {"tier-loads", required_argument, 0, OPT_TIER_LOADS},
         {"idle-timeout", required_argument, 0, OPT_IDLE},
         {"max-output", required_argument, 0, OPT_MAX_OUTPUT},
+        {"auth-token", required_argument, 0, OPT_AUTH_TOKEN},
+        {"auth-token-file", required_argument, 0, OPT_AUTH_TOKEN_FILE},
+        {"tenants", required_argument, 0, OPT_TENANTS},
         {"verbose", no_argument, 0, 'v'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -204,6 +323,9 @@ int cmd_serve(int argc, char **argv)
                 return 2;
             }
             break;
+        case OPT_AUTH_TOKEN: auth_token = optarg; break;
+        case OPT_AUTH_TOKEN_FILE: auth_token_file = optarg; break;
+        case OPT_TENANTS: tenants_file = optarg; break;
         case 'v': verbose = true; break;
         case 'h': fputs(help, stdout); return 0;
         default: fputs(help, stderr); return 2;
@@ -220,6 +342,13 @@ int cmd_serve(int argc, char **argv)
     if (verbose)
         cairn_log_set_level(CAIRN_LOG_DEBUG);
 
+    access_opts acc;
+    int arc = load_access(auth_token, auth_token_file, tenants_file, cfg.host, &acc);
+    if (arc != 0)
+        return arc;
+    cfg.credentials = acc.creds;
+    cfg.n_credentials = acc.n;
+
     cfg.service.model_path = mo.model_path;
     cfg.service.n_threads = mo.n_threads;
     cfg.service.n_ctx = mo.n_ctx;
@@ -231,13 +360,17 @@ int cmd_serve(int argc, char **argv)
     cairn_server *srv = NULL;
     char err[512] = "";
     int rc = cairn_server_create(&cfg, &srv, err, sizeof err);
+    /* The server keeps its own copy of the credentials. */
+    access_opts_clear(&acc);
+    cfg.credentials = NULL;
+    cfg.n_credentials = 0;
     if (rc != CAIRN_OK) {
         fprintf(stderr, "cairn serve: %s\n", err[0] ? err : cairn_strerror(rc));
         return 1;
     }
     char where[512];
     cairn_server_describe(srv, where, sizeof where);
-    fprintf(stderr, "cairn: listening on %s\n", where);
+    fprintf(stderr, "cairn: listening on %s (%s)\n", where, acc.what);
     fflush(stderr);
     rc = cairn_server_run(srv);
     cairn_server_free(srv);

@@ -27,6 +27,7 @@ const char *cairn_strerror(int status)
     case CAIRN_ECORRUPT: return "stored data failed verification";
     case CAIRN_EBACKEND: return "compute backend error";
     case CAIRN_ECLOSED: return "closed";
+    case CAIRN_EPERM: return "not authenticated or not permitted";
     default: return "unknown error";
     }
 }

@@ -60,6 +60,7 @@ enum {
     CAIRN_ECORRUPT = -10,  /* stored data failed its checksum or identity    */
     CAIRN_EBACKEND = -11,  /* the compute backend reported an error          */
     CAIRN_ECLOSED = -12,   /* the peer or object has been shut down          */
+    CAIRN_EPERM = -13,     /* not authenticated, or not permitted            */
 };
 
 /* A static, never-NULL description of a status code. */

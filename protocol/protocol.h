@@ -4,7 +4,7 @@
  * request decoding into engine requests, response packing, and the libuv
  * server that owns the sockets.
  *
- * Three layers, each usable on its own (the tests use the first two without
+ * Layers, each usable on its own (the tests use the first two without
  * any socket or model thread):
  *
  *   1. cairn_mp_scanner  finds where one msgpack object ends in a stream of
@@ -21,7 +21,9 @@
  *                        tokenized) or into an error {code, type, message};
  *                        and packs responses and notifications with
  *                        msgpack-c's packer.
- *   3. cairn_server      a libuv loop with a TCP and/or Unix-socket listener,
+ *   3. cairn_access      who may connect: tokens, tenants, the constant-time
+ *                        token check, the tenants file (see section 3).
+ *   4. cairn_server      a libuv loop with a TCP and/or Unix-socket listener,
  *                        one cairn_service (session/session.h), and the
  *                        connections between them.
  *
@@ -55,10 +57,13 @@
  * Reasons to close: EOF or read error, a message with no readable msgid that
  * is not a request, more than max_output_bytes of responses the client has
  * not read (it is not reading: backpressure; one answer is always accepted
- * into an empty queue), or idle_timeout_s without a byte while a message is
- * half received. Requests in flight per connection are capped (max_inflight,
- * then `overloaded`), and a msgid already in flight is refused, so events
- * map back to exactly one request. A malformed message that still has
+ * into an empty queue), idle_timeout_s without a byte while a message is
+ * half received, and — when credentials are configured (section 3) — any
+ * error before a successful `auth`, a wrong token, or no `auth` within
+ * idle_timeout_s of connecting (the first two after the answer: lingering
+ * close, below). Requests in flight per connection are capped
+ * (max_inflight, then `overloaded`), and a msgid already in flight is
+ * refused, so events map back to exactly one request. A malformed message that still has
  * a msgid is answered with an error; when the stream can be resynchronised
  * (a string or count over a limit: the scanner skips the rest of that
  * message without buffering it) the connection stays open, otherwise the
@@ -202,8 +207,9 @@ bool cairn_rpc_peek_msgid(const uint8_t *buf, size_t len, uint32_t *msgid);
 #define CAIRN_RPC_TOO_LARGE       CAIRN_ERANGE     /* -7  */
 #define CAIRN_RPC_OVERLOADED      CAIRN_EFULL      /* -8  */
 #define CAIRN_RPC_INTERNAL        CAIRN_EBACKEND   /* -11 */
+#define CAIRN_RPC_UNAUTHORIZED    CAIRN_EPERM      /* -13 */
 
-/* Map any cairn status to one of the six protocol codes above. */
+/* Map any cairn status to one of the seven protocol codes above. */
 int cairn_rpc_error_code(int status);
 /* "invalid_request", "too_large", ... for a protocol code. */
 const char *cairn_rpc_error_type(int code);
@@ -222,6 +228,7 @@ typedef enum {
     CAIRN_RPC_TOKENIZE,
     CAIRN_RPC_DETOKENIZE,
     CAIRN_RPC_CACHE_STATS,
+    CAIRN_RPC_AUTH,
 } cairn_rpc_method;
 
 const char *cairn_rpc_method_name(cairn_rpc_method m);
@@ -252,6 +259,10 @@ typedef struct {
     uint32_t target;          /* gen.cancel                                */
     int64_t n_keep;           /* session.truncate                          */
     bool persist;             /* session.open                              */
+    /* auth: the token as sent. It points INTO the decoded message (not
+     * owned, not NUL-terminated): valid only while those bytes are. */
+    const char *token;
+    uint32_t token_len;
 } cairn_rpc_call;
 
 typedef struct {
@@ -276,6 +287,17 @@ typedef struct {
 int cairn_rpc_decode(const cairn_rpc_context *ctx, const uint8_t *msg, size_t len,
                      uint64_t *seed_source, cairn_rpc_call *call, cairn_rpc_error *err);
 void cairn_rpc_call_clear(cairn_rpc_call *call);
+
+/*
+ * The decoder for a connection that has not authenticated yet (section 4):
+ * it reads the envelope and, only for `auth`, its parameters. Any other
+ * method — known or not — fails with CAIRN_RPC_UNAUTHORIZED before its
+ * parameters are looked at, so an unauthenticated client cannot make the
+ * server tokenize text or allocate anything for it. Returns as
+ * cairn_rpc_decode.
+ */
+int cairn_rpc_decode_preauth(const uint8_t *msg, size_t len, cairn_rpc_call *call,
+                             cairn_rpc_error *err);
 
 /* ---- packing (msgpack-c) ------------------------------------------------ */
 /* Each packer appends one complete message to `sb` (initialised by the
@@ -306,8 +328,121 @@ int cairn_rpc_pack_tokenize(msgpack_sbuffer *sb, const cairn_rpc_call *call);
 int cairn_rpc_pack_detokenize(msgpack_sbuffer *sb, const cairn_rpc_context *ctx,
                               const cairn_rpc_call *call);
 
+/* Answers auth: {tenant: NAME} or {tenant: nil} (no tenants configured). */
+int cairn_rpc_pack_auth(msgpack_sbuffer *sb, uint32_t msgid, const char *tenant_name);
+
 /* ======================================================================== */
-/* 3. Server                                                                */
+/* 3. Access control                                                        */
+/* ======================================================================== */
+/*
+ * Who may use a server, and whose sessions and cache a connection sees
+ * (docs/protocol.md, "Access control").
+ *
+ *   none         no credentials: every connection may do everything, and
+ *                everything runs as tenant 0 (no tenants). Only allowed when
+ *                TCP listens on a loopback address (127.0.0.0/8, ::1) or not
+ *                at all; the Unix socket is mode 0600 either way.
+ *   shared token one credential without a name (`serve --auth-token` or
+ *                `--auth-token-file`): a connection must present it; then it
+ *                runs as tenant 0, like a server without tokens.
+ *   tenants      named credentials (`serve --tenants FILE`, lines
+ *                `NAME TOKEN`): the token a connection presents decides its
+ *                tenant. Every request of that connection carries the
+ *                tenant's id in cairn_request.tenant, and the engine scopes
+ *                sessions (another tenant's session is not_found) and the
+ *                prefix cache (no page is shared across tenants, so neither
+ *                is the time a cache hit saves) by it.
+ *
+ * With any credential, a connection — TCP or Unix socket alike — must call
+ * `auth {token}` before anything else, server.info included. Anything else
+ * first, or a wrong token, is answered `unauthorized` and the connection is
+ * closed after that answer. Until it authenticates a connection also lives
+ * under tighter limits (CAIRN_PREAUTH_*: a small message, no resynchronising
+ * after an error) and must authenticate within idle_timeout_s of
+ * connecting. Without credentials `auth` is accepted, whatever the token,
+ * and answered {tenant: nil}, so a client may always send it.
+ *
+ * A later `auth` on an authenticated connection is checked again: a wrong
+ * token closes the connection; a token of another tenant is refused
+ * (invalid_request) and the connection keeps its tenant.
+ *
+ * Tenant id: cairn_tenant_id(NAME) = XXH3-64(NAME, seed
+ * CAIRN_TENANT_ID_SEED), with 0 mapped to 1 (0 means "no tenants"). It is a
+ * function of the name alone, so it is the same after a restart — the disk
+ * tier's page keys are derived from it — and renaming a tenant starts it on
+ * an empty cache. It is not a secret: isolation comes from the token check,
+ * which decides which id a connection gets, not from the id being unknown.
+ *
+ * Token comparison takes the same time whichever token was sent and
+ * whichever credential (if any) it matches: every credential is compared,
+ * each over CAIRN_AUTH_TOKEN_MAX bytes, and the match is selected with masks.
+ */
+
+#define CAIRN_AUTH_TOKEN_MAX 256       /* bytes of a token at most              */
+#define CAIRN_TENANT_NAME_MAX 64       /* bytes of a tenant name at most        */
+#define CAIRN_TENANT_ID_SEED 0x636169726e2e746eull /* "cairn.tn"              */
+/* Limits before authentication (each also at most the configured one). */
+#define CAIRN_PREAUTH_MESSAGE_BYTES 4096
+#define CAIRN_PREAUTH_STRING_BYTES 1024
+#define CAIRN_PREAUTH_DEPTH 4
+#define CAIRN_PREAUTH_COUNT 16          /* array elements and map pairs          */
+
+typedef struct {
+    const char *name;  /* tenant name (1..64 of A-Z a-z 0-9 . _ -); NULL for the
+                          single shared token of a server without tenants   */
+    const char *token; /* 1..256 printable ASCII characters, no spaces       */
+} cairn_credential;
+
+/* The tenant id of a name (see above); never 0. */
+uint64_t cairn_tenant_id(const char *name, size_t len);
+bool cairn_tenant_name_valid(const char *name, size_t len);
+bool cairn_auth_token_valid(const char *token, size_t len);
+
+/* True for an IPv4 address in 127.0.0.0/8, ::1, ::ffff:127.x.y.z, and for
+ * NULL (no TCP). Host names are not resolved: "localhost" is false. */
+bool cairn_host_is_loopback(const char *host);
+
+/* Read a whole file that holds secrets (a token file, a tenants file) into
+ * a new NUL-terminated buffer (free it; the caller should clear it first).
+ * Refused (CAIRN_EINVAL, with the reason in err) when it is not a regular
+ * file or when its mode gives group or others any access: a token others
+ * can read is not a secret. At most 1 MiB. */
+int cairn_secret_file_read(const char *path, char **text, size_t *len, char *err,
+                           size_t err_len);
+
+/* The token of a token file: its first line, surrounding blanks and a CR
+ * removed. `out` has room for CAIRN_AUTH_TOKEN_MAX + 1 bytes. CAIRN_EINVAL
+ * when that line is not a valid token. */
+int cairn_token_from_text(const char *text, size_t len, char *out, size_t *out_len, char *err,
+                          size_t err_len);
+
+/* Parse a tenants file: one `NAME TOKEN` per line (separated by blanks),
+ * blank lines and lines starting with '#' ignored. Any other line, an
+ * invalid name or token, a name or a token given twice, or no tenant at all
+ * is CAIRN_EINVAL with the line in err. *out (n_out entries, pointing into
+ * the same allocation) is freed with cairn_credentials_free. */
+int cairn_tenants_parse(const char *text, size_t len, cairn_credential **out, size_t *n_out,
+                        char *err, size_t err_len);
+void cairn_credentials_free(cairn_credential *creds, size_t n);
+
+/* The checker a server uses: a copy of the credentials. n == 0 gives one
+ * that requires nothing. CAIRN_EINVAL for an invalid token or name, a
+ * duplicate name or token, or a nameless token next to others. */
+typedef struct cairn_access cairn_access;
+int cairn_access_create(const cairn_credential *creds, size_t n, cairn_access **out, char *err,
+                        size_t err_len);
+void cairn_access_free(cairn_access *a);
+bool cairn_access_required(const cairn_access *a);
+bool cairn_access_has_tenants(const cairn_access *a);
+/* CAIRN_OK and the connection's tenant id (0 without tenants) and name
+ * (NULL without tenants; owned by `a`) when the token is accepted — any
+ * token when nothing is required — else CAIRN_RPC_UNAUTHORIZED. Constant
+ * time as described above. */
+int cairn_access_check(const cairn_access *a, const char *token, size_t len, uint64_t *tenant,
+                       const char **tenant_name);
+
+/* ======================================================================== */
+/* 4. Server                                                                */
 /* ======================================================================== */
 
 typedef struct cairn_server cairn_server;
@@ -320,18 +455,24 @@ typedef struct {
     size_t max_output_bytes;   /* unread responses per connection (16 MiB)  */
     double idle_timeout_s;     /* half a message and silence: close (60)    */
     int max_inflight;          /* requests in flight per connection (256)   */
+    /* Access control (section 3); copied at create. None: no authentication,
+     * which cairn_server_create refuses unless host is loopback (or NULL). */
+    const cairn_credential *credentials;
+    size_t n_credentials;
     cairn_service_config service; /* on_event and user are the server's    */
 } cairn_server_config;
 
 void cairn_server_config_default(cairn_server_config *cfg);
 
-/* Bind the listeners (before any thread exists, so the umask used for the
- * Unix socket affects nothing else), then start the service (loads the
- * model). Nothing is accepted until cairn_server_run; connections made
- * before wait in the listen backlog. A stale Unix socket file (no server
- * answers on it) is replaced; a live one or a non-socket file is an error.
- * Sets SIGPIPE to ignored for the process: a client that vanishes must be a
- * write error, not a fatal signal. */
+/* Check the access configuration (credentials as cairn_access_create
+ * wants them; a non-loopback host without any is CAIRN_EINVAL before
+ * anything is bound), bind the listeners (before any thread exists, so the
+ * umask used for the Unix socket affects nothing else), then start the
+ * service (loads the model). Nothing is accepted until cairn_server_run;
+ * connections made before wait in the listen backlog. A stale Unix socket
+ * file (no server answers on it) is replaced; a live one or a non-socket
+ * file is an error. Sets SIGPIPE to ignored for the process: a client that
+ * vanishes must be a write error, not a fatal signal. */
 int cairn_server_create(const cairn_server_config *cfg, cairn_server **out, char *err,
                         size_t err_len);
 

@@ -32,6 +32,7 @@ int cairn_rpc_error_code(int status)
     case CAIRN_EBUSY:
     case CAIRN_ENOMEM: return CAIRN_RPC_OVERLOADED;
     case CAIRN_EUNSUPPORTED: return CAIRN_RPC_UNSUPPORTED;
+    case CAIRN_RPC_UNAUTHORIZED: return CAIRN_RPC_UNAUTHORIZED;
     default: return CAIRN_RPC_INTERNAL;
     }
 }
@@ -44,6 +45,7 @@ const char *cairn_rpc_error_type(int code)
     case CAIRN_RPC_NOT_FOUND: return "not_found";
     case CAIRN_RPC_OVERLOADED: return "overloaded";
     case CAIRN_RPC_UNSUPPORTED: return "unsupported";
+    case CAIRN_RPC_UNAUTHORIZED: return "unauthorized";
     default: return "internal";
     }
 }
@@ -79,6 +81,7 @@ static const struct {
     {"tokenize", CAIRN_RPC_TOKENIZE},
     {"detokenize", CAIRN_RPC_DETOKENIZE},
     {"cache.stats", CAIRN_RPC_CACHE_STATS},
+    {"auth", CAIRN_RPC_AUTH},
 };
 
 const char *cairn_rpc_method_name(cairn_rpc_method m)
@@ -93,7 +96,7 @@ typedef enum {
     F_PROMPT, F_TOKENS, F_TEXT, F_MESSAGES, F_SYSTEM, F_ADD_BOS, F_PARSE_SPECIAL,
     F_SESSION_ID, F_N_TOKENS, F_REQUEST, F_PERSIST, F_TTL_S,
     F_MAX_TOKENS, F_TEMPERATURE, F_TOP_K, F_TOP_P, F_MIN_P, F_REPEAT_PENALTY,
-    F_FREQUENCY_PENALTY, F_PRESENCE_PENALTY, F_SEED, F_STOP, F_STREAM,
+    F_FREQUENCY_PENALTY, F_PRESENCE_PENALTY, F_SEED, F_STOP, F_STREAM, F_TOKEN,
     F_COUNT_
 } field;
 
@@ -101,7 +104,7 @@ static const char *const field_names[F_COUNT_] = {
     "prompt", "tokens", "text", "messages", "system", "add_bos", "parse_special",
     "session_id", "n_tokens", "request", "persist", "ttl_s",
     "max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
-    "frequency_penalty", "presence_penalty", "seed", "stop", "stream",
+    "frequency_penalty", "presence_penalty", "seed", "stop", "stream", "token",
 };
 
 /* Where each known parameter's value starts; NULL when absent or nil. */
@@ -289,7 +292,7 @@ typedef struct {
 
 static void sb_add(strbuf *b, const char *s, size_t n)
 {
-    if (b->oom)
+    if (b->oom || n == 0) /* n == 0: data may still be NULL (NULL + 0 is UB) */
         return;
     if (b->len + n > b->cap) {
         size_t cap = b->cap ? b->cap : 256;
@@ -576,6 +579,13 @@ static int decode_params(const cairn_rpc_context *ctx, const params *p, uint64_t
                                 ctx->limits.max_array_len, "'text'", &c->tokens, &c->n_tokens,
                                 err);
     }
+    case CAIRN_RPC_AUTH:
+        /* Only the type is checked here: whether the token is right (and
+         * whether its length is possible at all) is the server's question,
+         * answered in constant time. */
+        if (!p->at[F_TOKEN])
+            return fail(err, CAIRN_RPC_INVALID_REQUEST, "'token' is required");
+        return get_str(p, F_TOKEN, &c->token, &c->token_len, err);
     case CAIRN_RPC_DETOKENIZE:
         if (!p->at[F_TOKENS])
             return fail(err, CAIRN_RPC_INVALID_REQUEST, "'tokens' is required");
@@ -586,8 +596,10 @@ static int decode_params(const cairn_rpc_context *ctx, const params *p, uint64_t
     return fail(err, CAIRN_RPC_INTERNAL, "unhandled method");
 }
 
-int cairn_rpc_decode(const cairn_rpc_context *ctx, const uint8_t *msg, size_t len,
-                     uint64_t *seed_source, cairn_rpc_call *call, cairn_rpc_error *err)
+/* The envelope [0, msgid, method, params]: fills call->msgid and
+ * call->method, and leaves *params at the params map (or an empty one). */
+static int decode_envelope(const uint8_t *msg, size_t len, cairn_rpc_call *call,
+                           cairn_mp_reader *params_out, cairn_rpc_error *err)
 {
     memset(call, 0, sizeof *call);
     memset(err, 0, sizeof *err);
@@ -620,26 +632,58 @@ int cairn_rpc_decode(const cairn_rpc_context *ctx, const uint8_t *msg, size_t le
 
     /* params: [map], [], [nil], a bare map, or nil. */
     static const uint8_t empty_map[] = {0x80};
-    cairn_mp_reader pr = cairn_mp_reader_of(empty_map, 1);
+    *params_out = cairn_mp_reader_of(empty_map, 1);
     switch (cairn_mp_peek(&r)) {
     case CAIRN_MP_ARRAY: {
         uint32_t np;
         cairn_mp_read_array(&r, &np);
         if (np > 0 && cairn_mp_peek(&r) == CAIRN_MP_MAP)
-            pr = r;
+            *params_out = r;
         else if (np > 0 && cairn_mp_peek(&r) != CAIRN_MP_NIL)
             return fail(err, CAIRN_RPC_INVALID_REQUEST, "params must be [map]");
         break;
     }
-    case CAIRN_MP_MAP: pr = r; break;
+    case CAIRN_MP_MAP: *params_out = r; break;
     case CAIRN_MP_NIL: break;
     default: return fail(err, CAIRN_RPC_INVALID_REQUEST, "params must be [map]");
     }
+    return CAIRN_OK;
+}
+
+int cairn_rpc_decode(const cairn_rpc_context *ctx, const uint8_t *msg, size_t len,
+                     uint64_t *seed_source, cairn_rpc_call *call, cairn_rpc_error *err)
+{
+    cairn_mp_reader pr;
+    int rc = decode_envelope(msg, len, call, &pr, err);
     params p;
-    int rc = collect_params(&pr, &p, err);
+    if (rc == CAIRN_OK)
+        rc = collect_params(&pr, &p, err);
     if (rc == CAIRN_OK)
         rc = decode_params(ctx, &p, seed_source, call, err);
-    if (rc != CAIRN_OK) {
+    if (rc != CAIRN_OK && rc != CAIRN_ECLOSED) {
+        cairn_rpc_call_clear(call);
+        call->msgid = err->msgid;
+    }
+    return rc;
+}
+
+int cairn_rpc_decode_preauth(const uint8_t *msg, size_t len, cairn_rpc_call *call,
+                             cairn_rpc_error *err)
+{
+    cairn_mp_reader pr;
+    int rc = decode_envelope(msg, len, call, &pr, err);
+    /* The same answer for an unknown method as for a known one: before
+     * authentication the server says nothing about what it implements. */
+    if (err->has_msgid && (rc == CAIRN_OK || err->code == CAIRN_RPC_INVALID_REQUEST) &&
+        call->method != CAIRN_RPC_AUTH && rc != CAIRN_ECLOSED)
+        rc = fail(err, CAIRN_RPC_UNAUTHORIZED,
+                  "authenticate first: call 'auth' with this server's token");
+    params p;
+    if (rc == CAIRN_OK)
+        rc = collect_params(&pr, &p, err);
+    if (rc == CAIRN_OK)
+        rc = decode_params(NULL, &p, NULL, call, err); /* auth reads no context */
+    if (rc != CAIRN_OK && rc != CAIRN_ECLOSED) {
         cairn_rpc_call_clear(call);
         call->msgid = err->msgid;
     }
@@ -952,5 +996,18 @@ int cairn_rpc_pack_detokenize(msgpack_sbuffer *sb, const cairn_rpc_context *ctx,
     pack_cstr(&pk, "text");
     pack_strn(&pk, b.data, b.len);
     free(b.data);
+    return s.failed ? CAIRN_ENOMEM : CAIRN_OK;
+}
+
+int cairn_rpc_pack_auth(msgpack_sbuffer *sb, uint32_t msgid, const char *tenant_name)
+{
+    PACKER(pk, s, sb);
+    pack_result_head(&pk, msgid);
+    msgpack_pack_map(&pk, 1);
+    pack_cstr(&pk, "tenant");
+    if (tenant_name)
+        pack_cstr(&pk, tenant_name);
+    else
+        msgpack_pack_nil(&pk);
     return s.failed ? CAIRN_ENOMEM : CAIRN_OK;
 }

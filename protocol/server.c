@@ -15,6 +15,9 @@
  *    their own buffer.
  *  - Bytes from a client are buffered only up to what the scanner allows: a
  *    message in progress (<= max_message_bytes) plus one read's worth.
+ *  - A connection that has not authenticated (when credentials exist) gets
+ *    no decoding beyond the envelope, smaller limits, no second chance after
+ *    an error, and a deadline to authenticate (protocol.h, section 3).
  */
 #include "protocol/protocol.h"
 
@@ -56,6 +59,9 @@ typedef struct conn {
     bool attached;     /* in the table: requests and events flow        */
     bool closing;      /* uv_close was called                           */
     bool lingering;    /* answered a fatal error; closing after EOF      */
+    bool authed;       /* may make requests (always, without credentials) */
+    uint64_t tenant;   /* given to every request (0: no tenants)         */
+    const char *tenant_name; /* owned by the server's cairn_access       */
     /* Input: in[in_off .. in_len) is unprocessed; the first `scanned` of
      * those bytes are the current message as far as the scanner got. */
     uint8_t *in;
@@ -94,6 +100,8 @@ struct cairn_server {
     bool has_asyncs;
 
     cairn_server_config cfg;
+    cairn_access *access;     /* credentials; requires nothing when there are none */
+    cairn_mp_limits preauth_limits;
     cairn_service *svc;
     cairn_rpc_context rctx;
     uint64_t next_client_id;
@@ -361,6 +369,7 @@ static void submit_call(conn *c, cairn_rpc_call *call)
     }
     r->client = c->id;
     r->id = msgid;
+    r->tenant = c->tenant;
     r->session = call->session;
     r->tokens = call->tokens; /* ownership moves to the request */
     r->n_tokens = call->n_tokens;
@@ -381,19 +390,77 @@ static void submit_call(conn *c, cairn_rpc_call *call)
     }
 }
 
+static const cairn_mp_limits *conn_limits(const conn *c)
+{
+    return c->authed ? &c->srv->cfg.limits : &c->srv->preauth_limits;
+}
+
+/* Answer an error and close once it is written: how every failure of an
+ * unauthenticated connection, and every wrong token, ends. */
+static void refuse(conn *c, uint32_t msgid, int code, const char *message)
+{
+    send_error(c, msgid, code, message);
+    conn_linger(c);
+}
+
+/* auth {token}: check it and answer {tenant}. */
+static void handle_auth(conn *c, const cairn_rpc_call *call)
+{
+    cairn_server *s = c->srv;
+    uint64_t tenant;
+    const char *name;
+    if (cairn_access_check(s->access, call->token, call->token_len, &tenant, &name) != CAIRN_OK) {
+        cairn_log(CAIRN_LOG_WARN, "client %llu: wrong token; closing",
+                  (unsigned long long)c->id);
+        refuse(c, call->msgid, CAIRN_RPC_UNAUTHORIZED, "wrong token");
+        return;
+    }
+    if (c->authed && tenant != c->tenant) {
+        /* Switching tenants under requests already running would blur whose
+         * they are; a client that needs two tenants opens two connections. */
+        send_error(c, call->msgid, CAIRN_RPC_INVALID_REQUEST,
+                   "this connection is authenticated as another tenant");
+        return;
+    }
+    if (!c->authed) {
+        c->authed = true;
+        c->tenant = tenant;
+        c->tenant_name = name;
+        uv_timer_stop(&c->timer); /* the deadline to authenticate */
+        if (name)
+            cairn_log(CAIRN_LOG_DEBUG, "client %llu: tenant %s", (unsigned long long)c->id,
+                      name);
+    }
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    if (cairn_rpc_pack_auth(&sb, call->msgid, c->tenant_name) == CAIRN_OK)
+        conn_send(c, &sb);
+    else
+        send_error(c, call->msgid, CAIRN_RPC_OVERLOADED, "out of memory");
+    msgpack_sbuffer_destroy(&sb);
+}
+
 static void handle_message(conn *c, const uint8_t *msg, size_t len)
 {
     cairn_server *s = c->srv;
     cairn_rpc_call call;
     cairn_rpc_error err;
-    int rc = cairn_rpc_decode(&s->rctx, msg, len, &s->seed_state, &call, &err);
+    int rc = c->authed ? cairn_rpc_decode(&s->rctx, msg, len, &s->seed_state, &call, &err)
+                       : cairn_rpc_decode_preauth(msg, len, &call, &err);
     if (rc == CAIRN_ECLOSED)
         return; /* a notification from the client; none is defined */
     if (rc != CAIRN_OK) {
-        if (err.has_msgid)
-            send_error(c, err.msgid, err.code, err.message);
-        else
+        if (!err.has_msgid)
             conn_close(c); /* not a request at all: nothing to answer */
+        else if (!c->authed)
+            refuse(c, err.msgid, err.code, err.message);
+        else
+            send_error(c, err.msgid, err.code, err.message);
+        return;
+    }
+    if (call.method == CAIRN_RPC_AUTH) {
+        handle_auth(c, &call);
+        cairn_rpc_call_clear(&call);
         return;
     }
     if (call.method != CAIRN_RPC_SERVER_INFO && call.method != CAIRN_RPC_TOKENIZE &&
@@ -429,6 +496,14 @@ static void handle_message(conn *c, const uint8_t *msg, size_t len)
 }
 
 /* ---- reading -------------------------------------------------------------------- */
+
+static void on_auth_timeout(uv_timer_t *t)
+{
+    conn *c = t->data;
+    cairn_log(CAIRN_LOG_INFO, "client %llu: did not authenticate in time; closing",
+              (unsigned long long)c->id);
+    conn_close(c);
+}
 
 static void on_idle_timeout(uv_timer_t *t)
 {
@@ -484,7 +559,7 @@ static void process_input(conn *c)
             if (!complete)
                 break;
             c->skipping = false;
-            cairn_mp_scanner_reset(&c->sc, &c->srv->cfg.limits);
+            cairn_mp_scanner_reset(&c->sc, conn_limits(c));
             continue;
         }
         uint32_t msgid;
@@ -497,7 +572,7 @@ static void process_input(conn *c)
             return;
         }
         send_error(c, msgid, code, c->sc.error);
-        if (rc == CAIRN_ERANGE && c->sc.can_skip) {
+        if (rc == CAIRN_ERANGE && c->sc.can_skip && c->authed) {
             /* Resynchronise: discard the rest of this message as it comes. */
             c->in_off += c->scanned;
             c->scanned = 0;
@@ -535,6 +610,8 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
             c->in_cap = 0;
         }
     }
+    if (!c->authed)
+        return; /* the deadline to authenticate set at accept keeps running */
     /* A half-received message (or one being skipped) must keep arriving. */
     if (c->in_len > c->in_off || c->skipping)
         uv_timer_start(&c->timer, on_idle_timeout, (uint64_t)(c->srv->cfg.idle_timeout_s * 1000),
@@ -580,7 +657,10 @@ static void on_connection(uv_stream_t *listener, int status)
     if (is_tcp)
         uv_tcp_nodelay(&c->sock.tcp, 1); /* streamed tokens should not wait for Nagle */
     c->id = ++s->next_client_id;
-    cairn_mp_scanner_reset(&c->sc, &s->cfg.limits);
+    c->authed = !cairn_access_required(s->access);
+    cairn_mp_scanner_reset(&c->sc, conn_limits(c));
+    if (!c->authed)
+        uv_timer_start(&c->timer, on_auth_timeout, (uint64_t)(s->cfg.idle_timeout_s * 1000), 0);
     table_insert(s, c);
     cairn_log(CAIRN_LOG_DEBUG, "client %llu: connected", (unsigned long long)c->id);
     if (uv_read_start(c->stream, on_alloc, on_read) != 0)
@@ -830,15 +910,42 @@ int cairn_server_create(const cairn_server_config *cfg, cairn_server **out, char
         cfg->limits.max_depth < 1 || cfg->limits.max_depth > CAIRN_MP_DEPTH_CAP ||
         cfg->idle_timeout_s <= 0 || cfg->max_inflight < 1)
         return failf(err, err_len, CAIRN_EINVAL, "invalid server configuration");
+    if (!cfg->n_credentials && !cairn_host_is_loopback(cfg->host))
+        return failf(err, err_len, CAIRN_EINVAL,
+                     "refusing to listen on %s without authentication: configure a token or "
+                     "tenants, or listen on a loopback address",
+                     cfg->host);
+    cairn_access *access = NULL;
+    int rc = cairn_access_create(cfg->credentials, cfg->n_credentials, &access, err, err_len);
+    if (rc != CAIRN_OK)
+        return rc;
     cairn_server *s = calloc(1, sizeof *s);
-    if (!s)
+    if (!s) {
+        cairn_access_free(access);
         return CAIRN_ENOMEM;
+    }
     s->cfg = *cfg;
+    s->cfg.credentials = NULL; /* the copy in `access` is what counts */
+    s->cfg.n_credentials = 0;
+    s->access = access;
+    s->preauth_limits = cfg->limits;
+    cairn_mp_limits *pl = &s->preauth_limits;
+    if (pl->max_message_bytes > CAIRN_PREAUTH_MESSAGE_BYTES)
+        pl->max_message_bytes = CAIRN_PREAUTH_MESSAGE_BYTES;
+    if (pl->max_string_bytes > CAIRN_PREAUTH_STRING_BYTES)
+        pl->max_string_bytes = CAIRN_PREAUTH_STRING_BYTES;
+    if (pl->max_depth > CAIRN_PREAUTH_DEPTH)
+        pl->max_depth = CAIRN_PREAUTH_DEPTH;
+    if (pl->max_array_len > CAIRN_PREAUTH_COUNT)
+        pl->max_array_len = CAIRN_PREAUTH_COUNT;
+    if (pl->max_map_len > CAIRN_PREAUTH_COUNT)
+        pl->max_map_len = CAIRN_PREAUTH_COUNT;
     s->tcp_port = -1;
     pthread_mutex_init(&s->queue_mu, NULL);
-    int rc = uv_loop_init(&s->loop);
+    rc = uv_loop_init(&s->loop);
     if (rc != 0) {
         pthread_mutex_destroy(&s->queue_mu);
+        cairn_access_free(s->access);
         free(s);
         return failf(err, err_len, CAIRN_EIO, "uv_loop_init: %s", uv_strerror(rc));
     }
@@ -927,5 +1034,6 @@ void cairn_server_free(cairn_server *s)
         free(s->unix_path);
     }
     pthread_mutex_destroy(&s->queue_mu);
+    cairn_access_free(s->access);
     free(s);
 }

@@ -52,7 +52,7 @@
  * records are read back at start.
  *
  * Tenants. A request's `tenant` (a 64-bit value the protocol derives from the
- * tenant's configured salt; 0 = none) scopes it: another tenant's session is
+ * tenant's name, cairn_tenant_id in protocol/protocol.h; 0 = none) scopes it: another tenant's session is
  * "not found", and the cache keys of every page are tagged with the tenant:
  * token t at position i is looked up as t | tag(tenant, i) << 24, with 7 tag
  * bits per token from a keyed PRNG, so tenants' trees part at their first

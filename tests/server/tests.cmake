@@ -17,3 +17,10 @@ add_test(NAME server_persist
   COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_persist.py
           $<TARGET_FILE:cairn> ${CAIRN_MODEL})
 set_tests_properties(server_persist PROPERTIES TIMEOUT 600 LABELS "server")
+
+# Access control: tokens, tenants (sessions and cached prefixes stay inside a
+# tenant, also across a restart), refusing a public bind without a token.
+add_test(NAME server_access
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_access.py
+          $<TARGET_FILE:cairn> ${CAIRN_MODEL})
+set_tests_properties(server_access PROPERTIES TIMEOUT 300 LABELS "server")
