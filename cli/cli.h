@@ -14,6 +14,7 @@
 int cmd_run(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 
 /* Options every model-loading command accepts. */

@@ -110,6 +110,9 @@ typedef struct {
     const cairn_attn_args *a;
     const int64_t *row_start; /* [n_seqs + 1] first flattened query row of each sequence */
     int group;                /* query heads per KV head */
+    cpu_dot_kv_fn dot;        /* vector q·k and acc += w·v, or NULL for the scalar ones */
+    cpu_axpy_kv_fn axpy;
+    cpu_attend_group_fn attend_group; /* when set, items are (row, KV head) */
 } attn_job;
 
 /* Dot product of a float query with one K row of the pool. */
@@ -166,7 +169,7 @@ static void attend_one(const attn_job *job, const cairn_attn_seq *seq, int i, in
         if (mask && !mask[j])
             continue;
         const uint8_t *k = kv_row_addr(pool, L, a->layer, 0, seq->pages[j / ps], j % ps) + head_off;
-        const float s = dot_q_k(q, k, hd, L->dtype) * a->scale;
+        const float s = (job->dot ? job->dot(q, k, hd) : dot_q_k(q, k, hd, L->dtype)) * a->scale;
         scores[j] = s;
         max = s > max ? s : max;
         any_visible = 1;
@@ -183,7 +186,10 @@ static void attend_one(const attn_job *job, const cairn_attn_seq *seq, int i, in
             const float w = expf(scores[j] - max);
             sum += w;
             const uint8_t *v = kv_row_addr(pool, L, a->layer, 1, seq->pages[j / ps], j % ps) + head_off;
-            axpy_v(acc, w, v, hd, L->dtype);
+            if (job->axpy)
+                job->axpy(acc, w, v, hd);
+            else
+                axpy_v(acc, w, v, hd, L->dtype);
         }
     }
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
@@ -199,7 +205,7 @@ static void attention_range(void *p, int64_t begin, int64_t end, int thread)
     float *scratch = cpu_scratch_of(job->ctx, thread);
     /* Find the sequence of the first item: the last one starting at or
      * before its row (binary search over the row starts). */
-    int64_t row = begin / a->n_head;
+    int64_t row = begin / (job->attend_group ? a->kv->n_kv_head : a->n_head);
     int lo = 0, hi = a->n_seqs - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
@@ -209,6 +215,30 @@ static void attention_range(void *p, int64_t begin, int64_t end, int thread)
             hi = mid - 1;
     }
     int s = lo;
+    if (job->attend_group) {
+        const cairn_kv_layout *L = a->kv;
+        const int hd = L->head_dim;
+        for (int64_t item = begin; item < end; item++) {
+            row = item / L->n_kv_head;
+            const int kvh = (int)(item % L->n_kv_head);
+            while (row >= job->row_start[s + 1])
+                s++;
+            const cairn_attn_seq *seq = &a->seqs[s];
+            const int i = (int)(row - job->row_start[s]);
+            const size_t q_off = ((size_t)row * a->n_head + (size_t)kvh * job->group) * hd;
+            const cpu_attn_group g = {
+                .L = L, .pool = a->kv_pool, .layer = a->layer,
+                .head_off = (size_t)kvh * hd * (L->dtype == CAIRN_TYPE_F32 ? 4 : 2),
+                .pages = seq->pages,
+                .n_scan = seq->mask ? seq->n_kv : seq->q_index[i] + 1,
+                .mask = seq->mask ? seq->mask + (size_t)i * seq->n_kv : NULL,
+                .scale = a->scale, .group = job->group,
+                .q = a->q + q_off, .out = a->out + q_off, .scratch = scratch,
+            };
+            job->attend_group(&g);
+        }
+        return;
+    }
     for (int64_t item = begin; item < end; item++) {
         row = item / a->n_head;
         const int h = (int)(item % a->n_head);
@@ -258,6 +288,10 @@ int cpu_attention(cairn_backend *be, const cairn_attn_args *a)
     /* Scratch per thread: scores [max_kv] plus query copy and accumulator,
      * each padded to whole cache lines as attend_one lays them out. */
     size_t scratch = (size_t)(max_kv + 15) / 16 * 16 + 2 * ((size_t)(L->head_dim + 15) / 16 * 16);
+    const int group = a->n_head / L->n_kv_head;
+    cpu_attend_group_fn attend_group = cpu_x86_attend_group(ctx->isa, L, group);
+    if (attend_group)
+        scratch = (size_t)group * ((size_t)(max_kv + 15) / 16 * 16 + 2 * (size_t)L->head_dim);
     int rc = cpu_scratch_reserve(ctx, scratch);
     if (rc != CAIRN_OK)
         return rc;
@@ -278,10 +312,14 @@ int cpu_attention(cairn_backend *be, const cairn_attn_args *a)
     attn_job job = {
         .ctx = ctx, .a = a, .row_start = ctx->seq_row_start,
         .group = a->n_head / L->n_kv_head,
+        .dot = cpu_x86_dot_kv(ctx->isa, L->dtype),
+        .axpy = cpu_x86_axpy_kv(ctx->isa, L->dtype),
+        .attend_group = attend_group,
     };
-    /* An item costs about 2 * n_kv * head_dim multiply-adds. */
-    int64_t work_per_item = 2 * (int64_t)max_kv * L->head_dim;
-    cpu_pool_parallel_for(ctx->pool, n_rows * a->n_head, 1 + 16384 / work_per_item,
-                          attention_range, &job);
+    /* An item costs about 2 * n_kv * head_dim multiply-adds per head. */
+    const int heads_per_item = attend_group ? group : 1;
+    int64_t work_per_item = 2 * (int64_t)max_kv * L->head_dim * heads_per_item;
+    cpu_pool_parallel_for(ctx->pool, n_rows * (a->n_head / heads_per_item),
+                          1 + 16384 / work_per_item, attention_range, &job);
     return CAIRN_OK;
 }

@@ -50,6 +50,9 @@ static void cpu_destroy(cairn_backend *be)
         cpu_pool_destroy(ctx->pool);
         free(ctx->scratch);
         free(ctx->seq_row_start);
+        free(ctx->act_q);
+        free(ctx->act_d);
+        free(ctx->act_s);
         free(ctx);
     }
     free(be);
@@ -148,6 +151,12 @@ int cairn_backend_cpu_create(int n_threads, cairn_backend **out)
         return CAIRN_ENOMEM;
     }
     ctx->n_threads = n_threads;
+    ctx->isa = cpu_isa_detect();
+    const char *exact = getenv("CAIRN_CPU_EXACT_MATMUL");
+    ctx->quantize_activations = !(exact && strcmp(exact, "1") == 0);
+    cairn_log(CAIRN_LOG_DEBUG, "cpu backend: %d threads, %s kernels, %s quantized matmul",
+              n_threads, cpu_isa_name(ctx->isa),
+              ctx->quantize_activations ? "8-bit activations for" : "exact float");
     int rc = cpu_pool_create(n_threads, &ctx->pool);
     if (rc != CAIRN_OK) {
         free(ctx);

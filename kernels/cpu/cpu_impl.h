@@ -6,7 +6,12 @@
  * ---------
  *   cpu_pool.c       a persistent worker pool and its parallel-for
  *   cpu_backend.c    create/destroy, memory ops, the function table
- *   cpu_matmul.c     get_rows and matmul (weights in GGUF block layout)
+ *   cpu_matmul.c     get_rows and matmul (weights in GGUF block layout):
+ *                    argument checks, the choice of kernel, and the scalar
+ *                    reference kernels
+ *   cpu_x86.c        AVX2 and AVX-512 (VNNI) kernels, compiled with function
+ *                    target attributes so a build without -march=native still
+ *                    contains them; chosen at run time by CPUID
  *   cpu_ops.c        rmsnorm, rope, swiglu, add, softmax
  *   cpu_attention.c  kv_store and attention over paged KV
  *
@@ -48,11 +53,41 @@ int cpu_pool_threads(const cpu_pool *pool);
 void cpu_pool_parallel_for(cpu_pool *pool, int64_t n_items, int64_t min_chunk, cpu_range_fn fn,
                            void *arg);
 
+/* ---- instruction-set levels -------------------------------------------- */
+
+/* What the kernels may use, in increasing order. The level is chosen once
+ * per backend from CPUID (__builtin_cpu_supports), capped by the environment
+ * variable CAIRN_CPU_ISA=scalar|avx2|avx512 (for testing the lower levels
+ * and for comparisons). */
+typedef enum {
+    CPU_ISA_SCALAR = 0, /* portable C: the reference                         */
+    CPU_ISA_AVX2 = 1,   /* AVX2 + FMA + F16C                                 */
+    CPU_ISA_AVX512 = 2, /* AVX-512 F/BW/VL + VNNI (+ the AVX2 set)           */
+} cpu_isa;
+
+/* The best level this CPU supports, capped by CAIRN_CPU_ISA. */
+cpu_isa cpu_isa_detect(void);
+const char *cpu_isa_name(cpu_isa isa);
+
 /* ---- backend context --------------------------------------------------- */
 
 typedef struct {
     cpu_pool *pool;
     int n_threads;
+    cpu_isa isa;
+    /* Q8_0/Q4_0 weights: when 0 (the default) activations are quantized to
+     * 8 bits per 32-element block on the fly and multiplied in integers, as
+     * llama.cpp does; when 1 (CAIRN_CPU_EXACT_MATMUL=1 at creation) every
+     * weight type uses the float reference semantics (weights dequantized,
+     * float activations). F32/F16/BF16 weights are always exact. */
+    int quantize_activations;
+    /* Activations quantized for the current matmul: [T][n_in] int8 codes,
+     * [T][n_in/32] float scales and [T][n_in/32] int32 code sums; grown
+     * (never shrunk) like scratch. */
+    int8_t *act_q;
+    float *act_d;
+    int32_t *act_s;
+    size_t act_q_cap, act_b_cap;
     /* Per-thread scratch: n_threads slices of scratch_stride floats each,
      * grown (never shrunk) by cpu_scratch_reserve on the owning thread
      * before a parallel-for; slices start on 64-byte boundaries so threads
@@ -125,6 +160,70 @@ static inline float cpu_half_to_float(uint16_t h)
     }
     return v.f;
 }
+
+/* ---- matmul kernels (cpu_x86.c) -------------------------------------- */
+
+/* One 32-element block of activations quantized to int8: d = max|x| / 127,
+ * q = round(x / d), and the sum of the codes (for the weights' zero-point
+ * correction). Scalar version, the reference for the vector ones. */
+void cpu_quantize_act_block_ref(const float *x, int8_t *q, float *d, int32_t *sum);
+
+/* Vector versions of the matmul pieces; each returns 0 when it cannot handle
+ * the case (then the caller falls back to the next level). All of them
+ * compute every output element with the same sequence of operations whatever
+ * the row/token ranges and the tile an element falls in, so results do not
+ * depend on the thread count. */
+int cpu_x86_quantize_act(cpu_isa isa, const float *x, int n, int8_t *q, float *d, int32_t *s);
+
+/* y[t][r] for r in [r0, r1), t in [0, T): float weights (F32, F16, BF16)
+ * against float x, dot-product form; every element's arithmetic is the same
+ * for any T, so a token's result does not depend on its batch. */
+int cpu_x86_matmul_float(cpu_isa isa, float *y, const uint8_t *W, cairn_type wtype,
+                         size_t row_bytes, const float *x, int T, int n_in, int n_out, int64_t r0,
+                         int64_t r1);
+
+/* y[t][r] for r in [r0, r1): Q8_0/Q4_0 weights against activations quantized
+ * by cpu_x86_quantize_act (q [T][n_in], d and s [T][n_in/32]). `pack` is
+ * per-thread scratch of cpu_x86_pack_bytes(n_in) bytes, 64-byte aligned. */
+int cpu_x86_matmul_q8act(cpu_isa isa, float *y, const uint8_t *W, cairn_type wtype,
+                         size_t row_bytes, const int8_t *q, const float *d, const int32_t *s,
+                         int T, int n_in, int n_out, int64_t r0, int64_t r1, void *pack);
+size_t cpu_x86_pack_bytes(int n_in);
+/* Rows per work item the quantized kernels want for a batch of T tokens
+ * (their panel height), so items never split a panel. */
+int cpu_x86_q8act_rows_per_item(cpu_isa isa, int T);
+
+/* ---- attention helpers (cpu_x86.c) ------------------------------------ */
+
+/* q · k for a float query and a K row of `dtype` (F32/F16), and
+ * acc += w * v; vector versions, 0 when the level has none. */
+typedef float (*cpu_dot_kv_fn)(const float *q, const void *k, int n);
+typedef void (*cpu_axpy_kv_fn)(float *acc, float w, const void *v, int n);
+cpu_dot_kv_fn cpu_x86_dot_kv(cpu_isa isa, cairn_type dtype);
+cpu_axpy_kv_fn cpu_x86_axpy_kv(cpu_isa isa, cairn_type dtype);
+
+/* One query row of the `group` query heads that share one KV head, over
+ * the first n_scan KV entries of a sequence (masked ones skipped): the same
+ * two-pass softmax as the scalar attend_one, but each K and V row is
+ * converted once for the whole group and the loop walks pages directly. */
+typedef struct {
+    const cairn_kv_layout *L;
+    const uint8_t *pool;
+    int layer;
+    size_t head_off;       /* byte offset of the KV head inside a row        */
+    const int32_t *pages;
+    int n_scan;
+    const uint8_t *mask;   /* [n_scan] or NULL                               */
+    float scale;
+    int group;             /* query heads in the group                       */
+    const float *q;        /* [group][head_dim]                              */
+    float *out;            /* [group][head_dim], may alias q                 */
+    float *scratch;        /* group * (pad16(n_scan) + 2 * head_dim) floats  */
+} cpu_attn_group;
+typedef void (*cpu_attend_group_fn)(const cpu_attn_group *g);
+/* NULL when the level or the shape (head_dim not a multiple of 16, or over
+ * 256) has no such kernel. */
+cpu_attend_group_fn cpu_x86_attend_group(cpu_isa isa, const cairn_kv_layout *L, int group);
 
 /* Single-precision dot product of two float vectors of length n. Uses a fixed
  * number of partial sums, so the result depends only on the inputs. */

@@ -2,13 +2,20 @@
  * kernels/cpu/cpu_matmul.c — embedding lookup and matrix multiplication with
  * weights kept in GGUF block layout (F32, F16, BF16, Q8_0, Q4_0).
  *
- * This is the reference implementation: each weight row is expanded to floats
- * with cairn_dequantize_row (the definition of every format) and multiplied
- * with each token's activations by a single-precision dot product. The
- * expanded row is reused for all T tokens, so a batch costs one dequantization
- * per weight row, and a token's result does not depend on the batch size.
- * Work is split over output rows.
+ * Three paths, chosen per call:
+ *   - Q8_0/Q4_0 weights (unless the backend was created exact): the
+ *     activations are quantized to int8 per 32-element block and multiplied
+ *     in integers (cpu_x86.c, or q8act_dot_ref below on the scalar level).
+ *   - F32/F16/BF16 weights on AVX2/AVX-512: vector dot-product tiles
+ *     (cpu_x86.c), exact float semantics.
+ *   - Otherwise the reference: each weight row is expanded to floats with
+ *     cairn_dequantize_row (the definition of every format) and multiplied
+ *     with each token's activations by a single-precision dot product.
+ * All of them split work over output rows, and none makes a token's result
+ * depend on the thread count; the float paths also not on the batch size.
  */
+
+#include <stdlib.h>
 
 #include "kernels/cpu/cpu_impl.h"
 
@@ -104,8 +111,10 @@ typedef struct {
     const float *x;      /* [T][n_in] */
     int T, n_in, n_out;
     size_t row_bytes;
+    int rows_per_item;   /* output rows per parallel-for item */
 } matmul_job;
 
+/* The reference: expand the weight row to floats, one float dot per token. */
 static void matmul_range(void *p, int64_t begin, int64_t end, int thread)
 {
     const matmul_job *job = p;
@@ -125,6 +134,124 @@ static void matmul_range(void *p, int64_t begin, int64_t end, int thread)
     }
 }
 
+/* Item range -> row range of the vector kernels. */
+static void item_rows(const matmul_job *job, int64_t begin, int64_t end, int64_t *r0, int64_t *r1)
+{
+    *r0 = begin * job->rows_per_item;
+    *r1 = end * job->rows_per_item;
+    if (*r1 > job->n_out)
+        *r1 = job->n_out;
+}
+
+static void matmul_float_range(void *p, int64_t begin, int64_t end, int thread)
+{
+    (void)thread;
+    const matmul_job *job = p;
+    int64_t r0, r1;
+    item_rows(job, begin, end, &r0, &r1);
+    (void)cpu_x86_matmul_float(job->ctx->isa, job->y, job->W, job->wtype, job->row_bytes, job->x,
+                               job->T, job->n_in, job->n_out, r0, r1);
+}
+
+/* Scalar kernel of the quantized-activation semantics: per block, the exact
+ * integer sum of weight codes times activation codes, scaled by both block
+ * scales. The vector kernels compute the same quantity (in another order of
+ * float additions).
+ *
+ * Kept out of GCC's auto-vectorizer: GCC 12.2 with AVX-512 VNNI turns this
+ * mixed-sign byte dot product into a wrong vpdpbusd sequence (it returned
+ * garbage in the kernel tests); the reference must be plain arithmetic. */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("no-tree-vectorize")))
+#endif
+static float q8act_dot_ref(const uint8_t *row, cairn_type wtype, const int8_t *q, const float *d,
+                           int n_in)
+{
+    float sum = 0.0f;
+    for (int b = 0; b < n_in / 32; b++) {
+        int32_t isum = 0;
+        const uint8_t *blk = row + (size_t)b * (wtype == CAIRN_TYPE_Q4_0 ? 18 : 34);
+        const uint16_t h = (uint16_t)(blk[0] | (blk[1] << 8));
+        if (wtype == CAIRN_TYPE_Q4_0) {
+            for (int j = 0; j < 16; j++) {
+                isum += ((blk[2 + j] & 0x0f) - 8) * q[32 * b + j];
+                isum += ((blk[2 + j] >> 4) - 8) * q[32 * b + j + 16];
+            }
+        } else {
+            for (int j = 0; j < 32; j++)
+                isum += (int8_t)blk[2 + j] * q[32 * b + j];
+        }
+        sum += (float)isum * (cpu_half_to_float(h) * d[b]);
+    }
+    return sum;
+}
+
+static void matmul_q8act_range(void *p, int64_t begin, int64_t end, int thread)
+{
+    const matmul_job *job = p;
+    cpu_ctx *ctx = job->ctx;
+    int64_t r0, r1;
+    item_rows(job, begin, end, &r0, &r1);
+    if (cpu_x86_matmul_q8act(ctx->isa, job->y, job->W, job->wtype, job->row_bytes, ctx->act_q,
+                             ctx->act_d, ctx->act_s, job->T, job->n_in, job->n_out, r0, r1,
+                             cpu_scratch_of(ctx, thread)))
+        return;
+    const int nb = job->n_in / 32;
+    for (int64_t r = r0; r < r1; r++)
+        for (int t = 0; t < job->T; t++)
+            job->y[(size_t)t * job->n_out + (size_t)r] =
+                q8act_dot_ref(job->W + (size_t)r * job->row_bytes, job->wtype,
+                              ctx->act_q + (size_t)t * job->n_in, ctx->act_d + (size_t)t * nb,
+                              job->n_in);
+}
+
+static void quantize_act_range(void *p, int64_t begin, int64_t end, int thread)
+{
+    (void)thread;
+    const matmul_job *job = p;
+    cpu_ctx *ctx = job->ctx;
+    const int nb = job->n_in / 32;
+    for (int64_t t = begin; t < end; t++) {
+        const float *x = job->x + (size_t)t * job->n_in;
+        int8_t *q = ctx->act_q + (size_t)t * job->n_in;
+        float *d = ctx->act_d + (size_t)t * nb;
+        int32_t *s = ctx->act_s + (size_t)t * nb;
+        if (cpu_x86_quantize_act(ctx->isa, x, job->n_in, q, d, s))
+            continue;
+        for (int b = 0; b < nb; b++)
+            cpu_quantize_act_block_ref(x + 32 * b, q + 32 * b, d + b, s + b);
+    }
+}
+
+/* Grow the quantized-activation buffers to T tokens of n_in. */
+static int reserve_act(cpu_ctx *ctx, int T, int n_in)
+{
+    const size_t codes = (size_t)T * (size_t)n_in, blocks = codes / 32;
+    if (codes > ctx->act_q_cap) {
+        void *mem = NULL;
+        if (posix_memalign(&mem, 64, codes + 64) != 0)
+            return CAIRN_ENOMEM;
+        free(ctx->act_q);
+        ctx->act_q = mem;
+        ctx->act_q_cap = codes;
+    }
+    if (blocks > ctx->act_b_cap) {
+        float *d = malloc(blocks * sizeof(float));
+        int32_t *s = malloc(blocks * sizeof(int32_t));
+        if (!d || !s) {
+            free(d);
+            free(s);
+            return CAIRN_ENOMEM;
+        }
+        free(ctx->act_d);
+        free(ctx->act_s);
+        ctx->act_d = d;
+        ctx->act_s = s;
+        ctx->act_b_cap = blocks;
+    }
+    return CAIRN_OK;
+}
+
 int cpu_matmul(cairn_backend *be, float *y, const void *W, cairn_type wtype, const float *x,
                int T, int n_in, int n_out)
 {
@@ -136,17 +263,44 @@ int cpu_matmul(cairn_backend *be, float *y, const void *W, cairn_type wtype, con
     if ((const float *)y == x)
         return CAIRN_EINVAL;
     cpu_ctx *ctx = cpu_ctx_of(be);
-    if (wtype != CAIRN_TYPE_F32) {
-        int rc = cpu_scratch_reserve(ctx, (size_t)n_in);
-        if (rc != CAIRN_OK)
-            return rc;
-    }
     matmul_job job = {
         .ctx = ctx, .y = y, .W = W, .wtype = wtype, .x = x,
         .T = T, .n_in = n_in, .n_out = n_out,
         .row_bytes = cairn_type_row_bytes(wtype, n_in),
+        .rows_per_item = 1,
     };
-    int64_t work_per_row = (int64_t)n_in * T;
+    const int64_t work_per_row = (int64_t)n_in * T;
+    const int quantized = wtype == CAIRN_TYPE_Q8_0 || wtype == CAIRN_TYPE_Q4_0;
+    int rc;
+
+    if (quantized && ctx->quantize_activations) {
+        if ((rc = reserve_act(ctx, T, n_in)) != CAIRN_OK)
+            return rc;
+        if ((rc = cpu_scratch_reserve(ctx, cpu_x86_pack_bytes(n_in) / sizeof(float) + 16)) !=
+            CAIRN_OK)
+            return rc;
+        cpu_pool_parallel_for(ctx->pool, T, 1 + CPU_MIN_CHUNK_WORK / n_in, quantize_act_range,
+                              &job);
+        job.rows_per_item = cpu_x86_q8act_rows_per_item(ctx->isa, T);
+        const int64_t n_items = (n_out + job.rows_per_item - 1) / job.rows_per_item;
+        cpu_pool_parallel_for(ctx->pool, n_items,
+                              1 + CPU_MIN_CHUNK_WORK / (work_per_row * job.rows_per_item),
+                              matmul_q8act_range, &job);
+        return CAIRN_OK;
+    }
+    if (!quantized && ctx->isa >= CPU_ISA_AVX2) {
+        job.rows_per_item = 4;
+        const int64_t n_items = (n_out + 3) / 4;
+        cpu_pool_parallel_for(ctx->pool, n_items, 1 + CPU_MIN_CHUNK_WORK / (work_per_row * 4),
+                              matmul_float_range, &job);
+        return CAIRN_OK;
+    }
+
+    if (wtype != CAIRN_TYPE_F32) {
+        rc = cpu_scratch_reserve(ctx, (size_t)n_in);
+        if (rc != CAIRN_OK)
+            return rc;
+    }
     cpu_pool_parallel_for(ctx->pool, n_out, 1 + CPU_MIN_CHUNK_WORK / work_per_row, matmul_range,
                           &job);
     return CAIRN_OK;

@@ -1,15 +1,17 @@
 /*
  * kernels/cpu/cpu_pool.c — the CPU backend's persistent worker pool.
  *
- * Workers are started once and sleep on a condition variable between jobs.
- * A job is published by bumping `generation` under the mutex; each worker
- * (and the calling thread) then takes chunks of items from an atomic counter
- * until none are left, and the caller waits until every worker has checked
- * back in. Handing out chunks dynamically balances uneven work (attention
+ * Workers are started once. Between jobs they spin briefly on the job
+ * counter and then sleep on a condition variable. A job is published by
+ * bumping `generation` (under the mutex, so sleepers cannot miss it; the
+ * broadcast is only made when someone sleeps); each worker (and the calling
+ * thread) then takes chunks of items from an atomic counter until none are
+ * left, and the caller spins until every worker has checked back in. Handing out chunks dynamically balances uneven work (attention
  * rows of different lengths) without changing any result, because an item's
  * computation never depends on which thread runs it.
  */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
@@ -20,25 +22,40 @@ typedef struct {
     int thread; /* 1 .. n_threads-1; the caller is thread 0 */
 } worker_arg;
 
+/* Pause iterations a worker spins on the job counter before it sleeps on
+ * the condition variable (about 0.1-0.5 ms): between the ops of one forward
+ * pass the gap is a few microseconds, so during a pass workers never sleep
+ * and a job starts without a system call; an idle backend costs no CPU. */
+#define SPIN_BEFORE_SLEEP 4000
+/* Spins of the caller waiting for the workers before it yields its core. */
+#define SPIN_BEFORE_YIELD 20000
+
 struct cpu_pool {
     int n_threads;
     pthread_t *threads;  /* [n_threads - 1] */
     worker_arg *args;    /* [n_threads - 1] */
 
     pthread_mutex_t mutex;
-    pthread_cond_t job_ready; /* workers wait here for a new generation   */
-    pthread_cond_t job_done;  /* the caller waits here for busy == 0      */
-    uint64_t generation;      /* bumped once per job                        */
-    int busy;                 /* workers that have not finished this job    */
-    int shutting_down;
+    pthread_cond_t job_ready; /* sleeping workers wait here for a new generation */
+    int sleepers;             /* workers in (or entering) job_ready, under mutex */
+    atomic_uint_fast64_t generation; /* bumped once per job, under mutex        */
+    atomic_int busy;          /* workers that have not finished this job         */
+    atomic_int shutting_down;
 
-    /* The current job; written under the mutex before generation changes. */
+    /* The current job; written before generation is released. */
     cpu_range_fn fn;
     void *arg;
     int64_t n_items;
     int64_t chunk;
     atomic_int_fast64_t next_item;
 };
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
 
 /* Take chunks until the job's items are exhausted. */
 static void run_chunks(cpu_pool *pool, int thread)
@@ -61,29 +78,37 @@ static void *worker_main(void *p)
     cpu_pool *pool = wa->pool;
     uint64_t seen = 0;
     for (;;) {
-        pthread_mutex_lock(&pool->mutex);
-        while (pool->generation == seen && !pool->shutting_down)
-            pthread_cond_wait(&pool->job_ready, &pool->mutex);
-        if (pool->shutting_down) {
+        uint64_t gen;
+        int spins = 0;
+        while ((gen = atomic_load_explicit(&pool->generation, memory_order_acquire)) == seen &&
+               !atomic_load_explicit(&pool->shutting_down, memory_order_acquire)) {
+            if (++spins < SPIN_BEFORE_SLEEP) {
+                cpu_relax();
+                continue;
+            }
+            /* The generation is re-checked under the mutex the publisher
+             * holds while bumping it, so a wake-up cannot be missed. */
+            pthread_mutex_lock(&pool->mutex);
+            pool->sleepers++;
+            while (atomic_load_explicit(&pool->generation, memory_order_acquire) == seen &&
+                   !atomic_load_explicit(&pool->shutting_down, memory_order_acquire))
+                pthread_cond_wait(&pool->job_ready, &pool->mutex);
+            pool->sleepers--;
             pthread_mutex_unlock(&pool->mutex);
-            return NULL;
+            spins = 0;
         }
-        seen = pool->generation;
-        pthread_mutex_unlock(&pool->mutex);
-
+        if (atomic_load_explicit(&pool->shutting_down, memory_order_acquire))
+            return NULL;
+        seen = gen;
         run_chunks(pool, wa->thread);
-
-        pthread_mutex_lock(&pool->mutex);
-        if (--pool->busy == 0)
-            pthread_cond_signal(&pool->job_done);
-        pthread_mutex_unlock(&pool->mutex);
+        atomic_fetch_sub_explicit(&pool->busy, 1, memory_order_release);
     }
 }
 
 static void stop_workers(cpu_pool *pool, int n_started)
 {
     pthread_mutex_lock(&pool->mutex);
-    pool->shutting_down = 1;
+    atomic_store_explicit(&pool->shutting_down, 1, memory_order_release);
     pthread_cond_broadcast(&pool->job_ready);
     pthread_mutex_unlock(&pool->mutex);
     for (int i = 0; i < n_started; i++)
@@ -92,7 +117,6 @@ static void stop_workers(cpu_pool *pool, int n_started)
 
 static void free_pool(cpu_pool *pool)
 {
-    pthread_cond_destroy(&pool->job_done);
     pthread_cond_destroy(&pool->job_ready);
     pthread_mutex_destroy(&pool->mutex);
     free(pool->threads);
@@ -109,17 +133,14 @@ int cpu_pool_create(int n_threads, cpu_pool **out)
         return CAIRN_ENOMEM;
     pool->n_threads = n_threads;
     atomic_init(&pool->next_item, 0);
+    atomic_init(&pool->generation, 0);
+    atomic_init(&pool->busy, 0);
+    atomic_init(&pool->shutting_down, 0);
     if (pthread_mutex_init(&pool->mutex, NULL) != 0) {
         free(pool);
         return CAIRN_ENOMEM;
     }
     if (pthread_cond_init(&pool->job_ready, NULL) != 0) {
-        pthread_mutex_destroy(&pool->mutex);
-        free(pool);
-        return CAIRN_ENOMEM;
-    }
-    if (pthread_cond_init(&pool->job_done, NULL) != 0) {
-        pthread_cond_destroy(&pool->job_ready);
         pthread_mutex_destroy(&pool->mutex);
         free(pool);
         return CAIRN_ENOMEM;
@@ -176,23 +197,29 @@ void cpu_pool_parallel_for(cpu_pool *pool, int64_t n_items, int64_t min_chunk, c
         return;
     }
 
-    pthread_mutex_lock(&pool->mutex);
     pool->fn = fn;
     pool->arg = arg;
     pool->n_items = n_items;
     pool->chunk = chunk;
     atomic_store_explicit(&pool->next_item, 0, memory_order_relaxed);
-    pool->busy = pool->n_threads - 1;
-    pool->generation++;
-    pthread_cond_broadcast(&pool->job_ready);
+    atomic_store_explicit(&pool->busy, pool->n_threads - 1, memory_order_relaxed);
+    pthread_mutex_lock(&pool->mutex);
+    atomic_fetch_add_explicit(&pool->generation, 1, memory_order_release);
+    if (pool->sleepers > 0)
+        pthread_cond_broadcast(&pool->job_ready);
     pthread_mutex_unlock(&pool->mutex);
 
     run_chunks(pool, 0);
 
     /* Workers that never got a chunk still check in, so the job fields stay
      * valid until nobody can read them any more. */
-    pthread_mutex_lock(&pool->mutex);
-    while (pool->busy > 0)
-        pthread_cond_wait(&pool->job_done, &pool->mutex);
-    pthread_mutex_unlock(&pool->mutex);
+    int spins = 0;
+    while (atomic_load_explicit(&pool->busy, memory_order_acquire) > 0) {
+        if (++spins < SPIN_BEFORE_YIELD) {
+            cpu_relax();
+        } else {
+            sched_yield();
+            spins = 0;
+        }
+    }
 }

@@ -26,14 +26,18 @@
 static cairn_backend *be1; /* 1 thread: no workers */
 static cairn_backend *be3; /* 3 threads */
 
+/* These backends are created in exact-matmul mode, so Q8_0/Q4_0 weights
+ * multiply float activations and the float-reference tolerance of
+ * test_matmul applies to every type. The default mode (activations
+ * quantized to 8 bits) is tested in test_cpu_matmul.c. */
 static int setup_backends(void **state)
 {
     (void)state;
-    if (cairn_backend_cpu_create(1, &be1) != CAIRN_OK)
-        return -1;
-    if (cairn_backend_cpu_create(3, &be3) != CAIRN_OK)
-        return -1;
-    return 0;
+    setenv("CAIRN_CPU_EXACT_MATMUL", "1", 1);
+    int ok = cairn_backend_cpu_create(1, &be1) == CAIRN_OK &&
+             cairn_backend_cpu_create(3, &be3) == CAIRN_OK;
+    unsetenv("CAIRN_CPU_EXACT_MATMUL");
+    return ok ? 0 : -1;
 }
 
 static int teardown_backends(void **state)

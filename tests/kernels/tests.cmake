@@ -10,3 +10,9 @@ cairn_add_test(kernels_cpu_ops
 cairn_add_test(kernels_cpu_attention
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_cpu_attention.c
   LABELS kernels TIMEOUT 300)
+cairn_add_test(kernels_cpu_matmul
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_cpu_matmul.c
+  LABELS kernels TIMEOUT 300)
+cairn_add_test(kernels_cpu_attention_simd
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_cpu_attention_simd.c
+  LABELS kernels TIMEOUT 120)

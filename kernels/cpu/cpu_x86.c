@@ -1,0 +1,906 @@
+/*
+ * kernels/cpu/cpu_x86.c — AVX2 and AVX-512 kernels of the CPU backend.
+ *
+ * Every function here carries a target attribute instead of relying on the
+ * build's -march, so the same binary runs everywhere and cpu_isa_detect()
+ * picks the level at run time. Off x86-64 the file compiles to stubs that
+ * report "not handled" and the scalar reference kernels run.
+ *
+ * Matmul strategy
+ * ---------------
+ * Float weights (F32, F16, BF16): dot-product form. A tile of up to 4 weight
+ * rows x 4 tokens keeps 16 vector accumulators; each weight vector is
+ * converted to float once per tile and reused for every token of the tile.
+ * Each output element is one vector accumulator over k, reduced at the end
+ * by a fixed tree, whatever the tile shape, so a token's result is the same
+ * in a batch and alone.
+ *
+ * Quantized weights (Q8_0, Q4_0) against activations quantized to int8 per
+ * 32-element block (scale d_a, codes q_a):
+ *     y = sum_b d_w[b] * d_a[b] * sum_i w_b[i] * q_a[b][i]
+ * The integer inner sums use VNNI's vpdpbusd, which multiplies unsigned by
+ * signed bytes. Weights are therefore made unsigned by a zero point Z
+ * (Q4_0 codes are already q+8 with Z = 8; Q8_0 codes get +128 with Z = 128)
+ * and the accumulator starts at -Z * sum_i q_a[i], which the activation
+ * quantizer precomputes per block — the correction costs nothing.
+ *   - Few tokens (decode): one weight row at a time, 32 elements per block
+ *     in a 256-bit register, memory-bound; unpacking is cheap next to the
+ *     load.
+ *   - Many tokens (prefill, AVX-512): outer-product GEMM. A panel of 32 rows
+ *     is repacked (once per panel, reused for every token) so that a 512-bit
+ *     register holds 4 consecutive codes of 16 rows; vpdpbusd with 4
+ *     activation codes broadcast then advances 16 outputs at once, with no
+ *     horizontal sums. The per-block float scaling happens once per block
+ *     for 16 outputs.
+ * Both keep a fixed per-element order (integer block sums, then one FMA per
+ * block in block order), so results do not depend on how rows are split
+ * between threads.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu_impl.h"
+
+/* ---- level detection ---------------------------------------------------- */
+
+const char *cpu_isa_name(cpu_isa isa)
+{
+    switch (isa) {
+    case CPU_ISA_AVX512: return "avx512-vnni";
+    case CPU_ISA_AVX2: return "avx2";
+    default: return "scalar";
+    }
+}
+
+cpu_isa cpu_isa_detect(void)
+{
+    cpu_isa best = CPU_ISA_SCALAR;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        best = CPU_ISA_AVX2;
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
+            best = CPU_ISA_AVX512;
+    }
+#endif
+    const char *cap = getenv("CAIRN_CPU_ISA");
+    if (cap && *cap) {
+        cpu_isa want = best;
+        if (strcmp(cap, "scalar") == 0)
+            want = CPU_ISA_SCALAR;
+        else if (strcmp(cap, "avx2") == 0)
+            want = CPU_ISA_AVX2;
+        else if (strcmp(cap, "avx512") == 0)
+            want = CPU_ISA_AVX512;
+        if (want < best)
+            best = want;
+    }
+    return best;
+}
+
+void cpu_quantize_act_block_ref(const float *x, int8_t *q, float *d, int32_t *sum)
+{
+    float amax = 0.0f;
+    for (int i = 0; i < 32; i++)
+        amax = fmaxf(amax, fabsf(x[i]));
+    const float scale = amax / 127.0f;
+    const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+    int32_t s = 0;
+    for (int i = 0; i < 32; i++) {
+        /* nearest, ties to even: what the vector conversion does */
+        const int v = (int)nearbyintf(x[i] * inv);
+        q[i] = (int8_t)v;
+        s += v;
+    }
+    *d = scale;
+    *sum = s;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+
+#include <immintrin.h>
+
+#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define T256 __attribute__((target("avx2,fma,f16c")))
+#define INLINE static inline __attribute__((always_inline))
+
+/* Panel of the quantized GEMM: 32 rows (2 x 16); per block 2 x 8 groups of
+ * [16 rows][4 codes] then 2 x 16 float weight scales. */
+#define QP_ROWS 32
+#define QP_BLOCK_BYTES (2 * 8 * 64 + 2 * 64)
+/* Tokens per GEMM tile, and the batch size from which the GEMM is used. */
+#define QG_TOKENS 6
+#define QG_MIN_T 4
+
+static inline float half_to_float(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return cpu_half_to_float(h);
+}
+
+/* ---- activation quantization ------------------------------------------- */
+
+T512 static void quantize_act_512(const float *x, int n, int8_t *q, float *d, int32_t *s)
+{
+    for (int b = 0; b < n / 32; b++) {
+        __m512 x0 = _mm512_loadu_ps(x + 32 * b);
+        __m512 x1 = _mm512_loadu_ps(x + 32 * b + 16);
+        __m512 m = _mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1));
+        const float amax = _mm512_reduce_max_ps(m);
+        const float scale = amax / 127.0f;
+        const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+        const __m512 vinv = _mm512_set1_ps(inv);
+        __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, vinv));
+        __m512i i1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, vinv));
+        _mm_storeu_si128((__m128i *)(q + 32 * b), _mm512_cvtepi32_epi8(i0));
+        _mm_storeu_si128((__m128i *)(q + 32 * b + 16), _mm512_cvtepi32_epi8(i1));
+        d[b] = scale;
+        s[b] = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+    }
+}
+
+int cpu_x86_quantize_act(cpu_isa isa, const float *x, int n, int8_t *q, float *d, int32_t *s)
+{
+    if (isa >= CPU_ISA_AVX512) {
+        quantize_act_512(x, n, q, d, s);
+        return 1;
+    }
+    return 0;
+}
+
+/* ---- float weights: dot-product tiles ------------------------------------ */
+
+/* 16 weights of a row from element k, as floats; lanes outside `m` are 0. */
+INLINE T512 __m512 load_w16(const uint8_t *row, int k, cairn_type t, __mmask16 m)
+{
+    if (t == CAIRN_TYPE_F32)
+        return _mm512_maskz_loadu_ps(m, row + 4 * (size_t)k);
+    __m256i h = _mm256_maskz_loadu_epi16(m, row + 2 * (size_t)k);
+    if (t == CAIRN_TYPE_F16)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); /* BF16 */
+}
+
+INLINE T512 void ftile_512(const uint8_t *W, size_t rb, cairn_type t, const float *x, int n_in,
+                           const int R, const int C, float *y, int n_out)
+{
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++)
+            acc[r][c] = _mm512_setzero_ps();
+    int k = 0;
+    for (; k + 16 <= n_in; k += 16) {
+        __m512 w[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            w[r] = load_w16(W + (size_t)r * rb, k, t, 0xffff);
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            const __m512 xv = _mm512_loadu_ps(x + (size_t)c * n_in + k);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                acc[r][c] = _mm512_fmadd_ps(w[r], xv, acc[r][c]);
+        }
+    }
+    if (k < n_in) {
+        const __mmask16 m = (__mmask16)((1u << (n_in - k)) - 1);
+        __m512 w[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            w[r] = load_w16(W + (size_t)r * rb, k, t, m);
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            const __m512 xv = _mm512_maskz_loadu_ps(m, x + (size_t)c * n_in + k);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                acc[r][c] = _mm512_fmadd_ps(w[r], xv, acc[r][c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++)
+            y[(size_t)c * n_out + r] = _mm512_reduce_add_ps(acc[r][c]);
+}
+
+#define FTILE_CASES(fn, W, rb, t, x, n_in, R, C, y, n_out)                                         \
+    switch ((R) * 8 + (C)) {                                                                       \
+    case 1 * 8 + 1: fn(W, rb, t, x, n_in, 1, 1, y, n_out); break;                                  \
+    case 1 * 8 + 2: fn(W, rb, t, x, n_in, 1, 2, y, n_out); break;                                  \
+    case 1 * 8 + 3: fn(W, rb, t, x, n_in, 1, 3, y, n_out); break;                                  \
+    case 1 * 8 + 4: fn(W, rb, t, x, n_in, 1, 4, y, n_out); break;                                  \
+    case 2 * 8 + 1: fn(W, rb, t, x, n_in, 2, 1, y, n_out); break;                                  \
+    case 2 * 8 + 2: fn(W, rb, t, x, n_in, 2, 2, y, n_out); break;                                  \
+    case 2 * 8 + 3: fn(W, rb, t, x, n_in, 2, 3, y, n_out); break;                                  \
+    case 2 * 8 + 4: fn(W, rb, t, x, n_in, 2, 4, y, n_out); break;                                  \
+    case 3 * 8 + 1: fn(W, rb, t, x, n_in, 3, 1, y, n_out); break;                                  \
+    case 3 * 8 + 2: fn(W, rb, t, x, n_in, 3, 2, y, n_out); break;                                  \
+    case 3 * 8 + 3: fn(W, rb, t, x, n_in, 3, 3, y, n_out); break;                                  \
+    case 3 * 8 + 4: fn(W, rb, t, x, n_in, 3, 4, y, n_out); break;                                  \
+    case 4 * 8 + 1: fn(W, rb, t, x, n_in, 4, 1, y, n_out); break;                                  \
+    case 4 * 8 + 2: fn(W, rb, t, x, n_in, 4, 2, y, n_out); break;                                  \
+    case 4 * 8 + 3: fn(W, rb, t, x, n_in, 4, 3, y, n_out); break;                                  \
+    default: fn(W, rb, t, x, n_in, 4, 4, y, n_out); break;                                         \
+    }
+
+/* One weight type per instantiation so the loads are resolved at compile
+ * time. */
+#define FTILE_TYPED(NAME, TYPE)                                                                    \
+    static __attribute__((noinline)) T512 void NAME(const uint8_t *W, size_t rb, const float *x,  \
+                                                    int n_in, int R, int C, float *y, int n_out) \
+    {                                                                                              \
+        FTILE_CASES(ftile_512, W, rb, TYPE, x, n_in, R, C, y, n_out)                               \
+    }
+FTILE_TYPED(ftile_512_f32, CAIRN_TYPE_F32)
+FTILE_TYPED(ftile_512_f16, CAIRN_TYPE_F16)
+FTILE_TYPED(ftile_512_bf16, CAIRN_TYPE_BF16)
+
+/* AVX2: 8 lanes, tiles of up to 4 rows x 2 tokens (16 ymm registers). */
+INLINE T256 __m256 load_w8(const uint8_t *row, int k, cairn_type t)
+{
+    if (t == CAIRN_TYPE_F32)
+        return _mm256_loadu_ps((const float *)(row + 4 * (size_t)k));
+    __m128i h = _mm_loadu_si128((const __m128i *)(row + 2 * (size_t)k));
+    if (t == CAIRN_TYPE_F16)
+        return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+INLINE T256 float hsum256(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Weight element k of a row as a float (the scalar tail of the AVX2 tile). */
+static inline float w_at(const uint8_t *row, int k, cairn_type t)
+{
+    if (t == CAIRN_TYPE_F32) {
+        float f;
+        memcpy(&f, row + 4 * (size_t)k, 4);
+        return f;
+    }
+    uint16_t h;
+    memcpy(&h, row + 2 * (size_t)k, 2);
+    return t == CAIRN_TYPE_F16 ? cpu_half_to_float(h) : cairn_bf16_to_fp32(h);
+}
+
+INLINE T256 void ftile_256(const uint8_t *W, size_t rb, cairn_type t, const float *x, int n_in,
+                           const int R, const int C, float *y, int n_out)
+{
+    __m256 acc[4][2];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+        for (int c = 0; c < C; c++)
+            acc[r][c] = _mm256_setzero_ps();
+    int k = 0;
+    for (; k + 8 <= n_in; k += 8) {
+        __m256 w[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            w[r] = load_w8(W + (size_t)r * rb, k, t);
+#pragma GCC unroll 2
+        for (int c = 0; c < C; c++) {
+            const __m256 xv = _mm256_loadu_ps(x + (size_t)c * n_in + k);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                acc[r][c] = _mm256_fmadd_ps(w[r], xv, acc[r][c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+        for (int c = 0; c < C; c++) {
+            float sum = hsum256(acc[r][c]);
+            for (int kk = k; kk < n_in; kk++)
+                sum = fmaf(w_at(W + (size_t)r * rb, kk, t), x[(size_t)c * n_in + kk], sum);
+            y[(size_t)c * n_out + r] = sum;
+        }
+}
+
+#define FTILE256_TYPED(NAME, TYPE)                                                                 \
+    static __attribute__((noinline)) T256 void NAME(const uint8_t *W, size_t rb, const float *x,  \
+                                                    int n_in, int R, int C, float *y, int n_out) \
+    {                                                                                              \
+        switch (R * 8 + C) {                                                                       \
+        case 1 * 8 + 1: ftile_256(W, rb, TYPE, x, n_in, 1, 1, y, n_out); break;                    \
+        case 1 * 8 + 2: ftile_256(W, rb, TYPE, x, n_in, 1, 2, y, n_out); break;                    \
+        case 2 * 8 + 1: ftile_256(W, rb, TYPE, x, n_in, 2, 1, y, n_out); break;                    \
+        case 2 * 8 + 2: ftile_256(W, rb, TYPE, x, n_in, 2, 2, y, n_out); break;                    \
+        case 3 * 8 + 1: ftile_256(W, rb, TYPE, x, n_in, 3, 1, y, n_out); break;                    \
+        case 3 * 8 + 2: ftile_256(W, rb, TYPE, x, n_in, 3, 2, y, n_out); break;                    \
+        case 4 * 8 + 1: ftile_256(W, rb, TYPE, x, n_in, 4, 1, y, n_out); break;                    \
+        default: ftile_256(W, rb, TYPE, x, n_in, 4, 2, y, n_out); break;                           \
+        }                                                                                          \
+    }
+FTILE256_TYPED(ftile_256_f32, CAIRN_TYPE_F32)
+FTILE256_TYPED(ftile_256_f16, CAIRN_TYPE_F16)
+FTILE256_TYPED(ftile_256_bf16, CAIRN_TYPE_BF16)
+
+typedef void (*ftile_fn)(const uint8_t *W, size_t rb, const float *x, int n_in, int R, int C,
+                         float *y, int n_out);
+
+int cpu_x86_matmul_float(cpu_isa isa, float *y, const uint8_t *W, cairn_type wtype,
+                         size_t row_bytes, const float *x, int T, int n_in, int n_out, int64_t r0,
+                         int64_t r1)
+{
+    ftile_fn fn;
+    int max_c;
+    if (isa >= CPU_ISA_AVX512) {
+        fn = wtype == CAIRN_TYPE_F32 ? ftile_512_f32
+           : wtype == CAIRN_TYPE_F16 ? ftile_512_f16
+           : ftile_512_bf16;
+        max_c = 4;
+    } else if (isa >= CPU_ISA_AVX2) {
+        fn = wtype == CAIRN_TYPE_F32 ? ftile_256_f32
+           : wtype == CAIRN_TYPE_F16 ? ftile_256_f16
+           : ftile_256_bf16;
+        max_c = 2;
+    } else {
+        return 0;
+    }
+    if (wtype != CAIRN_TYPE_F32 && wtype != CAIRN_TYPE_F16 && wtype != CAIRN_TYPE_BF16)
+        return 0;
+    for (int64_t r = r0; r < r1; r += 4) {
+        const int R = r1 - r < 4 ? (int)(r1 - r) : 4;
+        for (int t = 0; t < T; t += max_c) {
+            const int C = T - t < max_c ? T - t : max_c;
+            fn(W + (size_t)r * row_bytes, row_bytes, x + (size_t)t * n_in, n_in, R, C,
+               y + (size_t)t * n_out + r, n_out);
+        }
+    }
+    return 1;
+}
+
+/* ---- quantized weights: row-at-a-time (decode) ---------------------------- */
+
+/* Zero point of each weight format's unsigned codes (see the top). */
+#define Q4_ZERO 8
+#define Q8_ZERO 128
+
+/* Row r against C tokens, 256-bit VNNI (AVX-512VL). */
+INLINE T512 void qrow_512(const uint8_t *row, cairn_type t, const int8_t *q, const float *d,
+                          const int32_t *s, int n_in, const int C, float *y, int n_out)
+{
+    const int nb = n_in / 32;
+    const size_t bs = t == CAIRN_TYPE_Q4_0 ? 18 : 34;
+    const int zero = t == CAIRN_TYPE_Q4_0 ? Q4_ZERO : Q8_ZERO;
+    const __m128i low4 = _mm_set1_epi8(0x0f);
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    /* Two accumulators per token (even and odd blocks) so consecutive
+     * blocks' FMAs do not wait for each other. */
+    __m256 acc[4][2];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++)
+        acc[c][0] = acc[c][1] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = row + (size_t)b * bs;
+        const float dw = half_to_float(blk);
+        __m256i w;
+        if (t == CAIRN_TYPE_Q4_0) {
+            const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + 2));
+            const __m128i lo = _mm_and_si128(raw, low4);
+            const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);
+            w = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+        } else {
+            w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 2)), flip);
+        }
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            const size_t ab = (size_t)c * nb + b;
+            const __m256i a = _mm256_loadu_si256((const __m256i *)(q + (size_t)c * n_in + 32 * b));
+            const __m256i init = _mm256_zextsi128_si256(_mm_cvtsi32_si128(-zero * s[ab]));
+            const __m256i isum = _mm256_dpbusd_epi32(init, w, a);
+            acc[c][b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dw * d[ab]),
+                                            acc[c][b & 1]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++)
+        y[(size_t)c * n_out] = hsum256(_mm256_add_ps(acc[c][0], acc[c][1]));
+}
+
+/* The same on plain AVX2, where u8 x s8 products are summed in pairs into
+ * int16 (maddubs) and then into int32. Q4_0 codes (< 16) cannot saturate the
+ * pair sums; Q8_0 uses |w| and sign(a, w) instead (pair sums <= 2 * 128 *
+ * 127 < 32768), which needs no zero point. */
+INLINE T256 void qrow_256(const uint8_t *row, cairn_type t, const int8_t *q, const float *d,
+                          const int32_t *s, int n_in, const int C, float *y, int n_out)
+{
+    const int nb = n_in / 32;
+    const size_t bs = t == CAIRN_TYPE_Q4_0 ? 18 : 34;
+    const __m128i low4 = _mm_set1_epi8(0x0f);
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    /* Two accumulators per token (even and odd blocks) so consecutive
+     * blocks' FMAs do not wait for each other. */
+    __m256 acc[4][2];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++)
+        acc[c][0] = acc[c][1] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = row + (size_t)b * bs;
+        const float dw = half_to_float(blk);
+        __m256i w;
+        if (t == CAIRN_TYPE_Q4_0) {
+            const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + 2));
+            const __m128i lo = _mm_and_si128(raw, low4);
+            const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);
+            w = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+        } else {
+            w = _mm256_loadu_si256((const __m256i *)(blk + 2));
+        }
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            const size_t ab = (size_t)c * nb + b;
+            const __m256i a = _mm256_loadu_si256((const __m256i *)(q + (size_t)c * n_in + 32 * b));
+            __m256i pairs, init;
+            if (t == CAIRN_TYPE_Q4_0) {
+                pairs = _mm256_maddubs_epi16(w, a);
+                init = _mm256_set_epi32(0, 0, 0, 0, 0, 0, 0, -Q4_ZERO * s[ab]);
+            } else {
+                pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(a, w));
+                init = _mm256_setzero_si256();
+            }
+            const __m256i isum = _mm256_add_epi32(init, _mm256_madd_epi16(pairs, ones16));
+            acc[c][b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dw * d[ab]),
+                                            acc[c][b & 1]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++)
+        y[(size_t)c * n_out] = hsum256(_mm256_add_ps(acc[c][0], acc[c][1]));
+}
+
+#define QROW_TYPED(NAME, BODY, ATTR, TYPE)                                                         \
+    static __attribute__((noinline)) ATTR void NAME(const uint8_t *row, const int8_t *q,          \
+                                                    const float *d, const int32_t *s, int n_in,   \
+                                                    int C, float *y, int n_out)                   \
+    {                                                                                              \
+        switch (C) {                                                                               \
+        case 1: BODY(row, TYPE, q, d, s, n_in, 1, y, n_out); break;                                \
+        case 2: BODY(row, TYPE, q, d, s, n_in, 2, y, n_out); break;                                \
+        case 3: BODY(row, TYPE, q, d, s, n_in, 3, y, n_out); break;                                \
+        default: BODY(row, TYPE, q, d, s, n_in, 4, y, n_out); break;                               \
+        }                                                                                          \
+    }
+QROW_TYPED(qrow_512_q4, qrow_512, T512, CAIRN_TYPE_Q4_0)
+QROW_TYPED(qrow_512_q8, qrow_512, T512, CAIRN_TYPE_Q8_0)
+QROW_TYPED(qrow_256_q4, qrow_256, T256, CAIRN_TYPE_Q4_0)
+QROW_TYPED(qrow_256_q8, qrow_256, T256, CAIRN_TYPE_Q8_0)
+
+typedef void (*qrow_fn)(const uint8_t *row, const int8_t *q, const float *d, const int32_t *s,
+                        int n_in, int C, float *y, int n_out);
+
+/* ---- quantized weights: panel GEMM (prefill, AVX-512 VNNI) --------------- */
+
+/* Repack rows [r, r + 32) (rows from r_end on are zero) into `pk`: for each
+ * block, for each 16-row half, 8 groups of [16 rows][4 unsigned codes], then
+ * the two halves' 16 float scales. Gathers read 4 code bytes of 16 rows at
+ * once. */
+T512 static void pack_panel(const uint8_t *W, size_t rb, cairn_type t, int nb, int64_t r,
+                            int64_t r_end, uint8_t *pk)
+{
+    const size_t bs = t == CAIRN_TYPE_Q4_0 ? 18 : 34;
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
+                                                             12, 13, 14, 15),
+                                           _mm512_set1_epi32((int)rb));
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const __m512i low16 = _mm512_set1_epi32(0xffff);
+    __mmask16 valid[2];
+    for (int p = 0; p < 2; p++) {
+        int64_t n = r_end - (r + 16 * p);
+        valid[p] = n >= 16 ? 0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
+    }
+    for (int b = 0; b < nb; b++) {
+        uint8_t *out = pk + (size_t)b * QP_BLOCK_BYTES;
+        for (int p = 0; p < 2; p++) {
+            const uint8_t *base = W + (size_t)(r + 16 * p) * rb + (size_t)b * bs;
+            const __mmask16 m = valid[p];
+            uint8_t *codes = out + (size_t)p * 512;
+            const __m512i zero = _mm512_setzero_si512();
+            if (t == CAIRN_TYPE_Q4_0) {
+                for (int g = 0; g < 4; g++) {
+                    __m512i raw = m ? _mm512_mask_i32gather_epi32(zero, m, idx, base + 2 + 4 * g, 1)
+                                    : zero;
+                    _mm512_store_si512(codes + 64 * g, _mm512_and_si512(raw, low4));
+                    _mm512_store_si512(codes + 64 * (g + 4),
+                                       _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4));
+                }
+            } else {
+                for (int g = 0; g < 8; g++) {
+                    __m512i raw = m ? _mm512_mask_i32gather_epi32(zero, m, idx, base + 2 + 4 * g, 1)
+                                    : zero;
+                    /* rows that do not exist get code 128 = value 0 */
+                    _mm512_store_si512(codes + 64 * g, _mm512_xor_si512(raw, flip));
+                }
+            }
+            __m512i dh = m ? _mm512_mask_i32gather_epi32(zero, m, idx, base, 1) : zero;
+            __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_and_si512(dh, low16)));
+            _mm512_store_ps((float *)(out + 1024 + 64 * p), dw);
+        }
+    }
+}
+
+/* Tokens [t0, t0 + C) against a packed panel: P = 1 or 2 halves of 16 rows
+ * are computed (the second half is skipped when no row of it exists). */
+INLINE T512 void qgemm_tile(const uint8_t *pk, int nb, const int8_t *q, const float *d,
+                            const int32_t *s, int n_in, int zero, const int P, const int C,
+                            float *y, int n_out, __mmask16 m0, __mmask16 m1)
+{
+    __m512 facc[2][QG_TOKENS];
+#pragma GCC unroll 2
+    for (int p = 0; p < P; p++)
+#pragma GCC unroll 6
+        for (int c = 0; c < C; c++)
+            facc[p][c] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *pb = pk + (size_t)b * QP_BLOCK_BYTES;
+        __m512i iacc[2][QG_TOKENS];
+#pragma GCC unroll 6
+        for (int c = 0; c < C; c++) {
+            const __m512i init = _mm512_set1_epi32(-zero * s[(size_t)c * nb + b]);
+#pragma GCC unroll 2
+            for (int p = 0; p < P; p++)
+                iacc[p][c] = init;
+        }
+        const int8_t *qb = q + 32 * (size_t)b;
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; g++) {
+            const __m512i w0 = _mm512_load_si512(pb + 64 * g);
+            const __m512i w1 = P > 1 ? _mm512_load_si512(pb + 512 + 64 * g) : w0;
+#pragma GCC unroll 6
+            for (int c = 0; c < C; c++) {
+                int32_t a4;
+                memcpy(&a4, qb + (size_t)c * n_in + 4 * g, 4);
+                const __m512i a = _mm512_set1_epi32(a4);
+                iacc[0][c] = _mm512_dpbusd_epi32(iacc[0][c], w0, a);
+                if (P > 1)
+                    iacc[1][c] = _mm512_dpbusd_epi32(iacc[1][c], w1, a);
+            }
+        }
+        const __m512 dw0 = _mm512_load_ps((const float *)(pb + 1024));
+        const __m512 dw1 = P > 1 ? _mm512_load_ps((const float *)(pb + 1088)) : dw0;
+#pragma GCC unroll 6
+        for (int c = 0; c < C; c++) {
+            const __m512 da = _mm512_set1_ps(d[(size_t)c * nb + b]);
+            facc[0][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[0][c]), _mm512_mul_ps(dw0, da),
+                                         facc[0][c]);
+            if (P > 1)
+                facc[1][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[1][c]),
+                                             _mm512_mul_ps(dw1, da), facc[1][c]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int c = 0; c < C; c++) {
+        _mm512_mask_storeu_ps(y + (size_t)c * n_out, m0, facc[0][c]);
+        if (P > 1)
+            _mm512_mask_storeu_ps(y + (size_t)c * n_out + 16, m1, facc[1][c]);
+    }
+}
+
+static __attribute__((noinline)) T512 void qgemm_tile_any(const uint8_t *pk, int nb,
+                                                          const int8_t *q, const float *d,
+                                                          const int32_t *s, int n_in, int zero,
+                                                          int P, int C, float *y, int n_out,
+                                                          __mmask16 m0, __mmask16 m1)
+{
+#define QG_CASE(PP, CC)                                                                            \
+    case PP * 8 + CC: qgemm_tile(pk, nb, q, d, s, n_in, zero, PP, CC, y, n_out, m0, m1); break;
+    switch (P * 8 + C) {
+        QG_CASE(1, 1) QG_CASE(1, 2) QG_CASE(1, 3) QG_CASE(1, 4) QG_CASE(1, 5) QG_CASE(1, 6)
+        QG_CASE(2, 1) QG_CASE(2, 2) QG_CASE(2, 3) QG_CASE(2, 4) QG_CASE(2, 5)
+    default: qgemm_tile(pk, nb, q, d, s, n_in, zero, 2, 6, y, n_out, m0, m1); break;
+    }
+#undef QG_CASE
+}
+
+size_t cpu_x86_pack_bytes(int n_in)
+{
+    return (size_t)(n_in / 32) * QP_BLOCK_BYTES;
+}
+
+int cpu_x86_q8act_rows_per_item(cpu_isa isa, int T)
+{
+    return isa >= CPU_ISA_AVX512 && T >= QG_MIN_T ? QP_ROWS : 16;
+}
+
+int cpu_x86_matmul_q8act(cpu_isa isa, float *y, const uint8_t *W, cairn_type wtype,
+                         size_t row_bytes, const int8_t *q, const float *d, const int32_t *s,
+                         int T, int n_in, int n_out, int64_t r0, int64_t r1, void *pack)
+{
+    if (isa < CPU_ISA_AVX2 || (wtype != CAIRN_TYPE_Q4_0 && wtype != CAIRN_TYPE_Q8_0))
+        return 0;
+    const int nb = n_in / 32;
+    if (isa >= CPU_ISA_AVX512 && T >= QG_MIN_T) {
+        const int zero = wtype == CAIRN_TYPE_Q4_0 ? Q4_ZERO : Q8_ZERO;
+        for (int64_t r = r0; r < r1; r += QP_ROWS) {
+            const int64_t rows = r1 - r < QP_ROWS ? r1 - r : QP_ROWS;
+            pack_panel(W, row_bytes, wtype, nb, r, r + rows, pack);
+            const int P = rows > 16 ? 2 : 1;
+            const __mmask16 m0 = rows >= 16 ? 0xffff : (__mmask16)((1u << rows) - 1);
+            const __mmask16 m1 = rows >= 32 ? 0xffff
+                               : rows > 16 ? (__mmask16)((1u << (rows - 16)) - 1)
+                               : 0;
+            for (int t = 0; t < T; t += QG_TOKENS) {
+                const int C = T - t < QG_TOKENS ? T - t : QG_TOKENS;
+                qgemm_tile_any(pack, nb, q + (size_t)t * n_in, d + (size_t)t * nb,
+                               s + (size_t)t * nb, n_in, zero, P, C, y + (size_t)t * n_out + r,
+                               n_out, m0, m1);
+            }
+        }
+        return 1;
+    }
+    qrow_fn fn = isa >= CPU_ISA_AVX512 ? (wtype == CAIRN_TYPE_Q4_0 ? qrow_512_q4 : qrow_512_q8)
+                                       : (wtype == CAIRN_TYPE_Q4_0 ? qrow_256_q4 : qrow_256_q8);
+    for (int64_t r = r0; r < r1; r++)
+        for (int t = 0; t < T; t += 4) {
+            const int C = T - t < 4 ? T - t : 4;
+            fn(W + (size_t)r * row_bytes, q + (size_t)t * n_in, d + (size_t)t * nb,
+               s + (size_t)t * nb, n_in, C, y + (size_t)t * n_out + r, n_out);
+        }
+    return 1;
+}
+
+/* ---- attention helpers ----------------------------------------------------- */
+
+static T512 float dot_kv_f16_512(const float *q, const void *k, int n)
+{
+    const uint16_t *kh = k;
+    __m512 acc = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + i),
+                              _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kh + i))), acc);
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + i),
+                              _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, kh + i)), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+static T512 float dot_kv_f32_512(const float *q, const void *k, int n)
+{
+    const float *kf = k;
+    __m512 acc = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(kf + i), acc);
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + i), _mm512_maskz_loadu_ps(m, kf + i),
+                              acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+static T512 void axpy_kv_f16_512(float *acc, float w, const void *v, int n)
+{
+    const uint16_t *vh = v;
+    const __m512 wv = _mm512_set1_ps(w);
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(acc + i,
+                         _mm512_fmadd_ps(wv, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vh + i))),
+                                         _mm512_loadu_ps(acc + i)));
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(acc + i, m,
+                              _mm512_fmadd_ps(wv, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, vh + i)),
+                                              _mm512_maskz_loadu_ps(m, acc + i)));
+    }
+}
+
+static T512 void axpy_kv_f32_512(float *acc, float w, const void *v, int n)
+{
+    const float *vf = v;
+    const __m512 wv = _mm512_set1_ps(w);
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(acc + i, _mm512_fmadd_ps(wv, _mm512_loadu_ps(vf + i), _mm512_loadu_ps(acc + i)));
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(acc + i, m,
+                              _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, vf + i),
+                                              _mm512_maskz_loadu_ps(m, acc + i)));
+    }
+}
+
+static T256 float dot_kv_f16_256(const float *q, const void *k, int n)
+{
+    const uint16_t *kh = k;
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i),
+                              _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kh + i))), acc);
+    float sum = hsum256(acc);
+    for (; i < n; i++)
+        sum = fmaf(q[i], cpu_half_to_float(kh[i]), sum);
+    return sum;
+}
+
+static T256 void axpy_kv_f16_256(float *acc, float w, const void *v, int n)
+{
+    const uint16_t *vh = v;
+    const __m256 wv = _mm256_set1_ps(w);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(acc + i,
+                         _mm256_fmadd_ps(wv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vh + i))),
+                                         _mm256_loadu_ps(acc + i)));
+    for (; i < n; i++)
+        acc[i] = fmaf(w, cpu_half_to_float(vh[i]), acc[i]);
+}
+
+/* A K or V row of `hd` elements (F16 or F32) as floats into v[hd/16]. */
+INLINE T512 void load_kv_row(const uint8_t *p, int hd, int f16, __m512 *v)
+{
+    for (int i = 0; i < hd / 16; i++)
+        v[i] = f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32 * (size_t)i)))
+                   : _mm512_loadu_ps((const float *)(p + 64 * (size_t)i));
+}
+
+INLINE T512 void attend_group_512(const cpu_attn_group *g, const int f16)
+{
+    const cairn_kv_layout *L = g->L;
+    const int hd = L->head_dim, ps = L->page_size, G = g->group;
+    const size_t k_off = cairn_kv_offset(L, g->layer, 0, 0) + g->head_off;
+    const size_t v_off = cairn_kv_offset(L, g->layer, 1, 0) + g->head_off;
+    float *scores = g->scratch;                           /* [G][n_pad]  */
+    const size_t n_pad = ((size_t)g->n_scan + 15) / 16 * 16;
+    float *q = scores + (size_t)G * n_pad;                /* [G][hd]     */
+    float *acc = q + (size_t)G * hd;                      /* [G][hd]     */
+    memcpy(q, g->q, sizeof(float) * (size_t)G * hd);
+    float max[64];
+    for (int h = 0; h < G; h++)
+        max[h] = -INFINITY;
+    int any = 0;
+    __m512 kv[16];
+
+    /* Pass 1: each visible K row is converted once and scored against
+     * every query head of the group. */
+    for (int j = 0, page_i = 0, row = 0; j < g->n_scan; j++) {
+        if (!g->mask || g->mask[j]) {
+            const uint8_t *k = g->pool + (size_t)g->pages[page_i] * L->page_bytes + k_off +
+                               (size_t)row * L->row_bytes;
+            load_kv_row(k, hd, f16, kv);
+            for (int h = 0; h < G; h++) {
+                const float *qh = q + (size_t)h * hd;
+                __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qh), kv[0]);
+                for (int i = 1; i < hd / 16; i++)
+                    a = _mm512_fmadd_ps(_mm512_loadu_ps(qh + 16 * i), kv[i], a);
+                const float s = _mm512_reduce_add_ps(a) * g->scale;
+                scores[(size_t)h * n_pad + j] = s;
+                max[h] = s > max[h] ? s : max[h];
+            }
+            any = 1;
+        }
+        if (++row == ps) {
+            row = 0;
+            page_i++;
+        }
+    }
+
+    /* Pass 2: softmax weights and the weighted sum of V rows. */
+    memset(acc, 0, sizeof(float) * (size_t)G * hd);
+    float sum[64];
+    for (int h = 0; h < G; h++)
+        sum[h] = 0.0f;
+    if (any) {
+        for (int j = 0, page_i = 0, row = 0; j < g->n_scan; j++) {
+            if (!g->mask || g->mask[j]) {
+                const uint8_t *v = g->pool + (size_t)g->pages[page_i] * L->page_bytes + v_off +
+                                   (size_t)row * L->row_bytes;
+                load_kv_row(v, hd, f16, kv);
+                for (int h = 0; h < G; h++) {
+                    const float w = expf(scores[(size_t)h * n_pad + j] - max[h]);
+                    sum[h] += w;
+                    const __m512 wv = _mm512_set1_ps(w);
+                    float *ah = acc + (size_t)h * hd;
+                    for (int i = 0; i < hd / 16; i++)
+                        _mm512_storeu_ps(ah + 16 * i,
+                                         _mm512_fmadd_ps(wv, kv[i], _mm512_loadu_ps(ah + 16 * i)));
+                }
+            }
+            if (++row == ps) {
+                row = 0;
+                page_i++;
+            }
+        }
+    }
+    for (int h = 0; h < G; h++) {
+        const float inv = sum[h] > 0.0f ? 1.0f / sum[h] : 0.0f;
+        const __m512 iv = _mm512_set1_ps(inv);
+        for (int i = 0; i < hd / 16; i++)
+            _mm512_storeu_ps(g->out + (size_t)h * hd + 16 * i,
+                             _mm512_mul_ps(_mm512_loadu_ps(acc + (size_t)h * hd + 16 * i), iv));
+    }
+}
+
+static T512 void attend_group_512_f16(const cpu_attn_group *g) { attend_group_512(g, 1); }
+static T512 void attend_group_512_f32(const cpu_attn_group *g) { attend_group_512(g, 0); }
+
+cpu_attend_group_fn cpu_x86_attend_group(cpu_isa isa, const cairn_kv_layout *L, int group)
+{
+    if (isa < CPU_ISA_AVX512 || L->head_dim % 16 != 0 || L->head_dim > 256 || group > 64)
+        return NULL;
+    return L->dtype == CAIRN_TYPE_F16 ? attend_group_512_f16 : attend_group_512_f32;
+}
+
+cpu_dot_kv_fn cpu_x86_dot_kv(cpu_isa isa, cairn_type dtype)
+{
+    if (isa >= CPU_ISA_AVX512)
+        return dtype == CAIRN_TYPE_F16 ? dot_kv_f16_512 : dot_kv_f32_512;
+    if (isa >= CPU_ISA_AVX2 && dtype == CAIRN_TYPE_F16)
+        return dot_kv_f16_256;
+    return NULL;
+}
+
+cpu_axpy_kv_fn cpu_x86_axpy_kv(cpu_isa isa, cairn_type dtype)
+{
+    if (isa >= CPU_ISA_AVX512)
+        return dtype == CAIRN_TYPE_F16 ? axpy_kv_f16_512 : axpy_kv_f32_512;
+    if (isa >= CPU_ISA_AVX2 && dtype == CAIRN_TYPE_F16)
+        return axpy_kv_f16_256;
+    return NULL;
+}
+
+#else /* not x86-64: the scalar reference kernels do everything */
+
+int cpu_x86_quantize_act(cpu_isa isa, const float *x, int n, int8_t *q, float *d, int32_t *s)
+{
+    (void)isa, (void)x, (void)n, (void)q, (void)d, (void)s;
+    return 0;
+}
+int cpu_x86_matmul_float(cpu_isa isa, float *y, const uint8_t *W, cairn_type wtype,
+                         size_t row_bytes, const float *x, int T, int n_in, int n_out, int64_t r0,
+                         int64_t r1)
+{
+    (void)isa, (void)y, (void)W, (void)wtype, (void)row_bytes, (void)x, (void)T, (void)n_in;
+    (void)n_out, (void)r0, (void)r1;
+    return 0;
+}
+int cpu_x86_matmul_q8act(cpu_isa isa, float *y, const uint8_t *W, cairn_type wtype,
+                         size_t row_bytes, const int8_t *q, const float *d, const int32_t *s,
+                         int T, int n_in, int n_out, int64_t r0, int64_t r1, void *pack)
+{
+    (void)isa, (void)y, (void)W, (void)wtype, (void)row_bytes, (void)q, (void)d, (void)s;
+    (void)T, (void)n_in, (void)n_out, (void)r0, (void)r1, (void)pack;
+    return 0;
+}
+size_t cpu_x86_pack_bytes(int n_in)
+{
+    (void)n_in;
+    return 0;
+}
+int cpu_x86_q8act_rows_per_item(cpu_isa isa, int T)
+{
+    (void)isa, (void)T;
+    return 16;
+}
+cpu_dot_kv_fn cpu_x86_dot_kv(cpu_isa isa, cairn_type dtype)
+{
+    (void)isa, (void)dtype;
+    return NULL;
+}
+cpu_axpy_kv_fn cpu_x86_axpy_kv(cpu_isa isa, cairn_type dtype)
+{
+    (void)isa, (void)dtype;
+    return NULL;
+}
+cpu_attend_group_fn cpu_x86_attend_group(cpu_isa isa, const cairn_kv_layout *L, int group)
+{
+    (void)isa, (void)L, (void)group;
+    return NULL;
+}
+#endif

@@ -1,0 +1,224 @@
+/*
+ * tests/kernels/test_cpu_matmul.c — the CPU matmul at every instruction-set
+ * level this machine has (scalar, AVX2, AVX-512 VNNI, forced with
+ * CAIRN_CPU_ISA), in both of its modes:
+ *
+ *   - float weights (F32, F16, BF16), and every type in exact mode, against
+ *     a double reference on the dequantized weights (the bound of
+ *     test_cpu_ops.c's test_matmul);
+ *   - Q8_0/Q4_0 weights in the default mode, where activations are quantized
+ *     to int8 per 32-element block. The test quantizes the activations itself
+ *     by the documented rule (d = max|x| / 127 in float, q = x * (1/d)
+ *     rounded to nearest even) and checks the kernel against the exact
+ *     product of the dequantized weights with the dequantized activations:
+ *     the only error allowed is float rounding, so a wrong code, zero point,
+ *     nibble order, scale or block pairing fails by orders of magnitude.
+ *
+ * Every case runs on a 1-thread and a 3-thread backend that must agree
+ * bitwise, with shapes that exercise every tile tail: T from 1 (decode rows)
+ * to 17 (prefill panels with a partial token tile), output counts that are
+ * not multiples of 16 or 32.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+
+#include "kernel_test_util.h"
+
+/* The levels to test: each is requested through CAIRN_CPU_ISA, which only
+ * ever lowers the detected level, so on a machine without AVX-512 the
+ * "avx512" backends run AVX2 (or scalar) kernels and the test still holds. */
+static const char *const levels[] = {"scalar", "avx2", "avx512"};
+#define N_LEVELS 3
+
+static cairn_backend *make_backend(const char *isa, int threads, int exact)
+{
+    setenv("CAIRN_CPU_ISA", isa, 1);
+    if (exact)
+        setenv("CAIRN_CPU_EXACT_MATMUL", "1", 1);
+    cairn_backend *be = kt_cpu(threads);
+    unsetenv("CAIRN_CPU_ISA");
+    unsetenv("CAIRN_CPU_EXACT_MATMUL");
+    return be;
+}
+
+/* Run y = x·Wᵀ on a 1- and a 3-thread backend of one level and mode, check
+ * they agree bitwise, return the 1-thread result. */
+static float *run_matmul(const char *isa, int exact, cairn_type type, const uint8_t *W, size_t rb,
+                         const float *x, int T, int n_in, int n_out, const char *what)
+{
+    const size_t y_bytes = sizeof(float) * (size_t)T * (size_t)n_out;
+    float *got[2];
+    const int threads[2] = {1, 3};
+    for (int b = 0; b < 2; b++) {
+        cairn_backend *be = make_backend(isa, threads[b], exact);
+        void *dW = kt_dev(be, W, rb * (size_t)n_out);
+        float *dx = kt_dev(be, x, sizeof(float) * (size_t)T * (size_t)n_in);
+        float *dy = kt_dev(be, NULL, y_bytes);
+        assert_int_equal(be->iface->matmul(be, dy, dW, type, dx, T, n_in, n_out), CAIRN_OK);
+        got[b] = kt_host(be, dy, y_bytes);
+        be->iface->free(be, dy);
+        be->iface->free(be, dx);
+        be->iface->free(be, dW);
+        cairn_backend_destroy(be);
+    }
+    KT_SAME_BYTES(got[0], got[1], y_bytes, what);
+    free(got[1]);
+    return got[0];
+}
+
+/* The activation quantization rule, as documented in kernels/cpu/cpu_impl.h. */
+static void quantize_block(const float *x, float *deq)
+{
+    float amax = 0.0f;
+    for (int i = 0; i < 32; i++)
+        amax = fmaxf(amax, fabsf(x[i]));
+    const float d = amax / 127.0f;
+    const float inv = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int i = 0; i < 32; i++)
+        deq[i] = d * nearbyintf(x[i] * inv); /* exact: |code| <= 127 */
+}
+
+static void check_case(cairn_type type, int T, int n_in, int n_out, kt_rng *rng)
+{
+    const size_t rb = cairn_type_row_bytes(type, n_in);
+    assert_true(rb > 0);
+    float *w_src = kt_xmalloc(sizeof(float) * (size_t)n_in);
+    uint8_t *W = kt_xmalloc(rb * (size_t)n_out);
+    float *Wd = kt_xmalloc(sizeof(float) * (size_t)n_in * (size_t)n_out); /* [n_out][n_in] */
+    float *x = kt_xmalloc(sizeof(float) * (size_t)T * (size_t)n_in);       /* [T][n_in] */
+    float *xq = kt_xmalloc(sizeof(float) * (size_t)T * (size_t)n_in);      /* dequantized x */
+    for (int o = 0; o < n_out; o++) {
+        kt_fill(rng, w_src, (size_t)n_in, -1, 1);
+        assert_int_equal(cairn_quantize_row(type, w_src, W + (size_t)o * rb, n_in), CAIRN_OK);
+        assert_int_equal(cairn_dequantize_row(type, W + (size_t)o * rb, Wd + (size_t)o * n_in, n_in),
+                         CAIRN_OK);
+    }
+    /* Blocks of very different magnitude, and an all-zero block, so the
+     * per-block scales matter. */
+    for (int t = 0; t < T; t++)
+        for (int b = 0; 32 * b < n_in; b++) {
+            const float mag = b % 3 == 2 ? 0.0f : b % 3 == 1 ? 0.01f : 3.0f;
+            const int len = n_in - 32 * b < 32 ? n_in - 32 * b : 32;
+            kt_fill(rng, x + (size_t)t * n_in + 32 * b, (size_t)len, -mag, mag);
+        }
+    const int quantized = type == CAIRN_TYPE_Q8_0 || type == CAIRN_TYPE_Q4_0;
+    if (quantized)
+        for (size_t i = 0; i < (size_t)T * n_in; i += 32)
+            quantize_block(x + i, xq + i);
+
+    for (int lv = 0; lv < N_LEVELS; lv++) {
+        for (int exact = 0; exact <= quantized; exact++) {
+            /* exact = 0 is the default mode; for float types it is the
+             * only one (they are always exact). */
+            const int q8 = quantized && !exact;
+            char what[128];
+            snprintf(what, sizeof what, "matmul %s %s%s T=%d n_in=%d n_out=%d", levels[lv],
+                     cairn_type_get(type)->name, q8 ? " q8-act" : "", T, n_in, n_out);
+            float *got = run_matmul(levels[lv], exact || !quantized ? 1 : 0, type, W, rb, x, T,
+                                    n_in, n_out, what);
+            const float *xa = q8 ? xq : x;
+            for (int t = 0; t < T; t++)
+                for (int o = 0; o < n_out; o++) {
+                    double sum = 0.0, abs_sum = 0.0;
+                    for (int i = 0; i < n_in; i++) {
+                        double term = (double)Wd[(size_t)o * n_in + i] * (double)xa[(size_t)t * n_in + i];
+                        sum += term;
+                        abs_sum += fabs(term);
+                    }
+                    /* as test_cpu_ops.c: (n_in + 2) FLT_EPSILON sum|terms| */
+                    double tol = (n_in + 2) * (double)FLT_EPSILON * abs_sum;
+                    KT_CLOSE(got[(size_t)t * n_out + o], sum, tol, what, (long long)t * n_out + o);
+                }
+            free(got);
+        }
+    }
+    free(xq);
+    free(x);
+    free(Wd);
+    free(W);
+    free(w_src);
+}
+
+static void test_float_weights(void **state)
+{
+    (void)state;
+    kt_rng rng = kt_rng_for("float_weights");
+    static const cairn_type types[] = {CAIRN_TYPE_F32, CAIRN_TYPE_F16, CAIRN_TYPE_BF16};
+    /* T, n_in, n_out: every row/token tail of the 4x4 (and 4x2) tiles, and
+     * row lengths that are not a multiple of the vector width. */
+    static const int shapes[][3] = {
+        {1, 64, 37}, {5, 96, 130}, {3, 45, 11}, {2, 7, 40}, {17, 128, 21}, {4, 33, 9},
+    };
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            check_case(types[ti], shapes[s][0], shapes[s][1], shapes[s][2], &rng);
+}
+
+static void test_quantized_weights(void **state)
+{
+    (void)state;
+    kt_rng rng = kt_rng_for("quantized_weights");
+    static const cairn_type types[] = {CAIRN_TYPE_Q8_0, CAIRN_TYPE_Q4_0};
+    /* T < 4: row-at-a-time kernels; T >= 4: panel GEMM with 1 or 2 half
+     * panels and partial token tiles; n_out below, between and above the
+     * 16/32-row panel sizes. */
+    static const int shapes[][3] = {
+        {1, 64, 37}, {3, 256, 7}, {1, 32, 1}, {4, 96, 16}, {6, 64, 33},
+        {17, 128, 301}, {13, 160, 64}, {8, 32, 50},
+    };
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            check_case(types[ti], shapes[s][0], shapes[s][1], shapes[s][2], &rng);
+}
+
+/* A token's row of y is the same whether it is computed alone or in a
+ * batch, for float weights at every level (the engine relies on this for
+ * F32 models: decode and prefill agree bitwise). */
+static void test_float_batch_invariance(void **state)
+{
+    (void)state;
+    kt_rng rng = kt_rng_for("batch_invariance");
+    const int T = 7, n_in = 80, n_out = 23;
+    static const cairn_type types[] = {CAIRN_TYPE_F32, CAIRN_TYPE_F16, CAIRN_TYPE_BF16};
+    float *w_src = kt_xmalloc(sizeof(float) * n_in);
+    float *x = kt_xmalloc(sizeof(float) * T * n_in);
+    kt_fill(&rng, x, (size_t)T * n_in, -2, 2);
+    for (size_t ti = 0; ti < 3; ti++) {
+        const size_t rb = cairn_type_row_bytes(types[ti], n_in);
+        uint8_t *W = kt_xmalloc(rb * n_out);
+        for (int o = 0; o < n_out; o++) {
+            kt_fill(&rng, w_src, n_in, -1, 1);
+            assert_int_equal(cairn_quantize_row(types[ti], w_src, W + o * rb, n_in), CAIRN_OK);
+        }
+        for (int lv = 0; lv < N_LEVELS; lv++) {
+            char what[96];
+            snprintf(what, sizeof what, "batch invariance %s %s", levels[lv],
+                     cairn_type_get(types[ti])->name);
+            float *all = run_matmul(levels[lv], 1, types[ti], W, rb, x, T, n_in, n_out, what);
+            for (int t = 0; t < T; t++) {
+                float *one = run_matmul(levels[lv], 1, types[ti], W, rb, x + (size_t)t * n_in, 1,
+                                        n_in, n_out, what);
+                KT_SAME_BYTES(one, all + (size_t)t * n_out, sizeof(float) * n_out, what);
+                free(one);
+            }
+            free(all);
+        }
+        free(W);
+    }
+    free(x);
+    free(w_src);
+}
+
+int main(void)
+{
+    kt_init_seed("kernels_cpu_matmul");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_float_weights),
+        cmocka_unit_test(test_quantized_weights),
+        cmocka_unit_test(test_float_batch_invariance),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

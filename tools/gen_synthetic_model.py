@@ -1,0 +1,285 @@
+#!/usr/bin/env python3
+"""Write a Llama-architecture GGUF file of any shape filled with random weights.
+
+The file loads in cairn and in llama.cpp alike, so large-model speed can be
+measured on the same bytes without downloading anything. The weights are
+random but scaled like a trained model's (each projection keeps activations
+of unit size), so the forward pass runs on realistic magnitudes: no
+overflow, no denormals, softmax that is neither flat nor one-hot.
+
+Shapes used by bench/cpu (see bench/cpu/README.md):
+
+    110m: --dim 768  --layers 12 --heads 12 --kv-heads 4 --ffn 2048 --vocab 32000
+    1b:   --dim 2048 --layers 16 --heads 32 --kv-heads 8 --ffn 5632 --vocab 32000
+
+Every 2-D weight (embeddings, projections, output) is written in --type
+(F32, F16, BF16, Q8_0, Q4_0 or Q4_K); the norm vectors are F32, as GGUF
+writers keep them. The vocabulary is a SentencePiece-style one: <unk>, <s>,
+</s>, the 256 byte tokens, then filler pieces.
+
+Quantized tensors are generated directly in their block format (random codes
+with scales chosen for the target spread) instead of quantizing floats, which
+keeps a 1B model to a few seconds of generation.
+
+Usage: gen_synthetic_model.py --shape 110m --type q4_0 -o /tmp/s110m-q4_0.gguf
+"""
+import argparse
+import struct
+import sys
+
+import numpy as np
+
+GGUF_MAGIC = b"GGUF"
+GGUF_VERSION = 3
+ALIGNMENT = 32
+
+# GGUF metadata value types
+T_UINT32, T_INT32, T_FLOAT32, T_STRING, T_ARRAY = 4, 5, 6, 8, 9
+
+# GGUF tensor types: (ggml id, elements per block, bytes per block)
+TYPES = {
+    "F32": (0, 1, 4),
+    "F16": (1, 1, 2),
+    "Q4_0": (2, 32, 18),
+    "Q8_0": (8, 32, 34),
+    "Q4_K": (12, 256, 144),
+    "BF16": (30, 1, 2),
+}
+# general.file_type values (llama_ftype) for the "mostly X" label
+FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q8_0": 7, "Q4_K": 15, "BF16": 32}
+
+SHAPES = {
+    "110m": dict(dim=768, layers=12, heads=12, kv_heads=4, ffn=2048, vocab=32000),
+    "1b": dict(dim=2048, layers=16, heads=32, kv_heads=8, ffn=5632, vocab=32000),
+    "tiny": dict(dim=128, layers=2, heads=4, kv_heads=2, ffn=320, vocab=512),
+}
+
+
+# ---- metadata encoding -----------------------------------------------------
+
+def enc_str(s):
+    b = s.encode("utf-8")
+    return struct.pack("<Q", len(b)) + b
+
+
+def kv_u32(key, v):
+    return enc_str(key) + struct.pack("<I", T_UINT32) + struct.pack("<I", v)
+
+
+def kv_i32(key, v):
+    return enc_str(key) + struct.pack("<I", T_INT32) + struct.pack("<i", v)
+
+
+def kv_f32(key, v):
+    return enc_str(key) + struct.pack("<I", T_FLOAT32) + struct.pack("<f", v)
+
+
+def kv_str(key, v):
+    return enc_str(key) + struct.pack("<I", T_STRING) + enc_str(v)
+
+
+def kv_arr(key, elem_type, values):
+    out = [enc_str(key), struct.pack("<IIQ", T_ARRAY, elem_type, len(values))]
+    if elem_type == T_STRING:
+        out.extend(enc_str(v) for v in values)
+    elif elem_type == T_FLOAT32:
+        out.append(np.asarray(values, dtype="<f4").tobytes())
+    elif elem_type == T_INT32:
+        out.append(np.asarray(values, dtype="<i4").tobytes())
+    else:
+        raise ValueError(elem_type)
+    return b"".join(out)
+
+
+def vocab(n_vocab):
+    """A SentencePiece-shaped vocabulary: control tokens, byte tokens, then
+    distinct filler pieces (so every id decodes to something)."""
+    if n_vocab < 3 + 256 + 1:
+        raise SystemExit("--vocab must be at least 260 (control + byte tokens)")
+    tokens = ["<unk>", "<s>", "</s>"] + ["<0x%02X>" % b for b in range(256)]
+    types = [2, 3, 3] + [6] * 256  # unknown, control, control, byte
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    i = 0
+    while len(tokens) < n_vocab:
+        # base-26 words, half of them with the SentencePiece word-start mark
+        w, k = "", i
+        while True:
+            w = letters[k % 26] + w
+            k //= 26
+            if k == 0:
+                break
+        tokens.append(("\u2581" + w) if i % 2 == 0 else w)
+        types.append(1)
+        i += 1
+    scores = [0.0] * 259 + [-float(j) for j in range(n_vocab - 259)]
+    return tokens, scores, types
+
+
+# ---- random tensors --------------------------------------------------------
+
+def random_rows(rng, type_name, n_rows, n_in, std):
+    """Bytes of an [n_rows][n_in] weight in `type_name`, elements of about
+    `std` spread and zero mean."""
+    n = n_rows * n_in
+    if type_name == "F32":
+        return (rng.standard_normal(n, dtype=np.float32) * std).astype("<f4").tobytes()
+    if type_name == "F16":
+        return (rng.standard_normal(n, dtype=np.float32) * std).astype("<f2").tobytes()
+    if type_name == "BF16":
+        f = (rng.standard_normal(n, dtype=np.float32) * std).astype("<f4")
+        u = f.view("<u4")
+        u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16  # round to nearest even
+        return u.astype("<u2").tobytes()
+    nb = n // 32
+    if type_name == "Q8_0":
+        # codes uniform in [-127, 127]: spread 127/sqrt(3) ~ 73.3 steps
+        d = (std / 73.3) * rng.uniform(0.8, 1.2, nb).astype(np.float32)
+        blocks = np.empty((nb, 34), dtype=np.uint8)
+        blocks[:, 0:2] = d.astype("<f2").view(np.uint8).reshape(nb, 2)
+        blocks[:, 2:] = rng.integers(-127, 128, (nb, 32), dtype=np.int8).view(np.uint8)
+        return blocks.tobytes()
+    if type_name == "Q4_0":
+        # codes uniform in [0, 15], value d*(q-8): spread ~ 4.6 steps
+        d = (std / 4.6) * rng.uniform(0.8, 1.2, nb).astype(np.float32)
+        blocks = np.empty((nb, 18), dtype=np.uint8)
+        blocks[:, 0:2] = d.astype("<f2").view(np.uint8).reshape(nb, 2)
+        blocks[:, 2:] = rng.integers(0, 256, (nb, 16), dtype=np.uint8)
+        return blocks.tobytes()
+    if type_name == "Q4_K":
+        # 256-element super-block of 8 sub-blocks of 32: value
+        # d*sc_j*q - dmin*m_j, q in [0, 15]. With dmin = d and m_j close to
+        # 7.5*sc_j, each sub-block is centred on zero with spread ~4.6*d*sc_j.
+        nsb = n // 256
+        sc = rng.integers(1, 9, (nsb, 8)).astype(np.uint8)  # 1..8
+        m = np.clip(np.rint(sc * 7.5), 0, 63).astype(np.uint8)
+        d = (std / (4.6 * 4.5)) * rng.uniform(0.8, 1.2, nsb).astype(np.float32)
+        blocks = np.empty((nsb, 144), dtype=np.uint8)
+        dd = d.astype("<f2").view(np.uint8).reshape(nsb, 2)
+        blocks[:, 0:2] = dd  # d
+        blocks[:, 2:4] = dd  # dmin
+        # 6-bit scales and mins packed in 12 bytes (GGUF's K-quant layout):
+        # bytes 0-3: sc[0..3] | top 2 bits of sc[4..7]; 4-7: m[0..3] | top 2
+        # bits of m[4..7]; 8-11: low 4 bits of sc[4..7] | low 4 of m[4..7].
+        s = np.empty((nsb, 12), dtype=np.uint8)
+        s[:, 0:4] = (sc[:, 0:4] & 63) | ((sc[:, 4:8] >> 4) << 6)
+        s[:, 4:8] = (m[:, 0:4] & 63) | ((m[:, 4:8] >> 4) << 6)
+        s[:, 8:12] = (sc[:, 4:8] & 0xF) | ((m[:, 4:8] & 0xF) << 4)
+        blocks[:, 4:16] = s
+        blocks[:, 16:] = rng.integers(0, 256, (nsb, 128), dtype=np.uint8)
+        return blocks.tobytes()
+    raise ValueError(type_name)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("-o", "--output", required=True, help="output .gguf path")
+    ap.add_argument("--type", default="Q4_0", help="F32, F16, BF16, Q8_0, Q4_0 or Q4_K")
+    ap.add_argument("--shape", choices=sorted(SHAPES), help="a named shape (overridable)")
+    ap.add_argument("--dim", type=int)
+    ap.add_argument("--layers", type=int)
+    ap.add_argument("--heads", type=int)
+    ap.add_argument("--kv-heads", type=int)
+    ap.add_argument("--ffn", type=int)
+    ap.add_argument("--vocab", type=int)
+    ap.add_argument("--ctx", type=int, default=4096, help="llama.context_length")
+    ap.add_argument("--seed", type=int, default=1)
+    a = ap.parse_args()
+
+    shape = dict(SHAPES[a.shape]) if a.shape else {}
+    for k in ("dim", "layers", "heads", "kv_heads", "ffn", "vocab"):
+        v = getattr(a, k)
+        if v is not None:
+            shape[k] = v
+        if k not in shape:
+            ap.error("--%s is required without --shape" % k.replace("_", "-"))
+    tname = a.type.upper()
+    if tname not in TYPES:
+        ap.error("unknown --type %s" % a.type)
+    dim, n_layer, n_head, n_kv = shape["dim"], shape["layers"], shape["heads"], shape["kv_heads"]
+    ffn, n_vocab = shape["ffn"], shape["vocab"]
+    if dim % n_head or n_head % n_kv:
+        ap.error("dim must divide by heads and heads by kv-heads")
+    head_dim = dim // n_head
+    block = TYPES[tname][1]
+    for what, n_in in (("dim", dim), ("ffn", ffn)):
+        if n_in % block:
+            ap.error("%s (%d) must be a multiple of %d for %s" % (what, n_in, block, tname))
+
+    # (name, ne0 = row length, ne1 = rows, type, std)
+    tensors = [("token_embd.weight", dim, n_vocab, tname, 1.0)]
+    for l in range(n_layer):
+        p = "blk.%d." % l
+        tensors += [
+            (p + "attn_norm.weight", dim, 1, "F32", None),
+            (p + "attn_q.weight", dim, n_head * head_dim, tname, dim ** -0.5),
+            (p + "attn_k.weight", dim, n_kv * head_dim, tname, dim ** -0.5),
+            (p + "attn_v.weight", dim, n_kv * head_dim, tname, dim ** -0.5),
+            (p + "attn_output.weight", n_head * head_dim, dim, tname, (n_head * head_dim) ** -0.5),
+            (p + "ffn_norm.weight", dim, 1, "F32", None),
+            (p + "ffn_gate.weight", dim, ffn, tname, dim ** -0.5),
+            (p + "ffn_up.weight", dim, ffn, tname, dim ** -0.5),
+            (p + "ffn_down.weight", ffn, dim, tname, ffn ** -0.5),
+        ]
+    tensors += [("output_norm.weight", dim, 1, "F32", None),
+                ("output.weight", dim, n_vocab, tname, dim ** -0.5)]
+
+    toks, scores, ttypes = vocab(n_vocab)
+    meta = [
+        kv_str("general.architecture", "llama"),
+        kv_str("general.name", "synthetic-%dx%d-%s" % (dim, n_layer, tname.lower())),
+        kv_u32("general.file_type", FILE_TYPE[tname]),
+        kv_u32("general.alignment", ALIGNMENT),
+        kv_u32("llama.context_length", a.ctx),
+        kv_u32("llama.embedding_length", dim),
+        kv_u32("llama.block_count", n_layer),
+        kv_u32("llama.feed_forward_length", ffn),
+        kv_u32("llama.attention.head_count", n_head),
+        kv_u32("llama.attention.head_count_kv", n_kv),
+        kv_u32("llama.rope.dimension_count", head_dim),
+        kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5),
+        kv_f32("llama.rope.freq_base", 10000.0),
+        kv_u32("llama.vocab_size", n_vocab),
+        kv_str("tokenizer.ggml.model", "llama"),
+        kv_arr("tokenizer.ggml.tokens", T_STRING, toks),
+        kv_arr("tokenizer.ggml.scores", T_FLOAT32, scores),
+        kv_arr("tokenizer.ggml.token_type", T_INT32, ttypes),
+        kv_u32("tokenizer.ggml.unknown_token_id", 0),
+        kv_u32("tokenizer.ggml.bos_token_id", 1),
+        kv_u32("tokenizer.ggml.eos_token_id", 2),
+    ]
+
+    infos, offset, sizes = [], 0, []
+    for name, ne0, ne1, t, _ in tensors:
+        tid, be, bb = TYPES[t]
+        size = ne0 * ne1 // be * bb
+        dims = [ne0] if ne1 == 1 else [ne0, ne1]
+        infos.append(enc_str(name) + struct.pack("<I", len(dims)) +
+                     b"".join(struct.pack("<Q", d) for d in dims) + struct.pack("<IQ", tid, offset))
+        sizes.append(size)
+        offset += (size + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+
+    rng = np.random.default_rng(a.seed)
+    with open(a.output, "wb") as f:
+        f.write(GGUF_MAGIC + struct.pack("<IQQ", GGUF_VERSION, len(tensors), len(meta)))
+        for m in meta:
+            f.write(m)
+        for i in infos:
+            f.write(i)
+        pad = (-f.tell()) % ALIGNMENT
+        f.write(b"\0" * pad)
+        for (name, ne0, ne1, t, std), size in zip(tensors, sizes):
+            if std is None:  # norm weights: near one, as trained models have
+                data = (1.0 + 0.1 * rng.standard_normal(ne0, dtype=np.float32)).astype("<f4").tobytes()
+            else:
+                data = random_rows(rng, t, ne1, ne0, std)
+            assert len(data) == size, (name, len(data), size)
+            f.write(data)
+            f.write(b"\0" * ((-size) % ALIGNMENT))
+    total = offset
+    print("%s: %s, dim %d, %d layers, %d/%d heads, ffn %d, vocab %d, %.1f MiB of tensors"
+          % (a.output, tname, dim, n_layer, n_head, n_kv, ffn, n_vocab, total / 2 ** 20),
+          file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
