@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 /* ---- session ids --------------------------------------------------------- */
 
@@ -490,11 +491,27 @@ static void job_emit_delta(cairn_service *s, job *j, bool final)
 /*
  * A session's durable record, in the store's "records" database:
  *   key   's' + id.hi (8 bytes, big-endian) + id.lo (8 bytes, big-endian)
- *   value "CSR1" | u32 version (1) | u32 flags (bit 0: persist) | u32 0 |
- *         u64 tenant | u64 n_tokens | int32 tokens[n_tokens]  (little-endian)
+ *   value "CSR1" | u32 version (2) | u32 flags (bit 0: persist) | u32 0 |
+ *         u64 tenant | u64 n_tokens | u64 checksum | int32 tokens[n_tokens]
+ *         (little-endian)
+ * The checksum is XXH3-64 of the key and the value with the checksum field
+ * zeroed: a damaged record, or one moved under another session's key, is
+ * dropped at start rather than brought back with a wrong history.
  */
 #define RECORD_MAGIC "CSR1"
-#define RECORD_HEADER 32
+#define RECORD_VERSION 2
+#define RECORD_HEADER 40
+#define RECORD_SUM_AT 32
+
+static uint64_t record_checksum(const uint8_t key[17], const uint8_t *value, size_t bytes)
+{
+    /* the key, then the value with its checksum field read as zero */
+    static const uint8_t zero[8];
+    uint64_t h = XXH3_64bits(key, 17);
+    h = XXH3_64bits_withSeed(value, RECORD_SUM_AT, h);
+    h = XXH3_64bits_withSeed(zero, 8, h);
+    return XXH3_64bits_withSeed(value + RECORD_HEADER, bytes - RECORD_HEADER, h);
+}
 
 static void record_key(cairn_session_id id, uint8_t key[17])
 {
@@ -513,15 +530,18 @@ static int record_put(cairn_service *s, const session *x, uint64_t cookie)
     uint8_t *v = malloc(bytes), key[17];
     if (!v)
         return CAIRN_ENOMEM;
-    uint32_t head[4] = {0, 1, x->persist ? 1u : 0u, 0};
+    uint32_t head[4] = {0, RECORD_VERSION, x->persist ? 1u : 0u, 0};
     memcpy(head, RECORD_MAGIC, 4);
-    uint64_t n64 = n;
+    uint64_t n64 = n, zero = 0;
     memcpy(v, head, 16);
     memcpy(v + 16, &x->tenant, 8);
     memcpy(v + 24, &n64, 8);
+    memcpy(v + RECORD_SUM_AT, &zero, 8);
     if (n)
         memcpy(v + RECORD_HEADER, x->history.v, n * sizeof(int32_t));
     record_key(x->id, key);
+    uint64_t sum = record_checksum(key, v, bytes);
+    memcpy(v + RECORD_SUM_AT, &sum, 8);
     int rc = cairn_kvcache_record_put(s->cache, key, sizeof key, v, bytes, cookie);
     free(v);
     return rc;
@@ -1310,19 +1330,31 @@ static int load_record(const void *key, size_t key_len, const void *value, size_
     uint64_t n;
     if (key_len != 17 || k[0] != 's' || bytes < RECORD_HEADER)
         return 0;
-    uint64_t tenant;
+    uint64_t tenant, sum;
     memcpy(head, v, 16);
     memcpy(&tenant, v + 16, 8);
     memcpy(&n, v + 24, 8);
-    if (memcmp(head, RECORD_MAGIC, 4) != 0 || head[1] != 1 || n > (uint64_t)s->n_ctx ||
-        bytes != RECORD_HEADER + n * sizeof(int32_t)) {
-        cairn_log(CAIRN_LOG_WARN, "service: ignoring a malformed session record");
-        return 0;
-    }
+    memcpy(&sum, v + RECORD_SUM_AT, 8);
     cairn_session_id id = {0, 0};
     for (int i = 0; i < 8; i++) {
         id.hi = id.hi << 8 | k[1 + i];
         id.lo = id.lo << 8 | k[9 + i];
+    }
+    bool ok = memcmp(head, RECORD_MAGIC, 4) == 0 && head[1] == RECORD_VERSION &&
+              n <= (uint64_t)s->n_ctx && bytes == RECORD_HEADER + n * sizeof(int32_t) &&
+              record_checksum(k, v, bytes) == sum;
+    for (uint64_t i = 0; ok && i < n; i++) {
+        int32_t t;
+        memcpy(&t, v + RECORD_HEADER + i * sizeof t, sizeof t);
+        ok = t >= 0 && t < s->n_vocab;
+    }
+    if (!ok) {
+        /* never bring a session back with a history it did not have */
+        char hex[33];
+        cairn_session_id_to_hex(id, hex);
+        cairn_log(CAIRN_LOG_WARN, "service: session record %s failed verification; dropped", hex);
+        record_delete(s, id, 0);
+        return 0;
     }
     session *x = calloc(1, sizeof *x);
     if (!x || session_find(s, id) || s->n_sessions >= s->cfg.max_sessions ||
@@ -1332,9 +1364,6 @@ static int load_record(const void *key, size_t key_len, const void *value, size_
         free(x);
         return 0;
     }
-    for (size_t i = 0; i < x->history.n; i++)
-        if (x->history.v[i] < 0 || x->history.v[i] >= s->n_vocab)
-            x->history.n = i; /* never trust ids from disk beyond the vocab */
     x->id = id;
     x->persist = head[2] & 1;
     x->tenant = tenant;
