@@ -1004,6 +1004,64 @@ static void job_adopt(cairn_service *s, job *j, const cairn_kvcache_event *ev)
 
 /* Move waiting jobs in while there is room; each first asks the cache for
  * its prefix (answered asynchronously by a FETCH event). */
+/* Jobs of `client` running or fetching now. */
+static int client_load(const cairn_service *s, uint64_t client)
+{
+    int n = 0;
+    for (int i = 0; i < s->n_running; i++)
+        n += s->running[i]->req->client == client;
+    for (int i = 0; i < s->n_fetching; i++)
+        n += s->fetching[i]->req->client == client;
+    return n;
+}
+
+/* The next waiting job to admit. First come, first served — except that a
+ * connection already holding its fair share of the running slots (max_seqs
+ * divided among the connections that have work) is passed over while
+ * another connection waits, so one client with hundreds of queued requests
+ * cannot starve the rest. Work-conserving: with no one else waiting, the
+ * head goes in anyway. Removes the job from the queue. */
+static job *waiting_pick(cairn_service *s)
+{
+    job *head = s->waiting_head;
+    if (!head || !head->next)
+        return waiting_pop(s);
+    /* connections with work: a bounded count is enough for the share */
+    uint64_t seen[64];
+    int n_seen = 0;
+    for (int i = 0; i < s->n_running + s->n_fetching && n_seen < 64; i++) {
+        const job *j = i < s->n_running ? s->running[i] : s->fetching[i - s->n_running];
+        bool dup = false;
+        for (int k = 0; k < n_seen && !dup; k++)
+            dup = seen[k] == j->req->client;
+        if (!dup)
+            seen[n_seen++] = j->req->client;
+    }
+    for (const job *j = head; j && n_seen < 64; j = j->next) {
+        bool dup = false;
+        for (int k = 0; k < n_seen && !dup; k++)
+            dup = seen[k] == j->req->client;
+        if (!dup)
+            seen[n_seen++] = j->req->client;
+    }
+    int share = (s->cfg.max_seqs + n_seen - 1) / n_seen;
+    job *prev = NULL;
+    for (job *j = head; j; prev = j, j = j->next) {
+        if (client_load(s, j->req->client) >= share)
+            continue;
+        if (prev) {
+            prev->next = j->next;
+            if (s->waiting_tail == j)
+                s->waiting_tail = prev;
+            s->n_waiting--;
+            j->next = NULL;
+            return j;
+        }
+        return waiting_pop(s);
+    }
+    return waiting_pop(s);
+}
+
 static void admit(cairn_service *s)
 {
     /* After a pause, admitting more would only lock more pages and pause
@@ -1012,13 +1070,12 @@ static void admit(cairn_service *s)
         return;
     s->pages_tight = false;
     while (s->n_running + s->n_fetching < s->cfg.max_seqs && s->waiting_head) {
-        job *j = waiting_pop(s);
+        job *j = waiting_pick(s);
         if (s->prefix_cache && j->seq.n >= 2) {
             j->cookie = ++s->next_cookie;
             /* leave the last token out: it must be computed for its logits */
             if (cairn_kvcache_fetch(s->cache, cache_key(s, j, j->seq.n - 1), j->seq.n - 1,
-                                    SIZE_MAX, j->cookie) ==
-                CAIRN_OK) {
+                                    SIZE_MAX, j->cookie) == CAIRN_OK) {
                 s->fetching[s->n_fetching++] = j;
                 continue;
             }

@@ -39,6 +39,8 @@ typedef struct {
     result res[MAX_RESULTS]; /* by request id */
     bool done[MAX_RESULTS];
     int delta_count[MAX_RESULTS];
+    int finished_at[MAX_RESULTS]; /* order in which requests finished */
+    int n_finished;
 } collector;
 
 static void on_event(const cairn_event *ev, void *user)
@@ -61,6 +63,7 @@ static void on_event(const cairn_event *ev, void *user)
             r->ev.tokens = r->tokens;
             r->ev.message = NULL;
             c->done[ev->id] = true;
+            c->finished_at[ev->id] = ++c->n_finished;
             pthread_cond_broadcast(&c->cv);
         }
     }
@@ -85,6 +88,8 @@ static void collector_reset(collector *c)
     memset(c->res, 0, sizeof c->res);
     memset(c->done, 0, sizeof c->done);
     memset(c->delta_count, 0, sizeof c->delta_count);
+    memset(c->finished_at, 0, sizeof c->finished_at);
+    c->n_finished = 0;
 }
 
 typedef struct {
@@ -585,6 +590,38 @@ static void test_tenants_are_isolated(void **state)
     stop(f);
 }
 
+/* One connection with many queued requests does not starve another: the
+ * second client's request is admitted at the first free slot. */
+static void test_fair_between_clients(void **state)
+{
+    (void)state;
+    fixture *f = start(512, 4, 64);
+    for (int i = 1; i <= 24; i++) {
+        cairn_request *r = cairn_request_new(CAIRN_REQ_GENERATE);
+        r->id = (uint64_t)i;
+        r->client = 1;
+        r->tokens = tokenize(f, "Once upon a time", true, &r->n_tokens);
+        r->gen.max_tokens = 48;
+        r->gen.sampling.temperature = 0;
+        cairn_service_submit(f->svc, r);
+    }
+    submit_generate(f, 25, "The little dog", 4, false); /* client 1 as well... */
+    cairn_request *b = cairn_request_new(CAIRN_REQ_GENERATE);
+    b->id = 26;
+    b->client = 2; /* ...and a bystander on another connection */
+    b->tokens = tokenize(f, "The little dog", true, &b->n_tokens);
+    b->gen.max_tokens = 4;
+    b->gen.sampling.temperature = 0;
+    cairn_service_submit(f->svc, b);
+    for (int i = 1; i <= 26; i++)
+        wait_for(&f->col, (uint64_t)i);
+    /* FIFO would finish it last; a fair share lets it in with the first
+     * slot that frees up, so at most the first wave of client 1 is ahead. */
+    assert_true(f->col.finished_at[26] <= 8);
+    assert_string_equal(f->col.res[26].text, f->col.res[25].text);
+    stop(f);
+}
+
 int main(void)
 {
     model_path = getenv("CAIRN_MODEL");
@@ -603,6 +640,7 @@ int main(void)
         cmocka_unit_test(test_restart_serves_from_disk),
         cmocka_unit_test(test_many_sessions_resume_from_lower_tiers),
         cmocka_unit_test(test_tenants_are_isolated),
+        cmocka_unit_test(test_fair_between_clients),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
