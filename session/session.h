@@ -16,7 +16,10 @@
  * The scheduler (continuous batching): every step it
  *   1. takes new requests from the queue; a generation request matches its
  *      prompt against the radix tree and locks the matched path, so those
- *      tokens are not recomputed (they are reported as `cached_tokens`);
+ *      tokens are not recomputed (they are reported as `cached_tokens`).
+ *      Admission is first come, first served, except that a connection
+ *      holding its share of the running slots (max_seqs over the
+ *      connections with work) is passed over while another one waits;
  *   2. builds one batch: one token for every decoding request, then prompt
  *      chunks (at most `prefill_chunk` tokens per request per step, and at
  *      most `max_batch_tokens` in all) so a long prompt never stalls the
