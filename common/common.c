@@ -32,6 +32,17 @@ const char *cairn_strerror(int status)
     }
 }
 
+int cairn_errorf(char *err, size_t err_len, int rc, const char *fmt, ...)
+{
+    if (err && err_len) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, err_len, fmt, ap);
+        va_end(ap);
+    }
+    return rc;
+}
+
 /* ---- type traits ------------------------------------------------------- */
 
 /* Sizes of GGUF's block formats. Types cairn cannot compute with are still

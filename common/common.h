@@ -66,6 +66,12 @@ enum {
 /* A static, never-NULL description of a status code. */
 const char *cairn_strerror(int status);
 
+/* The one way a function with an error buffer reports: writes the printf-style
+ * message to err[err_len] (when err is non-NULL and err_len > 0) and returns
+ * rc, so a failure path reads `return cairn_errorf(err, n, CAIRN_EFORMAT, ...)`. */
+int cairn_errorf(char *err, size_t err_len, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
 /* ---- element types (values are GGUF's ggml_type ids) ------------------- */
 
 typedef enum {

@@ -671,24 +671,12 @@ out:
 
 /* ---- open/close --------------------------------------------------------- */
 
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
-{
-    if (!err || !err_len)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-}
-
 static int open_image(const void *data, size_t size, void *map, cairn_gguf **out, char *err,
                       size_t err_len)
 {
     cairn_gguf *g = calloc(1, sizeof *g);
     if (!g) {
-        set_err(err, err_len, "out of memory");
+        cairn_errorf(err, err_len, 0, "out of memory");
         return CAIRN_ENOMEM;
     }
     g->base = data;
@@ -710,7 +698,7 @@ int cairn_gguf_open_memory(const void *data, size_t size, cairn_gguf **out, char
                            size_t err_len)
 {
     if (!out || (!data && size)) {
-        set_err(err, err_len, "invalid argument");
+        cairn_errorf(err, err_len, 0, "invalid argument");
         return CAIRN_EINVAL;
     }
     static const uint8_t empty[1];
@@ -720,22 +708,22 @@ int cairn_gguf_open_memory(const void *data, size_t size, cairn_gguf **out, char
 int cairn_gguf_open(const char *path, cairn_gguf **out, char *err, size_t err_len)
 {
     if (!path || !out) {
-        set_err(err, err_len, "invalid argument");
+        cairn_errorf(err, err_len, 0, "invalid argument");
         return CAIRN_EINVAL;
     }
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        set_err(err, err_len, "cannot open %s: %s", path, strerror(errno));
+        cairn_errorf(err, err_len, 0, "cannot open %s: %s", path, strerror(errno));
         return errno == ENOENT ? CAIRN_ENOTFOUND : CAIRN_EIO;
     }
     struct stat st;
     if (fstat(fd, &st) != 0) {
-        set_err(err, err_len, "cannot stat %s: %s", path, strerror(errno));
+        cairn_errorf(err, err_len, 0, "cannot stat %s: %s", path, strerror(errno));
         close(fd);
         return CAIRN_EIO;
     }
     if (!S_ISREG(st.st_mode)) {
-        set_err(err, err_len, "%s is not a regular file", path);
+        cairn_errorf(err, err_len, 0, "%s is not a regular file", path);
         close(fd);
         return CAIRN_EIO;
     }
@@ -744,7 +732,7 @@ int cairn_gguf_open(const char *path, cairn_gguf **out, char *err, size_t err_le
     if (size > 0) {
         map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (map == MAP_FAILED) {
-            set_err(err, err_len, "cannot mmap %s: %s", path, strerror(errno));
+            cairn_errorf(err, err_len, 0, "cannot mmap %s: %s", path, strerror(errno));
             close(fd);
             return CAIRN_EIO;
         }
@@ -754,7 +742,7 @@ int cairn_gguf_open(const char *path, cairn_gguf **out, char *err, size_t err_le
     char msg[256] = "";
     int rc = open_image(map ? map : empty, size, map, out, msg, sizeof msg);
     if (rc != CAIRN_OK) {
-        set_err(err, err_len, "%s: %s", path, msg);
+        cairn_errorf(err, err_len, 0, "%s: %s", path, msg);
         if (map)
             munmap(map, size);
     }

@@ -63,20 +63,6 @@ struct cairn_model {
     cairn_attn_seq *attn_seqs;
 };
 
-static int fail(char *err, size_t err_len, int rc, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int fail(char *err, size_t err_len, int rc, const char *fmt, ...)
-{
-    if (err && err_len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_len, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
-
 /* ---- hyper-parameters -------------------------------------------------- */
 
 static int get_u32_or(const cairn_gguf *g, const char *key, uint32_t dflt, uint32_t *out)
@@ -105,9 +91,9 @@ static int read_hparams(const cairn_gguf *g, const char *path, cairn_hparams *hp
     const char *arch;
     size_t arch_len;
     if (cairn_gguf_get_str(g, "general.architecture", &arch, &arch_len) != CAIRN_OK)
-        return fail(err, err_len, CAIRN_EFORMAT, "%s: no general.architecture", path);
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT, "%s: no general.architecture", path);
     if (strcmp(arch, "llama") != 0)
-        return fail(err, err_len, CAIRN_EUNSUPPORTED,
+        return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
                     "%s: architecture '%s' is not supported (supported: llama)", path, arch);
     memset(hp, 0, sizeof *hp);
     snprintf(hp->arch, sizeof hp->arch, "%s", arch);
@@ -127,23 +113,23 @@ static int read_hparams(const cairn_gguf *g, const char *path, cairn_hparams *hp
         (rc = cairn_gguf_get_u32(g, "llama.block_count", &n_layer)) ||
         (rc = cairn_gguf_get_u32(g, "llama.feed_forward_length", &ffn)) ||
         (rc = cairn_gguf_get_u32(g, "llama.attention.head_count", &n_head)))
-        return fail(err, err_len, CAIRN_EFORMAT, "%s: missing or invalid llama hyper-parameter",
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT, "%s: missing or invalid llama hyper-parameter",
                     path);
     if ((rc = get_u32_or(g, "llama.context_length", 2048, &n_ctx)) ||
         (rc = get_u32_or(g, "llama.attention.head_count_kv", n_head, &n_kv)) ||
         (rc = get_f32_or(g, "llama.attention.layer_norm_rms_epsilon", 1e-5f, &eps)) ||
         (rc = get_f32_or(g, "llama.rope.freq_base", 10000.0f, &base)))
-        return fail(err, err_len, CAIRN_EFORMAT, "%s: invalid llama hyper-parameter", path);
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT, "%s: invalid llama hyper-parameter", path);
     if (dim == 0 || n_layer == 0 || ffn == 0 || n_head == 0 || n_kv == 0 || n_ctx == 0 ||
         dim % n_head != 0 || n_head % n_kv != 0 || dim > (1u << 16) || n_layer > 1024 ||
         ffn > (1u << 20) || n_head > 1024)
-        return fail(err, err_len, CAIRN_EFORMAT,
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT,
                     "%s: inconsistent shape (dim %u, layers %u, heads %u/%u, ffn %u)", path, dim,
                     n_layer, n_head, n_kv, ffn);
     uint32_t head_dim = dim / n_head;
     if ((rc = get_u32_or(g, "llama.rope.dimension_count", head_dim, &n_rot)) || n_rot > head_dim ||
         n_rot % 2)
-        return fail(err, err_len, CAIRN_EFORMAT, "%s: invalid llama.rope.dimension_count", path);
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT, "%s: invalid llama.rope.dimension_count", path);
 
     /* Linear RoPE scaling stretches positions by 1/factor. */
     const char *scaling;
@@ -181,19 +167,19 @@ static int find_tensor(const cairn_gguf *g, const char *name, int64_t ne0, int64
     if (!*t) {
         if (optional)
             return CAIRN_OK;
-        return fail(err, err_len, CAIRN_EFORMAT, "missing tensor '%s'", name);
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT, "missing tensor '%s'", name);
     }
     const cairn_gguf_tensor *x = *t;
     int64_t n_rest = 1;
     for (int d = 2; d < x->n_dims; d++)
         n_rest *= x->ne[d];
     if (x->ne[0] != ne0 || x->ne[1] != ne1 || n_rest != 1)
-        return fail(err, err_len, CAIRN_EFORMAT,
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT,
                     "tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]", name,
                     (long long)x->ne[0], (long long)x->ne[1], (long long)ne0, (long long)ne1);
     const cairn_type_traits *tr = cairn_type_get(x->type);
     if (!tr || !tr->compute || (must_be_f32 && x->type != CAIRN_TYPE_F32))
-        return fail(err, err_len, CAIRN_EUNSUPPORTED, "tensor '%s' has type %s, which cairn %s",
+        return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED, "tensor '%s' has type %s, which cairn %s",
                     name, tr ? tr->name : "?",
                     must_be_f32 ? "needs as F32 here" : "cannot compute with yet");
     return CAIRN_OK;
@@ -220,7 +206,7 @@ static int bind_weights(cairn_model *m, const cairn_gguf *g, tensor_binding **ou
     /* The vocabulary size comes from the embedding table. */
     t = cairn_gguf_find_tensor(g, "token_embd.weight");
     if (!t || t->ne[0] != dim || t->n_dims != 2 || t->ne[1] <= 0 || t->ne[1] > (1 << 24)) {
-        rc = fail(err, err_len, CAIRN_EFORMAT, "missing or malformed tensor 'token_embd.weight'");
+        rc = cairn_errorf(err, err_len, CAIRN_EFORMAT, "missing or malformed tensor 'token_embd.weight'");
         goto out;
     }
     m->hp.n_vocab = (int)t->ne[1];
@@ -286,13 +272,13 @@ static int upload_weights(cairn_model *m, const cairn_gguf *g, const tensor_bind
         total += (b[i].src->size + 63) & ~(size_t)63;
     const cairn_gguf_tensor *freqs = cairn_gguf_find_tensor(g, "rope_freqs.weight");
     if (freqs && (freqs->type != CAIRN_TYPE_F32 || freqs->ne[0] != m->hp.n_rot / 2))
-        return fail(err, err_len, CAIRN_EFORMAT, "tensor 'rope_freqs.weight' is malformed");
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT, "tensor 'rope_freqs.weight' is malformed");
     if (freqs)
         total += (freqs->size + 63) & ~(size_t)63;
 
     int rc = be->iface->alloc(be, total, &m->weights_mem);
     if (rc != CAIRN_OK)
-        return fail(err, err_len, rc, "cannot allocate %.1f MiB for weights on backend %s",
+        return cairn_errorf(err, err_len, rc, "cannot allocate %.1f MiB for weights on backend %s",
                     (double)total / (1 << 20), be->iface->name);
 
     XXH3_state_t *hs = XXH3_createState();
@@ -304,7 +290,7 @@ static int upload_weights(cairn_model *m, const cairn_gguf *g, const tensor_bind
         const cairn_gguf_tensor *t = i < n ? b[i].src : freqs;
         if ((rc = be->iface->upload(be, dst, t->data, t->size)) != CAIRN_OK) {
             XXH3_freeState(hs);
-            return fail(err, err_len, rc, "uploading '%s' failed", t->name);
+            return cairn_errorf(err, err_len, rc, "uploading '%s' failed", t->name);
         }
         if (i < n)
             *b[i].dst = (weight){dst, t->type};
@@ -363,12 +349,12 @@ int cairn_model_load(const char *path, cairn_backend *be, const cairn_model_para
                      cairn_model **out, char *err, size_t err_len)
 {
     if (!path || !be || !out)
-        return fail(err, err_len, CAIRN_EINVAL, "cairn_model_load: missing argument");
+        return cairn_errorf(err, err_len, CAIRN_EINVAL, "cairn_model_load: missing argument");
     cairn_model_params p = {.max_batch_tokens = 512, .max_seqs = 64};
     if (params)
         p = *params;
     if (p.max_batch_tokens <= 0 || p.max_seqs <= 0)
-        return fail(err, err_len, CAIRN_EINVAL, "max_batch_tokens and max_seqs must be positive");
+        return cairn_errorf(err, err_len, CAIRN_EINVAL, "max_batch_tokens and max_seqs must be positive");
 
     cairn_gguf *g = NULL;
     int rc = cairn_gguf_open(path, &g, err, err_len);
@@ -395,14 +381,14 @@ int cairn_model_load(const char *path, cairn_backend *be, const cairn_model_para
     if ((rc = cairn_vocab_load(g, &m->vocab, err, err_len)))
         goto fail;
     if (cairn_vocab_n_tokens(m->vocab) > m->hp.n_vocab) {
-        rc = fail(err, err_len, CAIRN_EFORMAT, "%s: vocabulary has %d tokens but the model %d",
+        rc = cairn_errorf(err, err_len, CAIRN_EFORMAT, "%s: vocabulary has %d tokens but the model %d",
                   path, cairn_vocab_n_tokens(m->vocab), m->hp.n_vocab);
         goto fail;
     }
     if ((rc = upload_weights(m, g, bindings, n_bindings, err, err_len)))
         goto fail;
     if ((rc = alloc_scratch(m))) {
-        fail(err, err_len, rc, "cannot allocate activation buffers for %d tokens",
+        cairn_errorf(err, err_len, rc, "cannot allocate activation buffers for %d tokens",
              p.max_batch_tokens);
         goto fail;
     }

@@ -221,18 +221,6 @@ static uint32_t utf8_decode(const uint8_t *s, size_t len)
 
 /* ---- loading ------------------------------------------------------------ */
 
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
-{
-    if (!err || !err_len)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-}
-
 void cairn_vocab_free(cairn_vocab *v)
 {
     if (!v)
@@ -332,11 +320,11 @@ static int build_merges(cairn_vocab *v, const cairn_gguf *g, char *err, size_t e
     const void *data;
     int rc = cairn_gguf_get_arr(g, "tokenizer.ggml.merges", &et, &n, &data);
     if (rc == CAIRN_ENOTFOUND) {
-        set_err(err, err_len, "vocab: byte-level BPE without tokenizer.ggml.merges");
+        cairn_errorf(err, err_len, 0, "vocab: byte-level BPE without tokenizer.ggml.merges");
         return CAIRN_EFORMAT;
     }
     if (rc != CAIRN_OK || et != CAIRN_GGUF_STRING || n > (uint64_t)INT32_MAX) {
-        set_err(err, err_len, "vocab: tokenizer.ggml.merges is not an array of strings");
+        cairn_errorf(err, err_len, 0, "vocab: tokenizer.ggml.merges is not an array of strings");
         return CAIRN_EFORMAT;
     }
     uint64_t size = table_size_for(n);
@@ -512,13 +500,13 @@ static int build_specials(cairn_vocab *v)
 int cairn_vocab_load(const cairn_gguf *g, cairn_vocab **out, char *err, size_t err_len)
 {
     if (!g || !out) {
-        set_err(err, err_len, "invalid argument");
+        cairn_errorf(err, err_len, 0, "invalid argument");
         return CAIRN_EINVAL;
     }
     const char *model;
     int rc = cairn_gguf_get_str(g, "tokenizer.ggml.model", &model, NULL);
     if (rc != CAIRN_OK) {
-        set_err(err, err_len, "vocab: tokenizer.ggml.model is %s",
+        cairn_errorf(err, err_len, 0, "vocab: tokenizer.ggml.model is %s",
                 rc == CAIRN_ENOTFOUND ? "missing" : "not a string");
         return rc == CAIRN_ENOTFOUND ? CAIRN_EFORMAT : rc;
     }
@@ -528,7 +516,7 @@ int cairn_vocab_load(const cairn_gguf *g, cairn_vocab **out, char *err, size_t e
     else if (strcmp(model, "gpt2") == 0)
         kind = CAIRN_VOCAB_BPE;
     else {
-        set_err(err, err_len, "vocab: tokenizer model '%s' is not supported (only llama, gpt2)",
+        cairn_errorf(err, err_len, 0, "vocab: tokenizer model '%s' is not supported (only llama, gpt2)",
                 model);
         return CAIRN_EUNSUPPORTED;
     }
@@ -538,7 +526,7 @@ int cairn_vocab_load(const cairn_gguf *g, cairn_vocab **out, char *err, size_t e
     const void *data;
     rc = cairn_gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &n, &data);
     if (rc != CAIRN_OK || et != CAIRN_GGUF_STRING || n == 0 || n > MAX_VOCAB) {
-        set_err(err, err_len, "vocab: tokenizer.ggml.tokens is %s",
+        cairn_errorf(err, err_len, 0, "vocab: tokenizer.ggml.tokens is %s",
                 rc == CAIRN_ENOTFOUND ? "missing" : "not a non-empty array of strings");
         return CAIRN_EFORMAT;
     }
@@ -554,14 +542,14 @@ int cairn_vocab_load(const cairn_gguf *g, cairn_vocab **out, char *err, size_t e
         size_t len;
         cairn_gguf_get_arr_str(g, "tokenizer.ggml.tokens", i, &s, &len);
         if (len > UINT32_MAX / 2) {
-            set_err(err, err_len, "vocab: token %llu is too long", (unsigned long long)i);
+            cairn_errorf(err, err_len, 0, "vocab: token %llu is too long", (unsigned long long)i);
             cairn_vocab_free(v);
             return CAIRN_EFORMAT;
         }
         total += len + 1;
     }
     if (total > UINT32_MAX) {
-        set_err(err, err_len, "vocab: token texts too large");
+        cairn_errorf(err, err_len, 0, "vocab: token texts too large");
         cairn_vocab_free(v);
         return CAIRN_EFORMAT;
     }
@@ -588,7 +576,7 @@ int cairn_vocab_load(const cairn_gguf *g, cairn_vocab **out, char *err, size_t e
     rc = cairn_gguf_get_arr(g, "tokenizer.ggml.scores", &et, &n, &data);
     if (rc == CAIRN_OK) {
         if (n != (uint64_t)v->n || (et != CAIRN_GGUF_FLOAT32 && et != CAIRN_GGUF_FLOAT64)) {
-            set_err(err, err_len, "vocab: tokenizer.ggml.scores must be %d floats", v->n);
+            cairn_errorf(err, err_len, 0, "vocab: tokenizer.ggml.scores must be %d floats", v->n);
             cairn_vocab_free(v);
             return CAIRN_EFORMAT;
         }
@@ -611,7 +599,7 @@ int cairn_vocab_load(const cairn_gguf *g, cairn_vocab **out, char *err, size_t e
     if (rc == CAIRN_OK) {
         int64_t t;
         if (n != (uint64_t)v->n || !arr_int(et, data, 0, &t)) {
-            set_err(err, err_len, "vocab: tokenizer.ggml.token_type must be %d integers", v->n);
+            cairn_errorf(err, err_len, 0, "vocab: tokenizer.ggml.token_type must be %d integers", v->n);
             cairn_vocab_free(v);
             return CAIRN_EFORMAT;
         }
@@ -676,7 +664,7 @@ int cairn_vocab_load(const cairn_gguf *g, cairn_vocab **out, char *err, size_t e
         if ((rc = build_merges(v, g, err, err_len))) {
             cairn_vocab_free(v);
             if (rc == CAIRN_ENOMEM)
-                set_err(err, err_len, "out of memory");
+                cairn_errorf(err, err_len, 0, "out of memory");
             return rc;
         }
         const char *pre = NULL;
@@ -697,7 +685,7 @@ int cairn_vocab_load(const cairn_gguf *g, cairn_vocab **out, char *err, size_t e
     return CAIRN_OK;
 oom:
     cairn_vocab_free(v);
-    set_err(err, err_len, "out of memory loading the vocabulary");
+    cairn_errorf(err, err_len, 0, "out of memory loading the vocabulary");
     return CAIRN_ENOMEM;
 }
 

@@ -35,19 +35,6 @@ struct cairn_access {
     size_t n;
 };
 
-static int failf(char *err, size_t err_len, int rc, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int failf(char *err, size_t err_len, int rc, const char *fmt, ...)
-{
-    if (err && err_len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_len, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
-
 /* Clear memory that held a secret in a way the compiler may not drop. */
 static void wipe(void *p, size_t n)
 {
@@ -118,22 +105,22 @@ int cairn_secret_file_read(const char *path, char **text, size_t *len, char *err
     *len = 0;
     int fd = open(path, O_RDONLY | O_NOCTTY | O_CLOEXEC);
     if (fd < 0)
-        return failf(err, err_len, CAIRN_EIO, "%s: %s", path, strerror(errno));
+        return cairn_errorf(err, err_len, CAIRN_EIO, "%s: %s", path, strerror(errno));
     struct stat st;
     int rc = CAIRN_OK;
     if (fstat(fd, &st) != 0)
-        rc = failf(err, err_len, CAIRN_EIO, "%s: %s", path, strerror(errno));
+        rc = cairn_errorf(err, err_len, CAIRN_EIO, "%s: %s", path, strerror(errno));
     else if (!S_ISREG(st.st_mode))
-        rc = failf(err, err_len, CAIRN_EINVAL, "%s is not a regular file", path);
+        rc = cairn_errorf(err, err_len, CAIRN_EINVAL, "%s is not a regular file", path);
     else if (st.st_mode & (S_IRWXG | S_IRWXO))
         /* Like ssh with a private key: a secret others can read (or write)
          * is not a secret, and silently using it would hide that. */
-        rc = failf(err, err_len, CAIRN_EINVAL,
+        rc = cairn_errorf(err, err_len, CAIRN_EINVAL,
                    "%s holds secrets but is accessible to group or others (mode %03o); "
                    "chmod 600 it",
                    path, (unsigned)(st.st_mode & 0777));
     else if (st.st_size > (off_t)SECRET_FILE_MAX)
-        rc = failf(err, err_len, CAIRN_ERANGE, "%s is larger than %u bytes", path,
+        rc = cairn_errorf(err, err_len, CAIRN_ERANGE, "%s is larger than %u bytes", path,
                    SECRET_FILE_MAX);
     char *buf = NULL;
     size_t n = 0;
@@ -147,7 +134,7 @@ int cairn_secret_file_read(const char *path, char **text, size_t *len, char *err
         if (got < 0 && errno == EINTR)
             continue;
         if (got < 0)
-            rc = failf(err, err_len, CAIRN_EIO, "%s: %s", path, strerror(errno));
+            rc = cairn_errorf(err, err_len, CAIRN_EIO, "%s: %s", path, strerror(errno));
         else if (got == 0)
             break; /* shrank while we read: use what is there */
         else
@@ -178,7 +165,7 @@ int cairn_token_from_text(const char *text, size_t len, char *out, size_t *out_l
     while (start < n && (text[start] == ' ' || text[start] == '\t'))
         start++;
     if (!cairn_auth_token_valid(text + start, n - start))
-        return failf(err, err_len, CAIRN_EINVAL,
+        return cairn_errorf(err, err_len, CAIRN_EINVAL,
                      "the token must be 1 to %d printable ASCII characters without spaces",
                      CAIRN_AUTH_TOKEN_MAX);
     memcpy(out, text + start, n - start);
@@ -232,14 +219,14 @@ int cairn_tenants_parse(const char *text, size_t len, cairn_credential **out, si
                     p++;
             }
             if (nf != 2)
-                rc = failf(err, err_len, CAIRN_EINVAL, "line %zu: expected 'NAME TOKEN'",
+                rc = cairn_errorf(err, err_len, CAIRN_EINVAL, "line %zu: expected 'NAME TOKEN'",
                            line_no);
             else if (!cairn_tenant_name_valid(field[0], flen[0]))
-                rc = failf(err, err_len, CAIRN_EINVAL,
+                rc = cairn_errorf(err, err_len, CAIRN_EINVAL,
                            "line %zu: a tenant name is 1 to %d of A-Z a-z 0-9 . _ -", line_no,
                            CAIRN_TENANT_NAME_MAX);
             else if (!cairn_auth_token_valid(field[1], flen[1]))
-                rc = failf(err, err_len, CAIRN_EINVAL,
+                rc = cairn_errorf(err, err_len, CAIRN_EINVAL,
                            "line %zu: a token is 1 to %d printable ASCII characters", line_no,
                            CAIRN_AUTH_TOKEN_MAX);
             if (rc == CAIRN_OK) {
@@ -257,17 +244,17 @@ int cairn_tenants_parse(const char *text, size_t len, cairn_credential **out, si
         pos = end + 1;
     }
     if (rc == CAIRN_OK && n == 0)
-        rc = failf(err, err_len, CAIRN_EINVAL, "no tenants defined");
+        rc = cairn_errorf(err, err_len, CAIRN_EINVAL, "no tenants defined");
     if (rc == CAIRN_OK) {
         /* Duplicates are checked here so a bad file fails with its line;
          * cairn_access_create checks again for configurations built in code. */
         for (size_t i = 0; i < n && rc == CAIRN_OK; i++)
             for (size_t j = 0; j < i && rc == CAIRN_OK; j++) {
                 if (strcmp(creds[i].name, creds[j].name) == 0)
-                    rc = failf(err, err_len, CAIRN_EINVAL, "tenant '%s' is defined twice",
+                    rc = cairn_errorf(err, err_len, CAIRN_EINVAL, "tenant '%s' is defined twice",
                                creds[i].name);
                 else if (strcmp(creds[i].token, creds[j].token) == 0)
-                    rc = failf(err, err_len, CAIRN_EINVAL,
+                    rc = cairn_errorf(err, err_len, CAIRN_EINVAL,
                                "tenants '%s' and '%s' have the same token", creds[j].name,
                                creds[i].name);
             }
@@ -302,28 +289,28 @@ int cairn_access_create(const cairn_credential *creds, size_t n, cairn_access **
 {
     *out = NULL;
     if (n > 0 && !creds)
-        return failf(err, err_len, CAIRN_EINVAL, "credentials missing");
+        return cairn_errorf(err, err_len, CAIRN_EINVAL, "credentials missing");
     size_t n_shared = 0;
     for (size_t i = 0; i < n; i++) {
         const char *tok = creds[i].token, *name = creds[i].name;
         if (!tok || !cairn_auth_token_valid(tok, strlen(tok)))
-            return failf(err, err_len, CAIRN_EINVAL,
+            return cairn_errorf(err, err_len, CAIRN_EINVAL,
                          "a token must be 1 to %d printable ASCII characters without spaces",
                          CAIRN_AUTH_TOKEN_MAX);
         if (name && !cairn_tenant_name_valid(name, strlen(name)))
-            return failf(err, err_len, CAIRN_EINVAL, "'%s' is not a valid tenant name", name);
+            return cairn_errorf(err, err_len, CAIRN_EINVAL, "'%s' is not a valid tenant name", name);
         n_shared += name == NULL;
         for (size_t j = 0; j < i; j++) {
             if (strcmp(tok, creds[j].token) == 0)
-                return failf(err, err_len, CAIRN_EINVAL, "two credentials have the same token");
+                return cairn_errorf(err, err_len, CAIRN_EINVAL, "two credentials have the same token");
             if (name && creds[j].name && strcmp(name, creds[j].name) == 0)
-                return failf(err, err_len, CAIRN_EINVAL, "tenant '%s' is defined twice", name);
+                return cairn_errorf(err, err_len, CAIRN_EINVAL, "tenant '%s' is defined twice", name);
         }
     }
     if (n_shared > 0 && (n_shared > 1 || n > 1))
         /* A nameless token next to tenants would be a door into tenant 0,
          * a namespace none of the tenants can see: surely a mistake. */
-        return failf(err, err_len, CAIRN_EINVAL,
+        return cairn_errorf(err, err_len, CAIRN_EINVAL,
                      "give either one shared token or named tenants, not both");
     cairn_access *a = calloc(1, sizeof *a);
     if (!a)

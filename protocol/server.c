@@ -811,26 +811,13 @@ static void on_signal(uv_signal_t *h, int signum)
 
 static void on_stop(uv_async_t *a) { begin_shutdown(a->data); }
 
-static int failf(char *err, size_t err_len, int rc, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int failf(char *err, size_t err_len, int rc, const char *fmt, ...)
-{
-    if (err && err_len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_len, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
-
 static int bind_tcp(cairn_server *s, char *err, size_t err_len)
 {
     const cairn_server_config *cfg = &s->cfg;
     struct sockaddr_storage addr;
     if (uv_ip4_addr(cfg->host, cfg->port, (struct sockaddr_in *)&addr) != 0 &&
         uv_ip6_addr(cfg->host, cfg->port, (struct sockaddr_in6 *)&addr) != 0)
-        return failf(err, err_len, CAIRN_EINVAL, "'%s' is not an IP address", cfg->host);
+        return cairn_errorf(err, err_len, CAIRN_EINVAL, "'%s' is not an IP address", cfg->host);
     uv_tcp_init(&s->loop, &s->tcp);
     s->tcp.data = s;
     s->has_tcp = true;
@@ -838,7 +825,7 @@ static int bind_tcp(cairn_server *s, char *err, size_t err_len)
     if (rc == 0)
         rc = uv_listen((uv_stream_t *)&s->tcp, 128, on_connection);
     if (rc != 0)
-        return failf(err, err_len, CAIRN_EIO, "cannot listen on %s port %d: %s", cfg->host,
+        return cairn_errorf(err, err_len, CAIRN_EIO, "cannot listen on %s port %d: %s", cfg->host,
                      cfg->port, uv_strerror(rc));
     struct sockaddr_storage bound;
     int len = sizeof bound;
@@ -857,20 +844,20 @@ static int clear_stale_socket(const char *path, char *err, size_t err_len)
     struct stat st;
     if (lstat(path, &st) != 0)
         return errno == ENOENT ? CAIRN_OK
-                               : failf(err, err_len, CAIRN_EIO, "%s: %s", path, strerror(errno));
+                               : cairn_errorf(err, err_len, CAIRN_EIO, "%s: %s", path, strerror(errno));
     if (!S_ISSOCK(st.st_mode))
-        return failf(err, err_len, CAIRN_EINVAL, "%s exists and is not a socket", path);
+        return cairn_errorf(err, err_len, CAIRN_EINVAL, "%s exists and is not a socket", path);
     int fd = socket(AF_UNIX, SOCK_STREAM, 0);
     if (fd < 0)
-        return failf(err, err_len, CAIRN_EIO, "socket: %s", strerror(errno));
+        return cairn_errorf(err, err_len, CAIRN_EIO, "socket: %s", strerror(errno));
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     memcpy(sa.sun_path, path, strlen(path) + 1);
     int live = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
     close(fd);
     if (live)
-        return failf(err, err_len, CAIRN_EBUSY, "another server is listening on %s", path);
+        return cairn_errorf(err, err_len, CAIRN_EBUSY, "another server is listening on %s", path);
     if (unlink(path) != 0)
-        return failf(err, err_len, CAIRN_EIO, "cannot remove stale %s: %s", path,
+        return cairn_errorf(err, err_len, CAIRN_EIO, "cannot remove stale %s: %s", path,
                      strerror(errno));
     return CAIRN_OK;
 }
@@ -879,7 +866,7 @@ static int bind_unix(cairn_server *s, char *err, size_t err_len)
 {
     const char *path = s->cfg.unix_path;
     if (strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path))
-        return failf(err, err_len, CAIRN_EINVAL, "Unix socket path too long: %s", path);
+        return cairn_errorf(err, err_len, CAIRN_EINVAL, "Unix socket path too long: %s", path);
     int rc = clear_stale_socket(path, err, err_len);
     if (rc != CAIRN_OK)
         return rc;
@@ -892,12 +879,12 @@ static int bind_unix(cairn_server *s, char *err, size_t err_len)
     rc = uv_pipe_bind(&s->pipe, path);
     umask(old);
     if (rc != 0)
-        return failf(err, err_len, CAIRN_EIO, "cannot bind %s: %s", path, uv_strerror(rc));
+        return cairn_errorf(err, err_len, CAIRN_EIO, "cannot bind %s: %s", path, uv_strerror(rc));
     s->unix_path = strdup(path);
     if (!s->unix_path)
         return CAIRN_ENOMEM;
     if ((rc = uv_listen((uv_stream_t *)&s->pipe, 128, on_connection)) != 0)
-        return failf(err, err_len, CAIRN_EIO, "cannot listen on %s: %s", path, uv_strerror(rc));
+        return cairn_errorf(err, err_len, CAIRN_EIO, "cannot listen on %s: %s", path, uv_strerror(rc));
     return CAIRN_OK;
 }
 
@@ -909,9 +896,9 @@ int cairn_server_create(const cairn_server_config *cfg, cairn_server **out, char
     if (!cfg || !out || (!cfg->host && !cfg->unix_path) || cfg->port < 0 || cfg->port > 65535 ||
         cfg->limits.max_depth < 1 || cfg->limits.max_depth > CAIRN_MP_DEPTH_CAP ||
         cfg->idle_timeout_s <= 0 || cfg->max_inflight < 1)
-        return failf(err, err_len, CAIRN_EINVAL, "invalid server configuration");
+        return cairn_errorf(err, err_len, CAIRN_EINVAL, "invalid server configuration");
     if (!cfg->n_credentials && !cairn_host_is_loopback(cfg->host))
-        return failf(err, err_len, CAIRN_EINVAL,
+        return cairn_errorf(err, err_len, CAIRN_EINVAL,
                      "refusing to listen on %s without authentication: configure a token or "
                      "tenants, or listen on a loopback address",
                      cfg->host);
@@ -947,7 +934,7 @@ int cairn_server_create(const cairn_server_config *cfg, cairn_server **out, char
         pthread_mutex_destroy(&s->queue_mu);
         cairn_access_free(s->access);
         free(s);
-        return failf(err, err_len, CAIRN_EIO, "uv_loop_init: %s", uv_strerror(rc));
+        return cairn_errorf(err, err_len, CAIRN_EIO, "uv_loop_init: %s", uv_strerror(rc));
     }
     s->loop_ready = true;
     /* A write to a client that went away must be an error, not a signal
