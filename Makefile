@@ -9,7 +9,16 @@ CMAKE_FLAGS ?=
 ADDR ?= 127.0.0.1
 PORT ?= 7077
 
-.PHONY: all build setup setup-test run generate test clean
+# Hardening (fuzz/README.md): `make fuzz FUZZ_SECONDS=N` runs each libFuzzer
+# target for N seconds (needs clang); `make sanitize` runs the whole suite
+# under ASan+UBSan; `make tsan` the server, protocol and session tests under
+# ThreadSanitizer. Each uses a build directory of its own.
+FUZZ_SECONDS ?= 60
+FUZZ_BUILD_DIR ?= build-fuzz
+SAN_BUILD_DIR ?= build-san
+TSAN_BUILD_DIR ?= build-tsan
+
+.PHONY: all build setup setup-test run generate test clean fuzz sanitize tsan
 
 all: build
 
@@ -36,6 +45,15 @@ generate: build
 
 test: setup-test build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+
+fuzz: setup-test
+	FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_BUILD_DIR=$(FUZZ_BUILD_DIR) JOBS=$(JOBS) fuzz/run_fuzz.sh
+
+sanitize: setup-test
+	SAN_BUILD_DIR=$(SAN_BUILD_DIR) JOBS=$(JOBS) fuzz/run_sanitizers.sh asan
+
+tsan: setup-test
+	TSAN_BUILD_DIR=$(TSAN_BUILD_DIR) JOBS=$(JOBS) fuzz/run_sanitizers.sh tsan
 
 clean:
 	rm -rf $(BUILD_DIR)

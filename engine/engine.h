@@ -176,7 +176,9 @@ bool cairn_vocab_is_eog(const cairn_vocab *v, int32_t token);
 const char *cairn_vocab_token_text(const cairn_vocab *v, int32_t token);
 
 /* Tokenize `len` bytes of UTF-8 `text` (invalid bytes are treated as single
- * characters, never rejected). Writes at most `cap` ids to `out`; *n_out is
+ * characters, never rejected; a byte a byte-level vocabulary cannot spell
+ * becomes its unknown token only when that is not a control token, else
+ * U+FFFD — so plain text can never produce an end-of-generation token). Writes at most `cap` ids to `out`; *n_out is
  * always set to the full count, and CAIRN_ERANGE is returned when it exceeds
  * `cap`, so a caller can retry with a larger buffer. */
 int cairn_tokenize(const cairn_vocab *v, const char *text, size_t len, int flags, int32_t *out,

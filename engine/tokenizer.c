@@ -992,10 +992,27 @@ static int bpe_piece(tok_state *st, const uint8_t *s, size_t len)
     }
     for (int32_t i = 0; i != -1; i = st->sym[i].next) {
         int32_t id = st->sym[i].id;
-        if (id < 0)
-            id = v->unk; /* a byte without a stand-in token: the vocab is incomplete */
-        if (id >= 0 && ids_push(&st->out, id))
-            return CAIRN_ENOMEM;
+        if (id >= 0) {
+            if (ids_push(&st->out, id))
+                return CAIRN_ENOMEM;
+            continue;
+        }
+        /* A byte without a stand-in token (the vocab is incomplete; only
+         * invalid UTF-8 reaches here). Its unknown token is often a control
+         * token such as <|endoftext|> — emitting it would let plain text end
+         * a turn — so such a byte becomes U+FFFD, or nothing if even that
+         * cannot be spelled. A harmless unknown token is used as is. */
+        if (id < 0 && v->unk >= 0 && v->unk < v->n && v->type[v->unk] != TT_CONTROL &&
+            !v->eog[v->unk]) {
+            if (ids_push(&st->out, v->unk))
+                return CAIRN_ENOMEM;
+            continue;
+        }
+        static const uint8_t replacement[3] = {0xEF, 0xBF, 0xBD};
+        if (v->byte_token[0xEF] >= 0 && v->byte_token[0xBF] >= 0 && v->byte_token[0xBD] >= 0)
+            for (int k = 0; k < 3; k++)
+                if (ids_push(&st->out, v->byte_token[replacement[k]]))
+                    return CAIRN_ENOMEM;
     }
     return CAIRN_OK;
 }

@@ -467,6 +467,11 @@ static int decode_gen(const cairn_rpc_context *ctx, const params *p, uint64_t *s
         get_float(p, F_PRESENCE_PENALTY, -100, 100, &sp->presence_penalty, err) ||
         get_bool(p, F_STREAM, &g->stream, err))
         return err->code;
+    /* top_p keeps the smallest set whose mass reaches it: 0 (or a value that
+     * rounds to 0 as a float) keeps nothing, so it is refused here rather
+     * than by the sampler later */
+    if (!(sp->top_p > 0))
+        return fail(err, CAIRN_RPC_INVALID_REQUEST, "'top_p' must be in (0, 1]");
     sp->top_k = (int)top_k;
     if (p->at[F_SEED]) {
         cairn_mp_reader r = field_reader(p, F_SEED);

@@ -10,6 +10,8 @@ want_test=0
 
 debs=(build-essential cmake pkg-config liblmdb-dev lmdb-utils libuv1-dev libmsgpack-dev
       libxxhash-dev libcmocka-dev libpcre2-dev python3 python3-pip)
+# clang builds the libFuzzer targets (make fuzz); only the test set needs it
+[ "$want_test" -eq 1 ] && debs+=(clang)
 missing=()
 for p in "${debs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -135,19 +135,32 @@ static void build_header(const cairn_disk *d, uint8_t *v)
     put_u64(v + 40, 0); /* checksum, filled once the value is complete */
 }
 
+bool cairn_disk_value_verify(const void *value, size_t bytes, cairn_page_hash ns, int page_size,
+                             size_t page_bytes, const uint8_t *tokens_le)
+{
+    const uint8_t *v = value;
+    if (!v || !tokens_le || page_size <= 0)
+        return false;
+    size_t tok_bytes = 4 * (size_t)page_size;
+    /* The length check comes first, and guards every read below. */
+    if (bytes < CAIRN_DISK_HEADER_BYTES || bytes - CAIRN_DISK_HEADER_BYTES < tok_bytes ||
+        bytes - CAIRN_DISK_HEADER_BYTES - tok_bytes != page_bytes)
+        return false;
+    uint8_t ns_bytes[16];
+    cairn_page_hash_to_bytes(ns, ns_bytes);
+    return memcmp(v, DISK_MAGIC, 4) == 0 && get_u16(v + 4) == CAIRN_DISK_FORMAT_VERSION &&
+           get_u16(v + 6) == CAIRN_DISK_HEADER_BYTES && memcmp(v + 8, ns_bytes, 16) == 0 &&
+           get_u32(v + 24) == (uint32_t)page_size && get_u64(v + 32) == (uint64_t)page_bytes &&
+           memcmp(v + CAIRN_DISK_HEADER_BYTES, tokens_le, tok_bytes) == 0 &&
+           get_u64(v + 40) == value_checksum(v, bytes);
+}
+
 /* True when the stored value is the page the caller expects. */
 static bool value_ok(const cairn_disk *d, const uint8_t *v, size_t bytes, const uint8_t *tokens_le)
 {
-    uint8_t ns[16];
-    cairn_page_hash_to_bytes(d->cfg.ns, ns);
-    size_t tok_bytes = 4 * (size_t)d->cfg.page_size;
-    return bytes == d->value_bytes && memcmp(v, DISK_MAGIC, 4) == 0 &&
-           get_u16(v + 4) == CAIRN_DISK_FORMAT_VERSION &&
-           get_u16(v + 6) == CAIRN_DISK_HEADER_BYTES && memcmp(v + 8, ns, 16) == 0 &&
-           get_u32(v + 24) == (uint32_t)d->cfg.page_size &&
-           get_u64(v + 32) == (uint64_t)d->cfg.page_bytes &&
-           memcmp(v + CAIRN_DISK_HEADER_BYTES, tokens_le, tok_bytes) == 0 &&
-           get_u64(v + 40) == value_checksum(v, bytes);
+    return bytes == d->value_bytes &&
+           cairn_disk_value_verify(v, bytes, d->cfg.ns, d->cfg.page_size, d->cfg.page_bytes,
+                                   tokens_le);
 }
 
 static void tokens_to_le(uint8_t *dst, const int32_t *tokens, int n)

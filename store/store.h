@@ -139,6 +139,16 @@ void cairn_host_pool_release(cairn_host_pool *p, int32_t n, const int32_t *slots
 
 typedef struct cairn_disk cairn_disk;
 
+/* Check one stored value (the "Disk value format" above) against what a
+ * reader expects: total length, magic, version, header size, namespace,
+ * page_size, payload length, the expected token ids and the checksum. True
+ * only when all match. `tokens_le` is the page's expected token ids in their
+ * stored form (4 * page_size bytes, little-endian). Safe on any bytes of any
+ * length: nothing is read past value[bytes). The disk tier's reads use it;
+ * it is public so the fuzzer (fuzz/) can drive it directly. */
+bool cairn_disk_value_verify(const void *value, size_t bytes, cairn_page_hash ns, int page_size,
+                             size_t page_bytes, const uint8_t *tokens_le);
+
 typedef struct {
     const char *dir;          /* cache directory; created if missing            */
     size_t map_bytes;         /* LMDB map size: the most the store will use     */

@@ -191,7 +191,8 @@ class Load(harness.ServerCase):
         self.assertGreater(st["evicted_pages"], 0, "the load never overflowed tier 0")
         self.assertEqual((st["running"], st["waiting"]), (0, 0))
         self.assertEqual(st["sessions"], 0, "closed sessions are still counted")
-        self.assertLessEqual(hwm, bound)
+        if not harness.SANITIZER:
+            self.assertLessEqual(hwm, bound)
         # connections are released: the fd count comes back (closes are
         # asynchronous, so poll; the bound is a hang guard)
         deadline = time.monotonic() + HANG_GUARD_S

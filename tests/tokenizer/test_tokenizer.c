@@ -671,6 +671,30 @@ static void test_random_input(void **state)
     }
 }
 
+/* Plain text can never produce an end-of-generation token: not even bytes
+ * that are invalid UTF-8 and have no token of their own in a vocabulary
+ * whose unknown token is <|endoftext|> (mpt, refact, starcoder). */
+static void test_text_cannot_end_generation(void **state)
+{
+    (void)state;
+    static const char *names[] = {"llama-spm", "phi-3", "gpt-2", "mpt", "refact", "starcoder",
+                                  "falcon", "deepseek-coder", "deepseek-llm"};
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        cairn_vocab *v = load_conformance(names[k]);
+        for (int b = 0; b < 256; b++) {
+            char text[3] = {'a', (char)b, 'b'};
+            int32_t ids[64];
+            size_t n = 0;
+            assert_int_equal(cairn_tokenize(v, text, 3, 0, ids, 64, &n), CAIRN_OK);
+            for (size_t i = 0; i < n; i++)
+                if (cairn_vocab_is_eog(v, ids[i]))
+                    fail_msg("%s: byte 0x%02x tokenized to end-of-generation token %d", names[k],
+                             b, ids[i]);
+        }
+        cairn_vocab_free(v);
+    }
+}
+
 static void test_bad_vocab(void **state)
 {
     (void)state;
@@ -708,6 +732,7 @@ int main(void)
         cmocka_unit_test(test_bpe_merge_order),
         cmocka_unit_test(test_random_input),
         cmocka_unit_test(test_bad_vocab),
+        cmocka_unit_test(test_text_cannot_end_generation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

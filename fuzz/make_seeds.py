@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""Write the committed seed corpora under fuzz/corpus/ (run from anywhere).
+
+The seeds are small, valid (or nearly valid) inputs that reach deep into each
+target at once: one request per RPC method, small GGUF files of every value
+type with tensors and both kinds of vocabulary, texts from the tokenizer
+conformance cases for each vocabulary, and page values built as the disk tier
+writes them. Regenerating gives the same bytes. Needs the `msgpack` Python
+package (scripts/setup.sh --test). Page values carry no checksum: the
+fuzzer's repair bit fills it in.
+"""
+import os
+import struct
+import sys
+
+import msgpack
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+OUT = os.path.join(HERE, "corpus")
+
+
+def write(target, name, data):
+    d = os.path.join(OUT, target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+# ---- msgpack-RPC requests -------------------------------------------------
+def rpc_seeds():
+    sid = "0123456789abcdef0123456789abcdef"
+    sampling = {"max_tokens": 8, "temperature": 0.7, "top_k": 5, "top_p": 0.9, "min_p": 0.1,
+                "repeat_penalty": 1.1, "frequency_penalty": 0.5, "presence_penalty": 0.5,
+                "seed": 42, "stop": ["\n", "end"], "stream": True}
+    reqs = {
+        "server_info": ["server.info", {}],
+        "generate_prompt": ["generate", dict(prompt="Once upon a time", **sampling)],
+        "generate_tokens": ["generate", {"tokens": [1, 403, 407, 261], "max_tokens": 4,
+                                         "temperature": 0, "stop": "x", "add_bos": False}],
+        "generate_special": ["generate", {"prompt": "<s>hi</s>", "parse_special": True,
+                                          "seed": None, "unknown": [1, {"a": 2}]}],
+        "session_open": ["session.open", {"system": "be brief", "messages": [
+            {"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}],
+            "persist": True, "ttl_s": 60}],
+        "session_open_text": ["session.open", {"text": "Lily", "persist": False}],
+        "session_append": ["session.append", {"session_id": sid, "tokens": [5, 6, 7]}],
+        "session_generate": ["session.generate", dict(session_id=sid, messages=[
+            {"role": "tool", "content": "42"}], **sampling)],
+        "session_fork": ["session.fork", {"session_id": sid}],
+        "session_truncate": ["session.truncate", {"session_id": sid, "n_tokens": 3}],
+        "session_close": ["session.close", {"session_id": sid}],
+        "session_info": ["session.info", {"session_id": sid}],
+        "gen_cancel": ["gen.cancel", {"request": 7}],
+        "tokenize": ["tokenize", {"text": "Once upon a time \u00e9\U0001f600", "add_bos": True}],
+        "detokenize": ["detokenize", {"tokens": [1, 403, 407, 261, 378, 0, 2]}],
+        "cache_stats": ["cache.stats", {}],
+    }
+    for i, (name, (method, params)) in enumerate(sorted(reqs.items())):
+        write("rpc", name, msgpack.packb([0, i + 1, method, [params]], use_bin_type=True))
+    write("rpc", "notification", msgpack.packb([2, "gen.cancel", [{"request": 1}]]))
+    write("rpc", "response", msgpack.packb([1, 3, None, {"ok": True}]))
+    write("rpc", "nested", msgpack.packb([0, 9, "generate", [{"x": [[[[[[1]]]]]]}]]))
+    write("rpc", "wide_ints", msgpack.packb([0, 2**32 - 1, "generate", [
+        {"tokens": [0, 2**63 - 1, -2**63, 2**64 - 1], "max_tokens": -1, "top_p": 1.5}]]))
+    write("rpc", "bin_ext", msgpack.packb([0, 4, b"tokenize", [{"text": b"bytes"}]],
+                                          use_bin_type=True) + b"\xd4\x01\x02")
+    write("rpc", "float32", b"\x94\x00\x05\xa8generate\x91\x81\xabtemperature\xca\x3f\x00\x00\x00")
+    write("rpc", "huge_str_header", b"\x94\x00\x06\xa8generate\x91\x81\xa6prompt\xdb\xff\xff\xff\xff")
+
+
+# ---- GGUF -----------------------------------------------------------------
+U8, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 = range(13)
+SCALAR = {U8: "<B", I8: "<b", U16: "<H", I16: "<h", U32: "<I", I32: "<i", F32: "<f",
+          BOOL: "<?", U64: "<Q", I64: "<q", F64: "<d"}
+
+
+def gstr(s):
+    b = s.encode() if isinstance(s, str) else s
+    return struct.pack("<Q", len(b)) + b
+
+
+def gval(t, v):
+    if t == STR:
+        return gstr(v)
+    if t == ARR:
+        et, items = v
+        out = struct.pack("<IQ", et, len(items))
+        return out + b"".join(gval(et, x) for x in items)
+    return struct.pack(SCALAR[t], v)
+
+
+def gguf(kvs, tensors=(), version=3, alignment=32):
+    """kvs: [(key, type, value)]; tensors: [(name, ne, type, data bytes)]."""
+    out = b"GGUF" + struct.pack("<IQQ", version, len(tensors), len(kvs))
+    for key, t, v in kvs:
+        out += gstr(key) + struct.pack("<I", t) + gval(t, v)
+    offset = 0
+    blobs = []
+    for name, ne, ttype, data in tensors:
+        out += gstr(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", n) for n in ne)
+        out += struct.pack("<IQ", ttype, offset)
+        pad = (-len(data)) % alignment
+        blobs.append(data + b"\0" * pad)
+        offset += len(data) + pad
+    out += b"\0" * ((-len(out)) % alignment)
+    return out + b"".join(blobs)
+
+
+def byte_level_symbols():
+    """The byte -> printable-character table of byte-level BPE."""
+    keep = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def gguf_seeds():
+    write("gguf", "empty", gguf([]))
+    write("gguf", "v2_empty", gguf([], version=2))
+    write("gguf", "all_types", gguf([
+        ("general.architecture", STR, "llama"), ("general.alignment", U32, 64),
+        ("u8", U8, 200), ("i8", I8, -5), ("u16", U16, 60000), ("i16", I16, -300),
+        ("u32", U32, 4000000000), ("i32", I32, -7), ("f32", F32, 1.5), ("bool", BOOL, True),
+        ("u64", U64, 2**40), ("i64", I64, -2**40), ("f64", F64, 2.25),
+        ("arr_i32", ARR, (I32, [1, -2, 3])), ("arr_str", ARR, (STR, ["a", "", "ccc"])),
+        ("arr_nested", ARR, (ARR, [(U8, [1, 2]), (STR, ["x"])])),
+        ("arr_empty", ARR, (F32, [])),
+    ], alignment=64))
+    f32 = struct.pack("<8f", *range(8))
+    f16 = struct.pack("<8e", *[0.5 * i for i in range(8)])
+    q8_0 = struct.pack("<e", 0.25) + bytes(range(32))
+    write("gguf", "tensors", gguf([("general.architecture", STR, "llama")], [
+        ("a.weight", [4, 2], 0, f32), ("b", [8], 1, f16), ("c", [32, 1, 1, 1], 8, q8_0)]))
+
+    # SentencePiece-style vocabulary: specials, byte fallback, a few pieces.
+    pieces = ["<unk>", "<s>", "</s>"] + ["<0x%02X>" % b for b in range(256)]
+    pieces += ["\u2581", "a", "b", "\u2581a", "ab", "\u2581ab", "<|im_end|>", "  "]
+    types = [2, 3, 3] + [6] * 256 + [1, 1, 1, 1, 1, 1, 3, 4]
+    scores = [0.0] * 259 + [-1.0, -2.0, -2.0, -0.5, -0.7, -0.1, 0.0, 0.0]
+    write("gguf", "spm_vocab", gguf([
+        ("tokenizer.ggml.model", STR, "llama"), ("tokenizer.ggml.tokens", ARR, (STR, pieces)),
+        ("tokenizer.ggml.scores", ARR, (F32, scores)),
+        ("tokenizer.ggml.token_type", ARR, (I32, types)),
+        ("tokenizer.ggml.bos_token_id", U32, 1), ("tokenizer.ggml.eos_token_id", U32, 2),
+        ("tokenizer.ggml.add_bos_token", BOOL, True),
+        ("tokenizer.ggml.add_space_prefix", BOOL, True)]))
+
+    # Byte-level BPE vocabulary with merges.
+    sym = byte_level_symbols()
+    toks = [sym[b] for b in range(256)]
+    merges = ["h e", "l l", "he ll", "\u0120 w", "o r", "\u0120w or"]
+    toks += ["he", "ll", "hell", "\u0120w", "or", "\u0120wor", "<|endoftext|>"]
+    types = [1] * (len(toks) - 1) + [3]
+    for pre in ("gpt-2", "falcon", "deepseek-coder", "no-such-pre"):
+        write("gguf", "bpe_vocab_" + pre, gguf([
+            ("tokenizer.ggml.model", STR, "gpt2"), ("tokenizer.ggml.pre", STR, pre),
+            ("tokenizer.ggml.tokens", ARR, (STR, toks)),
+            ("tokenizer.ggml.token_type", ARR, (I32, types)),
+            ("tokenizer.ggml.merges", ARR, (STR, merges)),
+            ("tokenizer.ggml.bos_token_id", U32, len(toks) - 1),
+            ("tokenizer.ggml.eos_token_id", U32, len(toks) - 1)]))
+
+
+# ---- tokenizer texts --------------------------------------------------------
+# Index of each vocabulary in fuzz_tokenizer.c's table.
+TOK_VOCABS = ["stories260K", "llama-spm", "phi-3", "gpt-2", "mpt", "refact", "starcoder",
+              "falcon", "deepseek-coder", "deepseek-llm"]
+
+
+def tokenizer_seeds():
+    tdir = os.path.join(ROOT, "tests", "data", "tokenizer")
+    with open(os.path.join(tdir, "ggml-vocab-gpt-2.gguf.inp"), "rb") as f:
+        cases = [c.strip(b"\n") for c in f.read().split(b"\n__ggml_vocab_test__\n")]
+    cases = [c for c in cases if c][:24]
+    extra = [b"<s>Hello</s> <|endoftext|><|im_end|>", b"\xff\xfe\xc3(\xe2\x82 bad utf8 \xf0\x9f",
+             b"    indented\n\tcode();  // 123456789", b"\xe2\x96\x81\xe2\x96\x81x"]
+    n = 0
+    for i, text in enumerate(cases + extra):
+        vocab = i % len(TOK_VOCABS)
+        flags = (i // len(TOK_VOCABS)) % 4
+        write("tokenizer", "%02d_%s" % (n, TOK_VOCABS[vocab]), bytes([vocab, flags]) + text)
+        n += 1
+
+
+# ---- disk page values -------------------------------------------------------
+def disk_value_seeds():
+    # byte 0: repairs (see fuzz_disk_value.c), byte 1: page size - 1, byte 2: flip.
+    for repairs, page_size, payload in [(0x0f, 1, 16), (0x0f, 16, 64), (0x1f, 4, 32),
+                                        (0x07, 2, 8), (0x01, 3, 0), (0x00, 1, 4)]:
+        value = b"CKVP" + struct.pack("<HH", 1, 48) + bytes(16)
+        value += struct.pack("<IIQQ", page_size, 0, payload, 0)
+        value += bytes(4 * page_size) + bytes(range(payload % 256))[:payload]
+        value += bytes(payload - min(payload, 256))
+        write("disk_value", "r%02x_p%d_b%d" % (repairs, page_size, payload),
+              bytes([repairs, page_size - 1, 0x5a]) + value)
+    write("disk_value", "short", bytes([0x0f, 0, 0]) + b"CKVP")
+
+
+if __name__ == "__main__":
+    rpc_seeds()
+    gguf_seeds()
+    tokenizer_seeds()
+    disk_value_seeds()
+    total = sum(len(files) for _, _, files in os.walk(OUT))
+    print("wrote %d seeds under %s" % (total, OUT), file=sys.stderr)
