@@ -119,6 +119,9 @@ def main():
     bw = copy_bandwidth(a.threads)
     print("copy bandwidth (%d threads): %.1f GB/s" % (a.threads, bw / 1e9), file=sys.stderr)
     rows = []
+    # 1-minute load average after each round: on a small machine another
+    # busy process shows up here and explains an outlier.
+    load_start, loads = os.getloadavg()[0], []
     with tempfile.TemporaryDirectory() as d:
         shim = build_shim(d) if (llama_bench and a.no_amx) else None
         for model in a.models:
@@ -129,10 +132,11 @@ def main():
                 if llama_bench:
                     pp, tg = run_llama(llama_bench, model, a, shim)
                     l_pp.append(pp); l_tg.append(tg)
-                print("%s round %d: cairn pp %.1f tg %.1f%s" % (
+                loads.append(os.getloadavg()[0])
+                print("%s round %d: cairn pp %.1f tg %.1f%s (load %.2f)" % (
                     os.path.basename(model), r + 1, c_pp[-1], c_tg[-1],
-                    " | llama.cpp pp %.1f tg %.1f" % (l_pp[-1], l_tg[-1]) if llama_bench else ""),
-                    file=sys.stderr)
+                    " | llama.cpp pp %.1f tg %.1f" % (l_pp[-1], l_tg[-1]) if llama_bench else "",
+                    loads[-1]), file=sys.stderr)
             # Bytes read per generated token ~ the whole file (every weight
             # once; the embedding table is only looked up, the KV is small).
             size = os.path.getsize(model)
@@ -151,6 +155,8 @@ def main():
             name, f(cpp), f(lpp), ratio(cpp, lpp), f(ctg), f(ltg), ratio(ctg, ltg), 100 * frac))
     print("\n%d threads, medians of %d alternating rounds (each %d reps); copy bandwidth %.1f GB/s"
           % (a.threads, a.rounds, a.reps, bw / 1e9))
+    print("load average (1 min): %.2f at the start, %.2f median and %.2f max after the rounds"
+          % (load_start, statistics.median(loads) if loads else 0.0, max(loads) if loads else 0.0))
 
 
 if __name__ == "__main__":

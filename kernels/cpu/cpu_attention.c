@@ -57,13 +57,14 @@ typedef struct {
     int layer;
     const float *k, *v;   /* [T][n_kv_head * head_dim] */
     const int32_t *slots; /* [T] */
+    cpu_isa isa;
 } kv_store_job;
 
-static void store_row(uint8_t *dst, const float *src, int n, cairn_type dtype)
+static void store_row(uint8_t *dst, const float *src, int n, cairn_type dtype, cpu_isa isa)
 {
     if (dtype == CAIRN_TYPE_F32) {
         memcpy(dst, src, (size_t)n * sizeof(float));
-    } else {
+    } else if (!cpu_x86_f32_to_f16(isa, (uint16_t *)dst, src, n)) {
         uint16_t *h = (uint16_t *)dst;
         for (int i = 0; i < n; i++)
             h[i] = cairn_fp32_to_fp16(src[i]);
@@ -82,8 +83,8 @@ static void kv_store_range(void *p, int64_t begin, int64_t end, int thread)
         const int row = slot % L->page_size;
         uint8_t *k_dst = (uint8_t *)kv_row_addr(job->pool, L, job->layer, 0, page, row);
         uint8_t *v_dst = (uint8_t *)kv_row_addr(job->pool, L, job->layer, 1, page, row);
-        store_row(k_dst, job->k + (size_t)t * (size_t)width, width, L->dtype);
-        store_row(v_dst, job->v + (size_t)t * (size_t)width, width, L->dtype);
+        store_row(k_dst, job->k + (size_t)t * (size_t)width, width, L->dtype, job->isa);
+        store_row(v_dst, job->v + (size_t)t * (size_t)width, width, L->dtype, job->isa);
     }
 }
 
@@ -97,7 +98,8 @@ int cpu_kv_store(cairn_backend *be, void *kv_pool, const cairn_kv_layout *L, int
     for (int t = 0; t < T; t++)
         if (slots[t] < 0)
             return CAIRN_EINVAL;
-    kv_store_job job = {.pool = kv_pool, .L = L, .layer = layer, .k = k, .v = v, .slots = slots};
+    kv_store_job job = {.pool = kv_pool, .L = L, .layer = layer, .k = k, .v = v, .slots = slots,
+                        .isa = cpu_ctx_of(be)->isa};
     int64_t min_chunk = 1 + 16384 / ((int64_t)L->n_kv_head * L->head_dim);
     cpu_pool_parallel_for(cpu_ctx_of(be)->pool, T, min_chunk, kv_store_range, &job);
     return CAIRN_OK;

@@ -180,7 +180,12 @@ int cpu_x86_quantize_act(cpu_isa isa, const float *x, int n, int8_t *q, float *d
  * for any T, so a token's result does not depend on its batch. */
 int cpu_x86_matmul_float(cpu_isa isa, float *y, const uint8_t *W, cairn_type wtype,
                          size_t row_bytes, const float *x, int T, int n_in, int n_out, int64_t r0,
-                         int64_t r1);
+                         int64_t r1, float *panel);
+/* Per-thread scratch (floats) the float kernel needs as `panel` for a batch
+ * of T tokens (weights converted to F32 a panel at a time), and the rows per
+ * work item it wants (its panel height, so items never split a panel). */
+size_t cpu_x86_float_panel_floats(cpu_isa isa, int T, int n_in);
+int cpu_x86_float_rows_per_item(cpu_isa isa, int T);
 
 /* y[t][r] for r in [r0, r1): Q8_0/Q4_0 weights against activations quantized
  * by cpu_x86_quantize_act (q [T][n_in], d and s [T][n_in/32]). `pack` is
@@ -224,6 +229,15 @@ typedef void (*cpu_attend_group_fn)(const cpu_attn_group *g);
 /* NULL when the level or the shape (head_dim not a multiple of 16, or over
  * 256) has no such kernel. */
 cpu_attend_group_fn cpu_x86_attend_group(cpu_isa isa, const cairn_kv_layout *L, int group);
+
+/* ---- element-wise helpers (cpu_x86.c) --------------------------------- */
+
+/* n floats to F16, exactly as cairn_fp32_to_fp16 rounds them (NaNs become
+ * its canonical quiet NaN); 0 when the level has no vector version. */
+int cpu_x86_f32_to_f16(cpu_isa isa, uint16_t *dst, const float *src, int n);
+/* out[i] = g[i] / (1 + e^-g[i]) * u[i] with a vector exponential (within
+ * 2 ulp of expf); out may alias g or u. 0 when the level has none. */
+int cpu_x86_swiglu(cpu_isa isa, float *out, const float *g, const float *u, int64_t n);
 
 /* Single-precision dot product of two float vectors of length n. Uses a fixed
  * number of partial sums, so the result depends only on the inputs. */

@@ -145,12 +145,12 @@ static void item_rows(const matmul_job *job, int64_t begin, int64_t end, int64_t
 
 static void matmul_float_range(void *p, int64_t begin, int64_t end, int thread)
 {
-    (void)thread;
     const matmul_job *job = p;
     int64_t r0, r1;
     item_rows(job, begin, end, &r0, &r1);
     (void)cpu_x86_matmul_float(job->ctx->isa, job->y, job->W, job->wtype, job->row_bytes, job->x,
-                               job->T, job->n_in, job->n_out, r0, r1);
+                               job->T, job->n_in, job->n_out, r0, r1,
+                               cpu_scratch_of(job->ctx, thread));
 }
 
 /* Scalar kernel of the quantized-activation semantics: per block, the exact
@@ -289,9 +289,13 @@ int cpu_matmul(cairn_backend *be, float *y, const void *W, cairn_type wtype, con
         return CAIRN_OK;
     }
     if (!quantized && ctx->isa >= CPU_ISA_AVX2) {
-        job.rows_per_item = 4;
-        const int64_t n_items = (n_out + 3) / 4;
-        cpu_pool_parallel_for(ctx->pool, n_items, 1 + CPU_MIN_CHUNK_WORK / (work_per_row * 4),
+        const size_t panel = cpu_x86_float_panel_floats(ctx->isa, T, n_in);
+        if (panel > 0 && (rc = cpu_scratch_reserve(ctx, panel)) != CAIRN_OK)
+            return rc;
+        job.rows_per_item = cpu_x86_float_rows_per_item(ctx->isa, T);
+        const int64_t n_items = (n_out + job.rows_per_item - 1) / job.rows_per_item;
+        cpu_pool_parallel_for(ctx->pool, n_items,
+                              1 + CPU_MIN_CHUNK_WORK / (work_per_row * job.rows_per_item),
                               matmul_float_range, &job);
         return CAIRN_OK;
     }

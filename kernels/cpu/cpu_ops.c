@@ -149,12 +149,17 @@ int cpu_rope(cairn_backend *be, float *x, int T, int n_heads, int head_dim, cons
 typedef struct {
     float *out;
     const float *a, *b;
+    cpu_isa isa;
 } binary_job;
 
 static void swiglu_range(void *p, int64_t begin, int64_t end, int thread)
 {
     (void)thread;
     const binary_job *job = p;
+    /* AVX-512: the same expression with a vector exponential (llama.cpp's
+     * CPU backend also uses one there). */
+    if (cpu_x86_swiglu(job->isa, job->out + begin, job->a + begin, job->b + begin, end - begin))
+        return;
     for (int64_t i = begin; i < end; i++) {
         const float g = job->a[i];
         /* silu(g) = g * sigmoid(g), written as llama.cpp writes it. */
@@ -175,7 +180,7 @@ static int run_binary(cairn_backend *be, float *out, const float *a, const float
 {
     if (!be || !out || !a || !b || n == 0 || n > (size_t)INT64_MAX)
         return CAIRN_EINVAL;
-    binary_job job = {.out = out, .a = a, .b = b};
+    binary_job job = {.out = out, .a = a, .b = b, .isa = cpu_ctx_of(be)->isa};
     cpu_pool_parallel_for(cpu_ctx_of(be)->pool, (int64_t)n, CPU_ELEMWISE_CHUNK, fn, &job);
     return CAIRN_OK;
 }

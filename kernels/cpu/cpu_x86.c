@@ -8,12 +8,17 @@
  *
  * Matmul strategy
  * ---------------
- * Float weights (F32, F16, BF16): dot-product form. A tile of up to 4 weight
- * rows x 4 tokens keeps 16 vector accumulators; each weight vector is
- * converted to float once per tile and reused for every token of the tile.
- * Each output element is one vector accumulator over k, reduced at the end
- * by a fixed tree, whatever the tile shape, so a token's result is the same
- * in a batch and alone.
+ * Float weights (F32, F16, BF16): dot-product form. Each output element is
+ * one 16-lane (8 on AVX2) vector FMA chain over k, reduced at the end by a
+ * fixed tree, whatever kernel and tile computes it, so a token's result is
+ * the same in a batch and alone (bitwise). The kernels differ only in how
+ * they feed the chains:
+ *   - one token (decode, AVX-512): 8 rows at a time with the next 8 rows
+ *     prefetched — a stream over the weights;
+ *   - 2-5 tokens, and AVX2: tiles of up to 4 rows x 4 (2) tokens, each
+ *     weight vector converted once per tile;
+ *   - 6 and more tokens (prefill, AVX-512): weights converted to F32 once
+ *     per 16-row panel and 128-token block, 4 x 6 register tiles.
  *
  * Quantized weights (Q8_0, Q4_0) against activations quantized to int8 per
  * 32-element block (scale d_a, codes q_a):
@@ -21,11 +26,12 @@
  * The integer inner sums use VNNI's vpdpbusd, which multiplies unsigned by
  * signed bytes. Weights are therefore made unsigned by a zero point Z
  * (Q4_0 codes are already q+8 with Z = 8; Q8_0 codes get +128 with Z = 128)
- * and the accumulator starts at -Z * sum_i q_a[i], which the activation
- * quantizer precomputes per block — the correction costs nothing.
- *   - Few tokens (decode): one weight row at a time, 32 elements per block
- *     in a 256-bit register, memory-bound; unpacking is cheap next to the
- *     load.
+ * and the result is corrected by -Z * sum_i q_a[i], which the activation
+ * quantizer precomputes per block.
+ *   - Few tokens (decode, AVX-512): two blocks per 512-bit register, two
+ *     rows interleaved, weight scales gathered 16 blocks at a time and the
+ *     correction applied once per 16 blocks (see qrows2_512). AVX2: one
+ *     block per 256-bit register.
  *   - Many tokens (prefill, AVX-512): outer-product GEMM. A panel of 32 rows
  *     is repacked (once per panel, reused for every token) so that a 512-bit
  *     register holds 4 consecutive codes of 16 rows; vpdpbusd with 4
@@ -328,9 +334,224 @@ FTILE256_TYPED(ftile_256_bf16, CAIRN_TYPE_BF16)
 typedef void (*ftile_fn)(const uint8_t *W, size_t rb, const float *x, int n_in, int R, int C,
                          float *y, int n_out);
 
+/* ---- float weights, one token (decode, AVX-512) ------------------------------ */
+
+/* Decode is a stream over the weights. Eight rows at a time keep eight
+ * independent FMA chains and eight memory streams in flight, and the rows
+ * of the next tile are prefetched while this one is computed (rows are
+ * short — 1.5 KB at 768 F16 — so the hardware prefetcher barely ramps up
+ * within one). Each element is the same FMA chain and reduction as in
+ * ftile_512, so the result is bitwise that of the batched kernels. */
+#define FR_ROWS 8
+
+INLINE T512 void frow_512(const uint8_t *W, size_t rb, cairn_type t, const float *x, int n_in,
+                          const int R, float *y, const uint8_t *next, int n_next)
+{
+    const size_t es = t == CAIRN_TYPE_F32 ? 4 : 2;
+    __m512 acc[FR_ROWS];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+        acc[r] = _mm512_setzero_ps();
+    int k = 0;
+    for (; k + 16 <= n_in; k += 16) {
+        const __m512 xv = _mm512_loadu_ps(x + k);
+        if (((size_t)k * es) % 64 == 0)
+            for (int r = 0; r < n_next; r++)
+                _mm_prefetch((const char *)(next + (size_t)r * rb + (size_t)k * es), _MM_HINT_T0);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++)
+            acc[r] = _mm512_fmadd_ps(load_w16(W + (size_t)r * rb, k, t, 0xffff), xv, acc[r]);
+    }
+    if (k < n_in) {
+        const __mmask16 m = (__mmask16)((1u << (n_in - k)) - 1);
+        const __m512 xv = _mm512_maskz_loadu_ps(m, x + k);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++)
+            acc[r] = _mm512_fmadd_ps(load_w16(W + (size_t)r * rb, k, t, m), xv, acc[r]);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+        y[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+#define FROW_TYPED(NAME, TYPE)                                                                     \
+    static __attribute__((noinline)) T512 void NAME(const uint8_t *W, size_t rb, const float *x,  \
+                                                    int n_in, int R, float *y,                    \
+                                                    const uint8_t *next, int n_next)              \
+    {                                                                                              \
+        if (R == FR_ROWS)                                                                          \
+            frow_512(W, rb, TYPE, x, n_in, FR_ROWS, y, next, n_next);                              \
+        else                                                                                       \
+            for (int r = 0; r < R; r++)                                                            \
+                frow_512(W + (size_t)r * rb, rb, TYPE, x, n_in, 1, y + r, next, 0);                \
+    }
+FROW_TYPED(frow_512_f32, CAIRN_TYPE_F32)
+FROW_TYPED(frow_512_f16, CAIRN_TYPE_F16)
+FROW_TYPED(frow_512_bf16, CAIRN_TYPE_BF16)
+
+static T512 void matmul_float_decode(float *y, const uint8_t *W, cairn_type wtype,
+                                     size_t row_bytes, const float *x, int n_in, int64_t r0,
+                                     int64_t r1)
+{
+    void (*fn)(const uint8_t *, size_t, const float *, int, int, float *, const uint8_t *, int) =
+        wtype == CAIRN_TYPE_F32 ? frow_512_f32
+      : wtype == CAIRN_TYPE_F16 ? frow_512_f16
+      : frow_512_bf16;
+    for (int64_t r = r0; r < r1; r += FR_ROWS) {
+        const int R = r1 - r < FR_ROWS ? (int)(r1 - r) : FR_ROWS;
+        const int64_t nr = r + R;
+        const int n_next = r1 - nr < FR_ROWS ? (int)(r1 - nr) : FR_ROWS;
+        fn(W + (size_t)r * row_bytes, row_bytes, x, n_in, R, y + r,
+           W + (size_t)nr * row_bytes, n_next);
+    }
+}
+
+/* ---- float weights, many tokens: F32 panels (AVX-512) --------------------- */
+
+/* Prefill keeps the dot-product form of ftile_512 (so every element is the
+ * same 16-lane FMA chain over k and the same final reduction, bitwise equal
+ * to decode) but removes what limited it:
+ *   - weights are converted to F32 once per panel of FP_ROWS rows and token
+ *     block, instead of once per 4-token tile (vcvtph2ps competes with the
+ *     FMAs for the same ports);
+ *   - tiles are 4 rows x 6 tokens: 24 accumulators, 10 loads per 24 FMAs;
+ *   - tokens are processed in blocks of FP_TOKEN_BLOCK so the activations a
+ *     panel is multiplied with stay in L2 (512 tokens x 2048 floats do not).
+ * Converting F16/BF16 to F32 is exact, so the arithmetic per element is
+ * exactly that of the unpacked tile. */
+#define FP_ROWS 16
+#define FP_TOKENS 6
+#define FP_TOKEN_BLOCK 128
+#define FP_MIN_T 6
+
+INLINE T512 void fptile_512(const float *w, size_t ws, const float *x, int n_in, const int R,
+                            const int C, float *y, int n_out)
+{
+    __m512 acc[4][FP_TOKENS];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 6
+        for (int c = 0; c < C; c++)
+            acc[r][c] = _mm512_setzero_ps();
+    int k = 0;
+    for (; k + 16 <= n_in; k += 16) {
+        __m512 wv[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            wv[r] = _mm512_loadu_ps(w + (size_t)r * ws + k);
+#pragma GCC unroll 6
+        for (int c = 0; c < C; c++) {
+            const __m512 xv = _mm512_loadu_ps(x + (size_t)c * n_in + k);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                acc[r][c] = _mm512_fmadd_ps(wv[r], xv, acc[r][c]);
+        }
+    }
+    if (k < n_in) {
+        const __mmask16 m = (__mmask16)((1u << (n_in - k)) - 1);
+        __m512 wv[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            wv[r] = _mm512_maskz_loadu_ps(m, w + (size_t)r * ws + k);
+#pragma GCC unroll 6
+        for (int c = 0; c < C; c++) {
+            const __m512 xv = _mm512_maskz_loadu_ps(m, x + (size_t)c * n_in + k);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                acc[r][c] = _mm512_fmadd_ps(wv[r], xv, acc[r][c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 6
+        for (int c = 0; c < C; c++)
+            y[(size_t)c * n_out + r] = _mm512_reduce_add_ps(acc[r][c]);
+}
+
+static __attribute__((noinline)) T512 void fptile_512_any(const float *w, size_t ws,
+                                                          const float *x, int n_in, int R, int C,
+                                                          float *y, int n_out)
+{
+#define FP_CASE(RR, CC)                                                                            \
+    case RR * 8 + CC: fptile_512(w, ws, x, n_in, RR, CC, y, n_out); break;
+    switch (R * 8 + C) {
+        FP_CASE(1, 1) FP_CASE(1, 2) FP_CASE(1, 3) FP_CASE(1, 4) FP_CASE(1, 5) FP_CASE(1, 6)
+        FP_CASE(2, 1) FP_CASE(2, 2) FP_CASE(2, 3) FP_CASE(2, 4) FP_CASE(2, 5) FP_CASE(2, 6)
+        FP_CASE(3, 1) FP_CASE(3, 2) FP_CASE(3, 3) FP_CASE(3, 4) FP_CASE(3, 5) FP_CASE(3, 6)
+        FP_CASE(4, 1) FP_CASE(4, 2) FP_CASE(4, 3) FP_CASE(4, 4) FP_CASE(4, 5)
+    default: fptile_512(w, ws, x, n_in, 4, 6, y, n_out); break;
+    }
+#undef FP_CASE
+}
+
+/* Rows [r, r + rows) of F16/BF16 weights as F32 into pk [rows][n_in]. */
+static T512 void convert_panel(const uint8_t *W, size_t rb, cairn_type t, int n_in, int64_t r,
+                               int rows, float *pk)
+{
+    for (int i = 0; i < rows; i++) {
+        const uint8_t *row = W + (size_t)(r + i) * rb;
+        float *out = pk + (size_t)i * n_in;
+        int k = 0;
+        if (t == CAIRN_TYPE_F16) {
+            for (; k + 16 <= n_in; k += 16)
+                _mm512_storeu_ps(out + k, _mm512_cvtph_ps(_mm256_loadu_si256(
+                                              (const __m256i *)(row + 2 * (size_t)k))));
+        } else {
+            for (; k + 16 <= n_in; k += 16)
+                _mm512_storeu_ps(out + k, load_w16(row, k, CAIRN_TYPE_BF16, 0xffff));
+        }
+        if (k < n_in) {
+            const __mmask16 m = (__mmask16)((1u << (n_in - k)) - 1);
+            _mm512_mask_storeu_ps(out + k, m, load_w16(row, k, t, m));
+        }
+    }
+}
+
+static T512 void matmul_float_panels(float *y, const uint8_t *W, cairn_type wtype,
+                                     size_t row_bytes, const float *x, int T, int n_in, int n_out,
+                                     int64_t r0, int64_t r1, float *pk)
+{
+    for (int tb = 0; tb < T; tb += FP_TOKEN_BLOCK) {
+        const int te = T - tb < FP_TOKEN_BLOCK ? T : tb + FP_TOKEN_BLOCK;
+        for (int64_t r = r0; r < r1; r += FP_ROWS) {
+            const int rows = r1 - r < FP_ROWS ? (int)(r1 - r) : FP_ROWS;
+            const float *w;
+            size_t ws;
+            if (wtype == CAIRN_TYPE_F32) {
+                w = (const float *)(W + (size_t)r * row_bytes);
+                ws = row_bytes / sizeof(float);
+            } else {
+                convert_panel(W, row_bytes, wtype, n_in, r, rows, pk);
+                w = pk;
+                ws = (size_t)n_in;
+            }
+            for (int t = tb; t < te; t += FP_TOKENS) {
+                const int C = te - t < FP_TOKENS ? te - t : FP_TOKENS;
+                for (int i = 0; i < rows; i += 4) {
+                    const int R = rows - i < 4 ? rows - i : 4;
+                    fptile_512_any(w + (size_t)i * ws, ws, x + (size_t)t * n_in, n_in, R, C,
+                                   y + (size_t)t * n_out + r + i, n_out);
+                }
+            }
+        }
+    }
+}
+
+size_t cpu_x86_float_panel_floats(cpu_isa isa, int T, int n_in)
+{
+    return isa >= CPU_ISA_AVX512 && T >= FP_MIN_T ? (size_t)FP_ROWS * (size_t)n_in : 0;
+}
+
+int cpu_x86_float_rows_per_item(cpu_isa isa, int T)
+{
+    if (isa >= CPU_ISA_AVX512)
+        return T >= FP_MIN_T ? FP_ROWS : T == 1 ? FR_ROWS : 4;
+    return 4;
+}
+
 int cpu_x86_matmul_float(cpu_isa isa, float *y, const uint8_t *W, cairn_type wtype,
                          size_t row_bytes, const float *x, int T, int n_in, int n_out, int64_t r0,
-                         int64_t r1)
+                         int64_t r1, float *panel)
 {
     ftile_fn fn;
     int max_c;
@@ -349,6 +570,14 @@ int cpu_x86_matmul_float(cpu_isa isa, float *y, const uint8_t *W, cairn_type wty
     }
     if (wtype != CAIRN_TYPE_F32 && wtype != CAIRN_TYPE_F16 && wtype != CAIRN_TYPE_BF16)
         return 0;
+    if (isa >= CPU_ISA_AVX512 && T >= FP_MIN_T) {
+        matmul_float_panels(y, W, wtype, row_bytes, x, T, n_in, n_out, r0, r1, panel);
+        return 1;
+    }
+    if (isa >= CPU_ISA_AVX512 && T == 1) {
+        matmul_float_decode(y, W, wtype, row_bytes, x, n_in, r0, r1);
+        return 1;
+    }
     for (int64_t r = r0; r < r1; r += 4) {
         const int R = r1 - r < 4 ? (int)(r1 - r) : 4;
         for (int t = 0; t < T; t += max_c) {
@@ -366,50 +595,161 @@ int cpu_x86_matmul_float(cpu_isa isa, float *y, const uint8_t *W, cairn_type wty
 #define Q4_ZERO 8
 #define Q8_ZERO 128
 
-/* Row r against C tokens, 256-bit VNNI (AVX-512VL). */
-INLINE T512 void qrow_512(const uint8_t *row, cairn_type t, const int8_t *q, const float *d,
-                          const int32_t *s, int n_in, const int C, float *y, int n_out)
+/* Bytes ahead of the current block that the decode kernel prefetches. */
+#define QROW_PREFETCH 2048
+
+/* Most tokens the decode kernel takes at once (the batch sizes below
+ * QG_MIN_T) and most rows it interleaves. */
+#define QD_TOKENS 3
+#define QD_ROWS 2
+_Static_assert(QG_MIN_T - 1 <= QD_TOKENS, "the decode kernel must cover every T below QG_MIN_T");
+
+/* Blocks [b0, b0 + n) (n <= 16) of R rows (g: the group's first block in
+ * the first row, rows rb bytes apart) against C tokens; see qrows2_512. */
+INLINE T512 void qrow2_group(const uint8_t *g, size_t rb, cairn_type t, const int8_t *q,
+                             const float *d, const int32_t *s, int n_in, int nb, int b0,
+                             const int n, const int R, const int C,
+                             __m512 acc[QD_ROWS][QD_TOKENS][2], __m512 corr[QD_ROWS][QD_TOKENS])
 {
-    const int nb = n_in / 32;
-    const size_t bs = t == CAIRN_TYPE_Q4_0 ? 18 : 34;
-    const int zero = t == CAIRN_TYPE_Q4_0 ? Q4_ZERO : Q8_ZERO;
-    const __m128i low4 = _mm_set1_epi8(0x0f);
-    const __m256i flip = _mm256_set1_epi8((char)0x80);
-    /* Two accumulators per token (even and odd blocks) so consecutive
-     * blocks' FMAs do not wait for each other. */
-    __m256 acc[4][2];
-#pragma GCC unroll 4
-    for (int c = 0; c < C; c++)
-        acc[c][0] = acc[c][1] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = row + (size_t)b * bs;
-        const float dw = half_to_float(blk);
-        __m256i w;
-        if (t == CAIRN_TYPE_Q4_0) {
-            const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + 2));
-            const __m128i lo = _mm_and_si128(raw, low4);
-            const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);
-            w = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
-        } else {
-            w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 2)), flip);
-        }
-#pragma GCC unroll 4
+    const int bs = t == CAIRN_TYPE_Q4_0 ? 18 : 34;
+    const __m512i vidx = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(bs));
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const __m512i zero = _mm512_setzero_si512();
+    const __mmask16 bm = n >= 16 ? 0xffff : (__mmask16)((1u << n) - 1);
+    __m512 sc[QD_ROWS][QD_TOKENS];
+#pragma GCC unroll 2
+    for (int i = 0; i < R; i++) {
+        const __m512i dh = _mm512_mask_i32gather_epi32(zero, bm, vidx, g + (size_t)i * rb, 1);
+        const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dh));
+#pragma GCC unroll 3
         for (int c = 0; c < C; c++) {
-            const size_t ab = (size_t)c * nb + b;
-            const __m256i a = _mm256_loadu_si256((const __m256i *)(q + (size_t)c * n_in + 32 * b));
-            const __m256i init = _mm256_zextsi128_si256(_mm_cvtsi32_si128(-zero * s[ab]));
-            const __m256i isum = _mm256_dpbusd_epi32(init, w, a);
-            acc[c][b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dw * d[ab]),
-                                            acc[c][b & 1]);
+            sc[i][c] = _mm512_mul_ps(dw, _mm512_maskz_loadu_ps(bm, d + (size_t)c * nb + b0));
+            const __m512 sv =
+                _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(bm, s + (size_t)c * nb + b0));
+            corr[i][c] = _mm512_fmadd_ps(sc[i][c], sv, corr[i][c]);
         }
     }
-#pragma GCC unroll 4
-    for (int c = 0; c < C; c++)
-        y[(size_t)c * n_out] = hsum256(_mm256_add_ps(acc[c][0], acc[c][1]));
+#pragma GCC unroll 8
+    for (int j = 0; j < n; j += 2) {
+        const int two = j + 1 < n;
+        /* Full groups alternate two accumulators so consecutive FMAs do not
+         * wait for each other; a partial group (a loop with a run-time
+         * count) uses one, which stays in a register. */
+        const int slot = n == 16 ? (j >> 1) & 1 : 0;
+        /* lanes 0-7 scale by block j, 8-15 by block j + 1 */
+        const __m512i pick = _mm512_mask_blend_epi32(0xff00, _mm512_set1_epi32(j),
+                                                     _mm512_set1_epi32(j + 1));
+        __m512i a[QD_TOKENS];
+#pragma GCC unroll 3
+        for (int c = 0; c < C; c++) {
+            const int8_t *a_src = q + (size_t)c * n_in + 32 * (size_t)(b0 + j);
+            a[c] = two ? _mm512_loadu_si512(a_src)
+                       : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)a_src));
+        }
+#pragma GCC unroll 2
+        for (int i = 0; i < R; i++) {
+            const uint8_t *blk = g + (size_t)i * rb + (size_t)j * bs;
+            /* Rows are short (432 bytes for 768 Q4_0), too short for the
+             * hardware prefetcher to ramp up on; fetch QROW_PREFETCH bytes
+             * ahead (the matrix is contiguous, so that is a later row). */
+            _mm_prefetch((const char *)(blk + QROW_PREFETCH), _MM_HINT_T0);
+            if (bs > 32)
+                _mm_prefetch((const char *)(blk + QROW_PREFETCH + 64), _MM_HINT_T0);
+            __m512i w;
+            if (t == CAIRN_TYPE_Q4_0) {
+                const __m512i r0 =
+                    _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(blk + 2)));
+                const __m512i r1 = two ? _mm512_broadcast_i32x4(
+                                             _mm_loadu_si128((const __m128i *)(blk + bs + 2)))
+                                       : zero;
+                __m512i raw = _mm512_mask_blend_epi64(0xf0, r0, r1);
+                /* 128-bit lanes 1 and 3 take the high nibbles */
+                raw = _mm512_mask_srli_epi16(raw, 0xff00ff00u, raw, 4);
+                w = _mm512_and_si512(raw, low4);
+            } else {
+                const __m256i lo = _mm256_loadu_si256((const __m256i *)(blk + 2));
+                w = two ? _mm512_inserti64x4(_mm512_castsi256_si512(lo),
+                                             _mm256_loadu_si256((const __m256i *)(blk + bs + 2)), 1)
+                        : _mm512_zextsi256_si512(lo);
+                w = _mm512_xor_si512(w, flip);
+            }
+#pragma GCC unroll 3
+            for (int c = 0; c < C; c++) {
+                const __m512i isum = _mm512_dpbusd_epi32(zero, w, a[c]);
+                const __m512 scale = _mm512_permutexvar_ps(pick, sc[i][c]);
+                acc[i][c][slot] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[i][c][slot]);
+            }
+        }
+    }
 }
 
-/* The same on plain AVX2, where u8 x s8 products are summed in pairs into
- * int16 (maddubs) and then into int32. Q4_0 codes (< 16) cannot saturate the
+/* Decode on AVX-512: a 512-bit register holds two blocks, so each vpdpbusd,
+ * conversion and FMA covers 64 weights; lanes 0-7 of the integer sums
+ * belong to the first block and 8-15 to the second. Per group of 16 blocks
+ * the weight scales are fetched with one gather and multiplied by the
+ * activation scales in one vector op. The zero point is taken out in float,
+ * once per group: sum_b dw_b d_b (isum_b - Z s_b) =
+ * sum_b dw_b d_b isum_b - Z sum_b dw_b d_b s_b. R rows are interleaved so
+ * their FMA chains (and the final reductions) overlap. */
+INLINE T512 void qrows2_512(const uint8_t *row, size_t rb, cairn_type t, const int8_t *q,
+                            const float *d, const int32_t *s, int n_in, const int R, const int C,
+                            float *y, int n_out)
+{
+    const int nb = n_in / 32;
+    const int bs = t == CAIRN_TYPE_Q4_0 ? 18 : 34;
+    const int zero_point = t == CAIRN_TYPE_Q4_0 ? Q4_ZERO : Q8_ZERO;
+    __m512 acc[QD_ROWS][QD_TOKENS][2], corr[QD_ROWS][QD_TOKENS];
+#pragma GCC unroll 2
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 3
+        for (int c = 0; c < C; c++)
+            acc[i][c][0] = acc[i][c][1] = corr[i][c] = _mm512_setzero_ps();
+    int b0 = 0;
+    for (; b0 + 16 <= nb; b0 += 16)
+        qrow2_group(row + (size_t)b0 * bs, rb, t, q, d, s, n_in, nb, b0, 16, R, C, acc, corr);
+    if (b0 < nb)
+        qrow2_group(row + (size_t)b0 * bs, rb, t, q, d, s, n_in, nb, b0, nb - b0, R, C, acc,
+                    corr);
+#pragma GCC unroll 2
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 3
+        for (int c = 0; c < C; c++)
+            y[(size_t)c * n_out + i] = _mm512_reduce_add_ps(
+                _mm512_fmadd_ps(_mm512_set1_ps(-(float)zero_point), corr[i][c],
+                                _mm512_add_ps(acc[i][c][0], acc[i][c][1])));
+}
+
+/* Rows [r0, r1) against C <= QD_TOKENS tokens; the row loop sits inside
+ * each case so the kernel's constants are set up once per call. */
+#define QROWS_CASE(TYPE, CC)                                                                       \
+    case CC: {                                                                                     \
+        int64_t r = r0;                                                                            \
+        for (; r + QD_ROWS <= r1; r += QD_ROWS)                                                    \
+            qrows2_512(W + (size_t)r * rb, rb, TYPE, q, d, s, n_in, QD_ROWS, CC, y + r, n_out);    \
+        for (; r < r1; r++)                                                                        \
+            qrows2_512(W + (size_t)r * rb, rb, TYPE, q, d, s, n_in, 1, CC, y + r, n_out);          \
+        break;                                                                                     \
+    }
+#define QROWS_TYPED(NAME, TYPE)                                                                    \
+    static __attribute__((noinline)) T512 void NAME(const uint8_t *W, size_t rb, int64_t r0,      \
+                                                    int64_t r1, const int8_t *q, const float *d,  \
+                                                    const int32_t *s, int n_in, int C, float *y,  \
+                                                    int n_out)                                    \
+    {                                                                                              \
+        switch (C) {                                                                               \
+            QROWS_CASE(TYPE, 1)                                                                    \
+            QROWS_CASE(TYPE, 2)                                                                    \
+        default:                                                                                   \
+            QROWS_CASE(TYPE, 3)                                                                    \
+        }                                                                                          \
+    }
+QROWS_TYPED(qrows_512_q4, CAIRN_TYPE_Q4_0)
+QROWS_TYPED(qrows_512_q8, CAIRN_TYPE_Q8_0)
+
+/* Decode on plain AVX2, one block per 256-bit register; u8 x s8 products
+ * are summed in pairs into int16 (maddubs) and then into int32. Q4_0 codes (< 16) cannot saturate the
  * pair sums; Q8_0 uses |w| and sign(a, w) instead (pair sums <= 2 * 128 *
  * 127 < 32768), which needs no zero point. */
 INLINE T256 void qrow_256(const uint8_t *row, cairn_type t, const int8_t *q, const float *d,
@@ -471,8 +811,6 @@ INLINE T256 void qrow_256(const uint8_t *row, cairn_type t, const int8_t *q, con
         default: BODY(row, TYPE, q, d, s, n_in, 4, y, n_out); break;                               \
         }                                                                                          \
     }
-QROW_TYPED(qrow_512_q4, qrow_512, T512, CAIRN_TYPE_Q4_0)
-QROW_TYPED(qrow_512_q8, qrow_512, T512, CAIRN_TYPE_Q8_0)
 QROW_TYPED(qrow_256_q4, qrow_256, T256, CAIRN_TYPE_Q4_0)
 QROW_TYPED(qrow_256_q8, qrow_256, T256, CAIRN_TYPE_Q8_0)
 
@@ -639,8 +977,13 @@ int cpu_x86_matmul_q8act(cpu_isa isa, float *y, const uint8_t *W, cairn_type wty
         }
         return 1;
     }
-    qrow_fn fn = isa >= CPU_ISA_AVX512 ? (wtype == CAIRN_TYPE_Q4_0 ? qrow_512_q4 : qrow_512_q8)
-                                       : (wtype == CAIRN_TYPE_Q4_0 ? qrow_256_q4 : qrow_256_q8);
+    if (isa >= CPU_ISA_AVX512) {
+        /* T < QG_MIN_T: at most QD_TOKENS tokens, one call */
+        (wtype == CAIRN_TYPE_Q4_0 ? qrows_512_q4 : qrows_512_q8)(W, row_bytes, r0, r1, q, d, s,
+                                                                 n_in, T, y, n_out);
+        return 1;
+    }
+    qrow_fn fn = wtype == CAIRN_TYPE_Q4_0 ? qrow_256_q4 : qrow_256_q8;
     for (int64_t r = r0; r < r1; r++)
         for (int t = 0; t < T; t += 4) {
             const int C = T - t < 4 ? T - t : 4;
@@ -742,18 +1085,48 @@ static T256 void axpy_kv_f16_256(float *acc, float w, const void *v, int n)
         acc[i] = fmaf(w, cpu_half_to_float(vh[i]), acc[i]);
 }
 
+/* e^x for 16 lanes: x = n ln2 + r with |r| <= ln2/2, e^r by its Taylor
+ * series to r^7 (truncation error below 2^-27 relative), then scaled by
+ * 2^n. Within 2 ulp of expf; -inf and x < -110 give 0, x > 89 gives inf
+ * (NaN stays NaN). */
+INLINE T512 __m512 exp_512(__m512 x)
+{
+    /* e^-110 rounds to 0 and e^89 overflows; clamping keeps r and n sane */
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-110.0f)), _mm512_set1_ps(89.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    /* ln2 split in two so n * ln2_hi is exact */
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
 /* A K or V row of `hd` elements (F16 or F32) as floats into v[hd/16]. */
 INLINE T512 void load_kv_row(const uint8_t *p, int hd, int f16, __m512 *v)
 {
+#pragma GCC unroll 16
     for (int i = 0; i < hd / 16; i++)
         v[i] = f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32 * (size_t)i)))
                    : _mm512_loadu_ps((const float *)(p + 64 * (size_t)i));
 }
 
-INLINE T512 void attend_group_512(const cpu_attn_group *g, const int f16)
+/* HD and GC: the head size and group size when known at compile time (0:
+ * read them from g). With both known, the loops unroll, K/V rows and — when
+ * they fit, GC * HD / 16 <= 16 registers — the output accumulators stay in
+ * registers; the arithmetic per element is the same either way. */
+INLINE T512 void attend_group_512(const cpu_attn_group *g, const int f16, const int HD,
+                                  const int GC)
 {
     const cairn_kv_layout *L = g->L;
-    const int hd = L->head_dim, ps = L->page_size, G = g->group;
+    const int hd = HD ? HD : L->head_dim, ps = L->page_size, G = GC ? GC : g->group;
     const size_t k_off = cairn_kv_offset(L, g->layer, 0, 0) + g->head_off;
     const size_t v_off = cairn_kv_offset(L, g->layer, 1, 0) + g->head_off;
     float *scores = g->scratch;                           /* [G][n_pad]  */
@@ -770,13 +1143,18 @@ INLINE T512 void attend_group_512(const cpu_attn_group *g, const int f16)
     /* Pass 1: each visible K row is converted once and scored against
      * every query head of the group. */
     for (int j = 0, page_i = 0, row = 0; j < g->n_scan; j++) {
-        if (!g->mask || g->mask[j]) {
+        if (g->mask && !g->mask[j]) {
+            for (int h = 0; h < G; h++)
+                scores[(size_t)h * n_pad + j] = -INFINITY; /* weight 0 below */
+        } else {
             const uint8_t *k = g->pool + (size_t)g->pages[page_i] * L->page_bytes + k_off +
                                (size_t)row * L->row_bytes;
             load_kv_row(k, hd, f16, kv);
+#pragma GCC unroll 4
             for (int h = 0; h < G; h++) {
                 const float *qh = q + (size_t)h * hd;
                 __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qh), kv[0]);
+#pragma GCC unroll 16
                 for (int i = 1; i < hd / 16; i++)
                     a = _mm512_fmadd_ps(_mm512_loadu_ps(qh + 16 * i), kv[i], a);
                 const float s = _mm512_reduce_add_ps(a) * g->scale;
@@ -791,25 +1169,53 @@ INLINE T512 void attend_group_512(const cpu_attn_group *g, const int f16)
         }
     }
 
-    /* Pass 2: softmax weights and the weighted sum of V rows. */
-    memset(acc, 0, sizeof(float) * (size_t)G * hd);
+    /* Pass 2: softmax weights, 16 at a time (masked entries hold -inf and
+     * get 0; so do the padding lanes), then the weighted sum of V rows. */
     float sum[64];
     for (int h = 0; h < G; h++)
         sum[h] = 0.0f;
+    const int in_regs = GC && HD && GC * HD / 16 <= 16;
+    __m512 ar[16];
+    if (in_regs) {
+#pragma GCC unroll 16
+        for (int i = 0; i < G * hd / 16; i++)
+            ar[i] = _mm512_setzero_ps();
+    } else {
+        memset(acc, 0, sizeof(float) * (size_t)G * hd);
+    }
     if (any) {
+        for (int h = 0; h < G; h++) {
+            float *sh = scores + (size_t)h * n_pad;
+            const __m512 mh = _mm512_set1_ps(max[h]);
+            __m512 sv = _mm512_setzero_ps();
+            for (int j = 0; j < g->n_scan; j += 16) {
+                const __mmask16 m = g->n_scan - j >= 16 ? 0xffff
+                                  : (__mmask16)((1u << (g->n_scan - j)) - 1);
+                const __m512 w = _mm512_maskz_mov_ps(
+                    m, exp_512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sh + j), mh)));
+                _mm512_storeu_ps(sh + j, w);
+                sv = _mm512_add_ps(sv, w);
+            }
+            sum[h] = _mm512_reduce_add_ps(sv);
+        }
         for (int j = 0, page_i = 0, row = 0; j < g->n_scan; j++) {
             if (!g->mask || g->mask[j]) {
                 const uint8_t *v = g->pool + (size_t)g->pages[page_i] * L->page_bytes + v_off +
                                    (size_t)row * L->row_bytes;
                 load_kv_row(v, hd, f16, kv);
+#pragma GCC unroll 4
                 for (int h = 0; h < G; h++) {
-                    const float w = expf(scores[(size_t)h * n_pad + j] - max[h]);
-                    sum[h] += w;
-                    const __m512 wv = _mm512_set1_ps(w);
-                    float *ah = acc + (size_t)h * hd;
-                    for (int i = 0; i < hd / 16; i++)
-                        _mm512_storeu_ps(ah + 16 * i,
-                                         _mm512_fmadd_ps(wv, kv[i], _mm512_loadu_ps(ah + 16 * i)));
+                    const __m512 wv = _mm512_set1_ps(scores[(size_t)h * n_pad + j]);
+                    if (in_regs) {
+#pragma GCC unroll 16
+                        for (int i = 0; i < hd / 16; i++)
+                            ar[h * (hd / 16) + i] = _mm512_fmadd_ps(wv, kv[i], ar[h * (hd / 16) + i]);
+                    } else {
+                        float *ah = acc + (size_t)h * hd;
+                        for (int i = 0; i < hd / 16; i++)
+                            _mm512_storeu_ps(ah + 16 * i, _mm512_fmadd_ps(wv, kv[i],
+                                                                          _mm512_loadu_ps(ah + 16 * i)));
+                    }
                 }
             }
             if (++row == ps) {
@@ -817,6 +1223,11 @@ INLINE T512 void attend_group_512(const cpu_attn_group *g, const int f16)
                 page_i++;
             }
         }
+    }
+    if (in_regs) {
+#pragma GCC unroll 16
+        for (int i = 0; i < G * hd / 16; i++)
+            _mm512_storeu_ps(acc + 16 * i, ar[i]);
     }
     for (int h = 0; h < G; h++) {
         const float inv = sum[h] > 0.0f ? 1.0f / sum[h] : 0.0f;
@@ -827,14 +1238,43 @@ INLINE T512 void attend_group_512(const cpu_attn_group *g, const int f16)
     }
 }
 
-static T512 void attend_group_512_f16(const cpu_attn_group *g) { attend_group_512(g, 1); }
-static T512 void attend_group_512_f32(const cpu_attn_group *g) { attend_group_512(g, 0); }
+#define ATTEND_FN(NAME, F16, HD, GC)                                                               \
+    static T512 void NAME(const cpu_attn_group *g) { attend_group_512(g, F16, HD, GC); }
+ATTEND_FN(attend_f16_any, 1, 0, 0)
+ATTEND_FN(attend_f32_any, 0, 0, 0)
+ATTEND_FN(attend_f16_64x1, 1, 64, 1)
+ATTEND_FN(attend_f16_64x2, 1, 64, 2)
+ATTEND_FN(attend_f16_64x3, 1, 64, 3)
+ATTEND_FN(attend_f16_64x4, 1, 64, 4)
+ATTEND_FN(attend_f16_128x1, 1, 128, 1)
+ATTEND_FN(attend_f16_128x2, 1, 128, 2)
+ATTEND_FN(attend_f32_64x1, 0, 64, 1)
+ATTEND_FN(attend_f32_64x2, 0, 64, 2)
+ATTEND_FN(attend_f32_64x3, 0, 64, 3)
+ATTEND_FN(attend_f32_64x4, 0, 64, 4)
+ATTEND_FN(attend_f32_128x1, 0, 128, 1)
+ATTEND_FN(attend_f32_128x2, 0, 128, 2)
 
 cpu_attend_group_fn cpu_x86_attend_group(cpu_isa isa, const cairn_kv_layout *L, int group)
 {
     if (isa < CPU_ISA_AVX512 || L->head_dim % 16 != 0 || L->head_dim > 256 || group > 64)
         return NULL;
-    return L->dtype == CAIRN_TYPE_F16 ? attend_group_512_f16 : attend_group_512_f32;
+    const int f16 = L->dtype == CAIRN_TYPE_F16;
+    if (L->head_dim == 64 && group >= 1 && group <= 4) {
+        static const cpu_attend_group_fn h64[2][4] = {
+            {attend_f32_64x1, attend_f32_64x2, attend_f32_64x3, attend_f32_64x4},
+            {attend_f16_64x1, attend_f16_64x2, attend_f16_64x3, attend_f16_64x4},
+        };
+        return h64[f16][group - 1];
+    }
+    if (L->head_dim == 128 && group >= 1 && group <= 2) {
+        static const cpu_attend_group_fn h128[2][2] = {
+            {attend_f32_128x1, attend_f32_128x2},
+            {attend_f16_128x1, attend_f16_128x2},
+        };
+        return h128[f16][group - 1];
+    }
+    return f16 ? attend_f16_any : attend_f32_any;
 }
 
 cpu_dot_kv_fn cpu_x86_dot_kv(cpu_isa isa, cairn_type dtype)
@@ -855,6 +1295,57 @@ cpu_axpy_kv_fn cpu_x86_axpy_kv(cpu_isa isa, cairn_type dtype)
     return NULL;
 }
 
+/* ---- element-wise helpers ------------------------------------------------ */
+
+/* F32 -> F16 with the rounding of cairn_fp32_to_fp16 (nearest even, with
+ * subnormals, overflow to inf); NaNs become its canonical quiet NaN. */
+static T512 void f32_to_f16_512(uint16_t *dst, const float *src, int n)
+{
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 x = _mm512_maskz_loadu_ps(m, src + i);
+        __m256i h = _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+        if (nan) {
+            const __m256i signs = _mm512_cvtepi32_epi16(
+                _mm512_srli_epi32(_mm512_and_si512(_mm512_castps_si512(x), sign), 16));
+            h = _mm256_mask_mov_epi16(h, nan, _mm256_or_si256(signs, _mm256_set1_epi16(0x7e00)));
+        }
+        _mm256_mask_storeu_epi16(dst + i, m, h);
+    }
+}
+
+int cpu_x86_f32_to_f16(cpu_isa isa, uint16_t *dst, const float *src, int n)
+{
+    if (isa < CPU_ISA_AVX512)
+        return 0;
+    f32_to_f16_512(dst, src, n);
+    return 1;
+}
+
+/* out = silu(g) * u with silu(g) = g / (1 + e^-g), the scalar kernel's
+ * expression with a vector exponential. */
+static T512 void swiglu_512(float *out, const float *g, const float *u, int64_t n)
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 gv = _mm512_maskz_loadu_ps(m, g + i);
+        const __m512 e = exp_512(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+        const __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(one, e));
+        _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(silu, _mm512_maskz_loadu_ps(m, u + i)));
+    }
+}
+
+int cpu_x86_swiglu(cpu_isa isa, float *out, const float *g, const float *u, int64_t n)
+{
+    if (isa < CPU_ISA_AVX512)
+        return 0;
+    swiglu_512(out, g, u, n);
+    return 1;
+}
+
 #else /* not x86-64: the scalar reference kernels do everything */
 
 int cpu_x86_quantize_act(cpu_isa isa, const float *x, int n, int8_t *q, float *d, int32_t *s)
@@ -864,11 +1355,21 @@ int cpu_x86_quantize_act(cpu_isa isa, const float *x, int n, int8_t *q, float *d
 }
 int cpu_x86_matmul_float(cpu_isa isa, float *y, const uint8_t *W, cairn_type wtype,
                          size_t row_bytes, const float *x, int T, int n_in, int n_out, int64_t r0,
-                         int64_t r1)
+                         int64_t r1, float *panel)
 {
     (void)isa, (void)y, (void)W, (void)wtype, (void)row_bytes, (void)x, (void)T, (void)n_in;
-    (void)n_out, (void)r0, (void)r1;
+    (void)n_out, (void)r0, (void)r1, (void)panel;
     return 0;
+}
+size_t cpu_x86_float_panel_floats(cpu_isa isa, int T, int n_in)
+{
+    (void)isa, (void)T, (void)n_in;
+    return 0;
+}
+int cpu_x86_float_rows_per_item(cpu_isa isa, int T)
+{
+    (void)isa, (void)T;
+    return 4;
 }
 int cpu_x86_matmul_q8act(cpu_isa isa, float *y, const uint8_t *W, cairn_type wtype,
                          size_t row_bytes, const int8_t *q, const float *d, const int32_t *s,
@@ -902,5 +1403,15 @@ cpu_attend_group_fn cpu_x86_attend_group(cpu_isa isa, const cairn_kv_layout *L, 
 {
     (void)isa, (void)L, (void)group;
     return NULL;
+}
+int cpu_x86_f32_to_f16(cpu_isa isa, uint16_t *dst, const float *src, int n)
+{
+    (void)isa, (void)dst, (void)src, (void)n;
+    return 0;
+}
+int cpu_x86_swiglu(cpu_isa isa, float *out, const float *g, const float *u, int64_t n)
+{
+    (void)isa, (void)out, (void)g, (void)u, (void)n;
+    return 0;
 }
 #endif

@@ -73,6 +73,20 @@ static void check_kv_store(cairn_type dtype, kt_rng *rng)
     float k[6 * 15], v[6 * 15];
     kt_fill(rng, k, (size_t)T * width, -3, 3);
     kt_fill(rng, v, (size_t)T * width, -3, 3);
+    /* Values where F16 rounding is delicate, which the vector conversion
+     * must round exactly as cairn_fp32_to_fp16: NaNs (with payload and
+     * sign), infinities, the overflow edge, subnormal halves and their
+     * ties, ties between normal halves, signed zero. */
+    const uint32_t special_bits[] = {
+        0x7fc00001u, 0xffa00000u, 0x7f800000u, 0xff800000u, 0x477fe000u /* 65504 */,
+        0x477fefffu /* just below 65520 */, 0x477ff000u /* 65520 */, 0x33800000u /* 2^-24 */,
+        0x33000000u /* 2^-25: tie to 0 */, 0x33c00000u /* 3 2^-25: tie up */, 0x80000000u,
+        0x3f801000u /* 1 + 2^-11: tie to even */, 0x3f803000u /* 1 + 3 2^-11 */,
+        0x38800000u /* 2^-14, smallest normal half */, 0x387fe000u /* just below */,
+        0x0d000000u, 0xc2f6e979u,
+    };
+    for (size_t i = 0; i < sizeof special_bits / sizeof special_bits[0]; i++)
+        memcpy(&k[i], &special_bits[i], 4);
 
     uint8_t *want = kt_xmalloc(pool_bytes);
     cairn_backend *bes[2] = {be1, be3};

@@ -168,6 +168,9 @@ static void test_quantized_weights(void **state)
     static const int shapes[][3] = {
         {1, 64, 37}, {3, 256, 7}, {1, 32, 1}, {4, 96, 16}, {6, 64, 33},
         {17, 128, 301}, {13, 160, 64}, {8, 32, 50},
+        /* decode kernels work in groups of 16 blocks, two blocks per
+         * register: full groups, a partial group, an odd last block */
+        {1, 544, 9}, {2, 1056, 5}, {3, 736, 4}, {1, 1024, 3},
     };
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
@@ -176,29 +179,30 @@ static void test_quantized_weights(void **state)
 
 /* A token's row of y is the same whether it is computed alone or in a
  * batch, for float weights at every level (the engine relies on this for
- * F32 models: decode and prefill agree bitwise). */
-static void test_float_batch_invariance(void **state)
+ * F32 models: decode and prefill agree bitwise). Batches of 6 and more take
+ * the AVX-512 panel kernel (weights converted to F32 per 16-row panel, 4x6
+ * tiles, 128-token blocks); the shapes cover partial panels and tiles, a
+ * row length that is not a multiple of 16, and more than one token block.
+ * Tokens 0, stride, 2 stride, ... are also run alone. */
+static void batch_invariance_case(kt_rng *rng, int T, int n_in, int n_out, int stride)
 {
-    (void)state;
-    kt_rng rng = kt_rng_for("batch_invariance");
-    const int T = 7, n_in = 80, n_out = 23;
     static const cairn_type types[] = {CAIRN_TYPE_F32, CAIRN_TYPE_F16, CAIRN_TYPE_BF16};
     float *w_src = kt_xmalloc(sizeof(float) * n_in);
     float *x = kt_xmalloc(sizeof(float) * T * n_in);
-    kt_fill(&rng, x, (size_t)T * n_in, -2, 2);
+    kt_fill(rng, x, (size_t)T * n_in, -2, 2);
     for (size_t ti = 0; ti < 3; ti++) {
         const size_t rb = cairn_type_row_bytes(types[ti], n_in);
         uint8_t *W = kt_xmalloc(rb * n_out);
         for (int o = 0; o < n_out; o++) {
-            kt_fill(&rng, w_src, n_in, -1, 1);
+            kt_fill(rng, w_src, n_in, -1, 1);
             assert_int_equal(cairn_quantize_row(types[ti], w_src, W + o * rb, n_in), CAIRN_OK);
         }
         for (int lv = 0; lv < N_LEVELS; lv++) {
             char what[96];
-            snprintf(what, sizeof what, "batch invariance %s %s", levels[lv],
-                     cairn_type_get(types[ti])->name);
+            snprintf(what, sizeof what, "batch invariance %s %s T=%d n_in=%d n_out=%d",
+                     levels[lv], cairn_type_get(types[ti])->name, T, n_in, n_out);
             float *all = run_matmul(levels[lv], 1, types[ti], W, rb, x, T, n_in, n_out, what);
-            for (int t = 0; t < T; t++) {
+            for (int t = 0; t < T; t += stride) {
                 float *one = run_matmul(levels[lv], 1, types[ti], W, rb, x + (size_t)t * n_in, 1,
                                         n_in, n_out, what);
                 KT_SAME_BYTES(one, all + (size_t)t * n_out, sizeof(float) * n_out, what);
@@ -210,6 +214,15 @@ static void test_float_batch_invariance(void **state)
     }
     free(x);
     free(w_src);
+}
+
+static void test_float_batch_invariance(void **state)
+{
+    (void)state;
+    kt_rng rng = kt_rng_for("batch_invariance");
+    batch_invariance_case(&rng, 7, 80, 23, 1);
+    batch_invariance_case(&rng, 19, 83, 37, 1);
+    batch_invariance_case(&rng, 131, 40, 20, 10); /* 0..130: both token blocks */
 }
 
 int main(void)
