@@ -312,6 +312,9 @@ class InflightCap(Case):
         srv = self.start()
         c = self.client(srv)
         max_tokens = N_CTX - len(ref.tok(LONG, True))
+        # a round trip first: connect() returns before the server has
+        # accepted, and the baseline must include this connection
+        c.cache_stats()
         fds_before = harness.open_fds(srv.proc.pid)
         long_req = {"prompt": LONG, "max_tokens": max_tokens, "temperature": 0}
         # 300 full-context requests at once on one connection: 256 are taken
