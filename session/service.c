@@ -744,6 +744,18 @@ static session *find_session_or_error(cairn_service *s, cairn_request *r)
     return x;
 }
 
+/* The session a call that changes it names, when it exists for the caller
+ * and is not generating; otherwise the error is emitted and NULL returned. */
+static session *find_idle_session(cairn_service *s, cairn_request *r, const char *busy_msg)
+{
+    session *x = find_session_or_error(s, r);
+    if (x && x->busy) {
+        emit_error(s, r, CAIRN_EBUSY, busy_msg);
+        return NULL;
+    }
+    return x;
+}
+
 /* Find a running or waiting job of `client` with msgid `id`. */
 static job *find_job(cairn_service *s, uint64_t client, uint64_t id)
 {
@@ -814,12 +826,8 @@ static void handle_request(cairn_service *s, cairn_request *r)
         break;
     case CAIRN_REQ_SESSION_APPEND:
     case CAIRN_REQ_SESSION_GENERATE:
-        if (!(x = find_session_or_error(s, r)))
+        if (!(x = find_idle_session(s, r, "the session is generating; wait for it to finish")))
             break;
-        if (x->busy) {
-            emit_error(s, r, CAIRN_EBUSY, "the session is generating; wait for it to finish");
-            break;
-        }
         if (x->history.n + r->n_tokens >= (size_t)s->n_ctx) {
             emit_error(s, r, CAIRN_ERANGE, "the session would not fit in the context");
             break;
@@ -856,12 +864,8 @@ static void handle_request(cairn_service *s, cairn_request *r)
         break;
     }
     case CAIRN_REQ_SESSION_TRUNCATE:
-        if (!(x = find_session_or_error(s, r)))
+        if (!(x = find_idle_session(s, r, "the session is generating; wait for it to finish")))
             break;
-        if (x->busy) {
-            emit_error(s, r, CAIRN_EBUSY, "the session is generating; wait for it to finish");
-            break;
-        }
         if (r->n_keep < 0 || (size_t)r->n_keep > x->history.n) {
             emit_error(s, r, CAIRN_EINVAL, "n_tokens is larger than the session");
             break;
@@ -870,12 +874,8 @@ static void handle_request(cairn_service *s, cairn_request *r)
         reply_session(s, r, x, (int64_t)x->history.n, false);
         break;
     case CAIRN_REQ_SESSION_CLOSE:
-        if (!(x = find_session_or_error(s, r)))
+        if (!(x = find_idle_session(s, r, "the session is generating; cancel it first")))
             break;
-        if (x->busy) {
-            emit_error(s, r, CAIRN_EBUSY, "the session is generating; cancel it first");
-            break;
-        }
         reply_session(s, r, x, 0, true);
         session_destroy(s, x);
         break;
