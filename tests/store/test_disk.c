@@ -412,6 +412,84 @@ static void test_corrupt_file(void **state)
     test_remove_dir(dir);
 }
 
+/* Damage in LMDB's own pages, which LMDB trusts and which a later write
+ * transaction would follow into a crash: the integrity walk at open must
+ * call the store corrupt (and reset it when asked), never hand it over. */
+static void test_damaged_structure(void **state)
+{
+    (void)state;
+    char dir[512], path[600];
+    test_make_dir(dir, sizeof dir, "badtree");
+    const size_t pb = 6000; /* values of two pages: overflow runs */
+    cairn_disk_config cfg = config(dir, pb, 8u << 20);
+    cairn_disk *d;
+    assert_int_equal(cairn_disk_open(&cfg, &d, NULL, 0), CAIRN_OK);
+    write_pages(d, 0, 60, pb);
+    cairn_disk_close(d);
+    snprintf(path, sizeof path, "%s/data.mdb", dir);
+    size_t len;
+    uint8_t *orig = slurp(path, &len);
+    const size_t psz = (size_t)sysconf(_SC_PAGESIZE);
+
+    /* Find a leaf page with nodes, and an overflow run's head (flags at
+     * byte 10 of a page: 0x02 leaf, 0x04 overflow; number at byte 0). */
+    size_t leaf = 0, overflow = 0;
+    for (size_t p = 2; p < len / psz; p++) {
+        uint64_t no;
+        uint16_t flags, lower;
+        memcpy(&no, orig + p * psz, 8);
+        memcpy(&flags, orig + p * psz + 10, 2);
+        memcpy(&lower, orig + p * psz + 12, 2);
+        if (no != p)
+            continue;
+        if ((flags & 0x02) && lower > 16 + 2 && !leaf)
+            leaf = p;
+        if ((flags & 0x04) && !overflow)
+            overflow = p;
+    }
+    assert_true(leaf && overflow);
+
+    for (int how = 0; how < 3; how++) {
+        uint8_t *file = malloc(len);
+        memcpy(file, orig, len);
+        uint8_t *page = file + (how == 2 ? overflow : leaf) * psz;
+        if (how == 0) { /* the first node's data size grows by 2 KiB */
+            uint16_t at;
+            memcpy(&at, page + 16, 2);
+            page[at + 1] ^= 0x08;
+        } else if (how == 1) { /* `upper` beyond the page */
+            page[15] ^= 0x40;
+        } else { /* the overflow run's page count */
+            page[14] ^= 0x10;
+        }
+        spit(path, file, len);
+        free(file);
+        char err[256] = "";
+        cfg.reset_if_corrupt = false;
+        assert_int_equal(cairn_disk_open(&cfg, &d, err, sizeof err), CAIRN_ECORRUPT);
+        assert_true(strlen(err) > 0);
+        cfg.reset_if_corrupt = true;
+        assert_int_equal(cairn_disk_open(&cfg, &d, err, sizeof err), CAIRN_OK);
+        cairn_disk_stats st;
+        cairn_disk_get_stats(d, &st);
+        assert_true(st.reset_on_open);
+        write_pages(d, 0, 10, pb); /* and works */
+        assert_int_equal(read_page(d, 3, pb), CAIRN_OK);
+        cairn_disk_close(d);
+    }
+    /* The undamaged file passes the same walk with everything in it. */
+    spit(path, orig, len);
+    cfg.reset_if_corrupt = true;
+    assert_int_equal(cairn_disk_open(&cfg, &d, NULL, 0), CAIRN_OK);
+    cairn_disk_stats st;
+    cairn_disk_get_stats(d, &st);
+    assert_false(st.reset_on_open);
+    assert_int_equal(st.pages, 60);
+    cairn_disk_close(d);
+    free(orig);
+    test_remove_dir(dir);
+}
+
 /* ---- SIGKILL during a write storm ----------------------------------------- */
 
 #define STORM_CONFIRM 3000 /* the parent kills once this many are committed */
@@ -749,6 +827,7 @@ int main(void)
         cmocka_unit_test(test_notify),
         cmocka_unit_test(test_corrupt_values),
         cmocka_unit_test(test_corrupt_file),
+        cmocka_unit_test(test_damaged_structure),
         cmocka_unit_test(test_sigkill_storm),
         cmocka_unit_test(test_tiny_map),
         cmocka_unit_test(test_lost_page),
