@@ -431,9 +431,13 @@ static void test_damaged_structure(void **state)
     uint8_t *orig = slurp(path, &len);
     const size_t psz = (size_t)sysconf(_SC_PAGESIZE);
 
-    /* Find a leaf page with nodes, and an overflow run's head (flags at
-     * byte 10 of a page: 0x02 leaf, 0x04 overflow; number at byte 0). */
-    size_t leaf = 0, overflow = 0;
+    /* Leaf pages with nodes and overflow runs' heads (flags at byte 10 of
+     * a page: 0x02 leaf, 0x04 overflow; its number at byte 0). Some are
+     * stale copies on the free list, whose damage is harmless, so each
+     * kind of damage is done to every page of the kind. */
+    bool is_leaf[512] = {false}, is_overflow[512] = {false};
+    size_t n_leaf = 0, n_overflow = 0;
+    assert_true(len / psz <= 512);
     for (size_t p = 2; p < len / psz; p++) {
         uint64_t no;
         uint16_t flags, lower;
@@ -442,25 +446,27 @@ static void test_damaged_structure(void **state)
         memcpy(&lower, orig + p * psz + 12, 2);
         if (no != p)
             continue;
-        if ((flags & 0x02) && lower > 16 + 2 && !leaf)
-            leaf = p;
-        if ((flags & 0x04) && !overflow)
-            overflow = p;
+        if ((flags & 0x02) && lower > 16 + 2)
+            n_leaf += is_leaf[p] = true;
+        if (flags & 0x04)
+            n_overflow += is_overflow[p] = true;
     }
-    assert_true(leaf && overflow);
+    assert_true(n_leaf > 0 && n_overflow > 0);
 
     for (int how = 0; how < 3; how++) {
         uint8_t *file = malloc(len);
         memcpy(file, orig, len);
-        uint8_t *page = file + (how == 2 ? overflow : leaf) * psz;
-        if (how == 0) { /* the first node's data size grows by 2 KiB */
-            uint16_t at;
-            memcpy(&at, page + 16, 2);
-            page[at + 1] ^= 0x08;
-        } else if (how == 1) { /* `upper` beyond the page */
-            page[15] ^= 0x40;
-        } else { /* the overflow run's page count */
-            page[14] ^= 0x10;
+        for (size_t p = 2; p < len / psz; p++) {
+            uint8_t *page = file + p * psz;
+            if (how == 0 && is_leaf[p]) { /* the first node's data size + 2 KiB */
+                uint16_t at;
+                memcpy(&at, page + 16, 2);
+                page[at + 1] ^= 0x08;
+            } else if (how == 1 && is_leaf[p]) { /* `upper` beyond the page */
+                page[15] ^= 0x40;
+            } else if (how == 2 && is_overflow[p]) { /* the run's page count */
+                page[14] ^= 0x10;
+            }
         }
         spit(path, file, len);
         free(file);
