@@ -3,6 +3,7 @@
  * (de)quantizers, half precision, logging.
  */
 #include "common/common.h"
+#include "common/quant_k_impl.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -53,15 +54,15 @@ static const cairn_type_traits type_table[CAIRN_TYPE_COUNT_] = {
     [CAIRN_TYPE_F16] = {"F16", 1, 2, true},
     [CAIRN_TYPE_Q4_0] = {"Q4_0", 32, 18, true},
     [CAIRN_TYPE_Q4_1] = {"Q4_1", 32, 20, false},
-    [CAIRN_TYPE_Q5_0] = {"Q5_0", 32, 22, false},
+    [CAIRN_TYPE_Q5_0] = {"Q5_0", 32, 22, true},
     [CAIRN_TYPE_Q5_1] = {"Q5_1", 32, 24, false},
     [CAIRN_TYPE_Q8_0] = {"Q8_0", 32, 34, true},
     [CAIRN_TYPE_Q8_1] = {"Q8_1", 32, 36, false},
     [CAIRN_TYPE_Q2_K] = {"Q2_K", 256, 84, false},
     [CAIRN_TYPE_Q3_K] = {"Q3_K", 256, 110, false},
-    [CAIRN_TYPE_Q4_K] = {"Q4_K", 256, 144, false},
-    [CAIRN_TYPE_Q5_K] = {"Q5_K", 256, 176, false},
-    [CAIRN_TYPE_Q6_K] = {"Q6_K", 256, 210, false},
+    [CAIRN_TYPE_Q4_K] = {"Q4_K", 256, 144, true},
+    [CAIRN_TYPE_Q5_K] = {"Q5_K", 256, 176, true},
+    [CAIRN_TYPE_Q6_K] = {"Q6_K", 256, 210, true},
     [CAIRN_TYPE_Q8_K] = {"Q8_K", 256, 292, false},
     [CAIRN_TYPE_I8] = {"I8", 1, 1, false},
     [CAIRN_TYPE_I16] = {"I16", 1, 2, false},
@@ -201,7 +202,8 @@ int cairn_dequantize_row(int type, const void *src, float *dst, int64_t n)
         }
         return CAIRN_OK;
     default:
-        return CAIRN_EUNSUPPORTED;
+        /* Q5_0 and the K-quants (quant_k.c) */
+        return quantk_dequantize_row(type, src, dst, n);
     }
 }
 
@@ -262,7 +264,8 @@ int cairn_quantize_row(int type, const float *src, void *dst, int64_t n)
         }
         return CAIRN_OK;
     default:
-        return CAIRN_EUNSUPPORTED;
+        /* Q5_0 and the K-quants (quant_k.c) */
+        return quantk_quantize_row(type, src, dst, n);
     }
 }
 

@@ -25,6 +25,33 @@
  *   Q4_0      32          18        half scale d, 16 bytes of nibbles:
  *                                   byte j holds element j (low nibble) and
  *                                   element j+16 (high nibble)  x = d*(q-8)
+ *   Q5_0      32          22        half d, 4 bytes qh (little-endian u32),
+ *                                   16 bytes of nibbles as Q4_0; bit j of
+ *                                   qh is bit 4 of element j   x = d*(q-16)
+ *
+ * K-quants: super-blocks of 256 elements in sub-blocks.
+ *   Q4_K     256         144        half d, half dmin, 12 bytes of 6-bit
+ *                                   scales sc[8] and mins m[8], 128 bytes of
+ *                                   nibbles; sub-block j (32 elements) is
+ *                                   x = (d*sc[j])*q - (dmin*m[j]). Nibble
+ *                                   byte 32p+l: element l of sub-block 2p
+ *                                   (low nibble) and of 2p+1 (high nibble).
+ *                                   Scale packing: j<4: sc = b[j]&63,
+ *                                   m = b[j+4]&63; j>=4: sc = (b[j+4]&15) |
+ *                                   (b[j-4]>>6)<<4, m = (b[j+4]>>4) |
+ *                                   (b[j]>>6)<<4.
+ *   Q5_K     256         176        as Q4_K, with 32 bytes qh between the
+ *                                   scales and the nibbles: bit j of qh[l] is
+ *                                   bit 4 of element l of sub-block j.
+ *   Q6_K     256         210        128 bytes ql (low nibbles), 64 bytes qh
+ *                                   (2-bit high parts), 16 int8 scales, half
+ *                                   d (last). Sub-block i = elements
+ *                                   16i..16i+15: x = (d*sc[i])*(q-32). In
+ *                                   half h (128 elements), element 32k+l
+ *                                   (k<4) has the low (k<2) or high (k>=2)
+ *                                   nibble of ql[64h+l+32(k&1)] and bits
+ *                                   2k..2k+1 of qh[32h+l] as bits 4-5.
+ * (common/quant_k.c defines these exactly.)
  *
  * Thread safety: everything here is pure or uses only atomics, except
  * cairn_log_set_level(), which is meant to be called once at start-up.
@@ -119,8 +146,10 @@ size_t cairn_type_row_bytes(int type, int64_t n);
  * each format that the kernels and their tests agree with. */
 int cairn_dequantize_row(int type, const void *src, float *dst, int64_t n);
 
-/* Quantize one row of floats into `type` (F32, F16, BF16, Q8_0, Q4_0), with
- * round-to-nearest scales as GGUF writers do. Used by tests and tools. */
+/* Quantize one row of floats into `type` (F32, F16, BF16, Q8_0, Q4_0, Q5_0,
+ * Q4_K, Q5_K, Q6_K), with round-to-nearest scales as GGUF writers do (for
+ * the K-quants a plain per-sub-block min/max fit, not llama.cpp's search, so
+ * the bytes differ from GGUF writers'). Used by tests and tools. */
 int cairn_quantize_row(int type, const float *src, void *dst, int64_t n);
 
 /* ---- half precision ---------------------------------------------------- */

@@ -165,6 +165,9 @@ typedef struct {
     /* y[n] = a[n] + b[n]. y may equal a. */
     int (*add)(cairn_backend *be, float *y, const float *a, const float *b, size_t n);
 
+    /* x[T][n] += bias[n] for every row (Qwen2's q/k/v projection biases). */
+    int (*add_bias)(cairn_backend *be, float *x, const float *bias, int T, int n);
+
     /* Softmax over each of the T rows of x[T][n], in place. */
     int (*softmax)(cairn_backend *be, float *x, int T, int n);
 

@@ -130,6 +130,7 @@ static const cairn_backend_iface cpu_iface = {
     .rope = cpu_rope,
     .swiglu = cpu_swiglu,
     .add = cpu_add,
+    .add_bias = cpu_add_bias,
     .softmax = cpu_softmax,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,

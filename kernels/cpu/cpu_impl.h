@@ -75,9 +75,10 @@ typedef struct {
     cpu_pool *pool;
     int n_threads;
     cpu_isa isa;
-    /* Q8_0/Q4_0 weights: when 0 (the default) activations are quantized to
-     * 8 bits per 32-element block on the fly and multiplied in integers, as
-     * llama.cpp does; when 1 (CAIRN_CPU_EXACT_MATMUL=1 at creation) every
+    /* Quantized weights (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K): when 0 (the
+     * default) activations are quantized to 8 bits per 32-element block on
+     * the fly and multiplied in integers, as llama.cpp does (see
+     * cpu_q8act_type); when 1 (CAIRN_CPU_EXACT_MATMUL=1 at creation) every
      * weight type uses the float reference semantics (weights dequantized,
      * float activations). F32/F16/BF16 weights are always exact. */
     int quantize_activations;
@@ -126,6 +127,7 @@ int cpu_rope(cairn_backend *be, float *x, int T, int n_heads, int head_dim, cons
              const cairn_rope_params *p);
 int cpu_swiglu(cairn_backend *be, float *out, const float *gate, const float *up, size_t n);
 int cpu_add(cairn_backend *be, float *y, const float *a, const float *b, size_t n);
+int cpu_add_bias(cairn_backend *be, float *x, const float *bias, int T, int n);
 int cpu_softmax(cairn_backend *be, float *x, int T, int n);
 int cpu_kv_store(cairn_backend *be, void *kv_pool, const cairn_kv_layout *L, int layer,
                  const float *k, const float *v, const int32_t *slots, int T);
@@ -134,8 +136,33 @@ int cpu_attention(cairn_backend *be, const cairn_attn_args *args);
 /* ---- shared helpers ---------------------------------------------------- */
 
 /* True when the kernels can multiply or look up rows of `type`
- * (F32, F16, BF16, Q8_0, Q4_0). */
+ * (F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K). */
 int cpu_type_supported(cairn_type type);
+
+/* True for the weight types multiplied against int8-quantized activations
+ * (unless the backend is exact). Every one of them splits a row into
+ * 32-element blocks (sub-blocks for the K-quants) that line up with the
+ * activation blocks, and the product is defined per activation block b
+ * (scale d_a, codes q_a, code sum s_a) as
+ *   Q8_0, Q4_0, Q5_0  d_w d_a sum_i (c_i - Z) q_a[i]      (Z = 0, 8, 16)
+ *   Q4_K, Q5_K        d_a ((d sc_j) sum_i c_i q_a[i] - (dmin m_j) s_a)
+ *   Q6_K              (d d_a) (sc_2j sum_{i<16} (c_i - 32) q_a[i]
+ *                              + sc_2j+1 sum_{i>=16} (c_i - 32) q_a[i])
+ * with every integer sum exact; the scalar kernel in cpu_matmul.c is the
+ * reference, the vector kernels differ only in the order of float additions. */
+int cpu_q8act_type(cairn_type type);
+
+/* The 8 six-bit scales and mins of a Q4_K/Q5_K super-block (12 packed
+ * bytes; layout in common/common.h). */
+static inline void cpu_kq_scales(const uint8_t *packed, uint8_t sc[8], uint8_t mn[8])
+{
+    for (int j = 0; j < 4; j++) {
+        sc[j] = packed[j] & 63;
+        mn[j] = packed[j + 4] & 63;
+        sc[j + 4] = (uint8_t)((packed[j + 8] & 0x0f) | ((packed[j] >> 6) << 4));
+        mn[j + 4] = (uint8_t)((packed[j + 8] >> 4) | ((packed[j + 4] >> 6) << 4));
+    }
+}
 
 /* A KV layout that is internally consistent (positive sizes, F32 or F16,
  * row_bytes and page_bytes as cairn_kv_layout_init computes them). */
@@ -187,9 +214,10 @@ int cpu_x86_matmul_float(cpu_isa isa, float *y, const uint8_t *W, cairn_type wty
 size_t cpu_x86_float_panel_floats(cpu_isa isa, int T, int n_in);
 int cpu_x86_float_rows_per_item(cpu_isa isa, int T);
 
-/* y[t][r] for r in [r0, r1): Q8_0/Q4_0 weights against activations quantized
- * by cpu_x86_quantize_act (q [T][n_in], d and s [T][n_in/32]). `pack` is
- * per-thread scratch of cpu_x86_pack_bytes(n_in) bytes, 64-byte aligned. */
+/* y[t][r] for r in [r0, r1): weights of a cpu_q8act_type against
+ * activations quantized by cpu_x86_quantize_act (q [T][n_in], d and s
+ * [T][n_in/32]). `pack` is per-thread scratch of cpu_x86_pack_bytes(n_in)
+ * bytes, 64-byte aligned. */
 int cpu_x86_matmul_q8act(cpu_isa isa, float *y, const uint8_t *W, cairn_type wtype,
                          size_t row_bytes, const int8_t *q, const float *d, const int32_t *s,
                          int T, int n_in, int n_out, int64_t r0, int64_t r1, void *pack);

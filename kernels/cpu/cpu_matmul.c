@@ -1,9 +1,10 @@
 /*
  * kernels/cpu/cpu_matmul.c — embedding lookup and matrix multiplication with
- * weights kept in GGUF block layout (F32, F16, BF16, Q8_0, Q4_0).
+ * weights kept in GGUF block layout (F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K,
+ * Q5_K, Q6_K).
  *
  * Three paths, chosen per call:
- *   - Q8_0/Q4_0 weights (unless the backend was created exact): the
+ *   - quantized weights (unless the backend was created exact): the
  *     activations are quantized to int8 per 32-element block and multiplied
  *     in integers (cpu_x86.c, or q8act_dot_ref below on the scalar level).
  *   - F32/F16/BF16 weights on AVX2/AVX-512: vector dot-product tiles
@@ -31,10 +32,20 @@ int cpu_type_supported(cairn_type type)
     case CAIRN_TYPE_BF16:
     case CAIRN_TYPE_Q8_0:
     case CAIRN_TYPE_Q4_0:
+    case CAIRN_TYPE_Q5_0:
+    case CAIRN_TYPE_Q4_K:
+    case CAIRN_TYPE_Q5_K:
+    case CAIRN_TYPE_Q6_K:
         return 1;
     default:
         return 0;
     }
+}
+
+int cpu_q8act_type(cairn_type type)
+{
+    return cpu_type_supported(type) && type != CAIRN_TYPE_F32 && type != CAIRN_TYPE_F16 &&
+           type != CAIRN_TYPE_BF16;
 }
 
 float cpu_dot_f32(const float *a, const float *b, int64_t n)
@@ -153,10 +164,54 @@ static void matmul_float_range(void *p, int64_t begin, int64_t end, int thread)
                                cpu_scratch_of(job->ctx, thread));
 }
 
-/* Scalar kernel of the quantized-activation semantics: per block, the exact
- * integer sum of weight codes times activation codes, scaled by both block
- * scales. The vector kernels compute the same quantity (in another order of
- * float additions).
+/* The 32 unsigned codes c of block b (32-element block or sub-block) of a
+ * row of `wtype` (layouts in common/common.h). */
+static void block_codes(const uint8_t *row, cairn_type wtype, int b, int codes[32])
+{
+    if (wtype == CAIRN_TYPE_Q8_0 || wtype == CAIRN_TYPE_Q4_0 || wtype == CAIRN_TYPE_Q5_0) {
+        const size_t bs = wtype == CAIRN_TYPE_Q8_0 ? 34 : wtype == CAIRN_TYPE_Q4_0 ? 18 : 22;
+        const uint8_t *blk = row + (size_t)b * bs;
+        if (wtype == CAIRN_TYPE_Q8_0) {
+            for (int j = 0; j < 32; j++)
+                codes[j] = (int8_t)blk[2 + j]; /* signed, zero point 0 */
+            return;
+        }
+        const uint8_t *nib = blk + (wtype == CAIRN_TYPE_Q4_0 ? 2 : 6);
+        const uint32_t qh = wtype == CAIRN_TYPE_Q5_0
+                                ? (uint32_t)blk[2] | ((uint32_t)blk[3] << 8) |
+                                      ((uint32_t)blk[4] << 16) | ((uint32_t)blk[5] << 24)
+                                : 0;
+        for (int j = 0; j < 16; j++) {
+            codes[j] = (nib[j] & 0x0f) | (int)(((qh >> j) & 1) << 4);
+            codes[j + 16] = (nib[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
+        }
+        return;
+    }
+    const int sub = b % 8; /* 32-element block within the 256-element super-block */
+    if (wtype == CAIRN_TYPE_Q6_K) {
+        const uint8_t *blk = row + (size_t)(b / 8) * 210;
+        const int h = sub / 4, k = sub % 4;
+        for (int l = 0; l < 32; l++) {
+            const uint8_t lowbyte = blk[64 * h + l + 32 * (k & 1)];
+            codes[l] = (k < 2 ? lowbyte & 0x0f : lowbyte >> 4) |
+                       (((blk[128 + 32 * h + l] >> (2 * k)) & 3) << 4);
+        }
+        return;
+    }
+    const size_t bs = wtype == CAIRN_TYPE_Q4_K ? 144 : 176;
+    const uint8_t *blk = row + (size_t)(b / 8) * bs;
+    const uint8_t *nib = blk + (wtype == CAIRN_TYPE_Q4_K ? 16 : 48) + 32 * (sub / 2);
+    for (int l = 0; l < 32; l++) {
+        codes[l] = (sub & 1) ? nib[l] >> 4 : nib[l] & 0x0f;
+        if (wtype == CAIRN_TYPE_Q5_K)
+            codes[l] |= ((blk[16 + l] >> sub) & 1) << 4;
+    }
+}
+
+/* Scalar kernel of the quantized-activation semantics (cpu_q8act_type in
+ * cpu_impl.h): per block, exact integer sums of weight codes times
+ * activation codes, scaled in float. The vector kernels compute the same
+ * quantity (in another order of float additions).
  *
  * Kept out of GCC's auto-vectorizer: GCC 12.2 with AVX-512 VNNI turns this
  * mixed-sign byte dot product into a wrong vpdpbusd sequence (it returned
@@ -165,23 +220,44 @@ static void matmul_float_range(void *p, int64_t begin, int64_t end, int thread)
 __attribute__((optimize("no-tree-vectorize")))
 #endif
 static float q8act_dot_ref(const uint8_t *row, cairn_type wtype, const int8_t *q, const float *d,
-                           int n_in)
+                           const int32_t *s, int n_in)
 {
     float sum = 0.0f;
     for (int b = 0; b < n_in / 32; b++) {
-        int32_t isum = 0;
-        const uint8_t *blk = row + (size_t)b * (wtype == CAIRN_TYPE_Q4_0 ? 18 : 34);
-        const uint16_t h = (uint16_t)(blk[0] | (blk[1] << 8));
-        if (wtype == CAIRN_TYPE_Q4_0) {
-            for (int j = 0; j < 16; j++) {
-                isum += ((blk[2 + j] & 0x0f) - 8) * q[32 * b + j];
-                isum += ((blk[2 + j] >> 4) - 8) * q[32 * b + j + 16];
-            }
-        } else {
+        int codes[32];
+        block_codes(row, wtype, b, codes);
+        const int8_t *qb = q + 32 * (size_t)b;
+        if (wtype == CAIRN_TYPE_Q8_0 || wtype == CAIRN_TYPE_Q4_0 || wtype == CAIRN_TYPE_Q5_0) {
+            const size_t bs = wtype == CAIRN_TYPE_Q8_0 ? 34 : wtype == CAIRN_TYPE_Q4_0 ? 18 : 22;
+            const uint8_t *blk = row + (size_t)b * bs;
+            const int zero = wtype == CAIRN_TYPE_Q8_0 ? 0 : wtype == CAIRN_TYPE_Q4_0 ? 8 : 16;
+            int32_t isum = 0;
             for (int j = 0; j < 32; j++)
-                isum += (int8_t)blk[2 + j] * q[32 * b + j];
+                isum += (codes[j] - zero) * qb[j];
+            const uint16_t h = (uint16_t)(blk[0] | (blk[1] << 8));
+            sum += (float)isum * (cpu_half_to_float(h) * d[b]);
+        } else if (wtype == CAIRN_TYPE_Q6_K) {
+            const uint8_t *blk = row + (size_t)(b / 8) * 210;
+            const int8_t *sc = (const int8_t *)(blk + 192) + 2 * (b % 8);
+            int32_t lo = 0, hi = 0;
+            for (int j = 0; j < 16; j++) {
+                lo += (codes[j] - 32) * qb[j];
+                hi += (codes[j + 16] - 32) * qb[j + 16];
+            }
+            const uint16_t h = (uint16_t)(blk[208] | (blk[209] << 8));
+            sum += (float)(sc[0] * lo + sc[1] * hi) * (cpu_half_to_float(h) * d[b]);
+        } else { /* Q4_K, Q5_K */
+            const uint8_t *blk = row + (size_t)(b / 8) * (wtype == CAIRN_TYPE_Q4_K ? 144 : 176);
+            uint8_t sc[8], mn[8];
+            cpu_kq_scales(blk + 4, sc, mn);
+            int32_t isum = 0;
+            for (int j = 0; j < 32; j++)
+                isum += codes[j] * qb[j];
+            const float dd = cpu_half_to_float((uint16_t)(blk[0] | (blk[1] << 8)));
+            const float dmin = cpu_half_to_float((uint16_t)(blk[2] | (blk[3] << 8)));
+            sum += d[b] * ((dd * (float)sc[b % 8]) * (float)isum -
+                           (dmin * (float)mn[b % 8]) * (float)s[b]);
         }
-        sum += (float)isum * (cpu_half_to_float(h) * d[b]);
     }
     return sum;
 }
@@ -202,7 +278,7 @@ static void matmul_q8act_range(void *p, int64_t begin, int64_t end, int thread)
             job->y[(size_t)t * job->n_out + (size_t)r] =
                 q8act_dot_ref(job->W + (size_t)r * job->row_bytes, job->wtype,
                               ctx->act_q + (size_t)t * job->n_in, ctx->act_d + (size_t)t * nb,
-                              job->n_in);
+                              ctx->act_s + (size_t)t * nb, job->n_in);
 }
 
 static void quantize_act_range(void *p, int64_t begin, int64_t end, int thread)
@@ -270,7 +346,7 @@ int cpu_matmul(cairn_backend *be, float *y, const void *W, cairn_type wtype, con
         .rows_per_item = 1,
     };
     const int64_t work_per_row = (int64_t)n_in * T;
-    const int quantized = wtype == CAIRN_TYPE_Q8_0 || wtype == CAIRN_TYPE_Q4_0;
+    const int quantized = cpu_q8act_type(wtype);
     int rc;
 
     if (quantized && ctx->quantize_activations) {

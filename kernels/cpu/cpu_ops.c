@@ -195,6 +195,33 @@ int cpu_add(cairn_backend *be, float *y, const float *a, const float *b, size_t 
     return run_binary(be, y, a, b, n, add_range);
 }
 
+typedef struct {
+    float *x;          /* [T][n] */
+    const float *bias; /* [n]    */
+    int n;
+} bias_job;
+
+static void add_bias_range(void *p, int64_t begin, int64_t end, int thread)
+{
+    (void)thread;
+    const bias_job *job = p;
+    for (int64_t t = begin; t < end; t++) {
+        float *row = job->x + (size_t)t * (size_t)job->n;
+        for (int i = 0; i < job->n; i++)
+            row[i] += job->bias[i];
+    }
+}
+
+int cpu_add_bias(cairn_backend *be, float *x, const float *bias, int T, int n)
+{
+    if (!be || !x || !bias || T <= 0 || n <= 0)
+        return CAIRN_EINVAL;
+    bias_job job = {.x = x, .bias = bias, .n = n};
+    cpu_pool_parallel_for(cpu_ctx_of(be)->pool, T, 1 + CPU_ELEMWISE_CHUNK / n, add_bias_range,
+                          &job);
+    return CAIRN_OK;
+}
+
 /* ---- softmax ----------------------------------------------------------- */
 
 typedef struct {

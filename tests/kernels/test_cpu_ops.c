@@ -608,7 +608,7 @@ static void test_bad_arguments(void **state)
     assert_int_equal(f->get_rows(be, buf, q, CAIRN_TYPE_Q8_0, 32, ids, 0), CAIRN_EINVAL);
     assert_int_equal(f->get_rows(be, buf, q, CAIRN_TYPE_Q8_0, 0, ids, 2), CAIRN_EINVAL);
     assert_int_equal(f->get_rows(be, buf, q, CAIRN_TYPE_Q8_0, 32, bad_ids, 2), CAIRN_EINVAL);
-    assert_int_equal(f->get_rows(be, buf, q, CAIRN_TYPE_Q6_K, 256, ids, 1), CAIRN_EINVAL);
+    assert_int_equal(f->get_rows(be, buf, q, CAIRN_TYPE_Q2_K, 256, ids, 1), CAIRN_EINVAL);
     assert_int_equal(f->get_rows(be, buf, q, (cairn_type)99, 32, ids, 1), CAIRN_EINVAL);
 
     /* matmul */
@@ -620,7 +620,7 @@ static void test_bad_arguments(void **state)
     assert_int_equal(f->matmul(be, y, q, CAIRN_TYPE_Q4_0, buf, 0, 64, 2), CAIRN_EINVAL);
     assert_int_equal(f->matmul(be, y, q, CAIRN_TYPE_Q4_0, buf, 1, 0, 2), CAIRN_EINVAL);
     assert_int_equal(f->matmul(be, y, q, CAIRN_TYPE_Q4_0, buf, 1, 64, -3), CAIRN_EINVAL);
-    assert_int_equal(f->matmul(be, y, q, CAIRN_TYPE_Q4_K, buf, 1, 256, 1), CAIRN_EINVAL);
+    assert_int_equal(f->matmul(be, y, q, CAIRN_TYPE_Q2_K, buf, 1, 256, 1), CAIRN_EINVAL);
     assert_int_equal(f->matmul(be, buf, q, CAIRN_TYPE_F32, buf, 1, 4, 2), CAIRN_EINVAL); /* y == x */
 
     /* rmsnorm */

@@ -16,3 +16,16 @@ cairn_add_test(kernels_cpu_matmul
 cairn_add_test(kernels_cpu_attention_simd
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_cpu_attention_simd.c
   LABELS kernels TIMEOUT 120)
+cairn_add_test(kernels_kquants
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_kquants.c
+  LABELS kernels TIMEOUT 300)
+# cairn's Q5_0/K-quant dequantizers against gguf-py's, on random blocks and
+# (when CAIRN_CHAT_MODEL exists) on rows of the real Q4_K_M model; skipped
+# (exit 77) without numpy/gguf.
+add_executable(kquants_dequant ${CMAKE_CURRENT_LIST_DIR}/kquants_dequant.c)
+target_link_libraries(kquants_dequant PRIVATE cairn_lib)
+add_test(NAME kernels_kquants_real
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_kquants_real.py
+          $<TARGET_FILE:kquants_dequant> ${CAIRN_CHAT_MODEL})
+set_tests_properties(kernels_kquants_real PROPERTIES
+  TIMEOUT 120 SKIP_RETURN_CODE 77 LABELS kernels)
