@@ -1,6 +1,6 @@
 /*
- * engine/model.c — loading a llama-architecture GGUF onto a backend and the
- * batched forward pass over paged KV.
+ * engine/model.c — loading a llama-family GGUF (llama, incl. Llama 3 and
+ * Mistral, and qwen2) onto a backend and the batched forward pass over paged KV.
  *
  * The forward pass, for T new tokens spread over several sequences:
  *
@@ -8,7 +8,7 @@
  *   for each layer l:
  *       h  = rmsnorm(x) * attn_norm                     h   [T][dim]
  *       q  = h·Wqᵀ, k = h·Wkᵀ, v = h·Wvᵀ                q   [T][n_head*hd]
- *                                                       k,v [T][n_kv*hd]
+ *            (+ bq, bk, bv on qwen2)                    k,v [T][n_kv*hd]
  *       q, k = rope(q, pos), rope(k, pos)
  *       KV pages[slot(t)] <- k[t], v[t]
  *       a  = attention(q, paged KV of t's sequence)     a   [T][n_head*hd]
@@ -17,6 +17,11 @@
  *       x += (silu(h·Wgᵀ) * (h·Wuᵀ))·Wdᵀ                 ffn [T][ffn_dim]
  *   y = rmsnorm(x[wanted rows]) * output_norm           y   [n_out][dim]
  *   logits = y·Woutᵀ                                    [n_out][n_vocab]
+ *
+ * The architectures differ only in the arch_traits below: how RoPE pairs the
+ * dimensions of a head and whether q/k/v carry biases. Llama 3's long-context
+ * RoPE (rope_freqs.weight, one divisor per frequency) is a tensor, used
+ * whenever the file has it.
  *
  * Every buffer used here is allocated once at load time for the largest batch
  * (max_batch_tokens); a forward call allocates nothing.
@@ -41,14 +46,29 @@ typedef struct {
 
 typedef struct {
     weight attn_norm, wq, wk, wv, wo;
+    weight bq, bk, bv; /* F32 biases; data NULL when the architecture has none */
     weight ffn_norm, w_gate, w_up, w_down;
 } layer_weights;
+
+/* What differs between the architectures cairn runs. All are the same
+ * pre-norm decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU). */
+typedef struct {
+    const char *name;          /* general.architecture and the metadata prefix */
+    cairn_rope_mode rope_mode; /* llama: adjacent pairs; qwen2: first/second half */
+    bool qkv_bias;             /* attn_{q,k,v}.bias tensors are required */
+} arch_traits;
+
+static const arch_traits ARCHES[] = {
+    {"llama", CAIRN_ROPE_NORMAL, false},
+    {"qwen2", CAIRN_ROPE_NEOX, true},
+};
 
 struct cairn_model {
     cairn_backend *be;
     cairn_hparams hp;
     cairn_model_params params;
     cairn_vocab *vocab;
+    const arch_traits *arch;
     uint8_t fingerprint[16];
 
     void *weights_mem; /* one backend allocation for all tensors */
@@ -85,16 +105,31 @@ static int get_f32_or(const cairn_gguf *g, const char *key, float dflt, float *o
     return rc;
 }
 
-static int read_hparams(const cairn_gguf *g, const char *path, cairn_hparams *hp, char *err,
-                        size_t err_len)
+/* "<arch>.<suffix>": every hyper-parameter key is prefixed by the
+ * architecture's name. */
+static const char *arch_key(const arch_traits *a, const char *suffix)
+{
+    static _Thread_local char key[96];
+    snprintf(key, sizeof key, "%s.%s", a->name, suffix);
+    return key;
+}
+
+static int read_hparams(const cairn_gguf *g, const char *path, const arch_traits **arch_out,
+                        cairn_hparams *hp, char *err, size_t err_len)
 {
     const char *arch;
     size_t arch_len;
     if (cairn_gguf_get_str(g, "general.architecture", &arch, &arch_len) != CAIRN_OK)
         return cairn_errorf(err, err_len, CAIRN_EFORMAT, "%s: no general.architecture", path);
-    if (strcmp(arch, "llama") != 0)
+    const arch_traits *A = NULL;
+    for (size_t i = 0; i < sizeof ARCHES / sizeof ARCHES[0]; i++)
+        if (strcmp(arch, ARCHES[i].name) == 0)
+            A = &ARCHES[i];
+    if (!A)
         return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
-                    "%s: architecture '%s' is not supported (supported: llama)", path, arch);
+                    "%s: architecture '%s' is not supported (supported: llama, qwen2)", path,
+                    arch);
+    *arch_out = A;
     memset(hp, 0, sizeof *hp);
     snprintf(hp->arch, sizeof hp->arch, "%s", arch);
     const char *name;
@@ -109,34 +144,53 @@ static int read_hparams(const cairn_gguf *g, const char *path, cairn_hparams *hp
     uint32_t n_ctx, dim, n_layer, ffn, n_head, n_kv, n_rot;
     float eps, base, scale_factor = 1;
     int rc = CAIRN_OK;
-    if ((rc = cairn_gguf_get_u32(g, "llama.embedding_length", &dim)) ||
-        (rc = cairn_gguf_get_u32(g, "llama.block_count", &n_layer)) ||
-        (rc = cairn_gguf_get_u32(g, "llama.feed_forward_length", &ffn)) ||
-        (rc = cairn_gguf_get_u32(g, "llama.attention.head_count", &n_head)))
-        return cairn_errorf(err, err_len, CAIRN_EFORMAT, "%s: missing or invalid llama hyper-parameter",
-                    path);
-    if ((rc = get_u32_or(g, "llama.context_length", 2048, &n_ctx)) ||
-        (rc = get_u32_or(g, "llama.attention.head_count_kv", n_head, &n_kv)) ||
-        (rc = get_f32_or(g, "llama.attention.layer_norm_rms_epsilon", 1e-5f, &eps)) ||
-        (rc = get_f32_or(g, "llama.rope.freq_base", 10000.0f, &base)))
-        return cairn_errorf(err, err_len, CAIRN_EFORMAT, "%s: invalid llama hyper-parameter", path);
+    if ((rc = cairn_gguf_get_u32(g, arch_key(A, "embedding_length"), &dim)) ||
+        (rc = cairn_gguf_get_u32(g, arch_key(A, "block_count"), &n_layer)) ||
+        (rc = cairn_gguf_get_u32(g, arch_key(A, "feed_forward_length"), &ffn)) ||
+        (rc = cairn_gguf_get_u32(g, arch_key(A, "attention.head_count"), &n_head)))
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT, "%s: missing or invalid %s hyper-parameter",
+                    path, A->name);
+    if ((rc = get_u32_or(g, arch_key(A, "context_length"), 2048, &n_ctx)) ||
+        (rc = get_u32_or(g, arch_key(A, "attention.head_count_kv"), n_head, &n_kv)) ||
+        (rc = get_f32_or(g, arch_key(A, "attention.layer_norm_rms_epsilon"), 1e-5f, &eps)) ||
+        (rc = get_f32_or(g, arch_key(A, "rope.freq_base"), 10000.0f, &base)))
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT, "%s: invalid %s hyper-parameter", path,
+                            A->name);
     if (dim == 0 || n_layer == 0 || ffn == 0 || n_head == 0 || n_kv == 0 || n_ctx == 0 ||
         dim % n_head != 0 || n_head % n_kv != 0 || dim > (1u << 16) || n_layer > 1024 ||
         ffn > (1u << 20) || n_head > 1024)
         return cairn_errorf(err, err_len, CAIRN_EFORMAT,
                     "%s: inconsistent shape (dim %u, layers %u, heads %u/%u, ffn %u)", path, dim,
                     n_layer, n_head, n_kv, ffn);
-    uint32_t head_dim = dim / n_head;
-    if ((rc = get_u32_or(g, "llama.rope.dimension_count", head_dim, &n_rot)) || n_rot > head_dim ||
-        n_rot % 2)
-        return cairn_errorf(err, err_len, CAIRN_EFORMAT, "%s: invalid llama.rope.dimension_count", path);
+    uint32_t head_dim = dim / n_head, key_length, value_length;
+    /* A head width other than dim / n_head (key_length) would need separate
+     * q and attention-output widths; no supported model uses one. */
+    if ((rc = get_u32_or(g, arch_key(A, "attention.key_length"), head_dim, &key_length)) ||
+        (rc = get_u32_or(g, arch_key(A, "attention.value_length"), head_dim, &value_length)) ||
+        key_length != head_dim || value_length != head_dim)
+        return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                            "%s: attention head width differs from embedding_length / head_count",
+                            path);
+    if ((rc = get_u32_or(g, arch_key(A, "rope.dimension_count"), head_dim, &n_rot)) ||
+        n_rot > head_dim || n_rot % 2)
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT, "%s: invalid %s", path,
+                            arch_key(A, "rope.dimension_count"));
 
-    /* Linear RoPE scaling stretches positions by 1/factor. */
+    /* Linear RoPE scaling stretches positions by 1/factor. Llama 3's scaling
+     * arrives as the rope_freqs tensor instead (see upload_weights); any
+     * other scheme (YaRN, LongRoPE, ...) would silently give wrong
+     * attention, so it is refused by name. */
     const char *scaling;
     size_t scaling_len;
-    if (cairn_gguf_get_str(g, "llama.rope.scaling.type", &scaling, &scaling_len) == CAIRN_OK &&
-        strcmp(scaling, "linear") == 0)
-        get_f32_or(g, "llama.rope.scaling.factor", 1.0f, &scale_factor);
+    if (cairn_gguf_get_str(g, arch_key(A, "rope.scaling.type"), &scaling, &scaling_len) ==
+        CAIRN_OK) {
+        if (strcmp(scaling, "linear") == 0)
+            get_f32_or(g, arch_key(A, "rope.scaling.factor"), 1.0f, &scale_factor);
+        else if (strcmp(scaling, "none") != 0 && strcmp(scaling, "llama3") != 0)
+            return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                                "%s: RoPE scaling '%s' is not supported (supported: none, linear, "
+                                "llama3 via rope_freqs)", path, scaling);
+    }
     if (!(scale_factor > 0))
         scale_factor = 1;
 
@@ -151,7 +205,7 @@ static int read_hparams(const cairn_gguf *g, const char *path, cairn_hparams *hp
     hp->rms_eps = eps;
     hp->rope_freq_base = base;
     hp->rope_freq_scale = 1.0f / scale_factor;
-    hp->rope_mode = CAIRN_ROPE_NORMAL; /* llama: adjacent pairs */
+    hp->rope_mode = A->rope_mode;
     return CAIRN_OK;
 }
 
@@ -196,7 +250,7 @@ static int bind_weights(cairn_model *m, const cairn_gguf *g, tensor_binding **ou
     const cairn_hparams *hp = &m->hp;
     int64_t dim = hp->dim, hd = hp->head_dim, ffn = hp->ffn_dim;
     int64_t q_dim = hp->n_head * hd, kv_dim = hp->n_kv_head * hd;
-    int cap = 4 + 9 * hp->n_layer;
+    int cap = 4 + 12 * hp->n_layer;
     tensor_binding *b = calloc((size_t)cap, sizeof *b);
     if (!b)
         return CAIRN_ENOMEM;
@@ -225,23 +279,29 @@ static int bind_weights(cairn_model *m, const cairn_gguf *g, tensor_binding **ou
 
     for (int l = 0; l < hp->n_layer; l++) {
         layer_weights *L = &m->layers[l];
+        const bool bias = m->arch->qkv_bias;
         struct {
             const char *suffix;
             int64_t ne0, ne1;
-            bool f32;
+            bool f32, wanted;
             weight *w;
         } spec[] = {
-            {"attn_norm.weight", dim, 1, true, &L->attn_norm},
-            {"attn_q.weight", dim, q_dim, false, &L->wq},
-            {"attn_k.weight", dim, kv_dim, false, &L->wk},
-            {"attn_v.weight", dim, kv_dim, false, &L->wv},
-            {"attn_output.weight", q_dim, dim, false, &L->wo},
-            {"ffn_norm.weight", dim, 1, true, &L->ffn_norm},
-            {"ffn_gate.weight", dim, ffn, false, &L->w_gate},
-            {"ffn_up.weight", dim, ffn, false, &L->w_up},
-            {"ffn_down.weight", ffn, dim, false, &L->w_down},
+            {"attn_norm.weight", dim, 1, true, true, &L->attn_norm},
+            {"attn_q.weight", dim, q_dim, false, true, &L->wq},
+            {"attn_k.weight", dim, kv_dim, false, true, &L->wk},
+            {"attn_v.weight", dim, kv_dim, false, true, &L->wv},
+            {"attn_q.bias", q_dim, 1, true, bias, &L->bq},
+            {"attn_k.bias", kv_dim, 1, true, bias, &L->bk},
+            {"attn_v.bias", kv_dim, 1, true, bias, &L->bv},
+            {"attn_output.weight", q_dim, dim, false, true, &L->wo},
+            {"ffn_norm.weight", dim, 1, true, true, &L->ffn_norm},
+            {"ffn_gate.weight", dim, ffn, false, true, &L->w_gate},
+            {"ffn_up.weight", dim, ffn, false, true, &L->w_up},
+            {"ffn_down.weight", ffn, dim, false, true, &L->w_down},
         };
         for (size_t i = 0; i < sizeof spec / sizeof spec[0]; i++) {
+            if (!spec[i].wanted)
+                continue;
             char name[96];
             snprintf(name, sizeof name, "blk.%d.%s", l, spec[i].suffix);
             if ((rc = find_tensor(g, name, spec[i].ne0, spec[i].ne1, spec[i].f32, false, &t, err,
@@ -369,7 +429,7 @@ int cairn_model_load(const char *path, cairn_backend *be, const cairn_model_para
     }
     m->be = be;
     m->params = p;
-    if ((rc = read_hparams(g, path, &m->hp, err, err_len)))
+    if ((rc = read_hparams(g, path, &m->arch, &m->hp, err, err_len)))
         goto fail;
     m->layers = calloc((size_t)m->hp.n_layer, sizeof *m->layers);
     if (!m->layers) {
@@ -501,9 +561,11 @@ static int stage_batch(cairn_model *m, const cairn_kv_layout *kv, const cairn_se
             return rc_;                                                                            \
     } while (0)
 
-int cairn_model_forward(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
-                        const cairn_seq_batch *seqs, int n_seqs, float *logits, float *hidden,
-                        int *n_out)
+/* features: NULL, or host [T][dim] for every token of the batch (not only
+ * the wanted rows): what a server keeping an EAGLE head's KV needs. */
+static int forward(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
+                   const cairn_seq_batch *seqs, int n_seqs, float *logits, float *hidden,
+                   float *features, int *n_out)
 {
     if (!m || !kv_pool || !kv || !seqs || !n_out)
         return CAIRN_EINVAL;
@@ -544,6 +606,11 @@ int cairn_model_forward(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv
         TRY(op->matmul(be, m->q, w->wq.data, w->wq.type, m->h, T, dim, q_dim));  /* [T][q_dim]  */
         TRY(op->matmul(be, m->k, w->wk.data, w->wk.type, m->h, T, dim, kv_dim)); /* [T][kv_dim] */
         TRY(op->matmul(be, m->v, w->wv.data, w->wv.type, m->h, T, dim, kv_dim)); /* [T][kv_dim] */
+        if (w->bq.data) {
+            TRY(op->add_bias(be, m->q, w->bq.data, T, q_dim));
+            TRY(op->add_bias(be, m->k, w->bk.data, T, kv_dim));
+            TRY(op->add_bias(be, m->v, w->bv.data, T, kv_dim));
+        }
         TRY(op->rope(be, m->q, T, hp->n_head, hd, m->pos, &rope));
         TRY(op->rope(be, m->k, T, hp->n_kv_head, hd, m->pos, &rope));
         TRY(op->kv_store(be, kv_pool, kv, l, m->k, m->v, m->slots, T));
@@ -578,7 +645,41 @@ int cairn_model_forward(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv
                                  (size_t)rows * hp->n_vocab * sizeof(float)));
         }
     }
+    if (features) { /* the output norm over every row; out_rows holds T rows */
+        TRY(op->rmsnorm(be, m->out_rows, m->x, m->output_norm.data, T, dim, hp->rms_eps));
+        TRY(op->download(be, features, m->out_rows, (size_t)T * dim * sizeof(float)));
+    }
     TRY(op->synchronize(be));
     *n_out = n_o;
     return CAIRN_OK;
+}
+
+int cairn_model_forward(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
+                        const cairn_seq_batch *seqs, int n_seqs, float *logits, float *hidden,
+                        int *n_out)
+{
+    return forward(m, kv_pool, kv, seqs, n_seqs, logits, hidden, NULL, n_out);
+}
+
+int cairn_model_forward_features(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
+                                 const cairn_seq_batch *seqs, int n_seqs, float *logits,
+                                 float *features, int *n_out)
+{
+    if (!features)
+        return CAIRN_EINVAL;
+    return forward(m, kv_pool, kv, seqs, n_seqs, logits, NULL, features, n_out);
+}
+
+/* ---- for engine/eagle.c ------------------------------------------------- */
+
+#include "engine/eagle_impl.h"
+
+void cairn_model_eagle_shared(const cairn_model *m, cairn_model_shared *out)
+{
+    out->tok_embd = m->tok_embd.data;
+    out->tok_embd_type = m->tok_embd.type;
+    out->output = m->output.data;
+    out->output_type = m->output.type;
+    out->rope_freqs = m->rope_freqs;
+    out->max_batch_tokens = m->params.max_batch_tokens;
 }

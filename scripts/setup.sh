@@ -9,9 +9,11 @@ want_test=0
 [ "${1:-}" = "--test" ] && want_test=1
 
 debs=(build-essential cmake pkg-config liblmdb-dev lmdb-utils libuv1-dev libmsgpack-dev
-      libxxhash-dev libcmocka-dev libpcre2-dev python3 python3-pip)
-# clang builds the libFuzzer targets (make fuzz); only the test set needs it
-[ "$want_test" -eq 1 ] && debs+=(clang)
+      libxxhash-dev libcmocka-dev libpcre2-dev libjansson-dev libhttp-parser-dev
+      python3 python3-pip)
+# clang builds the libFuzzer targets (make fuzz); curl drives the HTTP facade's
+# tests; only the test set needs them
+[ "$want_test" -eq 1 ] && debs+=(clang curl)
 missing=()
 for p in "${debs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -29,9 +31,22 @@ if [ $want_test -eq 1 ]; then
     # independent forward-pass reference the tests compare against; msgpack
     # is what the Python client speaks to the server with.
     py=python3
-    if ! $py -c "import numpy, gguf, msgpack" 2>/dev/null; then
-        echo "setup: installing Python packages: numpy gguf msgpack" >&2
-        $py -m pip install -q numpy gguf msgpack 2>/dev/null ||
-            $py -m pip install -q --break-system-packages numpy gguf msgpack
+    # jinja2 renders GGUF chat templates, the reference for cairn's own
+    # formatters; openai is the client the HTTP facade must serve unchanged,
+    # jsonschema checks its structured output.
+    pypkgs=(numpy gguf msgpack jinja2 openai jsonschema)
+    if ! $py -c "import numpy, gguf, msgpack, jinja2, openai, jsonschema" 2>/dev/null; then
+        echo "setup: installing Python packages: ${pypkgs[*]}" >&2
+        $py -m pip install -q "${pypkgs[@]}" 2>/dev/null ||
+            $py -m pip install -q --break-system-packages "${pypkgs[@]}"
     fi
+fi
+
+if [ $want_test -eq 1 ]; then
+    # The real instruct model (Qwen2.5-Coder-0.5B-Instruct Q4_K_M) that the
+    # model-family tests run on. Without network the tests that need it skip,
+    # saying why; everything else still runs.
+    here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+    python3 "$here/get-model" >/dev/null ||
+        echo "setup: WARNING: could not fetch the real model; tests that need it will skip" >&2
 fi

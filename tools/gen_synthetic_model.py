@@ -21,8 +21,14 @@ Quantized tensors are generated directly in their block format (random codes
 with scales chosen for the target spread) instead of quantizing floats, which
 keeps a 1B model to a few seconds of generation.
 
+--arch qwen2 writes the Qwen2 variant (q/k/v biases, NEOX RoPE, qwen2.*
+metadata); --rope-freqs adds a Llama 3 style rope_freqs.weight (per-frequency
+divisors from the llama3 rope-scaling rule). The tests use both on tiny
+shapes to check those code paths against tests/ref/llama_ref.py.
+
 Usage: gen_synthetic_model.py --shape 110m --type q4_0 -o /tmp/s110m-q4_0.gguf
 """
+import math
 import argparse
 import struct
 import sys
@@ -183,6 +189,9 @@ def main():
     ap.add_argument("--vocab", type=int)
     ap.add_argument("--ctx", type=int, default=4096, help="llama.context_length")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--arch", choices=("llama", "qwen2"), default="llama")
+    ap.add_argument("--rope-freqs", action="store_true",
+                    help="add a Llama 3 rope_freqs.weight tensor (rope base 500000)")
     a = ap.parse_args()
 
     shape = dict(SHAPES[a.shape]) if a.shape else {}
@@ -214,6 +223,14 @@ def main():
             (p + "attn_q.weight", dim, n_head * head_dim, tname, dim ** -0.5),
             (p + "attn_k.weight", dim, n_kv * head_dim, tname, dim ** -0.5),
             (p + "attn_v.weight", dim, n_kv * head_dim, tname, dim ** -0.5),
+        ]
+        if a.arch == "qwen2":  # biases of a trained size: a few tenths
+            tensors += [
+                (p + "attn_q.bias", n_head * head_dim, 1, "F32", 0.3),
+                (p + "attn_k.bias", n_kv * head_dim, 1, "F32", 0.3),
+                (p + "attn_v.bias", n_kv * head_dim, 1, "F32", 0.3),
+            ]
+        tensors += [
             (p + "attn_output.weight", n_head * head_dim, dim, tname, (n_head * head_dim) ** -0.5),
             (p + "ffn_norm.weight", dim, 1, "F32", None),
             (p + "ffn_gate.weight", dim, ffn, tname, dim ** -0.5),
@@ -222,23 +239,41 @@ def main():
         ]
     tensors += [("output_norm.weight", dim, 1, "F32", None),
                 ("output.weight", dim, n_vocab, tname, dim ** -0.5)]
+    rope_base = 1000000.0 if a.arch == "qwen2" else 10000.0
+    freq_factors = None
+    if a.rope_freqs:
+        # Llama 3.1's rule: keep high frequencies, divide low ones by
+        # `factor`, blend in between (factor 8, low/high 1/4, 8192 context).
+        rope_base, factor, low, high, old_ctx = 500000.0, 8.0, 1.0, 4.0, 8192.0
+        freq_factors = []
+        for i in range(head_dim // 2):
+            wavelen = 2 * math.pi / rope_base ** (-2.0 * i / head_dim)
+            if wavelen < old_ctx / high:
+                freq_factors.append(1.0)
+            elif wavelen > old_ctx / low:
+                freq_factors.append(factor)
+            else:
+                smooth = (old_ctx / wavelen - low) / (high - low)
+                freq_factors.append(1.0 / ((1 - smooth) / factor + smooth))
+        tensors.append(("rope_freqs.weight", head_dim // 2, 1, "F32", "freqs"))
 
     toks, scores, ttypes = vocab(n_vocab)
+    A = a.arch
     meta = [
-        kv_str("general.architecture", "llama"),
-        kv_str("general.name", "synthetic-%dx%d-%s" % (dim, n_layer, tname.lower())),
+        kv_str("general.architecture", A),
+        kv_str("general.name", "synthetic-%s-%dx%d-%s" % (A, dim, n_layer, tname.lower())),
         kv_u32("general.file_type", FILE_TYPE[tname]),
         kv_u32("general.alignment", ALIGNMENT),
-        kv_u32("llama.context_length", a.ctx),
-        kv_u32("llama.embedding_length", dim),
-        kv_u32("llama.block_count", n_layer),
-        kv_u32("llama.feed_forward_length", ffn),
-        kv_u32("llama.attention.head_count", n_head),
-        kv_u32("llama.attention.head_count_kv", n_kv),
-        kv_u32("llama.rope.dimension_count", head_dim),
-        kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5),
-        kv_f32("llama.rope.freq_base", 10000.0),
-        kv_u32("llama.vocab_size", n_vocab),
+        kv_u32(A + ".context_length", a.ctx),
+        kv_u32(A + ".embedding_length", dim),
+        kv_u32(A + ".block_count", n_layer),
+        kv_u32(A + ".feed_forward_length", ffn),
+        kv_u32(A + ".attention.head_count", n_head),
+        kv_u32(A + ".attention.head_count_kv", n_kv),
+        kv_u32(A + ".rope.dimension_count", head_dim),
+        kv_f32(A + ".attention.layer_norm_rms_epsilon", 1e-5),
+        kv_f32(A + ".rope.freq_base", rope_base),
+        kv_u32(A + ".vocab_size", n_vocab),
         kv_str("tokenizer.ggml.model", "llama"),
         kv_arr("tokenizer.ggml.tokens", T_STRING, toks),
         kv_arr("tokenizer.ggml.scores", T_FLOAT32, scores),
@@ -270,6 +305,8 @@ def main():
         for (name, ne0, ne1, t, std), size in zip(tensors, sizes):
             if std is None:  # norm weights: near one, as trained models have
                 data = (1.0 + 0.1 * rng.standard_normal(ne0, dtype=np.float32)).astype("<f4").tobytes()
+            elif std == "freqs":
+                data = np.asarray(freq_factors, dtype="<f4").tobytes()
             else:
                 data = random_rows(rng, t, ne1, ne0, std)
             assert len(data) == size, (name, len(data), size)

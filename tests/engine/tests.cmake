@@ -3,3 +3,22 @@ cairn_add_test(engine_forward
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_forward.c
   ARGS ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/ref/llama_ref.py
   TIMEOUT 300)
+
+# The same comparison on the other code paths: a qwen2 model (q/k/v biases,
+# NEOX RoPE) and a Llama 3 one (rope_freqs), tiny and random, written by
+# tools/gen_synthetic_model.py at test time.
+add_test(NAME engine_synthetic_qwen2
+  COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tools/gen_synthetic_model.py --shape tiny
+          --type F32 --arch qwen2 -o ${CMAKE_CURRENT_BINARY_DIR}/synthetic-qwen2.gguf)
+add_test(NAME engine_synthetic_llama3
+  COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tools/gen_synthetic_model.py --shape tiny
+          --type F32 --rope-freqs -o ${CMAKE_CURRENT_BINARY_DIR}/synthetic-llama3.gguf)
+set_tests_properties(engine_synthetic_qwen2 engine_synthetic_llama3 PROPERTIES
+  FIXTURES_SETUP synthetic_models LABELS engine)
+foreach(arch qwen2 llama3)
+  add_test(NAME engine_forward_${arch}
+    COMMAND engine_forward ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/ref/llama_ref.py
+            ${CMAKE_CURRENT_BINARY_DIR}/synthetic-${arch}.gguf)
+  set_tests_properties(engine_forward_${arch} PROPERTIES FIXTURES_REQUIRED synthetic_models
+    LABELS engine TIMEOUT 300)
+endforeach()

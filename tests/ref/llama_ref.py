@@ -16,7 +16,9 @@ What the GGUF stores, and how this file uses it:
   ("NEOX" style); the GGUF converter permutes the rows of attn_q / attn_k so
   that the same rotation becomes one over adjacent pairs (2i, 2i+1), which is
   ggml's NORMAL rope mode used for the llama architecture. We therefore use
-  the stored weights as they are and rotate adjacent pairs.
+  the stored weights as they are and rotate adjacent pairs. qwen2 GGUFs keep
+  the HF order, so for them the halves are rotated (NEOX), and q/k/v add
+  their bias vectors before RoPE.
 * RoPE. For pair i of the first n_rot dimensions of a head at position p:
   theta_i = p * freq_scale * base^(-2i / n_rot) (divided by rope_freqs[i]
   when the file has that tensor), and
@@ -46,28 +48,34 @@ except ImportError:  # the tests treat exit code 77 as "skipped"
 
 
 class Model:
-    """Hyper-parameters and float64 weights of a llama-architecture GGUF."""
+    """Hyper-parameters and float64 weights of a llama or qwen2 GGUF.
+
+    qwen2 is the llama decoder with biases on the q/k/v projections and the
+    NEOX RoPE pairing (dimension i with i + n_rot/2 instead of 2i with 2i+1)."""
 
     def __init__(self, path):
         reader = gguf.GGUFReader(path)
         self.meta = {name: field for name, field in reader.fields.items()}
         arch = self._str("general.architecture")
-        if arch != "llama":
-            raise SystemExit(f"llama_ref.py: architecture '{arch}' is not llama")
+        if arch not in ("llama", "qwen2"):
+            raise SystemExit(f"llama_ref.py: architecture '{arch}' is not llama or qwen2")
+        self.arch = arch
+        self.neox = arch == "qwen2"
+        k = lambda suffix: f"{arch}.{suffix}"
 
-        self.dim = self._int("llama.embedding_length")
-        self.n_layer = self._int("llama.block_count")
-        self.n_head = self._int("llama.attention.head_count")
-        self.n_kv_head = self._int("llama.attention.head_count_kv", self.n_head)
-        self.ffn_dim = self._int("llama.feed_forward_length")
-        self.head_dim = self._int("llama.attention.key_length", self.dim // self.n_head)
-        self.n_rot = self._int("llama.rope.dimension_count", self.head_dim)
-        self.rope_base = self._float("llama.rope.freq_base", 10000.0)
-        self.rms_eps = self._float("llama.attention.layer_norm_rms_epsilon", 1e-5)
+        self.dim = self._int(k("embedding_length"))
+        self.n_layer = self._int(k("block_count"))
+        self.n_head = self._int(k("attention.head_count"))
+        self.n_kv_head = self._int(k("attention.head_count_kv"), self.n_head)
+        self.ffn_dim = self._int(k("feed_forward_length"))
+        self.head_dim = self._int(k("attention.key_length"), self.dim // self.n_head)
+        self.n_rot = self._int(k("rope.dimension_count"), self.head_dim)
+        self.rope_base = self._float(k("rope.freq_base"), 10000.0)
+        self.rms_eps = self._float(k("attention.layer_norm_rms_epsilon"), 1e-5)
         # Linear position interpolation: positions are multiplied by 1/factor.
         self.rope_scale = 1.0
-        if self._str("llama.rope.scaling.type", "none") == "linear":
-            self.rope_scale = 1.0 / self._float("llama.rope.scaling.factor", 1.0)
+        if self._str(k("rope.scaling.type"), "none") == "linear":
+            self.rope_scale = 1.0 / self._float(k("rope.scaling.factor"), 1.0)
 
         self.tensors = {t.name: t for t in reader.tensors}
         self.tok_embd = self._weight("token_embd.weight")      # [n_vocab][dim]
@@ -95,6 +103,13 @@ class Model:
                 "w_up": w("ffn_up"),           # [ffn_dim][dim]
                 "w_down": w("ffn_down"),       # [dim][ffn_dim]
             })
+            if self.arch == "qwen2":
+                b = lambda name: self._weight(f"blk.{i}.{name}.bias")
+                self.layers[-1].update({
+                    "bq": b("attn_q"),         # [n_head*head_dim]
+                    "bk": b("attn_k"),         # [n_kv_head*head_dim]
+                    "bv": b("attn_v"),         # [n_kv_head*head_dim]
+                })
 
     # -- metadata helpers ----------------------------------------------------
     def _scalar(self, key):
@@ -133,8 +148,14 @@ class Model:
         elif kind == gguf.GGMLQuantizationType.F16:
             data = np.asarray(t.data, dtype=np.float16)
         else:
-            raise SystemExit(f"llama_ref.py: tensor '{name}' has type {kind.name}; "
-                             "only F32 and F16 are supported")
+            # Quantized blocks expanded by gguf's own Python dequantizer: an
+            # implementation independent of cairn's (common/quant_k.c).
+            try:
+                from gguf.quants import dequantize
+                data = dequantize(np.asarray(t.data), kind)
+            except (ImportError, NotImplementedError) as e:
+                raise SystemExit(f"llama_ref.py: tensor '{name}' has type {kind.name}, "
+                                 f"which this gguf package cannot expand ({e})")
         # ne is fastest-first; numpy wants slowest-first.
         shape = tuple(int(n) for n in reversed(t.shape))
         return data.reshape(shape).astype(np.float64)
@@ -145,8 +166,9 @@ def rms_norm(x, weight, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
 
 
-def rope_normal(x, positions, m):
-    """Rotate adjacent pairs of the first n_rot dims of each head.
+def rope(x, positions, m):
+    """Rotate pairs of the first n_rot dims of each head: adjacent pairs
+    (2i, 2i+1) for llama, (i, i + n_rot/2) for NEOX (qwen2).
 
     x: [n][heads][head_dim], positions: [n]."""
     half = m.n_rot // 2
@@ -157,10 +179,14 @@ def rope_normal(x, positions, m):
     cos = np.cos(theta)[:, None, :]                                 # [n][1][half]
     sin = np.sin(theta)[:, None, :]
     out = x.copy()
-    x0 = x[:, :, 0:m.n_rot:2]                                       # [n][heads][half]
-    x1 = x[:, :, 1:m.n_rot:2]
-    out[:, :, 0:m.n_rot:2] = x0 * cos - x1 * sin
-    out[:, :, 1:m.n_rot:2] = x0 * sin + x1 * cos
+    if m.neox:
+        first, second = slice(0, half), slice(half, m.n_rot)
+    else:
+        first, second = slice(0, m.n_rot, 2), slice(1, m.n_rot, 2)
+    x0 = x[:, :, first]                                             # [n][heads][half]
+    x1 = x[:, :, second]
+    out[:, :, first] = x0 * cos - x1 * sin
+    out[:, :, second] = x0 * sin + x1 * cos
     return out
 
 
@@ -182,11 +208,14 @@ def forward(m, tokens):
 
     for layer in m.layers:
         h = rms_norm(x, layer["attn_norm"], m.rms_eps)
-        q = (h @ layer["wq"].T).reshape(n, m.n_head, m.head_dim)
-        k = (h @ layer["wk"].T).reshape(n, m.n_kv_head, m.head_dim)
-        v = (h @ layer["wv"].T).reshape(n, m.n_kv_head, m.head_dim)
-        q = rope_normal(q, positions, m)
-        k = rope_normal(k, positions, m)
+        q, k, v = h @ layer["wq"].T, h @ layer["wk"].T, h @ layer["wv"].T
+        if "bq" in layer:
+            q, k, v = q + layer["bq"], k + layer["bk"], v + layer["bv"]
+        q = q.reshape(n, m.n_head, m.head_dim)
+        k = k.reshape(n, m.n_kv_head, m.head_dim)
+        v = v.reshape(n, m.n_kv_head, m.head_dim)
+        q = rope(q, positions, m)
+        k = rope(k, positions, m)
 
         attn = np.empty((n, m.n_head, m.head_dim))
         for head in range(m.n_head):
