@@ -13,6 +13,7 @@
 
 int cmd_run(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_chat_format(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
@@ -25,7 +26,13 @@ typedef struct {
     int page_size;
     cairn_type kv_type; /* F16 by default, like llama.cpp           */
     int batch;          /* max tokens per forward call              */
+    int device;         /* CLI_DEVICE_AUTO, _CPU or _CUDA           */
+    int cuda_index;     /* GPU number for CLI_DEVICE_CUDA (cuda:N)  */
 } cli_model_opts;
+
+/* --device: auto = CUDA device 0 when cairn was built with CUDA and a GPU
+ * is present, else the CPU. An explicit `cuda` fails when there is none. */
+enum { CLI_DEVICE_AUTO = 0, CLI_DEVICE_CPU = 1, CLI_DEVICE_CUDA = 2 };
 
 void cli_model_opts_defaults(cli_model_opts *o);
 /* Parses one of the shared options; returns 1 if `opt` was one of them, 0 if
@@ -35,7 +42,8 @@ int cli_model_opts_parse(cli_model_opts *o, int opt, const char *arg);
 #define CLI_MODEL_LONGOPTS                                                                         \
     {"model", required_argument, 0, 'm'}, {"threads", required_argument, 0, 't'},                  \
         {"ctx-size", required_argument, 0, 'c'}, {"page-size", required_argument, 0, 1001},        \
-        {"kv-type", required_argument, 0, 1002}, {"batch-size", required_argument, 0, 'b'}
+        {"kv-type", required_argument, 0, 1002}, {"batch-size", required_argument, 0, 'b'},        \
+        {"device", required_argument, 0, 1003}
 #define CLI_MODEL_SHORTOPTS "m:t:c:b:"
 #define CLI_MODEL_HELP                                                                             \
     "  -m, --model FILE       GGUF model (default models/stories260K.gguf)\n"                      \
@@ -43,7 +51,8 @@ int cli_model_opts_parse(cli_model_opts *o, int opt, const char *arg);
     "  -c, --ctx-size N       context to reserve KV pages for (default: model's, max 4096)\n"      \
     "  -b, --batch-size N     most tokens per forward call (default 512)\n"                        \
     "      --page-size N      tokens per KV page (default 16)\n"                                   \
-    "      --kv-type T        KV cache type: f16 (default) or f32\n"
+    "      --kv-type T        KV cache type: f16 (default) or f32\n"                               \
+    "      --device D         cpu, cuda or cuda:N (default: cuda when a GPU is present)\n"
 
 /* A loaded model with one sequence's worth of KV pages. */
 typedef struct {

@@ -12,6 +12,7 @@ static const struct {
 } commands[] = {
     {"run", cmd_run, "generate a continuation of a prompt"},
     {"tokenize", cmd_tokenize, "print the token ids of text read from stdin"},
+    {"chat-format", cmd_chat_format, "print a conversation formatted with the model's chat template"},
     {"perplexity", cmd_perplexity, "perplexity of a text file, as llama-perplexity computes it"},
     {"bench", cmd_bench, "prompt and generation speed in tokens/s, like llama-bench"},
     {"serve", cmd_serve, "serve the msgpack-RPC protocol on TCP and/or a Unix socket"},

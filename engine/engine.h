@@ -11,6 +11,8 @@
  *   cairn_model     hyper-parameters and weights resident in a backend, and the
  *                   forward pass over a batch of sequences
  *   cairn_sampler   turns a row of logits into a token
+ *   cairn_eagle     an EAGLE draft head; cairn_eagle_seq decodes one sequence
+ *                   speculatively with it (lossless)
  *
  * Ownership: a `*_open`/`*_load`/`*_create` function gives the caller a new
  * object, released by the matching `*_close`/`*_free`. Borrowed pointers
@@ -208,7 +210,7 @@ int cairn_detok_flush(cairn_detok *d, char *out, size_t cap, size_t *n_out);
 /* ======================================================================== */
 
 typedef struct {
-    char arch[32];        /* "llama"                                          */
+    char arch[32];        /* "llama" or "qwen2"                               */
     char name[128];       /* general.name, or the file name                   */
     int n_vocab;
     int n_ctx_train;
@@ -280,6 +282,15 @@ int cairn_model_forward(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv
                         const cairn_seq_batch *seqs, int n_seqs, float *logits, float *hidden,
                         int *n_out);
 
+/* The same, with `features` (required) host [T][dim]: the final hidden state
+ * after the output norm of every token of the batch, in batch order (T = the
+ * sum of n_tokens), wanted or not; logits only for the wanted rows. A server
+ * that keeps an EAGLE head's KV in step with the target feeds these to
+ * cairn_eagle_seq_advance. */
+int cairn_model_forward_features(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
+                                 const cairn_seq_batch *seqs, int n_seqs, float *logits,
+                                 float *features, int *n_out);
+
 /* ======================================================================== */
 /* Sampler                                                                  */
 /* ======================================================================== */
@@ -337,6 +348,396 @@ int cairn_sampler_sample(cairn_sampler *s, const float *logits, int32_t *token,
 void cairn_sampler_accept(cairn_sampler *s, int32_t token);
 /* Forget accepted tokens and restart the generator from the seed. */
 void cairn_sampler_reset(cairn_sampler *s);
+
+/* ======================================================================== */
+/* EAGLE speculative decoding                                               */
+/* ======================================================================== */
+/*
+ * An EAGLE head is a one-layer draft model that reads the target's own final
+ * feature (the hidden state after the output norm) and predicts the next
+ * feature, so the target's LM head turns it into next-token guesses:
+ *
+ *   x  = [embed(token_{j+1}) ; f_j] · fcᵀ (+ fc bias)       x [R][dim]
+ *   x += attention(x·Wq, x·Wk, x·Wv) · Woᵀ                  (no input norm)
+ *   x += ffn(rmsnorm(x) * ffn_norm)
+ *   logits = x · outputᵀ                                    (target's LM head)
+ *
+ * It reuses the target's embedding table, LM head and RoPE settings. Its file
+ * is a GGUF with general.architecture = "eagle" and metadata
+ * eagle.embedding_length, eagle.feed_forward_length, eagle.attention.head_count,
+ * eagle.attention.head_count_kv, eagle.attention.layer_norm_rms_epsilon;
+ * tensors fc.weight [2*dim -> dim] (optional fc.bias), blk.0.attn_{q,k,v,output}
+ * (optional q/k/v biases), blk.0.ffn_norm, blk.0.ffn_{gate,up,down}.
+ * tools/eagle_convert.py writes one from a published checkpoint,
+ * tools/eagle_train.py trains one by self-distillation.
+ *
+ * KV: the head's keys and values are one extra layer (index n_layer of the
+ * target) in the same pages, so a page layout from cairn_eagle_kv_layout
+ * holds both. Head row j sits at KV index j and is computed from (f_j,
+ * token_{j+1}) at RoPE position j, so it is final only once token j+1 is.
+ *
+ * Decoding (one sequence): each step drafts an EAGLE-2 dynamic tree, checks
+ * it with one target forward and keeps the longest accepted path:
+ *   draft   the best top_k tokens after the pending token form level 1; for
+ *           `depth`-1 more levels the top_k frontier nodes by cumulative
+ *           log-probability are expanded by top_k children each; all
+ *           candidates are reranked and the best n_draft kept (a set closed
+ *           under ancestors, since a child never scores above its parent).
+ *   verify  the pending token and the tree in one cairn_model_forward with a
+ *           tree mask (each token sees the prefix and its ancestors) at
+ *           positions n_past + depth.
+ *   accept  greedy (temperature <= 0): follow children equal to the target's
+ *           argmax. Sampled: at each node the children are tried in draft
+ *           order; the tree proposes each child deterministically (q is a
+ *           point mass), so the rule accept-with-min(1, p/q) accepts child x
+ *           with probability p(x) and on rejection continues with the
+ *           residual max(0, p - q) renormalised, i.e. p without x. Where no
+ *           child is accepted the token is drawn from what remains. This
+ *           reproduces the target's sampling distribution exactly (lossless).
+ *           p is the sampler's distribution: top-k, min-p, top-p, then
+ *           temperature, in cairn_sampler's order; penalties are not
+ *           supported with speculation (CAIRN_EUNSUPPORTED).
+ *   keep    the accepted path's target KV is moved to consecutive indices;
+ *           entries past the new length are scratch: pages holding only such
+ *           indices may be released by the caller between steps.
+ * Every step emits 1 + (accepted draft tokens) tokens; the last one (the
+ * "bonus" token drawn from the target) is pending: its KV is written by the
+ * next step's verification.
+ */
+
+typedef struct cairn_eagle cairn_eagle;
+
+/* Load a head for `target` (borrowed; must outlive the head) onto the
+ * target's backend. Its shape must fit the target (dim, vocabulary, KV heads
+ * and head size), else CAIRN_EFORMAT with a message. */
+int cairn_eagle_load(const char *path, cairn_model *target, cairn_eagle **out, char *err,
+                     size_t err_len);
+void cairn_eagle_free(cairn_eagle *e);
+
+/* XXH3-128 of the head's tensors, for the page-hash namespace (a page holds
+ * head KV too). */
+void cairn_eagle_fingerprint(const cairn_eagle *e, uint8_t out[16]);
+
+/* The target's page geometry with one more layer for the head's KV. */
+int cairn_eagle_kv_layout(const cairn_eagle *e, int page_size, cairn_type dtype,
+                          cairn_kv_layout *out);
+
+typedef struct {
+    int depth;   /* draft levels, 1..16; default 5                         */
+    int top_k;   /* children per expanded node and frontier width, 1..16;
+                    default 8                                               */
+    int n_draft; /* draft tokens verified per step, 1..255; default 32;
+                    the target must accept 1 + n_draft tokens per forward   */
+} cairn_eagle_params;
+
+cairn_eagle_params cairn_eagle_defaults(void);
+
+/* Per step: the tree verified, tokens emitted, time in each phase. */
+typedef struct {
+    int64_t steps;        /* target forward passes (verifications)           */
+    int64_t tokens;       /* tokens emitted; tau = tokens / steps            */
+    int64_t drafted;      /* draft tokens verified                           */
+    double t_draft, t_verify, t_head_update; /* seconds                      */
+} cairn_eagle_stats;
+
+typedef struct cairn_eagle_seq cairn_eagle_seq;
+
+/* A decoder for one sequence. `dp` and `sp` may be NULL for the defaults
+ * (sp NULL = greedy). CAIRN_EINVAL for parameters out of range,
+ * CAIRN_EUNSUPPORTED for sampling penalties. */
+int cairn_eagle_seq_create(cairn_eagle *e, const cairn_eagle_params *dp,
+                           const cairn_sampling_params *sp, cairn_eagle_seq **out);
+void cairn_eagle_seq_free(cairn_eagle_seq *s);
+
+/* Start a sequence: the KV pool (laid out by cairn_eagle_kv_layout) and page
+ * table (borrowed, covering KV indices 0 .. capacity-1) stay in use until the
+ * next begin or free. Evaluates prompt[0 .. n-2] through the target and the
+ * head; prompt[n-1] becomes the pending token. n >= 1 and n < capacity. */
+int cairn_eagle_seq_begin(cairn_eagle_seq *s, void *kv_pool, const cairn_kv_layout *kv,
+                          const int32_t *pages, int capacity, const int32_t *prompt, int n);
+
+/* One draft-verify-accept step. Writes the emitted tokens (1 .. depth+1) to
+ * out[cap] (cap >= depth + 1) and their count to *n_out. The tree is shrunk
+ * near the end of the capacity; CAIRN_ERANGE when not even the pending token
+ * fits. After an error the sequence must be begun again. */
+int cairn_eagle_seq_step(cairn_eagle_seq *s, int32_t *out, int cap, int *n_out);
+
+/* ---- sequences whose target forwards the caller runs (a server) -------- *
+ *
+ * A server batches the target over many sequences and shares KV pages
+ * between them through a prefix cache, so the head's KV in a page must mean
+ * the same thing whoever computed it. Head row j depends on tokens 0 .. j+1,
+ * and token j+1 lies in the next page when j is a page's last index: two
+ * sequences sharing that page may continue differently there. So for an
+ * adopted sequence the head never attends to a row at a page's last index
+ * (index % page_size == page_size - 1) except a query row's own; every other
+ * head row of a page is a function of that page's token path alone, and
+ * drafts (hence sampled outputs for a seed) do not depend on which sequence
+ * computed a shared page. The server keeps every page's head rows current by
+ * running the head over every token it runs the target over
+ * (cairn_eagle_seq_advance after each forward), so pages it shares are
+ * always complete. */
+
+/* Take over a sequence whose tokens[0 .. n_past) already have target and
+ * head KV in `pages` (computed by this or another sequence with the same
+ * tokens, under the rule above); n_past must be a multiple of the page size
+ * (CAIRN_EINVAL otherwise) and n_tokens > n_past. Nothing is computed. The
+ * random state of sampled acceptance carries on from earlier steps. */
+int cairn_eagle_seq_adopt(cairn_eagle_seq *s, void *kv_pool, const cairn_kv_layout *kv,
+                          const int32_t *pages, int capacity, const int32_t *tokens,
+                          int n_tokens, int n_past);
+/* The page table moved or grew: it now covers KV indices 0 .. capacity-1. */
+int cairn_eagle_seq_set_pages(cairn_eagle_seq *s, const int32_t *pages, int capacity);
+/* The caller's target forward computed tokens n_past .. n_past+n-1 of an
+ * adopted sequence; features[n][dim] are their rows of
+ * cairn_model_forward_features. tokens[0 .. n_tokens) is the sequence as
+ * known now (n_tokens >= n_past + n; earlier tokens must not have changed).
+ * The head runs over every row whose next token is known, so when
+ * n_tokens > n_past + n the sequence is ready for cairn_eagle_seq_step
+ * (tokens[n_past] pending). After a step of an adopted sequence the head is
+ * caught up at once, so its pages are complete when the caller shares them. */
+int cairn_eagle_seq_advance(cairn_eagle_seq *s, const int32_t *tokens, int n_tokens,
+                            const float *features, int n);
+
+/* Tokens whose target KV is in the pages (the pending token excluded). */
+int cairn_eagle_seq_n_past(const cairn_eagle_seq *s);
+void cairn_eagle_seq_stats(const cairn_eagle_seq *s, cairn_eagle_stats *out);
+
+/* ======================================================================== */
+/* Chat templates                                                           */
+/* ======================================================================== */
+/*
+ * Instruct models ship a Jinja2 chat template in `tokenizer.chat_template`.
+ * cairn does not interpret Jinja: it recognises the template's family by
+ * markers in its source and formats with a hand-written formatter that
+ * reproduces byte for byte what the Hugging Face rendering (jinja2,
+ * trim_blocks + lstrip_blocks, tojson = json.dumps(ensure_ascii=False)) gives
+ * for that family's reference template:
+ *
+ *   <|im_start|> + <tool_call>   QWEN2   ChatML with Qwen2.5's default system
+ *                                        prompt, <tools> block, <tool_call>
+ *                                        calls and <tool_response> results
+ *   <|im_start|>                 CHATML  plain ChatML turns
+ *   <|start_header_id|>          LLAMA3  3.0 turns; with "Cutting Knowledge
+ *                                        Date" the 3.1+ form (dated system
+ *                                        header, tools in the first user
+ *                                        message, {"name","parameters"} calls,
+ *                                        results as "ipython" turns)
+ *   <start_of_turn>              GEMMA   no system role: its text opens the
+ *                                        first user turn; contents trimmed
+ *   <|assistant|> + <|end|>      PHI3    empty system left out; EOS ends a
+ *                                        render without generation prompt
+ *   [INST]                       LLAMA2  with <<SYS>>: Llama 2 (BOS before
+ *                                        every user turn); else Mistral
+ *                                        v1 ("[INST] u [/INST] a</s>", system
+ *                                        text + "\n\n" opens the first user
+ *                                        message) or, with "[INST]" right
+ *                                        before a quote, v3-tekken/Nemo
+ *                                        ("[INST]u[/INST]a</s>", system text
+ *                                        on the last user message); Mistral
+ *                                        tool formats are not rendered
+ *   anything else / no template  GENERIC "<|ROLE|>\n" content "\n" per
+ *                                        message, "<|assistant|>\n" to prompt
+ *                                        (docs/protocol.md), with a warning
+ *
+ * "developer" is treated as "system". Tool lists are rendered by QWEN2 and
+ * LLAMA3 (3.1+) only; other families ignore them with a warning. Tool-call
+ * arguments given as a JSON string (OpenAI form) are parsed and rendered as
+ * the object the templates expect; a string that is not JSON stays a string.
+ *
+ * BOS: templates that begin with bos_token (Llama 3, Gemma, Llama 2, Mistral)
+ * have it removed from the start of cairn_chat_format's text — the BOS token
+ * belongs to tokenization (CAIRN_TOK_ADD_BOS, cairn_vocab_add_bos), so
+ * tokenizing the text with ADD_BOS | PARSE_SPECIAL gives the reference ids.
+ * BOS written later in the text (Llama 2's every user turn) stays as text.
+ *
+ * A template is immutable once made: safe to share between threads.
+ */
+
+typedef enum {
+    CAIRN_CHAT_GENERIC = 0,
+    CAIRN_CHAT_CHATML,
+    CAIRN_CHAT_QWEN2,  /* chatml + Qwen2.5 tool format */
+    CAIRN_CHAT_LLAMA3,
+    CAIRN_CHAT_LLAMA2, /* [INST], also Mistral */
+    CAIRN_CHAT_GEMMA,
+    CAIRN_CHAT_PHI3,
+} cairn_chat_family;
+
+typedef struct cairn_chat_template cairn_chat_template;
+
+typedef struct {
+    const char *role;            /* "system", "developer" (= system), "user",
+                                    "assistant", "tool"                        */
+    const char *content;         /* UTF-8; NULL counts as ""                  */
+    const char *tool_calls_json; /* assistant: JSON array of OpenAI tool calls
+                                    [{"id","type":"function","function":
+                                    {"name","arguments"}}], or NULL           */
+    const char *tool_call_id;    /* tool: id of the call answered, or NULL    */
+    const char *name;            /* tool: function name, or NULL              */
+} cairn_chat_message;
+
+/* From a GGUF's tokenizer.chat_template (absent: generic, with a warning).
+ * `v` (may be NULL) supplies the BOS/EOS texts. *out is the caller's; free
+ * with cairn_chat_template_free. CAIRN_EFORMAT when the key is not a string. */
+int cairn_chat_template_from_gguf(const cairn_gguf *g, const cairn_vocab *v,
+                                  cairn_chat_template **out);
+/* From template source (NULL or "" = generic). `v` may be NULL: the family's
+ * customary BOS/EOS texts are used then. */
+int cairn_chat_template_from_string(const char *jinja_source, const cairn_vocab *v,
+                                    cairn_chat_template **out);
+void cairn_chat_template_free(cairn_chat_template *t); /* NULL is a no-op */
+cairn_chat_family cairn_chat_template_family(const cairn_chat_template *t);
+const char *cairn_chat_family_name(cairn_chat_family f); /* "qwen2", ... static */
+
+/* The whole conversation as text. tools_json: JSON array of OpenAI tools
+ * [{"type":"function","function":{...}}] or NULL. *out is malloc'ed and
+ * NUL-terminated (caller frees); *out_len (may be NULL) its length.
+ * CAIRN_EINVAL for an unknown role, tools/tool_calls that are not JSON arrays,
+ * or what the family's template refuses (Llama 3.1: tools without a user
+ * message, several calls in one turn). */
+int cairn_chat_format(const cairn_chat_template *t, const cairn_chat_message *msgs,
+                      size_t n_msgs, const char *tools_json, bool add_generation_prompt,
+                      char **out, size_t *out_len);
+
+enum {
+    CAIRN_CHAT_GENERATION_PROMPT = 1 << 0, /* open an assistant turn at the end */
+    CAIRN_CHAT_CONTINUE = 1 << 1, /* the messages continue a conversation already
+                                     in the context: no preamble (BOS, default
+                                     system prompt, tools block, date header) */
+    CAIRN_CHAT_ADD_BOS = 1 << 2,  /* start with BOS (templates that write it
+                                     get it anyway, once)                    */
+};
+
+/* Format and tokenize in one step, safely: only the markers the formatter
+ * itself writes (turn delimiters, BOS/EOS) are parsed as special tokens;
+ * message contents and tool texts are tokenized as plain text, so a message
+ * can never forge a turn marker. For contents without marker text the ids
+ * equal tokenizing cairn_chat_format's text with PARSE_SPECIAL. *tokens is
+ * malloc'ed (caller frees). */
+int cairn_chat_tokenize(const cairn_chat_template *t, const cairn_vocab *v,
+                        const cairn_chat_message *msgs, size_t n_msgs, const char *tools_json,
+                        int flags, int32_t **tokens, size_t *n_tokens);
+
+/* The text that closes an assistant turn in this family ("<|im_end|>\n",
+ * "<|eot_id|>", ...): what follows a generated reply, whose end-of-generation
+ * token is not kept, when the conversation continues. Static or owned by t. */
+const char *cairn_chat_turn_end(const cairn_chat_template *t);
+
+/* Tool calls in a generated assistant text, in the family's native format:
+ * QWEN2 and others <tool_call>\n{"name":..., "arguments":{...}}\n</tool_call>
+ * blocks (a block whose JSON is malformed stays text); LLAMA3 a JSON object
+ * {"name":..., "parameters":...} (after an optional <|python_tag|>; several
+ * may be separated by ';'). On success *calls_json is a malloc'ed JSON array
+ * in OpenAI form [{"id":"call_<n>","type":"function","function":{"name",
+ * "arguments": "<JSON text>"}}] (n from 0) and *content the remaining text,
+ * trimmed (malloc'ed, may be ""). CAIRN_ENOTFOUND when the text holds no
+ * tool call (outputs untouched). */
+int cairn_chat_parse_tool_calls(const cairn_chat_template *t, const char *text, size_t len,
+                                char **calls_json, char **content);
+
+/* ======================================================================== */
+/* Grammar-constrained sampling                                             */
+/* ======================================================================== */
+/*
+ * Structured output: a JSON schema is compiled to a byte-level grammar, and a
+ * matcher follows one generation, setting the logits of every token that
+ * cannot continue a valid document to -INFINITY before sampling. Whatever
+ * the sampler then draws, the text parses as JSON and validates against the
+ * schema — provided generation is not cut short by max_tokens.
+ *
+ * Supported JSON Schema subset:
+ *   type           object, array, string, number, integer, boolean, null, or
+ *                  a list of them; no type: inferred from properties/items/
+ *                  minLength..., else any JSON value
+ *   properties, required
+ *                  properties are emitted in schema order; optional ones may
+ *                  be omitted. Only declared properties are ever generated,
+ *                  whatever additionalProperties says (valid either way); a
+ *                  required name missing from properties is refused.
+ *   additionalProperties
+ *                  false/true/absent; a schema is used only for objects
+ *                  without properties (free keys, values of that schema)
+ *   items, minItems, maxItems
+ *   minLength, maxLength   in code points (at most 1024, as are minItems and
+ *                  maxItems); \u escapes of surrogates are never generated
+ *   enum, const    any JSON values, emitted in compact form; values not of
+ *                  the schema's `type` are dropped
+ *   anyOf, oneOf   alternatives; oneOf is treated as anyOf (its branches
+ *                  must be disjoint for the output to validate)
+ *   allOf          with exactly one schema
+ *   $ref           "#", "#/$defs/NAME", "#/definitions/NAME" (recursion ok)
+ *   format         annotation only (JSON Schema 2020-12's default): the
+ *                  string is not checked against the format
+ *   title, description, default, examples, $schema, $id, $comment,
+ *   deprecated, readOnly, writeOnly: ignored (annotations)
+ * Any other keyword (pattern, minimum, maximum, multipleOf, uniqueItems,
+ * prefixItems, not, if/then/else, ...) is refused with CAIRN_EINVAL naming
+ * it, as are $ref/enum/const/anyOf/oneOf combined with other constraints.
+ *
+ * Generated text: optional leading whitespace, then the value, nothing
+ * after it. Whitespace between tokens is bounded (nothing, one space, or a
+ * newline and at most 20 spaces/tabs); integers have at most 16 digits,
+ * fractions 16, exponents 2 — so a model cannot loop on whitespace or
+ * digits. Free-form strings and unbounded arrays are bounded only by the
+ * caller's max_tokens.
+ *
+ * Threads: a cairn_grammar and a cairn_grammar_vocab are immutable after
+ * creation and may be shared by any number of matchers on any threads; a
+ * matcher belongs to one generation and one thread at a time.
+ */
+
+typedef struct cairn_grammar cairn_grammar;
+
+/* Compile `len` bytes of JSON schema text; schema_json NULL: any JSON object
+ * (response_format json_object). CAIRN_EINVAL with a message in err for bad
+ * JSON or unsupported keywords; CAIRN_ERANGE when the grammar would be too
+ * large. The caller owns *out. */
+int cairn_grammar_from_json_schema(const char *schema_json, size_t len, cairn_grammar **out,
+                                   char *err, size_t err_len);
+void cairn_grammar_free(cairn_grammar *g);
+
+/* The bytes of every token of a vocabulary and a byte trie over them, built
+ * once per vocabulary and shared by matchers (building it walks every
+ * token: do it once, not per request). EOG tokens and tokens
+ * without text (control tokens) are never part of a document. The vocab
+ * may be freed afterwards. */
+typedef struct cairn_grammar_vocab cairn_grammar_vocab;
+int cairn_grammar_vocab_create(const cairn_vocab *v, cairn_grammar_vocab **out);
+void cairn_grammar_vocab_free(cairn_grammar_vocab *gv);
+
+typedef struct cairn_grammar_matcher cairn_grammar_matcher;
+
+/* A matcher at the start of a document. `g` (and `gv`) are borrowed and must
+ * outlive it. cairn_grammar_matcher_create builds a private vocab index
+ * from `v` (v may be NULL: then only the byte-level calls work);
+ * create_with shares `gv` (may be NULL likewise). */
+int cairn_grammar_matcher_create(const cairn_grammar *g, const cairn_vocab *v,
+                                 cairn_grammar_matcher **out);
+int cairn_grammar_matcher_create_with(const cairn_grammar *g, const cairn_grammar_vocab *gv,
+                                      cairn_grammar_matcher **out);
+void cairn_grammar_matcher_free(cairn_grammar_matcher *m);
+/* Back to the start of a document. */
+int cairn_grammar_matcher_reset(cairn_grammar_matcher *m);
+
+/* Set logits[t] = -INFINITY for every token t < n_vocab that cannot continue
+ * the document (ids past the vocabulary included). EOG tokens stay allowed
+ * exactly when the document may end here; once it is complete and nothing
+ * can follow, only they do. CAIRN_ENOTFOUND when no token at all is
+ * allowed (the vocabulary cannot spell any continuation); the logits are
+ * masked even then. */
+int cairn_grammar_matcher_mask(cairn_grammar_matcher *m, float *logits, int n_vocab);
+
+/* Advance over a sampled token. CAIRN_EINVAL (state unchanged) for a token
+ * the grammar refuses; an EOG token is accepted (changing nothing) when the
+ * document may end. */
+int cairn_grammar_matcher_accept(cairn_grammar_matcher *m, int32_t token);
+/* The same over raw bytes (tests, validation): all or nothing. */
+int cairn_grammar_matcher_accept_bytes(cairn_grammar_matcher *m, const char *bytes, size_t len);
+/* The text so far is a complete document (more may still follow, e.g. digits). */
+bool cairn_grammar_matcher_can_end(const cairn_grammar_matcher *m);
+/* Complete, and nothing may follow: generation should stop. */
+bool cairn_grammar_matcher_done(const cairn_grammar_matcher *m);
 
 #ifdef __cplusplus
 }

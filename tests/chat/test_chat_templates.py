@@ -1,0 +1,332 @@
+#!/usr/bin/env python3
+"""`cairn chat-format` against the Hugging Face rendering of chat templates.
+
+usage: test_chat_templates.py CAIRN_BIN
+
+For the real instruct model (CAIRN_CHAT_MODEL; skipped with a message when the
+file is absent) the template is the GGUF's own tokenizer.chat_template. For the
+other families, vocab-only GGUFs are written here whose template is one of
+tests/chat/templates/*.jinja (representative templates of each family). Each
+conversation is rendered with jinja2 exactly as transformers does
+(ImmutableSandboxedEnvironment(trim_blocks, lstrip_blocks), tojson =
+json.dumps(ensure_ascii=False)), and cairn's output must be byte-identical —
+after removing a leading BOS, which cairn leaves to tokenization.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import gguf
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+CAIRN = sys.argv[1]
+HERE = os.path.dirname(os.path.abspath(__file__))
+CHAT_MODEL = os.environ.get("CAIRN_CHAT_MODEL", "")
+
+
+def hf_render(source, messages, tools, add_generation_prompt, bos, eos):
+    def raise_exception(msg):
+        raise jinja2.exceptions.TemplateError(msg)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    text = env.from_string(source).render(messages=messages, tools=tools,
+                                          add_generation_prompt=add_generation_prompt,
+                                          bos_token=bos, eos_token=eos)
+    if bos and text.startswith(bos):
+        text = text[len(bos):]
+    return text
+
+
+def hf_messages(messages):
+    """OpenAI messages as transformers expects them: tool-call arguments as
+    objects (cairn is given the OpenAI JSON strings and must parse them)."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        if m.get("tool_calls"):
+            calls = []
+            for c in m["tool_calls"]:
+                c = json.loads(json.dumps(c))
+                args = c["function"]["arguments"]
+                if isinstance(args, str):
+                    c["function"]["arguments"] = json.loads(args)
+                calls.append(c)
+            m["tool_calls"] = calls
+        out.append(m)
+    return out
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city — «quoted» \"text\" and a tab\there",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "description": "City name, e.g. Zürich"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 16},
+                "threshold": {"type": "number", "default": 0.1},
+            },
+            "required": ["city"],
+        },
+    },
+}
+TIME_TOOL = {"type": "function",
+             "function": {"name": "get_time", "description": "", "parameters": {}}}
+
+SYSTEM_USER = [
+    {"role": "system", "content": "You are a terse assistant."},
+    {"role": "user", "content": "Write hello world in C."},
+]
+MULTI_TURN = [
+    {"role": "system", "content": "  Be kind.\n"},
+    {"role": "user", "content": "Hi there! 日本語もOK?"},
+    {"role": "assistant", "content": "Hello! はい。 "},
+    {"role": "user", "content": "Say \"bye\"\twith a tab\nand a newline."},
+]
+NO_SYSTEM = [
+    {"role": "user", "content": "What is 2+2?"},
+    {"role": "assistant", "content": "4"},
+    {"role": "user", "content": "And 3+3?"},
+]
+USER_ONLY = [{"role": "user", "content": "Hello"}]
+ARGS = '{"city": "Zürich", "days": 3, "ratio": 0.1, "tiny": 1e-7, "big": 1e16, ' \
+       '"whole": 3.0, "neg": -2.5, "list": [1, 2.5, "x", null, true, {}], "nested": {"a": []}, ' \
+       '"f": [1e15, 123456789.125, 0.0001, 1.5e-5, -0.0, 1e22, 5e-324, 1.7976931348623157e308, ' \
+       '12345678901234567, -7, 0.30000000000000004, 2.5e-10]}'
+TOOL_CONVERSATION = [
+    {"role": "system", "content": "You can call tools."},
+    {"role": "user", "content": "Weather in Zürich and the time?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_0", "type": "function",
+         "function": {"name": "get_weather", "arguments": ARGS}},
+        {"id": "call_1", "type": "function",
+         "function": {"name": "get_time", "arguments": "{}"}}]},
+    {"role": "tool", "tool_call_id": "call_0", "content": "{\"temp\": 21}"},
+    {"role": "tool", "tool_call_id": "call_1", "content": "12:00"},
+    {"role": "assistant", "content": "It is 21 °C and noon."},
+    {"role": "user", "content": "Thanks"},
+    {"role": "assistant", "content": "Let me check again.", "tool_calls": [
+        {"id": "call_2", "type": "function",
+         "function": {"name": "get_time", "arguments": {"tz": "UTC"}}}]},
+    {"role": "tool", "tool_call_id": "call_2", "content": "12:01"},
+]
+# Llama 3.1 takes one call per assistant turn and tools only with a user turn.
+LLAMA_TOOL_CONVERSATION = [
+    {"role": "system", "content": "You can call tools."},
+    {"role": "user", "content": "Weather in Zürich?"},
+    {"role": "assistant", "tool_calls": [
+        {"id": "call_0", "type": "function",
+         "function": {"name": "get_weather", "arguments": ARGS}}]},
+    {"role": "tool", "tool_call_id": "call_0", "content": "{\"temp\": 21}"},
+    {"role": "assistant", "content": "21 °C."},
+    {"role": "user", "content": "Thanks"},
+]
+
+BASIC_CASES = [
+    ("system_user", SYSTEM_USER, None),
+    ("multi_turn", MULTI_TURN, None),
+    ("no_system", NO_SYSTEM, None),
+    ("user_only", USER_ONLY, None),
+]
+
+
+class ChatFormat:
+    """Mixin: compare cairn with jinja2 for one GGUF."""
+    model = None
+    source = None
+    bos = ""
+    eos = ""
+    family = None
+
+    def cairn_format(self, messages, tools, gen_prompt):
+        with tempfile.TemporaryDirectory() as d:
+            mpath = os.path.join(d, "messages.json")
+            with open(mpath, "w", encoding="utf-8") as f:
+                json.dump(messages, f, ensure_ascii=False)
+            args = [CAIRN, "chat-format", "-m", self.model, "--messages", mpath, "--family"]
+            if tools is not None:
+                tpath = os.path.join(d, "tools.json")
+                with open(tpath, "w", encoding="utf-8") as f:
+                    json.dump(tools, f, ensure_ascii=False)
+                args += ["--tools", tpath]
+            if not gen_prompt:
+                args.append("--no-generation-prompt")
+            r = subprocess.run(args, capture_output=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr.decode())
+        self.assertEqual(r.stderr.decode().splitlines()[0], self.family)
+        return r.stdout.decode("utf-8")
+
+    def check(self, messages, tools=None, gen_prompt=True):
+        expected = hf_render(self.source, hf_messages(messages), tools, gen_prompt, self.bos,
+                             self.eos)
+        got = self.cairn_format(messages, tools, gen_prompt)
+        self.assertEqual(got, expected)
+
+    def test_basic_conversations(self):
+        for name, messages, tools in BASIC_CASES:
+            for gen in (True, False):
+                with self.subTest(conversation=name, generation_prompt=gen):
+                    self.check(messages, tools, gen)
+
+
+def write_vocab_gguf(path, template, specials, bos, eos, add_bos):
+    """A vocab-only SentencePiece GGUF holding the family's special tokens."""
+    w = gguf.GGUFWriter(path, "llama")
+    tokens = ["<unk>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [gguf.TokenType.UNKNOWN] + [gguf.TokenType.BYTE] * 256
+    for s in specials:
+        if s not in tokens:
+            tokens.append(s)
+            types.append(gguf.TokenType.CONTROL)
+    for word in ["▁", "▁Hello", "▁the", "e", "t", "a"]:
+        tokens.append(word)
+        types.append(gguf.TokenType.NORMAL)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * len(tokens))
+    w.add_token_types(types)
+    w.add_bos_token_id(tokens.index(bos))
+    w.add_eos_token_id(tokens.index(eos))
+    w.add_add_bos_token(add_bos)
+    w.add_chat_template(template)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+SYNTHETIC = {
+    # name: (template file, family, specials, bos, eos)
+    "chatml": ("chatml.jinja", "chatml", ["<s>", "</s>", "<|im_start|>", "<|im_end|>"],
+               "<s>", "<|im_end|>"),
+    "llama3": ("llama3.jinja", "llama3",
+               ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
+                "<|end_header_id|>", "<|eot_id|>"], "<|begin_of_text|>", "<|eot_id|>"),
+    "llama31": ("llama31.jinja", "llama3",
+                ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
+                 "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"],
+                "<|begin_of_text|>", "<|eot_id|>"),
+    "llama2": ("llama2.jinja", "llama2", ["<s>", "</s>"], "<s>", "</s>"),
+    "mistral": ("mistral.jinja", "llama2", ["<s>", "</s>", "[INST]", "[/INST]"], "<s>", "</s>"),
+    "mistral_tekken": ("mistral_tekken.jinja", "llama2", ["<s>", "</s>", "[INST]", "[/INST]"],
+                       "<s>", "</s>"),
+    "gemma": ("gemma.jinja", "gemma", ["<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"],
+              "<bos>", "<eos>"),
+    "phi3": ("phi3.jinja", "phi3",
+             ["<s>", "<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"],
+             "<s>", "<|endoftext|>"),
+}
+
+_tmpdir = tempfile.TemporaryDirectory()
+
+
+def synthetic_case(key):
+    fname, family, specials, bos, eos = SYNTHETIC[key]
+    with open(os.path.join(HERE, "templates", fname), encoding="utf-8") as f:
+        source = f.read()
+    path = os.path.join(_tmpdir.name, key + ".gguf")
+    write_vocab_gguf(path, source, specials, bos, eos, add_bos=bos != "<s>" or key != "chatml")
+    attrs = {"model": path, "source": source, "bos": bos, "eos": eos, "family": family}
+    return type(f"Synthetic_{key}", (ChatFormat, unittest.TestCase), attrs)
+
+
+for _key in SYNTHETIC:
+    globals()[f"Synthetic_{_key}"] = synthetic_case(_key)
+
+
+class Llama31Tools(synthetic_case("llama31")):
+    def test_tools(self):
+        for gen in (True, False):
+            with self.subTest(generation_prompt=gen):
+                self.check(LLAMA_TOOL_CONVERSATION, [WEATHER_TOOL, TIME_TOOL], gen)
+        self.check(LLAMA_TOOL_CONVERSATION[1:], [WEATHER_TOOL], True)
+
+
+class Generic(unittest.TestCase):
+    def test_no_template_is_generic(self):
+        path = os.path.join(_tmpdir.name, "none.gguf")
+        w = gguf.GGUFWriter(path, "llama")
+        w.add_tokenizer_model("llama")
+        tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+        w.add_token_list(tokens)
+        w.add_token_scores([0.0] * len(tokens))
+        w.add_token_types([2, 3, 3] + [6] * 256)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump(SYSTEM_USER, f)
+        r = subprocess.run([CAIRN, "chat-format", "-m", path, "--messages", f.name],
+                           capture_output=True, timeout=60)
+        os.unlink(f.name)
+        self.assertEqual(r.returncode, 0, r.stderr.decode())
+        self.assertEqual(r.stdout.decode(), "<|system|>\nYou are a terse assistant.\n"
+                                            "<|user|>\nWrite hello world in C.\n<|assistant|>\n")
+        self.assertIn("no tokenizer.chat_template", r.stderr.decode())
+
+    def test_bad_messages_refused(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump([{"role": "wizard", "content": "x"}], f)
+        model = os.path.join(_tmpdir.name, "phi3.gguf")
+        r = subprocess.run([CAIRN, "chat-format", "-m", model, "--messages", f.name],
+                           capture_output=True, timeout=60)
+        os.unlink(f.name)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertEqual(r.stdout, b"")
+
+
+@unittest.skipUnless(os.path.exists(CHAT_MODEL),
+                     f"real chat model absent ({CHAT_MODEL or 'CAIRN_CHAT_MODEL unset'}); "
+                     "fetch it with scripts/get-model")
+class RealQwen(ChatFormat, unittest.TestCase):
+    family = "qwen2"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.model = CHAT_MODEL
+        r = gguf.GGUFReader(CHAT_MODEL)
+        f = r.fields["tokenizer.chat_template"]
+        cls.source = bytes(f.parts[f.data[0]]).decode("utf-8")
+        tokens = r.fields["tokenizer.ggml.tokens"]
+
+        def token(key):
+            fid = r.fields[key]
+            i = int(fid.parts[fid.data[0]][0])
+            return bytes(tokens.parts[tokens.data[i]]).decode("utf-8")
+        cls.bos = token("tokenizer.ggml.bos_token_id")
+        cls.eos = token("tokenizer.ggml.eos_token_id")
+
+    def test_tools(self):
+        for gen in (True, False):
+            with self.subTest(generation_prompt=gen):
+                self.check(TOOL_CONVERSATION, [WEATHER_TOOL, TIME_TOOL], gen)
+        # tools without a system message: the default system prompt opens the tools block
+        self.check(TOOL_CONVERSATION[1:], [WEATHER_TOOL], True)
+        # tool messages and tool calls without a tools list
+        self.check(TOOL_CONVERSATION, None, True)
+        # an empty tools list is no tools
+        self.check(SYSTEM_USER, [], True)
+
+    def test_later_system_message(self):
+        self.check(NO_SYSTEM + [{"role": "system", "content": "Now be brief."},
+                                {"role": "user", "content": "ok"}], None, True)
+
+
+if __name__ == "__main__":
+    unittest.main(argv=[sys.argv[0]], verbosity=2)
