@@ -14,7 +14,7 @@
 void cairn_mp_limits_default(cairn_mp_limits *lim)
 {
     lim->max_message_bytes = 8u << 20;
-    lim->max_depth = 8;
+    lim->max_depth = 24; /* room for a JSON schema sent as a map (response_format) */
     lim->max_string_bytes = 4u << 20;
     lim->max_array_len = 1u << 20;
     lim->max_map_len = 64;

@@ -23,9 +23,11 @@
  *                        msgpack-c's packer.
  *   3. cairn_access      who may connect: tokens, tenants, the constant-time
  *                        token check, the tenants file (see section 3).
- *   4. cairn_server      a libuv loop with a TCP and/or Unix-socket listener,
- *                        one cairn_service (session/session.h), and the
- *                        connections between them.
+ *   4. cairn_http_*      the OpenAI-compatible HTTP facade's settings.
+ *   5. cairn_server      a libuv loop with a TCP and/or Unix-socket listener
+ *                        (and optionally the HTTP one), one cairn_service
+ *                        (session/session.h), and the connections between
+ *                        them.
  *
  * Why a scanner in front of msgpack-c: msgpack-c's unpacker reserves memory
  * for an array or string as soon as it reads the header, so 5 bytes claiming
@@ -237,6 +239,8 @@ const char *cairn_rpc_method_name(cairn_rpc_method m);
  * case any request carrying text is refused as unsupported (tests). */
 typedef struct {
     const cairn_vocab *vocab;
+    const cairn_chat_template *chat_template; /* formats `messages`; NULL =
+                              the generic format                             */
     int n_vocab;           /* token ids must be < n_vocab                    */
     int n_ctx;             /* most tokens in a prompt / session content, and
                               the most max_tokens may ask for                */
@@ -254,6 +258,8 @@ typedef struct {
     bool has_content;
     int32_t *tokens;
     size_t n_tokens;
+    bool chat_turn;           /* tokens are messages continuing a session's
+                                 conversation (cairn_request.chat_turn)   */
     cairn_session_id session; /* session.* except open                    */
     cairn_gen_params gen;     /* generate, session.generate (stop owned)   */
     uint32_t target;          /* gen.cancel                                */
@@ -442,7 +448,44 @@ int cairn_access_check(const cairn_access *a, const char *token, size_t len, uin
                        const char **tenant_name);
 
 /* ======================================================================== */
-/* 4. Server                                                                */
+/* 4. OpenAI-compatible HTTP facade (docs/openai.md)                        */
+/* ======================================================================== */
+/*
+ * An HTTP/1.1 listener on the server's own loop (protocol/http.c): the
+ * OpenAI routes /v1/chat/completions, /v1/completions and /v1/models, plus
+ * /health and /metrics (Prometheus). HTTP is parsed by libhttp-parser and
+ * JSON by jansson; no bytes from a client reach a hand-written parser.
+ *
+ * It follows the server's rules (section 5 below): the loop thread owns its
+ * connections; engine events reach it through the server's queue. Its
+ * connections take ids from the server's counter with CAIRN_HTTP_CLIENT_BIT
+ * set, which is how the server routes an event to the facade. A request
+ * whose connection has gone is cancelled with CAIRN_REQ_CLIENT_GONE, as the
+ * msgpack server does. Access control is the server's (section 3): with
+ * credentials, every route but /health needs `Authorization: Bearer TOKEN`.
+ *
+ * Limits: the request line and headers together (max_header_bytes, else
+ * 431), the body (max_body_bytes, else 413, refused from Content-Length
+ * before it is read), and time: a connection must deliver a whole request
+ * within timeout_s of becoming idle (after connecting or after the previous
+ * response), else 408 (or a silent close when nothing was sent).
+ */
+#define CAIRN_HTTP_CLIENT_BIT (1ull << 63)
+
+typedef struct {
+    const char *host;        /* address; NULL: the TCP host, else 127.0.0.1 */
+    int port;                /* -1: no HTTP listener (default); 0: any port  */
+    size_t max_body_bytes;   /* default 4 MiB                                */
+    size_t max_header_bytes; /* request line + headers; default 32 KiB      */
+    double timeout_s;        /* to receive a whole request; default 30      */
+    const char *model_name;  /* the id /v1/models reports; NULL: the model
+                                file's base name without .gguf              */
+    size_t max_session_keys; /* session_id / prompt_cache_key values mapped
+                                to cairn sessions at once (LRU; default 1024) */
+} cairn_http_config;
+
+/* ======================================================================== */
+/* 5. Server                                                                */
 /* ======================================================================== */
 
 typedef struct cairn_server cairn_server;
@@ -459,6 +502,7 @@ typedef struct {
      * which cairn_server_create refuses unless host is loopback (or NULL). */
     const cairn_credential *credentials;
     size_t n_credentials;
+    cairn_http_config http;       /* the OpenAI facade (section 4); off by default */
     cairn_service_config service; /* on_event and user are the server's    */
 } cairn_server_config;
 
@@ -478,6 +522,8 @@ int cairn_server_create(const cairn_server_config *cfg, cairn_server **out, char
 
 /* The bound TCP port (useful with port 0), or -1 without TCP. */
 int cairn_server_tcp_port(const cairn_server *s);
+/* The bound HTTP port, or -1 without the HTTP listener. */
+int cairn_server_http_port(const cairn_server *s);
 /* "tcp 127.0.0.1:7077, unix /path" for the listening line. */
 void cairn_server_describe(const cairn_server *s, char *out, size_t cap);
 

@@ -11,6 +11,7 @@
  */
 #include "protocol/protocol.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -97,6 +98,7 @@ typedef enum {
     F_SESSION_ID, F_N_TOKENS, F_REQUEST, F_PERSIST, F_TTL_S,
     F_MAX_TOKENS, F_TEMPERATURE, F_TOP_K, F_TOP_P, F_MIN_P, F_REPEAT_PENALTY,
     F_FREQUENCY_PENALTY, F_PRESENCE_PENALTY, F_SEED, F_STOP, F_STREAM, F_TOKEN,
+    F_RESPONSE_FORMAT, F_SPECULATIVE, F_DRAFT,
     F_COUNT_
 } field;
 
@@ -105,6 +107,7 @@ static const char *const field_names[F_COUNT_] = {
     "session_id", "n_tokens", "request", "persist", "ttl_s",
     "max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
     "frequency_penalty", "presence_penalty", "seed", "stop", "stream", "token",
+    "response_format", "speculative", "draft",
 };
 
 /* Where each known parameter's value starts; NULL when absent or nil. */
@@ -321,7 +324,45 @@ static void render_message(strbuf *b, const char *role, size_t role_len, const c
     sb_add(b, "\n", 1);
 }
 
-static int render_messages(const params *p, strbuf *b, cairn_rpc_error *err)
+/* The messages of a request as NUL-terminated copies, for the chat template. */
+typedef struct {
+    cairn_chat_message *m;
+    size_t n;
+} chat_list;
+
+static void chat_list_free(chat_list *l)
+{
+    for (size_t i = 0; i < l->n; i++) {
+        free((char *)l->m[i].role);
+        free((char *)l->m[i].content);
+        free((char *)l->m[i].tool_call_id);
+        free((char *)l->m[i].name);
+    }
+    free(l->m);
+    memset(l, 0, sizeof *l);
+}
+
+/* Append a message (copies the strings; NULL/0 = absent). */
+static int chat_list_add(chat_list *l, const char *role, uint32_t role_len, const char *content,
+                         uint32_t content_len, const char *call_id, uint32_t call_id_len,
+                         const char *name, uint32_t name_len)
+{
+    cairn_chat_message *m = realloc(l->m, (l->n + 1) * sizeof *m);
+    if (!m)
+        return CAIRN_ENOMEM;
+    l->m = m;
+    cairn_chat_message *x = &m[l->n++];
+    memset(x, 0, sizeof *x);
+    x->role = strndup(role, role_len);
+    x->content = strndup(content ? content : "", content_len);
+    x->tool_call_id = call_id ? strndup(call_id, call_id_len) : NULL;
+    x->name = name ? strndup(name, name_len) : NULL;
+    if (!x->role || !x->content || (call_id && !x->tool_call_id) || (name && !x->name))
+        return CAIRN_ENOMEM;
+    return CAIRN_OK;
+}
+
+static int collect_messages(const params *p, chat_list *l, cairn_rpc_error *err)
 {
     cairn_mp_reader r = field_reader(p, F_MESSAGES);
     uint32_t n;
@@ -331,38 +372,40 @@ static int render_messages(const params *p, strbuf *b, cairn_rpc_error *err)
         uint32_t n_keys;
         if (cairn_mp_read_map(&r, &n_keys) != CAIRN_OK)
             return fail(err, CAIRN_RPC_INVALID_REQUEST, "'messages'[%u] must be a map", i);
-        const char *role = NULL, *content = NULL;
-        uint32_t role_len = 0, content_len = 0;
+        static const char *const keys[] = {"role", "content", "tool_call_id", "name"};
+        const char *val[4] = {0};
+        uint32_t len[4] = {0};
         for (uint32_t k = 0; k < n_keys; k++) {
             const char *key;
             uint32_t key_len;
             if (cairn_mp_read_str(&r, &key, &key_len) != CAIRN_OK)
                 return fail(err, CAIRN_RPC_INVALID_REQUEST,
                             "'messages'[%u] keys must be strings", i);
-            bool is_role = key_len == 4 && memcmp(key, "role", 4) == 0;
-            bool is_content = key_len == 7 && memcmp(key, "content", 7) == 0;
-            if (is_role || is_content) {
-                const char **dst = is_role ? &role : &content;
-                uint32_t *dst_len = is_role ? &role_len : &content_len;
-                if (cairn_mp_read_str(&r, dst, dst_len) != CAIRN_OK)
+            int which = -1;
+            for (int q = 0; q < 4; q++)
+                if (strlen(keys[q]) == key_len && memcmp(key, keys[q], key_len) == 0)
+                    which = q;
+            if (which >= 0) {
+                if (cairn_mp_read_str(&r, &val[which], &len[which]) != CAIRN_OK)
                     return fail(err, CAIRN_RPC_INVALID_REQUEST,
-                                "'messages'[%u].%s must be a string", i,
-                                is_role ? "role" : "content");
+                                "'messages'[%u].%s must be a string", i, keys[which]);
             } else if (cairn_mp_skip(&r) != CAIRN_OK) {
                 return fail(err, CAIRN_RPC_INVALID_REQUEST, "truncated message");
             }
         }
-        static const char *const roles[] = {"system", "user", "assistant", "tool"};
+        static const char *const roles[] = {"system", "developer", "user", "assistant", "tool"};
         bool known = false;
-        for (size_t k = 0; role && k < sizeof roles / sizeof roles[0]; k++)
-            known |= strlen(roles[k]) == role_len && memcmp(roles[k], role, role_len) == 0;
+        for (size_t k = 0; val[0] && k < sizeof roles / sizeof roles[0]; k++)
+            known |= strlen(roles[k]) == len[0] && memcmp(roles[k], val[0], len[0]) == 0;
         if (!known)
             return fail(err, CAIRN_RPC_INVALID_REQUEST,
-                        "'messages'[%u].role must be system, user, assistant or tool", i);
-        if (!content)
+                        "'messages'[%u].role must be system, developer, user, assistant or tool",
+                        i);
+        if (!val[1])
             return fail(err, CAIRN_RPC_INVALID_REQUEST, "'messages'[%u].content is required",
                         i);
-        render_message(b, role, role_len, content, content_len);
+        if (chat_list_add(l, val[0], len[0], val[1], len[1], val[2], len[2], val[3], len[3]))
+            return fail(err, CAIRN_RPC_OVERLOADED, "out of memory");
     }
     return CAIRN_OK;
 }
@@ -403,24 +446,52 @@ static int decode_content(const cairn_rpc_context *ctx, const params *p, field t
         return tokenize_bounded(ctx, s, len, flags, limit, field_names[text_field],
                                 &call->tokens, &call->n_tokens, err);
     }
-    strbuf b = {0};
+    chat_list list = {0};
     int rc = CAIRN_OK;
     if (system) {
         const char *s;
         uint32_t len;
-        if ((rc = get_str(p, F_SYSTEM, &s, &len, err)) == CAIRN_OK)
-            render_message(&b, "system", 6, s, len);
+        if ((rc = get_str(p, F_SYSTEM, &s, &len, err)) == CAIRN_OK &&
+            chat_list_add(&list, "system", 6, s, len, NULL, 0, NULL, 0))
+            rc = fail(err, CAIRN_RPC_OVERLOADED, "out of memory");
     }
     if (rc == CAIRN_OK && p->at[F_MESSAGES])
-        rc = render_messages(p, &b, err);
-    if (rc == CAIRN_OK && assistant)
-        sb_add(&b, "<|assistant|>\n", 14);
-    if (rc == CAIRN_OK && b.oom)
-        rc = fail(err, CAIRN_RPC_OVERLOADED, "out of memory");
-    if (rc == CAIRN_OK)
-        rc = tokenize_bounded(ctx, b.data ? b.data : "", b.len, flags, limit, "the messages",
-                              &call->tokens, &call->n_tokens, err);
-    free(b.data);
+        rc = collect_messages(p, &list, err);
+    if (rc == CAIRN_OK && ctx->chat_template && ctx->vocab) {
+        /* The model's template. Later messages of a session continue the
+         * conversation (no default system prompt or BOS again); only the
+         * template's own markers become special tokens. */
+        int cflags = (assistant ? CAIRN_CHAT_GENERATION_PROMPT : 0) |
+                     (first_text ? 0 : CAIRN_CHAT_CONTINUE) | (add_bos ? CAIRN_CHAT_ADD_BOS : 0);
+        rc = cairn_chat_tokenize(ctx->chat_template, ctx->vocab, list.m, list.n, NULL, cflags,
+                                 &call->tokens, &call->n_tokens);
+        call->chat_turn = !first_text;
+        if (rc == CAIRN_OK && call->n_tokens > limit) {
+            size_t n = call->n_tokens;
+            free(call->tokens);
+            call->tokens = NULL;
+            call->n_tokens = 0;
+            rc = fail(err, CAIRN_RPC_TOO_LARGE,
+                      "the messages have %zu tokens, more than the limit of %zu", n, limit);
+        } else if (rc != CAIRN_OK) {
+            rc = fail(err, cairn_rpc_error_code(rc), "cannot format the messages: %s",
+                      cairn_strerror(rc));
+        }
+    } else if (rc == CAIRN_OK) {
+        strbuf b = {0};
+        for (size_t i = 0; i < list.n; i++)
+            render_message(&b, list.m[i].role, strlen(list.m[i].role), list.m[i].content,
+                           strlen(list.m[i].content));
+        if (assistant)
+            sb_add(&b, "<|assistant|>\n", 14);
+        if (b.oom)
+            rc = fail(err, CAIRN_RPC_OVERLOADED, "out of memory");
+        else
+            rc = tokenize_bounded(ctx, b.data ? b.data : "", b.len, flags, limit, "the messages",
+                                  &call->tokens, &call->n_tokens, err);
+        free(b.data);
+    }
+    chat_list_free(&list);
     return rc;
 }
 
@@ -435,6 +506,45 @@ static uint64_t next_seed(uint64_t *state)
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
+}
+
+static int decode_response_format(const params *p, cairn_gen_params *g, cairn_rpc_error *err);
+
+/* "draft": {depth, top_k, n} — the draft tree of a speculative request;
+ * absent keys take the server's settings. */
+static int decode_draft(const params *p, cairn_gen_params *g, cairn_rpc_error *err)
+{
+    if (!p->at[F_DRAFT])
+        return CAIRN_OK;
+    cairn_mp_reader r = field_reader(p, F_DRAFT);
+    uint32_t n;
+    if (cairn_mp_read_map(&r, &n) != CAIRN_OK)
+        return fail(err, CAIRN_RPC_INVALID_REQUEST, "'draft' must be a map");
+    for (uint32_t i = 0; i < n; i++) {
+        const char *key;
+        uint32_t key_len;
+        if (cairn_mp_read_str(&r, &key, &key_len) != CAIRN_OK)
+            return fail(err, CAIRN_RPC_INVALID_REQUEST, "'draft' keys must be strings");
+        int *out = NULL;
+        int64_t hi = 16, v;
+        if (key_len == 5 && memcmp(key, "depth", 5) == 0)
+            out = &g->draft.depth;
+        else if (key_len == 5 && memcmp(key, "top_k", 5) == 0)
+            out = &g->draft.top_k;
+        else if (key_len == 1 && key[0] == 'n')
+            out = &g->draft.n_draft, hi = 255;
+        if (!out) { /* unknown keys are ignored, as in params */
+            if (cairn_mp_skip(&r) != CAIRN_OK)
+                return fail(err, CAIRN_RPC_INVALID_REQUEST, "truncated 'draft'");
+            continue;
+        }
+        if (cairn_mp_read_int(&r, &v) != CAIRN_OK || v < 1 || v > hi)
+            return fail(err, CAIRN_RPC_INVALID_REQUEST,
+                        "'draft'.%.*s must be an integer in [1, %lld]", (int)key_len, key,
+                        (long long)hi);
+        *out = (int)v;
+    }
+    return CAIRN_OK;
 }
 
 static int decode_gen(const cairn_rpc_context *ctx, const params *p, uint64_t *seed_source,
@@ -505,6 +615,154 @@ static int decode_gen(const cairn_rpc_context *ctx, const params *p, uint64_t *s
             g->stop[g->n_stop++] = copy;
         }
     }
+    bool speculative = true;
+    if (get_bool(p, F_SPECULATIVE, &speculative, err) || decode_draft(p, g, err))
+        return err->code;
+    g->no_speculation = !speculative;
+    return decode_response_format(p, g, err);
+}
+
+/* ---- response_format: structured output ------------------------------------ */
+
+#define MAX_SCHEMA_DEPTH 64
+
+/* One msgpack value as a jansson value (the schema may come as a map). */
+static json_t *mp_to_json(cairn_mp_reader *r, int depth)
+{
+    if (depth > MAX_SCHEMA_DEPTH)
+        return NULL;
+    switch (cairn_mp_peek(r)) {
+    case CAIRN_MP_NIL: return cairn_mp_read_nil(r) == CAIRN_OK ? json_null() : NULL;
+    case CAIRN_MP_BOOL: {
+        bool b;
+        return cairn_mp_read_bool(r, &b) == CAIRN_OK ? json_boolean(b) : NULL;
+    }
+    case CAIRN_MP_UINT:
+    case CAIRN_MP_NINT: {
+        int64_t v;
+        return cairn_mp_read_int(r, &v) == CAIRN_OK ? json_integer(v) : NULL;
+    }
+    case CAIRN_MP_FLOAT: {
+        double v;
+        return cairn_mp_read_number(r, &v) == CAIRN_OK && isfinite(v) ? json_real(v) : NULL;
+    }
+    case CAIRN_MP_STR: {
+        const char *str;
+        uint32_t len;
+        return cairn_mp_read_str(r, &str, &len) == CAIRN_OK ? json_stringn(str, len) : NULL;
+    }
+    case CAIRN_MP_ARRAY: {
+        uint32_t n;
+        json_t *a = cairn_mp_read_array(r, &n) == CAIRN_OK ? json_array() : NULL;
+        for (uint32_t i = 0; a && i < n; i++)
+            if (json_array_append_new(a, mp_to_json(r, depth + 1)) != 0) {
+                json_decref(a);
+                a = NULL;
+            }
+        return a;
+    }
+    case CAIRN_MP_MAP: {
+        uint32_t n;
+        json_t *o = cairn_mp_read_map(r, &n) == CAIRN_OK ? json_object() : NULL;
+        for (uint32_t i = 0; o && i < n; i++) {
+            const char *key;
+            uint32_t key_len;
+            json_t *v = NULL;
+            if (cairn_mp_read_str(r, &key, &key_len) != CAIRN_OK ||
+                !(v = mp_to_json(r, depth + 1)) ||
+                json_object_setn_new(o, key, key_len, v) != 0) { /* v is taken even then */
+                json_decref(o);
+                o = NULL;
+            }
+        }
+        return o;
+    }
+    default: return NULL;
+    }
+}
+
+/* {"type": "text" | "json_object"} or {"type": "json_schema", "json_schema":
+ * {"schema": <map or JSON text>, ...}}: compiled to g->grammar. */
+static int decode_response_format(const params *p, cairn_gen_params *g, cairn_rpc_error *err)
+{
+    if (!p->at[F_RESPONSE_FORMAT])
+        return CAIRN_OK;
+    cairn_mp_reader r = field_reader(p, F_RESPONSE_FORMAT);
+    uint32_t n;
+    if (cairn_mp_read_map(&r, &n) != CAIRN_OK)
+        return fail(err, CAIRN_RPC_INVALID_REQUEST, "'response_format' must be a map");
+    const char *type = NULL;
+    uint32_t type_len = 0;
+    cairn_mp_reader json_schema = {NULL, NULL};
+    for (uint32_t i = 0; i < n; i++) {
+        const char *key;
+        uint32_t key_len;
+        if (cairn_mp_read_str(&r, &key, &key_len) != CAIRN_OK)
+            return fail(err, CAIRN_RPC_INVALID_REQUEST, "'response_format' keys must be strings");
+        if (key_len == 4 && memcmp(key, "type", 4) == 0) {
+            if (cairn_mp_read_str(&r, &type, &type_len) != CAIRN_OK)
+                return fail(err, CAIRN_RPC_INVALID_REQUEST,
+                            "'response_format'.type must be a string");
+            continue;
+        }
+        if (key_len == 11 && memcmp(key, "json_schema", 11) == 0)
+            json_schema = r;
+        if (cairn_mp_skip(&r) != CAIRN_OK)
+            return fail(err, CAIRN_RPC_INVALID_REQUEST, "truncated 'response_format'");
+    }
+    if (!type)
+        return fail(err, CAIRN_RPC_INVALID_REQUEST, "'response_format' needs a 'type'");
+    if (type_len == 4 && memcmp(type, "text", 4) == 0)
+        return CAIRN_OK;
+    char *schema_text = NULL;
+    size_t schema_len = 0;
+    if (type_len == 11 && memcmp(type, "json_schema", 11) == 0) {
+        if (!json_schema.p || cairn_mp_read_map(&json_schema, &n) != CAIRN_OK)
+            return fail(err, CAIRN_RPC_INVALID_REQUEST,
+                        "'response_format'.json_schema must be a map holding 'schema'");
+        for (uint32_t i = 0; i < n && !schema_text; i++) {
+            const char *key;
+            uint32_t key_len;
+            if (cairn_mp_read_str(&json_schema, &key, &key_len) != CAIRN_OK)
+                return fail(err, CAIRN_RPC_INVALID_REQUEST,
+                            "'response_format'.json_schema keys must be strings");
+            if (key_len == 6 && memcmp(key, "schema", 6) == 0) {
+                const char *str;
+                uint32_t len;
+                if (cairn_mp_peek(&json_schema) == CAIRN_MP_STR) { /* JSON text */
+                    cairn_mp_read_str(&json_schema, &str, &len);
+                    if (!(schema_text = malloc(len + 1u)))
+                        return fail(err, CAIRN_RPC_OVERLOADED, "out of memory");
+                    memcpy(schema_text, str, len);
+                    schema_len = len;
+                } else { /* a map: to JSON text for the compiler */
+                    json_t *j = mp_to_json(&json_schema, 0);
+                    schema_text = j ? json_dumps(j, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+                    json_decref(j);
+                    if (!schema_text)
+                        return fail(err, CAIRN_RPC_INVALID_REQUEST,
+                                    "'response_format'.json_schema.schema must be a map or JSON "
+                                    "text");
+                    schema_len = strlen(schema_text);
+                }
+            } else if (cairn_mp_skip(&json_schema) != CAIRN_OK) {
+                return fail(err, CAIRN_RPC_INVALID_REQUEST, "truncated 'response_format'");
+            }
+        }
+        if (!schema_text)
+            return fail(err, CAIRN_RPC_INVALID_REQUEST,
+                        "'response_format'.json_schema must hold 'schema'");
+    } else if (!(type_len == 11 && memcmp(type, "json_object", 11) == 0)) {
+        return fail(err, CAIRN_RPC_INVALID_REQUEST,
+                    "'response_format'.type must be text, json_object or json_schema");
+    }
+    char msg[160] = "";
+    int rc = cairn_grammar_from_json_schema(schema_text, schema_len, &g->grammar, msg, sizeof msg);
+    free(schema_text);
+    if (rc == CAIRN_ENOMEM)
+        return fail(err, CAIRN_RPC_OVERLOADED, "out of memory");
+    if (rc != CAIRN_OK)
+        return fail(err, CAIRN_RPC_INVALID_REQUEST, "invalid JSON schema: %s", msg);
     return CAIRN_OK;
 }
 
@@ -702,6 +960,7 @@ void cairn_rpc_call_clear(cairn_rpc_call *call)
     free(call->tokens);
     for (int i = 0; i < call->gen.n_stop; i++)
         free(call->gen.stop[i]);
+    cairn_grammar_free(call->gen.grammar);
     memset(call, 0, sizeof *call);
 }
 

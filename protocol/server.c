@@ -20,6 +20,7 @@
  *    an error, and a deadline to authenticate (protocol.h, section 3).
  */
 #include "protocol/protocol.h"
+#include "protocol/http_impl.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -98,6 +99,7 @@ struct cairn_server {
     bool has_signals;
     uv_async_t events_async, stop_async;
     bool has_asyncs;
+    cairn_http *http;         /* the OpenAI facade, when configured      */
 
     cairn_server_config cfg;
     cairn_access *access;     /* credentials; requires nothing when there are none */
@@ -124,6 +126,11 @@ void cairn_server_config_default(cairn_server_config *cfg)
     cfg->max_output_bytes = 16u << 20;
     cfg->idle_timeout_s = 60;
     cfg->max_inflight = 256;
+    cfg->http.port = -1;
+    cfg->http.max_body_bytes = 4u << 20;
+    cfg->http.max_header_bytes = 32u << 10;
+    cfg->http.timeout_s = 30;
+    cfg->http.max_session_keys = 1024;
     cfg->service.page_size = 16;
     cfg->service.kv_type = CAIRN_TYPE_F16;
 }
@@ -376,12 +383,14 @@ static void submit_call(conn *c, cairn_rpc_call *call)
     call->tokens = NULL;
     call->n_tokens = 0;
     if (call->method == CAIRN_RPC_GENERATE || call->method == CAIRN_RPC_SESSION_GENERATE) {
-        r->gen = call->gen; /* the stop strings move too */
+        r->gen = call->gen; /* the stop strings and the grammar move too */
         call->gen.n_stop = 0;
+        call->gen.grammar = NULL;
     }
     r->target = call->target;
     r->n_keep = call->n_keep;
     r->persist = call->persist;
+    r->chat_turn = call->chat_turn;
     int rc = cairn_service_submit(s->svc, r);
     if (rc != CAIRN_OK) {
         pending_remove(c, pending_find(c, msgid));
@@ -678,10 +687,17 @@ static void on_engine_event(const cairn_event *ev, void *user)
     size_t fr_len = ev->finish_reason ? strlen(ev->finish_reason) + 1 : 0;
     size_t tok_bytes = ev->n_tokens * sizeof(int32_t);
     size_t text_len = ev->text ? ev->text_len : 0;
-    ev_node *n = malloc(sizeof *n + tok_bytes + text_len + 1 + msg_len + fr_len);
+    size_t lp_bytes = ev->logprobs ? ev->n_tokens * (size_t)(1 + ev->n_top) *
+                                         sizeof(cairn_token_logprob)
+                                   : 0;
+    ev_node *n = malloc(sizeof *n + lp_bytes + tok_bytes + text_len + 1 + msg_len + fr_len);
     if (n) {
         n->ev = *ev;
         char *p = (char *)(n + 1);
+        if (lp_bytes) /* first: the node's end is aligned for it */
+            memcpy(p, ev->logprobs, lp_bytes);
+        n->ev.logprobs = ev->logprobs ? (const cairn_token_logprob *)p : NULL;
+        p += lp_bytes;
         if (ev->n_tokens)
             memcpy(p, ev->tokens, tok_bytes);
         n->ev.tokens = (const int32_t *)p;
@@ -744,6 +760,12 @@ static void on_events(uv_async_t *a)
     for (ev_node *n = queue_take_all(s), *next; n; n = next) {
         next = n->next;
         const cairn_event *ev = &n->ev;
+        if (ev->client & CAIRN_HTTP_CLIENT_BIT) { /* the HTTP facade's */
+            if (s->http)
+                cairn_http_on_event(s->http, ev);
+            free(n);
+            continue;
+        }
         conn *c = table_find(s, ev->client);
         pending *p = c ? pending_find(c, (uint32_t)ev->id) : NULL;
         if (p) {
@@ -788,6 +810,7 @@ static void begin_shutdown(cairn_server *s)
     /* Lingering connections are no longer in the table, hence the list. */
     for (conn *c = s->all; c; c = c->all_next)
         conn_close(c);
+    cairn_http_shutdown(s->http);
     /* After this returns no event can be emitted, so the async handle that
      * the engine thread signals may be closed. */
     cairn_service_stop(s->svc);
@@ -902,6 +925,12 @@ int cairn_server_create(const cairn_server_config *cfg, cairn_server **out, char
                      "refusing to listen on %s without authentication: configure a token or "
                      "tenants, or listen on a loopback address",
                      cfg->host);
+    if (cfg->http.port >= 0 && cfg->http.host && !cfg->n_credentials &&
+        !cairn_host_is_loopback(cfg->http.host))
+        return cairn_errorf(err, err_len, CAIRN_EINVAL,
+                     "refusing to listen (HTTP) on %s without authentication: configure a "
+                     "token or tenants, or listen on a loopback address",
+                     cfg->http.host);
     cairn_access *access = NULL;
     int rc = cairn_access_create(cfg->credentials, cfg->n_credentials, &access, err, err_len);
     if (rc != CAIRN_OK)
@@ -946,6 +975,15 @@ int cairn_server_create(const cairn_server_config *cfg, cairn_server **out, char
         rc = bind_tcp(s, err, err_len);
     if (rc == CAIRN_OK && cfg->unix_path)
         rc = bind_unix(s, err, err_len);
+    if (rc == CAIRN_OK && cfg->http.port >= 0) {
+        /* the TCP host (loopback unless credentials allowed otherwise) */
+        if (!s->cfg.http.host)
+            s->cfg.http.host = cfg->host ? cfg->host : "127.0.0.1";
+        cairn_http_env env = {.loop = &s->loop, .cfg = &s->cfg.http, .access = s->access,
+                              .next_client_id = &s->next_client_id, .seed_state = &s->seed_state,
+                              .max_output_bytes = cfg->max_output_bytes};
+        rc = cairn_http_create(&env, &s->http, err, err_len);
+    }
     if (rc == CAIRN_OK) {
         uv_async_init(&s->loop, &s->events_async, on_events);
         uv_async_init(&s->loop, &s->stop_async, on_stop);
@@ -970,7 +1008,10 @@ int cairn_server_create(const cairn_server_config *cfg, cairn_server **out, char
         cairn_server_free(s);
         return rc;
     }
+    if (s->http)
+        cairn_http_set_service(s->http, s->svc, cfg->service.model_path);
     s->rctx.vocab = cairn_service_vocab(s->svc);
+    s->rctx.chat_template = cairn_service_chat_template(s->svc);
     s->rctx.n_vocab = cairn_service_hparams(s->svc)->n_vocab;
     s->rctx.n_ctx = cairn_service_n_ctx(s->svc);
     s->rctx.limits = cfg->limits;
@@ -980,11 +1021,17 @@ int cairn_server_create(const cairn_server_config *cfg, cairn_server **out, char
 
 int cairn_server_tcp_port(const cairn_server *s) { return s->has_tcp ? s->tcp_port : -1; }
 
+int cairn_server_http_port(const cairn_server *s) { return cairn_http_port(s->http); }
+
 void cairn_server_describe(const cairn_server *s, char *out, size_t cap)
 {
-    snprintf(out, cap, "%s%s%s%s%s", s->has_tcp ? "tcp " : "", s->has_tcp ? s->tcp_desc : "",
+    char http[200] = "";
+    if (s->http)
+        cairn_http_describe(s->http, http, sizeof http);
+    snprintf(out, cap, "%s%s%s%s%s%s%s", s->has_tcp ? "tcp " : "", s->has_tcp ? s->tcp_desc : "",
              s->has_tcp && s->has_pipe ? ", " : "", s->has_pipe ? "unix " : "",
-             s->has_pipe ? s->unix_path : "");
+             s->has_pipe ? s->unix_path : "", (s->has_tcp || s->has_pipe) && http[0] ? ", " : "",
+             http);
 }
 
 int cairn_server_run(cairn_server *s)
@@ -1016,6 +1063,7 @@ void cairn_server_free(cairn_server *s)
         uv_run(&s->loop, UV_RUN_DEFAULT);
         uv_loop_close(&s->loop);
     }
+    cairn_http_free(s->http);
     if (s->unix_path) {
         unlink(s->unix_path);
         free(s->unix_path);

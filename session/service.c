@@ -93,6 +93,7 @@ void cairn_request_free(cairn_request *r)
         return;
     for (int i = 0; i < r->gen.n_stop; i++)
         free(r->gen.stop[i]);
+    cairn_grammar_free(r->gen.grammar);
     free(r->tokens);
     free(r);
 }
@@ -137,6 +138,9 @@ typedef struct session {
     cairn_session_id id;
     tokvec history;
     bool busy;    /* a session.generate is running on it                 */
+    bool reply_open; /* the last thing added was a generated reply, without
+                        the turn end its end-of-generation token would have
+                        been (that token is never kept in the history)   */
     bool persist; /* record and pages are made durable on every change   */
     uint64_t tenant;
     struct session *next;
@@ -155,11 +159,27 @@ typedef struct job {
     int32_t *pages;          /* page table; the rest were allocated by the job */
     size_t n_pages, pages_cap;
     cairn_sampler *sampler;
+    /* Structured output (gen.grammar): masks logits before each draw. Hook
+     * for speculative decoding: a job with a matcher must not speculate
+     * (drafted tokens would need masking and rollback too). */
+    cairn_grammar_matcher *matcher;
+    /* With a draft head: keeps the head's KV in the job's pages in step with
+     * every forward (always), and decodes speculatively when spec_ok. */
+    cairn_eagle_seq *spec;
+    bool spec_ok;
+    bool spec_failed;        /* adopting the pages failed: the job fails       */
+    int spec_span;           /* KV indices a speculative step may write        */
+    bool spec_ready;         /* the head has run over the pending token's
+                                predecessor (not so right after admission:
+                                that row is a page's last, see engine.h)      */
     cairn_detok *detok;
+    cairn_token_logprob *lps; /* gen.logprobs: [n_gen][1 + n_logprobs]       */
+    size_t lps_cap;
     char *text;              /* generated text so far (stop strings cut off) */
     size_t text_len, text_cap, text_sent;
     size_t tokens_sent;      /* generated tokens already sent in deltas        */
     int n_gen;
+    double t_last_token;     /* when the previous token was sampled (0: none) */
     bool cancelled;
     const char *finish;      /* set when the job is done                      */
     int64_t cached_by_tier[3];
@@ -185,12 +205,21 @@ struct cairn_service {
     cairn_service_config cfg;
     cairn_backend *be;
     cairn_model *model;
+    cairn_chat_template *chat; /* the model's chat template (immutable)   */
+    tokvec turn_end;           /* its turn-end text, tokenized (may be empty) */
     cairn_kvcache *cache;
     cairn_radix *tree;
     cairn_page_pool *device;
     cairn_kv_layout kv;
     int n_ctx, n_vocab, page_size;
     bool prefix_cache;
+    cairn_grammar_vocab *grammar_vocab; /* built for the first grammar request */
+    cairn_eagle *eagle;    /* draft head (config draft_path), or NULL         */
+    cairn_eagle_params draft;
+    int draft_max_batch;   /* speculate while at most this many decode; 0 never */
+    float *features;       /* [max_batch_tokens][dim] with a head              */
+    job **spec_jobs;       /* this step's speculating jobs                    */
+    uint64_t spec_steps, spec_tokens;
 
     pthread_t thread;
     bool thread_started;
@@ -221,6 +250,25 @@ struct cairn_service {
     float *logits;         /* [max_seqs][n_vocab] */
     cairn_service_stats stats;
 };
+
+/* ---- latency histograms ---------------------------------------------------- */
+
+/* Seconds; wide enough for a CPU model's first token and a GPU's next one. */
+const double cairn_latency_bounds[CAIRN_LATENCY_BUCKETS] = {
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+    0.5,   1,      2.5,   5,    10,    25,   60,  120};
+
+static void histogram_observe(cairn_latency_histogram *h, double seconds)
+{
+    if (!(seconds >= 0))
+        seconds = 0; /* a clock step backwards counts as instant */
+    int b = 0;
+    while (b < CAIRN_LATENCY_BUCKETS && seconds > cairn_latency_bounds[b])
+        b++;
+    h->counts[b]++;
+    h->count++;
+    h->sum_s += seconds;
+}
 
 /* ---- events --------------------------------------------------------------- */
 
@@ -399,10 +447,13 @@ static void job_free(job *j)
         return;
     cairn_request_free(j->req);
     cairn_sampler_free(j->sampler);
+    cairn_grammar_matcher_free(j->matcher);
+    cairn_eagle_seq_free(j->spec);
     cairn_detok_free(j->detok);
     free(j->seq.v);
     free(j->pages);
     free(j->text);
+    free(j->lps);
     free(j);
 }
 
@@ -481,6 +532,10 @@ static void job_emit_delta(cairn_service *s, job *j, bool final)
                       .text = j->text + j->text_sent,
                       .text_len = end > j->text_sent ? end - j->text_sent : 0,
                       .tokens = gen + j->tokens_sent, .n_tokens = n_tok};
+    if (j->lps) {
+        ev.n_top = j->req->gen.sampling.n_logprobs;
+        ev.logprobs = j->lps + j->tokens_sent * (size_t)(1 + ev.n_top);
+    }
     emit(s, &ev);
     if (end > j->text_sent)
         j->text_sent = end;
@@ -560,6 +615,7 @@ static void emit_generation_done(cairn_service *s, job *j)
                       .client = j->req->client, .id = j->req->id, .text = j->text ? j->text : "",
                       .text_len = j->text_len, .tokens = j->seq.v + j->n_prompt,
                       .n_tokens = (size_t)j->n_gen, .finish_reason = j->finish,
+                      .logprobs = j->lps, .n_top = j->lps ? j->req->gen.sampling.n_logprobs : 0,
                       .prompt_tokens = (int64_t)j->n_prompt,
                       .cached_tokens = j->cached_tokens, .completion_tokens = j->n_gen};
     memcpy(ev.cached_by_tier, j->cached_by_tier, sizeof ev.cached_by_tier);
@@ -576,6 +632,7 @@ static void job_finish(cairn_service *s, job *j, bool emit_event)
     if (x) {
         /* the session's history becomes prompt + generated tokens */
         x->busy = false;
+        x->reply_open = true;
         x->history.n = 0;
         tokvec_append(&x->history, j->seq.v, j->seq.n);
     }
@@ -678,6 +735,48 @@ static job *waiting_pop(cairn_service *s)
     return j;
 }
 
+/* r->tokens = prefix + r->tokens. */
+static int prepend_tokens(cairn_request *r, const int32_t *prefix, size_t n)
+{
+    int32_t *t = malloc((n + r->n_tokens) * sizeof *t);
+    if (!t)
+        return CAIRN_ENOMEM;
+    memcpy(t, prefix, n * sizeof *t);
+    if (r->n_tokens)
+        memcpy(t + n, r->tokens, r->n_tokens * sizeof *t);
+    free(r->tokens);
+    r->tokens = t;
+    r->n_tokens += n;
+    return CAIRN_OK;
+}
+
+/* The job's EAGLE sequence: every job keeps the head's KV of its pages
+ * current; it may also speculate when nothing rules that out. */
+static int job_spec_create(cairn_service *s, job *j)
+{
+    const cairn_gen_params *g = &j->req->gen;
+    cairn_eagle_params dp = s->draft;
+    if (g->draft.depth)
+        dp.depth = g->draft.depth;
+    if (g->draft.top_k)
+        dp.top_k = g->draft.top_k;
+    if (g->draft.n_draft)
+        dp.n_draft = g->draft.n_draft;
+    const cairn_sampling_params *sp = &g->sampling;
+    bool penalties = sp->penalty_last_n > 0 &&
+                     (sp->repeat_penalty != 1.0f || sp->frequency_penalty != 0.0f ||
+                      sp->presence_penalty != 0.0f);
+    j->spec_ok = !g->no_speculation && !g->grammar && !g->logprobs && !penalties &&
+                 s->draft_max_batch > 0;
+    /* the pending token and the tree, or the draft's scratch head rows */
+    j->spec_span = 1 + (dp.n_draft > (dp.depth - 1) * dp.top_k ? dp.n_draft
+                                                                : (dp.depth - 1) * dp.top_k);
+    /* its own random stream for sampled acceptance, apart from the sampler's */
+    cairn_sampling_params acc = *sp;
+    acc.seed = sp->seed ^ 0x9e3779b97f4a7c15ull;
+    return cairn_eagle_seq_create(s->eagle, &dp, j->spec_ok ? &acc : NULL, &j->spec);
+}
+
 /* Turn a generate / session.generate request into a waiting job. Takes the
  * request. */
 static void start_generation(cairn_service *s, cairn_request *r, session *sess)
@@ -712,6 +811,18 @@ static void start_generation(cairn_service *s, cairn_request *r, session *sess)
     }
     if (rc == CAIRN_OK && (rc = cairn_detok_create(cairn_model_vocab(s->model), false, &j->detok)))
         msg = "out of memory";
+    if (rc == CAIRN_OK && r->gen.grammar) {
+        if (!s->grammar_vocab)
+            rc = cairn_grammar_vocab_create(cairn_model_vocab(s->model), &s->grammar_vocab);
+        if (rc == CAIRN_OK)
+            rc = cairn_grammar_matcher_create_with(r->gen.grammar, s->grammar_vocab, &j->matcher);
+        if (rc)
+            msg = "cannot set up the response format";
+    }
+    if (rc == CAIRN_OK && s->eagle && (rc = job_spec_create(s, j)) != CAIRN_OK)
+        msg = rc == CAIRN_ENOMEM ? "out of memory"
+                                 : "invalid draft settings (depth 1..16, top_k 1..16, n 1..255 "
+                                   "and below the batch size)";
     if (rc != CAIRN_OK) {
         emit_error(s, r, rc, msg);
         if (j) {
@@ -828,10 +939,17 @@ static void handle_request(cairn_service *s, cairn_request *r)
     case CAIRN_REQ_SESSION_GENERATE:
         if (!(x = find_idle_session(s, r, "the session is generating; wait for it to finish")))
             break;
+        if (r->chat_turn && x->reply_open && s->turn_end.n > 0 &&
+            (rc = prepend_tokens(r, s->turn_end.v, s->turn_end.n)) != CAIRN_OK) {
+            emit_error(s, r, rc, "out of memory");
+            break;
+        }
         if (x->history.n + r->n_tokens >= (size_t)s->n_ctx) {
             emit_error(s, r, CAIRN_ERANGE, "the session would not fit in the context");
             break;
         }
+        if (r->n_tokens > 0 || r->kind == CAIRN_REQ_SESSION_APPEND)
+            x->reply_open = false;
         if (r->kind == CAIRN_REQ_SESSION_GENERATE) {
             start_generation(s, r, x);
             return;
@@ -859,6 +977,7 @@ static void handle_request(cairn_service *s, cairn_request *r)
         }
         /* a fork of a durable session is durable too */
         child->persist = x->persist;
+        child->reply_open = x->reply_open;
         child->tenant = x->tenant;
         reply_session(s, r, child, (int64_t)child->history.n, false);
         break;
@@ -871,6 +990,7 @@ static void handle_request(cairn_service *s, cairn_request *r)
             break;
         }
         x->history.n = (size_t)r->n_keep;
+        x->reply_open = false; /* the cut may be anywhere: the client knows where */
         reply_session(s, r, x, (int64_t)x->history.n, false);
         break;
     case CAIRN_REQ_SESSION_CLOSE:
@@ -990,11 +1110,23 @@ static void job_adopt(cairn_service *s, job *j, const cairn_kvcache_event *ev)
         j->n_tree_pages = j->n_pages = resident;
         j->n_computed = resident * (size_t)s->page_size;
     }
+    if (j->spec) {
+        /* head rows of the matched pages are valid (engine.h); pages[] must
+         * exist even when empty, capacity is set before every use */
+        if (job_reserve_pages(j, 1) != CAIRN_OK ||
+            cairn_eagle_seq_adopt(j->spec, cairn_page_pool_base(s->device), &s->kv, j->pages,
+                                  (int)(j->n_pages * (size_t)s->page_size), j->seq.v,
+                                  (int)j->seq.n, (int)j->n_computed) != CAIRN_OK)
+            j->spec_failed = true;
+        j->spec_ready = false;
+    }
     if (!j->admitted_once) {
         j->admitted_once = true;
         j->cached_tokens = (int64_t)j->n_computed;
-        for (int t = 0; t < 3 && ev && resident > 0; t++)
+        for (int t = 0; t < 3 && ev && resident > 0; t++) {
             j->cached_by_tier[t] = (int64_t)ev->from_tier[t] * s->page_size;
+            s->stats.cached_tokens_by_tier[t] += (uint64_t)j->cached_by_tier[t];
+        }
         s->stats.queries++;
         s->stats.prompt_tokens += j->n_prompt;
         s->stats.cached_tokens += j->n_computed;
@@ -1169,17 +1301,48 @@ static void pause_one(cairn_service *s, job *j)
     s->stats.paused++;
 }
 
+static bool job_push_token(cairn_service *s, job *j, int32_t tok,
+                           const cairn_token_logprob *lp);
+
 /* Sample the next token of `j` from `logits`; returns true when the job is
  * finished (finish reason set). */
-static bool job_take_token(cairn_service *s, job *j, const float *logits)
+static bool job_take_token(cairn_service *s, job *j, float *logits)
 {
     int32_t tok;
-    if (cairn_sampler_sample(j->sampler, logits, &tok, NULL, NULL) != CAIRN_OK) {
+    double now = cairn_now();
+    if (j->t_last_token == 0)
+        histogram_observe(&s->stats.ttft, now - j->req->submitted_at);
+    else
+        histogram_observe(&s->stats.inter_token, now - j->t_last_token);
+    j->t_last_token = now;
+    /* structured output: tokens that cannot continue the document go */
+    if (j->matcher && cairn_grammar_matcher_mask(j->matcher, logits, s->n_vocab) != CAIRN_OK) {
         j->finish = "stop";
         return true;
     }
+    const bool want_lp = j->req->gen.logprobs;
+    cairn_token_logprob lp[21]; /* the chosen token, then n_logprobs <= 20 */
+    if (cairn_sampler_sample(j->sampler, logits, &tok, want_lp ? &lp[0] : NULL,
+                             want_lp ? &lp[1] : NULL) != CAIRN_OK) {
+        j->finish = "stop";
+        return true;
+    }
+    return job_push_token(s, j, tok, want_lp ? lp : NULL);
+}
+
+/* Append the chosen token `tok` to j (sampled here, or accepted by a
+ * speculative step); lp: NULL, or the chosen token's logprob then the
+ * n_logprobs alternatives. True when the job is finished. */
+static bool job_push_token(cairn_service *s, job *j, int32_t tok,
+                           const cairn_token_logprob *lp)
+{
+    const bool want_lp = lp != NULL;
     if (cairn_vocab_is_eog(cairn_model_vocab(s->model), tok)) {
         j->finish = "stop";
+        return true;
+    }
+    if (j->matcher && cairn_grammar_matcher_accept(j->matcher, tok) != CAIRN_OK) {
+        j->finish = "stop"; /* cannot happen after the mask; never emit it */
         return true;
     }
     cairn_sampler_accept(j->sampler, tok);
@@ -1187,13 +1350,29 @@ static bool job_take_token(cairn_service *s, job *j, const float *logits)
         j->finish = "stop";
         return true;
     }
+    if (want_lp) {
+        size_t per = 1 + (size_t)j->req->gen.sampling.n_logprobs;
+        size_t need = ((size_t)j->n_gen + 1) * per;
+        if (need > j->lps_cap) {
+            size_t cap = j->lps_cap ? j->lps_cap * 2 : 64 * per;
+            cairn_token_logprob *v = realloc(j->lps, cap * sizeof *v);
+            if (!v) {
+                j->seq.n--;
+                j->finish = "stop";
+                return true;
+            }
+            j->lps = v;
+            j->lps_cap = cap;
+        }
+        memcpy(j->lps + (size_t)j->n_gen * per, lp, per * sizeof *lp);
+    }
     j->n_gen++;
     s->stats.generated_tokens++;
     char piece[300];
     size_t n = 0;
     if (cairn_detok_push(j->detok, tok, piece, sizeof piece, &n) == CAIRN_OK && n)
         job_append_text(j, piece, n);
-    if (job_check_stop(j)) {
+    if (job_check_stop(j) || (j->matcher && cairn_grammar_matcher_done(j->matcher))) {
         j->finish = "stop";
         return true;
     }
@@ -1211,6 +1390,69 @@ static void fail_job(cairn_service *s, job *j, int code, const char *msg)
     job_finish(s, j, false);
 }
 
+/* The draft head failed on j: its own pages may lack head KV, so none of
+ * them goes to the tree. */
+static void job_fail_head(cairn_service *s, job *j)
+{
+    j->n_computed = j->n_tree_pages * (size_t)s->page_size;
+    fail_job(s, j, CAIRN_EBACKEND, "the draft head failed");
+}
+
+/* KV indices j's pages cover, within the context. */
+static int job_capacity(const cairn_service *s, const job *j)
+{
+    size_t cap = j->n_pages * (size_t)s->page_size;
+    return (int)(cap < (size_t)s->n_ctx ? cap : (size_t)s->n_ctx);
+}
+
+/* The head over the n tokens j's last forward computed (features[n][dim]). */
+static int job_head_advance(cairn_service *s, job *j, const float *features, int n)
+{
+    int rc = cairn_eagle_seq_set_pages(j->spec, j->pages, job_capacity(s, j));
+    if (rc == CAIRN_OK)
+        rc = cairn_eagle_seq_advance(j->spec, j->seq.v, (int)j->seq.n, features, n);
+    j->spec_ready = rc == CAIRN_OK && j->seq.n > j->n_computed;
+    return rc;
+}
+
+/* One draft-verify step for each job chosen to speculate this step. */
+static void step_speculative(cairn_service *s, int n_spec)
+{
+    for (int k = 0; k < n_spec; k++) {
+        job *j = s->spec_jobs[k];
+        int32_t out[17]; /* depth <= 16 */
+        int n_out = 0;
+        int rc = cairn_eagle_seq_set_pages(j->spec, j->pages, job_capacity(s, j));
+        if (rc == CAIRN_OK)
+            rc = cairn_eagle_seq_step(j->spec, out, 17, &n_out);
+        if (rc != CAIRN_OK || n_out < 1) {
+            running_drop(s, j);
+            job_fail_head(s, j);
+            continue;
+        }
+        s->spec_steps++;
+        s->spec_tokens += (uint64_t)n_out;
+        double now = cairn_now();
+        if (j->t_last_token == 0)
+            histogram_observe(&s->stats.ttft, now - j->req->submitted_at);
+        else
+            for (int t = 0; t < n_out; t++) /* the step's time, shared by its tokens */
+                histogram_observe(&s->stats.inter_token, (now - j->t_last_token) / n_out);
+        j->t_last_token = now;
+        bool done = false;
+        for (int t = 0; t < n_out && !done; t++)
+            done = job_push_token(s, j, out[t], NULL);
+        /* the accepted tokens' KV is in the pages (the last one is pending);
+         * tokens cut by a stop keep theirs, which is the same KV */
+        size_t n_past = (size_t)cairn_eagle_seq_n_past(j->spec);
+        j->n_computed = n_past < j->seq.n ? n_past : j->seq.n;
+        if (done) {
+            running_drop(s, j);
+            job_finish(s, j, true);
+        }
+    }
+}
+
 /* One forward pass over every running job. Jobs are planned oldest first:
  * each decoder gets one token, prompts share what is left of the batch in
  * chunks. When pages run out, the newest job not yet planned is paused
@@ -1222,11 +1464,30 @@ static void step(cairn_service *s)
     for (int i = 0; i < s->n_running; i++)
         n_dec += s->running[i]->seq.n - s->running[i]->n_computed == 1;
     int prefill_budget = s->cfg.max_batch_tokens - n_dec;
-    int n = 0;
+    int n = 0, n_spec = 0;
+    /* few decoders: those that may speculate do, each in its own forward */
+    const bool speculate = s->eagle && s->draft_max_batch > 0 && n_dec <= s->draft_max_batch;
     for (int i = 0; i < s->n_running;) {
         job *j = s->running[i];
         size_t remaining = j->seq.n - j->n_computed;
         size_t chunk = 1;
+        if (j->spec_failed) {
+            running_remove(s, i);
+            job_fail_head(s, j);
+            continue;
+        }
+        if (speculate && remaining == 1 && j->spec_ok && j->spec_ready &&
+            (size_t)cairn_eagle_seq_n_past(j->spec) == j->n_computed) {
+            /* pages for the tree; when they cannot be had, decode plainly */
+            size_t span = j->n_computed + (size_t)j->spec_span;
+            if (span > (size_t)s->n_ctx)
+                span = (size_t)s->n_ctx;
+            if (job_ensure_pages(s, j, span) == CAIRN_OK) {
+                s->spec_jobs[n_spec++] = j;
+                i++;
+                continue;
+            }
+        }
         if (remaining > 1) {
             chunk = remaining < (size_t)s->cfg.prefill_chunk ? remaining
                                                              : (size_t)s->cfg.prefill_chunk;
@@ -1274,14 +1535,20 @@ static void step(cairn_service *s)
             prefill_budget -= (int)chunk;
         i++;
     }
-    if (n == 0)
+    if (n == 0) {
+        step_speculative(s, n_spec);
         return;
+    }
     int n_out = 0, n_tokens = 0;
     for (int b = 0; b < n; b++)
         n_tokens += s->batch[b].n_tokens;
     double t0 = cairn_now();
-    int rc = cairn_model_forward(s->model, cairn_page_pool_base(s->device), &s->kv, s->batch, n,
-                                 s->logits, NULL, &n_out);
+    /* with a head, every token's feature: the head runs over all of them */
+    int rc = s->eagle ? cairn_model_forward_features(s->model, cairn_page_pool_base(s->device),
+                                                     &s->kv, s->batch, n, s->logits, s->features,
+                                                     &n_out)
+                      : cairn_model_forward(s->model, cairn_page_pool_base(s->device), &s->kv,
+                                            s->batch, n, s->logits, NULL, &n_out);
     /* Steps with real prefill measure how fast tokens are computed; the
      * cache weighs that against load times to decide what to load. */
     double dt = cairn_now() - t0;
@@ -1298,17 +1565,28 @@ static void step(cairn_service *s)
         }
         return;
     }
-    /* every sequence in the batch returned its last row's logits */
+    /* every sequence in the batch returned its last row's logits (needed
+     * only where the prompt is finished) */
+    const float *features = s->features;
     for (int b = 0; b < n; b++) {
         job *j = s->batch_jobs[b];
-        j->n_computed += (size_t)s->batch[b].n_tokens;
-        if (j->n_computed < j->seq.n)
-            continue; /* prompt not finished: these logits are not needed */
-        if (job_take_token(s, j, s->logits + (size_t)b * s->n_vocab)) {
+        const int n_tok = s->batch[b].n_tokens;
+        j->n_computed += (size_t)n_tok;
+        bool done = j->n_computed >= j->seq.n &&
+                    job_take_token(s, j, s->logits + (size_t)b * s->n_vocab);
+        /* the head over the same tokens, now that the next one is known,
+         * before the pages can go to the tree */
+        if (j->spec && job_head_advance(s, j, features, n_tok) != CAIRN_OK) {
+            running_drop(s, j);
+            job_fail_head(s, j);
+        } else if (done) {
             running_drop(s, j);
             job_finish(s, j, true);
         }
+        if (features)
+            features += (size_t)n_tok * cairn_model_hparams(s->model)->dim;
     }
+    step_speculative(s, n_spec);
 }
 
 /* ---- the engine thread --------------------------------------------------------- */
@@ -1480,20 +1758,72 @@ int cairn_service_start(const cairn_service_config *cfg, cairn_service **out, ch
     cairn_model_params mp = {.max_batch_tokens = c->max_batch_tokens, .max_seqs = c->max_seqs};
     if ((rc = cairn_model_load(c->model_path, s->be, &mp, &s->model, err, err_len)))
         goto fail;
+    {
+        cairn_gguf *g = NULL;
+        if ((rc = cairn_gguf_open(c->model_path, &g, err, err_len)) == CAIRN_OK)
+            rc = cairn_chat_template_from_gguf(g, cairn_model_vocab(s->model), &s->chat);
+        cairn_gguf_close(g);
+        if (rc)
+            goto fail;
+        const char *end = cairn_chat_turn_end(s->chat);
+        int32_t ids[16];
+        size_t n_ids = 0;
+        if (end && *end &&
+            cairn_tokenize(cairn_model_vocab(s->model), end, strlen(end), CAIRN_TOK_PARSE_SPECIAL,
+                           ids, 16, &n_ids) == CAIRN_OK &&
+            tokvec_append(&s->turn_end, ids, n_ids) != CAIRN_OK) {
+            rc = CAIRN_ENOMEM;
+            goto fail;
+        }
+    }
     const cairn_hparams *hp = cairn_model_hparams(s->model);
     s->n_vocab = hp->n_vocab;
     s->n_ctx = c->n_ctx > 0 ? c->n_ctx : hp->n_ctx_train;
     s->page_size = c->page_size;
-    if ((rc = cairn_model_kv_layout(s->model, c->page_size, c->kv_type, &s->kv)))
+    if (c->draft_path) {
+        /* the head's KV is one more layer of every page */
+        if ((rc = cairn_eagle_load(c->draft_path, s->model, &s->eagle, err, err_len)) ||
+            (rc = cairn_eagle_kv_layout(s->eagle, c->page_size, c->kv_type, &s->kv)))
+            goto fail;
+        cairn_eagle_params d = cairn_eagle_defaults();
+        if (c->draft.depth)
+            d.depth = c->draft.depth;
+        if (c->draft.top_k)
+            d.top_k = c->draft.top_k;
+        if (c->draft.n_draft)
+            d.n_draft = c->draft.n_draft;
+        s->draft = d;
+        s->draft_max_batch = c->draft_max_batch == 0 ? 4 : c->draft_max_batch < 0 ? 0
+                                                                                 : c->draft_max_batch;
+        cairn_eagle_seq *probe = NULL; /* settings checked once, here */
+        if ((rc = cairn_eagle_seq_create(s->eagle, &d, NULL, &probe))) {
+            snprintf(err, err_len, "invalid draft settings: depth %d, top-k %d, n %d (n must be "
+                     "below the batch size %d)", d.depth, d.top_k, d.n_draft, c->max_batch_tokens);
+            goto fail;
+        }
+        cairn_eagle_seq_free(probe);
+        s->features = malloc((size_t)c->max_batch_tokens * hp->dim * sizeof(float));
+        s->spec_jobs = calloc((size_t)c->max_seqs, sizeof *s->spec_jobs);
+        if (!s->features || !s->spec_jobs) {
+            rc = CAIRN_ENOMEM;
+            goto fail;
+        }
+        cairn_log(CAIRN_LOG_INFO, "service: draft head %s: depth %d, top-k %d, %d draft tokens; "
+                  "speculates while at most %d requests decode", c->draft_path, d.depth, d.top_k,
+                  d.n_draft, s->draft_max_batch);
+    } else if ((rc = cairn_model_kv_layout(s->model, c->page_size, c->kv_type, &s->kv))) {
         goto fail;
+    }
     if (c->kv_bytes == 0) /* default: room for max_seqs full contexts, at most 1 GiB */
         c->kv_bytes = (size_t)c->max_seqs * ((size_t)s->n_ctx / c->page_size + 1) * s->kv.page_bytes;
     if (c->kv_bytes > ((size_t)1 << 30) && cfg->kv_bytes == 0)
         c->kv_bytes = (size_t)1 << 30;
 
-    uint8_t fp[16];
+    uint8_t fp[32]; /* the model's, then the head's: a page holds both's KV */
     cairn_model_fingerprint(s->model, fp);
-    cairn_page_namespace ns = {.model_fingerprint = fp, .fingerprint_bytes = 16,
+    if (s->eagle)
+        cairn_eagle_fingerprint(s->eagle, fp + 16);
+    cairn_page_namespace ns = {.model_fingerprint = fp, .fingerprint_bytes = s->eagle ? 32 : 16,
                                .layout = &s->kv, .layout_version = CAIRN_KV_LAYOUT_VERSION};
     if (c->cache_dir && c->host_bytes == 0)
         c->host_bytes = (size_t)256 << 20; /* disk reads land in host RAM */
@@ -1612,7 +1942,18 @@ void cairn_service_stop(cairn_service *s)
     free(s->batch);
     free(s->batch_jobs);
     free(s->logits);
+    cairn_grammar_vocab_free(s->grammar_vocab);
     cairn_kvcache_free(s->cache);
+    cairn_chat_template_free(s->chat);
+    free(s->turn_end.v);
+    if (s->eagle)
+        cairn_log(CAIRN_LOG_INFO, "service: %llu speculative steps gave %llu tokens (%.2f per "
+                  "target forward)", (unsigned long long)s->spec_steps,
+                  (unsigned long long)s->spec_tokens,
+                  s->spec_steps ? (double)s->spec_tokens / (double)s->spec_steps : 0.0);
+    free(s->features);
+    free(s->spec_jobs);
+    cairn_eagle_free(s->eagle);
     cairn_model_free(s->model);
     cairn_backend_destroy(s->be);
     pthread_mutex_destroy(&s->mu);
@@ -1626,6 +1967,7 @@ int cairn_service_submit(cairn_service *s, cairn_request *req)
         cairn_request_free(req);
         return CAIRN_EINVAL;
     }
+    req->submitted_at = cairn_now();
     pthread_mutex_lock(&s->mu);
     int rc = CAIRN_OK;
     if (s->stopping) {
@@ -1651,6 +1993,7 @@ int cairn_service_submit(cairn_service *s, cairn_request *req)
 }
 
 const cairn_vocab *cairn_service_vocab(const cairn_service *s) { return cairn_model_vocab(s->model); }
+const cairn_chat_template *cairn_service_chat_template(const cairn_service *s) { return s->chat; }
 const cairn_hparams *cairn_service_hparams(const cairn_service *s) { return cairn_model_hparams(s->model); }
 int cairn_service_page_size(const cairn_service *s) { return s->page_size; }
 int cairn_service_n_ctx(const cairn_service *s) { return s->n_ctx; }

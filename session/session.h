@@ -54,6 +54,29 @@
  * record is written, and every page flushed, when the service stops, and
  * records are read back at start.
  *
+ * Speculative decoding (config draft_path: an EAGLE head, engine.h). Every
+ * step, when at most draft_max_batch requests are decoding, each of them that
+ * may speculate decodes by draft + verify (cairn_eagle_seq_step: one target
+ * forward over its draft tree, 1 or more tokens per step) instead of joining
+ * the batch; with more decoding requests all decode plainly, batched. Why
+ * the threshold: a batched step already reads the weights once for every
+ * sequence, so the memory-bound headroom speculation lives on is used up
+ * as the batch grows, while its cost (1 + n draft rows verified per
+ * sequence) is not. On a CPU with a tiny model speculation is a slowdown
+ * at any batch (bench/eagle/README.md): there set draft_max_batch < 0.
+ * A request never speculates with a grammar, logprobs, or repetition,
+ * frequency or presence penalties, or with gen.no_speculation. Output:
+ * greedy requests give exactly the tokens they give without speculation;
+ * sampled ones follow the same distribution but a seed draws other samples
+ * (acceptance uses its own random stream).
+ * The head's KV is one more layer of every page. So that shared and cached
+ * pages always hold valid head KV, every forward the service runs (prompt
+ * chunks and plain decoding included) also runs the head over the tokens
+ * it computed (cairn_eagle_seq_advance); the rule that makes a page's head
+ * rows a function of its own token path is in engine.h. The page-hash
+ * namespace includes the head's fingerprint (and the layout its extra
+ * layer), so pages written by a server without this head are never found.
+ *
  * Tenants. A request's `tenant` (a 64-bit value the protocol derives from the
  * tenant's name, cairn_tenant_id in protocol/protocol.h; 0 = none) scopes it: another tenant's session is
  * "not found", and the cache keys of every page are tagged with the tenant:
@@ -97,6 +120,18 @@ typedef struct {
     int n_stop;
     char *stop[CAIRN_MAX_STOP];     /* owned by the request (malloc'ed)        */
     bool stream;                    /* emit DELTA events as tokens come        */
+    bool logprobs;                  /* events carry each generated token's
+                                       logprob and sampling.n_logprobs
+                                       alternatives (event.logprobs)           */
+    cairn_grammar *grammar;         /* owned by the request, may be NULL: the
+                                       output must follow it (structured
+                                       output; engine.h); the job finishes
+                                       ("stop") when the document is done     */
+    bool no_speculation;            /* never decode this request with the
+                                       server's draft head (see "Speculative
+                                       decoding" above)                       */
+    cairn_eagle_params draft;       /* draft tree for this request; fields
+                                       left 0 take the server's settings     */
 } cairn_gen_params;
 
 typedef enum {
@@ -125,9 +160,16 @@ typedef struct {
     uint64_t target;           /* CANCEL: msgid of the request to cancel        */
     int64_t n_keep;            /* TRUNCATE: tokens to keep                      */
     bool persist;              /* SESSION_OPEN: make the session durable        */
+    bool chat_turn;            /* APPEND/GENERATE: `tokens` are chat messages
+                                  formatted to continue the conversation; an
+                                  assistant reply the last generation left
+                                  open is closed first with the template's
+                                  turn end (e.g. "<|im_end|>\n")           */
     uint64_t tenant;           /* who asks (0: no tenants). Sessions belong to
                                   the tenant that opened them; cached prefixes
                                   are shared only within a tenant.           */
+    double submitted_at;       /* set by cairn_service_submit (cairn_now):
+                                  time to first token is measured from here   */
 } cairn_request;
 
 /* A zeroed request with default generation settings; free with
@@ -158,6 +200,17 @@ typedef struct {
     double load_mean_s, store_mean_s;   /* mean latency of one load / store   */
 } cairn_service_tier_stats;
 
+/* Latency histograms (Prometheus style): upper bounds in seconds of the
+ * buckets; one more bucket, above the last bound, is +Inf. */
+#define CAIRN_LATENCY_BUCKETS 16
+extern const double cairn_latency_bounds[CAIRN_LATENCY_BUCKETS];
+
+typedef struct {
+    uint64_t counts[CAIRN_LATENCY_BUCKETS + 1]; /* per bucket, not cumulative */
+    uint64_t count;
+    double sum_s;
+} cairn_latency_histogram;
+
 typedef struct {
     uint64_t queries;          /* generation requests admitted              */
     uint64_t prompt_tokens;    /* prompt tokens of those requests           */
@@ -170,6 +223,9 @@ typedef struct {
     uint64_t running, waiting; /* requests now                              */
     uint64_t sessions;
     cairn_service_tier_stats tiers[3];
+    uint64_t cached_tokens_by_tier[3]; /* cached_tokens by where they were found */
+    cairn_latency_histogram ttft;        /* submit -> first token sampled    */
+    cairn_latency_histogram inter_token; /* between a request's tokens       */
 } cairn_service_stats;
 
 typedef struct {
@@ -181,6 +237,12 @@ typedef struct {
     size_t text_len;
     const int32_t *tokens;
     size_t n_tokens;
+    /* with gen.logprobs: per token of `tokens`, 1 + n_top entries — the
+     * chosen token, then the n_top most likely, best first (cairn_sampler_
+     * sample's values: the distribution the sampler drew from, after any
+     * grammar mask). NULL without. */
+    const cairn_token_logprob *logprobs;
+    int n_top;
     /* DONE(generation) */
     const char *finish_reason; /* "stop", "length" or "cancelled"          */
     int64_t prompt_tokens, cached_tokens, completion_tokens;
@@ -224,6 +286,10 @@ typedef struct {
     const char *cache_dir;  /* tier-2 LMDB directory (NULL: no disk tier)     */
     size_t disk_bytes;      /* LMDB map size (default 4 GiB)                  */
     cairn_load_policy load_policy;
+    const char *draft_path; /* EAGLE head for speculative decoding (NULL: none) */
+    cairn_eagle_params draft; /* default draft tree; 0 fields: engine defaults  */
+    int draft_max_batch;    /* speculate while at most this many requests
+                               decode (0: default 4; < 0: never)             */
     cairn_event_fn on_event;
     void *user;
 } cairn_service_config;
@@ -242,6 +308,10 @@ void cairn_service_stop(cairn_service *s);
 int cairn_service_submit(cairn_service *s, cairn_request *req);
 
 const cairn_vocab *cairn_service_vocab(const cairn_service *s);
+/* The served model's chat template (tokenizer.chat_template; the generic
+ * format when the model has none). Immutable, owned by the service, valid
+ * until stop; may be read from any thread, like the vocab. */
+const cairn_chat_template *cairn_service_chat_template(const cairn_service *s);
 const cairn_hparams *cairn_service_hparams(const cairn_service *s);
 int cairn_service_page_size(const cairn_service *s);
 int cairn_service_n_ctx(const cairn_service *s);

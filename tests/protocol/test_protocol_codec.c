@@ -942,7 +942,7 @@ static void test_pack(void **state)
     assert_int_equal(cairn_rpc_pack_server_info(&sb, 1, &info), CAIRN_OK);
     o = unpack(&u, &sb);
     r = &o.via.array.ptr[3];
-    assert_int_equal(map_get(map_get(r, "limits"), "max_depth")->via.u64, 8);
+    assert_int_equal(map_get(map_get(r, "limits"), "max_depth")->via.u64, 24);
     assert_int_equal(map_get(map_get(r, "model"), "n_ctx")->via.u64, 256);
     msgpack_unpacked_destroy(&u);
     msgpack_sbuffer_destroy(&sb);

@@ -347,7 +347,7 @@ static void check_server_info(client *c, uint32_t msgid)
     assert_true(map_get(model, "n_vocab")->via.u64 > 0);
     assert_true(map_get(model, "n_ctx")->via.u64 > 0);
     assert_int_equal(map_get(res, "page_size")->via.u64, 16);
-    assert_int_equal(map_get(map_get(res, "limits"), "max_depth")->via.u64, 8);
+    assert_int_equal(map_get(map_get(res, "limits"), "max_depth")->via.u64, 24);
     msgpack_unpacked_destroy(&u);
 }
 
@@ -598,12 +598,12 @@ static void test_malformed_input(void **state)
     msgpack_unpacked_destroy(&u);
     client_free(c);
 
-    /* Nesting deeper than max_depth (8): too_large, then back in sync. */
+    /* Nesting deeper than max_depth (24): too_large, then back in sync. */
     c = client_new(connect_tcp());
     uint8_t deep[64] = {0x94, 0x00, 0x2e, 0xab, 's', 'e', 'r', 'v', 'e', 'r', '.',
                         'i', 'n', 'f', 'o'};
     size_t n_deep = 15;
-    for (int i = 0; i < 12; i++)
+    for (int i = 0; i < 28; i++)
         deep[n_deep++] = 0x91;
     deep[n_deep++] = 0xc0;
     send_all(c->fd, deep, n_deep);

@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""A tool-call round trip through the OpenAI facade on the real instruct model
+(CAIRN_CHAT_MODEL: Qwen2.5-Coder-0.5B-Instruct), with the `openai` package:
+the model is offered a tool, answers with a call (parsed into
+message.tool_calls, finish_reason "tool_calls"), the same call arrives as
+streamed tool_calls deltas, and the conversation continues with the tool's
+result, served mostly from the prefix cache. Skips (exit 77) when the model
+file is absent.
+
+usage: test_chat_model.py CAIRN_BIN [unittest args...]
+"""
+import json
+import os
+import sys
+import unittest
+
+import openai
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from http_harness import Server  # noqa: E402
+
+if len(sys.argv) < 2:
+    sys.exit(__doc__)
+CAIRN = sys.argv[1]
+del sys.argv[1:2]
+CHAT_MODEL = os.environ.get("CAIRN_CHAT_MODEL", "")
+if not os.path.exists(CHAT_MODEL):
+    print(f"skipped: CAIRN_CHAT_MODEL ({CHAT_MODEL or 'unset'}) is absent; "
+          "scripts/get-model fetches it")
+    sys.exit(77)
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]},
+    },
+}
+QUESTION = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
+
+
+class ToolCallRoundTrip(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.server = Server(CAIRN, CHAT_MODEL, "--kv-mem", "128M", "--model-name", "qwen")
+        cls.client = openai.OpenAI(base_url=cls.server.base + "/v1", api_key="unused",
+                                   max_retries=0, timeout=300)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        cls.server.stop()
+
+    def test_round_trip(self):
+        self.assertEqual(self.client.models.list().data[0].id, "qwen")
+        r = self.client.chat.completions.create(model="qwen", messages=QUESTION,
+                                                tools=[WEATHER_TOOL], max_tokens=64,
+                                                temperature=0)
+        choice = r.choices[0]
+        self.assertEqual(choice.finish_reason, "tool_calls", choice.message)
+        calls = choice.message.tool_calls
+        self.assertEqual(len(calls), 1)
+        self.assertEqual(calls[0].type, "function")
+        self.assertEqual(calls[0].function.name, "get_weather")
+        args = json.loads(calls[0].function.arguments)
+        self.assertIn("paris", json.dumps(args).lower())
+        self.assertTrue(calls[0].id)
+
+        # streamed: the same call, as tool_calls deltas, no content leaked
+        chunks = list(self.client.chat.completions.create(
+            model="qwen", messages=QUESTION, tools=[WEATHER_TOOL], max_tokens=64,
+            temperature=0, stream=True))
+        name, arguments, content = "", "", ""
+        for c in chunks:
+            if not c.choices:
+                continue
+            d = c.choices[0].delta
+            content += d.content or ""
+            for tc in d.tool_calls or []:
+                self.assertEqual(tc.index, 0)
+                name += tc.function.name or ""
+                arguments += tc.function.arguments or ""
+        self.assertEqual(chunks[-1].choices[0].finish_reason, "tool_calls")
+        self.assertEqual(name, "get_weather")
+        self.assertEqual(json.loads(arguments), args)
+        self.assertEqual(content.strip(), (choice.message.content or "").strip())
+
+        # the tool's answer goes back; the history is served from the cache
+        follow = QUESTION + [
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": calls[0].id, "type": "function",
+                 "function": {"name": "get_weather", "arguments": calls[0].function.arguments}}]},
+            {"role": "tool", "tool_call_id": calls[0].id,
+             "content": json.dumps({"temperature_c": 18, "sky": "sunny"})}]
+        r2 = self.client.chat.completions.create(model="qwen", messages=follow,
+                                                 tools=[WEATHER_TOOL], max_tokens=40,
+                                                 temperature=0)
+        self.assertIn(r2.choices[0].finish_reason, ("stop", "length", "tool_calls"))
+        self.assertGreater(r2.usage.prompt_tokens, r.usage.prompt_tokens)
+        self.assertGreaterEqual(r2.usage.prompt_tokens_details.cached_tokens,
+                                r.usage.prompt_tokens // 16 * 16 - 16)
+
+    def test_tool_choice_none_answers_in_text(self):
+        r = self.client.chat.completions.create(model="qwen", messages=QUESTION,
+                                                tools=[WEATHER_TOOL], tool_choice="none",
+                                                max_tokens=16, temperature=0)
+        self.assertIn(r.choices[0].finish_reason, ("stop", "length"))
+        self.assertIsNone(r.choices[0].message.tool_calls)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

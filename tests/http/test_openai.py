@@ -1,0 +1,323 @@
+#!/usr/bin/env python3
+"""The OpenAI-compatible HTTP facade (docs/openai.md) driven by the official
+`openai` Python package against the real `cairn serve` on the bundled model.
+
+usage: test_openai.py CAIRN_BIN MODEL [unittest args...]
+
+Covers: /v1/models, chat and text completions (non-streaming, streaming
+chunks that concatenate to the greedy non-streaming text, include_usage),
+cached_tokens on the second turn of a conversation (with and without a
+session key), session affinity by body field and by header (including an
+edited history, which truncates the session), structured output
+(json_schema validated with jsonschema over several seeds, json_object, a
+bad schema), tools accepted, and the 400s for unsupported fields.
+"""
+import json
+import os
+import sys
+import unittest
+import urllib.request
+
+import jsonschema
+import openai
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from http_harness import Server, parse_metrics  # noqa: E402
+
+if len(sys.argv) < 3:
+    sys.exit(__doc__)
+CAIRN, MODEL = sys.argv[1], sys.argv[2]
+del sys.argv[1:3]
+
+PAGE = 16  # serve's default page size: cached prefixes come in whole pages
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]},
+    },
+}
+
+
+def whole_pages(n):
+    return n // PAGE * PAGE
+
+
+class OpenAIFacade(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.server = Server(CAIRN, MODEL)
+        cls.client = openai.OpenAI(base_url=cls.server.base + "/v1", api_key="unused",
+                                   max_retries=0, timeout=120)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        cls.server.stop()
+
+    def chat(self, messages, **kw):
+        kw.setdefault("model", "stories260K")
+        return self.client.chat.completions.create(messages=messages, **kw)
+
+    def test_models(self):
+        models = self.client.models.list()
+        self.assertEqual([m.id for m in models.data], ["stories260K"])
+        self.assertEqual(self.client.models.retrieve("stories260K").id, "stories260K")
+        with self.assertRaises(openai.NotFoundError):
+            self.client.models.retrieve("gpt-4")
+
+    def test_chat_stream_matches_non_stream(self):
+        msgs = [{"role": "system", "content": "You tell stories."},
+                {"role": "user", "content": "Tell me about a dog named Max."}]
+        full = self.chat(msgs, max_tokens=40, temperature=0)
+        self.assertEqual(full.object, "chat.completion")
+        choice = full.choices[0]
+        self.assertEqual(choice.message.role, "assistant")
+        self.assertIn(choice.finish_reason, ("stop", "length"))
+        self.assertTrue(choice.message.content)
+        self.assertEqual(full.usage.total_tokens,
+                         full.usage.prompt_tokens + full.usage.completion_tokens)
+        self.assertIsNotNone(full.usage.prompt_tokens_details.cached_tokens)
+
+        chunks = list(self.chat(msgs, max_tokens=40, temperature=0, stream=True,
+                                stream_options={"include_usage": True}))
+        self.assertEqual(chunks[0].choices[0].delta.role, "assistant")
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        self.assertEqual(text, choice.message.content)
+        finals = [c.choices[0].finish_reason for c in chunks if c.choices]
+        self.assertEqual(finals[-1], choice.finish_reason)
+        self.assertTrue(all(f is None for f in finals[:-1]))
+        usage = chunks[-1]
+        self.assertEqual(usage.choices, [])
+        self.assertEqual(usage.usage.completion_tokens, full.usage.completion_tokens)
+        self.assertEqual(usage.usage.prompt_tokens, full.usage.prompt_tokens)
+        # the same prompt again: its whole pages come from the cache
+        self.assertGreaterEqual(usage.usage.prompt_tokens_details.cached_tokens,
+                                whole_pages(full.usage.prompt_tokens - 1))
+        self.assertTrue(all(c.usage is None for c in chunks[:-1]))
+
+    def test_stream_without_usage(self):
+        chunks = list(self.chat([{"role": "user", "content": "Hi"}], max_tokens=5,
+                                temperature=0, stream=True))
+        self.assertTrue(all(c.usage is None and c.choices for c in chunks))
+
+    def test_completions(self):
+        full = self.client.completions.create(model="stories260K", prompt="Once upon a time",
+                                              max_tokens=30, temperature=0)
+        self.assertEqual(full.object, "text_completion")
+        self.assertEqual(full.usage.completion_tokens, 30)
+        self.assertEqual(full.choices[0].finish_reason, "length")
+        chunks = list(self.client.completions.create(
+            model="stories260K", prompt="Once upon a time", max_tokens=30, temperature=0,
+            stream=True, stream_options={"include_usage": True}))
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        self.assertEqual(text, full.choices[0].text)
+        self.assertEqual(chunks[-1].usage.completion_tokens, 30)
+        # a stop string ends it before the string
+        words = full.choices[0].text.split()
+        cut = self.client.completions.create(model="stories260K", prompt="Once upon a time",
+                                             max_tokens=30, temperature=0, stop=[words[2]])
+        self.assertEqual(cut.choices[0].finish_reason, "stop")
+        self.assertNotIn(words[2], cut.choices[0].text)
+        self.assertTrue(full.choices[0].text.startswith(cut.choices[0].text))
+
+    def test_seeded_sampling_repeats(self):
+        a = self.chat([{"role": "user", "content": "A story"}], max_tokens=20, seed=42,
+                      temperature=1.0)
+        b = self.chat([{"role": "user", "content": "A story"}], max_tokens=20, seed=42,
+                      temperature=1.0)
+        self.assertEqual(a.choices[0].message.content, b.choices[0].message.content)
+
+    def conversation(self, animal, **kw):
+        """Two turns, the second resending the whole history. The system
+        prompt starts with the animal, so no other test shares a prefix."""
+        first_user = f"Tell me about a {animal}."
+        msgs = [{"role": "system",
+                 "content": f"{animal.capitalize()}s! You are a storyteller for children."},
+                {"role": "user", "content": first_user}]
+        one = self.chat(msgs, max_tokens=24, temperature=0, **kw)
+        msgs += [{"role": "assistant", "content": one.choices[0].message.content},
+                 {"role": "user", "content": "And then what happened to them?"}]
+        two = self.chat(msgs, max_tokens=24, temperature=0, **kw)
+        return msgs, one, two
+
+    def test_second_turn_cached_without_session(self):
+        _, one, two = self.conversation("fox")
+        self.assertEqual(one.usage.prompt_tokens_details.cached_tokens, 0)
+        self.assertGreater(two.usage.prompt_tokens, one.usage.prompt_tokens)
+        # the resent history (at least the first prompt) was not recomputed
+        self.assertGreaterEqual(two.usage.prompt_tokens_details.cached_tokens,
+                                whole_pages(one.usage.prompt_tokens))
+        self.assertGreater(two.usage.prompt_tokens_details.cached_tokens, 0)
+
+    def sessions_open(self):
+        with urllib.request.urlopen(self.server.base + "/metrics") as r:
+            return parse_metrics(r.read().decode())[0]["cairn_sessions"]
+
+    def test_session_affinity_body_and_header(self):
+        before = self.sessions_open()
+        for animal, kw in (("zebra", {"extra_body": {"session_id": "conv-body-1"}}),
+                           ("yak", {"extra_body": {"prompt_cache_key": "conv-key-1"}}),
+                           ("walrus", {"extra_headers": {"X-Session-Id": "conv-header-1"}})):
+            with self.subTest(**{k: str(v) for k, v in kw.items()}):
+                msgs, one, two = self.conversation(animal, **kw)
+                self.assertEqual(one.usage.prompt_tokens_details.cached_tokens, 0)
+                self.assertGreaterEqual(two.usage.prompt_tokens_details.cached_tokens,
+                                        whole_pages(one.usage.prompt_tokens))
+                # same answer as without a session: the session is only a cache
+                plain = self.chat(msgs, max_tokens=24, temperature=0)
+                self.assertEqual(plain.choices[0].message.content,
+                                 two.choices[0].message.content)
+                # an edited history (the assistant's reply changed) truncates
+                # the session to the common prefix and still answers the same
+                # as a fresh request would
+                edited = msgs[:2] + [{"role": "assistant", "content": "Something else."},
+                                     msgs[3]]
+                three = self.chat(edited, max_tokens=24, temperature=0, **kw)
+                fresh = self.chat(edited, max_tokens=24, temperature=0)
+                self.assertEqual(three.choices[0].message.content,
+                                 fresh.choices[0].message.content)
+                self.assertGreaterEqual(three.usage.prompt_tokens_details.cached_tokens,
+                                        whole_pages(one.usage.prompt_tokens) - PAGE)
+        # one engine session per key, reused across its turns
+        self.assertEqual(self.sessions_open(), before + 3)
+
+    def test_json_schema(self):
+        schema = {
+            "type": "object",
+            "properties": {
+                "mood": {"enum": ["happy", "sad", "sleepy"]},
+                "age": {"type": "integer"},
+                "likes_cats": {"type": "boolean"},
+            },
+            "required": ["mood", "age", "likes_cats"],
+            "additionalProperties": False,
+        }
+        for seed in range(5):
+            r = self.chat([{"role": "user", "content": "Describe the girl as JSON."}],
+                          max_tokens=200, temperature=1.0, seed=seed,
+                          response_format={"type": "json_schema",
+                                           "json_schema": {"name": "girl", "schema": schema,
+                                                           "strict": True}})
+            with self.subTest(seed=seed):
+                self.assertEqual(r.choices[0].finish_reason, "stop")
+                jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+
+    def test_json_object(self):
+        r = self.chat([{"role": "user", "content": "Give me JSON."}], max_tokens=300,
+                      temperature=0.5, seed=1, response_format={"type": "json_object"})
+        text = r.choices[0].message.content
+        self.assertTrue(text.lstrip().startswith("{"), text)
+        if r.choices[0].finish_reason == "stop":
+            self.assertIsInstance(json.loads(text), dict)
+
+    def test_bad_schema_is_400(self):
+        with self.assertRaises(openai.BadRequestError) as cm:
+            self.chat([{"role": "user", "content": "x"}], max_tokens=5,
+                      response_format={"type": "json_schema",
+                                       "json_schema": {"name": "x", "schema": {
+                                           "type": "string", "pattern": "^a+$"}}})
+        self.assertIn("pattern", str(cm.exception))
+        self.assertEqual(cm.exception.body["param"], "response_format")
+
+    def test_tools_accepted(self):
+        for choice in ("auto", "none", "required",
+                       {"type": "function", "function": {"name": "get_weather"}}):
+            with self.subTest(tool_choice=choice):
+                r = self.chat([{"role": "user", "content": "Weather in Paris?"}],
+                              tools=[WEATHER_TOOL], tool_choice=choice, max_tokens=10,
+                              temperature=0)
+                self.assertIn(r.choices[0].finish_reason, ("stop", "length", "tool_calls"))
+        # a whole tool-call round trip in the history is accepted too
+        r = self.chat([
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 18 C"}],
+            tools=[WEATHER_TOOL], max_tokens=10, temperature=0)
+        self.assertTrue(r.choices[0].finish_reason)
+        with self.assertRaises(openai.BadRequestError):
+            self.chat([{"role": "user", "content": "x"}], tools=[{"type": "function"}])
+        with self.assertRaises(openai.BadRequestError):
+            self.chat([{"role": "user", "content": "x"}], tools=[WEATHER_TOOL],
+                      tool_choice={"type": "function", "function": {"name": "nope"}})
+
+    def test_content_parts_and_developer_role(self):
+        a = self.chat([{"role": "developer", "content": "Be brief."},
+                       {"role": "user", "content": [{"type": "text", "text": "Hello "},
+                                                    {"type": "text", "text": "there"}]}],
+                      max_tokens=10, temperature=0)
+        b = self.chat([{"role": "system", "content": "Be brief."},
+                       {"role": "user", "content": "Hello there"}], max_tokens=10,
+                      temperature=0)
+        self.assertEqual(a.choices[0].message.content, b.choices[0].message.content)
+        self.assertEqual(a.usage.prompt_tokens, b.usage.prompt_tokens)
+
+    def test_logprobs(self):
+        msgs = [{"role": "user", "content": "Tell me about a cat."}]
+        r = self.chat(msgs, max_tokens=12, temperature=0, logprobs=True, top_logprobs=3)
+        content = r.choices[0].logprobs.content
+        self.assertEqual(len(content), r.usage.completion_tokens)
+        self.assertEqual(b"".join(bytes(t.bytes) for t in content).decode(),
+                         r.choices[0].message.content)
+        for t in content:
+            self.assertLessEqual(t.logprob, 0)
+            self.assertEqual(len(t.top_logprobs), 3)
+            # greedy: the chosen token is the most likely one
+            self.assertEqual(t.top_logprobs[0].token, t.token)
+            self.assertAlmostEqual(t.top_logprobs[0].logprob, t.logprob, places=5)
+            alts = [a.logprob for a in t.top_logprobs]
+            self.assertEqual(alts, sorted(alts, reverse=True))
+        streamed = [t for c in self.chat(msgs, max_tokens=12, temperature=0, logprobs=True,
+                                         stream=True)
+                    if c.choices and c.choices[0].logprobs
+                    for t in c.choices[0].logprobs.content]
+        self.assertEqual([t.token for t in streamed], [t.token for t in content])
+        for a, b in zip(streamed, content):
+            self.assertAlmostEqual(a.logprob, b.logprob, places=5)
+        # without logprobs there are none
+        self.assertIsNone(self.chat(msgs, max_tokens=2).choices[0].logprobs)
+        c = self.client.completions.create(model="m", prompt="Once upon", max_tokens=6,
+                                           temperature=0, logprobs=2)
+        lp = c.choices[0].logprobs
+        self.assertEqual("".join(lp.tokens), c.choices[0].text)
+        self.assertEqual(len(lp.token_logprobs), 6)
+        self.assertEqual(lp.text_offset[0], 0)
+        self.assertTrue(all(len(alt) <= 2 for alt in lp.top_logprobs))
+
+    def test_invalid_requests(self):
+        cases = [
+            dict(n=2),
+            dict(top_logprobs=2),
+            dict(logprobs=True, top_logprobs=21),
+            dict(temperature=5),
+            dict(top_p=0),
+            dict(max_tokens=-1),
+            dict(max_tokens=10 ** 7),
+            dict(stop=["a"] * 9),
+            dict(messages=[]),
+            dict(messages=[{"role": "wizard", "content": "x"}]),
+            dict(messages=[{"role": "user", "content": [{"type": "image_url",
+                                                         "image_url": {"url": "x"}}]}]),
+            dict(messages=[{"role": "user"}]),
+        ]
+        for case in cases:
+            with self.subTest(case=case):
+                kw = {"messages": [{"role": "user", "content": "x"}], "model": "m"}
+                kw.update(case)
+                with self.assertRaises(openai.BadRequestError) as cm:
+                    self.client.chat.completions.create(**kw)
+                self.assertEqual(cm.exception.body["type"], "invalid_request_error")
+                self.assertIn("message", cm.exception.body)
+        with self.assertRaises(openai.BadRequestError) as cm:
+            self.chat([{"role": "user", "content": "word " * 5000}], max_tokens=5)
+        self.assertEqual(cm.exception.body["code"], "context_length_exceeded")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
