@@ -1,8 +1,9 @@
 /*
  * cli/cmd_serve.c — `cairn serve`: load a model into a cairn_service and
  * serve the msgpack-RPC protocol (docs/protocol.md) on TCP and/or a Unix
- * socket until SIGINT or SIGTERM. All the work is in protocol/; this file
- * turns command-line options into a cairn_server_config.
+ * socket until SIGINT or SIGTERM — and, with --http-port, the OpenAI-compatible
+ * HTTP API (docs/openai.md) on the same engine. All the work is in protocol/;
+ * this file turns command-line options into a cairn_server_config.
  *
  * When the sockets are bound and the model is loaded it prints one line
  * containing "listening" and the addresses to stderr (with the real port
@@ -14,6 +15,7 @@
  * exits with status 2 without ever binding a socket.
  */
 #include "cli/cli.h"
+#include "cli/cli_eagle.h"
 #include "protocol/protocol.h"
 
 #include <errno.h>
@@ -54,13 +56,24 @@ static const char help[] =
     "                         nothing for S seconds (default 60)\n"
     "      --max-output SIZE  unread output per connection before it is dropped\n"
     "                         (default 16M)\n"
-    "  -v, --verbose          log every connection\n" CLI_MODEL_HELP
+    "      --http-port N      also serve the OpenAI-compatible HTTP API (docs/openai.md)\n"
+    "                         on port N (0 = any free port, printed)\n"
+    "      --http-host ADDR   its address (default: --host, else 127.0.0.1)\n"
+    "      --http-max-body SIZE  largest request body (default 4M)\n"
+    "      --http-timeout S   a request must arrive whole within S seconds (default 30)\n"
+    "      --model-name NAME  the model id /v1/models reports (default: the file's name)\n"
+    "  -v, --verbose          log every connection\n" CLI_DRAFT_HELP
+    "      --draft-max-batch N  speculate only while at most N requests decode (default 4;\n"
+    "                           0 = never; on a CPU with a tiny model speculation is slower)\n"
+    CLI_MODEL_HELP
     "  -h, --help             this help\n";
 
 enum {
     OPT_HOST = 3000, OPT_PORT, OPT_NO_TCP, OPT_UNIX, OPT_KV_MEM, OPT_MAX_SEQS, OPT_MAX_SESSIONS,
     OPT_PREFILL, OPT_NO_PREFIX, OPT_CACHE_DIR, OPT_IDLE, OPT_MAX_OUTPUT, OPT_HOST_MEM,
     OPT_DISK_MAX, OPT_TIER_LOADS, OPT_AUTH_TOKEN, OPT_AUTH_TOKEN_FILE, OPT_TENANTS,
+    OPT_HTTP_PORT, OPT_HTTP_HOST, OPT_HTTP_MAX_BODY, OPT_HTTP_TIMEOUT, OPT_MODEL_NAME,
+    OPT_DRAFT_MAX_BATCH,
 };
 
 /* "512", "64K", "1.5G" (binary multiples) -> bytes; 0 on a bad value. */
@@ -130,7 +143,7 @@ static void access_opts_clear(access_opts *a)
 /* Turn --auth-token, --auth-token-file and --tenants into credentials, and
  * refuse a non-loopback listener without any. Returns 0 or the exit status. */
 static int load_access(const char *token, const char *token_file, const char *tenants_file,
-                       const char *host, access_opts *a)
+                       const char *host, const char *http_host, access_opts *a)
 {
     memset(a, 0, sizeof *a);
     snprintf(a->what, sizeof a->what, "no authentication");
@@ -141,6 +154,8 @@ static int load_access(const char *token, const char *token_file, const char *te
         return 2;
     }
     if (given == 0) {
+        if (http_host && !cairn_host_is_loopback(http_host))
+            host = http_host; /* the HTTP listener would be public */
         if (!cairn_host_is_loopback(host)) {
             fprintf(stderr,
                     "cairn serve: refusing to listen on %s without authentication: anyone who "
@@ -211,6 +226,8 @@ int cmd_serve(int argc, char **argv)
     cairn_server_config_default(&cfg);
     bool verbose = false, batch_given = false;
     const char *auth_token = NULL, *auth_token_file = NULL, *tenants_file = NULL;
+    cli_draft_opts draft;
+    cli_draft_opts_defaults(&draft);
 
     static const struct option longopts[] = {
         CLI_MODEL_LONGOPTS,
@@ -232,6 +249,13 @@ int cmd_serve(int argc, char **argv)
         {"auth-token", required_argument, 0, OPT_AUTH_TOKEN},
         {"auth-token-file", required_argument, 0, OPT_AUTH_TOKEN_FILE},
         {"tenants", required_argument, 0, OPT_TENANTS},
+        {"http-port", required_argument, 0, OPT_HTTP_PORT},
+        {"http-host", required_argument, 0, OPT_HTTP_HOST},
+        {"http-max-body", required_argument, 0, OPT_HTTP_MAX_BODY},
+        {"http-timeout", required_argument, 0, OPT_HTTP_TIMEOUT},
+        {"model-name", required_argument, 0, OPT_MODEL_NAME},
+        CLI_DRAFT_LONGOPTS,
+        {"draft-max-batch", required_argument, 0, OPT_DRAFT_MAX_BATCH},
         {"verbose", no_argument, 0, 'v'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -247,8 +271,17 @@ int cmd_serve(int argc, char **argv)
             batch_given |= opt == 'b';
             continue;
         }
+        if ((r = cli_draft_opts_parse(&draft, opt, optarg)) < 0)
+            return 2;
+        if (r > 0)
+            continue;
         switch (opt) {
         case OPT_HOST: cfg.host = optarg; break;
+        case OPT_DRAFT_MAX_BATCH:
+            if (parse_long(optarg, "--draft-max-batch", 0, 1 << 20, &v))
+                return 2;
+            cfg.service.draft_max_batch = v == 0 ? -1 : (int)v;
+            break;
         case OPT_PORT:
             if (parse_long(optarg, "--port", 0, 65535, &v))
                 return 2;
@@ -326,6 +359,30 @@ int cmd_serve(int argc, char **argv)
         case OPT_AUTH_TOKEN: auth_token = optarg; break;
         case OPT_AUTH_TOKEN_FILE: auth_token_file = optarg; break;
         case OPT_TENANTS: tenants_file = optarg; break;
+        case OPT_HTTP_PORT:
+            if (parse_long(optarg, "--http-port", 0, 65535, &v))
+                return 2;
+            cfg.http.port = (int)v;
+            break;
+        case OPT_HTTP_HOST: cfg.http.host = optarg; break;
+        case OPT_HTTP_MAX_BODY:
+            if (!(cfg.http.max_body_bytes = parse_size(optarg))) {
+                fprintf(stderr, "cairn serve: --http-max-body must be a size like 4M\n");
+                return 2;
+            }
+            break;
+        case OPT_HTTP_TIMEOUT: {
+            char *end;
+            double t = strtod(optarg, &end);
+            if (*end || end == optarg || !(t > 0 && t < 1e7)) {
+                fprintf(stderr, "cairn serve: --http-timeout must be a positive number of "
+                                "seconds\n");
+                return 2;
+            }
+            cfg.http.timeout_s = t;
+            break;
+        }
+        case OPT_MODEL_NAME: cfg.http.model_name = optarg; break;
         case 'v': verbose = true; break;
         case 'h': fputs(help, stdout); return 0;
         default: fputs(help, stderr); return 2;
@@ -343,12 +400,26 @@ int cmd_serve(int argc, char **argv)
         cairn_log_set_level(CAIRN_LOG_DEBUG);
 
     access_opts acc;
-    int arc = load_access(auth_token, auth_token_file, tenants_file, cfg.host, &acc);
+    if (cfg.http.host && cfg.http.port < 0) {
+        fprintf(stderr, "cairn serve: --http-host needs --http-port\n");
+        return 2;
+    }
+    int arc = load_access(auth_token, auth_token_file, tenants_file, cfg.host,
+                          cfg.http.port >= 0 ? cfg.http.host : NULL, &acc);
     if (arc != 0)
         return arc;
     cfg.credentials = acc.creds;
     cfg.n_credentials = acc.n;
 
+    /* The service runs on the CPU backend. The CUDA backend is new and has
+     * not run on a GPU yet (docs/cuda.md); until it has, and the service's
+     * tier copies are checked on it, the server says so instead of quietly
+     * serving from the CPU when a GPU was asked for. */
+    if (mo.device == CLI_DEVICE_CUDA) {
+        fprintf(stderr, "cairn serve: --device cuda is not supported by the server yet (it "
+                        "serves on the CPU); `cairn run` and `cairn bench` take it\n");
+        return 2;
+    }
     cfg.service.model_path = mo.model_path;
     cfg.service.n_threads = mo.n_threads;
     cfg.service.n_ctx = mo.n_ctx;
@@ -356,6 +427,8 @@ int cmd_serve(int argc, char **argv)
     cfg.service.kv_type = mo.kv_type;
     if (batch_given)
         cfg.service.max_batch_tokens = mo.batch;
+    cfg.service.draft_path = draft.head_path;
+    cfg.service.draft = draft.params;
 
     cairn_server *srv = NULL;
     char err[512] = "";

@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""Write an EAGLE draft head as a GGUF file that cairn loads with --draft.
+
+Three sources:
+
+  eagle_convert.py --target T.gguf --checkpoint model.safetensors [--config config.json] -o H.gguf
+      a published EAGLE / EAGLE-2 head (the authors' state dict: fc.weight,
+      fc.bias, layers.0.self_attn.{q,k,v,o}_proj.weight,
+      layers.0.post_attention_layernorm.weight, layers.0.mlp.{gate,up,down}_proj
+      .weight; an embed_tokens table, if present, is dropped because cairn
+      reuses the target's). .safetensors is read with numpy alone;
+      pytorch_model.bin needs torch.
+  eagle_convert.py --target T.gguf --random -o H.gguf [--seed S]
+      a randomly initialised head of the right shape (for tests: speculation
+      must be lossless whatever the head predicts).
+  tools/eagle_train.py trains one and writes it through write_head() below.
+
+The file (see engine/engine.h, "EAGLE speculative decoding"):
+  general.architecture = "eagle", eagle.embedding_length, eagle.feed_forward_length,
+  eagle.attention.head_count, eagle.attention.head_count_kv,
+  eagle.attention.layer_norm_rms_epsilon, eagle.target.name
+  fc.weight [2*dim -> dim] over [token embedding ; target feature], optional fc.bias,
+  blk.0.attn_{q,k,v,output}.weight (optional q/k/v biases), blk.0.ffn_norm.weight,
+  blk.0.ffn_{gate,up,down}.weight.
+All tensors are written as F32 (heads are small); norms and biases are F32 in any case.
+
+Q/K layout: HF checkpoints rotate the two halves of each head; GGUF llama
+targets rotate adjacent pairs, so for a llama target the q/k rows are permuted
+the way the GGUF converter permutes the target's own (qwen2 targets use the
+halves rotation and need nothing).
+"""
+import argparse
+import json
+import struct
+import sys
+
+import numpy as np
+
+try:
+    import gguf
+except ImportError:
+    sys.stderr.write("eagle_convert.py: the 'gguf' Python package is needed\n")
+    sys.exit(77)
+
+
+def target_info(path):
+    """Hyper-parameters of the target GGUF that the head must match."""
+    r = gguf.GGUFReader(path)
+    f = r.fields
+
+    def get(key, default=None):
+        if key not in f:
+            return default
+        fld = f[key]
+        v = fld.parts[fld.data[0]]
+        if fld.types[0] == gguf.GGUFValueType.STRING:
+            return bytes(v).decode("utf-8")
+        return v.tolist()[0]
+
+    arch = get("general.architecture")
+    dim = get(arch + ".embedding_length")
+    n_head = get(arch + ".attention.head_count")
+    info = dict(
+        arch=arch,
+        name=get("general.name", "target"),
+        dim=dim,
+        n_layer=get(arch + ".block_count"),
+        n_head=n_head,
+        n_kv_head=get(arch + ".attention.head_count_kv", n_head),
+        ffn=get(arch + ".feed_forward_length"),
+        eps=get(arch + ".attention.layer_norm_rms_epsilon", 1e-5),
+        rope_base=get(arch + ".rope.freq_base", 10000.0),
+        n_rot=get(arch + ".rope.dimension_count", dim // n_head),
+    )
+    for t in r.tensors:
+        if t.name == "token_embd.weight":
+            info["n_vocab"] = int(t.shape[1])
+    return info
+
+
+def write_head(path, info, tensors, ffn, n_head=None, n_kv_head=None, eps=None):
+    """tensors: name -> float array in row-major [n_out][n_in] (vectors 1-D)."""
+    n_head = n_head or info["n_head"]
+    n_kv_head = n_kv_head or info["n_kv_head"]
+    w = gguf.GGUFWriter(path, "eagle")
+    w.add_name("eagle head for " + str(info["name"]))
+    w.add_uint32("eagle.embedding_length", info["dim"])
+    w.add_uint32("eagle.feed_forward_length", ffn)
+    w.add_uint32("eagle.attention.head_count", n_head)
+    w.add_uint32("eagle.attention.head_count_kv", n_kv_head)
+    w.add_float32("eagle.attention.layer_norm_rms_epsilon", float(eps if eps else info["eps"]))
+    w.add_string("eagle.target.name", str(info["name"]))
+    w.add_string("eagle.target.architecture", str(info["arch"]))
+    for name, arr in tensors.items():
+        w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def random_head(info, seed):
+    rng = np.random.default_rng(seed)
+    d, ffn = info["dim"], info["ffn"]
+    hd = d // info["n_head"]
+    qd, kvd = info["n_head"] * hd, info["n_kv_head"] * hd
+
+    def mat(n_out, n_in):
+        return rng.standard_normal((n_out, n_in), dtype=np.float32) * n_in ** -0.5
+
+    return {
+        "fc.weight": mat(d, 2 * d),
+        "fc.bias": 0.1 * rng.standard_normal(d, dtype=np.float32),
+        "blk.0.attn_q.weight": mat(qd, d),
+        "blk.0.attn_k.weight": mat(kvd, d),
+        "blk.0.attn_v.weight": mat(kvd, d),
+        "blk.0.attn_output.weight": mat(d, qd),
+        "blk.0.ffn_norm.weight": 1 + 0.1 * rng.standard_normal(d, dtype=np.float32),
+        "blk.0.ffn_gate.weight": mat(ffn, d),
+        "blk.0.ffn_up.weight": mat(ffn, d),
+        "blk.0.ffn_down.weight": mat(d, ffn),
+    }, ffn
+
+
+# ---- published checkpoints --------------------------------------------------
+
+_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64}
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+        base = 8 + n
+        out = {}
+        for name, meta in header.items():
+            if name == "__metadata__":
+                continue
+            dt = meta["dtype"]
+            a, b = meta["data_offsets"]
+            f.seek(base + a)
+            raw = f.read(b - a)
+            if dt == "BF16":
+                u = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
+                arr = u.view(np.float32)
+            elif dt in _ST_DTYPES:
+                arr = np.frombuffer(raw, dtype=np.dtype(_ST_DTYPES[dt]).newbyteorder("<"))
+            else:
+                raise SystemExit("eagle_convert.py: tensor %s has dtype %s" % (name, dt))
+            out[name] = arr.astype(np.float32).reshape(meta["shape"])
+    return out
+
+
+def read_checkpoint(path):
+    if path.endswith(".safetensors"):
+        return read_safetensors(path)
+    try:
+        import torch
+    except ImportError:
+        raise SystemExit("eagle_convert.py: reading %s needs torch (or use .safetensors)" % path)
+    sd = torch.load(path, map_location="cpu", weights_only=True)
+    return {k: v.float().numpy() for k, v in sd.items()}
+
+
+def permute_qk(w, n_head):
+    """HF halves rotation -> adjacent pairs, row permutation per head."""
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def convert(info, sd, config):
+    def pick(*names):
+        for n in names:
+            for prefix in ("", "model.", "ea_layer."):
+                if prefix + n in sd:
+                    return sd[prefix + n]
+        return None
+
+    n_head = config.get("num_attention_heads", info["n_head"])
+    n_kv = config.get("num_key_value_heads", n_head)
+    fc = pick("fc.weight")
+    if fc is None:
+        raise SystemExit("eagle_convert.py: no fc.weight in the checkpoint; keys: %s"
+                         % ", ".join(sorted(sd)[:20]))
+    L = "layers.0."
+    out = {"fc.weight": fc}
+    b = pick("fc.bias")
+    if b is not None:
+        out["fc.bias"] = b
+    q, k = pick(L + "self_attn.q_proj.weight"), pick(L + "self_attn.k_proj.weight")
+    qb, kb = pick(L + "self_attn.q_proj.bias"), pick(L + "self_attn.k_proj.bias")
+    if info["arch"] == "llama":
+        q, k = permute_qk(q, n_head), permute_qk(k, n_kv)
+        if qb is not None:
+            qb = permute_qk(qb, n_head)
+        if kb is not None:
+            kb = permute_qk(kb, n_kv)
+    out["blk.0.attn_q.weight"] = q
+    out["blk.0.attn_k.weight"] = k
+    out["blk.0.attn_v.weight"] = pick(L + "self_attn.v_proj.weight")
+    out["blk.0.attn_output.weight"] = pick(L + "self_attn.o_proj.weight")
+    for name, arr in (("blk.0.attn_q.bias", qb), ("blk.0.attn_k.bias", kb),
+                      ("blk.0.attn_v.bias", pick(L + "self_attn.v_proj.bias"))):
+        if arr is not None:
+            out[name] = arr
+    out["blk.0.ffn_norm.weight"] = pick(L + "post_attention_layernorm.weight")
+    out["blk.0.ffn_gate.weight"] = pick(L + "mlp.gate_proj.weight")
+    out["blk.0.ffn_up.weight"] = pick(L + "mlp.up_proj.weight")
+    out["blk.0.ffn_down.weight"] = pick(L + "mlp.down_proj.weight")
+    missing = [n for n, a in out.items() if a is None]
+    if missing:
+        raise SystemExit("eagle_convert.py: checkpoint lacks " + ", ".join(missing))
+    if fc.shape != (info["dim"], 2 * info["dim"]):
+        raise SystemExit("eagle_convert.py: fc.weight is %s, the target needs [%d, %d]"
+                         % (fc.shape, info["dim"], 2 * info["dim"]))
+    ffn = out["blk.0.ffn_gate.weight"].shape[0]
+    return out, ffn, n_head, n_kv, config.get("rms_norm_eps")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--target", required=True, help="the target model GGUF")
+    ap.add_argument("-o", "--output", required=True)
+    ap.add_argument("--checkpoint", help="EAGLE head state dict (.safetensors or .bin)")
+    ap.add_argument("--config", help="the head's config.json (head counts, eps)")
+    ap.add_argument("--random", action="store_true", help="random weights (tests)")
+    ap.add_argument("--seed", type=int, default=1)
+    a = ap.parse_args()
+    info = target_info(a.target)
+    if a.random:
+        tensors, ffn = random_head(info, a.seed)
+        write_head(a.output, info, tensors, ffn)
+    elif a.checkpoint:
+        config = json.load(open(a.config)) if a.config else {}
+        tensors, ffn, nh, nkv, eps = convert(info, read_checkpoint(a.checkpoint), config)
+        write_head(a.output, info, tensors, ffn, nh, nkv, eps)
+    else:
+        ap.error("give --checkpoint or --random")
+    print("%s: EAGLE head for %s (dim %d)" % (a.output, info["name"], info["dim"]), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,356 @@
+#!/usr/bin/env python3
+"""Train an EAGLE draft head for a GGUF target by self-distillation.
+
+    eagle_train.py --target models/stories260K.gguf -o models/stories260K-eagle.gguf
+
+What it does, as the EAGLE authors train theirs, on data the target writes
+itself (no data set needed):
+
+1. Loads the target's weights from the GGUF (dequantized to float32 with the
+   gguf package) into a small PyTorch llama forward pass with a KV cache, and
+   generates --n-seqs sequences of --seq-len tokens from BOS: each sequence is
+   sampled at a temperature drawn from --temps, and a share of them switches to
+   greedy decoding after a sampled opening, so the head sees the target's
+   greedy continuations too (what it drafts for at temperature 0).
+2. Runs the target over the sequences once more and records, for every
+   position j, its feature f_j (final hidden state after the output norm) and
+   its next-token distribution softmax(lm_head(f_j)).
+3. Trains the head: row j reads [embed(x_{j+1}) ; f_j] and must predict
+   f_{j+1}. Loss = smooth-L1(pred, f_{j+1}) + w_cls * cross-entropy between
+   the target's distribution at j+1 and lm_head(pred). The embedding and LM
+   head are the target's, frozen.
+   Drafting feeds the head its own predictions beyond the first level, so the
+   training is unrolled --unroll steps ("training-time test"): step s row j
+   reads [embed(x_{j+s}) ; its own step s-1 output] and attends, exactly as
+   a draft tree row does, to the step-1 rows 0..j (true features) and to its
+   own earlier steps. Later steps are weighted by --unroll-decay.
+4. Writes the head with tools/eagle_convert.py's write_head().
+
+torch (CPU) is needed here only; cairn's tests use the head this writes.
+Everything is seeded: the same command gives the same head on one machine.
+"""
+import argparse
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError:
+    sys.stderr.write("eagle_train.py needs PyTorch: pip install torch\n")
+    sys.exit(2)
+import gguf
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from eagle_convert import target_info, write_head  # noqa: E402
+
+
+# ---- the target --------------------------------------------------------------
+
+def load_target(path):
+    info = target_info(path)
+    if info["arch"] not in ("llama", "qwen2"):
+        raise SystemExit("eagle_train.py: architecture %s not supported" % info["arch"])
+    r = gguf.GGUFReader(path)
+    w = {}
+    for t in r.tensors:
+        a = gguf.quants.dequantize(t.data, t.tensor_type)
+        shape = [int(x) for x in reversed(t.shape)] if len(t.shape) > 1 else [int(t.shape[0])]
+        w[t.name] = torch.from_numpy(np.array(a, dtype=np.float32).reshape(shape))
+    if "output.weight" not in w:
+        w["output.weight"] = w["token_embd.weight"]
+    info["head_dim"] = info["dim"] // info["n_head"]
+    return info, w
+
+
+def rope_tables(info, max_pos):
+    n_rot, hd = info["n_rot"], info["head_dim"]
+    inv = info["rope_base"] ** (-torch.arange(0, n_rot, 2, dtype=torch.float64) / n_rot)
+    ang = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv[None, :]
+    return torch.cos(ang).float(), torch.sin(ang).float(), n_rot, hd
+
+
+def apply_rope(x, pos, tables, neox):
+    """x [..., T, H, hd]; pos [T]. NORMAL: pairs (2i, 2i+1); NEOX: (i, i+n/2)."""
+    cos, sin, n_rot, hd = tables
+    c, s = cos[pos][:, None, :], sin[pos][:, None, :]
+    r, rest = x[..., :n_rot], x[..., n_rot:]
+    if neox:
+        a, b = r[..., : n_rot // 2], r[..., n_rot // 2:]
+        out = torch.cat([a * c - b * s, a * s + b * c], dim=-1)
+    else:
+        a, b = r[..., 0::2], r[..., 1::2]
+        out = torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(-2)
+    return torch.cat([out, rest], dim=-1)
+
+
+def rmsnorm(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+class Target:
+    def __init__(self, info, w, max_pos):
+        self.i, self.w = info, w
+        self.tables = rope_tables(info, max_pos)
+        self.neox = info["arch"] == "qwen2"
+
+    def forward(self, tokens, cache=None, start=0):
+        """tokens [B, T] -> (features [B, T, dim] after the output norm,
+        logits [B, T, V]). cache: list of (K, V) per layer, extended in place."""
+        i, w = self.i, self.w
+        B, T = tokens.shape
+        hd, nh, nkv = i["head_dim"], i["n_head"], i["n_kv_head"]
+        pos = torch.arange(start, start + T)
+        x = w["token_embd.weight"][tokens]
+        for l in range(i["n_layer"]):
+            p = "blk.%d." % l
+            h = rmsnorm(x, w[p + "attn_norm.weight"], i["eps"])
+            q = h @ w[p + "attn_q.weight"].T
+            k = h @ w[p + "attn_k.weight"].T
+            v = h @ w[p + "attn_v.weight"].T
+            for name, t in (("attn_q.bias", "q"), ("attn_k.bias", "k"), ("attn_v.bias", "v")):
+                if p + name in w:
+                    if t == "q":
+                        q = q + w[p + name]
+                    elif t == "k":
+                        k = k + w[p + name]
+                    else:
+                        v = v + w[p + name]
+            q = apply_rope(q.view(B, T, nh, hd), pos, self.tables, self.neox)
+            k = apply_rope(k.view(B, T, nkv, hd), pos, self.tables, self.neox)
+            v = v.view(B, T, nkv, hd)
+            if cache is not None:
+                if len(cache) <= l:
+                    cache.append((k, v))
+                else:
+                    k = torch.cat([cache[l][0], k], dim=1)
+                    v = torch.cat([cache[l][1], v], dim=1)
+                    cache[l] = (k, v)
+            rep = nh // nkv
+            qh = q.transpose(1, 2)
+            kh = k.repeat_interleave(rep, dim=2).transpose(1, 2)
+            vh = v.repeat_interleave(rep, dim=2).transpose(1, 2)
+            a = F.scaled_dot_product_attention(qh, kh, vh, is_causal=T > 1 and start == 0)
+            x = x + a.transpose(1, 2).reshape(B, T, nh * hd) @ w[p + "attn_output.weight"].T
+            h = rmsnorm(x, w[p + "ffn_norm.weight"], i["eps"])
+            g = F.silu(h @ w[p + "ffn_gate.weight"].T) * (h @ w[p + "ffn_up.weight"].T)
+            x = x + g @ w[p + "ffn_down.weight"].T
+        f = rmsnorm(x, w["output_norm.weight"], i["eps"])
+        return f, f @ w["output.weight"].T
+
+
+@torch.no_grad()
+def generate(target, n_seqs, seq_len, temps, greedy_share, bos, gen):
+    """Token sequences [n_seqs, seq_len] written by the target."""
+    B = n_seqs
+    toks = torch.full((B, 1), bos, dtype=torch.long)
+    temp = torch.tensor([temps[j % len(temps)] for j in range(B)], dtype=torch.float32)
+    # a share of the sequences turns greedy after an opening of 4..32 tokens
+    switch = torch.randint(4, 33, (B,), generator=gen)
+    greedy = torch.rand(B, generator=gen) < greedy_share
+    cache = []
+    _, logits = target.forward(toks, cache, 0)
+    for t in range(1, seq_len):
+        lg = logits[:, -1, :]
+        probs = torch.softmax(lg / temp[:, None], dim=-1)
+        sampled = torch.multinomial(probs, 1, generator=gen)[:, 0]
+        top = lg.argmax(-1)
+        use_greedy = greedy & (t >= switch)
+        nxt = torch.where(use_greedy, top, sampled)
+        toks = torch.cat([toks, nxt[:, None]], dim=1)
+        _, logits = target.forward(nxt[:, None], cache, t)
+    return toks
+
+
+# ---- the head ------------------------------------------------------------------
+
+class Head(torch.nn.Module):
+    def __init__(self, info, ffn, tables, neox):
+        super().__init__()
+        d = info["dim"]
+        self.i, self.tables, self.neox = info, tables, neox
+        hd, nh, nkv = info["head_dim"], info["n_head"], info["n_kv_head"]
+        self.fc = torch.nn.Linear(2 * d, d, bias=True)
+        self.q = torch.nn.Linear(d, nh * hd, bias=False)
+        self.k = torch.nn.Linear(d, nkv * hd, bias=False)
+        self.v = torch.nn.Linear(d, nkv * hd, bias=False)
+        self.o = torch.nn.Linear(nh * hd, d, bias=False)
+        self.ffn_norm = torch.nn.Parameter(torch.ones(d))
+        self.gate = torch.nn.Linear(d, ffn, bias=False)
+        self.up = torch.nn.Linear(d, ffn, bias=False)
+        self.down = torch.nn.Linear(ffn, d, bias=False)
+
+    def qkv(self, x, pos):
+        B, T, _ = x.shape
+        i = self.i
+        hd = i["head_dim"]
+        q = apply_rope(self.q(x).view(B, T, i["n_head"], hd), pos, self.tables, self.neox)
+        k = apply_rope(self.k(x).view(B, T, i["n_kv_head"], hd), pos, self.tables, self.neox)
+        v = self.v(x).view(B, T, i["n_kv_head"], hd)
+        rep = i["n_head"] // i["n_kv_head"]
+        return (q.transpose(1, 2), k.repeat_interleave(rep, 2).transpose(1, 2),
+                v.repeat_interleave(rep, 2).transpose(1, 2))
+
+    def finish(self, x, a):
+        B, T, _ = x.shape
+        x = x + self.o(a.transpose(1, 2).reshape(B, T, -1))
+        h = rmsnorm(x, self.ffn_norm, self.i["eps"])
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+    def unrolled(self, emb, feat, steps):
+        """emb [B, T, d] = embed(x_{j+1}) for rows j = 0..T-1 (the caller
+        aligns them); feat [B, T, d] = f_j. Returns the outputs of each step s
+        (1-based): rows j predict f_{j+s}, read embed(x_{j+s})."""
+        B, T, d = feat.shape
+        pos = torch.arange(T)
+        outs = []
+        K1 = V1 = None
+        selfs = []  # (k, v) of earlier unrolled steps, per row
+        cur_feat = feat
+        scale = 1.0 / math.sqrt(self.i["head_dim"])
+        for s in range(steps):
+            n = T - s  # rows with a token x_{j+s+1} available
+            x = self.fc(torch.cat([emb[:, s:s + n], cur_feat[:, :n]], dim=-1))
+            q, k, v = self.qkv(x, pos[s:s + n] if s == 0 else pos[:n] + s)
+            if s == 0:
+                K1, V1 = k, v
+                a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                # chain r (root = step-1 row r): the committed rows 0..r of
+                # step 1, then this chain's rows of the earlier steps, itself
+                sc = (q @ K1.transpose(-1, -2)) * scale           # [B,H,n,T]
+                mask = torch.ones(n, T, dtype=torch.bool).tril(diagonal=0)
+                sc = sc.masked_fill(~mask, float("-inf"))
+                extra = [((q * kk[:, :, :n]).sum(-1, keepdim=True) * scale, vv[:, :, :n])
+                         for kk, vv in selfs]
+                extra.append(((q * k).sum(-1, keepdim=True) * scale, v))
+                allsc = torch.cat([sc] + [e[0] for e in extra], dim=-1)
+                p = torch.softmax(allsc, dim=-1)
+                a = p[..., :T] @ V1
+                for idx, (_, vv) in enumerate(extra):
+                    a = a + p[..., T + idx:T + idx + 1] * vv
+            out = self.finish(x, a)
+            outs.append(out)
+            if s > 0:
+                selfs.append((k, v))
+            else:
+                selfs = []
+            cur_feat = out
+        return outs
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--target", required=True)
+    ap.add_argument("-o", "--output", required=True)
+    ap.add_argument("--n-seqs", type=int, default=640)
+    ap.add_argument("--seq-len", type=int, default=160)
+    ap.add_argument("--temps", default="0.6,0.8,1.0", help="sampling temperatures, cycled")
+    ap.add_argument("--greedy-share", type=float, default=0.5)
+    ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--w-cls", type=float, default=0.5, help="weight of the cross-entropy")
+    ap.add_argument("--unroll", type=int, default=3)
+    ap.add_argument("--unroll-decay", type=float, default=0.6)
+    ap.add_argument("--ffn", type=int, default=0, help="head FFN width (default: target's)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=1)
+    a = ap.parse_args()
+    torch.manual_seed(a.seed)
+    torch.set_num_threads(a.threads)
+    gen = torch.Generator().manual_seed(a.seed)
+
+    t0 = time.time()
+    info, w = load_target(a.target)
+    target = Target(info, w, a.seq_len + 8)
+    bos = 1
+    r = gguf.GGUFReader(a.target)
+    if "tokenizer.ggml.bos_token_id" in r.fields:
+        fld = r.fields["tokenizer.ggml.bos_token_id"]
+        bos = int(fld.parts[fld.data[0]][0])
+    temps = [float(x) for x in a.temps.split(",")]
+    toks = generate(target, a.n_seqs, a.seq_len, temps, a.greedy_share, bos, gen)
+    with torch.no_grad():
+        feats, probs = [], []
+        for b in range(0, a.n_seqs, 64):
+            f, lg = target.forward(toks[b:b + 64])
+            feats.append(f)
+            probs.append(torch.softmax(lg, -1))
+        feats, probs = torch.cat(feats), torch.cat(probs)
+    print("generated %d x %d tokens and features in %.1f s" % (a.n_seqs, a.seq_len, time.time() - t0),
+          file=sys.stderr)
+
+    ffn = a.ffn or info["ffn"]
+    head = Head(info, ffn, target.tables, target.neox)
+    emb_table, lm = w["token_embd.weight"], w["output.weight"]
+    n_train = int(a.n_seqs * 0.9)
+    opt = torch.optim.AdamW(head.parameters(), lr=a.lr, weight_decay=0.0)
+    n_steps = a.epochs * ((n_train + a.batch - 1) // a.batch)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=a.lr, total_steps=n_steps,
+                                                pct_start=0.1)
+    S = a.unroll
+
+    def losses(idx, train):
+        x = toks[idx]                    # [B, L]
+        f = feats[idx]                   # [B, L, d]
+        p = probs[idx]
+        L = x.shape[1]
+        T = L - 1 - S                    # rows j = 0..T-1 have targets for every step
+        emb = emb_table[x[:, 1:]]        # emb[:, j] = embed(x_{j+1})
+        outs = head.unrolled(emb, f[:, :T + S - 1], S) if S > 1 else head.unrolled(emb, f[:, :T], 1)
+        total, acc = 0.0, []
+        for s, out in enumerate(outs):
+            n = min(out.shape[1], T)
+            pred = out[:, :n]
+            tgt_f = f[:, s + 1:s + 1 + n]
+            tgt_p = p[:, s + 1:s + 1 + n]
+            logp = torch.log_softmax(pred @ lm.T, -1)
+            reg = F.smooth_l1_loss(pred, tgt_f)
+            cls = -(tgt_p * logp).sum(-1).mean()
+            total = total + (a.unroll_decay ** s) * (reg + a.w_cls * cls)
+            acc.append((logp.argmax(-1) == tgt_p.argmax(-1)).float().mean().item())
+        return total, acc
+
+    step = 0
+    for ep in range(a.epochs):
+        perm = torch.randperm(n_train, generator=gen)
+        head.train()
+        for b in range(0, n_train, a.batch):
+            loss, _ = losses(perm[b:b + a.batch], True)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            step += 1
+        with torch.no_grad():
+            head.eval()
+            vl, vacc = losses(torch.arange(n_train, a.n_seqs), False)
+        print("epoch %d: validation loss %.4f, top-1 agreement by step %s (%.0f s)"
+              % (ep + 1, vl.item(), " ".join("%.3f" % v for v in vacc), time.time() - t0),
+              file=sys.stderr)
+
+    sd = {k: v.detach().numpy() for k, v in head.state_dict().items()}
+    tensors = {
+        "fc.weight": sd["fc.weight"],
+        "fc.bias": sd["fc.bias"],
+        "blk.0.attn_q.weight": sd["q.weight"],
+        "blk.0.attn_k.weight": sd["k.weight"],
+        "blk.0.attn_v.weight": sd["v.weight"],
+        "blk.0.attn_output.weight": sd["o.weight"],
+        "blk.0.ffn_norm.weight": sd["ffn_norm"],
+        "blk.0.ffn_gate.weight": sd["gate.weight"],
+        "blk.0.ffn_up.weight": sd["up.weight"],
+        "blk.0.ffn_down.weight": sd["down.weight"],
+    }
+    write_head(a.output, info, tensors, ffn)
+    print("wrote %s in %.0f s" % (a.output, time.time() - t0), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
