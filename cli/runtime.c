@@ -49,19 +49,57 @@ int cli_model_opts_parse(cli_model_opts *o, int opt, const char *arg)
             return -1;
         }
         return 1;
+    case 1003:
+        if (strcmp(arg, "cpu") == 0) {
+            o->device = CLI_DEVICE_CPU;
+        } else if (strcmp(arg, "cuda") == 0) {
+            o->device = CLI_DEVICE_CUDA;
+            o->cuda_index = 0;
+        } else if (strncmp(arg, "cuda:", 5) == 0) {
+            o->device = CLI_DEVICE_CUDA;
+            return parse_int(arg + 5, "--device cuda:N", 0, 1023, &o->cuda_index);
+        } else {
+            fprintf(stderr, "cairn: --device must be cpu, cuda or cuda:N, got '%s'\n", arg);
+            return -1;
+        }
+        return 1;
     default: return 0;
     }
+}
+
+/* The backend --device asks for; auto tries CUDA quietly first. */
+static int open_backend(const cli_model_opts *o, cairn_backend **be)
+{
+    if (o->device == CLI_DEVICE_CUDA) {
+        int rc = cairn_backend_cuda_create(o->cuda_index, be);
+        if (rc == CAIRN_EUNSUPPORTED)
+            fprintf(stderr, "cairn: --device cuda:%d: there is no CUDA device %d on this machine "
+                    "(or this cairn was built without CUDA); use --device cpu\n",
+                    o->cuda_index, o->cuda_index);
+        else if (rc != CAIRN_OK)
+            fprintf(stderr, "cairn: --device cuda:%d: cannot start the CUDA backend: %s\n",
+                    o->cuda_index, cairn_strerror(rc));
+        return rc;
+    }
+#ifdef CAIRN_HAVE_CUDA
+    /* auto: a GPU when there is one (the probe logs nothing when there is
+     * none), else the CPU */
+    if (o->device == CLI_DEVICE_AUTO && cairn_backend_cuda_create(0, be) == CAIRN_OK)
+        return CAIRN_OK;
+#endif
+    int rc = cairn_backend_cpu_create(o->n_threads, be);
+    if (rc != CAIRN_OK)
+        fprintf(stderr, "cairn: cannot start the CPU backend: %s\n", cairn_strerror(rc));
+    return rc;
 }
 
 int cli_runtime_open(cli_runtime *rt, const cli_model_opts *o)
 {
     memset(rt, 0, sizeof *rt);
     char err[512] = "";
-    int rc = cairn_backend_cpu_create(o->n_threads, &rt->be);
-    if (rc != CAIRN_OK) {
-        fprintf(stderr, "cairn: cannot start the CPU backend: %s\n", cairn_strerror(rc));
+    int rc = open_backend(o, &rt->be);
+    if (rc != CAIRN_OK)
         return rc;
-    }
     cairn_model_params mp = {.max_batch_tokens = o->batch, .max_seqs = 1};
     double t0 = cairn_now();
     rc = cairn_model_load(o->model_path, rt->be, &mp, &rt->model, err, sizeof err);
@@ -95,7 +133,8 @@ int cli_runtime_open(cli_runtime *rt, const cli_model_opts *o)
               "model %s: %s, dim %d, %d layers, %d/%d heads, vocab %d; loaded in %.2f s on %s "
               "(%d threads); KV %s, %d pages of %d tokens",
               hp->name, hp->arch, hp->dim, hp->n_layer, hp->n_head, hp->n_kv_head, hp->n_vocab,
-              cairn_now() - t0, rt->be->iface->name, cairn_backend_cpu_threads(rt->be),
+              cairn_now() - t0, rt->be->iface->name,
+              cairn_backend_cpu_threads(rt->be) > 0 ? cairn_backend_cpu_threads(rt->be) : 0,
               o->kv_type == CAIRN_TYPE_F16 ? "f16" : "f32", n_pages, o->page_size);
     return CAIRN_OK;
 }

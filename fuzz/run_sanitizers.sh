@@ -3,7 +3,11 @@
 #
 #   run_sanitizers.sh asan   configure $SAN_BUILD_DIR (default build-san) with
 #                            CAIRN_SANITIZE=ON (ASan + UBSan), build everything,
-#                            run the whole ctest suite.
+#                            run the whole ctest suite but the tests labelled
+#                            `realmodel` (generation on the 0.5B instruct
+#                            model: minutes when instrumented, and the code
+#                            they run is the same the bundled model's tests
+#                            run) and `gpu`.
 #   run_sanitizers.sh tsan   configure $TSAN_BUILD_DIR (default build-tsan) with
 #                            CAIRN_TSAN=ON, build only what the server, protocol
 #                            and session tests need (the store's *_asan tests
@@ -32,6 +36,7 @@ asan)
     build=${SAN_BUILD_DIR:-build-san}
     cmake -S . -B "$build" -DCMAKE_BUILD_TYPE="$build_type" -DCAIRN_SANITIZE=ON -DCAIRN_TSAN=OFF >/dev/null
     cmake --build "$build" -j "$jobs"
+    extra_ctest=(-LE "realmodel|gpu" "${extra_ctest[@]}")
     ;;
 tsan)
     build=${TSAN_BUILD_DIR:-build-tsan}
@@ -47,7 +52,7 @@ tsan)
     targets+=(cairn)
     echo "sanitizers (tsan): building ${targets[*]}"
     cmake --build "$build" -j "$jobs" --target "${targets[@]}"
-    extra_ctest=(-L "$labels" "${extra_ctest[@]}")
+    extra_ctest=(-L "$labels" -LE "realmodel" "${extra_ctest[@]}")
     ;;
 *)
     echo "usage: run_sanitizers.sh asan|tsan" >&2

@@ -1,0 +1,462 @@
+/*
+ * kernels/cuda/cuda_backend.cu — the CUDA backend: creation, device memory,
+ * host<->device copies, the staging ring and the function table.
+ *
+ * Memory: alloc() is a plain cudaMalloc (256-byte aligned by the driver),
+ * zeroed before it returns; no managed memory. upload() and download() go
+ * through the backend's stream and wait for it, so the host buffer may be
+ * reused as soon as they return. Host buffers are pageable; a pinned host
+ * pool for the KV tier-1 copies (and overlap of those copies with compute on
+ * a second stream) is a later step, see docs/cuda.md.
+ *
+ * Argument rules are the CPU backend's (kernels/cpu/cpu_backend.c): NULL
+ * pointers and non-positive sizes are CAIRN_EINVAL, a copy of 0 bytes is a
+ * no-op.
+ */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda_impl.h"
+
+/* First size of the staging ring; a decode step of a few hundred sequences
+ * stages a few tens of KB (page tables dominate), so wraps are rare. */
+#define STAGE_INITIAL_BYTES ((size_t)4 << 20)
+
+int cuda_fail(const char *what, cudaError_t err)
+{
+    cairn_log(CAIRN_LOG_ERROR, "cuda: %s failed: %s", what, cudaGetErrorString(err));
+    return CAIRN_EBACKEND;
+}
+
+/* ---- cuBLAS, loaded at run time ------------------------------------------------ */
+
+cuda_blas_api cuda_blas;
+static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
+static int blas_status = CAIRN_EUNSUPPORTED;
+
+#define CAIRN_STR2(x) #x
+#define CAIRN_STR(x) CAIRN_STR2(x)
+
+static void blas_load_once(void)
+{
+    /* the soname of the cuBLAS cairn was compiled against; then the
+     * toolkit's own directory (not always on the loader's path); then any */
+    static const char *const names[] = {
+        "libcublas.so." CAIRN_STR(CUBLAS_VER_MAJOR),
+#ifdef CAIRN_CUDA_LIBDIR
+        CAIRN_CUDA_LIBDIR "/libcublas.so." CAIRN_STR(CUBLAS_VER_MAJOR),
+#endif
+        "libcublas.so",
+    };
+    void *lib = NULL;
+    for (size_t i = 0; !lib && i < sizeof names / sizeof names[0]; i++)
+        lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        cairn_log(CAIRN_LOG_ERROR, "cuda: cannot load cuBLAS (%s): %s", names[0], dlerror());
+        return;
+    }
+    cuda_blas_api api;
+#define BLAS_SYM(field, symbol)                                                                    \
+    api.field = (decltype(api.field))dlsym(lib, #symbol);                                          \
+    if (!api.field) {                                                                              \
+        cairn_log(CAIRN_LOG_ERROR, "cuda: cuBLAS has no %s", #symbol);                             \
+        return;                                                                                    \
+    }
+    BLAS_SYM(create, cublasCreate_v2)
+    BLAS_SYM(destroy, cublasDestroy_v2)
+    BLAS_SYM(set_stream, cublasSetStream_v2)
+    BLAS_SYM(set_math_mode, cublasSetMathMode)
+    BLAS_SYM(sgemm, cublasSgemm_v2)
+    BLAS_SYM(gemm_ex, cublasGemmEx)
+#undef BLAS_SYM
+    cuda_blas = api; /* the library stays loaded for the process's life */
+    blas_status = CAIRN_OK;
+}
+
+int cuda_blas_load(void)
+{
+    pthread_once(&blas_once, blas_load_once);
+    return blas_status;
+}
+
+/* CAIRN_CUDA_SYNC=1: wait after every kernel (debugging; see cuda_impl.h). */
+static int debug_sync;
+
+int cuda_launched(const char *what)
+{
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess && debug_sync)
+        e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+        cairn_log(CAIRN_LOG_ERROR, "cuda: kernel %s failed: %s", what, cudaGetErrorString(e));
+        return CAIRN_EBACKEND;
+    }
+    return CAIRN_OK;
+}
+
+static int cublas_fail(const char *what, cublasStatus_t st)
+{
+    cairn_log(CAIRN_LOG_ERROR, "cuda: %s failed: cuBLAS status %d", what, (int)st);
+    return CAIRN_EBACKEND;
+}
+
+int cuda_enter(cairn_backend *be)
+{
+    if (!be || !be->ctx)
+        return CAIRN_EINVAL;
+    CUDA_TRY(cudaSetDevice(cuda_ctx_of(be)->device));
+    return CAIRN_OK;
+}
+
+int cuda_type_supported(cairn_type type)
+{
+    switch (type) {
+    case CAIRN_TYPE_F32:
+    case CAIRN_TYPE_F16:
+    case CAIRN_TYPE_BF16:
+    case CAIRN_TYPE_Q8_0:
+    case CAIRN_TYPE_Q4_0:
+    case CAIRN_TYPE_Q5_0:
+    case CAIRN_TYPE_Q4_K:
+    case CAIRN_TYPE_Q5_K:
+    case CAIRN_TYPE_Q6_K:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+size_t cuda_row_bytes(cairn_type type, int64_t n)
+{
+    return cairn_type_row_bytes(type, n);
+}
+
+int cuda_kv_layout_valid(const cairn_kv_layout *L)
+{
+    if (!L || L->n_layer <= 0 || L->n_kv_head <= 0 || L->head_dim <= 0 || L->page_size <= 0)
+        return 0;
+    size_t elem;
+    if (L->dtype == CAIRN_TYPE_F32)
+        elem = 4;
+    else if (L->dtype == CAIRN_TYPE_F16)
+        elem = 2;
+    else
+        return 0;
+    return L->row_bytes == (size_t)L->n_kv_head * (size_t)L->head_dim * elem &&
+           L->page_bytes == (size_t)L->n_layer * 2 * (size_t)L->page_size * L->row_bytes;
+}
+
+/* ---- staging ring ----------------------------------------------------------- */
+
+static void stage_release(cuda_ctx *ctx)
+{
+    if (ctx->stage_host)
+        cudaFreeHost(ctx->stage_host);
+    if (ctx->stage_dev)
+        cudaFree(ctx->stage_dev);
+    ctx->stage_host = NULL;
+    ctx->stage_dev = NULL;
+    ctx->stage_cap = ctx->stage_used = 0;
+}
+
+static int stage_grow(cuda_ctx *ctx, size_t cap)
+{
+    /* The old ring may still be read by queued copies: drain first. */
+    CUDA_TRY(cudaStreamSynchronize(ctx->stream));
+    stage_release(ctx);
+    cudaError_t e = cudaHostAlloc((void **)&ctx->stage_host, cap, cudaHostAllocDefault);
+    if (e != cudaSuccess) {
+        ctx->stage_host = NULL;
+        return e == cudaErrorMemoryAllocation ? CAIRN_ENOMEM : cuda_fail("cudaHostAlloc", e);
+    }
+    e = cudaMalloc((void **)&ctx->stage_dev, cap);
+    if (e != cudaSuccess) {
+        ctx->stage_dev = NULL;
+        stage_release(ctx);
+        return e == cudaErrorMemoryAllocation ? CAIRN_ENOMEM : cuda_fail("cudaMalloc", e);
+    }
+    ctx->stage_cap = cap;
+    ctx->stage_used = 0;
+    return CAIRN_OK;
+}
+
+int cuda_stage_reserve(cuda_ctx *ctx, size_t bytes, uint8_t **host, uint8_t **dev)
+{
+    const size_t need = (bytes + 15) / 16 * 16;
+    if (need == 0 || need < bytes)
+        return CAIRN_EINVAL;
+    if (need > ctx->stage_cap) {
+        size_t cap = ctx->stage_cap ? ctx->stage_cap : STAGE_INITIAL_BYTES;
+        while (cap < need)
+            cap *= 2;
+        int rc = stage_grow(ctx, cap);
+        if (rc != CAIRN_OK)
+            return rc;
+    }
+    if (ctx->stage_used + need > ctx->stage_cap) {
+        /* Wrap: everything queued so far (including the copies out of the
+         * region about to be reused) must have finished. */
+        CUDA_TRY(cudaStreamSynchronize(ctx->stream));
+        ctx->stage_used = 0;
+    }
+    *host = ctx->stage_host + ctx->stage_used;
+    *dev = ctx->stage_dev + ctx->stage_used;
+    ctx->stage_used += need;
+    return CAIRN_OK;
+}
+
+int cuda_stage_send(cuda_ctx *ctx, uint8_t *host, uint8_t *dev, size_t bytes)
+{
+    CUDA_TRY(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, ctx->stream));
+    return CAIRN_OK;
+}
+
+int cuda_stage_copy(cuda_ctx *ctx, const void *src, size_t bytes, const void **dev)
+{
+    uint8_t *h, *d;
+    int rc = cuda_stage_reserve(ctx, bytes, &h, &d);
+    if (rc != CAIRN_OK)
+        return rc;
+    memcpy(h, src, bytes);
+    rc = cuda_stage_send(ctx, h, d, bytes);
+    if (rc == CAIRN_OK)
+        *dev = d;
+    return rc;
+}
+
+int cuda_scratch_reserve(cuda_ctx *ctx, size_t bytes, void **out)
+{
+    if (bytes > ctx->scratch_cap) {
+        /* Kernels queued earlier may still use the old scratch. */
+        CUDA_TRY(cudaStreamSynchronize(ctx->stream));
+        if (ctx->scratch)
+            cudaFree(ctx->scratch);
+        ctx->scratch = NULL;
+        ctx->scratch_cap = 0;
+        size_t cap = (bytes + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
+        cudaError_t e = cudaMalloc(&ctx->scratch, cap);
+        if (e != cudaSuccess) {
+            ctx->scratch = NULL;
+            return e == cudaErrorMemoryAllocation ? CAIRN_ENOMEM : cuda_fail("cudaMalloc", e);
+        }
+        ctx->scratch_cap = cap;
+    }
+    *out = ctx->scratch;
+    return CAIRN_OK;
+}
+
+/* ---- memory -------------------------------------------------------------------- */
+
+static void cuda_destroy(cairn_backend *be)
+{
+    if (!be)
+        return;
+    cuda_ctx *ctx = cuda_ctx_of(be);
+    if (ctx) {
+        cudaSetDevice(ctx->device);
+        if (ctx->stream)
+            cudaStreamSynchronize(ctx->stream);
+        stage_release(ctx);
+        if (ctx->scratch)
+            cudaFree(ctx->scratch);
+        if (ctx->cublas)
+            cuda_blas.destroy(ctx->cublas);
+        if (ctx->stream)
+            cudaStreamDestroy(ctx->stream);
+        free(ctx);
+    }
+    free(be);
+}
+
+static int cuda_alloc(cairn_backend *be, size_t bytes, void **out)
+{
+    if (!out || bytes == 0)
+        return CAIRN_EINVAL;
+    int rc = cuda_enter(be);
+    if (rc != CAIRN_OK)
+        return rc;
+    if (bytes > SIZE_MAX - 64)
+        return CAIRN_ENOMEM;
+    /* Whole 64-byte lines, as the CPU backend: a kernel may read a padded
+     * row tail. cudaMalloc itself aligns to 256 bytes. */
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    void *mem = NULL;
+    cudaError_t e = cudaMalloc(&mem, rounded);
+    if (e != cudaSuccess) {
+        if (e == cudaErrorMemoryAllocation) {
+            cudaGetLastError(); /* reset the last-error state for later checks */
+            cairn_log(CAIRN_LOG_ERROR, "cuda: out of device memory allocating %.1f MiB",
+                      (double)rounded / (1 << 20));
+            return CAIRN_ENOMEM;
+        }
+        return cuda_fail("cudaMalloc", e);
+    }
+    cuda_ctx *ctx = cuda_ctx_of(be);
+    e = cudaMemsetAsync(mem, 0, rounded, ctx->stream);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(ctx->stream);
+    if (e != cudaSuccess) {
+        cudaFree(mem);
+        return cuda_fail("cudaMemsetAsync", e);
+    }
+    *out = mem;
+    return CAIRN_OK;
+}
+
+static void cuda_free(cairn_backend *be, void *ptr)
+{
+    if (!ptr || cuda_enter(be) != CAIRN_OK)
+        return;
+    /* Queued kernels may still read it. */
+    cudaStreamSynchronize(cuda_ctx_of(be)->stream);
+    cudaFree(ptr);
+}
+
+static int cuda_copy_kind(cairn_backend *be, void *dst, const void *src, size_t bytes,
+                          cudaMemcpyKind kind, int wait)
+{
+    if (!dst || !src)
+        return CAIRN_EINVAL;
+    if (bytes == 0 || dst == src)
+        return CAIRN_OK;
+    int rc = cuda_enter(be);
+    if (rc != CAIRN_OK)
+        return rc;
+    cuda_ctx *ctx = cuda_ctx_of(be);
+    CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, kind, ctx->stream));
+    if (wait)
+        CUDA_TRY(cudaStreamSynchronize(ctx->stream));
+    return CAIRN_OK;
+}
+
+static int cuda_upload(cairn_backend *be, void *dst, const void *host_src, size_t bytes)
+{
+    /* Waits: the caller may free or reuse host_src when this returns. */
+    return cuda_copy_kind(be, dst, host_src, bytes, cudaMemcpyHostToDevice, 1);
+}
+
+static int cuda_download(cairn_backend *be, void *host_dst, const void *src, size_t bytes)
+{
+    return cuda_copy_kind(be, host_dst, src, bytes, cudaMemcpyDeviceToHost, 1);
+}
+
+static int cuda_copy(cairn_backend *be, void *dst, const void *src, size_t bytes)
+{
+    /* Device to device, ordered on the stream like any op. Overlapping
+     * ranges are not supported by cudaMemcpy; the engine copies whole rows
+     * between distinct pages. */
+    return cuda_copy_kind(be, dst, src, bytes, cudaMemcpyDeviceToDevice, 0);
+}
+
+static int cuda_synchronize(cairn_backend *be)
+{
+    int rc = cuda_enter(be);
+    if (rc != CAIRN_OK)
+        return rc;
+    CUDA_TRY(cudaStreamSynchronize(cuda_ctx_of(be)->stream));
+    return CAIRN_OK;
+}
+
+/* Filled field by field (C++ has no designated initializers before C++20),
+ * so the order of backend.h's table does not matter here. */
+static cairn_backend_iface cuda_iface;
+
+static void cuda_iface_init(void)
+{
+    cuda_iface.name = "cuda";
+    cuda_iface.destroy = cuda_destroy;
+    cuda_iface.alloc = cuda_alloc;
+    cuda_iface.free = cuda_free;
+    cuda_iface.upload = cuda_upload;
+    cuda_iface.download = cuda_download;
+    cuda_iface.copy = cuda_copy;
+    cuda_iface.synchronize = cuda_synchronize;
+    cuda_iface.get_rows = cuda_get_rows;
+    cuda_iface.matmul = cuda_matmul;
+    cuda_iface.rmsnorm = cuda_rmsnorm;
+    cuda_iface.rope = cuda_rope;
+    cuda_iface.swiglu = cuda_swiglu;
+    cuda_iface.add = cuda_add;
+    cuda_iface.add_bias = cuda_add_bias;
+    cuda_iface.softmax = cuda_softmax;
+    cuda_iface.kv_store = cuda_kv_store;
+    cuda_iface.attention = cuda_attention;
+}
+
+extern "C" int cairn_backend_cuda_create(int device, cairn_backend **out)
+{
+    if (!out || device < 0)
+        return CAIRN_EINVAL;
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+        /* DEBUG: callers probing for a GPU (--device auto) fall back to the
+         * CPU quietly; those that insisted report the failure themselves. */
+        cairn_log(CAIRN_LOG_DEBUG, "cuda: no CUDA device available (%s)",
+                  e != cudaSuccess ? cudaGetErrorString(e) : "device count is 0");
+        cudaGetLastError();
+        return CAIRN_EUNSUPPORTED;
+    }
+    if (device >= count) {
+        cairn_log(CAIRN_LOG_ERROR, "cuda: device %d requested but only %d present", device, count);
+        return CAIRN_EUNSUPPORTED;
+    }
+    if ((e = cudaSetDevice(device)) != cudaSuccess)
+        return cuda_fail("cudaSetDevice", e);
+
+    cairn_backend *be = (cairn_backend *)calloc(1, sizeof *be);
+    cuda_ctx *ctx = (cuda_ctx *)calloc(1, sizeof *ctx);
+    if (!be || !ctx) {
+        free(be);
+        free(ctx);
+        return CAIRN_ENOMEM;
+    }
+    cuda_iface_init();
+    const char *sync_env = getenv("CAIRN_CUDA_SYNC");
+    debug_sync = sync_env && strcmp(sync_env, "1") == 0;
+    be->iface = &cuda_iface;
+    be->ctx = ctx;
+    ctx->device = device;
+    int rc = CAIRN_OK;
+    cublasStatus_t st;
+    cudaDeviceProp prop;
+    if ((e = cudaGetDeviceProperties(&prop, device)) != cudaSuccess) {
+        rc = cuda_fail("cudaGetDeviceProperties", e);
+    } else if (prop.major < 8) {
+        /* The kernels use bf16 conversions and are built for sm_80+ only. */
+        cairn_log(CAIRN_LOG_ERROR,
+                  "cuda: device %d (%s) is compute capability %d.%d; cairn "
+                  "needs 8.0 or newer",
+                  device, prop.name, prop.major, prop.minor);
+        rc = CAIRN_EUNSUPPORTED;
+    } else if ((rc = cuda_blas_load()) != CAIRN_OK) {
+        /* logged by the loader */
+    } else if ((e = cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking)) !=
+               cudaSuccess) {
+        ctx->stream = NULL;
+        rc = cuda_fail("cudaStreamCreate", e);
+    } else if ((st = cuda_blas.create(&ctx->cublas)) != CUBLAS_STATUS_SUCCESS) {
+        ctx->cublas = NULL;
+        rc = cublas_fail("cublasCreate", st);
+    } else if ((st = cuda_blas.set_stream(ctx->cublas, ctx->stream)) != CUBLAS_STATUS_SUCCESS) {
+        rc = cublas_fail("cublasSetStream", st);
+    } else if ((st = cuda_blas.set_math_mode(ctx->cublas, CUBLAS_DEFAULT_MATH)) !=
+               CUBLAS_STATUS_SUCCESS) {
+        /* DEFAULT_MATH: F32 GEMMs stay in full F32 (no TF32 down-conversion). */
+        rc = cublas_fail("cublasSetMathMode", st);
+    } else {
+        rc = stage_grow(ctx, STAGE_INITIAL_BYTES);
+    }
+    if (rc != CAIRN_OK) {
+        cuda_destroy(be);
+        return rc;
+    }
+    snprintf(ctx->name, sizeof ctx->name, "%s", prop.name);
+    cairn_log(CAIRN_LOG_DEBUG, "cuda backend: device %d, %s, compute %d.%d, %.1f GiB", device,
+              prop.name, prop.major, prop.minor, (double)prop.totalGlobalMem / (1 << 30));
+    *out = be;
+    return CAIRN_OK;
+}

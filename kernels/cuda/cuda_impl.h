@@ -1,0 +1,279 @@
+/*
+ * kernels/cuda/cuda_impl.h — internals of the CUDA backend, shared by the
+ * .cu files of kernels/cuda/ and included by nothing else (it needs nvcc).
+ *
+ * Structure
+ * ---------
+ *   cuda_backend.cu    create/destroy, device memory, the staging ring for
+ *                      host index arrays, the function table
+ *   cuda_ops.cu        get_rows, rmsnorm, rope, swiglu, add, add_bias,
+ *                      softmax, kv_store
+ *   cuda_matmul.cu     matmul: cuBLAS for F32 and (prefill) F16/BF16,
+ *                      warp-per-row GEMV kernels for decode, dequantize +
+ *                      SGEMM for quantized prefill
+ *   cuda_attention.cu  attention over the paged KV pool
+ *
+ * Execution model: every op is enqueued on the one stream the backend owns
+ * and returns without waiting; download() and synchronize() wait. Host index
+ * arrays (token ids, positions, slots, page tables, masks) are copied into a
+ * pinned "staging ring" and sent to a device mirror of it with an async
+ * copy on the same stream, so the kernel that reads them is ordered after
+ * the copy. A ring region is only reused after the stream has drained
+ * (cuda_stage_reserve synchronizes when it wraps), so no copy still in
+ * flight can see its source overwritten.
+ *
+ * Float semantics: where the CPU backend fixes an expression (dequantizers,
+ * RMSNorm's double sum, RoPE's running angle product), the kernels use the
+ * same one with explicit round-to-nearest intrinsics (__fmul_rn, ...) so
+ * that nvcc cannot contract it into an FMA and results stay bit-identical
+ * to the CPU's where the tests expect that.
+ */
+#ifndef CAIRN_KERNELS_CUDA_IMPL_H
+#define CAIRN_KERNELS_CUDA_IMPL_H
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "kernels/backend.h"
+
+typedef struct {
+    int device;
+    cudaStream_t stream;   /* every op and copy runs on it, in order      */
+    cublasHandle_t cublas; /* bound to `stream`                          */
+    /* Staging ring: pinned host bytes and their device mirror, same size. */
+    uint8_t *stage_host;
+    uint8_t *stage_dev;
+    size_t stage_cap, stage_used;
+    /* Device scratch for matmul (activations converted to 16 bits, or a
+     * chunk of dequantized weight rows); grown, never shrunk. */
+    void *scratch;
+    size_t scratch_cap;
+    char name[256]; /* the device name, for logs */
+} cuda_ctx;
+
+static inline cuda_ctx *cuda_ctx_of(cairn_backend *be)
+{
+    return (cuda_ctx *)be->ctx;
+}
+
+/* Log a failed CUDA runtime call and turn it into CAIRN_EBACKEND. */
+int cuda_fail(const char *what, cudaError_t err);
+#define CUDA_TRY(call)                                                                             \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess)                                                                     \
+            return cuda_fail(#call, e_);                                                           \
+    } while (0)
+/* After a kernel launch: a bad launch configuration shows up here. With
+ * CAIRN_CUDA_SYNC=1 in the environment (read at backend creation) it also
+ * waits for the kernel, so a fault inside it is reported with the op's
+ * name instead of at the next download. */
+int cuda_launched(const char *what);
+#define CUDA_LAUNCHED(what)                                                                        \
+    do {                                                                                           \
+        int rc_ = cuda_launched(what);                                                             \
+        if (rc_ != CAIRN_OK)                                                                       \
+            return rc_;                                                                            \
+    } while (0)
+
+/* cuBLAS, loaded with dlopen by the first cairn_backend_cuda_create rather
+ * than linked: linking it would map cuBLAS and cuBLASLt (~600 MB) into every
+ * cairn process, GPU or not, and page in ~100 MB of them at start-up. The
+ * pointers have the exact types of the cublas_v2.h functions. */
+/* cublasGemmEx is overloaded in C++ (a legacy inline form): spell the type
+ * out, and let the decltype below check it against the real declaration. */
+typedef cublasStatus_t (*cuda_gemm_ex_fn)(cublasHandle_t, cublasOperation_t, cublasOperation_t,
+                                          int, int, int, const void *, const void *, cudaDataType,
+                                          int, const void *, cudaDataType, int, const void *,
+                                          void *, cudaDataType, int, cublasComputeType_t,
+                                          cublasGemmAlgo_t);
+typedef decltype(static_cast<cuda_gemm_ex_fn>(&cublasGemmEx)) cuda_gemm_ex_checked;
+typedef struct {
+    decltype(&cublasCreate_v2) create;
+    decltype(&cublasDestroy_v2) destroy;
+    decltype(&cublasSetStream_v2) set_stream;
+    decltype(&cublasSetMathMode) set_math_mode;
+    decltype(&cublasSgemm_v2) sgemm;
+    cuda_gemm_ex_checked gemm_ex;
+} cuda_blas_api;
+extern cuda_blas_api cuda_blas;
+/* Load it once (thread-safe); CAIRN_EUNSUPPORTED, logged, when the library
+ * or one of its functions cannot be found. */
+int cuda_blas_load(void);
+
+/* Make the backend's device current on the calling thread (cheap when it
+ * already is); every entry point calls it first. */
+int cuda_enter(cairn_backend *be);
+
+/* Reserve `bytes` (rounded up to 16) of the staging ring: *host is where the
+ * caller writes, *dev the device address the same bytes will have once
+ * cuda_stage_send() has been called. Synchronizes the stream when the ring
+ * wraps, and grows the ring when one request is larger than it. */
+int cuda_stage_reserve(cuda_ctx *ctx, size_t bytes, uint8_t **host, uint8_t **dev);
+/* Enqueue the copy of a reserved region to the device. */
+int cuda_stage_send(cuda_ctx *ctx, uint8_t *host, uint8_t *dev, size_t bytes);
+/* Both at once for one host array: *dev receives its device copy. */
+int cuda_stage_copy(cuda_ctx *ctx, const void *src, size_t bytes, const void **dev);
+
+/* Device scratch of at least `bytes`, valid until the next call. */
+int cuda_scratch_reserve(cuda_ctx *ctx, size_t bytes, void **out);
+
+/* ---- ops ---------------------------------------------------------------- */
+
+int cuda_get_rows(cairn_backend *be, float *out, const void *table, cairn_type type, int D,
+                  const int32_t *ids, int T);
+int cuda_matmul(cairn_backend *be, float *y, const void *W, cairn_type wtype, const float *x, int T,
+                int n_in, int n_out);
+int cuda_rmsnorm(cairn_backend *be, float *out, const float *x, const float *w, int T, int D,
+                 float eps);
+int cuda_rope(cairn_backend *be, float *x, int T, int n_heads, int head_dim, const int32_t *pos,
+              const cairn_rope_params *p);
+int cuda_swiglu(cairn_backend *be, float *out, const float *gate, const float *up, size_t n);
+int cuda_add(cairn_backend *be, float *y, const float *a, const float *b, size_t n);
+int cuda_add_bias(cairn_backend *be, float *x, const float *bias, int T, int n);
+int cuda_softmax(cairn_backend *be, float *x, int T, int n);
+int cuda_kv_store(cairn_backend *be, void *kv_pool, const cairn_kv_layout *L, int layer,
+                  const float *k, const float *v, const int32_t *slots, int T);
+int cuda_attention(cairn_backend *be, const cairn_attn_args *args);
+
+/* ---- shared helpers ------------------------------------------------------ */
+
+/* The weight/table types the kernels read: F32, F16, BF16, Q8_0, Q4_0, Q5_0,
+ * Q4_K, Q5_K, Q6_K (the CPU backend's set). */
+int cuda_type_supported(cairn_type type);
+/* Bytes of a row of n elements, 0 when n is not whole blocks. */
+size_t cuda_row_bytes(cairn_type type, int64_t n);
+/* A KV layout that is internally consistent (as cpu_kv_layout_valid). */
+int cuda_kv_layout_valid(const cairn_kv_layout *L);
+
+/* ---- device-side dequantization (layouts in common/common.h) ------------- */
+
+__device__ __forceinline__ float cu_half_at(const uint8_t *p)
+{
+    /* byte reads: quantized blocks are only 2-byte aligned (34, 18, 22, 210) */
+    const unsigned short h = (unsigned short)(p[0] | (p[1] << 8));
+    return __half2float(__ushort_as_half(h));
+}
+
+/* 6-bit scale and min of sub-block j of a Q4_K/Q5_K super-block. */
+__device__ __forceinline__ void cu_kq_scale_min(const uint8_t *p, int j, int *sc, int *mn)
+{
+    if (j < 4) {
+        *sc = p[j] & 63;
+        *mn = p[j + 4] & 63;
+    } else {
+        *sc = (p[j + 4] & 0x0f) | ((p[j - 4] >> 6) << 4);
+        *mn = (p[j + 4] >> 4) | ((p[j] >> 6) << 4);
+    }
+}
+
+/* Elements [32b, 32b + 32) of a row of `type` into v[32], with exactly the
+ * float expressions of cairn_dequantize_row. For the K-quants, b counts
+ * 32-element sub-blocks. F32/F16/BF16 rows are read element-wise. */
+__device__ __forceinline__ void cu_dequant_block32(const uint8_t *row, int type, int b, float *v)
+{
+    switch (type) {
+    case CAIRN_TYPE_F32: {
+        const float *f = (const float *)row + 32 * (size_t)b;
+#pragma unroll
+        for (int j = 0; j < 32; j++)
+            v[j] = f[j];
+        return;
+    }
+    case CAIRN_TYPE_F16: {
+        const __half *h = (const __half *)row + 32 * (size_t)b;
+#pragma unroll
+        for (int j = 0; j < 32; j++)
+            v[j] = __half2float(h[j]);
+        return;
+    }
+    case CAIRN_TYPE_BF16: {
+        const unsigned short *h = (const unsigned short *)row + 32 * (size_t)b;
+#pragma unroll
+        for (int j = 0; j < 32; j++)
+            v[j] = __uint_as_float((unsigned)h[j] << 16);
+        return;
+    }
+    case CAIRN_TYPE_Q8_0: {
+        const uint8_t *blk = row + 34 * (size_t)b;
+        const float d = cu_half_at(blk);
+#pragma unroll
+        for (int j = 0; j < 32; j++)
+            v[j] = __fmul_rn(d, (float)(int8_t)blk[2 + j]);
+        return;
+    }
+    case CAIRN_TYPE_Q4_0: {
+        const uint8_t *blk = row + 18 * (size_t)b;
+        const float d = cu_half_at(blk);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            v[j] = __fmul_rn(d, (float)((blk[2 + j] & 0x0f) - 8));
+            v[j + 16] = __fmul_rn(d, (float)((blk[2 + j] >> 4) - 8));
+        }
+        return;
+    }
+    case CAIRN_TYPE_Q5_0: {
+        const uint8_t *blk = row + 22 * (size_t)b;
+        const float d = cu_half_at(blk);
+        const unsigned qh = (unsigned)blk[2] | ((unsigned)blk[3] << 8) | ((unsigned)blk[4] << 16) |
+                            ((unsigned)blk[5] << 24);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const int lo = (blk[6 + j] & 0x0f) | (int)(((qh >> j) & 1u) << 4);
+            const int hi = (blk[6 + j] >> 4) | (int)(((qh >> (j + 16)) & 1u) << 4);
+            v[j] = __fmul_rn(d, (float)(lo - 16));
+            v[j + 16] = __fmul_rn(d, (float)(hi - 16));
+        }
+        return;
+    }
+    case CAIRN_TYPE_Q4_K:
+    case CAIRN_TYPE_Q5_K: {
+        const int five = type == CAIRN_TYPE_Q5_K;
+        const uint8_t *blk = row + (size_t)(b / 8) * (five ? 176 : 144);
+        const int sub = b % 8;
+        const float d = cu_half_at(blk), dmin = cu_half_at(blk + 2);
+        int sc, mn;
+        cu_kq_scale_min(blk + 4, sub, &sc, &mn);
+        const float scale = __fmul_rn(d, (float)sc);
+        const float offset = __fmul_rn(dmin, (float)mn);
+        const uint8_t *qh = blk + 16;
+        const uint8_t *nib = blk + (five ? 48 : 16) + 32 * (sub / 2);
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            int q = (sub & 1) ? nib[l] >> 4 : nib[l] & 0x0f;
+            if (five)
+                q |= ((qh[l] >> sub) & 1) << 4;
+            v[l] = __fsub_rn(__fmul_rn(scale, (float)q), offset);
+        }
+        return;
+    }
+    case CAIRN_TYPE_Q6_K: {
+        const uint8_t *blk = row + (size_t)(b / 8) * 210;
+        const int sub = b % 8, h = sub / 4, k = sub % 4;
+        const float d = cu_half_at(blk + 208);
+        const int8_t *scales = (const int8_t *)(blk + 192);
+        const uint8_t *ql = blk + 64 * h + 32 * (k & 1), *qh = blk + 128 + 32 * h;
+        /* the 32 elements of this quarter span two 16-element scale groups */
+        const float s0 = __fmul_rn(d, (float)scales[2 * sub]);
+        const float s1 = __fmul_rn(d, (float)scales[2 * sub + 1]);
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            const int low = k < 2 ? ql[l] & 0x0f : ql[l] >> 4;
+            const int q = low | (((qh[l] >> (2 * k)) & 3) << 4);
+            v[l] = __fmul_rn(l < 16 ? s0 : s1, (float)(q - 32));
+        }
+        return;
+    }
+    default:
+        /* unreachable: types are checked on the host */
+#pragma unroll
+        for (int j = 0; j < 32; j++)
+            v[j] = 0.0f;
+        return;
+    }
+}
+
+#endif /* CAIRN_KERNELS_CUDA_IMPL_H */

@@ -1,0 +1,363 @@
+/*
+ * kernels/cuda/cuda_ops.cu — the small ops: embedding lookup (get_rows),
+ * RMSNorm, RoPE, SwiGLU, add, add_bias, softmax, and writing K/V into the
+ * paged pool.
+ *
+ * Each kernel is the CPU backend's loop (kernels/cpu/cpu_ops.c,
+ * cpu_matmul.c, cpu_attention.c) with its iterations spread over threads;
+ * the argument checks are the CPU's, in the same order, so both backends
+ * reject the same calls. Reductions (RMSNorm, softmax) keep the CPU's double
+ * sums; only their order of additions differs.
+ */
+#include <math.h>
+
+#include "kernels/cuda/cuda_impl.h"
+
+#define OPS_THREADS 256
+
+/* Blocks for a grid-stride loop over n elements. */
+static unsigned grid_for(size_t n)
+{
+    size_t blocks = (n + OPS_THREADS - 1) / OPS_THREADS;
+    return (unsigned)(blocks > 65535 ? 65535 : blocks);
+}
+
+/* ---- block reductions (blockDim.x == OPS_THREADS) ------------------------- */
+
+static __device__ double block_sum_double(double v, double *shared /* [32] */)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads(); /* shared may still be read by a previous reduction */
+    if (lane == 0)
+        shared[warp] = v;
+    __syncthreads();
+    double total = 0.0;
+    for (int w = 0; w < (int)(blockDim.x / 32); w++)
+        total += shared[w];
+    return total;
+}
+
+static __device__ float block_max_float(float v, float *shared /* [32] */)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads();
+    if (lane == 0)
+        shared[warp] = v;
+    __syncthreads();
+    float m = -INFINITY;
+    for (int w = 0; w < (int)(blockDim.x / 32); w++)
+        m = fmaxf(m, shared[w]);
+    return m;
+}
+
+/* ---- get_rows -------------------------------------------------------------- */
+
+/* Block t: row ids[t]. Plain types element by element; quantized ones one
+ * 32-element block per thread. */
+static __global__ void get_rows_kernel(float *out, const uint8_t *table, int type, int D,
+                                       size_t row_bytes, const int32_t *ids)
+{
+    const int t = blockIdx.x;
+    const uint8_t *row = table + (size_t)ids[t] * row_bytes;
+    float *dst = out + (size_t)t * D;
+    if (type == CAIRN_TYPE_F32) {
+        for (int i = threadIdx.x; i < D; i += blockDim.x)
+            dst[i] = ((const float *)row)[i];
+    } else if (type == CAIRN_TYPE_F16) {
+        for (int i = threadIdx.x; i < D; i += blockDim.x)
+            dst[i] = __half2float(((const __half *)row)[i]);
+    } else if (type == CAIRN_TYPE_BF16) {
+        for (int i = threadIdx.x; i < D; i += blockDim.x)
+            dst[i] = __uint_as_float((unsigned)((const unsigned short *)row)[i] << 16);
+    } else {
+        float v[32];
+        for (int b = threadIdx.x; b < D / 32; b += blockDim.x) {
+            cu_dequant_block32(row, type, b, v);
+            for (int j = 0; j < 32; j++)
+                dst[32 * b + j] = v[j];
+        }
+    }
+}
+
+int cuda_get_rows(cairn_backend *be, float *out, const void *table, cairn_type type, int D,
+                  const int32_t *ids, int T)
+{
+    if (!be || !out || !table || !ids || D <= 0 || T <= 0)
+        return CAIRN_EINVAL;
+    const cairn_type_traits *tt = cairn_type_get(type);
+    if (!cuda_type_supported(type) || !tt || D % tt->block_elems != 0)
+        return CAIRN_EINVAL;
+    for (int t = 0; t < T; t++)
+        if (ids[t] < 0)
+            return CAIRN_EINVAL;
+    int rc = cuda_enter(be);
+    if (rc != CAIRN_OK)
+        return rc;
+    cuda_ctx *ctx = cuda_ctx_of(be);
+    const void *d_ids;
+    if ((rc = cuda_stage_copy(ctx, ids, (size_t)T * sizeof(int32_t), &d_ids)) != CAIRN_OK)
+        return rc;
+    /* T <= max batch tokens, far below the grid's x limit (2^31 - 1) */
+    get_rows_kernel<<<T, 128, 0, ctx->stream>>>(out, (const uint8_t *)table, (int)type, D,
+                                                cuda_row_bytes(type, D), (const int32_t *)d_ids);
+    CUDA_LAUNCHED("get_rows");
+    return CAIRN_OK;
+}
+
+/* ---- rmsnorm ---------------------------------------------------------------- */
+
+static __global__ void rmsnorm_kernel(float *out, const float *x, const float *w, int D, float eps)
+{
+    __shared__ double red[32];
+    const float *xr = x + (size_t)blockIdx.x * D;
+    float *outr = out + (size_t)blockIdx.x * D;
+    double sum = 0.0;
+    for (int i = threadIdx.x; i < D; i += blockDim.x)
+        sum += (double)__fmul_rn(xr[i], xr[i]);
+    sum = block_sum_double(sum, red);
+    const float mean = (float)(sum / D);
+    const float scale = 1.0f / sqrtf(mean + eps);
+    /* every thread has read its own x before writing its own out: aliasing
+     * x == out is safe (the reduction's barriers order the reads first) */
+    for (int i = threadIdx.x; i < D; i += blockDim.x)
+        outr[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+}
+
+int cuda_rmsnorm(cairn_backend *be, float *out, const float *x, const float *w, int T, int D,
+                 float eps)
+{
+    if (!be || !out || !x || !w || T <= 0 || D <= 0 || !(eps >= 0.0f))
+        return CAIRN_EINVAL;
+    int rc = cuda_enter(be);
+    if (rc != CAIRN_OK)
+        return rc;
+    rmsnorm_kernel<<<T, OPS_THREADS, 0, cuda_ctx_of(be)->stream>>>(out, x, w, D, eps);
+    CUDA_LAUNCHED("rmsnorm");
+    return CAIRN_OK;
+}
+
+/* ---- rope ------------------------------------------------------------------- */
+
+/* Block t: every head of token t. Thread 0 builds the angles with the CPU's
+ * running product (theta *= theta_scale per pair, a sequential dependency
+ * whose float rounding the CPU results carry), the others then rotate. */
+static __global__ void rope_kernel(float *x, int n_heads, int head_dim, const int32_t *pos,
+                                   int n_rot, int neox, float theta_scale, float freq_scale,
+                                   const float *freq_factors)
+{
+    extern __shared__ float angle[]; /* [n_rot / 2] */
+    const int t = blockIdx.x, half = n_rot / 2;
+    if (threadIdx.x == 0) {
+        float theta = (float)pos[t];
+        for (int i = 0; i < half; i++) {
+            const float factor = freq_factors ? freq_factors[i] : 1.0f;
+            angle[i] = __fmul_rn(freq_scale, __fdiv_rn(theta, factor));
+            theta = __fmul_rn(theta, theta_scale);
+        }
+    }
+    __syncthreads();
+    const int stride = neox ? 1 : 2, offset = neox ? half : 1;
+    float *xt = x + (size_t)t * n_heads * head_dim;
+    for (int k = threadIdx.x; k < n_heads * half; k += blockDim.x) {
+        const int h = k / half, i = k % half;
+        float *a = xt + (size_t)h * head_dim + (size_t)i * stride;
+        float *b = a + offset;
+        const float c = cosf(angle[i]), s = sinf(angle[i]);
+        const float x0 = *a, x1 = *b;
+        *a = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+        *b = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+    }
+}
+
+int cuda_rope(cairn_backend *be, float *x, int T, int n_heads, int head_dim, const int32_t *pos,
+              const cairn_rope_params *p)
+{
+    if (!be || !x || !pos || !p || T <= 0 || n_heads <= 0 || head_dim <= 0)
+        return CAIRN_EINVAL;
+    if (p->n_rot <= 0 || p->n_rot % 2 != 0 || p->n_rot > head_dim)
+        return CAIRN_EINVAL;
+    if (p->mode != CAIRN_ROPE_NORMAL && p->mode != CAIRN_ROPE_NEOX)
+        return CAIRN_EINVAL;
+    if (!(p->freq_base > 0.0f) || !(p->freq_scale > 0.0f) || !isfinite(p->freq_base) ||
+        !isfinite(p->freq_scale))
+        return CAIRN_EINVAL;
+    int rc = cuda_enter(be);
+    if (rc != CAIRN_OK)
+        return rc;
+    cuda_ctx *ctx = cuda_ctx_of(be);
+    const void *d_pos;
+    if ((rc = cuda_stage_copy(ctx, pos, (size_t)T * sizeof(int32_t), &d_pos)) != CAIRN_OK)
+        return rc;
+    /* the same host powf as the CPU backend, so theta_scale is identical */
+    const float theta_scale = powf(p->freq_base, -2.0f / (float)p->n_rot);
+    rope_kernel<<<T, 128, (size_t)(p->n_rot / 2) * sizeof(float), ctx->stream>>>(
+        x, n_heads, head_dim, (const int32_t *)d_pos, p->n_rot, p->mode == CAIRN_ROPE_NEOX,
+        theta_scale, p->freq_scale, p->freq_factors);
+    CUDA_LAUNCHED("rope");
+    return CAIRN_OK;
+}
+
+/* ---- swiglu, add, add_bias --------------------------------------------------- */
+
+static __global__ void swiglu_kernel(float *out, const float *g, const float *u, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const float gi = g[i];
+        out[i] = __fmul_rn(__fdiv_rn(gi, 1.0f + expf(-gi)), u[i]);
+    }
+}
+
+static __global__ void add_kernel(float *y, const float *a, const float *b, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        y[i] = a[i] + b[i];
+}
+
+static __global__ void add_bias_kernel(float *x, const float *bias, int T, int n)
+{
+    const size_t total = (size_t)T * n;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] += bias[i % (size_t)n];
+}
+
+static int binary_args_ok(cairn_backend *be, float *out, const float *a, const float *b, size_t n)
+{
+    return be && out && a && b && n > 0 && n <= (size_t)INT64_MAX;
+}
+
+int cuda_swiglu(cairn_backend *be, float *out, const float *gate, const float *up, size_t n)
+{
+    if (!binary_args_ok(be, out, gate, up, n))
+        return CAIRN_EINVAL;
+    int rc = cuda_enter(be);
+    if (rc != CAIRN_OK)
+        return rc;
+    swiglu_kernel<<<grid_for(n), OPS_THREADS, 0, cuda_ctx_of(be)->stream>>>(out, gate, up, n);
+    CUDA_LAUNCHED("swiglu");
+    return CAIRN_OK;
+}
+
+int cuda_add(cairn_backend *be, float *y, const float *a, const float *b, size_t n)
+{
+    if (!binary_args_ok(be, y, a, b, n))
+        return CAIRN_EINVAL;
+    int rc = cuda_enter(be);
+    if (rc != CAIRN_OK)
+        return rc;
+    add_kernel<<<grid_for(n), OPS_THREADS, 0, cuda_ctx_of(be)->stream>>>(y, a, b, n);
+    CUDA_LAUNCHED("add");
+    return CAIRN_OK;
+}
+
+int cuda_add_bias(cairn_backend *be, float *x, const float *bias, int T, int n)
+{
+    if (!be || !x || !bias || T <= 0 || n <= 0)
+        return CAIRN_EINVAL;
+    int rc = cuda_enter(be);
+    if (rc != CAIRN_OK)
+        return rc;
+    add_bias_kernel<<<grid_for((size_t)T * n), OPS_THREADS, 0, cuda_ctx_of(be)->stream>>>(x, bias,
+                                                                                          T, n);
+    CUDA_LAUNCHED("add_bias");
+    return CAIRN_OK;
+}
+
+/* ---- softmax ------------------------------------------------------------------- */
+
+static __global__ void softmax_kernel(float *x, int n)
+{
+    __shared__ float red_f[32];
+    __shared__ double red_d[32];
+    float *xr = x + (size_t)blockIdx.x * n;
+    float m = -INFINITY;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        m = xr[i] > m ? xr[i] : m; /* as the CPU: NaNs never become the max */
+    m = block_max_float(m, red_f);
+    if (m == -INFINITY) {
+        /* all -inf (or NaN): no distribution, zeros instead of NaNs */
+        for (int i = threadIdx.x; i < n; i += blockDim.x)
+            xr[i] = 0.0f;
+        return;
+    }
+    double sum = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float e = expf(xr[i] - m);
+        xr[i] = e;
+        sum += (double)e;
+    }
+    sum = block_sum_double(sum, red_d);
+    const float inv = (float)(1.0 / sum);
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        xr[i] *= inv;
+}
+
+int cuda_softmax(cairn_backend *be, float *x, int T, int n)
+{
+    if (!be || !x || T <= 0 || n <= 0)
+        return CAIRN_EINVAL;
+    int rc = cuda_enter(be);
+    if (rc != CAIRN_OK)
+        return rc;
+    softmax_kernel<<<T, OPS_THREADS, 0, cuda_ctx_of(be)->stream>>>(x, n);
+    CUDA_LAUNCHED("softmax");
+    return CAIRN_OK;
+}
+
+/* ---- kv_store -------------------------------------------------------------------- */
+
+/* Block t: token t's K (blockIdx.y == 0) or V (1) row, converted to the
+ * pool's dtype at its slot. */
+static __global__ void kv_store_kernel(uint8_t *pool, int layer, int n_kv_head, int head_dim,
+                                       int page_size, int f16, size_t row_bytes, size_t page_bytes,
+                                       const float *k, const float *v, const int32_t *slots)
+{
+    const int t = blockIdx.x, kv = blockIdx.y;
+    const int width = n_kv_head * head_dim;
+    const int32_t slot = slots[t];
+    const size_t page = (size_t)(slot / page_size);
+    const int row = slot % page_size;
+    uint8_t *dst = pool + page * page_bytes +
+                   (((size_t)layer * 2 + (size_t)kv) * (size_t)page_size + (size_t)row) * row_bytes;
+    const float *src = (kv ? v : k) + (size_t)t * width;
+    if (f16) {
+        __half *h = (__half *)dst;
+        for (int i = threadIdx.x; i < width; i += blockDim.x)
+            h[i] = __float2half_rn(src[i]);
+    } else {
+        float *f = (float *)dst;
+        for (int i = threadIdx.x; i < width; i += blockDim.x)
+            f[i] = src[i];
+    }
+}
+
+int cuda_kv_store(cairn_backend *be, void *kv_pool, const cairn_kv_layout *L, int layer,
+                  const float *k, const float *v, const int32_t *slots, int T)
+{
+    if (!be || !kv_pool || !k || !v || !slots || T <= 0 || !cuda_kv_layout_valid(L))
+        return CAIRN_EINVAL;
+    if (layer < 0 || layer >= L->n_layer)
+        return CAIRN_EINVAL;
+    for (int t = 0; t < T; t++)
+        if (slots[t] < 0)
+            return CAIRN_EINVAL;
+    int rc = cuda_enter(be);
+    if (rc != CAIRN_OK)
+        return rc;
+    cuda_ctx *ctx = cuda_ctx_of(be);
+    const void *d_slots;
+    if ((rc = cuda_stage_copy(ctx, slots, (size_t)T * sizeof(int32_t), &d_slots)) != CAIRN_OK)
+        return rc;
+    dim3 grid((unsigned)T, 2);
+    kv_store_kernel<<<grid, 128, 0, ctx->stream>>>(
+        (uint8_t *)kv_pool, layer, L->n_kv_head, L->head_dim, L->page_size,
+        L->dtype == CAIRN_TYPE_F16, L->row_bytes, L->page_bytes, k, v, (const int32_t *)d_slots);
+    CUDA_LAUNCHED("kv_store");
+    return CAIRN_OK;
+}

@@ -1,0 +1,47 @@
+# CUDA backend against the CPU backend (ctest label `gpu`). Registered only
+# when cairn is built with CUDA; every test exits 77 (reported as skipped,
+# with a message) when the machine has no CUDA device.
+if(CAIRN_HAVE_CUDA)
+  cairn_add_test(gpu_ops
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gpu_ops.c
+    LABELS gpu TIMEOUT 300)
+  cairn_add_test(gpu_model
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gpu_model.c
+    LABELS gpu TIMEOUT 300)
+  set_tests_properties(gpu_ops gpu_model PROPERTIES SKIP_RETURN_CODE 77)
+
+  # The other weight types and model code paths, on tiny random models
+  # written at test time: BF16 with Llama 3 rope_freqs, Q8_0 qwen2 (biases,
+  # NEOX RoPE), Q4_K and F16 llama.
+  set(GPU_SYN ${CMAKE_CURRENT_BINARY_DIR}/gpu-synthetic)
+  set(GPU_SYN_MODELS
+    "bf16-llama3|--type BF16 --shape tiny --rope-freqs"
+    "q8_0-qwen2|--type Q8_0 --shape tiny --arch qwen2"
+    "q4_k-llama|--type Q4_K --shape tiny --dim 256 --ffn 512"
+    "f16-llama|--type F16 --shape tiny")
+  foreach(spec ${GPU_SYN_MODELS})
+    string(REPLACE "|" ";" parts "${spec}")
+    list(GET parts 0 tag)
+    list(GET parts 1 flags)
+    separate_arguments(flags)
+    add_test(NAME gpu_synthetic_${tag}
+      COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tools/gen_synthetic_model.py ${flags}
+              -o ${GPU_SYN}-${tag}.gguf)
+    set_tests_properties(gpu_synthetic_${tag} PROPERTIES
+      FIXTURES_SETUP gpu_synthetic_${tag} LABELS gpu)
+    add_test(NAME gpu_model_${tag} COMMAND gpu_model ${GPU_SYN}-${tag}.gguf loose)
+    set_tests_properties(gpu_model_${tag} PROPERTIES
+      FIXTURES_REQUIRED gpu_synthetic_${tag} LABELS gpu TIMEOUT 300 SKIP_RETURN_CODE 77)
+  endforeach()
+
+  # The harness itself, with a scalar CPU backend standing in for the GPU:
+  # runs everywhere, so the tests above stay sound between GPU runs.
+  add_test(NAME gpu_ops_harness COMMAND gpu_ops)
+  add_test(NAME gpu_model_harness COMMAND gpu_model ${CAIRN_MODEL})
+  set_tests_properties(gpu_ops_harness gpu_model_harness PROPERTIES
+    ENVIRONMENT "CAIRN_GPU_TEST_BACKEND=cpu" LABELS kernels TIMEOUT 120)
+
+  # bench/gpu/run.sh's driver: batched decode and prefill throughput.
+  add_executable(gpu_bench ${PROJECT_SOURCE_DIR}/bench/gpu/gpu_bench.c)
+  target_link_libraries(gpu_bench PRIVATE cairn_lib)
+endif()
