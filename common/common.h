@@ -96,6 +96,19 @@ const char *cairn_strerror(int status);
 /* The one way a function with an error buffer reports: writes the printf-style
  * message to err[err_len] (when err is non-NULL and err_len > 0) and returns
  * rc, so a failure path reads `return cairn_errorf(err, n, CAIRN_EFORMAT, ...)`. */
+/* A NUL-terminated byte string that grows by doubling. A failed growth sets
+ * `oom` and turns every later append into a no-op, so a builder checks once
+ * at the end. Zero-initialise; the caller owns `data` (free() it, or
+ * cairn_strbuf_free). */
+typedef struct {
+    char *data;
+    size_t len, cap;
+    bool oom;
+} cairn_strbuf;
+
+void cairn_strbuf_add(cairn_strbuf *b, const void *s, size_t n);
+void cairn_strbuf_free(cairn_strbuf *b);
+
 int cairn_errorf(char *err, size_t err_len, int rc, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 

@@ -28,34 +28,15 @@ typedef struct {
     size_t off, len;
 } span;
 
+/* The text being formatted, and where in it the formatter wrote its own
+ * markers (only those become special tokens, see cairn_chat_tokenize). */
 typedef struct {
-    char *data;
-    size_t len, cap;
+    cairn_strbuf text;
     span *specials;
     size_t n_specials, cap_specials;
-    bool oom;
 } outbuf;
 
-static void ob_add(outbuf *b, const char *s, size_t n)
-{
-    if (b->oom || n == 0)
-        return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *d = realloc(b->data, cap);
-        if (!d) {
-            b->oom = true;
-            return;
-        }
-        b->data = d;
-        b->cap = cap;
-    }
-    memcpy(b->data + b->len, s, n);
-    b->len += n;
-    b->data[b->len] = '\0';
-}
+static void ob_add(outbuf *b, const char *s, size_t n) { cairn_strbuf_add(&b->text, s, n); }
 
 static void ob_str(outbuf *b, const char *s)
 {
@@ -68,25 +49,25 @@ static void ob_str(outbuf *b, const char *s)
 static void ob_special(outbuf *b, const char *s)
 {
     size_t n = s ? strlen(s) : 0;
-    if (b->oom || n == 0)
+    if (b->text.oom || n == 0)
         return;
     if (b->n_specials == b->cap_specials) {
         size_t cap = b->cap_specials ? b->cap_specials * 2 : 32;
         span *d = realloc(b->specials, cap * sizeof *d);
         if (!d) {
-            b->oom = true;
+            b->text.oom = true;
             return;
         }
         b->specials = d;
         b->cap_specials = cap;
     }
-    b->specials[b->n_specials++] = (span){b->len, n};
+    b->specials[b->n_specials++] = (span){b->text.len, n};
     ob_add(b, s, n);
 }
 
 static void ob_free(outbuf *b)
 {
-    free(b->data);
+    free(b->text.data);
     free(b->specials);
     memset(b, 0, sizeof *b);
 }
@@ -596,9 +577,9 @@ static void fmt_generic(const cairn_chat_template *t, const conv *c, outbuf *b)
         if (c->m[i].calls) {
             outbuf j = {0};
             py_json(&j, c->m[i].calls, -1, 0);
-            if (j.oom)
-                b->oom = true;
-            ob_add(b, j.data, j.len);
+            if (j.text.oom)
+                b->text.oom = true;
+            ob_add(b, j.text.data, j.text.len);
             ob_free(&j);
         }
         ob_str(b, "\n");
@@ -806,9 +787,9 @@ static void fmt_llama2(const cairn_chat_template *t, const conv *c, outbuf *b)
                     ob_str(&content, "\n<</SYS>>\n\n");
                 }
                 ob_str(&content, x->content);
-                if (content.oom)
-                    b->oom = true;
-                ob_trimmed(b, content.data ? content.data : "");
+                if (content.text.oom)
+                    b->text.oom = true;
+                ob_trimmed(b, content.text.data ? content.text.data : "");
                 ob_free(&content);
                 ob_str(b, " [/INST]");
             } else if (t->mistral_tight) {
@@ -935,7 +916,7 @@ static int render(const cairn_chat_template *t, const cairn_chat_message *msgs, 
     }
     json_decref(c.tools);
     free_msgs(m, n_msgs);
-    if (rc == CAIRN_OK && b->oom)
+    if (rc == CAIRN_OK && b->text.oom)
         rc = CAIRN_ENOMEM;
     return rc;
 }
@@ -945,7 +926,7 @@ static size_t leading_bos(const cairn_chat_template *t, const outbuf *b)
 {
     size_t n = strlen(t->bos_text);
     if (n && b->n_specials > 0 && b->specials[0].off == 0 && b->specials[0].len == n &&
-        memcmp(b->data, t->bos_text, n) == 0)
+        memcmp(b->text.data, t->bos_text, n) == 0)
         return n;
     return 0;
 }
@@ -963,14 +944,14 @@ int cairn_chat_format(const cairn_chat_template *t, const cairn_chat_message *ms
         return rc;
     }
     size_t skip = leading_bos(t, &b);
-    size_t n = b.len - skip;
+    size_t n = b.text.len - skip;
     char *s = malloc(n + 1);
     if (!s) {
         ob_free(&b);
         return CAIRN_ENOMEM;
     }
     if (n)
-        memcpy(s, b.data + skip, n);
+        memcpy(s, b.text.data + skip, n);
     s[n] = '\0';
     ob_free(&b);
     *out = s;
@@ -1019,7 +1000,7 @@ int cairn_chat_tokenize(const cairn_chat_template *t, const cairn_vocab *v,
     int rc = render(t, msgs, n_msgs, tools_json, flags & CAIRN_CHAT_GENERATION_PROMPT, cont, &b);
     idvec out = {0};
     if (rc == CAIRN_OK) {
-        out.cap = b.len + 8;
+        out.cap = b.text.len + 8;
         out.ids = malloc(out.cap * sizeof *out.ids);
         if (!out.ids)
             rc = CAIRN_ENOMEM;
@@ -1037,10 +1018,10 @@ int cairn_chat_tokenize(const cairn_chat_template *t, const cairn_vocab *v,
          * tokenizers do first, so the ids match tokenizing the whole text
          * with special parsing whenever the contents hold no marker text. */
         for (size_t k = first; rc == CAIRN_OK && k <= b.n_specials; k++) {
-            size_t end = k < b.n_specials ? b.specials[k].off : b.len;
-            rc = tok_append(v, &out, b.data + pos, end - pos, 0);
+            size_t end = k < b.n_specials ? b.specials[k].off : b.text.len;
+            rc = tok_append(v, &out, b.text.data + pos, end - pos, 0);
             if (rc == CAIRN_OK && k < b.n_specials) {
-                rc = tok_append(v, &out, b.data + end, b.specials[k].len, CAIRN_TOK_PARSE_SPECIAL);
+                rc = tok_append(v, &out, b.text.data + end, b.specials[k].len, CAIRN_TOK_PARSE_SPECIAL);
                 pos = end + b.specials[k].len;
             }
         }
@@ -1205,21 +1186,21 @@ int cairn_chat_parse_tool_calls(const cairn_chat_template *t, const char *text, 
         return CAIRN_ENOMEM;
     int rc = t->family == CAIRN_CHAT_LLAMA3 ? parse_llama3(calls, text, len, &rest)
                                             : parse_tagged(calls, text, len, &rest);
-    if (rc == CAIRN_OK && rest.oom)
+    if (rc == CAIRN_OK && rest.text.oom)
         rc = CAIRN_ENOMEM;
     if (rc == CAIRN_OK && json_array_size(calls) == 0)
         rc = CAIRN_ENOTFOUND;
     char *cj = NULL, *ct = NULL;
     if (rc == CAIRN_OK) {
         cj = json_dumps(calls, JSON_COMPACT | JSON_PRESERVE_ORDER);
-        size_t a = 0, e = rest.len;
-        trim_range(rest.data ? rest.data : "", &a, &e);
+        size_t a = 0, e = rest.text.len;
+        trim_range(rest.text.data ? rest.text.data : "", &a, &e);
         ct = malloc(e - a + 1);
         if (!cj || !ct) {
             rc = CAIRN_ENOMEM;
         } else {
             if (e > a)
-                memcpy(ct, rest.data + a, e - a);
+                memcpy(ct, rest.text.data + a, e - a);
             ct[e - a] = '\0';
         }
     }

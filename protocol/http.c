@@ -43,32 +43,9 @@
 
 /* ---- growing byte buffers ------------------------------------------------ */
 
-typedef struct {
-    char *data;
-    size_t len, cap;
-    bool oom;
-} sbuf;
+typedef cairn_strbuf sbuf;
 
-static void sb_put(sbuf *b, const char *s, size_t n)
-{
-    if (b->oom || n == 0)
-        return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *d = realloc(b->data, cap);
-        if (!d) {
-            b->oom = true;
-            return;
-        }
-        b->data = d;
-        b->cap = cap;
-    }
-    memcpy(b->data + b->len, s, n);
-    b->len += n;
-    b->data[b->len] = '\0';
-}
+static void sb_put(sbuf *b, const char *s, size_t n) { cairn_strbuf_add(b, s, n); }
 
 static void sb_puts(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
 

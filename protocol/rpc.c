@@ -287,31 +287,9 @@ static int read_token_array(const cairn_rpc_context *ctx, const params *p, field
 }
 
 /* A growing byte buffer for rendered chat text. */
-typedef struct {
-    char *data;
-    size_t len, cap;
-    bool oom;
-} strbuf;
+typedef cairn_strbuf strbuf;
 
-static void sb_add(strbuf *b, const char *s, size_t n)
-{
-    if (b->oom || n == 0) /* n == 0: data may still be NULL (NULL + 0 is UB) */
-        return;
-    if (b->len + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n)
-            cap *= 2;
-        char *d = realloc(b->data, cap);
-        if (!d) {
-            b->oom = true;
-            return;
-        }
-        b->data = d;
-        b->cap = cap;
-    }
-    memcpy(b->data + b->len, s, n);
-    b->len += n;
-}
+static void sb_add(strbuf *b, const char *s, size_t n) { cairn_strbuf_add(b, s, n); }
 
 static void render_message(strbuf *b, const char *role, size_t role_len, const char *content,
                            size_t content_len)
