@@ -80,6 +80,10 @@ int cli_eval(cli_runtime *rt, const int32_t *tokens, int n, int kv_start, bool a
 int cli_tokenize_alloc(const cairn_vocab *v, const char *text, size_t len, int flags,
                        int32_t **out, size_t *n_out);
 
+/* An integer option in [lo, hi]: 1 with *out set, or -1 after telling the
+ * user what `what` needs (the cli_*_opts_parse convention). */
+int cli_parse_int(const char *arg, const char *what, int lo, int hi, int *out);
+
 /* Read a whole file ("-" = stdin) into a NUL-terminated buffer. */
 char *cli_read_file(const char *path, size_t *len);
 

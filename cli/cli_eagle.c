@@ -4,7 +4,6 @@
  */
 #include "cli/cli_eagle.h"
 
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,26 +13,13 @@ void cli_draft_opts_defaults(cli_draft_opts *o)
     o->params = cairn_eagle_defaults();
 }
 
-static int parse_count(const char *arg, const char *what, int lo, int hi, int *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(arg, &end, 10);
-    if (errno || *end || end == arg || v < lo || v > hi) {
-        fprintf(stderr, "cairn: %s must be an integer in [%d, %d], got '%s'\n", what, lo, hi, arg);
-        return -1;
-    }
-    *out = (int)v;
-    return 1;
-}
-
 int cli_draft_opts_parse(cli_draft_opts *o, int opt, const char *arg)
 {
     switch (opt) {
     case CLI_DRAFT_OPT_BASE: o->head_path = arg; return 1;
-    case CLI_DRAFT_OPT_BASE + 1: return parse_count(arg, "--draft-depth", 1, 16, &o->params.depth);
-    case CLI_DRAFT_OPT_BASE + 2: return parse_count(arg, "--draft-topk", 1, 16, &o->params.top_k);
-    case CLI_DRAFT_OPT_BASE + 3: return parse_count(arg, "--draft-n", 1, 255, &o->params.n_draft);
+    case CLI_DRAFT_OPT_BASE + 1: return cli_parse_int(arg, "--draft-depth", 1, 16, &o->params.depth);
+    case CLI_DRAFT_OPT_BASE + 2: return cli_parse_int(arg, "--draft-topk", 1, 16, &o->params.top_k);
+    case CLI_DRAFT_OPT_BASE + 3: return cli_parse_int(arg, "--draft-n", 1, 255, &o->params.n_draft);
     default: return 0;
     }
 }

@@ -290,15 +290,10 @@ int cmd_run(int argc, char **argv)
         case OPT_CHAT: chat = true; break;
         case OPT_SYSTEM: system = optarg; break;
         case 'v': verbose = true; break;
-        case OPT_SHOW_TOP: {
-            float f;
-            if (parse_float(optarg, "--show-top", &f) || f < 1 || f > 16) {
-                fprintf(stderr, "cairn run: --show-top takes 1..16\n");
+        case OPT_SHOW_TOP:
+            if (cli_parse_int(optarg, "--show-top", 1, 16, &n_show_top) < 0)
                 return 2;
-            }
-            n_show_top = (int)f;
             break;
-        }
         case 'h': fputs(help, stdout); return 0;
         default: fputs(help, stderr); return 2;
         }

@@ -18,7 +18,7 @@ void cli_model_opts_defaults(cli_model_opts *o)
     o->batch = 512;
 }
 
-static int parse_int(const char *arg, const char *what, int lo, int hi, int *out)
+int cli_parse_int(const char *arg, const char *what, int lo, int hi, int *out)
 {
     char *end;
     errno = 0;
@@ -35,10 +35,10 @@ int cli_model_opts_parse(cli_model_opts *o, int opt, const char *arg)
 {
     switch (opt) {
     case 'm': o->model_path = arg; return 1;
-    case 't': return parse_int(arg, "--threads", 0, 1024, &o->n_threads);
-    case 'c': return parse_int(arg, "--ctx-size", 0, 1 << 22, &o->n_ctx);
-    case 'b': return parse_int(arg, "--batch-size", 1, 1 << 16, &o->batch);
-    case 1001: return parse_int(arg, "--page-size", 1, 4096, &o->page_size);
+    case 't': return cli_parse_int(arg, "--threads", 0, 1024, &o->n_threads);
+    case 'c': return cli_parse_int(arg, "--ctx-size", 0, 1 << 22, &o->n_ctx);
+    case 'b': return cli_parse_int(arg, "--batch-size", 1, 1 << 16, &o->batch);
+    case 1001: return cli_parse_int(arg, "--page-size", 1, 4096, &o->page_size);
     case 1002:
         if (strcmp(arg, "f16") == 0)
             o->kv_type = CAIRN_TYPE_F16;
@@ -57,7 +57,7 @@ int cli_model_opts_parse(cli_model_opts *o, int opt, const char *arg)
             o->cuda_index = 0;
         } else if (strncmp(arg, "cuda:", 5) == 0) {
             o->device = CLI_DEVICE_CUDA;
-            return parse_int(arg + 5, "--device cuda:N", 0, 1023, &o->cuda_index);
+            return cli_parse_int(arg + 5, "--device cuda:N", 0, 1023, &o->cuda_index);
         } else {
             fprintf(stderr, "cairn: --device must be cpu, cuda or cuda:N, got '%s'\n", arg);
             return -1;
