@@ -29,7 +29,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -683,11 +685,12 @@ static uint64_t page_budget(const cairn_disk *d, size_t psize)
  * a later transaction (typically the write-back at shutdown, which allocates
  * pages from the free list and splits leaves) through a wild pointer, and
  * the process dies with SIGSEGV. The walk below runs at open, before the
- * server's own process maps the file, in a forked child: it reads every tree
- * (the main database, each named database, the free list, whose page
- * numbers must lie inside the file, and the header of every overflow page
- * holding a large value, whose page count LMDB trusts when it frees the
- * value), then exercises the write path in a transaction it aborts, so
+ * server's own process maps the file, in a forked child: it reads the free
+ * list (whose page numbers must lie inside the file), then every page not on
+ * it with pread (pages_hold_together, below), and only then lets LMDB's
+ * cursors read every tree (the main database, each named database, and the
+ * header of every overflow page holding a large value, whose page count
+ * LMDB trusts when it frees the value); then it exercises the write path in a transaction it aborts, so
  * nothing is written: a probe inserted into and deleted from every database
  * (page allocation from the free list, leaf splits), then every database
  * dropped (which frees every page and overflow run). A child that reports
@@ -905,11 +908,16 @@ static int walk_store(const char *dir, size_t map_bytes)
         return mdb_rc_is_damage(rc) ? WALK_CORRUPT : WALK_OK;
     MDB_dbi main_dbi, dbis[N_STORE_DBS];
     bool have[N_STORE_DBS] = {false};
-    rc = mdb_dbi_open(txn, NULL, 0, &main_dbi);
+    /* The free list first: the page scan needs to know which pages are
+     * free, and every other page is checked by that scan before a cursor of
+     * LMDB's walks the trees above it. */
+    rc = walk_db(txn, 0 /* the free list */, true, &geo);
+    if (!rc && !pages_hold_together(path, &geo))
+        rc = MDB_CORRUPTED;
+    if (!rc)
+        rc = mdb_dbi_open(txn, NULL, 0, &main_dbi);
     if (!rc)
         rc = walk_db(txn, main_dbi, false, &geo);
-    if (!rc)
-        rc = walk_db(txn, 0 /* the free list */, true, &geo);
     for (size_t i = 0; !rc && i < N_STORE_DBS; i++) {
         int o = mdb_dbi_open(txn, STORE_DBS[i], 0, &dbis[i]);
         if (o == MDB_NOTFOUND)
@@ -921,8 +929,6 @@ static int walk_store(const char *dir, size_t map_bytes)
     mdb_txn_abort(txn);
     if (rc)
         return mdb_rc_is_damage(rc) || rc == MDB_NOTFOUND ? WALK_CORRUPT : WALK_OK;
-    if (!pages_hold_together(path, &geo))
-        return WALK_CORRUPT;
 
     /* 2. The write path, aborted: page allocation (from the free list),
      * leaf splits and deletion in every database. */
@@ -974,8 +980,19 @@ static int check_store_integrity(const cairn_disk *d, char *err, size_t err_len)
                   d->dir, strerror(errno));
         return CAIRN_OK;
     }
-    if (pid == 0)
+    if (pid == 0) {
+        /* This process exists to die in the server's place: a fault in it is
+         * the verdict, not a bug to report. Take back the fatal signals from
+         * any handler the parent installed (a crash reporter, a sanitizer's
+         * runtime, whose report would count as a failure of its own) and
+         * leave no core file of a copy of the server behind. */
+        static const int fatal[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+        for (size_t i = 0; i < sizeof fatal / sizeof fatal[0]; i++)
+            signal(fatal[i], SIG_DFL);
+        struct rlimit no_core = {0, 0};
+        setrlimit(RLIMIT_CORE, &no_core);
         _exit(walk_store(d->dir, d->cfg.map_bytes));
+    }
     int status = 0;
     while (waitpid(pid, &status, 0) < 0) {
         if (errno != EINTR) {
