@@ -1637,6 +1637,173 @@ static bool role_valid(const char *r)
     return false;
 }
 
+/* ---- forced tool calls (tool_choice "required" or a named function) ----
+ *
+ * The reply is constrained, like response_format, to one JSON document: a
+ * call object {"name": TOOL, ARGS: {...}} (ARGS is "parameters" for the
+ * Llama 3 family, whose template asks for that key, else "arguments"), or
+ * for "required" with several tools also an array of such objects (parallel
+ * calls). The reply parser takes a bare call object as a call, so a forced
+ * reply always comes back as message.tool_calls. Each tool's `parameters`
+ * schema is embedded with its $defs moved to the root (its "$ref"s
+ * rewritten to the new names); a tool whose schema uses a keyword the
+ * grammar does not support gets free-form object arguments, with a warning
+ * in the log (the call is still forced, its arguments only shaped). */
+
+/* "$ref" strings under `node` rewritten for tool i's definitions moved to
+ * the root $defs as "t<i>" (its whole schema) and "t<i>.<name>". false when
+ * a ref of another form is met (the caller falls back). */
+static bool rebase_refs(json_t *node, size_t i)
+{
+    if (json_is_array(node)) {
+        size_t k;
+        json_t *el;
+        json_array_foreach(node, k, el)
+        {
+            if (!rebase_refs(el, i))
+                return false;
+        }
+        return true;
+    }
+    if (!json_is_object(node))
+        return true;
+    const char *key;
+    json_t *val;
+    json_object_foreach(node, key, val)
+    {
+        if (strcmp(key, "$ref") == 0 && json_is_string(val)) {
+            const char *ref = json_string_value(val), *name = NULL;
+            if (strncmp(ref, "#/$defs/", 8) == 0)
+                name = ref + 8;
+            else if (strncmp(ref, "#/definitions/", 14) == 0)
+                name = ref + 14;
+            else if (strcmp(ref, "#") != 0)
+                return false;
+            char buf[320];
+            int n = name ? snprintf(buf, sizeof buf, "#/$defs/t%zu.%s", i, name)
+                         : snprintf(buf, sizeof buf, "#/$defs/t%zu", i);
+            if (n < 0 || (size_t)n >= sizeof buf || json_string_set(val, buf) != 0)
+                return false;
+        } else if (!rebase_refs(val, i)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Tool i's parameters moved into `defs`; the schema of its arguments, as a
+ * new reference (NULL: out of memory). */
+static json_t *tool_arguments_schema(const json_t *tool, size_t i, json_t *defs)
+{
+    const json_t *fn = json_object_get(tool, "function");
+    const char *name = json_string_value(json_object_get(fn, "name"));
+    json_t *params = json_object_get(fn, "parameters");
+    if (!json_is_object(params))
+        return json_pack("{s:s}", "type", "object"); /* none declared */
+    char *text = json_dumps(params, JSON_COMPACT);
+    cairn_grammar *g = NULL;
+    char msg[200] = "";
+    int rc = text ? cairn_grammar_from_json_schema(text, strlen(text), &g, msg, sizeof msg)
+                  : CAIRN_ENOMEM;
+    free(text);
+    cairn_grammar_free(g);
+    if (rc == CAIRN_ENOMEM)
+        return NULL;
+    json_t *copy = rc == CAIRN_OK ? json_deep_copy(params) : NULL;
+    if (copy) {
+        bool ok = true;
+        static const char *const def_keys[] = {"$defs", "definitions"};
+        for (size_t k = 0; ok && k < 2; k++) {
+            json_t *d = json_object_get(copy, def_keys[k]);
+            const char *dname;
+            json_t *dval;
+            json_object_foreach(d, dname, dval)
+            {
+                char key[300];
+                int n = snprintf(key, sizeof key, "t%zu.%s", i, dname);
+                ok = ok && n > 0 && (size_t)n < sizeof key && !strpbrk(dname, "/~") &&
+                     rebase_refs(dval, i) && json_object_set(defs, key, dval) == 0;
+            }
+            json_object_del(copy, def_keys[k]);
+        }
+        char key[32], ref[40];
+        snprintf(key, sizeof key, "t%zu", i);
+        snprintf(ref, sizeof ref, "#/$defs/%s", key);
+        ok = ok && rebase_refs(copy, i) && json_object_set(defs, key, copy) == 0;
+        json_decref(copy);
+        if (ok)
+            return json_pack("{s:s}", "$ref", ref);
+        snprintf(msg, sizeof msg, "a $ref cairn cannot follow");
+    }
+    cairn_log(CAIRN_LOG_WARN, "http: tool %s: its parameters schema cannot be enforced (%s); "
+                              "its arguments are only constrained to a JSON object",
+              name ? name : "?", msg[0] ? msg : "out of memory");
+    return json_pack("{s:s}", "type", "object");
+}
+
+/* Compile the grammar that forces a call of one of `tools` into
+ * q->gen.grammar. `several`: an array of calls is allowed too. */
+static int force_tool_call(hreq *q, json_t *tools, bool several, herr *e)
+{
+    if (q->gen.grammar)
+        return bad(e, "tool_choice", "a required or named 'tool_choice' cannot be combined with "
+                                     "a JSON 'response_format'");
+    const cairn_chat_template *t = cairn_service_chat_template(q->h->svc);
+    const char *args_key =
+        t && cairn_chat_template_family(t) == CAIRN_CHAT_LLAMA3 ? "parameters" : "arguments";
+    json_t *defs = json_object(), *calls = json_array();
+    bool ok = defs && calls;
+    size_t i;
+    json_t *tool;
+    json_array_foreach(tools, i, tool)
+    {
+        if (!ok)
+            break;
+        json_t *name = json_object_get(json_object_get(tool, "function"), "name");
+        /* {"type": "object", "properties": {"name": {"const": NAME}, ARGS:
+         * schema}, "required": [...]}; properties are generated in this
+         * order: the name first, as the templates show it. (jansson's _new
+         * and "o" steal their reference even when they fail.) */
+        json_t *props = json_object();
+        ok = props && json_object_set_new(props, "name", json_pack("{s:O}", "const", name)) == 0 &&
+             json_object_set_new(props, args_key, tool_arguments_schema(tool, i, defs)) == 0;
+        if (!ok) {
+            json_decref(props);
+            break;
+        }
+        ok = json_array_append_new(calls, json_pack("{s:s, s:o, s:[s,s]}", "type", "object",
+                                                    "properties", props, "required", "name",
+                                                    args_key)) == 0;
+    }
+    json_t *one = ok ? (json_array_size(calls) == 1 ? json_incref(json_array_get(calls, 0))
+                                                    : json_pack("{s:O}", "anyOf", calls))
+                     : NULL;
+    json_t *schema = NULL;
+    if (one && several)
+        schema = json_pack("{s:o, s:[O, {s:s, s:i, s:O}]}", "$defs", json_incref(defs), "anyOf",
+                           one, "type", "array", "minItems", 1, "items", one);
+    else if (one)
+        schema = json_object_set(one, "$defs", defs) == 0 ? json_incref(one) : NULL;
+    json_decref(one);
+    json_decref(calls);
+    json_decref(defs);
+    char *text = schema ? json_dumps(schema, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(schema);
+    if (!text)
+        return oom(e);
+    char msg[200] = "";
+    int rc = cairn_grammar_from_json_schema(text, strlen(text), &q->gen.grammar, msg, sizeof msg);
+    free(text);
+    if (rc != CAIRN_OK) {
+        q->gen.grammar = NULL;
+        if (rc == CAIRN_ENOMEM)
+            return oom(e);
+        return bad(e, "tools", "the tools cannot be forced: %s",
+                   msg[0] ? msg : cairn_strerror(rc));
+    }
+    return 0;
+}
+
 /* tools and tool_choice -> the tools JSON to render (NULL: none). */
 static int decode_tools(json_t *root, strlist *keep, hreq *q, const char **tools_json, herr *e)
 {
@@ -1667,6 +1834,7 @@ static int decode_tools(json_t *root, strlist *keep, hreq *q, const char **tools
     }
     json_t *render = tools;
     json_t *only = NULL;
+    bool forced = false;
     if (choice) {
         if (json_is_string(choice)) {
             const char *c = json_string_value(choice);
@@ -1675,6 +1843,7 @@ static int decode_tools(json_t *root, strlist *keep, hreq *q, const char **tools
             if (strcmp(c, "auto") != 0 && strcmp(c, "required") != 0)
                 return bad(e, "tool_choice",
                            "'tool_choice' must be none, auto, required or a named function");
+            forced = strcmp(c, "required") == 0;
         } else if (json_is_object(choice)) {
             json_t *name = json_object_get(json_object_get(choice, "function"), "name");
             if (!json_is_string(name))
@@ -1690,6 +1859,9 @@ static int decode_tools(json_t *root, strlist *keep, hreq *q, const char **tools
             if (!only)
                 return bad(e, "tool_choice", "'tool_choice' names a function not in 'tools'");
             render = json_pack("[O]", only);
+            forced = true;
+            if (!render)
+                return oom(e);
         } else {
             return bad(e, "tool_choice", "'tool_choice' must be a string or an object");
         }
@@ -1697,7 +1869,25 @@ static int decode_tools(json_t *root, strlist *keep, hreq *q, const char **tools
     if (json_array_size(render) == 0) {
         if (render != tools)
             json_decref(render);
+        if (forced)
+            return bad(e, "tool_choice", "'tool_choice' is required but 'tools' is empty");
         return 0;
+    }
+    if (forced) {
+        /* "required" may answer several calls at once unless the client
+         * said parallel_tool_calls: false; a named choice is one call */
+        json_t *parallel = field(root, "parallel_tool_calls");
+        if (parallel && !json_is_boolean(parallel)) {
+            if (render != tools)
+                json_decref(render);
+            return bad(e, "parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
+        }
+        int rc = force_tool_call(q, render, only == NULL && !json_is_false(parallel), e);
+        if (rc != 0) {
+            if (render != tools)
+                json_decref(render);
+            return rc;
+        }
     }
     char *text = json_dumps(render, JSON_COMPACT);
     if (!(q->tool_names = json_array())) {

@@ -4,7 +4,8 @@
 the model is offered a tool, answers with a call (parsed into
 message.tool_calls, finish_reason "tool_calls"), the same call arrives as
 streamed tool_calls deltas, and the conversation continues with the tool's
-result, served mostly from the prefix cache. Skips (exit 77) when the model
+result, served mostly from the prefix cache; tool_choice "required" turns
+a reply that would be text into a call. Skips (exit 77) when the model
 file is absent.
 
 usage: test_chat_model.py CAIRN_BIN [unittest args...]
@@ -102,6 +103,22 @@ class ToolCallRoundTrip(unittest.TestCase):
         self.assertGreater(r2.usage.prompt_tokens, r.usage.prompt_tokens)
         self.assertGreaterEqual(r2.usage.prompt_tokens_details.cached_tokens,
                                 r.usage.prompt_tokens // 16 * 16 - 16)
+
+    def test_required_forces_a_call(self):
+        # a greeting would be answered in text; "required" makes it a call
+        greet = [{"role": "user", "content": "Say hello to me."}]
+        free = self.client.chat.completions.create(model="qwen", messages=greet,
+                                                   tools=[WEATHER_TOOL], max_tokens=32,
+                                                   temperature=0)
+        self.assertIsNone(free.choices[0].message.tool_calls, free.choices[0].message)
+        r = self.client.chat.completions.create(model="qwen", messages=greet,
+                                                tools=[WEATHER_TOOL], tool_choice="required",
+                                                max_tokens=64, temperature=0)
+        self.assertEqual(r.choices[0].finish_reason, "tool_calls", r.choices[0].message)
+        calls = r.choices[0].message.tool_calls
+        self.assertEqual([c.function.name for c in calls], ["get_weather"] * len(calls))
+        for c in calls:
+            self.assertIsInstance(json.loads(c.function.arguments)["city"], str)
 
     def test_tool_choice_none_answers_in_text(self):
         r = self.client.chat.completions.create(model="qwen", messages=QUESTION,

@@ -247,6 +247,87 @@ class OpenAIFacade(unittest.TestCase):
             self.chat([{"role": "user", "content": "x"}], tools=[WEATHER_TOOL],
                       tool_choice={"type": "function", "function": {"name": "nope"}})
 
+    def test_forced_tool_calls(self):
+        """tool_choice "required" or a named function forces a call on a model
+        that was never trained to make one: every reply, whatever the seed,
+        is a call of an offered tool whose arguments validate against its
+        parameters (nested $defs included), streamed or not."""
+        weather = json.loads(json.dumps(WEATHER_TOOL))
+        weather["function"]["parameters"]["properties"]["city"]["maxLength"] = 24
+        book = {"type": "function", "function": {"name": "book_table", "parameters": {
+            "type": "object",
+            "properties": {"when": {"$ref": "#/$defs/Slot"},
+                           "guests": {"type": "integer"}},
+            "required": ["when", "guests"],
+            "$defs": {"Slot": {"type": "object",
+                               "properties": {"day": {"enum": ["mon", "tue", "wed"]},
+                                              "hour": {"type": "integer"}},
+                               "required": ["day", "hour"]}}}}}
+        schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (weather, book)}
+        msgs = [{"role": "user", "content": "Weather in Paris?"}]
+
+        def check(calls, allowed):
+            self.assertTrue(calls)
+            for c in calls:
+                self.assertIn(c.function.name, allowed)
+                jsonschema.validate(json.loads(c.function.arguments), schemas[c.function.name])
+
+        named = {"type": "function", "function": {"name": "book_table"}}
+        for seed in range(4):
+            for choice, allowed in (("required", ("get_weather", "book_table")),
+                                    (named, ("book_table",))):
+                with self.subTest(seed=seed, tool_choice=choice):
+                    r = self.chat(msgs, tools=[weather, book], tool_choice=choice,
+                                  max_tokens=300, temperature=1.0, seed=seed,
+                                  parallel_tool_calls=False)
+                    self.assertEqual(r.choices[0].finish_reason, "tool_calls",
+                                     r.choices[0].message)
+                    check(r.choices[0].message.tool_calls, allowed)
+        # parallel calls (the default for "required"): one or more calls,
+        # each valid, unless max_tokens cut the list short
+        for seed in range(3):
+            r = self.chat(msgs, tools=[weather, book], tool_choice="required", max_tokens=300,
+                          temperature=1.0, seed=seed)
+            with self.subTest(seed=seed, parallel=True):
+                if r.choices[0].finish_reason == "tool_calls":
+                    check(r.choices[0].message.tool_calls, ("get_weather", "book_table"))
+                else:
+                    self.assertEqual(r.choices[0].finish_reason, "length")
+                    self.assertTrue(r.choices[0].message.content.lstrip().startswith(("{", "[")))
+        # streamed: the deltas assemble to the same call as the whole reply
+        whole = self.chat(msgs, tools=[weather, book], tool_choice=named, max_tokens=300,
+                          temperature=0)
+        parts, finish = {}, None
+        for ch in self.chat(msgs, tools=[weather, book], tool_choice=named, max_tokens=300,
+                            temperature=0, stream=True):
+            for d in ch.choices[0].delta.tool_calls or []:
+                p = parts.setdefault(d.index, {"name": "", "arguments": ""})
+                p["name"] += d.function.name or ""
+                p["arguments"] += d.function.arguments or ""
+            finish = ch.choices[0].finish_reason or finish
+        self.assertEqual(finish, "tool_calls")
+        self.assertEqual([(p["name"], p["arguments"]) for _, p in sorted(parts.items())],
+                         [(c.function.name, c.function.arguments)
+                          for c in whole.choices[0].message.tool_calls])
+        # a parameters schema beyond the grammar's subset: the call is still
+        # forced, its arguments only constrained to an object
+        volume = {"type": "function", "function": {"name": "set_volume", "parameters": {
+            "type": "object", "properties": {"level": {"type": "integer", "minimum": 0}},
+            "required": ["level"], "additionalProperties": False}}}
+        r = self.chat(msgs, tools=[volume], tool_choice="required", max_tokens=300,
+                      temperature=0)
+        if r.choices[0].finish_reason == "tool_calls":
+            for c in r.choices[0].message.tool_calls:
+                self.assertEqual(c.function.name, "set_volume")
+                self.assertIsInstance(json.loads(c.function.arguments), dict)
+        else:
+            self.assertEqual(r.choices[0].finish_reason, "length")
+        # forcing and a JSON response_format exclude each other
+        with self.assertRaises(openai.BadRequestError) as cm:
+            self.chat(msgs, tools=[weather], tool_choice="required", max_tokens=5,
+                      response_format={"type": "json_object"})
+        self.assertEqual(cm.exception.body["param"], "tool_choice")
+
     def test_content_parts_and_developer_role(self):
         a = self.chat([{"role": "developer", "content": "Be brief."},
                        {"role": "user", "content": [{"type": "text", "text": "Hello "},
