@@ -1175,19 +1175,80 @@ static int parse_llama3(json_t *calls, const char *text, size_t len, outbuf *con
     return CAIRN_OK;
 }
 
+/* Is `name` the function name of one of `tools` (OpenAI tools array)? */
+static bool names_a_tool(const json_t *tools, const json_t *name)
+{
+    size_t i;
+    const json_t *tool;
+    json_array_foreach(tools, i, tool)
+    {
+        if (json_equal(json_object_get(json_object_get(tool, "function"), "name"), name))
+            return true;
+    }
+    return false;
+}
+
+/* Small models often answer a tool prompt with the bare call object, without
+ * their family's markers (and a forced call is generated that way): the whole
+ * text a {"name": TOOL, "arguments"|"parameters": {...}} object, or an array
+ * of them, naming tools of `tools`. Calls are added only when all qualify. */
+static int parse_bare(json_t *calls, const char *text, size_t len, const json_t *tools)
+{
+    json_t *v = json_loadb(text, len, 0, NULL);
+    if (!v)
+        return CAIRN_OK;
+    json_t *list = json_is_array(v) ? json_incref(v) : json_pack("[O]", v);
+    json_decref(v);
+    if (!list)
+        return CAIRN_ENOMEM;
+    size_t i;
+    json_t *el;
+    bool all = json_array_size(list) > 0;
+    json_array_foreach(list, i, el)
+    {
+        json_t *args = json_object_get(el, "arguments");
+        if (!args)
+            args = json_object_get(el, "parameters");
+        all = all && json_is_object(el) && names_a_tool(tools, json_object_get(el, "name")) &&
+              (json_is_object(args) || json_is_string(args));
+    }
+    int rc = CAIRN_OK;
+    json_array_foreach(list, i, el)
+    {
+        if (!all || rc != CAIRN_OK)
+            break;
+        rc = call_from_object(calls, el);
+    }
+    json_decref(list);
+    return rc;
+}
+
 int cairn_chat_parse_tool_calls(const cairn_chat_template *t, const char *text, size_t len,
-                                char **calls_json, char **content)
+                                const char *tools_json, char **calls_json, char **content)
 {
     if (!t || (!text && len) || !calls_json || !content)
         return CAIRN_EINVAL;
+    json_t *tools = NULL;
+    if (tools_json && !json_is_array(tools = json_loads(tools_json, 0, NULL))) {
+        json_decref(tools);
+        return CAIRN_EINVAL;
+    }
     json_t *calls = json_array();
     outbuf rest = {0};
-    if (!calls)
+    if (!calls) {
+        json_decref(tools);
         return CAIRN_ENOMEM;
+    }
     int rc = t->family == CAIRN_CHAT_LLAMA3 ? parse_llama3(calls, text, len, &rest)
                                             : parse_tagged(calls, text, len, &rest);
     if (rc == CAIRN_OK && rest.text.oom)
         rc = CAIRN_ENOMEM;
+    if (rc == CAIRN_OK && json_array_size(calls) == 0 && tools) {
+        rc = parse_bare(calls, text, len, tools);
+        if (json_array_size(calls) > 0)
+            rest.text.len = 0; /* the whole text was the calls */
+    }
+    json_decref(tools);
     if (rc == CAIRN_OK && json_array_size(calls) == 0)
         rc = CAIRN_ENOTFOUND;
     char *cj = NULL, *ct = NULL;
@@ -1214,4 +1275,166 @@ int cairn_chat_parse_tool_calls(const cairn_chat_template *t, const char *text, 
     *calls_json = cj;
     *content = ct;
     return CAIRN_OK;
+}
+
+/* ---- forcing a tool call -------------------------------------------------------
+ *
+ * The schema of a reply that is a call: {"name": TOOL, ARGS: {...}} with ARGS
+ * "parameters" for Llama 3 (its template asks for that key), else
+ * "arguments"; with `several`, also an array of one or more calls. Each
+ * tool's `parameters` is embedded whole, its $defs moved to the root under
+ * "t<i>.<name>" (the schema itself under "t<i>", for "#") and its "$ref"s
+ * rewritten to match; a tool whose schema the grammar cannot take gets
+ * free-form object arguments, with a warning. */
+
+/* Rewrite the "$ref"s under `node` for tool i's moved definitions. false
+ * when a ref of another form is met. */
+static bool rebase_refs(json_t *node, size_t i)
+{
+    if (json_is_array(node)) {
+        size_t k;
+        json_t *el;
+        json_array_foreach(node, k, el)
+        {
+            if (!rebase_refs(el, i))
+                return false;
+        }
+        return true;
+    }
+    if (!json_is_object(node))
+        return true;
+    const char *key;
+    json_t *val;
+    json_object_foreach(node, key, val)
+    {
+        if (strcmp(key, "$ref") == 0 && json_is_string(val)) {
+            const char *ref = json_string_value(val), *name = NULL;
+            if (strncmp(ref, "#/$defs/", 8) == 0)
+                name = ref + 8;
+            else if (strncmp(ref, "#/definitions/", 14) == 0)
+                name = ref + 14;
+            else if (strcmp(ref, "#") != 0)
+                return false;
+            char buf[320];
+            int n = name ? snprintf(buf, sizeof buf, "#/$defs/t%zu.%s", i, name)
+                         : snprintf(buf, sizeof buf, "#/$defs/t%zu", i);
+            if (n < 0 || (size_t)n >= sizeof buf || json_string_set(val, buf) != 0)
+                return false;
+        } else if (!rebase_refs(val, i)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Tool i's parameters moved into `defs`; the schema of its arguments as a
+ * new reference (NULL: out of memory). */
+static json_t *tool_arguments_schema(const json_t *tool, size_t i, json_t *defs)
+{
+    const json_t *fn = json_object_get(tool, "function");
+    const char *name = json_string_value(json_object_get(fn, "name"));
+    json_t *params = json_object_get(fn, "parameters");
+    if (!json_is_object(params))
+        return json_pack("{s:s}", "type", "object"); /* none declared */
+    char *text = json_dumps(params, JSON_COMPACT);
+    cairn_grammar *g = NULL;
+    char why[200] = "";
+    int rc = text ? cairn_grammar_from_json_schema(text, strlen(text), &g, why, sizeof why)
+                  : CAIRN_ENOMEM;
+    free(text);
+    cairn_grammar_free(g);
+    if (rc == CAIRN_ENOMEM)
+        return NULL;
+    json_t *copy = rc == CAIRN_OK ? json_deep_copy(params) : NULL;
+    if (copy) {
+        bool ok = true;
+        static const char *const def_keys[] = {"$defs", "definitions"};
+        for (size_t k = 0; ok && k < 2; k++) {
+            json_t *d = json_object_get(copy, def_keys[k]);
+            const char *dname;
+            json_t *dval;
+            json_object_foreach(d, dname, dval)
+            {
+                char key[300];
+                int n = snprintf(key, sizeof key, "t%zu.%s", i, dname);
+                ok = ok && n > 0 && (size_t)n < sizeof key && !strpbrk(dname, "/~") &&
+                     rebase_refs(dval, i) && json_object_set(defs, key, dval) == 0;
+            }
+            json_object_del(copy, def_keys[k]);
+        }
+        char key[32], ref[40];
+        snprintf(key, sizeof key, "t%zu", i);
+        snprintf(ref, sizeof ref, "#/$defs/%s", key);
+        ok = ok && rebase_refs(copy, i) && json_object_set(defs, key, copy) == 0;
+        json_decref(copy);
+        if (ok)
+            return json_pack("{s:s}", "$ref", ref);
+        snprintf(why, sizeof why, "a $ref other than #, #/$defs/NAME or #/definitions/NAME");
+    }
+    cairn_log(CAIRN_LOG_WARN, "chat: tool %s: its parameters schema cannot be enforced (%s); "
+                              "its arguments are only constrained to a JSON object",
+              name ? name : "?", why[0] ? why : "out of memory");
+    return json_pack("{s:s}", "type", "object");
+}
+
+int cairn_chat_tool_call_schema(const cairn_chat_template *t, const char *tools_json,
+                                bool several, char **schema_json)
+{
+    if (!tools_json || !schema_json)
+        return CAIRN_EINVAL;
+    *schema_json = NULL;
+    json_t *tools = json_loads(tools_json, 0, NULL);
+    if (!json_is_array(tools) || json_array_size(tools) == 0) {
+        json_decref(tools);
+        return CAIRN_EINVAL;
+    }
+    const char *args_key =
+        t && t->family == CAIRN_CHAT_LLAMA3 ? "parameters" : "arguments";
+    json_t *defs = json_object(), *calls = json_array();
+    int rc = defs && calls ? CAIRN_OK : CAIRN_ENOMEM;
+    size_t i;
+    json_t *tool;
+    json_array_foreach(tools, i, tool)
+    {
+        if (rc != CAIRN_OK)
+            break;
+        json_t *name = json_object_get(json_object_get(tool, "function"), "name");
+        if (!json_is_string(name)) {
+            rc = CAIRN_EINVAL;
+            break;
+        }
+        /* {"type": "object", "properties": {"name": {"const": NAME}, ARGS:
+         * schema}, "required": [...]}: properties are generated in this
+         * order, the name first as the templates show it. (jansson's _new
+         * and "o" steal their reference even when they fail.) */
+        json_t *props = json_object();
+        if (!props || json_object_set_new(props, "name", json_pack("{s:O}", "const", name)) ||
+            json_object_set_new(props, args_key, tool_arguments_schema(tool, i, defs)) ||
+            json_array_append_new(calls, json_pack("{s:s, s:O, s:[s,s]}", "type", "object",
+                                                   "properties", props, "required", "name",
+                                                   args_key)))
+            rc = CAIRN_ENOMEM;
+        json_decref(props);
+    }
+    json_t *one = NULL, *schema = NULL;
+    if (rc == CAIRN_OK) {
+        one = json_array_size(calls) == 1 ? json_incref(json_array_get(calls, 0))
+                                          : json_pack("{s:O}", "anyOf", calls);
+        if (one && several)
+            schema = json_pack("{s:O, s:[O, {s:s, s:i, s:O}]}", "$defs", defs, "anyOf", one,
+                               "type", "array", "minItems", 1, "items", one);
+        else if (one && json_object_set(one, "$defs", defs) == 0)
+            schema = json_incref(one);
+        char *text = schema ? json_dumps(schema, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        if (text)
+            *schema_json = text;
+        else
+            rc = CAIRN_ENOMEM;
+    }
+    json_decref(schema);
+    json_decref(one);
+    json_decref(calls);
+    json_decref(defs);
+    json_decref(tools);
+    return rc;
 }

@@ -632,9 +632,28 @@ const char *cairn_chat_turn_end(const cairn_chat_template *t);
  * in OpenAI form [{"id":"call_<n>","type":"function","function":{"name",
  * "arguments": "<JSON text>"}}] (n from 0) and *content the remaining text,
  * trimmed (malloc'ed, may be ""). CAIRN_ENOTFOUND when the text holds no
- * tool call (outputs untouched). */
+ * tool call (outputs untouched). With `tools_json` (an OpenAI tools array;
+ * NULL: none), a text that is as a whole a bare call object {"name": TOOL,
+ * "arguments"|"parameters": {...}} or an array of them, each naming one of
+ * those tools, is read as calls too (small models answer so, and forced
+ * calls -- cairn_chat_tool_call_schema -- are generated so); CAIRN_EINVAL
+ * when tools_json is not a JSON array. */
 int cairn_chat_parse_tool_calls(const cairn_chat_template *t, const char *text, size_t len,
-                                char **calls_json, char **content);
+                                const char *tools_json, char **calls_json, char **content);
+
+/* The JSON schema (malloc'ed text in *schema_json, caller frees) of a reply
+ * that is a call of one of `tools_json`'s tools (an OpenAI tools array), for
+ * cairn_grammar_from_json_schema: {"name": TOOL, "arguments": {...}}
+ * ("parameters" instead of "arguments" for the Llama 3 family, whose
+ * template asks for that key), or with `several` also a JSON array of one or
+ * more such calls. The arguments follow each tool's `parameters` schema,
+ * whose $defs and $refs are carried over; a tool whose schema uses what the
+ * grammar does not support gets free-form object arguments (a warning is
+ * logged). cairn_chat_parse_tool_calls with the same tools reads such a reply
+ * back as calls. CAIRN_EINVAL when tools_json is not a non-empty array of
+ * named function tools. */
+int cairn_chat_tool_call_schema(const cairn_chat_template *t, const char *tools_json,
+                                bool several, char **schema_json);
 
 /* ======================================================================== */
 /* Grammar-constrained sampling                                             */

@@ -108,7 +108,7 @@ typedef struct hreq {
     char id[48];
     long long created;
     bool tools_active;    /* tool calls may come back: parse them           */
-    json_t *tool_names;   /* names of the tools rendered (array of strings) */
+    char *tools_json;     /* the tools rendered (JSON array), for parsing   */
     /* streaming */
     bool head_sent, role_sent;
     sbuf text;            /* everything generated so far                    */
@@ -611,7 +611,7 @@ static void hreq_finish(hreq *q)
         q->conn->active = NULL;
     hreq_release_session(q);
     gen_clear(&q->gen);
-    json_decref(q->tool_names);
+    free(q->tools_json);
     free(q->prompt);
     sb_free(&q->text);
     free(q);
@@ -980,63 +980,15 @@ static void on_delta(hreq *q, const cairn_event *ev)
 /* Tool calls parsed out of a finished chat text: a JSON array in OpenAI's
  * message.tool_calls shape (NULL when there are none), and the content left
  * (*content: malloc'ed, or NULL for all of `text`). */
-static bool is_tool_name(const hreq *q, json_t *name)
-{
-    size_t i;
-    json_t *n;
-    if (!json_is_string(name))
-        return false;
-    json_array_foreach(q->tool_names, i, n)
-    {
-        if (json_equal(n, name))
-            return true;
-    }
-    return false;
-}
-
-/* Small models often answer a tool prompt with the bare call object, without
- * their template's markers: {"name": TOOL, "arguments"|"parameters": {...}}
- * (or an array of them) as the whole reply, naming a tool of the request,
- * is taken as calls too. */
-static json_t *bare_tool_calls(const hreq *q, const char *text, size_t len)
-{
-    json_t *v = json_loadb(text, len, 0, NULL);
-    if (!v)
-        return NULL;
-    json_t *arr = json_is_array(v) ? v : json_pack("[O]", v);
-    json_decref(v);
-    size_t i;
-    json_t *el;
-    bool ok = json_array_size(arr) > 0;
-    json_array_foreach(arr, i, el)
-    {
-        json_t *args = json_object_get(el, "arguments");
-        if (!args)
-            args = json_object_get(el, "parameters");
-        ok &= json_is_object(el) && is_tool_name(q, json_object_get(el, "name")) &&
-              (json_is_object(args) || json_is_string(args));
-    }
-    if (!ok) {
-        json_decref(arr);
-        return NULL;
-    }
-    return arr;
-}
-
 static json_t *parse_tool_calls(hreq *q, const char *text, size_t len, char **content)
 {
     *content = NULL;
     const cairn_chat_template *t = cairn_service_chat_template(q->h->svc);
     char *calls_json = NULL;
-    json_t *calls = NULL;
-    if (t && cairn_chat_parse_tool_calls(t, text, len, &calls_json, content) == CAIRN_OK &&
-        calls_json) {
-        calls = json_loads(calls_json, 0, NULL);
-    } else {
-        free(*content);
-        *content = NULL;
-        calls = bare_tool_calls(q, text, len);
-    }
+    if (!t || cairn_chat_parse_tool_calls(t, text, len, q->tools_json, &calls_json, content) !=
+                  CAIRN_OK)
+        return NULL;
+    json_t *calls = json_loads(calls_json, 0, NULL);
     free(calls_json);
     if (!json_is_array(calls) || json_array_size(calls) == 0) {
         json_decref(calls);
@@ -1044,36 +996,17 @@ static json_t *parse_tool_calls(hreq *q, const char *text, size_t len, char **co
         *content = NULL;
         return NULL;
     }
-    /* Accept {name, arguments} or {function: {name, arguments}}; arguments
-     * as a JSON string or as the object itself. */
-    json_t *out = json_array();
+    /* ids unique across turns (the parser numbers from 0 per text) */
+    const char *tail = strchr(q->id, '-');
     size_t i;
-    json_t *el;
-    json_array_foreach(calls, i, el)
+    json_t *call;
+    json_array_foreach(calls, i, call)
     {
-        json_t *fn = json_object_get(el, "function");
-        json_t *src = json_is_object(fn) ? fn : el;
-        json_t *name = json_object_get(src, "name");
-        json_t *args = json_object_get(src, "arguments");
-        if (!args)
-            args = json_object_get(src, "parameters");
-        char *args_text = json_is_string(args) ? strdup(json_string_value(args))
-                          : args ? json_dumps(args, JSON_COMPACT)
-                                 : strdup("{}");
-        /* ids unique across turns (the parser numbers from 0 per text) */
-        char idbuf[96];
-        const char *tail = strchr(q->id, '-');
-        snprintf(idbuf, sizeof idbuf, "call_%s_%zu", tail ? tail + 1 : q->id, i);
-        json_t *call = json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", idbuf, "type",
-                                 "function", "function", "name",
-                                 json_is_string(name) ? json_string_value(name) : "", "arguments",
-                                 args_text ? args_text : "{}");
-        free(args_text);
-        if (call)
-            json_array_append_new(out, call);
+        char id[96];
+        snprintf(id, sizeof id, "call_%s_%zu", tail ? tail + 1 : q->id, i);
+        json_object_set_new(call, "id", json_string(id));
     }
-    json_decref(calls);
-    return out;
+    return calls;
 }
 
 static void on_generation_done(hreq *q, const cairn_event *ev)
@@ -1637,163 +1570,23 @@ static bool role_valid(const char *r)
     return false;
 }
 
-/* ---- forced tool calls (tool_choice "required" or a named function) ----
- *
- * The reply is constrained, like response_format, to one JSON document: a
- * call object {"name": TOOL, ARGS: {...}} (ARGS is "parameters" for the
- * Llama 3 family, whose template asks for that key, else "arguments"), or
- * for "required" with several tools also an array of such objects (parallel
- * calls). The reply parser takes a bare call object as a call, so a forced
- * reply always comes back as message.tool_calls. Each tool's `parameters`
- * schema is embedded with its $defs moved to the root (its "$ref"s
- * rewritten to the new names); a tool whose schema uses a keyword the
- * grammar does not support gets free-form object arguments, with a warning
- * in the log (the call is still forced, its arguments only shaped). */
-
-/* "$ref" strings under `node` rewritten for tool i's definitions moved to
- * the root $defs as "t<i>" (its whole schema) and "t<i>.<name>". false when
- * a ref of another form is met (the caller falls back). */
-static bool rebase_refs(json_t *node, size_t i)
-{
-    if (json_is_array(node)) {
-        size_t k;
-        json_t *el;
-        json_array_foreach(node, k, el)
-        {
-            if (!rebase_refs(el, i))
-                return false;
-        }
-        return true;
-    }
-    if (!json_is_object(node))
-        return true;
-    const char *key;
-    json_t *val;
-    json_object_foreach(node, key, val)
-    {
-        if (strcmp(key, "$ref") == 0 && json_is_string(val)) {
-            const char *ref = json_string_value(val), *name = NULL;
-            if (strncmp(ref, "#/$defs/", 8) == 0)
-                name = ref + 8;
-            else if (strncmp(ref, "#/definitions/", 14) == 0)
-                name = ref + 14;
-            else if (strcmp(ref, "#") != 0)
-                return false;
-            char buf[320];
-            int n = name ? snprintf(buf, sizeof buf, "#/$defs/t%zu.%s", i, name)
-                         : snprintf(buf, sizeof buf, "#/$defs/t%zu", i);
-            if (n < 0 || (size_t)n >= sizeof buf || json_string_set(val, buf) != 0)
-                return false;
-        } else if (!rebase_refs(val, i)) {
-            return false;
-        }
-    }
-    return true;
-}
-
-/* Tool i's parameters moved into `defs`; the schema of its arguments, as a
- * new reference (NULL: out of memory). */
-static json_t *tool_arguments_schema(const json_t *tool, size_t i, json_t *defs)
-{
-    const json_t *fn = json_object_get(tool, "function");
-    const char *name = json_string_value(json_object_get(fn, "name"));
-    json_t *params = json_object_get(fn, "parameters");
-    if (!json_is_object(params))
-        return json_pack("{s:s}", "type", "object"); /* none declared */
-    char *text = json_dumps(params, JSON_COMPACT);
-    cairn_grammar *g = NULL;
-    char msg[200] = "";
-    int rc = text ? cairn_grammar_from_json_schema(text, strlen(text), &g, msg, sizeof msg)
-                  : CAIRN_ENOMEM;
-    free(text);
-    cairn_grammar_free(g);
-    if (rc == CAIRN_ENOMEM)
-        return NULL;
-    json_t *copy = rc == CAIRN_OK ? json_deep_copy(params) : NULL;
-    if (copy) {
-        bool ok = true;
-        static const char *const def_keys[] = {"$defs", "definitions"};
-        for (size_t k = 0; ok && k < 2; k++) {
-            json_t *d = json_object_get(copy, def_keys[k]);
-            const char *dname;
-            json_t *dval;
-            json_object_foreach(d, dname, dval)
-            {
-                char key[300];
-                int n = snprintf(key, sizeof key, "t%zu.%s", i, dname);
-                ok = ok && n > 0 && (size_t)n < sizeof key && !strpbrk(dname, "/~") &&
-                     rebase_refs(dval, i) && json_object_set(defs, key, dval) == 0;
-            }
-            json_object_del(copy, def_keys[k]);
-        }
-        char key[32], ref[40];
-        snprintf(key, sizeof key, "t%zu", i);
-        snprintf(ref, sizeof ref, "#/$defs/%s", key);
-        ok = ok && rebase_refs(copy, i) && json_object_set(defs, key, copy) == 0;
-        json_decref(copy);
-        if (ok)
-            return json_pack("{s:s}", "$ref", ref);
-        snprintf(msg, sizeof msg, "a $ref cairn cannot follow");
-    }
-    cairn_log(CAIRN_LOG_WARN, "http: tool %s: its parameters schema cannot be enforced (%s); "
-                              "its arguments are only constrained to a JSON object",
-              name ? name : "?", msg[0] ? msg : "out of memory");
-    return json_pack("{s:s}", "type", "object");
-}
-
-/* Compile the grammar that forces a call of one of `tools` into
- * q->gen.grammar. `several`: an array of calls is allowed too. */
-static int force_tool_call(hreq *q, json_t *tools, bool several, herr *e)
+/* tool_choice "required" or a named function: the reply is constrained,
+ * like response_format, to a call of one of `tools` (see
+ * cairn_chat_tool_call_schema); the reply parser reads it back as calls.
+ * `several`: an array of calls is allowed too. */
+static int force_tool_call(hreq *q, const char *tools_json, bool several, herr *e)
 {
     if (q->gen.grammar)
         return bad(e, "tool_choice", "a required or named 'tool_choice' cannot be combined with "
                                      "a JSON 'response_format'");
-    const cairn_chat_template *t = cairn_service_chat_template(q->h->svc);
-    const char *args_key =
-        t && cairn_chat_template_family(t) == CAIRN_CHAT_LLAMA3 ? "parameters" : "arguments";
-    json_t *defs = json_object(), *calls = json_array();
-    bool ok = defs && calls;
-    size_t i;
-    json_t *tool;
-    json_array_foreach(tools, i, tool)
-    {
-        if (!ok)
-            break;
-        json_t *name = json_object_get(json_object_get(tool, "function"), "name");
-        /* {"type": "object", "properties": {"name": {"const": NAME}, ARGS:
-         * schema}, "required": [...]}; properties are generated in this
-         * order: the name first, as the templates show it. (jansson's _new
-         * and "o" steal their reference even when they fail.) */
-        json_t *props = json_object();
-        ok = props && json_object_set_new(props, "name", json_pack("{s:O}", "const", name)) == 0 &&
-             json_object_set_new(props, args_key, tool_arguments_schema(tool, i, defs)) == 0;
-        if (!ok) {
-            json_decref(props);
-            break;
-        }
-        ok = json_array_append_new(calls, json_pack("{s:s, s:o, s:[s,s]}", "type", "object",
-                                                    "properties", props, "required", "name",
-                                                    args_key)) == 0;
-    }
-    json_t *one = ok ? (json_array_size(calls) == 1 ? json_incref(json_array_get(calls, 0))
-                                                    : json_pack("{s:O}", "anyOf", calls))
-                     : NULL;
-    json_t *schema = NULL;
-    if (one && several)
-        schema = json_pack("{s:o, s:[O, {s:s, s:i, s:O}]}", "$defs", json_incref(defs), "anyOf",
-                           one, "type", "array", "minItems", 1, "items", one);
-    else if (one)
-        schema = json_object_set(one, "$defs", defs) == 0 ? json_incref(one) : NULL;
-    json_decref(one);
-    json_decref(calls);
-    json_decref(defs);
-    char *text = schema ? json_dumps(schema, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
-    json_decref(schema);
-    if (!text)
-        return oom(e);
+    char *schema = NULL;
+    int rc = cairn_chat_tool_call_schema(cairn_service_chat_template(q->h->svc), tools_json,
+                                         several, &schema);
     char msg[200] = "";
-    int rc = cairn_grammar_from_json_schema(text, strlen(text), &q->gen.grammar, msg, sizeof msg);
-    free(text);
+    if (rc == CAIRN_OK)
+        rc = cairn_grammar_from_json_schema(schema, strlen(schema), &q->gen.grammar, msg,
+                                            sizeof msg);
+    free(schema);
     if (rc != CAIRN_OK) {
         q->gen.grammar = NULL;
         if (rc == CAIRN_ENOMEM)
@@ -1873,36 +1666,25 @@ static int decode_tools(json_t *root, strlist *keep, hreq *q, const char **tools
             return bad(e, "tool_choice", "'tool_choice' is required but 'tools' is empty");
         return 0;
     }
+    char *text = json_dumps(render, JSON_COMPACT);
+    if (render != tools)
+        json_decref(render);
+    if (!text || !(q->tools_json = strdup(text))) {
+        free(text);
+        return oom(e);
+    }
+    *tools_json = keep_str(keep, text);
+    if (!*tools_json)
+        return oom(e);
     if (forced) {
         /* "required" may answer several calls at once unless the client
          * said parallel_tool_calls: false; a named choice is one call */
         json_t *parallel = field(root, "parallel_tool_calls");
-        if (parallel && !json_is_boolean(parallel)) {
-            if (render != tools)
-                json_decref(render);
+        if (parallel && !json_is_boolean(parallel))
             return bad(e, "parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
-        }
-        int rc = force_tool_call(q, render, only == NULL && !json_is_false(parallel), e);
-        if (rc != 0) {
-            if (render != tools)
-                json_decref(render);
-            return rc;
-        }
+        return force_tool_call(q, q->tools_json, only == NULL && !json_is_false(parallel), e);
     }
-    char *text = json_dumps(render, JSON_COMPACT);
-    if (!(q->tool_names = json_array())) {
-        free(text);
-        text = NULL;
-    }
-    json_array_foreach(render, i, t)
-    {
-        json_array_append(q->tool_names,
-                          json_object_get(json_object_get(t, "function"), "name"));
-    }
-    if (render != tools)
-        json_decref(render);
-    *tools_json = keep_str(keep, text);
-    return *tools_json ? 0 : oom(e);
+    return 0;
 }
 
 static int decode_response_format(json_t *root, hreq *q, herr *e)

@@ -34,7 +34,7 @@ static json_t *parse_ok(const cairn_chat_template *t, const char *text, size_t n
                         char **content)
 {
     char *calls = NULL;
-    assert_int_equal(cairn_chat_parse_tool_calls(t, text, strlen(text), &calls, content), CAIRN_OK);
+    assert_int_equal(cairn_chat_parse_tool_calls(t, text, strlen(text), NULL, &calls, content), CAIRN_OK);
     json_error_t jerr;
     json_t *j = json_loads(calls, 0, &jerr);
     free(calls);
@@ -111,13 +111,13 @@ static void test_qwen_malformed_is_text(void **state)
     cairn_chat_template *t = make(qwen_src);
     char *calls = (char *)"untouched", *content = (char *)"untouched";
     const char *bad = "<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": }\n</tool_call>";
-    assert_int_equal(cairn_chat_parse_tool_calls(t, bad, strlen(bad), &calls, &content),
+    assert_int_equal(cairn_chat_parse_tool_calls(t, bad, strlen(bad), NULL, &calls, &content),
                      CAIRN_ENOTFOUND);
     assert_string_equal(calls, "untouched");
     assert_string_equal(content, "untouched");
     /* no name */
     const char *noname = "<tool_call>{\"arguments\": {}}</tool_call>";
-    assert_int_equal(cairn_chat_parse_tool_calls(t, noname, strlen(noname), &calls, &content),
+    assert_int_equal(cairn_chat_parse_tool_calls(t, noname, strlen(noname), NULL, &calls, &content),
                      CAIRN_ENOTFOUND);
 
     /* a bad block stays in the content; a good one is extracted */
@@ -139,12 +139,12 @@ static void test_no_call(void **state)
     cairn_chat_template *t = make(qwen_src);
     char *calls = NULL, *content = NULL;
     const char *plain = "Here is some code: {\"name\": \"x\"} and <tool_call without end";
-    assert_int_equal(cairn_chat_parse_tool_calls(t, plain, strlen(plain), &calls, &content),
+    assert_int_equal(cairn_chat_parse_tool_calls(t, plain, strlen(plain), NULL, &calls, &content),
                      CAIRN_ENOTFOUND);
     assert_null(calls);
     assert_null(content);
-    assert_int_equal(cairn_chat_parse_tool_calls(t, "", 0, &calls, &content), CAIRN_ENOTFOUND);
-    assert_int_equal(cairn_chat_parse_tool_calls(t, NULL, 5, &calls, &content), CAIRN_EINVAL);
+    assert_int_equal(cairn_chat_parse_tool_calls(t, "", 0, NULL, &calls, &content), CAIRN_ENOTFOUND);
+    assert_int_equal(cairn_chat_parse_tool_calls(t, NULL, 5, NULL, &calls, &content), CAIRN_EINVAL);
     cairn_chat_template_free(t);
 }
 
@@ -170,11 +170,94 @@ static void test_llama3_calls(void **state)
 
     char *cj = NULL, *ct = NULL;
     const char *prose = "The answer is {\"name\" is not a call";
-    assert_int_equal(cairn_chat_parse_tool_calls(t, prose, strlen(prose), &cj, &ct),
+    assert_int_equal(cairn_chat_parse_tool_calls(t, prose, strlen(prose), NULL, &cj, &ct),
                      CAIRN_ENOTFOUND);
     const char *obj = "{\"answer\": 42}";
-    assert_int_equal(cairn_chat_parse_tool_calls(t, obj, strlen(obj), &cj, &ct), CAIRN_ENOTFOUND);
+    assert_int_equal(cairn_chat_parse_tool_calls(t, obj, strlen(obj), NULL, &cj, &ct), CAIRN_ENOTFOUND);
     cairn_chat_template_free(t);
+}
+
+static const char forced_tools[] =
+    "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":"
+    "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"]}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"book\",\"parameters\":{\"type\":\"object\","
+    "\"properties\":{\"when\":{\"$ref\":\"#/$defs/Slot\"},\"next\":{\"$ref\":\"#\"}},"
+    "\"required\":[\"when\"],\"$defs\":{\"Slot\":{\"type\":\"object\",\"properties\":"
+    "{\"day\":{\"enum\":[\"mon\",\"tue\"]}},\"required\":[\"day\"]}}}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"volume\",\"parameters\":{\"type\":\"object\","
+    "\"properties\":{\"level\":{\"type\":\"integer\",\"minimum\":0}}}}}]";
+
+/* Does the grammar of tool_call_schema(t, several) take `doc` whole? */
+static bool forced_accepts(const cairn_chat_template *t, bool several, const char *doc)
+{
+    char *schema = NULL;
+    assert_int_equal(cairn_chat_tool_call_schema(t, forced_tools, several, &schema), CAIRN_OK);
+    cairn_grammar *g = NULL;
+    char err[200] = "";
+    int rc = cairn_grammar_from_json_schema(schema, strlen(schema), &g, err, sizeof err);
+    if (rc != CAIRN_OK)
+        fail_msg("the forcing schema does not compile: %s\n%s", err, schema);
+    cairn_grammar_matcher *m = NULL;
+    assert_int_equal(cairn_grammar_matcher_create(g, NULL, &m), CAIRN_OK);
+    bool ok = cairn_grammar_matcher_accept_bytes(m, doc, strlen(doc)) == CAIRN_OK &&
+              cairn_grammar_matcher_can_end(m);
+    cairn_grammar_matcher_free(m);
+    cairn_grammar_free(g);
+    free(schema);
+    return ok;
+}
+
+static void test_forced_call_schema(void **state)
+{
+    (void)state;
+    cairn_chat_template *q = make(qwen_src), *l = make(llama3_src);
+    /* one call of a tool, its arguments as its schema says ($defs and the
+     * root "#" reference carried over) */
+    assert_true(forced_accepts(q, false, "{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Oslo\"}}"));
+    assert_true(forced_accepts(q, false, "{\"name\":\"book\",\"arguments\":{\"when\":{\"day\":\"tue\"},"
+                                         "\"next\":{\"when\":{\"day\":\"mon\"}}}}"));
+    assert_false(forced_accepts(q, false, "{\"name\":\"book\",\"arguments\":{\"when\":{\"day\":\"fri\"}}}"));
+    assert_false(forced_accepts(q, false, "{\"name\":\"get_weather\",\"arguments\":{}}"));
+    assert_false(forced_accepts(q, false, "{\"name\":\"other\",\"arguments\":{\"city\":\"Oslo\"}}"));
+    assert_false(forced_accepts(q, false, "The weather is fine."));
+    /* a schema beyond the grammar (minimum): any object as arguments */
+    assert_true(forced_accepts(q, false, "{\"name\":\"volume\",\"arguments\":{\"level\":-3,\"x\":[]}}"));
+    assert_false(forced_accepts(q, false, "{\"name\":\"volume\",\"arguments\":7}"));
+    /* several: an array of calls too */
+    const char *two = "[{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Oslo\"}},"
+                      "{\"name\":\"book\",\"arguments\":{\"when\":{\"day\":\"mon\"}}}]";
+    assert_true(forced_accepts(q, true, two));
+    assert_false(forced_accepts(q, false, two));
+    assert_false(forced_accepts(q, true, "[]"));
+    /* Llama 3 names the arguments "parameters" */
+    assert_true(forced_accepts(l, false, "{\"name\":\"get_weather\",\"parameters\":{\"city\":\"Oslo\"}}"));
+    assert_false(forced_accepts(l, false, "{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Oslo\"}}"));
+
+    /* what is generated so is read back as calls, given the tools */
+    char *calls = NULL, *content = NULL;
+    assert_int_equal(cairn_chat_parse_tool_calls(q, two, strlen(two), NULL, &calls, &content),
+                     CAIRN_ENOTFOUND);
+    assert_int_equal(cairn_chat_parse_tool_calls(q, two, strlen(two), forced_tools, &calls,
+                                                 &content), CAIRN_OK);
+    json_t *arr = json_loads(calls, 0, NULL);
+    assert_int_equal(json_array_size(arr), 2);
+    assert_string_equal(json_string_value(json_object_get(
+                            json_object_get(json_array_get(arr, 1), "function"), "name")),
+                        "book");
+    assert_string_equal(content, "");
+    json_decref(arr);
+    free(calls);
+    free(content);
+    const char *stranger = "{\"name\":\"rm_rf\",\"arguments\":{}}";
+    assert_int_equal(cairn_chat_parse_tool_calls(q, stranger, strlen(stranger), forced_tools,
+                                                 &calls, &content), CAIRN_ENOTFOUND);
+    assert_int_equal(cairn_chat_parse_tool_calls(q, two, strlen(two), "{}", &calls, &content),
+                     CAIRN_EINVAL);
+    assert_int_equal(cairn_chat_tool_call_schema(q, "[]", false, &calls), CAIRN_EINVAL);
+    assert_int_equal(cairn_chat_tool_call_schema(q, "[{\"type\":\"function\"}]", false, &calls),
+                     CAIRN_EINVAL);
+    cairn_chat_template_free(q);
+    cairn_chat_template_free(l);
 }
 
 static void test_family_detection(void **state)
@@ -356,6 +439,7 @@ int main(void)
         cmocka_unit_test(test_qwen_malformed_is_text),
         cmocka_unit_test(test_no_call),
         cmocka_unit_test(test_llama3_calls),
+        cmocka_unit_test(test_forced_call_schema),
         cmocka_unit_test(test_family_detection),
         cmocka_unit_test(test_generic_and_errors),
         cmocka_unit_test(test_real_eog),
