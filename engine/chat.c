@@ -18,6 +18,7 @@
 
 #include <jansson.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1228,8 +1229,8 @@ int cairn_chat_parse_tool_calls(const cairn_chat_template *t, const char *text, 
 {
     if (!t || (!text && len) || !calls_json || !content)
         return CAIRN_EINVAL;
-    json_t *tools = NULL;
-    if (tools_json && !json_is_array(tools = json_loads(tools_json, 0, NULL))) {
+    json_t *tools = tools_json ? json_loads(tools_json, 0, NULL) : NULL;
+    if (tools_json && !json_is_array(tools)) { /* (a macro: its argument is read twice) */
         json_decref(tools);
         return CAIRN_EINVAL;
     }
@@ -1436,5 +1437,112 @@ int cairn_chat_tool_call_schema(const cairn_chat_template *t, const char *tools_
     json_decref(calls);
     json_decref(defs);
     json_decref(tools);
+    return rc;
+}
+
+/* ---- choosing the tools of a request ------------------------------------------ */
+
+static int tools_fail(char *err, size_t err_len, const char **field, const char *which,
+                      const char *fmt, ...)
+{
+    if (err && err_len) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, err_len, fmt, ap);
+        va_end(ap);
+    }
+    if (field)
+        *field = which;
+    return CAIRN_EINVAL;
+}
+
+int cairn_chat_tools_select(const char *tools_json, const char *choice_json, char **render_json,
+                            cairn_chat_tool_mode *mode, const char **field, char *err,
+                            size_t err_len)
+{
+    if (!render_json || !mode)
+        return CAIRN_EINVAL;
+    *render_json = NULL;
+    *mode = CAIRN_TOOLS_OFF;
+    json_t *choice = choice_json ? json_loads(choice_json, JSON_DECODE_ANY, NULL) : NULL;
+    if (choice_json && !choice)
+        return tools_fail(err, err_len, field, "tool_choice", "'tool_choice' is not JSON");
+    const char *c = json_string_value(choice); /* NULL unless a string */
+    if (choice && !c && !json_is_object(choice)) {
+        json_decref(choice);
+        return tools_fail(err, err_len, field, "tool_choice",
+                          "'tool_choice' must be a string or an object");
+    }
+    if (c && strcmp(c, "none") && strcmp(c, "auto") && strcmp(c, "required")) {
+        json_decref(choice);
+        return tools_fail(err, err_len, field, "tool_choice",
+                          "'tool_choice' must be none, auto, required or a named function");
+    }
+    json_t *tools = tools_json ? json_loads(tools_json, 0, NULL) : NULL;
+    int rc = CAIRN_OK;
+    if (!tools_json) {
+        if (choice && !(c && (strcmp(c, "none") == 0 || strcmp(c, "auto") == 0)))
+            rc = tools_fail(err, err_len, field, "tool_choice", "'tool_choice' needs 'tools'");
+        json_decref(choice);
+        return rc;
+    }
+    if (!json_is_array(tools))
+        rc = tools_fail(err, err_len, field, "tools", "'tools' must be an array");
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t)
+    {
+        if (rc != CAIRN_OK)
+            break;
+        json_t *type = json_object_get(t, "type"), *fn = json_object_get(t, "function");
+        json_t *name = json_object_get(fn, "name"), *params = json_object_get(fn, "parameters");
+        if (!json_is_string(type) || strcmp(json_string_value(type), "function") != 0 ||
+            !json_is_object(fn) || !json_is_string(name) || json_string_length(name) == 0)
+            rc = tools_fail(err, err_len, field, "tools",
+                            "tools[%zu] must be {type: \"function\", function: {name, ...}}", i);
+        else if (params && !json_is_object(params) && !json_is_null(params))
+            rc = tools_fail(err, err_len, field, "tools",
+                            "tools[%zu].function.parameters must be an object", i);
+    }
+    json_t *render = rc == CAIRN_OK ? json_incref(tools) : NULL;
+    cairn_chat_tool_mode m = CAIRN_TOOLS_AUTO;
+    if (rc == CAIRN_OK && c && strcmp(c, "none") == 0) {
+        m = CAIRN_TOOLS_OFF;
+    } else if (rc == CAIRN_OK && c && strcmp(c, "required") == 0) {
+        m = CAIRN_TOOLS_REQUIRED;
+    } else if (rc == CAIRN_OK && json_is_object(choice)) {
+        /* {"type": "function", "function": {"name": N}}: only that tool */
+        json_t *want = json_object_get(json_object_get(choice, "function"), "name");
+        json_t *only = NULL;
+        json_array_foreach(tools, i, t)
+        {
+            if (json_is_string(want) &&
+                json_equal(json_object_get(json_object_get(t, "function"), "name"), want))
+                only = t;
+        }
+        json_decref(render);
+        render = NULL;
+        if (!json_is_string(want))
+            rc = tools_fail(err, err_len, field, "tool_choice",
+                            "'tool_choice'.function.name must be a string");
+        else if (!only)
+            rc = tools_fail(err, err_len, field, "tool_choice",
+                            "'tool_choice' names a function not in 'tools'");
+        else if (!(render = json_pack("[O]", only)))
+            rc = CAIRN_ENOMEM;
+        m = CAIRN_TOOLS_NAMED;
+    }
+    if (rc == CAIRN_OK && json_array_size(render) == 0 && m >= CAIRN_TOOLS_REQUIRED)
+        rc = tools_fail(err, err_len, field, "tool_choice",
+                        "'tool_choice' asks for a call but 'tools' is empty");
+    if (rc == CAIRN_OK && m != CAIRN_TOOLS_OFF && json_array_size(render) > 0) {
+        if (!(*render_json = json_dumps(render, JSON_COMPACT | JSON_PRESERVE_ORDER)))
+            rc = CAIRN_ENOMEM;
+        else
+            *mode = m;
+    }
+    json_decref(render);
+    json_decref(tools);
+    json_decref(choice);
     return rc;
 }

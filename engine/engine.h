@@ -655,6 +655,28 @@ int cairn_chat_parse_tool_calls(const cairn_chat_template *t, const char *text, 
 int cairn_chat_tool_call_schema(const cairn_chat_template *t, const char *tools_json,
                                 bool several, char **schema_json);
 
+/* OpenAI's tool semantics, for every protocol: `tools_json` (an array of
+ * {"type": "function", "function": {"name", "description"?, "parameters"?}},
+ * or NULL) and `choice_json` (tool_choice as JSON text: "none", "auto",
+ * "required" or {"type": "function", "function": {"name": N}}; NULL = auto)
+ * become the tools to render and parse (*render_json, malloc'ed JSON array,
+ * NULL when there are none: no tools, an empty array, or "none") and what
+ * the reply must be (*mode: OFF when *render_json is NULL; AUTO; REQUIRED,
+ * a call of any of them; NAMED, a call of the one tool left in
+ * *render_json). CAIRN_EINVAL for a malformed value, with a message in err
+ * and the name of the offending field ("tools" or "tool_choice", static)
+ * in *field (may be NULL). */
+typedef enum {
+    CAIRN_TOOLS_OFF = 0,
+    CAIRN_TOOLS_AUTO,
+    CAIRN_TOOLS_REQUIRED,
+    CAIRN_TOOLS_NAMED,
+} cairn_chat_tool_mode;
+
+int cairn_chat_tools_select(const char *tools_json, const char *choice_json, char **render_json,
+                            cairn_chat_tool_mode *mode, const char **field, char *err,
+                            size_t err_len);
+
 /* ======================================================================== */
 /* Grammar-constrained sampling                                             */
 /* ======================================================================== */

@@ -47,6 +47,25 @@ def rpc_seeds():
         "session_append": ["session.append", {"session_id": sid, "tokens": [5, 6, 7]}],
         "session_generate": ["session.generate", dict(session_id=sid, messages=[
             {"role": "tool", "content": "42"}], **sampling)],
+        "session_open_tools": ["session.open", {"messages": [
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}],
+            "tools": [{"type": "function", "function": {
+                "name": "get_weather", "parameters": {
+                    "type": "object", "properties": {"city": {"type": "string"}}}}}]}],
+        "session_generate_tools": ["session.generate", {
+            "session_id": sid, "messages": [], "max_tokens": 8,
+            "tool_choice": {"type": "function", "function": {"name": "book"}},
+            "parallel_tool_calls": False,
+            "tools": [{"type": "function", "function": {"name": "book", "parameters": {
+                "type": "object", "properties": {"when": {"$ref": "#/$defs/Slot"}},
+                "$defs": {"Slot": {"enum": ["mon", "tue"]}}}}},
+                {"type": "function", "function": {"name": "volume", "parameters": {
+                    "type": "object", "properties": {"n": {"type": "integer",
+                                                           "minimum": 0}}}}}]}],
         "session_fork": ["session.fork", {"session_id": sid}],
         "session_truncate": ["session.truncate", {"session_id": sid, "n_tokens": 3}],
         "session_close": ["session.close", {"session_id": sid}],

@@ -1570,6 +1570,23 @@ static bool role_valid(const char *r)
     return false;
 }
 
+/* Compile `schema_text` (JSON Schema text, taken and freed; NULL: any JSON
+ * object) into q->gen.grammar; a refusal is a 400 on `param`. */
+static int compile_grammar(hreq *q, char *schema_text, const char *param, const char *what,
+                           herr *e)
+{
+    char msg[200] = "";
+    int rc = cairn_grammar_from_json_schema(schema_text, schema_text ? strlen(schema_text) : 0,
+                                            &q->gen.grammar, msg, sizeof msg);
+    free(schema_text);
+    if (rc == CAIRN_OK)
+        return 0;
+    q->gen.grammar = NULL;
+    if (rc == CAIRN_ENOMEM)
+        return oom(e);
+    return bad(e, param, "%s: %s", what, msg[0] ? msg : cairn_strerror(rc));
+}
+
 /* tool_choice "required" or a named function: the reply is constrained,
  * like response_format, to a call of one of `tools` (see
  * cairn_chat_tool_call_schema); the reply parser reads it back as calls.
@@ -1582,107 +1599,49 @@ static int force_tool_call(hreq *q, const char *tools_json, bool several, herr *
     char *schema = NULL;
     int rc = cairn_chat_tool_call_schema(cairn_service_chat_template(q->h->svc), tools_json,
                                          several, &schema);
-    char msg[200] = "";
-    if (rc == CAIRN_OK)
-        rc = cairn_grammar_from_json_schema(schema, strlen(schema), &q->gen.grammar, msg,
-                                            sizeof msg);
-    free(schema);
-    if (rc != CAIRN_OK) {
-        q->gen.grammar = NULL;
-        if (rc == CAIRN_ENOMEM)
-            return oom(e);
-        return bad(e, "tools", "the tools cannot be forced: %s",
-                   msg[0] ? msg : cairn_strerror(rc));
-    }
-    return 0;
+    if (rc == CAIRN_ENOMEM)
+        return oom(e);
+    if (rc != CAIRN_OK)
+        return bad(e, "tools", "the tools cannot be forced: %s", cairn_strerror(rc));
+    return compile_grammar(q, schema, "tools", "the tools cannot be forced", e);
 }
 
-/* tools and tool_choice -> the tools JSON to render (NULL: none). */
+/* tools and tool_choice -> the tools JSON to render (NULL: none); a required
+ * or named choice forces the call. */
 static int decode_tools(json_t *root, strlist *keep, hreq *q, const char **tools_json, herr *e)
 {
     *tools_json = NULL;
-    json_t *tools = field(root, "tools");
-    json_t *choice = field(root, "tool_choice");
-    if (!tools) {
-        if (choice && !(json_is_string(choice) && strcmp(json_string_value(choice), "none") == 0) &&
-            !(json_is_string(choice) && strcmp(json_string_value(choice), "auto") == 0))
-            return bad(e, "tool_choice", "'tool_choice' needs 'tools'");
-        return 0;
-    }
-    if (!json_is_array(tools))
-        return bad(e, "tools", "'tools' must be an array");
-    size_t i;
-    json_t *t;
-    json_array_foreach(tools, i, t)
-    {
-        json_t *type = json_object_get(t, "type");
-        json_t *fn = json_object_get(t, "function");
-        if (!json_is_string(type) || strcmp(json_string_value(type), "function") != 0 ||
-            !json_is_object(fn) || !json_is_string(json_object_get(fn, "name")))
-            return bad(e, "tools",
-                       "tools[%zu] must be {type: \"function\", function: {name, ...}}", i);
-        json_t *params = json_object_get(fn, "parameters");
-        if (params && !json_is_object(params) && !json_is_null(params))
-            return bad(e, "tools", "tools[%zu].function.parameters must be an object", i);
-    }
-    json_t *render = tools;
-    json_t *only = NULL;
-    bool forced = false;
-    if (choice) {
-        if (json_is_string(choice)) {
-            const char *c = json_string_value(choice);
-            if (strcmp(c, "none") == 0)
-                return 0;
-            if (strcmp(c, "auto") != 0 && strcmp(c, "required") != 0)
-                return bad(e, "tool_choice",
-                           "'tool_choice' must be none, auto, required or a named function");
-            forced = strcmp(c, "required") == 0;
-        } else if (json_is_object(choice)) {
-            json_t *name = json_object_get(json_object_get(choice, "function"), "name");
-            if (!json_is_string(name))
-                return bad(e, "tool_choice", "'tool_choice'.function.name must be a string");
-            /* a named function: render only that tool */
-            json_array_foreach(tools, i, t)
-            {
-                if (strcmp(json_string_value(json_object_get(json_object_get(t, "function"),
-                                                             "name")),
-                           json_string_value(name)) == 0)
-                    only = t;
-            }
-            if (!only)
-                return bad(e, "tool_choice", "'tool_choice' names a function not in 'tools'");
-            render = json_pack("[O]", only);
-            forced = true;
-            if (!render)
-                return oom(e);
-        } else {
-            return bad(e, "tool_choice", "'tool_choice' must be a string or an object");
-        }
-    }
-    if (json_array_size(render) == 0) {
-        if (render != tools)
-            json_decref(render);
-        if (forced)
-            return bad(e, "tool_choice", "'tool_choice' is required but 'tools' is empty");
-        return 0;
-    }
-    char *text = json_dumps(render, JSON_COMPACT);
-    if (render != tools)
-        json_decref(render);
-    if (!text || !(q->tools_json = strdup(text))) {
-        free(text);
+    json_t *tools = field(root, "tools"), *choice = field(root, "tool_choice");
+    char *tools_text = tools ? json_dumps(tools, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+    char *choice_text = choice ? json_dumps(choice, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+    if ((tools && !tools_text) || (choice && !choice_text)) {
+        free(tools_text);
+        free(choice_text);
         return oom(e);
     }
-    *tools_json = keep_str(keep, text);
-    if (!*tools_json)
+    cairn_chat_tool_mode mode;
+    const char *which = "tools";
+    char msg[200] = "";
+    int rc = cairn_chat_tools_select(tools_text, choice_text, &q->tools_json, &mode, &which, msg,
+                                     sizeof msg);
+    free(tools_text);
+    free(choice_text);
+    if (rc == CAIRN_ENOMEM)
         return oom(e);
-    if (forced) {
+    if (rc != CAIRN_OK)
+        return bad(e, which, "%s", msg);
+    if (mode == CAIRN_TOOLS_OFF)
+        return 0;
+    if (!(*tools_json = keep_str(keep, strdup(q->tools_json))))
+        return oom(e);
+    if (mode == CAIRN_TOOLS_REQUIRED || mode == CAIRN_TOOLS_NAMED) {
         /* "required" may answer several calls at once unless the client
          * said parallel_tool_calls: false; a named choice is one call */
         json_t *parallel = field(root, "parallel_tool_calls");
         if (parallel && !json_is_boolean(parallel))
             return bad(e, "parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
-        return force_tool_call(q, q->tools_json, only == NULL && !json_is_false(parallel), e);
+        return force_tool_call(q, q->tools_json,
+                               mode == CAIRN_TOOLS_REQUIRED && !json_is_false(parallel), e);
     }
     return 0;
 }
@@ -1713,18 +1672,7 @@ static int decode_response_format(json_t *root, hreq *q, herr *e)
         return bad(e, "response_format",
                    "'response_format'.type must be text, json_object or json_schema");
     }
-    char msg[200] = "";
-    int rc = cairn_grammar_from_json_schema(schema_text, schema_text ? strlen(schema_text) : 0,
-                                            &q->gen.grammar, msg, sizeof msg);
-    free(schema_text);
-    if (rc != CAIRN_OK) {
-        q->gen.grammar = NULL;
-        if (rc == CAIRN_ENOMEM)
-            return oom(e);
-        return bad(e, "response_format", "invalid JSON schema: %s",
-                   msg[0] ? msg : cairn_strerror(rc));
-    }
-    return 0;
+    return compile_grammar(q, schema_text, "response_format", "invalid JSON schema", e);
 }
 
 /* /v1/chat/completions: messages -> chat template -> tokens. */

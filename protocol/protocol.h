@@ -265,6 +265,10 @@ typedef struct {
     uint32_t target;          /* gen.cancel                                */
     int64_t n_keep;           /* session.truncate                          */
     bool persist;             /* session.open                              */
+    char *tools_json;         /* session.open: the tools its messages render;
+                                 session.generate: the tools whose calls its
+                                 reply is read for (JSON array, owned; NULL:
+                                 none)                                      */
     /* auth: the token as sent. It points INTO the decoded message (not
      * owned, not NUL-terminated): valid only while those bytes are. */
     const char *token;
@@ -313,9 +317,19 @@ int cairn_rpc_decode_preauth(const uint8_t *msg, size_t len, cairn_rpc_call *cal
 /* [1, msgid, {code, type, message}, nil] */
 int cairn_rpc_pack_error(msgpack_sbuffer *sb, uint32_t msgid, int code, const char *message);
 
+/* A generation's text read as tool calls (cairn_chat_parse_tool_calls): the
+ * calls, a JSON array in OpenAI's form, and the text left around them. */
+typedef struct {
+    const char *calls_json;
+    const char *content;
+} cairn_rpc_tool_calls;
+
 /* The whole response or notification for an engine event, given the method
- * of the request it answers. DELTA gives a gen.delta notification. */
-int cairn_rpc_pack_event(msgpack_sbuffer *sb, cairn_rpc_method method, const cairn_event *ev);
+ * of the request it answers. DELTA gives a gen.delta notification. `calls`
+ * (NULL: none) adds tool_calls and content to a generation's result, whose
+ * finish_reason is then "tool_calls". */
+int cairn_rpc_pack_event(msgpack_sbuffer *sb, cairn_rpc_method method, const cairn_event *ev,
+                         const cairn_rpc_tool_calls *calls);
 
 typedef struct {
     const char *version;

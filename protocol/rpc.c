@@ -98,7 +98,8 @@ typedef enum {
     F_SESSION_ID, F_N_TOKENS, F_REQUEST, F_PERSIST, F_TTL_S,
     F_MAX_TOKENS, F_TEMPERATURE, F_TOP_K, F_TOP_P, F_MIN_P, F_REPEAT_PENALTY,
     F_FREQUENCY_PENALTY, F_PRESENCE_PENALTY, F_SEED, F_STOP, F_STREAM, F_TOKEN,
-    F_RESPONSE_FORMAT, F_SPECULATIVE, F_DRAFT,
+    F_RESPONSE_FORMAT, F_SPECULATIVE, F_DRAFT, F_TOOLS, F_TOOL_CHOICE,
+    F_PARALLEL_TOOL_CALLS,
     F_COUNT_
 } field;
 
@@ -107,7 +108,8 @@ static const char *const field_names[F_COUNT_] = {
     "session_id", "n_tokens", "request", "persist", "ttl_s",
     "max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
     "frequency_penalty", "presence_penalty", "seed", "stop", "stream", "token",
-    "response_format", "speculative", "draft",
+    "response_format", "speculative", "draft", "tools", "tool_choice",
+    "parallel_tool_calls",
 };
 
 /* Where each known parameter's value starts; NULL when absent or nil. */
@@ -302,6 +304,8 @@ static void render_message(strbuf *b, const char *role, size_t role_len, const c
     sb_add(b, "\n", 1);
 }
 
+static json_t *mp_to_json(cairn_mp_reader *r, int depth);
+
 /* The messages of a request as NUL-terminated copies, for the chat template. */
 typedef struct {
     cairn_chat_message *m;
@@ -315,6 +319,7 @@ static void chat_list_free(chat_list *l)
         free((char *)l->m[i].content);
         free((char *)l->m[i].tool_call_id);
         free((char *)l->m[i].name);
+        free((char *)l->m[i].tool_calls_json);
     }
     free(l->m);
     memset(l, 0, sizeof *l);
@@ -353,21 +358,39 @@ static int collect_messages(const params *p, chat_list *l, cairn_rpc_error *err)
         static const char *const keys[] = {"role", "content", "tool_call_id", "name"};
         const char *val[4] = {0};
         uint32_t len[4] = {0};
+        char *calls_json = NULL; /* an assistant's tool_calls, as JSON text */
         for (uint32_t k = 0; k < n_keys; k++) {
             const char *key;
             uint32_t key_len;
-            if (cairn_mp_read_str(&r, &key, &key_len) != CAIRN_OK)
+            if (cairn_mp_read_str(&r, &key, &key_len) != CAIRN_OK) {
+                free(calls_json);
                 return fail(err, CAIRN_RPC_INVALID_REQUEST,
                             "'messages'[%u] keys must be strings", i);
+            }
             int which = -1;
             for (int q = 0; q < 4; q++)
                 if (strlen(keys[q]) == key_len && memcmp(key, keys[q], key_len) == 0)
                     which = q;
-            if (which >= 0) {
-                if (cairn_mp_read_str(&r, &val[which], &len[which]) != CAIRN_OK)
+            if (key_len == 10 && memcmp(key, "tool_calls", 10) == 0 && !calls_json &&
+                cairn_mp_peek(&r) != CAIRN_MP_NIL) {
+                json_t *calls = cairn_mp_peek(&r) == CAIRN_MP_ARRAY ? mp_to_json(&r, 0) : NULL;
+                calls_json = calls ? json_dumps(calls, JSON_COMPACT) : NULL;
+                json_decref(calls);
+                if (!calls_json)
+                    return fail(err, CAIRN_RPC_INVALID_REQUEST,
+                                "'messages'[%u].tool_calls must be an array of calls", i);
+                continue;
+            }
+            if (which >= 0 && cairn_mp_peek(&r) == CAIRN_MP_NIL) {
+                cairn_mp_skip(&r); /* nil: absent (an assistant's content beside calls) */
+            } else if (which >= 0) {
+                if (cairn_mp_read_str(&r, &val[which], &len[which]) != CAIRN_OK) {
+                    free(calls_json);
                     return fail(err, CAIRN_RPC_INVALID_REQUEST,
                                 "'messages'[%u].%s must be a string", i, keys[which]);
+                }
             } else if (cairn_mp_skip(&r) != CAIRN_OK) {
+                free(calls_json);
                 return fail(err, CAIRN_RPC_INVALID_REQUEST, "truncated message");
             }
         }
@@ -375,15 +398,25 @@ static int collect_messages(const params *p, chat_list *l, cairn_rpc_error *err)
         bool known = false;
         for (size_t k = 0; val[0] && k < sizeof roles / sizeof roles[0]; k++)
             known |= strlen(roles[k]) == len[0] && memcmp(roles[k], val[0], len[0]) == 0;
+        bool assistant = known && len[0] == 9 && memcmp(val[0], "assistant", 9) == 0;
+        int rc = CAIRN_OK;
         if (!known)
-            return fail(err, CAIRN_RPC_INVALID_REQUEST,
-                        "'messages'[%u].role must be system, developer, user, assistant or tool",
-                        i);
-        if (!val[1])
-            return fail(err, CAIRN_RPC_INVALID_REQUEST, "'messages'[%u].content is required",
-                        i);
-        if (chat_list_add(l, val[0], len[0], val[1], len[1], val[2], len[2], val[3], len[3]))
-            return fail(err, CAIRN_RPC_OVERLOADED, "out of memory");
+            rc = fail(err, CAIRN_RPC_INVALID_REQUEST,
+                      "'messages'[%u].role must be system, developer, user, assistant or tool",
+                      i);
+        else if (calls_json && !assistant)
+            rc = fail(err, CAIRN_RPC_INVALID_REQUEST,
+                      "'messages'[%u].tool_calls: only an assistant message carries calls", i);
+        else if (!val[1] && !calls_json)
+            rc = fail(err, CAIRN_RPC_INVALID_REQUEST, "'messages'[%u].content is required", i);
+        else if (chat_list_add(l, val[0], len[0], val[1], len[1], val[2], len[2], val[3],
+                               len[3]))
+            rc = fail(err, CAIRN_RPC_OVERLOADED, "out of memory");
+        if (rc != CAIRN_OK) {
+            free(calls_json);
+            return rc;
+        }
+        l->m[l->n - 1].tool_calls_json = calls_json; /* the list owns it now */
     }
     return CAIRN_OK;
 }
@@ -396,6 +429,11 @@ static int decode_content(const cairn_rpc_context *ctx, const params *p, field t
                           bool allow_messages, bool allow_system, bool first_text,
                           bool assistant, cairn_rpc_call *call, cairn_rpc_error *err)
 {
+    if (first_text && call->tools_json && !(allow_messages && p->at[F_MESSAGES]) &&
+        !(allow_system && p->at[F_SYSTEM]))
+        return fail(err, CAIRN_RPC_INVALID_REQUEST,
+                    "'tools' are rendered with 'messages' (or 'system'), not with '%s'",
+                    p->at[F_TOKENS] ? "tokens" : field_names[text_field]);
     const size_t limit = (size_t)ctx->n_ctx;
     int given = (p->at[text_field] != NULL) + (p->at[F_TOKENS] != NULL) +
                 (allow_messages && p->at[F_MESSAGES] != NULL);
@@ -441,8 +479,8 @@ static int decode_content(const cairn_rpc_context *ctx, const params *p, field t
          * template's own markers become special tokens. */
         int cflags = (assistant ? CAIRN_CHAT_GENERATION_PROMPT : 0) |
                      (first_text ? 0 : CAIRN_CHAT_CONTINUE) | (add_bos ? CAIRN_CHAT_ADD_BOS : 0);
-        rc = cairn_chat_tokenize(ctx->chat_template, ctx->vocab, list.m, list.n, NULL, cflags,
-                                 &call->tokens, &call->n_tokens);
+        rc = cairn_chat_tokenize(ctx->chat_template, ctx->vocab, list.m, list.n,
+                                 call->tools_json, cflags, &call->tokens, &call->n_tokens);
         call->chat_turn = !first_text;
         if (rc == CAIRN_OK && call->n_tokens > limit) {
             size_t n = call->n_tokens;
@@ -744,6 +782,68 @@ static int decode_response_format(const params *p, cairn_gen_params *g, cairn_rp
     return CAIRN_OK;
 }
 
+/* ---- tools ------------------------------------------------------------------
+ * OpenAI's tools and tool_choice (cairn_chat_tools_select): at session.open
+ * the tools are rendered with the messages (the template's tool block); at
+ * session.generate the reply is read for calls of them, and a required or
+ * named choice forces one (cairn_chat_tool_call_schema). */
+
+static int decode_tools(const cairn_rpc_context *ctx, const params *p, bool generation,
+                        cairn_rpc_call *c, cairn_rpc_error *err)
+{
+    if (!p->at[F_TOOLS] && !p->at[F_TOOL_CHOICE])
+        return CAIRN_OK;
+    char *text[2] = {NULL, NULL};
+    const field fields[2] = {F_TOOLS, F_TOOL_CHOICE};
+    for (int k = 0; k < 2; k++) {
+        if (!p->at[fields[k]])
+            continue;
+        cairn_mp_reader r = field_reader(p, fields[k]);
+        json_t *j = mp_to_json(&r, 0);
+        text[k] = j ? json_dumps(j, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+        json_decref(j);
+        if (!text[k]) {
+            free(text[0]);
+            return fail(err, CAIRN_RPC_INVALID_REQUEST, "'%s' cannot be read as JSON",
+                        field_names[fields[k]]);
+        }
+    }
+    cairn_chat_tool_mode mode;
+    char msg[200] = "";
+    int rc = cairn_chat_tools_select(text[0], text[1], &c->tools_json, &mode, NULL, msg,
+                                     sizeof msg);
+    free(text[0]);
+    free(text[1]);
+    if (rc == CAIRN_ENOMEM)
+        return fail(err, CAIRN_RPC_OVERLOADED, "out of memory");
+    if (rc != CAIRN_OK)
+        return fail(err, CAIRN_RPC_INVALID_REQUEST, "%s", msg);
+    if (mode != CAIRN_TOOLS_REQUIRED && mode != CAIRN_TOOLS_NAMED)
+        return CAIRN_OK;
+    if (!generation)
+        return fail(err, CAIRN_RPC_INVALID_REQUEST,
+                    "a required or named 'tool_choice' goes with session.generate");
+    if (c->gen.grammar)
+        return fail(err, CAIRN_RPC_INVALID_REQUEST, "a required or named 'tool_choice' cannot "
+                                                    "be combined with a JSON 'response_format'");
+    bool parallel = true; /* "required" may answer several calls; named: one */
+    if (get_bool(p, F_PARALLEL_TOOL_CALLS, &parallel, err))
+        return err->code;
+    char *schema = NULL;
+    rc = cairn_chat_tool_call_schema(ctx->chat_template, c->tools_json,
+                                     mode == CAIRN_TOOLS_REQUIRED && parallel, &schema);
+    if (rc == CAIRN_OK)
+        rc = cairn_grammar_from_json_schema(schema, strlen(schema), &c->gen.grammar, msg,
+                                            sizeof msg);
+    free(schema);
+    if (rc == CAIRN_ENOMEM)
+        return fail(err, CAIRN_RPC_OVERLOADED, "out of memory");
+    if (rc != CAIRN_OK)
+        return fail(err, CAIRN_RPC_INVALID_REQUEST, "the tools cannot be forced: %s",
+                    msg[0] ? msg : cairn_strerror(rc));
+    return CAIRN_OK;
+}
+
 /* ---- the envelope and the methods ----------------------------------------- */
 
 static int decode_params(const cairn_rpc_context *ctx, const params *p, uint64_t *seed_source,
@@ -754,6 +854,9 @@ static int decode_params(const cairn_rpc_context *ctx, const params *p, uint64_t
     case CAIRN_RPC_CACHE_STATS:
         return CAIRN_OK;
     case CAIRN_RPC_GENERATE:
+        if (p->at[F_TOOLS] || p->at[F_TOOL_CHOICE])
+            return fail(err, CAIRN_RPC_INVALID_REQUEST,
+                        "'tools' go with session.open and session.generate (messages)");
         if (decode_content(ctx, p, F_PROMPT, false, false, true, false, c, err) ||
             decode_gen(ctx, p, seed_source, &c->gen, err))
             return err->code;
@@ -766,11 +869,14 @@ static int decode_params(const cairn_rpc_context *ctx, const params *p, uint64_t
         float ttl = 0;
         /* ttl_s is accepted and checked; sessions do not expire yet. */
         if (get_bool(p, F_PERSIST, &c->persist, err) ||
-            get_float(p, F_TTL_S, 0, 1e12, &ttl, err))
+            get_float(p, F_TTL_S, 0, 1e12, &ttl, err) || decode_tools(ctx, p, false, c, err))
             return err->code;
         return decode_content(ctx, p, F_TEXT, true, true, true, false, c, err);
     }
     case CAIRN_RPC_SESSION_APPEND:
+        if (p->at[F_TOOLS] || p->at[F_TOOL_CHOICE])
+            return fail(err, CAIRN_RPC_INVALID_REQUEST,
+                        "'tools' go with session.open and session.generate (messages)");
         if (get_session_id(p, &c->session, err) ||
             decode_content(ctx, p, F_TEXT, true, false, false, false, c, err))
             return err->code;
@@ -779,9 +885,10 @@ static int decode_params(const cairn_rpc_context *ctx, const params *p, uint64_t
                         "one of 'messages', 'text' or 'tokens' is required");
         return CAIRN_OK;
     case CAIRN_RPC_SESSION_GENERATE:
+        /* tools after response_format (decode_gen): forcing excludes it */
         if (get_session_id(p, &c->session, err) ||
             decode_content(ctx, p, F_TEXT, true, false, false, true, c, err) ||
-            decode_gen(ctx, p, seed_source, &c->gen, err))
+            decode_gen(ctx, p, seed_source, &c->gen, err) || decode_tools(ctx, p, true, c, err))
             return err->code;
         return CAIRN_OK;
     case CAIRN_RPC_SESSION_FORK:
@@ -939,6 +1046,7 @@ void cairn_rpc_call_clear(cairn_rpc_call *call)
     for (int i = 0; i < call->gen.n_stop; i++)
         free(call->gen.stop[i]);
     cairn_grammar_free(call->gen.grammar);
+    free(call->tools_json);
     memset(call, 0, sizeof *call);
 }
 
@@ -1067,7 +1175,39 @@ static void pack_stats(msgpack_packer *pk, const cairn_service_stats *st)
 #undef U64
 }
 
-int cairn_rpc_pack_event(msgpack_sbuffer *sb, cairn_rpc_method method, const cairn_event *ev)
+/* A JSON value (tool calls) as msgpack. */
+static void pack_json(msgpack_packer *pk, const json_t *j)
+{
+    switch (json_typeof(j)) {
+    case JSON_OBJECT: {
+        msgpack_pack_map(pk, json_object_size(j));
+        const char *key;
+        json_t *v;
+        json_object_foreach((json_t *)j, key, v)
+        {
+            pack_cstr(pk, key);
+            pack_json(pk, v);
+        }
+        break;
+    }
+    case JSON_ARRAY: {
+        msgpack_pack_array(pk, json_array_size(j));
+        size_t i;
+        json_t *v;
+        json_array_foreach(j, i, v) { pack_json(pk, v); }
+        break;
+    }
+    case JSON_STRING: pack_strn(pk, json_string_value(j), json_string_length(j)); break;
+    case JSON_INTEGER: msgpack_pack_int64(pk, json_integer_value(j)); break;
+    case JSON_REAL: msgpack_pack_double(pk, json_real_value(j)); break;
+    case JSON_TRUE: msgpack_pack_true(pk); break;
+    case JSON_FALSE: msgpack_pack_false(pk); break;
+    default: msgpack_pack_nil(pk); break;
+    }
+}
+
+int cairn_rpc_pack_event(msgpack_sbuffer *sb, cairn_rpc_method method, const cairn_event *ev,
+                         const cairn_rpc_tool_calls *calls)
 {
     const uint32_t msgid = (uint32_t)ev->id;
     if (ev->kind == CAIRN_EV_ERROR)
@@ -1089,14 +1229,23 @@ int cairn_rpc_pack_event(msgpack_sbuffer *sb, cairn_rpc_method method, const cai
     }
     pack_result_head(&pk, msgid);
     switch (ev->what) {
-    case CAIRN_DONE_GENERATION:
-        msgpack_pack_map(&pk, 4);
+    case CAIRN_DONE_GENERATION: {
+        json_t *tool_calls = calls && calls->calls_json ? json_loads(calls->calls_json, 0, NULL)
+                                                        : NULL;
+        msgpack_pack_map(&pk, tool_calls ? 6 : 4);
         pack_cstr(&pk, "text");
         pack_strn(&pk, ev->text, ev->text_len);
         pack_cstr(&pk, "tokens");
         pack_tokens(&pk, ev->tokens, ev->n_tokens);
         pack_cstr(&pk, "finish_reason");
-        pack_cstr(&pk, ev->finish_reason ? ev->finish_reason : "stop");
+        pack_cstr(&pk, tool_calls ? "tool_calls" : ev->finish_reason ? ev->finish_reason : "stop");
+        if (tool_calls) {
+            pack_cstr(&pk, "tool_calls");
+            pack_json(&pk, tool_calls);
+            pack_cstr(&pk, "content");
+            pack_cstr(&pk, calls->content ? calls->content : "");
+            json_decref(tool_calls);
+        }
         pack_cstr(&pk, "usage");
         msgpack_pack_map(&pk, 4);
         pack_cstr(&pk, "prompt_tokens");
@@ -1114,6 +1263,7 @@ int cairn_rpc_pack_event(msgpack_sbuffer *sb, cairn_rpc_method method, const cai
         pack_cstr(&pk, "completion_tokens");
         msgpack_pack_int64(&pk, ev->completion_tokens);
         break;
+    }
     case CAIRN_DONE_SESSION:
         switch (method) {
         case CAIRN_RPC_SESSION_OPEN:

@@ -22,6 +22,8 @@
 #include "protocol/protocol.h"
 #include "protocol/http_impl.h"
 
+#include <jansson.h>
+
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -43,6 +45,8 @@
 typedef struct {
     uint32_t msgid;
     cairn_rpc_method method;
+    char *tools_json; /* session.generate: read the reply for these tools'
+                         calls (owned; NULL: none) */
 } pending;
 
 typedef struct conn {
@@ -183,12 +187,13 @@ static int pending_add(conn *c, uint32_t msgid, cairn_rpc_method m)
         c->pend = p;
         c->cap_pend = cap;
     }
-    c->pend[c->n_pend++] = (pending){msgid, m};
+    c->pend[c->n_pend++] = (pending){msgid, m, NULL};
     return CAIRN_OK;
 }
 
 static void pending_remove(conn *c, pending *p)
 {
+    free(p->tools_json);
     *p = c->pend[--c->n_pend];
 }
 
@@ -204,6 +209,8 @@ static void conn_free(conn *c)
     if (c->all_next)
         c->all_next->all_prev = c->all_prev;
     free(c->in);
+    for (int i = 0; i < c->n_pend; i++)
+        free(c->pend[i].tools_json);
     free(c->pend);
     free(c);
 }
@@ -386,6 +393,8 @@ static void submit_call(conn *c, cairn_rpc_call *call)
         r->gen = call->gen; /* the stop strings and the grammar move too */
         call->gen.n_stop = 0;
         call->gen.grammar = NULL;
+        pending_find(c, msgid)->tools_json = call->tools_json; /* for the reply */
+        call->tools_json = NULL;
     }
     r->target = call->target;
     r->n_keep = call->n_keep;
@@ -754,6 +763,27 @@ static ev_node *queue_take_all(cairn_server *s)
     return n;
 }
 
+/* Call ids unique on the server: call_<connection>_<msgid>_<i> (the parser
+ * numbers from 0 in each reply). Left as they are when out of memory. */
+static void number_calls(char **calls_json, uint64_t conn_id, uint32_t msgid)
+{
+    json_t *calls = json_loads(*calls_json, 0, NULL);
+    size_t i;
+    json_t *call;
+    json_array_foreach(calls, i, call)
+    {
+        char id[80];
+        snprintf(id, sizeof id, "call_%llu_%u_%zu", (unsigned long long)conn_id, msgid, i);
+        json_object_set_new(call, "id", json_string(id));
+    }
+    char *text = calls ? json_dumps(calls, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(calls);
+    if (text) {
+        free(*calls_json);
+        *calls_json = text;
+    }
+}
+
 static void on_events(uv_async_t *a)
 {
     cairn_server *s = a->data;
@@ -772,13 +802,25 @@ static void on_events(uv_async_t *a)
             msgpack_sbuffer sb;
             msgpack_sbuffer_init(&sb);
             cairn_rpc_method method = p->method;
+            /* A finished generation of a request with tools: its calls. */
+            char *calls_json = NULL, *content = NULL;
+            if (ev->kind == CAIRN_EV_DONE && ev->what == CAIRN_DONE_GENERATION &&
+                p->tools_json && s->rctx.chat_template)
+                cairn_chat_parse_tool_calls(s->rctx.chat_template, ev->text ? ev->text : "",
+                                            ev->text ? ev->text_len : 0, p->tools_json,
+                                            &calls_json, &content);
+            if (calls_json)
+                number_calls(&calls_json, c->id, p->msgid);
+            const cairn_rpc_tool_calls calls = {calls_json, content};
             if (ev->kind != CAIRN_EV_DELTA)
                 pending_remove(c, p);
-            if (cairn_rpc_pack_event(&sb, method, ev) == CAIRN_OK)
+            if (cairn_rpc_pack_event(&sb, method, ev, calls_json ? &calls : NULL) == CAIRN_OK)
                 conn_send(c, &sb);
             else if (ev->kind != CAIRN_EV_DELTA)
                 send_error(c, (uint32_t)ev->id, CAIRN_ENOMEM, "out of memory");
             msgpack_sbuffer_destroy(&sb);
+            free(calls_json);
+            free(content);
         }
         free(n);
     }

@@ -4,7 +4,9 @@ the model's template, and a greedy reply ends at <|im_end|> (an
 end-of-generation token) well before -n. Then the msgpack protocol's
 `messages` on `cairn serve`: rendered with the model's template (the token
 count of `cairn chat-format`'s text), continued without the default system
-prompt, and the reply again stops at <|im_end|>.
+prompt, and the reply again stops at <|im_end|>; tools rendered at
+session.open, a call read from the reply, the tool's answer continuing the
+conversation, and tool_choice "required" forcing a call.
 
 usage: test_chat_run.py CAIRN_BIN       (exit 77 = skipped: model absent)
 """
@@ -49,15 +51,21 @@ assert r.returncode == 2, r.stderr.decode()
 print(f"ok: {n_gen} tokens, then <|im_end|>: {out.strip()!r}")
 
 
-def n_tokens_of(messages, gen_prompt):
+def n_tokens_of(messages, gen_prompt, tools=None):
     """Token count of cairn chat-format's text, tokenized with special parsing."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(messages, f)
     args = [CAIRN, "chat-format", "-m", MODEL, "--messages", f.name]
+    if tools is not None:
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as t:
+            json.dump(tools, t)
+        args += ["--tools", t.name]
     if not gen_prompt:
         args.append("--no-generation-prompt")
     text = subprocess.run(args, capture_output=True, check=True, timeout=60).stdout
     os.unlink(f.name)
+    if tools is not None:
+        os.unlink(t.name)
     ids = subprocess.run([CAIRN, "tokenize", "-m", MODEL, "--parse-special"], input=text,
                          capture_output=True, check=True, timeout=60).stdout.split()
     return len(ids)
@@ -96,7 +104,61 @@ try:
     e = c.session_open(messages=evil)
     n_plain = n_tokens_of(evil, False)
     assert e["n_tokens"] != n_plain, "marker text was parsed as special tokens"
+
+    # Tools over the native protocol: rendered at session.open, the reply read
+    # for calls, the tool's answer continues the conversation, and a session
+    # opened with the whole exchange (the assistant's tool_calls as a message)
+    # is rendered exactly as the template renders it.
+    weather = {"type": "function", "function": {
+        "name": "get_weather", "description": "Get the current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}
+    # (no system message: the template's default one introduces the tools)
+    system = []
+    ask = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
+    s = c.session_open(messages=ask, tools=[weather])
+    assert s["n_tokens"] == n_tokens_of(ask, False, [weather]), s
+    sid = s["session_id"]
+    # empty messages: just the assistant cue
+    r = c.session_generate(sid, messages=[], tools=[weather], max_tokens=64, temperature=0)
+    assert r.usage.prompt_tokens == n_tokens_of(ask, True, [weather]), r.usage
+    assert r.finish_reason == "tool_calls", r
+    assert [t["function"]["name"] for t in r.tool_calls] == ["get_weather"], r.tool_calls
+    assert json.loads(r.tool_calls[0]["function"]["arguments"])["city"] == "Paris", r.tool_calls
+    assert r.content == "", r
+    answer = [{"role": "tool", "tool_call_id": r.tool_calls[0]["id"],
+               "content": "sunny, 18 degrees Celsius"}]
+    r2 = c.session_generate(sid, messages=answer, tools=[weather], max_tokens=64,
+                            temperature=0)
+    # the session holds the reply as the model wrote it (this small model
+    # writes a bare call object), closed by the turn end, then the tool turn
+    said = system + ask + [{"role": "assistant", "content": r.text}] + answer
+    assert r2.usage.prompt_tokens == n_tokens_of(said, True, [weather]), r2.usage
+    assert r2.finish_reason in ("stop", "tool_calls"), r2
+    called = [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": r.tool_calls[0]["id"], "type": "function",
+         "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}]
+    whole = system + ask + called
+    f = c.session_open(messages=whole, tools=[weather])
+    assert f["n_tokens"] == n_tokens_of(whole, False, [weather]), f
+    r3 = c.session_generate(f["session_id"], messages=answer, tools=[weather], max_tokens=64,
+                            temperature=0)
+    assert r3.usage.prompt_tokens == n_tokens_of(whole + answer, True, [weather]), r3.usage
+    # (what this 0.5B model says after a tool's answer is not checked: it
+    # often calls again)
+    # tool_choice "required" makes a greeting a call; "none" reads no calls
+    hello = [{"role": "user", "content": "Say hello to me."}]
+    greet = c.session_open(messages=hello, tools=[weather])["session_id"]
+    g = c.session_fork(greet)
+    free_reply = c.session_generate(greet, messages=[], tools=[weather], max_tokens=32,
+                                    temperature=0)
+    assert not free_reply.tool_calls and free_reply.finish_reason == "stop", free_reply
+    forced = c.session_generate(g, messages=[], tools=[weather], tool_choice="required",
+                                max_tokens=64, temperature=0)
+    assert forced.finish_reason == "tool_calls", forced
+    assert {t["function"]["name"] for t in forced.tool_calls} == {"get_weather"}, forced
     c.close()
-    print(f"ok: serve messages; reply {r.text.strip()!r}")
+    print(f"ok: serve messages and tools; call {r.text.strip()!r}, "
+          f"forced {forced.text.strip()!r}")
 finally:
     srv.stop()

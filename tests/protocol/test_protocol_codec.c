@@ -845,7 +845,7 @@ static void test_pack(void **state)
     cairn_event ev = {.kind = CAIRN_EV_DELTA, .client = 1, .id = 9, .text = "abc", .text_len = 3,
                       .tokens = toks, .n_tokens = 3};
     msgpack_sbuffer_init(&sb);
-    assert_int_equal(cairn_rpc_pack_event(&sb, CAIRN_RPC_GENERATE, &ev), CAIRN_OK);
+    assert_int_equal(cairn_rpc_pack_event(&sb, CAIRN_RPC_GENERATE, &ev, NULL), CAIRN_OK);
     o = unpack(&u, &sb);
     assert_int_equal(o.via.array.size, 3);
     assert_int_equal(o.via.array.ptr[0].via.u64, 2);
@@ -863,12 +863,38 @@ static void test_pack(void **state)
     ev.cached_tokens = 2;
     ev.completion_tokens = 3;
     msgpack_sbuffer_init(&sb);
-    assert_int_equal(cairn_rpc_pack_event(&sb, CAIRN_RPC_GENERATE, &ev), CAIRN_OK);
+    assert_int_equal(cairn_rpc_pack_event(&sb, CAIRN_RPC_GENERATE, &ev, NULL), CAIRN_OK);
     o = unpack(&u, &sb);
     const msgpack_object *r = &o.via.array.ptr[3];
     assert_memory_equal(map_get(r, "finish_reason")->via.str.ptr, "length", 6);
     assert_int_equal(map_get(map_get(r, "usage"), "cached_tokens")->via.u64, 2);
     assert_int_equal(map_get(r, "tokens")->via.array.ptr[2].via.u64, 7);
+    assert_int_equal(r->via.map.size, 4); /* no tool_calls, no content */
+    msgpack_unpacked_destroy(&u);
+    msgpack_sbuffer_destroy(&sb);
+
+    /* With tool calls: finish_reason says so, the calls come as maps. */
+    const cairn_rpc_tool_calls calls = {
+        "[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"f\","
+        "\"arguments\":\"{\\\"n\\\":2}\"},\"n\":[1,-2,0.5,true,null]}]",
+        "around"};
+    msgpack_sbuffer_init(&sb);
+    assert_int_equal(cairn_rpc_pack_event(&sb, CAIRN_RPC_SESSION_GENERATE, &ev, &calls), CAIRN_OK);
+    o = unpack(&u, &sb);
+    r = &o.via.array.ptr[3];
+    assert_memory_equal(map_get(r, "finish_reason")->via.str.ptr, "tool_calls", 10);
+    assert_memory_equal(map_get(r, "content")->via.str.ptr, "around", 6);
+    const msgpack_object *tc = map_get(r, "tool_calls");
+    assert_int_equal(tc->via.array.size, 1);
+    const msgpack_object *fn = map_get(&tc->via.array.ptr[0], "function");
+    assert_memory_equal(map_get(fn, "name")->via.str.ptr, "f", 1);
+    assert_memory_equal(map_get(fn, "arguments")->via.str.ptr, "{\"n\":2}", 7);
+    const msgpack_object *n = map_get(&tc->via.array.ptr[0], "n");
+    assert_int_equal(n->via.array.size, 5);
+    assert_int_equal(n->via.array.ptr[1].via.i64, -2);
+    assert_true(n->via.array.ptr[2].via.f64 == 0.5);
+    assert_true(n->via.array.ptr[3].via.boolean);
+    assert_int_equal(n->via.array.ptr[4].type, MSGPACK_OBJECT_NIL);
     msgpack_unpacked_destroy(&u);
     msgpack_sbuffer_destroy(&sb);
 
@@ -877,7 +903,7 @@ static void test_pack(void **state)
     ev.session = (cairn_session_id){0xabcdull, 0x1ull};
     ev.n_session_tokens = 12;
     msgpack_sbuffer_init(&sb);
-    assert_int_equal(cairn_rpc_pack_event(&sb, CAIRN_RPC_SESSION_OPEN, &ev), CAIRN_OK);
+    assert_int_equal(cairn_rpc_pack_event(&sb, CAIRN_RPC_SESSION_OPEN, &ev, NULL), CAIRN_OK);
     o = unpack(&u, &sb);
     r = &o.via.array.ptr[3];
     assert_int_equal(map_get(r, "n_tokens")->via.u64, 12);
@@ -887,7 +913,7 @@ static void test_pack(void **state)
     msgpack_unpacked_destroy(&u);
     msgpack_sbuffer_destroy(&sb);
     msgpack_sbuffer_init(&sb);
-    assert_int_equal(cairn_rpc_pack_event(&sb, CAIRN_RPC_SESSION_CLOSE, &ev), CAIRN_OK);
+    assert_int_equal(cairn_rpc_pack_event(&sb, CAIRN_RPC_SESSION_CLOSE, &ev, NULL), CAIRN_OK);
     o = unpack(&u, &sb);
     assert_true(map_get(&o.via.array.ptr[3], "closed")->via.boolean);
     msgpack_unpacked_destroy(&u);
@@ -898,7 +924,7 @@ static void test_pack(void **state)
     ev.stats.cached_tokens = 4;
     ev.stats.pages[1] = 3;
     msgpack_sbuffer_init(&sb);
-    assert_int_equal(cairn_rpc_pack_event(&sb, CAIRN_RPC_CACHE_STATS, &ev), CAIRN_OK);
+    assert_int_equal(cairn_rpc_pack_event(&sb, CAIRN_RPC_CACHE_STATS, &ev, NULL), CAIRN_OK);
     o = unpack(&u, &sb);
     r = &o.via.array.ptr[3];
     assert_true(map_get(r, "hit_rate")->via.f64 == 0.4);
@@ -912,7 +938,7 @@ static void test_pack(void **state)
     ev.code = CAIRN_ENOTFOUND;
     ev.message = "no such session";
     msgpack_sbuffer_init(&sb);
-    assert_int_equal(cairn_rpc_pack_event(&sb, CAIRN_RPC_SESSION_INFO, &ev), CAIRN_OK);
+    assert_int_equal(cairn_rpc_pack_event(&sb, CAIRN_RPC_SESSION_INFO, &ev, NULL), CAIRN_OK);
     o = unpack(&u, &sb);
     assert_int_equal(map_get(&o.via.array.ptr[2], "code")->via.i64, -6);
     msgpack_unpacked_destroy(&u);

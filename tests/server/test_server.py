@@ -19,6 +19,7 @@ token: cached_tokens is a multiple of P in that range. A request sharing
 exactly L leading tokens with an earlier prompt finds P*floor(L/P) of them
 (never more than L, and never the whole of its own prompt).
 """
+import json
 import os
 import random
 import re
@@ -274,6 +275,112 @@ class PrefixCache(ServerCase):
         added = len(self.tok("<|user|>\nGo.\n<|assistant|>\n", False))
         self.assertEqual(r.usage.prompt_tokens, s["n_tokens"] + added)
         self.c.session_close(s["session_id"])
+
+
+# --------------------------------------------------------------------------
+class Tools(ServerCase):
+    """OpenAI-style tools over the native protocol on a model that was never
+    trained to call one: tool_choice forces the call (a grammar over the
+    tool's parameters), the result carries it parsed, and misplaced or
+    malformed tools are invalid requests."""
+    BOOK = {"type": "function", "function": {"name": "book_table", "parameters": {
+        "type": "object",
+        "properties": {"day": {"enum": ["mon", "tue", "wed"]},
+                       "guests": {"type": "integer"}},
+        "required": ["day", "guests"]}}}
+    CAT = {"type": "function", "function": {"name": "feed_cat", "parameters": {
+        "type": "object", "properties": {"food": {"type": "string", "maxLength": 12}},
+        "required": ["food"]}}}
+
+    def test_forced_call_in_a_session(self):
+        msgs = [{"role": "user", "content": "Book a table."}]
+        sid = self.c.session_open(messages=msgs, tools=[self.BOOK, self.CAT])["session_id"]
+        named = {"type": "function", "function": {"name": "book_table"}}
+        for seed in range(3):
+            branch = self.c.session_fork(sid)
+            r = self.c.session_generate(branch, messages=[], tools=[self.BOOK, self.CAT],
+                                        tool_choice=named, max_tokens=200, temperature=1.0,
+                                        seed=seed)
+            with self.subTest(seed=seed):
+                self.assertEqual(r.finish_reason, "tool_calls", r)
+                self.assertEqual(len(r.tool_calls), 1, r)
+                call = r.tool_calls[0]
+                self.assertEqual(call["type"], "function")
+                self.assertEqual(call["function"]["name"], "book_table")
+                args = json.loads(call["function"]["arguments"])
+                self.assertIn(args["day"], ("mon", "tue", "wed"))
+                self.assertIsInstance(args["guests"], int)
+                self.assertEqual(r.content, "")
+                # the reply joined the session's history as generated
+                n = self.c.session_info(branch)["n_tokens"]
+                self.assertEqual(n, r.usage.prompt_tokens + len(r.tokens))
+            self.c.session_close(branch)
+        # "required", one call (parallel_tool_calls false), of either tool
+        r = self.c.session_generate(sid, messages=[], tools=[self.BOOK, self.CAT],
+                                    tool_choice="required", parallel_tool_calls=False,
+                                    max_tokens=200, temperature=0)
+        self.assertEqual(r.finish_reason, "tool_calls", r)
+        self.assertEqual(len(r.tool_calls), 1)
+        self.assertIn(r.tool_calls[0]["function"]["name"], ("book_table", "feed_cat"))
+        # ids are unique across replies
+        r2 = self.c.session_generate(sid, messages=[{"role": "user", "content": "Again."}],
+                                     tools=[self.BOOK], tool_choice="required",
+                                     parallel_tool_calls=False, max_tokens=200, temperature=0)
+        self.assertEqual(r2.finish_reason, "tool_calls", r2)
+        self.assertNotEqual(r.tool_calls[0]["id"], r2.tool_calls[0]["id"])
+        # without tools nothing is read: a call-shaped reply is plain text
+        shape = {"type": "object", "properties": {"name": {"const": "feed_cat"},
+                                                  "arguments": {
+                                                      "type": "object",
+                                                      "properties": {"food": {"const": "milk"}},
+                                                      "required": ["food"]}},
+                 "required": ["name", "arguments"]}
+        r3 = self.c.session_generate(sid, messages=[], max_tokens=200, temperature=0,
+                                     response_format={"type": "json_schema",
+                                                      "json_schema": {"schema": shape}})
+        self.assertEqual(json.loads(r3.text)["name"], "feed_cat")
+        self.assertEqual((r3.finish_reason, r3.tool_calls, r3.content), ("stop", [], None))
+        # an assistant message may carry calls (content nil), a tool answers
+        follow = [{"role": "assistant", "content": None, "tool_calls": r2.tool_calls},
+                  {"role": "tool", "tool_call_id": r2.tool_calls[0]["id"], "content": "booked"}]
+        s2 = self.c.session_open(messages=msgs + follow, tools=[self.BOOK])
+        self.assertGreater(s2["n_tokens"], 0)
+        self.c.session_close(s2["session_id"])
+        self.c.session_close(sid)
+
+    def test_tools_errors(self):
+        msgs = [{"role": "user", "content": "Hi."}]
+        sid = self.c.session_open(messages=msgs)["session_id"]
+        bad = [
+            ("generate", {"prompt": "x", "tools": [self.BOOK]}),
+            ("session.append", {"session_id": sid, "text": "x", "tools": [self.BOOK]}),
+            ("session.open", {"text": "x", "tools": [self.BOOK]}),
+            ("session.open", {"messages": msgs, "tools": [self.BOOK], "tool_choice": "required"}),
+            ("session.generate", {"session_id": sid, "tools": {"a": 1}}),
+            ("session.generate", {"session_id": sid, "tools": [{"type": "function"}]}),
+            ("session.generate", {"session_id": sid, "tools": [self.BOOK], "tool_choice": "some"}),
+            ("session.generate", {"session_id": sid, "tool_choice": "required"}),
+            ("session.generate", {"session_id": sid, "tools": [self.BOOK],
+                                  "tool_choice": {"type": "function",
+                                                  "function": {"name": "nope"}}}),
+            ("session.generate", {"session_id": sid, "tools": [self.BOOK],
+                                  "tool_choice": "required",
+                                  "response_format": {"type": "json_object"}}),
+            ("session.generate", {"session_id": sid, "tools": [self.BOOK],
+                                  "tool_choice": "required", "parallel_tool_calls": "yes"}),
+            ("session.append", {"session_id": sid, "messages": [
+                {"role": "user", "content": "x", "tool_calls": []}]}),
+            ("session.append", {"session_id": sid, "messages": [
+                {"role": "assistant", "tool_calls": "not a list"}]}),
+        ]
+        for method, params in bad:
+            with self.subTest(method=method, params=params):
+                with self.assertRaises(cairn_client.InvalidRequest):
+                    self.c.call(method, params)
+        # the session is untouched and still serves
+        self.assertEqual(self.c.session_info(sid)["n_tokens"],
+                         self.c.session_open(messages=msgs)["n_tokens"])
+        self.c.session_close(sid)
 
 
 # --------------------------------------------------------------------------

@@ -109,12 +109,19 @@ class Usage:
 @dataclass
 class GenerationResult:
     """The final result of `generate` / `session_generate`. `raw` keeps the
-    whole map, including fields this client does not know yet."""
+    whole map, including fields this client does not know yet.
+
+    With `tools` on session_generate, a reply that calls them has
+    finish_reason "tool_calls", `tool_calls` (OpenAI's shape: {id, type,
+    function: {name, arguments}} with arguments as JSON text) and `content`
+    (the text around the calls); `text` is always the whole reply."""
 
     text: str
     tokens: List[int]
     finish_reason: str
     usage: Usage
+    tool_calls: List[Dict[str, Any]] = field(default_factory=list)
+    content: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -126,6 +133,8 @@ class GenerationResult:
             text=m.get("text", ""),
             tokens=list(m.get("tokens") or []),
             finish_reason=m.get("finish_reason", ""),
+            tool_calls=list(m.get("tool_calls") or []),
+            content=m.get("content"),
             usage=Usage(
                 prompt_tokens=int(u.get("prompt_tokens", 0)),
                 cached_tokens=int(u.get("cached_tokens", 0)),
@@ -239,6 +248,10 @@ class Stream:
 def _sampling(kw: Dict[str, Any]) -> Dict[str, Any]:
     # Only send what the caller set, so server defaults stay the server's.
     return {k: v for k, v in kw.items() if v is not None}
+
+
+def _list(v):
+    return None if v is None else [dict(x) for x in v]
 
 
 def _content(messages, text, tokens) -> Dict[str, Any]:
@@ -445,14 +458,19 @@ class Client:
         return GenerationResult.from_wire(self.call(method, params))
 
     def session_open(self, *, system: Optional[str] = None,
-                     messages: Optional[Sequence[Dict[str, str]]] = None,
+                     messages: Optional[Sequence[Dict[str, Any]]] = None,
                      text: Optional[str] = None, tokens: Optional[Sequence[int]] = None,
+                     tools: Optional[Sequence[Dict[str, Any]]] = None,
                      persist: Optional[bool] = None, ttl_s: Optional[float] = None) -> Dict[str, Any]:
         """Open a session; returns {session_id, n_tokens}. persist=True makes
         the session durable (its record and pages are on disk before any call
-        that changed it returns; needs a server with --cache-dir)."""
+        that changed it returns; needs a server with --cache-dir). `tools`
+        (OpenAI function tools) are rendered with the messages, as the
+        model's chat template presents them; pass them again to
+        session_generate to have replies read for calls."""
         params = _content(messages, text, tokens)
-        params.update(_sampling(dict(system=system, persist=persist, ttl_s=ttl_s)))
+        params.update(_sampling(dict(system=system, persist=persist, ttl_s=ttl_s,
+                                     tools=_list(tools))))
         return self.call("session.open", params)
 
     def session_append(self, session_id: str, *, messages=None, text: Optional[str] = None,
@@ -463,10 +481,17 @@ class Client:
 
     def session_generate(self, session_id: str, *, messages=None, text: Optional[str] = None,
                          tokens: Optional[Sequence[int]] = None, stream: bool = False,
+                         tools: Optional[Sequence[Dict[str, Any]]] = None,
+                         tool_choice: Optional[Union[str, Dict[str, Any]]] = None,
+                         parallel_tool_calls: Optional[bool] = None,
                          **sampling) -> Union[GenerationResult, Stream]:
-        """Append (optionally) and generate; the output joins the history."""
+        """Append (optionally) and generate; the output joins the history.
+        With `tools`, the reply is read for calls of them (result.tool_calls);
+        tool_choice "required" or {"type": "function", "function": {"name":
+        N}} forces a call ("none" reads nothing)."""
         params = dict(_content(messages, text, tokens), session_id=session_id)
-        params.update(_sampling(sampling))
+        params.update(_sampling(dict(sampling, tools=_list(tools), tool_choice=tool_choice,
+                                     parallel_tool_calls=parallel_tool_calls)))
         return self._generation("session.generate", params, stream)
 
     def session_fork(self, session_id: str) -> str:
