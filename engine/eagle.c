@@ -488,9 +488,11 @@ int cairn_eagle_seq_create(cairn_eagle *e, const cairn_eagle_params *dp,
     if (!isfinite(s.temperature) || !(s.top_p > 0 && s.top_p <= 1) || !(s.min_p >= 0 && s.min_p <= 1))
         return CAIRN_EINVAL;
     /* Penalties make the target's distribution depend on the path through
-     * the tree; not supported here. */
+     * the tree; not supported here. Nor is a logit bias (the acceptance
+     * rule's distribution would have to include it). */
     if ((s.repeat_penalty != 1.0f && s.penalty_last_n > 0) ||
-        ((s.frequency_penalty != 0.0f || s.presence_penalty != 0.0f) && s.penalty_last_n > 0))
+        ((s.frequency_penalty != 0.0f || s.presence_penalty != 0.0f) && s.penalty_last_n > 0) ||
+        s.n_logit_bias > 0)
         return CAIRN_EUNSUPPORTED;
     if (1 + d.n_draft > e->shared.max_batch_tokens)
         return CAIRN_ERANGE;

@@ -296,11 +296,14 @@ int cairn_model_forward_features(cairn_model *m, void *kv_pool, const cairn_kv_l
 /* ======================================================================== */
 /*
  * Order of operations (the order llama.cpp's default chain uses, so settings
- * mean the same thing): penalties over the last `penalty_last_n` accepted
- * tokens → top-k → top-p → min-p → temperature → draw. temperature <= 0 is
+ * mean the same thing): logit bias → penalties over the last
+ * `penalty_last_n` accepted tokens → top-k → top-p → min-p → temperature →
+ * draw. temperature <= 0 is
  * greedy (argmax after penalties; ties go to the lowest id). A given seed
  * reproduces the same draws on every machine (xoshiro256** generator).
  */
+
+#define CAIRN_MAX_LOGIT_BIAS 300 /* entries of cairn_sampling_params.logit_bias */
 
 typedef struct {
     float temperature;      /* 0 = greedy; default 0.8                         */
@@ -313,6 +316,16 @@ typedef struct {
     int penalty_last_n;     /* window for penalties; default 64                */
     uint64_t seed;
     int n_logprobs;         /* top alternatives to report, 0..20               */
+    /* Logit bias (OpenAI's logit_bias): `bias` is added to the logit of
+     * `token` before anything else (penalties see the biased value); -100
+     * all but bans a token, +100 all but forces it. Logprobs stay the
+     * model's own. Tokens must be in the vocabulary, biases in [-100, 100];
+     * a token listed twice takes its last bias. */
+    int n_logit_bias;       /* 0..CAIRN_MAX_LOGIT_BIAS                         */
+    struct {
+        int32_t token;
+        float bias;
+    } logit_bias[CAIRN_MAX_LOGIT_BIAS];
 } cairn_sampling_params;
 
 /* The defaults listed above. */
@@ -329,7 +342,8 @@ typedef struct cairn_sampler cairn_sampler;
 /* CAIRN_EINVAL for: temperature not finite, top_p outside (0, 1], min_p
  * outside [0, 1], repeat_penalty <= 0 or not finite, frequency or presence
  * penalty not finite, penalty_last_n outside 0 .. 2^20, n_logprobs outside
- * 0 .. 20, n_vocab <= 0. All buffers are sized here; sampling allocates
+ * 0 .. 20, n_logit_bias outside 0 .. CAIRN_MAX_LOGIT_BIAS, a biased token
+ * outside [0, n_vocab) or a bias outside [-100, 100], n_vocab <= 0. All buffers are sized here; sampling allocates
  * nothing. */
 int cairn_sampler_create(const cairn_sampling_params *p, int n_vocab, cairn_sampler **out);
 void cairn_sampler_free(cairn_sampler *s);
@@ -395,8 +409,8 @@ void cairn_sampler_reset(cairn_sampler *s);
  *           child is accepted the token is drawn from what remains. This
  *           reproduces the target's sampling distribution exactly (lossless).
  *           p is the sampler's distribution: top-k, min-p, top-p, then
- *           temperature, in cairn_sampler's order; penalties are not
- *           supported with speculation (CAIRN_EUNSUPPORTED).
+ *           temperature, in cairn_sampler's order; penalties and logit
+ *           bias are not supported with speculation (CAIRN_EUNSUPPORTED).
  *   keep    the accepted path's target KV is moved to consecutive indices;
  *           entries past the new length are scratch: pages holding only such
  *           indices may be released by the caller between steps.

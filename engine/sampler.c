@@ -4,7 +4,8 @@
  * The pipeline (see engine.h) is llama.cpp's default chain, so a setting
  * means the same thing in both:
  *
- *   penalties  on a copy of the logits, for tokens among the last
+ *   bias       on a copy of the logits: l += logit_bias[token]
+ *   penalties  on that copy, for tokens among the last
  *              penalty_last_n accepted ones (count c > 0):
  *                l = l <= 0 ? l * repeat : l / repeat      (repetition)
  *                l -= c * frequency + presence              (OpenAI-style)
@@ -71,6 +72,8 @@ struct cairn_sampler {
     int window_len;     /* tokens in the ring                               */
     int window_head;    /* slot of the oldest token when full               */
     int32_t *count;     /* [n_vocab]                                        */
+
+    float *bias;        /* [n_vocab] logit bias by token; NULL without one  */
 
     uint64_t rng[4];
 };
@@ -193,7 +196,7 @@ cairn_sampling_params cairn_sampling_defaults(void)
     return p;
 }
 
-static bool params_valid(const cairn_sampling_params *p)
+static bool params_valid(const cairn_sampling_params *p, int n_vocab)
 {
     /* Written so that NaN fails every comparison and is refused. */
     if (!isfinite(p->temperature))
@@ -210,6 +213,12 @@ static bool params_valid(const cairn_sampling_params *p)
         return false;
     if (p->n_logprobs < 0 || p->n_logprobs > MAX_LOGPROBS)
         return false;
+    if (p->n_logit_bias < 0 || p->n_logit_bias > CAIRN_MAX_LOGIT_BIAS)
+        return false;
+    for (int i = 0; i < p->n_logit_bias; i++)
+        if (p->logit_bias[i].token < 0 || p->logit_bias[i].token >= n_vocab ||
+            !(p->logit_bias[i].bias >= -100.0f && p->logit_bias[i].bias <= 100.0f))
+            return false;
     return true;
 }
 
@@ -224,7 +233,7 @@ static bool penalties_enabled(const cairn_sampling_params *p)
 
 int cairn_sampler_create(const cairn_sampling_params *p, int n_vocab, cairn_sampler **out)
 {
-    if (!p || !out || n_vocab <= 0 || !params_valid(p))
+    if (!p || !out || n_vocab <= 0 || !params_valid(p, n_vocab))
         return CAIRN_EINVAL;
     cairn_sampler *s = calloc(1, sizeof *s);
     if (!s)
@@ -238,8 +247,11 @@ int cairn_sampler_create(const cairn_sampling_params *p, int n_vocab, cairn_samp
     s->count = calloc((size_t)n_vocab, sizeof *s->count);
     if (p->penalty_last_n > 0)
         s->window = malloc((size_t)p->penalty_last_n * sizeof *s->window);
+    if (p->n_logit_bias > 0 && (s->bias = calloc((size_t)n_vocab, sizeof *s->bias)))
+        for (int i = 0; i < p->n_logit_bias; i++)
+            s->bias[p->logit_bias[i].token] = p->logit_bias[i].bias; /* the last wins */
     if (!s->logits || !s->cand || !s->scratch || !s->weight || !s->count ||
-        (p->penalty_last_n > 0 && !s->window)) {
+        (p->penalty_last_n > 0 && !s->window) || (p->n_logit_bias > 0 && !s->bias)) {
         cairn_sampler_free(s);
         return CAIRN_ENOMEM;
     }
@@ -258,6 +270,7 @@ void cairn_sampler_free(cairn_sampler *s)
     free(s->weight);
     free(s->count);
     free(s->window);
+    free(s->bias);
     free(s);
 }
 
@@ -399,13 +412,20 @@ int cairn_sampler_sample(cairn_sampler *s, const float *logits, int32_t *token,
             write_top_logprobs(s, work, log_z, top);
     }
 
+    if (s->bias)
+        for (int i = 0; i < p->n_logit_bias; i++) {
+            int32_t t = p->logit_bias[i].token;
+            float raw = isnan(logits[t]) ? -INFINITY : logits[t];
+            work[t] = raw + s->bias[t]; /* from the raw value: a repeat adds once */
+        }
+
     if (penalties_enabled(p)) {
         /* A token occurring c times appears c times in the ring; penalizing
-         * from the raw value each time gives the same result once. */
+         * from the (biased) raw value each time gives the same result once. */
         for (int i = 0; i < s->window_len; i++) {
             int32_t t = s->window[(s->window_head + i) % p->penalty_last_n];
             float raw = isnan(logits[t]) ? -INFINITY : logits[t];
-            work[t] = penalize(p, raw, s->count[t]);
+            work[t] = penalize(p, s->bias ? raw + s->bias[t] : raw, s->count[t]);
         }
     }
 

@@ -26,6 +26,7 @@
 #include "protocol/http_impl.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <http_parser.h>
 #include <jansson.h>
 #include <stdarg.h>
@@ -1406,6 +1407,34 @@ static int decode_sampling(cairn_http *h, json_t *root, bool chat, hreq *q, herr
         if (!g->logprobs && json_integer_value(tlp) > 0)
             return bad(e, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
         sp->n_logprobs = (int)json_integer_value(tlp);
+    }
+    /* logit_bias: {"<token id>": bias in [-100, 100]} */
+    json_t *bias = field(root, "logit_bias");
+    if (bias) {
+        if (!json_is_object(bias))
+            return bad(e, "logit_bias", "'logit_bias' must be an object of token ids to biases");
+        if (json_object_size(bias) > CAIRN_MAX_LOGIT_BIAS)
+            return bad(e, "logit_bias", "'logit_bias' has more than %d entries",
+                       CAIRN_MAX_LOGIT_BIAS);
+        const int n_vocab = cairn_vocab_n_tokens(h->vocab);
+        const char *key;
+        json_t *val;
+        json_object_foreach(bias, key, val)
+        {
+            char *end;
+            errno = 0;
+            long id = strtol(key, &end, 10);
+            if (!*key || *end || errno || id < 0 || id >= n_vocab)
+                return bad(e, "logit_bias", "'logit_bias' key '%.32s' is not a token id in "
+                                            "[0, %d)", key, n_vocab);
+            if (!json_is_number(val) || !(json_number_value(val) >= -100) ||
+                !(json_number_value(val) <= 100))
+                return bad(e, "logit_bias", "'logit_bias'[\"%s\"] must be a number in "
+                                            "[-100, 100]", key);
+            sp->logit_bias[sp->n_logit_bias].token = (int32_t)id;
+            sp->logit_bias[sp->n_logit_bias].bias = (float)json_number_value(val);
+            sp->n_logit_bias++;
+        }
     }
     json_t *stop = field(root, "stop");
     if (stop) {

@@ -99,7 +99,7 @@ typedef enum {
     F_MAX_TOKENS, F_TEMPERATURE, F_TOP_K, F_TOP_P, F_MIN_P, F_REPEAT_PENALTY,
     F_FREQUENCY_PENALTY, F_PRESENCE_PENALTY, F_SEED, F_STOP, F_STREAM, F_TOKEN,
     F_RESPONSE_FORMAT, F_SPECULATIVE, F_DRAFT, F_TOOLS, F_TOOL_CHOICE,
-    F_PARALLEL_TOOL_CALLS,
+    F_PARALLEL_TOOL_CALLS, F_LOGIT_BIAS,
     F_COUNT_
 } field;
 
@@ -109,7 +109,7 @@ static const char *const field_names[F_COUNT_] = {
     "max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
     "frequency_penalty", "presence_penalty", "seed", "stop", "stream", "token",
     "response_format", "speculative", "draft", "tools", "tool_choice",
-    "parallel_tool_calls",
+    "parallel_tool_calls", "logit_bias",
 };
 
 /* Where each known parameter's value starts; NULL when absent or nil. */
@@ -629,6 +629,45 @@ static int decode_gen(const cairn_rpc_context *ctx, const params *p, uint64_t *s
             memcpy(copy, s, len);
             copy[len] = '\0';
             g->stop[g->n_stop++] = copy;
+        }
+    }
+    if (p->at[F_LOGIT_BIAS]) {
+        /* {token id: bias}: keys integers (or their decimal text, as JSON
+         * clients send them), biases numbers in [-100, 100] */
+        cairn_mp_reader r = field_reader(p, F_LOGIT_BIAS);
+        uint32_t n;
+        if (cairn_mp_read_map(&r, &n) != CAIRN_OK)
+            return fail(err, CAIRN_RPC_INVALID_REQUEST,
+                        "'logit_bias' must be a map of token ids to biases");
+        if (n > CAIRN_MAX_LOGIT_BIAS)
+            return fail(err, CAIRN_RPC_TOO_LARGE, "'logit_bias' has more than %d entries",
+                        CAIRN_MAX_LOGIT_BIAS);
+        for (uint32_t i = 0; i < n; i++) {
+            int64_t id = -1;
+            if (cairn_mp_peek(&r) == CAIRN_MP_STR) {
+                const char *k = NULL;
+                uint32_t klen = 0;
+                char buf[24];
+                if (cairn_mp_read_str(&r, &k, &klen) != CAIRN_OK || klen >= sizeof buf)
+                    klen = 0;
+                memcpy(buf, k, klen);
+                buf[klen] = '\0';
+                char *end;
+                long long v = klen ? strtoll(buf, &end, 10) : -1;
+                id = klen && !*end ? v : -1;
+            } else if (cairn_mp_read_int(&r, &id) != CAIRN_OK) {
+                id = -1;
+            }
+            double bias;
+            if (id < 0 || id >= ctx->n_vocab)
+                return fail(err, CAIRN_RPC_INVALID_REQUEST,
+                            "'logit_bias' keys must be token ids in [0, %d)", ctx->n_vocab);
+            if (cairn_mp_read_number(&r, &bias) != CAIRN_OK || !(bias >= -100 && bias <= 100))
+                return fail(err, CAIRN_RPC_INVALID_REQUEST,
+                            "'logit_bias' values must be numbers in [-100, 100]");
+            sp->logit_bias[sp->n_logit_bias].token = (int32_t)id;
+            sp->logit_bias[sp->n_logit_bias].bias = (float)bias;
+            sp->n_logit_bias++;
         }
     }
     bool speculative = true;

@@ -102,6 +102,11 @@ try:
     small = c.generate(PROMPTS[0], max_tokens=N, temperature=0,
                        draft={"depth": 2, "top_k": 2, "n": 3})
     check(small.text == expected[PROMPTS[0]], "per-request draft tree: same greedy text")
+    # a logit bias rules speculation out: the sample is the one a request
+    # with speculative: false draws (a speculated one draws differently)
+    biased = [c.generate(PROMPTS[0], max_tokens=N, temperature=0.8, seed=5,
+                         logit_bias={400: 3.0}, speculative=spec).tokens for spec in (True, False)]
+    check(biased[0] == biased[1], "a logit_bias request is not decoded speculatively")
     for bad in ({"depth": 0}, {"top_k": 17}, {"n": 256}, {"n": "x"}):
         try:
             c.generate("hi", max_tokens=4, temperature=0, draft=bad)

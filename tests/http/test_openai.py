@@ -14,6 +14,8 @@ bad schema), tools accepted, and the 400s for unsupported fields.
 """
 import json
 import os
+import re
+import subprocess
 import sys
 import unittest
 import urllib.request
@@ -327,6 +329,35 @@ class OpenAIFacade(unittest.TestCase):
             self.chat(msgs, tools=[weather], tool_choice="required", max_tokens=5,
                       response_format={"type": "json_object"})
         self.assertEqual(cm.exception.body["param"], "tool_choice")
+
+    def test_logit_bias(self):
+        # the greedy first token of the prompt, by `cairn run -v`
+        out = subprocess.run([CAIRN, "run", "-m", MODEL, "-p", "Once upon", "-n", "1",
+                              "--temp", "0", "-v"], capture_output=True, text=True, timeout=60)
+        first_id = int(re.findall(r"\[(\d+)\]", out.stdout + out.stderr)[0])
+        kw = dict(model="m", prompt="Once upon", temperature=0, logprobs=2)
+        base = self.client.completions.create(max_tokens=1, **kw).choices[0]
+        alts = sorted(base.logprobs.top_logprobs[0].items(), key=lambda kv: -kv[1])
+        self.assertEqual(alts[0][0], base.text)
+        # banned: the runner-up comes first, its logprob still the model's own
+        banned = self.client.completions.create(max_tokens=1, logit_bias={str(first_id): -100},
+                                                **kw).choices[0]
+        self.assertEqual(banned.text, alts[1][0])
+        self.assertAlmostEqual(banned.logprobs.token_logprobs[0], alts[1][1], places=5)
+        # forced: greedy repeats it (chat too)
+        forced = self.client.completions.create(max_tokens=4, logit_bias={str(first_id): 100},
+                                                **kw).choices[0]
+        self.assertEqual(forced.text, base.text * 4)
+        chat = self.chat([{"role": "user", "content": "Hi."}], max_tokens=3, temperature=0,
+                         logit_bias={str(first_id): 100})
+        self.assertEqual(chat.choices[0].message.content.strip(), (base.text * 3).strip())
+        for bad in ({"x": 1}, {"-1": 1}, {"99999999": 1}, {"5": 101}, {"5": "a"}, [1],
+                    {str(i): 1 for i in range(301)}):
+            with self.subTest(logit_bias=bad):
+                with self.assertRaises(openai.BadRequestError) as cm:
+                    self.chat([{"role": "user", "content": "Hi."}], max_tokens=2,
+                              logit_bias=bad)
+                self.assertEqual(cm.exception.body["param"], "logit_bias")
 
     def test_content_parts_and_developer_role(self):
         a = self.chat([{"role": "developer", "content": "Be brief."},

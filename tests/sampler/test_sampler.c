@@ -169,14 +169,17 @@ static double chi2_stat(const int *counts, const double *probs, int n_cat, int n
     return stat;
 }
 
-/* Draws N_DRAWS tokens with `p` and checks them against the exact
- * distribution: excluded tokens never drawn, the rest by chi-squared. */
-static void check_distribution(const float *logits, int n, const cairn_sampling_params *p)
+/* Draws N_DRAWS tokens with `p` from `logits` and checks them against the
+ * exact distribution of `expect_p` over `expect_logits`: excluded tokens
+ * never drawn, the rest by chi-squared. */
+static void check_draws_against(const float *logits, const cairn_sampling_params *p,
+                                const float *expect_logits, const cairn_sampling_params *expect_p,
+                                int n)
 {
     double *probs = calloc((size_t)n, sizeof *probs);
     int *counts = calloc((size_t)n, sizeof *counts);
     assert_true(probs && counts);
-    expected_probs(logits, n, p, probs);
+    expected_probs(expect_logits, n, expect_p, probs);
 
     cairn_sampler *s = make_sampler(p, n);
     for (int i = 0; i < N_DRAWS; i++) {
@@ -204,6 +207,11 @@ static void check_distribution(const float *logits, int n, const cairn_sampling_
     }
     free(probs);
     free(counts);
+}
+
+static void check_distribution(const float *logits, int n, const cairn_sampling_params *p)
+{
+    check_draws_against(logits, p, logits, p, n);
 }
 
 /* A small vocabulary with a tie (ids 1 and 3) and a spread of values. */
@@ -788,6 +796,89 @@ static void log_softmax(const float *logits, int n, double *out)
         out[i] = (double)logits[i] - mx - log(sum);
 }
 
+static void test_logit_bias(void **state)
+{
+    (void)state;
+    const int N = 10;
+    cairn_sampling_params p = plain_params(0.0f);
+    /* greedy: the best token (7, logit 3.0) banned, then another forced */
+    p.n_logit_bias = 1;
+    p.logit_bias[0].token = 7;
+    p.logit_bias[0].bias = -100.0f;
+    assert_int_equal(greedy_after(&p, SMALL_LOGITS, N, NULL, 0), 1); /* tie 1/3: lower id */
+    p.n_logit_bias = 2;
+    p.logit_bias[1].token = 4;
+    p.logit_bias[1].bias = 100.0f;
+    assert_int_equal(greedy_after(&p, SMALL_LOGITS, N, NULL, 0), 4);
+    /* a token listed twice takes its last bias */
+    p.logit_bias[1].token = 7;
+    p.logit_bias[1].bias = 0.25f;
+    assert_int_equal(greedy_after(&p, SMALL_LOGITS, N, NULL, 0), 7);
+
+    /* penalties see the biased logit: 1.0 + 1.0 = 2.0, halved by the
+     * repetition penalty to 1.0 < 1.2 (penalizing first, 0.5 + 1.0 = 1.5,
+     * would keep token 0) */
+    const float two[3] = {1.0f, 1.2f, -5.0f};
+    const int32_t seen0[] = {0};
+    cairn_sampling_params q = plain_params(0.0f);
+    q.repeat_penalty = 2.0f;
+    q.n_logit_bias = 1;
+    q.logit_bias[0].token = 0;
+    q.logit_bias[0].bias = 1.0f;
+    assert_int_equal(greedy_after(&q, two, 3, seen0, 1), 1);
+
+    /* sampled: the draws follow the distribution of the biased logits under
+     * the same transforms */
+    cairn_sampling_params b = plain_params(0.9f), plain = plain_params(0.9f);
+    b.top_k = plain.top_k = 6;
+    b.seed = 77;
+    const struct { int32_t token; float bias; } biases[] = {{7, -2.0f}, {2, 2.5f}, {9, 0.5f}};
+    float biased[10];
+    memcpy(biased, SMALL_LOGITS, sizeof biased);
+    b.n_logit_bias = 3;
+    for (int i = 0; i < 3; i++) {
+        b.logit_bias[i].token = biases[i].token;
+        b.logit_bias[i].bias = biases[i].bias;
+        biased[biases[i].token] += biases[i].bias;
+    }
+    check_draws_against(SMALL_LOGITS, &b, biased, &plain, N);
+
+    /* logprobs stay the model's own */
+    b.n_logprobs = 3;
+    cairn_sampler *s = make_sampler(&b, N);
+    plain.n_logprobs = 3;
+    plain.seed = 77;
+    cairn_sampler *u = make_sampler(&plain, N);
+    cairn_token_logprob tb[3], tu[3], cb, cu;
+    int32_t xb, xu;
+    assert_int_equal(cairn_sampler_sample(s, SMALL_LOGITS, &xb, &cb, tb), CAIRN_OK);
+    assert_int_equal(cairn_sampler_sample(u, SMALL_LOGITS, &xu, &cu, tu), CAIRN_OK);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(tb[i].token, tu[i].token);
+        assert_true(tb[i].logprob == tu[i].logprob);
+    }
+    cairn_sampler_free(s);
+    cairn_sampler_free(u);
+
+    /* refused: tokens outside the vocabulary, biases outside [-100, 100],
+     * too many entries */
+    cairn_sampler *bad = NULL;
+    const struct { int32_t token; float bias; int n; } wrong[] = {
+        {-1, 1.0f, 1}, {N, 1.0f, 1}, {0, 100.5f, 1}, {0, -101.0f, 1}, {0, NAN, 1},
+        {0, 1.0f, -1}, {0, 1.0f, CAIRN_MAX_LOGIT_BIAS + 1}};
+    for (size_t i = 0; i < sizeof wrong / sizeof wrong[0]; i++) {
+        cairn_sampling_params w = plain_params(1.0f);
+        w.n_logit_bias = wrong[i].n;
+        w.logit_bias[0].token = wrong[i].token;
+        w.logit_bias[0].bias = wrong[i].bias;
+        assert_int_equal(cairn_sampler_create(&w, N, &bad), CAIRN_EINVAL);
+    }
+    cairn_sampling_params full = plain_params(1.0f);
+    full.n_logit_bias = CAIRN_MAX_LOGIT_BIAS; /* all zero: token 0, bias 0 */
+    assert_int_equal(cairn_sampler_create(&full, N, &bad), CAIRN_OK);
+    cairn_sampler_free(bad);
+}
+
 static void test_logprobs(void **state)
 {
     (void)state;
@@ -891,6 +982,7 @@ int main(void)
         cmocka_unit_test(test_penalty_window),
         cmocka_unit_test(test_penalties_before_top_k),
         cmocka_unit_test(test_penalty_overflow),
+        cmocka_unit_test(test_logit_bias),
         cmocka_unit_test(test_logprobs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -198,6 +198,26 @@ class Basics(ServerCase):
         self.assertEqual(r.finish_reason, "stop")
         self.assertEqual(r.text, text[: text.index(stop)])
 
+    def test_logit_bias(self):
+        plain = self.greedy(prompt="Once upon", max_tokens=4)
+        first = plain.tokens[0]
+        banned = self.greedy(prompt="Once upon", max_tokens=4, logit_bias={first: -100})
+        self.assertNotEqual(banned.tokens[0], first)
+        self.assertNotIn(first, banned.tokens)
+        # keys as integers or as their decimal text (what JSON-born maps hold)
+        forced = self.greedy(prompt="Once upon", max_tokens=4, logit_bias={str(first): 100})
+        self.assertEqual(forced.tokens, [first] * 4)
+        sid = self.c.session_open(text="Once upon")["session_id"]
+        r = self.c.session_generate(sid, max_tokens=3, temperature=0,
+                                    logit_bias={first: 100, first + 1: -5.5})
+        self.assertEqual(r.tokens, [first] * 3)
+        self.c.session_close(sid)
+        for bad in ({-1: 1}, {self.info["model"]["n_vocab"]: 1}, {"x": 1}, {5: 100.5},
+                    {5: "a"}, [1], {i: 1 for i in range(301)}):
+            with self.subTest(logit_bias=bad):
+                with self.assertRaises((cairn_client.InvalidRequest, cairn_client.TooLarge)):
+                    self.greedy(prompt="Once upon", max_tokens=2, logit_bias=bad)
+
     def test_cache_stats_fields(self):
         s = self.c.cache_stats()
         for k in ("queries", "prompt_tokens", "cached_tokens", "generated_tokens", "hit_rate",

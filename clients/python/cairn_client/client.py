@@ -441,7 +441,8 @@ class Client:
                  stream: bool = False, **sampling) -> Union[GenerationResult, Stream]:
         """Stateless generation from a text `prompt` or a list of `tokens`.
         Sampling keywords: max_tokens, temperature, top_k, top_p, min_p,
-        repeat_penalty, frequency_penalty, presence_penalty, seed, stop.
+        repeat_penalty, frequency_penalty, presence_penalty, seed, stop,
+        logit_bias ({token id: bias in [-100, 100]}), response_format.
         With stream=True returns a Stream (deltas, then the result)."""
         if (prompt is None) == (tokens is None):
             raise ValueError("give exactly one of prompt, tokens")
