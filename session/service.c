@@ -546,7 +546,9 @@ static void job_emit_delta(cairn_service *s, job *j, bool final)
 /*
  * A session's durable record, in the store's "records" database:
  *   key   's' + id.hi (8 bytes, big-endian) + id.lo (8 bytes, big-endian)
- *   value "CSR1" | u32 version (2) | u32 flags (bit 0: persist) | u32 0 |
+ *   value "CSR1" | u32 version (2) | u32 flags (bit 0: persist; bit 1: the
+ *         history ends with a generated reply whose turn is not closed yet,
+ *         see reply_open) | u32 0 |
  *         u64 tenant | u64 n_tokens | u64 checksum | int32 tokens[n_tokens]
  *         (little-endian)
  * The checksum is XXH3-64 of the key and the value with the checksum field
@@ -585,7 +587,8 @@ static int record_put(cairn_service *s, const session *x, uint64_t cookie)
     uint8_t *v = malloc(bytes), key[17];
     if (!v)
         return CAIRN_ENOMEM;
-    uint32_t head[4] = {0, RECORD_VERSION, x->persist ? 1u : 0u, 0};
+    uint32_t head[4] = {0, RECORD_VERSION, (x->persist ? 1u : 0u) | (x->reply_open ? 2u : 0u),
+                        0};
     memcpy(head, RECORD_MAGIC, 4);
     uint64_t n64 = n, zero = 0;
     memcpy(v, head, 16);
@@ -1701,6 +1704,7 @@ static int load_record(const void *key, size_t key_len, const void *value, size_
     }
     x->id = id;
     x->persist = head[2] & 1;
+    x->reply_open = (head[2] & 2) != 0;
     x->tenant = tenant;
     size_t b = bucket_of(s, id);
     x->next = s->buckets[b];

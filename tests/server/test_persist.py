@@ -409,6 +409,28 @@ class PersistedSessions(PersistCase):
         for sid, hist in ((sid_a, hist_a), (sid_b, hist_b), (sid_c, hist_c)):
             self.assertEqual(c.session_info(sid)["n_tokens"], len(hist))
 
+    def test_open_chat_turn_survives_sigkill(self):
+        """A reply's turn is left open (its end-of-generation token is not
+        kept); the next messages close it first. That state is part of the
+        durable record: after a crash the conversation continues exactly as
+        it would have without one."""
+        srv = self.start()
+        c = self.client(srv)
+        msgs = [{"role": "system", "content": "You tell stories."},
+                {"role": "user", "content": "Tell me about a cat."}]
+        sid = c.session_open(messages=msgs, persist=True)["session_id"]
+        c.session_generate(sid, messages=[], max_tokens=12, temperature=0)
+        more = [{"role": "user", "content": "And then?"}]
+        # what the next turn gives on this server (on a fork: the session
+        # itself stays as it is)
+        twin = c.session_fork(sid)
+        want = c.session_generate(twin, messages=more, max_tokens=12, temperature=0)
+        srv = self.crash_restart(srv)
+        c = self.client(srv)
+        got = c.session_generate(sid, messages=more, max_tokens=12, temperature=0)
+        self.assertEqual(got.usage.prompt_tokens, want.usage.prompt_tokens)
+        self.assertEqual(got.tokens, want.tokens)
+
     def test_persist_needs_a_cache_dir_or_is_refused_cleanly(self):
         # without a disk tier, persist: true is either refused with an error
         # response or accepted; the server keeps serving either way
