@@ -384,11 +384,6 @@ static int head_forward(cairn_eagle *e, void *kv_pool, const cairn_kv_layout *kv
 /* ======================================================================== */
 
 typedef struct {
-    float logit;
-    int32_t id;
-} ranked;
-
-typedef struct {
     int32_t token;
     int16_t parent; /* candidate index, -1 = the root                    */
     uint8_t depth;  /* 1 = child of the root                              */
@@ -440,8 +435,9 @@ struct cairn_eagle_seq {
     float *tree_logits;    /* [1 + n_draft][n_vocab]                        */
     float *tree_hidden;    /* [1 + n_draft][dim]                            */
     float *probs;          /* [n_vocab] target distribution (sampling)      */
-    int32_t *sort_ids;     /* [n_vocab]                                     */
-    ranked *ranks;         /* [n_vocab]                                     */
+    cairn_sampler *target; /* the request's sampler settings: the target's
+                              distribution (cairn_sampler_probs) and, when
+                              greedy, its argmax (logit bias included)     */
 
     cairn_eagle_stats stats;
 };
@@ -488,11 +484,10 @@ int cairn_eagle_seq_create(cairn_eagle *e, const cairn_eagle_params *dp,
     if (!isfinite(s.temperature) || !(s.top_p > 0 && s.top_p <= 1) || !(s.min_p >= 0 && s.min_p <= 1))
         return CAIRN_EINVAL;
     /* Penalties make the target's distribution depend on the path through
-     * the tree; not supported here. Nor is a logit bias (the acceptance
-     * rule's distribution would have to include it). */
+     * the tree; not supported here. (A logit bias does not: it is part of
+     * the distribution cairn_sampler_probs gives.) */
     if ((s.repeat_penalty != 1.0f && s.penalty_last_n > 0) ||
-        ((s.frequency_penalty != 0.0f || s.presence_penalty != 0.0f) && s.penalty_last_n > 0) ||
-        s.n_logit_bias > 0)
+        ((s.frequency_penalty != 0.0f || s.presence_penalty != 0.0f) && s.penalty_last_n > 0))
         return CAIRN_EUNSUPPORTED;
     if (1 + d.n_draft > e->shared.max_batch_tokens)
         return CAIRN_ERANGE;
@@ -524,11 +519,14 @@ int cairn_eagle_seq_create(cairn_eagle *e, const cairn_eagle_params *dp,
     q->tree_logits = malloc(rows * nv * sizeof(float));
     q->tree_hidden = malloc(rows * dim * sizeof(float));
     q->probs = malloc(nv * sizeof(float));
-    q->sort_ids = malloc(nv * sizeof(int32_t));
-    q->ranks = malloc(nv * sizeof *q->ranks);
+    int trc = cairn_sampler_create(&s, e->thp.n_vocab, &q->target);
+    if (trc != CAIRN_OK) {
+        cairn_eagle_seq_free(q);
+        return trc;
+    }
     if (!q->cands || !q->order || !q->head_hidden || !q->head_logits || !q->draft_feat || !q->feat ||
         !q->tree_cand || !q->tree_parent || !q->tree_tokens || !q->tree_pos || !q->want ||
-        !q->tree_logits || !q->tree_hidden || !q->probs || !q->sort_ids || !q->ranks) {
+        !q->tree_logits || !q->tree_hidden || !q->probs) {
         cairn_eagle_seq_free(q);
         return CAIRN_ENOMEM;
     }
@@ -559,8 +557,7 @@ void cairn_eagle_seq_free(cairn_eagle_seq *s)
     free(s->tree_logits);
     free(s->tree_hidden);
     free(s->probs);
-    free(s->sort_ids);
-    free(s->ranks);
+    cairn_sampler_free(s->target);
     free(s);
 }
 
@@ -773,11 +770,16 @@ static void sort_by_score(int32_t *idx, int n, const cand *c)
     }
 }
 
-static void add_children(cairn_eagle_seq *s, int parent, const float *logits)
+/* `logits` is a row of the head's (scratch, changed here): the request's
+ * logit bias applies to the guesses too, or a forced token would never be
+ * drafted (the verification is lossless either way). */
+static void add_children(cairn_eagle_seq *s, int parent, float *logits)
 {
     const int k = s->dp.top_k;
     int32_t ids[MAX_TOP_K];
     float lp[MAX_TOP_K];
+    for (int i = 0; i < s->sp.n_logit_bias; i++)
+        logits[s->sp.logit_bias[i].token] += s->sp.logit_bias[i].bias;
     top_k_logprobs(logits, s->e->thp.n_vocab, k, ids, lp);
     const float base = parent < 0 ? 0.0f : s->cands[parent].score;
     const int depth = parent < 0 ? 1 : s->cands[parent].depth + 1;
@@ -888,63 +890,6 @@ static void select_tree(cairn_eagle_seq *s, int n)
 
 /* ---- target distribution (sampling) ------------------------------------ */
 
-/* logit descending, then id ascending: cairn_sampler's candidate order */
-static int cmp_ranked(const void *a, const void *b)
-{
-    const ranked *x = a, *y = b;
-    if (x->logit != y->logit)
-        return x->logit > y->logit ? -1 : 1;
-    return (x->id > y->id) - (x->id < y->id);
-}
-
-/* probs[n_vocab] = the distribution cairn_sampler draws from: top-k, min-p,
- * top-p (mass measured over the top-k survivors), temperature. */
-static void target_probs(cairn_eagle_seq *s, const float *logits)
-{
-    const int n = s->e->thp.n_vocab;
-    const cairn_sampling_params *p = &s->sp;
-    ranked *rk = s->ranks;
-    for (int i = 0; i < n; i++)
-        rk[i] = (ranked){isnan(logits[i]) ? -INFINITY : logits[i], i};
-    qsort(rk, (size_t)n, sizeof *rk, cmp_ranked);
-    int32_t *ids = s->sort_ids;
-    for (int i = 0; i < n; i++)
-        ids[i] = rk[i].id;
-    int n_cand = n;
-    if (p->top_k > 0 && p->top_k < n)
-        n_cand = p->top_k;
-    const double best = logits[ids[0]];
-    double z = 0;
-    for (int i = 0; i < n_cand; i++)
-        z += exp((double)logits[ids[i]] - best);
-    if (p->min_p > 0) {
-        const float min_logit = (float)best + logf(p->min_p);
-        int kept = 0;
-        while (kept < n_cand && logits[ids[kept]] >= min_logit)
-            kept++;
-        n_cand = kept;
-    }
-    if (p->top_p < 1) {
-        const double target = (double)p->top_p * z;
-        double cum = 0;
-        for (int i = 0; i < n_cand; i++) {
-            cum += exp((double)logits[ids[i]] - best);
-            if (cum >= target) {
-                n_cand = i + 1;
-                break;
-            }
-        }
-    }
-    for (int i = 0; i < n; i++)
-        s->probs[i] = 0;
-    double total = 0;
-    const double inv_t = 1.0 / p->temperature;
-    for (int i = 0; i < n_cand; i++)
-        total += exp(((double)logits[ids[i]] - best) * inv_t);
-    for (int i = 0; i < n_cand; i++)
-        s->probs[ids[i]] = (float)(exp(((double)logits[ids[i]] - best) * inv_t) / total);
-}
-
 static int32_t draw(cairn_eagle_seq *s)
 {
     const int n = s->e->thp.n_vocab;
@@ -967,15 +912,6 @@ static int32_t draw(cairn_eagle_seq *s)
     return last;
 }
 
-static int32_t argmax(const float *x, int n)
-{
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
-}
-
 /* Walks the verified tree; path[0..*n_path) are the accepted rows (row 0,
  * the root, first) and *next the token that follows them. */
 static void accept_path(cairn_eagle_seq *s, int *path, int *n_path, int32_t *next)
@@ -989,14 +925,14 @@ static void accept_path(cairn_eagle_seq *s, int *path, int *n_path, int32_t *nex
         int child = -1;
         int32_t tok;
         if (s->greedy) {
-            tok = argmax(lg, nv);
+            cairn_sampler_sample(s->target, lg, &tok, NULL, NULL); /* argmax, bias included */
             for (int r = row + 1; r < s->n_tree; r++)
                 if (s->tree_parent[r] == row && s->tree_tokens[r] == tok) {
                     child = r;
                     break;
                 }
         } else {
-            target_probs(s, lg);
+            cairn_sampler_probs(s->target, lg, s->probs);
             tok = -1;
             /* children in row order = best draft score first */
             for (int r = row + 1; r < s->n_tree && child < 0; r++) {
@@ -1022,7 +958,7 @@ static void accept_path(cairn_eagle_seq *s, int *path, int *n_path, int32_t *nex
             if (child < 0)
                 tok = draw(s);
             if (tok < 0) /* no mass left: cannot happen, as p(x) = 1 is always accepted */
-                tok = argmax(lg, nv);
+                cairn_sampler_sample(s->target, lg, &tok, NULL, NULL);
         }
         if (child < 0) {
             *next = tok;

@@ -358,6 +358,13 @@ void cairn_sampler_free(cairn_sampler *s);
 int cairn_sampler_sample(cairn_sampler *s, const float *logits, int32_t *token,
                          cairn_token_logprob *chosen, cairn_token_logprob *top);
 
+/* probs[n_vocab] = the distribution cairn_sampler_sample would draw this
+ * row from, given the tokens accepted so far: 0 for every token the
+ * transforms exclude, one-hot on the argmax when greedy. Draws nothing
+ * (the generator does not advance). CAIRN_EINVAL as for sample. Speculative
+ * decoding accepts draft tokens against it. */
+int cairn_sampler_probs(cairn_sampler *s, const float *logits, float *probs);
+
 /* Record a token of the sequence (prompt or generated) for the penalties. */
 void cairn_sampler_accept(cairn_sampler *s, int32_t token);
 /* Forget accepted tokens and restart the generator from the seed. */
@@ -409,8 +416,9 @@ void cairn_sampler_reset(cairn_sampler *s);
  *           child is accepted the token is drawn from what remains. This
  *           reproduces the target's sampling distribution exactly (lossless).
  *           p is the sampler's distribution: top-k, min-p, top-p, then
- *           temperature, in cairn_sampler's order; penalties and logit
- *           bias are not supported with speculation (CAIRN_EUNSUPPORTED).
+ *           temperature, in cairn_sampler's order, after the logit bias
+ *           (cairn_sampler_probs); penalties are not supported with
+ *           speculation (CAIRN_EUNSUPPORTED).
  *   keep    the accepted path's target KV is moved to consecutive indices;
  *           entries past the new length are scratch: pages holding only such
  *           indices may be released by the caller between steps.

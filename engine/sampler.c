@@ -377,11 +377,13 @@ static void apply_top_p(cairn_sampler *s, size_t *n_cand, bool sorted, double be
     *n_cand = n;
 }
 
-int cairn_sampler_sample(cairn_sampler *s, const float *logits, int32_t *token,
-                         cairn_token_logprob *chosen, cairn_token_logprob *top)
+/* The working row: the raw logits (NaN -> -inf), then the logit bias and
+ * the penalties. CAIRN_EINVAL for a row without a finite maximum. Logprobs,
+ * which describe the model itself, are taken from the raw row first
+ * (log_z: its log-normaliser, when chosen or top are asked for). */
+static int prepare_row(cairn_sampler *s, const float *logits, double *log_z,
+                       cairn_token_logprob *top)
 {
-    if (!s || !logits || !token)
-        return CAIRN_EINVAL;
     const cairn_sampling_params *p = &s->params;
     const int n = s->n_vocab;
     float *work = s->logits; /* [n] */
@@ -399,17 +401,13 @@ int cairn_sampler_sample(cairn_sampler *s, const float *logits, int32_t *token,
     if (!isfinite(raw_max))
         return CAIRN_EINVAL;
 
-    /* Logprobs describe the model itself, so they come from the raw row,
-     * before penalties touch the working copy. */
-    double log_z = 0.0;
-    const bool want_top = top && p->n_logprobs > 0;
-    if (chosen || want_top) {
+    if (log_z) {
         double sum = 0.0;
         for (int i = 0; i < n; i++)
             sum += exp((double)work[i] - (double)raw_max);
-        log_z = (double)raw_max + log(sum);
-        if (want_top)
-            write_top_logprobs(s, work, log_z, top);
+        *log_z = (double)raw_max + log(sum);
+        if (top && p->n_logprobs > 0)
+            write_top_logprobs(s, work, *log_z, top);
     }
 
     if (s->bias)
@@ -428,62 +426,97 @@ int cairn_sampler_sample(cairn_sampler *s, const float *logits, int32_t *token,
             work[t] = penalize(p, s->bias ? raw + s->bias[t] : raw, s->count[t]);
         }
     }
+    return CAIRN_OK;
+}
 
+/* Greedy: the argmax of the working row, ties to the lowest id. */
+static int32_t row_argmax(const cairn_sampler *s)
+{
     int32_t picked = 0;
-    if (p->temperature <= 0.0f) {
-        for (int i = 1; i < n; i++)
-            if (work[i] > work[picked])
-                picked = i;
+    for (int i = 1; i < s->n_vocab; i++)
+        if (s->logits[i] > s->logits[picked])
+            picked = i;
+    return picked;
+}
+
+/* Sampled: top-k, min-p and top-p over the working row leave
+ * cand[0..n) with unnormalised probabilities weight[0..n) (temperature
+ * applied); returns n and their sum in *total. */
+static size_t filter_row(cairn_sampler *s, double *total)
+{
+    const cairn_sampling_params *p = &s->params;
+    const int n = s->n_vocab;
+    const float *work = s->logits;
+    /* cand[0..n_cand) are the surviving ids; `sorted` says whether they
+     * are already best first. */
+    size_t n_cand = (size_t)n;
+    bool sorted = false;
+    if (p->top_k > 0 && p->top_k < n) {
+        select_best(work, NULL, (size_t)n, s->cand, (size_t)p->top_k);
+        n_cand = (size_t)p->top_k;
+        sorted = true;
     } else {
-        /* cand[0..n_cand) are the surviving ids; `sorted` says whether they
-         * are already best first. */
-        size_t n_cand = (size_t)n;
-        bool sorted = false;
-        if (p->top_k > 0 && p->top_k < n) {
-            select_best(work, NULL, (size_t)n, s->cand, (size_t)p->top_k);
-            n_cand = (size_t)p->top_k;
-            sorted = true;
-        } else {
-            for (int i = 0; i < n; i++)
-                s->cand[i] = i;
-        }
+        for (int i = 0; i < n; i++)
+            s->cand[i] = i;
+    }
 
-        int32_t best = s->cand[0];
-        for (size_t i = 1; i < n_cand && !sorted; i++)
-            if (ranks_before(work, s->cand[i], best))
-                best = s->cand[i];
-        const float best_logit = work[best]; /* finite: penalize() caps it */
+    int32_t best = s->cand[0];
+    for (size_t i = 1; i < n_cand && !sorted; i++)
+        if (ranks_before(work, s->cand[i], best))
+            best = s->cand[i];
+    const float best_logit = work[best]; /* finite: penalize() caps it */
 
-        /* top-p's softmax covers every candidate top-k left, including those
-         * min-p is about to drop, so its normalizer is taken now. */
-        const bool want_top_p = p->top_p < 1.0f;
-        double z = 0.0;
-        if (want_top_p)
-            for (size_t i = 0; i < n_cand; i++)
-                z += exp((double)work[s->cand[i]] - (double)best_logit);
+    /* top-p's softmax covers every candidate top-k left, including those
+     * min-p is about to drop, so its normalizer is taken now. */
+    const bool want_top_p = p->top_p < 1.0f;
+    double z = 0.0;
+    if (want_top_p)
+        for (size_t i = 0; i < n_cand; i++)
+            z += exp((double)work[s->cand[i]] - (double)best_logit);
 
-        if (p->min_p > 0.0f) {
-            /* p_i >= min_p * p_max  <=>  logit_i >= max_logit + log(min_p).
-             * Order-preserving, and the best token always stays. */
-            const float min_logit = best_logit + logf(p->min_p);
-            size_t kept = 0;
-            for (size_t i = 0; i < n_cand; i++)
-                if (work[s->cand[i]] >= min_logit)
-                    s->cand[kept++] = s->cand[i];
-            n_cand = kept;
-        }
+    if (p->min_p > 0.0f) {
+        /* p_i >= min_p * p_max  <=>  logit_i >= max_logit + log(min_p).
+         * Order-preserving, and the best token always stays. */
+        const float min_logit = best_logit + logf(p->min_p);
+        size_t kept = 0;
+        for (size_t i = 0; i < n_cand; i++)
+            if (work[s->cand[i]] >= min_logit)
+                s->cand[kept++] = s->cand[i];
+        n_cand = kept;
+    }
 
-        if (want_top_p)
-            apply_top_p(s, &n_cand, sorted, best_logit, z);
+    if (want_top_p)
+        apply_top_p(s, &n_cand, sorted, best_logit, z);
 
-        /* Temperature, softmax and one draw by inverting the cumulative sum. */
-        const double inv_t = 1.0 / (double)p->temperature;
-        double total = 0.0;
-        for (size_t i = 0; i < n_cand; i++) {
-            double w = exp(((double)work[s->cand[i]] - (double)best_logit) * inv_t);
-            s->weight[i] = w;
-            total += w;
-        }
+    /* Temperature and softmax. */
+    const double inv_t = 1.0 / (double)p->temperature;
+    *total = 0.0;
+    for (size_t i = 0; i < n_cand; i++) {
+        double w = exp(((double)work[s->cand[i]] - (double)best_logit) * inv_t);
+        s->weight[i] = w;
+        *total += w;
+    }
+    return n_cand;
+}
+
+int cairn_sampler_sample(cairn_sampler *s, const float *logits, int32_t *token,
+                         cairn_token_logprob *chosen, cairn_token_logprob *top)
+{
+    if (!s || !logits || !token)
+        return CAIRN_EINVAL;
+    double log_z = 0.0;
+    int rc = prepare_row(s, logits, chosen || (top && s->params.n_logprobs > 0) ? &log_z : NULL,
+                         top);
+    if (rc != CAIRN_OK)
+        return rc;
+
+    int32_t picked;
+    if (s->params.temperature <= 0.0f) {
+        picked = row_argmax(s);
+    } else {
+        /* one draw by inverting the cumulative sum */
+        double total;
+        const size_t n_cand = filter_row(s, &total);
         const double u = rng_uniform(s->rng) * total;
         picked = s->cand[n_cand - 1]; /* rounding can leave u at the very end */
         double cum = 0.0;
@@ -502,5 +535,24 @@ int cairn_sampler_sample(cairn_sampler *s, const float *logits, int32_t *token,
         chosen->logprob = isnan(logits[picked]) ? -INFINITY
                                                 : (float)((double)logits[picked] - log_z);
     }
+    return CAIRN_OK;
+}
+
+int cairn_sampler_probs(cairn_sampler *s, const float *logits, float *probs)
+{
+    if (!s || !logits || !probs)
+        return CAIRN_EINVAL;
+    int rc = prepare_row(s, logits, NULL, NULL);
+    if (rc != CAIRN_OK)
+        return rc;
+    memset(probs, 0, (size_t)s->n_vocab * sizeof *probs);
+    if (s->params.temperature <= 0.0f) {
+        probs[row_argmax(s)] = 1.0f;
+        return CAIRN_OK;
+    }
+    double total;
+    const size_t n_cand = filter_row(s, &total);
+    for (size_t i = 0; i < n_cand; i++)
+        probs[s->cand[i]] = (float)(s->weight[i] / total);
     return CAIRN_OK;
 }

@@ -770,7 +770,7 @@ static int job_spec_create(cairn_service *s, job *j)
                      (sp->repeat_penalty != 1.0f || sp->frequency_penalty != 0.0f ||
                       sp->presence_penalty != 0.0f);
     j->spec_ok = !g->no_speculation && !g->grammar && !g->logprobs && !penalties &&
-                 sp->n_logit_bias == 0 && s->draft_max_batch > 0;
+                 s->draft_max_batch > 0;
     /* the pending token and the tree, or the draft's scratch head rows */
     j->spec_span = 1 + (dp.n_draft > (dp.depth - 1) * dp.top_k ? dp.n_draft
                                                                 : (dp.depth - 1) * dp.top_k);

@@ -106,17 +106,32 @@ static void plain_eval(fixture *f, const int32_t *tokens, int n, int kv_start, f
     assert_int_equal(n_out, 1);
 }
 
-/* Greedy continuation of n_gen tokens, one token per forward call. */
-static void plain_greedy(fixture *f, const int32_t *prompt, int n_prompt, int n_gen, int32_t *out)
+/* logits += the logit bias of `sp` (NULL: none), written out here. */
+static void add_bias(float *logits, const cairn_sampling_params *sp)
+{
+    for (int i = 0; sp && i < sp->n_logit_bias; i++)
+        logits[sp->logit_bias[i].token] += sp->logit_bias[i].bias;
+}
+
+/* Greedy continuation of n_gen tokens, one token per forward call, with the
+ * logit bias of `sp` (NULL: none). */
+static void plain_greedy_biased(fixture *f, const int32_t *prompt, int n_prompt, int n_gen,
+                                const cairn_sampling_params *sp, int32_t *out)
 {
     float *logits = malloc((size_t)f->n_vocab * sizeof(float));
     plain_eval(f, prompt, n_prompt, 0, logits, NULL);
     for (int i = 0; i < n_gen; i++) {
+        add_bias(logits, sp);
         out[i] = argmax(logits, f->n_vocab);
         if (i + 1 < n_gen)
             plain_eval(f, &out[i], 1, n_prompt + i, logits, NULL);
     }
     free(logits);
+}
+
+static void plain_greedy(fixture *f, const int32_t *prompt, int n_prompt, int n_gen, int32_t *out)
+{
+    plain_greedy_biased(f, prompt, n_prompt, n_gen, NULL, out);
 }
 
 /* Speculative continuation: at least n_gen tokens (steps emit several). */
@@ -362,6 +377,7 @@ static void sampling_case(const char *head, const cairn_sampling_params *sp,
     double *joint = calloc((size_t)nv * nv, sizeof(double));
     float *logits = malloc((size_t)nv * sizeof(float));
     plain_eval(&f, prompt, n_prompt, 0, logits, NULL);
+    add_bias(logits, sp);
     ref_probs(logits, nv, sp, p1);
     double *p2 = malloc((size_t)nv * sizeof(double));
     for (int a = 0; a < nv; a++) {
@@ -369,6 +385,7 @@ static void sampling_case(const char *head, const cairn_sampling_params *sp,
             continue;
         plain_eval(&f, prompt, n_prompt, 0, logits, NULL);
         plain_eval(&f, (const int32_t[]){a}, 1, n_prompt, logits, NULL);
+        add_bias(logits, sp);
         ref_probs(logits, nv, sp, p2);
         for (int b = 0; b < nv; b++)
             joint[(size_t)a * nv + b] = p1[a] * p2[b];
@@ -420,14 +437,21 @@ static void sampling_case(const char *head, const cairn_sampling_params *sp,
     close_fixture(&f);
 }
 
+/* Sampling settings: temperature t, top-k k, top-p p, min-p m. */
+static cairn_sampling_params sampling(float t, int k, float p, float m)
+{
+    cairn_sampling_params sp = cairn_sampling_defaults();
+    sp.temperature = t;
+    sp.top_k = k;
+    sp.top_p = p;
+    sp.min_p = m;
+    return sp;
+}
+
 static void test_sampling_plain_softmax(void **state)
 {
     (void)state;
-    cairn_sampling_params sp = cairn_sampling_defaults();
-    sp.temperature = 1.0f;
-    sp.top_k = 0;
-    sp.top_p = 1.0f;
-    sp.min_p = 0.0f;
+    const cairn_sampling_params sp = sampling(1.0f, 0, 1.0f, 0.0f);
     const cairn_eagle_params dp = {.depth = 4, .top_k = 4, .n_draft = 16};
     sampling_case(shipped_head, &sp, &dp, 3000);
 }
@@ -435,11 +459,7 @@ static void test_sampling_plain_softmax(void **state)
 static void test_sampling_truncated(void **state)
 {
     (void)state;
-    cairn_sampling_params sp = cairn_sampling_defaults();
-    sp.temperature = 0.9f;
-    sp.top_k = 12;
-    sp.top_p = 0.9f;
-    sp.min_p = 0.02f;
+    const cairn_sampling_params sp = sampling(0.9f, 12, 0.9f, 0.02f);
     const cairn_eagle_params dp = {.depth = 5, .top_k = 8, .n_draft = 32};
     sampling_case(shipped_head, &sp, &dp, 3000);
 }
@@ -447,13 +467,56 @@ static void test_sampling_truncated(void **state)
 static void test_sampling_random_head(void **state)
 {
     (void)state;
-    cairn_sampling_params sp = cairn_sampling_defaults();
-    sp.temperature = 1.0f;
-    sp.top_k = 20;
-    sp.top_p = 1.0f;
-    sp.min_p = 0.0f;
+    const cairn_sampling_params sp = sampling(1.0f, 20, 1.0f, 0.0f);
     const cairn_eagle_params dp = {.depth = 3, .top_k = 6, .n_draft = 12};
     sampling_case(rand_head_260k, &sp, &dp, 3000);
+}
+
+/* A logit bias is part of the target distribution: sampled speculation
+ * follows the biased distribution exactly, and greedy speculation gives the
+ * biased argmax (a banned favourite, a token pushed to the top). */
+static void test_sampling_logit_bias(void **state)
+{
+    (void)state;
+    cairn_sampling_params sp = sampling(1.0f, 0, 1.0f, 0.0f);
+    sp.n_logit_bias = 3;
+    sp.logit_bias[0].token = 261; /* " a" */
+    sp.logit_bias[0].bias = 2.0f;
+    sp.logit_bias[1].token = 286;
+    sp.logit_bias[1].bias = -3.0f;
+    sp.logit_bias[2].token = 400;
+    sp.logit_bias[2].bias = 3.0f;
+    const cairn_eagle_params dp = {.depth = 4, .top_k = 4, .n_draft = 16};
+    sampling_case(shipped_head, &sp, &dp, 3000);
+}
+
+static void test_greedy_logit_bias(void **state)
+{
+    (void)state;
+    fixture f;
+    open_fixture(&f, getenv("CAIRN_MODEL"), shipped_head);
+    int32_t prompt[32], ref[48], got[48];
+    const int n = make_prompt(3, f.n_vocab, prompt), n_gen = 40;
+    plain_greedy(&f, prompt, n, 1, ref);
+    cairn_sampling_params sp = cairn_sampling_defaults();
+    sp.temperature = 0;
+    sp.n_logit_bias = 2;
+    sp.logit_bias[0].token = ref[0]; /* the favourite, banned */
+    sp.logit_bias[0].bias = -100.0f;
+    sp.logit_bias[1].token = 378;
+    sp.logit_bias[1].bias = 4.0f;
+    plain_greedy_biased(&f, prompt, n, n_gen, &sp, ref);
+    cairn_eagle_seq *s;
+    assert_int_equal(cairn_eagle_seq_create(f.head, &shapes[3], &sp, &s), CAIRN_OK);
+    double tau;
+    spec_generate(&f, s, prompt, n, n_gen, got, &tau);
+    for (int j = 0; j < n_gen; j++)
+        if (got[j] != ref[j])
+            fail_msg("biased greedy: token %d is %d, plain biased greedy gives %d", j, got[j],
+                     ref[j]);
+    print_message("biased greedy: tau %.2f\n", tau);
+    cairn_eagle_seq_free(s);
+    close_fixture(&f);
 }
 
 /* ---- errors ------------------------------------------------------------------ */
@@ -543,6 +606,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sampling_plain_softmax),
         cmocka_unit_test(test_sampling_truncated),
         cmocka_unit_test(test_sampling_random_head),
+        cmocka_unit_test(test_sampling_logit_bias),
+        cmocka_unit_test(test_greedy_logit_bias),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
