@@ -41,6 +41,7 @@
 #define MAX_STOP_BYTES 256  /* per stop string, as the msgpack protocol */
 #define MAX_SESSION_KEY 256 /* bytes of a session_id / prompt_cache_key value */
 #define N_STATUS_SLOTS 16   /* distinct status codes counted for /metrics */
+#define MAX_CHOICES 64      /* most choices (`n`) one request may ask for */
 
 /* ---- growing byte buffers ------------------------------------------------ */
 
@@ -110,8 +111,19 @@ typedef struct hreq {
     long long created;
     bool tools_active;    /* tool calls may come back: parse them           */
     char *tools_json;     /* the tools rendered (JSON array), for parsing   */
+    /* n > 1: this is choice `index` of a group of requests (one engine
+     * request each) answered together; the group's first request, its
+     * lead, holds the answer being built. A lone request leads itself. */
+    struct hreq *lead;
+    int index;
+    bool over;            /* this choice has finished                       */
+    int n_choices, n_over;/* lead: choices, and how many have finished      */
+    bool failed;          /* lead: the group was answered with an error     */
+    json_t *choices;      /* lead, not streaming: [n_choices] choice objects */
+    int64_t prompt_tokens, cached_tokens, completion_tokens; /* lead: usage */
     /* streaming */
-    bool head_sent, role_sent;
+    bool head_sent;       /* lead: the SSE response head is written         */
+    bool role_sent;
     sbuf text;            /* everything generated so far                    */
     size_t text_sent;     /* of which already streamed as content           */
     bool holding;         /* a tool call may have started: stream no more   */
@@ -229,8 +241,11 @@ static void conn_close(hconn *c)
         c->next->prev = c->prev;
     c->prev = c->next = NULL;
     if (c->active) {
-        /* The request lives on until its final event; only its output goes. */
-        c->active->conn = NULL;
+        /* The request (every choice of it) lives on until its final event;
+         * only its output goes. */
+        for (hreq *q = h->reqs; q; q = q->next)
+            if (q->conn == c)
+                q->conn = NULL;
         c->active = NULL;
         if (!h->stopping && h->svc) {
             cairn_request *r = cairn_request_new(CAIRN_REQ_CLIENT_GONE);
@@ -282,10 +297,13 @@ static void on_write(uv_write_t *req, int status)
 }
 
 /* Send bytes (copied). A client that does not read cannot make us hold more
- * than max_output_bytes for it. */
+ * than max_output_bytes for it. A failed write closes the connection at
+ * once, which detaches its requests (their `conn` becomes NULL): so every
+ * writer below takes NULL for a connection that has gone, and a caller
+ * that writes several pieces re-reads q->conn for each. */
 static void conn_write(hconn *c, const char *data, size_t len)
 {
-    if (c->closing || c->lingering || len == 0)
+    if (!c || c->closing || c->lingering || len == 0)
         return;
     uv_stream_t *st = (uv_stream_t *)&c->tcp;
     size_t queued = uv_stream_get_write_queue_size(st);
@@ -365,6 +383,8 @@ static void response_finished(hconn *c)
 static void respond(hconn *c, int status, const char *content_type, const char *body,
                     size_t body_len, const char *extra_headers)
 {
+    if (!c)
+        return;
     count_status(c->h, status);
     sbuf out = {0};
     sb_printf(&out,
@@ -437,6 +457,8 @@ static void respond_error(hconn *c, int status, const char *message, const char 
 
 static void sse_head(hconn *c)
 {
+    if (!c)
+        return;
     count_status(c->h, 200);
     static const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                                "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n";
@@ -451,6 +473,8 @@ static void sse_head(hconn *c)
 /* One `data: ...` event as one HTTP chunk. */
 static void sse_data(hconn *c, const char *payload, size_t len)
 {
+    if (!c)
+        return;
     sbuf out = {0};
     sb_printf(&out, "%zx\r\ndata: ", len + 8);
     sb_put(&out, payload, len);
@@ -464,6 +488,8 @@ static void sse_data(hconn *c, const char *payload, size_t len)
 
 static void sse_json(hconn *c, json_t *obj)
 {
+    if (!c)
+        return;
     char *text = obj ? json_dumps(obj, JSON_COMPACT) : NULL;
     if (!text) {
         conn_close(c);
@@ -475,6 +501,8 @@ static void sse_json(hconn *c, json_t *obj)
 
 static void sse_end(hconn *c)
 {
+    if (!c)
+        return;
     sse_data(c, "[DONE]", 6);
     conn_write(c, "0\r\n\r\n", 5);
     response_finished(c);
@@ -612,22 +640,45 @@ static void hreq_finish(hreq *q)
         q->conn->active = NULL;
     hreq_release_session(q);
     gen_clear(&q->gen);
+    json_decref(q->choices);
     free(q->tools_json);
     free(q->prompt);
     sb_free(&q->text);
     free(q);
 }
 
+/* q's choice is over. When it was the group's last, the lead answers (unless
+ * the group failed or its connection has gone) and the group is freed. */
+static void group_answer(hreq *lead);
+
+static void group_choice_over(hreq *q)
+{
+    hreq *lead = q->lead;
+    q->over = true;
+    lead->n_over++;
+    if (q != lead)
+        hreq_finish(q);
+    if (lead->n_over < lead->n_choices)
+        return;
+    if (lead->conn && !lead->failed) {
+        lead->conn->active = NULL;
+        group_answer(lead);
+    }
+    hreq_finish(lead);
+}
+
 /* Answer an error for q (HTTP status, or an SSE error event once streaming
- * has begun) and end it. */
+ * has begun) and end it. The other choices of its group are cancelled and
+ * give no output. */
 static void hreq_fail_param(hreq *q, int status, const char *message, const char *param,
                             const char *code)
 {
+    hreq *lead = q->lead;
     hconn *c = q->conn;
     hreq_release_session(q);
-    if (c) {
+    if (c && !lead->failed) {
         c->active = NULL;
-        if (q->head_sent) {
+        if (lead->head_sent) {
             json_t *body = error_body(status, message, param, code);
             sse_json(c, body);
             json_decref(body);
@@ -636,7 +687,38 @@ static void hreq_fail_param(hreq *q, int status, const char *message, const char
             respond_error(c, status, message, param, code);
         }
     }
-    hreq_finish(q);
+    cairn_http *h = q->h;
+    if (!lead->failed) {
+        lead->failed = true;
+        for (hreq *o = h->reqs; o; o = o->next) {
+            if (o->lead != lead)
+                continue;
+            o->conn = NULL; /* nothing more is written for the group */
+            if (o == q || o->over || o->ph != PH_GENERATE || h->stopping || !h->svc)
+                continue;
+            cairn_request *r = cairn_request_new(CAIRN_REQ_CANCEL);
+            if (r) {
+                r->client = o->client;
+                r->target = o->msgid; /* its DONE ends it; the cancel's own
+                                         answer (id 0) matches no request */
+                cairn_service_submit(h->svc, r);
+            }
+        }
+    }
+    /* choices never submitted end with this one */
+    for (bool more = true; more;) {
+        more = false;
+        for (hreq *o = h->reqs; o; o = o->next)
+            if (o->lead == lead && o != q && !o->over && o->ph == 0) {
+                o->over = true;
+                lead->n_over++;
+                if (o != lead)
+                    hreq_finish(o);
+                more = true;
+                break;
+            }
+    }
+    group_choice_over(q);
 }
 
 static void hreq_fail(hreq *q, int status, const char *message, const char *code)
@@ -734,14 +816,6 @@ static json_t *jstr(const char *s, size_t n)
 {
     json_t *v = json_stringn(s ? s : "", s ? n : 0);
     return v ? v : json_string(""); /* invalid UTF-8 cannot come from the engine */
-}
-
-static json_t *usage_json(const cairn_event *ev)
-{
-    return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)ev->prompt_tokens,
-                     "completion_tokens", (json_int_t)ev->completion_tokens, "total_tokens",
-                     (json_int_t)(ev->prompt_tokens + ev->completion_tokens),
-                     "prompt_tokens_details", "cached_tokens", (json_int_t)ev->cached_tokens);
 }
 
 static const char *finish_of(const cairn_event *ev)
@@ -845,7 +919,7 @@ static json_t *completion_logprobs(const cairn_http *h, const cairn_event *ev, s
 static void send_chat_delta_lp(hreq *q, json_t *delta, json_t *logprobs, const char *finish)
 {
     json_t *o = chunk_frame(q);
-    json_t *choice = json_pack("{s:i, s:o, s:o, s:o}", "index", 0, "delta", delta, "logprobs",
+    json_t *choice = json_pack("{s:i, s:o, s:o, s:o}", "index", q->index, "delta", delta, "logprobs",
                                logprobs ? logprobs : json_null(), "finish_reason",
                                finish ? json_string(finish) : json_null());
     if (o && choice)
@@ -865,7 +939,7 @@ static void send_completion_delta_lp(hreq *q, const char *text, size_t len, json
                                      const char *finish)
 {
     json_t *o = chunk_frame(q);
-    json_t *choice = json_pack("{s:o, s:i, s:o, s:o}", "text", jstr(text, len), "index", 0,
+    json_t *choice = json_pack("{s:o, s:i, s:o, s:o}", "text", jstr(text, len), "index", q->index,
                                "logprobs", logprobs ? logprobs : json_null(), "finish_reason",
                                finish ? json_string(finish) : json_null());
     if (o && choice)
@@ -883,10 +957,10 @@ static void send_completion_delta(hreq *q, const char *text, size_t len, const c
 
 static void stream_begin(hreq *q)
 {
-    if (q->head_sent)
-        return;
-    q->head_sent = true;
-    sse_head(q->conn);
+    if (!q->lead->head_sent) {
+        q->lead->head_sent = true;
+        sse_head(q->conn);
+    }
     if (q->kind == HK_CHAT && !q->role_sent) {
         q->role_sent = true;
         send_chat_delta(q, json_pack("{s:s, s:s}", "role", "assistant", "content", ""), NULL);
@@ -1021,11 +1095,16 @@ static void on_generation_done(hreq *q, const cairn_event *ev)
             skey_close_session(q->h, k);
         hreq_release_session(q);
     }
+    hreq *lead = q->lead;
+    if (q->index == 0) {
+        lead->prompt_tokens = ev->prompt_tokens;
+        lead->cached_tokens = ev->cached_tokens;
+    }
+    lead->completion_tokens += ev->completion_tokens;
     if (!c) {
-        hreq_finish(q);
+        group_choice_over(q);
         return;
     }
-    c->active = NULL;
     const char *finish = finish_of(ev);
     json_t *tool_calls = NULL;
     char *content = NULL;
@@ -1069,14 +1148,6 @@ static void on_generation_done(hreq *q, const cairn_event *ev)
             send_chat_delta(q, json_object(), finish);
         else
             send_completion_delta(q, "", 0, finish);
-        if (q->include_usage) {
-            json_t *o = chunk_frame(q);
-            if (o)
-                json_object_set_new(o, "usage", usage_json(ev));
-            sse_json(c, o);
-            json_decref(o);
-        }
-        sse_end(c);
     } else {
         json_t *choice;
         if (q->kind == HK_CHAT) {
@@ -1086,23 +1157,63 @@ static void on_generation_done(hreq *q, const cairn_event *ev)
             if (msg && tool_calls)
                 json_object_set(msg, "tool_calls", tool_calls);
             json_t *lp = chat_logprobs(q->h, ev);
-            choice = json_pack("{s:i, s:o, s:o, s:s}", "index", 0, "message", msg, "logprobs",
-                               lp ? lp : json_null(), "finish_reason", finish);
+            choice = json_pack("{s:i, s:o, s:o, s:s}", "index", q->index, "message", msg,
+                               "logprobs", lp ? lp : json_null(), "finish_reason", finish);
         } else {
             json_t *lp = completion_logprobs(q->h, ev, 0);
-            choice = json_pack("{s:o, s:i, s:o, s:s}", "text", jstr(text, text_len), "index", 0,
-                               "logprobs", lp ? lp : json_null(), "finish_reason", finish);
+            choice = json_pack("{s:o, s:i, s:o, s:s}", "text", jstr(text, text_len), "index",
+                               q->index, "logprobs", lp ? lp : json_null(), "finish_reason",
+                               finish);
         }
-        json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", q->id, "object",
-                              q->kind == HK_CHAT ? "chat.completion" : "text_completion",
-                              "created", (json_int_t)q->created, "model", q->h->model_id,
-                              "choices", choice, "usage", usage_json(ev));
-        respond_json(c, 200, o);
-        json_decref(o);
+        /* kept in index order until the group answers */
+        if (!lead->choices)
+            lead->choices = json_array();
+        while (lead->choices && json_array_size(lead->choices) <= (size_t)q->index)
+            json_array_append_new(lead->choices, json_null());
+        if (!lead->choices || !choice ||
+            json_array_set_new(lead->choices, (size_t)q->index, choice) != 0) {
+            json_decref(tool_calls);
+            free(content);
+            hreq_fail(q, 503, "out of memory", NULL);
+            return;
+        }
     }
     json_decref(tool_calls);
     free(content);
-    hreq_finish(q);
+    group_choice_over(q);
+}
+
+/* Every choice of the group is in: the usage chunk and the end of the
+ * stream, or the whole response. */
+static void group_answer(hreq *lead)
+{
+    hconn *c = lead->conn;
+    json_t *usage = json_pack(
+        "{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)lead->prompt_tokens,
+        "completion_tokens", (json_int_t)lead->completion_tokens, "total_tokens",
+        (json_int_t)(lead->prompt_tokens + lead->completion_tokens), "prompt_tokens_details",
+        "cached_tokens", (json_int_t)lead->cached_tokens);
+    if (lead->stream) {
+        if (lead->include_usage) {
+            json_t *o = chunk_frame(lead);
+            if (o)
+                json_object_set(o, "usage", usage);
+            sse_json(c, o);
+            json_decref(o);
+        }
+        sse_end(c);
+    } else {
+        json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:O, s:O}", "id", lead->id, "object",
+                              lead->kind == HK_CHAT ? "chat.completion" : "text_completion",
+                              "created", (json_int_t)lead->created, "model", lead->h->model_id,
+                              "choices", lead->choices, "usage", usage);
+        if (o)
+            respond_json(c, 200, o);
+        else
+            respond_error(c, 503, "out of memory", NULL, NULL);
+        json_decref(o);
+    }
+    json_decref(usage);
 }
 
 /* ---- /metrics ------------------------------------------------------------------------- */
@@ -1385,9 +1496,6 @@ static int decode_sampling(cairn_http *h, json_t *root, bool chat, hreq *q, herr
     } else {
         sp->seed = next_seed(h->env.seed_state);
     }
-    json_t *n = field(root, "n");
-    if (n && (!json_is_integer(n) || json_integer_value(n) != 1))
-        return bad(e, "n", "only n = 1 is supported");
     json_t *best_of = field(root, "best_of");
     if (best_of && (!json_is_integer(best_of) || json_integer_value(best_of) != 1))
         return bad(e, "best_of", "only best_of = 1 is supported");
@@ -1873,6 +1981,31 @@ static void make_id(cairn_http *h, hreq *q, const char *prefix)
              (unsigned long long)next_seed(h->env.seed_state));
 }
 
+/* Every field of a generation request into q. */
+static int decode_request(cairn_http *h, hconn *c, json_t *root, bool chat, hreq *q, herr *e)
+{
+    json_t *model = field(root, "model");
+    int rc = 0;
+    if (model && !json_is_string(model))
+        rc = bad(e, "model", "'model' must be a string");
+    if (rc == 0)
+        rc = decode_sampling(h, root, chat, q, e);
+    if (rc == 0 && chat)
+        rc = decode_response_format(root, q, e);
+    if (rc == 0)
+        rc = chat ? decode_chat(h, root, q, e) : decode_completion(h, root, q, e);
+    if (rc == 0 && !chat) {
+        json_t *echo = field(root, "echo"), *suffix = field(root, "suffix");
+        if (echo && !json_is_false(echo))
+            rc = bad(e, "echo", "echo is not supported");
+        else if (suffix && !(json_is_string(suffix) && json_string_length(suffix) == 0))
+            rc = bad(e, "suffix", "suffix is not supported");
+    }
+    if (rc == 0)
+        rc = decode_session(h, c, root, q, e);
+    return rc;
+}
+
 /* POST /v1/chat/completions and /v1/completions. */
 static void handle_generation(hconn *c, bool chat)
 {
@@ -1891,48 +2024,75 @@ static void handle_generation(hconn *c, bool chat)
         respond_error(c, 400, msg, NULL, NULL);
         return;
     }
-    hreq *q = calloc(1, sizeof *q);
-    if (!q) {
+    /* n: that many choices, each its own engine request (choice i samples
+     * with seed + i when a seed is given), answered together */
+    json_t *nj = field(root, "n");
+    if (nj && (!json_is_integer(nj) || json_integer_value(nj) < 1 ||
+               json_integer_value(nj) > MAX_CHOICES)) {
         json_decref(root);
-        respond_error(c, 503, "out of memory", NULL, NULL);
+        char msg[80];
+        snprintf(msg, sizeof msg, "'n' must be an integer in [1, %d]", MAX_CHOICES);
+        respond_error(c, 400, msg, "n", NULL);
         return;
     }
-    q->h = h;
-    q->conn = c;
-    q->client = c->id;
-    q->msgid = ++c->next_msgid;
-    q->kind = chat ? HK_CHAT : HK_COMPLETION;
-    q->created = (long long)time(NULL);
-    make_id(h, q, chat ? "chatcmpl-" : "cmpl-");
-    herr e = {0};
-    json_t *model = field(root, "model");
-    int rc = 0;
-    if (model && !json_is_string(model))
-        rc = bad(&e, "model", "'model' must be a string");
-    if (rc == 0)
-        rc = decode_sampling(h, root, chat, q, &e);
-    if (rc == 0 && chat)
-        rc = decode_response_format(root, q, &e);
-    if (rc == 0)
-        rc = chat ? decode_chat(h, root, q, &e) : decode_completion(h, root, q, &e);
-    if (rc == 0 && !chat) {
-        json_t *echo = field(root, "echo"), *suffix = field(root, "suffix");
-        if (echo && !json_is_false(echo))
-            rc = bad(&e, "echo", "echo is not supported");
-        else if (suffix && !(json_is_string(suffix) && json_string_length(suffix) == 0))
-            rc = bad(&e, "suffix", "suffix is not supported");
+    const int n_choices = nj ? (int)json_integer_value(nj) : 1;
+    hreq *lead = NULL;
+    for (int i = 0; i < n_choices; i++) {
+        hreq *q = calloc(1, sizeof *q);
+        if (!q) {
+            if (lead) {
+                lead->n_choices = i; /* the choices made so far end the group */
+                hreq_fail(lead, 503, "out of memory", NULL);
+            } else {
+                respond_error(c, 503, "out of memory", NULL, NULL);
+            }
+            json_decref(root);
+            return;
+        }
+        q->h = h;
+        q->conn = c;
+        q->client = c->id;
+        q->msgid = ++c->next_msgid;
+        q->kind = chat ? HK_CHAT : HK_COMPLETION;
+        q->lead = lead ? lead : q;
+        q->index = i;
+        q->n_choices = i == 0 ? n_choices : 0;
+        if (lead) {
+            memcpy(q->id, lead->id, sizeof q->id);
+            q->created = lead->created;
+        } else {
+            q->created = (long long)time(NULL);
+            make_id(h, q, chat ? "chatcmpl-" : "cmpl-");
+        }
+        q->next = h->reqs;
+        h->reqs = q;
+        if (!lead)
+            lead = q;
+        herr e = {0};
+        int rc = decode_request(h, c, root, chat, q, &e);
+        if (rc == 0 && json_is_integer(field(root, "seed")))
+            q->gen.sampling.seed += (uint64_t)i;
+        if (rc == 0 && n_choices > 1 && q->sess)
+            rc = bad(&e, "n", "'n' > 1 cannot be combined with a session key");
+        if (rc != 0) {
+            lead->n_choices = i + 1; /* the choices made so far end the group */
+            json_decref(root);
+            hreq_fail_param(q, e.status ? e.status : 400, e.message, e.param, e.code);
+            return;
+        }
     }
-    if (rc == 0)
-        rc = decode_session(h, c, root, q, &e);
     json_decref(root);
-    q->next = h->reqs;
-    h->reqs = q;
-    if (rc != 0) {
-        hreq_fail_param(q, e.status ? e.status : 400, e.message, e.param, e.code);
-        return;
-    }
-    c->active = q;
-    hreq_submit_next(q);
+    c->active = lead;
+    hreq *group[MAX_CHOICES];
+    int m = 0;
+    for (hreq *q = h->reqs; q; q = q->next)
+        if (q->lead == lead)
+            group[q->index] = q, m++;
+    /* in index order; a failed submission answers and ends the group (the
+     * choices not submitted yet with it) */
+    for (int i = 0; i < m; i++)
+        if (!hreq_submit_next(group[i]))
+            break;
 }
 
 static void handle_metrics(hconn *c)
@@ -1951,6 +2111,8 @@ static void handle_metrics(hconn *c)
     q->msgid = ++c->next_msgid;
     q->kind = HK_METRICS;
     q->ph = PH_STATS;
+    q->lead = q;
+    q->n_choices = 1;
     q->next = h->reqs;
     h->reqs = q;
     c->active = q;

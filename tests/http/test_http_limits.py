@@ -165,7 +165,12 @@ class Limits(unittest.TestCase):
         self.assertTrue(closed)
 
     def test_disconnect_mid_stream_cancels(self):
-        body = json.dumps({"messages": [{"role": "user", "content": "A long story"}],
+        for n in (1, 4):
+            with self.subTest(n=n):
+                self.disconnect_mid_stream(n)
+
+    def disconnect_mid_stream(self, n):
+        body = json.dumps({"messages": [{"role": "user", "content": "A long story"}], "n": n,
                            "max_tokens": 2000, "temperature": 0, "stream": True}).encode()
         s = socket.create_connection(("127.0.0.1", self.server.port), timeout=HANG_GUARD_S)
         s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n"
@@ -174,7 +179,7 @@ class Limits(unittest.TestCase):
         while b"data: " not in got:
             got += s.recv(4096)
         s.close()
-        # the request is cancelled: nothing keeps running
+        # the request (every choice of it) is cancelled: nothing keeps running
         deadline = time.monotonic() + HANG_GUARD_S
         while True:
             values = parse_metrics(curl(self.url + "/metrics")[2].decode())[0]

@@ -359,6 +359,45 @@ class OpenAIFacade(unittest.TestCase):
                               logit_bias=bad)
                 self.assertEqual(cm.exception.body["param"], "logit_bias")
 
+    def test_n_choices(self):
+        msgs = [{"role": "user", "content": "Tell me about a dog."}]
+        r = self.chat(msgs, n=3, max_tokens=10, temperature=1.0, seed=7, logprobs=True)
+        self.assertEqual([c.index for c in r.choices], [0, 1, 2])
+        # choice i is what a single request with seed + i gives
+        for i, c in enumerate(r.choices):
+            one = self.chat(msgs, max_tokens=10, temperature=1.0, seed=7 + i)
+            self.assertEqual(c.message.content, one.choices[0].message.content)
+            self.assertEqual(len(c.logprobs.content), one.usage.completion_tokens)
+        self.assertEqual(r.usage.prompt_tokens, one.usage.prompt_tokens)
+        self.assertEqual(r.usage.completion_tokens,
+                         sum(len(c.logprobs.content) for c in r.choices))
+        self.assertGreater(len({c.message.content for c in r.choices}), 1)
+        # streamed: chunks of every index, each assembling to its choice,
+        # one usage chunk for the whole request
+        parts, finishes, usage = {}, {}, None
+        for ch in self.chat(msgs, n=3, max_tokens=10, temperature=1.0, seed=7, stream=True,
+                            stream_options={"include_usage": True}):
+            if ch.usage:
+                usage = ch.usage
+            for c in ch.choices:
+                parts[c.index] = parts.get(c.index, "") + (c.delta.content or "")
+                if c.finish_reason:
+                    finishes[c.index] = c.finish_reason
+        self.assertEqual([parts[i] for i in range(3)], [c.message.content for c in r.choices])
+        self.assertEqual(sorted(finishes), [0, 1, 2])
+        self.assertEqual(usage.completion_tokens, r.usage.completion_tokens)
+        # completions too
+        t = self.client.completions.create(model="m", prompt="Once upon", n=2, max_tokens=6,
+                                           temperature=0)
+        self.assertEqual([c.index for c in t.choices], [0, 1])
+        self.assertEqual(t.choices[0].text, t.choices[1].text)  # greedy: the same
+        # structured output holds for every choice
+        fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}}}
+        j = self.chat(msgs, n=3, max_tokens=20, temperature=1.0, seed=3, response_format=fmt)
+        for c in j.choices:
+            self.assertIsInstance(json.loads(c.message.content)["ok"], bool)
+
     def test_content_parts_and_developer_role(self):
         a = self.chat([{"role": "developer", "content": "Be brief."},
                        {"role": "user", "content": [{"type": "text", "text": "Hello "},
@@ -404,7 +443,9 @@ class OpenAIFacade(unittest.TestCase):
 
     def test_invalid_requests(self):
         cases = [
-            dict(n=2),
+            dict(n=0),
+            dict(n=65),
+            dict(n=2, extra_body={"session_id": "s"}),
             dict(top_logprobs=2),
             dict(logprobs=True, top_logprobs=21),
             dict(temperature=5),
