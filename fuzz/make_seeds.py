@@ -38,6 +38,10 @@ def rpc_seeds():
         "generate_prompt": ["generate", dict(prompt="Once upon a time", **sampling)],
         "generate_tokens": ["generate", {"tokens": [1, 403, 407, 261], "max_tokens": 4,
                                          "temperature": 0, "stop": "x", "add_bos": False}],
+        "generate_messages": ["generate", {"system": "be brief", "messages": [
+            {"role": "user", "content": "weather?"}], "tool_choice": "required",
+            "tools": [{"type": "function", "function": {"name": "w", "parameters": {
+                "type": "object", "properties": {"c": {"type": "string"}}}}}]}],
         "generate_logit_bias": ["generate", {"prompt": "hi", "logit_bias": {
             5: -100, "17": 2.5, 511: 100.0}}],
         "generate_special": ["generate", {"prompt": "<s>hi</s>", "parse_special": True,

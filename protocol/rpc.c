@@ -893,14 +893,15 @@ static int decode_params(const cairn_rpc_context *ctx, const params *p, uint64_t
     case CAIRN_RPC_CACHE_STATS:
         return CAIRN_OK;
     case CAIRN_RPC_GENERATE:
-        if (p->at[F_TOOLS] || p->at[F_TOOL_CHOICE])
-            return fail(err, CAIRN_RPC_INVALID_REQUEST,
-                        "'tools' go with session.open and session.generate (messages)");
-        if (decode_content(ctx, p, F_PROMPT, false, false, true, false, c, err) ||
-            decode_gen(ctx, p, seed_source, &c->gen, err))
+        /* a prompt, tokens, or a whole conversation (messages, optionally
+         * with tools, rendered with the assistant cue); the sampling first,
+         * as a forced tool call excludes response_format */
+        if (decode_gen(ctx, p, seed_source, &c->gen, err) || decode_tools(ctx, p, true, c, err) ||
+            decode_content(ctx, p, F_PROMPT, true, true, true, true, c, err))
             return err->code;
         if (!c->has_content)
-            return fail(err, CAIRN_RPC_INVALID_REQUEST, "'prompt' or 'tokens' is required");
+            return fail(err, CAIRN_RPC_INVALID_REQUEST,
+                        "'prompt', 'messages' or 'tokens' is required");
         if (c->n_tokens == 0)
             return fail(err, CAIRN_RPC_INVALID_REQUEST, "the prompt is empty");
         return CAIRN_OK;
@@ -915,7 +916,7 @@ static int decode_params(const cairn_rpc_context *ctx, const params *p, uint64_t
     case CAIRN_RPC_SESSION_APPEND:
         if (p->at[F_TOOLS] || p->at[F_TOOL_CHOICE])
             return fail(err, CAIRN_RPC_INVALID_REQUEST,
-                        "'tools' go with session.open and session.generate (messages)");
+                        "'tools' go with generate, session.open and session.generate");
         if (get_session_id(p, &c->session, err) ||
             decode_content(ctx, p, F_TEXT, true, false, false, false, c, err))
             return err->code;

@@ -126,6 +126,10 @@ try:
     assert [t["function"]["name"] for t in r.tool_calls] == ["get_weather"], r.tool_calls
     assert json.loads(r.tool_calls[0]["function"]["arguments"])["city"] == "Paris", r.tool_calls
     assert r.content == "", r
+    # the same, statelessly: generate with messages and tools
+    g = c.generate(messages=ask, tools=[weather], max_tokens=64, temperature=0)
+    assert g.usage.prompt_tokens == n_tokens_of(ask, True, [weather]), g.usage
+    assert (g.tokens, g.finish_reason) == (r.tokens, "tool_calls"), g
     answer = [{"role": "tool", "tool_call_id": r.tool_calls[0]["id"],
                "content": "sunny, 18 degrees Celsius"}]
     r2 = c.session_generate(sid, messages=answer, tools=[weather], max_tokens=64,

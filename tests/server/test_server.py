@@ -368,11 +368,28 @@ class Tools(ServerCase):
         self.c.session_close(s2["session_id"])
         self.c.session_close(sid)
 
+    def test_stateless_generate_with_messages_and_tools(self):
+        msgs = [{"role": "system", "content": "You tell stories."},
+                {"role": "user", "content": "Tell me about a cat."}]
+        # the conversation in the generic format, then the assistant cue
+        g = self.c.generate(messages=msgs, max_tokens=8, temperature=0)
+        rendered = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in msgs) + "<|assistant|>\n"
+        want = self.greedy(tokens=self.tok(rendered, True), max_tokens=8)
+        self.assertEqual((g.usage.prompt_tokens, g.tokens), (want.usage.prompt_tokens, want.tokens))
+        # tools: a forced call comes back parsed
+        r = self.c.generate(messages=msgs, tools=[self.BOOK], tool_choice="required",
+                            parallel_tool_calls=False, max_tokens=200, temperature=0)
+        self.assertEqual(r.finish_reason, "tool_calls", r)
+        self.assertEqual(r.tool_calls[0]["function"]["name"], "book_table")
+        with self.assertRaises(cairn_client.InvalidRequest):
+            self.c.call("generate", {"prompt": "x", "tools": [self.BOOK]})
+        with self.assertRaises(cairn_client.InvalidRequest):
+            self.c.call("generate", {"prompt": "x", "messages": msgs})
+
     def test_tools_errors(self):
         msgs = [{"role": "user", "content": "Hi."}]
         sid = self.c.session_open(messages=msgs)["session_id"]
         bad = [
-            ("generate", {"prompt": "x", "tools": [self.BOOK]}),
             ("session.append", {"session_id": sid, "text": "x", "tools": [self.BOOK]}),
             ("session.open", {"text": "x", "tools": [self.BOOK]}),
             ("session.open", {"messages": msgs, "tools": [self.BOOK], "tool_choice": "required"}),

@@ -437,18 +437,29 @@ class Client:
         return self.call("server.info")
 
     def generate(self, prompt: Optional[str] = None, *, tokens: Optional[Sequence[int]] = None,
+                 messages: Optional[Sequence[Dict[str, Any]]] = None,
+                 tools: Optional[Sequence[Dict[str, Any]]] = None,
+                 tool_choice: Optional[Union[str, Dict[str, Any]]] = None,
+                 parallel_tool_calls: Optional[bool] = None,
                  add_bos: Optional[bool] = None, parse_special: Optional[bool] = None,
                  stream: bool = False, **sampling) -> Union[GenerationResult, Stream]:
-        """Stateless generation from a text `prompt` or a list of `tokens`.
+        """Stateless generation from a text `prompt`, a list of `tokens`, or
+        a conversation (`messages`, rendered with the model's chat template
+        and the assistant cue; `tools` are rendered with it and the reply is
+        read for their calls, see session_generate).
         Sampling keywords: max_tokens, temperature, top_k, top_p, min_p,
         repeat_penalty, frequency_penalty, presence_penalty, seed, stop,
         logit_bias ({token id: bias in [-100, 100]}), response_format.
         With stream=True returns a Stream (deltas, then the result)."""
-        if (prompt is None) == (tokens is None):
-            raise ValueError("give exactly one of prompt, tokens")
-        params = _sampling(dict(sampling, add_bos=add_bos, parse_special=parse_special))
+        if sum(x is not None for x in (prompt, tokens, messages)) != 1:
+            raise ValueError("give exactly one of prompt, tokens, messages")
+        params = _sampling(dict(sampling, add_bos=add_bos, parse_special=parse_special,
+                                tools=_list(tools), tool_choice=tool_choice,
+                                parallel_tool_calls=parallel_tool_calls))
         if prompt is not None:
             params["prompt"] = prompt
+        elif messages is not None:
+            params["messages"] = [dict(m) for m in messages]
         else:
             params["tokens"] = [int(t) for t in tokens]  # type: ignore[union-attr]
         return self._generation("generate", params, stream)
