@@ -4,6 +4,8 @@
  */
 #include "kernels/backend.h"
 
+#include <math.h>
+
 int cairn_kv_layout_init(cairn_kv_layout *out, int n_layer, int n_kv_head, int head_dim,
                          int page_size, cairn_type dtype)
 {
@@ -20,6 +22,61 @@ int cairn_kv_layout_init(cairn_kv_layout *out, int n_layer, int n_kv_head, int h
     out->row_bytes = (size_t)n_kv_head * (size_t)head_dim * elem;
     /* K and V for every layer, page_size rows each. */
     out->page_bytes = (size_t)n_layer * 2 * (size_t)page_size * out->row_bytes;
+    return CAIRN_OK;
+}
+
+int cairn_kv_layout_valid(const cairn_kv_layout *L)
+{
+    if (!L || L->n_layer <= 0 || L->n_kv_head <= 0 || L->head_dim <= 0 || L->page_size <= 0)
+        return 0;
+    size_t elem;
+    if (L->dtype == CAIRN_TYPE_F32)
+        elem = 4;
+    else if (L->dtype == CAIRN_TYPE_F16)
+        elem = 2;
+    else
+        return 0;
+    return L->row_bytes == (size_t)L->n_kv_head * (size_t)L->head_dim * elem &&
+           L->page_bytes == (size_t)L->n_layer * 2 * (size_t)L->page_size * L->row_bytes;
+}
+
+/* One sequence's share of an attention call is usable. */
+static int attn_seq_valid(const cairn_attn_seq *seq, int page_size)
+{
+    if (seq->q_start < 0 || seq->n_q <= 0 || seq->n_kv <= 0 || !seq->pages)
+        return 0;
+    if (!seq->mask) {
+        if (!seq->q_index)
+            return 0;
+        for (int i = 0; i < seq->n_q; i++)
+            if (seq->q_index[i] < 0 || seq->q_index[i] >= seq->n_kv)
+                return 0;
+    }
+    const int n_pages = (seq->n_kv + page_size - 1) / page_size;
+    for (int p = 0; p < n_pages; p++)
+        if (seq->pages[p] < 0)
+            return 0;
+    return 1;
+}
+
+int cairn_attn_args_check(const cairn_attn_args *a, int *max_kv)
+{
+    if (!a || !a->out || !a->q || !a->kv_pool || !a->seqs || a->n_seqs <= 0)
+        return CAIRN_EINVAL;
+    const cairn_kv_layout *L = a->kv;
+    if (!cairn_kv_layout_valid(L) || a->layer < 0 || a->layer >= L->n_layer)
+        return CAIRN_EINVAL;
+    if (a->n_head <= 0 || a->n_head % L->n_kv_head != 0 || !isfinite(a->scale))
+        return CAIRN_EINVAL;
+    int longest = 0;
+    for (int s = 0; s < a->n_seqs; s++) {
+        if (!attn_seq_valid(&a->seqs[s], L->page_size))
+            return CAIRN_EINVAL;
+        if (a->seqs[s].n_kv > longest)
+            longest = a->seqs[s].n_kv;
+    }
+    if (max_kv)
+        *max_kv = longest;
     return CAIRN_OK;
 }
 

@@ -115,6 +115,16 @@ typedef struct {
     const cairn_attn_seq *seqs; /* host array [n_seqs]                            */
 } cairn_attn_args;
 
+/* Argument checks every backend makes, in one place. A KV layout that is
+ * internally consistent (what cairn_kv_layout_init builds): 1, else 0. */
+int cairn_kv_layout_valid(const cairn_kv_layout *L);
+/* The host-side checks of an attention call: pointers present, a valid
+ * layout and layer, n_head a multiple of n_kv_head, a finite scale, and for
+ * every sequence rows, causal indices inside its KV and a page id for every
+ * page it uses. CAIRN_EINVAL otherwise; *max_kv (may be NULL) receives the
+ * longest sequence's n_kv. */
+int cairn_attn_args_check(const cairn_attn_args *a, int *max_kv);
+
 typedef enum { CAIRN_ROPE_NORMAL = 0, CAIRN_ROPE_NEOX = 2 } cairn_rope_mode;
 
 typedef struct {

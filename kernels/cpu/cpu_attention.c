@@ -26,21 +26,6 @@
 
 #include "kernels/cpu/cpu_impl.h"
 
-int cpu_kv_layout_valid(const cairn_kv_layout *L)
-{
-    if (!L || L->n_layer <= 0 || L->n_kv_head <= 0 || L->head_dim <= 0 || L->page_size <= 0)
-        return 0;
-    size_t elem;
-    if (L->dtype == CAIRN_TYPE_F32)
-        elem = 4;
-    else if (L->dtype == CAIRN_TYPE_F16)
-        elem = 2;
-    else
-        return 0;
-    return L->row_bytes == (size_t)L->n_kv_head * (size_t)L->head_dim * elem &&
-           L->page_bytes == (size_t)L->n_layer * 2 * (size_t)L->page_size * L->row_bytes;
-}
-
 /* Address of K (kv = 0) or V (kv = 1) of `layer` for token row `row` of
  * page `page`. */
 static inline const uint8_t *kv_row_addr(const uint8_t *pool, const cairn_kv_layout *L, int layer,
@@ -91,7 +76,7 @@ static void kv_store_range(void *p, int64_t begin, int64_t end, int thread)
 int cpu_kv_store(cairn_backend *be, void *kv_pool, const cairn_kv_layout *L, int layer,
                  const float *k, const float *v, const int32_t *slots, int T)
 {
-    if (!be || !kv_pool || !k || !v || !slots || T <= 0 || !cpu_kv_layout_valid(L))
+    if (!be || !kv_pool || !k || !v || !slots || T <= 0 || !cairn_kv_layout_valid(L))
         return CAIRN_EINVAL;
     if (layer < 0 || layer >= L->n_layer)
         return CAIRN_EINVAL;
@@ -250,41 +235,12 @@ static void attention_range(void *p, int64_t begin, int64_t end, int thread)
     }
 }
 
-/* Check one sequence's share; returns 0 when it is unusable. */
-static int seq_valid(const cairn_attn_seq *seq, int page_size)
-{
-    if (seq->q_start < 0 || seq->n_q <= 0 || seq->n_kv <= 0 || !seq->pages)
-        return 0;
-    if (!seq->mask) {
-        if (!seq->q_index)
-            return 0;
-        for (int i = 0; i < seq->n_q; i++)
-            if (seq->q_index[i] < 0 || seq->q_index[i] >= seq->n_kv)
-                return 0;
-    }
-    const int n_pages = (seq->n_kv + page_size - 1) / page_size;
-    for (int p = 0; p < n_pages; p++)
-        if (seq->pages[p] < 0)
-            return 0;
-    return 1;
-}
-
 int cpu_attention(cairn_backend *be, const cairn_attn_args *a)
 {
-    if (!be || !a || !a->out || !a->q || !a->kv_pool || !a->seqs || a->n_seqs <= 0)
+    int max_kv = 0;
+    if (!be || cairn_attn_args_check(a, &max_kv) != CAIRN_OK)
         return CAIRN_EINVAL;
     const cairn_kv_layout *L = a->kv;
-    if (!cpu_kv_layout_valid(L) || a->layer < 0 || a->layer >= L->n_layer)
-        return CAIRN_EINVAL;
-    if (a->n_head <= 0 || a->n_head % L->n_kv_head != 0 || !isfinite(a->scale))
-        return CAIRN_EINVAL;
-    int max_kv = 0;
-    for (int s = 0; s < a->n_seqs; s++) {
-        if (!seq_valid(&a->seqs[s], L->page_size))
-            return CAIRN_EINVAL;
-        if (a->seqs[s].n_kv > max_kv)
-            max_kv = a->seqs[s].n_kv;
-    }
 
     cpu_ctx *ctx = cpu_ctx_of(be);
     /* Scratch per thread: scores [max_kv] plus query copy and accumulator,

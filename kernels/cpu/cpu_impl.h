@@ -164,10 +164,6 @@ static inline void cpu_kq_scales(const uint8_t *packed, uint8_t sc[8], uint8_t m
     }
 }
 
-/* A KV layout that is internally consistent (positive sizes, F32 or F16,
- * row_bytes and page_bytes as cairn_kv_layout_init computes them). */
-int cpu_kv_layout_valid(const cairn_kv_layout *L);
-
 /* Exact IEEE half -> float conversion (same values as cairn_fp16_to_fp32),
  * inline because attention converts every K and V element it reads. */
 static inline float cpu_half_to_float(uint16_t h)

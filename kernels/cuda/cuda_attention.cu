@@ -307,34 +307,11 @@ static __global__ void attention_tile_kernel(float *out, const float *q, const u
     }
 }
 
-/* Check one sequence's share (the CPU backend's seq_valid). */
-static int seq_valid(const cairn_attn_seq *seq, int page_size)
-{
-    if (seq->q_start < 0 || seq->n_q <= 0 || seq->n_kv <= 0 || !seq->pages)
-        return 0;
-    if (!seq->mask) {
-        if (!seq->q_index)
-            return 0;
-        for (int i = 0; i < seq->n_q; i++)
-            if (seq->q_index[i] < 0 || seq->q_index[i] >= seq->n_kv)
-                return 0;
-    }
-    const int n_pages = (seq->n_kv + page_size - 1) / page_size;
-    for (int p = 0; p < n_pages; p++)
-        if (seq->pages[p] < 0)
-            return 0;
-    return 1;
-}
-
 int cuda_attention(cairn_backend *be, const cairn_attn_args *a)
 {
-    if (!be || !a || !a->out || !a->q || !a->kv_pool || !a->seqs || a->n_seqs <= 0)
+    if (!be || cairn_attn_args_check(a, NULL) != CAIRN_OK)
         return CAIRN_EINVAL;
     const cairn_kv_layout *L = a->kv;
-    if (!cuda_kv_layout_valid(L) || a->layer < 0 || a->layer >= L->n_layer)
-        return CAIRN_EINVAL;
-    if (a->n_head <= 0 || a->n_head % L->n_kv_head != 0 || !isfinite(a->scale))
-        return CAIRN_EINVAL;
     if (L->head_dim > ATTN_THREADS * ATTN_MAX_DIMS_PER_THREAD) {
         cairn_log(CAIRN_LOG_ERROR, "cuda attention: head_dim %d is above the supported %d",
                   L->head_dim, ATTN_THREADS * ATTN_MAX_DIMS_PER_THREAD);
@@ -347,8 +324,6 @@ int cuda_attention(cairn_backend *be, const cairn_attn_args *a)
     int64_t n_rows = 0, n_tiles = 0, n_ints = 0, n_mask_bytes = 0;
     for (int s = 0; s < a->n_seqs; s++) {
         const cairn_attn_seq *seq = &a->seqs[s];
-        if (!seq_valid(seq, L->page_size))
-            return CAIRN_EINVAL;
         if (tiled_hd && seq->n_q >= ATTN_TILE_MIN_ROWS)
             n_tiles += (seq->n_q + ATTN_TILE_Q - 1) / ATTN_TILE_Q;
         else

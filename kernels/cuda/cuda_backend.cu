@@ -134,21 +134,6 @@ size_t cuda_row_bytes(cairn_type type, int64_t n)
     return cairn_type_row_bytes(type, n);
 }
 
-int cuda_kv_layout_valid(const cairn_kv_layout *L)
-{
-    if (!L || L->n_layer <= 0 || L->n_kv_head <= 0 || L->head_dim <= 0 || L->page_size <= 0)
-        return 0;
-    size_t elem;
-    if (L->dtype == CAIRN_TYPE_F32)
-        elem = 4;
-    else if (L->dtype == CAIRN_TYPE_F16)
-        elem = 2;
-    else
-        return 0;
-    return L->row_bytes == (size_t)L->n_kv_head * (size_t)L->head_dim * elem &&
-           L->page_bytes == (size_t)L->n_layer * 2 * (size_t)L->page_size * L->row_bytes;
-}
-
 /* ---- staging ring ----------------------------------------------------------- */
 
 static void stage_release(cuda_ctx *ctx)

@@ -146,8 +146,6 @@ int cuda_attention(cairn_backend *be, const cairn_attn_args *args);
 int cuda_type_supported(cairn_type type);
 /* Bytes of a row of n elements, 0 when n is not whole blocks. */
 size_t cuda_row_bytes(cairn_type type, int64_t n);
-/* A KV layout that is internally consistent (as cpu_kv_layout_valid). */
-int cuda_kv_layout_valid(const cairn_kv_layout *L);
 
 /* ---- device-side dequantization (layouts in common/common.h) ------------- */
 

@@ -340,7 +340,7 @@ static __global__ void kv_store_kernel(uint8_t *pool, int layer, int n_kv_head, 
 int cuda_kv_store(cairn_backend *be, void *kv_pool, const cairn_kv_layout *L, int layer,
                   const float *k, const float *v, const int32_t *slots, int T)
 {
-    if (!be || !kv_pool || !k || !v || !slots || T <= 0 || !cuda_kv_layout_valid(L))
+    if (!be || !kv_pool || !k || !v || !slots || T <= 0 || !cairn_kv_layout_valid(L))
         return CAIRN_EINVAL;
     if (layer < 0 || layer >= L->n_layer)
         return CAIRN_EINVAL;
