@@ -15,6 +15,7 @@
  *              head has consumed them (a few rows after each step).
  */
 #include "engine/eagle_impl.h"
+#include "engine/layer_impl.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -29,10 +30,7 @@
 #define MAX_DEPTH 16
 #define MAX_DRAFT 255
 
-typedef struct {
-    const void *data; /* backend memory */
-    cairn_type type;
-} head_weight;
+typedef cairn_layer_weight head_weight; /* backend memory */
 
 struct cairn_eagle {
     cairn_model *target;
@@ -43,10 +41,9 @@ struct cairn_eagle {
     float rms_eps;
     uint8_t fingerprint[16];
 
-    void *weights_mem;
-    head_weight fc, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
-    /* biases replicated HEAD_MAX_ROWS times so a plain add applies them */
-    float *fc_bias, *q_bias, *k_bias, *v_bias; /* backend memory or NULL */
+    void *weights_mem;  /* every weight and bias, backend memory */
+    head_weight fc, fc_bias;     /* fc_bias: data NULL when absent */
+    cairn_layer_weights layer;   /* its decoder layer, without attn_norm */
 
     /* activations, backend memory, HEAD_MAX_ROWS rows */
     float *cat, *x, *h, *q, *k, *v, *attn, *gate, *up, *logits;
@@ -113,17 +110,6 @@ static int alloc_acts(cairn_eagle *e)
     return CAIRN_OK;
 }
 
-/* Uploads a bias vector [n] repeated HEAD_MAX_ROWS times. */
-static int upload_bias(cairn_eagle *e, const cairn_gguf_tensor *t, int n, float **out)
-{
-    if (!t)
-        return CAIRN_OK;
-    int rc = e->be->iface->alloc(e->be, (size_t)HEAD_MAX_ROWS * n * sizeof(float), (void **)out);
-    for (int r = 0; rc == CAIRN_OK && r < HEAD_MAX_ROWS; r++)
-        rc = e->be->iface->upload(e->be, *out + (size_t)r * n, t->data, (size_t)n * sizeof(float));
-    return rc;
-}
-
 static int load_head(cairn_eagle *e, const cairn_gguf *g, const char *path, char *err, size_t n)
 {
     const char *arch;
@@ -165,30 +151,31 @@ static int load_head(cairn_eagle *e, const cairn_gguf *g, const char *path, char
         int64_t ne0, ne1;
         head_weight *w;
         const cairn_gguf_tensor *t;
+        bool optional;
     } spec[] = {
-        {"fc.weight", 2 * (int64_t)dim, dim, &e->fc, NULL},
-        {"blk.0.attn_q.weight", dim, q_dim, &e->wq, NULL},
-        {"blk.0.attn_k.weight", dim, kv_dim, &e->wk, NULL},
-        {"blk.0.attn_v.weight", dim, kv_dim, &e->wv, NULL},
-        {"blk.0.attn_output.weight", q_dim, dim, &e->wo, NULL},
-        {"blk.0.ffn_norm.weight", dim, 1, &e->ffn_norm, NULL},
-        {"blk.0.ffn_gate.weight", dim, ffn, &e->w_gate, NULL},
-        {"blk.0.ffn_up.weight", dim, ffn, &e->w_up, NULL},
-        {"blk.0.ffn_down.weight", ffn, dim, &e->w_down, NULL},
+        {"fc.weight", 2 * (int64_t)dim, dim, &e->fc, NULL, false},
+        {"blk.0.attn_q.weight", dim, q_dim, &e->layer.wq, NULL, false},
+        {"blk.0.attn_k.weight", dim, kv_dim, &e->layer.wk, NULL, false},
+        {"blk.0.attn_v.weight", dim, kv_dim, &e->layer.wv, NULL, false},
+        {"blk.0.attn_output.weight", q_dim, dim, &e->layer.wo, NULL, false},
+        {"blk.0.ffn_norm.weight", dim, 1, &e->layer.ffn_norm, NULL, false},
+        {"blk.0.ffn_gate.weight", dim, ffn, &e->layer.w_gate, NULL, false},
+        {"blk.0.ffn_up.weight", dim, ffn, &e->layer.w_up, NULL, false},
+        {"blk.0.ffn_down.weight", ffn, dim, &e->layer.w_down, NULL, false},
+        {"fc.bias", dim, 1, &e->fc_bias, NULL, true},
+        {"blk.0.attn_q.bias", q_dim, 1, &e->layer.bq, NULL, true},
+        {"blk.0.attn_k.bias", kv_dim, 1, &e->layer.bk, NULL, true},
+        {"blk.0.attn_v.bias", kv_dim, 1, &e->layer.bv, NULL, true},
     };
     const int n_spec = (int)(sizeof spec / sizeof spec[0]);
     size_t total = 0;
     for (int i = 0; i < n_spec; i++) {
-        if ((rc = head_tensor(g, spec[i].name, spec[i].ne0, spec[i].ne1, false, &spec[i].t, err, n)))
+        if ((rc = head_tensor(g, spec[i].name, spec[i].ne0, spec[i].ne1, spec[i].optional,
+                              &spec[i].t, err, n)))
             return rc;
-        total += (spec[i].t->size + 63) & ~(size_t)63;
+        if (spec[i].t)
+            total += (spec[i].t->size + 63) & ~(size_t)63;
     }
-    const cairn_gguf_tensor *fc_b, *q_b, *k_b, *v_b;
-    if ((rc = head_tensor(g, "fc.bias", dim, 1, true, &fc_b, err, n)) ||
-        (rc = head_tensor(g, "blk.0.attn_q.bias", q_dim, 1, true, &q_b, err, n)) ||
-        (rc = head_tensor(g, "blk.0.attn_k.bias", kv_dim, 1, true, &k_b, err, n)) ||
-        (rc = head_tensor(g, "blk.0.attn_v.bias", kv_dim, 1, true, &v_b, err, n)))
-        return rc;
 
     cairn_backend *be = e->be;
     if ((rc = be->iface->alloc(be, total, &e->weights_mem)) != CAIRN_OK)
@@ -198,16 +185,13 @@ static int load_head(cairn_eagle *e, const cairn_gguf *g, const char *path, char
         return CAIRN_ENOMEM;
     XXH3_128bits_reset(hs);
     uint8_t *dst = e->weights_mem;
-    const cairn_gguf_tensor *biases[] = {fc_b, q_b, k_b, v_b};
-    for (int i = 0; i < n_spec + 4 && rc == CAIRN_OK; i++) {
-        const cairn_gguf_tensor *x = i < n_spec ? spec[i].t : biases[i - n_spec];
+    for (int i = 0; i < n_spec && rc == CAIRN_OK; i++) {
+        const cairn_gguf_tensor *x = spec[i].t;
         if (!x)
-            continue;
-        if (i < n_spec) {
-            rc = be->iface->upload(be, dst, x->data, x->size);
-            *spec[i].w = (head_weight){dst, x->type};
-            dst += (x->size + 63) & ~(size_t)63;
-        }
+            continue; /* an absent bias: data stays NULL */
+        rc = be->iface->upload(be, dst, x->data, x->size);
+        *spec[i].w = (head_weight){dst, x->type};
+        dst += (x->size + 63) & ~(size_t)63;
         uint32_t type = (uint32_t)x->type;
         XXH3_128bits_update(hs, x->name, strlen(x->name) + 1);
         XXH3_128bits_update(hs, &type, sizeof type);
@@ -218,11 +202,6 @@ static int load_head(cairn_eagle *e, const cairn_gguf *g, const char *path, char
     XXH128_canonicalFromHash(&c, XXH3_128bits_digest(hs));
     XXH3_freeState(hs);
     memcpy(e->fingerprint, c.digest, 16);
-    if (rc == CAIRN_OK && ((rc = upload_bias(e, fc_b, (int)dim, &e->fc_bias)) ||
-                           (rc = upload_bias(e, q_b, (int)q_dim, &e->q_bias)) ||
-                           (rc = upload_bias(e, k_b, (int)kv_dim, &e->k_bias)) ||
-                           (rc = upload_bias(e, v_b, (int)kv_dim, &e->v_bias))))
-        return cairn_errorf(err, n, rc, "%s: cannot upload the head's biases", path);
     if (rc != CAIRN_OK)
         return cairn_errorf(err, n, rc, "%s: uploading the head's weights failed", path);
     if ((rc = alloc_acts(e)) != CAIRN_OK)
@@ -259,8 +238,7 @@ void cairn_eagle_free(cairn_eagle *e)
 {
     if (!e)
         return;
-    float *bufs[] = {e->cat, e->x, e->h, e->q, e->k, e->v, e->attn, e->gate, e->up, e->logits,
-                     e->fc_bias, e->q_bias, e->k_bias, e->v_bias};
+    float *bufs[] = {e->cat, e->x, e->h, e->q, e->k, e->v, e->attn, e->gate, e->up, e->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             e->be->iface->free(e->be, bufs[i]);
@@ -308,8 +286,7 @@ static int head_forward(cairn_eagle *e, void *kv_pool, const cairn_kv_layout *kv
         return CAIRN_EINVAL;
     cairn_backend *be = e->be;
     const cairn_backend_iface *op = be->iface;
-    const int dim = e->dim, hd = e->head_dim, ffn = e->ffn_dim;
-    const int q_dim = e->n_head * hd, kv_dim = e->n_kv_head * hd;
+    const int dim = e->dim, hd = e->head_dim;
     const int layer = e->thp.n_layer;
     const size_t row = (size_t)dim * sizeof(float);
 
@@ -325,47 +302,34 @@ static int head_forward(cairn_eagle *e, void *kv_pool, const cairn_kv_layout *kv
         TRY(op->upload(be, e->cat + (size_t)r * 2 * dim + dim, feat + (size_t)r * dim, row));
     }
     TRY(op->matmul(be, e->x, e->fc.data, e->fc.type, e->cat, R, 2 * dim, dim)); /* [R][dim] */
-    if (e->fc_bias)
-        TRY(op->add(be, e->x, e->x, e->fc_bias, (size_t)R * dim));
+    if (e->fc_bias.data)
+        TRY(op->add_bias(be, e->x, e->fc_bias.data, R, dim));
 
-    /* attention, without an input norm (EAGLE's first layer has none) */
-    const cairn_rope_params rope = {
-        .n_rot = e->thp.n_rot,
-        .mode = e->thp.rope_mode,
-        .freq_base = e->thp.rope_freq_base,
-        .freq_scale = e->thp.rope_freq_scale,
-        .freq_factors = e->shared.rope_freqs,
+    /* the decoder layer, without an input norm (EAGLE's has none), its KV
+     * one layer past the target's */
+    const cairn_layer_shape shape = {
+        .dim = dim, .n_head = e->n_head, .n_kv_head = e->n_kv_head, .head_dim = hd,
+        .ffn_dim = e->ffn_dim, .rms_eps = e->rms_eps,
+        .rope = {
+            .n_rot = e->thp.n_rot,
+            .mode = e->thp.rope_mode,
+            .freq_base = e->thp.rope_freq_base,
+            .freq_scale = e->thp.rope_freq_scale,
+            .freq_factors = e->shared.rope_freqs,
+        },
     };
-    TRY(op->matmul(be, e->q, e->wq.data, e->wq.type, e->x, R, dim, q_dim));
-    TRY(op->matmul(be, e->k, e->wk.data, e->wk.type, e->x, R, dim, kv_dim));
-    TRY(op->matmul(be, e->v, e->wv.data, e->wv.type, e->x, R, dim, kv_dim));
-    if (e->q_bias)
-        TRY(op->add(be, e->q, e->q, e->q_bias, (size_t)R * q_dim));
-    if (e->k_bias)
-        TRY(op->add(be, e->k, e->k, e->k_bias, (size_t)R * kv_dim));
-    if (e->v_bias)
-        TRY(op->add(be, e->v, e->v, e->v_bias, (size_t)R * kv_dim));
-    TRY(op->rope(be, e->q, R, e->n_head, hd, e->pos, &rope));
-    TRY(op->rope(be, e->k, R, e->n_kv_head, hd, e->pos, &rope));
-    TRY(op->kv_store(be, kv_pool, kv, layer, e->k, e->v, e->slots, R));
+    const cairn_layer_acts acts = {
+        .x = e->x, .h = e->h, .q = e->q, .attn = e->attn, .k = e->k, .v = e->v,
+        .gate = e->gate, .up = e->up,
+    };
     const cairn_attn_seq seq = {
         .q_start = 0, .n_q = R, .n_kv = n_kv, .q_index = e->q_index, .pages = pages, .mask = mask,
     };
     const cairn_attn_args attn = {
-        .out = e->attn, .q = e->q, .kv_pool = kv_pool, .kv = kv, .layer = layer,
         .n_head = e->n_head, .scale = 1.0f / sqrtf((float)hd), .n_seqs = 1, .seqs = &seq,
     };
-    TRY(op->attention(be, &attn));
-    TRY(op->matmul(be, e->h, e->wo.data, e->wo.type, e->attn, R, q_dim, dim));
-    TRY(op->add(be, e->x, e->x, e->h, (size_t)R * dim));
-
-    /* feed-forward */
-    TRY(op->rmsnorm(be, e->h, e->x, e->ffn_norm.data, R, dim, e->rms_eps));
-    TRY(op->matmul(be, e->gate, e->w_gate.data, e->w_gate.type, e->h, R, dim, ffn));
-    TRY(op->matmul(be, e->up, e->w_up.data, e->w_up.type, e->h, R, dim, ffn));
-    TRY(op->swiglu(be, e->gate, e->gate, e->up, (size_t)R * ffn));
-    TRY(op->matmul(be, e->h, e->w_down.data, e->w_down.type, e->gate, R, ffn, dim));
-    TRY(op->add(be, e->x, e->x, e->h, (size_t)R * dim)); /* head output [R][dim] */
+    TRY(cairn_layer_forward(be, &e->layer, &shape, &acts, R, e->pos, e->slots, kv_pool, kv,
+                            layer, &attn)); /* head output x [R][dim] */
 
     if (hidden)
         TRY(op->download(be, hidden, e->x, (size_t)R * row));

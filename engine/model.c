@@ -5,7 +5,7 @@
  * The forward pass, for T new tokens spread over several sequences:
  *
  *   x = embed(tokens)                                   x   [T][dim]
- *   for each layer l:
+ *   for each layer l:                                   (engine/layer.c)
  *       h  = rmsnorm(x) * attn_norm                     h   [T][dim]
  *       q  = h·Wqᵀ, k = h·Wkᵀ, v = h·Wvᵀ                q   [T][n_head*hd]
  *            (+ bq, bk, bv on qwen2)                    k,v [T][n_kv*hd]
@@ -27,6 +27,7 @@
  * (max_batch_tokens); a forward call allocates nothing.
  */
 #include "engine/engine.h"
+#include "engine/layer_impl.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -39,16 +40,9 @@
  * device buffer for them stays small even for 150k-token vocabularies. */
 #define LOGIT_CHUNK 32
 
-typedef struct {
-    const void *data; /* backend memory */
-    cairn_type type;
-} weight;
-
-typedef struct {
-    weight attn_norm, wq, wk, wv, wo;
-    weight bq, bk, bv; /* F32 biases; data NULL when the architecture has none */
-    weight ffn_norm, w_gate, w_up, w_down;
-} layer_weights;
+typedef cairn_layer_weight weight; /* backend memory */
+/* bq, bk, bv: data NULL when the architecture has none */
+typedef cairn_layer_weights layer_weights;
 
 /* What differs between the architectures cairn runs. All are the same
  * pre-norm decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU). */
@@ -576,7 +570,6 @@ static int forward(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
     const cairn_backend_iface *op = be->iface;
     const cairn_hparams *hp = &m->hp;
     const int dim = hp->dim, hd = hp->head_dim, ffn = hp->ffn_dim;
-    const int q_dim = hp->n_head * hd, kv_dim = hp->n_kv_head * hd;
     const cairn_rope_params rope = {
         .n_rot = hp->n_rot,
         .mode = hp->rope_mode,
@@ -584,50 +577,25 @@ static int forward(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
         .freq_scale = hp->rope_freq_scale,
         .freq_factors = m->rope_freqs,
     };
-    const cairn_attn_args attn_base = {
-        .out = m->attn,
-        .q = m->q,
-        .kv_pool = kv_pool,
-        .kv = kv,
-        .n_head = hp->n_head,
-        .scale = 1.0f / sqrtf((float)hd),
-        .n_seqs = n_seqs,
+    const cairn_layer_shape shape = {
+        .dim = dim, .n_head = hp->n_head, .n_kv_head = hp->n_kv_head, .head_dim = hd,
+        .ffn_dim = ffn, .rms_eps = hp->rms_eps, .rope = rope,
+    };
+    const cairn_layer_acts acts = {
+        .x = m->x, .h = m->h, .q = m->q, .attn = m->attn, .k = m->k, .v = m->v,
+        .gate = m->ffn_gate, .up = m->ffn_up,
+    };
+    const cairn_attn_args attn = {
+        .n_head = hp->n_head, .scale = 1.0f / sqrtf((float)hd), .n_seqs = n_seqs,
         .seqs = m->attn_seqs,
     };
 
     /* x [T][dim] */
     TRY(op->get_rows(be, m->x, m->tok_embd.data, m->tok_embd.type, dim, m->tokens, T));
 
-    for (int l = 0; l < hp->n_layer; l++) {
-        const layer_weights *w = &m->layers[l];
-
-        /* attention block */
-        TRY(op->rmsnorm(be, m->h, m->x, w->attn_norm.data, T, dim, hp->rms_eps));
-        TRY(op->matmul(be, m->q, w->wq.data, w->wq.type, m->h, T, dim, q_dim));  /* [T][q_dim]  */
-        TRY(op->matmul(be, m->k, w->wk.data, w->wk.type, m->h, T, dim, kv_dim)); /* [T][kv_dim] */
-        TRY(op->matmul(be, m->v, w->wv.data, w->wv.type, m->h, T, dim, kv_dim)); /* [T][kv_dim] */
-        if (w->bq.data) {
-            TRY(op->add_bias(be, m->q, w->bq.data, T, q_dim));
-            TRY(op->add_bias(be, m->k, w->bk.data, T, kv_dim));
-            TRY(op->add_bias(be, m->v, w->bv.data, T, kv_dim));
-        }
-        TRY(op->rope(be, m->q, T, hp->n_head, hd, m->pos, &rope));
-        TRY(op->rope(be, m->k, T, hp->n_kv_head, hd, m->pos, &rope));
-        TRY(op->kv_store(be, kv_pool, kv, l, m->k, m->v, m->slots, T));
-        cairn_attn_args attn = attn_base;
-        attn.layer = l;
-        TRY(op->attention(be, &attn));                                           /* [T][q_dim]  */
-        TRY(op->matmul(be, m->h, w->wo.data, w->wo.type, m->attn, T, q_dim, dim)); /* [T][dim] */
-        TRY(op->add(be, m->x, m->x, m->h, (size_t)T * dim));
-
-        /* feed-forward block */
-        TRY(op->rmsnorm(be, m->h, m->x, w->ffn_norm.data, T, dim, hp->rms_eps));
-        TRY(op->matmul(be, m->ffn_gate, w->w_gate.data, w->w_gate.type, m->h, T, dim, ffn));
-        TRY(op->matmul(be, m->ffn_up, w->w_up.data, w->w_up.type, m->h, T, dim, ffn));
-        TRY(op->swiglu(be, m->ffn_gate, m->ffn_gate, m->ffn_up, (size_t)T * ffn)); /* [T][ffn] */
-        TRY(op->matmul(be, m->h, w->w_down.data, w->w_down.type, m->ffn_gate, T, ffn, dim));
-        TRY(op->add(be, m->x, m->x, m->h, (size_t)T * dim));
-    }
+    for (int l = 0; l < hp->n_layer; l++)
+        TRY(cairn_layer_forward(be, &m->layers[l], &shape, &acts, T, m->pos, m->slots, kv_pool,
+                                kv, l, &attn));
 
     /* Only the wanted rows go through the output norm and projection. */
     if (n_o > 0) {
