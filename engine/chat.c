@@ -268,6 +268,9 @@ struct cairn_chat_template {
     bool mistral_tight;  /* Mistral v3-tekken (Nemo): "[INST]text[/INST]" with
                             no spaces, system text on the last user message   */
     bool phi3_eos;       /* the template ends a non-prompting render with EOS */
+    bool qwen_default;   /* Qwen2.5: a default system prompt when none is
+                            given (Qwen3 and other ChatML tool templates have
+                            none: no system turn, or only the tools block)  */
 };
 
 const char *cairn_chat_family_name(cairn_chat_family f)
@@ -377,6 +380,7 @@ int cairn_chat_template_from_string(const char *src, const cairn_vocab *v,
     t->mistral_tight = t->family == CAIRN_CHAT_LLAMA2 && !t->llama2_sys &&
                        (strstr(src, "[INST]\"") || strstr(src, "[INST]'"));
     t->phi3_eos = t->family == CAIRN_CHAT_PHI3 && strstr(src, "eos_token");
+    t->qwen_default = t->family == CAIRN_CHAT_QWEN2 && strstr(src, "You are Qwen, created by");
     *out = t;
     return CAIRN_OK;
 }
@@ -606,15 +610,19 @@ static const char qwen_default_system[] =
  * tool-call/tool-response format. */
 static void fmt_chatml(const cairn_chat_template *t, const conv *c, outbuf *b, bool qwen)
 {
-    (void)t;
     const msg *m = c->m;
     bool first_system = c->n > 0 && m[0].role == R_SYSTEM && !c->cont;
+    const char *system = first_system ? m[0].content : t->qwen_default ? qwen_default_system
+                                                                         : NULL;
     if (qwen && !c->cont) {
         if (c->tools && json_array_size(c->tools) > 0) {
             ob_special(b, "<|im_start|>");
             ob_str(b, "system\n");
-            ob_str(b, first_system ? m[0].content : qwen_default_system);
-            ob_str(b, "\n\n# Tools\n\nYou may call one or more functions to assist with the user "
+            if (system) {
+                ob_str(b, system);
+                ob_str(b, "\n\n");
+            }
+            ob_str(b, "# Tools\n\nYou may call one or more functions to assist with the user "
                       "query.\n\nYou are provided with function signatures within <tools></tools> "
                       "XML tags:\n<tools>");
             for (size_t i = 0; i < json_array_size(c->tools); i++) {
@@ -627,10 +635,10 @@ static void fmt_chatml(const cairn_chat_template *t, const conv *c, outbuf *b, b
                       "</tool_call>");
             ob_special(b, "<|im_end|>");
             ob_str(b, "\n");
-        } else {
+        } else if (system) {
             ob_special(b, "<|im_start|>");
             ob_str(b, "system\n");
-            ob_str(b, first_system ? m[0].content : qwen_default_system);
+            ob_str(b, system);
             ob_special(b, "<|im_end|>");
             ob_str(b, "\n");
         }

@@ -210,7 +210,7 @@ int cairn_detok_flush(cairn_detok *d, char *out, size_t cap, size_t *n_out);
 /* ======================================================================== */
 
 typedef struct {
-    char arch[32];        /* "llama" or "qwen2"                               */
+    char arch[32];        /* "llama", "qwen2" or "qwen3"                      */
     char name[128];       /* general.name, or the file name                   */
     int n_vocab;
     int n_ctx_train;
@@ -218,7 +218,8 @@ typedef struct {
     int n_layer;
     int n_head;
     int n_kv_head;
-    int head_dim;
+    int head_dim;         /* attention.key_length, else dim / n_head (qwen3's
+                             heads are wider: n_head * head_dim > dim)        */
     int ffn_dim;
     int n_rot;            /* rotated dims per head                            */
     float rope_freq_base;
@@ -536,9 +537,15 @@ void cairn_eagle_seq_stats(const cairn_eagle_seq *s, cairn_eagle_stats *out);
  * trim_blocks + lstrip_blocks, tojson = json.dumps(ensure_ascii=False)) gives
  * for that family's reference template:
  *
- *   <|im_start|> + <tool_call>   QWEN2   ChatML with Qwen2.5's default system
- *                                        prompt, <tools> block, <tool_call>
- *                                        calls and <tool_response> results
+ *   <|im_start|> + <tool_call>   QWEN2   ChatML with a <tools> block,
+ *                                        <tool_call> calls and
+ *                                        <tool_response> results; Qwen2.5's
+ *                                        default system prompt only when the
+ *                                        source has it (Qwen3 and Hermes-style
+ *                                        templates have none). Qwen3's
+ *                                        <think> handling of earlier turns is
+ *                                        not reproduced: their text is kept
+ *                                        as given
  *   <|im_start|>                 CHATML  plain ChatML turns
  *   <|start_header_id|>          LLAMA3  3.0 turns; with "Cutting Knowledge
  *                                        Date" the 3.1+ form (dated system

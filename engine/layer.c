@@ -38,6 +38,10 @@ int cairn_layer_forward(cairn_backend *be, const cairn_layer_weights *w,
         TRY(op->add_bias(be, a->k, w->bk.data, T, kv_dim));
     if (w->bv.data)
         TRY(op->add_bias(be, a->v, w->bv.data, T, kv_dim));
+    if (w->q_norm.data) /* q as [T * n_head][hd] rows, k as [T * n_kv_head][hd] */
+        TRY(op->rmsnorm(be, a->q, a->q, w->q_norm.data, T * s->n_head, hd, s->rms_eps));
+    if (w->k_norm.data)
+        TRY(op->rmsnorm(be, a->k, a->k, w->k_norm.data, T * s->n_kv_head, hd, s->rms_eps));
     TRY(op->rope(be, a->q, T, s->n_head, hd, pos, &s->rope));
     TRY(op->rope(be, a->k, T, s->n_kv_head, hd, pos, &s->rope));
     TRY(op->kv_store(be, kv_pool, kv, layer, a->k, a->v, slots, T));

@@ -5,6 +5,7 @@
  *
  *   h  = rmsnorm(x) * attn_norm          (no attn_norm: h = x, EAGLE's layer)
  *   q  = h·Wqᵀ (+bq), k = h·Wkᵀ (+bk), v = h·Wvᵀ (+bv)
+ *   (q, k per head: rmsnorm(q_h) * q_norm, rmsnorm(k_h) * k_norm, on qwen3)
  *   q, k = rope(q, pos), rope(k, pos);  KV pages[slot(t)] <- k[t], v[t]
  *   x += attention(q, paged KV)·Woᵀ
  *   h  = rmsnorm(x) * ffn_norm
@@ -24,6 +25,9 @@ typedef struct {
     cairn_layer_weight attn_norm;  /* [dim] F32; data NULL: no input norm      */
     cairn_layer_weight wq, wk, wv; /* [q_dim | kv_dim][dim]                      */
     cairn_layer_weight bq, bk, bv; /* [q_dim | kv_dim] F32 biases, or data NULL  */
+    cairn_layer_weight q_norm, k_norm; /* [head_dim] F32 RMSNorm weights applied to
+                                      every head of q and k before RoPE (qwen3),
+                                      or data NULL                             */
     cairn_layer_weight wo;         /* [dim][q_dim]                               */
     cairn_layer_weight ffn_norm;   /* [dim] F32                                  */
     cairn_layer_weight w_gate, w_up, w_down; /* [ffn][dim], [ffn][dim], [dim][ffn] */

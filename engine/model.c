@@ -50,11 +50,13 @@ typedef struct {
     const char *name;          /* general.architecture and the metadata prefix */
     cairn_rope_mode rope_mode; /* llama: adjacent pairs; qwen2: first/second half */
     bool qkv_bias;             /* attn_{q,k,v}.bias tensors are required */
+    bool qk_norm;              /* attn_{q,k}_norm: per-head RMSNorm of q and k */
 } arch_traits;
 
 static const arch_traits ARCHES[] = {
-    {"llama", CAIRN_ROPE_NORMAL, false},
-    {"qwen2", CAIRN_ROPE_NEOX, true},
+    {"llama", CAIRN_ROPE_NORMAL, false, false},
+    {"qwen2", CAIRN_ROPE_NEOX, true, false},
+    {"qwen3", CAIRN_ROPE_NEOX, false, true},
 };
 
 struct cairn_model {
@@ -121,7 +123,7 @@ static int read_hparams(const cairn_gguf *g, const char *path, const arch_traits
             A = &ARCHES[i];
     if (!A)
         return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
-                    "%s: architecture '%s' is not supported (supported: llama, qwen2)", path,
+                    "%s: architecture '%s' is not supported (supported: llama, qwen2, qwen3)", path,
                     arch);
     *arch_out = A;
     memset(hp, 0, sizeof *hp);
@@ -150,21 +152,26 @@ static int read_hparams(const cairn_gguf *g, const char *path, const arch_traits
         (rc = get_f32_or(g, arch_key(A, "rope.freq_base"), 10000.0f, &base)))
         return cairn_errorf(err, err_len, CAIRN_EFORMAT, "%s: invalid %s hyper-parameter", path,
                             A->name);
+    /* The head width is attention.key_length when given (Qwen3: 128 with
+     * dim 1024 and 16 heads, so q is wider than x), else dim / n_head. */
+    uint32_t key_length = 0, value_length;
+    if ((rc = get_u32_or(g, arch_key(A, "attention.key_length"), 0, &key_length)))
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT, "%s: invalid %s", path,
+                            arch_key(A, "attention.key_length"));
     if (dim == 0 || n_layer == 0 || ffn == 0 || n_head == 0 || n_kv == 0 || n_ctx == 0 ||
-        dim % n_head != 0 || n_head % n_kv != 0 || dim > (1u << 16) || n_layer > 1024 ||
-        ffn > (1u << 20) || n_head > 1024)
+        (key_length == 0 && dim % n_head != 0) || n_head % n_kv != 0 || dim > (1u << 16) ||
+        n_layer > 1024 || ffn > (1u << 20) || n_head > 1024 || key_length > 1024)
         return cairn_errorf(err, err_len, CAIRN_EFORMAT,
                     "%s: inconsistent shape (dim %u, layers %u, heads %u/%u, ffn %u)", path, dim,
                     n_layer, n_head, n_kv, ffn);
-    uint32_t head_dim = dim / n_head, key_length, value_length;
-    /* A head width other than dim / n_head (key_length) would need separate
-     * q and attention-output widths; no supported model uses one. */
-    if ((rc = get_u32_or(g, arch_key(A, "attention.key_length"), head_dim, &key_length)) ||
-        (rc = get_u32_or(g, arch_key(A, "attention.value_length"), head_dim, &value_length)) ||
-        key_length != head_dim || value_length != head_dim)
+    const uint32_t head_dim = key_length ? key_length : dim / n_head;
+    /* Values as wide as keys: what every supported architecture has (a
+     * different value_length would need its own attention-output width). */
+    if ((rc = get_u32_or(g, arch_key(A, "attention.value_length"), head_dim, &value_length)) ||
+        value_length != head_dim)
         return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
-                            "%s: attention head width differs from embedding_length / head_count",
-                            path);
+                            "%s: attention.value_length %u differs from key_length %u", path,
+                            value_length, head_dim);
     if ((rc = get_u32_or(g, arch_key(A, "rope.dimension_count"), head_dim, &n_rot)) ||
         n_rot > head_dim || n_rot % 2)
         return cairn_errorf(err, err_len, CAIRN_EFORMAT, "%s: invalid %s", path,
@@ -244,7 +251,7 @@ static int bind_weights(cairn_model *m, const cairn_gguf *g, tensor_binding **ou
     const cairn_hparams *hp = &m->hp;
     int64_t dim = hp->dim, hd = hp->head_dim, ffn = hp->ffn_dim;
     int64_t q_dim = hp->n_head * hd, kv_dim = hp->n_kv_head * hd;
-    int cap = 4 + 12 * hp->n_layer;
+    int cap = 4 + 14 * hp->n_layer;
     tensor_binding *b = calloc((size_t)cap, sizeof *b);
     if (!b)
         return CAIRN_ENOMEM;
@@ -287,6 +294,8 @@ static int bind_weights(cairn_model *m, const cairn_gguf *g, tensor_binding **ou
             {"attn_q.bias", q_dim, 1, true, bias, &L->bq},
             {"attn_k.bias", kv_dim, 1, true, bias, &L->bk},
             {"attn_v.bias", kv_dim, 1, true, bias, &L->bv},
+            {"attn_q_norm.weight", hd, 1, true, m->arch->qk_norm, &L->q_norm},
+            {"attn_k_norm.weight", hd, 1, true, m->arch->qk_norm, &L->k_norm},
             {"attn_output.weight", q_dim, dim, false, true, &L->wo},
             {"ffn_norm.weight", dim, 1, true, true, &L->ffn_norm},
             {"ffn_gate.weight", dim, ffn, false, true, &L->w_gate},

@@ -22,7 +22,9 @@ with scales chosen for the target spread) instead of quantizing floats, which
 keeps a 1B model to a few seconds of generation.
 
 --arch qwen2 writes the Qwen2 variant (q/k/v biases, NEOX RoPE, qwen2.*
-metadata); --rope-freqs adds a Llama 3 style rope_freqs.weight (per-frequency
+metadata), --arch qwen3 the Qwen3 one (no biases, per-head q/k RMSNorm
+weights, NEOX RoPE; with --head-dim the heads may be wider than dim / heads,
+as Qwen3's are); --rope-freqs adds a Llama 3 style rope_freqs.weight (per-frequency
 divisors from the llama3 rope-scaling rule). The tests use both on tiny
 shapes to check those code paths against tests/ref/llama_ref.py.
 
@@ -189,7 +191,9 @@ def main():
     ap.add_argument("--vocab", type=int)
     ap.add_argument("--ctx", type=int, default=4096, help="llama.context_length")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--arch", choices=("llama", "qwen2"), default="llama")
+    ap.add_argument("--arch", choices=("llama", "qwen2", "qwen3"), default="llama")
+    ap.add_argument("--head-dim", type=int,
+                    help="head width (attention.key_length), default dim / heads")
     ap.add_argument("--rope-freqs", action="store_true",
                     help="add a Llama 3 rope_freqs.weight tensor (rope base 500000)")
     a = ap.parse_args()
@@ -206,9 +210,11 @@ def main():
         ap.error("unknown --type %s" % a.type)
     dim, n_layer, n_head, n_kv = shape["dim"], shape["layers"], shape["heads"], shape["kv_heads"]
     ffn, n_vocab = shape["ffn"], shape["vocab"]
-    if dim % n_head or n_head % n_kv:
-        ap.error("dim must divide by heads and heads by kv-heads")
-    head_dim = dim // n_head
+    if (dim % n_head and not a.head_dim) or n_head % n_kv:
+        ap.error("dim must divide by heads (or give --head-dim) and heads by kv-heads")
+    head_dim = a.head_dim or dim // n_head
+    if head_dim % 2:
+        ap.error("--head-dim must be even")
     block = TYPES[tname][1]
     for what, n_in in (("dim", dim), ("ffn", ffn)):
         if n_in % block:
@@ -230,6 +236,11 @@ def main():
                 (p + "attn_k.bias", n_kv * head_dim, 1, "F32", 0.3),
                 (p + "attn_v.bias", n_kv * head_dim, 1, "F32", 0.3),
             ]
+        if a.arch == "qwen3":  # per-head RMSNorm weights of q and k
+            tensors += [
+                (p + "attn_q_norm.weight", head_dim, 1, "F32", None),
+                (p + "attn_k_norm.weight", head_dim, 1, "F32", None),
+            ]
         tensors += [
             (p + "attn_output.weight", n_head * head_dim, dim, tname, (n_head * head_dim) ** -0.5),
             (p + "ffn_norm.weight", dim, 1, "F32", None),
@@ -239,7 +250,7 @@ def main():
         ]
     tensors += [("output_norm.weight", dim, 1, "F32", None),
                 ("output.weight", dim, n_vocab, tname, dim ** -0.5)]
-    rope_base = 1000000.0 if a.arch == "qwen2" else 10000.0
+    rope_base = 1000000.0 if a.arch in ("qwen2", "qwen3") else 10000.0
     freq_factors = None
     if a.rope_freqs:
         # Llama 3.1's rule: keep high frequencies, divide low ones by
@@ -271,6 +282,8 @@ def main():
         kv_u32(A + ".attention.head_count", n_head),
         kv_u32(A + ".attention.head_count_kv", n_kv),
         kv_u32(A + ".rope.dimension_count", head_dim),
+        kv_u32(A + ".attention.key_length", head_dim),
+        kv_u32(A + ".attention.value_length", head_dim),
         kv_f32(A + ".attention.layer_norm_rms_epsilon", 1e-5),
         kv_f32(A + ".rope.freq_base", rope_base),
         kv_u32(A + ".vocab_size", n_vocab),

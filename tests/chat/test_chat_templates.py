@@ -214,6 +214,10 @@ SYNTHETIC = {
     # name: (template file, family, specials, bos, eos)
     "chatml": ("chatml.jinja", "chatml", ["<s>", "</s>", "<|im_start|>", "<|im_end|>"],
                "<s>", "<|im_end|>"),
+    # Qwen's tool format without Qwen2.5's default system prompt (Qwen3-like)
+    "chatml_tools": ("chatml_tools.jinja", "qwen2",
+                     ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                     "<|endoftext|>", "<|im_end|>"),
     "llama3": ("llama3.jinja", "llama3",
                ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
                 "<|end_header_id|>", "<|eot_id|>"], "<|begin_of_text|>", "<|eot_id|>"),
@@ -247,6 +251,15 @@ def synthetic_case(key):
 
 for _key in SYNTHETIC:
     globals()[f"Synthetic_{_key}"] = synthetic_case(_key)
+
+
+class ChatmlTools(synthetic_case("chatml_tools")):
+    def test_tools(self):
+        for gen in (True, False):
+            with self.subTest(generation_prompt=gen):
+                self.check(TOOL_CONVERSATION, [WEATHER_TOOL, TIME_TOOL], gen)
+        self.check(TOOL_CONVERSATION[1:], [WEATHER_TOOL], True)  # no system message
+        self.check(NO_SYSTEM, [], True)
 
 
 class Llama31Tools(synthetic_case("llama31")):

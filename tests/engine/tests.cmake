@@ -5,7 +5,8 @@ cairn_add_test(engine_forward
   TIMEOUT 300)
 
 # The same comparison on the other code paths: a qwen2 model (q/k/v biases,
-# NEOX RoPE) and a Llama 3 one (rope_freqs), tiny and random, written by
+# NEOX RoPE), a qwen3 one (per-head q/k RMSNorm, heads wider than dim /
+# n_head) and a Llama 3 one (rope_freqs), tiny and random, written by
 # tools/gen_synthetic_model.py at test time.
 add_test(NAME engine_synthetic_qwen2
   COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tools/gen_synthetic_model.py --shape tiny
@@ -13,9 +14,12 @@ add_test(NAME engine_synthetic_qwen2
 add_test(NAME engine_synthetic_llama3
   COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tools/gen_synthetic_model.py --shape tiny
           --type F32 --rope-freqs -o ${CMAKE_CURRENT_BINARY_DIR}/synthetic-llama3.gguf)
-set_tests_properties(engine_synthetic_qwen2 engine_synthetic_llama3 PROPERTIES
-  FIXTURES_SETUP synthetic_models LABELS engine)
-foreach(arch qwen2 llama3)
+add_test(NAME engine_synthetic_qwen3
+  COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tools/gen_synthetic_model.py --shape tiny
+          --type F32 --arch qwen3 --head-dim 48 -o ${CMAKE_CURRENT_BINARY_DIR}/synthetic-qwen3.gguf)
+set_tests_properties(engine_synthetic_qwen2 engine_synthetic_qwen3 engine_synthetic_llama3
+  PROPERTIES FIXTURES_SETUP synthetic_models LABELS engine)
+foreach(arch qwen2 qwen3 llama3)
   add_test(NAME engine_forward_${arch}
     COMMAND engine_forward ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/ref/llama_ref.py
             ${CMAKE_CURRENT_BINARY_DIR}/synthetic-${arch}.gguf)

@@ -12,11 +12,12 @@ if(CAIRN_HAVE_CUDA)
 
   # The other weight types and model code paths, on tiny random models
   # written at test time: BF16 with Llama 3 rope_freqs, Q8_0 qwen2 (biases,
-  # NEOX RoPE), Q4_K and F16 llama.
+  # NEOX RoPE), F16 qwen3 (q/k norms, 128-wide heads), Q4_K and F16 llama.
   set(GPU_SYN ${CMAKE_CURRENT_BINARY_DIR}/gpu-synthetic)
   set(GPU_SYN_MODELS
     "bf16-llama3|--type BF16 --shape tiny --rope-freqs"
     "q8_0-qwen2|--type Q8_0 --shape tiny --arch qwen2"
+    "f16-qwen3|--type F16 --shape tiny --arch qwen3 --head-dim 128"
     "q4_k-llama|--type Q4_K --shape tiny --dim 256 --ffn 512"
     "f16-llama|--type F16 --shape tiny")
   foreach(spec ${GPU_SYN_MODELS})

@@ -18,7 +18,10 @@ What the GGUF stores, and how this file uses it:
   ggml's NORMAL rope mode used for the llama architecture. We therefore use
   the stored weights as they are and rotate adjacent pairs. qwen2 GGUFs keep
   the HF order, so for them the halves are rotated (NEOX), and q/k/v add
-  their bias vectors before RoPE.
+  their bias vectors before RoPE. qwen3 rotates halves too, has no biases,
+  and RMS-normalises every head of q and k (weights attn_q_norm /
+  attn_k_norm, [head_dim]) before RoPE; its head width (key_length) need not
+  be dim / n_head.
 * RoPE. For pair i of the first n_rot dimensions of a head at position p:
   theta_i = p * freq_scale * base^(-2i / n_rot) (divided by rope_freqs[i]
   when the file has that tensor), and
@@ -48,7 +51,7 @@ except ImportError:  # the tests treat exit code 77 as "skipped"
 
 
 class Model:
-    """Hyper-parameters and float64 weights of a llama or qwen2 GGUF.
+    """Hyper-parameters and float64 weights of a llama, qwen2 or qwen3 GGUF.
 
     qwen2 is the llama decoder with biases on the q/k/v projections and the
     NEOX RoPE pairing (dimension i with i + n_rot/2 instead of 2i with 2i+1)."""
@@ -57,10 +60,10 @@ class Model:
         reader = gguf.GGUFReader(path)
         self.meta = {name: field for name, field in reader.fields.items()}
         arch = self._str("general.architecture")
-        if arch not in ("llama", "qwen2"):
-            raise SystemExit(f"llama_ref.py: architecture '{arch}' is not llama or qwen2")
+        if arch not in ("llama", "qwen2", "qwen3"):
+            raise SystemExit(f"llama_ref.py: architecture '{arch}' is not llama, qwen2 or qwen3")
         self.arch = arch
-        self.neox = arch == "qwen2"
+        self.neox = arch in ("qwen2", "qwen3")
         k = lambda suffix: f"{arch}.{suffix}"
 
         self.dim = self._int(k("embedding_length"))
@@ -109,6 +112,11 @@ class Model:
                     "bq": b("attn_q"),         # [n_head*head_dim]
                     "bk": b("attn_k"),         # [n_kv_head*head_dim]
                     "bv": b("attn_v"),         # [n_kv_head*head_dim]
+                })
+            if self.arch == "qwen3":
+                self.layers[-1].update({
+                    "q_norm": w("attn_q_norm"),  # [head_dim]
+                    "k_norm": w("attn_k_norm"),  # [head_dim]
                 })
 
     # -- metadata helpers ----------------------------------------------------
@@ -214,6 +222,9 @@ def forward(m, tokens):
         q = q.reshape(n, m.n_head, m.head_dim)
         k = k.reshape(n, m.n_kv_head, m.head_dim)
         v = v.reshape(n, m.n_kv_head, m.head_dim)
+        if "q_norm" in layer:  # per head, over head_dim
+            q = rms_norm(q, layer["q_norm"], m.rms_eps)
+            k = rms_norm(k, layer["k_norm"], m.rms_eps)
         q = rope(q, positions, m)
         k = rope(k, positions, m)
 
