@@ -80,6 +80,34 @@ int cairn_attn_args_check(const cairn_attn_args *a, int *max_kv)
     return CAIRN_OK;
 }
 
+int cairn_kv_store_args_check(const void *kv_pool, const cairn_kv_layout *L, int layer,
+                              const float *k, const float *v, const int32_t *slots, int T)
+{
+    if (!kv_pool || !k || !v || !slots || T <= 0 || !cairn_kv_layout_valid(L))
+        return CAIRN_EINVAL;
+    if (layer < 0 || layer >= L->n_layer)
+        return CAIRN_EINVAL;
+    for (int t = 0; t < T; t++)
+        if (slots[t] < 0)
+            return CAIRN_EINVAL;
+    return CAIRN_OK;
+}
+
+int cairn_rope_args_check(const float *x, int T, int n_heads, int head_dim, const int32_t *pos,
+                          const cairn_rope_params *p)
+{
+    if (!x || !pos || !p || T <= 0 || n_heads <= 0 || head_dim <= 0)
+        return CAIRN_EINVAL;
+    if (p->n_rot <= 0 || p->n_rot % 2 != 0 || p->n_rot > head_dim)
+        return CAIRN_EINVAL;
+    if (p->mode != CAIRN_ROPE_NORMAL && p->mode != CAIRN_ROPE_NEOX)
+        return CAIRN_EINVAL;
+    if (!(p->freq_base > 0.0f) || !(p->freq_scale > 0.0f) || !isfinite(p->freq_base) ||
+        !isfinite(p->freq_scale))
+        return CAIRN_EINVAL;
+    return CAIRN_OK;
+}
+
 void cairn_backend_destroy(cairn_backend *be)
 {
     if (be)

@@ -124,6 +124,10 @@ int cairn_kv_layout_valid(const cairn_kv_layout *L);
  * page it uses. CAIRN_EINVAL otherwise; *max_kv (may be NULL) receives the
  * longest sequence's n_kv. */
 int cairn_attn_args_check(const cairn_attn_args *a, int *max_kv);
+/* The host-side checks of kv_store: pointers present, a valid layout and
+ * layer, T > 0 and no negative slot. CAIRN_EINVAL otherwise. */
+int cairn_kv_store_args_check(const void *kv_pool, const cairn_kv_layout *L, int layer,
+                              const float *k, const float *v, const int32_t *slots, int T);
 
 typedef enum { CAIRN_ROPE_NORMAL = 0, CAIRN_ROPE_NEOX = 2 } cairn_rope_mode;
 
@@ -136,6 +140,12 @@ typedef struct {
     const float *freq_factors; /* optional [n_rot/2] divisors of each frequency
                                   (Llama 3 rope_freqs), backend memory          */
 } cairn_rope_params;
+
+/* The checks of a rope call: pointers present, positive sizes, an even
+ * n_rot <= head_dim, a known mode, finite positive base and scale.
+ * CAIRN_EINVAL otherwise. */
+int cairn_rope_args_check(const float *x, int T, int n_heads, int head_dim, const int32_t *pos,
+                          const cairn_rope_params *p);
 
 typedef struct cairn_backend cairn_backend;
 

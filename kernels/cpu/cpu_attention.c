@@ -76,13 +76,8 @@ static void kv_store_range(void *p, int64_t begin, int64_t end, int thread)
 int cpu_kv_store(cairn_backend *be, void *kv_pool, const cairn_kv_layout *L, int layer,
                  const float *k, const float *v, const int32_t *slots, int T)
 {
-    if (!be || !kv_pool || !k || !v || !slots || T <= 0 || !cairn_kv_layout_valid(L))
+    if (!be || cairn_kv_store_args_check(kv_pool, L, layer, k, v, slots, T) != CAIRN_OK)
         return CAIRN_EINVAL;
-    if (layer < 0 || layer >= L->n_layer)
-        return CAIRN_EINVAL;
-    for (int t = 0; t < T; t++)
-        if (slots[t] < 0)
-            return CAIRN_EINVAL;
     kv_store_job job = {.pool = kv_pool, .L = L, .layer = layer, .k = k, .v = v, .slots = slots,
                         .isa = cpu_ctx_of(be)->isa};
     int64_t min_chunk = 1 + 16384 / ((int64_t)L->n_kv_head * L->head_dim);

@@ -120,14 +120,7 @@ static void rope_range(void *p, int64_t begin, int64_t end, int thread)
 int cpu_rope(cairn_backend *be, float *x, int T, int n_heads, int head_dim, const int32_t *pos,
              const cairn_rope_params *p)
 {
-    if (!be || !x || !pos || !p || T <= 0 || n_heads <= 0 || head_dim <= 0)
-        return CAIRN_EINVAL;
-    if (p->n_rot <= 0 || p->n_rot % 2 != 0 || p->n_rot > head_dim)
-        return CAIRN_EINVAL;
-    if (p->mode != CAIRN_ROPE_NORMAL && p->mode != CAIRN_ROPE_NEOX)
-        return CAIRN_EINVAL;
-    if (!(p->freq_base > 0.0f) || !(p->freq_scale > 0.0f) || !isfinite(p->freq_base) ||
-        !isfinite(p->freq_scale))
+    if (!be || cairn_rope_args_check(x, T, n_heads, head_dim, pos, p) != CAIRN_OK)
         return CAIRN_EINVAL;
     cpu_ctx *ctx = cpu_ctx_of(be);
     int rc = cpu_scratch_reserve(ctx, (size_t)p->n_rot);

@@ -176,14 +176,7 @@ static __global__ void rope_kernel(float *x, int n_heads, int head_dim, const in
 int cuda_rope(cairn_backend *be, float *x, int T, int n_heads, int head_dim, const int32_t *pos,
               const cairn_rope_params *p)
 {
-    if (!be || !x || !pos || !p || T <= 0 || n_heads <= 0 || head_dim <= 0)
-        return CAIRN_EINVAL;
-    if (p->n_rot <= 0 || p->n_rot % 2 != 0 || p->n_rot > head_dim)
-        return CAIRN_EINVAL;
-    if (p->mode != CAIRN_ROPE_NORMAL && p->mode != CAIRN_ROPE_NEOX)
-        return CAIRN_EINVAL;
-    if (!(p->freq_base > 0.0f) || !(p->freq_scale > 0.0f) || !isfinite(p->freq_base) ||
-        !isfinite(p->freq_scale))
+    if (!be || cairn_rope_args_check(x, T, n_heads, head_dim, pos, p) != CAIRN_OK)
         return CAIRN_EINVAL;
     int rc = cuda_enter(be);
     if (rc != CAIRN_OK)
@@ -340,13 +333,8 @@ static __global__ void kv_store_kernel(uint8_t *pool, int layer, int n_kv_head, 
 int cuda_kv_store(cairn_backend *be, void *kv_pool, const cairn_kv_layout *L, int layer,
                   const float *k, const float *v, const int32_t *slots, int T)
 {
-    if (!be || !kv_pool || !k || !v || !slots || T <= 0 || !cairn_kv_layout_valid(L))
+    if (!be || cairn_kv_store_args_check(kv_pool, L, layer, k, v, slots, T) != CAIRN_OK)
         return CAIRN_EINVAL;
-    if (layer < 0 || layer >= L->n_layer)
-        return CAIRN_EINVAL;
-    for (int t = 0; t < T; t++)
-        if (slots[t] < 0)
-            return CAIRN_EINVAL;
     int rc = cuda_enter(be);
     if (rc != CAIRN_OK)
         return rc;
