@@ -450,8 +450,7 @@ int cairn_eagle_seq_create(cairn_eagle *e, const cairn_eagle_params *dp,
     /* Penalties make the target's distribution depend on the path through
      * the tree; not supported here. (A logit bias does not: it is part of
      * the distribution cairn_sampler_probs gives.) */
-    if ((s.repeat_penalty != 1.0f && s.penalty_last_n > 0) ||
-        ((s.frequency_penalty != 0.0f || s.presence_penalty != 0.0f) && s.penalty_last_n > 0))
+    if (cairn_sampling_has_penalties(&s))
         return CAIRN_EUNSUPPORTED;
     if (1 + d.n_draft > e->shared.max_batch_tokens)
         return CAIRN_ERANGE;

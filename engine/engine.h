@@ -331,6 +331,9 @@ typedef struct {
 
 /* The defaults listed above. */
 cairn_sampling_params cairn_sampling_defaults(void);
+/* Whether any repetition/frequency/presence penalty is in effect (a window
+ * and a penalty that changes something). */
+bool cairn_sampling_has_penalties(const cairn_sampling_params *p);
 
 typedef struct {
     int32_t token;

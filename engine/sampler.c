@@ -222,7 +222,7 @@ static bool params_valid(const cairn_sampling_params *p, int n_vocab)
     return true;
 }
 
-static bool penalties_enabled(const cairn_sampling_params *p)
+bool cairn_sampling_has_penalties(const cairn_sampling_params *p)
 {
     return p->penalty_last_n > 0 &&
            (p->repeat_penalty != 1.0f || p->frequency_penalty != 0.0f ||
@@ -417,7 +417,7 @@ static int prepare_row(cairn_sampler *s, const float *logits, double *log_z,
             work[t] = raw + s->bias[t]; /* from the raw value: a repeat adds once */
         }
 
-    if (penalties_enabled(p)) {
+    if (cairn_sampling_has_penalties(p)) {
         /* A token occurring c times appears c times in the ring; penalizing
          * from the (biased) raw value each time gives the same result once. */
         for (int i = 0; i < s->window_len; i++) {

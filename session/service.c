@@ -766,10 +766,8 @@ static int job_spec_create(cairn_service *s, job *j)
     if (g->draft.n_draft)
         dp.n_draft = g->draft.n_draft;
     const cairn_sampling_params *sp = &g->sampling;
-    bool penalties = sp->penalty_last_n > 0 &&
-                     (sp->repeat_penalty != 1.0f || sp->frequency_penalty != 0.0f ||
-                      sp->presence_penalty != 0.0f);
-    j->spec_ok = !g->no_speculation && !g->grammar && !g->logprobs && !penalties &&
+    j->spec_ok = !g->no_speculation && !g->grammar && !g->logprobs &&
+                 !cairn_sampling_has_penalties(sp) &&
                  s->draft_max_batch > 0;
     /* the pending token and the tree, or the draft's scratch head rows */
     j->spec_span = 1 + (dp.n_draft > (dp.depth - 1) * dp.top_k ? dp.n_draft
