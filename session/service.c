@@ -753,18 +753,24 @@ static int prepend_tokens(cairn_request *r, const int32_t *prefix, size_t n)
     return CAIRN_OK;
 }
 
+/* `base` with the fields `over` sets (non-zero) replaced. */
+static cairn_eagle_params draft_override(cairn_eagle_params base, const cairn_eagle_params *over)
+{
+    if (over->depth)
+        base.depth = over->depth;
+    if (over->top_k)
+        base.top_k = over->top_k;
+    if (over->n_draft)
+        base.n_draft = over->n_draft;
+    return base;
+}
+
 /* The job's EAGLE sequence: every job keeps the head's KV of its pages
  * current; it may also speculate when nothing rules that out. */
 static int job_spec_create(cairn_service *s, job *j)
 {
     const cairn_gen_params *g = &j->req->gen;
-    cairn_eagle_params dp = s->draft;
-    if (g->draft.depth)
-        dp.depth = g->draft.depth;
-    if (g->draft.top_k)
-        dp.top_k = g->draft.top_k;
-    if (g->draft.n_draft)
-        dp.n_draft = g->draft.n_draft;
+    const cairn_eagle_params dp = draft_override(s->draft, &g->draft);
     const cairn_sampling_params *sp = &g->sampling;
     j->spec_ok = !g->no_speculation && !g->grammar && !g->logprobs &&
                  !cairn_sampling_has_penalties(sp) &&
@@ -1787,13 +1793,7 @@ int cairn_service_start(const cairn_service_config *cfg, cairn_service **out, ch
         if ((rc = cairn_eagle_load(c->draft_path, s->model, &s->eagle, err, err_len)) ||
             (rc = cairn_eagle_kv_layout(s->eagle, c->page_size, c->kv_type, &s->kv)))
             goto fail;
-        cairn_eagle_params d = cairn_eagle_defaults();
-        if (c->draft.depth)
-            d.depth = c->draft.depth;
-        if (c->draft.top_k)
-            d.top_k = c->draft.top_k;
-        if (c->draft.n_draft)
-            d.n_draft = c->draft.n_draft;
+        const cairn_eagle_params d = draft_override(cairn_eagle_defaults(), &c->draft);
         s->draft = d;
         s->draft_max_batch = c->draft_max_batch == 0 ? 4 : c->draft_max_batch < 0 ? 0
                                                                                  : c->draft_max_batch;
