@@ -916,18 +916,23 @@ static json_t *completion_logprobs(const cairn_http *h, const cairn_event *ev, s
 
 /* A chat chunk with one choice whose delta is `delta` (taken); logprobs
  * (taken) may be NULL. */
-static void send_chat_delta_lp(hreq *q, json_t *delta, json_t *logprobs, const char *finish)
+/* One chunk holding `choice` (taken; NULL when building it failed). */
+static void send_choice_chunk(hreq *q, json_t *choice)
 {
     json_t *o = chunk_frame(q);
-    json_t *choice = json_pack("{s:i, s:o, s:o, s:o}", "index", q->index, "delta", delta, "logprobs",
-                               logprobs ? logprobs : json_null(), "finish_reason",
-                               finish ? json_string(finish) : json_null());
     if (o && choice)
         json_array_append_new(json_object_get(o, "choices"), choice);
     else
         json_decref(choice);
     sse_json(q->conn, o);
     json_decref(o);
+}
+
+static void send_chat_delta_lp(hreq *q, json_t *delta, json_t *logprobs, const char *finish)
+{
+    send_choice_chunk(q, json_pack("{s:i, s:o, s:o, s:o}", "index", q->index, "delta", delta,
+                                   "logprobs", logprobs ? logprobs : json_null(), "finish_reason",
+                                   finish ? json_string(finish) : json_null()));
 }
 
 static void send_chat_delta(hreq *q, json_t *delta, const char *finish)
@@ -938,16 +943,9 @@ static void send_chat_delta(hreq *q, json_t *delta, const char *finish)
 static void send_completion_delta_lp(hreq *q, const char *text, size_t len, json_t *logprobs,
                                      const char *finish)
 {
-    json_t *o = chunk_frame(q);
-    json_t *choice = json_pack("{s:o, s:i, s:o, s:o}", "text", jstr(text, len), "index", q->index,
-                               "logprobs", logprobs ? logprobs : json_null(), "finish_reason",
-                               finish ? json_string(finish) : json_null());
-    if (o && choice)
-        json_array_append_new(json_object_get(o, "choices"), choice);
-    else
-        json_decref(choice);
-    sse_json(q->conn, o);
-    json_decref(o);
+    send_choice_chunk(q, json_pack("{s:o, s:i, s:o, s:o}", "text", jstr(text, len), "index",
+                                   q->index, "logprobs", logprobs ? logprobs : json_null(),
+                                   "finish_reason", finish ? json_string(finish) : json_null()));
 }
 
 static void send_completion_delta(hreq *q, const char *text, size_t len, const char *finish)
