@@ -265,13 +265,6 @@ int cairn_eagle_kv_layout(const cairn_eagle *e, int page_size, cairn_type dtype,
 /* Head forward                                                             */
 /* ======================================================================== */
 
-#define TRY(call)                                                                                  \
-    do {                                                                                           \
-        int rc_ = (call);                                                                          \
-        if (rc_ != CAIRN_OK)                                                                       \
-            return rc_;                                                                            \
-    } while (0)
-
 /* R head rows: tokens[R], host features feat[R][dim], RoPE positions pos[R],
  * head-KV indices kv_index[R]. The rows attend over head KV 0 .. n_kv-1:
  * causally (mask NULL: row r sees 0 .. kv_index[r]) or by mask [R][n_kv].

@@ -7,13 +7,6 @@
  */
 #include "engine/layer_impl.h"
 
-#define TRY(x)                                                                                     \
-    do {                                                                                           \
-        int rc_ = (x);                                                                             \
-        if (rc_ != CAIRN_OK)                                                                       \
-            return rc_;                                                                            \
-    } while (0)
-
 int cairn_layer_forward(cairn_backend *be, const cairn_layer_weights *w,
                         const cairn_layer_shape *s, const cairn_layer_acts *a, int T,
                         const int32_t *pos, const int32_t *slots, void *kv_pool,

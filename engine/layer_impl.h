@@ -16,6 +16,15 @@
 
 #include "engine/engine.h"
 
+/* Return a failed status at once: a forward pass is a sequence of backend
+ * calls, any of which may fail (model.c, eagle.c and layer.c use it). */
+#define TRY(call)                                                                                  \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        if (rc_ != CAIRN_OK)                                                                       \
+            return rc_;                                                                            \
+    } while (0)
+
 typedef struct {
     const void *data; /* backend memory; NULL: absent */
     cairn_type type;

@@ -557,13 +557,6 @@ static int stage_batch(cairn_model *m, const cairn_kv_layout *kv, const cairn_se
     return CAIRN_OK;
 }
 
-#define TRY(call)                                                                                  \
-    do {                                                                                           \
-        int rc_ = (call);                                                                          \
-        if (rc_ != CAIRN_OK)                                                                       \
-            return rc_;                                                                            \
-    } while (0)
-
 /* features: NULL, or host [T][dim] for every token of the batch (not only
  * the wanted rows): what a server keeping an EAGLE head's KV needs. */
 static int forward(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
