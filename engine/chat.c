@@ -1063,16 +1063,15 @@ const char *cairn_chat_turn_end(const cairn_chat_template *t)
 
 static bool is_ws(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
 
-/* Append an OpenAI tool call {id, type, function: {name, arguments: "<json>"}}. */
+/* Append an OpenAI tool call {id, type, function: {name, arguments:
+ * "<json>"}}; the id is filled in once all calls are in. */
 static int add_call(json_t *calls, const json_t *name, const json_t *args)
 {
-    char id[32];
-    snprintf(id, sizeof id, "call_%zu", json_array_size(calls));
     char *arg_text = args ? json_dumps(args, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_ENCODE_ANY)
                           : strdup("{}");
     if (!arg_text)
         return CAIRN_ENOMEM;
-    json_t *c = json_pack("{s:s, s:s, s:{s:O, s:s}}", "id", id, "type", "function", "function",
+    json_t *c = json_pack("{s:s, s:s, s:{s:O, s:s}}", "id", "", "type", "function", "function",
                           "name", name, "arguments", arg_text);
     free(arg_text);
     if (!c || json_array_append_new(calls, c))
@@ -1233,7 +1232,8 @@ static int parse_bare(json_t *calls, const char *text, size_t len, const json_t 
 }
 
 int cairn_chat_parse_tool_calls(const cairn_chat_template *t, const char *text, size_t len,
-                                const char *tools_json, char **calls_json, char **content)
+                                const char *tools_json, const char *id_prefix, char **calls_json,
+                                char **content)
 {
     if (!t || (!text && len) || !calls_json || !content)
         return CAIRN_EINVAL;
@@ -1260,6 +1260,15 @@ int cairn_chat_parse_tool_calls(const cairn_chat_template *t, const char *text, 
     json_decref(tools);
     if (rc == CAIRN_OK && json_array_size(calls) == 0)
         rc = CAIRN_ENOTFOUND;
+    size_t i;
+    json_t *call;
+    json_array_foreach(calls, i, call)
+    {
+        char id[160];
+        snprintf(id, sizeof id, "%s%zu", id_prefix ? id_prefix : "call_", i);
+        if (rc == CAIRN_OK && json_object_set_new(call, "id", json_string(id)) != 0)
+            rc = CAIRN_ENOMEM;
+    }
     char *cj = NULL, *ct = NULL;
     if (rc == CAIRN_OK) {
         cj = json_dumps(calls, JSON_COMPACT | JSON_PRESERVE_ORDER);

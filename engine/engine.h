@@ -661,8 +661,10 @@ const char *cairn_chat_turn_end(const cairn_chat_template *t);
  * blocks (a block whose JSON is malformed stays text); LLAMA3 a JSON object
  * {"name":..., "parameters":...} (after an optional <|python_tag|>; several
  * may be separated by ';'). On success *calls_json is a malloc'ed JSON array
- * in OpenAI form [{"id":"call_<n>","type":"function","function":{"name",
- * "arguments": "<JSON text>"}}] (n from 0) and *content the remaining text,
+ * in OpenAI form [{"id":"<id_prefix><n>","type":"function","function":
+ * {"name", "arguments": "<JSON text>"}}] (n from 0; id_prefix NULL: "call_";
+ * a caller makes ids unique across replies with its own prefix) and
+ * *content the remaining text,
  * trimmed (malloc'ed, may be ""). CAIRN_ENOTFOUND when the text holds no
  * tool call (outputs untouched). With `tools_json` (an OpenAI tools array;
  * NULL: none), a text that is as a whole a bare call object {"name": TOOL,
@@ -671,7 +673,8 @@ const char *cairn_chat_turn_end(const cairn_chat_template *t);
  * calls -- cairn_chat_tool_call_schema -- are generated so); CAIRN_EINVAL
  * when tools_json is not a JSON array. */
 int cairn_chat_parse_tool_calls(const cairn_chat_template *t, const char *text, size_t len,
-                                const char *tools_json, char **calls_json, char **content);
+                                const char *tools_json, const char *id_prefix, char **calls_json,
+                                char **content);
 
 /* The JSON schema (malloc'ed text in *schema_json, caller frees) of a reply
  * that is a call of one of `tools_json`'s tools (an OpenAI tools array), for

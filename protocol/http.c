@@ -1057,9 +1057,13 @@ static json_t *parse_tool_calls(hreq *q, const char *text, size_t len, char **co
 {
     *content = NULL;
     const cairn_chat_template *t = cairn_service_chat_template(q->h->svc);
+    /* ids unique across turns: call_<request>_<n> */
+    char prefix[64];
+    const char *tail = strchr(q->id, '-');
+    snprintf(prefix, sizeof prefix, "call_%s_", tail ? tail + 1 : q->id);
     char *calls_json = NULL;
-    if (!t || cairn_chat_parse_tool_calls(t, text, len, q->tools_json, &calls_json, content) !=
-                  CAIRN_OK)
+    if (!t || cairn_chat_parse_tool_calls(t, text, len, q->tools_json, prefix, &calls_json,
+                                          content) != CAIRN_OK)
         return NULL;
     json_t *calls = json_loads(calls_json, 0, NULL);
     free(calls_json);
@@ -1068,16 +1072,6 @@ static json_t *parse_tool_calls(hreq *q, const char *text, size_t len, char **co
         free(*content);
         *content = NULL;
         return NULL;
-    }
-    /* ids unique across turns (the parser numbers from 0 per text) */
-    const char *tail = strchr(q->id, '-');
-    size_t i;
-    json_t *call;
-    json_array_foreach(calls, i, call)
-    {
-        char id[96];
-        snprintf(id, sizeof id, "call_%s_%zu", tail ? tail + 1 : q->id, i);
-        json_object_set_new(call, "id", json_string(id));
     }
     return calls;
 }

@@ -22,8 +22,6 @@
 #include "protocol/protocol.h"
 #include "protocol/http_impl.h"
 
-#include <jansson.h>
-
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -763,27 +761,6 @@ static ev_node *queue_take_all(cairn_server *s)
     return n;
 }
 
-/* Call ids unique on the server: call_<connection>_<msgid>_<i> (the parser
- * numbers from 0 in each reply). Left as they are when out of memory. */
-static void number_calls(char **calls_json, uint64_t conn_id, uint32_t msgid)
-{
-    json_t *calls = json_loads(*calls_json, 0, NULL);
-    size_t i;
-    json_t *call;
-    json_array_foreach(calls, i, call)
-    {
-        char id[80];
-        snprintf(id, sizeof id, "call_%llu_%u_%zu", (unsigned long long)conn_id, msgid, i);
-        json_object_set_new(call, "id", json_string(id));
-    }
-    char *text = calls ? json_dumps(calls, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
-    json_decref(calls);
-    if (text) {
-        free(*calls_json);
-        *calls_json = text;
-    }
-}
-
 static void on_events(uv_async_t *a)
 {
     cairn_server *s = a->data;
@@ -805,12 +782,15 @@ static void on_events(uv_async_t *a)
             /* A finished generation of a request with tools: its calls. */
             char *calls_json = NULL, *content = NULL;
             if (ev->kind == CAIRN_EV_DONE && ev->what == CAIRN_DONE_GENERATION &&
-                p->tools_json && s->rctx.chat_template)
+                p->tools_json && s->rctx.chat_template) {
+                /* ids unique on the server: call_<connection>_<msgid>_<n> */
+                char prefix[64];
+                snprintf(prefix, sizeof prefix, "call_%llu_%u_", (unsigned long long)c->id,
+                         p->msgid);
                 cairn_chat_parse_tool_calls(s->rctx.chat_template, ev->text ? ev->text : "",
-                                            ev->text ? ev->text_len : 0, p->tools_json,
+                                            ev->text ? ev->text_len : 0, p->tools_json, prefix,
                                             &calls_json, &content);
-            if (calls_json)
-                number_calls(&calls_json, c->id, p->msgid);
+            }
             const cairn_rpc_tool_calls calls = {calls_json, content};
             if (ev->kind != CAIRN_EV_DELTA)
                 pending_remove(c, p);

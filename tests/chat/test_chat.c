@@ -34,7 +34,7 @@ static json_t *parse_ok(const cairn_chat_template *t, const char *text, size_t n
                         char **content)
 {
     char *calls = NULL;
-    assert_int_equal(cairn_chat_parse_tool_calls(t, text, strlen(text), NULL, &calls, content), CAIRN_OK);
+    assert_int_equal(cairn_chat_parse_tool_calls(t, text, strlen(text), NULL, NULL, &calls, content), CAIRN_OK);
     json_error_t jerr;
     json_t *j = json_loads(calls, 0, &jerr);
     free(calls);
@@ -111,13 +111,13 @@ static void test_qwen_malformed_is_text(void **state)
     cairn_chat_template *t = make(qwen_src);
     char *calls = (char *)"untouched", *content = (char *)"untouched";
     const char *bad = "<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": }\n</tool_call>";
-    assert_int_equal(cairn_chat_parse_tool_calls(t, bad, strlen(bad), NULL, &calls, &content),
+    assert_int_equal(cairn_chat_parse_tool_calls(t, bad, strlen(bad), NULL, NULL, &calls, &content),
                      CAIRN_ENOTFOUND);
     assert_string_equal(calls, "untouched");
     assert_string_equal(content, "untouched");
     /* no name */
     const char *noname = "<tool_call>{\"arguments\": {}}</tool_call>";
-    assert_int_equal(cairn_chat_parse_tool_calls(t, noname, strlen(noname), NULL, &calls, &content),
+    assert_int_equal(cairn_chat_parse_tool_calls(t, noname, strlen(noname), NULL, NULL, &calls, &content),
                      CAIRN_ENOTFOUND);
 
     /* a bad block stays in the content; a good one is extracted */
@@ -139,12 +139,12 @@ static void test_no_call(void **state)
     cairn_chat_template *t = make(qwen_src);
     char *calls = NULL, *content = NULL;
     const char *plain = "Here is some code: {\"name\": \"x\"} and <tool_call without end";
-    assert_int_equal(cairn_chat_parse_tool_calls(t, plain, strlen(plain), NULL, &calls, &content),
+    assert_int_equal(cairn_chat_parse_tool_calls(t, plain, strlen(plain), NULL, NULL, &calls, &content),
                      CAIRN_ENOTFOUND);
     assert_null(calls);
     assert_null(content);
-    assert_int_equal(cairn_chat_parse_tool_calls(t, "", 0, NULL, &calls, &content), CAIRN_ENOTFOUND);
-    assert_int_equal(cairn_chat_parse_tool_calls(t, NULL, 5, NULL, &calls, &content), CAIRN_EINVAL);
+    assert_int_equal(cairn_chat_parse_tool_calls(t, "", 0, NULL, NULL, &calls, &content), CAIRN_ENOTFOUND);
+    assert_int_equal(cairn_chat_parse_tool_calls(t, NULL, 5, NULL, NULL, &calls, &content), CAIRN_EINVAL);
     cairn_chat_template_free(t);
 }
 
@@ -170,10 +170,10 @@ static void test_llama3_calls(void **state)
 
     char *cj = NULL, *ct = NULL;
     const char *prose = "The answer is {\"name\" is not a call";
-    assert_int_equal(cairn_chat_parse_tool_calls(t, prose, strlen(prose), NULL, &cj, &ct),
+    assert_int_equal(cairn_chat_parse_tool_calls(t, prose, strlen(prose), NULL, NULL, &cj, &ct),
                      CAIRN_ENOTFOUND);
     const char *obj = "{\"answer\": 42}";
-    assert_int_equal(cairn_chat_parse_tool_calls(t, obj, strlen(obj), NULL, &cj, &ct), CAIRN_ENOTFOUND);
+    assert_int_equal(cairn_chat_parse_tool_calls(t, obj, strlen(obj), NULL, NULL, &cj, &ct), CAIRN_ENOTFOUND);
     cairn_chat_template_free(t);
 }
 
@@ -235,12 +235,17 @@ static void test_forced_call_schema(void **state)
 
     /* what is generated so is read back as calls, given the tools */
     char *calls = NULL, *content = NULL;
-    assert_int_equal(cairn_chat_parse_tool_calls(q, two, strlen(two), NULL, &calls, &content),
+    assert_int_equal(cairn_chat_parse_tool_calls(q, two, strlen(two), NULL, NULL, &calls, &content),
                      CAIRN_ENOTFOUND);
-    assert_int_equal(cairn_chat_parse_tool_calls(q, two, strlen(two), forced_tools, &calls,
-                                                 &content), CAIRN_OK);
+    assert_int_equal(cairn_chat_parse_tool_calls(q, two, strlen(two), forced_tools, "call_7_",
+                                                 &calls, &content), CAIRN_OK);
     json_t *arr = json_loads(calls, 0, NULL);
     assert_int_equal(json_array_size(arr), 2);
+    /* ids: the caller's prefix, numbered from 0 */
+    assert_string_equal(json_string_value(json_object_get(json_array_get(arr, 0), "id")),
+                        "call_7_0");
+    assert_string_equal(json_string_value(json_object_get(json_array_get(arr, 1), "id")),
+                        "call_7_1");
     assert_string_equal(json_string_value(json_object_get(
                             json_object_get(json_array_get(arr, 1), "function"), "name")),
                         "book");
@@ -250,8 +255,8 @@ static void test_forced_call_schema(void **state)
     free(content);
     const char *stranger = "{\"name\":\"rm_rf\",\"arguments\":{}}";
     assert_int_equal(cairn_chat_parse_tool_calls(q, stranger, strlen(stranger), forced_tools,
-                                                 &calls, &content), CAIRN_ENOTFOUND);
-    assert_int_equal(cairn_chat_parse_tool_calls(q, two, strlen(two), "{}", &calls, &content),
+                                                 NULL, &calls, &content), CAIRN_ENOTFOUND);
+    assert_int_equal(cairn_chat_parse_tool_calls(q, two, strlen(two), "{}", NULL, &calls, &content),
                      CAIRN_EINVAL);
     assert_int_equal(cairn_chat_tool_call_schema(q, "[]", false, &calls), CAIRN_EINVAL);
     assert_int_equal(cairn_chat_tool_call_schema(q, "[{\"type\":\"function\"}]", false, &calls),
