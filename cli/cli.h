@@ -6,7 +6,7 @@
 #ifndef CAIRN_CLI_H
 #define CAIRN_CLI_H
 
-#include "engine/engine.h"
+#include "runtime/runtime.h"
 #include "store/store.h"
 
 #include <stdio.h>
@@ -26,13 +26,9 @@ typedef struct {
     int page_size;
     cairn_type kv_type; /* F16 by default, like llama.cpp           */
     int batch;          /* max tokens per forward call              */
-    int device;         /* CLI_DEVICE_AUTO, _CPU or _CUDA           */
-    int cuda_index;     /* GPU number for CLI_DEVICE_CUDA (cuda:N)  */
+    cairn_device device; /* --device (runtime/runtime.h); AUTO = CUDA
+                            when a GPU is present, else the CPU      */
 } cli_model_opts;
-
-/* --device: auto = CUDA device 0 when cairn was built with CUDA and a GPU
- * is present, else the CPU. An explicit `cuda` fails when there is none. */
-enum { CLI_DEVICE_AUTO = 0, CLI_DEVICE_CPU = 1, CLI_DEVICE_CUDA = 2 };
 
 void cli_model_opts_defaults(cli_model_opts *o);
 /* Parses one of the shared options; returns 1 if `opt` was one of them, 0 if
@@ -54,10 +50,16 @@ int cli_model_opts_parse(cli_model_opts *o, int opt, const char *arg);
     "      --kv-type T        KV cache type: f16 (default) or f32\n"                               \
     "      --device D         cpu, cuda or cuda:N (default: cuda when a GPU is present)\n"
 
+/* The runtime options the shared model options ask for (draft: an EAGLE
+ * head, or NULL). */
+cairn_runtime_config cli_runtime_config(const cli_model_opts *o, const char *draft);
+
 /* A loaded model with one sequence's worth of KV pages. */
 typedef struct {
-    cairn_backend *be;
-    cairn_model *model;
+    cairn_runtime *rt;
+    cairn_backend *be;  /* the runtime's */
+    cairn_model *model; /* the runtime's */
+    const cairn_vocab *vocab;
     cairn_page_pool *pool;
     cairn_kv_layout kv;
     int n_ctx;

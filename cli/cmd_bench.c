@@ -238,7 +238,7 @@ int cmd_bench(int argc, char **argv)
         cli_spec spec;
         int32_t *ids = NULL;
         size_t n_ids = 0;
-        const cairn_vocab *vocab = cairn_model_vocab(rt.model);
+        const cairn_vocab *vocab = rt.vocab;
         rc = cli_tokenize_alloc(vocab, text, strlen(text),
                                 cairn_vocab_add_bos(vocab) ? CAIRN_TOK_ADD_BOS : 0, &ids, &n_ids);
         if (rc == CAIRN_OK && n_ids == 0)

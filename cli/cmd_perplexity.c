@@ -86,7 +86,7 @@ int cmd_perplexity(int argc, char **argv)
         free(text);
         return 1;
     }
-    const cairn_vocab *vocab = cairn_model_vocab(rt.model);
+    const cairn_vocab *vocab = rt.vocab;
     const int n_vocab = cairn_model_hparams(rt.model)->n_vocab;
     const bool add_bos = cairn_vocab_add_bos(vocab);
     int32_t *tokens = NULL;

@@ -104,21 +104,12 @@ enum {
 /* --chat: the prompt as one user turn (after an optional system turn) in the
  * model's chat template, with the assistant turn opened. Only the template's
  * own markers become special tokens. */
-static int chat_prompt_tokens(const char *model_path, const cairn_vocab *vocab, const char *system,
-                              const char *prompt, bool add_bos, int32_t **ids, size_t *n_ids)
+static int chat_prompt_tokens(const cairn_runtime *rt, const char *system, const char *prompt,
+                              bool add_bos, int32_t **ids, size_t *n_ids)
 {
-    char err[512] = "";
-    cairn_gguf *g = NULL;
-    cairn_chat_template *t = NULL;
-    int rc = cairn_gguf_open(model_path, &g, err, sizeof err);
-    if (rc == CAIRN_OK)
-        rc = cairn_chat_template_from_gguf(g, vocab, &t);
-    cairn_gguf_close(g);
-    if (rc != CAIRN_OK) {
-        fprintf(stderr, "cairn run: cannot read the chat template: %s\n",
-                err[0] ? err : cairn_strerror(rc));
-        return rc;
-    }
+    const cairn_vocab *vocab = cairn_runtime_vocab(rt);
+    const cairn_chat_template *t = cairn_runtime_chat_template(rt);
+    int rc;
     cairn_log(CAIRN_LOG_INFO, "chat template: %s", cairn_chat_family_name(cairn_chat_template_family(t)));
     cairn_chat_message msgs[2] = {{.role = "system", .content = system},
                                   {.role = "user", .content = prompt}};
@@ -127,7 +118,6 @@ static int chat_prompt_tokens(const char *model_path, const cairn_vocab *vocab, 
                              ids, n_ids);
     if (rc != CAIRN_OK)
         fprintf(stderr, "cairn run: cannot format the chat prompt: %s\n", cairn_strerror(rc));
-    cairn_chat_template_free(t);
     return rc;
 }
 
@@ -142,7 +132,7 @@ static int run_speculative(cli_runtime *rt, const cli_draft_opts *draft,
     int rc = cli_spec_open(&spec, rt, draft, sp);
     if (rc != CAIRN_OK)
         return rc;
-    const cairn_vocab *vocab = cairn_model_vocab(rt->model);
+    const cairn_vocab *vocab = rt->vocab;
     double t0 = cairn_now();
     rc = cairn_eagle_seq_begin(spec.seq, cairn_page_pool_base(spec.pool), &spec.kv, spec.pages,
                                spec.capacity, prompt, n_prompt);
@@ -349,7 +339,7 @@ int cmd_run(int argc, char **argv)
         cairn_grammar_free(grammar);
         return 1;
     }
-    const cairn_vocab *vocab = cairn_model_vocab(rt.model);
+    const cairn_vocab *vocab = rt.vocab;
     const int n_vocab = cairn_model_hparams(rt.model)->n_vocab;
     int flags = (!no_bos && cairn_vocab_add_bos(vocab) ? CAIRN_TOK_ADD_BOS : 0) |
                 (parse_special ? CAIRN_TOK_PARSE_SPECIAL : 0);
@@ -360,7 +350,7 @@ int cmd_run(int argc, char **argv)
     cairn_detok *detok = NULL;
     cairn_grammar_matcher *matcher = NULL;
     int rc = !logits ? CAIRN_ENOMEM
-             : chat  ? chat_prompt_tokens(mo.model_path, vocab, system, prompt,
+             : chat  ? chat_prompt_tokens(rt.rt, system, prompt,
                                           flags & CAIRN_TOK_ADD_BOS, &prompt_ids, &n_prompt)
                      : cli_tokenize_alloc(vocab, prompt, prompt_len, flags, &prompt_ids, &n_prompt);
     if (rc == CAIRN_OK && n_prompt == 0) {

@@ -16,7 +16,7 @@
  */
 #include "cli/cli.h"
 #include "cli/cli_eagle.h"
-#include "protocol/protocol.h"
+#include "server/server.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -411,23 +411,14 @@ int cmd_serve(int argc, char **argv)
     cfg.credentials = acc.creds;
     cfg.n_credentials = acc.n;
 
-    /* The service runs on the CPU backend. The CUDA backend is new and has
-     * not run on a GPU yet (docs/cuda.md); until it has, and the service's
-     * tier copies are checked on it, the server says so instead of quietly
-     * serving from the CPU when a GPU was asked for. */
-    if (mo.device == CLI_DEVICE_CUDA) {
-        fprintf(stderr, "cairn serve: --device cuda is not supported by the server yet (it "
-                        "serves on the CPU); `cairn run` and `cairn bench` take it\n");
-        return 2;
-    }
-    cfg.service.model_path = mo.model_path;
-    cfg.service.n_threads = mo.n_threads;
+    cfg.runtime = cli_runtime_config(&mo, draft.head_path);
+    /* the model's scratch is sized for the server's batch */
+    cfg.runtime.max_seqs = cfg.service.max_seqs > 0 ? cfg.service.max_seqs : 32;
     cfg.service.n_ctx = mo.n_ctx;
     cfg.service.page_size = mo.page_size;
     cfg.service.kv_type = mo.kv_type;
     if (batch_given)
         cfg.service.max_batch_tokens = mo.batch;
-    cfg.service.draft_path = draft.head_path;
     cfg.service.draft = draft.params;
 
     cairn_server *srv = NULL;

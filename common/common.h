@@ -1,6 +1,9 @@
 /*
  * common/common.h — what every cairn module shares: status codes, element
- * types, half-precision conversion and logging.
+ * types and their reference (de)quantizers, half-precision conversion,
+ * random numbers, logging and a growing string. One file each in common/:
+ * status.c, types.c, quant.c, rng.c, log.c, strbuf.c. Nothing here depends on
+ * any other cairn module.
  *
  * Status codes
  * ------------
@@ -51,7 +54,7 @@
  *                                   (k<4) has the low (k<2) or high (k>=2)
  *                                   nibble of ql[64h+l+32(k&1)] and bits
  *                                   2k..2k+1 of qh[32h+l] as bits 4-5.
- * (common/quant_k.c defines these exactly.)
+ * (common/quant.c defines these exactly.)
  *
  * Thread safety: everything here is pure or uses only atomics, except
  * cairn_log_set_level(), which is meant to be called once at start-up.
@@ -176,6 +179,27 @@ static inline float cairn_bf16_to_fp32(uint16_t h)
     return v.f;
 }
 uint16_t cairn_fp32_to_bf16(float f); /* round to nearest even, NaN kept */
+
+/* ---- random numbers ---------------------------------------------------- */
+
+/* splitmix64: advances *state and returns the next value of a well-mixed
+ * sequence; any starting state is fine (random seeds, seed expansion). */
+uint64_t cairn_splitmix64(uint64_t *state);
+
+/* xoshiro256**, seeded by splitmix64: the samplers' generator. A seed gives
+ * the same sequence on every machine. One generator per user; not shared
+ * between threads. */
+typedef struct {
+    uint64_t s[4];
+} cairn_rng;
+void cairn_rng_seed(cairn_rng *r, uint64_t seed);
+uint64_t cairn_rng_next(cairn_rng *r);
+double cairn_rng_uniform(cairn_rng *r); /* [0, 1), the top 53 bits */
+
+/* n bytes from the kernel's random source (getrandom, else /dev/urandom):
+ * for values that must not be guessable (session ids). CAIRN_EIO when it
+ * cannot be read. Thread-safe. */
+int cairn_os_random(void *buf, size_t n);
 
 /* ---- logging ----------------------------------------------------------- */
 

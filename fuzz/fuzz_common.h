@@ -10,7 +10,7 @@
 #ifndef CAIRN_FUZZ_COMMON_H
 #define CAIRN_FUZZ_COMMON_H
 
-#include "engine/engine.h"
+#include "runtime/runtime.h"
 
 #include <stdio.h>
 #include <stdlib.h>

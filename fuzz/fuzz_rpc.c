@@ -18,7 +18,7 @@
  *      terminated message, and its error response must pack.
  */
 #include "fuzz_common.h"
-#include "protocol/protocol.h"
+#include "server/server.h"
 
 #include <string.h>
 

@@ -203,18 +203,18 @@ typedef struct deferred {
 
 struct cairn_service {
     cairn_service_config cfg;
-    cairn_backend *be;
+    cairn_runtime *rt;         /* borrowed: backend, model, vocab, template */
     cairn_model *model;
-    cairn_chat_template *chat; /* the model's chat template (immutable)   */
-    tokvec turn_end;           /* its turn-end text, tokenized (may be empty) */
+    const cairn_vocab *vocab;
+    const int32_t *turn_end;   /* the template's turn end, tokenized (the runtime's) */
+    size_t n_turn_end;
     cairn_kvcache *cache;
     cairn_radix *tree;
     cairn_page_pool *device;
     cairn_kv_layout kv;
     int n_ctx, n_vocab, page_size;
     bool prefix_cache;
-    cairn_grammar_vocab *grammar_vocab; /* built for the first grammar request */
-    cairn_eagle *eagle;    /* draft head (config draft_path), or NULL         */
+    cairn_eagle *eagle;    /* the runtime's draft head, or NULL               */
     cairn_eagle_params draft;
     int draft_max_batch;   /* speculate while at most this many decode; 0 never */
     float *features;       /* [max_batch_tokens][dim] with a head              */
@@ -816,13 +816,12 @@ static void start_generation(cairn_service *s, cairn_request *r, session *sess)
         if (rc)
             msg = "invalid sampling settings";
     }
-    if (rc == CAIRN_OK && (rc = cairn_detok_create(cairn_model_vocab(s->model), false, &j->detok)))
+    if (rc == CAIRN_OK && (rc = cairn_detok_create(s->vocab, false, &j->detok)))
         msg = "out of memory";
     if (rc == CAIRN_OK && r->gen.grammar) {
-        if (!s->grammar_vocab)
-            rc = cairn_grammar_vocab_create(cairn_model_vocab(s->model), &s->grammar_vocab);
-        if (rc == CAIRN_OK)
-            rc = cairn_grammar_matcher_create_with(r->gen.grammar, s->grammar_vocab, &j->matcher);
+        const cairn_grammar_vocab *gv = cairn_runtime_grammar_vocab(s->rt);
+        rc = gv ? cairn_grammar_matcher_create_with(r->gen.grammar, gv, &j->matcher)
+                : CAIRN_ENOMEM;
         if (rc)
             msg = "cannot set up the response format";
     }
@@ -946,8 +945,8 @@ static void handle_request(cairn_service *s, cairn_request *r)
     case CAIRN_REQ_SESSION_GENERATE:
         if (!(x = find_idle_session(s, r, "the session is generating; wait for it to finish")))
             break;
-        if (r->chat_turn && x->reply_open && s->turn_end.n > 0 &&
-            (rc = prepend_tokens(r, s->turn_end.v, s->turn_end.n)) != CAIRN_OK) {
+        if (r->chat_turn && x->reply_open && s->n_turn_end > 0 &&
+            (rc = prepend_tokens(r, s->turn_end, s->n_turn_end)) != CAIRN_OK) {
             emit_error(s, r, rc, "out of memory");
             break;
         }
@@ -1344,7 +1343,7 @@ static bool job_push_token(cairn_service *s, job *j, int32_t tok,
                            const cairn_token_logprob *lp)
 {
     const bool want_lp = lp != NULL;
-    if (cairn_vocab_is_eog(cairn_model_vocab(s->model), tok)) {
+    if (cairn_vocab_is_eog(s->vocab, tok)) {
         j->finish = "stop";
         return true;
     }
@@ -1733,7 +1732,7 @@ int cairn_service_start(const cairn_service_config *cfg, cairn_service **out, ch
 {
     if (err && err_len)
         err[0] = '\0';
-    if (!cfg || !out || !cfg->model_path)
+    if (!cfg || !out || !cfg->runtime)
         return failf(err, err_len, CAIRN_EINVAL, "missing configuration");
     cairn_service *s = calloc(1, sizeof *s);
     if (!s)
@@ -1746,12 +1745,6 @@ int cairn_service_start(const cairn_service_config *cfg, cairn_service **out, ch
         free(s);
         return failf(err, err_len, CAIRN_EINVAL, "kv_type must be F16 or F32");
     }
-    if (c->max_batch_tokens <= 0)
-        c->max_batch_tokens = 512;
-    if (c->max_seqs <= 0)
-        c->max_seqs = 32;
-    if (c->max_seqs > c->max_batch_tokens)
-        c->max_seqs = c->max_batch_tokens;
     if (c->prefill_chunk <= 0)
         c->prefill_chunk = 256;
     if (c->max_sessions == 0)
@@ -1760,27 +1753,27 @@ int cairn_service_start(const cairn_service_config *cfg, cairn_service **out, ch
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
 
-    int rc = cairn_backend_cpu_create(c->n_threads, &s->be);
-    if (rc)
-        goto fail;
-    cairn_model_params mp = {.max_batch_tokens = c->max_batch_tokens, .max_seqs = c->max_seqs};
-    if ((rc = cairn_model_load(c->model_path, s->be, &mp, &s->model, err, err_len)))
-        goto fail;
+    int rc;
+    s->rt = c->runtime;
+    s->model = cairn_runtime_model(s->rt);
+    s->vocab = cairn_runtime_vocab(s->rt);
+    s->turn_end = cairn_runtime_turn_end(s->rt, &s->n_turn_end);
+    s->eagle = cairn_runtime_draft(s->rt);
     {
-        cairn_gguf *g = NULL;
-        if ((rc = cairn_gguf_open(c->model_path, &g, err, err_len)) == CAIRN_OK)
-            rc = cairn_chat_template_from_gguf(g, cairn_model_vocab(s->model), &s->chat);
-        cairn_gguf_close(g);
-        if (rc)
-            goto fail;
-        const char *end = cairn_chat_turn_end(s->chat);
-        int32_t ids[16];
-        size_t n_ids = 0;
-        if (end && *end &&
-            cairn_tokenize(cairn_model_vocab(s->model), end, strlen(end), CAIRN_TOK_PARSE_SPECIAL,
-                           ids, 16, &n_ids) == CAIRN_OK &&
-            tokvec_append(&s->turn_end, ids, n_ids) != CAIRN_OK) {
-            rc = CAIRN_ENOMEM;
+        /* the model's scratch is sized at load: a step may not exceed it */
+        int mb = 0, ms = 0;
+        cairn_model_limits(s->model, &mb, &ms);
+        if (c->max_batch_tokens <= 0)
+            c->max_batch_tokens = mb;
+        if (c->max_seqs <= 0)
+            c->max_seqs = ms < 32 ? ms : 32;
+        if (c->max_seqs > c->max_batch_tokens)
+            c->max_seqs = c->max_batch_tokens;
+        if (c->max_batch_tokens > mb || c->max_seqs > ms) {
+            snprintf(err, err_len, "the service's batch (%d tokens, %d sequences) exceeds what "
+                     "the model was loaded for (%d, %d)", c->max_batch_tokens, c->max_seqs, mb,
+                     ms);
+            rc = CAIRN_EINVAL;
             goto fail;
         }
     }
@@ -1788,10 +1781,9 @@ int cairn_service_start(const cairn_service_config *cfg, cairn_service **out, ch
     s->n_vocab = hp->n_vocab;
     s->n_ctx = c->n_ctx > 0 ? c->n_ctx : hp->n_ctx_train;
     s->page_size = c->page_size;
-    if (c->draft_path) {
+    if (s->eagle) {
         /* the head's KV is one more layer of every page */
-        if ((rc = cairn_eagle_load(c->draft_path, s->model, &s->eagle, err, err_len)) ||
-            (rc = cairn_eagle_kv_layout(s->eagle, c->page_size, c->kv_type, &s->kv)))
+        if ((rc = cairn_eagle_kv_layout(s->eagle, c->page_size, c->kv_type, &s->kv)))
             goto fail;
         const cairn_eagle_params d = draft_override(cairn_eagle_defaults(), &c->draft);
         s->draft = d;
@@ -1810,8 +1802,8 @@ int cairn_service_start(const cairn_service_config *cfg, cairn_service **out, ch
             rc = CAIRN_ENOMEM;
             goto fail;
         }
-        cairn_log(CAIRN_LOG_INFO, "service: draft head %s: depth %d, top-k %d, %d draft tokens; "
-                  "speculates while at most %d requests decode", c->draft_path, d.depth, d.top_k,
+        cairn_log(CAIRN_LOG_INFO, "service: draft head: depth %d, top-k %d, %d draft tokens; "
+                  "speculates while at most %d requests decode", d.depth, d.top_k,
                   d.n_draft, s->draft_max_batch);
     } else if ((rc = cairn_model_kv_layout(s->model, c->page_size, c->kv_type, &s->kv))) {
         goto fail;
@@ -1831,7 +1823,7 @@ int cairn_service_start(const cairn_service_config *cfg, cairn_service **out, ch
         c->host_bytes = (size_t)256 << 20; /* disk reads land in host RAM */
     if (c->cache_dir && c->disk_bytes == 0)
         c->disk_bytes = (size_t)4 << 30;
-    cairn_kvcache_config kc = {.backend = s->be, .layout = s->kv, .device_bytes = c->kv_bytes,
+    cairn_kvcache_config kc = {.backend = cairn_runtime_backend(s->rt), .layout = s->kv, .device_bytes = c->kv_bytes,
                                .host_bytes = c->host_bytes, .disk_dir = c->cache_dir,
                                .disk_map_bytes = c->disk_bytes};
     if ((rc = cairn_page_namespace_hash(&ns, &kc.ns)) ||
@@ -1944,10 +1936,7 @@ void cairn_service_stop(cairn_service *s)
     free(s->batch);
     free(s->batch_jobs);
     free(s->logits);
-    cairn_grammar_vocab_free(s->grammar_vocab);
     cairn_kvcache_free(s->cache);
-    cairn_chat_template_free(s->chat);
-    free(s->turn_end.v);
     if (s->eagle)
         cairn_log(CAIRN_LOG_INFO, "service: %llu speculative steps gave %llu tokens (%.2f per "
                   "target forward)", (unsigned long long)s->spec_steps,
@@ -1955,9 +1944,6 @@ void cairn_service_stop(cairn_service *s)
                   s->spec_steps ? (double)s->spec_tokens / (double)s->spec_steps : 0.0);
     free(s->features);
     free(s->spec_jobs);
-    cairn_eagle_free(s->eagle);
-    cairn_model_free(s->model);
-    cairn_backend_destroy(s->be);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s);
@@ -1994,8 +1980,12 @@ int cairn_service_submit(cairn_service *s, cairn_request *req)
     return rc;
 }
 
-const cairn_vocab *cairn_service_vocab(const cairn_service *s) { return cairn_model_vocab(s->model); }
-const cairn_chat_template *cairn_service_chat_template(const cairn_service *s) { return s->chat; }
+const cairn_vocab *cairn_service_vocab(const cairn_service *s) { return s->vocab; }
+const cairn_chat_template *cairn_service_chat_template(const cairn_service *s)
+{
+    return cairn_runtime_chat_template(s->rt);
+}
+cairn_runtime *cairn_service_runtime(const cairn_service *s) { return s->rt; }
 const cairn_hparams *cairn_service_hparams(const cairn_service *s) { return cairn_model_hparams(s->model); }
 int cairn_service_page_size(const cairn_service *s) { return s->page_size; }
 int cairn_service_n_ctx(const cairn_service *s) { return s->n_ctx; }

@@ -95,7 +95,7 @@
 #ifndef CAIRN_SESSION_H
 #define CAIRN_SESSION_H
 
-#include "engine/engine.h"
+#include "runtime/runtime.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -270,14 +270,17 @@ typedef enum {
 } cairn_load_policy;
 
 typedef struct {
-    const char *model_path;
-    int n_threads;          /* CPU threads (0 = all cores)                   */
+    cairn_runtime *runtime; /* the model, its backend and text (borrowed; must
+                               outlive the service). With a draft head the
+                               service decodes speculatively (see above).  */
     size_t kv_bytes;        /* tier-0 KV budget                              */
     int page_size;          /* tokens per page (default 16)                  */
     cairn_type kv_type;     /* CAIRN_TYPE_F16 or CAIRN_TYPE_F32 (= 0)         */
     int n_ctx;              /* most tokens in one sequence (default: model's) */
-    int max_batch_tokens;   /* tokens per forward step (default 512)         */
-    int max_seqs;           /* requests running at once (default 32)         */
+    int max_batch_tokens;   /* tokens per forward step (default: what the
+                               runtime's model was loaded for; never more)   */
+    int max_seqs;           /* requests running at once (default 32, at most
+                               the model's max_seqs)                         */
     int prefill_chunk;      /* prompt tokens per request per step (default 256) */
     size_t max_sessions;    /* open sessions at most (default 4096)          */
     bool no_prefix_cache;   /* never reuse cached prefixes (for comparisons) */
@@ -286,7 +289,6 @@ typedef struct {
     const char *cache_dir;  /* tier-2 LMDB directory (NULL: no disk tier)     */
     size_t disk_bytes;      /* LMDB map size (default 4 GiB)                  */
     cairn_load_policy load_policy;
-    const char *draft_path; /* EAGLE head for speculative decoding (NULL: none) */
     cairn_eagle_params draft; /* default draft tree; 0 fields: engine defaults  */
     int draft_max_batch;    /* speculate while at most this many requests
                                decode (0: default 4; < 0: never)             */
@@ -294,8 +296,8 @@ typedef struct {
     void *user;
 } cairn_service_config;
 
-/* Load the model, allocate every pool once, and start the engine thread.
- * err receives a message on failure. The caller owns *out. */
+/* Allocate every pool once and start the engine thread on the runtime's
+ * model. err receives a message on failure. The caller owns *out. */
 int cairn_service_start(const cairn_service_config *cfg, cairn_service **out, char *err,
                         size_t err_len);
 
@@ -313,6 +315,8 @@ const cairn_vocab *cairn_service_vocab(const cairn_service *s);
  * until stop; may be read from any thread, like the vocab. */
 const cairn_chat_template *cairn_service_chat_template(const cairn_service *s);
 const cairn_hparams *cairn_service_hparams(const cairn_service *s);
+/* The runtime the service was started on. */
+cairn_runtime *cairn_service_runtime(const cairn_service *s);
 int cairn_service_page_size(const cairn_service *s);
 int cairn_service_n_ctx(const cairn_service *s);
 

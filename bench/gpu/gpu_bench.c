@@ -30,7 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/engine.h"
+#include "model/model.h"
 #include "store/store.h"
 
 static int usage(void)

@@ -15,7 +15,7 @@
 #include <cmocka.h>
 #include <jansson.h>
 
-#include "engine/engine.h"
+#include "text/text.h"
 
 static const char qwen_src[] = "{%- if tools %}<|im_start|>system ... <tool_call> ... {%- endif %}";
 static const char llama3_src[] = "<|start_header_id|>{{ role }}<|end_header_id|> Cutting Knowledge Date";

@@ -30,7 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/engine.h"
+#include "runtime/runtime.h"
 
 static const char *python, *tools_dir, *shipped_head, *scratch_dir;
 static char synth_model[1024], synth_head[1024], rand_head_260k[1024];

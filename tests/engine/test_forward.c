@@ -20,7 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/engine.h"
+#include "runtime/runtime.h"
 #include "store/store.h"
 
 static const char *python, *ref_script, *model_path;

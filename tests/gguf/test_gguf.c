@@ -14,7 +14,7 @@
 
 #include <cmocka.h>
 
-#include "engine/engine.h"
+#include "gguf/gguf.h"
 
 /* ---- a minimal GGUF writer --------------------------------------------- */
 

@@ -28,7 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/engine.h"
+#include "model/model.h"
 #include "store/store.h"
 
 static const char *model_path;

@@ -25,9 +25,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/engine.h"
-#include "protocol/protocol.h"
-#include "session/session.h"
+#include "runtime/runtime.h"
+#include "server/server.h"
+#include "tests/support/support.h"
 #include "tests/grammar/schema_check.h"
 
 /* ---- helpers ------------------------------------------------------------------ */
@@ -680,12 +680,12 @@ static void test_service_sampled_generation(void **state)
 {
     (void)state;
     collector col = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
-    cairn_service_config cfg = {.model_path = getenv("CAIRN_MODEL"), .n_threads = 2,
+    cairn_service_config cfg = {
                                 .kv_bytes = (size_t)8 << 20, .page_size = 16,
                                 .kv_type = CAIRN_TYPE_F16, .on_event = on_event, .user = &col};
     cairn_service *svc = NULL;
     char err[256] = "";
-    if (cairn_service_start(&cfg, &svc, err, sizeof err) != CAIRN_OK)
+    if (support_service_start(getenv("CAIRN_MODEL"), 2, NULL, &cfg, &svc, err, sizeof err) != CAIRN_OK)
         fail_msg("service: %s", err);
     const cairn_vocab *v = cairn_service_vocab(svc);
     int n_req = 0;
@@ -719,7 +719,7 @@ static void test_service_sampled_generation(void **state)
             fail_msg("request %d: invalid document %s", i, col.text[i]);
         free(col.text[i]);
     }
-    cairn_service_stop(svc);
+    support_service_stop(svc);
 }
 
 int main(void)

@@ -20,7 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "protocol/protocol.h"
+#include "server/server.h"
 
 /* ---- helpers ---------------------------------------------------------------- */
 

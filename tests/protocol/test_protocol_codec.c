@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "protocol/protocol.h"
+#include "server/server.h"
 
 static cairn_vocab *g_vocab;
 static cairn_mp_limits g_lim;

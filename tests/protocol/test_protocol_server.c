@@ -32,7 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "protocol/protocol.h"
+#include "server/server.h"
 
 static pid_t g_pid = -1;
 static int g_port = -1;

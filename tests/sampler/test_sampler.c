@@ -19,7 +19,7 @@
 
 #include <cmocka.h>
 
-#include "engine/engine.h"
+#include "model/model.h"
 
 enum { N_DRAWS = 20000 };
 

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "session/session.h"
+#include "tests/support/support.h"
 
 static const char *model_path;
 
@@ -105,7 +105,7 @@ static fixture *start_tiers(size_t kv_pages, int max_seqs, int prefill_chunk, si
     pthread_cond_init(&f->col.cv, NULL);
     /* stories260K: 5 layers x 2 x 16 tokens x 4 heads x 8 dims x 2 bytes */
     size_t page_bytes = 5 * 2 * 16 * 4 * 8 * 2;
-    cairn_service_config cfg = {.model_path = model_path, .n_threads = 2,
+    cairn_service_config cfg = {
                                 .kv_bytes = kv_pages * page_bytes, .page_size = 16,
                                 .kv_type = CAIRN_TYPE_F16,
                                 .host_bytes = host_pages * page_bytes, .cache_dir = cache_dir,
@@ -116,7 +116,7 @@ static fixture *start_tiers(size_t kv_pages, int max_seqs, int prefill_chunk, si
                                 .max_seqs = max_seqs, .prefill_chunk = prefill_chunk,
                                 .on_event = on_event, .user = &f->col};
     char err[256] = "";
-    int rc = cairn_service_start(&cfg, &f->svc, err, sizeof err);
+    int rc = support_service_start(model_path, 2, NULL, &cfg, &f->svc, err, sizeof err);
     if (rc != CAIRN_OK)
         fail_msg("service start: %s", err);
     return f;
@@ -129,7 +129,7 @@ static fixture *start(size_t kv_pages, int max_seqs, int prefill_chunk)
 
 static void stop(fixture *f)
 {
-    cairn_service_stop(f->svc);
+    support_service_stop(f->svc);
     collector_reset(&f->col);
     free(f);
 }
@@ -467,7 +467,7 @@ static void test_restart_serves_from_disk(void **state)
     free(first);
 
     /* another page size never reads those entries */
-    cairn_service_config cfg = {.model_path = model_path, .n_threads = 2, .page_size = 8,
+    cairn_service_config cfg = { .page_size = 8,
                                 .kv_type = CAIRN_TYPE_F16, .cache_dir = dir,
                                 .disk_bytes = (size_t)64 << 20, .max_seqs = 4};
     collector col = {0};
@@ -477,7 +477,7 @@ static void test_restart_serves_from_disk(void **state)
     cfg.user = &col;
     cairn_service *svc;
     char err[256];
-    assert_int_equal(cairn_service_start(&cfg, &svc, err, sizeof err), CAIRN_OK);
+    assert_int_equal(support_service_start(model_path, 2, NULL, &cfg, &svc, err, sizeof err), CAIRN_OK);
     fixture tmp = {.svc = svc};
     cairn_request *g = cairn_request_new(CAIRN_REQ_GENERATE);
     g->id = 1;
@@ -486,7 +486,7 @@ static void test_restart_serves_from_disk(void **state)
     g->gen.sampling.temperature = 0;
     cairn_service_submit(svc, g);
     assert_int_equal(wait_for(&col, 1)->ev.cached_tokens, 0);
-    cairn_service_stop(svc);
+    support_service_stop(svc);
     collector_reset(&col);
     rm_rf(dir);
 }

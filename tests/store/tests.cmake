@@ -22,9 +22,9 @@ target_include_directories(store_kvcache_fetch PRIVATE ${CMAKE_CURRENT_LIST_DIR}
 # test executable linked against it rather than against cairn_lib. Leak
 # checking is on (LeakSanitizer is part of ASan on Linux).
 file(GLOB CAIRN_SAN_SOURCES CONFIGURE_DEPENDS
-  ${PROJECT_SOURCE_DIR}/radix/*.c ${PROJECT_SOURCE_DIR}/store/*.c)
+  ${PROJECT_SOURCE_DIR}/radix/*.c ${PROJECT_SOURCE_DIR}/store/*.c
+  ${PROJECT_SOURCE_DIR}/common/*.c)
 add_library(cairn_store_asan OBJECT ${CAIRN_SAN_SOURCES}
-  ${PROJECT_SOURCE_DIR}/common/common.c ${PROJECT_SOURCE_DIR}/common/quant_k.c
   ${PROJECT_SOURCE_DIR}/kernels/backend.c)
 set(CAIRN_SAN_FLAGS -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all)
 target_compile_options(cairn_store_asan PRIVATE ${CAIRN_SAN_FLAGS})

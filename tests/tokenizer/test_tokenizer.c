@@ -14,7 +14,7 @@
 
 #include <cmocka.h>
 
-#include "engine/engine.h"
+#include "text/text.h"
 
 static cairn_vocab *load_vocab_file(const char *path)
 {

@@ -16,7 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/engine.h"
+#include "text/text.h"
 
 static char *read_file(const char *path, size_t *size)
 {

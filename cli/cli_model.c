@@ -1,0 +1,226 @@
+/*
+ * cli/cli_model.c — what the model-running subcommands share: option parsing,
+ * a runtime + one sequence's KV pool, chunked evaluation of that sequence.
+ */
+#include "cli/cli.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+
+void cli_model_opts_defaults(cli_model_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->model_path = "models/stories260K.gguf";
+    o->page_size = 16;
+    o->kv_type = CAIRN_TYPE_F16;
+    o->batch = 512;
+}
+
+int cli_parse_int(const char *arg, const char *what, int lo, int hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(arg, &end, 10);
+    if (errno || *end || end == arg || v < lo || v > hi) {
+        fprintf(stderr, "cairn: %s must be an integer in [%d, %d], got '%s'\n", what, lo, hi, arg);
+        return -1;
+    }
+    *out = (int)v;
+    return 1;
+}
+
+int cli_model_opts_parse(cli_model_opts *o, int opt, const char *arg)
+{
+    switch (opt) {
+    case 'm': o->model_path = arg; return 1;
+    case 't': return cli_parse_int(arg, "--threads", 0, 1024, &o->n_threads);
+    case 'c': return cli_parse_int(arg, "--ctx-size", 0, 1 << 22, &o->n_ctx);
+    case 'b': return cli_parse_int(arg, "--batch-size", 1, 1 << 16, &o->batch);
+    case 1001: return cli_parse_int(arg, "--page-size", 1, 4096, &o->page_size);
+    case 1002:
+        if (strcmp(arg, "f16") == 0)
+            o->kv_type = CAIRN_TYPE_F16;
+        else if (strcmp(arg, "f32") == 0)
+            o->kv_type = CAIRN_TYPE_F32;
+        else {
+            fprintf(stderr, "cairn: --kv-type must be f16 or f32, got '%s'\n", arg);
+            return -1;
+        }
+        return 1;
+    case 1003: {
+        char err[160];
+        if (cairn_device_parse(arg, &o->device, err, sizeof err) != CAIRN_OK) {
+            fprintf(stderr, "cairn: %s\n", err);
+            return -1;
+        }
+        return 1;
+    }
+    default: return 0;
+    }
+}
+
+cairn_runtime_config cli_runtime_config(const cli_model_opts *o, const char *draft)
+{
+    return (cairn_runtime_config){.model_path = o->model_path, .device = o->device,
+                                  .n_threads = o->n_threads, .max_batch_tokens = o->batch,
+                                  .max_seqs = 1, .draft_path = draft};
+}
+
+int cli_runtime_open(cli_runtime *rt, const cli_model_opts *o)
+{
+    memset(rt, 0, sizeof *rt);
+    char err[512] = "";
+    double t0 = cairn_now();
+    const cairn_runtime_config rc_cfg = cli_runtime_config(o, NULL);
+    int rc = cairn_runtime_open(&rc_cfg, &rt->rt, err, sizeof err);
+    if (rc != CAIRN_OK) {
+        fprintf(stderr, "cairn: cannot load model: %s\n", err[0] ? err : cairn_strerror(rc));
+        return rc;
+    }
+    rt->be = cairn_runtime_backend(rt->rt);
+    rt->model = cairn_runtime_model(rt->rt);
+    rt->vocab = cairn_runtime_vocab(rt->rt);
+    const cairn_hparams *hp = cairn_model_hparams(rt->model);
+    rt->n_ctx = o->n_ctx > 0 ? o->n_ctx : (hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
+    rt->batch = o->batch;
+    if ((rc = cairn_model_kv_layout(rt->model, o->page_size, o->kv_type, &rt->kv)) != CAIRN_OK) {
+        cli_runtime_close(rt);
+        return rc;
+    }
+    int n_pages = (rt->n_ctx + o->page_size - 1) / o->page_size;
+    rc = cairn_page_pool_create(rt->be, &rt->kv, (size_t)n_pages * rt->kv.page_bytes, &rt->pool);
+    rt->pages = malloc((size_t)n_pages * sizeof *rt->pages);
+    rt->logits = malloc((size_t)o->batch * hp->n_vocab * sizeof(float));
+    if (rc == CAIRN_OK && (!rt->pages || !rt->logits))
+        rc = CAIRN_ENOMEM;
+    if (rc == CAIRN_OK)
+        rc = cairn_page_pool_alloc(rt->pool, n_pages, rt->pages);
+    if (rc != CAIRN_OK) {
+        fprintf(stderr, "cairn: cannot allocate the KV cache (%d pages of %zu bytes): %s\n",
+                n_pages, rt->kv.page_bytes, cairn_strerror(rc));
+        cli_runtime_close(rt);
+        return rc;
+    }
+    cairn_log(CAIRN_LOG_INFO,
+              "model %s: %s, dim %d, %d layers, %d/%d heads, vocab %d; loaded in %.2f s on %s "
+              "(%d threads); KV %s, %d pages of %d tokens",
+              hp->name, hp->arch, hp->dim, hp->n_layer, hp->n_head, hp->n_kv_head, hp->n_vocab,
+              cairn_now() - t0, rt->be->iface->name, cairn_runtime_threads(rt->rt),
+              o->kv_type == CAIRN_TYPE_F16 ? "f16" : "f32", n_pages, o->page_size);
+    return CAIRN_OK;
+}
+
+void cli_runtime_close(cli_runtime *rt)
+{
+    if (rt->pool && rt->pages)
+        cairn_page_pool_release(rt->pool, cairn_page_pool_capacity(rt->pool), rt->pages);
+    cairn_page_pool_free(rt->pool);
+    cairn_runtime_close(rt->rt);
+    free(rt->pages);
+    free(rt->logits);
+    memset(rt, 0, sizeof *rt);
+}
+
+int cli_eval(cli_runtime *rt, const int32_t *tokens, int n, int kv_start, bool all_logits,
+             float *out_logits)
+{
+    if (kv_start + n > rt->n_ctx) {
+        fprintf(stderr, "cairn: context full (%d tokens); raise --ctx-size\n", rt->n_ctx);
+        return CAIRN_ERANGE;
+    }
+    const int n_vocab = cairn_model_hparams(rt->model)->n_vocab;
+    uint8_t *want = NULL;
+    if (all_logits) {
+        want = malloc((size_t)rt->batch);
+        if (!want)
+            return CAIRN_ENOMEM;
+        memset(want, 1, (size_t)rt->batch);
+    }
+    int rc = CAIRN_OK;
+    for (int done = 0; done < n && rc == CAIRN_OK;) {
+        int chunk = n - done < rt->batch ? n - done : rt->batch;
+        bool last = done + chunk == n;
+        cairn_seq_batch sb = {
+            .tokens = tokens + done,
+            .n_tokens = chunk,
+            .kv_start = kv_start + done,
+            .pages = rt->pages,
+            .want = want,
+        };
+        int n_out = 0;
+        float *dst = all_logits ? out_logits + (size_t)done * n_vocab : rt->logits;
+        rc = cairn_model_forward(rt->model, cairn_page_pool_base(rt->pool), &rt->kv, &sb, 1,
+                                 all_logits || last ? dst : NULL, NULL, &n_out);
+        if (rc == CAIRN_OK && !all_logits && last)
+            memcpy(out_logits, rt->logits, (size_t)n_vocab * sizeof(float));
+        done += chunk;
+    }
+    free(want);
+    if (rc != CAIRN_OK)
+        fprintf(stderr, "cairn: forward pass failed: %s\n", cairn_strerror(rc));
+    return rc;
+}
+
+int cli_tokenize_alloc(const cairn_vocab *v, const char *text, size_t len, int flags,
+                       int32_t **out, size_t *n_out)
+{
+    size_t cap = len + 16, n = 0;
+    int32_t *ids = malloc(cap * sizeof *ids);
+    if (!ids)
+        return CAIRN_ENOMEM;
+    int rc = cairn_tokenize(v, text, len, flags, ids, cap, &n);
+    if (rc == CAIRN_ERANGE) {
+        int32_t *bigger = realloc(ids, n * sizeof *ids);
+        if (!bigger) {
+            free(ids);
+            return CAIRN_ENOMEM;
+        }
+        ids = bigger;
+        cap = n;
+        rc = cairn_tokenize(v, text, len, flags, ids, cap, &n);
+    }
+    if (rc != CAIRN_OK) {
+        free(ids);
+        return rc;
+    }
+    *out = ids;
+    *n_out = n;
+    return CAIRN_OK;
+}
+
+char *cli_read_file(const char *path, size_t *len)
+{
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    while (buf) {
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (n < cap) {
+            if (ferror(f)) {
+                free(buf);
+                buf = NULL;
+            }
+            break;
+        }
+        char *bigger = realloc(buf, cap * 2 + 1);
+        if (!bigger) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
+        buf = bigger;
+        cap *= 2;
+    }
+    if (f != stdin)
+        fclose(f);
+    if (buf) {
+        buf[n] = '\0';
+        *len = n;
+    }
+    return buf;
+}

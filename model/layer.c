@@ -1,0 +1,59 @@
+/*
+ * engine/layer.c — one pre-norm decoder layer (engine/layer_impl.h), as a
+ * sequence of backend ops. Shapes for T rows:
+ *
+ *   x [T][dim]   h [T][dim]   q, attn [T][q_dim]   k, v [T][kv_dim]
+ *   gate, up [T][ffn]          q_dim = n_head * hd, kv_dim = n_kv_head * hd
+ */
+#include "model/layer_impl.h"
+
+int cairn_layer_forward(cairn_backend *be, const cairn_layer_weights *w,
+                        const cairn_layer_shape *s, const cairn_layer_acts *a, int T,
+                        const int32_t *pos, const int32_t *slots, void *kv_pool,
+                        const cairn_kv_layout *kv, int layer, const cairn_attn_args *attn)
+{
+    const cairn_backend_iface *op = be->iface;
+    const int dim = s->dim, hd = s->head_dim, ffn = s->ffn_dim;
+    const int q_dim = s->n_head * hd, kv_dim = s->n_kv_head * hd;
+
+    /* attention block */
+    const float *h = a->x;
+    if (w->attn_norm.data) {
+        TRY(op->rmsnorm(be, a->h, a->x, w->attn_norm.data, T, dim, s->rms_eps)); /* [T][dim] */
+        h = a->h;
+    }
+    TRY(op->matmul(be, a->q, w->wq.data, w->wq.type, h, T, dim, q_dim));  /* [T][q_dim]  */
+    TRY(op->matmul(be, a->k, w->wk.data, w->wk.type, h, T, dim, kv_dim)); /* [T][kv_dim] */
+    TRY(op->matmul(be, a->v, w->wv.data, w->wv.type, h, T, dim, kv_dim)); /* [T][kv_dim] */
+    if (w->bq.data)
+        TRY(op->add_bias(be, a->q, w->bq.data, T, q_dim));
+    if (w->bk.data)
+        TRY(op->add_bias(be, a->k, w->bk.data, T, kv_dim));
+    if (w->bv.data)
+        TRY(op->add_bias(be, a->v, w->bv.data, T, kv_dim));
+    if (w->q_norm.data) /* q as [T * n_head][hd] rows, k as [T * n_kv_head][hd] */
+        TRY(op->rmsnorm(be, a->q, a->q, w->q_norm.data, T * s->n_head, hd, s->rms_eps));
+    if (w->k_norm.data)
+        TRY(op->rmsnorm(be, a->k, a->k, w->k_norm.data, T * s->n_kv_head, hd, s->rms_eps));
+    TRY(op->rope(be, a->q, T, s->n_head, hd, pos, &s->rope));
+    TRY(op->rope(be, a->k, T, s->n_kv_head, hd, pos, &s->rope));
+    TRY(op->kv_store(be, kv_pool, kv, layer, a->k, a->v, slots, T));
+    cairn_attn_args args = *attn;
+    args.out = a->attn;
+    args.q = a->q;
+    args.kv_pool = kv_pool;
+    args.kv = kv;
+    args.layer = layer;
+    TRY(op->attention(be, &args));                                          /* [T][q_dim] */
+    TRY(op->matmul(be, a->h, w->wo.data, w->wo.type, a->attn, T, q_dim, dim)); /* [T][dim] */
+    TRY(op->add(be, a->x, a->x, a->h, (size_t)T * dim));
+
+    /* feed-forward block */
+    TRY(op->rmsnorm(be, a->h, a->x, w->ffn_norm.data, T, dim, s->rms_eps));
+    TRY(op->matmul(be, a->gate, w->w_gate.data, w->w_gate.type, a->h, T, dim, ffn)); /* [T][ffn] */
+    TRY(op->matmul(be, a->up, w->w_up.data, w->w_up.type, a->h, T, dim, ffn));       /* [T][ffn] */
+    TRY(op->swiglu(be, a->gate, a->gate, a->up, (size_t)T * ffn));
+    TRY(op->matmul(be, a->h, w->w_down.data, w->w_down.type, a->gate, T, ffn, dim)); /* [T][dim] */
+    TRY(op->add(be, a->x, a->x, a->h, (size_t)T * dim));
+    return CAIRN_OK;
+}

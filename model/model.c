@@ -1,0 +1,660 @@
+/*
+ * engine/model.c — loading a llama-family GGUF (llama, incl. Llama 3 and
+ * Mistral, and qwen2) onto a backend and the batched forward pass over paged KV.
+ *
+ * The forward pass, for T new tokens spread over several sequences:
+ *
+ *   x = embed(tokens)                                   x   [T][dim]
+ *   for each layer l:                                   (engine/layer.c)
+ *       h  = rmsnorm(x) * attn_norm                     h   [T][dim]
+ *       q  = h·Wqᵀ, k = h·Wkᵀ, v = h·Wvᵀ                q   [T][n_head*hd]
+ *            (+ bq, bk, bv on qwen2)                    k,v [T][n_kv*hd]
+ *       q, k = rope(q, pos), rope(k, pos)
+ *       KV pages[slot(t)] <- k[t], v[t]
+ *       a  = attention(q, paged KV of t's sequence)     a   [T][n_head*hd]
+ *       x += a·Woᵀ
+ *       h  = rmsnorm(x) * ffn_norm
+ *       x += (silu(h·Wgᵀ) * (h·Wuᵀ))·Wdᵀ                 ffn [T][ffn_dim]
+ *   y = rmsnorm(x[wanted rows]) * output_norm           y   [n_out][dim]
+ *   logits = y·Woutᵀ                                    [n_out][n_vocab]
+ *
+ * The architectures differ only in the arch_traits below: how RoPE pairs the
+ * dimensions of a head and whether q/k/v carry biases. Llama 3's long-context
+ * RoPE (rope_freqs.weight, one divisor per frequency) is a tensor, used
+ * whenever the file has it.
+ *
+ * Every buffer used here is allocated once at load time for the largest batch
+ * (max_batch_tokens); a forward call allocates nothing.
+ */
+#include "model/model.h"
+#include "model/layer_impl.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+/* Logit rows are projected and downloaded in chunks of this many, so the
+ * device buffer for them stays small even for 150k-token vocabularies. */
+#define LOGIT_CHUNK 32
+
+typedef cairn_layer_weight weight; /* backend memory */
+/* bq, bk, bv: data NULL when the architecture has none */
+typedef cairn_layer_weights layer_weights;
+
+/* What differs between the architectures cairn runs. All are the same
+ * pre-norm decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU). */
+typedef struct {
+    const char *name;          /* general.architecture and the metadata prefix */
+    cairn_rope_mode rope_mode; /* llama: adjacent pairs; qwen2: first/second half */
+    bool qkv_bias;             /* attn_{q,k,v}.bias tensors are required */
+    bool qk_norm;              /* attn_{q,k}_norm: per-head RMSNorm of q and k */
+} arch_traits;
+
+static const arch_traits ARCHES[] = {
+    {"llama", CAIRN_ROPE_NORMAL, false, false},
+    {"qwen2", CAIRN_ROPE_NEOX, true, false},
+    {"qwen3", CAIRN_ROPE_NEOX, false, true},
+};
+
+struct cairn_model {
+    cairn_backend *be;
+    cairn_hparams hp;
+    cairn_model_params params;
+    const arch_traits *arch;
+    uint8_t fingerprint[16];
+
+    void *weights_mem; /* one backend allocation for all tensors */
+    weight tok_embd, output_norm, output;
+    const float *rope_freqs; /* optional, backend memory */
+    layer_weights *layers;
+
+    /* activations, backend memory, sized for max_batch_tokens rows */
+    float *x, *h, *q, *k, *v, *attn, *ffn_gate, *ffn_up, *out_rows, *logits;
+    /* host staging, sized for max_batch_tokens / max_seqs */
+    int32_t *tokens, *pos, *slots, *q_index, *out_index;
+    cairn_attn_seq *attn_seqs;
+};
+
+/* ---- hyper-parameters -------------------------------------------------- */
+
+static int get_u32_or(const cairn_gguf *g, const char *key, uint32_t dflt, uint32_t *out)
+{
+    int rc = cairn_gguf_get_u32(g, key, out);
+    if (rc == CAIRN_ENOTFOUND) {
+        *out = dflt;
+        return CAIRN_OK;
+    }
+    return rc;
+}
+
+static int get_f32_or(const cairn_gguf *g, const char *key, float dflt, float *out)
+{
+    int rc = cairn_gguf_get_f32(g, key, out);
+    if (rc == CAIRN_ENOTFOUND) {
+        *out = dflt;
+        return CAIRN_OK;
+    }
+    return rc;
+}
+
+/* "<arch>.<suffix>": every hyper-parameter key is prefixed by the
+ * architecture's name. */
+static const char *arch_key(const arch_traits *a, const char *suffix)
+{
+    static _Thread_local char key[96];
+    snprintf(key, sizeof key, "%s.%s", a->name, suffix);
+    return key;
+}
+
+static int read_hparams(const cairn_gguf *g, const char *path, const arch_traits **arch_out,
+                        cairn_hparams *hp, char *err, size_t err_len)
+{
+    const char *arch;
+    size_t arch_len;
+    if (cairn_gguf_get_str(g, "general.architecture", &arch, &arch_len) != CAIRN_OK)
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT, "%s: no general.architecture", path);
+    const arch_traits *A = NULL;
+    for (size_t i = 0; i < sizeof ARCHES / sizeof ARCHES[0]; i++)
+        if (strcmp(arch, ARCHES[i].name) == 0)
+            A = &ARCHES[i];
+    if (!A)
+        return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                    "%s: architecture '%s' is not supported (supported: llama, qwen2, qwen3)", path,
+                    arch);
+    *arch_out = A;
+    memset(hp, 0, sizeof *hp);
+    snprintf(hp->arch, sizeof hp->arch, "%s", arch);
+    const char *name;
+    size_t name_len;
+    if (cairn_gguf_get_str(g, "general.name", &name, &name_len) == CAIRN_OK)
+        snprintf(hp->name, sizeof hp->name, "%s", name);
+    else {
+        const char *base = strrchr(path, '/');
+        snprintf(hp->name, sizeof hp->name, "%s", base ? base + 1 : path);
+    }
+
+    uint32_t n_ctx, dim, n_layer, ffn, n_head, n_kv, n_rot;
+    float eps, base, scale_factor = 1;
+    int rc = CAIRN_OK;
+    if ((rc = cairn_gguf_get_u32(g, arch_key(A, "embedding_length"), &dim)) ||
+        (rc = cairn_gguf_get_u32(g, arch_key(A, "block_count"), &n_layer)) ||
+        (rc = cairn_gguf_get_u32(g, arch_key(A, "feed_forward_length"), &ffn)) ||
+        (rc = cairn_gguf_get_u32(g, arch_key(A, "attention.head_count"), &n_head)))
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT, "%s: missing or invalid %s hyper-parameter",
+                    path, A->name);
+    if ((rc = get_u32_or(g, arch_key(A, "context_length"), 2048, &n_ctx)) ||
+        (rc = get_u32_or(g, arch_key(A, "attention.head_count_kv"), n_head, &n_kv)) ||
+        (rc = get_f32_or(g, arch_key(A, "attention.layer_norm_rms_epsilon"), 1e-5f, &eps)) ||
+        (rc = get_f32_or(g, arch_key(A, "rope.freq_base"), 10000.0f, &base)))
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT, "%s: invalid %s hyper-parameter", path,
+                            A->name);
+    /* The head width is attention.key_length when given (Qwen3: 128 with
+     * dim 1024 and 16 heads, so q is wider than x), else dim / n_head. */
+    uint32_t key_length = 0, value_length;
+    if ((rc = get_u32_or(g, arch_key(A, "attention.key_length"), 0, &key_length)))
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT, "%s: invalid %s", path,
+                            arch_key(A, "attention.key_length"));
+    if (dim == 0 || n_layer == 0 || ffn == 0 || n_head == 0 || n_kv == 0 || n_ctx == 0 ||
+        (key_length == 0 && dim % n_head != 0) || n_head % n_kv != 0 || dim > (1u << 16) ||
+        n_layer > 1024 || ffn > (1u << 20) || n_head > 1024 || key_length > 1024)
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT,
+                    "%s: inconsistent shape (dim %u, layers %u, heads %u/%u, ffn %u)", path, dim,
+                    n_layer, n_head, n_kv, ffn);
+    const uint32_t head_dim = key_length ? key_length : dim / n_head;
+    /* Values as wide as keys: what every supported architecture has (a
+     * different value_length would need its own attention-output width). */
+    if ((rc = get_u32_or(g, arch_key(A, "attention.value_length"), head_dim, &value_length)) ||
+        value_length != head_dim)
+        return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                            "%s: attention.value_length %u differs from key_length %u", path,
+                            value_length, head_dim);
+    if ((rc = get_u32_or(g, arch_key(A, "rope.dimension_count"), head_dim, &n_rot)) ||
+        n_rot > head_dim || n_rot % 2)
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT, "%s: invalid %s", path,
+                            arch_key(A, "rope.dimension_count"));
+
+    /* Linear RoPE scaling stretches positions by 1/factor. Llama 3's scaling
+     * arrives as the rope_freqs tensor instead (see upload_weights); any
+     * other scheme (YaRN, LongRoPE, ...) would silently give wrong
+     * attention, so it is refused by name. */
+    const char *scaling;
+    size_t scaling_len;
+    if (cairn_gguf_get_str(g, arch_key(A, "rope.scaling.type"), &scaling, &scaling_len) ==
+        CAIRN_OK) {
+        if (strcmp(scaling, "linear") == 0)
+            get_f32_or(g, arch_key(A, "rope.scaling.factor"), 1.0f, &scale_factor);
+        else if (strcmp(scaling, "none") != 0 && strcmp(scaling, "llama3") != 0)
+            return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                                "%s: RoPE scaling '%s' is not supported (supported: none, linear, "
+                                "llama3 via rope_freqs)", path, scaling);
+    }
+    if (!(scale_factor > 0))
+        scale_factor = 1;
+
+    hp->n_ctx_train = (int)n_ctx;
+    hp->dim = (int)dim;
+    hp->n_layer = (int)n_layer;
+    hp->ffn_dim = (int)ffn;
+    hp->n_head = (int)n_head;
+    hp->n_kv_head = (int)n_kv;
+    hp->head_dim = (int)head_dim;
+    hp->n_rot = (int)n_rot;
+    hp->rms_eps = eps;
+    hp->rope_freq_base = base;
+    hp->rope_freq_scale = 1.0f / scale_factor;
+    hp->rope_mode = A->rope_mode;
+    return CAIRN_OK;
+}
+
+/* ---- tensors ------------------------------------------------------------ */
+
+/* Look up `name`, check its shape is [ne0, ne1] (ne1 = 1 for vectors) and its
+ * type usable; a missing optional tensor leaves *t NULL. */
+static int find_tensor(const cairn_gguf *g, const char *name, int64_t ne0, int64_t ne1,
+                       bool must_be_f32, bool optional, const cairn_gguf_tensor **t, char *err,
+                       size_t err_len)
+{
+    *t = cairn_gguf_find_tensor(g, name);
+    if (!*t) {
+        if (optional)
+            return CAIRN_OK;
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT, "missing tensor '%s'", name);
+    }
+    const cairn_gguf_tensor *x = *t;
+    int64_t n_rest = 1;
+    for (int d = 2; d < x->n_dims; d++)
+        n_rest *= x->ne[d];
+    if (x->ne[0] != ne0 || x->ne[1] != ne1 || n_rest != 1)
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT,
+                    "tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]", name,
+                    (long long)x->ne[0], (long long)x->ne[1], (long long)ne0, (long long)ne1);
+    const cairn_type_traits *tr = cairn_type_get(x->type);
+    if (!tr || !tr->compute || (must_be_f32 && x->type != CAIRN_TYPE_F32))
+        return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED, "tensor '%s' has type %s, which cairn %s",
+                    name, tr ? tr->name : "?",
+                    must_be_f32 ? "needs as F32 here" : "cannot compute with yet");
+    return CAIRN_OK;
+}
+
+typedef struct {
+    const cairn_gguf_tensor *src;
+    weight *dst;
+} tensor_binding;
+
+static int bind_weights(cairn_model *m, const cairn_gguf *g, tensor_binding **out, int *n_out,
+                        char *err, size_t err_len)
+{
+    const cairn_hparams *hp = &m->hp;
+    int64_t dim = hp->dim, hd = hp->head_dim, ffn = hp->ffn_dim;
+    int64_t q_dim = hp->n_head * hd, kv_dim = hp->n_kv_head * hd;
+    int cap = 4 + 14 * hp->n_layer;
+    tensor_binding *b = calloc((size_t)cap, sizeof *b);
+    if (!b)
+        return CAIRN_ENOMEM;
+    int n = 0, rc;
+    const cairn_gguf_tensor *t;
+
+    /* The vocabulary size comes from the embedding table. */
+    t = cairn_gguf_find_tensor(g, "token_embd.weight");
+    if (!t || t->ne[0] != dim || t->n_dims != 2 || t->ne[1] <= 0 || t->ne[1] > (1 << 24)) {
+        rc = cairn_errorf(err, err_len, CAIRN_EFORMAT, "missing or malformed tensor 'token_embd.weight'");
+        goto out;
+    }
+    m->hp.n_vocab = (int)t->ne[1];
+    if ((rc = find_tensor(g, "token_embd.weight", dim, hp->n_vocab, false, false, &t, err,
+                          err_len)))
+        goto out;
+    b[n++] = (tensor_binding){t, &m->tok_embd};
+    if ((rc = find_tensor(g, "output_norm.weight", dim, 1, true, false, &t, err, err_len)))
+        goto out;
+    b[n++] = (tensor_binding){t, &m->output_norm};
+    if ((rc = find_tensor(g, "output.weight", dim, hp->n_vocab, false, true, &t, err, err_len)))
+        goto out;
+    m->hp.tied_embeddings = t == NULL;
+    if (t)
+        b[n++] = (tensor_binding){t, &m->output};
+
+    for (int l = 0; l < hp->n_layer; l++) {
+        layer_weights *L = &m->layers[l];
+        const bool bias = m->arch->qkv_bias;
+        struct {
+            const char *suffix;
+            int64_t ne0, ne1;
+            bool f32, wanted;
+            weight *w;
+        } spec[] = {
+            {"attn_norm.weight", dim, 1, true, true, &L->attn_norm},
+            {"attn_q.weight", dim, q_dim, false, true, &L->wq},
+            {"attn_k.weight", dim, kv_dim, false, true, &L->wk},
+            {"attn_v.weight", dim, kv_dim, false, true, &L->wv},
+            {"attn_q.bias", q_dim, 1, true, bias, &L->bq},
+            {"attn_k.bias", kv_dim, 1, true, bias, &L->bk},
+            {"attn_v.bias", kv_dim, 1, true, bias, &L->bv},
+            {"attn_q_norm.weight", hd, 1, true, m->arch->qk_norm, &L->q_norm},
+            {"attn_k_norm.weight", hd, 1, true, m->arch->qk_norm, &L->k_norm},
+            {"attn_output.weight", q_dim, dim, false, true, &L->wo},
+            {"ffn_norm.weight", dim, 1, true, true, &L->ffn_norm},
+            {"ffn_gate.weight", dim, ffn, false, true, &L->w_gate},
+            {"ffn_up.weight", dim, ffn, false, true, &L->w_up},
+            {"ffn_down.weight", ffn, dim, false, true, &L->w_down},
+        };
+        for (size_t i = 0; i < sizeof spec / sizeof spec[0]; i++) {
+            if (!spec[i].wanted)
+                continue;
+            char name[96];
+            snprintf(name, sizeof name, "blk.%d.%s", l, spec[i].suffix);
+            if ((rc = find_tensor(g, name, spec[i].ne0, spec[i].ne1, spec[i].f32, false, &t, err,
+                                  err_len)))
+                goto out;
+            b[n++] = (tensor_binding){t, spec[i].w};
+        }
+    }
+    rc = CAIRN_OK;
+out:
+    if (rc != CAIRN_OK) {
+        free(b);
+        return rc;
+    }
+    *out = b;
+    *n_out = n;
+    return CAIRN_OK;
+}
+
+/* Upload every bound tensor into one backend allocation (each 64-byte
+ * aligned) and fingerprint the weights as they go. */
+static int upload_weights(cairn_model *m, const cairn_gguf *g, const tensor_binding *b, int n,
+                          char *err, size_t err_len)
+{
+    cairn_backend *be = m->be;
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += (b[i].src->size + 63) & ~(size_t)63;
+    const cairn_gguf_tensor *freqs = cairn_gguf_find_tensor(g, "rope_freqs.weight");
+    if (freqs && (freqs->type != CAIRN_TYPE_F32 || freqs->ne[0] != m->hp.n_rot / 2))
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT, "tensor 'rope_freqs.weight' is malformed");
+    if (freqs)
+        total += (freqs->size + 63) & ~(size_t)63;
+
+    int rc = be->iface->alloc(be, total, &m->weights_mem);
+    if (rc != CAIRN_OK)
+        return cairn_errorf(err, err_len, rc, "cannot allocate %.1f MiB for weights on backend %s",
+                    (double)total / (1 << 20), be->iface->name);
+
+    XXH3_state_t *hs = XXH3_createState();
+    if (!hs)
+        return CAIRN_ENOMEM;
+    XXH3_128bits_reset(hs);
+    uint8_t *dst = m->weights_mem;
+    for (int i = 0; i < n + (freqs != NULL); i++) {
+        const cairn_gguf_tensor *t = i < n ? b[i].src : freqs;
+        if ((rc = be->iface->upload(be, dst, t->data, t->size)) != CAIRN_OK) {
+            XXH3_freeState(hs);
+            return cairn_errorf(err, err_len, rc, "uploading '%s' failed", t->name);
+        }
+        if (i < n)
+            *b[i].dst = (weight){dst, t->type};
+        else
+            m->rope_freqs = (const float *)dst;
+        /* name, type, shape, data: any change to the weights changes it */
+        uint32_t type = (uint32_t)t->type;
+        XXH3_128bits_update(hs, t->name, strlen(t->name) + 1);
+        XXH3_128bits_update(hs, &type, sizeof type);
+        XXH3_128bits_update(hs, t->ne, sizeof t->ne);
+        XXH3_128bits_update(hs, t->data, t->size);
+        dst += (t->size + 63) & ~(size_t)63;
+    }
+    XXH128_hash_t h = XXH3_128bits_digest(hs);
+    XXH3_freeState(hs);
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, h);
+    memcpy(m->fingerprint, c.digest, 16);
+    if (m->hp.tied_embeddings)
+        m->output = m->tok_embd;
+    return CAIRN_OK;
+}
+
+static int alloc_scratch(cairn_model *m)
+{
+    const cairn_hparams *hp = &m->hp;
+    size_t T = (size_t)m->params.max_batch_tokens;
+    size_t q_dim = (size_t)hp->n_head * hp->head_dim, kv_dim = (size_t)hp->n_kv_head * hp->head_dim;
+    struct {
+        float **p;
+        size_t n;
+    } bufs[] = {
+        {&m->x, T * hp->dim},           {&m->h, T * hp->dim},
+        {&m->q, T * q_dim},             {&m->k, T * kv_dim},
+        {&m->v, T * kv_dim},            {&m->attn, T * q_dim},
+        {&m->ffn_gate, T * hp->ffn_dim}, {&m->ffn_up, T * hp->ffn_dim},
+        {&m->out_rows, T * hp->dim},    {&m->logits, (size_t)LOGIT_CHUNK * hp->n_vocab},
+    };
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        int rc = m->be->iface->alloc(m->be, bufs[i].n * sizeof(float), (void **)bufs[i].p);
+        if (rc != CAIRN_OK)
+            return rc;
+    }
+    m->tokens = malloc(T * sizeof(int32_t));
+    m->pos = malloc(T * sizeof(int32_t));
+    m->slots = malloc(T * sizeof(int32_t));
+    m->q_index = malloc(T * sizeof(int32_t));
+    m->out_index = malloc(T * sizeof(int32_t));
+    m->attn_seqs = malloc((size_t)m->params.max_seqs * sizeof *m->attn_seqs);
+    if (!m->tokens || !m->pos || !m->slots || !m->q_index || !m->out_index || !m->attn_seqs)
+        return CAIRN_ENOMEM;
+    return CAIRN_OK;
+}
+
+int cairn_model_load_gguf(const cairn_gguf *g, const char *name, cairn_backend *be,
+                          const cairn_model_params *params, cairn_model **out, char *err,
+                          size_t err_len)
+{
+    if (!g || !be || !out)
+        return cairn_errorf(err, err_len, CAIRN_EINVAL, "cairn_model_load: missing argument");
+    if (!name)
+        name = "model";
+    cairn_model_params p = {.max_batch_tokens = 512, .max_seqs = 64};
+    if (params)
+        p = *params;
+    if (p.max_batch_tokens <= 0 || p.max_seqs <= 0)
+        return cairn_errorf(err, err_len, CAIRN_EINVAL, "max_batch_tokens and max_seqs must be positive");
+
+    cairn_model *m = calloc(1, sizeof *m);
+    tensor_binding *bindings = NULL;
+    int n_bindings = 0;
+    if (!m)
+        return CAIRN_ENOMEM;
+    m->be = be;
+    m->params = p;
+    int rc;
+    if ((rc = read_hparams(g, name, &m->arch, &m->hp, err, err_len)))
+        goto fail;
+    m->layers = calloc((size_t)m->hp.n_layer, sizeof *m->layers);
+    if (!m->layers) {
+        rc = CAIRN_ENOMEM;
+        goto fail;
+    }
+    if ((rc = bind_weights(m, g, &bindings, &n_bindings, err, err_len)))
+        goto fail;
+    if ((rc = upload_weights(m, g, bindings, n_bindings, err, err_len)))
+        goto fail;
+    if ((rc = alloc_scratch(m))) {
+        cairn_errorf(err, err_len, rc, "cannot allocate activation buffers for %d tokens",
+             p.max_batch_tokens);
+        goto fail;
+    }
+    free(bindings);
+    *out = m;
+    return CAIRN_OK;
+fail:
+    free(bindings);
+    cairn_model_free(m);
+    return rc;
+}
+
+int cairn_model_load(const char *path, cairn_backend *be, const cairn_model_params *params,
+                     cairn_model **out, char *err, size_t err_len)
+{
+    if (!path || !be || !out)
+        return cairn_errorf(err, err_len, CAIRN_EINVAL, "cairn_model_load: missing argument");
+    cairn_gguf *g = NULL;
+    int rc = cairn_gguf_open(path, &g, err, err_len);
+    if (rc == CAIRN_OK)
+        rc = cairn_model_load_gguf(g, path, be, params, out, err, err_len);
+    cairn_gguf_close(g);
+    return rc;
+}
+
+void cairn_model_free(cairn_model *m)
+{
+    if (!m)
+        return;
+    cairn_backend *be = m->be;
+    float *bufs[] = {m->x, m->h, m->q, m->k, m->v, m->attn, m->ffn_gate, m->ffn_up,
+                     m->out_rows, m->logits};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i])
+            be->iface->free(be, bufs[i]);
+    if (m->weights_mem)
+        be->iface->free(be, m->weights_mem);
+    free(m->tokens);
+    free(m->pos);
+    free(m->slots);
+    free(m->q_index);
+    free(m->out_index);
+    free(m->attn_seqs);
+    free(m->layers);
+    free(m);
+}
+
+const cairn_hparams *cairn_model_hparams(const cairn_model *m) { return &m->hp; }
+cairn_backend *cairn_model_backend(const cairn_model *m) { return m->be; }
+
+void cairn_model_limits(const cairn_model *m, int *max_batch_tokens, int *max_seqs)
+{
+    *max_batch_tokens = m->params.max_batch_tokens;
+    *max_seqs = m->params.max_seqs;
+}
+
+void cairn_model_fingerprint(const cairn_model *m, uint8_t out[16])
+{
+    memcpy(out, m->fingerprint, 16);
+}
+
+int cairn_model_kv_layout(const cairn_model *m, int page_size, cairn_type dtype,
+                          cairn_kv_layout *out)
+{
+    return cairn_kv_layout_init(out, m->hp.n_layer, m->hp.n_kv_head, m->hp.head_dim, page_size,
+                                dtype);
+}
+
+/* ---- forward ------------------------------------------------------------ */
+
+/* Flatten the sequences into rows, check them, and fill the host staging
+ * arrays. Returns the number of rows (T) and of output rows via out-params. */
+static int stage_batch(cairn_model *m, const cairn_kv_layout *kv, const cairn_seq_batch *seqs,
+                       int n_seqs, int *T_out, int *n_out)
+{
+    const cairn_hparams *hp = &m->hp;
+    if (n_seqs <= 0 || n_seqs > m->params.max_seqs)
+        return CAIRN_ERANGE;
+    if (kv->n_layer < hp->n_layer || kv->n_kv_head != hp->n_kv_head ||
+        kv->head_dim != hp->head_dim)
+        return CAIRN_EINVAL;
+    int T = 0, n_o = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        const cairn_seq_batch *sb = &seqs[s];
+        if (sb->n_tokens <= 0 || !sb->tokens || !sb->pages || sb->kv_start < 0)
+            return CAIRN_EINVAL;
+        if (sb->n_tokens > m->params.max_batch_tokens - T)
+            return CAIRN_ERANGE;
+        int n_kv = sb->kv_start + sb->n_tokens;
+        if (n_kv > hp->n_ctx_train * 64) /* far beyond any sane context */
+            return CAIRN_ERANGE;
+        cairn_attn_seq *as = &m->attn_seqs[s];
+        as->q_start = T;
+        as->n_q = sb->n_tokens;
+        as->n_kv = n_kv;
+        as->q_index = m->q_index + T;
+        as->pages = sb->pages;
+        as->mask = sb->mask;
+        for (int i = 0; i < sb->n_tokens; i++, T++) {
+            int32_t tok = sb->tokens[i];
+            if (tok < 0 || tok >= hp->n_vocab)
+                return CAIRN_EINVAL;
+            int32_t kv_index = sb->kv_start + i;
+            m->tokens[T] = tok;
+            m->pos[T] = sb->pos ? sb->pos[i] : kv_index;
+            if (m->pos[T] < 0)
+                return CAIRN_EINVAL;
+            m->q_index[T] = kv_index;
+            m->slots[T] = sb->pages[kv_index / kv->page_size] * kv->page_size +
+                          kv_index % kv->page_size;
+            bool want = sb->want ? sb->want[i] != 0 : i == sb->n_tokens - 1;
+            if (want)
+                m->out_index[n_o++] = T;
+        }
+    }
+    *T_out = T;
+    *n_out = n_o;
+    return CAIRN_OK;
+}
+
+/* features: NULL, or host [T][dim] for every token of the batch (not only
+ * the wanted rows): what a server keeping an EAGLE head's KV needs. */
+static int forward(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
+                   const cairn_seq_batch *seqs, int n_seqs, float *logits, float *hidden,
+                   float *features, int *n_out)
+{
+    if (!m || !kv_pool || !kv || !seqs || !n_out)
+        return CAIRN_EINVAL;
+    int T, n_o;
+    TRY(stage_batch(m, kv, seqs, n_seqs, &T, &n_o));
+
+    cairn_backend *be = m->be;
+    const cairn_backend_iface *op = be->iface;
+    const cairn_hparams *hp = &m->hp;
+    const int dim = hp->dim, hd = hp->head_dim, ffn = hp->ffn_dim;
+    const cairn_rope_params rope = {
+        .n_rot = hp->n_rot,
+        .mode = hp->rope_mode,
+        .freq_base = hp->rope_freq_base,
+        .freq_scale = hp->rope_freq_scale,
+        .freq_factors = m->rope_freqs,
+    };
+    const cairn_layer_shape shape = {
+        .dim = dim, .n_head = hp->n_head, .n_kv_head = hp->n_kv_head, .head_dim = hd,
+        .ffn_dim = ffn, .rms_eps = hp->rms_eps, .rope = rope,
+    };
+    const cairn_layer_acts acts = {
+        .x = m->x, .h = m->h, .q = m->q, .attn = m->attn, .k = m->k, .v = m->v,
+        .gate = m->ffn_gate, .up = m->ffn_up,
+    };
+    const cairn_attn_args attn = {
+        .n_head = hp->n_head, .scale = 1.0f / sqrtf((float)hd), .n_seqs = n_seqs,
+        .seqs = m->attn_seqs,
+    };
+
+    /* x [T][dim] */
+    TRY(op->get_rows(be, m->x, m->tok_embd.data, m->tok_embd.type, dim, m->tokens, T));
+
+    for (int l = 0; l < hp->n_layer; l++)
+        TRY(cairn_layer_forward(be, &m->layers[l], &shape, &acts, T, m->pos, m->slots, kv_pool,
+                                kv, l, &attn));
+
+    /* Only the wanted rows go through the output norm and projection. */
+    if (n_o > 0) {
+        TRY(op->get_rows(be, m->out_rows, m->x, CAIRN_TYPE_F32, dim, m->out_index, n_o));
+        TRY(op->rmsnorm(be, m->out_rows, m->out_rows, m->output_norm.data, n_o, dim,
+                        hp->rms_eps)); /* [n_o][dim] */
+        if (hidden)
+            TRY(op->download(be, hidden, m->out_rows, (size_t)n_o * dim * sizeof(float)));
+        for (int r = 0; r < n_o; r += LOGIT_CHUNK) {
+            int rows = n_o - r < LOGIT_CHUNK ? n_o - r : LOGIT_CHUNK;
+            TRY(op->matmul(be, m->logits, m->output.data, m->output.type,
+                           m->out_rows + (size_t)r * dim, rows, dim, hp->n_vocab));
+            if (logits)
+                TRY(op->download(be, logits + (size_t)r * hp->n_vocab, m->logits,
+                                 (size_t)rows * hp->n_vocab * sizeof(float)));
+        }
+    }
+    if (features) { /* the output norm over every row; out_rows holds T rows */
+        TRY(op->rmsnorm(be, m->out_rows, m->x, m->output_norm.data, T, dim, hp->rms_eps));
+        TRY(op->download(be, features, m->out_rows, (size_t)T * dim * sizeof(float)));
+    }
+    TRY(op->synchronize(be));
+    *n_out = n_o;
+    return CAIRN_OK;
+}
+
+int cairn_model_forward(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
+                        const cairn_seq_batch *seqs, int n_seqs, float *logits, float *hidden,
+                        int *n_out)
+{
+    return forward(m, kv_pool, kv, seqs, n_seqs, logits, hidden, NULL, n_out);
+}
+
+int cairn_model_forward_features(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
+                                 const cairn_seq_batch *seqs, int n_seqs, float *logits,
+                                 float *features, int *n_out)
+{
+    if (!features)
+        return CAIRN_EINVAL;
+    return forward(m, kv_pool, kv, seqs, n_seqs, logits, NULL, features, n_out);
+}
+
+/* ---- for engine/eagle.c ------------------------------------------------- */
+
+#include "model/eagle_impl.h"
+
+void cairn_model_eagle_shared(const cairn_model *m, cairn_model_shared *out)
+{
+    out->tok_embd = m->tok_embd.data;
+    out->tok_embd_type = m->tok_embd.type;
+    out->output = m->output.data;
+    out->output_type = m->output.type;
+    out->rope_freqs = m->rope_freqs;
+    out->max_batch_tokens = m->params.max_batch_tokens;
+}

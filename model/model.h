@@ -1,0 +1,384 @@
+/*
+ * model/model.h — running a transformer: hyper-parameters and weights
+ * resident in a backend, the forward pass over paged KV, sampling, and
+ * speculative decoding with an EAGLE head.
+ *
+ * One decoder step of a batch, as the forward pass computes it
+ * (model/model.c, model/layer.c read like this):
+ *
+ *     tokens [T] ──embed──▶ x [T][dim]
+ *     for each layer:  x += attn(rmsnorm(x))   q,k,v projections, RoPE,
+ *                                              K/V written to the pages,
+ *                                              paged attention (GQA)
+ *                      x += ffn(rmsnorm(x))    SwiGLU
+ *     x = rmsnorm(x) ──▶ hidden (EAGLE's feature) ──LM head──▶ logits
+ *
+ * The KV of every sequence lives in pages of a pool the caller owns
+ * (store/ carves them); a sequence names its pages in a page table, so
+ * pages are shared between sequences without copies.
+ *
+ * Parts, each an opaque handle with load/create and free:
+ *   cairn_model     weights + scratch on a backend; forward over a batch
+ *   cairn_sampler   logits -> a token (llama.cpp's chain, seeded)
+ *   cairn_eagle     an EAGLE draft head; cairn_eagle_seq decodes one
+ *                   sequence speculatively with it (lossless)
+ *
+ * Ownership: a `*_load`/`*_create` gives the caller a new object, released
+ * by the matching `*_free`. None of these objects may be used from two
+ * threads at once; distinct objects are independent. Functions return
+ * CAIRN_OK or a negative status; those with `char *err, size_t err_len`
+ * also write a one-line explanation there on failure.
+ *
+ * Layering: model/ uses kernels/ (the backend) and gguf/ (weights), never
+ * text/: the vocabulary and the chat template of a file are the text
+ * module's, opened beside the model by runtime/.
+ */
+#ifndef CAIRN_MODEL_H
+#define CAIRN_MODEL_H
+
+#include "common/common.h"
+#include "gguf/gguf.h"
+#include "kernels/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ======================================================================== */
+/* Model and forward pass                                                   */
+/* ======================================================================== */
+
+typedef struct {
+    char arch[32];        /* "llama", "qwen2" or "qwen3"                      */
+    char name[128];       /* general.name, or the file name                   */
+    int n_vocab;
+    int n_ctx_train;
+    int dim;              /* embedding width                                  */
+    int n_layer;
+    int n_head;
+    int n_kv_head;
+    int head_dim;         /* attention.key_length, else dim / n_head (qwen3's
+                             heads are wider: n_head * head_dim > dim)        */
+    int ffn_dim;
+    int n_rot;            /* rotated dims per head                            */
+    float rope_freq_base;
+    float rope_freq_scale;
+    cairn_rope_mode rope_mode;
+    float rms_eps;
+    bool tied_embeddings; /* output projection reuses token_embd              */
+} cairn_hparams;
+
+typedef struct cairn_model cairn_model;
+
+typedef struct {
+    int max_batch_tokens;  /* most new tokens one forward call may carry
+                              (scratch is sized for it once); default 512     */
+    int max_seqs;          /* most sequences per call; default 64             */
+} cairn_model_params;
+
+/* Load the model of an open GGUF file onto `be` (borrowed; must outlive the
+ * model). Weights are uploaded once: the file may be closed afterwards.
+ * `name` (the file's path, for messages; may be NULL) names it in errors.
+ * Unsupported architectures or tensor types are refused with a message
+ * naming them. `params` may be NULL for the defaults. The vocabulary and
+ * chat template of the same file are text/'s (runtime/ opens all three from
+ * one open of the file). */
+int cairn_model_load_gguf(const cairn_gguf *g, const char *name, cairn_backend *be,
+                          const cairn_model_params *params, cairn_model **out, char *err,
+                          size_t err_len);
+/* The same from a path: opens the file, loads, closes it (tools and tests;
+ * a server opens a model through runtime/). */
+int cairn_model_load(const char *path, cairn_backend *be, const cairn_model_params *params,
+                     cairn_model **out, char *err, size_t err_len);
+void cairn_model_free(cairn_model *m);
+
+const cairn_hparams *cairn_model_hparams(const cairn_model *m);
+/* What the model was loaded for (cairn_model_params): a forward may carry at
+ * most *max_batch_tokens tokens of at most *max_seqs sequences. */
+void cairn_model_limits(const cairn_model *m, int *max_batch_tokens, int *max_seqs);
+cairn_backend *cairn_model_backend(const cairn_model *m);
+
+/* 128-bit fingerprint of the weights (XXH3-128 over every tensor's name,
+ * type, shape and data). Part of the KV page-hash namespace. */
+void cairn_model_fingerprint(const cairn_model *m, uint8_t out[16]);
+
+/* The KV page geometry this model needs at `page_size` tokens per page. */
+int cairn_model_kv_layout(const cairn_model *m, int page_size, cairn_type dtype,
+                          cairn_kv_layout *out);
+
+/* One sequence's part of a forward call: `n_tokens` new tokens whose KV is
+ * written at KV indices kv_start .. kv_start+n_tokens-1 of the sequence's
+ * page table, attending to indices 0 .. kv_start+n_tokens-1. */
+typedef struct {
+    const int32_t *tokens;  /* [n_tokens]                                     */
+    int n_tokens;
+    const int32_t *pos;     /* [n_tokens] RoPE positions; NULL = kv_start + i */
+    int kv_start;
+    const int32_t *pages;   /* page table covering kv_start + n_tokens        */
+    const uint8_t *mask;    /* optional [n_tokens][kv_start+n_tokens] tree mask */
+    const uint8_t *want;    /* [n_tokens] 1 = return logits for this token;
+                               NULL = only the last token                     */
+} cairn_seq_batch;
+
+/* Run the forward pass for `n_seqs` sequences at once.
+ *   kv_pool    backend memory laid out by cairn_model_kv_layout(page_size, dtype)
+ *   logits     host [n_out][n_vocab], rows in (sequence, token) order of `want`
+ *   hidden     optional host [n_out][dim]: final hidden state after the
+ *              output norm for the same rows (EAGLE's feature)
+ *   n_out      set to the number of rows written
+ * CAIRN_ERANGE when the batch exceeds max_batch_tokens / max_seqs or a
+ * position exceeds the context. Nothing is allocated per call. */
+int cairn_model_forward(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
+                        const cairn_seq_batch *seqs, int n_seqs, float *logits, float *hidden,
+                        int *n_out);
+
+/* The same, with `features` (required) host [T][dim]: the final hidden state
+ * after the output norm of every token of the batch, in batch order (T = the
+ * sum of n_tokens), wanted or not; logits only for the wanted rows. A server
+ * that keeps an EAGLE head's KV in step with the target feeds these to
+ * cairn_eagle_seq_advance. */
+int cairn_model_forward_features(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
+                                 const cairn_seq_batch *seqs, int n_seqs, float *logits,
+                                 float *features, int *n_out);
+
+/* ======================================================================== */
+/* Sampler                                                                  */
+/* ======================================================================== */
+/*
+ * Order of operations (the order llama.cpp's default chain uses, so settings
+ * mean the same thing): logit bias → penalties over the last
+ * `penalty_last_n` accepted tokens → top-k → top-p → min-p → temperature →
+ * draw. temperature <= 0 is
+ * greedy (argmax after penalties; ties go to the lowest id). A given seed
+ * reproduces the same draws on every machine (xoshiro256** generator).
+ */
+
+#define CAIRN_MAX_LOGIT_BIAS 300 /* entries of cairn_sampling_params.logit_bias */
+
+typedef struct {
+    float temperature;      /* 0 = greedy; default 0.8                         */
+    int top_k;              /* <= 0 disables; default 40                       */
+    float top_p;            /* 1 disables; default 0.95                        */
+    float min_p;            /* 0 disables; default 0.05                        */
+    float repeat_penalty;   /* 1 disables; default 1                           */
+    float frequency_penalty;/* 0 disables                                      */
+    float presence_penalty; /* 0 disables                                      */
+    int penalty_last_n;     /* window for penalties; default 64                */
+    uint64_t seed;
+    int n_logprobs;         /* top alternatives to report, 0..20               */
+    /* Logit bias (OpenAI's logit_bias): `bias` is added to the logit of
+     * `token` before anything else (penalties see the biased value); -100
+     * all but bans a token, +100 all but forces it. Logprobs stay the
+     * model's own. Tokens must be in the vocabulary, biases in [-100, 100];
+     * a token listed twice takes its last bias. */
+    int n_logit_bias;       /* 0..CAIRN_MAX_LOGIT_BIAS                         */
+    struct {
+        int32_t token;
+        float bias;
+    } logit_bias[CAIRN_MAX_LOGIT_BIAS];
+} cairn_sampling_params;
+
+/* The defaults listed above. */
+cairn_sampling_params cairn_sampling_defaults(void);
+/* Whether any repetition/frequency/presence penalty is in effect (a window
+ * and a penalty that changes something). */
+bool cairn_sampling_has_penalties(const cairn_sampling_params *p);
+
+typedef struct {
+    int32_t token;
+    float logprob; /* log-probability under the model's own distribution
+                      (softmax of raw logits, before any sampling transform) */
+} cairn_token_logprob;
+
+typedef struct cairn_sampler cairn_sampler;
+
+/* CAIRN_EINVAL for: temperature not finite, top_p outside (0, 1], min_p
+ * outside [0, 1], repeat_penalty <= 0 or not finite, frequency or presence
+ * penalty not finite, penalty_last_n outside 0 .. 2^20, n_logprobs outside
+ * 0 .. 20, n_logit_bias outside 0 .. CAIRN_MAX_LOGIT_BIAS, a biased token
+ * outside [0, n_vocab) or a bias outside [-100, 100], n_vocab <= 0. All buffers are sized here; sampling allocates
+ * nothing. */
+int cairn_sampler_create(const cairn_sampling_params *p, int n_vocab, cairn_sampler **out);
+void cairn_sampler_free(cairn_sampler *s);
+
+/* Choose a token from `logits` [n_vocab] (read-only). When n_logprobs > 0
+ * and `top` is non-NULL, writes the n_logprobs most likely tokens, best first,
+ * to top[] (token -1 / -inf past the vocabulary); *chosen, when non-NULL,
+ * always receives the chosen token's logprob. A NaN logit is an impossible
+ * token; a row with no finite maximum (all NaN/-inf, or any +inf) gives
+ * CAIRN_EINVAL. Does not record the token: call cairn_sampler_accept for
+ * tokens that are kept (ids outside the vocabulary are ignored there). */
+int cairn_sampler_sample(cairn_sampler *s, const float *logits, int32_t *token,
+                         cairn_token_logprob *chosen, cairn_token_logprob *top);
+
+/* probs[n_vocab] = the distribution cairn_sampler_sample would draw this
+ * row from, given the tokens accepted so far: 0 for every token the
+ * transforms exclude, one-hot on the argmax when greedy. Draws nothing
+ * (the generator does not advance). CAIRN_EINVAL as for sample. Speculative
+ * decoding accepts draft tokens against it. */
+int cairn_sampler_probs(cairn_sampler *s, const float *logits, float *probs);
+
+/* Record a token of the sequence (prompt or generated) for the penalties. */
+void cairn_sampler_accept(cairn_sampler *s, int32_t token);
+/* Forget accepted tokens and restart the generator from the seed. */
+void cairn_sampler_reset(cairn_sampler *s);
+
+/* ======================================================================== */
+/* EAGLE speculative decoding                                               */
+/* ======================================================================== */
+/*
+ * An EAGLE head is a one-layer draft model that reads the target's own final
+ * feature (the hidden state after the output norm) and predicts the next
+ * feature, so the target's LM head turns it into next-token guesses:
+ *
+ *   x  = [embed(token_{j+1}) ; f_j] · fcᵀ (+ fc bias)       x [R][dim]
+ *   x += attention(x·Wq, x·Wk, x·Wv) · Woᵀ                  (no input norm)
+ *   x += ffn(rmsnorm(x) * ffn_norm)
+ *   logits = x · outputᵀ                                    (target's LM head)
+ *
+ * It reuses the target's embedding table, LM head and RoPE settings. Its file
+ * is a GGUF with general.architecture = "eagle" and metadata
+ * eagle.embedding_length, eagle.feed_forward_length, eagle.attention.head_count,
+ * eagle.attention.head_count_kv, eagle.attention.layer_norm_rms_epsilon;
+ * tensors fc.weight [2*dim -> dim] (optional fc.bias), blk.0.attn_{q,k,v,output}
+ * (optional q/k/v biases), blk.0.ffn_norm, blk.0.ffn_{gate,up,down}.
+ * tools/eagle_convert.py writes one from a published checkpoint,
+ * tools/eagle_train.py trains one by self-distillation.
+ *
+ * KV: the head's keys and values are one extra layer (index n_layer of the
+ * target) in the same pages, so a page layout from cairn_eagle_kv_layout
+ * holds both. Head row j sits at KV index j and is computed from (f_j,
+ * token_{j+1}) at RoPE position j, so it is final only once token j+1 is.
+ *
+ * Decoding (one sequence): each step drafts an EAGLE-2 dynamic tree, checks
+ * it with one target forward and keeps the longest accepted path:
+ *   draft   the best top_k tokens after the pending token form level 1; for
+ *           `depth`-1 more levels the top_k frontier nodes by cumulative
+ *           log-probability are expanded by top_k children each; all
+ *           candidates are reranked and the best n_draft kept (a set closed
+ *           under ancestors, since a child never scores above its parent).
+ *   verify  the pending token and the tree in one cairn_model_forward with a
+ *           tree mask (each token sees the prefix and its ancestors) at
+ *           positions n_past + depth.
+ *   accept  greedy (temperature <= 0): follow children equal to the target's
+ *           argmax. Sampled: at each node the children are tried in draft
+ *           order; the tree proposes each child deterministically (q is a
+ *           point mass), so the rule accept-with-min(1, p/q) accepts child x
+ *           with probability p(x) and on rejection continues with the
+ *           residual max(0, p - q) renormalised, i.e. p without x. Where no
+ *           child is accepted the token is drawn from what remains. This
+ *           reproduces the target's sampling distribution exactly (lossless).
+ *           p is the sampler's distribution: top-k, min-p, top-p, then
+ *           temperature, in cairn_sampler's order, after the logit bias
+ *           (cairn_sampler_probs); penalties are not supported with
+ *           speculation (CAIRN_EUNSUPPORTED).
+ *   keep    the accepted path's target KV is moved to consecutive indices;
+ *           entries past the new length are scratch: pages holding only such
+ *           indices may be released by the caller between steps.
+ * Every step emits 1 + (accepted draft tokens) tokens; the last one (the
+ * "bonus" token drawn from the target) is pending: its KV is written by the
+ * next step's verification.
+ */
+
+typedef struct cairn_eagle cairn_eagle;
+
+/* Load a head for `target` (borrowed; must outlive the head) onto the
+ * target's backend. Its shape must fit the target (dim, vocabulary, KV heads
+ * and head size), else CAIRN_EFORMAT with a message. */
+int cairn_eagle_load(const char *path, cairn_model *target, cairn_eagle **out, char *err,
+                     size_t err_len);
+void cairn_eagle_free(cairn_eagle *e);
+
+/* XXH3-128 of the head's tensors, for the page-hash namespace (a page holds
+ * head KV too). */
+void cairn_eagle_fingerprint(const cairn_eagle *e, uint8_t out[16]);
+
+/* The target's page geometry with one more layer for the head's KV. */
+int cairn_eagle_kv_layout(const cairn_eagle *e, int page_size, cairn_type dtype,
+                          cairn_kv_layout *out);
+
+typedef struct {
+    int depth;   /* draft levels, 1..16; default 5                         */
+    int top_k;   /* children per expanded node and frontier width, 1..16;
+                    default 8                                               */
+    int n_draft; /* draft tokens verified per step, 1..255; default 32;
+                    the target must accept 1 + n_draft tokens per forward   */
+} cairn_eagle_params;
+
+cairn_eagle_params cairn_eagle_defaults(void);
+
+/* Per step: the tree verified, tokens emitted, time in each phase. */
+typedef struct {
+    int64_t steps;        /* target forward passes (verifications)           */
+    int64_t tokens;       /* tokens emitted; tau = tokens / steps            */
+    int64_t drafted;      /* draft tokens verified                           */
+    double t_draft, t_verify, t_head_update; /* seconds                      */
+} cairn_eagle_stats;
+
+typedef struct cairn_eagle_seq cairn_eagle_seq;
+
+/* A decoder for one sequence. `dp` and `sp` may be NULL for the defaults
+ * (sp NULL = greedy). CAIRN_EINVAL for parameters out of range,
+ * CAIRN_EUNSUPPORTED for sampling penalties. */
+int cairn_eagle_seq_create(cairn_eagle *e, const cairn_eagle_params *dp,
+                           const cairn_sampling_params *sp, cairn_eagle_seq **out);
+void cairn_eagle_seq_free(cairn_eagle_seq *s);
+
+/* Start a sequence: the KV pool (laid out by cairn_eagle_kv_layout) and page
+ * table (borrowed, covering KV indices 0 .. capacity-1) stay in use until the
+ * next begin or free. Evaluates prompt[0 .. n-2] through the target and the
+ * head; prompt[n-1] becomes the pending token. n >= 1 and n < capacity. */
+int cairn_eagle_seq_begin(cairn_eagle_seq *s, void *kv_pool, const cairn_kv_layout *kv,
+                          const int32_t *pages, int capacity, const int32_t *prompt, int n);
+
+/* One draft-verify-accept step. Writes the emitted tokens (1 .. depth+1) to
+ * out[cap] (cap >= depth + 1) and their count to *n_out. The tree is shrunk
+ * near the end of the capacity; CAIRN_ERANGE when not even the pending token
+ * fits. After an error the sequence must be begun again. */
+int cairn_eagle_seq_step(cairn_eagle_seq *s, int32_t *out, int cap, int *n_out);
+
+/* ---- sequences whose target forwards the caller runs (a server) -------- *
+ *
+ * A server batches the target over many sequences and shares KV pages
+ * between them through a prefix cache, so the head's KV in a page must mean
+ * the same thing whoever computed it. Head row j depends on tokens 0 .. j+1,
+ * and token j+1 lies in the next page when j is a page's last index: two
+ * sequences sharing that page may continue differently there. So for an
+ * adopted sequence the head never attends to a row at a page's last index
+ * (index % page_size == page_size - 1) except a query row's own; every other
+ * head row of a page is a function of that page's token path alone, and
+ * drafts (hence sampled outputs for a seed) do not depend on which sequence
+ * computed a shared page. The server keeps every page's head rows current by
+ * running the head over every token it runs the target over
+ * (cairn_eagle_seq_advance after each forward), so pages it shares are
+ * always complete. */
+
+/* Take over a sequence whose tokens[0 .. n_past) already have target and
+ * head KV in `pages` (computed by this or another sequence with the same
+ * tokens, under the rule above); n_past must be a multiple of the page size
+ * (CAIRN_EINVAL otherwise) and n_tokens > n_past. Nothing is computed. The
+ * random state of sampled acceptance carries on from earlier steps. */
+int cairn_eagle_seq_adopt(cairn_eagle_seq *s, void *kv_pool, const cairn_kv_layout *kv,
+                          const int32_t *pages, int capacity, const int32_t *tokens,
+                          int n_tokens, int n_past);
+/* The page table moved or grew: it now covers KV indices 0 .. capacity-1. */
+int cairn_eagle_seq_set_pages(cairn_eagle_seq *s, const int32_t *pages, int capacity);
+/* The caller's target forward computed tokens n_past .. n_past+n-1 of an
+ * adopted sequence; features[n][dim] are their rows of
+ * cairn_model_forward_features. tokens[0 .. n_tokens) is the sequence as
+ * known now (n_tokens >= n_past + n; earlier tokens must not have changed).
+ * The head runs over every row whose next token is known, so when
+ * n_tokens > n_past + n the sequence is ready for cairn_eagle_seq_step
+ * (tokens[n_past] pending). After a step of an adopted sequence the head is
+ * caught up at once, so its pages are complete when the caller shares them. */
+int cairn_eagle_seq_advance(cairn_eagle_seq *s, const int32_t *tokens, int n_tokens,
+                            const float *features, int n);
+
+/* Tokens whose target KV is in the pages (the pending token excluded). */
+int cairn_eagle_seq_n_past(const cairn_eagle_seq *s);
+void cairn_eagle_seq_stats(const cairn_eagle_seq *s, cairn_eagle_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CAIRN_MODEL_H */

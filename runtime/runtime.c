@@ -1,0 +1,213 @@
+/*
+ * runtime/runtime.c — backend choice and the one open of a model file (see
+ * runtime.h).
+ */
+#include "runtime/runtime.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct cairn_runtime {
+    char *model_path;
+    cairn_device device;
+    cairn_backend *be;
+    cairn_model *model;
+    cairn_vocab *vocab;
+    cairn_chat_template *chat;
+    cairn_eagle *draft;
+    int32_t turn_end[16];
+    size_t n_turn_end;
+    pthread_mutex_t grammar_mu; /* guards the lazy build below */
+    cairn_grammar_vocab *grammar_vocab;
+};
+
+int cairn_device_parse(const char *text, cairn_device *out, char *err, size_t err_len)
+{
+    cairn_device d = {CAIRN_DEVICE_AUTO, 0};
+    if (!text || !out)
+        return cairn_errorf(err, err_len, CAIRN_EINVAL, "--device: missing value");
+    if (strcmp(text, "cpu") == 0) {
+        d.kind = CAIRN_DEVICE_CPU;
+    } else if (strcmp(text, "cuda") == 0) {
+        d.kind = CAIRN_DEVICE_CUDA;
+    } else if (strncmp(text, "cuda:", 5) == 0) {
+        char *end;
+        errno = 0;
+        long n = strtol(text + 5, &end, 10);
+        if (errno || *end || end == text + 5 || n < 0 || n > 1023)
+            return cairn_errorf(err, err_len, CAIRN_EINVAL,
+                                "--device cuda:N must be an integer in [0, 1023], got '%s'",
+                                text);
+        d.kind = CAIRN_DEVICE_CUDA;
+        d.index = (int)n;
+    } else if (strcmp(text, "auto") != 0) {
+        return cairn_errorf(err, err_len, CAIRN_EINVAL,
+                            "--device must be cpu, cuda or cuda:N, got '%s'", text);
+    }
+    *out = d;
+    return CAIRN_OK;
+}
+
+void cairn_device_name(cairn_device d, char *out, size_t cap)
+{
+    if (d.kind == CAIRN_DEVICE_CUDA)
+        snprintf(out, cap, "cuda:%d", d.index);
+    else
+        snprintf(out, cap, "%s", d.kind == CAIRN_DEVICE_CPU ? "cpu" : "auto");
+}
+
+/* The backend the configuration asks for; AUTO tries CUDA quietly first. */
+static int open_backend(cairn_runtime *rt, const cairn_runtime_config *cfg, char *err,
+                        size_t err_len)
+{
+    const cairn_device d = cfg->device;
+    if (d.kind == CAIRN_DEVICE_CUDA) {
+        int rc = cairn_backend_cuda_create(d.index, &rt->be);
+        if (rc == CAIRN_EUNSUPPORTED)
+            return cairn_errorf(err, err_len, rc,
+                                "--device cuda:%d: there is no CUDA device %d on this machine "
+                                "(or this cairn was built without CUDA); use --device cpu",
+                                d.index, d.index);
+        if (rc != CAIRN_OK)
+            return cairn_errorf(err, err_len, rc,
+                                "--device cuda:%d: cannot start the CUDA backend: %s", d.index,
+                                cairn_strerror(rc));
+        rt->device = d;
+        return CAIRN_OK;
+    }
+#ifdef CAIRN_HAVE_CUDA
+    /* auto: a GPU when there is one (the probe logs nothing when there is
+     * none), else the CPU */
+    if (d.kind == CAIRN_DEVICE_AUTO && cairn_backend_cuda_create(0, &rt->be) == CAIRN_OK) {
+        rt->device = (cairn_device){CAIRN_DEVICE_CUDA, 0};
+        return CAIRN_OK;
+    }
+#endif
+    int rc = cairn_backend_cpu_create(cfg->n_threads, &rt->be);
+    if (rc != CAIRN_OK)
+        return cairn_errorf(err, err_len, rc, "cannot start the CPU backend: %s",
+                            cairn_strerror(rc));
+    rt->device = (cairn_device){CAIRN_DEVICE_CPU, 0};
+    return CAIRN_OK;
+}
+
+/* The model, its vocabulary and its chat template from one open file. */
+static int open_model(cairn_runtime *rt, const cairn_runtime_config *cfg, char *err,
+                      size_t err_len)
+{
+    cairn_gguf *g = NULL;
+    int rc = cairn_gguf_open(cfg->model_path, &g, err, err_len);
+    if (rc != CAIRN_OK)
+        return rc;
+    cairn_model_params mp = {.max_batch_tokens = cfg->max_batch_tokens > 0
+                                                     ? cfg->max_batch_tokens : 512,
+                             .max_seqs = cfg->max_seqs > 0 ? cfg->max_seqs : 64};
+    rc = cairn_model_load_gguf(g, cfg->model_path, rt->be, &mp, &rt->model, err, err_len);
+    if (rc == CAIRN_OK)
+        rc = cairn_vocab_load(g, &rt->vocab, err, err_len);
+    if (rc == CAIRN_OK && cairn_vocab_n_tokens(rt->vocab) > cairn_model_hparams(rt->model)->n_vocab)
+        rc = cairn_errorf(err, err_len, CAIRN_EFORMAT,
+                          "%s: vocabulary has %d tokens but the model %d", cfg->model_path,
+                          cairn_vocab_n_tokens(rt->vocab),
+                          cairn_model_hparams(rt->model)->n_vocab);
+    if (rc == CAIRN_OK && (rc = cairn_chat_template_from_gguf(g, rt->vocab, &rt->chat)))
+        cairn_errorf(err, err_len, rc, "%s: cannot read the chat template: %s", cfg->model_path,
+                     cairn_strerror(rc));
+    cairn_gguf_close(g);
+    if (rc != CAIRN_OK)
+        return rc;
+    const char *end = cairn_chat_turn_end(rt->chat);
+    if (end && *end &&
+        cairn_tokenize(rt->vocab, end, strlen(end), CAIRN_TOK_PARSE_SPECIAL, rt->turn_end,
+                       sizeof rt->turn_end / sizeof rt->turn_end[0], &rt->n_turn_end) != CAIRN_OK)
+        rt->n_turn_end = 0; /* a turn end longer than 16 tokens is no turn end we know */
+    return CAIRN_OK;
+}
+
+int cairn_runtime_open(const cairn_runtime_config *cfg, cairn_runtime **out, char *err,
+                       size_t err_len)
+{
+    if (err && err_len)
+        err[0] = '\0';
+    if (!cfg || !out || !cfg->model_path)
+        return cairn_errorf(err, err_len, CAIRN_EINVAL, "no model file given");
+    cairn_runtime *rt = calloc(1, sizeof *rt);
+    if (!rt || !(rt->model_path = strdup(cfg->model_path))) {
+        free(rt);
+        return cairn_errorf(err, err_len, CAIRN_ENOMEM, "out of memory");
+    }
+    pthread_mutex_init(&rt->grammar_mu, NULL);
+    int rc = open_backend(rt, cfg, err, err_len);
+    if (rc == CAIRN_OK)
+        rc = open_model(rt, cfg, err, err_len);
+    if (rc == CAIRN_OK && cfg->draft_path) {
+        char why[400] = "";
+        rc = cairn_eagle_load(cfg->draft_path, rt->model, &rt->draft, why, sizeof why);
+        if (rc != CAIRN_OK)
+            cairn_errorf(err, err_len, rc, "cannot load the draft head %s: %s", cfg->draft_path,
+                         why[0] ? why : cairn_strerror(rc));
+    }
+    if (rc != CAIRN_OK) {
+        if (err && err_len && !err[0])
+            cairn_errorf(err, err_len, rc, "%s", cairn_strerror(rc));
+        cairn_runtime_close(rt);
+        return rc;
+    }
+    *out = rt;
+    return CAIRN_OK;
+}
+
+void cairn_runtime_close(cairn_runtime *rt)
+{
+    if (!rt)
+        return;
+    cairn_grammar_vocab_free(rt->grammar_vocab);
+    cairn_eagle_free(rt->draft);
+    cairn_chat_template_free(rt->chat);
+    cairn_vocab_free(rt->vocab);
+    cairn_model_free(rt->model);
+    cairn_backend_destroy(rt->be);
+    pthread_mutex_destroy(&rt->grammar_mu);
+    free(rt->model_path);
+    free(rt);
+}
+
+cairn_backend *cairn_runtime_backend(const cairn_runtime *rt) { return rt->be; }
+cairn_device cairn_runtime_device(const cairn_runtime *rt) { return rt->device; }
+cairn_model *cairn_runtime_model(const cairn_runtime *rt) { return rt->model; }
+const cairn_hparams *cairn_runtime_hparams(const cairn_runtime *rt)
+{
+    return cairn_model_hparams(rt->model);
+}
+const cairn_vocab *cairn_runtime_vocab(const cairn_runtime *rt) { return rt->vocab; }
+const cairn_chat_template *cairn_runtime_chat_template(const cairn_runtime *rt)
+{
+    return rt->chat;
+}
+cairn_eagle *cairn_runtime_draft(const cairn_runtime *rt) { return rt->draft; }
+const char *cairn_runtime_model_path(const cairn_runtime *rt) { return rt->model_path; }
+
+int cairn_runtime_threads(const cairn_runtime *rt)
+{
+    int n = cairn_backend_cpu_threads(rt->be);
+    return n > 0 ? n : 0;
+}
+
+const int32_t *cairn_runtime_turn_end(const cairn_runtime *rt, size_t *n)
+{
+    *n = rt->n_turn_end;
+    return rt->turn_end;
+}
+
+const cairn_grammar_vocab *cairn_runtime_grammar_vocab(cairn_runtime *rt)
+{
+    pthread_mutex_lock(&rt->grammar_mu);
+    if (!rt->grammar_vocab && cairn_grammar_vocab_create(rt->vocab, &rt->grammar_vocab) != CAIRN_OK)
+        rt->grammar_vocab = NULL;
+    const cairn_grammar_vocab *gv = rt->grammar_vocab;
+    pthread_mutex_unlock(&rt->grammar_mu);
+    return gv;
+}

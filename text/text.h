@@ -1,0 +1,417 @@
+/*
+ * text/text.h — everything cairn does with text: tokenizers, chat templates,
+ * tool calls and grammars for structured output.
+ *
+ * Where text meets tokens:
+ *
+ *     messages + tools ──chat template──▶ text with turn markers
+ *                                              │ tokenizer (only the
+ *                                              ▼ template's own markers
+ *     prompt text ───────────────────────▶ token ids       are special)
+ *                                              │
+ *                          engine ─ sampling ◀─┘ masked by a grammar
+ *                                              │ matcher (JSON schema,
+ *                                              ▼ forced tool calls)
+ *     reply text ◀──streaming detokenizer── token ids
+ *         │
+ *         └──tool-call parser──▶ OpenAI tool_calls + remaining content
+ *
+ * Four parts, each an opaque handle with create/free functions:
+ *   cairn_vocab              a tokenizer built from GGUF metadata
+ *                            (SentencePiece or byte-level BPE)
+ *   cairn_detok              streaming detokenizer: only whole UTF-8 out
+ *   cairn_chat_template      a model's chat template, by family
+ *   cairn_grammar (+ matcher, + grammar vocab)  JSON schema -> token masks
+ *
+ * Threads: vocabularies, templates, grammars and grammar vocabularies are
+ * immutable once built, so any number of threads may use one at once (the
+ * server's text workers do); detokenizers and matchers belong to one
+ * sequence and one thread at a time. Text work is never done on the
+ * server's loop thread, nor inside an engine step beyond masking and
+ * detokenizing the tokens a step produced.
+ *
+ * Ownership: a `*_load`/`*_create`/`*_from_*` function gives the caller a
+ * new object, released by the matching `*_free`; strings a function returns
+ * through a `char **` are malloc'ed for the caller. All functions return
+ * CAIRN_OK or a negative status from common/common.h.
+ *
+ * Layering: text/ reads GGUF metadata (gguf/) and never touches a model,
+ * a backend or the cache; the model module never touches text.
+ */
+#ifndef CAIRN_TEXT_H
+#define CAIRN_TEXT_H
+
+#include "common/common.h"
+#include "gguf/gguf.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ======================================================================== */
+/* Vocabulary and tokenizer                                                 */
+/* ======================================================================== */
+/*
+ * Built from `tokenizer.ggml.*` metadata; works on vocab-only GGUF files.
+ *
+ *   model "llama"  SentencePiece: scores, a "▁" space marker, optional space
+ *                  prefix, <0xNN> byte fallback for characters not in vocab.
+ *   model "gpt2"   byte-level BPE: the text is split by the pre-tokenizer
+ *                  named in `tokenizer.ggml.pre` (PCRE2 regexes with Unicode
+ *                  properties), each piece mapped to byte-level symbols and
+ *                  merged by rank from `tokenizer.ggml.merges`.
+ *
+ * Control tokens (<s>, <|im_start|>, ...) are only recognised in the input
+ * text when CAIRN_TOK_PARSE_SPECIAL is given; by default their text is
+ * tokenized as ordinary characters, so user text cannot inject turn markers.
+ * User-defined (added) tokens are always matched, as the reference tokenizers
+ * do (mpt's runs of spaces are such tokens) — except end-of-turn markers
+ * (<|im_end|>, <|eot_id|>, <|end|>, ...), which count as control whatever
+ * type the file gives them. Special matching is leftmost, then longest.
+ */
+
+typedef struct cairn_vocab cairn_vocab;
+
+enum {
+    CAIRN_TOK_ADD_BOS = 1 << 0,       /* prepend BOS (only if the vocab has one) */
+    CAIRN_TOK_PARSE_SPECIAL = 1 << 1, /* match special-token strings in text     */
+};
+
+typedef enum {
+    CAIRN_VOCAB_SPM = 1, /* "llama"  */
+    CAIRN_VOCAB_BPE = 2, /* "gpt2"   */
+} cairn_vocab_kind;
+
+/* Build a vocab from a GGUF's metadata. The vocab copies what it needs; the
+ * gguf may be closed afterwards. */
+int cairn_vocab_load(const cairn_gguf *g, cairn_vocab **out, char *err, size_t err_len);
+void cairn_vocab_free(cairn_vocab *v);
+
+cairn_vocab_kind cairn_vocab_kind_of(const cairn_vocab *v);
+int32_t cairn_vocab_n_tokens(const cairn_vocab *v);
+int32_t cairn_vocab_bos(const cairn_vocab *v); /* -1 when none */
+int32_t cairn_vocab_eos(const cairn_vocab *v); /* -1 when none */
+bool cairn_vocab_add_bos(const cairn_vocab *v); /* the model asks for BOS     */
+/* End of generation: eos, eot, <|im_end|> and the like. */
+bool cairn_vocab_is_eog(const cairn_vocab *v, int32_t token);
+/* The token's stored text (SentencePiece "▁" / byte-level symbols as-is). */
+const char *cairn_vocab_token_text(const cairn_vocab *v, int32_t token);
+
+/* Tokenize `len` bytes of UTF-8 `text` (invalid bytes are treated as single
+ * characters, never rejected; a byte a byte-level vocabulary cannot spell
+ * becomes its unknown token only when that is not a control token, else
+ * U+FFFD — so plain text can never produce an end-of-generation token). Writes at most `cap` ids to `out`; *n_out is
+ * always set to the full count, and CAIRN_ERANGE is returned when it exceeds
+ * `cap`, so a caller can retry with a larger buffer. */
+int cairn_tokenize(const cairn_vocab *v, const char *text, size_t len, int flags, int32_t *out,
+                   size_t cap, size_t *n_out);
+
+/* The bytes a token stands for: "▁" becomes a space, <0xNN> its byte,
+ * byte-level symbols their bytes. Control tokens give "" unless `special`.
+ * Same size contract as cairn_tokenize. The bytes may be part of a UTF-8
+ * character; use cairn_detok to stream text. */
+int cairn_token_to_piece(const cairn_vocab *v, int32_t token, bool special, char *out,
+                         size_t cap, size_t *n_out);
+
+/* Streaming detokenizer: push tokens, get back only complete UTF-8 (bytes of
+ * a character split across tokens are held until it completes; bytes that can
+ * never form valid UTF-8 come out as U+FFFD). The vocab must outlive it. */
+typedef struct cairn_detok cairn_detok;
+int cairn_detok_create(const cairn_vocab *v, bool special, cairn_detok **out);
+void cairn_detok_free(cairn_detok *d);
+/* Appends the text now complete to out (cap bytes; a token never yields more
+ * than 256 bytes plus 3 held ones, so cap >= 260 always suffices). */
+int cairn_detok_push(cairn_detok *d, int32_t token, char *out, size_t cap, size_t *n_out);
+/* Emits whatever is held (as U+FFFD for an incomplete character). */
+int cairn_detok_flush(cairn_detok *d, char *out, size_t cap, size_t *n_out);
+
+/* ======================================================================== */
+/* Chat templates                                                           */
+/* ======================================================================== */
+/*
+ * Instruct models ship a Jinja2 chat template in `tokenizer.chat_template`.
+ * cairn does not interpret Jinja: it recognises the template's family by
+ * markers in its source and formats with a hand-written formatter that
+ * reproduces byte for byte what the Hugging Face rendering (jinja2,
+ * trim_blocks + lstrip_blocks, tojson = json.dumps(ensure_ascii=False)) gives
+ * for that family's reference template:
+ *
+ *   <|im_start|> + <tool_call>   QWEN2   ChatML with a <tools> block,
+ *                                        <tool_call> calls and
+ *                                        <tool_response> results; Qwen2.5's
+ *                                        default system prompt only when the
+ *                                        source has it (Qwen3 and Hermes-style
+ *                                        templates have none). Qwen3's
+ *                                        <think> handling of earlier turns is
+ *                                        not reproduced: their text is kept
+ *                                        as given
+ *   <|im_start|>                 CHATML  plain ChatML turns
+ *   <|start_header_id|>          LLAMA3  3.0 turns; with "Cutting Knowledge
+ *                                        Date" the 3.1+ form (dated system
+ *                                        header, tools in the first user
+ *                                        message, {"name","parameters"} calls,
+ *                                        results as "ipython" turns)
+ *   <start_of_turn>              GEMMA   no system role: its text opens the
+ *                                        first user turn; contents trimmed
+ *   <|assistant|> + <|end|>      PHI3    empty system left out; EOS ends a
+ *                                        render without generation prompt
+ *   [INST]                       LLAMA2  with <<SYS>>: Llama 2 (BOS before
+ *                                        every user turn); else Mistral
+ *                                        v1 ("[INST] u [/INST] a</s>", system
+ *                                        text + "\n\n" opens the first user
+ *                                        message) or, with "[INST]" right
+ *                                        before a quote, v3-tekken/Nemo
+ *                                        ("[INST]u[/INST]a</s>", system text
+ *                                        on the last user message); Mistral
+ *                                        tool formats are not rendered
+ *   anything else / no template  GENERIC "<|ROLE|>\n" content "\n" per
+ *                                        message, "<|assistant|>\n" to prompt
+ *                                        (docs/protocol.md), with a warning
+ *
+ * "developer" is treated as "system". Tool lists are rendered by QWEN2 and
+ * LLAMA3 (3.1+) only; other families ignore them with a warning. Tool-call
+ * arguments given as a JSON string (OpenAI form) are parsed and rendered as
+ * the object the templates expect; a string that is not JSON stays a string.
+ *
+ * BOS: templates that begin with bos_token (Llama 3, Gemma, Llama 2, Mistral)
+ * have it removed from the start of cairn_chat_format's text — the BOS token
+ * belongs to tokenization (CAIRN_TOK_ADD_BOS, cairn_vocab_add_bos), so
+ * tokenizing the text with ADD_BOS | PARSE_SPECIAL gives the reference ids.
+ * BOS written later in the text (Llama 2's every user turn) stays as text.
+ *
+ * A template is immutable once made: safe to share between threads.
+ */
+
+typedef enum {
+    CAIRN_CHAT_GENERIC = 0,
+    CAIRN_CHAT_CHATML,
+    CAIRN_CHAT_QWEN2,  /* chatml + Qwen2.5 tool format */
+    CAIRN_CHAT_LLAMA3,
+    CAIRN_CHAT_LLAMA2, /* [INST], also Mistral */
+    CAIRN_CHAT_GEMMA,
+    CAIRN_CHAT_PHI3,
+} cairn_chat_family;
+
+typedef struct cairn_chat_template cairn_chat_template;
+
+typedef struct {
+    const char *role;            /* "system", "developer" (= system), "user",
+                                    "assistant", "tool"                        */
+    const char *content;         /* UTF-8; NULL counts as ""                  */
+    const char *tool_calls_json; /* assistant: JSON array of OpenAI tool calls
+                                    [{"id","type":"function","function":
+                                    {"name","arguments"}}], or NULL           */
+    const char *tool_call_id;    /* tool: id of the call answered, or NULL    */
+    const char *name;            /* tool: function name, or NULL              */
+} cairn_chat_message;
+
+/* From a GGUF's tokenizer.chat_template (absent: generic, with a warning).
+ * `v` (may be NULL) supplies the BOS/EOS texts. *out is the caller's; free
+ * with cairn_chat_template_free. CAIRN_EFORMAT when the key is not a string. */
+int cairn_chat_template_from_gguf(const cairn_gguf *g, const cairn_vocab *v,
+                                  cairn_chat_template **out);
+/* From template source (NULL or "" = generic). `v` may be NULL: the family's
+ * customary BOS/EOS texts are used then. */
+int cairn_chat_template_from_string(const char *jinja_source, const cairn_vocab *v,
+                                    cairn_chat_template **out);
+void cairn_chat_template_free(cairn_chat_template *t); /* NULL is a no-op */
+cairn_chat_family cairn_chat_template_family(const cairn_chat_template *t);
+const char *cairn_chat_family_name(cairn_chat_family f); /* "qwen2", ... static */
+
+/* The whole conversation as text. tools_json: JSON array of OpenAI tools
+ * [{"type":"function","function":{...}}] or NULL. *out is malloc'ed and
+ * NUL-terminated (caller frees); *out_len (may be NULL) its length.
+ * CAIRN_EINVAL for an unknown role, tools/tool_calls that are not JSON arrays,
+ * or what the family's template refuses (Llama 3.1: tools without a user
+ * message, several calls in one turn). */
+int cairn_chat_format(const cairn_chat_template *t, const cairn_chat_message *msgs,
+                      size_t n_msgs, const char *tools_json, bool add_generation_prompt,
+                      char **out, size_t *out_len);
+
+enum {
+    CAIRN_CHAT_GENERATION_PROMPT = 1 << 0, /* open an assistant turn at the end */
+    CAIRN_CHAT_CONTINUE = 1 << 1, /* the messages continue a conversation already
+                                     in the context: no preamble (BOS, default
+                                     system prompt, tools block, date header) */
+    CAIRN_CHAT_ADD_BOS = 1 << 2,  /* start with BOS (templates that write it
+                                     get it anyway, once)                    */
+};
+
+/* Format and tokenize in one step, safely: only the markers the formatter
+ * itself writes (turn delimiters, BOS/EOS) are parsed as special tokens;
+ * message contents and tool texts are tokenized as plain text, so a message
+ * can never forge a turn marker. For contents without marker text the ids
+ * equal tokenizing cairn_chat_format's text with PARSE_SPECIAL. *tokens is
+ * malloc'ed (caller frees). */
+int cairn_chat_tokenize(const cairn_chat_template *t, const cairn_vocab *v,
+                        const cairn_chat_message *msgs, size_t n_msgs, const char *tools_json,
+                        int flags, int32_t **tokens, size_t *n_tokens);
+
+/* The text that closes an assistant turn in this family ("<|im_end|>\n",
+ * "<|eot_id|>", ...): what follows a generated reply, whose end-of-generation
+ * token is not kept, when the conversation continues. Static or owned by t. */
+const char *cairn_chat_turn_end(const cairn_chat_template *t);
+
+/* Tool calls in a generated assistant text, in the family's native format:
+ * QWEN2 and others <tool_call>\n{"name":..., "arguments":{...}}\n</tool_call>
+ * blocks (a block whose JSON is malformed stays text); LLAMA3 a JSON object
+ * {"name":..., "parameters":...} (after an optional <|python_tag|>; several
+ * may be separated by ';'). On success *calls_json is a malloc'ed JSON array
+ * in OpenAI form [{"id":"<id_prefix><n>","type":"function","function":
+ * {"name", "arguments": "<JSON text>"}}] (n from 0; id_prefix NULL: "call_";
+ * a caller makes ids unique across replies with its own prefix) and
+ * *content the remaining text,
+ * trimmed (malloc'ed, may be ""). CAIRN_ENOTFOUND when the text holds no
+ * tool call (outputs untouched). With `tools_json` (an OpenAI tools array;
+ * NULL: none), a text that is as a whole a bare call object {"name": TOOL,
+ * "arguments"|"parameters": {...}} or an array of them, each naming one of
+ * those tools, is read as calls too (small models answer so, and forced
+ * calls -- cairn_chat_tool_call_schema -- are generated so); CAIRN_EINVAL
+ * when tools_json is not a JSON array. */
+int cairn_chat_parse_tool_calls(const cairn_chat_template *t, const char *text, size_t len,
+                                const char *tools_json, const char *id_prefix, char **calls_json,
+                                char **content);
+
+/* The JSON schema (malloc'ed text in *schema_json, caller frees) of a reply
+ * that is a call of one of `tools_json`'s tools (an OpenAI tools array), for
+ * cairn_grammar_from_json_schema: {"name": TOOL, "arguments": {...}}
+ * ("parameters" instead of "arguments" for the Llama 3 family, whose
+ * template asks for that key), or with `several` also a JSON array of one or
+ * more such calls. The arguments follow each tool's `parameters` schema,
+ * whose $defs and $refs are carried over; a tool whose schema uses what the
+ * grammar does not support gets free-form object arguments (a warning is
+ * logged). cairn_chat_parse_tool_calls with the same tools reads such a reply
+ * back as calls. CAIRN_EINVAL when tools_json is not a non-empty array of
+ * named function tools. */
+int cairn_chat_tool_call_schema(const cairn_chat_template *t, const char *tools_json,
+                                bool several, char **schema_json);
+
+/* OpenAI's tool semantics, for every protocol: `tools_json` (an array of
+ * {"type": "function", "function": {"name", "description"?, "parameters"?}},
+ * or NULL) and `choice_json` (tool_choice as JSON text: "none", "auto",
+ * "required" or {"type": "function", "function": {"name": N}}; NULL = auto)
+ * become the tools to render and parse (*render_json, malloc'ed JSON array,
+ * NULL when there are none: no tools, an empty array, or "none") and what
+ * the reply must be (*mode: OFF when *render_json is NULL; AUTO; REQUIRED,
+ * a call of any of them; NAMED, a call of the one tool left in
+ * *render_json). CAIRN_EINVAL for a malformed value, with a message in err
+ * and the name of the offending field ("tools" or "tool_choice", static)
+ * in *field (may be NULL). */
+typedef enum {
+    CAIRN_TOOLS_OFF = 0,
+    CAIRN_TOOLS_AUTO,
+    CAIRN_TOOLS_REQUIRED,
+    CAIRN_TOOLS_NAMED,
+} cairn_chat_tool_mode;
+
+int cairn_chat_tools_select(const char *tools_json, const char *choice_json, char **render_json,
+                            cairn_chat_tool_mode *mode, const char **field, char *err,
+                            size_t err_len);
+
+/* ======================================================================== */
+/* Grammar-constrained sampling                                             */
+/* ======================================================================== */
+/*
+ * Structured output: a JSON schema is compiled to a byte-level grammar, and a
+ * matcher follows one generation, setting the logits of every token that
+ * cannot continue a valid document to -INFINITY before sampling. Whatever
+ * the sampler then draws, the text parses as JSON and validates against the
+ * schema — provided generation is not cut short by max_tokens.
+ *
+ * Supported JSON Schema subset:
+ *   type           object, array, string, number, integer, boolean, null, or
+ *                  a list of them; no type: inferred from properties/items/
+ *                  minLength..., else any JSON value
+ *   properties, required
+ *                  properties are emitted in schema order; optional ones may
+ *                  be omitted. Only declared properties are ever generated,
+ *                  whatever additionalProperties says (valid either way); a
+ *                  required name missing from properties is refused.
+ *   additionalProperties
+ *                  false/true/absent; a schema is used only for objects
+ *                  without properties (free keys, values of that schema)
+ *   items, minItems, maxItems
+ *   minLength, maxLength   in code points (at most 1024, as are minItems and
+ *                  maxItems); \u escapes of surrogates are never generated
+ *   enum, const    any JSON values, emitted in compact form; values not of
+ *                  the schema's `type` are dropped
+ *   anyOf, oneOf   alternatives; oneOf is treated as anyOf (its branches
+ *                  must be disjoint for the output to validate)
+ *   allOf          with exactly one schema
+ *   $ref           "#", "#/$defs/NAME", "#/definitions/NAME" (recursion ok)
+ *   format         annotation only (JSON Schema 2020-12's default): the
+ *                  string is not checked against the format
+ *   title, description, default, examples, $schema, $id, $comment,
+ *   deprecated, readOnly, writeOnly: ignored (annotations)
+ * Any other keyword (pattern, minimum, maximum, multipleOf, uniqueItems,
+ * prefixItems, not, if/then/else, ...) is refused with CAIRN_EINVAL naming
+ * it, as are $ref/enum/const/anyOf/oneOf combined with other constraints.
+ *
+ * Generated text: optional leading whitespace, then the value, nothing
+ * after it. Whitespace between tokens is bounded (nothing, one space, or a
+ * newline and at most 20 spaces/tabs); integers have at most 16 digits,
+ * fractions 16, exponents 2 — so a model cannot loop on whitespace or
+ * digits. Free-form strings and unbounded arrays are bounded only by the
+ * caller's max_tokens.
+ *
+ * Threads: a cairn_grammar and a cairn_grammar_vocab are immutable after
+ * creation and may be shared by any number of matchers on any threads; a
+ * matcher belongs to one generation and one thread at a time.
+ */
+
+typedef struct cairn_grammar cairn_grammar;
+
+/* Compile `len` bytes of JSON schema text; schema_json NULL: any JSON object
+ * (response_format json_object). CAIRN_EINVAL with a message in err for bad
+ * JSON or unsupported keywords; CAIRN_ERANGE when the grammar would be too
+ * large. The caller owns *out. */
+int cairn_grammar_from_json_schema(const char *schema_json, size_t len, cairn_grammar **out,
+                                   char *err, size_t err_len);
+void cairn_grammar_free(cairn_grammar *g);
+
+/* The bytes of every token of a vocabulary and a byte trie over them, built
+ * once per vocabulary and shared by matchers (building it walks every
+ * token: do it once, not per request). EOG tokens and tokens
+ * without text (control tokens) are never part of a document. The vocab
+ * may be freed afterwards. */
+typedef struct cairn_grammar_vocab cairn_grammar_vocab;
+int cairn_grammar_vocab_create(const cairn_vocab *v, cairn_grammar_vocab **out);
+void cairn_grammar_vocab_free(cairn_grammar_vocab *gv);
+
+typedef struct cairn_grammar_matcher cairn_grammar_matcher;
+
+/* A matcher at the start of a document. `g` (and `gv`) are borrowed and must
+ * outlive it. cairn_grammar_matcher_create builds a private vocab index
+ * from `v` (v may be NULL: then only the byte-level calls work);
+ * create_with shares `gv` (may be NULL likewise). */
+int cairn_grammar_matcher_create(const cairn_grammar *g, const cairn_vocab *v,
+                                 cairn_grammar_matcher **out);
+int cairn_grammar_matcher_create_with(const cairn_grammar *g, const cairn_grammar_vocab *gv,
+                                      cairn_grammar_matcher **out);
+void cairn_grammar_matcher_free(cairn_grammar_matcher *m);
+/* Back to the start of a document. */
+int cairn_grammar_matcher_reset(cairn_grammar_matcher *m);
+
+/* Set logits[t] = -INFINITY for every token t < n_vocab that cannot continue
+ * the document (ids past the vocabulary included). EOG tokens stay allowed
+ * exactly when the document may end here; once it is complete and nothing
+ * can follow, only they do. CAIRN_ENOTFOUND when no token at all is
+ * allowed (the vocabulary cannot spell any continuation); the logits are
+ * masked even then. */
+int cairn_grammar_matcher_mask(cairn_grammar_matcher *m, float *logits, int n_vocab);
+
+/* Advance over a sampled token. CAIRN_EINVAL (state unchanged) for a token
+ * the grammar refuses; an EOG token is accepted (changing nothing) when the
+ * document may end. */
+int cairn_grammar_matcher_accept(cairn_grammar_matcher *m, int32_t token);
+/* The same over raw bytes (tests, validation): all or nothing. */
+int cairn_grammar_matcher_accept_bytes(cairn_grammar_matcher *m, const char *bytes, size_t len);
+/* The text so far is a complete document (more may still follow, e.g. digits). */
+bool cairn_grammar_matcher_can_end(const cairn_grammar_matcher *m);
+/* Complete, and nothing may follow: generation should stop. */
+bool cairn_grammar_matcher_done(const cairn_grammar_matcher *m);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CAIRN_TEXT_H */
