@@ -22,7 +22,8 @@ struct cairn_radix_node {
     cairn_radix_node **children; /* sorted by key                          */
     uint32_t n_children, cap_children;
     uint32_t child_tier_count[CAIRN_TIER_COUNT];
-    uint64_t key;             /* first_page_key() of this node's first page */
+    uint64_t ns;              /* namespace word: the same for a whole subtree */
+    uint64_t key;             /* node_key(): of ns and the first page        */
     int32_t *tokens;          /* [n_pages * page_size]                      */
     cairn_radix_page *pages;  /* [n_pages]                                  */
     size_t n_pages;
@@ -97,10 +98,30 @@ cairn_page_hash cairn_page_hash_next(cairn_page_hash prev, const int32_t *tokens
     return (cairn_page_hash){.lo = h.low64, .hi = h.high64};
 }
 
-/* Key that orders siblings: a plain (unchained) hash of the first page. */
-static uint64_t first_page_key(const int32_t *tokens, int page_size)
+/* Key that orders siblings: a plain (unchained) hash of the first page,
+ * seeded by the namespace word (only the root's children differ in it, but
+ * one rule for every node keeps split and check simple). */
+static uint64_t node_key(uint64_t ns, const int32_t *tokens, int page_size)
 {
-    return XXH3_64bits(tokens, (size_t)page_size * sizeof(int32_t));
+    return XXH3_64bits_withSeed(tokens, (size_t)page_size * sizeof(int32_t), ns);
+}
+
+cairn_page_hash cairn_radix_ns_seed(const cairn_radix *t, uint64_t ns)
+{
+    if (ns == 0)
+        return t->seed;
+    /* the word as two little-endian int32 "tokens" after the seed */
+    const int32_t word[2] = {(int32_t)(uint32_t)ns, (int32_t)(uint32_t)(ns >> 32)};
+    return cairn_page_hash_next(t->seed, word, 2);
+}
+
+/* h_{i-1} for the first page of `n`: the end of its parent, or the seed of
+ * its namespace under the root. */
+static cairn_page_hash chain_start(const cairn_radix *t, const cairn_radix_node *parent,
+                                   uint64_t ns)
+{
+    return parent == &t->root ? cairn_radix_ns_seed(t, ns)
+                              : parent->pages[parent->n_pages - 1].hash;
 }
 
 /* ---- heaps -------------------------------------------------------------- */
@@ -232,11 +253,12 @@ static size_t child_lower_bound(const cairn_radix_node *n, uint64_t key)
 }
 
 static cairn_radix_node *find_child(const cairn_radix *t, const cairn_radix_node *n,
-                                    const int32_t *page, uint64_t key)
+                                    uint64_t ns, const int32_t *page)
 {
+    const uint64_t key = node_key(ns, page, t->page_size);
     size_t bytes = (size_t)t->page_size * sizeof(int32_t);
     for (size_t i = child_lower_bound(n, key); i < n->n_children && n->children[i]->key == key; i++)
-        if (memcmp(n->children[i]->tokens, page, bytes) == 0)
+        if (n->children[i]->ns == ns && memcmp(n->children[i]->tokens, page, bytes) == 0)
             return n->children[i];
     return NULL;
 }
@@ -378,6 +400,7 @@ static int split_node(cairn_radix *t, cairn_radix_node *n, size_t at, cairn_radi
     p->tokens = n->tokens;
     p->pages = n->pages;
     p->n_pages = at;
+    p->ns = n->ns;
     p->key = n->key;
     p->parent = n->parent;
     p->depth = n->depth - (n->n_pages - at);
@@ -395,7 +418,7 @@ static int split_node(cairn_radix *t, cairn_radix_node *n, size_t at, cairn_radi
     n->tokens = rest_tokens;
     n->pages = rest_pages;
     n->n_pages -= at;
-    n->key = first_page_key(rest_tokens, t->page_size);
+    n->key = node_key(n->ns, rest_tokens, t->page_size);
     add_child(p, n);
 
     t->n_nodes++;
@@ -418,8 +441,8 @@ int cairn_radix_split(cairn_radix *t, cairn_radix_node *node, size_t at, cairn_r
 /* ---- match / insert ----------------------------------------------------- */
 
 /* Walk as far as whole pages match; split where the match ends mid-node. */
-static int walk(cairn_radix *t, const int32_t *tokens, size_t n_pages_in, cairn_radix_node **end,
-                size_t *matched_out)
+static int walk(cairn_radix *t, uint64_t ns, const int32_t *tokens, size_t n_pages_in,
+                cairn_radix_node **end, size_t *matched_out)
 {
     size_t ps = (size_t)t->page_size;
     cairn_radix_node *n = &t->root;
@@ -427,7 +450,7 @@ static int walk(cairn_radix *t, const int32_t *tokens, size_t n_pages_in, cairn_
     int rc = CAIRN_OK;
     while (matched < n_pages_in) {
         const int32_t *page = tokens + matched * ps;
-        cairn_radix_node *c = find_child(t, n, page, first_page_key(page, t->page_size));
+        cairn_radix_node *c = find_child(t, n, ns, page);
         if (!c)
             break;
         size_t k = 1;
@@ -451,22 +474,23 @@ static int walk(cairn_radix *t, const int32_t *tokens, size_t n_pages_in, cairn_
     return rc;
 }
 
-int cairn_radix_match(cairn_radix *t, const int32_t *tokens, size_t n_tokens,
+int cairn_radix_match(cairn_radix *t, uint64_t ns, const int32_t *tokens, size_t n_tokens,
                       cairn_radix_match_result *out)
 {
     if (!t || (!tokens && n_tokens) || !out)
         return CAIRN_EINVAL;
     cairn_radix_node *end;
     size_t matched;
-    int rc = walk(t, tokens, n_tokens / (size_t)t->page_size, &end, &matched);
+    int rc = walk(t, ns, tokens, n_tokens / (size_t)t->page_size, &end, &matched);
     touch_path(t, end);
     out->node = end;
     out->n_pages = matched;
-    out->last_hash = end == &t->root ? t->seed : end->pages[end->n_pages - 1].hash;
+    out->last_hash = end == &t->root ? cairn_radix_ns_seed(t, ns)
+                                     : end->pages[end->n_pages - 1].hash;
     return rc;
 }
 
-int cairn_radix_insert(cairn_radix *t, const int32_t *tokens, size_t n_pages,
+int cairn_radix_insert(cairn_radix *t, uint64_t ns, const int32_t *tokens, size_t n_pages,
                        const int32_t *device_pages, size_t *n_cached, cairn_radix_node **leaf)
 {
     if (!t || (!tokens && n_pages) || (!device_pages && n_pages) || !n_cached)
@@ -474,7 +498,7 @@ int cairn_radix_insert(cairn_radix *t, const int32_t *tokens, size_t n_pages,
     size_t ps = (size_t)t->page_size;
     cairn_radix_node *end;
     size_t matched;
-    int rc = walk(t, tokens, n_pages, &end, &matched);
+    int rc = walk(t, ns, tokens, n_pages, &end, &matched);
     if (rc)
         return rc;
     /* Only the pages the tree will take must be real; a split done by the
@@ -494,7 +518,7 @@ int cairn_radix_insert(cairn_radix *t, const int32_t *tokens, size_t n_pages,
             return CAIRN_ENOMEM;
         }
         memcpy(toks, tokens + matched * ps, add * ps * sizeof *toks);
-        cairn_page_hash h = end == &t->root ? t->seed : end->pages[end->n_pages - 1].hash;
+        cairn_page_hash h = chain_start(t, end, ns);
         for (size_t i = 0; i < add; i++) {
             h = cairn_page_hash_next(h, toks + i * ps, ps);
             pages[i] = (cairn_radix_page){
@@ -503,7 +527,8 @@ int cairn_radix_insert(cairn_radix *t, const int32_t *tokens, size_t n_pages,
         n->tokens = toks;
         n->pages = pages;
         n->n_pages = add;
-        n->key = first_page_key(toks, t->page_size);
+        n->ns = ns;
+        n->key = node_key(ns, toks, t->page_size);
         n->depth = end->depth + add;
         n->tier = CAIRN_TIER_DEVICE;
         n->heap_pos = -1;
@@ -634,6 +659,7 @@ int cairn_radix_drop(cairn_radix *t, cairn_radix_node *node, size_t keep,
 cairn_radix_node *cairn_radix_root(const cairn_radix *t) { return t ? (cairn_radix_node *)&t->root : NULL; }
 cairn_radix_node *cairn_radix_parent(const cairn_radix_node *n) { return n ? n->parent : NULL; }
 int cairn_radix_node_tier(const cairn_radix_node *n) { return n ? n->tier : -1; }
+uint64_t cairn_radix_node_ns(const cairn_radix_node *n) { return n ? n->ns : 0; }
 int32_t cairn_radix_node_refs(const cairn_radix_node *n) { return n ? n->refs : 0; }
 size_t cairn_radix_node_n_children(const cairn_radix_node *n) { return n ? n->n_children : 0; }
 size_t cairn_radix_node_depth(const cairn_radix_node *n) { return n ? n->depth : 0; }
@@ -728,9 +754,10 @@ static int check_node(cairn_radix_node *n, void *user)
         c->locked++;
     if (n->n_pages == 0 || n->depth != n->parent->depth + n->n_pages)
         return c->bad = 1;
-    if (n->key != first_page_key(n->tokens, t->page_size))
+    if (n->key != node_key(n->ns, n->tokens, t->page_size) ||
+        (n->parent != &t->root && n->ns != n->parent->ns))
         return c->bad = 2;
-    cairn_page_hash h = n->parent == &t->root ? t->seed : n->parent->pages[n->parent->n_pages - 1].hash;
+    cairn_page_hash h = chain_start(t, n->parent, n->ns);
     for (size_t i = 0; i < n->n_pages; i++) {
         h = cairn_page_hash_next(h, n->tokens + i * ps, ps);
         if (!cairn_page_hash_equal(h, n->pages[i].hash))

@@ -71,11 +71,24 @@
  * Recency is a counter bumped by every match and insert along the whole path,
  * so an ancestor is never older than its descendants.
  *
- * Page hash. h_i = XXH3-128(h_{i-1} || tokens of page i) with h_{-1} = the
- * seed given at creation (the store derives it from the model, KV layout and
- * tenant: cairn_page_namespace_hash). Tokens are hashed as little-endian
- * int32, the canonical 16-byte big-endian form of h_{i-1} is prefixed, so the
- * value is the same in every process and on every (little-endian) machine.
+ * Namespaces. Every key starts with a 64-bit namespace word (a tenant: 0 is
+ * "shared by everyone"). Sequences of different namespaces never share a
+ * node, however equal their tokens: the root's children are told apart by
+ * (namespace, first page), and everything below a child inherits its
+ * namespace:
+ *
+ *            (root)
+ *            /     \
+ *    ns 0 [abcd]   ns 7 [abcd]      same tokens, two tenants: two subtrees
+ *
+ * Page hash. h_i = XXH3-128(h_{i-1} || tokens of page i) with h_{-1} =
+ * cairn_radix_ns_seed(ns): the seed given at creation (the store derives it
+ * from the model and KV layout: cairn_page_namespace_hash) for namespace 0,
+ * and for another namespace the seed chained once more over the word (as
+ * two little-endian int32), so a namespace's pages have keys of their own
+ * on disk too. Tokens are hashed as little-endian int32, the canonical
+ * 16-byte big-endian form of h_{i-1} is prefixed, so the value is the same in
+ * every process and on every (little-endian) machine.
  *
  * Ownership, lifetime, threads
  * ----------------------------
@@ -143,6 +156,9 @@ void cairn_radix_free(cairn_radix *t);
 
 int cairn_radix_page_size(const cairn_radix *t);
 
+/* h_{-1} of namespace `ns` (see "Page hash" above). */
+cairn_page_hash cairn_radix_ns_seed(const cairn_radix *t, uint64_t ns);
+
 /* ---- match and insert --------------------------------------------------- */
 
 typedef struct {
@@ -153,16 +169,16 @@ typedef struct {
                                   the chain from here to look further on disk    */
 } cairn_radix_match_result;
 
-/* Longest cached prefix of tokens[0..n_tokens), in whole pages. Splits the
+/* Longest cached prefix of tokens[0..n_tokens) in namespace `ns`, in whole pages. Splits the
  * node where the match ends inside one, and marks the matched path as used
  * now. The result may name pages in any tier; the caller promotes what it
  * needs. Errors: CAIRN_EINVAL, CAIRN_ENOMEM (a split failed; *out then
  * describes the match up to the last whole node). */
-int cairn_radix_match(cairn_radix *t, const int32_t *tokens, size_t n_tokens,
+int cairn_radix_match(cairn_radix *t, uint64_t ns, const int32_t *tokens, size_t n_tokens,
                       cairn_radix_match_result *out);
 
 /* Insert the first n_pages whole pages of `tokens` (n_pages * page_size
- * tokens), whose KV is in tier-0 pages device_pages[0..n_pages).
+ * tokens) in namespace `ns`, whose KV is in tier-0 pages device_pages[0..n_pages).
  *
  * *n_cached receives how many leading pages the tree already had; for those
  * the ids are not read (pass -1 for pages the caller has no copy of). The tree
@@ -172,7 +188,7 @@ int cairn_radix_match(cairn_radix *t, const int32_t *tokens, size_t n_tokens,
  * and must not be released). *leaf (optional) receives the node that ends at
  * page n_pages (the root when n_pages == 0). Errors: CAIRN_EINVAL,
  * CAIRN_ENOMEM (nothing taken, *n_cached and *leaf untouched). */
-int cairn_radix_insert(cairn_radix *t, const int32_t *tokens, size_t n_pages,
+int cairn_radix_insert(cairn_radix *t, uint64_t ns, const int32_t *tokens, size_t n_pages,
                        const int32_t *device_pages, size_t *n_cached, cairn_radix_node **leaf);
 
 /* Split `node` after its first `at` pages (0 < at < pages of node). *prefix
@@ -218,6 +234,7 @@ int cairn_radix_drop(cairn_radix *t, cairn_radix_node *node, size_t keep,
 cairn_radix_node *cairn_radix_root(const cairn_radix *t);
 cairn_radix_node *cairn_radix_parent(const cairn_radix_node *node); /* NULL for the root */
 int cairn_radix_node_tier(const cairn_radix_node *node);
+uint64_t cairn_radix_node_ns(const cairn_radix_node *node); /* 0 for the root */
 int32_t cairn_radix_node_refs(const cairn_radix_node *node);
 size_t cairn_radix_node_n_children(const cairn_radix_node *node);
 /* Pages from the root to the end of this node. */

@@ -22,7 +22,6 @@
  */
 #include "session/session.h"
 
-#include "radix/radix.h"
 #include "store/store.h"
 
 #include <pthread.h>
@@ -154,7 +153,7 @@ typedef struct job {
     size_t n_computed;       /* tokens of seq whose KV is in pages            */
     bool admitted_once;
     int64_t cached_tokens;   /* reported: matched at the first admission      */
-    cairn_radix_node *locked;
+    cairn_kv_hold *hold;     /* the cached prefix it started from (locked) */
     size_t n_tree_pages;     /* pages[0 .. n_tree_pages) belong to the tree   */
     int32_t *pages;          /* page table; the rest were allocated by the job */
     size_t n_pages, pages_cap;
@@ -209,8 +208,6 @@ struct cairn_service {
     const int32_t *turn_end;   /* the template's turn end, tokenized (the runtime's) */
     size_t n_turn_end;
     cairn_kvcache *cache;
-    cairn_radix *tree;
-    cairn_page_pool *device;
     cairn_kv_layout kv;
     int n_ctx, n_vocab, page_size;
     bool prefix_cache;
@@ -360,61 +357,17 @@ static int job_reserve_pages(job *j, size_t n)
     return CAIRN_OK;
 }
 
-/* The job's first n tokens as the cache knows them: as they are without
- * tenants, else each tagged with 7 bits of a PRNG keyed by the tenant and the
- * position (see session.h), in a scratch buffer valid until the next call. */
-static uint64_t splitmix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
-static const int32_t *cache_key(cairn_service *s, const struct job *j, size_t n)
-{
-    uint64_t tenant = j->req->tenant;
-    if (tenant == 0)
-        return j->seq.v;
-    s->key.n = 0;
-    if (tokvec_reserve(&s->key, n) != CAIRN_OK)
-        return NULL; /* callers treat a NULL key as a failed lookup */
-    for (size_t i = 0; i < n; i++) {
-        uint32_t tag = (uint32_t)(splitmix64(tenant ^ splitmix64(i)) >> 57); /* 7 bits */
-        s->key.v[i] = (int32_t)((uint32_t)j->seq.v[i] | tag << 24);
-    }
-    s->key.n = n;
-    return s->key.v;
-}
-
 /* Hand the job's computed whole pages to the tree and give back the rest.
  * Returns the tree node that ends at the job's last whole page (NULL when
  * none was inserted). */
-static cairn_radix_node *job_release_pages(cairn_service *s, job *j)
+static cairn_kv_hold *job_release_pages(cairn_service *s, job *j)
 {
-    cairn_radix_node *leaf = NULL;
-    size_t ps = (size_t)s->page_size;
-    size_t n_full = j->n_computed / ps;
-    if (n_full > j->n_pages)
-        n_full = j->n_pages;
-    size_t from = j->n_tree_pages; /* first page the job owns */
-    if (s->prefix_cache && n_full > 0) {
-        size_t n_cached = 0;
-        if (cairn_radix_insert(s->tree, cache_key(s, j, n_full * ps), n_full, j->pages, &n_cached,
-                               &leaf) ==
-            CAIRN_OK) {
-            /* pages [from, n_cached) duplicate what the tree already had */
-            if (n_cached > from)
-                cairn_page_pool_release(s->device, (int32_t)(n_cached - from), j->pages + from);
-            from = n_cached > from ? n_cached : from;
-            from = from > n_full ? from : n_full; /* [.., n_full) now the tree's */
-        }
-    }
-    if (j->n_pages > from)
-        cairn_page_pool_release(s->device, (int32_t)(j->n_pages - from), j->pages + from);
-    if (j->locked)
-        cairn_radix_unlock(s->tree, j->locked);
-    j->locked = NULL;
+    size_t n_full = j->n_computed / (size_t)s->page_size;
+    cairn_kv_hold *leaf = NULL;
+    /* a sequence's cache key is its tokens in its tenant's namespace */
+    cairn_kvcache_commit(s->cache, j->req->tenant, s->prefix_cache ? j->seq.v : NULL, n_full,
+                         j->pages, j->n_tree_pages, j->n_pages, j->hold, &leaf);
+    j->hold = NULL;
     j->n_pages = j->n_tree_pages = 0;
     j->n_computed = 0;
     return leaf;
@@ -430,13 +383,9 @@ static int job_ensure_pages(cairn_service *s, job *j, size_t n_tokens)
     int rc = job_reserve_pages(j, need);
     if (rc)
         return rc;
-    size_t before = cairn_page_pool_available(s->device);
     rc = cairn_kvcache_alloc(s->cache, (int32_t)(need - j->n_pages), j->pages + j->n_pages);
     if (rc)
         return rc;
-    size_t got = need - j->n_pages;
-    if (before < got)
-        s->stats.evicted_pages += got - before;
     j->n_pages = need;
     return CAIRN_OK;
 }
@@ -629,7 +578,7 @@ static void emit_generation_done(cairn_service *s, job *j)
 
 static void job_finish(cairn_service *s, job *j, bool emit_event)
 {
-    cairn_radix_node *leaf = job_release_pages(s, j);
+    cairn_kv_hold *leaf = job_release_pages(s, j);
     s->pages_tight = false; /* its pages are free to be evicted now */
     session *x = j->sess;
     if (x) {
@@ -891,15 +840,14 @@ static job *find_job(cairn_service *s, uint64_t client, uint64_t id)
 static void fill_stats(cairn_service *s, cairn_service_stats *st)
 {
     *st = s->stats;
-    cairn_radix_stats rs;
-    cairn_radix_get_stats(s->tree, &rs);
-    for (int t = 0; t < 3; t++)
-        st->pages[t] = rs.pages[t];
-    st->device_pages_total = (uint64_t)cairn_page_pool_capacity(s->device);
-    st->device_pages_free = (uint64_t)cairn_page_pool_available(s->device);
-    st->running = (uint64_t)(s->n_running + s->n_fetching);
     cairn_kvcache_stats ks;
     cairn_kvcache_get_stats(s->cache, &ks);
+    for (int t = 0; t < 3; t++)
+        st->pages[t] = ks.tree_pages[t];
+    st->device_pages_total = ks.tier[CAIRN_TIER_DEVICE].capacity_pages;
+    st->device_pages_free = ks.tier[CAIRN_TIER_DEVICE].free_pages;
+    st->evicted_pages = ks.evicted_pages[CAIRN_TIER_DEVICE];
+    st->running = (uint64_t)(s->n_running + s->n_fetching);
     for (int t = 0; t < 3; t++) {
         const cairn_kvcache_tier_stats *k = &ks.tier[t];
         st->tiers[t] = (cairn_service_tier_stats){
@@ -1098,21 +1046,12 @@ static void job_adopt(cairn_service *s, job *j, const cairn_kvcache_event *ev)
 {
     j->n_computed = 0;
     j->n_tree_pages = j->n_pages = 0;
-    j->locked = NULL;
+    j->hold = ev ? ev->node : NULL;
     size_t resident = ev ? ev->resident_pages : 0;
-    if (ev && ev->node && ev->node != cairn_radix_root(s->tree))
-        j->locked = ev->node;
     if (resident > 0) {
-        cairn_radix_page **path = malloc(resident * sizeof *path);
-        size_t n_path = 0;
-        if (!path || job_reserve_pages(j, resident) != CAIRN_OK ||
-            cairn_radix_path(ev->node, path, resident, &n_path) != CAIRN_OK || n_path != resident) {
+        if (job_reserve_pages(j, resident) != CAIRN_OK ||
+            cairn_kvcache_held_pages(s->cache, j->hold, resident, j->pages) != CAIRN_OK)
             resident = 0; /* cannot use it: compute everything */
-        } else {
-            for (size_t i = 0; i < resident; i++)
-                j->pages[i] = path[i]->device_page;
-        }
-        free(path);
         j->n_tree_pages = j->n_pages = resident;
         j->n_computed = resident * (size_t)s->page_size;
     }
@@ -1120,7 +1059,7 @@ static void job_adopt(cairn_service *s, job *j, const cairn_kvcache_event *ev)
         /* head rows of the matched pages are valid (engine.h); pages[] must
          * exist even when empty, capacity is set before every use */
         if (job_reserve_pages(j, 1) != CAIRN_OK ||
-            cairn_eagle_seq_adopt(j->spec, cairn_page_pool_base(s->device), &s->kv, j->pages,
+            cairn_eagle_seq_adopt(j->spec, cairn_kvcache_kv_base(s->cache), &s->kv, j->pages,
                                   (int)(j->n_pages * (size_t)s->page_size), j->seq.v,
                                   (int)j->seq.n, (int)j->n_computed) != CAIRN_OK)
             j->spec_failed = true;
@@ -1212,7 +1151,7 @@ static void admit(cairn_service *s)
         if (s->prefix_cache && j->seq.n >= 2) {
             j->cookie = ++s->next_cookie;
             /* leave the last token out: it must be computed for its logits */
-            if (cairn_kvcache_fetch(s->cache, cache_key(s, j, j->seq.n - 1), j->seq.n - 1,
+            if (cairn_kvcache_fetch(s->cache, j->req->tenant, j->seq.v, j->seq.n - 1,
                                     SIZE_MAX, j->cookie) == CAIRN_OK) {
                 s->fetching[s->n_fetching++] = j;
                 continue;
@@ -1550,10 +1489,10 @@ static void step(cairn_service *s)
         n_tokens += s->batch[b].n_tokens;
     double t0 = cairn_now();
     /* with a head, every token's feature: the head runs over all of them */
-    int rc = s->eagle ? cairn_model_forward_features(s->model, cairn_page_pool_base(s->device),
+    int rc = s->eagle ? cairn_model_forward_features(s->model, cairn_kvcache_kv_base(s->cache),
                                                      &s->kv, s->batch, n, s->logits, s->features,
                                                      &n_out)
-                      : cairn_model_forward(s->model, cairn_page_pool_base(s->device), &s->kv,
+                      : cairn_model_forward(s->model, cairn_kvcache_kv_base(s->cache), &s->kv,
                                             s->batch, n, s->logits, NULL, &n_out);
     /* Steps with real prefill measure how fast tokens are computed; the
      * cache weighs that against load times to decide what to load. */
@@ -1829,8 +1768,6 @@ int cairn_service_start(const cairn_service_config *cfg, cairn_service **out, ch
     if ((rc = cairn_page_namespace_hash(&ns, &kc.ns)) ||
         (rc = cairn_kvcache_create(&kc, &s->cache, err, err_len)))
         goto fail;
-    s->tree = cairn_kvcache_tree(s->cache);
-    s->device = cairn_kvcache_device_pool(s->cache);
 
     s->n_buckets = 1024;
     s->buckets = calloc(s->n_buckets, sizeof *s->buckets);
@@ -1843,7 +1780,7 @@ int cairn_service_start(const cairn_service_config *cfg, cairn_service **out, ch
         rc = CAIRN_ENOMEM;
         goto fail;
     }
-    s->have_disk = cairn_kvcache_disk(s->cache) != NULL;
+    s->have_disk = cairn_kvcache_has_disk(s->cache);
     if (c->load_policy != CAIRN_LOAD_MEASURED) {
         /* Pinned rates: a recompute that takes ~forever (always load), or a
          * load that does (never load). */
@@ -1855,7 +1792,7 @@ int cairn_service_start(const cairn_service_config *cfg, cairn_service **out, ch
         cairn_kvcache_override_rates(s->cache, &r);
     }
     if (s->have_disk) {
-        cairn_disk_record_iterate(cairn_kvcache_disk(s->cache), load_record, s);
+        cairn_kvcache_record_iterate(s->cache, load_record, s);
         if (s->n_sessions)
             cairn_log(CAIRN_LOG_INFO, "service: %zu sessions restored from %s", s->n_sessions,
                       c->cache_dir);
@@ -1867,7 +1804,7 @@ int cairn_service_start(const cairn_service_config *cfg, cairn_service **out, ch
     s->thread_started = true;
     cairn_log(CAIRN_LOG_INFO, "service: %s, KV %zu pages of %d tokens (%.1f MiB), context %d, "
               "batch %d tokens / %d sequences, prefix cache %s; host tier %.1f MiB, disk tier %s",
-              hp->name, (size_t)cairn_page_pool_capacity(s->device), c->page_size,
+              hp->name, (size_t)(c->kv_bytes / s->kv.page_bytes), c->page_size,
               (double)c->kv_bytes / (1 << 20), s->n_ctx, c->max_batch_tokens, c->max_seqs,
               s->prefix_cache ? "on" : "off", (double)c->host_bytes / (1 << 20),
               c->cache_dir ? c->cache_dir : "off");
@@ -1930,7 +1867,6 @@ void cairn_service_stop(cairn_service *s)
                 session_destroy(s, s->buckets[b]);
         free(s->buckets);
     }
-    free(s->key.v);
     free(s->running);
     free(s->fetching);
     free(s->batch);

@@ -77,13 +77,12 @@
  * namespace includes the head's fingerprint (and the layout its extra
  * layer), so pages written by a server without this head are never found.
  *
- * Tenants. A request's `tenant` (a 64-bit value the protocol derives from the
- * tenant's name, cairn_tenant_id in protocol/protocol.h; 0 = none) scopes it: another tenant's session is
- * "not found", and the cache keys of every page are tagged with the tenant:
- * token t at position i is looked up as t | tag(tenant, i) << 24, with 7 tag
- * bits per token from a keyed PRNG, so tenants' trees part at their first
- * page (112 bits of tag in a 16-token page) and their disk keys (chained
- * hashes over tagged tokens) never meet. Vocabularies are below 2^24.
+ * Tenants. A request's `tenant` (a 64-bit value the server derives from the
+ * tenant's name, cairn_tenant_id in server/server.h; 0 = none) scopes it:
+ * another tenant's session is "not found", and every page it computes or
+ * finds is keyed in the tenant's own namespace of the cache (the namespace
+ * word of radix.h, given to cairn_kvcache_fetch / _commit): tenants share no
+ * page, in memory or on disk, however equal their prompts.
  *
  * Threads and ownership. cairn_service_start/stop are called by the owner
  * thread. cairn_service_submit is thread-safe and takes ownership of the

@@ -81,6 +81,7 @@ typedef struct {
     cairn_radix_node *node; /* locked by the op; its path is (being made) resident */
     bool promoting;         /* waiting for the in-memory path's loads */
     int status;
+    uint64_t ns;            /* the namespace the tokens are looked up in */
     int32_t *tokens;        /* [n_target * page_size] */
     size_t n_lookup;        /* tokens the request asked about (hit/miss stats) */
     size_t n_target;        /* pages the op wants on the device */
@@ -251,6 +252,92 @@ cairn_radix *cairn_kvcache_tree(cairn_kvcache *c) { return c ? c->tree : NULL; }
 cairn_page_pool *cairn_kvcache_device_pool(cairn_kvcache *c) { return c ? c->dev : NULL; }
 cairn_host_pool *cairn_kvcache_host_pool(cairn_kvcache *c) { return c ? c->host : NULL; }
 cairn_disk *cairn_kvcache_disk(cairn_kvcache *c) { return c ? c->disk : NULL; }
+
+/* ---- the engine's sequences ------------------------------------------------ */
+
+void *cairn_kvcache_kv_base(const cairn_kvcache *c) { return cairn_page_pool_base(c->dev); }
+const cairn_kv_layout *cairn_kvcache_layout(const cairn_kvcache *c) { return &c->L; }
+bool cairn_kvcache_has_disk(const cairn_kvcache *c) { return c && c->disk; }
+
+int cairn_kvcache_held_pages(cairn_kvcache *c, cairn_kv_hold *hold, size_t n, int32_t *pages)
+{
+    if (!c || !hold || (n && !pages))
+        return CAIRN_EINVAL;
+    if (n == 0)
+        return CAIRN_OK;
+    if (n > c->path_cap) {
+        cairn_radix_page **p = realloc(c->path, n * sizeof *p);
+        if (!p)
+            return CAIRN_ENOMEM;
+        c->path = p;
+        c->path_cap = n;
+    }
+    size_t got = 0;
+    int rc = cairn_radix_path(hold, c->path, n, &got);
+    if (rc == CAIRN_OK && got != n)
+        rc = CAIRN_EINVAL;
+    for (size_t i = 0; rc == CAIRN_OK && i < n; i++) {
+        if (c->path[i]->device_page < 0)
+            return CAIRN_EINVAL; /* a hold's path is on the device */
+        pages[i] = c->path[i]->device_page;
+    }
+    return rc;
+}
+
+int cairn_kvcache_release(cairn_kvcache *c, cairn_kv_hold *hold)
+{
+    if (!c || !hold)
+        return CAIRN_EINVAL;
+    return cairn_radix_unlock(c->tree, hold);
+}
+
+void cairn_kvcache_free_pages(cairn_kvcache *c, int32_t n, const int32_t *pages)
+{
+    if (c && n > 0)
+        cairn_page_pool_release(c->dev, n, pages);
+}
+
+int cairn_kvcache_commit(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, size_t n_full,
+                         const int32_t *pages, size_t n_held, size_t n_pages,
+                         cairn_kv_hold *hold, cairn_kv_hold **leaf)
+{
+    if (!c || (n_pages && !pages) || n_held > n_pages)
+        return CAIRN_EINVAL;
+    cairn_radix_node *end = NULL;
+    size_t from = n_held; /* the first page the caller owns */
+    if (n_full > n_pages)
+        n_full = n_pages;
+    int rc = CAIRN_OK;
+    if (tokens && n_full > 0) {
+        size_t n_cached = 0;
+        rc = cairn_radix_insert(c->tree, ns, tokens, n_full, pages, &n_cached, &end);
+        if (rc == CAIRN_OK) {
+            /* pages [from, n_cached) duplicate what the tree already had */
+            if (n_cached > from)
+                cairn_page_pool_release(c->dev, (int32_t)(n_cached - from), pages + from);
+            from = n_cached > from ? n_cached : from;
+            from = from > n_full ? from : n_full; /* [.., n_full) are the tree's now */
+        } else {
+            end = NULL;
+        }
+    }
+    if (n_pages > from)
+        cairn_page_pool_release(c->dev, (int32_t)(n_pages - from), pages + from);
+    if (hold)
+        cairn_radix_unlock(c->tree, hold);
+    if (leaf)
+        *leaf = end;
+    return rc;
+}
+
+int cairn_kvcache_record_iterate(cairn_kvcache *c, cairn_disk_record_fn fn, void *user)
+{
+    if (!c || !fn)
+        return CAIRN_EINVAL;
+    if (!c->disk)
+        return CAIRN_EUNSUPPORTED;
+    return cairn_disk_record_iterate(c->disk, fn, user);
+}
 
 
 /* ---- helpers ------------------------------------------------------------ */
@@ -875,7 +962,7 @@ static void queue_round(cairn_kvcache *c, fetch_op *op, bool first)
     size_t want = avail > floor_n ? avail : floor_n;
     if (want > remaining)
         want = remaining;
-    cairn_page_hash h = c->ns;
+    cairn_page_hash h = cairn_radix_ns_seed(c->tree, op->ns);
     if (cairn_radix_parent(op->node)) {
         cairn_radix_page *pg;
         size_t np = cairn_radix_node_pages(op->node, &pg);
@@ -949,7 +1036,8 @@ static bool absorb_round(cairn_kvcache *c, fetch_op *op)
     }
     size_t n_cached;
     cairn_radix_node *leaf;
-    if (cairn_radix_insert(c->tree, op->tokens, base + got, ids, &n_cached, &leaf) != CAIRN_OK) {
+    if (cairn_radix_insert(c->tree, op->ns, op->tokens, base + got, ids, &n_cached, &leaf) !=
+        CAIRN_OK) {
         cairn_page_pool_release(c->dev, (int32_t)got, ids + base);
         free(ids);
         op->status = CAIRN_ENOMEM;
@@ -1047,8 +1135,8 @@ static bool advance_fetch(cairn_kvcache *c, fetch_op *op, double fence_seconds)
             if (st == CAIRN_ENOTFOUND) {
                 op->lost++;
                 /* The pages from the lost one on are no use to anyone. */
-                cairn_kvcache_forget(c, op->tokens, op->n_target * (size_t)c->L.page_size,
-                                     lost_at);
+                cairn_kvcache_forget(c, op->ns, op->tokens,
+                                     op->n_target * (size_t)c->L.page_size, lost_at);
             }
             release_round(c, op);
         }
@@ -1067,7 +1155,7 @@ static bool advance_fetch(cairn_kvcache *c, fetch_op *op, double fence_seconds)
     return true;
 }
 
-int cairn_kvcache_fetch(cairn_kvcache *c, const int32_t *tokens, size_t n_tokens,
+int cairn_kvcache_fetch(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, size_t n_tokens,
                         size_t max_pages, uint64_t cookie)
 {
     if (!c || (!tokens && n_tokens))
@@ -1083,10 +1171,11 @@ int cairn_kvcache_fetch(cairn_kvcache *c, const int32_t *tokens, size_t n_tokens
     if (!op)
         return CAIRN_ENOMEM;
     op->cookie = cookie;
+    op->ns = ns;
     op->n_lookup = n_lookup;
 
     cairn_radix_match_result m;
-    int rc = cairn_radix_match(c->tree, tokens, n_pages * ps, &m);
+    int rc = cairn_radix_match(c->tree, ns, tokens, n_pages * ps, &m);
     if (rc != CAIRN_OK && rc != CAIRN_ENOMEM) {
         free(op);
         return rc;
@@ -1125,7 +1214,7 @@ int cairn_kvcache_fetch(cairn_kvcache *c, const int32_t *tokens, size_t n_tokens
             break; /* someone holds it: just stop before it */
         c->stats.lost_pages++;
         op->lost++;
-        rc = cairn_radix_match(c->tree, tokens, n_pages * ps, &m);
+        rc = cairn_radix_match(c->tree, ns, tokens, n_pages * ps, &m);
         if (rc != CAIRN_OK && rc != CAIRN_ENOMEM) {
             free(op);
             return rc;
@@ -1508,12 +1597,13 @@ int cairn_kvcache_unpin(cairn_kvcache *c, cairn_radix_node *node)
     return c ? cairn_radix_unlock(c->tree, node) : CAIRN_EINVAL;
 }
 
-int cairn_kvcache_forget(cairn_kvcache *c, const int32_t *tokens, size_t n_tokens, size_t keep_pages)
+int cairn_kvcache_forget(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, size_t n_tokens,
+                         size_t keep_pages)
 {
     if (!c || (!tokens && n_tokens))
         return CAIRN_EINVAL;
     cairn_radix_match_result m;
-    int rc = cairn_radix_match(c->tree, tokens, n_tokens, &m);
+    int rc = cairn_radix_match(c->tree, ns, tokens, n_tokens, &m);
     if (rc)
         return rc;
     if (m.n_pages <= keep_pages)
@@ -1555,6 +1645,7 @@ void cairn_kvcache_get_stats(const cairn_kvcache *c, cairn_kvcache_stats *out)
     for (int t = 0; t < CAIRN_TIER_COUNT; t++) {
         cairn_kvcache_tier_stats *ts = &out->tier[t];
         ts->pages = rs.pages[t];
+        out->tree_pages[t] = rs.pages[t];
         ts->evicted_pages = c->stats.evicted_pages[t];
     }
     out->tier[CAIRN_TIER_DEVICE].capacity_pages = (uint64_t)cairn_page_pool_capacity(c->dev);

@@ -18,8 +18,9 @@
  * -------------
  * A page's key is its chained hash (radix.h): h_i = XXH3-128(h_{i-1} ||
  * tokens of page i), where h_{-1} = cairn_page_namespace_hash() of the model
- * fingerprint, the KV dtype, the layout version, the page geometry and an
- * optional tenant salt. The same prefix under the same model therefore has
+ * fingerprint, the KV dtype, the layout version and the page geometry,
+ * chained once more over the namespace word of a tenant's pages
+ * (cairn_radix_ns_seed). The same prefix under the same model therefore has
  * the same key in every process and after every restart, and a page computed
  * under another model, dtype or tenant can never be found.
  *
@@ -299,13 +300,13 @@ void cairn_disk_get_stats(cairn_disk *d, cairn_disk_stats *out);
  * does the first three steps in one call, continues the match on disk and
  * applies the cost model; this is the same thing spelled out):
  *
- *   cairn_radix_match(tree, tokens, n, &m);          longest cached prefix
+ *   cairn_radix_match(tree, ns, tokens, n, &m);      longest cached prefix
  *   cairn_radix_lock(tree, m.node);                  nothing on it moves down now
  *   cairn_kvcache_promote(c, m.node, cookie);        ... later, from poll():
  *       event {cookie, CAIRN_OK, m.n_pages}           all of it is in tier 0
  *   cairn_kvcache_alloc(c, k, ids);                  pages for the new tokens
  *   ... forward pass writes KV into ids ...
- *   cairn_radix_insert(tree, tokens, m.n_pages + k, ids_with_prefix, &cached, &leaf);
+ *   cairn_radix_insert(tree, ns, tokens, m.n_pages + k, ids_with_prefix, &cached, &leaf);
  *   cairn_radix_lock(tree, leaf); cairn_radix_unlock(tree, m.node);
  *   ... decode ...; cairn_radix_unlock(tree, leaf);  idle: evictable again
  *
@@ -405,8 +406,8 @@ int cairn_kvcache_promote(cairn_kvcache *c, cairn_radix_node *node, uint64_t coo
  *
  * cairn_kvcache_fetch is what the engine calls when it admits a request:
  *
- *   cairn_kvcache_fetch(c, seq, n - 1, SIZE_MAX, cookie);  (the last token is
- *                                           always computed, for its logits)
+ *   cairn_kvcache_fetch(c, ns, seq, n - 1, SIZE_MAX, cookie);  (the last
+ *                                 token is always computed, for its logits)
  *   ... other requests keep running; later, from poll():
  *       event {FETCH, cookie, node, resident_pages, from_tier[], ...}
  *   use the device pages of cairn_radix_path(node) for tokens
@@ -414,7 +415,8 @@ int cairn_kvcache_promote(cairn_kvcache *c, cairn_radix_node *node, uint64_t coo
  *   leaf, and unlock `node` (unlocking the root is a no-op).
  *
  * What fetch does:
- *   1. matches tokens[0 .. n_tokens) in the tree, looking at no more than
+ *   1. matches tokens[0 .. n_tokens) in the tree under namespace `ns` (a
+ *      tenant; 0: shared, see radix.h), looking at no more than
  *      max_pages whole pages (SIZE_MAX: no limit);
  *   2. drops from the tree a matched page whose only copy was lost (a DISK
  *      page not on disk) and everything after it, unless someone holds it;
@@ -446,8 +448,61 @@ int cairn_kvcache_promote(cairn_kvcache *c, cairn_radix_node *node, uint64_t coo
  * fetch inserted while another's reads of the same pages were in flight are
  * shared, and the duplicate copies go back to the pool.
  */
-int cairn_kvcache_fetch(cairn_kvcache *c, const int32_t *tokens, size_t n_tokens,
+int cairn_kvcache_fetch(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, size_t n_tokens,
                         size_t max_pages, uint64_t cookie);
+
+/* ---- the engine's sequences: the facade ---------------------------------- *
+ *
+ * What the engine thread (session/) needs, and all it uses: it never calls
+ * the tree or the pools directly. A sequence being computed holds
+ *
+ *     pages[0 .. n_held)          the device pages of a cached prefix, read
+ *                                 from a fetch event's hold (locked: they
+ *                                 cannot move while the sequence runs)
+ *     pages[n_held .. n_pages)    pages it took with cairn_kvcache_alloc
+ *
+ * and ends (finished, paused or failed) with one cairn_kvcache_commit, which
+ * gives its whole computed pages to the tree (so the next request finds
+ * them), returns every other page, and releases the hold.
+ *
+ * A hold is a node of the tree, opaque here: the prefix a fetch event locked
+ * for its caller (the root when nothing was; releasing the root is a
+ * no-op), or the leaf a commit inserted (not locked: use it at once, e.g.
+ * for cairn_kvcache_persist). */
+typedef cairn_radix_node cairn_kv_hold;
+
+/* Base of the tier-0 pool (backend memory) and the layout of its pages: what
+ * the forward pass writes KV into. */
+void *cairn_kvcache_kv_base(const cairn_kvcache *c);
+const cairn_kv_layout *cairn_kvcache_layout(const cairn_kvcache *c);
+bool cairn_kvcache_has_disk(const cairn_kvcache *c);
+
+/* The device page ids of the first n pages of a hold's path (n at most its
+ * depth: a fetch event's resident_pages). CAIRN_EINVAL when the path is
+ * shorter or not on the device. */
+int cairn_kvcache_held_pages(cairn_kvcache *c, cairn_kv_hold *hold, size_t n, int32_t *pages);
+/* Give back the lock of a hold (a fetch event's node). */
+int cairn_kvcache_release(cairn_kvcache *c, cairn_kv_hold *hold);
+/* Return pages taken with cairn_kvcache_alloc that never reached the tree. */
+void cairn_kvcache_free_pages(cairn_kvcache *c, int32_t n, const int32_t *pages);
+
+/* End a sequence: with `tokens` (NULL: cache nothing, e.g. prefix caching
+ * off), insert its first n_full whole pages (tokens[0 .. n_full*page_size),
+ * namespace ns) — the tree takes the caller's pages among them, and pages it
+ * had already are returned as duplicates — then return every caller page
+ * past them (a partial last page, scratch), and release `hold` (may be
+ * NULL). pages[0 .. n_held) are the hold's and are never returned.
+ * *leaf (may be NULL) receives the node that ends at page n_full (NULL when
+ * nothing was inserted). CAIRN_ENOMEM when the insert failed: the pages were
+ * returned all the same, the hold released. */
+int cairn_kvcache_commit(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, size_t n_full,
+                         const int32_t *pages, size_t n_held, size_t n_pages,
+                         cairn_kv_hold *hold, cairn_kv_hold **leaf);
+
+/* The durable records (session records), for the start-up read: as
+ * cairn_disk_record_iterate on the calling thread (blocking).
+ * CAIRN_EUNSUPPORTED without a disk tier. */
+int cairn_kvcache_record_iterate(cairn_kvcache *c, cairn_disk_record_fn fn, void *user);
 
 /* ---- cost model ------------------------------------------------------- *
  *
@@ -555,9 +610,9 @@ int cairn_kvcache_record_delete(cairn_kvcache *c, const void *key, size_t key_le
 int cairn_kvcache_record_get(cairn_kvcache *c, const void *key, size_t key_len, uint64_t cookie);
 
 /* Drop from the tree every cached page after the first keep_pages pages of
- * tokens[0 .. n_tokens), releasing their tier-0/1 memory (the disk copies
+ * tokens[0 .. n_tokens) (in namespace ns), releasing their tier-0/1 memory (the disk copies
  * stay). CAIRN_EBUSY when some of those pages are locked. */
-int cairn_kvcache_forget(cairn_kvcache *c, const int32_t *tokens, size_t n_tokens,
+int cairn_kvcache_forget(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, size_t n_tokens,
                          size_t keep_pages);
 
 /* Copy a resident page (tier 0 or 1) into host memory dst [page_bytes].
@@ -597,6 +652,7 @@ typedef struct {
     size_t fetch_skipped_pages;             /* pages the cost model skipped  */
     size_t persists;                        /* persist calls queued          */
     uint64_t disk_records;                  /* durable records stored        */
+    uint64_t tree_pages[CAIRN_TIER_COUNT];  /* pages of the tree per tier    */
 } cairn_kvcache_stats;
 
 void cairn_kvcache_get_stats(const cairn_kvcache *c, cairn_kvcache_stats *out);

@@ -75,7 +75,7 @@ static int bench_radix(size_t target_tokens)
     size_t off = 0, inserted_tokens = 0;
     for (size_t i = 0; i < n; i++) {
         size_t cached;
-        if (cairn_radix_insert(t, seqs[i].tok, seqs[i].n_pages, ids + off, &cached, NULL))
+        if (cairn_radix_insert(t, 0, seqs[i].tok, seqs[i].n_pages, ids + off, &cached, NULL))
             return 1;
         off += seqs[i].n_pages;
         inserted_tokens += seqs[i].n_pages * PAGE;
@@ -105,7 +105,7 @@ static int bench_radix(size_t target_tokens)
             for (size_t k = 0; k < PAGE / 2; k++)
                 q[len + k] = 7;
             cairn_radix_match_result m;
-            if (cairn_radix_match(t, q, len + PAGE / 2, &m))
+            if (cairn_radix_match(t, 0, q, len + PAGE / 2, &m))
                 return 1;
             matched_tokens += m.n_pages * PAGE;
         }
@@ -122,7 +122,7 @@ static int bench_radix(size_t target_tokens)
             for (size_t k = sys_pages * PAGE; k < sys_pages * PAGE + 1024; k++)
                 q[k] = (int32_t)(rnd() % 32000);
             cairn_radix_match_result m;
-            if (cairn_radix_match(t, q, sys_pages * PAGE + 1024, &m))
+            if (cairn_radix_match(t, 0, q, sys_pages * PAGE + 1024, &m))
                 return 1;
         }
     }
@@ -142,7 +142,7 @@ static int bench_radix(size_t target_tokens)
             turn[k] = (int32_t)(rnd() % 32000);
         for (size_t k = 0; k < np; k++)
             new_ids[k] = (int32_t)(total_pages + k);
-        if (cairn_radix_insert(t, turn, np, new_ids, &cached, NULL))
+        if (cairn_radix_insert(t, 0, turn, np, new_ids, &cached, NULL))
             return 1;
         new_tokens += np * PAGE;
     }
@@ -155,7 +155,7 @@ static int bench_radix(size_t target_tokens)
     t0 = cairn_now();
     for (size_t i = 0; i < n; i++) {
         cairn_radix_match_result m;
-        cairn_radix_match(t, seqs[i].tok, seqs[i].n_pages * PAGE, &m);
+        cairn_radix_match(t, 0, seqs[i].tok, seqs[i].n_pages * PAGE, &m);
         cairn_radix_lock(t, m.node);
         cairn_radix_unlock(t, m.node);
     }

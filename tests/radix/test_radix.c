@@ -41,18 +41,18 @@ static void test_header_example(void **state)
     cairn_radix_node *leaf;
 
     letters("abcd efgh ijkl", tok, &n);
-    assert_int_equal(cairn_radix_insert(t, tok, n / PS, ids, &cached, &leaf), CAIRN_OK);
+    assert_int_equal(cairn_radix_insert(t, 0, tok, n / PS, ids, &cached, &leaf), CAIRN_OK);
     assert_int_equal(cached, 0);
     assert_int_equal(cairn_radix_node_depth(leaf), 3);
 
     letters("abcd efgh mnop qrst", tok, &n);
-    assert_int_equal(cairn_radix_insert(t, tok, n / PS, ids + 3, &cached, &leaf), CAIRN_OK);
+    assert_int_equal(cairn_radix_insert(t, 0, tok, n / PS, ids + 3, &cached, &leaf), CAIRN_OK);
     assert_int_equal(cached, 2); /* abcd efgh were there: split of [abcd efgh ijkl] */
     cairn_radix_node *mnop_qrst = leaf;
     assert_int_equal(cairn_radix_node_pages(leaf, NULL), 2);
 
     letters("abcd wxyz", tok, &n);
-    assert_int_equal(cairn_radix_insert(t, tok, n / PS, ids + 7, &cached, &leaf), CAIRN_OK);
+    assert_int_equal(cairn_radix_insert(t, 0, tok, n / PS, ids + 7, &cached, &leaf), CAIRN_OK);
     assert_int_equal(cached, 1);
     assert_int_equal(cairn_radix_check(t), CAIRN_OK);
 
@@ -64,7 +64,7 @@ static void test_header_example(void **state)
     /* A match ending inside [mnop qrst] splits it; the old handle keeps qrst. */
     letters("abcd efgh mnop uvwx zz", tok, &n);
     cairn_radix_match_result m;
-    assert_int_equal(cairn_radix_match(t, tok, n, &m), CAIRN_OK);
+    assert_int_equal(cairn_radix_match(t, 0, tok, n, &m), CAIRN_OK);
     assert_int_equal(m.n_pages, 3);
     assert_int_equal(cairn_radix_node_pages(m.node, NULL), 1);
     assert_ptr_equal(cairn_radix_parent(mnop_qrst), m.node);
@@ -93,11 +93,11 @@ static void test_header_example(void **state)
 
     /* Unmatched first page: nothing. Partial trailing page: ignored. */
     letters("abcx", tok, &n);
-    assert_int_equal(cairn_radix_match(t, tok, n, &m), CAIRN_OK);
+    assert_int_equal(cairn_radix_match(t, 0, tok, n, &m), CAIRN_OK);
     assert_int_equal(m.n_pages, 0);
     assert_ptr_equal(m.node, cairn_radix_root(t));
     letters("abcd ef", tok, &n);
-    assert_int_equal(cairn_radix_match(t, tok, n, &m), CAIRN_OK);
+    assert_int_equal(cairn_radix_match(t, 0, tok, n, &m), CAIRN_OK);
     assert_int_equal(m.n_pages, 1);
     cairn_radix_free(t);
 }
@@ -140,17 +140,17 @@ static void test_locks_and_lru(void **state)
     int32_t ids[8] = {0, 1, 2, 3, 4, 5, 6, 7};
     cairn_radix_node *a, *b, *c;
     letters("aaaa bbbb", tok, &n);
-    cairn_radix_insert(t, tok, 2, ids, &cached, &a);
+    cairn_radix_insert(t, 0, tok, 2, ids, &cached, &a);
     letters("aaaa cccc", tok, &n);
-    cairn_radix_insert(t, tok, 2, ids + 2, &cached, &b);
+    cairn_radix_insert(t, 0, tok, 2, ids + 2, &cached, &b);
     letters("dddd", tok, &n);
-    cairn_radix_insert(t, tok, 1, ids + 4, &cached, &c);
+    cairn_radix_insert(t, 0, tok, 1, ids + 4, &cached, &c);
     /* LRU leaf first: the "bbbb" leaf. */
     assert_ptr_equal(cairn_radix_lru(t, CAIRN_TIER_DEVICE), a);
     /* Using a path makes it recent. */
     letters("aaaa bbbb", tok, &n);
     cairn_radix_match_result m;
-    cairn_radix_match(t, tok, n, &m);
+    cairn_radix_match(t, 0, tok, n, &m);
     assert_ptr_equal(m.node, a);
     assert_ptr_equal(cairn_radix_lru(t, CAIRN_TIER_DEVICE), b);
     /* Locked nodes are not candidates; the lock covers the path. */
@@ -305,7 +305,7 @@ static void test_property_random(void **state)
             }
             size_t expect = model_match(&m, tok, np), cached;
             cairn_radix_node *leaf;
-            assert_int_equal(cairn_radix_insert(t, tok, np, pages, &cached, &leaf), CAIRN_OK);
+            assert_int_equal(cairn_radix_insert(t, 0, tok, np, pages, &cached, &leaf), CAIRN_OK);
             assert_int_equal(cached, expect);
             assert_int_equal(cairn_radix_node_depth(leaf), np);
             for (size_t i = 0; i < cached; i++)
@@ -321,7 +321,7 @@ static void test_property_random(void **state)
                 tok[np * PS + i] = 7;
             size_t qn = np * PS + extra;
             cairn_radix_match_result r;
-            assert_int_equal(cairn_radix_match(t, tok, qn, &r), CAIRN_OK);
+            assert_int_equal(cairn_radix_match(t, 0, tok, qn, &r), CAIRN_OK);
             assert_int_equal(r.n_pages, model_match(&m, tok, np));
             size_t got;
             assert_int_equal(cairn_radix_path(r.node, path, MAXP, &got), CAIRN_OK);
@@ -331,7 +331,7 @@ static void test_property_random(void **state)
         } else if (op < 80 && n_locked < 64) { /* lock the end of a match */
             gen_query(&m, tok, &np);
             cairn_radix_match_result r;
-            assert_int_equal(cairn_radix_match(t, tok, np * PS, &r), CAIRN_OK);
+            assert_int_equal(cairn_radix_match(t, 0, tok, np * PS, &r), CAIRN_OK);
             if (r.n_pages) {
                 assert_int_equal(cairn_radix_lock(t, r.node), CAIRN_OK);
                 locked[n_locked++] = r.node;
@@ -386,6 +386,49 @@ static void test_property_random(void **state)
     cairn_radix_free(t);
 }
 
+/* Namespaces: equal tokens in two namespaces are two paths with their own
+ * hash chains; namespace 0 chains from the seed itself, as before
+ * namespaces existed (pages already on disk keep their keys). */
+static void test_namespaces(void **state)
+{
+    (void)state;
+    cairn_radix *t;
+    assert_int_equal(cairn_radix_create(PS, SEED, &t), CAIRN_OK);
+    int32_t tok[64];
+    size_t n, cached;
+    int32_t ids[8] = {10, 11, 12, 13, 14, 15, 16, 17};
+    cairn_radix_node *a, *b;
+    letters("abcd efgh", tok, &n);
+    assert_int_equal(cairn_radix_insert(t, 0, tok, 2, ids, &cached, &a), CAIRN_OK);
+    assert_int_equal(cairn_radix_insert(t, 7, tok, 2, ids + 2, &cached, &b), CAIRN_OK);
+    assert_int_equal(cached, 0); /* the other namespace's pages are not ours */
+    assert_ptr_not_equal(a, b);
+    assert_int_equal(cairn_radix_node_ns(a), 0);
+    assert_int_equal(cairn_radix_node_ns(b), 7);
+    cairn_radix_page *pa, *pb;
+    cairn_radix_node_pages(a, &pa);
+    cairn_radix_node_pages(b, &pb);
+    cairn_page_hash h0 = cairn_page_hash_next(SEED, tok, PS);
+    assert_true(cairn_page_hash_equal(pa[0].hash, h0));
+    assert_false(cairn_page_hash_equal(pb[0].hash, h0));
+    assert_true(cairn_page_hash_equal(pb[0].hash,
+                                      cairn_page_hash_next(cairn_radix_ns_seed(t, 7), tok, PS)));
+    assert_true(cairn_page_hash_equal(cairn_radix_ns_seed(t, 0), SEED));
+    cairn_radix_match_result m;
+    assert_int_equal(cairn_radix_match(t, 7, tok, n, &m), CAIRN_OK);
+    assert_ptr_equal(m.node, b);
+    assert_int_equal(cairn_radix_match(t, 8, tok, n, &m), CAIRN_OK);
+    assert_int_equal(m.n_pages, 0);
+    assert_true(cairn_page_hash_equal(m.last_hash, cairn_radix_ns_seed(t, 8)));
+    /* a split keeps the namespace on both halves */
+    letters("abcd wxyz", tok, &n);
+    assert_int_equal(cairn_radix_insert(t, 7, tok, 2, ids + 4, &cached, &b), CAIRN_OK);
+    assert_int_equal(cached, 1);
+    assert_int_equal(cairn_radix_node_ns(cairn_radix_parent(b)), 7);
+    assert_int_equal(cairn_radix_check(t), CAIRN_OK);
+    cairn_radix_free(t);
+}
+
 static void test_bad_arguments(void **state)
 {
     (void)state;
@@ -395,9 +438,9 @@ static void test_bad_arguments(void **state)
     assert_int_equal(cairn_radix_create(PS, SEED, &t), CAIRN_OK);
     int32_t tok[PS] = {1, 2, 3, 4}, bad_id = -1;
     size_t cached;
-    assert_int_equal(cairn_radix_insert(t, tok, 1, &bad_id, &cached, NULL), CAIRN_EINVAL);
-    assert_int_equal(cairn_radix_insert(t, NULL, 1, &bad_id, &cached, NULL), CAIRN_EINVAL);
-    assert_int_equal(cairn_radix_match(t, tok, PS, NULL), CAIRN_EINVAL);
+    assert_int_equal(cairn_radix_insert(t, 0, tok, 1, &bad_id, &cached, NULL), CAIRN_EINVAL);
+    assert_int_equal(cairn_radix_insert(t, 0, NULL, 1, &bad_id, &cached, NULL), CAIRN_EINVAL);
+    assert_int_equal(cairn_radix_match(t, 0, tok, PS, NULL), CAIRN_EINVAL);
     assert_int_equal(cairn_radix_drop(t, cairn_radix_root(t), 0, NULL, NULL), CAIRN_EINVAL);
     assert_int_equal(cairn_radix_set_tier(t, cairn_radix_root(t), 1), CAIRN_EINVAL);
     assert_null(cairn_radix_lru(t, 5));
@@ -412,6 +455,7 @@ int main(void)
         cmocka_unit_test(test_hash_chain),
         cmocka_unit_test(test_locks_and_lru),
         cmocka_unit_test(test_property_random),
+        cmocka_unit_test(test_namespaces),
         cmocka_unit_test(test_bad_arguments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

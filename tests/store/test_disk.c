@@ -774,7 +774,7 @@ static void test_lost_page(void **state)
     }
     size_t cached;
     cairn_radix_node *leaf;
-    assert_int_equal(cairn_radix_insert(t, tok, 4, ids, &cached, &leaf), CAIRN_OK);
+    assert_int_equal(cairn_radix_insert(t, 0, tok, 4, ids, &cached, &leaf), CAIRN_OK);
     /* Down to disk: device -> host -> disk. */
     size_t moved;
     assert_int_equal(cairn_kvcache_evict(c, CAIRN_TIER_DEVICE, 4, &moved), CAIRN_OK);
@@ -803,9 +803,9 @@ static void test_lost_page(void **state)
     assert_int_equal(ev.status, CAIRN_ENOTFOUND);
     assert_int_equal(ev.resident_pages, 2);
     assert_int_equal(cairn_radix_unlock(t, leaf), CAIRN_OK);
-    assert_int_equal(cairn_kvcache_forget(c, tok, 4 * PS, ev.resident_pages), CAIRN_OK);
+    assert_int_equal(cairn_kvcache_forget(c, 0, tok, 4 * PS, ev.resident_pages), CAIRN_OK);
     cairn_radix_match_result m;
-    assert_int_equal(cairn_radix_match(t, tok, 4 * PS, &m), CAIRN_OK);
+    assert_int_equal(cairn_radix_match(t, 0, tok, 4 * PS, &m), CAIRN_OK);
     assert_int_equal(m.n_pages, 2);
     cairn_radix_path(m.node, path, 4, &np);
     for (int i = 0; i < 2; i++) {

@@ -93,7 +93,7 @@ static cairn_radix_node *put_pages(cache *k, const int32_t *tok, size_t n_pages)
         test_payload(tok, (i + 1) * PS, base + (size_t)ids[i] * k->L.page_bytes, k->L.page_bytes);
     size_t cached;
     cairn_radix_node *leaf;
-    assert_int_equal(cairn_radix_insert(t, tok, n_pages, ids, &cached, &leaf), CAIRN_OK);
+    assert_int_equal(cairn_radix_insert(t, 0, tok, n_pages, ids, &cached, &leaf), CAIRN_OK);
     if (cached)
         cairn_page_pool_release(cairn_kvcache_device_pool(k->c), (int32_t)cached, ids);
     return leaf;
@@ -178,7 +178,7 @@ static void test_fetch_memory_tiers(void **state)
     check_accounting(&k);
 
     /* The engine leaves the last token out; 5 trailing tokens never match. */
-    assert_int_equal(cairn_kvcache_fetch(k.c, tok, 6 * PS + 4, SIZE_MAX, 11), CAIRN_OK);
+    assert_int_equal(cairn_kvcache_fetch(k.c, 0, tok, 6 * PS + 4, SIZE_MAX, 11), CAIRN_OK);
     cairn_kvcache_event ev = wait_event(&k);
     assert_int_equal(ev.kind, CAIRN_KVCACHE_EV_FETCH);
     assert_int_equal(ev.cookie, 11);
@@ -228,7 +228,7 @@ static void test_fetch_memory_tiers(void **state)
 
     /* A prefix ending inside a node: the node is split, the lock is on the
      * prefix, which is all on the device. */
-    assert_int_equal(cairn_kvcache_fetch(k.c, tok, 3 * PS, SIZE_MAX, 12), CAIRN_OK);
+    assert_int_equal(cairn_kvcache_fetch(k.c, 0, tok, 3 * PS, SIZE_MAX, 12), CAIRN_OK);
     ev = wait_event(&k);
     assert_int_equal(ev.resident_pages, 3);
     assert_int_equal(cairn_radix_node_depth(ev.node), 3);
@@ -237,7 +237,7 @@ static void test_fetch_memory_tiers(void **state)
     assert_int_equal(cairn_radix_unlock(t, ev.node), CAIRN_OK);
 
     /* max_pages stops the lookup. */
-    assert_int_equal(cairn_kvcache_fetch(k.c, tok, 6 * PS, 4, 13), CAIRN_OK);
+    assert_int_equal(cairn_kvcache_fetch(k.c, 0, tok, 6 * PS, 4, 13), CAIRN_OK);
     ev = wait_event(&k);
     assert_int_equal(ev.resident_pages, 4);
     assert_int_equal(cairn_radix_unlock(t, ev.node), CAIRN_OK);
@@ -245,18 +245,18 @@ static void test_fetch_memory_tiers(void **state)
     /* Nothing cached: the root, no lock, still an event. */
     int32_t other[2 * PS];
     seq_tokens(other, 2 * PS, 99);
-    assert_int_equal(cairn_kvcache_fetch(k.c, other, 2 * PS, SIZE_MAX, 14), CAIRN_OK);
+    assert_int_equal(cairn_kvcache_fetch(k.c, 0, other, 2 * PS, SIZE_MAX, 14), CAIRN_OK);
     ev = wait_event(&k);
     assert_int_equal(ev.cookie, 14);
     assert_int_equal(ev.resident_pages, 0);
     assert_ptr_equal(ev.node, cairn_radix_root(t));
     assert_int_equal(cairn_radix_unlock(t, ev.node), CAIRN_OK); /* a no-op */
     /* Fewer tokens than a page. */
-    assert_int_equal(cairn_kvcache_fetch(k.c, tok, 3, SIZE_MAX, 15), CAIRN_OK);
+    assert_int_equal(cairn_kvcache_fetch(k.c, 0, tok, 3, SIZE_MAX, 15), CAIRN_OK);
     ev = wait_event(&k);
     assert_int_equal(ev.resident_pages, 0);
-    assert_int_equal(cairn_kvcache_fetch(NULL, tok, 3, SIZE_MAX, 15), CAIRN_EINVAL);
-    assert_int_equal(cairn_kvcache_fetch(k.c, NULL, 3, SIZE_MAX, 15), CAIRN_EINVAL);
+    assert_int_equal(cairn_kvcache_fetch(NULL, 0, tok, 3, SIZE_MAX, 15), CAIRN_EINVAL);
+    assert_int_equal(cairn_kvcache_fetch(k.c, 0, NULL, 3, SIZE_MAX, 15), CAIRN_EINVAL);
 
     cairn_radix_stats rs;
     cairn_radix_get_stats(t, &rs);
@@ -297,7 +297,7 @@ static void test_fetch_after_restart(void **state)
     cache_open(&k, dir, 32, 3);
     cairn_radix *t = cairn_kvcache_tree(k.c);
     assert_int_equal(cairn_kvcache_override_rates(k.c, &fast_disk), CAIRN_OK);
-    assert_int_equal(cairn_kvcache_fetch(k.c, tok, 10 * PS, SIZE_MAX, 21), CAIRN_OK);
+    assert_int_equal(cairn_kvcache_fetch(k.c, 0, tok, 10 * PS, SIZE_MAX, 21), CAIRN_OK);
     /* fetch did not wait for the disk: the tree learns of the pages only
      * when poll handles the completions. Meanwhile other work goes on. */
     cairn_radix_stats rs;
@@ -322,7 +322,7 @@ static void test_fetch_after_restart(void **state)
     assert_int_equal(cairn_radix_unlock(t, ev.node), CAIRN_OK);
 
     /* A fork of the conversation: the in-memory match covers pages 0-5. */
-    assert_int_equal(cairn_kvcache_fetch(k.c, fork_tok, 10 * PS, SIZE_MAX, 22), CAIRN_OK);
+    assert_int_equal(cairn_kvcache_fetch(k.c, 0, fork_tok, 10 * PS, SIZE_MAX, 22), CAIRN_OK);
     ev = wait_event(&k);
     assert_int_equal(ev.resident_pages, 6);
     assert_int_equal(ev.from_tier[CAIRN_TIER_DEVICE], 6);
@@ -340,7 +340,7 @@ static void test_fetch_after_restart(void **state)
     int32_t wrong[PS] = {0};
     uint8_t *buf = malloc(k.L.page_bytes);
     assert_int_equal(cairn_disk_read(cairn_kvcache_disk(k.c), h, wrong, buf, 0), CAIRN_OK);
-    assert_int_equal(cairn_kvcache_fetch(k.c, tok, 10 * PS, SIZE_MAX, 23), CAIRN_OK);
+    assert_int_equal(cairn_kvcache_fetch(k.c, 0, tok, 10 * PS, SIZE_MAX, 23), CAIRN_OK);
     ev = wait_event(&k);
     assert_int_equal(ev.status, CAIRN_OK); /* a miss past the match is no error */
     assert_int_equal(ev.resident_pages, 4);
@@ -374,8 +374,8 @@ static void test_fetch_concurrent(void **state)
     cache_open(&k, dir, 32, 16);
     cairn_radix *t = cairn_kvcache_tree(k.c);
     assert_int_equal(cairn_kvcache_override_rates(k.c, &fast_disk), CAIRN_OK);
-    assert_int_equal(cairn_kvcache_fetch(k.c, tok, 6 * PS, SIZE_MAX, 1), CAIRN_OK);
-    assert_int_equal(cairn_kvcache_fetch(k.c, tok, 4 * PS, SIZE_MAX, 2), CAIRN_OK);
+    assert_int_equal(cairn_kvcache_fetch(k.c, 0, tok, 6 * PS, SIZE_MAX, 1), CAIRN_OK);
+    assert_int_equal(cairn_kvcache_fetch(k.c, 0, tok, 4 * PS, SIZE_MAX, 2), CAIRN_OK);
     cairn_kvcache_event a = wait_event(&k), b = wait_event(&k);
     if (a.cookie == 2) {
         cairn_kvcache_event x = a;
@@ -424,7 +424,7 @@ static void test_cost_model(void **state)
     assert_int_equal(cairn_kvcache_override_rates(k.c, &slow_disk), CAIRN_OK);
     cairn_disk_stats before, after;
     cairn_disk_get_stats(cairn_kvcache_disk(k.c), &before);
-    assert_int_equal(cairn_kvcache_fetch(k.c, tok, 6 * PS, SIZE_MAX, 1), CAIRN_OK);
+    assert_int_equal(cairn_kvcache_fetch(k.c, 0, tok, 6 * PS, SIZE_MAX, 1), CAIRN_OK);
     cairn_kvcache_event ev = wait_event(&k);
     assert_int_equal(ev.resident_pages, 4);
     assert_int_equal(ev.skipped_pages, 2);
@@ -444,7 +444,7 @@ static void test_cost_model(void **state)
     narrow.disk_latency_s = 0;
     narrow.disk_bytes_per_s = 1e5;
     assert_int_equal(cairn_kvcache_override_rates(k.c, &narrow), CAIRN_OK);
-    assert_int_equal(cairn_kvcache_fetch(k.c, tok, 6 * PS, SIZE_MAX, 2), CAIRN_OK);
+    assert_int_equal(cairn_kvcache_fetch(k.c, 0, tok, 6 * PS, SIZE_MAX, 2), CAIRN_OK);
     ev = wait_event(&k);
     assert_int_equal(ev.resident_pages, 4);
     assert_int_equal(ev.skipped_pages, 2);
@@ -455,7 +455,7 @@ static void test_cost_model(void **state)
     cairn_kvcache_rates amortised = slow_disk;
     amortised.disk_latency_s = 1.5e-3;
     assert_int_equal(cairn_kvcache_override_rates(k.c, &amortised), CAIRN_OK);
-    assert_int_equal(cairn_kvcache_fetch(k.c, tok, 6 * PS, SIZE_MAX, 3), CAIRN_OK);
+    assert_int_equal(cairn_kvcache_fetch(k.c, 0, tok, 6 * PS, SIZE_MAX, 3), CAIRN_OK);
     ev = wait_event(&k);
     assert_int_equal(ev.resident_pages, 6);
     assert_int_equal(ev.skipped_pages, 0);
@@ -475,7 +475,7 @@ static void test_cost_model(void **state)
     cairn_kvcache_rates all_slow = {.compute_tokens_per_s = 1e9, .h2d_bytes_per_s = 1e3,
                                     .disk_bytes_per_s = 1e3, .disk_latency_s = 1};
     assert_int_equal(cairn_kvcache_override_rates(k.c, &all_slow), CAIRN_OK);
-    assert_int_equal(cairn_kvcache_fetch(k.c, tok, 6 * PS, SIZE_MAX, 4), CAIRN_OK);
+    assert_int_equal(cairn_kvcache_fetch(k.c, 0, tok, 6 * PS, SIZE_MAX, 4), CAIRN_OK);
     ev = wait_event(&k);
     assert_int_equal(ev.resident_pages, 2);
     assert_int_equal(ev.skipped_pages, 2);
@@ -487,7 +487,7 @@ static void test_cost_model(void **state)
     cache_open(&k, dir, 16, 16);
     assert_int_equal(cairn_kvcache_override_rates(k.c, &all_slow), CAIRN_OK);
     cairn_disk_get_stats(cairn_kvcache_disk(k.c), &before);
-    assert_int_equal(cairn_kvcache_fetch(k.c, tok, 6 * PS, SIZE_MAX, 5), CAIRN_OK);
+    assert_int_equal(cairn_kvcache_fetch(k.c, 0, tok, 6 * PS, SIZE_MAX, 5), CAIRN_OK);
     ev = wait_event(&k);
     assert_int_equal(ev.resident_pages, 0);
     cairn_disk_get_stats(cairn_kvcache_disk(k.c), &after);
@@ -515,7 +515,7 @@ static void test_cost_model(void **state)
     /* With the priors and a 12345 tokens/s engine, 1 KiB pages load: the
      * restart fetch now reads from disk, and feeds the measurements. */
     cairn_radix *t2 = cairn_kvcache_tree(k.c);
-    assert_int_equal(cairn_kvcache_fetch(k.c, tok, 6 * PS, SIZE_MAX, 6), CAIRN_OK);
+    assert_int_equal(cairn_kvcache_fetch(k.c, 0, tok, 6 * PS, SIZE_MAX, 6), CAIRN_OK);
     ev = wait_event(&k);
     assert_int_equal(ev.resident_pages, 4);
     assert_int_equal(ev.from_tier[CAIRN_TIER_DISK], 4);
@@ -718,7 +718,7 @@ static void test_durable_sigkill(void **state)
     assert_int_equal(cairn_kvcache_override_rates(k.c, &fast_disk), CAIRN_OK);
     int32_t tok[SESSION_PAGES * PS + 1];
     seq_tokens(tok, SESSION_PAGES * PS + 1, 5);
-    assert_int_equal(cairn_kvcache_fetch(k.c, tok, SESSION_PAGES * PS, SIZE_MAX, 1), CAIRN_OK);
+    assert_int_equal(cairn_kvcache_fetch(k.c, 0, tok, SESSION_PAGES * PS, SIZE_MAX, 1), CAIRN_OK);
     cairn_kvcache_event ev = wait_event(&k);
     assert_int_equal(ev.resident_pages, SESSION_PAGES);
     assert_int_equal(ev.from_tier[CAIRN_TIER_DISK], SESSION_PAGES);
@@ -792,7 +792,7 @@ static void test_persist_lost(void **state)
     /* fetch drops the lost page and what hangs below it, and answers with
      * what is left. */
     assert_int_equal(cairn_kvcache_override_rates(k.c, &fast_disk), CAIRN_OK);
-    assert_int_equal(cairn_kvcache_fetch(k.c, tok, 4 * PS, SIZE_MAX, 5), CAIRN_OK);
+    assert_int_equal(cairn_kvcache_fetch(k.c, 0, tok, 4 * PS, SIZE_MAX, 5), CAIRN_OK);
     ev = wait_event(&k);
     assert_int_equal(ev.kind, CAIRN_KVCACHE_EV_FETCH);
     assert_int_equal(ev.status, CAIRN_OK);
@@ -801,7 +801,7 @@ static void test_persist_lost(void **state)
     check_resident(&k, ev.node, tok);
     assert_int_equal(cairn_radix_unlock(t, ev.node), CAIRN_OK);
     cairn_radix_match_result m;
-    assert_int_equal(cairn_radix_match(t, tok, 4 * PS, &m), CAIRN_OK);
+    assert_int_equal(cairn_radix_match(t, 0, tok, 4 * PS, &m), CAIRN_OK);
     assert_int_equal(m.n_pages, 2);
     check_accounting(&k);
     free(buf);
@@ -852,7 +852,7 @@ static void test_namespace_isolation(void **state)
         assert_int_equal(cairn_kvcache_override_rates(k.c, &fast_disk), CAIRN_OK);
         size_t ps = (size_t)others[i].L.page_size;
         size_t n = 6 * PS / ps * ps;
-        assert_int_equal(cairn_kvcache_fetch(k.c, tok, n, SIZE_MAX, 1), CAIRN_OK);
+        assert_int_equal(cairn_kvcache_fetch(k.c, 0, tok, n, SIZE_MAX, 1), CAIRN_OK);
         cairn_kvcache_event ev = wait_event(&k);
         assert_int_equal(ev.resident_pages, 0);
         /* Even asked for the old namespace's very key with the right tokens,
@@ -977,7 +977,7 @@ static void rp_query(int32_t (*seqs)[RP_MAXP * PS], size_t n_seqs, int32_t *tok,
 static size_t rp_expect(cache *k, const int32_t *tok, size_t np)
 {
     cairn_radix_match_result m;
-    assert_int_equal(cairn_radix_match(cairn_kvcache_tree(k->c), tok, np * PS, &m), CAIRN_OK);
+    assert_int_equal(cairn_radix_match(cairn_kvcache_tree(k->c), 0, tok, np * PS, &m), CAIRN_OK);
     size_t r = m.n_pages;
     cairn_page_hash h = m.last_hash;
     while (r < np) {
@@ -1014,7 +1014,7 @@ static void rp_admit(cache *k, int32_t (*seqs)[RP_MAXP * PS], size_t *n_seqs, ui
     for (int q = 0; q < n_req; q++) {
         rp_query(seqs, *n_seqs, tok[q], &np[q]);
         expect[q] = rp_expect(k, tok[q], np[q]);
-        assert_int_equal(cairn_kvcache_fetch(k->c, tok[q], np[q] * PS, SIZE_MAX, ++*cookie + 100 * q),
+        assert_int_equal(cairn_kvcache_fetch(k->c, 0, tok[q], np[q] * PS, SIZE_MAX, ++*cookie + 100 * q),
                          CAIRN_OK);
     }
     /* Pressure while the reads are in flight. */
@@ -1055,7 +1055,7 @@ static void rp_admit(cache *k, int32_t (*seqs)[RP_MAXP * PS], size_t *n_seqs, ui
                              k->L.page_bytes);
             size_t cached;
             cairn_radix_node *leaf;
-            assert_int_equal(cairn_radix_insert(cairn_kvcache_tree(k->c), tok[q], np[q], ids,
+            assert_int_equal(cairn_radix_insert(cairn_kvcache_tree(k->c), 0, tok[q], np[q], ids,
                                                 &cached, &leaf),
                              CAIRN_OK);
             if (cached > have)

@@ -251,7 +251,7 @@ static void op_insert(world *w)
     if (rnd() % 2) {
         /* The engine's way: match, lock, compute only the rest. */
         cairn_radix_match_result r;
-        assert_int_equal(cairn_radix_match(w->t, tok, np * PS, &r), CAIRN_OK);
+        assert_int_equal(cairn_radix_match(w->t, 0, tok, np * PS, &r), CAIRN_OK);
         assert_int_equal(r.n_pages, expect);
         assert_int_equal(cairn_radix_lock(w->t, r.node), CAIRN_OK);
         int rc = cairn_kvcache_alloc(w->c, (int32_t)(np - r.n_pages), ids + r.n_pages);
@@ -263,7 +263,7 @@ static void op_insert(world *w)
         for (size_t i = 0; i < r.n_pages; i++)
             ids[i] = -1;
         fill_and_upload(w, tok, r.n_pages, np, ids);
-        assert_int_equal(cairn_radix_insert(w->t, tok, np, ids, &cached, &leaf), CAIRN_OK);
+        assert_int_equal(cairn_radix_insert(w->t, 0, tok, np, ids, &cached, &leaf), CAIRN_OK);
         assert_int_equal(cached, expect);
         assert_int_equal(cairn_radix_unlock(w->t, r.node), CAIRN_OK);
     } else {
@@ -273,7 +273,7 @@ static void op_insert(world *w)
             return;
         assert_int_equal(rc, CAIRN_OK);
         fill_and_upload(w, tok, 0, np, ids);
-        assert_int_equal(cairn_radix_insert(w->t, tok, np, ids, &cached, &leaf), CAIRN_OK);
+        assert_int_equal(cairn_radix_insert(w->t, 0, tok, np, ids, &cached, &leaf), CAIRN_OK);
         assert_int_equal(cached, model_match(w, tok, np));
         cairn_page_pool_release(cairn_kvcache_device_pool(w->c), (int32_t)cached, ids);
     }
@@ -292,7 +292,7 @@ static void op_match_promote(world *w)
     size_t np;
     gen_query(w, tok, &np);
     cairn_radix_match_result r;
-    assert_int_equal(cairn_radix_match(w->t, tok, np * PS + rnd() % PS, &r), CAIRN_OK);
+    assert_int_equal(cairn_radix_match(w->t, 0, tok, np * PS + rnd() % PS, &r), CAIRN_OK);
     assert_int_equal(r.n_pages, model_match(w, tok, np));
     if (r.n_pages == 0)
         return;
@@ -341,7 +341,7 @@ static void op_two_promotions(world *w)
     for (int k = 0; k < 2; k++) {
         size_t np;
         gen_query(w, tok[k], &np);
-        assert_int_equal(cairn_radix_match(w->t, tok[k], np * PS, &r[k]), CAIRN_OK);
+        assert_int_equal(cairn_radix_match(w->t, 0, tok[k], np * PS, &r[k]), CAIRN_OK);
         assert_int_equal(r[k].n_pages, model_match(w, tok[k], np));
         assert_int_equal(cairn_radix_lock(w->t, r[k].node), CAIRN_OK);
         cookies[k] = ++w->cookie;
@@ -386,7 +386,7 @@ static void op_match_peek(world *w)
     size_t np;
     gen_query(w, tok, &np);
     cairn_radix_match_result r;
-    assert_int_equal(cairn_radix_match(w->t, tok, np * PS, &r), CAIRN_OK);
+    assert_int_equal(cairn_radix_match(w->t, 0, tok, np * PS, &r), CAIRN_OK);
     assert_int_equal(r.n_pages, model_match(w, tok, np));
     cairn_radix_page *path[MAXP];
     size_t got;
@@ -409,7 +409,7 @@ static void op_lock(world *w, bool pin)
     size_t np;
     gen_query(w, tok, &np);
     cairn_radix_match_result r;
-    assert_int_equal(cairn_radix_match(w->t, tok, np * PS, &r), CAIRN_OK);
+    assert_int_equal(cairn_radix_match(w->t, 0, tok, np * PS, &r), CAIRN_OK);
     if (r.n_pages == 0)
         return;
     if (pin)
