@@ -40,7 +40,11 @@
  * Sessions. A session is a 128-bit random id, its committed token history
  * and default sampling settings. It holds no KV pages while idle: its history
  * finds its pages again in the tree. Fork copies the history (the pages are
- * shared through the tree); truncate shortens it.
+ * shared through the tree); truncate shortens it. A named session is one a
+ * client reaches by its own key (HTTP's session_id or prompt_cache_key):
+ * SESSION_SYNC brings it to the whole prompt the client resent — cut where
+ * they part, the rest appended — and generates, in one request, so a front
+ * end keeps no copy of any history.
  *
  * Tiers and restarts. With host_bytes and cache_dir, pages evicted from
  * tier 0 move to host RAM and then to LMDB instead of being dropped. A
@@ -54,7 +58,7 @@
  * record is written, and every page flushed, when the service stops, and
  * records are read back at start.
  *
- * Speculative decoding (config draft_path: an EAGLE head, engine.h). Every
+ * Speculative decoding (the runtime's draft head: an EAGLE head, model.h). Every
  * step, when at most draft_max_batch requests are decoding, each of them that
  * may speculate decodes by draft + verify (cairn_eagle_seq_step: one target
  * forward over its draft tree, 1 or more tokens per step) instead of joining
@@ -73,7 +77,7 @@
  * pages always hold valid head KV, every forward the service runs (prompt
  * chunks and plain decoding included) also runs the head over the tokens
  * it computed (cairn_eagle_seq_advance); the rule that makes a page's head
- * rows a function of its own token path is in engine.h. The page-hash
+ * rows a function of its own token path is in model.h. The page-hash
  * namespace includes the head's fingerprint (and the layout its extra
  * layer), so pages written by a server without this head are never found.
  *
@@ -124,8 +128,10 @@ typedef struct {
                                        alternatives (event.logprobs)           */
     cairn_grammar *grammar;         /* owned by the request, may be NULL: the
                                        output must follow it (structured
-                                       output; engine.h); the job finishes
+                                       output; text/text.h); the job finishes
                                        ("stop") when the document is done     */
+    bool ignore_eos;                /* keep generating past end-of-generation
+                                       tokens (they are kept in the output) */
     bool no_speculation;            /* never decode this request with the
                                        server's draft head (see "Speculative
                                        decoding" above)                       */
@@ -139,6 +145,11 @@ typedef enum {
     CAIRN_REQ_SESSION_APPEND,   /* session, tokens          -> DONE(session)     */
     CAIRN_REQ_SESSION_GENERATE, /* session, gen (+tokens appended first)
                                                             -> DONE(generation)  */
+    CAIRN_REQ_SESSION_SYNC,     /* session_key, tokens (the whole prompt), gen:
+                                   the named session (created when absent)
+                                   is cut where its history and the prompt
+                                   part and the rest appended, then it
+                                   generates                -> DONE(generation)  */
     CAIRN_REQ_SESSION_FORK,     /* session                  -> DONE(session: new) */
     CAIRN_REQ_SESSION_TRUNCATE, /* session, n_keep          -> DONE(session)     */
     CAIRN_REQ_SESSION_CLOSE,    /* session                  -> DONE(session)     */
@@ -153,6 +164,10 @@ typedef struct {
     uint64_t client;           /* connection id: scope of cancel and of events  */
     uint64_t id;               /* the client's msgid, echoed in every event     */
     cairn_session_id session;
+    char *session_key;         /* SESSION_SYNC: the session's name, a client's
+                                  key for its conversation (owned, malloc'ed;
+                                  1..1024 bytes); names are per tenant       */
+    size_t session_key_len;
     int32_t *tokens;           /* owned by the request (malloc'ed), may be NULL */
     size_t n_tokens;
     cairn_gen_params gen;
@@ -246,6 +261,10 @@ typedef struct {
     const char *finish_reason; /* "stop", "length" or "cancelled"          */
     int64_t prompt_tokens, cached_tokens, completion_tokens;
     int64_t cached_by_tier[3]; /* where the cached tokens were: device, host, disk */
+    double prompt_seconds;     /* admission to the first token (prefill)    */
+    double decode_seconds;     /* first token to the last                    */
+    int64_t spec_forwards;     /* speculative steps (target verifications)  */
+    int64_t spec_tokens;       /* tokens they gave (tau = tokens / forwards) */
     /* DONE(session) */
     cairn_session_id session;
     int64_t n_session_tokens;
@@ -282,6 +301,9 @@ typedef struct {
                                the model's max_seqs)                         */
     int prefill_chunk;      /* prompt tokens per request per step (default 256) */
     size_t max_sessions;    /* open sessions at most (default 4096)          */
+    size_t max_named_sessions; /* named sessions (SESSION_SYNC) at most; the
+                               least recently used idle one is closed to make
+                               room (default 1024)                           */
     bool no_prefix_cache;   /* never reuse cached prefixes (for comparisons) */
     size_t host_bytes;      /* tier-1 host RAM budget (0: none; default 256 MiB
                                when cache_dir is set)                        */

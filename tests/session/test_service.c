@@ -622,6 +622,71 @@ static void test_fair_between_clients(void **state)
     stop(f);
 }
 
+/* A named session brought to whole prompts (what the HTTP facade sends):
+ * a resent conversation reuses the session's history (only the new part is
+ * computed), a changed one is cut where it parts, a second request while
+ * one runs is refused, and the text equals a plain generation's. */
+static cairn_request *sync_request(fixture *f, uint64_t id, const char *key, const char *prompt,
+                                   int max_tokens)
+{
+    cairn_request *r = cairn_request_new(CAIRN_REQ_SESSION_SYNC);
+    r->id = id;
+    r->client = 1;
+    r->session_key = strdup(key);
+    r->session_key_len = strlen(key);
+    r->tokens = tokenize(f, prompt, true, &r->n_tokens);
+    r->gen.max_tokens = max_tokens;
+    r->gen.sampling.temperature = 0;
+    return r;
+}
+
+static void test_named_session_sync(void **state)
+{
+    (void)state;
+    fixture *f = start(512, 4, 64);
+    const char *turn1 = "Once upon a time, there was a little girl named Lily. She loved to";
+    submit_generate(f, 1, turn1, 16, false);
+    char *plain = strdup(wait_for(&f->col, 1)->text);
+    assert_int_equal(cairn_service_submit(f->svc, sync_request(f, 2, "conv-a", turn1, 16)),
+                     CAIRN_OK);
+    result *r = wait_for(&f->col, 2);
+    assert_int_equal(r->ev.kind, CAIRN_EV_DONE);
+    assert_string_equal(r->text, plain);
+    /* the conversation resent with the reply and more: only that is new */
+    char turn2[512];
+    snprintf(turn2, sizeof turn2, "%s%s One day", turn1, plain);
+    assert_int_equal(cairn_service_submit(f->svc, sync_request(f, 3, "conv-a", turn2, 8)),
+                     CAIRN_OK);
+    r = wait_for(&f->col, 3);
+    assert_int_equal(r->ev.kind, CAIRN_EV_DONE);
+    size_t n1 = 0, n2 = 0;
+    free(tokenize(f, turn1, true, &n1));
+    free(tokenize(f, turn2, true, &n2));
+    /* at least the first turn's whole pages come from the session's history */
+    assert_true(r->ev.cached_tokens >= (int64_t)(n1 / 16 * 16));
+    assert_int_equal(r->ev.prompt_tokens, (int64_t)n2);
+    /* a conversation that parts early: cut there, same text as plain */
+    const char *other = "Once upon a time, there was a big dog";
+    submit_generate(f, 4, other, 12, false);
+    char *plain_other = strdup(wait_for(&f->col, 4)->text);
+    assert_int_equal(cairn_service_submit(f->svc, sync_request(f, 5, "conv-a", other, 12)),
+                     CAIRN_OK);
+    r = wait_for(&f->col, 5);
+    assert_string_equal(r->text, plain_other);
+    /* another name is another session; a name busy generating is refused */
+    assert_int_equal(cairn_service_submit(f->svc, sync_request(f, 6, "conv-b", turn1, 200)),
+                     CAIRN_OK);
+    assert_int_equal(cairn_service_submit(f->svc, sync_request(f, 7, "conv-b", turn1, 4)),
+                     CAIRN_OK);
+    r = wait_for(&f->col, 7);
+    assert_int_equal(r->ev.kind, CAIRN_EV_ERROR);
+    assert_int_equal(r->ev.code, CAIRN_EBUSY);
+    assert_int_equal(wait_for(&f->col, 6)->ev.kind, CAIRN_EV_DONE);
+    free(plain);
+    free(plain_other);
+    stop(f);
+}
+
 int main(void)
 {
     model_path = getenv("CAIRN_MODEL");
@@ -631,6 +696,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_matches_reference),
+        cmocka_unit_test(test_named_session_sync),
         cmocka_unit_test(test_batching_does_not_change_results),
         cmocka_unit_test(test_prefix_reuse),
         cmocka_unit_test(test_sessions),

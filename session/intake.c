@@ -1,0 +1,365 @@
+/*
+ * session/intake.c — one request from the inbox: session calls (open,
+ * append, fork, truncate, close, info), generations (plain, on a session,
+ * or on a named session brought to a given prompt first), cancels and
+ * stats; and the replies that wait until a persisted session is durable.
+ */
+#include "session/session_impl.h"
+
+/* r->tokens = prefix + r->tokens. */
+static int prepend_tokens(cairn_request *r, const int32_t *prefix, size_t n)
+{
+    int32_t *t = malloc((n + r->n_tokens) * sizeof *t);
+    if (!t)
+        return CAIRN_ENOMEM;
+    memcpy(t, prefix, n * sizeof *t);
+    if (r->n_tokens)
+        memcpy(t + n, r->tokens, r->n_tokens * sizeof *t);
+    free(r->tokens);
+    r->tokens = t;
+    r->n_tokens += n;
+    return CAIRN_OK;
+}
+
+
+/* Turn a generate / session.generate request into a waiting job. Takes the
+ * request. */
+static void start_generation(cairn_service *s, cairn_request *r, session *sess)
+{
+    job *j = calloc(1, sizeof *j);
+    int rc = j ? CAIRN_OK : CAIRN_ENOMEM;
+    if (rc == CAIRN_OK) {
+        j->req = r;
+        j->sess = sess;
+        if (sess)
+            rc = tokvec_append(&j->seq, sess->history.v, sess->history.n);
+        if (rc == CAIRN_OK)
+            rc = tokvec_append(&j->seq, r->tokens, r->n_tokens);
+    }
+    const char *msg = "out of memory";
+    if (rc == CAIRN_OK && j->seq.n == 0) {
+        rc = CAIRN_EINVAL;
+        msg = "nothing to generate from: the prompt is empty";
+    }
+    if (rc == CAIRN_OK && j->seq.n >= (size_t)s->n_ctx) {
+        rc = CAIRN_ERANGE;
+        msg = "the prompt does not fit in the context";
+    }
+    if (rc == CAIRN_OK && r->gen.max_tokens < 0) {
+        rc = CAIRN_EINVAL;
+        msg = "max_tokens must not be negative";
+    }
+    if (rc == CAIRN_OK) {
+        rc = cairn_sampler_create(&r->gen.sampling, s->n_vocab, &j->sampler);
+        if (rc)
+            msg = "invalid sampling settings";
+    }
+    if (rc == CAIRN_OK && (rc = cairn_detok_create(s->vocab, false, &j->detok)))
+        msg = "out of memory";
+    if (rc == CAIRN_OK && r->gen.grammar) {
+        const cairn_grammar_vocab *gv = cairn_runtime_grammar_vocab(s->rt);
+        rc = gv ? cairn_grammar_matcher_create_with(r->gen.grammar, gv, &j->matcher)
+                : CAIRN_ENOMEM;
+        if (rc)
+            msg = "cannot set up the response format";
+    }
+    if (rc == CAIRN_OK && s->eagle && (rc = job_spec_create(s, j)) != CAIRN_OK)
+        msg = rc == CAIRN_ENOMEM ? "out of memory"
+                                 : "invalid draft settings (depth 1..16, top_k 1..16, n 1..255 "
+                                   "and below the batch size)";
+    if (rc != CAIRN_OK) {
+        svc_emit_error(s, r, rc, msg);
+        if (j) {
+            j->req = NULL;
+            job_free(j);
+        }
+        cairn_request_free(r);
+        return;
+    }
+    j->n_prompt = j->seq.n;
+    for (size_t i = 0; i < j->seq.n; i++)
+        cairn_sampler_accept(j->sampler, j->seq.v[i]);
+    if (sess)
+        sess->busy = true;
+    if (r->gen.max_tokens == 0) {
+        j->finish = "length";
+        job_finish(s, j, true);
+        return;
+    }
+    waiting_push(s, j, false);
+}
+
+
+/* Reply to a session call now, or — for a persisted session — once its
+ * record (or its deletion) is durable. Takes nothing; copies what it needs. */
+static void reply_session(cairn_service *s, cairn_request *r, session *x, int64_t n_tokens,
+                          bool deleted)
+{
+    if (!x->persist || !s->have_disk) {
+        svc_emit_session(s, r, x->id, n_tokens);
+        return;
+    }
+    deferred *d = calloc(1, sizeof *d);
+    if (!d) {
+        svc_emit_error(s, r, CAIRN_ENOMEM, "out of memory");
+        return;
+    }
+    d->cookie = ++s->next_cookie;
+    d->id = x->id;
+    d->n_tokens = n_tokens;
+    int rc = deleted ? record_delete(s, x->id, d->cookie) : record_put(s, x, d->cookie);
+    if (rc != CAIRN_OK) {
+        free(d);
+        svc_emit_error(s, r, CAIRN_EIO, "the session could not be made durable");
+        return;
+    }
+    /* the request is answered later: keep a copy of what the reply needs */
+    d->req = cairn_request_new(r->kind);
+    if (!d->req) {
+        free(d);
+        svc_emit_error(s, r, CAIRN_ENOMEM, "out of memory");
+        return;
+    }
+    d->req->client = r->client;
+    d->req->id = r->id;
+    d->outstanding = 1;
+    d->next = s->deferred;
+    s->deferred = d;
+}
+
+
+/* A durability completion (persist or record) for a finished job or a
+ * deferred session reply. */
+void intake_durable_done(cairn_service *s, uint64_t cookie, int status)
+{
+    for (job **pp = &s->durable; *pp; pp = &(*pp)->next) {
+        job *j = *pp;
+        if (j->cookie != cookie)
+            continue;
+        if (status != CAIRN_OK)
+            j->durable_failed = true;
+        if (--j->outstanding > 0)
+            return;
+        *pp = j->next;
+        if (j->durable_failed)
+            svc_emit_error(s, j->req, CAIRN_EIO, "the session could not be made durable");
+        else
+            svc_emit_generation_done(s, j);
+        job_free(j);
+        return;
+    }
+    for (deferred **pp = &s->deferred; *pp; pp = &(*pp)->next) {
+        deferred *d = *pp;
+        if (d->cookie != cookie)
+            continue;
+        /* a record delete of an absent record still leaves it absent */
+        if (status != CAIRN_OK && status != CAIRN_ENOTFOUND)
+            d->failed = true;
+        if (--d->outstanding > 0)
+            return;
+        *pp = d->next;
+        if (d->failed)
+            svc_emit_error(s, d->req, CAIRN_EIO, "the session could not be made durable");
+        else
+            svc_emit_session(s, d->req, d->id, d->n_tokens);
+        cairn_request_free(d->req);
+        free(d);
+        return;
+    }
+}
+
+
+/* ---- session calls ---------------------------------------------------------- */
+
+static void handle_open(cairn_service *s, cairn_request *r)
+{
+    session *x = NULL;
+    int rc = session_create(s, &x);
+    if (rc != CAIRN_OK) {
+        svc_emit_error(s, r, rc, rc == CAIRN_EFULL ? "too many open sessions"
+                                                   : "cannot create session");
+        return;
+    }
+    if (r->n_tokens > (size_t)s->n_ctx || tokvec_append(&x->history, r->tokens, r->n_tokens)) {
+        session_destroy(s, x);
+        svc_emit_error(s, r, CAIRN_ERANGE, "the session's text does not fit in the context");
+        return;
+    }
+    x->persist = r->persist;
+    x->tenant = r->tenant;
+    if (x->persist && !s->have_disk) {
+        session_destroy(s, x);
+        svc_emit_error(s, r, CAIRN_EUNSUPPORTED, "persist needs a disk tier (serve --cache-dir)");
+        return;
+    }
+    reply_session(s, r, x, (int64_t)x->history.n, false);
+}
+
+/* append and generate: r's tokens continue the session (a chat turn first
+ * closes a reply left open with the template's turn end). Takes r when it
+ * starts a generation; returns true then. */
+static bool handle_append(cairn_service *s, cairn_request *r)
+{
+    session *x = session_idle_of_request(s, r, "the session is generating; wait for it to finish");
+    if (!x)
+        return false;
+    int rc;
+    if (r->chat_turn && x->reply_open && s->n_turn_end > 0 &&
+        (rc = prepend_tokens(r, s->turn_end, s->n_turn_end)) != CAIRN_OK) {
+        svc_emit_error(s, r, rc, "out of memory");
+        return false;
+    }
+    if (x->history.n + r->n_tokens >= (size_t)s->n_ctx) {
+        svc_emit_error(s, r, CAIRN_ERANGE, "the session would not fit in the context");
+        return false;
+    }
+    if (r->n_tokens > 0 || r->kind == CAIRN_REQ_SESSION_APPEND)
+        x->reply_open = false;
+    if (r->kind == CAIRN_REQ_SESSION_GENERATE) {
+        start_generation(s, r, x);
+        return true;
+    }
+    if (tokvec_append(&x->history, r->tokens, r->n_tokens)) {
+        svc_emit_error(s, r, CAIRN_ENOMEM, "out of memory");
+        return false;
+    }
+    reply_session(s, r, x, (int64_t)x->history.n, false);
+    return false;
+}
+
+/* A named session brought to r's prompt — its history cut where the two
+ * part, the rest of the prompt appended — then a generation. What a client
+ * that resends its whole conversation every turn (OpenAI's API) needs: the
+ * common part is served from the session's cached pages, the front end
+ * keeps no copy of the history. Takes r when it starts a generation;
+ * returns true then. */
+static bool handle_sync(cairn_service *s, cairn_request *r)
+{
+    if (!r->session_key || r->session_key_len == 0) {
+        svc_emit_error(s, r, CAIRN_EINVAL, "a session name is required");
+        return false;
+    }
+    if (r->n_tokens >= (size_t)s->n_ctx) {
+        svc_emit_error(s, r, CAIRN_ERANGE, "the prompt does not fit in the context");
+        return false;
+    }
+    session *x = session_named(s, r);
+    if (!x)
+        return false;
+    if (x->busy) {
+        svc_emit_error(s, r, CAIRN_EBUSY,
+                       "a request of this session is still running; wait for it to finish");
+        return false;
+    }
+    size_t common = 0, lim = x->history.n < r->n_tokens ? x->history.n : r->n_tokens;
+    while (common < lim && x->history.v[common] == r->tokens[common])
+        common++;
+    if (common < x->history.n) {
+        x->history.n = common; /* the client's conversation parted here */
+        x->reply_open = false;
+    }
+    /* the rest of the prompt becomes the turn's new tokens */
+    size_t rest = r->n_tokens - common;
+    memmove(r->tokens, r->tokens + common, rest * sizeof *r->tokens);
+    r->n_tokens = rest;
+    if (rest > 0)
+        x->reply_open = false;
+    start_generation(s, r, x);
+    return true;
+}
+
+static void handle_fork(cairn_service *s, cairn_request *r)
+{
+    session *x = session_of_request(s, r), *child;
+    if (!x)
+        return;
+    int rc = session_create(s, &child);
+    if (rc != CAIRN_OK) {
+        svc_emit_error(s, r, rc, rc == CAIRN_EFULL ? "too many open sessions"
+                                                   : "cannot create session");
+        return;
+    }
+    /* The pages are shared through the tree: the child's history finds the
+     * same pages as the parent's. Only the token ids are copied. */
+    if (tokvec_append(&child->history, x->history.v, x->history.n)) {
+        session_destroy(s, child);
+        svc_emit_error(s, r, CAIRN_ENOMEM, "out of memory");
+        return;
+    }
+    /* a fork of a durable session is durable too */
+    child->persist = x->persist;
+    child->reply_open = x->reply_open;
+    child->tenant = x->tenant;
+    reply_session(s, r, child, (int64_t)child->history.n, false);
+}
+
+static void handle_truncate(cairn_service *s, cairn_request *r)
+{
+    session *x = session_idle_of_request(s, r, "the session is generating; wait for it to finish");
+    if (!x)
+        return;
+    if (r->n_keep < 0 || (size_t)r->n_keep > x->history.n) {
+        svc_emit_error(s, r, CAIRN_EINVAL, "n_tokens is larger than the session");
+        return;
+    }
+    x->history.n = (size_t)r->n_keep;
+    x->reply_open = false; /* the cut may be anywhere: the client knows where */
+    reply_session(s, r, x, (int64_t)x->history.n, false);
+}
+
+static void handle_close(cairn_service *s, cairn_request *r)
+{
+    session *x = session_idle_of_request(s, r, "the session is generating; cancel it first");
+    if (!x)
+        return;
+    reply_session(s, r, x, 0, true);
+    session_destroy(s, x);
+}
+
+/* ---- the rest ----------------------------------------------------------------- */
+
+void intake_handle(cairn_service *s, cairn_request *r)
+{
+    session *x;
+    switch (r->kind) {
+    case CAIRN_REQ_GENERATE:
+        start_generation(s, r, NULL);
+        return;
+    case CAIRN_REQ_SESSION_OPEN: handle_open(s, r); break;
+    case CAIRN_REQ_SESSION_APPEND:
+    case CAIRN_REQ_SESSION_GENERATE:
+        if (handle_append(s, r))
+            return;
+        break;
+    case CAIRN_REQ_SESSION_SYNC:
+        if (handle_sync(s, r))
+            return;
+        break;
+    case CAIRN_REQ_SESSION_FORK: handle_fork(s, r); break;
+    case CAIRN_REQ_SESSION_TRUNCATE: handle_truncate(s, r); break;
+    case CAIRN_REQ_SESSION_CLOSE: handle_close(s, r); break;
+    case CAIRN_REQ_SESSION_INFO:
+        if ((x = session_of_request(s, r)))
+            svc_emit_session(s, r, x->id, (int64_t)x->history.n);
+        break;
+    case CAIRN_REQ_CANCEL: {
+        job *j = sched_find_job(s, r->client, r->target);
+        if (j)
+            j->cancelled = true;
+        cairn_event ev = {.kind = CAIRN_EV_DONE, .what = CAIRN_DONE_CANCEL, .client = r->client,
+                          .id = r->id, .found = j != NULL};
+        svc_emit(s, &ev);
+        break;
+    }
+    case CAIRN_REQ_CACHE_STATS: {
+        cairn_event ev = {.kind = CAIRN_EV_DONE, .what = CAIRN_DONE_STATS, .client = r->client,
+                          .id = r->id};
+        svc_fill_stats(s, &ev.stats);
+        svc_emit(s, &ev);
+        break;
+    }
+    case CAIRN_REQ_CLIENT_GONE: sched_cancel_client(s, r->client); break;
+    default: svc_emit_error(s, r, CAIRN_EINVAL, "unknown request kind"); break;
+    }
+    cairn_request_free(r);
+}

@@ -1,0 +1,496 @@
+/*
+ * session/scheduler.c — which jobs run, and one step of them: admission
+ * through the cache's prefix fetch, fairness between connections,
+ * continuous batching (decoders first, prompts in chunks), speculative
+ * steps while few requests decode, and pausing when KV pages run out.
+ */
+#include "session/session_impl.h"
+
+void waiting_push(cairn_service *s, job *j, bool front)
+{
+    j->next = NULL;
+    if (!s->waiting_head) {
+        s->waiting_head = s->waiting_tail = j;
+    } else if (front) {
+        j->next = s->waiting_head;
+        s->waiting_head = j;
+    } else {
+        s->waiting_tail->next = j;
+        s->waiting_tail = j;
+    }
+    s->n_waiting++;
+}
+
+job *waiting_pop(cairn_service *s)
+{
+    job *j = s->waiting_head;
+    if (j) {
+        s->waiting_head = j->next;
+        if (!s->waiting_head)
+            s->waiting_tail = NULL;
+        s->n_waiting--;
+    }
+    return j;
+}
+
+
+/* Find a running or waiting job of `client` with msgid `id`. */
+job *sched_find_job(cairn_service *s, uint64_t client, uint64_t id)
+{
+    for (int i = 0; i < s->n_running; i++)
+        if (s->running[i]->req->client == client && s->running[i]->req->id == id)
+            return s->running[i];
+    for (job *j = s->waiting_head; j; j = j->next)
+        if (j->req->client == client && j->req->id == id)
+            return j;
+    for (int i = 0; i < s->n_fetching; i++)
+        if (s->fetching[i]->req->client == client && s->fetching[i]->req->id == id)
+            return s->fetching[i];
+    return NULL;
+}
+
+
+static void running_remove(cairn_service *s, int i)
+{
+    memmove(&s->running[i], &s->running[i + 1], (size_t)(s->n_running - i - 1) * sizeof *s->running);
+    s->n_running--;
+}
+
+/* Remove j from the running set (it must be there). */
+static void running_drop(cairn_service *s, job *j)
+{
+    for (int k = 0; k < s->n_running; k++)
+        if (s->running[k] == j) {
+            running_remove(s, k);
+            return;
+        }
+}
+
+/* Finish cancelled jobs wherever they are. A gone client's jobs finish too;
+ * the protocol drops events for connections that no longer exist. */
+void sched_reap_cancelled(cairn_service *s)
+{
+    for (int i = 0; i < s->n_running;) {
+        job *j = s->running[i];
+        if (j->cancelled) {
+            running_remove(s, i);
+            j->finish = "cancelled";
+            job_finish(s, j, true);
+        } else {
+            i++;
+        }
+    }
+    job **pp = &s->waiting_head;
+    s->waiting_tail = NULL;
+    while (*pp) {
+        job *j = *pp;
+        if (j->cancelled) {
+            *pp = j->next;
+            s->n_waiting--;
+            j->finish = "cancelled";
+            job_finish(s, j, true);
+        } else {
+            s->waiting_tail = j;
+            pp = &j->next;
+        }
+    }
+}
+
+/* Start running a job whose cached prefix (if any) is known: `ev` is its
+ * fetch event, or NULL when nothing was looked up. */
+static void job_adopt(cairn_service *s, job *j, const cairn_kvcache_event *ev)
+{
+    j->n_computed = 0;
+    j->n_tree_pages = j->n_pages = 0;
+    j->hold = ev ? ev->node : NULL;
+    size_t resident = ev ? ev->resident_pages : 0;
+    if (resident > 0) {
+        if (job_reserve_pages(j, resident) != CAIRN_OK ||
+            cairn_kvcache_held_pages(s->cache, j->hold, resident, j->pages) != CAIRN_OK)
+            resident = 0; /* cannot use it: compute everything */
+        j->n_tree_pages = j->n_pages = resident;
+        j->n_computed = resident * (size_t)s->page_size;
+    }
+    if (j->spec) {
+        /* head rows of the matched pages are valid (model.h); pages[] must
+         * exist even when empty, capacity is set before every use */
+        if (job_reserve_pages(j, 1) != CAIRN_OK ||
+            cairn_eagle_seq_adopt(j->spec, cairn_kvcache_kv_base(s->cache), &s->kv, j->pages,
+                                  (int)(j->n_pages * (size_t)s->page_size), j->seq.v,
+                                  (int)j->seq.n, (int)j->n_computed) != CAIRN_OK)
+            j->spec_failed = true;
+        j->spec_ready = false;
+    }
+    if (!j->admitted_once) {
+        j->admitted_once = true;
+        j->t_admitted = cairn_now();
+        j->cached_tokens = (int64_t)j->n_computed;
+        for (int t = 0; t < 3 && ev && resident > 0; t++) {
+            j->cached_by_tier[t] = (int64_t)ev->from_tier[t] * s->page_size;
+            s->stats.cached_tokens_by_tier[t] += (uint64_t)j->cached_by_tier[t];
+        }
+        s->stats.queries++;
+        s->stats.prompt_tokens += j->n_prompt;
+        s->stats.cached_tokens += j->n_computed;
+    }
+    s->running[s->n_running++] = j;
+}
+
+/* Jobs of `client` running or fetching now. */
+static int client_load(const cairn_service *s, uint64_t client)
+{
+    int n = 0;
+    for (int i = 0; i < s->n_running; i++)
+        n += s->running[i]->req->client == client;
+    for (int i = 0; i < s->n_fetching; i++)
+        n += s->fetching[i]->req->client == client;
+    return n;
+}
+
+/* The next waiting job to admit. First come, first served — except that a
+ * connection already holding its fair share of the running slots (max_seqs
+ * divided among the connections that have work) is passed over while
+ * another connection waits, so one client with hundreds of queued requests
+ * cannot starve the rest. Work-conserving: with no one else waiting, the
+ * head goes in anyway. Removes the job from the queue. */
+static job *waiting_pick(cairn_service *s)
+{
+    job *head = s->waiting_head;
+    if (!head || !head->next)
+        return waiting_pop(s);
+    /* connections with work: a bounded count is enough for the share */
+    uint64_t seen[64];
+    int n_seen = 0;
+    for (int i = 0; i < s->n_running + s->n_fetching && n_seen < 64; i++) {
+        const job *j = i < s->n_running ? s->running[i] : s->fetching[i - s->n_running];
+        bool dup = false;
+        for (int k = 0; k < n_seen && !dup; k++)
+            dup = seen[k] == j->req->client;
+        if (!dup)
+            seen[n_seen++] = j->req->client;
+    }
+    for (const job *j = head; j && n_seen < 64; j = j->next) {
+        bool dup = false;
+        for (int k = 0; k < n_seen && !dup; k++)
+            dup = seen[k] == j->req->client;
+        if (!dup)
+            seen[n_seen++] = j->req->client;
+    }
+    int share = (s->cfg.max_seqs + n_seen - 1) / n_seen;
+    job *prev = NULL;
+    for (job *j = head; j; prev = j, j = j->next) {
+        if (client_load(s, j->req->client) >= share)
+            continue;
+        if (prev) {
+            prev->next = j->next;
+            if (s->waiting_tail == j)
+                s->waiting_tail = prev;
+            s->n_waiting--;
+            j->next = NULL;
+            return j;
+        }
+        return waiting_pop(s);
+    }
+    return waiting_pop(s);
+}
+
+void sched_admit(cairn_service *s)
+{
+    /* After a pause, admitting more would only lock more pages and pause
+     * again: wait until a running job finishes (or nothing runs). */
+    if (s->pages_tight && s->n_running > 0)
+        return;
+    s->pages_tight = false;
+    while (s->n_running + s->n_fetching < s->cfg.max_seqs && s->waiting_head) {
+        job *j = waiting_pick(s);
+        if (s->prefix_cache && j->seq.n >= 2) {
+            j->cookie = ++s->next_cookie;
+            /* leave the last token out: it must be computed for its logits */
+            if (cairn_kvcache_fetch(s->cache, j->req->tenant, j->seq.v, j->seq.n - 1,
+                                    SIZE_MAX, j->cookie) == CAIRN_OK) {
+                s->fetching[s->n_fetching++] = j;
+                continue;
+            }
+        }
+        job_adopt(s, j, NULL);
+    }
+}
+
+
+/* Take what the cache has finished: fetched prefixes start running;
+ * durability completions release replies. */
+void sched_poll_cache(cairn_service *s)
+{
+    cairn_kvcache_event ev[16];
+    int n = 0;
+    while (cairn_kvcache_poll(s->cache, ev, 16, &n) == CAIRN_OK && n > 0) {
+        for (int i = 0; i < n; i++) {
+            switch (ev[i].kind) {
+            case CAIRN_KVCACHE_EV_FETCH:
+                for (int k = 0; k < s->n_fetching; k++) {
+                    job *j = s->fetching[k];
+                    if (j->cookie != ev[i].cookie)
+                        continue;
+                    s->fetching[k] = s->fetching[--s->n_fetching];
+                    job_adopt(s, j, &ev[i]); /* cancelled ones are reaped next */
+                    break;
+                }
+                break;
+            case CAIRN_KVCACHE_EV_PERSIST:
+            case CAIRN_KVCACHE_EV_RECORD_PUT:
+            case CAIRN_KVCACHE_EV_RECORD_DELETE:
+                intake_durable_done(s, ev[i].cookie, ev[i].status);
+                break;
+            case CAIRN_KVCACHE_EV_RECORD_GET:
+                free(ev[i].data);
+                break;
+            default:
+                break;
+            }
+        }
+    }
+}
+
+/* Pause a running job: its computed pages go to the tree (unlocked, so they
+ * can be evicted now), and it waits at the front of the queue. */
+static void pause_one(cairn_service *s, job *j)
+{
+    s->pages_tight = true;
+    running_drop(s, j);
+    job_release_pages(s, j);
+    waiting_push(s, j, true);
+    s->stats.paused++;
+}
+
+
+/* One draft-verify step for each job chosen to speculate this step. */
+static void step_speculative(cairn_service *s, int n_spec)
+{
+    for (int k = 0; k < n_spec; k++) {
+        job *j = s->spec_jobs[k];
+        int32_t out[17]; /* depth <= 16 */
+        int n_out = 0;
+        int rc = cairn_eagle_seq_set_pages(j->spec, j->pages, job_capacity(s, j));
+        if (rc == CAIRN_OK)
+            rc = cairn_eagle_seq_step(j->spec, out, 17, &n_out);
+        if (rc != CAIRN_OK || n_out < 1) {
+            running_drop(s, j);
+            job_fail_head(s, j);
+            continue;
+        }
+        s->spec_steps++;
+        s->spec_tokens += (uint64_t)n_out;
+        j->spec_forwards++;
+        j->spec_tokens += n_out;
+        double now = cairn_now();
+        if (j->t_last_token == 0) {
+            svc_histogram_observe(&s->stats.ttft, now - j->req->submitted_at);
+            j->t_first_token = now;
+        } else
+            for (int t = 0; t < n_out; t++) /* the step's time, shared by its tokens */
+                svc_histogram_observe(&s->stats.inter_token, (now - j->t_last_token) / n_out);
+        j->t_last_token = now;
+        bool done = false;
+        for (int t = 0; t < n_out && !done; t++)
+            done = job_push_token(s, j, out[t], NULL);
+        /* the accepted tokens' KV is in the pages (the last one is pending);
+         * tokens cut by a stop keep theirs, which is the same KV */
+        size_t n_past = (size_t)cairn_eagle_seq_n_past(j->spec);
+        j->n_computed = n_past < j->seq.n ? n_past : j->seq.n;
+        if (done) {
+            running_drop(s, j);
+            job_finish(s, j, true);
+        }
+    }
+}
+
+/* Whether j decodes by a speculative step this time (its tree pages taken);
+ * when the pages cannot be had it decodes plainly. */
+static bool plan_speculative(cairn_service *s, job *j)
+{
+    if (!(j->spec_ok && j->spec_ready &&
+          (size_t)cairn_eagle_seq_n_past(j->spec) == j->n_computed))
+        return false;
+    size_t span = j->n_computed + (size_t)j->spec_span;
+    if (span > (size_t)s->n_ctx)
+        span = (size_t)s->n_ctx;
+    return job_ensure_pages(s, j, span) == CAIRN_OK;
+}
+
+/* Pages for the next `chunk` tokens of running[i], pausing the newest other
+ * jobs, or this one, when they run out. Returns
+ *   1   planned: it joins the batch
+ *   0   not this step (paused, or waiting for fetching jobs to join)
+ *  -1   it failed (the error is emitted)
+ * and *removed says whether it left the running set (then the caller's
+ * index already names the next job). */
+static int plan_pages(cairn_service *s, int i, size_t chunk, bool *removed)
+{
+    job *j = s->running[i];
+    *removed = false;
+    int rc;
+    while ((rc = job_ensure_pages(s, j, j->n_computed + chunk)) == CAIRN_EFULL &&
+           s->n_running - 1 > i)
+        pause_one(s, s->running[s->n_running - 1]);
+    if (rc == CAIRN_OK)
+        return 1;
+    if (rc == CAIRN_EFULL && s->n_fetching > 0) {
+        /* Jobs still fetching hold locks on their prefixes; they join the
+         * running set (as its newest) next step and can be paused then. */
+        return 0;
+    }
+    *removed = true;
+    running_remove(s, i);
+    if (rc == CAIRN_EFULL && i > 0) {
+        /* j is the newest: it waits for the older ones to finish */
+        job_release_pages(s, j);
+        waiting_push(s, j, true);
+        s->stats.paused++;
+        s->pages_tight = true;
+        return 0;
+    }
+    job_fail(s, j, rc == CAIRN_EFULL ? CAIRN_EFULL : rc,
+             rc == CAIRN_EFULL ? "not enough KV cache for this request"
+                               : "cannot allocate KV pages");
+    return -1;
+}
+
+/* Build this step's batch, oldest job first: each decoder gets one token,
+ * prompts share what is left of the batch in chunks; jobs that speculate go
+ * to spec_jobs. When pages run out, the newest job not yet planned is paused
+ * (pause_one); when the job being planned is itself the newest it pauses,
+ * unless it is alone — then it cannot fit at all and fails. Returns the
+ * batch's sequences; *n_spec the speculating jobs. */
+static int plan_batch(cairn_service *s, int *n_spec)
+{
+    int n_dec = 0;
+    for (int i = 0; i < s->n_running; i++)
+        n_dec += s->running[i]->seq.n - s->running[i]->n_computed == 1;
+    int prefill_budget = s->cfg.max_batch_tokens - n_dec;
+    int n = 0;
+    *n_spec = 0;
+    /* few decoders: those that may speculate do, each in its own forward */
+    const bool speculate = s->eagle && s->draft_max_batch > 0 && n_dec <= s->draft_max_batch;
+    for (int i = 0; i < s->n_running;) {
+        job *j = s->running[i];
+        size_t remaining = j->seq.n - j->n_computed;
+        size_t chunk = 1;
+        if (j->spec_failed) {
+            running_remove(s, i);
+            job_fail_head(s, j);
+            continue;
+        }
+        if (speculate && remaining == 1 && plan_speculative(s, j)) {
+            s->spec_jobs[(*n_spec)++] = j;
+            i++;
+            continue;
+        }
+        if (remaining > 1) {
+            chunk = remaining < (size_t)s->cfg.prefill_chunk ? remaining
+                                                             : (size_t)s->cfg.prefill_chunk;
+            if (chunk > (size_t)prefill_budget)
+                chunk = (size_t)prefill_budget;
+            if (chunk == 0) { /* no room left in this step's batch */
+                i++;
+                continue;
+            }
+        }
+        bool removed;
+        int planned = plan_pages(s, i, chunk, &removed);
+        if (planned <= 0) {
+            if (!removed)
+                i++;
+            continue;
+        }
+        s->batch[n] = (cairn_seq_batch){
+            .tokens = j->seq.v + j->n_computed,
+            .n_tokens = (int)chunk,
+            .kv_start = (int)j->n_computed,
+            .pages = j->pages,
+        };
+        s->batch_jobs[n++] = j;
+        if (remaining > 1)
+            prefill_budget -= (int)chunk;
+        i++;
+    }
+    return n;
+}
+
+/* The forward pass over the planned batch; feeds the cache the measured
+ * prefill rate. */
+static int run_forward(cairn_service *s, int n)
+{
+    int n_out = 0, n_tokens = 0;
+    for (int b = 0; b < n; b++)
+        n_tokens += s->batch[b].n_tokens;
+    double t0 = cairn_now();
+    void *kv = cairn_kvcache_kv_base(s->cache);
+    /* with a head, every token's feature: the head runs over all of them */
+    int rc = s->eagle ? cairn_model_forward_features(s->model, kv, &s->kv, s->batch, n, s->logits,
+                                                     s->features, &n_out)
+                      : cairn_model_forward(s->model, kv, &s->kv, s->batch, n, s->logits, NULL,
+                                            &n_out);
+    /* Steps with real prefill measure how fast tokens are computed; the
+     * cache weighs that against load times to decide what to load. */
+    double dt = cairn_now() - t0;
+    if (rc == CAIRN_OK && n_tokens >= 32 && dt > 0) {
+        double rate = n_tokens / dt;
+        s->compute_rate = s->compute_rate > 0 ? 0.8 * s->compute_rate + 0.2 * rate : rate;
+        cairn_kvcache_set_compute_rate(s->cache, s->compute_rate);
+    }
+    return rc;
+}
+
+void sched_step(cairn_service *s)
+{
+    int n_spec = 0;
+    const int n = plan_batch(s, &n_spec);
+    if (n == 0) {
+        step_speculative(s, n_spec);
+        return;
+    }
+    int rc = run_forward(s, n);
+    if (rc != CAIRN_OK) {
+        for (int b = 0; b < n; b++) {
+            job *j = s->batch_jobs[b];
+            running_drop(s, j);
+            job_fail(s, j, rc, "the forward pass failed");
+        }
+        return;
+    }
+    /* every sequence in the batch returned its last row's logits (needed
+     * only where the prompt is finished) */
+    const float *features = s->features;
+    for (int b = 0; b < n; b++) {
+        job *j = s->batch_jobs[b];
+        const int n_tok = s->batch[b].n_tokens;
+        j->n_computed += (size_t)n_tok;
+        bool done = j->n_computed >= j->seq.n &&
+                    job_take_token(s, j, s->logits + (size_t)b * s->n_vocab);
+        /* the head over the same tokens, now that the next one is known,
+         * before the pages can go to the tree */
+        if (j->spec && job_head_advance(s, j, features, n_tok) != CAIRN_OK) {
+            running_drop(s, j);
+            job_fail_head(s, j);
+        } else if (done) {
+            running_drop(s, j);
+            job_finish(s, j, true);
+        }
+        if (features)
+            features += (size_t)n_tok * cairn_model_hparams(s->model)->dim;
+    }
+    step_speculative(s, n_spec);
+}
+
+void sched_cancel_client(cairn_service *s, uint64_t client)
+{
+    for (int i = 0; i < s->n_running; i++)
+        if (s->running[i]->req->client == client)
+            s->running[i]->cancelled = true;
+    for (job *j = s->waiting_head; j; j = j->next)
+        if (j->req->client == client)
+            j->cancelled = true;
+    for (int i = 0; i < s->n_fetching; i++)
+        if (s->fetching[i]->req->client == client)
+            s->fetching[i]->cancelled = true;
+}

@@ -1,0 +1,308 @@
+/*
+ * session/session_impl.h — the engine thread's own state, shared by the
+ * files of session/ and nothing else (nothing outside session/ includes
+ * this). session.h says what the service promises; this says how it keeps
+ * the promise:
+ *
+ *   service.c    the thread, its inbox and its loop; start and stop
+ *   intake.c     one request from the inbox: session calls, generations,
+ *                cancels; replies that wait for durability
+ *   sessions.c   session ids, the session table, named (keyed) sessions
+ *   records.c    a session's durable record: format, write, read at start
+ *   jobs.c       one generation: its pages, sampling, text, stop strings,
+ *                deltas, finishing
+ *   scheduler.c  which jobs run: admission (prefix fetch), fairness, the
+ *                batched step, speculative steps, pausing for pages
+ *   events.c     what leaves the engine: events, latency histograms, stats
+ *
+ * Life of a generation request ("job"):
+ *
+ *   submit ──▶ inbox ──▶ waiting (FIFO) ──admit──▶ running ──finish──▶ event
+ *                           ▲      (fetching: the     │
+ *                           │      cache brings its   │
+ *                           │      prefix to tier 0)  │
+ *                           └──────── pause ──────────┘  (pages ran out)
+ *
+ *   admit:  ask the cache for seq[0 .. n-1) (at least one token is always
+ *           computed, for its logits); its event holds the matched prefix,
+ *           whose device pages head the job's page table.
+ *   step:   compute seq[n_computed .. n_computed+chunk) into pages the job
+ *           allocated itself; when the chunk reaches the end of seq, sample
+ *           one token and append it to seq.
+ *   finish: commit the computed whole pages to the cache (the tree takes
+ *           the new ones; duplicates are returned), release the hold, emit
+ *           DONE.
+ *   pause:  the same commit, then back to the front of `waiting` with its
+ *           sequence (prompt + generated so far) and sampler intact; on
+ *           re-admission its own pages are found again by prefix match.
+ *
+ * Everything here belongs to the engine thread, except the inbox and the
+ * stopping flag (guarded by mu).
+ */
+#ifndef CAIRN_SESSION_IMPL_H
+#define CAIRN_SESSION_IMPL_H
+
+#include "session/session.h"
+#include "store/store.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- token arrays -------------------------------------------------------- */
+
+typedef struct {
+    int32_t *v;
+    size_t n, cap;
+} tokvec;
+
+static inline int tokvec_reserve(tokvec *t, size_t need)
+{
+    if (need <= t->cap)
+        return CAIRN_OK;
+    size_t cap = t->cap ? t->cap : 64;
+    while (cap < need)
+        cap *= 2;
+    int32_t *v = realloc(t->v, cap * sizeof *v);
+    if (!v)
+        return CAIRN_ENOMEM;
+    t->v = v;
+    t->cap = cap;
+    return CAIRN_OK;
+}
+
+static inline int tokvec_append(tokvec *t, const int32_t *src, size_t n)
+{
+    if (n == 0)
+        return CAIRN_OK;
+    int rc = tokvec_reserve(t, t->n + n);
+    if (rc)
+        return rc;
+    memcpy(t->v + t->n, src, n * sizeof *src);
+    t->n += n;
+    return CAIRN_OK;
+}
+
+/* ---- sessions, jobs, deferred replies ------------------------------------ */
+
+typedef struct session {
+    cairn_session_id id;
+    tokvec history;
+    bool busy;       /* a generation is running on it                         */
+    bool reply_open; /* the last thing added was a generated reply, without
+                        the turn end its end-of-generation token would have
+                        been (that token is never kept in the history)      */
+    bool persist;    /* record and pages are made durable on every change    */
+    uint64_t tenant;
+    char *key;       /* a named session (SESSION_SYNC): its name, else NULL   */
+    size_t key_len;
+    uint64_t last_used; /* named sessions: for the least recently used one   */
+    struct session *next;
+} session;
+
+typedef struct job {
+    cairn_request *req;
+    session *sess;           /* session.generate: history to extend           */
+    tokvec seq;              /* prompt followed by generated tokens           */
+    size_t n_prompt;
+    size_t n_computed;       /* tokens of seq whose KV is in pages            */
+    bool admitted_once;
+    int64_t cached_tokens;   /* reported: matched at the first admission      */
+    cairn_kv_hold *hold;     /* the cached prefix it started from (locked)    */
+    size_t n_tree_pages;     /* pages[0 .. n_tree_pages) are the hold's        */
+    int32_t *pages;          /* page table; the rest were allocated by the job */
+    size_t n_pages, pages_cap;
+    cairn_sampler *sampler;
+    /* Structured output (gen.grammar): masks logits before each draw. A job
+     * with a matcher never speculates (drafted tokens would need masking and
+     * rollback too). */
+    cairn_grammar_matcher *matcher;
+    /* With a draft head: keeps the head's KV in the job's pages in step with
+     * every forward (always), and decodes speculatively when spec_ok. */
+    cairn_eagle_seq *spec;
+    bool spec_ok;
+    bool spec_failed;        /* adopting the pages failed: the job fails       */
+    int spec_span;           /* KV indices a speculative step may write        */
+    bool spec_ready;         /* the head has run over the pending token's
+                                predecessor (not so right after admission:
+                                that row is a page's last, see model.h)       */
+    int64_t spec_forwards, spec_tokens; /* its speculative steps and their tokens */
+    cairn_detok *detok;
+    cairn_token_logprob *lps; /* gen.logprobs: [n_gen][1 + n_logprobs]       */
+    size_t lps_cap;
+    char *text;              /* generated text so far (stop strings cut off) */
+    size_t text_len, text_cap, text_sent;
+    size_t tokens_sent;      /* generated tokens already sent in deltas        */
+    int n_gen;
+    double t_admitted;       /* first admission (0: not yet)                  */
+    double t_first_token;    /* first token sampled (0: not yet)              */
+    double t_last_token;     /* when the previous token was sampled (0: none) */
+    bool cancelled;
+    const char *finish;      /* set when the job is done                      */
+    int64_t cached_by_tier[3];
+    uint64_t cookie;         /* of its fetch, then of its durability writes    */
+    int outstanding;         /* durability completions still to come           */
+    bool durable_failed;
+    struct job *next;        /* in `waiting`, or in `durable` (finished, waiting
+                                for its session to be on disk before replying) */
+} job;
+
+/* A session call whose reply waits for its record to be durable. */
+typedef struct deferred {
+    uint64_t cookie;
+    int outstanding;
+    bool failed;
+    cairn_request *req;
+    cairn_session_id id;
+    int64_t n_tokens;
+    struct deferred *next;
+} deferred;
+
+struct cairn_service {
+    cairn_service_config cfg;
+    cairn_runtime *rt;         /* borrowed: backend, model, vocab, template */
+    cairn_model *model;
+    const cairn_vocab *vocab;
+    const int32_t *turn_end;   /* the template's turn end, tokenized (the runtime's) */
+    size_t n_turn_end;
+    cairn_kvcache *cache;
+    cairn_kv_layout kv;
+    int n_ctx, n_vocab, page_size;
+    bool prefix_cache;
+    cairn_eagle *eagle;        /* the runtime's draft head, or NULL           */
+    cairn_eagle_params draft;
+    int draft_max_batch;       /* speculate while at most this many decode; 0 never */
+    float *features;           /* [max_batch_tokens][dim] with a head          */
+    job **spec_jobs;           /* this step's speculating jobs                */
+    uint64_t spec_steps, spec_tokens;
+
+    pthread_t thread;
+    bool thread_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    cairn_request **inbox;     /* guarded by mu */
+    size_t inbox_n, inbox_cap;
+    bool stopping;             /* guarded by mu */
+
+    /* engine-thread state */
+    session **buckets;
+    size_t n_buckets, n_sessions, n_keyed;
+    uint64_t key_clock;        /* named sessions' recency                   */
+    job *waiting_head, *waiting_tail;
+    size_t n_waiting;
+    job **running;
+    int n_running;
+    job **fetching;            /* admitted, waiting for their fetch event  */
+    int n_fetching;
+    job *durable;              /* finished, waiting for durability          */
+    deferred *deferred;        /* session replies waiting for durability    */
+    uint64_t next_cookie;
+    bool pages_tight;          /* a job was paused: admit no more until one ends */
+    double compute_rate;       /* measured prefill tokens/s (moving average) */
+    bool have_disk;
+    cairn_seq_batch *batch;
+    job **batch_jobs;
+    float *logits;             /* [max_seqs][n_vocab] */
+    cairn_service_stats stats;
+};
+
+/* ---- events.c ------------------------------------------------------------ */
+
+void svc_emit(cairn_service *s, cairn_event *ev);
+void svc_emit_error(cairn_service *s, const cairn_request *r, int code, const char *msg);
+void svc_emit_session(cairn_service *s, const cairn_request *r, cairn_session_id id,
+                      int64_t n_tokens);
+void svc_emit_generation_done(cairn_service *s, job *j);
+void svc_histogram_observe(cairn_latency_histogram *h, double seconds);
+void svc_fill_stats(cairn_service *s, cairn_service_stats *st);
+/* The per-tier account of the run, to the log (at stop). */
+void svc_log_cache_account(cairn_service *s);
+
+/* ---- sessions.c ---------------------------------------------------------- */
+
+session *session_find(cairn_service *s, cairn_session_id id);
+/* A new session with a fresh random id, in the table. CAIRN_EFULL over
+ * max_sessions. */
+int session_create(cairn_service *s, session **out);
+/* Put a session read from a record into the table (its id is given). */
+int session_adopt(cairn_service *s, session *x);
+void session_destroy(cairn_service *s, session *x);
+/* The named session (tenant, key), created when absent (the least recently
+ * used idle named session is closed when max_named_sessions are open);
+ * NULL with the error emitted. */
+session *session_named(cairn_service *s, cairn_request *r);
+/* Give a session a name (copied); CAIRN_ENOMEM. */
+int session_set_key(session *x, const char *key, size_t len);
+/* The session r names, when the caller may see it; else the error is
+ * emitted and NULL returned. */
+session *session_of_request(cairn_service *s, cairn_request *r);
+/* The same, and not generating (busy_msg is the error otherwise). */
+session *session_idle_of_request(cairn_service *s, cairn_request *r, const char *busy_msg);
+
+/* ---- records.c ----------------------------------------------------------- */
+
+/* Queue a durable write (or deletion) of a session's record; the completion
+ * comes from the cache with `cookie` (0: nobody waits). */
+int record_put(cairn_service *s, const session *x, uint64_t cookie);
+int record_delete(cairn_service *s, cairn_session_id id, uint64_t cookie);
+/* At start: sessions back from the records on disk. */
+void records_load(cairn_service *s);
+/* At a graceful stop: every open session's record; how many were queued. */
+size_t records_write_all(cairn_service *s);
+
+/* ---- jobs.c -------------------------------------------------------------- */
+
+void job_free(job *j);
+int job_reserve_pages(job *j, size_t n);
+/* Commit the job's computed whole pages to the cache, return the rest and
+ * its hold; the leaf that ends at its last whole page (NULL: none). */
+cairn_kv_hold *job_release_pages(cairn_service *s, job *j);
+/* Make the page table cover n_tokens tokens (CAIRN_EFULL: no pages). */
+int job_ensure_pages(cairn_service *s, job *j, size_t n_tokens);
+/* KV indices j's pages cover, within the context. */
+int job_capacity(const cairn_service *s, const job *j);
+/* `base` with the fields `over` sets (non-zero) replaced. */
+cairn_eagle_params draft_override(cairn_eagle_params base, const cairn_eagle_params *over);
+int job_spec_create(cairn_service *s, job *j);
+/* The head over the n tokens j's last forward computed. */
+int job_head_advance(cairn_service *s, job *j, const float *features, int n);
+/* Sample j's next token from its logits row; true when j is finished. */
+bool job_take_token(cairn_service *s, job *j, float *logits);
+/* Append a chosen token (sampled, or accepted by a speculative step); true
+ * when j is finished. */
+bool job_push_token(cairn_service *s, job *j, int32_t tok, const cairn_token_logprob *lp);
+/* End j: pages to the cache, session history updated, DONE emitted (when
+ * emit_event) now or once its session is durable. Takes j. */
+void job_finish(cairn_service *s, job *j, bool emit_event);
+void job_fail(cairn_service *s, job *j, int code, const char *msg);
+/* The draft head failed on j: none of its own pages (which may lack head
+ * KV) goes to the cache. */
+void job_fail_head(cairn_service *s, job *j);
+
+/* ---- intake.c ------------------------------------------------------------ */
+
+/* Handle one request from the inbox. Takes it. */
+void intake_handle(cairn_service *s, cairn_request *r);
+/* A durability completion (persist or record) for a finished job or a
+ * deferred session reply. */
+void intake_durable_done(cairn_service *s, uint64_t cookie, int status);
+
+/* ---- scheduler.c --------------------------------------------------------- */
+
+void waiting_push(cairn_service *s, job *j, bool front);
+job *waiting_pop(cairn_service *s);
+/* The running, waiting or fetching job of (client, id), or NULL. */
+job *sched_find_job(cairn_service *s, uint64_t client, uint64_t id);
+/* Cancel every job of a client. */
+void sched_cancel_client(cairn_service *s, uint64_t client);
+/* Finish cancelled jobs wherever they are. */
+void sched_reap_cancelled(cairn_service *s);
+/* Take the cache's finished work: fetched prefixes start running,
+ * durability completions release replies. */
+void sched_poll_cache(cairn_service *s);
+/* Move waiting jobs in while there is room. */
+void sched_admit(cairn_service *s);
+/* One forward pass over every running job (and speculative steps). */
+void sched_step(cairn_service *s);
+
+#endif /* CAIRN_SESSION_IMPL_H */
