@@ -1,7 +1,8 @@
 /*
- * engine/grammar_impl.h — the compiled form of a grammar, shared by the
- * schema compiler and the matcher inside engine/grammar.c (and visible to
- * white-box tests). Nothing outside text/ includes it.
+ * text/grammar_impl.h — the compiled form of a grammar, shared by the
+ * schema compiler (text/grammar_compile.c) and the matcher
+ * (text/grammar_match.c), and visible to white-box tests. Nothing outside
+ * text/ includes this.
  *
  * A grammar is a set of rules over bytes. Rule r's body starts at
  * elems[rule_start[r]] and is a list of alternatives, each a sequence of
@@ -11,10 +12,14 @@
  * recursive reference is preceded by a byte), so expanding references
  * always terminates.
  */
-#ifndef CAIRN_ENGINE_GRAMMAR_IMPL_H
-#define CAIRN_ENGINE_GRAMMAR_IMPL_H
+#ifndef CAIRN_TEXT_GRAMMAR_IMPL_H
+#define CAIRN_TEXT_GRAMMAR_IMPL_H
 
 #include <stdint.h>
+
+/* Largest minItems/maxItems/minLength/maxLength the compiler accepts; the
+ * matcher sizes its per-string state (MAX_PLAIN_LEVELS) above it. */
+#define MAX_REPEAT 1024
 
 typedef enum {
     GRAMMAR_SET = 1,     /* match one byte of sets[v]                        */

@@ -1,12 +1,21 @@
 /*
- * engine/tokenizer_impl.h — internals shared by engine/tokenizer*.c only.
- * Nothing outside text/ includes this.
+ * text/tokenizer_impl.h — internals shared by the tokenizer files: the
+ * vocabulary's layout, the byte and UTF-8 helpers all of them use, and the
+ * pre-tokenizer. Nothing outside text/ includes this.
+ *
+ *   vocab.c          building a cairn_vocab from GGUF metadata, accessors
+ *   tokenizer.c      text -> ids (SentencePiece and byte-level BPE merging)
+ *   tokenizer_pre.c  the byte-level BPE pre-tokenizers (PCRE2 regexes)
+ *   detok.c          ids -> bytes, and streaming them as whole UTF-8
  */
-#ifndef CAIRN_ENGINE_TOKENIZER_IMPL_H
-#define CAIRN_ENGINE_TOKENIZER_IMPL_H
+#ifndef CAIRN_TEXT_TOKENIZER_IMPL_H
+#define CAIRN_TEXT_TOKENIZER_IMPL_H
+
+#include "text/text.h"
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* A byte range of the input text. */
 typedef struct {
@@ -42,5 +51,83 @@ int tok_pretok_split(const tok_pretok *p, const char *text, size_t len, tok_span
 
 int tok_spans_push(tok_spans *s, size_t off, size_t len);
 void tok_spans_free(tok_spans *s);
+
+/* ---- the vocabulary ----------------------------------------------------- */
+
+/* Token types, as tokenizer.ggml.token_type gives them. */
+enum {
+    TT_UNDEFINED = 0,
+    TT_NORMAL = 1,
+    TT_UNKNOWN = 2,
+    TT_CONTROL = 3,
+    TT_USER_DEFINED = 4,
+    TT_UNUSED = 5,
+    TT_BYTE = 6,
+};
+
+/* Token text -> id. Open addressing; slots hold id + 1 (0 = empty). */
+typedef struct {
+    uint32_t *slots;
+    uint64_t mask;
+} text_map;
+
+/* (left id, right id) -> merge rank and merged id. */
+typedef struct {
+    uint64_t key; /* left << 32 | right; UINT64_MAX = empty */
+    int32_t rank;
+    int32_t result;
+} pair_slot;
+
+typedef struct {
+    pair_slot *slots;
+    uint64_t mask;
+} pair_map;
+
+struct cairn_vocab {
+    cairn_vocab_kind kind;
+    int32_t n;
+    char *text_block;
+    uint32_t *text_off, *text_len; /* [n] stored token text                   */
+    char *piece_block;
+    uint32_t *piece_off, *piece_len; /* [n] bytes the token stands for         */
+    float *score;                  /* [n]                                     */
+    uint8_t *type;                 /* [n] TT_*                                */
+    uint8_t *eog;                  /* [n] 1 = ends generation                 */
+    text_map by_text;
+
+    int32_t bos, eos, eot, eom, unk;
+    bool add_bos;
+    bool add_space_prefix;
+
+    /* special tokens cut out of the text, sorted by first byte then longest
+     * first; special_first[b] .. special_first[b+1] are those starting with b */
+    int32_t *special;
+    uint32_t special_first[257];
+
+    /* SPM: <0xNN> token per byte; BPE: the token of each byte's stand-in */
+    int32_t byte_token[256];
+
+    /* BPE */
+    pair_map merges;
+    tok_pretok *pretok;
+    bool ignore_merges;
+};
+
+static inline const char *tok_text(const cairn_vocab *v, int32_t id)
+{
+    return v->text_block + v->text_off[id];
+}
+
+/* The id whose stored text is s[0..len) (a normal token when several share
+ * it), or -1. Defined in vocab.c, as are the helpers below. */
+int32_t tok_lookup_text(const cairn_vocab *v, const char *s, size_t len);
+
+/* GPT-2's byte-level mapping: the code point that stands for byte b. */
+uint32_t tok_byte_to_cp(uint8_t b);
+/* Writes cp as UTF-8 (1..4 bytes) to out; returns the length. */
+size_t tok_cp_to_utf8(uint32_t cp, char *out);
+/* Length of the valid UTF-8 character at s (n bytes available), or 0 when the
+ * bytes there are not a complete, valid character. */
+size_t tok_utf8_char_len(const uint8_t *s, size_t n);
 
 #endif

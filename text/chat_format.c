@@ -1,0 +1,564 @@
+/*
+ * text/chat_format.c — the family formatters: a conversation rendered as
+ * the text of one template family (text/chat_template.c tells which), and
+ * tokenized with only the formatter's own markers as special tokens.
+ *
+ * Each formatter writes into an outbuf (text/chat_impl.h), which also
+ * records where it wrote a special marker (<|im_start|>, <|eot_id|>, BOS,
+ * ...). cairn_chat_tokenize uses those spans so that text inside messages
+ * can never become a control token: only the markers the formatter itself
+ * wrote are parsed as special. The formatters are kept side by side so
+ * their differences — whitespace, trimming, where the system text goes —
+ * can be read against each other.
+ */
+#include "text/chat_impl.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- Jinja's trim ------------------------------------------------------------ */
+
+/* Jinja's `trim` filter (Python str.strip()) for the whitespace that occurs in
+ * practice: ASCII whitespace and the Unicode spaces U+0085, U+00A0, U+2000..
+ * U+200A, U+2028, U+2029, U+202F, U+205F, U+3000. */
+static size_t ws_len_at(const char *s, size_t n, size_t i)
+{
+    unsigned char c = (unsigned char)s[i];
+    if (c == ' ' || (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x1f))
+        return 1;
+    if (c == 0xc2 && i + 1 < n && ((unsigned char)s[i + 1] == 0x85 || (unsigned char)s[i + 1] == 0xa0))
+        return 2;
+    if (c == 0xe2 && i + 2 < n) {
+        unsigned c1 = (unsigned char)s[i + 1], c2 = (unsigned char)s[i + 2];
+        if (c1 == 0x80 && (c2 <= 0x8a || c2 == 0xa8 || c2 == 0xa9 || c2 == 0xaf))
+            return 3;
+        if (c1 == 0x81 && c2 == 0x9f)
+            return 3;
+    }
+    if (c == 0xe3 && i + 2 < n && (unsigned char)s[i + 1] == 0x80 && (unsigned char)s[i + 2] == 0x80)
+        return 3;
+    return 0;
+}
+
+static void ob_trimmed(outbuf *b, const char *s)
+{
+    size_t n = strlen(s), start = 0, end = n;
+    for (size_t w; start < n && (w = ws_len_at(s, n, start)) > 0;)
+        start += w;
+    /* From the end: find the last non-whitespace character by walking forward. */
+    size_t last_end = start;
+    for (size_t i = start; i < n;) {
+        size_t w = ws_len_at(s, n, i);
+        if (w) {
+            i += w;
+        } else {
+            unsigned char c = (unsigned char)s[i];
+            size_t cl = c < 0x80 ? 1 : c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
+            i += cl;
+            if (i > n)
+                i = n;
+            last_end = i;
+        }
+    }
+    end = last_end;
+    ob_add(b, s + start, end - start);
+}
+
+/* ---- family formatters ---------------------------------------------------- */
+
+typedef struct {
+    const msg *m;
+    size_t n;
+    json_t *tools; /* array or NULL                                      */
+    bool gen_prompt;
+    bool cont;     /* continuing a conversation: no preamble            */
+} conv;
+
+static void fmt_generic(const cairn_chat_template *t, const conv *c, outbuf *b)
+{
+    (void)t;
+    for (size_t i = 0; i < c->n; i++) {
+        ob_str(b, "<|");
+        ob_str(b, chat_role_name(c->m[i].role));
+        ob_str(b, "|>\n");
+        ob_str(b, c->m[i].content);
+        if (c->m[i].calls) {
+            outbuf j = {0};
+            chat_py_json(&j, c->m[i].calls, -1, 0);
+            if (j.text.oom)
+                b->text.oom = true;
+            ob_add(b, j.text.data, j.text.len);
+            ob_free(&j);
+        }
+        ob_str(b, "\n");
+    }
+    if (c->gen_prompt)
+        ob_str(b, "<|assistant|>\n");
+}
+
+static void qwen_tool_call(outbuf *b, const json_t *call)
+{
+    ob_str(b, "\n<tool_call>\n{\"name\": \"");
+    const json_t *name = json_object_get(call, "name");
+    ob_add(b, json_string_value(name), json_string_length(name));
+    ob_str(b, "\", \"arguments\": ");
+    chat_py_json(b, json_object_get(call, "arguments"), -1, 0);
+    ob_str(b, "}\n</tool_call>");
+}
+
+static const char qwen_default_system[] =
+    "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+
+/* ChatML; with `qwen` the Qwen2.5 default system prompt, tools block and
+ * tool-call/tool-response format. */
+static void fmt_chatml(const cairn_chat_template *t, const conv *c, outbuf *b, bool qwen)
+{
+    const msg *m = c->m;
+    bool first_system = c->n > 0 && m[0].role == R_SYSTEM && !c->cont;
+    const char *system = first_system ? m[0].content : t->qwen_default ? qwen_default_system
+                                                                         : NULL;
+    if (qwen && !c->cont) {
+        if (c->tools && json_array_size(c->tools) > 0) {
+            ob_special(b, "<|im_start|>");
+            ob_str(b, "system\n");
+            if (system) {
+                ob_str(b, system);
+                ob_str(b, "\n\n");
+            }
+            ob_str(b, "# Tools\n\nYou may call one or more functions to assist with the user "
+                      "query.\n\nYou are provided with function signatures within <tools></tools> "
+                      "XML tags:\n<tools>");
+            for (size_t i = 0; i < json_array_size(c->tools); i++) {
+                ob_str(b, "\n");
+                chat_py_json(b, json_array_get(c->tools, i), -1, 0);
+            }
+            ob_str(b, "\n</tools>\n\nFor each function call, return a json object with function "
+                      "name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+                      "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
+                      "</tool_call>");
+            ob_special(b, "<|im_end|>");
+            ob_str(b, "\n");
+        } else if (system) {
+            ob_special(b, "<|im_start|>");
+            ob_str(b, "system\n");
+            ob_str(b, system);
+            ob_special(b, "<|im_end|>");
+            ob_str(b, "\n");
+        }
+    }
+    for (size_t i = 0; i < c->n; i++) {
+        const msg *x = &m[i];
+        if (qwen && i == 0 && first_system)
+            continue; /* already in the system block */
+        if (x->role == R_ASSISTANT && x->calls) {
+            ob_special(b, "<|im_start|>");
+            ob_str(b, "assistant");
+            if (x->has_content) {
+                ob_str(b, "\n");
+                ob_str(b, x->content);
+            }
+            for (size_t k = 0; k < json_array_size(x->calls); k++)
+                qwen_tool_call(b, json_array_get(x->calls, k));
+            ob_special(b, "<|im_end|>");
+            ob_str(b, "\n");
+        } else if (x->role == R_TOOL && qwen) {
+            if (i == 0 || m[i - 1].role != R_TOOL) {
+                ob_special(b, "<|im_start|>");
+                ob_str(b, "user");
+            }
+            ob_str(b, "\n<tool_response>\n");
+            ob_str(b, x->content);
+            ob_str(b, "\n</tool_response>");
+            if (i + 1 == c->n || m[i + 1].role != R_TOOL) {
+                ob_special(b, "<|im_end|>");
+                ob_str(b, "\n");
+            }
+        } else {
+            ob_special(b, "<|im_start|>");
+            ob_str(b, chat_role_name(x->role));
+            ob_str(b, "\n");
+            ob_str(b, x->content);
+            ob_special(b, "<|im_end|>");
+            ob_str(b, "\n");
+        }
+    }
+    if (c->gen_prompt) {
+        ob_special(b, "<|im_start|>");
+        ob_str(b, "assistant\n");
+    }
+}
+
+static void llama3_header(outbuf *b, const char *role)
+{
+    ob_special(b, "<|start_header_id|>");
+    ob_str(b, role);
+    ob_special(b, "<|end_header_id|>");
+    ob_str(b, "\n\n");
+}
+
+static const char llama3_tool_instructions[] =
+    "Respond in the format {\"name\": function name, \"parameters\": dictionary of argument name "
+    "and its value}.Do not use variables.\n\n";
+
+/* Llama 3 (plain turns) and Llama 3.1+ (dated system header, custom tools in
+ * the first user message, one JSON tool call per assistant turn, tool results
+ * as "ipython" turns). */
+static int fmt_llama3(const cairn_chat_template *t, const conv *c, outbuf *b)
+{
+    const msg *m = c->m;
+    size_t i = 0;
+    if (!c->cont)
+        ob_special(b, t->bos_text);
+    bool tools = t->llama31 && c->tools != NULL;
+    if (t->llama31 && !c->cont) {
+        const char *system = "";
+        if (c->n > 0 && m[0].role == R_SYSTEM)
+            system = m[i++].content;
+        llama3_header(b, "system");
+        if (tools)
+            ob_str(b, "Environment: ipython\n");
+        ob_str(b, "Cutting Knowledge Date: December 2023\nToday Date: ");
+        ob_str(b, t->date);
+        ob_str(b, "\n\n");
+        ob_trimmed(b, system);
+        ob_special(b, "<|eot_id|>");
+        if (tools) {
+            if (i >= c->n) {
+                cairn_log(CAIRN_LOG_WARN, "chat: Llama 3.1 puts tools in the first user message, "
+                                          "and there is none");
+                return CAIRN_EINVAL;
+            }
+            llama3_header(b, "user");
+            ob_str(b, "Given the following functions, please respond with a JSON for a function "
+                      "call with its proper arguments that best answers the given prompt.\n\n");
+            ob_str(b, llama3_tool_instructions);
+            for (size_t k = 0; k < json_array_size(c->tools); k++) {
+                chat_py_json(b, json_array_get(c->tools, k), 4, 0);
+                ob_str(b, "\n\n");
+            }
+            ob_trimmed(b, m[i++].content);
+            ob_special(b, "<|eot_id|>");
+        }
+    }
+    for (; i < c->n; i++) {
+        const msg *x = &m[i];
+        if (t->llama31 && x->role == R_ASSISTANT && x->calls) {
+            if (json_array_size(x->calls) != 1) {
+                cairn_log(CAIRN_LOG_WARN, "chat: Llama 3.1 takes one tool call per turn");
+                return CAIRN_EINVAL;
+            }
+            const json_t *call = json_array_get(x->calls, 0);
+            const json_t *name = json_object_get(call, "name");
+            llama3_header(b, "assistant");
+            ob_str(b, "{\"name\": \"");
+            ob_add(b, json_string_value(name), json_string_length(name));
+            ob_str(b, "\", \"parameters\": ");
+            chat_py_json(b, json_object_get(call, "arguments"), -1, 0);
+            ob_str(b, "}");
+            ob_special(b, "<|eot_id|>");
+        } else if (t->llama31 && x->role == R_TOOL) {
+            /* The template tests `content is iterable`, which a string is:
+             * tool results are rendered as JSON strings. */
+            llama3_header(b, "ipython");
+            chat_py_json_string(b, x->content, strlen(x->content));
+            ob_special(b, "<|eot_id|>");
+        } else {
+            llama3_header(b, chat_role_name(x->role));
+            ob_trimmed(b, x->content);
+            ob_special(b, "<|eot_id|>");
+        }
+    }
+    if (c->gen_prompt)
+        llama3_header(b, "assistant");
+    return CAIRN_OK;
+}
+
+/* Llama 2 ([INST] with a <<SYS>> block in the first user turn, BOS before
+ * every user turn) and Mistral ([INST] only, system text prepended to the
+ * first user message). */
+static void fmt_llama2(const cairn_chat_template *t, const conv *c, outbuf *b)
+{
+    const msg *m = c->m;
+    size_t i = 0;
+    const char *system = NULL;
+    if (c->n > 0 && m[0].role == R_SYSTEM)
+        system = m[i++].content;
+    if (!t->llama2_sys && !c->cont) /* Llama 2 writes BOS before every user turn */
+        ob_special(b, t->bos_text);
+    bool first = true;
+    for (; i < c->n; i++, first = false) {
+        const msg *x = &m[i];
+        if (x->role == R_USER || x->role == R_TOOL || x->role == R_SYSTEM) {
+            if (t->llama2_sys) {
+                ob_special(b, t->bos_text);
+                ob_str(b, "[INST] ");
+                outbuf content = {0};
+                if (first && system) {
+                    ob_str(&content, "<<SYS>>\n");
+                    ob_str(&content, system);
+                    ob_str(&content, "\n<</SYS>>\n\n");
+                }
+                ob_str(&content, x->content);
+                if (content.text.oom)
+                    b->text.oom = true;
+                ob_trimmed(b, content.text.data ? content.text.data : "");
+                ob_free(&content);
+                ob_str(b, " [/INST]");
+            } else if (t->mistral_tight) {
+                ob_str(b, "[INST]");
+                if (system && i + 1 == c->n) {
+                    ob_str(b, system);
+                    ob_str(b, "\n\n");
+                }
+                ob_str(b, x->content);
+                ob_str(b, "[/INST]");
+            } else {
+                ob_str(b, "[INST] ");
+                if (first && system && *system) {
+                    ob_str(b, system);
+                    ob_str(b, "\n\n");
+                }
+                ob_str(b, x->content);
+                ob_str(b, " [/INST]");
+            }
+        } else { /* assistant */
+            if (!t->mistral_tight)
+                ob_str(b, " ");
+            if (t->llama2_sys)
+                ob_trimmed(b, x->content);
+            else
+                ob_str(b, x->content);
+            if (t->llama2_sys)
+                ob_str(b, " ");
+            ob_special(b, t->eos_text);
+        }
+    }
+}
+
+/* Gemma: user/model turns; no system role (its text opens the first user
+ * turn); contents trimmed. */
+static void fmt_gemma(const cairn_chat_template *t, const conv *c, outbuf *b)
+{
+    const msg *m = c->m;
+    size_t i = 0;
+    const char *prefix = NULL;
+    if (c->n > 0 && m[0].role == R_SYSTEM)
+        prefix = m[i++].content;
+    if (!c->cont)
+        ob_special(b, t->bos_text);
+    bool first = true;
+    for (; i < c->n; i++, first = false) {
+        const msg *x = &m[i];
+        ob_special(b, "<start_of_turn>");
+        ob_str(b, x->role == R_ASSISTANT ? "model" : chat_role_name(x->role));
+        ob_str(b, "\n");
+        if (first && prefix) {
+            ob_str(b, prefix);
+            ob_str(b, "\n\n");
+        }
+        ob_trimmed(b, x->content);
+        ob_special(b, "<end_of_turn>");
+        ob_str(b, "\n");
+    }
+    if (c->gen_prompt) {
+        ob_special(b, "<start_of_turn>");
+        ob_str(b, "model\n");
+    }
+}
+
+/* Phi-3: <|system|>/<|user|>/<|assistant|> turns closed by <|end|>; an empty
+ * system message is left out; other roles are not rendered. */
+static void fmt_phi3(const cairn_chat_template *t, const conv *c, outbuf *b)
+{
+    for (size_t i = 0; i < c->n; i++) {
+        const msg *x = &c->m[i];
+        const char *marker = x->role == R_SYSTEM ? (x->has_content ? "<|system|>" : NULL)
+                             : x->role == R_USER      ? "<|user|>"
+                             : x->role == R_ASSISTANT ? "<|assistant|>"
+                                                      : NULL;
+        if (!marker)
+            continue;
+        ob_special(b, marker);
+        ob_str(b, "\n");
+        ob_str(b, x->content);
+        ob_special(b, "<|end|>");
+        ob_str(b, "\n");
+    }
+    if (c->gen_prompt) {
+        ob_special(b, "<|assistant|>");
+        ob_str(b, "\n");
+    } else if (t->phi3_eos && !c->cont) {
+        ob_special(b, t->eos_text);
+    }
+}
+
+/* Render into b. Leading BOS text is written when the template writes it. */
+static int render(const cairn_chat_template *t, const cairn_chat_message *msgs, size_t n_msgs,
+                  const char *tools_json, bool gen_prompt, bool cont, outbuf *b)
+{
+    if (!t || (!msgs && n_msgs))
+        return CAIRN_EINVAL;
+    msg *m = NULL;
+    int rc = chat_prepare(msgs, n_msgs, &m);
+    if (rc)
+        return rc;
+    conv c = {.m = m, .n = n_msgs, .gen_prompt = gen_prompt, .cont = cont};
+    if (tools_json) {
+        json_error_t jerr;
+        c.tools = json_loads(tools_json, JSON_DECODE_ANY, &jerr);
+        if (!json_is_array(c.tools)) {
+            cairn_log(CAIRN_LOG_WARN, "chat: tools is not a JSON array");
+            json_decref(c.tools);
+            chat_free_msgs(m, n_msgs);
+            return CAIRN_EINVAL;
+        }
+        if (json_array_size(c.tools) > 0 && t->family != CAIRN_CHAT_QWEN2 &&
+            !(t->family == CAIRN_CHAT_LLAMA3 && t->llama31))
+            cairn_log(CAIRN_LOG_WARN, "chat: the %s template has no tool format; tools ignored",
+                      cairn_chat_family_name(t->family));
+    }
+    switch (t->family) {
+    case CAIRN_CHAT_GENERIC: fmt_generic(t, &c, b); break;
+    case CAIRN_CHAT_CHATML: fmt_chatml(t, &c, b, false); break;
+    case CAIRN_CHAT_QWEN2: fmt_chatml(t, &c, b, true); break;
+    case CAIRN_CHAT_LLAMA3: rc = fmt_llama3(t, &c, b); break;
+    case CAIRN_CHAT_LLAMA2: fmt_llama2(t, &c, b); break;
+    case CAIRN_CHAT_GEMMA: fmt_gemma(t, &c, b); break;
+    case CAIRN_CHAT_PHI3: fmt_phi3(t, &c, b); break;
+    }
+    json_decref(c.tools);
+    chat_free_msgs(m, n_msgs);
+    if (rc == CAIRN_OK && b->text.oom)
+        rc = CAIRN_ENOMEM;
+    return rc;
+}
+
+/* The BOS the template wrote at the very start, if any: its length. */
+static size_t leading_bos(const cairn_chat_template *t, const outbuf *b)
+{
+    size_t n = strlen(t->bos_text);
+    if (n && b->n_specials > 0 && b->specials[0].off == 0 && b->specials[0].len == n &&
+        memcmp(b->text.data, t->bos_text, n) == 0)
+        return n;
+    return 0;
+}
+
+int cairn_chat_format(const cairn_chat_template *t, const cairn_chat_message *msgs,
+                      size_t n_msgs, const char *tools_json, bool add_generation_prompt,
+                      char **out, size_t *out_len)
+{
+    if (!out)
+        return CAIRN_EINVAL;
+    outbuf b = {0};
+    int rc = render(t, msgs, n_msgs, tools_json, add_generation_prompt, false, &b);
+    if (rc) {
+        ob_free(&b);
+        return rc;
+    }
+    size_t skip = leading_bos(t, &b);
+    size_t n = b.text.len - skip;
+    char *s = malloc(n + 1);
+    if (!s) {
+        ob_free(&b);
+        return CAIRN_ENOMEM;
+    }
+    if (n)
+        memcpy(s, b.text.data + skip, n);
+    s[n] = '\0';
+    ob_free(&b);
+    *out = s;
+    if (out_len)
+        *out_len = n;
+    return CAIRN_OK;
+}
+
+/* ---- tokenization ---------------------------------------------------------- */
+
+typedef struct {
+    int32_t *ids;
+    size_t n, cap;
+} idvec;
+
+static int tok_append(const cairn_vocab *v, idvec *out, const char *s, size_t len, int flags)
+{
+    if (len == 0)
+        return CAIRN_OK;
+    for (;;) {
+        size_t n = 0;
+        int rc = cairn_tokenize(v, s, len, flags, out->ids + out->n, out->cap - out->n, &n);
+        if (rc == CAIRN_OK) {
+            out->n += n;
+            return CAIRN_OK;
+        }
+        if (rc != CAIRN_ERANGE)
+            return rc;
+        size_t cap = out->cap * 2 > out->n + n ? out->cap * 2 : out->n + n + 16;
+        int32_t *d = realloc(out->ids, cap * sizeof *d);
+        if (!d)
+            return CAIRN_ENOMEM;
+        out->ids = d;
+        out->cap = cap;
+    }
+}
+
+int cairn_chat_tokenize(const cairn_chat_template *t, const cairn_vocab *v,
+                        const cairn_chat_message *msgs, size_t n_msgs, const char *tools_json,
+                        int flags, int32_t **tokens, size_t *n_tokens)
+{
+    if (!t || !v || !tokens || !n_tokens)
+        return CAIRN_EINVAL;
+    bool cont = flags & CAIRN_CHAT_CONTINUE;
+    outbuf b = {0};
+    int rc = render(t, msgs, n_msgs, tools_json, flags & CAIRN_CHAT_GENERATION_PROMPT, cont, &b);
+    idvec out = {0};
+    if (rc == CAIRN_OK) {
+        out.cap = b.text.len + 8;
+        out.ids = malloc(out.cap * sizeof *out.ids);
+        if (!out.ids)
+            rc = CAIRN_ENOMEM;
+    }
+    if (rc == CAIRN_OK) {
+        size_t pos = leading_bos(t, &b);
+        size_t first = pos ? 1 : 0;
+        int32_t bos = cairn_vocab_bos(v);
+        if ((pos || (flags & CAIRN_CHAT_ADD_BOS)) && bos >= 0)
+            out.ids[out.n++] = bos;
+        /* Between the markers the formatter wrote, text (template text and
+         * message contents alike) is tokenized plainly, so a message can never
+         * produce a control token; each marker is tokenized with special
+         * parsing. Splitting at special tokens is also what the reference
+         * tokenizers do first, so the ids match tokenizing the whole text
+         * with special parsing whenever the contents hold no marker text. */
+        for (size_t k = first; rc == CAIRN_OK && k <= b.n_specials; k++) {
+            size_t end = k < b.n_specials ? b.specials[k].off : b.text.len;
+            rc = tok_append(v, &out, b.text.data + pos, end - pos, 0);
+            if (rc == CAIRN_OK && k < b.n_specials) {
+                rc = tok_append(v, &out, b.text.data + end, b.specials[k].len, CAIRN_TOK_PARSE_SPECIAL);
+                pos = end + b.specials[k].len;
+            }
+        }
+    }
+    ob_free(&b);
+    if (rc) {
+        free(out.ids);
+        return rc;
+    }
+    *tokens = out.ids;
+    *n_tokens = out.n;
+    return CAIRN_OK;
+}
+
+const char *cairn_chat_turn_end(const cairn_chat_template *t)
+{
+    switch (cairn_chat_template_family(t)) {
+    case CAIRN_CHAT_CHATML:
+    case CAIRN_CHAT_QWEN2: return "<|im_end|>\n";
+    case CAIRN_CHAT_LLAMA3: return "<|eot_id|>";
+    case CAIRN_CHAT_GEMMA: return "<end_of_turn>\n";
+    case CAIRN_CHAT_PHI3: return "<|end|>\n";
+    case CAIRN_CHAT_LLAMA2: return t->eos_text;
+    case CAIRN_CHAT_GENERIC: return "\n";
+    }
+    return "";
+}
