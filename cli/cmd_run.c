@@ -1,15 +1,18 @@
 /*
- * cli/cmd_run.c — `cairn run`: tokenize a prompt, evaluate it, sample a
- * continuation and stream it to stdout as complete UTF-8. Only generated text
- * goes to stdout; everything else (load info, timings) goes to stderr, so the
- * output can be piped and compared.
+ * cli/cmd_run.c — `cairn run`: tokenize a prompt and generate a continuation
+ * through the service's decode path (session/: the same sampling, stop,
+ * grammar and speculative decoding `serve` runs), streaming it to stdout as
+ * complete UTF-8. Only generated text goes to stdout; everything else (load
+ * info, timings) goes to stderr, so the output can be piped and compared.
  */
 #include "cli/cli.h"
 #include "cli/cli_eagle.h"
+#include "session/session.h"
 
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -39,37 +42,25 @@ static const char help[] =
     "      --json               output one JSON object (grammar-constrained sampling)\n"
     "      --json-schema FILE   output JSON valid against the schema in FILE\n"
     "  -v, --verbose            print each token id to stderr as it is generated\n"
-    "      --show-top N         print the N highest logits of each step to stderr\n"
-    "                           (\"cairn: top: step S: id piece logit | ...\"; pieces\n"
+    "      --show-top N         print the N most likely tokens of each step to stderr\n"
+    "                           (\"cairn: top: step S: id piece logprob | ...\"; pieces\n"
     "                           escaped: bytes outside printable ASCII as \\xHH)\n" CLI_DRAFT_HELP
     CLI_MODEL_HELP
     "  -h, --help               this help\n";
 
-/* The n best logits of a step, best first, on one stderr line: for seeing
- * how close a choice was (bench/models/compare_llamacpp.py reads it). */
-static void show_top(const cairn_vocab *vocab, const float *logits, int n_vocab, int n, int step)
+/* The n most likely tokens of a step, best first, on one stderr line: for
+ * seeing how close a choice was (bench/models/compare_llamacpp.py reads
+ * it). Values are log-probabilities of the model's own distribution, whose
+ * differences are the logits' differences. */
+static void show_top(const cairn_vocab *vocab, const cairn_token_logprob *top, int n, int step)
 {
-    enum { MAX_TOP = 16 };
-    int best[MAX_TOP];
-    n = n > MAX_TOP ? MAX_TOP : n;
-    int have = 0;
-    for (int id = 0; id < n_vocab; id++) {
-        int at = have < n ? have++ : n;
-        while (at > 0 && logits[best[at - 1]] < logits[id]) {
-            if (at < n)
-                best[at] = best[at - 1];
-            at--;
-        }
-        if (at < n)
-            best[at] = id;
-    }
     fprintf(stderr, "cairn: top: step %d:", step);
-    for (int i = 0; i < have; i++) {
+    for (int i = 0; i < n && top[i].token >= 0; i++) {
         char piece[256];
         size_t len = 0;
-        if (cairn_token_to_piece(vocab, best[i], true, piece, sizeof piece, &len) != CAIRN_OK)
+        if (cairn_token_to_piece(vocab, top[i].token, true, piece, sizeof piece, &len) != CAIRN_OK)
             len = 0;
-        fprintf(stderr, "%s %d ", i ? " |" : "", best[i]);
+        fprintf(stderr, "%s %d ", i ? " |" : "", top[i].token);
         for (size_t k = 0; k < len && k < sizeof piece; k++) {
             unsigned char c = (unsigned char)piece[k];
             if (c > ' ' && c < 0x7f && c != '\\' && c != '|')
@@ -77,7 +68,7 @@ static void show_top(const cairn_vocab *vocab, const float *logits, int n_vocab,
             else
                 fprintf(stderr, "\\x%02X", c);
         }
-        fprintf(stderr, " %.4f", logits[best[i]]);
+        fprintf(stderr, " %.4f", top[i].logprob);
     }
     fputc('\n', stderr);
 }
@@ -121,69 +112,101 @@ static int chat_prompt_tokens(const cairn_runtime *rt, const char *system, const
     return rc;
 }
 
-/* --draft: EAGLE speculative decoding. Prints the same stream a plain run
- * would (identical at temperature 0, the same distribution when sampling)
- * and logs tau, the tokens emitted per target forward. */
-static int run_speculative(cli_runtime *rt, const cli_draft_opts *draft,
-                           const cairn_sampling_params *sp, const int32_t *prompt, int n_prompt,
-                           int n_predict, bool ignore_eos, bool verbose, cairn_detok *detok)
+/* What the generation's events tell the command: the text goes to stdout as
+ * it comes (on the engine thread), the end wakes the main thread. */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done, failed;
+    bool verbose;
+    int show_top, step;
+    const cairn_vocab *vocab;
+    char finish[16];
+    int64_t n_prompt, n_gen, spec_forwards, spec_tokens;
+    int32_t eog_token;
+    double prompt_s, decode_s;
+} run_state;
+
+static void on_event(const cairn_event *ev, void *user)
 {
-    cli_spec spec;
-    int rc = cli_spec_open(&spec, rt, draft, sp);
-    if (rc != CAIRN_OK)
-        return rc;
-    const cairn_vocab *vocab = rt->vocab;
-    double t0 = cairn_now();
-    rc = cairn_eagle_seq_begin(spec.seq, cairn_page_pool_base(spec.pool), &spec.kv, spec.pages,
-                               spec.capacity, prompt, n_prompt);
-    double t_prompt = cairn_now() - t0;
-    int n_gen = 0;
-    bool stop = false;
-    char text[512];
-    size_t text_len;
-    int32_t step[32];
-    t0 = cairn_now();
-    while (rc == CAIRN_OK && !stop && n_gen < n_predict) {
-        int got = 0;
-        rc = cairn_eagle_seq_step(spec.seq, step, 32, &got);
-        if (rc == CAIRN_ERANGE) {
-            cairn_log(CAIRN_LOG_WARN, "context full at %d tokens; stopping",
-                      cairn_eagle_seq_n_past(spec.seq));
-            rc = CAIRN_OK;
-            break;
+    run_state *st = user;
+    if (ev->kind == CAIRN_EV_DELTA || ev->kind == CAIRN_EV_DONE) {
+        /* the final delta comes before DONE: DONE's text is all of it again */
+        for (size_t i = 0; ev->kind == CAIRN_EV_DELTA && i < ev->n_tokens; i++) {
+            if (st->show_top && ev->logprobs)
+                show_top(st->vocab, ev->logprobs + i * (size_t)(1 + ev->n_top) + 1, ev->n_top,
+                         st->step);
+            st->step++;
+            if (st->verbose)
+                fprintf(stderr, "[%d]", ev->tokens[i]);
         }
-        for (int i = 0; rc == CAIRN_OK && i < got && n_gen < n_predict; i++) {
-            if (!ignore_eos && cairn_vocab_is_eog(vocab, step[i])) {
-                stop = true;
-                break;
-            }
-            n_gen++;
-            if (verbose)
-                fprintf(stderr, "[%d]", step[i]);
-            if (cairn_detok_push(detok, step[i], text, sizeof text, &text_len) == CAIRN_OK &&
-                text_len) {
-                fwrite(text, 1, text_len, stdout);
-                fflush(stdout);
-            }
+        if (ev->kind == CAIRN_EV_DELTA && ev->text_len) {
+            fwrite(ev->text, 1, ev->text_len, stdout);
+            fflush(stdout);
         }
     }
-    double t_gen = cairn_now() - t0;
-    if (cairn_detok_flush(detok, text, sizeof text, &text_len) == CAIRN_OK && text_len)
-        fwrite(text, 1, text_len, stdout);
-    printf("\n");
-    fflush(stdout);
+    if (ev->kind == CAIRN_EV_DELTA)
+        return;
+    pthread_mutex_lock(&st->mu);
+    if (ev->kind == CAIRN_EV_ERROR) {
+        fprintf(stderr, "cairn run: %s\n", ev->message ? ev->message : cairn_strerror(ev->code));
+        st->failed = true;
+    } else {
+        snprintf(st->finish, sizeof st->finish, "%s", ev->finish_reason ? ev->finish_reason : "");
+        st->n_prompt = ev->prompt_tokens;
+        st->n_gen = ev->completion_tokens;
+        st->prompt_s = ev->prompt_seconds;
+        st->decode_s = ev->decode_seconds;
+        st->spec_forwards = ev->spec_forwards;
+        st->spec_tokens = ev->spec_tokens;
+        st->eog_token = ev->eog_token;
+    }
+    st->done = true;
+    pthread_cond_signal(&st->cv);
+    pthread_mutex_unlock(&st->mu);
+}
+
+/* The prompt as tokens: plain text with the tokenizer's flags, or (--chat)
+ * one user turn in the model's template. */
+static int prompt_tokens(const cairn_runtime *rt, bool chat, const char *system,
+                         const char *prompt, size_t len, int flags, int32_t **ids, size_t *n)
+{
+    if (chat)
+        return chat_prompt_tokens(rt, system, prompt, flags & CAIRN_TOK_ADD_BOS, ids, n);
+    int rc = cli_tokenize_alloc(cairn_runtime_vocab(rt), prompt, len, flags, ids, n);
     if (rc != CAIRN_OK)
-        fprintf(stderr, "cairn run: speculative decoding failed: %s\n", cairn_strerror(rc));
-    cairn_eagle_stats st;
-    cairn_eagle_seq_stats(spec.seq, &st);
-    cairn_log(CAIRN_LOG_INFO, "prompt: %d tokens in %.3f s; generated %d tokens in %.3f s "
-              "(%.1f tok/s); speculative: %lld target forwards, tau %.2f tokens per forward, "
-              "%lld draft tokens verified; time: draft %.3f s, verify %.3f s, head update %.3f s",
-              n_prompt, t_prompt, n_gen, t_gen, n_gen / (t_gen > 0 ? t_gen : 1e-9),
-              (long long)st.steps, st.steps ? (double)st.tokens / st.steps : 0.0,
-              (long long)st.drafted, st.t_draft, st.t_verify, st.t_head_update);
-    cli_spec_close(&spec);
+        fprintf(stderr, "cairn run: cannot tokenize the prompt: %s\n", cairn_strerror(rc));
     return rc;
+}
+
+/* Generate through a one-request service on the runtime (the same decode
+ * path `serve` runs: sampling, stop, grammar, speculation) and stream the
+ * text to stdout. */
+static int generate(cairn_runtime *rt, const cli_model_opts *mo, const cli_draft_opts *draft,
+                    cairn_request *req, run_state *st)
+{
+    const cairn_hparams *hp = cairn_runtime_hparams(rt);
+    cairn_service_config cfg = {
+        .runtime = rt, .page_size = mo->page_size, .kv_type = mo->kv_type,
+        .n_ctx = mo->n_ctx > 0 ? mo->n_ctx : (hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096),
+        .max_batch_tokens = mo->batch, .max_seqs = 1, .prefill_chunk = mo->batch,
+        .no_prefix_cache = true, .draft = draft->params, .on_event = on_event, .user = st};
+    cairn_service *svc = NULL;
+    char err[512] = "";
+    int rc = cairn_service_start(&cfg, &svc, err, sizeof err);
+    if (rc != CAIRN_OK) {
+        fprintf(stderr, "cairn run: %s\n", err[0] ? err : cairn_strerror(rc));
+        cairn_request_free(req);
+        return rc;
+    }
+    if ((rc = cairn_service_submit(svc, req)) == CAIRN_OK) {
+        pthread_mutex_lock(&st->mu);
+        while (!st->done)
+            pthread_cond_wait(&st->cv, &st->mu);
+        pthread_mutex_unlock(&st->mu);
+    }
+    cairn_service_stop(svc);
+    return rc != CAIRN_OK ? rc : st->failed ? CAIRN_EINVAL : CAIRN_OK;
 }
 
 int cmd_run(int argc, char **argv)
@@ -333,120 +356,81 @@ int cmd_run(int argc, char **argv)
     if (!seed_given)
         sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
 
-    cli_runtime rt;
-    if (cli_runtime_open(&rt, &mo) != CAIRN_OK) {
+    if (draft.head_path && grammar) {
+        fprintf(stderr, "cairn run: --draft does not combine with --json/--json-schema\n");
         free(file_text);
         cairn_grammar_free(grammar);
         return 1;
     }
-    const cairn_vocab *vocab = rt.vocab;
-    const int n_vocab = cairn_model_hparams(rt.model)->n_vocab;
+    if (draft.head_path && cairn_sampling_has_penalties(&sp)) {
+        fprintf(stderr, "cairn run: speculative decoding does not support repetition, "
+                        "frequency or presence penalties\n");
+        free(file_text);
+        cairn_grammar_free(grammar);
+        return 1;
+    }
+    cairn_runtime *rt = NULL;
+    char err[512] = "";
+    double t0 = cairn_now();
+    const cairn_runtime_config rcfg = cli_runtime_config(&mo, draft.head_path);
+    if (cairn_runtime_open(&rcfg, &rt, err, sizeof err) != CAIRN_OK) {
+        fprintf(stderr, "cairn: cannot load model: %s\n", err);
+        free(file_text);
+        cairn_grammar_free(grammar);
+        return 1;
+    }
+    const cairn_vocab *vocab = cairn_runtime_vocab(rt);
+    const cairn_hparams *hp = cairn_runtime_hparams(rt);
+    cairn_log(CAIRN_LOG_INFO, "model %s: %s, dim %d, %d layers, %d/%d heads, vocab %d; loaded in "
+              "%.2f s on %s (%d threads)", hp->name, hp->arch, hp->dim, hp->n_layer, hp->n_head,
+              hp->n_kv_head, hp->n_vocab, cairn_now() - t0,
+              cairn_runtime_backend(rt)->iface->name, cairn_runtime_threads(rt));
     int flags = (!no_bos && cairn_vocab_add_bos(vocab) ? CAIRN_TOK_ADD_BOS : 0) |
                 (parse_special ? CAIRN_TOK_PARSE_SPECIAL : 0);
-    int32_t *prompt_ids = NULL;
-    size_t n_prompt = 0;
-    float *logits = malloc((size_t)n_vocab * sizeof(float));
-    cairn_sampler *sampler = NULL;
-    cairn_detok *detok = NULL;
-    cairn_grammar_matcher *matcher = NULL;
-    int rc = !logits ? CAIRN_ENOMEM
-             : chat  ? chat_prompt_tokens(rt.rt, system, prompt,
-                                          flags & CAIRN_TOK_ADD_BOS, &prompt_ids, &n_prompt)
-                     : cli_tokenize_alloc(vocab, prompt, prompt_len, flags, &prompt_ids, &n_prompt);
-    if (rc == CAIRN_OK && n_prompt == 0) {
+    cairn_request *req = cairn_request_new(CAIRN_REQ_GENERATE);
+    int rc = req ? prompt_tokens(rt, chat, system, prompt, prompt_len, flags, &req->tokens,
+                                 &req->n_tokens)
+                 : CAIRN_ENOMEM;
+    free(file_text);
+    if (rc == CAIRN_OK && req->n_tokens == 0) {
         fprintf(stderr, "cairn run: the prompt is empty\n");
         rc = CAIRN_EINVAL;
     }
-    if (rc == CAIRN_OK && (rc = cairn_sampler_create(&sp, n_vocab, &sampler)) != CAIRN_OK)
-        fprintf(stderr, "cairn run: invalid sampling settings\n");
-    if (rc == CAIRN_OK)
-        rc = cairn_detok_create(vocab, false, &detok);
-    if (rc == CAIRN_OK && grammar)
-        rc = cairn_grammar_matcher_create(grammar, vocab, &matcher);
-    if (rc != CAIRN_OK)
-        goto done;
+    if (rc != CAIRN_OK) {
+        cairn_request_free(req);
+        cairn_grammar_free(grammar);
+        cairn_runtime_close(rt);
+        return 1;
+    }
+    req->gen.max_tokens = n_predict;
+    req->gen.sampling = sp;
+    req->gen.sampling.n_logprobs = n_show_top;
+    req->gen.logprobs = n_show_top > 0;
+    req->gen.grammar = grammar; /* the request owns it now */
+    req->gen.stream = true;
+    req->gen.ignore_eos = ignore_eos;
     cairn_log(CAIRN_LOG_INFO, "prompt: %zu tokens; sampling: temp %.2f top-k %d top-p %.2f "
-              "min-p %.2f seed %llu", n_prompt, sp.temperature, sp.top_k, sp.top_p, sp.min_p,
+              "min-p %.2f seed %llu", req->n_tokens, sp.temperature, sp.top_k, sp.top_p, sp.min_p,
               (unsigned long long)sp.seed);
-
-    if (draft.head_path) {
-        if (matcher) {
-            fprintf(stderr, "cairn run: --draft does not combine with --json/--json-schema\n");
-            rc = CAIRN_EUNSUPPORTED;
-        } else {
-            rc = run_speculative(&rt, &draft, &sp, prompt_ids, (int)n_prompt, n_predict,
-                                 ignore_eos, verbose, detok);
-        }
-        goto done;
-    }
-    for (size_t i = 0; i < n_prompt; i++)
-        cairn_sampler_accept(sampler, prompt_ids[i]);
-    double t0 = cairn_now();
-    if ((rc = cli_eval(&rt, prompt_ids, (int)n_prompt, 0, false, logits)) != CAIRN_OK)
-        goto done;
-    double t_prompt = cairn_now() - t0;
-
-    int n_gen = 0;
-    int n_past = (int)n_prompt;
-    const char *finish = "length"; /* "stop" when an end-of-generation token ends it */
-    char text[512];
-    size_t text_len;
-    t0 = cairn_now();
-    while (n_gen < n_predict) {
-        int32_t tok;
-        if (matcher && (rc = cairn_grammar_matcher_mask(matcher, logits, n_vocab)) != CAIRN_OK) {
-            cairn_log(CAIRN_LOG_ERROR, "no token can continue the JSON document");
-            break;
-        }
-        if (n_show_top)
-            show_top(vocab, logits, n_vocab, n_show_top, n_gen);
-        if ((rc = cairn_sampler_sample(sampler, logits, &tok, NULL, NULL)) != CAIRN_OK)
-            break;
-        if (!ignore_eos && cairn_vocab_is_eog(vocab, tok)) {
-            finish = "stop";
-            cairn_log(CAIRN_LOG_INFO, "end-of-generation token %d after %d tokens", tok, n_gen);
-            break;
-        }
-        if (matcher && (rc = cairn_grammar_matcher_accept(matcher, tok)) != CAIRN_OK)
-            break;
-        cairn_sampler_accept(sampler, tok);
-        n_gen++;
-        if (verbose)
-            fprintf(stderr, "[%d]", tok);
-        if (cairn_detok_push(detok, tok, text, sizeof text, &text_len) == CAIRN_OK && text_len) {
-            fwrite(text, 1, text_len, stdout);
-            fflush(stdout);
-        }
-        if (matcher && cairn_grammar_matcher_done(matcher)) {
-            finish = "stop"; /* the JSON document is complete */
-            break;
-        }
-        if (n_gen == n_predict)
-            break;
-        if (n_past >= rt.n_ctx) {
-            cairn_log(CAIRN_LOG_WARN, "context full at %d tokens; stopping", n_past);
-            break;
-        }
-        if ((rc = cli_eval(&rt, &tok, 1, n_past, false, logits)) != CAIRN_OK)
-            break;
-        n_past++;
-    }
-    double t_gen = cairn_now() - t0;
-    if (cairn_detok_flush(detok, text, sizeof text, &text_len) == CAIRN_OK && text_len)
-        fwrite(text, 1, text_len, stdout);
+    run_state st = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER,
+                    .verbose = verbose, .show_top = n_show_top, .vocab = vocab};
+    rc = generate(rt, &mo, &draft, req, &st);
     printf("\n");
     fflush(stdout);
-    cairn_log(CAIRN_LOG_INFO, "prompt: %zu tokens in %.3f s (%.1f tok/s); generated %d tokens in "
-              "%.3f s (%.1f tok/s); finish: %s", n_prompt, t_prompt, n_prompt / (t_prompt > 0 ? t_prompt : 1e-9),
-              n_gen, t_gen, n_gen / (t_gen > 0 ? t_gen : 1e-9), finish);
-done:
-    cairn_grammar_matcher_free(matcher);
-    cairn_grammar_free(grammar);
-    cairn_detok_free(detok);
-    cairn_sampler_free(sampler);
-    free(prompt_ids);
-    free(logits);
-    free(file_text);
-    cli_runtime_close(&rt);
+    if (rc == CAIRN_OK && st.eog_token >= 0)
+        cairn_log(CAIRN_LOG_INFO, "end-of-generation token %d after %lld tokens", st.eog_token,
+                  (long long)st.n_gen);
+    if (rc == CAIRN_OK) {
+        cairn_log(CAIRN_LOG_INFO, "prompt: %lld tokens in %.3f s (%.1f tok/s); generated %lld "
+                  "tokens in %.3f s (%.1f tok/s); finish: %s", (long long)st.n_prompt,
+                  st.prompt_s, st.n_prompt / (st.prompt_s > 0 ? st.prompt_s : 1e-9),
+                  (long long)st.n_gen, st.decode_s,
+                  st.n_gen / (st.decode_s > 0 ? st.decode_s : 1e-9), st.finish);
+        if (draft.head_path)
+            cairn_log(CAIRN_LOG_INFO, "speculative: %lld target forwards, tau %.2f tokens per "
+                      "forward", (long long)st.spec_forwards,
+                      st.spec_forwards ? (double)st.spec_tokens / st.spec_forwards : 0.0);
+    }
+    cairn_runtime_close(rt);
     return rc == CAIRN_OK ? 0 : 1;
 }

@@ -31,6 +31,7 @@ static void start_generation(cairn_service *s, cairn_request *r, session *sess)
     if (rc == CAIRN_OK) {
         j->req = r;
         j->sess = sess;
+        j->eog_token = -1;
         if (sess)
             rc = tokvec_append(&j->seq, sess->history.v, sess->history.n);
         if (rc == CAIRN_OK)

@@ -295,6 +295,7 @@ bool job_push_token(cairn_service *s, job *j, int32_t tok, const cairn_token_log
     const bool want_lp = lp != NULL;
     if (!j->req->gen.ignore_eos && cairn_vocab_is_eog(s->vocab, tok)) {
         j->finish = "stop";
+        j->eog_token = tok;
         return true;
     }
     if (j->matcher && cairn_grammar_matcher_accept(j->matcher, tok) != CAIRN_OK) {

@@ -259,6 +259,8 @@ typedef struct {
     int n_top;
     /* DONE(generation) */
     const char *finish_reason; /* "stop", "length" or "cancelled"          */
+    int32_t eog_token;         /* the end-of-generation token that stopped it
+                                  (not in `tokens`), or -1                   */
     int64_t prompt_tokens, cached_tokens, completion_tokens;
     int64_t cached_by_tier[3]; /* where the cached tokens were: device, host, disk */
     double prompt_seconds;     /* admission to the first token (prefill)    */
