@@ -1,10 +1,14 @@
 /*
  * kernels/backend.c — backend-independent helpers: KV page geometry, the
- * generic destroy, and the CUDA entry point when cairn is built without CUDA.
+ * argument checks every backend shares, the generic destroy, the wrappers of
+ * the optional table slots with their fallbacks, and the CUDA entry point
+ * when cairn is built without CUDA.
  */
 #include "kernels/backend.h"
 
 #include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
 
 int cairn_kv_layout_init(cairn_kv_layout *out, int n_layer, int n_kv_head, int head_dim,
                          int page_size, cairn_type dtype)
@@ -112,6 +116,67 @@ void cairn_backend_destroy(cairn_backend *be)
 {
     if (be)
         be->iface->destroy(be);
+}
+
+/* ---- optional slots: wrappers and fallbacks ----------------------------- */
+
+int cairn_backend_supports_type(const cairn_backend *be, cairn_type t)
+{
+    if (!be)
+        return 0;
+    if (be->iface->supports_type)
+        return be->iface->supports_type(be, t) != 0;
+    const cairn_type_traits *tr = cairn_type_get((int)t);
+    return tr && tr->compute;
+}
+
+int cairn_backend_synchronize(cairn_backend *be)
+{
+    if (!be)
+        return CAIRN_EINVAL;
+    if (be->iface->synchronize)
+        return be->iface->synchronize(be);
+    return CAIRN_OK; /* a backend without the slot has nothing in flight */
+}
+
+/* Host buffer of the copy fallback: big enough that the per-chunk cost of a
+ * download and an upload is amortised, small enough to be a plain malloc. */
+#define BOUNCE_BYTES ((size_t)1 << 20)
+
+/* download + upload, a chunk at a time. When dst lies above an overlapping
+ * src the chunks go from the end down (as memmove does), so no chunk of src
+ * is overwritten before it has been read. */
+static int copy_via_host(cairn_backend *be, void *dst, const void *src, size_t bytes)
+{
+    const size_t cap = bytes < BOUNCE_BYTES ? bytes : BOUNCE_BYTES;
+    void *host = malloc(cap);
+    if (!host)
+        return CAIRN_ENOMEM;
+    const int backward = (uintptr_t)dst > (uintptr_t)src && (uintptr_t)dst - (uintptr_t)src < bytes;
+    int rc = CAIRN_OK;
+    for (size_t done = 0; done < bytes && rc == CAIRN_OK;) {
+        const size_t n = bytes - done < cap ? bytes - done : cap;
+        const size_t off = backward ? bytes - done - n : done;
+        rc = be->iface->download(be, host, (const uint8_t *)src + off, n);
+        if (rc == CAIRN_OK)
+            rc = be->iface->upload(be, (uint8_t *)dst + off, host, n);
+        done += n;
+    }
+    free(host);
+    return rc;
+}
+
+int cairn_backend_copy(cairn_backend *be, void *dst, const void *src, size_t bytes)
+{
+    if (!be)
+        return CAIRN_EINVAL;
+    if (be->iface->copy)
+        return be->iface->copy(be, dst, src, bytes);
+    if (!dst || !src)
+        return CAIRN_EINVAL;
+    if (bytes == 0 || dst == src)
+        return CAIRN_OK;
+    return copy_via_host(be, dst, src, bytes);
 }
 
 #ifndef CAIRN_HAVE_CUDA

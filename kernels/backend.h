@@ -5,7 +5,9 @@
  * manner of ggml-backend: the engine is written once against this table and
  * runs on whichever device implements it. The CPU backend (kernels/cpu/) is
  * the reference and always exists; the CUDA backend (kernels/cuda/) must
- * produce the same logits within a stated tolerance.
+ * produce the same logits within a stated tolerance. Most slots are
+ * required; a few are optional, with a fallback behind a wrapper (see
+ * "Required and optional slots" at cairn_backend_iface).
  *
  * Memory model
  * ------------
@@ -15,9 +17,10 @@
  *   - Small index arrays (token ids, positions, KV slots, page tables, masks)
  *     are host memory: they are a few KB per step and a device backend stages
  *     them itself. This keeps the engine free of device-side bookkeeping.
- *   - Ops may run asynchronously on a device; download() and synchronize()
- *     are the points where results are guaranteed visible to the host. The
- *     CPU backend runs every op to completion before returning.
+ *   - Ops may run asynchronously on a device; download() and
+ *     cairn_backend_synchronize() are the points where results are
+ *     guaranteed visible to the host. The CPU backend runs every op to
+ *     completion before returning.
  *
  * Shapes
  * ------
@@ -149,18 +152,48 @@ int cairn_rope_args_check(const float *x, int T, int n_heads, int head_dim, cons
 
 typedef struct cairn_backend cairn_backend;
 
-/* The table a backend implements. Every pointer is required. */
+/* The table a backend implements.
+ *
+ * Required and optional slots
+ * ---------------------------
+ * Every slot must be set except the three marked OPTIONAL, which a new
+ * backend may leave NULL. Code outside the backend never calls an optional
+ * slot directly but its wrapper (below the table: cairn_backend_supports_type,
+ * cairn_backend_synchronize, cairn_backend_copy), which runs the slot when
+ * it is set and otherwise the fallback, written once in kernels/backend.c:
+ *
+ *   slot           fallback when NULL            may be NULL when
+ *   supports_type  the types whose traits say    get_rows and matmul take
+ *                  `compute` (common/common.h)   exactly those types
+ *   synchronize    CAIRN_OK, nothing waited for  every op has finished when
+ *                                                it returns (as on the CPU)
+ *   copy           download() a chunk of src     always (it is correct, only
+ *                  into a host buffer, upload()  slower than a copy on the
+ *                  it to dst, chunk by chunk;    device)
+ *                  overlapping ranges are
+ *                  copied like memmove
+ *
+ * Required: name, destroy, alloc, free, upload, download, get_rows, matmul,
+ * rmsnorm, rope, swiglu, add, add_bias, softmax, kv_store, attention. */
 typedef struct {
     const char *name;
 
     void (*destroy)(cairn_backend *be);
+
+    /* OPTIONAL. Nonzero when get_rows and matmul take tables/weights of
+     * type `t` (the model loader refuses a model with any other weight
+     * type). Must not fail or touch the device. */
+    int (*supports_type)(const cairn_backend *be, cairn_type t);
 
     /* Memory. alloc returns zeroed memory aligned to at least 64 bytes. */
     int (*alloc)(cairn_backend *be, size_t bytes, void **out);
     void (*free)(cairn_backend *be, void *ptr);
     int (*upload)(cairn_backend *be, void *dst, const void *host_src, size_t bytes);
     int (*download)(cairn_backend *be, void *host_dst, const void *src, size_t bytes);
+    /* OPTIONAL. Backend memory to backend memory, ordered after the ops
+     * already issued. NULL pointers are CAIRN_EINVAL; 0 bytes is a no-op. */
     int (*copy)(cairn_backend *be, void *dst, const void *src, size_t bytes);
+    /* OPTIONAL. Wait until every op issued so far has finished. */
     int (*synchronize)(cairn_backend *be);
 
     /* out[T][D] = table[ids[t]][:], table rows of `type` (host ids). */
@@ -225,6 +258,25 @@ int cairn_backend_cuda_create(int device, cairn_backend **out);
 /* Destroy any backend; NULL is a no-op. All memory allocated from it must
  * have been freed first. */
 void cairn_backend_destroy(cairn_backend *be);
+
+/* ---- the optional slots ------------------------------------------------- */
+
+/* Each runs the backend's slot when it has one and the fallback described
+ * at cairn_backend_iface otherwise; callers use these, never the slots. */
+
+/* Nonzero when get_rows and matmul accept rows of type `t`; 0 for a NULL
+ * backend and for ids cairn does not know. */
+int cairn_backend_supports_type(const cairn_backend *be, cairn_type t);
+
+/* Wait for every op issued so far. CAIRN_EINVAL for a NULL backend. */
+int cairn_backend_synchronize(cairn_backend *be);
+
+/* Copy `bytes` of backend memory from src to dst. Callers keep the ranges
+ * disjoint (the CPU slot and the fallback copy overlapping ones like
+ * memmove, CUDA's does not). CAIRN_EINVAL for a NULL backend or pointer,
+ * CAIRN_OK for 0 bytes or dst == src; the fallback may also return
+ * CAIRN_ENOMEM (its host buffer) or whatever download/upload return. */
+int cairn_backend_copy(cairn_backend *be, void *dst, const void *src, size_t bytes);
 
 #ifdef __cplusplus
 }

@@ -291,7 +291,7 @@ static int head_forward(cairn_eagle *e, void *kv_pool, const cairn_kv_layout *kv
     /* cat [R][2*dim] = [embed(token) ; feature] */
     TRY(op->get_rows(be, e->x, e->shared.tok_embd, e->shared.tok_embd_type, dim, tokens, R));
     for (int r = 0; r < R; r++) {
-        TRY(op->copy(be, e->cat + (size_t)r * 2 * dim, e->x + (size_t)r * dim, row));
+        TRY(cairn_backend_copy(be, e->cat + (size_t)r * 2 * dim, e->x + (size_t)r * dim, row));
         TRY(op->upload(be, e->cat + (size_t)r * 2 * dim + dim, feat + (size_t)r * dim, row));
     }
     TRY(op->matmul(be, e->x, e->fc.data, e->fc.type, e->cat, R, 2 * dim, dim)); /* [R][dim] */
@@ -333,7 +333,7 @@ static int head_forward(cairn_eagle *e, void *kv_pool, const cairn_kv_layout *kv
         TRY(op->download(be, logits, e->logits,
                          (size_t)n_logit_rows * e->thp.n_vocab * sizeof(float)));
     }
-    return op->synchronize(be);
+    return cairn_backend_synchronize(be);
 }
 
 /* ======================================================================== */
@@ -568,7 +568,7 @@ static int root_logits(cairn_eagle_seq *s)
     TRY(op->matmul(e->be, e->logits, e->shared.output, e->shared.output_type, e->x, 1, e->dim,
                    e->thp.n_vocab));
     TRY(op->download(e->be, s->head_logits, e->logits, (size_t)e->thp.n_vocab * sizeof(float)));
-    return op->synchronize(e->be);
+    return cairn_backend_synchronize(e->be);
 }
 
 /* Scratch sized by the capacity; tokens[] keeps its contents and holds at
@@ -976,7 +976,7 @@ int cairn_eagle_seq_step(cairn_eagle_seq *s, int32_t *out, int cap, int *n_out)
         const size_t dp = (size_t)s->pages[dst / L->page_size] * L->page_bytes;
         for (int l = 0; l < e->thp.n_layer; l++)
             for (int kv = 0; kv < 2; kv++)
-                TRY(e->be->iface->copy(e->be, pool + dp + cairn_kv_offset(L, l, kv, dst % L->page_size),
+                TRY(cairn_backend_copy(e->be, pool + dp + cairn_kv_offset(L, l, kv, dst % L->page_size),
                                        pool + sp + cairn_kv_offset(L, l, kv, src % L->page_size),
                                        L->row_bytes));
     }

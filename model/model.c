@@ -337,6 +337,17 @@ static int upload_weights(cairn_model *m, const cairn_gguf *g, const tensor_bind
         return cairn_errorf(err, err_len, CAIRN_EFORMAT, "tensor 'rope_freqs.weight' is malformed");
     if (freqs)
         total += (freqs->size + 63) & ~(size_t)63;
+    /* find_tensor checked that cairn can compute with each type; this
+     * backend may implement fewer. */
+    for (int i = 0; i < n; i++) {
+        const cairn_gguf_tensor *t = b[i].src;
+        if (!cairn_backend_supports_type(be, t->type)) {
+            const cairn_type_traits *tr = cairn_type_get(t->type);
+            return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                                "tensor '%s' has type %s, which backend %s does not support",
+                                t->name, tr ? tr->name : "?", be->iface->name);
+        }
+    }
 
     int rc = be->iface->alloc(be, total, &m->weights_mem);
     if (rc != CAIRN_OK)
@@ -624,7 +635,7 @@ static int forward(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
         TRY(op->rmsnorm(be, m->out_rows, m->x, m->output_norm.data, T, dim, hp->rms_eps));
         TRY(op->download(be, features, m->out_rows, (size_t)T * dim * sizeof(float)));
     }
-    TRY(op->synchronize(be));
+    TRY(cairn_backend_synchronize(be));
     *n_out = n_o;
     return CAIRN_OK;
 }

@@ -115,9 +115,16 @@ static int cpu_synchronize(cairn_backend *be)
     return CAIRN_OK;
 }
 
+static int cpu_supports_type(const cairn_backend *be, cairn_type t)
+{
+    (void)be;
+    return cpu_type_supported(t);
+}
+
 static const cairn_backend_iface cpu_iface = {
     .name = "cpu",
     .destroy = cpu_destroy,
+    .supports_type = cpu_supports_type,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .upload = cpu_upload,

@@ -9,9 +9,15 @@
  *   cpu_matmul.c     get_rows and matmul (weights in GGUF block layout):
  *                    argument checks, the choice of kernel, and the scalar
  *                    reference kernels
- *   cpu_x86.c        AVX2 and AVX-512 (VNNI) kernels, compiled with function
+ *   cpu_x86*.c       AVX2 and AVX-512 (VNNI) kernels, compiled with function
  *                    target attributes so a build without -march=native still
- *                    contains them; chosen at run time by CPUID
+ *                    contains them; chosen at run time by CPUID. cpu_x86.c
+ *                    (level detection, activation quantization, the
+ *                    quantized matmul's dispatch), then one file per kernel
+ *                    family: _float (F32/F16/BF16 weights), _quant
+ *                    (Q8_0/Q4_0/Q5_0), _kquant (Q4_K/Q5_K/Q6_K), _attention
+ *                    (attention and element-wise helpers); what they share
+ *                    is in cpu_x86_impl.h
  *   cpu_ops.c        rmsnorm, rope, swiglu, add, softmax
  *   cpu_attention.c  kv_store and attention over paged KV
  *
@@ -136,7 +142,8 @@ int cpu_attention(cairn_backend *be, const cairn_attn_args *args);
 /* ---- shared helpers ---------------------------------------------------- */
 
 /* True when the kernels can multiply or look up rows of `type`
- * (F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K). */
+ * (F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K); also the backend's
+ * supports_type slot. */
 int cpu_type_supported(cairn_type type);
 
 /* True for the weight types multiplied against int8-quantized activations
@@ -184,7 +191,7 @@ static inline float cpu_half_to_float(uint16_t h)
     return v.f;
 }
 
-/* ---- matmul kernels (cpu_x86.c) -------------------------------------- */
+/* ---- matmul kernels (cpu_x86*.c) ------------------------------------- */
 
 /* One 32-element block of activations quantized to int8: d = max|x| / 127,
  * q = round(x / d), and the sum of the codes (for the weights' zero-point
@@ -222,7 +229,7 @@ size_t cpu_x86_pack_bytes(int n_in);
  * (their panel height), so items never split a panel. */
 int cpu_x86_q8act_rows_per_item(cpu_isa isa, int T);
 
-/* ---- attention helpers (cpu_x86.c) ------------------------------------ */
+/* ---- attention helpers (cpu_x86_attention.c) -------------------------- */
 
 /* q · k for a float query and a K row of `dtype` (F32/F16), and
  * acc += w * v; vector versions, 0 when the level has none. */
@@ -254,7 +261,7 @@ typedef void (*cpu_attend_group_fn)(const cpu_attn_group *g);
  * 256) has no such kernel. */
 cpu_attend_group_fn cpu_x86_attend_group(cpu_isa isa, const cairn_kv_layout *L, int group);
 
-/* ---- element-wise helpers (cpu_x86.c) --------------------------------- */
+/* ---- element-wise helpers (cpu_x86_attention.c) ----------------------- */
 
 /* n floats to F16, exactly as cairn_fp32_to_fp16 rounds them (NaNs become
  * its canonical quiet NaN); 0 when the level has no vector version. */

@@ -6,9 +6,10 @@
  * Three paths, chosen per call:
  *   - quantized weights (unless the backend was created exact): the
  *     activations are quantized to int8 per 32-element block and multiplied
- *     in integers (cpu_x86.c, or q8act_dot_ref below on the scalar level).
+ *     in integers (cpu_x86_quant.c, cpu_x86_kquant.c, or q8act_dot_ref
+ *     below on the scalar level).
  *   - F32/F16/BF16 weights on AVX2/AVX-512: vector dot-product tiles
- *     (cpu_x86.c), exact float semantics.
+ *     (cpu_x86_float.c), exact float semantics.
  *   - Otherwise the reference: each weight row is expanded to floats with
  *     cairn_dequantize_row (the definition of every format) and multiplied
  *     with each token's activations by a single-precision dot product.

@@ -336,6 +336,12 @@ static int cuda_copy(cairn_backend *be, void *dst, const void *src, size_t bytes
     return cuda_copy_kind(be, dst, src, bytes, cudaMemcpyDeviceToDevice, 0);
 }
 
+static int cuda_supports_type(const cairn_backend *be, cairn_type t)
+{
+    (void)be;
+    return cuda_type_supported(t);
+}
+
 static int cuda_synchronize(cairn_backend *be)
 {
     int rc = cuda_enter(be);
@@ -353,6 +359,7 @@ static void cuda_iface_init(void)
 {
     cuda_iface.name = "cuda";
     cuda_iface.destroy = cuda_destroy;
+    cuda_iface.supports_type = cuda_supports_type;
     cuda_iface.alloc = cuda_alloc;
     cuda_iface.free = cuda_free;
     cuda_iface.upload = cuda_upload;

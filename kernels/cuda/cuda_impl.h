@@ -142,7 +142,8 @@ int cuda_attention(cairn_backend *be, const cairn_attn_args *args);
 /* ---- shared helpers ------------------------------------------------------ */
 
 /* The weight/table types the kernels read: F32, F16, BF16, Q8_0, Q4_0, Q5_0,
- * Q4_K, Q5_K, Q6_K (the CPU backend's set). */
+ * Q4_K, Q5_K, Q6_K (the CPU backend's set); also the backend's
+ * supports_type slot. */
 int cuda_type_supported(cairn_type type);
 /* Bytes of a row of n elements, 0 when n is not whole blocks. */
 size_t cuda_row_bytes(cairn_type type, int64_t n);

@@ -1,0 +1,472 @@
+/*
+ * kernels/cpu/cpu_x86_float.c — AVX2 and AVX-512 matmul kernels for float
+ * weights (F32, F16, BF16) against float activations: cpu_x86_matmul_float
+ * and the tiles, row streams and panels behind it. One file because the
+ * kernels share their weight loaders and the per-element arithmetic that
+ * makes them agree bitwise; every function carries its target attribute
+ * (cpu_x86_impl.h).
+ *
+ * Strategy: dot-product form. Each output element is one 16-lane (8 on
+ * AVX2) vector FMA chain over k, reduced at the end by a fixed tree,
+ * whatever kernel and tile computes it, so a token's result is the same in
+ * a batch and alone (bitwise). The kernels differ only in how they feed the
+ * chains:
+ *   - one token (decode, AVX-512): 8 rows at a time with the next 8 rows
+ *     prefetched — a stream over the weights;
+ *   - 2-5 tokens, and AVX2: tiles of up to 4 rows x 4 (2) tokens, each
+ *     weight vector converted once per tile;
+ *   - 6 and more tokens (prefill, AVX-512): weights converted to F32 once
+ *     per 16-row panel and 128-token block, 4 x 6 register tiles.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu_x86_impl.h"
+
+#if CPU_X86_KERNELS
+
+/* ---- float weights: dot-product tiles ------------------------------------ */
+
+/* 16 weights of a row from element k, as floats; lanes outside `m` are 0. */
+INLINE T512 __m512 load_w16(const uint8_t *row, int k, cairn_type t, __mmask16 m)
+{
+    if (t == CAIRN_TYPE_F32)
+        return _mm512_maskz_loadu_ps(m, row + 4 * (size_t)k);
+    __m256i h = _mm256_maskz_loadu_epi16(m, row + 2 * (size_t)k);
+    if (t == CAIRN_TYPE_F16)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); /* BF16 */
+}
+
+INLINE T512 void ftile_512(const uint8_t *W, size_t rb, cairn_type t, const float *x, int n_in,
+                           const int R, const int C, float *y, int n_out)
+{
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++)
+            acc[r][c] = _mm512_setzero_ps();
+    int k = 0;
+    for (; k + 16 <= n_in; k += 16) {
+        __m512 w[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            w[r] = load_w16(W + (size_t)r * rb, k, t, 0xffff);
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            const __m512 xv = _mm512_loadu_ps(x + (size_t)c * n_in + k);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                acc[r][c] = _mm512_fmadd_ps(w[r], xv, acc[r][c]);
+        }
+    }
+    if (k < n_in) {
+        const __mmask16 m = (__mmask16)((1u << (n_in - k)) - 1);
+        __m512 w[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            w[r] = load_w16(W + (size_t)r * rb, k, t, m);
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            const __m512 xv = _mm512_maskz_loadu_ps(m, x + (size_t)c * n_in + k);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                acc[r][c] = _mm512_fmadd_ps(w[r], xv, acc[r][c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++)
+            y[(size_t)c * n_out + r] = _mm512_reduce_add_ps(acc[r][c]);
+}
+
+#define FTILE_CASES(fn, W, rb, t, x, n_in, R, C, y, n_out)                                         \
+    switch ((R) * 8 + (C)) {                                                                       \
+    case 1 * 8 + 1: fn(W, rb, t, x, n_in, 1, 1, y, n_out); break;                                  \
+    case 1 * 8 + 2: fn(W, rb, t, x, n_in, 1, 2, y, n_out); break;                                  \
+    case 1 * 8 + 3: fn(W, rb, t, x, n_in, 1, 3, y, n_out); break;                                  \
+    case 1 * 8 + 4: fn(W, rb, t, x, n_in, 1, 4, y, n_out); break;                                  \
+    case 2 * 8 + 1: fn(W, rb, t, x, n_in, 2, 1, y, n_out); break;                                  \
+    case 2 * 8 + 2: fn(W, rb, t, x, n_in, 2, 2, y, n_out); break;                                  \
+    case 2 * 8 + 3: fn(W, rb, t, x, n_in, 2, 3, y, n_out); break;                                  \
+    case 2 * 8 + 4: fn(W, rb, t, x, n_in, 2, 4, y, n_out); break;                                  \
+    case 3 * 8 + 1: fn(W, rb, t, x, n_in, 3, 1, y, n_out); break;                                  \
+    case 3 * 8 + 2: fn(W, rb, t, x, n_in, 3, 2, y, n_out); break;                                  \
+    case 3 * 8 + 3: fn(W, rb, t, x, n_in, 3, 3, y, n_out); break;                                  \
+    case 3 * 8 + 4: fn(W, rb, t, x, n_in, 3, 4, y, n_out); break;                                  \
+    case 4 * 8 + 1: fn(W, rb, t, x, n_in, 4, 1, y, n_out); break;                                  \
+    case 4 * 8 + 2: fn(W, rb, t, x, n_in, 4, 2, y, n_out); break;                                  \
+    case 4 * 8 + 3: fn(W, rb, t, x, n_in, 4, 3, y, n_out); break;                                  \
+    default: fn(W, rb, t, x, n_in, 4, 4, y, n_out); break;                                         \
+    }
+
+/* One weight type per instantiation so the loads are resolved at compile
+ * time. */
+#define FTILE_TYPED(NAME, TYPE)                                                                    \
+    static __attribute__((noinline)) T512 void NAME(const uint8_t *W, size_t rb, const float *x,  \
+                                                    int n_in, int R, int C, float *y, int n_out) \
+    {                                                                                              \
+        FTILE_CASES(ftile_512, W, rb, TYPE, x, n_in, R, C, y, n_out)                               \
+    }
+FTILE_TYPED(ftile_512_f32, CAIRN_TYPE_F32)
+FTILE_TYPED(ftile_512_f16, CAIRN_TYPE_F16)
+FTILE_TYPED(ftile_512_bf16, CAIRN_TYPE_BF16)
+
+/* AVX2: 8 lanes, tiles of up to 4 rows x 2 tokens (16 ymm registers). */
+INLINE T256 __m256 load_w8(const uint8_t *row, int k, cairn_type t)
+{
+    if (t == CAIRN_TYPE_F32)
+        return _mm256_loadu_ps((const float *)(row + 4 * (size_t)k));
+    __m128i h = _mm_loadu_si128((const __m128i *)(row + 2 * (size_t)k));
+    if (t == CAIRN_TYPE_F16)
+        return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* Weight element k of a row as a float (the scalar tail of the AVX2 tile). */
+static inline float w_at(const uint8_t *row, int k, cairn_type t)
+{
+    if (t == CAIRN_TYPE_F32) {
+        float f;
+        memcpy(&f, row + 4 * (size_t)k, 4);
+        return f;
+    }
+    uint16_t h;
+    memcpy(&h, row + 2 * (size_t)k, 2);
+    return t == CAIRN_TYPE_F16 ? cpu_half_to_float(h) : cairn_bf16_to_fp32(h);
+}
+
+INLINE T256 void ftile_256(const uint8_t *W, size_t rb, cairn_type t, const float *x, int n_in,
+                           const int R, const int C, float *y, int n_out)
+{
+    __m256 acc[4][2];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+        for (int c = 0; c < C; c++)
+            acc[r][c] = _mm256_setzero_ps();
+    int k = 0;
+    for (; k + 8 <= n_in; k += 8) {
+        __m256 w[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            w[r] = load_w8(W + (size_t)r * rb, k, t);
+#pragma GCC unroll 2
+        for (int c = 0; c < C; c++) {
+            const __m256 xv = _mm256_loadu_ps(x + (size_t)c * n_in + k);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                acc[r][c] = _mm256_fmadd_ps(w[r], xv, acc[r][c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+        for (int c = 0; c < C; c++) {
+            float sum = hsum256(acc[r][c]);
+            for (int kk = k; kk < n_in; kk++)
+                sum = fmaf(w_at(W + (size_t)r * rb, kk, t), x[(size_t)c * n_in + kk], sum);
+            y[(size_t)c * n_out + r] = sum;
+        }
+}
+
+#define FTILE256_TYPED(NAME, TYPE)                                                                 \
+    static __attribute__((noinline)) T256 void NAME(const uint8_t *W, size_t rb, const float *x,  \
+                                                    int n_in, int R, int C, float *y, int n_out) \
+    {                                                                                              \
+        switch (R * 8 + C) {                                                                       \
+        case 1 * 8 + 1: ftile_256(W, rb, TYPE, x, n_in, 1, 1, y, n_out); break;                    \
+        case 1 * 8 + 2: ftile_256(W, rb, TYPE, x, n_in, 1, 2, y, n_out); break;                    \
+        case 2 * 8 + 1: ftile_256(W, rb, TYPE, x, n_in, 2, 1, y, n_out); break;                    \
+        case 2 * 8 + 2: ftile_256(W, rb, TYPE, x, n_in, 2, 2, y, n_out); break;                    \
+        case 3 * 8 + 1: ftile_256(W, rb, TYPE, x, n_in, 3, 1, y, n_out); break;                    \
+        case 3 * 8 + 2: ftile_256(W, rb, TYPE, x, n_in, 3, 2, y, n_out); break;                    \
+        case 4 * 8 + 1: ftile_256(W, rb, TYPE, x, n_in, 4, 1, y, n_out); break;                    \
+        default: ftile_256(W, rb, TYPE, x, n_in, 4, 2, y, n_out); break;                           \
+        }                                                                                          \
+    }
+FTILE256_TYPED(ftile_256_f32, CAIRN_TYPE_F32)
+FTILE256_TYPED(ftile_256_f16, CAIRN_TYPE_F16)
+FTILE256_TYPED(ftile_256_bf16, CAIRN_TYPE_BF16)
+
+typedef void (*ftile_fn)(const uint8_t *W, size_t rb, const float *x, int n_in, int R, int C,
+                         float *y, int n_out);
+
+/* ---- float weights, one token (decode, AVX-512) ------------------------------ */
+
+/* Decode is a stream over the weights. Eight rows at a time keep eight
+ * independent FMA chains and eight memory streams in flight, and the rows
+ * of the next tile are prefetched while this one is computed (rows are
+ * short — 1.5 KB at 768 F16 — so the hardware prefetcher barely ramps up
+ * within one). Each element is the same FMA chain and reduction as in
+ * ftile_512, so the result is bitwise that of the batched kernels. */
+#define FR_ROWS 8
+
+INLINE T512 void frow_512(const uint8_t *W, size_t rb, cairn_type t, const float *x, int n_in,
+                          const int R, float *y, const uint8_t *next, int n_next)
+{
+    const size_t es = t == CAIRN_TYPE_F32 ? 4 : 2;
+    __m512 acc[FR_ROWS];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+        acc[r] = _mm512_setzero_ps();
+    int k = 0;
+    for (; k + 16 <= n_in; k += 16) {
+        const __m512 xv = _mm512_loadu_ps(x + k);
+        if (((size_t)k * es) % 64 == 0)
+            for (int r = 0; r < n_next; r++)
+                _mm_prefetch((const char *)(next + (size_t)r * rb + (size_t)k * es), _MM_HINT_T0);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++)
+            acc[r] = _mm512_fmadd_ps(load_w16(W + (size_t)r * rb, k, t, 0xffff), xv, acc[r]);
+    }
+    if (k < n_in) {
+        const __mmask16 m = (__mmask16)((1u << (n_in - k)) - 1);
+        const __m512 xv = _mm512_maskz_loadu_ps(m, x + k);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++)
+            acc[r] = _mm512_fmadd_ps(load_w16(W + (size_t)r * rb, k, t, m), xv, acc[r]);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+        y[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+#define FROW_TYPED(NAME, TYPE)                                                                     \
+    static __attribute__((noinline)) T512 void NAME(const uint8_t *W, size_t rb, const float *x,  \
+                                                    int n_in, int R, float *y,                    \
+                                                    const uint8_t *next, int n_next)              \
+    {                                                                                              \
+        if (R == FR_ROWS)                                                                          \
+            frow_512(W, rb, TYPE, x, n_in, FR_ROWS, y, next, n_next);                              \
+        else                                                                                       \
+            for (int r = 0; r < R; r++)                                                            \
+                frow_512(W + (size_t)r * rb, rb, TYPE, x, n_in, 1, y + r, next, 0);                \
+    }
+FROW_TYPED(frow_512_f32, CAIRN_TYPE_F32)
+FROW_TYPED(frow_512_f16, CAIRN_TYPE_F16)
+FROW_TYPED(frow_512_bf16, CAIRN_TYPE_BF16)
+
+static T512 void matmul_float_decode(float *y, const uint8_t *W, cairn_type wtype,
+                                     size_t row_bytes, const float *x, int n_in, int64_t r0,
+                                     int64_t r1)
+{
+    void (*fn)(const uint8_t *, size_t, const float *, int, int, float *, const uint8_t *, int) =
+        wtype == CAIRN_TYPE_F32 ? frow_512_f32
+      : wtype == CAIRN_TYPE_F16 ? frow_512_f16
+      : frow_512_bf16;
+    for (int64_t r = r0; r < r1; r += FR_ROWS) {
+        const int R = r1 - r < FR_ROWS ? (int)(r1 - r) : FR_ROWS;
+        const int64_t nr = r + R;
+        const int n_next = r1 - nr < FR_ROWS ? (int)(r1 - nr) : FR_ROWS;
+        fn(W + (size_t)r * row_bytes, row_bytes, x, n_in, R, y + r,
+           W + (size_t)nr * row_bytes, n_next);
+    }
+}
+
+/* ---- float weights, many tokens: F32 panels (AVX-512) --------------------- */
+
+/* Prefill keeps the dot-product form of ftile_512 (so every element is the
+ * same 16-lane FMA chain over k and the same final reduction, bitwise equal
+ * to decode) but removes what limited it:
+ *   - weights are converted to F32 once per panel of FP_ROWS rows and token
+ *     block, instead of once per 4-token tile (vcvtph2ps competes with the
+ *     FMAs for the same ports);
+ *   - tiles are 4 rows x 6 tokens: 24 accumulators, 10 loads per 24 FMAs;
+ *   - tokens are processed in blocks of FP_TOKEN_BLOCK so the activations a
+ *     panel is multiplied with stay in L2 (512 tokens x 2048 floats do not).
+ * Converting F16/BF16 to F32 is exact, so the arithmetic per element is
+ * exactly that of the unpacked tile. */
+#define FP_ROWS 16
+#define FP_TOKENS 6
+#define FP_TOKEN_BLOCK 128
+#define FP_MIN_T 6
+
+INLINE T512 void fptile_512(const float *w, size_t ws, const float *x, int n_in, const int R,
+                            const int C, float *y, int n_out)
+{
+    __m512 acc[4][FP_TOKENS];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 6
+        for (int c = 0; c < C; c++)
+            acc[r][c] = _mm512_setzero_ps();
+    int k = 0;
+    for (; k + 16 <= n_in; k += 16) {
+        __m512 wv[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            wv[r] = _mm512_loadu_ps(w + (size_t)r * ws + k);
+#pragma GCC unroll 6
+        for (int c = 0; c < C; c++) {
+            const __m512 xv = _mm512_loadu_ps(x + (size_t)c * n_in + k);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                acc[r][c] = _mm512_fmadd_ps(wv[r], xv, acc[r][c]);
+        }
+    }
+    if (k < n_in) {
+        const __mmask16 m = (__mmask16)((1u << (n_in - k)) - 1);
+        __m512 wv[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            wv[r] = _mm512_maskz_loadu_ps(m, w + (size_t)r * ws + k);
+#pragma GCC unroll 6
+        for (int c = 0; c < C; c++) {
+            const __m512 xv = _mm512_maskz_loadu_ps(m, x + (size_t)c * n_in + k);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                acc[r][c] = _mm512_fmadd_ps(wv[r], xv, acc[r][c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 6
+        for (int c = 0; c < C; c++)
+            y[(size_t)c * n_out + r] = _mm512_reduce_add_ps(acc[r][c]);
+}
+
+static __attribute__((noinline)) T512 void fptile_512_any(const float *w, size_t ws,
+                                                          const float *x, int n_in, int R, int C,
+                                                          float *y, int n_out)
+{
+#define FP_CASE(RR, CC)                                                                            \
+    case RR * 8 + CC: fptile_512(w, ws, x, n_in, RR, CC, y, n_out); break;
+    switch (R * 8 + C) {
+        FP_CASE(1, 1) FP_CASE(1, 2) FP_CASE(1, 3) FP_CASE(1, 4) FP_CASE(1, 5) FP_CASE(1, 6)
+        FP_CASE(2, 1) FP_CASE(2, 2) FP_CASE(2, 3) FP_CASE(2, 4) FP_CASE(2, 5) FP_CASE(2, 6)
+        FP_CASE(3, 1) FP_CASE(3, 2) FP_CASE(3, 3) FP_CASE(3, 4) FP_CASE(3, 5) FP_CASE(3, 6)
+        FP_CASE(4, 1) FP_CASE(4, 2) FP_CASE(4, 3) FP_CASE(4, 4) FP_CASE(4, 5)
+    default: fptile_512(w, ws, x, n_in, 4, 6, y, n_out); break;
+    }
+#undef FP_CASE
+}
+
+/* Rows [r, r + rows) of F16/BF16 weights as F32 into pk [rows][n_in]. */
+static T512 void convert_panel(const uint8_t *W, size_t rb, cairn_type t, int n_in, int64_t r,
+                               int rows, float *pk)
+{
+    for (int i = 0; i < rows; i++) {
+        const uint8_t *row = W + (size_t)(r + i) * rb;
+        float *out = pk + (size_t)i * n_in;
+        int k = 0;
+        if (t == CAIRN_TYPE_F16) {
+            for (; k + 16 <= n_in; k += 16)
+                _mm512_storeu_ps(out + k, _mm512_cvtph_ps(_mm256_loadu_si256(
+                                              (const __m256i *)(row + 2 * (size_t)k))));
+        } else {
+            for (; k + 16 <= n_in; k += 16)
+                _mm512_storeu_ps(out + k, load_w16(row, k, CAIRN_TYPE_BF16, 0xffff));
+        }
+        if (k < n_in) {
+            const __mmask16 m = (__mmask16)((1u << (n_in - k)) - 1);
+            _mm512_mask_storeu_ps(out + k, m, load_w16(row, k, t, m));
+        }
+    }
+}
+
+static T512 void matmul_float_panels(float *y, const uint8_t *W, cairn_type wtype,
+                                     size_t row_bytes, const float *x, int T, int n_in, int n_out,
+                                     int64_t r0, int64_t r1, float *pk)
+{
+    for (int tb = 0; tb < T; tb += FP_TOKEN_BLOCK) {
+        const int te = T - tb < FP_TOKEN_BLOCK ? T : tb + FP_TOKEN_BLOCK;
+        for (int64_t r = r0; r < r1; r += FP_ROWS) {
+            const int rows = r1 - r < FP_ROWS ? (int)(r1 - r) : FP_ROWS;
+            const float *w;
+            size_t ws;
+            if (wtype == CAIRN_TYPE_F32) {
+                w = (const float *)(W + (size_t)r * row_bytes);
+                ws = row_bytes / sizeof(float);
+            } else {
+                convert_panel(W, row_bytes, wtype, n_in, r, rows, pk);
+                w = pk;
+                ws = (size_t)n_in;
+            }
+            for (int t = tb; t < te; t += FP_TOKENS) {
+                const int C = te - t < FP_TOKENS ? te - t : FP_TOKENS;
+                for (int i = 0; i < rows; i += 4) {
+                    const int R = rows - i < 4 ? rows - i : 4;
+                    fptile_512_any(w + (size_t)i * ws, ws, x + (size_t)t * n_in, n_in, R, C,
+                                   y + (size_t)t * n_out + r + i, n_out);
+                }
+            }
+        }
+    }
+}
+
+size_t cpu_x86_float_panel_floats(cpu_isa isa, int T, int n_in)
+{
+    return isa >= CPU_ISA_AVX512 && T >= FP_MIN_T ? (size_t)FP_ROWS * (size_t)n_in : 0;
+}
+
+int cpu_x86_float_rows_per_item(cpu_isa isa, int T)
+{
+    if (isa >= CPU_ISA_AVX512)
+        return T >= FP_MIN_T ? FP_ROWS : T == 1 ? FR_ROWS : 4;
+    return 4;
+}
+
+int cpu_x86_matmul_float(cpu_isa isa, float *y, const uint8_t *W, cairn_type wtype,
+                         size_t row_bytes, const float *x, int T, int n_in, int n_out, int64_t r0,
+                         int64_t r1, float *panel)
+{
+    ftile_fn fn;
+    int max_c;
+    if (isa >= CPU_ISA_AVX512) {
+        fn = wtype == CAIRN_TYPE_F32 ? ftile_512_f32
+           : wtype == CAIRN_TYPE_F16 ? ftile_512_f16
+           : ftile_512_bf16;
+        max_c = 4;
+    } else if (isa >= CPU_ISA_AVX2) {
+        fn = wtype == CAIRN_TYPE_F32 ? ftile_256_f32
+           : wtype == CAIRN_TYPE_F16 ? ftile_256_f16
+           : ftile_256_bf16;
+        max_c = 2;
+    } else {
+        return 0;
+    }
+    if (wtype != CAIRN_TYPE_F32 && wtype != CAIRN_TYPE_F16 && wtype != CAIRN_TYPE_BF16)
+        return 0;
+    if (isa >= CPU_ISA_AVX512 && T >= FP_MIN_T) {
+        matmul_float_panels(y, W, wtype, row_bytes, x, T, n_in, n_out, r0, r1, panel);
+        return 1;
+    }
+    if (isa >= CPU_ISA_AVX512 && T == 1) {
+        matmul_float_decode(y, W, wtype, row_bytes, x, n_in, r0, r1);
+        return 1;
+    }
+    for (int64_t r = r0; r < r1; r += 4) {
+        const int R = r1 - r < 4 ? (int)(r1 - r) : 4;
+        for (int t = 0; t < T; t += max_c) {
+            const int C = T - t < max_c ? T - t : max_c;
+            fn(W + (size_t)r * row_bytes, row_bytes, x + (size_t)t * n_in, n_in, R, C,
+               y + (size_t)t * n_out + r, n_out);
+        }
+    }
+    return 1;
+}
+
+#else /* not x86-64: the scalar reference kernels do everything */
+
+int cpu_x86_matmul_float(cpu_isa isa, float *y, const uint8_t *W, cairn_type wtype,
+                         size_t row_bytes, const float *x, int T, int n_in, int n_out, int64_t r0,
+                         int64_t r1, float *panel)
+{
+    (void)isa, (void)y, (void)W, (void)wtype, (void)row_bytes, (void)x, (void)T, (void)n_in;
+    (void)n_out, (void)r0, (void)r1, (void)panel;
+    return 0;
+}
+size_t cpu_x86_float_panel_floats(cpu_isa isa, int T, int n_in)
+{
+    (void)isa, (void)T, (void)n_in;
+    return 0;
+}
+int cpu_x86_float_rows_per_item(cpu_isa isa, int T)
+{
+    (void)isa, (void)T;
+    return 4;
+}
+#endif

@@ -1,0 +1,504 @@
+/*
+ * kernels/cpu/cpu_x86_quant.c — AVX2 and AVX-512 (VNNI) matmul kernels for
+ * the block-quantized weights Q8_0, Q4_0 and Q5_0 against activations
+ * quantized to int8 (cpu_x86_quantize_act): the decode row kernels, the
+ * prefill panel GEMM, and cpu_x86_matmul_q8, which chooses between them
+ * for cpu_x86_matmul_q8act. One file because the kernels share the code
+ * layouts and zero points; every function carries its target attribute
+ * (cpu_x86_impl.h).
+ *
+ * Per 32-element block (scale d_a, codes q_a):
+ *     y = sum_b d_w[b] * d_a[b] * sum_i w_b[i] * q_a[b][i]
+ * The integer inner sums use VNNI's vpdpbusd, which multiplies unsigned by
+ * signed bytes. Weights are therefore made unsigned by a zero point Z
+ * (Q4_0 codes are already q+8 with Z = 8, Q5_0 q+16 with Z = 16; Q8_0
+ * codes get +128 with Z = 128)
+ * and the result is corrected by -Z * sum_i q_a[i], which the activation
+ * quantizer precomputes per block.
+ *   - Few tokens (decode, AVX-512): two blocks per 512-bit register, two
+ *     rows interleaved, weight scales gathered 16 blocks at a time and the
+ *     correction applied once per 16 blocks (see qrows2_512). AVX2: one
+ *     block per 256-bit register.
+ *   - Many tokens (prefill, AVX-512): outer-product GEMM. A panel of 32 rows
+ *     is repacked (once per panel, reused for every token) so that a 512-bit
+ *     register holds 4 consecutive codes of 16 rows; vpdpbusd with 4
+ *     activation codes broadcast then advances 16 outputs at once, with no
+ *     horizontal sums. The per-block float scaling happens once per block
+ *     for 16 outputs.
+ * Both keep a fixed per-element order (integer block sums, then one FMA per
+ * block in block order), so results do not depend on how rows are split
+ * between threads.
+ */
+#include <string.h>
+
+#include "kernels/cpu/cpu_x86_impl.h"
+
+#if CPU_X86_KERNELS
+
+/* ---- quantized weights: row-at-a-time (decode) ---------------------------- */
+
+/* Zero point of each weight format's unsigned codes (see the top). */
+#define Q4_ZERO 8
+#define Q5_ZERO 16
+#define Q8_ZERO 128
+
+/* Bytes ahead of the current block that the decode kernel prefetches. */
+#define QROW_PREFETCH 2048
+
+/* Most tokens the decode kernel takes at once (the batch sizes below
+ * QG_MIN_T) and most rows it interleaves. */
+#define QD_TOKENS 3
+#define QD_ROWS 2
+_Static_assert(QG_MIN_T - 1 <= QD_TOKENS, "the decode kernel must cover every T below QG_MIN_T");
+
+/* Blocks [b0, b0 + n) (n <= 16) of R rows (g: the group's first block in
+ * the first row, rows rb bytes apart) against C tokens; see qrows2_512. */
+INLINE T512 void qrow2_group(const uint8_t *g, size_t rb, cairn_type t, const int8_t *q,
+                             const float *d, const int32_t *s, int n_in, int nb, int b0,
+                             const int n, const int R, const int C,
+                             __m512 acc[QD_ROWS][QD_TOKENS][2], __m512 corr[QD_ROWS][QD_TOKENS])
+{
+    const int bs = t == CAIRN_TYPE_Q4_0 ? 18 : t == CAIRN_TYPE_Q5_0 ? 22 : 34;
+    const __m512i vidx = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(bs));
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const __m512i zero = _mm512_setzero_si512();
+    const __mmask16 bm = n >= 16 ? 0xffff : (__mmask16)((1u << n) - 1);
+    __m512 sc[QD_ROWS][QD_TOKENS];
+#pragma GCC unroll 2
+    for (int i = 0; i < R; i++) {
+        const __m512i dh = _mm512_mask_i32gather_epi32(zero, bm, vidx, g + (size_t)i * rb, 1);
+        const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dh));
+#pragma GCC unroll 3
+        for (int c = 0; c < C; c++) {
+            sc[i][c] = _mm512_mul_ps(dw, _mm512_maskz_loadu_ps(bm, d + (size_t)c * nb + b0));
+            const __m512 sv =
+                _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(bm, s + (size_t)c * nb + b0));
+            corr[i][c] = _mm512_fmadd_ps(sc[i][c], sv, corr[i][c]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < n; j += 2) {
+        const int two = j + 1 < n;
+        /* Full groups alternate two accumulators so consecutive FMAs do not
+         * wait for each other; a partial group (a loop with a run-time
+         * count) uses one, which stays in a register. */
+        const int slot = n == 16 ? (j >> 1) & 1 : 0;
+        /* lanes 0-7 scale by block j, 8-15 by block j + 1 */
+        const __m512i pick = _mm512_mask_blend_epi32(0xff00, _mm512_set1_epi32(j),
+                                                     _mm512_set1_epi32(j + 1));
+        __m512i a[QD_TOKENS];
+#pragma GCC unroll 3
+        for (int c = 0; c < C; c++) {
+            const int8_t *a_src = q + (size_t)c * n_in + 32 * (size_t)(b0 + j);
+            a[c] = two ? _mm512_loadu_si512(a_src)
+                       : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)a_src));
+        }
+#pragma GCC unroll 2
+        for (int i = 0; i < R; i++) {
+            const uint8_t *blk = g + (size_t)i * rb + (size_t)j * bs;
+            /* Rows are short (432 bytes for 768 Q4_0), too short for the
+             * hardware prefetcher to ramp up on; fetch QROW_PREFETCH bytes
+             * ahead (the matrix is contiguous, so that is a later row). */
+            _mm_prefetch((const char *)(blk + QROW_PREFETCH), _MM_HINT_T0);
+            if (bs > 32)
+                _mm_prefetch((const char *)(blk + QROW_PREFETCH + 64), _MM_HINT_T0);
+            __m512i w;
+            if (t == CAIRN_TYPE_Q4_0 || t == CAIRN_TYPE_Q5_0) {
+                const int nib = t == CAIRN_TYPE_Q4_0 ? 2 : 6;
+                const __m512i r0 =
+                    _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(blk + nib)));
+                const __m512i r1 = two ? _mm512_broadcast_i32x4(
+                                             _mm_loadu_si128((const __m128i *)(blk + bs + nib)))
+                                       : zero;
+                __m512i raw = _mm512_mask_blend_epi64(0xf0, r0, r1);
+                /* 128-bit lanes 1 and 3 take the high nibbles */
+                raw = _mm512_mask_srli_epi16(raw, 0xff00ff00u, raw, 4);
+                w = _mm512_and_si512(raw, low4);
+                if (t == CAIRN_TYPE_Q5_0) {
+                    /* bit e of a block's qh is bit 4 of its element e, which
+                     * sits in byte e of the block's 32 bytes here */
+                    uint32_t h0, h1 = 0;
+                    memcpy(&h0, blk + 2, 4);
+                    if (two)
+                        memcpy(&h1, blk + bs + 2, 4);
+                    const __mmask64 hb = (__mmask64)h0 | ((__mmask64)h1 << 32);
+                    w = _mm512_or_si512(w, _mm512_maskz_mov_epi8(hb, _mm512_set1_epi8(0x10)));
+                }
+            } else {
+                const __m256i lo = _mm256_loadu_si256((const __m256i *)(blk + 2));
+                w = two ? _mm512_inserti64x4(_mm512_castsi256_si512(lo),
+                                             _mm256_loadu_si256((const __m256i *)(blk + bs + 2)), 1)
+                        : _mm512_zextsi256_si512(lo);
+                w = _mm512_xor_si512(w, flip);
+            }
+#pragma GCC unroll 3
+            for (int c = 0; c < C; c++) {
+                const __m512i isum = _mm512_dpbusd_epi32(zero, w, a[c]);
+                const __m512 scale = _mm512_permutexvar_ps(pick, sc[i][c]);
+                acc[i][c][slot] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[i][c][slot]);
+            }
+        }
+    }
+}
+
+/* Decode on AVX-512: a 512-bit register holds two blocks, so each vpdpbusd,
+ * conversion and FMA covers 64 weights; lanes 0-7 of the integer sums
+ * belong to the first block and 8-15 to the second. Per group of 16 blocks
+ * the weight scales are fetched with one gather and multiplied by the
+ * activation scales in one vector op. The zero point is taken out in float,
+ * once per group: sum_b dw_b d_b (isum_b - Z s_b) =
+ * sum_b dw_b d_b isum_b - Z sum_b dw_b d_b s_b. R rows are interleaved so
+ * their FMA chains (and the final reductions) overlap. */
+INLINE T512 void qrows2_512(const uint8_t *row, size_t rb, cairn_type t, const int8_t *q,
+                            const float *d, const int32_t *s, int n_in, const int R, const int C,
+                            float *y, int n_out)
+{
+    const int nb = n_in / 32;
+    const int bs = t == CAIRN_TYPE_Q4_0 ? 18 : t == CAIRN_TYPE_Q5_0 ? 22 : 34;
+    const int zero_point = t == CAIRN_TYPE_Q4_0 ? Q4_ZERO : t == CAIRN_TYPE_Q5_0 ? Q5_ZERO : Q8_ZERO;
+    __m512 acc[QD_ROWS][QD_TOKENS][2], corr[QD_ROWS][QD_TOKENS];
+#pragma GCC unroll 2
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 3
+        for (int c = 0; c < C; c++)
+            acc[i][c][0] = acc[i][c][1] = corr[i][c] = _mm512_setzero_ps();
+    int b0 = 0;
+    for (; b0 + 16 <= nb; b0 += 16)
+        qrow2_group(row + (size_t)b0 * bs, rb, t, q, d, s, n_in, nb, b0, 16, R, C, acc, corr);
+    if (b0 < nb)
+        qrow2_group(row + (size_t)b0 * bs, rb, t, q, d, s, n_in, nb, b0, nb - b0, R, C, acc,
+                    corr);
+#pragma GCC unroll 2
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 3
+        for (int c = 0; c < C; c++)
+            y[(size_t)c * n_out + i] = _mm512_reduce_add_ps(
+                _mm512_fmadd_ps(_mm512_set1_ps(-(float)zero_point), corr[i][c],
+                                _mm512_add_ps(acc[i][c][0], acc[i][c][1])));
+}
+
+/* Rows [r0, r1) against C <= QD_TOKENS tokens; the row loop sits inside
+ * each case so the kernel's constants are set up once per call. */
+#define QROWS_CASE(TYPE, CC)                                                                       \
+    case CC: {                                                                                     \
+        int64_t r = r0;                                                                            \
+        for (; r + QD_ROWS <= r1; r += QD_ROWS)                                                    \
+            qrows2_512(W + (size_t)r * rb, rb, TYPE, q, d, s, n_in, QD_ROWS, CC, y + r, n_out);    \
+        for (; r < r1; r++)                                                                        \
+            qrows2_512(W + (size_t)r * rb, rb, TYPE, q, d, s, n_in, 1, CC, y + r, n_out);          \
+        break;                                                                                     \
+    }
+#define QROWS_TYPED(NAME, TYPE)                                                                    \
+    static __attribute__((noinline)) T512 void NAME(const uint8_t *W, size_t rb, int64_t r0,      \
+                                                    int64_t r1, const int8_t *q, const float *d,  \
+                                                    const int32_t *s, int n_in, int C, float *y,  \
+                                                    int n_out)                                    \
+    {                                                                                              \
+        switch (C) {                                                                               \
+            QROWS_CASE(TYPE, 1)                                                                    \
+            QROWS_CASE(TYPE, 2)                                                                    \
+        default:                                                                                   \
+            QROWS_CASE(TYPE, 3)                                                                    \
+        }                                                                                          \
+    }
+QROWS_TYPED(qrows_512_q4, CAIRN_TYPE_Q4_0)
+QROWS_TYPED(qrows_512_q8, CAIRN_TYPE_Q8_0)
+QROWS_TYPED(qrows_512_q5, CAIRN_TYPE_Q5_0)
+
+/* Decode on plain AVX2, one block per 256-bit register; u8 x s8 products
+ * are summed in pairs into int16 (maddubs) and then into int32. Q4_0 codes (< 16) cannot saturate the
+ * pair sums; Q8_0 uses |w| and sign(a, w) instead (pair sums <= 2 * 128 *
+ * 127 < 32768), which needs no zero point. */
+INLINE T256 void qrow_256(const uint8_t *row, cairn_type t, const int8_t *q, const float *d,
+                          const int32_t *s, int n_in, const int C, float *y, int n_out)
+{
+    const int nb = n_in / 32;
+    const size_t bs = t == CAIRN_TYPE_Q4_0 ? 18 : t == CAIRN_TYPE_Q5_0 ? 22 : 34;
+    const __m128i low4 = _mm_set1_epi8(0x0f);
+    /* Q5_0: byte e of a register picks bit e of qh (bytes 0-7 from its first
+     * byte, and so on), then tests it */
+    const __m256i qh_spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2,
+                                               2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i qh_bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    /* Two accumulators per token (even and odd blocks) so consecutive
+     * blocks' FMAs do not wait for each other. */
+    __m256 acc[4][2];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++)
+        acc[c][0] = acc[c][1] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = row + (size_t)b * bs;
+        const float dw = half_to_float(blk);
+        __m256i w;
+        if (t == CAIRN_TYPE_Q4_0 || t == CAIRN_TYPE_Q5_0) {
+            const __m128i raw =
+                _mm_loadu_si128((const __m128i *)(blk + (t == CAIRN_TYPE_Q4_0 ? 2 : 6)));
+            const __m128i lo = _mm_and_si128(raw, low4);
+            const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);
+            w = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+            if (t == CAIRN_TYPE_Q5_0) {
+                int32_t qh;
+                memcpy(&qh, blk + 2, 4);
+                const __m256i bits =
+                    _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(qh), qh_spread), qh_bit);
+                w = _mm256_or_si256(w, _mm256_and_si256(_mm256_cmpeq_epi8(bits, qh_bit),
+                                                        _mm256_set1_epi8(0x10)));
+            }
+        } else {
+            w = _mm256_loadu_si256((const __m256i *)(blk + 2));
+        }
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            const size_t ab = (size_t)c * nb + b;
+            const __m256i a = _mm256_loadu_si256((const __m256i *)(q + (size_t)c * n_in + 32 * b));
+            __m256i pairs, init;
+            if (t == CAIRN_TYPE_Q4_0 || t == CAIRN_TYPE_Q5_0) {
+                /* codes < 32: pair sums <= 2 * 31 * 128, no saturation */
+                pairs = _mm256_maddubs_epi16(w, a);
+                init = _mm256_set_epi32(0, 0, 0, 0, 0, 0, 0,
+                                        -(t == CAIRN_TYPE_Q4_0 ? Q4_ZERO : Q5_ZERO) * s[ab]);
+            } else {
+                pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(a, w));
+                init = _mm256_setzero_si256();
+            }
+            const __m256i isum = _mm256_add_epi32(init, _mm256_madd_epi16(pairs, ones16));
+            acc[c][b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dw * d[ab]),
+                                            acc[c][b & 1]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++)
+        y[(size_t)c * n_out] = hsum256(_mm256_add_ps(acc[c][0], acc[c][1]));
+}
+
+#define QROW_TYPED(NAME, BODY, ATTR, TYPE)                                                         \
+    static __attribute__((noinline)) ATTR void NAME(const uint8_t *row, const int8_t *q,          \
+                                                    const float *d, const int32_t *s, int n_in,   \
+                                                    int C, float *y, int n_out)                   \
+    {                                                                                              \
+        switch (C) {                                                                               \
+        case 1: BODY(row, TYPE, q, d, s, n_in, 1, y, n_out); break;                                \
+        case 2: BODY(row, TYPE, q, d, s, n_in, 2, y, n_out); break;                                \
+        case 3: BODY(row, TYPE, q, d, s, n_in, 3, y, n_out); break;                                \
+        default: BODY(row, TYPE, q, d, s, n_in, 4, y, n_out); break;                               \
+        }                                                                                          \
+    }
+QROW_TYPED(qrow_256_q4, qrow_256, T256, CAIRN_TYPE_Q4_0)
+QROW_TYPED(qrow_256_q8, qrow_256, T256, CAIRN_TYPE_Q8_0)
+QROW_TYPED(qrow_256_q5, qrow_256, T256, CAIRN_TYPE_Q5_0)
+
+typedef void (*qrow_fn)(const uint8_t *row, const int8_t *q, const float *d, const int32_t *s,
+                        int n_in, int C, float *y, int n_out);
+
+/* ---- quantized weights: panel GEMM (prefill, AVX-512 VNNI) --------------- */
+
+/* Repack rows [r, r + 32) (rows from r_end on are zero) into `pk`: for each
+ * block, for each 16-row half, 8 groups of [16 rows][4 unsigned codes], then
+ * the two halves' 16 float scales. Gathers read 4 code bytes of 16 rows at
+ * once. */
+T512 static void pack_panel(const uint8_t *W, size_t rb, cairn_type t, int nb, int64_t r,
+                            int64_t r_end, uint8_t *pk)
+{
+    const size_t bs = t == CAIRN_TYPE_Q4_0 ? 18 : t == CAIRN_TYPE_Q5_0 ? 22 : 34;
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
+                                                             12, 13, 14, 15),
+                                           _mm512_set1_epi32((int)rb));
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const __m512i low16 = _mm512_set1_epi32(0xffff);
+    __mmask16 valid[2];
+    for (int p = 0; p < 2; p++) {
+        int64_t n = r_end - (r + 16 * p);
+        valid[p] = n >= 16 ? 0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
+    }
+    for (int b = 0; b < nb; b++) {
+        uint8_t *out = pk + (size_t)b * QP_BLOCK_BYTES;
+        for (int p = 0; p < 2; p++) {
+            const uint8_t *base = W + (size_t)(r + 16 * p) * rb + (size_t)b * bs;
+            const __mmask16 m = valid[p];
+            uint8_t *codes = out + (size_t)p * 512;
+            const __m512i zero = _mm512_setzero_si512();
+            if (t == CAIRN_TYPE_Q4_0) {
+                for (int g = 0; g < 4; g++) {
+                    __m512i raw = m ? _mm512_mask_i32gather_epi32(zero, m, idx, base + 2 + 4 * g, 1)
+                                    : zero;
+                    _mm512_store_si512(codes + 64 * g, _mm512_and_si512(raw, low4));
+                    _mm512_store_si512(codes + 64 * (g + 4),
+                                       _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4));
+                }
+            } else if (t == CAIRN_TYPE_Q5_0) {
+                /* as Q4_0, plus bit 4 of element e from bit e of each row's
+                 * qh: 4 bits (elements 4g..4g+3) are spread to bit 0 of
+                 * bytes 0-3 by one multiply (bit k moves by 7k, no two
+                 * partial products overlap), then moved to bit 4. */
+                const __m512i qhv =
+                    m ? _mm512_mask_i32gather_epi32(zero, m, idx, base + 2, 1) : zero;
+                const __m512i spread = _mm512_set1_epi32(0x00204081);
+                const __m512i bit0s = _mm512_set1_epi32(0x01010101);
+                const __m512i nib4 = _mm512_set1_epi32(0xf);
+                for (int g = 0; g < 4; g++) {
+                    __m512i raw = m ? _mm512_mask_i32gather_epi32(zero, m, idx, base + 6 + 4 * g, 1)
+                                    : zero;
+                    const __m512i hlo = _mm512_slli_epi32(
+                        _mm512_and_si512(_mm512_mullo_epi32(_mm512_and_si512(
+                                                                _mm512_srli_epi32(qhv, 4 * g), nib4),
+                                                            spread),
+                                         bit0s),
+                        4);
+                    const __m512i hhi = _mm512_slli_epi32(
+                        _mm512_and_si512(
+                            _mm512_mullo_epi32(
+                                _mm512_and_si512(_mm512_srli_epi32(qhv, 16 + 4 * g), nib4), spread),
+                            bit0s),
+                        4);
+                    _mm512_store_si512(codes + 64 * g,
+                                       _mm512_or_si512(_mm512_and_si512(raw, low4), hlo));
+                    _mm512_store_si512(
+                        codes + 64 * (g + 4),
+                        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(raw, 4), low4), hhi));
+                }
+            } else {
+                for (int g = 0; g < 8; g++) {
+                    __m512i raw = m ? _mm512_mask_i32gather_epi32(zero, m, idx, base + 2 + 4 * g, 1)
+                                    : zero;
+                    /* rows that do not exist get code 128 = value 0 */
+                    _mm512_store_si512(codes + 64 * g, _mm512_xor_si512(raw, flip));
+                }
+            }
+            __m512i dh = m ? _mm512_mask_i32gather_epi32(zero, m, idx, base, 1) : zero;
+            __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_and_si512(dh, low16)));
+            _mm512_store_ps((float *)(out + 1024 + 64 * p), dw);
+        }
+    }
+}
+
+/* Tokens [t0, t0 + C) against a packed panel: P = 1 or 2 halves of 16 rows
+ * are computed (the second half is skipped when no row of it exists). */
+INLINE T512 void qgemm_tile(const uint8_t *pk, int nb, const int8_t *q, const float *d,
+                            const int32_t *s, int n_in, int zero, const int P, const int C,
+                            float *y, int n_out, __mmask16 m0, __mmask16 m1)
+{
+    __m512 facc[2][QG_TOKENS];
+#pragma GCC unroll 2
+    for (int p = 0; p < P; p++)
+#pragma GCC unroll 6
+        for (int c = 0; c < C; c++)
+            facc[p][c] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *pb = pk + (size_t)b * QP_BLOCK_BYTES;
+        __m512i iacc[2][QG_TOKENS];
+#pragma GCC unroll 6
+        for (int c = 0; c < C; c++) {
+            const __m512i init = _mm512_set1_epi32(-zero * s[(size_t)c * nb + b]);
+#pragma GCC unroll 2
+            for (int p = 0; p < P; p++)
+                iacc[p][c] = init;
+        }
+        const int8_t *qb = q + 32 * (size_t)b;
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; g++) {
+            const __m512i w0 = _mm512_load_si512(pb + 64 * g);
+            const __m512i w1 = P > 1 ? _mm512_load_si512(pb + 512 + 64 * g) : w0;
+#pragma GCC unroll 6
+            for (int c = 0; c < C; c++) {
+                int32_t a4;
+                memcpy(&a4, qb + (size_t)c * n_in + 4 * g, 4);
+                const __m512i a = _mm512_set1_epi32(a4);
+                iacc[0][c] = _mm512_dpbusd_epi32(iacc[0][c], w0, a);
+                if (P > 1)
+                    iacc[1][c] = _mm512_dpbusd_epi32(iacc[1][c], w1, a);
+            }
+        }
+        const __m512 dw0 = _mm512_load_ps((const float *)(pb + 1024));
+        const __m512 dw1 = P > 1 ? _mm512_load_ps((const float *)(pb + 1088)) : dw0;
+#pragma GCC unroll 6
+        for (int c = 0; c < C; c++) {
+            const __m512 da = _mm512_set1_ps(d[(size_t)c * nb + b]);
+            facc[0][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[0][c]), _mm512_mul_ps(dw0, da),
+                                         facc[0][c]);
+            if (P > 1)
+                facc[1][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[1][c]),
+                                             _mm512_mul_ps(dw1, da), facc[1][c]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int c = 0; c < C; c++) {
+        _mm512_mask_storeu_ps(y + (size_t)c * n_out, m0, facc[0][c]);
+        if (P > 1)
+            _mm512_mask_storeu_ps(y + (size_t)c * n_out + 16, m1, facc[1][c]);
+    }
+}
+
+static __attribute__((noinline)) T512 void qgemm_tile_any(const uint8_t *pk, int nb,
+                                                          const int8_t *q, const float *d,
+                                                          const int32_t *s, int n_in, int zero,
+                                                          int P, int C, float *y, int n_out,
+                                                          __mmask16 m0, __mmask16 m1)
+{
+#define QG_CASE(PP, CC)                                                                            \
+    case PP * 8 + CC: qgemm_tile(pk, nb, q, d, s, n_in, zero, PP, CC, y, n_out, m0, m1); break;
+    switch (P * 8 + C) {
+        QG_CASE(1, 1) QG_CASE(1, 2) QG_CASE(1, 3) QG_CASE(1, 4) QG_CASE(1, 5) QG_CASE(1, 6)
+        QG_CASE(2, 1) QG_CASE(2, 2) QG_CASE(2, 3) QG_CASE(2, 4) QG_CASE(2, 5)
+    default: qgemm_tile(pk, nb, q, d, s, n_in, zero, 2, 6, y, n_out, m0, m1); break;
+    }
+#undef QG_CASE
+}
+
+/* ---- dispatch ----------------------------------------------------------- */
+
+void cpu_x86_matmul_q8(cpu_isa isa, float *y, const uint8_t *W, cairn_type wtype,
+                       size_t row_bytes, const int8_t *q, const float *d, const int32_t *s, int T,
+                       int n_in, int n_out, int64_t r0, int64_t r1, void *pack)
+{
+    const int nb = n_in / 32;
+    if (isa >= CPU_ISA_AVX512 && T >= QG_MIN_T) {
+        const int zero = wtype == CAIRN_TYPE_Q4_0 ? Q4_ZERO
+                       : wtype == CAIRN_TYPE_Q5_0 ? Q5_ZERO
+                       : Q8_ZERO;
+        for (int64_t r = r0; r < r1; r += QP_ROWS) {
+            const int64_t rows = r1 - r < QP_ROWS ? r1 - r : QP_ROWS;
+            pack_panel(W, row_bytes, wtype, nb, r, r + rows, pack);
+            const int P = rows > 16 ? 2 : 1;
+            const __mmask16 m0 = rows >= 16 ? 0xffff : (__mmask16)((1u << rows) - 1);
+            const __mmask16 m1 = rows >= 32 ? 0xffff
+                               : rows > 16 ? (__mmask16)((1u << (rows - 16)) - 1)
+                               : 0;
+            for (int t = 0; t < T; t += QG_TOKENS) {
+                const int C = T - t < QG_TOKENS ? T - t : QG_TOKENS;
+                qgemm_tile_any(pack, nb, q + (size_t)t * n_in, d + (size_t)t * nb,
+                               s + (size_t)t * nb, n_in, zero, P, C, y + (size_t)t * n_out + r,
+                               n_out, m0, m1);
+            }
+        }
+        return;
+    }
+    if (isa >= CPU_ISA_AVX512) {
+        /* the row kernels, QD_TOKENS tokens per call (T < QG_MIN_T: one call) */
+        void (*fn)(const uint8_t *, size_t, int64_t, int64_t, const int8_t *, const float *,
+                   const int32_t *, int, int, float *, int) =
+            wtype == CAIRN_TYPE_Q4_0 ? qrows_512_q4
+          : wtype == CAIRN_TYPE_Q5_0 ? qrows_512_q5
+          : qrows_512_q8;
+        for (int t = 0; t < T; t += QD_TOKENS) {
+            const int C = T - t < QD_TOKENS ? T - t : QD_TOKENS;
+            fn(W, row_bytes, r0, r1, q + (size_t)t * n_in, d + (size_t)t * nb,
+               s + (size_t)t * nb, n_in, C, y + (size_t)t * n_out, n_out);
+        }
+        return;
+    }
+    qrow_fn fn = wtype == CAIRN_TYPE_Q4_0 ? qrow_256_q4
+               : wtype == CAIRN_TYPE_Q5_0 ? qrow_256_q5
+               : qrow_256_q8;
+    for (int64_t r = r0; r < r1; r++)
+        for (int t = 0; t < T; t += 4) {
+            const int C = T - t < 4 ? T - t : 4;
+            fn(W + (size_t)r * row_bytes, q + (size_t)t * n_in, d + (size_t)t * nb,
+               s + (size_t)t * nb, n_in, C, y + (size_t)t * n_out + r, n_out);
+        }
+}
+
+#endif /* CPU_X86_KERNELS */
