@@ -32,6 +32,7 @@
 
 #include "model/model.h"
 #include "store/store.h"
+#include "tests/support/support.h"
 
 static int usage(void)
 {
@@ -53,9 +54,10 @@ static double measure_bandwidth(cairn_backend *be)
     }
     double best = 1e30;
     for (int r = 0; r < 6; r++) {
-        be->iface->synchronize(be);
+        cairn_backend_synchronize(be);
         double t0 = cairn_now();
-        if (be->iface->copy(be, b, a, bytes) != CAIRN_OK || be->iface->synchronize(be) != CAIRN_OK)
+        if (cairn_backend_copy(be, b, a, bytes) != CAIRN_OK ||
+            cairn_backend_synchronize(be) != CAIRN_OK)
             break;
         double dt = cairn_now() - t0;
         if (r > 0 && dt < best) /* the first one warms up */
@@ -94,8 +96,7 @@ static int matmul_bytes(const char *path, const cairn_hparams *hp, double *bytes
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static int32_t random_token(int n_vocab)
 {
-    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-    return 3 + (int32_t)((rng_state >> 33) % (uint64_t)(n_vocab - 3));
+    return 3 + (int32_t)(support_lcg64(&rng_state) % (uint64_t)(n_vocab - 3));
 }
 
 int main(int argc, char **argv)
@@ -208,7 +209,7 @@ int main(int argc, char **argv)
     double pf_best = 1e30;
     for (int r = 0; r <= reps; r++) {
         cairn_seq_batch one = {.tokens = tokens, .n_tokens = prompt, .pages = table};
-        be->iface->synchronize(be);
+        cairn_backend_synchronize(be);
         double ts = cairn_now();
         if ((rc = cairn_model_forward(m, base, &kv, &one, 1, logits, NULL, &n_out)) != CAIRN_OK) {
             fprintf(stderr, "gpu_bench: prefill failed: %s\n", cairn_strerror(rc));
@@ -243,7 +244,7 @@ int main(int argc, char **argv)
         double ts = 0;
         for (int step = 0; step < warm + gen; step++) {
             if (step == warm) {
-                be->iface->synchronize(be);
+                cairn_backend_synchronize(be);
                 ts = cairn_now();
             }
             for (int s = 0; s < B; s++)

@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "runtime/runtime.h"
+#include "tests/support/support.h"
 
 static const char *python, *tools_dir, *shipped_head, *scratch_dir;
 static char synth_model[1024], synth_head[1024], rand_head_260k[1024];
@@ -84,15 +85,6 @@ static void close_fixture(fixture *f)
     cairn_backend_destroy(f->be);
 }
 
-static int32_t argmax(const float *x, int n)
-{
-    int32_t b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b])
-            b = i;
-    return b;
-}
-
 /* Plain decoding: evaluate tokens[0..n) into ref_pages (one call) and
  * return the logits [n_vocab] and feature [dim] of the last one. */
 static void plain_eval(fixture *f, const int32_t *tokens, int n, int kv_start, float *logits,
@@ -122,7 +114,7 @@ static void plain_greedy_biased(fixture *f, const int32_t *prompt, int n_prompt,
     plain_eval(f, prompt, n_prompt, 0, logits, NULL);
     for (int i = 0; i < n_gen; i++) {
         add_bias(logits, sp);
-        out[i] = argmax(logits, f->n_vocab);
+        out[i] = support_argmax(logits, f->n_vocab);
         if (i + 1 < n_gen)
             plain_eval(f, &out[i], 1, n_prompt + i, logits, NULL);
     }
@@ -163,12 +155,8 @@ static int make_prompt(int i, int n_vocab, int32_t *p)
     int n = 1 + (i * 7) % 23;
     uint64_t x = 0x2545F4914F6CDD1Dull * (uint64_t)(i + 1);
     p[0] = 1;
-    for (int j = 1; j < n; j++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        p[j] = 3 + (int32_t)(x % (uint64_t)(n_vocab - 3));
-    }
+    for (int j = 1; j < n; j++)
+        p[j] = 3 + (int32_t)(support_xorshift64(&x) % (uint64_t)(n_vocab - 3));
     return n;
 }
 

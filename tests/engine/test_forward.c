@@ -22,6 +22,7 @@
 
 #include "runtime/runtime.h"
 #include "store/store.h"
+#include "tests/support/support.h"
 
 static const char *python, *ref_script, *model_path;
 
@@ -120,15 +121,6 @@ static void assert_rows_close(const float *got, const float *want, int rows, int
     }
 }
 
-static int argmax(const float *x, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
-}
-
 static void all_tokens(int32_t *out)
 {
     memcpy(out, prompt, sizeof prompt);
@@ -161,8 +153,8 @@ static void test_logits_match_reference(void **state)
     assert_rows_close(hidden, ref_hidden, N_ALL, f->dim, 1e-4);
     /* and the greedy choice at every position is the reference's */
     for (int i = 0; i < N_ALL; i++)
-        assert_int_equal(argmax(logits + (size_t)i * f->n_vocab, f->n_vocab),
-                         argmax(ref_logits + (size_t)i * f->n_vocab, f->n_vocab));
+        assert_int_equal(support_argmax(logits + (size_t)i * f->n_vocab, f->n_vocab),
+                         support_argmax(ref_logits + (size_t)i * f->n_vocab, f->n_vocab));
     free(ref_logits);
     free(ref_hidden);
     free(logits);
@@ -189,7 +181,7 @@ static void greedy_decode(fixture *f, cairn_type dtype, int page_size)
                      CAIRN_OK);
     assert_int_equal(n_out, 1);
     for (int i = 0; i < N_CONT; i++) {
-        int32_t tok = argmax(logits, f->n_vocab);
+        int32_t tok = support_argmax(logits, f->n_vocab);
         if (tok != continuation[i])
             fail_msg("kv %s page %d: token %d is %d, expected %d",
                      dtype == CAIRN_TYPE_F16 ? "f16" : "f32", page_size, i, tok, continuation[i]);

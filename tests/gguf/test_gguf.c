@@ -1,6 +1,6 @@
 /*
  * tests/gguf/test_gguf.c — the GGUF reader: a real model file, files written
- * by a small writer below (every value type, arrays, tensors), and hostile
+ * with the tests' GGUF writer (every value type, arrays, tensors), and hostile
  * files (truncated at every byte, corrupted at random, crafted bad fields).
  */
 #include <setjmp.h>
@@ -15,62 +15,7 @@
 #include <cmocka.h>
 
 #include "gguf/gguf.h"
-
-/* ---- a minimal GGUF writer --------------------------------------------- */
-
-typedef struct {
-    uint8_t *p;
-    size_t n, cap;
-} buf;
-
-static void put(buf *b, const void *src, size_t n)
-{
-    if (b->n + n > b->cap) {
-        b->cap = (b->n + n) * 2 + 64;
-        b->p = realloc(b->p, b->cap);
-        assert_non_null(b->p);
-    }
-    memcpy(b->p + b->n, src, n);
-    b->n += n;
-}
-static void put_u8(buf *b, uint8_t v) { put(b, &v, 1); }
-static void put_u16(buf *b, uint16_t v) { put(b, &v, 2); }
-static void put_u32(buf *b, uint32_t v) { put(b, &v, 4); }
-static void put_u64(buf *b, uint64_t v) { put(b, &v, 8); }
-static void put_f32(buf *b, float v) { put(b, &v, 4); }
-static void put_f64(buf *b, double v) { put(b, &v, 8); }
-static void put_str(buf *b, const char *s)
-{
-    put_u64(b, strlen(s));
-    put(b, s, strlen(s));
-}
-static void put_pad(buf *b, size_t align)
-{
-    while (b->n % align)
-        put_u8(b, 0);
-}
-static void kv_head(buf *b, const char *key, uint32_t type)
-{
-    put_str(b, key);
-    put_u32(b, type);
-}
-static void header(buf *b, uint32_t version, uint64_t n_tensors, uint64_t n_kv)
-{
-    put(b, "GGUF", 4);
-    put_u32(b, version);
-    put_u64(b, n_tensors);
-    put_u64(b, n_kv);
-}
-static void tensor_info(buf *b, const char *name, uint32_t n_dims, const uint64_t *ne,
-                        uint32_t type, uint64_t offset)
-{
-    put_str(b, name);
-    put_u32(b, n_dims);
-    for (uint32_t d = 0; d < n_dims; d++)
-        put_u64(b, ne[d]);
-    put_u32(b, type);
-    put_u64(b, offset);
-}
+#include "tests/support/support.h"
 
 /* Opens an image and returns the status; on success checks that every
  * accessor gives consistent answers (a corrupt file that opens must still be
@@ -255,83 +200,83 @@ static void test_open_missing_file(void **state)
 
 /* Builds a file with one key of every scalar type, a string, arrays of every
  * element type (incl. strings and nested arrays), and three tensors. */
-static void build_full(buf *b, uint32_t version, uint32_t alignment)
+static void build_full(gw_buf *b, uint32_t version, uint32_t alignment)
 {
-    header(b, version, 3, 24);
-    kv_head(b, "general.alignment", CAIRN_GGUF_UINT32);
-    put_u32(b, alignment);
-    kv_head(b, "t.u8", CAIRN_GGUF_UINT8);
-    put_u8(b, 200);
-    kv_head(b, "t.i8", CAIRN_GGUF_INT8);
-    put_u8(b, (uint8_t)(int8_t)-100);
-    kv_head(b, "t.u16", CAIRN_GGUF_UINT16);
-    put_u16(b, 60000);
-    kv_head(b, "t.i16", CAIRN_GGUF_INT16);
-    put_u16(b, (uint16_t)(int16_t)-30000);
-    kv_head(b, "t.u32", CAIRN_GGUF_UINT32);
-    put_u32(b, 4000000000u);
-    kv_head(b, "t.i32", CAIRN_GGUF_INT32);
-    put_u32(b, (uint32_t)(int32_t)-2000000000);
-    kv_head(b, "t.f32", CAIRN_GGUF_FLOAT32);
-    put_f32(b, 1.5f);
-    kv_head(b, "t.bool", CAIRN_GGUF_BOOL);
-    put_u8(b, 1);
-    kv_head(b, "t.str", CAIRN_GGUF_STRING);
-    put_str(b, "héllo wörld");
-    kv_head(b, "t.u64", CAIRN_GGUF_UINT64);
-    put_u64(b, 18000000000000000000ull);
-    kv_head(b, "t.i64", CAIRN_GGUF_INT64);
-    put_u64(b, (uint64_t)(int64_t)-9000000000000000000ll);
-    kv_head(b, "t.f64", CAIRN_GGUF_FLOAT64);
-    put_f64(b, -2.25);
-    kv_head(b, "t.emptystr", CAIRN_GGUF_STRING);
-    put_str(b, "");
+    gw_header(b, version, 3, 24);
+    gw_kv(b, "general.alignment", CAIRN_GGUF_UINT32);
+    gw_u32(b, alignment);
+    gw_kv(b, "t.u8", CAIRN_GGUF_UINT8);
+    gw_u8(b, 200);
+    gw_kv(b, "t.i8", CAIRN_GGUF_INT8);
+    gw_u8(b, (uint8_t)(int8_t)-100);
+    gw_kv(b, "t.u16", CAIRN_GGUF_UINT16);
+    gw_u16(b, 60000);
+    gw_kv(b, "t.i16", CAIRN_GGUF_INT16);
+    gw_u16(b, (uint16_t)(int16_t)-30000);
+    gw_kv(b, "t.u32", CAIRN_GGUF_UINT32);
+    gw_u32(b, 4000000000u);
+    gw_kv(b, "t.i32", CAIRN_GGUF_INT32);
+    gw_u32(b, (uint32_t)(int32_t)-2000000000);
+    gw_kv(b, "t.f32", CAIRN_GGUF_FLOAT32);
+    gw_f32(b, 1.5f);
+    gw_kv(b, "t.bool", CAIRN_GGUF_BOOL);
+    gw_u8(b, 1);
+    gw_kv(b, "t.str", CAIRN_GGUF_STRING);
+    gw_str(b, "héllo wörld");
+    gw_kv(b, "t.u64", CAIRN_GGUF_UINT64);
+    gw_u64(b, 18000000000000000000ull);
+    gw_kv(b, "t.i64", CAIRN_GGUF_INT64);
+    gw_u64(b, (uint64_t)(int64_t)-9000000000000000000ll);
+    gw_kv(b, "t.f64", CAIRN_GGUF_FLOAT64);
+    gw_f64(b, -2.25);
+    gw_kv(b, "t.emptystr", CAIRN_GGUF_STRING);
+    gw_str(b, "");
     /* arrays of each scalar element type */
-    kv_head(b, "a.u8", CAIRN_GGUF_ARRAY);
-    put_u32(b, CAIRN_GGUF_UINT8);
-    put_u64(b, 3);
-    put_u8(b, 1), put_u8(b, 2), put_u8(b, 3);
-    kv_head(b, "a.i16", CAIRN_GGUF_ARRAY);
-    put_u32(b, CAIRN_GGUF_INT16);
-    put_u64(b, 2);
-    put_u16(b, (uint16_t)-5), put_u16(b, 7);
-    kv_head(b, "a.i32", CAIRN_GGUF_ARRAY);
-    put_u32(b, CAIRN_GGUF_INT32);
-    put_u64(b, 4);
+    gw_kv(b, "a.u8", CAIRN_GGUF_ARRAY);
+    gw_u32(b, CAIRN_GGUF_UINT8);
+    gw_u64(b, 3);
+    gw_u8(b, 1), gw_u8(b, 2), gw_u8(b, 3);
+    gw_kv(b, "a.i16", CAIRN_GGUF_ARRAY);
+    gw_u32(b, CAIRN_GGUF_INT16);
+    gw_u64(b, 2);
+    gw_u16(b, (uint16_t)-5), gw_u16(b, 7);
+    gw_kv(b, "a.i32", CAIRN_GGUF_ARRAY);
+    gw_u32(b, CAIRN_GGUF_INT32);
+    gw_u64(b, 4);
     for (int i = 0; i < 4; i++)
-        put_u32(b, (uint32_t)(i * 1000 - 1));
-    kv_head(b, "a.f32", CAIRN_GGUF_ARRAY);
-    put_u32(b, CAIRN_GGUF_FLOAT32);
-    put_u64(b, 2);
-    put_f32(b, -0.5f), put_f32(b, 3.25f);
-    kv_head(b, "a.bool", CAIRN_GGUF_ARRAY);
-    put_u32(b, CAIRN_GGUF_BOOL);
-    put_u64(b, 2);
-    put_u8(b, 0), put_u8(b, 1);
-    kv_head(b, "a.u64", CAIRN_GGUF_ARRAY);
-    put_u32(b, CAIRN_GGUF_UINT64);
-    put_u64(b, 1);
-    put_u64(b, 0x0102030405060708ull);
-    kv_head(b, "a.f64", CAIRN_GGUF_ARRAY);
-    put_u32(b, CAIRN_GGUF_FLOAT64);
-    put_u64(b, 1);
-    put_f64(b, 6.5);
-    kv_head(b, "a.str", CAIRN_GGUF_ARRAY);
-    put_u32(b, CAIRN_GGUF_STRING);
-    put_u64(b, 3);
-    put_str(b, "alpha"), put_str(b, ""), put_str(b, "▁gamma");
-    kv_head(b, "a.empty", CAIRN_GGUF_ARRAY);
-    put_u32(b, CAIRN_GGUF_INT32);
-    put_u64(b, 0);
+        gw_u32(b, (uint32_t)(i * 1000 - 1));
+    gw_kv(b, "a.f32", CAIRN_GGUF_ARRAY);
+    gw_u32(b, CAIRN_GGUF_FLOAT32);
+    gw_u64(b, 2);
+    gw_f32(b, -0.5f), gw_f32(b, 3.25f);
+    gw_kv(b, "a.bool", CAIRN_GGUF_ARRAY);
+    gw_u32(b, CAIRN_GGUF_BOOL);
+    gw_u64(b, 2);
+    gw_u8(b, 0), gw_u8(b, 1);
+    gw_kv(b, "a.u64", CAIRN_GGUF_ARRAY);
+    gw_u32(b, CAIRN_GGUF_UINT64);
+    gw_u64(b, 1);
+    gw_u64(b, 0x0102030405060708ull);
+    gw_kv(b, "a.f64", CAIRN_GGUF_ARRAY);
+    gw_u32(b, CAIRN_GGUF_FLOAT64);
+    gw_u64(b, 1);
+    gw_f64(b, 6.5);
+    gw_kv(b, "a.str", CAIRN_GGUF_ARRAY);
+    gw_u32(b, CAIRN_GGUF_STRING);
+    gw_u64(b, 3);
+    gw_str(b, "alpha"), gw_str(b, ""), gw_str(b, "▁gamma");
+    gw_kv(b, "a.empty", CAIRN_GGUF_ARRAY);
+    gw_u32(b, CAIRN_GGUF_INT32);
+    gw_u64(b, 0);
     /* array of arrays: [[1,2],[\"x\"], [[], []]] — only counted */
-    kv_head(b, "a.nested", CAIRN_GGUF_ARRAY);
-    put_u32(b, CAIRN_GGUF_ARRAY);
-    put_u64(b, 3);
-    put_u32(b, CAIRN_GGUF_UINT16), put_u64(b, 2), put_u16(b, 1), put_u16(b, 2);
-    put_u32(b, CAIRN_GGUF_STRING), put_u64(b, 1), put_str(b, "x");
-    put_u32(b, CAIRN_GGUF_ARRAY), put_u64(b, 2);
-    put_u32(b, CAIRN_GGUF_INT8), put_u64(b, 0);
-    put_u32(b, CAIRN_GGUF_FLOAT32), put_u64(b, 0);
+    gw_kv(b, "a.nested", CAIRN_GGUF_ARRAY);
+    gw_u32(b, CAIRN_GGUF_ARRAY);
+    gw_u64(b, 3);
+    gw_u32(b, CAIRN_GGUF_UINT16), gw_u64(b, 2), gw_u16(b, 1), gw_u16(b, 2);
+    gw_u32(b, CAIRN_GGUF_STRING), gw_u64(b, 1), gw_str(b, "x");
+    gw_u32(b, CAIRN_GGUF_ARRAY), gw_u64(b, 2);
+    gw_u32(b, CAIRN_GGUF_INT8), gw_u64(b, 0);
+    gw_u32(b, CAIRN_GGUF_FLOAT32), gw_u64(b, 0);
 
     /* tensors: a [4][8] F32, a [2][32] Q8_0 (2 rows x 34 bytes), a [3] F16 */
     uint64_t ne_a[2] = {8, 4}, ne_b[2] = {32, 2}, ne_c[1] = {3};
@@ -339,20 +284,20 @@ static void build_full(buf *b, uint32_t version, uint32_t alignment)
     uint64_t off_a = 0;
     uint64_t off_b = (size_a + alignment - 1) / alignment * alignment;
     uint64_t off_c = (off_b + size_b + alignment - 1) / alignment * alignment;
-    tensor_info(b, "w.a", 2, ne_a, CAIRN_TYPE_F32, off_a);
-    tensor_info(b, "w.b", 2, ne_b, CAIRN_TYPE_Q8_0, off_b);
-    tensor_info(b, "w.c", 1, ne_c, CAIRN_TYPE_F16, off_c);
-    put_pad(b, alignment);
+    gw_tensor_info(b, "w.a", 2, ne_a, CAIRN_TYPE_F32, off_a);
+    gw_tensor_info(b, "w.b", 2, ne_b, CAIRN_TYPE_Q8_0, off_b);
+    gw_tensor_info(b, "w.c", 1, ne_c, CAIRN_TYPE_F16, off_c);
+    gw_pad(b, alignment);
     size_t data_start = b->n;
     for (int i = 0; i < 32; i++)
-        put_f32(b, (float)i);
+        gw_f32(b, (float)i);
     while (b->n < data_start + off_b)
-        put_u8(b, 0xEE);
+        gw_u8(b, 0xEE);
     for (int i = 0; i < 68; i++)
-        put_u8(b, (uint8_t)i);
+        gw_u8(b, (uint8_t)i);
     while (b->n < data_start + off_c)
-        put_u8(b, 0xEE);
-    put_u16(b, 0x3c00), put_u16(b, 0x4000), put_u16(b, 0x4200); /* 1, 2, 3 in fp16 */
+        gw_u8(b, 0xEE);
+    gw_u16(b, 0x3c00), gw_u16(b, 0x4000), gw_u16(b, 0x4200); /* 1, 2, 3 in fp16 */
 }
 
 static void check_full(const cairn_gguf *g, uint32_t version, uint32_t alignment)
@@ -491,7 +436,7 @@ static void test_written_roundtrip(void **state)
     const uint32_t aligns[] = {32, 64, 8};
     for (int vi = 0; vi < 2; vi++) {
         for (int ai = 0; ai < 3; ai++) {
-            buf b = {0};
+            gw_buf b = {0};
             build_full(&b, versions[vi], aligns[ai]);
             char err[256] = "";
             cairn_gguf *g = NULL;
@@ -522,10 +467,10 @@ static void test_written_roundtrip(void **state)
 static void test_no_tensors(void **state)
 {
     (void)state;
-    buf b = {0};
-    header(&b, 3, 0, 1);
-    kv_head(&b, "general.architecture", CAIRN_GGUF_STRING);
-    put_str(&b, "llama");
+    gw_buf b = {0};
+    gw_header(&b, 3, 0, 1);
+    gw_kv(&b, "general.architecture", CAIRN_GGUF_STRING);
+    gw_str(&b, "llama");
     char err[256];
     cairn_gguf *g = NULL;
     assert_int_equal(cairn_gguf_open_memory(b.p, b.n, &g, err, sizeof err), CAIRN_OK);
@@ -542,7 +487,7 @@ static void test_no_tensors(void **state)
 static void test_truncation_written(void **state)
 {
     (void)state;
-    buf b = {0};
+    gw_buf b = {0};
     build_full(&b, 3, 32);
     char err[256];
     /* The last tensor ends at the last byte, so every proper prefix is bad.
@@ -583,15 +528,8 @@ static void test_truncation_stories(void **state)
     free(img);
 }
 
+/* splitmix64 from a fixed state: deterministic across runs */
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static uint64_t rng(void)
-{
-    /* splitmix64: deterministic across runs */
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 static void corrupt_many(const uint8_t *orig, size_t size, size_t region, int iters)
 {
@@ -600,12 +538,12 @@ static void corrupt_many(const uint8_t *orig, size_t size, size_t region, int it
     int opened = 0, failed = 0;
     for (int it = 0; it < iters; it++) {
         memcpy(p, orig, size);
-        int flips = 1 + (int)(rng() % 4);
+        int flips = 1 + (int)(support_splitmix64(&rng_state) % 4);
         for (int k = 0; k < flips; k++) {
-            size_t at = (size_t)(rng() % region);
-            switch (rng() % 3) {
-            case 0: p[at] ^= (uint8_t)(1u << (rng() % 8)); break;
-            case 1: p[at] = (uint8_t)rng(); break;
+            size_t at = (size_t)(support_splitmix64(&rng_state) % region);
+            switch (support_splitmix64(&rng_state) % 3) {
+            case 0: p[at] ^= (uint8_t)(1u << (support_splitmix64(&rng_state) % 8)); break;
+            case 1: p[at] = (uint8_t)support_splitmix64(&rng_state); break;
             default: p[at] = 0xFF; break;
             }
         }
@@ -626,7 +564,7 @@ static void corrupt_many(const uint8_t *orig, size_t size, size_t region, int it
 static void test_corruption(void **state)
 {
     (void)state;
-    buf b = {0};
+    gw_buf b = {0};
     build_full(&b, 3, 32);
     corrupt_many(b.p, b.n, b.n, 20000);
     free(b.p);
@@ -640,13 +578,13 @@ static void test_corruption(void **state)
 
 /* ---- crafted bad fields --------------------------------------------------- */
 
-static int open_buf(buf *b, char *err, size_t err_len)
+static int open_buf(gw_buf *b, char *err, size_t err_len)
 {
     cairn_gguf *g = NULL;
     int rc = cairn_gguf_open_memory(b->p, b->n, &g, err, err_len);
     cairn_gguf_close(g);
     free(b->p);
-    *b = (buf){0};
+    *b = (gw_buf){0};
     return rc;
 }
 
@@ -660,100 +598,99 @@ static int open_buf(buf *b, char *err, size_t err_len)
     } while (0)
 
 /* One tensor file with a given tensor info tail; data of `data_len` bytes. */
-static void one_tensor(buf *b, uint32_t n_dims, const uint64_t *ne, uint32_t type,
+static void one_tensor(gw_buf *b, uint32_t n_dims, const uint64_t *ne, uint32_t type,
                        uint64_t offset, size_t data_len)
 {
-    header(b, 3, 1, 0);
-    tensor_info(b, "t", n_dims, ne, type, offset);
-    put_pad(b, 32);
-    for (size_t i = 0; i < data_len; i++)
-        put_u8(b, 0);
+    gw_header(b, 3, 1, 0);
+    gw_tensor_info(b, "t", n_dims, ne, type, offset);
+    gw_pad(b, 32);
+    gw_fill(b, 0, data_len);
 }
 
 static void test_crafted(void **state)
 {
     (void)state;
-    buf b = {0};
+    gw_buf b = {0};
 
-    put(&b, "GGUX", 4), put_u32(&b, 3), put_u64(&b, 0), put_u64(&b, 0);
+    gw_put(&b, "GGUX", 4), gw_u32(&b, 3), gw_u64(&b, 0), gw_u64(&b, 0);
     EXPECT_FAIL(b, CAIRN_EFORMAT, "magic");
-    header(&b, 1, 0, 0);
+    gw_header(&b, 1, 0, 0);
     EXPECT_FAIL(b, CAIRN_EUNSUPPORTED, "version 1");
-    header(&b, 0x03000000, 0, 0);
+    gw_header(&b, 0x03000000, 0, 0);
     EXPECT_FAIL(b, CAIRN_EUNSUPPORTED, "big-endian");
 
     /* huge counts in the header */
-    header(&b, 3, 0, UINT64_MAX);
+    gw_header(&b, 3, 0, UINT64_MAX);
     EXPECT_FAIL(b, CAIRN_EFORMAT, "metadata pairs");
-    header(&b, 3, 1ull << 40, 0);
+    gw_header(&b, 3, 1ull << 40, 0);
     EXPECT_FAIL(b, CAIRN_EFORMAT, "tensors");
 
     /* huge string length */
-    header(&b, 3, 0, 1);
-    put_u64(&b, UINT64_MAX), put(&b, "abcdefghijklmnop", 16);
+    gw_header(&b, 3, 0, 1);
+    gw_u64(&b, UINT64_MAX), gw_put(&b, "abcdefghijklmnop", 16);
     EXPECT_FAIL(b, CAIRN_EFORMAT, "key length");
-    header(&b, 3, 0, 1);
-    kv_head(&b, "k", CAIRN_GGUF_STRING);
-    put_u64(&b, 1ull << 33);
+    gw_header(&b, 3, 0, 1);
+    gw_kv(&b, "k", CAIRN_GGUF_STRING);
+    gw_u64(&b, 1ull << 33);
     EXPECT_FAIL(b, CAIRN_EFORMAT, "exceeds the limit");
-    header(&b, 3, 0, 1);
-    kv_head(&b, "k", CAIRN_GGUF_STRING);
-    put_u64(&b, 100), put(&b, "short", 5);
+    gw_header(&b, 3, 0, 1);
+    gw_kv(&b, "k", CAIRN_GGUF_STRING);
+    gw_u64(&b, 100), gw_put(&b, "short", 5);
     EXPECT_FAIL(b, CAIRN_EFORMAT, "truncated: metadata 0 ('k') string value");
 
     /* huge array counts */
-    header(&b, 3, 0, 1);
-    kv_head(&b, "k", CAIRN_GGUF_ARRAY);
-    put_u32(&b, CAIRN_GGUF_UINT64), put_u64(&b, 1ull << 61);
+    gw_header(&b, 3, 0, 1);
+    gw_kv(&b, "k", CAIRN_GGUF_ARRAY);
+    gw_u32(&b, CAIRN_GGUF_UINT64), gw_u64(&b, 1ull << 61);
     EXPECT_FAIL(b, CAIRN_EFORMAT, "array count");
-    header(&b, 3, 0, 1);
-    kv_head(&b, "k", CAIRN_GGUF_ARRAY);
-    put_u32(&b, CAIRN_GGUF_UINT64), put_u64(&b, 1000), put_u64(&b, 1);
+    gw_header(&b, 3, 0, 1);
+    gw_kv(&b, "k", CAIRN_GGUF_ARRAY);
+    gw_u32(&b, CAIRN_GGUF_UINT64), gw_u64(&b, 1000), gw_u64(&b, 1);
     EXPECT_FAIL(b, CAIRN_EFORMAT, "runs past end of file");
-    header(&b, 3, 0, 1);
-    kv_head(&b, "k", CAIRN_GGUF_ARRAY);
-    put_u32(&b, CAIRN_GGUF_STRING), put_u64(&b, 1ull << 31), put_str(&b, "a");
+    gw_header(&b, 3, 0, 1);
+    gw_kv(&b, "k", CAIRN_GGUF_ARRAY);
+    gw_u32(&b, CAIRN_GGUF_STRING), gw_u64(&b, 1ull << 31), gw_str(&b, "a");
     EXPECT_FAIL(b, CAIRN_EFORMAT, "strings runs past end of file");
     /* unknown value type, unknown array element type */
-    header(&b, 3, 0, 1);
-    kv_head(&b, "k", 13), put_u64(&b, 0);
+    gw_header(&b, 3, 0, 1);
+    gw_kv(&b, "k", 13), gw_u64(&b, 0);
     EXPECT_FAIL(b, CAIRN_EFORMAT, "unknown value type 13");
-    header(&b, 3, 0, 1);
-    kv_head(&b, "k", CAIRN_GGUF_ARRAY);
-    put_u32(&b, 99), put_u64(&b, 0);
+    gw_header(&b, 3, 0, 1);
+    gw_kv(&b, "k", CAIRN_GGUF_ARRAY);
+    gw_u32(&b, 99), gw_u64(&b, 0);
     EXPECT_FAIL(b, CAIRN_EFORMAT, "unknown element type 99");
     /* bool that is neither 0 nor 1 */
-    header(&b, 3, 0, 1);
-    kv_head(&b, "k", CAIRN_GGUF_BOOL), put_u8(&b, 7);
+    gw_header(&b, 3, 0, 1);
+    gw_kv(&b, "k", CAIRN_GGUF_BOOL), gw_u8(&b, 7);
     EXPECT_FAIL(b, CAIRN_EFORMAT, "bool");
     /* nesting too deep */
-    header(&b, 3, 0, 1);
-    kv_head(&b, "k", CAIRN_GGUF_ARRAY);
+    gw_header(&b, 3, 0, 1);
+    gw_kv(&b, "k", CAIRN_GGUF_ARRAY);
     for (int d = 0; d < 20; d++)
-        put_u32(&b, CAIRN_GGUF_ARRAY), put_u64(&b, 1);
-    put_u32(&b, CAIRN_GGUF_UINT8), put_u64(&b, 0);
+        gw_u32(&b, CAIRN_GGUF_ARRAY), gw_u64(&b, 1);
+    gw_u32(&b, CAIRN_GGUF_UINT8), gw_u64(&b, 0);
     EXPECT_FAIL(b, CAIRN_EFORMAT, "nested deeper");
     /* duplicate keys */
-    header(&b, 3, 0, 2);
-    kv_head(&b, "k", CAIRN_GGUF_UINT8), put_u8(&b, 1);
-    kv_head(&b, "k", CAIRN_GGUF_UINT8), put_u8(&b, 2);
+    gw_header(&b, 3, 0, 2);
+    gw_kv(&b, "k", CAIRN_GGUF_UINT8), gw_u8(&b, 1);
+    gw_kv(&b, "k", CAIRN_GGUF_UINT8), gw_u8(&b, 2);
     EXPECT_FAIL(b, CAIRN_EFORMAT, "duplicate metadata key 'k'");
     /* empty key, key with NUL */
-    header(&b, 3, 0, 1);
-    put_u64(&b, 0), put_u32(&b, CAIRN_GGUF_UINT8), put_u8(&b, 1);
+    gw_header(&b, 3, 0, 1);
+    gw_u64(&b, 0), gw_u32(&b, CAIRN_GGUF_UINT8), gw_u8(&b, 1);
     EXPECT_FAIL(b, CAIRN_EFORMAT, "empty key");
-    header(&b, 3, 0, 1);
-    put_u64(&b, 3), put(&b, "a\0b", 3), put_u32(&b, CAIRN_GGUF_UINT8), put_u8(&b, 1);
+    gw_header(&b, 3, 0, 1);
+    gw_u64(&b, 3), gw_put(&b, "a\0b", 3), gw_u32(&b, CAIRN_GGUF_UINT8), gw_u8(&b, 1);
     EXPECT_FAIL(b, CAIRN_EFORMAT, "NUL");
     /* bad alignment values */
-    header(&b, 3, 0, 1);
-    kv_head(&b, "general.alignment", CAIRN_GGUF_UINT32), put_u32(&b, 48);
+    gw_header(&b, 3, 0, 1);
+    gw_kv(&b, "general.alignment", CAIRN_GGUF_UINT32), gw_u32(&b, 48);
     EXPECT_FAIL(b, CAIRN_EFORMAT, "power of two");
-    header(&b, 3, 0, 1);
-    kv_head(&b, "general.alignment", CAIRN_GGUF_UINT32), put_u32(&b, 0);
+    gw_header(&b, 3, 0, 1);
+    gw_kv(&b, "general.alignment", CAIRN_GGUF_UINT32), gw_u32(&b, 0);
     EXPECT_FAIL(b, CAIRN_EFORMAT, "power of two");
-    header(&b, 3, 0, 1);
-    kv_head(&b, "general.alignment", CAIRN_GGUF_STRING), put_str(&b, "32");
+    gw_header(&b, 3, 0, 1);
+    gw_kv(&b, "general.alignment", CAIRN_GGUF_STRING), gw_str(&b, "32");
     EXPECT_FAIL(b, CAIRN_EFORMAT, "general.alignment");
 
     /* tensors */
@@ -795,49 +732,43 @@ static void test_crafted(void **state)
     EXPECT_FAIL(b, CAIRN_EFORMAT, "runs past end of file");
 
     /* Overlapping and duplicate tensors. */
-    header(&b, 3, 2, 0);
-    tensor_info(&b, "x", 1, ne, CAIRN_TYPE_F32, 0);  /* 32 bytes */
+    gw_header(&b, 3, 2, 0);
+    gw_tensor_info(&b, "x", 1, ne, CAIRN_TYPE_F32, 0);  /* 32 bytes */
     uint64_t ne64[1] = {16};
-    tensor_info(&b, "y", 1, ne64, CAIRN_TYPE_F32, 0); /* 64 bytes, same start */
-    put_pad(&b, 32);
-    for (int i = 0; i < 128; i++)
-        put_u8(&b, 0);
+    gw_tensor_info(&b, "y", 1, ne64, CAIRN_TYPE_F32, 0); /* 64 bytes, same start */
+    gw_pad(&b, 32);
+    gw_fill(&b, 0, 128);
     EXPECT_FAIL(b, CAIRN_EFORMAT, "overlap");
-    header(&b, 3, 2, 0);
-    tensor_info(&b, "x", 1, ne64, CAIRN_TYPE_F32, 0);   /* [0, 64) */
-    tensor_info(&b, "y", 1, ne, CAIRN_TYPE_F32, 32);    /* [32, 64) */
-    put_pad(&b, 32);
-    for (int i = 0; i < 128; i++)
-        put_u8(&b, 0);
+    gw_header(&b, 3, 2, 0);
+    gw_tensor_info(&b, "x", 1, ne64, CAIRN_TYPE_F32, 0);   /* [0, 64) */
+    gw_tensor_info(&b, "y", 1, ne, CAIRN_TYPE_F32, 32);    /* [32, 64) */
+    gw_pad(&b, 32);
+    gw_fill(&b, 0, 128);
     EXPECT_FAIL(b, CAIRN_EFORMAT, "overlap");
-    header(&b, 3, 2, 0);
-    tensor_info(&b, "x", 1, ne, CAIRN_TYPE_F32, 0);
-    tensor_info(&b, "x", 1, ne, CAIRN_TYPE_F32, 32);
-    put_pad(&b, 32);
-    for (int i = 0; i < 64; i++)
-        put_u8(&b, 0);
+    gw_header(&b, 3, 2, 0);
+    gw_tensor_info(&b, "x", 1, ne, CAIRN_TYPE_F32, 0);
+    gw_tensor_info(&b, "x", 1, ne, CAIRN_TYPE_F32, 32);
+    gw_pad(&b, 32);
+    gw_fill(&b, 0, 64);
     EXPECT_FAIL(b, CAIRN_EFORMAT, "duplicate tensor name 'x'");
     /* adjacent tensors are fine */
-    header(&b, 3, 2, 0);
-    tensor_info(&b, "x", 1, ne, CAIRN_TYPE_F32, 0);
-    tensor_info(&b, "y", 1, ne, CAIRN_TYPE_F32, 32);
-    put_pad(&b, 32);
-    for (int i = 0; i < 64; i++)
-        put_u8(&b, 0);
+    gw_header(&b, 3, 2, 0);
+    gw_tensor_info(&b, "x", 1, ne, CAIRN_TYPE_F32, 0);
+    gw_tensor_info(&b, "y", 1, ne, CAIRN_TYPE_F32, 32);
+    gw_pad(&b, 32);
+    gw_fill(&b, 0, 64);
     {
         char err[256];
         assert_int_equal(open_buf(&b, err, sizeof err), CAIRN_OK);
     }
     /* tensor name too long, truncated name */
-    header(&b, 3, 1, 0);
-    put_u64(&b, 5000);
-    for (int i = 0; i < 5000; i++)
-        put_u8(&b, 'a');
+    gw_header(&b, 3, 1, 0);
+    gw_u64(&b, 5000);
+    gw_fill(&b, 'a', 5000);
     EXPECT_FAIL(b, CAIRN_EFORMAT, "tensor info 0 name length");
-    header(&b, 3, 1, 0);
-    put_u64(&b, 500);
-    for (int i = 0; i < 100; i++)
-        put_u8(&b, 'a');
+    gw_header(&b, 3, 1, 0);
+    gw_u64(&b, 500);
+    gw_fill(&b, 'a', 100);
     EXPECT_FAIL(b, CAIRN_EFORMAT, "truncated: tensor info 0 name runs past end of file");
 }
 

@@ -30,6 +30,7 @@
 
 #include "model/model.h"
 #include "store/store.h"
+#include "tests/support/support.h"
 
 static const char *model_path;
 static int loose;
@@ -67,15 +68,6 @@ static void kv_close(kv_cache *c)
     cairn_page_pool_free(c->pool);
 }
 
-static int argmax(const float *x, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
-}
-
 /* Rows of logits: |got - want| <= rtol * max|want row| for every entry. */
 static void expect_rows_close(const float *got, const float *want, int rows, double rtol,
                               const char *what)
@@ -103,10 +95,8 @@ static int make_prompt(int which, int32_t *out)
     uint32_t state = 12345u + 7919u * (uint32_t)which;
     const int n = 3 + 4 * which;
     out[0] = 1;
-    for (int i = 1; i < n; i++) {
-        state = state * 1664525u + 1013904223u;
-        out[i] = 3 + (int32_t)((state >> 8) % (uint32_t)(n_vocab - 3));
-    }
+    for (int i = 1; i < n; i++)
+        out[i] = 3 + (int32_t)((support_lcg32(&state) >> 8) % (uint32_t)(n_vocab - 3));
     return n;
 }
 
@@ -185,7 +175,7 @@ static void greedy(cairn_model *m, cairn_backend *be, const int32_t *prompt, int
     cairn_seq_batch sb = {.tokens = prompt, .n_tokens = n_prompt, .pages = c.table[0]};
     forward(m, &c, &sb, 1, logits);
     for (int i = 0; i < n_gen; i++) {
-        out[i] = argmax(logits, n_vocab);
+        out[i] = support_argmax(logits, n_vocab);
         sb = (cairn_seq_batch){.tokens = &out[i], .n_tokens = 1, .kv_start = n_prompt + i,
                                .pages = c.table[0]};
         forward(m, &c, &sb, 1, logits);
@@ -234,7 +224,7 @@ static void test_batched_equals_single(void **state)
     }
     int32_t next[N_SEQ];
     for (int s = 0; s < N_SEQ; s++)
-        next[s] = argmax(lt + (size_t)s * n_vocab, n_vocab);
+        next[s] = support_argmax(lt + (size_t)s * n_vocab, n_vocab);
     for (int step = 0; step < 16; step++) {
         cairn_seq_batch sb[N_SEQ];
         for (int s = 0; s < N_SEQ; s++)
@@ -250,8 +240,8 @@ static void test_batched_equals_single(void **state)
         snprintf(what, sizeof what, "batched vs single, step %d", step);
         expect_rows_close(lt, la, N_SEQ, 1e-5, what);
         for (int s = 0; s < N_SEQ; s++) {
-            const int a = argmax(lt + (size_t)s * n_vocab, n_vocab);
-            const int b = argmax(la + (size_t)s * n_vocab, n_vocab);
+            const int a = support_argmax(lt + (size_t)s * n_vocab, n_vocab);
+            const int b = support_argmax(la + (size_t)s * n_vocab, n_vocab);
             if (!loose && a != b)
                 fail_msg("step %d seq %d: batched picks %d, single %d", step, s, a, b);
             next[s] = a;
@@ -273,23 +263,6 @@ static int load(cairn_backend *be, cairn_model **m)
     return rc;
 }
 
-/* The backend under test: CUDA device 0. CAIRN_GPU_TEST_BACKEND=cpu puts a
- * second CPU backend (scalar kernels) in its place, to check this harness
- * itself on a machine without a GPU. */
-static int open_device(cairn_backend **out)
-{
-    /* float semantics for the CPU's quantized matmul (see the header) */
-    setenv("CAIRN_CPU_EXACT_MATMUL", "1", 1);
-    const char *fake = getenv("CAIRN_GPU_TEST_BACKEND");
-    if (fake && strcmp(fake, "cpu") == 0) {
-        setenv("CAIRN_CPU_ISA", "scalar", 1);
-        int rc = cairn_backend_cpu_create(1, out);
-        unsetenv("CAIRN_CPU_ISA");
-        return rc;
-    }
-    return cairn_backend_cuda_create(0, out);
-}
-
 int main(int argc, char **argv)
 {
     model_path = argc > 1 ? argv[1] : getenv("CAIRN_MODEL");
@@ -298,7 +271,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: test_gpu_model MODEL [loose] (or set CAIRN_MODEL)\n");
         return 1;
     }
-    if (open_device(&gpu) != CAIRN_OK) {
+    if (kt_open_device(&gpu) != CAIRN_OK) {
         printf("SKIP: no CUDA device available (cairn_backend_cuda_create failed); the gpu "
                "tests run only on a machine with an NVIDIA GPU\n");
         return 77;

@@ -21,7 +21,12 @@
 #include <stddef.h>
 #include <cmocka.h>
 
-#include "kernels/kernel_test_util.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/support/support.h"
 
 static cairn_backend *cpu, *gpu;
 
@@ -67,25 +72,6 @@ static const cairn_type all_types[] = {
 };
 #define N_TYPES (sizeof all_types / sizeof all_types[0])
 
-/* rows x n random weights in `type` (host bytes) and their exact float
- * values (dequantized on the host). */
-static uint8_t *random_weights(kt_rng *r, cairn_type type, int rows, int n, float **values)
-{
-    const size_t rb = cairn_type_row_bytes(type, n);
-    assert_true(rb > 0);
-    uint8_t *w = kt_xmalloc(rb * (size_t)rows);
-    float *f = kt_xmalloc((size_t)n * sizeof(float));
-    *values = kt_xmalloc((size_t)rows * n * sizeof(float));
-    for (int i = 0; i < rows; i++) {
-        kt_fill(r, f, (size_t)n, -1.0f, 1.0f);
-        assert_int_equal(cairn_quantize_row(type, f, w + (size_t)i * rb, n), CAIRN_OK);
-        assert_int_equal(cairn_dequantize_row(type, w + (size_t)i * rb, *values + (size_t)i * n, n),
-                         CAIRN_OK);
-    }
-    free(f);
-    return w;
-}
-
 /* ---- memory ----------------------------------------------------------------- */
 
 static void test_memory(void **state)
@@ -129,6 +115,19 @@ static void test_memory(void **state)
     free(back);
 }
 
+/* The backend names its weight types with its own supports_type slot, and
+ * they are the CPU backend's (the ops below test every one of them). */
+static void test_supports_type(void **state)
+{
+    (void)state;
+    assert_non_null(gpu->iface->supports_type);
+    for (int t = -1; t <= CAIRN_TYPE_COUNT_; t++)
+        assert_int_equal(cairn_backend_supports_type(gpu, (cairn_type)t),
+                         cairn_backend_supports_type(cpu, (cairn_type)t));
+    for (size_t ti = 0; ti < N_TYPES; ti++)
+        assert_true(cairn_backend_supports_type(gpu, all_types[ti]));
+}
+
 /* ---- get_rows ---------------------------------------------------------------- */
 
 static void test_get_rows(void **state)
@@ -139,7 +138,7 @@ static void test_get_rows(void **state)
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         const cairn_type type = all_types[ti];
         float *values;
-        uint8_t *table = random_weights(&r, type, rows, D, &values);
+        uint8_t *table = kt_random_weights(&r, type, rows, D, -1.0f, 1.0f, &values);
         int32_t ids[23];
         for (int t = 0; t < T; t++)
             ids[t] = kt_below(&r, rows); /* repeats included */
@@ -185,16 +184,15 @@ static void test_get_rows(void **state)
 static void check_matmul(kt_rng *r, cairn_type type, int T, int n_in, int n_out)
 {
     float *wv;
-    uint8_t *w = random_weights(r, type, n_out, n_in, &wv);
+    uint8_t *w = kt_random_weights(r, type, n_out, n_in, -1.0f, 1.0f, &wv);
     float *x = kt_xmalloc((size_t)T * n_in * sizeof(float));
     kt_fill(r, x, (size_t)T * n_in, -2.0f, 2.0f);
     /* sum_i |w_i x_i| per output: the scale of the rounding error */
     float *mag = kt_xmalloc((size_t)T * n_out * sizeof(float));
     for (int t = 0; t < T; t++)
         for (int o = 0; o < n_out; o++) {
-            double s = 0;
-            for (int i = 0; i < n_in; i++)
-                s += fabs((double)wv[(size_t)o * n_in + i] * x[(size_t)t * n_in + i]);
+            double s;
+            kt_ref_dot(wv + (size_t)o * n_in, x + (size_t)t * n_in, n_in, NULL, &s);
             mag[(size_t)t * n_out + o] = (float)s;
         }
     pair_buf W = pair_new(w, cairn_type_row_bytes(type, n_in) * n_out);
@@ -549,27 +547,10 @@ static void test_attention(void **state)
     check_attention(&r, CAIRN_TYPE_F16, 2, 2, 8, 4, 0);    /* stories260K's head */
 }
 
-/* The backend under test: CUDA device 0. CAIRN_GPU_TEST_BACKEND=cpu puts a
- * second CPU backend (scalar kernels) in its place, to check this harness
- * itself on a machine without a GPU. */
-static int open_device(cairn_backend **out)
-{
-    /* float semantics for the CPU's quantized matmul (see the header) */
-    setenv("CAIRN_CPU_EXACT_MATMUL", "1", 1);
-    const char *fake = getenv("CAIRN_GPU_TEST_BACKEND");
-    if (fake && strcmp(fake, "cpu") == 0) {
-        setenv("CAIRN_CPU_ISA", "scalar", 1);
-        int rc = cairn_backend_cpu_create(1, out);
-        unsetenv("CAIRN_CPU_ISA");
-        return rc;
-    }
-    return cairn_backend_cuda_create(0, out);
-}
-
 int main(void)
 {
     cairn_backend *probe = NULL;
-    if (open_device(&probe) != CAIRN_OK) {
+    if (kt_open_device(&probe) != CAIRN_OK) {
         printf("SKIP: no CUDA device available (cairn_backend_cuda_create failed); the gpu "
                "tests run only on a machine with an NVIDIA GPU\n");
         return 77;
@@ -578,7 +559,8 @@ int main(void)
     cpu = kt_cpu(2);
     kt_init_seed("gpu_ops");
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_memory),     cmocka_unit_test(test_get_rows),
+        cmocka_unit_test(test_memory),     cmocka_unit_test(test_supports_type),
+        cmocka_unit_test(test_get_rows),
         cmocka_unit_test(test_matmul),     cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_rope),       cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_softmax),    cmocka_unit_test(test_attention),

@@ -42,7 +42,8 @@ if(CAIRN_HAVE_CUDA)
   set_tests_properties(gpu_ops_harness gpu_model_harness PROPERTIES
     ENVIRONMENT "CAIRN_GPU_TEST_BACKEND=cpu" LABELS kernels TIMEOUT 120)
 
-  # bench/gpu/run.sh's driver: batched decode and prefill throughput.
+  # bench/gpu/run.sh's driver: batched decode and prefill throughput (its
+  # random tokens come from tests/support's support_lcg64).
   add_executable(gpu_bench ${PROJECT_SOURCE_DIR}/bench/gpu/gpu_bench.c)
-  target_link_libraries(gpu_bench PRIVATE cairn_lib)
+  target_link_libraries(gpu_bench PRIVATE cairn_test_support cairn_lib)
 endif()

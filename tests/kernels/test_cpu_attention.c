@@ -17,7 +17,13 @@
 
 #include <cmocka.h>
 
-#include "kernel_test_util.h"
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/support/support.h"
 
 static cairn_backend *be1; /* 1 thread */
 static cairn_backend *be3; /* 3 threads */

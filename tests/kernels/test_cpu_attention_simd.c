@@ -21,18 +21,16 @@
 
 #include <cmocka.h>
 
-#include "kernel_test_util.h"
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/support/support.h"
 
 enum { N_LAYER = 2, LAYER = 1, N_KV_HEAD = 2, HEAD_DIM = 64, N_HEAD = 6, PAGE = 16,
        N_PAGES = 8, N_KV = 40, N_Q = 5 };
-
-static cairn_backend *make(const char *isa, int threads)
-{
-    setenv("CAIRN_CPU_ISA", isa, 1);
-    cairn_backend *be = kt_cpu(threads);
-    unsetenv("CAIRN_CPU_ISA");
-    return be;
-}
 
 /* Fill a pool with N_KV random K/V rows for LAYER, run one attention call
  * and return the output [N_Q][N_HEAD * HEAD_DIM]. Same rng seed -> same
@@ -103,9 +101,9 @@ static void test_vector_matches_scalar(void **state)
 {
     (void)state;
     kt_rng seeds = kt_rng_for("attention_simd");
-    cairn_backend *scalar = make("scalar", 1);
-    cairn_backend *vec1 = make("avx512", 1);
-    cairn_backend *vec3 = make("avx512", 3);
+    cairn_backend *scalar = kt_cpu_isa("scalar", 1, 0);
+    cairn_backend *vec1 = kt_cpu_isa("avx512", 1, 0);
+    cairn_backend *vec3 = kt_cpu_isa("avx512", 3, 0);
     const cairn_type dtypes[2] = {CAIRN_TYPE_F16, CAIRN_TYPE_F32};
     const size_t n = (size_t)N_Q * N_HEAD * HEAD_DIM;
     for (int di = 0; di < 2; di++)

@@ -25,7 +25,12 @@
 
 #include <cmocka.h>
 
-#include "kernel_test_util.h"
+#include <float.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/support/support.h"
 
 /* The levels to test: each is requested through CAIRN_CPU_ISA, which only
  * ever lowers the detected level, so on a machine without AVX-512 the
@@ -33,69 +38,13 @@
 static const char *const levels[] = {"scalar", "avx2", "avx512"};
 #define N_LEVELS 3
 
-static cairn_backend *make_backend(const char *isa, int threads, int exact)
-{
-    setenv("CAIRN_CPU_ISA", isa, 1);
-    if (exact)
-        setenv("CAIRN_CPU_EXACT_MATMUL", "1", 1);
-    cairn_backend *be = kt_cpu(threads);
-    unsetenv("CAIRN_CPU_ISA");
-    unsetenv("CAIRN_CPU_EXACT_MATMUL");
-    return be;
-}
-
-/* Run y = x·Wᵀ on a 1- and a 3-thread backend of one level and mode, check
- * they agree bitwise, return the 1-thread result. */
-static float *run_matmul(const char *isa, int exact, cairn_type type, const uint8_t *W, size_t rb,
-                         const float *x, int T, int n_in, int n_out, const char *what)
-{
-    const size_t y_bytes = sizeof(float) * (size_t)T * (size_t)n_out;
-    float *got[2];
-    const int threads[2] = {1, 3};
-    for (int b = 0; b < 2; b++) {
-        cairn_backend *be = make_backend(isa, threads[b], exact);
-        void *dW = kt_dev(be, W, rb * (size_t)n_out);
-        float *dx = kt_dev(be, x, sizeof(float) * (size_t)T * (size_t)n_in);
-        float *dy = kt_dev(be, NULL, y_bytes);
-        assert_int_equal(be->iface->matmul(be, dy, dW, type, dx, T, n_in, n_out), CAIRN_OK);
-        got[b] = kt_host(be, dy, y_bytes);
-        be->iface->free(be, dy);
-        be->iface->free(be, dx);
-        be->iface->free(be, dW);
-        cairn_backend_destroy(be);
-    }
-    KT_SAME_BYTES(got[0], got[1], y_bytes, what);
-    free(got[1]);
-    return got[0];
-}
-
-/* The activation quantization rule, as documented in kernels/cpu/cpu_impl.h. */
-static void quantize_block(const float *x, float *deq)
-{
-    float amax = 0.0f;
-    for (int i = 0; i < 32; i++)
-        amax = fmaxf(amax, fabsf(x[i]));
-    const float d = amax / 127.0f;
-    const float inv = d != 0.0f ? 1.0f / d : 0.0f;
-    for (int i = 0; i < 32; i++)
-        deq[i] = d * nearbyintf(x[i] * inv); /* exact: |code| <= 127 */
-}
-
 static void check_case(cairn_type type, int T, int n_in, int n_out, kt_rng *rng)
 {
     const size_t rb = cairn_type_row_bytes(type, n_in);
-    assert_true(rb > 0);
-    float *w_src = kt_xmalloc(sizeof(float) * (size_t)n_in);
-    uint8_t *W = kt_xmalloc(rb * (size_t)n_out);
-    float *Wd = kt_xmalloc(sizeof(float) * (size_t)n_in * (size_t)n_out); /* [n_out][n_in] */
-    float *x = kt_xmalloc(sizeof(float) * (size_t)T * (size_t)n_in);       /* [T][n_in] */
-    float *xq = kt_xmalloc(sizeof(float) * (size_t)T * (size_t)n_in);      /* dequantized x */
-    for (int o = 0; o < n_out; o++) {
-        kt_fill(rng, w_src, (size_t)n_in, -1, 1);
-        assert_int_equal(cairn_quantize_row(type, w_src, W + (size_t)o * rb, n_in), CAIRN_OK);
-        assert_int_equal(cairn_dequantize_row(type, W + (size_t)o * rb, Wd + (size_t)o * n_in, n_in),
-                         CAIRN_OK);
-    }
+    float *Wd;                                                        /* [n_out][n_in] */
+    uint8_t *W = kt_random_weights(rng, type, n_out, n_in, -1, 1, &Wd);
+    float *x = kt_xmalloc(sizeof(float) * (size_t)T * (size_t)n_in);  /* [T][n_in] */
+    float *xq = kt_xmalloc(sizeof(float) * (size_t)T * (size_t)n_in); /* dequantized x */
     /* Blocks of very different magnitude, and an all-zero block, so the
      * per-block scales matter. */
     for (int t = 0; t < T; t++)
@@ -107,7 +56,7 @@ static void check_case(cairn_type type, int T, int n_in, int n_out, kt_rng *rng)
     const int quantized = type == CAIRN_TYPE_Q8_0 || type == CAIRN_TYPE_Q4_0;
     if (quantized)
         for (size_t i = 0; i < (size_t)T * n_in; i += 32)
-            quantize_block(x + i, xq + i);
+            kt_quantize_act_block(x + i, xq + i);
 
     for (int lv = 0; lv < N_LEVELS; lv++) {
         for (int exact = 0; exact <= quantized; exact++) {
@@ -117,21 +66,10 @@ static void check_case(cairn_type type, int T, int n_in, int n_out, kt_rng *rng)
             char what[128];
             snprintf(what, sizeof what, "matmul %s %s%s T=%d n_in=%d n_out=%d", levels[lv],
                      cairn_type_get(type)->name, q8 ? " q8-act" : "", T, n_in, n_out);
-            float *got = run_matmul(levels[lv], exact || !quantized ? 1 : 0, type, W, rb, x, T,
-                                    n_in, n_out, what);
-            const float *xa = q8 ? xq : x;
-            for (int t = 0; t < T; t++)
-                for (int o = 0; o < n_out; o++) {
-                    double sum = 0.0, abs_sum = 0.0;
-                    for (int i = 0; i < n_in; i++) {
-                        double term = (double)Wd[(size_t)o * n_in + i] * (double)xa[(size_t)t * n_in + i];
-                        sum += term;
-                        abs_sum += fabs(term);
-                    }
-                    /* as test_cpu_ops.c: (n_in + 2) FLT_EPSILON sum|terms| */
-                    double tol = (n_in + 2) * (double)FLT_EPSILON * abs_sum;
-                    KT_CLOSE(got[(size_t)t * n_out + o], sum, tol, what, (long long)t * n_out + o);
-                }
+            float *got = kt_matmul_1_3(levels[lv], exact || !quantized ? 1 : 0, type, W, rb, x,
+                                       T, n_in, n_out, what);
+            /* as test_cpu_ops.c: (n_in + 2) FLT_EPSILON sum|terms| */
+            kt_expect_matmul(got, Wd, NULL, q8 ? xq : x, T, n_in, n_out, what);
             free(got);
         }
     }
@@ -139,7 +77,6 @@ static void check_case(cairn_type type, int T, int n_in, int n_out, kt_rng *rng)
     free(x);
     free(Wd);
     free(W);
-    free(w_src);
 }
 
 static void test_float_weights(void **state)
@@ -187,24 +124,19 @@ static void test_quantized_weights(void **state)
 static void batch_invariance_case(kt_rng *rng, int T, int n_in, int n_out, int stride)
 {
     static const cairn_type types[] = {CAIRN_TYPE_F32, CAIRN_TYPE_F16, CAIRN_TYPE_BF16};
-    float *w_src = kt_xmalloc(sizeof(float) * n_in);
     float *x = kt_xmalloc(sizeof(float) * T * n_in);
     kt_fill(rng, x, (size_t)T * n_in, -2, 2);
     for (size_t ti = 0; ti < 3; ti++) {
         const size_t rb = cairn_type_row_bytes(types[ti], n_in);
-        uint8_t *W = kt_xmalloc(rb * n_out);
-        for (int o = 0; o < n_out; o++) {
-            kt_fill(rng, w_src, n_in, -1, 1);
-            assert_int_equal(cairn_quantize_row(types[ti], w_src, W + o * rb, n_in), CAIRN_OK);
-        }
+        uint8_t *W = kt_random_weights(rng, types[ti], n_out, n_in, -1, 1, NULL);
         for (int lv = 0; lv < N_LEVELS; lv++) {
             char what[96];
             snprintf(what, sizeof what, "batch invariance %s %s T=%d n_in=%d n_out=%d",
                      levels[lv], cairn_type_get(types[ti])->name, T, n_in, n_out);
-            float *all = run_matmul(levels[lv], 1, types[ti], W, rb, x, T, n_in, n_out, what);
+            float *all = kt_matmul_1_3(levels[lv], 1, types[ti], W, rb, x, T, n_in, n_out, what);
             for (int t = 0; t < T; t += stride) {
-                float *one = run_matmul(levels[lv], 1, types[ti], W, rb, x + (size_t)t * n_in, 1,
-                                        n_in, n_out, what);
+                float *one = kt_matmul_1_3(levels[lv], 1, types[ti], W, rb, x + (size_t)t * n_in,
+                                           1, n_in, n_out, what);
                 KT_SAME_BYTES(one, all + (size_t)t * n_out, sizeof(float) * n_out, what);
                 free(one);
             }
@@ -213,7 +145,6 @@ static void batch_invariance_case(kt_rng *rng, int T, int n_in, int n_out, int s
         free(W);
     }
     free(x);
-    free(w_src);
 }
 
 static void test_float_batch_invariance(void **state)

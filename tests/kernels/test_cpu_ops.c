@@ -21,7 +21,14 @@
 
 #include <cmocka.h>
 
-#include "kernel_test_util.h"
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tests/support/support.h"
 
 static cairn_backend *be1; /* 1 thread: no workers */
 static cairn_backend *be3; /* 3 threads */
@@ -162,12 +169,7 @@ static void check_get_rows(cairn_type type, const int32_t *ids, int T, kt_rng *r
     const int n_rows = 23;
     const size_t rb = cairn_type_row_bytes(type, D);
     const size_t out_bytes = sizeof(float) * (size_t)T * (size_t)D;
-    float *src = kt_xmalloc(sizeof(float) * (size_t)D);
-    uint8_t *table = kt_xmalloc(rb * n_rows);
-    for (int r = 0; r < n_rows; r++) {
-        kt_fill(rng, src, (size_t)D, -2, 2);
-        assert_int_equal(cairn_quantize_row(type, src, table + (size_t)r * rb, D), CAIRN_OK);
-    }
+    uint8_t *table = kt_random_weights(rng, type, n_rows, D, -2, 2, NULL);
     float *want = kt_xmalloc(out_bytes);
     for (int t = 0; t < T; t++)
         assert_int_equal(cairn_dequantize_row(type, table + (size_t)ids[t] * rb,
@@ -186,7 +188,6 @@ static void check_get_rows(cairn_type type, const int32_t *ids, int T, kt_rng *r
     }
     free(want);
     free(table);
-    free(src);
 }
 
 static void test_get_rows(void **state)
@@ -218,55 +219,25 @@ static void test_get_rows(void **state)
 static void check_matmul(cairn_type type, int T, int n_in, int n_out, kt_rng *rng)
 {
     const size_t rb = cairn_type_row_bytes(type, n_in);
-    assert_true(rb > 0);
-    float *w_src = kt_xmalloc(sizeof(float) * (size_t)n_in);
-    uint8_t *W = kt_xmalloc(rb * (size_t)n_out);
-    float *Wd = kt_xmalloc(sizeof(float) * (size_t)n_in * (size_t)n_out); /* [n_out][n_in] */
-    float *x = kt_xmalloc(sizeof(float) * (size_t)T * (size_t)n_in);       /* [T][n_in] */
-    for (int o = 0; o < n_out; o++) {
-        kt_fill(rng, w_src, (size_t)n_in, -1, 1);
-        assert_int_equal(cairn_quantize_row(type, w_src, W + (size_t)o * rb, n_in), CAIRN_OK);
-        assert_int_equal(cairn_dequantize_row(type, W + (size_t)o * rb, Wd + (size_t)o * n_in, n_in),
-                         CAIRN_OK);
-    }
+    float *Wd;                                                       /* [n_out][n_in] */
+    uint8_t *W = kt_random_weights(rng, type, n_out, n_in, -1, 1, &Wd);
+    float *x = kt_xmalloc(sizeof(float) * (size_t)T * (size_t)n_in); /* [T][n_in] */
     kt_fill(rng, x, (size_t)T * (size_t)n_in, -3, 3);
 
     const size_t y_bytes = sizeof(float) * (size_t)T * (size_t)n_out;
     float *got[2];
     cairn_backend *bes[2] = {be1, be3};
-    for (int b = 0; b < 2; b++) {
-        cairn_backend *be = bes[b];
-        void *dW = kt_dev(be, W, rb * (size_t)n_out);
-        float *dx = kt_dev(be, x, sizeof(float) * (size_t)T * (size_t)n_in);
-        float *dy = kt_dev(be, NULL, y_bytes);
-        assert_int_equal(be->iface->matmul(be, dy, dW, type, dx, T, n_in, n_out), CAIRN_OK);
-        got[b] = kt_host(be, dy, y_bytes);
-        be->iface->free(be, dy);
-        be->iface->free(be, dx);
-        be->iface->free(be, dW);
-    }
+    for (int b = 0; b < 2; b++)
+        got[b] = kt_run_matmul(bes[b], type, W, rb, x, T, n_in, n_out);
     char what[96];
     snprintf(what, sizeof what, "matmul %s T=%d n_in=%d n_out=%d", type_name(type), T, n_in, n_out);
     KT_SAME_BYTES(got[0], got[1], y_bytes, what);
-
-    for (int t = 0; t < T; t++) {
-        for (int o = 0; o < n_out; o++) {
-            double sum = 0.0, abs_sum = 0.0;
-            for (int i = 0; i < n_in; i++) {
-                double term = (double)Wd[(size_t)o * n_in + i] * (double)x[(size_t)t * n_in + i];
-                sum += term;
-                abs_sum += fabs(term);
-            }
-            double tol = (n_in + 2) * (double)FLT_EPSILON * abs_sum;
-            KT_CLOSE(got[0][(size_t)t * n_out + o], sum, tol, what, (long long)t * n_out + o);
-        }
-    }
+    kt_expect_matmul(got[0], Wd, NULL, x, T, n_in, n_out, what);
     free(got[0]);
     free(got[1]);
     free(x);
     free(Wd);
     free(W);
-    free(w_src);
 }
 
 static void test_matmul(void **state)

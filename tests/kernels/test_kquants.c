@@ -23,7 +23,13 @@
 
 #include <cmocka.h>
 
-#include "kernel_test_util.h"
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/support/support.h"
 
 static const cairn_type kq_types[] = {CAIRN_TYPE_Q5_0, CAIRN_TYPE_Q4_K, CAIRN_TYPE_Q5_K,
                                       CAIRN_TYPE_Q6_K};
@@ -359,53 +365,6 @@ static void test_round_trip(void **state)
 
 /* ---- matmul ---------------------------------------------------------------- */
 
-static cairn_backend *make_backend(const char *isa, int threads, int exact)
-{
-    setenv("CAIRN_CPU_ISA", isa, 1);
-    if (exact)
-        setenv("CAIRN_CPU_EXACT_MATMUL", "1", 1);
-    cairn_backend *be = kt_cpu(threads);
-    unsetenv("CAIRN_CPU_ISA");
-    unsetenv("CAIRN_CPU_EXACT_MATMUL");
-    return be;
-}
-
-static float *run_matmul(const char *isa, int exact, cairn_type type, const uint8_t *W, size_t rb,
-                         const float *x, int T, int n_in, int n_out, const char *what)
-{
-    const size_t y_bytes = sizeof(float) * (size_t)T * (size_t)n_out;
-    float *got[2];
-    const int threads[2] = {1, 3};
-    for (int b = 0; b < 2; b++) {
-        cairn_backend *be = make_backend(isa, threads[b], exact);
-        void *dW = kt_dev(be, W, rb * (size_t)n_out);
-        float *dx = kt_dev(be, x, sizeof(float) * (size_t)T * (size_t)n_in);
-        float *dy = kt_dev(be, NULL, y_bytes);
-        assert_int_equal(be->iface->matmul(be, dy, dW, type, dx, T, n_in, n_out), CAIRN_OK);
-        got[b] = kt_host(be, dy, y_bytes);
-        be->iface->free(be, dy);
-        be->iface->free(be, dx);
-        be->iface->free(be, dW);
-        cairn_backend_destroy(be);
-    }
-    KT_SAME_BYTES(got[0], got[1], y_bytes, what);
-    free(got[1]);
-    return got[0];
-}
-
-/* The documented activation rule (kernels/cpu/cpu_impl.h): d = max|x| / 127,
- * q = x * (1/d) rounded to nearest even; deq = d * q. */
-static void quantize_act_block(const float *x, float *deq)
-{
-    float amax = 0.0f;
-    for (int i = 0; i < 32; i++)
-        amax = fmaxf(amax, fabsf(x[i]));
-    const float d = amax / 127.0f;
-    const float inv = d != 0.0f ? 1.0f / d : 0.0f;
-    for (int i = 0; i < 32; i++)
-        deq[i] = d * nearbyintf(x[i] * inv);
-}
-
 /* |dmin * m| of each element's sub-block (Q4_K, Q5_K; 0 otherwise): the
  * kernels subtract the offset term separately, so their rounding scales
  * with it, not only with |w|. */
@@ -453,30 +412,19 @@ static void check_case(cairn_type type, int T, int n_in, int n_out, kt_rng *rng)
             kt_fill(rng, x + (size_t)t * n_in + 32 * b, 32, -mag, mag);
         }
     for (int i = 0; i < T * n_in; i += 32)
-        quantize_act_block(x + i, xq + i);
+        kt_quantize_act_block(x + i, xq + i);
 
     for (int lv = 0; lv < N_LEVELS; lv++)
         for (int exact = 0; exact <= 1; exact++) {
             char what[128];
             snprintf(what, sizeof what, "matmul %s %s%s T=%d n_in=%d n_out=%d", levels[lv],
                      cairn_type_get(type)->name, exact ? " exact" : " q8-act", T, n_in, n_out);
-            float *got = run_matmul(levels[lv], exact, type, W, rb, x, T, n_in, n_out, what);
-            const float *xa = exact ? x : xq;
-            for (int t = 0; t < T; t++)
-                for (int o = 0; o < n_out; o++) {
-                    double sum = 0.0, abs_sum = 0.0;
-                    for (int i = 0; i < n_in; i++) {
-                        const size_t wi = (size_t)o * n_in + i;
-                        const double a = xa[(size_t)t * n_in + i];
-                        sum += (double)Wd[wi] * a;
-                        abs_sum += (fabs(Wd[wi]) + off[wi]) * fabs(a);
-                    }
-                    /* float rounding only: (n_in + 2) FLT_EPSILON sum|terms|,
-                     * the bound of test_cpu_matmul.c; a wrong code, scale,
-                     * min or block pairing is off by orders of magnitude */
-                    const double tol = (n_in + 2) * (double)FLT_EPSILON * abs_sum;
-                    KT_CLOSE(got[(size_t)t * n_out + o], sum, tol, what, (long long)t * n_out + o);
-                }
+            float *got = kt_matmul_1_3(levels[lv], exact, type, W, rb, x, T, n_in, n_out, what);
+            /* float rounding only: (n_in + 2) FLT_EPSILON sum|terms| (with
+             * the offset terms), the bound of test_cpu_matmul.c; a wrong
+             * code, scale, min or block pairing is off by orders of
+             * magnitude */
+            kt_expect_matmul(got, Wd, off, exact ? x : xq, T, n_in, n_out, what);
             free(got);
         }
     free(xq);
@@ -518,16 +466,12 @@ static void test_get_rows(void **state)
     (void)state;
     kt_rng rng = kt_rng_for("kq_get_rows");
     enum { D = 512, ROWS = 11, T = 7 };
-    float src[D], want[D];
+    float want[D];
     const int32_t ids[T] = {3, 0, 10, 3, 7, 1, 9};
     for (int ti = 0; ti < N_KQ_TYPES; ti++) {
         const cairn_type t = kq_types[ti];
         const size_t rb = cairn_type_row_bytes(t, D);
-        uint8_t *table = kt_xmalloc(rb * ROWS);
-        for (int r = 0; r < ROWS; r++) {
-            kt_fill(&rng, src, D, -2, 2);
-            assert_int_equal(cairn_quantize_row(t, src, table + r * rb, D), CAIRN_OK);
-        }
+        uint8_t *table = kt_random_weights(&rng, t, ROWS, D, -2, 2, NULL);
         for (int threads = 1; threads <= 3; threads += 2) {
             cairn_backend *be = kt_cpu(threads);
             void *dtab = kt_dev(be, table, rb * ROWS);

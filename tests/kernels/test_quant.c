@@ -9,7 +9,10 @@
 
 #include <cmocka.h>
 
-#include "kernel_test_util.h"
+#include <math.h>
+#include <stdlib.h>
+
+#include "tests/support/support.h"
 
 /* Bytes of a row, checked against the traits table. */
 static size_t row_bytes(cairn_type type, int64_t n)

@@ -19,6 +19,11 @@ cairn_add_test(kernels_cpu_attention_simd
 cairn_add_test(kernels_kquants
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_kquants.c
   LABELS kernels TIMEOUT 300)
+# The optional slots of the backend table: the fallbacks of supports_type,
+# synchronize and copy, and the model loader's type check.
+cairn_add_test(kernels_backend_slots
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_backend_slots.c
+  LABELS kernels TIMEOUT 120)
 # cairn's Q5_0/K-quant dequantizers against gguf-py's, on random blocks and
 # (when CAIRN_CHAT_MODEL exists) on rows of the real Q4_K_M model; skipped
 # (exit 77) without numpy/gguf.

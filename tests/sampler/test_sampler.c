@@ -20,6 +20,7 @@
 #include <cmocka.h>
 
 #include "model/model.h"
+#include "tests/support/support.h"
 
 enum { N_DRAWS = 20000 };
 
@@ -59,10 +60,8 @@ static int32_t sample_one(cairn_sampler *s, const float *logits)
 static void fill_logits(float *logits, int n, uint32_t seed, float lo, float hi)
 {
     uint32_t x = seed * 2654435761u + 1;
-    for (int i = 0; i < n; i++) {
-        x = x * 1664525u + 1013904223u;
-        logits[i] = lo + (hi - lo) * (float)(x >> 8) / (float)(1u << 24);
-    }
+    for (int i = 0; i < n; i++)
+        logits[i] = lo + (hi - lo) * (float)(support_lcg32(&x) >> 8) / (float)(1u << 24);
 }
 
 /* Ids best first: larger logit, then lower id (insertion sort; small n). */
@@ -365,15 +364,8 @@ static void test_greedy_argmax(void **state)
 
 /* ---- the generator -------------------------------------------------------- */
 
-/* Independent statement of the generator the header names. */
-static uint64_t ref_splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
+/* Independent statement of the generator the header names (its seeding,
+ * splitmix64, is the tests' own: support_splitmix64). */
 static uint64_t ref_rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
 static uint64_t ref_xoshiro(uint64_t s[4])
@@ -393,7 +385,7 @@ static void test_generator_is_xoshiro256ss(void **state)
     (void)state;
     /* Published first outputs, to be sure the reference itself is right. */
     uint64_t x = 0;
-    assert_true(ref_splitmix64(&x) == 0xe220a8397b1dcdafull);
+    assert_true(support_splitmix64(&x) == 0xe220a8397b1dcdafull);
     uint64_t st[4] = {1, 2, 3, 4};
     assert_true(ref_xoshiro(st) == 11520u);
     assert_true(ref_xoshiro(st) == 0u);
@@ -406,7 +398,7 @@ static void test_generator_is_xoshiro256ss(void **state)
     const uint64_t seed = 0x5eed0123456789abull;
     uint64_t sm = seed, ref[4];
     for (int i = 0; i < 4; i++)
-        ref[i] = ref_splitmix64(&sm);
+        ref[i] = support_splitmix64(&sm);
     cairn_sampling_params p = plain_params(1.0f);
     p.seed = seed;
     cairn_sampler *s = make_sampler(&p, 4);

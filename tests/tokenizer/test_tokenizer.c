@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "text/text.h"
+#include "tests/support/support.h"
 
 static cairn_vocab *load_vocab_file(const char *path)
 {
@@ -341,29 +342,6 @@ static void test_invalid_utf8_input(void **state)
 
 /* ---- generated vocabularies: pre-tokenizers without a conformance GGUF --- */
 
-typedef struct {
-    uint8_t *p;
-    size_t n, cap;
-} buf;
-
-static void put(buf *b, const void *src, size_t n)
-{
-    if (b->n + n > b->cap) {
-        b->cap = (b->n + n) * 2 + 64;
-        b->p = realloc(b->p, b->cap);
-        assert_non_null(b->p);
-    }
-    memcpy(b->p + b->n, src, n);
-    b->n += n;
-}
-static void put_u32(buf *b, uint32_t v) { put(b, &v, 4); }
-static void put_u64(buf *b, uint64_t v) { put(b, &v, 8); }
-static void put_str(buf *b, const char *s)
-{
-    put_u64(b, strlen(s));
-    put(b, s, strlen(s));
-}
-
 /* GPT-2's printable stand-in for a byte, as UTF-8. */
 static size_t stand_in(uint8_t byte, char *out)
 {
@@ -399,37 +377,30 @@ static void encode(const char *s, char *out)
  * `extra` tokens (given as raw text; ids 256...), and merges given as raw
  * "left right" pairs. */
 static cairn_vocab *make_bpe(const char *pre, const char *const *extra, int n_extra,
-                             const char *const *merges, int n_merges, buf *keep)
+                             const char *const *merges, int n_merges, gw_buf *keep)
 {
-    buf b = {0};
-    put(&b, "GGUF", 4);
-    put_u32(&b, 3);
-    put_u64(&b, 0);
-    put_u64(&b, 4);
-    put_str(&b, "tokenizer.ggml.model");
-    put_u32(&b, CAIRN_GGUF_STRING);
-    put_str(&b, "gpt2");
-    put_str(&b, "tokenizer.ggml.pre");
-    put_u32(&b, CAIRN_GGUF_STRING);
-    put_str(&b, pre);
-    put_str(&b, "tokenizer.ggml.tokens");
-    put_u32(&b, CAIRN_GGUF_ARRAY);
-    put_u32(&b, CAIRN_GGUF_STRING);
-    put_u64(&b, 256 + (uint64_t)n_extra);
+    gw_buf b = {0};
+    gw_header(&b, 3, 0, 4);
+    gw_kv(&b, "tokenizer.ggml.model", CAIRN_GGUF_STRING);
+    gw_str(&b, "gpt2");
+    gw_kv(&b, "tokenizer.ggml.pre", CAIRN_GGUF_STRING);
+    gw_str(&b, pre);
+    gw_kv(&b, "tokenizer.ggml.tokens", CAIRN_GGUF_ARRAY);
+    gw_u32(&b, CAIRN_GGUF_STRING);
+    gw_u64(&b, 256 + (uint64_t)n_extra);
     char enc[256];
     for (int i = 0; i < 256; i++) {
         size_t l = stand_in((uint8_t)i, enc);
         enc[l] = '\0';
-        put_str(&b, enc);
+        gw_str(&b, enc);
     }
     for (int i = 0; i < n_extra; i++) {
         encode(extra[i], enc);
-        put_str(&b, enc);
+        gw_str(&b, enc);
     }
-    put_str(&b, "tokenizer.ggml.merges");
-    put_u32(&b, CAIRN_GGUF_ARRAY);
-    put_u32(&b, CAIRN_GGUF_STRING);
-    put_u64(&b, (uint64_t)n_merges);
+    gw_kv(&b, "tokenizer.ggml.merges", CAIRN_GGUF_ARRAY);
+    gw_u32(&b, CAIRN_GGUF_STRING);
+    gw_u64(&b, (uint64_t)n_merges);
     for (int i = 0; i < n_merges; i++) {
         /* merges are written in stand-in form: encode each side */
         const char *sp = strchr(merges[i], ' ');
@@ -440,7 +411,7 @@ static cairn_vocab *make_bpe(const char *pre, const char *const *extra, int n_ex
         encode(left, l_enc);
         encode(right, r_enc);
         snprintf(line, sizeof line, "%s %s", l_enc, r_enc);
-        put_str(&b, line);
+        gw_str(&b, line);
     }
     char err[256];
     cairn_gguf *g = NULL;
@@ -461,7 +432,7 @@ static void test_pretok_llama3(void **state)
     (void)state;
     const char *extra[] = {"Hello", " world", "123", "45", "IT", "'S", " you", "'ll",
                            "!!!\n\n", "\n\n", "  "};
-    buf keep;
+    gw_buf keep;
     cairn_vocab *v = make_bpe("llama-bpe", extra, 11, NULL, 0, &keep);
     int32_t ids[64];
     size_t n = tok(v, "Hello world 12345", 0, ids, 64);
@@ -494,7 +465,7 @@ static void test_pretok_qwen2_vs_gpt2(void **state)
     const char *merges[] = {"\xC3 \xA9", "\xC3\xA9 t", "\xC3\xA9t \xC3\xA9", "1 2"};
     /* ids 256.. : "12", "ét", "été", and "é" (merges need every step) */
     const char *extra2[] = {"12", "\xC3\xA9t", "\xC3\xA9t\xC3\xA9", "\xC3\xA9"};
-    buf k1, k2;
+    gw_buf k1, k2;
     cairn_vocab *q = make_bpe("qwen2", extra2, 4, merges, 4, &k1);
     cairn_vocab *g = make_bpe("gpt-2", extra2, 4, merges, 4, &k2);
     int32_t ids[64];
@@ -529,7 +500,7 @@ static void test_pretok_qwen2_vs_gpt2(void **state)
         {"llama3", true},          {"qwen2", false},     {"no-such-pre", true},
     };
     for (size_t i = 0; i < sizeof pres / sizeof pres[0]; i++) {
-        buf k;
+        gw_buf k;
         cairn_vocab *v = make_bpe(pres[i].pre, extra2, 4, merges, 4, &k);
         n = tok(v, "12", 0, ids, 64);
         if (pres[i].digits_together) {
@@ -550,7 +521,7 @@ static void test_bpe_merge_order(void **state)
     /* "abc" with merges ["b c", "a b", "a bc"]: b+c first (rank 0), then a+bc */
     const char *extra[] = {"bc", "ab", "abc"};
     const char *merges[] = {"b c", "a b", "a bc"};
-    buf keep;
+    gw_buf keep;
     cairn_vocab *v = make_bpe("gpt-2", extra, 3, merges, 3, &keep);
     int32_t ids[16];
     size_t n = tok(v, "abc", 0, ids, 16);
@@ -579,12 +550,7 @@ static void test_bpe_merge_order(void **state)
 
 /* ---- random input --------------------------------------------------------- */
 
-static uint64_t rng_state = 12345;
-static uint32_t rng(void)
-{
-    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-    return (uint32_t)(rng_state >> 33);
-}
+static uint64_t rng_state = 12345; /* the random text's LCG (support_lcg64) */
 
 static bool valid_utf8(const char *s, size_t n)
 {
@@ -624,12 +590,12 @@ static void test_random_input(void **state)
         bool byte_exact = vi < 2; /* full byte coverage */
         for (int it = 0; it < 300; it++) {
             size_t len = 0;
-            int parts = (int)(rng() % 40);
+            int parts = (int)(support_lcg64(&rng_state) % 40);
             for (int p = 0; p < parts; p++) {
-                if (rng() % 4 == 0) {
-                    text[len++] = (char)(rng() & 0xFF);
+                if (support_lcg64(&rng_state) % 4 == 0) {
+                    text[len++] = (char)(support_lcg64(&rng_state) & 0xFF);
                 } else {
-                    const char *a = atoms[rng() % n_atoms];
+                    const char *a = atoms[support_lcg64(&rng_state) % n_atoms];
                     memcpy(text + len, a, strlen(a));
                     len += strlen(a);
                 }
@@ -699,14 +665,10 @@ static void test_bad_vocab(void **state)
 {
     (void)state;
     /* no tokenizer model at all */
-    buf b = {0};
-    put(&b, "GGUF", 4);
-    put_u32(&b, 3);
-    put_u64(&b, 0);
-    put_u64(&b, 1);
-    put_str(&b, "tokenizer.ggml.model");
-    put_u32(&b, CAIRN_GGUF_STRING);
-    put_str(&b, "t5-unigram");
+    gw_buf b = {0};
+    gw_header(&b, 3, 0, 1);
+    gw_kv(&b, "tokenizer.ggml.model", CAIRN_GGUF_STRING);
+    gw_str(&b, "t5-unigram");
     char err[256] = "";
     cairn_gguf *g = NULL;
     assert_int_equal(cairn_gguf_open_memory(b.p, b.n, &g, err, sizeof err), CAIRN_OK);
