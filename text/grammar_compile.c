@@ -877,6 +877,8 @@ static int32_t compile_schema(compiler *c, json_t *s, int depth)
 static int link_grammar(compiler *c, int32_t root, cairn_grammar **out)
 {
     cairn_grammar *g = calloc(1, sizeof *g);
+    if (g)
+        atomic_init(&g->refs, 1);
     size_t n = 0;
     for (int32_t r = 0; r < c->n_rules; r++)
         n += c->rules[r].n + 1;
@@ -945,9 +947,16 @@ int cairn_grammar_from_json_schema(const char *schema_json, size_t len, cairn_gr
     return rc;
 }
 
+cairn_grammar *cairn_grammar_retain(cairn_grammar *g)
+{
+    if (g)
+        atomic_fetch_add(&g->refs, 1);
+    return g;
+}
+
 void cairn_grammar_free(cairn_grammar *g)
 {
-    if (!g)
+    if (!g || atomic_fetch_sub(&g->refs, 1) > 1)
         return;
     free(g->elems);
     free(g->rule_start);

@@ -15,6 +15,7 @@
 #ifndef CAIRN_TEXT_GRAMMAR_IMPL_H
 #define CAIRN_TEXT_GRAMMAR_IMPL_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 /* Largest minItems/maxItems/minLength/maxLength the compiler accepts; the
@@ -38,6 +39,7 @@ typedef struct {
 } grammar_byteset;
 
 struct cairn_grammar {
+    atomic_int refs;     /* owners: 1 + cairn_grammar_retain calls */
     grammar_elem *elems;
     int32_t n_elems;
     int32_t *rule_start; /* [n_rules] */

@@ -367,6 +367,10 @@ typedef struct cairn_grammar cairn_grammar;
  * large. The caller owns *out. */
 int cairn_grammar_from_json_schema(const char *schema_json, size_t len, cairn_grammar **out,
                                    char *err, size_t err_len);
+/* One more owner of `g` (returned): each owner calls cairn_grammar_free
+ * once, and the last one frees it. Thread-safe, like the grammar itself;
+ * what lets several requests (n choices) share one compiled grammar. */
+cairn_grammar *cairn_grammar_retain(cairn_grammar *g);
 void cairn_grammar_free(cairn_grammar *g);
 
 /* The bytes of every token of a vocabulary and a byte trie over them, built

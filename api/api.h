@@ -1,0 +1,178 @@
+/*
+ * api/api.h — what a request means, decided once for every front end.
+ *
+ * cairn speaks msgpack-RPC (docs/protocol.md) and OpenAI's HTTP API
+ * (docs/openai.md), and may speak more. Each front end parses its own wire
+ * format; what the fields then mean — their ranges and defaults, how a
+ * prompt, a conversation, tools and a response format become tokens and a
+ * grammar — is here, in one place, so that the same field takes the same
+ * values whichever protocol carries it (the table is docs/api.md):
+ *
+ *     msgpack params ──(server/msgpack: to JSON)──┐
+ *                                                 ├─▶ cairn_api_decode ──▶ cairn_request
+ *     HTTP JSON body ─────────────────────────────┘    (tokenize, render    (session/, the
+ *                                                        templates, compile   engine thread)
+ *                                                        grammars)
+ *     DONE event ──▶ cairn_api_tool_calls, cairn_api_token_piece ──▶ the front end's reply
+ *
+ * Parameters arrive as a JSON object (jansson): the form the HTTP API has
+ * already, and one msgpack maps onto without loss for everything a request
+ * holds (a msgpack integer above 2^63 - 1, which no JSON integer here can
+ * hold, arrives as its decimal text: what a seed that large takes). A
+ * field given as null counts as absent;
+ * fields this server does not know are ignored, so clients may send what a
+ * later server understands.
+ *
+ * Dialects. The fields are the same; what differs by op is what a request
+ * may carry (a native `session.append` takes no sampling) and the defaults:
+ * native requests sample like llama.cpp (temperature 0.8, top-k 40, top-p
+ * 0.95, min-p 0.05, 128 tokens), OpenAI ones like OpenAI (temperature 1,
+ * top-p 1, no top-k or min-p; chat until the context ends, completions 16
+ * tokens).
+ *
+ * Threads: a cairn_api is immutable once filled in; cairn_api_decode and
+ * the result helpers may run on any number of threads at once. This is text
+ * work (tokenizing a long document, rendering a template, compiling a
+ * grammar): the server runs it on libuv's threadpool, never on its loop
+ * thread, and it never runs inside an engine step.
+ *
+ * Layering: api/ uses text/ (tokenizers, templates, grammars), model/
+ * (sampling defaults) and session/ (the engine request it builds); never
+ * the cache, the tree or a socket.
+ */
+#ifndef CAIRN_API_H
+#define CAIRN_API_H
+
+#include "session/session.h"
+
+#include <jansson.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CAIRN_API_MAX_STOP_BYTES 256  /* bytes of one stop string               */
+#define CAIRN_API_MAX_CHOICES 64      /* n, OpenAI ops                           */
+#define CAIRN_API_MAX_SESSION_KEY 256 /* bytes of an HTTP session_id / prompt_cache_key */
+
+/* What decoding needs to know of the model. Fill it in once; it is only
+ * read afterwards. */
+typedef struct {
+    const cairn_vocab *vocab; /* NULL: requests carrying text are refused as
+                                 unsupported (tests without a model)       */
+    const cairn_chat_template *chat_template; /* formats messages; NULL: the
+                                 generic format of docs/protocol.md        */
+    int n_vocab;              /* token ids must be below it               */
+    int n_ctx;                /* the most tokens of a prompt, a session's
+                                 content, and of max_tokens               */
+    uint32_t max_tokenize;    /* tokenize: the most tokens an answer holds */
+    size_t max_text_bytes;    /* detokenize: the most bytes an answer holds */
+} cairn_api;
+
+/* What a request asks for. The native methods, then OpenAI's routes. */
+typedef enum {
+    CAIRN_API_GENERATE = 1,   /* generate                                 */
+    CAIRN_API_SESSION_OPEN,
+    CAIRN_API_SESSION_APPEND,
+    CAIRN_API_SESSION_GENERATE,
+    CAIRN_API_SESSION_FORK,
+    CAIRN_API_SESSION_TRUNCATE,
+    CAIRN_API_SESSION_CLOSE,
+    CAIRN_API_SESSION_INFO,
+    CAIRN_API_CANCEL,         /* gen.cancel                               */
+    CAIRN_API_CACHE_STATS,
+    CAIRN_API_TOKENIZE,       /* answered without the engine               */
+    CAIRN_API_DETOKENIZE,     /* answered without the engine               */
+    CAIRN_API_CHAT,           /* POST /v1/chat/completions                */
+    CAIRN_API_COMPLETION,     /* POST /v1/completions                     */
+} cairn_api_op;
+
+/* Why a request was refused. code: CAIRN_EINVAL (a field is wrong),
+ * CAIRN_ERANGE (too large: a count, a length, the context), CAIRN_EUNSUPPORTED
+ * (valid, but not here), CAIRN_ENOMEM. The front end turns it into its own
+ * error (invalid_request / too_large natively; 400 over HTTP, 503 for
+ * ENOMEM). */
+typedef struct {
+    int code;
+    const char *field;  /* static: the request field at fault, or NULL      */
+    const char *reason; /* static: "context_length_exceeded" when the
+                           prompt or max_tokens does not fit the context
+                           (OpenAI's error code), else NULL                  */
+    char message[300];  /* one line, naming the field and what it may be    */
+} cairn_api_error;
+
+/* A decoded request. Everything is owned by it: cairn_api_call_clear. */
+typedef struct {
+    cairn_api_op op;
+    cairn_request *req;   /* the engine request to submit (client, id and
+                             tenant are the front end's to fill); NULL for
+                             TOKENIZE and DETOKENIZE                         */
+    int32_t *tokens;      /* TOKENIZE: the answer                            */
+    size_t n_tokens;
+    char *text;           /* DETOKENIZE: the answer (complete UTF-8)         */
+    size_t text_len;
+    char *tools_json;     /* the reply is read for calls of these tools (a
+                             JSON array); NULL: no tools                    */
+    bool has_content;     /* native ops: a prompt, text, tokens or messages
+                             was given (session.generate may have none)     */
+    /* OpenAI ops */
+    int n_choices;        /* n: that many engine requests (cairn_api_choice) */
+    bool stream;
+    bool include_usage;   /* stream_options.include_usage                   */
+    bool logprobs;        /* return logprobs (chat: bool; completions: int)  */
+} cairn_api_call;
+
+/* A "tokens" field a front end has already read as ids (msgpack arrays of
+ * integers: tens of thousands of them would cost megabytes as JSON values).
+ * params then holds `true` in its place. bad: index of the first element
+ * that is not an integer of 32 bits (-1: none); the ids are still checked
+ * against the vocabulary and the limits here. */
+typedef struct {
+    const int32_t *ids;
+    size_t n;
+    int64_t bad;
+} cairn_api_tokens;
+
+/* Decode the parameters of one request.
+ *   params          a JSON object (borrowed; NULL = no parameters)
+ *   random_seed     the seed of a request that names none (the caller draws
+ *                   it; every choice i of n samples with seed + i)
+ *   session_header  OpenAI ops: the X-Session-Id header, or NULL
+ *   tokens          the "tokens" field read already (see above), or NULL
+ * CAIRN_OK and *out filled, or an error with *err filled and nothing left
+ * allocated. */
+int cairn_api_decode(const cairn_api *api, cairn_api_op op, const json_t *params,
+                     uint64_t random_seed, const char *session_header,
+                     const cairn_api_tokens *tokens, cairn_api_call *out, cairn_api_error *err);
+void cairn_api_call_clear(cairn_api_call *c);
+
+/* Choice `i` (0 .. n_choices-1) of an OpenAI request as an engine request of
+ * its own (*out, the caller's): the call's request with seed + i. The
+ * tokens and stop strings are copied, the grammar shared. CAIRN_ENOMEM. */
+int cairn_api_choice(const cairn_api_call *c, int i, cairn_request **out);
+
+/* A finished reply read for tool calls (text/text.h, cairn_chat_parse_tool_
+ * calls): *calls_json an OpenAI tool_calls array with ids "<id_prefix><n>",
+ * *content the text around them (both malloc'ed). CAIRN_ENOTFOUND when the
+ * text holds no call. */
+int cairn_api_tool_calls(const cairn_api *api, const char *text, size_t len,
+                         const char *tools_json, const char *id_prefix, char **calls_json,
+                         char **content);
+
+/* The bytes of one token as a logprob entry shows them (special tokens
+ * included), into out[cap]; *n their count. */
+int cairn_api_token_piece(const cairn_api *api, int32_t token, char *out, size_t cap,
+                          size_t *n);
+
+/* Free what generation parameters own (stop strings, the grammar) and
+ * leave them empty. */
+void cairn_api_gen_clear(cairn_gen_params *g);
+
+/* The sampling settings a dialect starts from (before the request's fields):
+ * native (llama.cpp's) or OpenAI's. */
+cairn_gen_params cairn_api_gen_defaults(const cairn_api *api, cairn_api_op op);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CAIRN_API_H */

@@ -1,0 +1,380 @@
+/*
+ * api/decode.c — each op: which fields it takes and the engine request it
+ * becomes (api.h); and the helpers front ends use on results.
+ */
+#include "api/api_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const cairn_req_kind kind_of[] = {
+    [CAIRN_API_GENERATE] = CAIRN_REQ_GENERATE,
+    [CAIRN_API_SESSION_OPEN] = CAIRN_REQ_SESSION_OPEN,
+    [CAIRN_API_SESSION_APPEND] = CAIRN_REQ_SESSION_APPEND,
+    [CAIRN_API_SESSION_GENERATE] = CAIRN_REQ_SESSION_GENERATE,
+    [CAIRN_API_SESSION_FORK] = CAIRN_REQ_SESSION_FORK,
+    [CAIRN_API_SESSION_TRUNCATE] = CAIRN_REQ_SESSION_TRUNCATE,
+    [CAIRN_API_SESSION_CLOSE] = CAIRN_REQ_SESSION_CLOSE,
+    [CAIRN_API_SESSION_INFO] = CAIRN_REQ_SESSION_INFO,
+    [CAIRN_API_CANCEL] = CAIRN_REQ_CANCEL,
+    [CAIRN_API_CACHE_STATS] = CAIRN_REQ_CACHE_STATS,
+    [CAIRN_API_CHAT] = CAIRN_REQ_GENERATE,
+    [CAIRN_API_COMPLETION] = CAIRN_REQ_GENERATE,
+};
+
+static int session_id_field(const json_t *params, cairn_session_id *out, cairn_api_error *e)
+{
+    const char *s;
+    size_t len;
+    if (!api_field(params, "session_id"))
+        return api_fail(e, CAIRN_EINVAL, "session_id", "'session_id' is required");
+    int rc = api_get_str(params, "session_id", &s, &len, e);
+    if (rc)
+        return rc;
+    if (cairn_session_id_from_hex(s, len, out) != CAIRN_OK)
+        return api_fail(e, CAIRN_EINVAL, "session_id", "'session_id' must be 32 hex digits");
+    return CAIRN_OK;
+}
+
+/* The content of a native op into the request. */
+static int native_content(const cairn_api *api, const json_t *params, cairn_api_op op,
+                          const cairn_api_tokens *typed, cairn_api_call *c, cairn_api_error *e)
+{
+    cairn_request *r = c->req;
+    api_content_rules rules = {.text_field = op == CAIRN_API_GENERATE ? "prompt" : "text",
+                               .allow_messages = true,
+                               .allow_system = op == CAIRN_API_GENERATE ||
+                                               op == CAIRN_API_SESSION_OPEN,
+                               .first = op == CAIRN_API_GENERATE || op == CAIRN_API_SESSION_OPEN,
+                               .assistant = op == CAIRN_API_GENERATE ||
+                                            op == CAIRN_API_SESSION_GENERATE,
+                               .tools_json = c->tools_json,
+                               .typed = typed};
+    bool given = false;
+    int rc = api_native_content(api, params, &rules, &r->tokens, &r->n_tokens, &given,
+                                &r->chat_turn, e);
+    if (rc)
+        return rc;
+    c->has_content = given;
+    if (op == CAIRN_API_GENERATE && !given)
+        return api_fail(e, CAIRN_EINVAL, "prompt", "'prompt', 'messages' or 'tokens' is required");
+    if (op == CAIRN_API_GENERATE && r->n_tokens == 0)
+        return api_fail(e, CAIRN_EINVAL, "prompt", "the prompt is empty");
+    if (op == CAIRN_API_SESSION_APPEND && !given)
+        return api_fail(e, CAIRN_EINVAL, "text", "one of 'messages', 'text' or 'tokens' is required");
+    return CAIRN_OK;
+}
+
+/* generate, session.open / .append / .generate. */
+static int decode_native_content_op(const cairn_api *api, cairn_api_op op, const json_t *params,
+                                    uint64_t seed, const cairn_api_tokens *typed,
+                                    cairn_api_call *c, cairn_api_error *e)
+{
+    cairn_request *r = c->req;
+    const bool generates = op == CAIRN_API_GENERATE || op == CAIRN_API_SESSION_GENERATE;
+    int rc;
+    if (op != CAIRN_API_GENERATE && op != CAIRN_API_SESSION_OPEN &&
+        (rc = session_id_field(params, &r->session, e)))
+        return rc;
+    if (generates && (rc = api_gen_fields(api, op, params, seed, &r->gen, e)))
+        return rc;
+    if (op == CAIRN_API_SESSION_APPEND) {
+        if (api_field(params, "tools") || api_field(params, "tool_choice"))
+            return api_fail(e, CAIRN_EINVAL, "tools",
+                            "'tools' go with generate, session.open and session.generate");
+    } else if ((rc = api_tools(api, params, generates, &r->gen, &c->tools_json, e))) {
+        return rc;
+    }
+    if (op == CAIRN_API_SESSION_OPEN) {
+        int64_t ttl = 0; /* accepted and checked; sessions do not expire yet */
+        if ((rc = api_get_bool(params, "persist", &r->persist, e)) ||
+            (rc = api_get_int(params, "ttl_s", 0, (int64_t)1e12, &ttl, e)))
+            return rc;
+    }
+    c->stream = r->gen.stream;
+    return native_content(api, params, op, typed, c, e);
+}
+
+/* tokenize / detokenize: answered from the vocabulary alone. */
+static int decode_vocab_op(const cairn_api *api, cairn_api_op op, const json_t *params,
+                           const cairn_api_tokens *typed, cairn_api_call *c, cairn_api_error *e)
+{
+    if (op == CAIRN_API_DETOKENIZE) {
+        json_t *ids = api_field(params, "tokens");
+        if (!ids)
+            return api_fail(e, CAIRN_EINVAL, "tokens", "'tokens' is required");
+        int rc = api_token_array(api, ids, typed, "tokens", api->max_tokenize, &c->tokens,
+                                 &c->n_tokens, e);
+        if (rc)
+            return rc;
+        c->has_content = true;
+        if (!api->vocab)
+            return api_fail(e, CAIRN_EUNSUPPORTED, "tokens", "this server cannot detokenize");
+        cairn_detok *d = NULL;
+        cairn_strbuf b = {0};
+        char piece[512];
+        size_t n = 0;
+        rc = cairn_detok_create(api->vocab, false, &d);
+        for (size_t i = 0; rc == CAIRN_OK && i <= c->n_tokens; i++) {
+            rc = i < c->n_tokens ? cairn_detok_push(d, c->tokens[i], piece, sizeof piece, &n)
+                                 : cairn_detok_flush(d, piece, sizeof piece, &n);
+            if (rc == CAIRN_OK)
+                cairn_strbuf_add(&b, piece, n);
+            /* token pieces can be long; the answer stays within the limit */
+            if (rc == CAIRN_OK && b.len > api->max_text_bytes)
+                rc = CAIRN_ERANGE;
+        }
+        cairn_detok_free(d);
+        if (rc == CAIRN_OK && b.oom)
+            rc = CAIRN_ENOMEM;
+        if (rc != CAIRN_OK) {
+            cairn_strbuf_free(&b);
+            return rc == CAIRN_ERANGE ? api_fail(e, rc, "tokens",
+                                                 "the text would exceed max_string_bytes")
+                                      : api_fail(e, rc, "tokens", "%s", cairn_strerror(rc));
+        }
+        c->text = b.data ? b.data : strdup("");
+        c->text_len = b.len;
+        return c->text ? CAIRN_OK : api_oom(e);
+    }
+    const char *s;
+    size_t len;
+    if (!api_field(params, "text"))
+        return api_fail(e, CAIRN_EINVAL, "text", "'text' is required");
+    bool add_bos = api->vocab && cairn_vocab_add_bos(api->vocab), parse_special = false;
+    int rc;
+    if ((rc = api_get_str(params, "text", &s, &len, e)) ||
+        (rc = api_get_bool(params, "add_bos", &add_bos, e)) ||
+        (rc = api_get_bool(params, "parse_special", &parse_special, e)))
+        return rc;
+    int flags = (add_bos ? CAIRN_TOK_ADD_BOS : 0) | (parse_special ? CAIRN_TOK_PARSE_SPECIAL : 0);
+    c->has_content = true;
+    return api_tokenize(api, s, len, flags, api->max_tokenize, "text", NULL, &c->tokens,
+                        &c->n_tokens, e);
+}
+
+/* session_id / prompt_cache_key / X-Session-Id: a named session's key. */
+static int session_key(const json_t *params, const char *header, cairn_request *r,
+                       cairn_api_error *e)
+{
+    static const char *const names[] = {"session_id", "prompt_cache_key"};
+    const char *key = NULL;
+    size_t len = 0;
+    for (int i = 0; i < 2 && !key; i++) {
+        json_t *v = api_field(params, names[i]);
+        if (!v)
+            continue;
+        if (!json_is_string(v) || json_string_length(v) == 0 ||
+            json_string_length(v) > CAIRN_API_MAX_SESSION_KEY)
+            return api_fail(e, CAIRN_EINVAL, names[i], "'%s' must be a string of 1 to %d bytes",
+                            names[i], CAIRN_API_MAX_SESSION_KEY);
+        key = json_string_value(v);
+        len = json_string_length(v);
+    }
+    if (!key && header) {
+        key = header;
+        len = strlen(key);
+        if (len == 0 || len > CAIRN_API_MAX_SESSION_KEY)
+            return api_fail(e, CAIRN_EINVAL, NULL, "X-Session-Id must be 1 to %d bytes",
+                            CAIRN_API_MAX_SESSION_KEY);
+    }
+    if (!key)
+        return CAIRN_OK;
+    if (!(r->session_key = malloc(len + 1)))
+        return api_oom(e);
+    memcpy(r->session_key, key, len);
+    r->session_key[len] = '\0';
+    r->session_key_len = len;
+    r->kind = CAIRN_REQ_SESSION_SYNC; /* the conversation continues a named session */
+    return CAIRN_OK;
+}
+
+/* The fields OpenAI's routes take besides the generation ones. */
+static int openai_shape(cairn_api_op op, const json_t *params, cairn_api_call *c,
+                        cairn_api_error *e)
+{
+    json_t *model = api_field(params, "model"), *so = api_field(params, "stream_options");
+    json_t *best_of = api_field(params, "best_of");
+    int64_t n = 1;
+    int rc;
+    if (model && !json_is_string(model))
+        return api_fail(e, CAIRN_EINVAL, "model", "'model' must be a string");
+    if ((rc = api_get_int(params, "n", 1, CAIRN_API_MAX_CHOICES, &n, e)))
+        return rc;
+    c->n_choices = (int)n;
+    if (best_of && (!json_is_integer(best_of) || json_integer_value(best_of) != 1))
+        return api_fail(e, CAIRN_EINVAL, "best_of", "only best_of = 1 is supported");
+    if (so && !json_is_object(so))
+        return api_fail(e, CAIRN_EINVAL, "stream_options", "'stream_options' must be an object");
+    if (so && (rc = api_get_bool(so, "include_usage", &c->include_usage, e)))
+        return rc;
+    if (op == CAIRN_API_COMPLETION) {
+        json_t *echo = api_field(params, "echo"), *suffix = api_field(params, "suffix");
+        if (echo && !json_is_false(echo))
+            return api_fail(e, CAIRN_EINVAL, "echo", "echo is not supported");
+        if (suffix && !(json_is_string(suffix) && json_string_length(suffix) == 0))
+            return api_fail(e, CAIRN_EINVAL, "suffix", "suffix is not supported");
+    }
+    return CAIRN_OK;
+}
+
+static int decode_openai(const cairn_api *api, cairn_api_op op, const json_t *params,
+                         uint64_t seed, const char *header, cairn_api_call *c,
+                         cairn_api_error *e)
+{
+    cairn_request *r = c->req;
+    int rc;
+    if ((rc = openai_shape(op, params, c, e)) ||
+        (rc = api_gen_fields(api, op, params, seed, &r->gen, e)))
+        return rc;
+    c->stream = r->gen.stream;
+    c->include_usage = c->include_usage && c->stream;
+    c->logprobs = r->gen.logprobs;
+    if (op == CAIRN_API_CHAT) {
+        if ((rc = api_tools(api, params, true, &r->gen, &c->tools_json, e)) ||
+            (rc = api_chat_prompt(api, params, c->tools_json, &r->tokens, &r->n_tokens, e)))
+            return rc;
+    } else if ((rc = api_completion_prompt(api, params, &r->tokens, &r->n_tokens, e))) {
+        return rc;
+    }
+    if ((rc = session_key(params, header, r, e)))
+        return rc;
+    if (c->n_choices > 1 && r->session_key)
+        return api_fail(e, CAIRN_EINVAL, "n", "'n' > 1 cannot be combined with a session key");
+    return CAIRN_OK;
+}
+
+int cairn_api_decode(const cairn_api *api, cairn_api_op op, const json_t *params,
+                     uint64_t random_seed, const char *session_header,
+                     const cairn_api_tokens *tokens, cairn_api_call *out, cairn_api_error *err)
+{
+    memset(out, 0, sizeof *out);
+    memset(err, 0, sizeof *err);
+    out->op = op;
+    out->n_choices = 1;
+    if (params && !json_is_object(params))
+        return api_fail(err, CAIRN_EINVAL, NULL, "params must be a map");
+    int rc = CAIRN_OK;
+    if (op == CAIRN_API_TOKENIZE || op == CAIRN_API_DETOKENIZE) {
+        rc = decode_vocab_op(api, op, params, tokens, out, err);
+    } else if (op < CAIRN_API_GENERATE || op > CAIRN_API_COMPLETION) {
+        rc = api_fail(err, CAIRN_EINVAL, NULL, "unknown request");
+    } else if (!(out->req = cairn_request_new(kind_of[op]))) {
+        rc = api_oom(err);
+    } else {
+        out->req->gen = cairn_api_gen_defaults(api, op);
+        cairn_request *r = out->req;
+        int64_t v = -1;
+        switch (op) {
+        case CAIRN_API_CHAT:
+        case CAIRN_API_COMPLETION:
+            rc = decode_openai(api, op, params, random_seed, session_header, out, err);
+            break;
+        case CAIRN_API_GENERATE:
+        case CAIRN_API_SESSION_OPEN:
+        case CAIRN_API_SESSION_APPEND:
+        case CAIRN_API_SESSION_GENERATE:
+            rc = decode_native_content_op(api, op, params, random_seed, tokens, out, err);
+            break;
+        case CAIRN_API_SESSION_TRUNCATE:
+            if (!(rc = session_id_field(params, &r->session, err)) &&
+                !api_field(params, "n_tokens"))
+                rc = api_fail(err, CAIRN_EINVAL, "n_tokens", "'n_tokens' is required");
+            if (!rc && !(rc = api_get_int(params, "n_tokens", 0, INT64_MAX, &v, err)))
+                r->n_keep = v;
+            break;
+        case CAIRN_API_CANCEL:
+            if (!api_field(params, "request"))
+                rc = api_fail(err, CAIRN_EINVAL, "request", "'request' is required");
+            else if (!(rc = api_get_int(params, "request", 0, UINT32_MAX, &v, err)))
+                r->target = (uint64_t)v;
+            break;
+        case CAIRN_API_CACHE_STATS: break;
+        default: rc = session_id_field(params, &r->session, err); break; /* fork, close, info */
+        }
+    }
+    if (rc != CAIRN_OK)
+        cairn_api_call_clear(out);
+    return rc;
+}
+
+void cairn_api_call_clear(cairn_api_call *c)
+{
+    if (!c)
+        return;
+    cairn_request_free(c->req);
+    free(c->tokens);
+    free(c->text);
+    free(c->tools_json);
+    memset(c, 0, sizeof *c);
+}
+
+int cairn_api_choice(const cairn_api_call *c, int i, cairn_request **out)
+{
+    const cairn_request *src = c->req;
+    cairn_request *r = cairn_request_new(src->kind);
+    if (!r)
+        return CAIRN_ENOMEM;
+    int rc = CAIRN_OK;
+    r->gen = src->gen;
+    r->gen.n_stop = 0;
+    r->gen.grammar = cairn_grammar_retain(src->gen.grammar);
+    r->gen.sampling.seed += (uint64_t)i;
+    for (int k = 0; k < src->gen.n_stop && rc == CAIRN_OK; k++) {
+        if ((r->gen.stop[k] = strdup(src->gen.stop[k])))
+            r->gen.n_stop++;
+        else
+            rc = CAIRN_ENOMEM;
+    }
+    r->n_tokens = src->n_tokens;
+    if (rc == CAIRN_OK && !(r->tokens = malloc((src->n_tokens ? src->n_tokens : 1) *
+                                               sizeof *r->tokens)))
+        rc = CAIRN_ENOMEM;
+    if (rc == CAIRN_OK && src->n_tokens)
+        memcpy(r->tokens, src->tokens, src->n_tokens * sizeof *r->tokens);
+    if (rc == CAIRN_OK && src->session_key) {
+        if ((r->session_key = malloc(src->session_key_len + 1))) {
+            memcpy(r->session_key, src->session_key, src->session_key_len + 1);
+            r->session_key_len = src->session_key_len;
+        } else {
+            rc = CAIRN_ENOMEM;
+        }
+    }
+    if (rc != CAIRN_OK) {
+        cairn_request_free(r);
+        return rc;
+    }
+    *out = r;
+    return CAIRN_OK;
+}
+
+void cairn_api_gen_clear(cairn_gen_params *g)
+{
+    for (int i = 0; i < g->n_stop; i++)
+        free(g->stop[i]);
+    g->n_stop = 0;
+    cairn_grammar_free(g->grammar);
+    g->grammar = NULL;
+}
+
+/* ---- results ---------------------------------------------------------------------------- */
+
+int cairn_api_tool_calls(const cairn_api *api, const char *text, size_t len,
+                         const char *tools_json, const char *id_prefix, char **calls_json,
+                         char **content)
+{
+    *calls_json = *content = NULL;
+    if (!api->chat_template)
+        return CAIRN_ENOTFOUND;
+    return cairn_chat_parse_tool_calls(api->chat_template, text ? text : "", text ? len : 0,
+                                       tools_json, id_prefix, calls_json, content);
+}
+
+int cairn_api_token_piece(const cairn_api *api, int32_t token, char *out, size_t cap, size_t *n)
+{
+    *n = 0;
+    if (!api->vocab)
+        return CAIRN_EUNSUPPORTED;
+    return cairn_token_to_piece(api->vocab, token, true, out, cap, n);
+}

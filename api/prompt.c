@@ -1,0 +1,399 @@
+/*
+ * api/prompt.c — what a request's content becomes: plain text (tokenized),
+ * token ids (checked), or a conversation (rendered with the model's chat
+ * template, only the template's own markers parsed as special tokens, so a
+ * message can never forge a turn).
+ *
+ * Every buffer is sized from the text actually received and bounded by the
+ * limit that applies, never from a length a client declared.
+ */
+#include "api/api_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int api_tokenize(const cairn_api *api, const char *text, size_t len, int flags, size_t limit,
+                 const char *field, const char *reason, int32_t **out, size_t *n_out,
+                 cairn_api_error *e)
+{
+    if (!api->vocab)
+        return api_fail(e, CAIRN_EUNSUPPORTED, field, "this server cannot tokenize text");
+    /* A token covers at least one byte of text, plus BOS/EOS markers. */
+    size_t cap = len + 4 < limit + 1 ? len + 4 : limit + 1;
+    int32_t *ids = malloc(cap * sizeof *ids);
+    if (!ids)
+        return api_oom(e);
+    size_t n = 0;
+    int rc = cairn_tokenize(api->vocab, text, len, flags, ids, cap, &n);
+    if (rc == CAIRN_OK && n > limit)
+        rc = CAIRN_ERANGE;
+    if (rc != CAIRN_OK) {
+        free(ids);
+        if (rc != CAIRN_ERANGE)
+            return api_fail(e, rc == CAIRN_ENOMEM ? CAIRN_ENOMEM : CAIRN_EINVAL, field,
+                            "cannot tokenize '%s': %s", field, cairn_strerror(rc));
+        e->reason = reason;
+        return api_fail(e, CAIRN_ERANGE, field, "'%s' has more than %zu tokens", field, limit);
+    }
+    *out = ids;
+    *n_out = n;
+    return CAIRN_OK;
+}
+
+/* Ids read by the front end: the same checks as from JSON. */
+static int typed_ids(const cairn_api *api, const cairn_api_tokens *t, const char *field,
+                     size_t limit, int32_t **out, size_t *n_out, cairn_api_error *e)
+{
+    if (t->n > limit)
+        return api_fail(e, CAIRN_ERANGE, field, "'%s' has %zu tokens, more than the limit of %zu",
+                        field, t->n, limit);
+    for (size_t i = 0; i < t->n; i++)
+        if ((int64_t)i == t->bad || t->ids[i] < 0 || t->ids[i] >= api->n_vocab)
+            return api_fail(e, CAIRN_EINVAL, field, "'%s'[%zu] must be a token id in [0, %d)",
+                            field, i, api->n_vocab);
+    if (t->bad >= 0)
+        return api_fail(e, CAIRN_EINVAL, field, "'%s'[%lld] must be a token id in [0, %d)",
+                        field, (long long)t->bad, api->n_vocab);
+    int32_t *ids = malloc((t->n ? t->n : 1) * sizeof *ids);
+    if (!ids)
+        return api_oom(e);
+    if (t->n)
+        memcpy(ids, t->ids, t->n * sizeof *ids);
+    *out = ids;
+    *n_out = t->n;
+    return CAIRN_OK;
+}
+
+int api_token_array(const cairn_api *api, const json_t *v, const cairn_api_tokens *typed,
+                    const char *field, size_t limit, int32_t **out, size_t *n_out,
+                    cairn_api_error *e)
+{
+    if (typed && json_is_true(v))
+        return typed_ids(api, typed, field, limit, out, n_out, e);
+    if (!json_is_array(v))
+        return api_fail(e, CAIRN_EINVAL, field, "'%s' must be an array of token ids", field);
+    size_t n = json_array_size(v);
+    if (n > limit)
+        return api_fail(e, CAIRN_ERANGE, field, "'%s' has %zu tokens, more than the limit of %zu",
+                        field, n, limit);
+    int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
+    if (!ids)
+        return api_oom(e);
+    for (size_t i = 0; i < n; i++) {
+        int64_t t;
+        if (!api_json_int(json_array_get(v, i), &t) || t < 0 || t >= api->n_vocab) {
+            free(ids);
+            return api_fail(e, CAIRN_EINVAL, field, "'%s'[%zu] must be a token id in [0, %d)",
+                            field, i, api->n_vocab);
+        }
+        ids[i] = (int32_t)t;
+    }
+    *out = ids;
+    *n_out = n;
+    return CAIRN_OK;
+}
+
+/* ---- conversations ---------------------------------------------------------------- */
+
+/* Strings the messages point to that are not the request's own (joined
+ * content parts, tool calls as JSON text), freed together. */
+typedef struct {
+    char **v;
+    size_t n, cap;
+} keep_list;
+
+static char *keep(keep_list *l, char *s)
+{
+    if (!s)
+        return NULL;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 16;
+        char **v = realloc(l->v, cap * sizeof *v);
+        if (!v) {
+            free(s);
+            return NULL;
+        }
+        l->v = v;
+        l->cap = cap;
+    }
+    return l->v[l->n++] = s;
+}
+
+static void keep_free(keep_list *l)
+{
+    for (size_t i = 0; i < l->n; i++)
+        free(l->v[i]);
+    free(l->v);
+}
+
+/* A message's content: a string, an array of {type: "text", text} parts
+ * (joined), or null (*out NULL). */
+static int message_content(const json_t *m, size_t i, keep_list *kl, const char **out,
+                           cairn_api_error *e)
+{
+    *out = NULL;
+    json_t *content = api_field(m, "content");
+    if (!content)
+        return CAIRN_OK;
+    if (json_is_string(content)) {
+        if (strlen(json_string_value(content)) != json_string_length(content))
+            return api_fail(e, CAIRN_EINVAL, "messages",
+                            "messages[%zu].content holds a NUL character", i);
+        *out = json_string_value(content);
+        return CAIRN_OK;
+    }
+    if (!json_is_array(content))
+        return api_fail(e, CAIRN_EINVAL, "messages",
+                        "messages[%zu].content must be a string or an array of parts", i);
+    cairn_strbuf joined = {0};
+    size_t k;
+    json_t *part;
+    json_array_foreach(content, k, part)
+    {
+        json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
+        int rc = CAIRN_OK;
+        if (!json_is_string(type) || strcmp(json_string_value(type), "text") != 0)
+            rc = api_fail(e, CAIRN_EINVAL, "messages",
+                          "messages[%zu].content[%zu]: only text parts are supported", i, k);
+        else if (!json_is_string(text) ||
+                 strlen(json_string_value(text)) != json_string_length(text))
+            rc = api_fail(e, CAIRN_EINVAL, "messages",
+                          "messages[%zu].content[%zu].text must be a string", i, k);
+        if (rc) {
+            cairn_strbuf_free(&joined);
+            return rc;
+        }
+        cairn_strbuf_add(&joined, json_string_value(text), json_string_length(text));
+    }
+    if (joined.oom)
+        return api_oom(e);
+    *out = keep(kl, joined.data ? joined.data : strdup(""));
+    return *out ? CAIRN_OK : api_oom(e);
+}
+
+static bool role_valid(const char *r)
+{
+    static const char *const roles[] = {"system", "developer", "user", "assistant", "tool"};
+    for (size_t i = 0; i < sizeof roles / sizeof roles[0]; i++)
+        if (strcmp(r, roles[i]) == 0)
+            return true;
+    return false;
+}
+
+/* One message object into *m (strings borrowed from it or kept in kl). */
+static int read_message(const json_t *obj, size_t i, keep_list *kl, cairn_chat_message *m,
+                        cairn_api_error *e)
+{
+    json_t *role = json_object_get(obj, "role");
+    if (!json_is_object(obj) || !json_is_string(role) || !role_valid(json_string_value(role)))
+        return api_fail(e, CAIRN_EINVAL, "messages",
+                        "messages[%zu].role must be system, developer, user, assistant or tool",
+                        i);
+    const char *r = json_string_value(role);
+    /* the templates know "system"; "developer" is OpenAI's new name for it */
+    m->role = strcmp(r, "developer") == 0 ? "system" : r;
+    int rc = message_content(obj, i, kl, &m->content, e);
+    if (rc)
+        return rc;
+    json_t *calls = api_field(obj, "tool_calls");
+    if (calls) {
+        if (strcmp(r, "assistant") != 0 || !json_is_array(calls))
+            return api_fail(e, CAIRN_EINVAL, "messages", "messages[%zu].tool_calls: only an "
+                            "assistant message may carry an array of tool calls", i);
+        if (!(m->tool_calls_json = keep(kl, json_dumps(calls, JSON_COMPACT))))
+            return api_oom(e);
+    }
+    if (!m->content && !(strcmp(r, "assistant") == 0 && calls))
+        return api_fail(e, CAIRN_EINVAL, "messages", "messages[%zu].content is required", i);
+    json_t *id = api_field(obj, "tool_call_id"), *name = api_field(obj, "name");
+    if ((id && !json_is_string(id)) || (name && !json_is_string(name)))
+        return api_fail(e, CAIRN_EINVAL, "messages",
+                        "messages[%zu]: tool_call_id and name must be strings", i);
+    m->tool_call_id = id ? json_string_value(id) : NULL;
+    m->name = name ? json_string_value(name) : NULL;
+    return CAIRN_OK;
+}
+
+/* Generic chat format of docs/protocol.md, for a server without a
+ * template: "<|ROLE|>\n" content "\n" per message ("<|assistant|>\n" opens
+ * the reply). */
+static int render_generic(const cairn_api *api, const cairn_chat_message *m, size_t n,
+                          bool assistant, int flags, int32_t **tokens, size_t *n_tokens,
+                          cairn_api_error *e)
+{
+    cairn_strbuf b = {0};
+    for (size_t i = 0; i < n; i++) {
+        cairn_strbuf_add(&b, "<|", 2);
+        cairn_strbuf_add(&b, m[i].role, strlen(m[i].role));
+        cairn_strbuf_add(&b, "|>\n", 3);
+        if (m[i].content)
+            cairn_strbuf_add(&b, m[i].content, strlen(m[i].content));
+        cairn_strbuf_add(&b, "\n", 1);
+    }
+    if (assistant)
+        cairn_strbuf_add(&b, "<|assistant|>\n", 14);
+    int rc = b.oom ? api_oom(e)
+                   : api_tokenize(api, b.data ? b.data : "", b.len, flags, (size_t)api->n_ctx,
+                                  "messages", "context_length_exceeded", tokens, n_tokens, e);
+    cairn_strbuf_free(&b);
+    return rc;
+}
+
+/* The conversation `msgs` (with a `system` text first, when given) as
+ * tokens: the model's template with `chat_flags`, or the generic format. */
+static int render_messages(const cairn_api *api, const json_t *msgs, const char *system,
+                           const char *tools_json, int chat_flags, int32_t **tokens,
+                           size_t *n_tokens, cairn_api_error *e)
+{
+    size_t n = (system ? 1 : 0) + (msgs ? json_array_size(msgs) : 0);
+    cairn_chat_message *m = calloc(n ? n : 1, sizeof *m);
+    keep_list kl = {0};
+    if (!m)
+        return api_oom(e);
+    int rc = CAIRN_OK;
+    size_t k = 0;
+    if (system)
+        m[k++] = (cairn_chat_message){.role = "system", .content = system};
+    for (size_t i = 0; msgs && i < json_array_size(msgs) && rc == CAIRN_OK; i++)
+        rc = read_message(json_array_get(msgs, i), i, &kl, &m[k++], e);
+    if (rc == CAIRN_OK && !api->vocab)
+        rc = api_fail(e, CAIRN_EUNSUPPORTED, "messages", "this server cannot tokenize text");
+    if (rc == CAIRN_OK && !api->chat_template) {
+        int tflags = (chat_flags & CAIRN_CHAT_ADD_BOS) ? CAIRN_TOK_ADD_BOS : 0;
+        rc = render_generic(api, m, n, chat_flags & CAIRN_CHAT_GENERATION_PROMPT, tflags, tokens,
+                            n_tokens, e);
+    } else if (rc == CAIRN_OK) {
+        int frc = cairn_chat_tokenize(api->chat_template, api->vocab, m, n, tools_json,
+                                      chat_flags, tokens, n_tokens);
+        if (frc == CAIRN_ENOMEM)
+            rc = api_oom(e);
+        else if (frc != CAIRN_OK)
+            rc = api_fail(e, CAIRN_EINVAL, "messages", "the messages cannot be rendered with the "
+                          "model's chat template: %s", cairn_strerror(frc));
+        else if (*n_tokens > (size_t)api->n_ctx) {
+            e->reason = "context_length_exceeded";
+            rc = api_fail(e, CAIRN_ERANGE, "messages",
+                          "the prompt has %zu tokens, more than the context's %d", *n_tokens,
+                          api->n_ctx);
+            free(*tokens);
+            *tokens = NULL;
+            *n_tokens = 0;
+        }
+    }
+    free(m);
+    keep_free(&kl);
+    return rc;
+}
+
+/* ---- the native ops' content ---------------------------------------------------------- */
+
+int api_native_content(const cairn_api *api, const json_t *params, const api_content_rules *r,
+                       int32_t **tokens, size_t *n, bool *given, bool *chat_turn,
+                       cairn_api_error *e)
+{
+    json_t *text = api_field(params, r->text_field), *ids = api_field(params, "tokens");
+    json_t *msgs = r->allow_messages ? api_field(params, "messages") : NULL;
+    json_t *system = r->allow_system ? api_field(params, "system") : NULL;
+    *given = false;
+    *chat_turn = false;
+    if (r->first && r->tools_json && !msgs && !system)
+        return api_fail(e, CAIRN_EINVAL, "tools",
+                        "'tools' are rendered with 'messages' (or 'system'), not with '%s'",
+                        ids ? "tokens" : r->text_field);
+    if ((text != NULL) + (ids != NULL) + (msgs != NULL) > 1)
+        return api_fail(e, CAIRN_EINVAL, r->text_field, "give only one of '%s', %s'tokens'",
+                        r->text_field, r->allow_messages ? "'messages', " : "");
+    if (system && (text || ids))
+        return api_fail(e, CAIRN_EINVAL, "system", "'system' goes only with 'messages'");
+    if (!text && !ids && !msgs && !system)
+        return CAIRN_OK;
+    *given = true;
+    if (ids)
+        return api_token_array(api, ids, r->typed, "tokens", (size_t)api->n_ctx, tokens, n, e);
+    bool add_bos = r->first && api->vocab && cairn_vocab_add_bos(api->vocab);
+    bool parse_special = false;
+    int rc;
+    if ((rc = api_get_bool(params, "add_bos", &add_bos, e)) ||
+        (rc = api_get_bool(params, "parse_special", &parse_special, e)))
+        return rc;
+    if (text) {
+        const char *s;
+        size_t len;
+        if (!json_is_string(text))
+            return api_fail(e, CAIRN_EINVAL, r->text_field, "'%s' must be a string",
+                            r->text_field);
+        s = json_string_value(text);
+        len = json_string_length(text);
+        int flags = (add_bos ? CAIRN_TOK_ADD_BOS : 0) | (parse_special ? CAIRN_TOK_PARSE_SPECIAL : 0);
+        return api_tokenize(api, s, len, flags, (size_t)api->n_ctx, r->text_field, NULL, tokens,
+                            n, e);
+    }
+    if (msgs && !json_is_array(msgs))
+        return api_fail(e, CAIRN_EINVAL, "messages", "'messages' must be an array of maps");
+    if (system && !json_is_string(system))
+        return api_fail(e, CAIRN_EINVAL, "system", "'system' must be a string");
+    /* Later messages of a session continue the conversation (no default
+     * system prompt or BOS again). */
+    int cflags = (r->assistant ? CAIRN_CHAT_GENERATION_PROMPT : 0) |
+                 (r->first ? 0 : CAIRN_CHAT_CONTINUE) | (add_bos ? CAIRN_CHAT_ADD_BOS : 0);
+    *chat_turn = !r->first;
+    return render_messages(api, msgs, system ? json_string_value(system) : NULL, r->tools_json,
+                           cflags, tokens, n, e);
+}
+
+/* ---- OpenAI's content --------------------------------------------------------------------- */
+
+int api_chat_prompt(const cairn_api *api, const json_t *params, const char *tools_json,
+                    int32_t **tokens, size_t *n, cairn_api_error *e)
+{
+    json_t *msgs = api_field(params, "messages");
+    if (!json_is_array(msgs) || json_array_size(msgs) == 0)
+        return api_fail(e, CAIRN_EINVAL, "messages", "'messages' must be a non-empty array");
+    int flags = CAIRN_CHAT_GENERATION_PROMPT |
+                (api->vocab && cairn_vocab_add_bos(api->vocab) ? CAIRN_CHAT_ADD_BOS : 0);
+    int rc = render_messages(api, msgs, NULL, tools_json, flags, tokens, n, e);
+    if (rc == CAIRN_OK && *n == 0) {
+        free(*tokens);
+        *tokens = NULL;
+        return api_fail(e, CAIRN_EINVAL, "messages", "the prompt is empty");
+    }
+    return rc;
+}
+
+int api_completion_prompt(const cairn_api *api, const json_t *params, int32_t **tokens,
+                          size_t *n, cairn_api_error *e)
+{
+    json_t *p = api_field(params, "prompt");
+    if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
+        p = json_array_get(p, 0);
+    if (json_is_array(p) && json_array_size(p) > 0 && json_is_integer(json_array_get(p, 0))) {
+        int rc = api_token_array(api, p, NULL, "prompt", (size_t)api->n_ctx, tokens, n, e);
+        if (rc == CAIRN_ERANGE)
+            e->reason = "context_length_exceeded";
+        return rc;
+    }
+    if (!json_is_string(p))
+        return api_fail(e, CAIRN_EINVAL, "prompt", "'prompt' must be a string (one prompt per "
+                        "request) or an array of token ids");
+    if (strlen(json_string_value(p)) != json_string_length(p))
+        return api_fail(e, CAIRN_EINVAL, "prompt", "'prompt' holds a NUL character");
+    int flags = api->vocab && cairn_vocab_add_bos(api->vocab) ? CAIRN_TOK_ADD_BOS : 0;
+    int rc = api_tokenize(api, json_string_value(p), json_string_length(p), flags,
+                          (size_t)api->n_ctx, "prompt", "context_length_exceeded", tokens, n, e);
+    if (rc)
+        return rc;
+    /* A vocabulary whose text already opens with BOS, tokenized with BOS
+     * added too: one is enough. */
+    int32_t bos = cairn_vocab_bos(api->vocab);
+    if (*n >= 2 && bos >= 0 && (*tokens)[0] == bos && (*tokens)[1] == bos) {
+        memmove(*tokens, *tokens + 1, (*n - 1) * sizeof **tokens);
+        (*n)--;
+    }
+    if (*n == 0) {
+        free(*tokens);
+        *tokens = NULL;
+        return api_fail(e, CAIRN_EINVAL, "prompt", "the prompt is empty");
+    }
+    return CAIRN_OK;
+}
