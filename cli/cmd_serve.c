@@ -2,14 +2,14 @@
  * cli/cmd_serve.c — `cairn serve`: load a model into a cairn_service and
  * serve the msgpack-RPC protocol (docs/protocol.md) on TCP and/or a Unix
  * socket until SIGINT or SIGTERM — and, with --http-port, the OpenAI-compatible
- * HTTP API (docs/openai.md) on the same engine. All the work is in protocol/;
+ * HTTP API (docs/openai.md) on the same engine. All the work is in server/;
  * this file turns command-line options into a cairn_server_config.
  *
  * When the sockets are bound and the model is loaded it prints one line
  * containing "listening" and the addresses to stderr (with the real port
  * when --port 0 asked for any free one), which is what scripts wait for.
  *
- * Access (protocol.h section 3, docs/protocol.md "Access control"): the
+ * Access (server/server.h section 1, docs/protocol.md "Access control"): the
  * options are checked, and secret files read, before the model is loaded,
  * so a server that would listen on a non-loopback address without a token
  * exits with status 2 without ever binding a socket.

@@ -1,6 +1,6 @@
 /*
  * fuzz/fuzz_rpc.c — msgpack-RPC request scanning, reading and decoding
- * (protocol/protocol.h), i.e. everything the server does with a client's
+ * (server/msgpack/msgpack.h, the parameters by api/api.h), i.e. everything the server does with a client's
  * bytes before a request reaches the engine.
  *
  * Per input:
@@ -18,17 +18,22 @@
  *      terminated message, and its error response must pack.
  */
 #include "fuzz_common.h"
-#include "server/server.h"
+#include "server/msgpack/msgpack.h"
 
 #include <string.h>
 
 static cairn_vocab *g_vocab;
+static cairn_api g_api;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
     g_vocab = fuzz_load_vocab("models/stories260K.gguf");
+    cairn_mp_limits lim;
+    cairn_mp_limits_default(&lim);
+    g_api = (cairn_api){.vocab = g_vocab, .n_vocab = cairn_vocab_n_tokens(g_vocab), .n_ctx = 512,
+                        .max_tokenize = lim.max_array_len, .max_text_bytes = lim.max_string_bytes};
     return 0;
 }
 
@@ -87,20 +92,20 @@ static void skip_rest(const uint8_t *data, size_t size, const cairn_mp_limits *l
 static void check_call(const cairn_rpc_context *ctx, const cairn_rpc_call *call)
 {
     for (size_t i = 0; i < call->n_tokens; i++)
-        FUZZ_CHECK(call->tokens[i] >= 0 && call->tokens[i] < ctx->n_vocab);
+        FUZZ_CHECK(call->tokens[i] >= 0 && call->tokens[i] < ctx->api->n_vocab);
     FUZZ_CHECK(call->has_content || call->n_tokens == 0);
     msgpack_sbuffer sb;
     msgpack_sbuffer_init(&sb);
     switch (call->method) {
     case CAIRN_RPC_GENERATE:
     case CAIRN_RPC_SESSION_GENERATE: {
-        FUZZ_CHECK(call->gen.max_tokens >= 0 && call->gen.max_tokens <= ctx->n_ctx);
+        FUZZ_CHECK(call->gen.max_tokens >= 0 && call->gen.max_tokens <= ctx->api->n_ctx);
         FUZZ_CHECK(call->gen.n_stop >= 0 && call->gen.n_stop <= CAIRN_MAX_STOP);
         for (int i = 0; i < call->gen.n_stop; i++)
             FUZZ_CHECK(call->gen.stop[i] != NULL);
         /* Validation must catch everything the engine would refuse later. */
         cairn_sampler *s = NULL;
-        int rc = cairn_sampler_create(&call->gen.sampling, ctx->n_vocab, &s);
+        int rc = cairn_sampler_create(&call->gen.sampling, ctx->api->n_vocab, &s);
         FUZZ_CHECK(rc == CAIRN_OK);
         cairn_sampler_free(s);
         break;
@@ -109,7 +114,7 @@ static void check_call(const cairn_rpc_context *ctx, const cairn_rpc_call *call)
         FUZZ_CHECK(cairn_rpc_pack_tokenize(&sb, call) == CAIRN_OK);
         break;
     case CAIRN_RPC_DETOKENIZE: {
-        int rc = cairn_rpc_pack_detokenize(&sb, ctx, call);
+        int rc = cairn_rpc_pack_detokenize(&sb, call);
         FUZZ_CHECK(rc == CAIRN_OK);
         break;
     }
@@ -154,8 +159,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     if (rc != CAIRN_OK || obj_len == 0)
         return 0;
-    cairn_rpc_context ctx = {.vocab = g_vocab, .n_vocab = cairn_vocab_n_tokens(g_vocab),
-                             .n_ctx = 512, .limits = lim};
+    cairn_rpc_context ctx = {.api = &g_api, .limits = lim};
     uint64_t seeds = 1;
     cairn_rpc_call call;
     cairn_rpc_error err;

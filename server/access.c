@@ -390,7 +390,7 @@ int cairn_access_check(const cairn_access *a, const char *token, size_t len, uin
         found |= match & (i + 1);
     }
     if (found == 0)
-        return CAIRN_RPC_UNAUTHORIZED;
+        return CAIRN_EPERM;
     const credential *c = &a->creds[found - 1];
     *tenant = c->tenant;
     if (tenant_name)

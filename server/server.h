@@ -1,47 +1,24 @@
 /*
- * protocol/protocol.h — the native msgpack-RPC protocol (docs/protocol.md):
- * a validating scanner for untrusted msgpack, a reader over validated bytes,
- * request decoding into engine requests, response packing, and the libuv
- * server that owns the sockets.
+ * server/server.h — the loop thread: cairn's network front ends on one
+ * libuv loop, in front of one engine (session/session.h).
  *
- * Layers, each usable on its own (the tests use the first two without
- * any socket or model thread):
+ *        clients                      loop thread (libuv)                engine thread
+ *   msgpack-RPC ──TCP/Unix──▶ msgpack/ conn ─┐                          ┌─▶ session/
+ *   OpenAI HTTP ────TCP────▶ http/ conn ─────┼─▶ text workers (libuv's ─┘    (sessions,
+ *                                             │   threadpool): api/ turns     scheduler,
+ *                                             │   params into requests        cache)
+ *        ◀────── responses, SSE chunks ◀──────┴──── events (uv_async) ◀──────┘
  *
- *   1. cairn_mp_scanner  finds where one msgpack object ends in a stream of
- *                        bytes and checks it against limits (size, depth,
- *                        string/bin length, array/map count) WITHOUT
- *                        allocating anything. It never trusts a declared
- *                        length: a count that could not fit in the bytes the
- *                        message may still have is refused at once, and a
- *                        string is only "complete" once its bytes are here.
- *      cairn_mp_reader   reads values one by one out of bytes the scanner
- *                        accepted (zero-copy: strings point into the buffer).
- *   2. cairn_rpc_*       turns one accepted message into a cairn_rpc_call
- *                        (method + validated, typed parameters; text already
- *                        tokenized) or into an error {code, type, message};
- *                        and packs responses and notifications with
- *                        msgpack-c's packer.
- *   3. cairn_access      who may connect: tokens, tenants, the constant-time
- *                        token check, the tenants file (see section 3).
- *   4. cairn_http_*      the OpenAI-compatible HTTP facade's settings.
- *   5. cairn_server      a libuv loop with a TCP and/or Unix-socket listener
- *                        (and optionally the HTTP one), one cairn_service
- *                        (session/session.h), and the connections between
- *                        them.
- *
- * Why a scanner in front of msgpack-c: msgpack-c's unpacker reserves memory
- * for an array or string as soon as it reads the header, so 5 bytes claiming
- * a 4 GiB string would cost 4 GiB. The scanner walks headers only, keeping a
- * fixed-size stack of "items still expected" per open container, so its
- * memory is constant whatever the input says.
- *
- * Server threads and ownership
- * ----------------------------
+ * Threads and ownership
+ * ---------------------
  *   loop thread   (the caller of cairn_server_run) owns every libuv handle,
  *                 every connection, their buffers and the connection table.
- *                 It decodes requests, tokenizes text with the service's
- *                 vocab (immutable, so safe here), submits requests, and
- *                 writes responses.
+ *                 It reads, delimits and writes; it submits requests in the
+ *                 order each connection sent them.
+ *   text workers  decode requests (api/api.h: tokenizing long documents,
+ *                 rendering chat templates, compiling grammars) and read
+ *                 finished replies for tool calls. They touch no handle and
+ *                 no connection: a work item names its connection by id.
  *   engine thread (inside cairn_service) calls the server's event callback.
  *                 That callback only copies the event into a node, appends
  *                 it to a mutex-protected queue and calls uv_async_send; it
@@ -49,48 +26,48 @@
  *
  * Connections are never referred to by pointer across threads: a request
  * carries its connection's 64-bit id (never reused), and the loop looks the
- * id up in its table when the event comes back. An event for a connection
- * that has gone is dropped. When a connection closes, the server submits
- * CAIRN_REQ_CLIENT_GONE so the engine cancels its work and frees its pages.
+ * id up in its table when the event (or the work item) comes back. An event
+ * for a connection that has gone is dropped. When a connection closes, the
+ * server submits CAIRN_REQ_CLIENT_GONE so the engine cancels its work and
+ * frees its pages. The life of a connection, whatever its protocol, is
+ * drawn in server_impl.h.
  *
- * A connection's life: accepted -> reading (requests may overlap; responses
- * come in any order) -> closing (uv_close on its stream and timer; it leaves
- * the table at once, the memory goes when both close callbacks have run).
- * Reasons to close: EOF or read error, a message with no readable msgid that
- * is not a request, more than max_output_bytes of responses the client has
- * not read (it is not reading: backpressure; one answer is always accepted
- * into an empty queue), idle_timeout_s without a byte while a message is
- * half received, and — when credentials are configured (section 3) — any
- * error before a successful `auth`, a wrong token, or no `auth` within
- * idle_timeout_s of connecting (the first two after the answer: lingering
- * close, below). Requests in flight per connection are capped
- * (max_inflight, then `overloaded`), and a msgid already in flight is
- * refused, so events map back to exactly one request. A malformed message that still has
- * a msgid is answered with an error; when the stream can be resynchronised
- * (a string or count over a limit: the scanner skips the rest of that
- * message without buffering it) the connection stays open, otherwise the
- * server answers, stops reading requests and closes after the answer has
- * been written ("lingering close", so the answer is not lost to a reset).
+ * The native protocol (docs/protocol.md; its codec is msgpack/msgpack.h):
+ * requests may overlap and responses come in any order. Reasons to close:
+ * EOF or read error, a message with no readable msgid that is not a
+ * request, more than max_output_bytes of responses the client has not read
+ * (backpressure; one answer is always accepted into an empty queue),
+ * idle_timeout_s without a byte while a message is half received, and —
+ * when credentials are configured (section 1) — any error before a
+ * successful `auth`, a wrong token, or no `auth` within idle_timeout_s of
+ * connecting (the first two after the answer: lingering close). Requests in
+ * flight per connection are capped (max_inflight, then `overloaded`), a
+ * msgid already in flight is refused, and a connection is not read while a
+ * message of it is being decoded (what it sends next waits in its socket). A malformed message that still has a msgid is answered
+ * with an error; when the stream can be resynchronised (a string or count
+ * over a limit: the scanner skips the rest of that message without
+ * buffering it) the connection stays open, otherwise the server answers,
+ * stops reading requests and closes after the answer has been written
+ * ("lingering close", so the answer is not lost to a reset).
  *
  * Shutdown (SIGINT/SIGTERM, or cairn_server_stop): stop accepting, close
  * every connection, cairn_service_stop (after which no event can arrive),
- * then close the async handle and remove the Unix socket file. No handle is
- * closed while the engine thread could still signal it.
+ * then close the async handle, let the text workers' items come back, and
+ * remove the Unix socket file. No handle is closed while the engine thread
+ * could still signal it.
  */
-#ifndef CAIRN_PROTOCOL_H
-#define CAIRN_PROTOCOL_H
+#ifndef CAIRN_SERVER_H
+#define CAIRN_SERVER_H
 
+#include "runtime/runtime.h"
 #include "session/session.h"
 
-#include <msgpack.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* ======================================================================== */
-/* 1. Scanner and reader                                                    */
-/* ======================================================================== */
+/* ---- limits of the native protocol (docs/protocol.md) -------------------- */
 
 /* Hard cap on nesting the scanner can follow at all (its stack size). The
  * configurable max_depth must be <= this. */
@@ -106,253 +83,8 @@ typedef struct {
 
 void cairn_mp_limits_default(cairn_mp_limits *lim);
 
-/*
- * Resumable scanner. Feed it the bytes after the ones it already consumed;
- * it consumes whole items (a header plus, for str/bin/ext, its payload) and
- * stops at the first item that is not fully present, so a caller can keep
- * the unconsumed tail and call again when more bytes arrive. Total work over
- * a message is linear in its size.
- *
- * After a limit is exceeded, cairn_mp_scan returns CAIRN_ERANGE without
- * consuming the offending item, and `can_skip` says whether the rest of the
- * message can still be delimited. If so, cairn_mp_scanner_skip() switches to
- * skip mode: limits no longer apply, payloads are consumed even when only
- * partly present, and the caller should discard every byte the scanner
- * consumes. When the object ends the caller resets the scanner and the
- * stream is in sync again.
- */
-typedef struct {
-    cairn_mp_limits lim;
-    uint64_t total;        /* bytes of the current object consumed so far   */
-    uint64_t skip_payload; /* skip mode: payload bytes still to discard      */
-    uint32_t depth;        /* open containers                              */
-    uint64_t left[CAIRN_MP_DEPTH_CAP]; /* items still expected per level    */
-    bool skipping;
-    bool can_skip;         /* after an error: skipping is possible          */
-    const char *error;     /* after an error: what was wrong (static text)  */
-} cairn_mp_scanner;
-
-void cairn_mp_scanner_reset(cairn_mp_scanner *sc, const cairn_mp_limits *lim);
-void cairn_mp_scanner_skip(cairn_mp_scanner *sc);
-
-/* Scan forward in buf[0..len). *used: bytes consumed now (those bytes belong
- * to the current object). *complete: the object ended within them.
- *   CAIRN_OK       fine so far (complete or in need of more bytes)
- *   CAIRN_ERANGE   a limit was exceeded (sc->error, sc->can_skip)
- *   CAIRN_EFORMAT  a byte that is never valid msgpack (0xc1); not skippable */
-int cairn_mp_scan(cairn_mp_scanner *sc, const uint8_t *buf, size_t len, size_t *used,
-                  bool *complete);
-
-/* One-shot form: CAIRN_OK and *obj_len > 0 when buf starts with a complete,
- * acceptable object of *obj_len bytes; CAIRN_OK and *obj_len == 0 when more
- * bytes are needed; otherwise the error of cairn_mp_scan. */
-int cairn_mp_scan_buffer(const uint8_t *buf, size_t len, const cairn_mp_limits *lim,
-                         size_t *obj_len);
-
-typedef enum {
-    CAIRN_MP_NONE = 0, /* end of input or an invalid byte */
-    CAIRN_MP_NIL,
-    CAIRN_MP_BOOL,
-    CAIRN_MP_UINT,     /* non-negative integer */
-    CAIRN_MP_NINT,     /* negative integer     */
-    CAIRN_MP_FLOAT,
-    CAIRN_MP_STR,
-    CAIRN_MP_BIN,
-    CAIRN_MP_ARRAY,
-    CAIRN_MP_MAP,
-    CAIRN_MP_EXT,
-} cairn_mp_kind;
-
-/* A cursor over bytes. Every read is bounds-checked (CAIRN_EFORMAT when the
- * value runs past `end`), so it is safe even on unscanned bytes; the scanner
- * is what guarantees the counts it returns are small and honest. A read of
- * the wrong kind returns CAIRN_EINVAL and consumes nothing. */
-typedef struct {
-    const uint8_t *p, *end;
-} cairn_mp_reader;
-
-static inline cairn_mp_reader cairn_mp_reader_of(const void *buf, size_t len)
-{
-    cairn_mp_reader r = {(const uint8_t *)buf, (const uint8_t *)buf + len};
-    return r;
-}
-
-cairn_mp_kind cairn_mp_peek(const cairn_mp_reader *r);
-int cairn_mp_read_nil(cairn_mp_reader *r);
-int cairn_mp_read_bool(cairn_mp_reader *r, bool *out);
-/* Any integer that fits int64 (uint64 above INT64_MAX: CAIRN_ERANGE). */
-int cairn_mp_read_int(cairn_mp_reader *r, int64_t *out);
-/* A non-negative integer. */
-int cairn_mp_read_uint(cairn_mp_reader *r, uint64_t *out);
-/* A float or any integer, as a double. */
-int cairn_mp_read_number(cairn_mp_reader *r, double *out);
-/* A str: *s points into the buffer, not NUL-terminated. */
-int cairn_mp_read_str(cairn_mp_reader *r, const char **s, uint32_t *len);
-int cairn_mp_read_array(cairn_mp_reader *r, uint32_t *n);
-int cairn_mp_read_map(cairn_mp_reader *r, uint32_t *n_pairs);
-/* Skip one whole value of any kind (iteratively; no recursion). */
-int cairn_mp_skip(cairn_mp_reader *r);
-
-/* Read the msgid of a request from the first bytes of a message, even an
- * incomplete or invalid one: true when they are [0, msgid, ... with a msgid
- * < 2^32. Used to answer a message that fails validation. */
-bool cairn_rpc_peek_msgid(const uint8_t *buf, size_t len, uint32_t *msgid);
-
 /* ======================================================================== */
-/* 2. Requests and responses                                                */
-/* ======================================================================== */
-
-/* Error types of docs/protocol.md; the codes are cairn status codes. */
-#define CAIRN_RPC_INVALID_REQUEST CAIRN_EINVAL     /* -1  */
-#define CAIRN_RPC_UNSUPPORTED     CAIRN_EUNSUPPORTED /* -5 */
-#define CAIRN_RPC_NOT_FOUND       CAIRN_ENOTFOUND  /* -6  */
-#define CAIRN_RPC_TOO_LARGE       CAIRN_ERANGE     /* -7  */
-#define CAIRN_RPC_OVERLOADED      CAIRN_EFULL      /* -8  */
-#define CAIRN_RPC_INTERNAL        CAIRN_EBACKEND   /* -11 */
-#define CAIRN_RPC_UNAUTHORIZED    CAIRN_EPERM      /* -13 */
-
-/* Map any cairn status to one of the seven protocol codes above. */
-int cairn_rpc_error_code(int status);
-/* "invalid_request", "too_large", ... for a protocol code. */
-const char *cairn_rpc_error_type(int code);
-
-typedef enum {
-    CAIRN_RPC_SERVER_INFO = 1,
-    CAIRN_RPC_GENERATE,
-    CAIRN_RPC_SESSION_OPEN,
-    CAIRN_RPC_SESSION_APPEND,
-    CAIRN_RPC_SESSION_GENERATE,
-    CAIRN_RPC_SESSION_FORK,
-    CAIRN_RPC_SESSION_TRUNCATE,
-    CAIRN_RPC_SESSION_CLOSE,
-    CAIRN_RPC_SESSION_INFO,
-    CAIRN_RPC_GEN_CANCEL,
-    CAIRN_RPC_TOKENIZE,
-    CAIRN_RPC_DETOKENIZE,
-    CAIRN_RPC_CACHE_STATS,
-    CAIRN_RPC_AUTH,
-} cairn_rpc_method;
-
-const char *cairn_rpc_method_name(cairn_rpc_method m);
-
-/* What a decoder needs to know about the model. vocab may be NULL, in which
- * case any request carrying text is refused as unsupported (tests). */
-typedef struct {
-    const cairn_vocab *vocab;
-    const cairn_chat_template *chat_template; /* formats `messages`; NULL =
-                              the generic format                             */
-    int n_vocab;           /* token ids must be < n_vocab                    */
-    int n_ctx;             /* most tokens in a prompt / session content, and
-                              the most max_tokens may ask for                */
-    cairn_mp_limits limits;
-} cairn_rpc_context;
-
-/* One decoded, validated request. Everything is owned by the call: free it
- * with cairn_rpc_call_clear (which also frees what was not moved out). */
-typedef struct {
-    uint32_t msgid;
-    cairn_rpc_method method;
-    /* Content: the prompt (generate), initial/appended history (session.*),
-     * the text to tokenize (already tokenized: these are the result), or the
-     * tokens to detokenize. has_content is false when none was given. */
-    bool has_content;
-    int32_t *tokens;
-    size_t n_tokens;
-    bool chat_turn;           /* tokens are messages continuing a session's
-                                 conversation (cairn_request.chat_turn)   */
-    cairn_session_id session; /* session.* except open                    */
-    cairn_gen_params gen;     /* generate, session.generate (stop owned)   */
-    uint32_t target;          /* gen.cancel                                */
-    int64_t n_keep;           /* session.truncate                          */
-    bool persist;             /* session.open                              */
-    char *tools_json;         /* session.open: the tools its messages render;
-                                 session.generate: the tools whose calls its
-                                 reply is read for (JSON array, owned; NULL:
-                                 none)                                      */
-    /* auth: the token as sent. It points INTO the decoded message (not
-     * owned, not NUL-terminated): valid only while those bytes are. */
-    const char *token;
-    uint32_t token_len;
-} cairn_rpc_call;
-
-typedef struct {
-    bool has_msgid; /* false: the message cannot be answered; close        */
-    uint32_t msgid;
-    int code;       /* CAIRN_RPC_*                                          */
-    char message[200];
-} cairn_rpc_error;
-
-/*
- * Decode one complete message (as delimited by the scanner, whose limits the
- * context repeats) into *call. Parameter names the server does not know are
- * ignored (forward compatibility) and a nil value counts as absent; "stop"
- * may also be a single string. Returns
- *   CAIRN_OK      a request to act on
- *   CAIRN_ECLOSED a well-formed notification from the client: ignore it
- *   any other     *err says what to answer (when err->has_msgid) or that
- *                 the connection should be closed
- * Nothing is left allocated on failure. Random seeds for requests without
- * "seed" come from `seed_source` (advanced on each use; may be NULL -> 0).
- */
-int cairn_rpc_decode(const cairn_rpc_context *ctx, const uint8_t *msg, size_t len,
-                     uint64_t *seed_source, cairn_rpc_call *call, cairn_rpc_error *err);
-void cairn_rpc_call_clear(cairn_rpc_call *call);
-
-/*
- * The decoder for a connection that has not authenticated yet (section 4):
- * it reads the envelope and, only for `auth`, its parameters. Any other
- * method — known or not — fails with CAIRN_RPC_UNAUTHORIZED before its
- * parameters are looked at, so an unauthenticated client cannot make the
- * server tokenize text or allocate anything for it. Returns as
- * cairn_rpc_decode.
- */
-int cairn_rpc_decode_preauth(const uint8_t *msg, size_t len, cairn_rpc_call *call,
-                             cairn_rpc_error *err);
-
-/* ---- packing (msgpack-c) ------------------------------------------------ */
-/* Each packer appends one complete message to `sb` (initialised by the
- * caller) and returns CAIRN_OK, or CAIRN_ENOMEM, after which the buffer's
- * contents are unusable. */
-
-/* [1, msgid, {code, type, message}, nil] */
-int cairn_rpc_pack_error(msgpack_sbuffer *sb, uint32_t msgid, int code, const char *message);
-
-/* A generation's text read as tool calls (cairn_chat_parse_tool_calls): the
- * calls, a JSON array in OpenAI's form, and the text left around them. */
-typedef struct {
-    const char *calls_json;
-    const char *content;
-} cairn_rpc_tool_calls;
-
-/* The whole response or notification for an engine event, given the method
- * of the request it answers. DELTA gives a gen.delta notification. `calls`
- * (NULL: none) adds tool_calls and content to a generation's result, whose
- * finish_reason is then "tool_calls". */
-int cairn_rpc_pack_event(msgpack_sbuffer *sb, cairn_rpc_method method, const cairn_event *ev,
-                         const cairn_rpc_tool_calls *calls);
-
-typedef struct {
-    const char *version;
-    const cairn_hparams *hparams;
-    int n_ctx;
-    int page_size;
-    cairn_mp_limits limits;
-} cairn_rpc_server_info;
-
-int cairn_rpc_pack_server_info(msgpack_sbuffer *sb, uint32_t msgid,
-                               const cairn_rpc_server_info *info);
-
-/* Answers tokenize (from call->tokens) and detokenize (text of call->tokens;
- * too_large error when the text would exceed max_string_bytes). */
-int cairn_rpc_pack_tokenize(msgpack_sbuffer *sb, const cairn_rpc_call *call);
-int cairn_rpc_pack_detokenize(msgpack_sbuffer *sb, const cairn_rpc_context *ctx,
-                              const cairn_rpc_call *call);
-
-/* Answers auth: {tenant: NAME} or {tenant: nil} (no tenants configured). */
-int cairn_rpc_pack_auth(msgpack_sbuffer *sb, uint32_t msgid, const char *tenant_name);
-
-/* ======================================================================== */
-/* 3. Access control                                                        */
+/* 1. Access control                                                        */
 /* ======================================================================== */
 /*
  * Who may use a server, and whose sessions and cache a connection sees
@@ -456,27 +188,27 @@ bool cairn_access_required(const cairn_access *a);
 bool cairn_access_has_tenants(const cairn_access *a);
 /* CAIRN_OK and the connection's tenant id (0 without tenants) and name
  * (NULL without tenants; owned by `a`) when the token is accepted — any
- * token when nothing is required — else CAIRN_RPC_UNAUTHORIZED. Constant
+ * token when nothing is required — else CAIRN_EPERM. Constant
  * time as described above. */
 int cairn_access_check(const cairn_access *a, const char *token, size_t len, uint64_t *tenant,
                        const char **tenant_name);
 
 /* ======================================================================== */
-/* 4. OpenAI-compatible HTTP facade (docs/openai.md)                        */
+/* 2. OpenAI-compatible HTTP facade (docs/openai.md)                        */
 /* ======================================================================== */
 /*
- * An HTTP/1.1 listener on the server's own loop (protocol/http.c): the
+ * An HTTP/1.1 listener on the server's own loop (server/http/): the
  * OpenAI routes /v1/chat/completions, /v1/completions and /v1/models, plus
  * /health and /metrics (Prometheus). HTTP is parsed by libhttp-parser and
  * JSON by jansson; no bytes from a client reach a hand-written parser.
  *
- * It follows the server's rules (section 5 below): the loop thread owns its
- * connections; engine events reach it through the server's queue. Its
- * connections take ids from the server's counter with CAIRN_HTTP_CLIENT_BIT
- * set, which is how the server routes an event to the facade. A request
- * whose connection has gone is cancelled with CAIRN_REQ_CLIENT_GONE, as the
- * msgpack server does. Access control is the server's (section 3): with
- * credentials, every route but /health needs `Authorization: Bearer TOKEN`.
+ * Its connections are the server's (the same core, table and event queue
+ * as the msgpack ones); a request whose connection has gone is cancelled
+ * with CAIRN_REQ_CLIENT_GONE. A conversation with a session key
+ * (session_id, prompt_cache_key or X-Session-Id) is one named session in
+ * the engine, which keeps its history: the facade holds no state between
+ * requests. Access control is the server's (section 1): with credentials,
+ * every route but /health needs `Authorization: Bearer TOKEN`.
  *
  * Limits: the request line and headers together (max_header_bytes, else
  * 431), the body (max_body_bytes, else 413, refused from Content-Length
@@ -484,8 +216,6 @@ int cairn_access_check(const cairn_access *a, const char *token, size_t len, uin
  * within timeout_s of becoming idle (after connecting or after the previous
  * response), else 408 (or a silent close when nothing was sent).
  */
-#define CAIRN_HTTP_CLIENT_BIT (1ull << 63)
-
 typedef struct {
     const char *host;        /* address; NULL: the TCP host, else 127.0.0.1 */
     int port;                /* -1: no HTTP listener (default); 0: any port  */
@@ -494,12 +224,12 @@ typedef struct {
     double timeout_s;        /* to receive a whole request; default 30      */
     const char *model_name;  /* the id /v1/models reports; NULL: the model
                                 file's base name without .gguf              */
-    size_t max_session_keys; /* session_id / prompt_cache_key values mapped
-                                to cairn sessions at once (LRU; default 1024) */
+    size_t max_session_keys; /* session keys kept at once: the engine's named
+                                sessions (LRU; default 1024)                  */
 } cairn_http_config;
 
 /* ======================================================================== */
-/* 5. Server                                                                */
+/* 3. Server                                                                */
 /* ======================================================================== */
 
 typedef struct cairn_server cairn_server;
@@ -512,11 +242,11 @@ typedef struct {
     size_t max_output_bytes;   /* unread responses per connection (16 MiB)  */
     double idle_timeout_s;     /* half a message and silence: close (60)    */
     int max_inflight;          /* requests in flight per connection (256)   */
-    /* Access control (section 3); copied at create. None: no authentication,
+    /* Access control (section 1); copied at create. None: no authentication,
      * which cairn_server_create refuses unless host is loopback (or NULL). */
     const cairn_credential *credentials;
     size_t n_credentials;
-    cairn_http_config http;       /* the OpenAI facade (section 4); off by default */
+    cairn_http_config http;       /* the OpenAI facade (section 2); off by default */
     cairn_runtime_config runtime; /* the model to serve: opened after the
                                      listeners are bound                     */
     cairn_service_config service; /* runtime, on_event and user are the
@@ -558,4 +288,4 @@ void cairn_server_free(cairn_server *s);
 #ifdef __cplusplus
 }
 #endif
-#endif /* CAIRN_PROTOCOL_H */
+#endif /* CAIRN_SERVER_H */

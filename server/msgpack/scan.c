@@ -1,13 +1,13 @@
 /*
- * protocol/mpscan.c — the validating msgpack scanner and the reader over
- * validated bytes (see protocol.h for the contract).
+ * server/msgpack/scan.c — the validating msgpack scanner and the reader over
+ * validated bytes (see msgpack.h for the contract).
  *
  * Both decode a value's header the same way, with mp_header(): the header
  * length, the payload length that follows it (str/bin/ext and fixed-size
  * scalars are all "payload" here) and the number of child items (arrays: n,
  * maps: 2n). Everything else is bookkeeping on top of that one table.
  */
-#include "server/server.h"
+#include "server/msgpack/msgpack.h"
 
 #include <string.h>
 

@@ -26,7 +26,7 @@
 #include <string.h>
 
 #include "runtime/runtime.h"
-#include "server/server.h"
+#include "server/msgpack/msgpack.h"
 #include "tests/support/support.h"
 #include "tests/grammar/schema_check.h"
 
@@ -615,7 +615,8 @@ static int decode_generate(int how, cairn_rpc_call *call, cairn_rpc_error *err)
             pack_cstr(&pk, "n");
         }
     }
-    cairn_rpc_context ctx = {.vocab = NULL, .n_vocab = 100, .n_ctx = 256};
+    const cairn_api api = {.vocab = NULL, .n_vocab = 100, .n_ctx = 256};
+    cairn_rpc_context ctx = {.api = &api};
     cairn_mp_limits_default(&ctx.limits);
     uint64_t seeds = 1;
     int rc = cairn_rpc_decode(&ctx, (const uint8_t *)sb.data, sb.size, &seeds, call, err);

@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "server/msgpack/msgpack.h"
 #include "server/server.h"
 
 /* ---- helpers ---------------------------------------------------------------- */
@@ -369,7 +370,8 @@ static void test_preauth_decoder(void **state)
     assert_false(err.has_msgid);
 
     /* After authentication the full decoder knows `auth` too. */
-    cairn_rpc_context ctx = {.vocab = NULL, .n_vocab = 512, .n_ctx = 512};
+    const cairn_api api = {.vocab = NULL, .n_vocab = 512, .n_ctx = 512};
+    cairn_rpc_context ctx = {.api = &api};
     cairn_mp_limits_default(&ctx.limits);
     pack_request(&sb, 11, "auth", "token", "xyz");
     assert_int_equal(cairn_rpc_decode(&ctx, (const uint8_t *)sb.data, sb.size, NULL, &call, &err),

@@ -15,10 +15,11 @@
 
 #include <cmocka.h>
 
-#include "server/server.h"
+#include "server/msgpack/msgpack.h"
 
 static cairn_vocab *g_vocab;
 static cairn_mp_limits g_lim;
+static cairn_api g_api, g_api_novocab;
 
 static int setup(void **state)
 {
@@ -31,6 +32,11 @@ static int setup(void **state)
         return -1;
     int rc = cairn_vocab_load(g, &g_vocab, err, sizeof err);
     cairn_gguf_close(g);
+    g_api = (cairn_api){.vocab = g_vocab, .n_vocab = rc == CAIRN_OK ? cairn_vocab_n_tokens(g_vocab) : 0,
+                        .n_ctx = 512, .max_tokenize = g_lim.max_array_len,
+                        .max_text_bytes = g_lim.max_string_bytes};
+    g_api_novocab = g_api;
+    g_api_novocab.vocab = NULL;
     return rc == CAIRN_OK ? 0 : -1;
 }
 
@@ -43,8 +49,7 @@ static int teardown(void **state)
 
 static cairn_rpc_context ctx_for_tests(void)
 {
-    cairn_rpc_context c = {.vocab = g_vocab, .n_vocab = cairn_vocab_n_tokens(g_vocab),
-                           .n_ctx = 512, .limits = g_lim};
+    cairn_rpc_context c = {.api = &g_api, .limits = g_lim};
     return c;
 }
 
@@ -595,14 +600,14 @@ static void test_decode_rejects(void **state)
         case 1: put_str(&m, "abc"); break;
         case 2: msgpack_pack_double(&m.pk, 7.5); break;
         case 3:
-            msgpack_pack_array(&m.pk, (size_t)ctx.n_ctx + 1);
-            for (int i = 0; i <= ctx.n_ctx; i++)
+            msgpack_pack_array(&m.pk, (size_t)ctx.api->n_ctx + 1);
+            for (int i = 0; i <= ctx.api->n_ctx; i++)
                 msgpack_pack_int(&m.pk, 1);
             break;
         case 4:
             msgpack_pack_array(&m.pk, 2);
             msgpack_pack_int(&m.pk, 1);
-            msgpack_pack_int(&m.pk, ctx.n_vocab);
+            msgpack_pack_int(&m.pk, ctx.api->n_vocab);
             break;
         case 5:
             msgpack_pack_array(&m.pk, 9);
@@ -776,7 +781,7 @@ static void test_decode_sessions_and_misc(void **state)
 
     /* Without a vocab, text cannot be accepted (but token ids can). */
     cairn_rpc_context novocab = ctx;
-    novocab.vocab = NULL;
+    novocab.api = &g_api_novocab;
     request_head(&m, 16, "tokenize", 1);
     put_str(&m, "text");
     put_str(&m, "hello");
@@ -950,10 +955,21 @@ static void test_pack(void **state)
     int32_t ids[64];
     size_t n_ids;
     assert_int_equal(cairn_tokenize(g_vocab, text, strlen(text), 0, ids, 64, &n_ids), CAIRN_OK);
-    cairn_rpc_call call = {.msgid = 5, .method = CAIRN_RPC_DETOKENIZE, .tokens = ids,
-                           .n_tokens = n_ids};
+    msg dm;
+    request_head(&dm, 5, "detokenize", 1);
+    put_str(&dm, "tokens");
+    msgpack_pack_array(&dm.pk, n_ids);
+    for (size_t i = 0; i < n_ids; i++)
+        msgpack_pack_int32(&dm.pk, ids[i]);
+    cairn_rpc_call call;
+    cairn_rpc_error derr;
+    uint64_t dseed = 1;
+    assert_int_equal(cairn_rpc_decode(&ctx, bytes(&dm), dm.sb.size, &dseed, &call, &derr),
+                     CAIRN_OK);
+    msgpack_sbuffer_destroy(&dm.sb);
     msgpack_sbuffer_init(&sb);
-    assert_int_equal(cairn_rpc_pack_detokenize(&sb, &ctx, &call), CAIRN_OK);
+    assert_int_equal(cairn_rpc_pack_detokenize(&sb, &call), CAIRN_OK);
+    cairn_rpc_call_clear(&call);
     o = unpack(&u, &sb);
     const msgpack_object *t = map_get(&o.via.array.ptr[3], "text");
     /* SentencePiece adds a leading space marker; the text must contain ours. */

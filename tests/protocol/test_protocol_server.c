@@ -32,6 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "server/msgpack/msgpack.h"
 #include "server/server.h"
 
 static pid_t g_pid = -1;

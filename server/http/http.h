@@ -1,0 +1,127 @@
+/*
+ * server/http/http.h — the OpenAI-compatible HTTP facade (docs/openai.md) as
+ * the server drives it; internal to server/ (nothing else includes this).
+ *
+ * Shape of one request:
+ *
+ *   bytes ─http_parser─▶ url, headers, body (each under its cap)   conn.c
+ *         ─route─▶ /health, /v1/models: answered at once
+ *                  /metrics: cache.stats from the engine             metrics.c
+ *                  /v1/chat/completions, /v1/completions:            openai.c
+ *                      body ─(text worker: JSON + cairn_api_decode)─▶
+ *                      n engine requests (a session key: one named-session
+ *                      turn, SESSION_SYNC) ─▶ events ─▶ JSON or SSE chunks
+ *                                                                    respond.c
+ *
+ * Rules:
+ *  - Everything here runs on the loop thread but the decoding, which runs
+ *    on the text workers (server/work.c) — JSON bodies can be megabytes, a
+ *    prompt a long document.
+ *  - One request at a time per connection (HTTP/1.1 without parallel
+ *    pipelining): bytes that arrive while one runs are buffered (capped)
+ *    and parsed once its response is complete.
+ *  - A request's state belongs to its connection and goes with it: the
+ *    engine keeps every session's history itself, so nothing of a request
+ *    must outlive its client.
+ */
+#ifndef CAIRN_SERVER_HTTP_H
+#define CAIRN_SERVER_HTTP_H
+
+#include "server/server_impl.h"
+
+#include <http_parser.h>
+#include <jansson.h>
+
+#define HTTP_N_STATUS_SLOTS 16 /* distinct status codes counted for /metrics */
+
+struct srv_http {
+    http_parser_settings settings;
+    struct {
+        int code;
+        uint64_t n;
+    } status_counts[HTTP_N_STATUS_SLOTS];
+};
+
+typedef enum { HK_CHAT = 1, HK_COMPLETION, HK_METRICS } hreq_kind;
+
+/* One choice of a request (n > 1: one engine request each). */
+typedef struct {
+    uint32_t msgid;    /* its engine request's id on this connection        */
+    bool over;
+    bool role_sent;    /* streaming chat: the first delta said the role     */
+    cairn_strbuf text; /* with tools: everything generated so far           */
+    size_t text_sent;  /* of which already streamed as content              */
+    bool holding;      /* a tool call may have started: stream no more      */
+    json_t *answer;    /* not streaming: its choice object, once over       */
+    int64_t prompt_tokens, cached_tokens, completion_tokens;
+} hchoice;
+
+/* The request a connection is answering. */
+typedef struct hreq {
+    hreq_kind kind;
+    char id[48];
+    long long created;
+    bool decoding;     /* its body is on a text worker                      */
+    bool stream, include_usage;
+    char *tools_json;  /* tool calls may come back: the tools (owned)       */
+    int n_choices, n_over;
+    hchoice *choices;  /* [n_choices]                                       */
+    bool head_sent;    /* streaming: the SSE response head is written        */
+    bool failed;       /* answered with an error: the rest is dropped       */
+    int parsing;       /* choices whose tool calls are on a text worker      */
+} hreq;
+
+typedef struct hconn {
+    srv_conn base;
+    http_parser parser;
+    bool in_request;      /* a byte of a request has been seen              */
+    bool message_done;
+    bool header_is_value; /* the last header callback was a value           */
+    size_t header_bytes;
+    cairn_strbuf url, field, value, body;
+    char *authorization, *session_header;
+    bool expect_continue;
+    int error_status;     /* set by a callback that refused the request    */
+    const char *error_message;
+    bool keep_alive;
+    bool in_process;      /* inside conn_process: do not re-enter           */
+    hreq *active;         /* the request being answered, or NULL           */
+    uint32_t next_msgid;
+} hconn;
+
+/* conn.c */
+/* Parse what is buffered while no request is running. */
+void http_conn_process(hconn *c);
+
+/* respond.c */
+void http_count_status(srv_http *h, int code);
+/* A whole response. extra_headers: complete lines or NULL. */
+void http_respond(hconn *c, int status, const char *content_type, const char *body,
+                  size_t body_len, const char *extra_headers);
+void http_respond_json(hconn *c, int status, json_t *obj);
+/* {"error": {message, type, param, code}}, as OpenAI words it. */
+json_t *http_error_body(int status, const char *message, const char *param, const char *code);
+void http_respond_error(hconn *c, int status, const char *message, const char *param,
+                        const char *code);
+/* The response is complete: wait for the next request, or close (conn.c).
+ * Whoever answers a request takes it off c->active first (a next request
+ * may be parsed at once) and frees it after. */
+void http_response_finished(hconn *c);
+void http_sse_head(hconn *c);
+void http_sse_json(hconn *c, json_t *obj);
+void http_sse_end(hconn *c);
+/* An HTTP status for a cairn status code. */
+int http_status_of(int cairn_code);
+
+/* openai.c */
+void http_handle_generation(hconn *c, bool chat);
+void http_handle_models(hconn *c);
+bool http_on_event(hconn *c, srv_event *node);
+void http_request_free(hreq *q);
+
+/* metrics.c */
+void http_handle_metrics(hconn *c);
+/* The answer to a metrics request: Prometheus text from the engine's stats. */
+void http_metrics_answer(hconn *c, const cairn_service_stats *st);
+
+#endif /* CAIRN_SERVER_HTTP_H */

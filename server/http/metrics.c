@@ -1,0 +1,155 @@
+/*
+ * server/http/metrics.c — GET /metrics: the engine's counters (cache.stats)
+ * in Prometheus' text format, with the facade's own response counts.
+ */
+#include "server/http/http.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void add_printf(cairn_strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void add_printf(cairn_strbuf *b, const char *fmt, ...)
+{
+    char tmp[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n > 0)
+        cairn_strbuf_add(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
+}
+
+static void metric_head(cairn_strbuf *b, const char *name, const char *type, const char *help)
+{
+    add_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void metric_u64(cairn_strbuf *b, const char *name, const char *type, const char *help,
+                       uint64_t v)
+{
+    metric_head(b, name, type, help);
+    add_printf(b, "%s %llu\n", name, (unsigned long long)v);
+}
+
+static const char *const tier_names[3] = {"device", "host", "disk"};
+
+static void metric_tiers(cairn_strbuf *b, const char *name, const char *type, const char *help,
+                         const uint64_t v[3])
+{
+    metric_head(b, name, type, help);
+    for (int t = 0; t < 3; t++)
+        add_printf(b, "%s{tier=\"%s\"} %llu\n", name, tier_names[t], (unsigned long long)v[t]);
+}
+
+static void metric_histogram(cairn_strbuf *b, const char *name, const char *help,
+                             const cairn_latency_histogram *hg)
+{
+    metric_head(b, name, "histogram", help);
+    uint64_t cum = 0;
+    for (int i = 0; i < CAIRN_LATENCY_BUCKETS; i++) {
+        cum += hg->counts[i];
+        add_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, cairn_latency_bounds[i],
+                  (unsigned long long)cum);
+    }
+    cum += hg->counts[CAIRN_LATENCY_BUCKETS];
+    add_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
+    add_printf(b, "%s_sum %.9g\n", name, hg->sum_s);
+    add_printf(b, "%s_count %llu\n", name, (unsigned long long)hg->count);
+}
+
+static void render_metrics(srv_http *h, const cairn_service_stats *st, cairn_strbuf *b)
+{
+    metric_u64(b, "cairn_requests_running", "gauge",
+               "Generation requests running (or fetching their prefix) now.", st->running);
+    metric_u64(b, "cairn_requests_waiting", "gauge", "Generation requests waiting to run.",
+               st->waiting);
+    metric_u64(b, "cairn_requests_total", "counter", "Generation requests admitted.",
+               st->queries);
+    metric_u64(b, "cairn_requests_paused_total", "counter",
+               "Requests paused for lack of KV pages.", st->paused);
+    metric_u64(b, "cairn_prompt_tokens_total", "counter",
+               "Prompt tokens of admitted requests (prefix-cache query tokens).",
+               st->prompt_tokens);
+    metric_u64(b, "cairn_generation_tokens_total", "counter", "Tokens generated.",
+               st->generated_tokens);
+    metric_u64(b, "cairn_prefix_cache_queries_total", "counter",
+               "Prompt tokens looked up in the prefix cache.", st->prompt_tokens);
+    metric_u64(b, "cairn_prefix_cache_hits_total", "counter",
+               "Prompt tokens served from the prefix cache (not computed).", st->cached_tokens);
+    metric_tiers(b, "cairn_prefix_cache_hit_tokens_total", "counter",
+                 "Prompt tokens served from the prefix cache, by the tier they were in.",
+                 st->cached_tokens_by_tier);
+    uint64_t v[3];
+    for (int t = 0; t < 3; t++)
+        v[t] = st->tiers[t].hit_tokens;
+    metric_tiers(b, "cairn_kv_tier_lookup_hit_tokens_total", "counter",
+                 "Tokens of prefix lookups that found their pages in this tier.", v);
+    for (int t = 0; t < 3; t++)
+        v[t] = st->tiers[t].miss_tokens;
+    metric_tiers(b, "cairn_kv_tier_lookup_miss_tokens_total", "counter",
+                 "Tokens of prefix lookups that reached this tier and missed.", v);
+    metric_tiers(b, "cairn_kv_tree_pages", "gauge",
+                 "KV pages of the prefix tree, by the tier they are in.", st->pages);
+    for (int t = 0; t < 3; t++)
+        v[t] = st->tiers[t].pages;
+    metric_tiers(b, "cairn_kv_pages_used", "gauge", "KV pages held by each tier.", v);
+    for (int t = 0; t < 3; t++)
+        v[t] = st->tiers[t].bytes;
+    metric_tiers(b, "cairn_kv_bytes_used", "gauge", "Bytes of KV pages held by each tier.", v);
+    metric_u64(b, "cairn_kv_device_pages_total", "gauge", "Tier-0 KV pages in the pool.",
+               st->device_pages_total);
+    metric_u64(b, "cairn_kv_device_pages_free", "gauge", "Tier-0 KV pages free now.",
+               st->device_pages_free);
+    metric_u64(b, "cairn_kv_evicted_pages_total", "counter", "Pages moved out of tier 0.",
+               st->evicted_pages);
+    metric_u64(b, "cairn_sessions", "gauge", "Open sessions.", st->sessions);
+    metric_histogram(b, "cairn_time_to_first_token_seconds",
+                     "From a request's submission to its first sampled token.", &st->ttft);
+    metric_histogram(b, "cairn_inter_token_latency_seconds",
+                     "Between consecutive tokens of a request.", &st->inter_token);
+    metric_head(b, "cairn_http_responses_total", "counter",
+                "HTTP responses sent by the OpenAI facade, by status code.");
+    for (int i = 0; i < HTTP_N_STATUS_SLOTS && h->status_counts[i].code; i++)
+        add_printf(b, "cairn_http_responses_total{code=\"%d\"} %llu\n", h->status_counts[i].code,
+                  (unsigned long long)h->status_counts[i].n);
+}
+
+void http_metrics_answer(hconn *c, const cairn_service_stats *st)
+{
+    hreq *q = c->active;
+    c->active = NULL;
+    cairn_strbuf b = {0};
+    render_metrics(c->base.srv->http, st, &b);
+    if (b.oom)
+        http_respond_error(c, 503, "out of memory", NULL, NULL);
+    else
+        http_respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", b.data, b.len, NULL);
+    cairn_strbuf_free(&b);
+    http_request_free(q);
+}
+
+void http_handle_metrics(hconn *c)
+{
+    hreq *q = calloc(1, sizeof *q);
+    hchoice *ch = calloc(1, sizeof *ch);
+    cairn_request *r = q && ch ? cairn_request_new(CAIRN_REQ_CACHE_STATS) : NULL;
+    if (!r) {
+        free(q);
+        free(ch);
+        http_respond_error(c, 503, "out of memory", NULL, NULL);
+        return;
+    }
+    q->kind = HK_METRICS;
+    q->choices = ch;
+    q->n_choices = 1;
+    ch->msgid = ++c->next_msgid;
+    r->id = ch->msgid;
+    c->active = q;
+    if (srv_submit(&c->base, r) != CAIRN_OK) {
+        c->active = NULL;
+        http_respond_error(c, 503, "the engine is not accepting requests", NULL, NULL);
+        http_request_free(q);
+    }
+}

@@ -1,0 +1,658 @@
+/*
+ * server/http/openai.c — /v1/chat/completions and /v1/completions: the body
+ * decoded on a text worker (JSON, then api/api.h), `n` engine requests (a
+ * session key makes it one named-session turn), and the answer — one JSON
+ * response, or server-sent chunks as tokens come — built from the events.
+ *
+ * With tools, a stream holds its content back from the first place a tool
+ * call could begin (so a call never leaks out as content), and the finished
+ * text is read for calls on a text worker before the last chunk.
+ */
+#include "server/http/http.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+void http_request_free(hreq *q)
+{
+    if (!q)
+        return;
+    for (int i = 0; i < q->n_choices; i++) {
+        cairn_strbuf_free(&q->choices[i].text);
+        json_decref(q->choices[i].answer);
+    }
+    free(q->choices);
+    free(q->tools_json);
+    free(q);
+}
+
+static hchoice *choice_of(hreq *q, uint64_t msgid, int *index)
+{
+    for (int i = 0; q && i < q->n_choices; i++)
+        if (q->choices[i].msgid == msgid) {
+            *index = i;
+            return &q->choices[i];
+        }
+    return NULL;
+}
+
+/* ---- chunks ------------------------------------------------------------------------- */
+
+static json_t *jstr(const char *s, size_t n)
+{
+    json_t *v = json_stringn(s ? s : "", s ? n : 0);
+    return v ? v : json_string(""); /* invalid UTF-8 cannot come from the engine */
+}
+
+/* A chunk's frame: {id, object, created, model, choices: [], (usage: null)} */
+static json_t *chunk_frame(const hconn *c, const hreq *q)
+{
+    json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:[]}", "id", q->id, "object",
+                          q->kind == HK_CHAT ? "chat.completion.chunk" : "text_completion",
+                          "created", (json_int_t)q->created, "model", c->base.srv->model_id,
+                          "choices");
+    if (o && q->include_usage)
+        json_object_set_new(o, "usage", json_null());
+    return o;
+}
+
+/* One chunk holding `choice` (taken; NULL when building it failed). */
+static void send_choice_chunk(hconn *c, hreq *q, json_t *choice)
+{
+    json_t *o = chunk_frame(c, q);
+    if (o && choice)
+        json_array_append_new(json_object_get(o, "choices"), choice);
+    else
+        json_decref(choice);
+    http_sse_json(c, o);
+    json_decref(o);
+}
+
+static void send_chat_delta(hconn *c, hreq *q, int index, json_t *delta, json_t *logprobs,
+                            const char *finish)
+{
+    send_choice_chunk(c, q, json_pack("{s:i, s:o, s:o, s:o}", "index", index, "delta", delta,
+                                      "logprobs", logprobs ? logprobs : json_null(),
+                                      "finish_reason", finish ? json_string(finish) : json_null()));
+}
+
+static void send_completion_delta(hconn *c, hreq *q, int index, const char *text, size_t len,
+                                  json_t *logprobs, const char *finish)
+{
+    send_choice_chunk(c, q, json_pack("{s:o, s:i, s:o, s:o}", "text", jstr(text, len), "index",
+                                      index, "logprobs", logprobs ? logprobs : json_null(),
+                                      "finish_reason", finish ? json_string(finish) : json_null()));
+}
+
+/* ---- logprobs ------------------------------------------------------------------------ */
+
+/* JSON has no -inf: OpenAI reports -9999 for "impossible". */
+static double finite_logprob(float lp) { return lp > -9999.0f ? (double)lp : -9999.0; }
+
+/* {token, logprob, bytes} of one token: the text of a token may be part of
+ * a UTF-8 character, which `bytes` carries exactly (token is "" then). A
+ * piece is a table lookup, not text work. */
+static json_t *token_entry(const cairn_api *api, int32_t tok, float logprob)
+{
+    char piece[300];
+    size_t n = 0;
+    if (cairn_api_token_piece(api, tok, piece, sizeof piece, &n) != CAIRN_OK)
+        n = 0;
+    json_t *bytes = json_array();
+    for (size_t i = 0; i < n && bytes; i++)
+        json_array_append_new(bytes, json_integer((unsigned char)piece[i]));
+    return json_pack("{s:o, s:f, s:o}", "token", jstr(piece, n), "logprob",
+                     finite_logprob(logprob), "bytes", bytes ? bytes : json_null());
+}
+
+/* chat: {"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]} */
+static json_t *chat_logprobs(const cairn_api *api, const cairn_event *ev)
+{
+    if (!ev->logprobs)
+        return NULL;
+    size_t per = 1 + (size_t)ev->n_top;
+    json_t *content = json_array();
+    for (size_t i = 0; i < ev->n_tokens && content; i++) {
+        const cairn_token_logprob *lp = ev->logprobs + i * per;
+        json_t *entry = token_entry(api, ev->tokens[i], lp[0].logprob);
+        json_t *top = json_array();
+        for (int k = 1; k <= ev->n_top && top; k++)
+            if (lp[k].token >= 0)
+                json_array_append_new(top, token_entry(api, lp[k].token, lp[k].logprob));
+        if (entry)
+            json_object_set_new(entry, "top_logprobs", top ? top : json_array());
+        json_array_append_new(content, entry);
+    }
+    return json_pack("{s:o}", "content", content ? content : json_array());
+}
+
+/* completions: {tokens, token_logprobs, top_logprobs, text_offset}. */
+static json_t *completion_logprobs(const cairn_api *api, const cairn_event *ev, size_t offset)
+{
+    if (!ev->logprobs)
+        return NULL;
+    size_t per = 1 + (size_t)ev->n_top;
+    json_t *tokens = json_array(), *lps = json_array(), *offsets = json_array();
+    json_t *tops = ev->n_top > 0 ? json_array() : json_null();
+    for (size_t i = 0; i < ev->n_tokens; i++) {
+        const cairn_token_logprob *lp = ev->logprobs + i * per;
+        char piece[300];
+        size_t n = 0;
+        if (cairn_api_token_piece(api, ev->tokens[i], piece, sizeof piece, &n) != CAIRN_OK)
+            n = 0;
+        json_array_append_new(tokens, jstr(piece, n));
+        json_array_append_new(lps, json_real(finite_logprob(lp[0].logprob)));
+        json_array_append_new(offsets, json_integer((json_int_t)offset));
+        offset += n;
+        if (ev->n_top > 0) {
+            json_t *alt = json_object();
+            for (int k = 1; k <= ev->n_top; k++) {
+                size_t m = 0;
+                if (lp[k].token < 0 || cairn_api_token_piece(api, lp[k].token, piece,
+                                                             sizeof piece - 1, &m) != CAIRN_OK)
+                    continue;
+                piece[m] = '\0';
+                json_object_set_new(alt, piece, json_real(finite_logprob(lp[k].logprob)));
+            }
+            json_array_append_new(tops, alt);
+        }
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", lps,
+                     "top_logprobs", tops, "text_offset", offsets);
+}
+
+/* ---- streaming ------------------------------------------------------------------------- */
+
+static void stream_begin(hconn *c, hreq *q, int index)
+{
+    if (!q->head_sent) {
+        q->head_sent = true;
+        http_sse_head(c);
+    }
+    hchoice *ch = &q->choices[index];
+    if (q->kind == HK_CHAT && !ch->role_sent) {
+        ch->role_sent = true;
+        send_chat_delta(c, q, index, json_pack("{s:s, s:s}", "role", "assistant", "content", ""),
+                        NULL, NULL);
+    }
+}
+
+static void stream_content(hconn *c, hreq *q, int index, const char *text, size_t len)
+{
+    if (len == 0)
+        return;
+    if (q->kind == HK_CHAT)
+        send_chat_delta(c, q, index, json_pack("{s:o}", "content", jstr(text, len)), NULL, NULL);
+    else
+        send_completion_delta(c, q, index, text, len, NULL, NULL);
+}
+
+/* Text that may open a tool call in the formats chat templates use. */
+static const char *const tool_openers[] = {"<tool_call>", "<|python_tag|>", "[TOOL_CALLS]",
+                                           "<function=", "<|tool_call_begin|>"};
+
+/* Where held-back text starts: the first full opener, or a tail that is the
+ * beginning of one, or (JSON-style tool calls) the start when the text
+ * begins with '{' or '['. */
+static size_t tool_hold_from(const char *t, size_t len, bool *certain)
+{
+    *certain = false;
+    size_t first_ws = 0;
+    while (first_ws < len && isspace((unsigned char)t[first_ws]))
+        first_ws++;
+    if (first_ws < len && (t[first_ws] == '{' || t[first_ws] == '[')) {
+        *certain = true;
+        return 0;
+    }
+    size_t best = len;
+    for (size_t i = 0; i < sizeof tool_openers / sizeof tool_openers[0]; i++) {
+        const char *op = tool_openers[i];
+        size_t ol = strlen(op);
+        const char *hit = len >= ol ? memmem(t, len, op, ol) : NULL;
+        if (hit && (size_t)(hit - t) < best) {
+            best = (size_t)(hit - t);
+            *certain = true;
+        }
+        for (size_t k = ol - 1; k > 0; k--)
+            if (k <= len && memcmp(t + len - k, op, k) == 0) {
+                if (len - k < best)
+                    best = len - k;
+                break;
+            }
+    }
+    return best;
+}
+
+static void on_delta(hconn *c, hreq *q, int index, const cairn_event *ev)
+{
+    if (!q->stream)
+        return;
+    hchoice *ch = &q->choices[index];
+    const cairn_api *api = &c->base.srv->api;
+    if (!q->tools_json) {
+        if (ev->text_len == 0 && !(ev->logprobs && ev->n_tokens))
+            return;
+        stream_begin(c, q, index);
+        if (!ev->logprobs)
+            stream_content(c, q, index, ev->text, ev->text_len);
+        else if (q->kind == HK_CHAT)
+            send_chat_delta(c, q, index, json_pack("{s:o}", "content", jstr(ev->text, ev->text_len)),
+                            chat_logprobs(api, ev), NULL);
+        else
+            send_completion_delta(c, q, index, ev->text, ev->text_len,
+                                  completion_logprobs(api, ev, ch->text_sent), NULL);
+        ch->text_sent += ev->text_len;
+        return;
+    }
+    cairn_strbuf_add(&ch->text, ev->text, ev->text_len);
+    if (ch->holding || ch->text.oom)
+        return;
+    bool certain;
+    size_t upto = tool_hold_from(ch->text.data ? ch->text.data : "", ch->text.len, &certain);
+    ch->holding = certain;
+    /* never cut a UTF-8 character */
+    while (upto > ch->text_sent && upto < ch->text.len &&
+           ((unsigned char)ch->text.data[upto] & 0xC0) == 0x80)
+        upto--;
+    if (upto > ch->text_sent) {
+        stream_begin(c, q, index);
+        stream_content(c, q, index, ch->text.data + ch->text_sent, upto - ch->text_sent);
+        ch->text_sent = upto;
+    }
+}
+
+/* ---- answers ---------------------------------------------------------------------------- */
+
+/* Every choice is in: the usage chunk and the end of the stream, or the
+ * whole response. Takes the request. */
+static void answer_request(hconn *c, hreq *q)
+{
+    c->active = NULL;
+    int64_t completion = 0;
+    for (int i = 0; i < q->n_choices; i++)
+        completion += q->choices[i].completion_tokens;
+    const hchoice *first = &q->choices[0];
+    json_t *usage = json_pack(
+        "{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)first->prompt_tokens,
+        "completion_tokens", (json_int_t)completion, "total_tokens",
+        (json_int_t)(first->prompt_tokens + completion), "prompt_tokens_details", "cached_tokens",
+        (json_int_t)first->cached_tokens);
+    if (q->stream) {
+        if (q->include_usage) {
+            json_t *o = chunk_frame(c, q);
+            if (o)
+                json_object_set(o, "usage", usage);
+            http_sse_json(c, o);
+            json_decref(o);
+        }
+        http_sse_end(c);
+    } else {
+        json_t *choices = json_array();
+        for (int i = 0; choices && i < q->n_choices; i++)
+            json_array_append(choices, q->choices[i].answer);
+        json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:o, s:O}", "id", q->id, "object",
+                              q->kind == HK_CHAT ? "chat.completion" : "text_completion",
+                              "created", (json_int_t)q->created, "model", c->base.srv->model_id,
+                              "choices", choices ? choices : json_array(), "usage", usage);
+        if (o)
+            http_respond_json(c, 200, o);
+        else
+            http_respond_error(c, 503, "out of memory", NULL, NULL);
+        json_decref(o);
+    }
+    json_decref(usage);
+    http_request_free(q);
+}
+
+/* Answer an error (HTTP status, or an SSE error event once streaming has
+ * begun) and end the request; the other choices are cancelled (their
+ * events find no request any more). Takes the request. */
+static void fail_request(hconn *c, hreq *q, int status, const char *message, const char *param,
+                         const char *code)
+{
+    c->active = NULL;
+    for (int i = 0; i < q->n_choices; i++) {
+        if (q->choices[i].over || !q->choices[i].msgid)
+            continue;
+        cairn_request *r = cairn_request_new(CAIRN_REQ_CANCEL);
+        if (r) {
+            r->target = q->choices[i].msgid; /* the cancel's own answer (id 0) matches nothing */
+            srv_submit(&c->base, r);
+        }
+    }
+    if (q->head_sent) {
+        json_t *body = http_error_body(status, message, param, code);
+        http_sse_json(c, body);
+        json_decref(body);
+        http_sse_end(c);
+    } else {
+        http_respond_error(c, status, message, param, code);
+    }
+    http_request_free(q);
+}
+
+static const char *finish_of(const cairn_event *ev)
+{
+    const char *f = ev->finish_reason;
+    return f && strcmp(f, "length") == 0 ? "length" : "stop";
+}
+
+/* Streaming: what was held back (the rest of the content), then the calls
+ * as tool_calls deltas, then the choice's last chunk. */
+static void stream_finish(hconn *c, hreq *q, int index, json_t *tool_calls, const char *text,
+                          size_t text_len, const char *finish)
+{
+    hchoice *ch = &q->choices[index];
+    stream_begin(c, q, index);
+    if (q->tools_json) {
+        const char *all = ch->text.data ? ch->text.data : "";
+        if (!tool_calls)
+            stream_content(c, q, index, all + ch->text_sent, ch->text.len - ch->text_sent);
+        else if (text_len > ch->text_sent && memcmp(text, all, ch->text_sent) == 0)
+            stream_content(c, q, index, text + ch->text_sent, text_len - ch->text_sent);
+        size_t i;
+        json_t *call;
+        json_array_foreach(tool_calls, i, call)
+        {
+            json_t *fn = json_object_get(call, "function");
+            send_chat_delta(c, q, index,
+                            json_pack("{s:[{s:I, s:O, s:s, s:{s:O, s:s}}]}", "tool_calls",
+                                      "index", (json_int_t)i, "id", json_object_get(call, "id"),
+                                      "type", "function", "function", "name",
+                                      json_object_get(fn, "name"), "arguments", ""),
+                            NULL, NULL);
+            send_chat_delta(c, q, index,
+                            json_pack("{s:[{s:I, s:{s:O}}]}", "tool_calls", "index",
+                                      (json_int_t)i, "function", "arguments",
+                                      json_object_get(fn, "arguments")),
+                            NULL, NULL);
+        }
+    }
+    if (q->kind == HK_CHAT)
+        send_chat_delta(c, q, index, json_object(), NULL, finish);
+    else
+        send_completion_delta(c, q, index, "", 0, NULL, finish);
+}
+
+/* A choice's generation is done (its text read for tool calls when the
+ * request had tools: calls_json / content, else NULL). */
+static void finish_choice(hconn *c, hreq *q, int index, const cairn_event *ev,
+                          const char *calls_json, const char *content)
+{
+    hchoice *ch = &q->choices[index];
+    ch->over = true;
+    q->n_over++;
+    ch->prompt_tokens = ev->prompt_tokens;
+    ch->cached_tokens = ev->cached_tokens;
+    ch->completion_tokens = ev->completion_tokens;
+    const char *finish = finish_of(ev);
+    json_t *tool_calls = calls_json ? json_loads(calls_json, 0, NULL) : NULL;
+    if (tool_calls && (!json_is_array(tool_calls) || json_array_size(tool_calls) == 0)) {
+        json_decref(tool_calls);
+        tool_calls = NULL;
+    }
+    const char *text = ev->text;
+    size_t text_len = ev->text_len;
+    if (tool_calls) {
+        finish = "tool_calls";
+        text = content ? content : "";
+        text_len = strlen(text);
+    }
+    const cairn_api *api = &c->base.srv->api;
+    if (q->stream) {
+        stream_finish(c, q, index, tool_calls, text, text_len, finish);
+    } else if (q->kind == HK_CHAT) {
+        json_t *msg = json_pack("{s:s, s:o}", "role", "assistant", "content",
+                                tool_calls && text_len == 0 ? json_null() : jstr(text, text_len));
+        if (msg && tool_calls)
+            json_object_set(msg, "tool_calls", tool_calls);
+        json_t *lp = chat_logprobs(api, ev);
+        ch->answer = json_pack("{s:i, s:o, s:o, s:s}", "index", index, "message", msg,
+                               "logprobs", lp ? lp : json_null(), "finish_reason", finish);
+    } else {
+        json_t *lp = completion_logprobs(api, ev, 0);
+        ch->answer = json_pack("{s:o, s:i, s:o, s:s}", "text", jstr(text, text_len), "index",
+                               index, "logprobs", lp ? lp : json_null(), "finish_reason", finish);
+    }
+    json_decref(tool_calls);
+    if (!q->stream && !ch->answer) {
+        fail_request(c, q, 503, "out of memory", NULL, NULL);
+        return;
+    }
+    if (q->n_over == q->n_choices)
+        answer_request(c, q);
+}
+
+/* The finished text of a request with tools, read for calls on a worker. */
+typedef struct {
+    srv_work w;
+    srv_event *node;
+    uint32_t msgid;
+    char *tools_json, *calls_json, *content;
+    char prefix[64];
+} calls_item;
+
+static void calls_work(srv_work *w)
+{
+    calls_item *ci = (calls_item *)w;
+    const cairn_event *ev = &ci->node->ev;
+    cairn_api_tool_calls(&w->srv->api, ev->text, ev->text_len, ci->tools_json, ci->prefix,
+                         &ci->calls_json, &ci->content);
+}
+
+static void calls_done(srv_work *w, srv_conn *b)
+{
+    calls_item *ci = (calls_item *)w;
+    hconn *c = (hconn *)b;
+    int index;
+    hreq *q = c ? c->active : NULL;
+    if (q && choice_of(q, ci->msgid, &index)) {
+        q->parsing--;
+        finish_choice(c, q, index, &ci->node->ev, ci->calls_json, ci->content);
+    }
+    free(ci->node);
+    free(ci->tools_json);
+    free(ci->calls_json);
+    free(ci->content);
+    free(ci);
+}
+
+static bool on_generation_done(hconn *c, hreq *q, int index, srv_event *node)
+{
+    if (q->kind != HK_CHAT || !q->tools_json) {
+        finish_choice(c, q, index, &node->ev, NULL, NULL);
+        return false;
+    }
+    calls_item *ci = calloc(1, sizeof *ci);
+    if (!ci || !(ci->tools_json = strdup(q->tools_json))) {
+        free(ci);
+        fail_request(c, q, 503, "out of memory", NULL, NULL);
+        return false;
+    }
+    ci->node = node;
+    ci->msgid = q->choices[index].msgid;
+    /* ids unique across turns: call_<request>_<n> */
+    const char *tail = strchr(q->id, '-');
+    snprintf(ci->prefix, sizeof ci->prefix, "call_%s_", tail ? tail + 1 : q->id);
+    ci->w.conn_id = c->base.id;
+    ci->w.work = calls_work;
+    ci->w.done = calls_done;
+    q->parsing++;
+    if (srv_work_queue(c->base.srv, &ci->w) != CAIRN_OK) {
+        free(ci->tools_json);
+        free(ci);
+        fail_request(c, q, 503, "out of memory", NULL, NULL);
+        return false;
+    }
+    return true;
+}
+
+bool http_on_event(hconn *c, srv_event *node)
+{
+    const cairn_event *ev = &node->ev;
+    hreq *q = c->active;
+    int index;
+    if (!q || q->failed || !choice_of(q, ev->id, &index))
+        return false; /* a choice of a request already answered */
+    if (q->kind == HK_METRICS) {
+        if (ev->kind == CAIRN_EV_DONE && ev->what == CAIRN_DONE_STATS)
+            http_metrics_answer(c, &ev->stats);
+        else if (ev->kind == CAIRN_EV_ERROR)
+            fail_request(c, q, http_status_of(ev->code), ev->message, NULL, NULL);
+        return false;
+    }
+    if (ev->kind == CAIRN_EV_ERROR) {
+        fail_request(c, q, http_status_of(ev->code), ev->message ? ev->message : "error", NULL,
+                     ev->code == CAIRN_ERANGE ? "context_length_exceeded" : NULL);
+        return false;
+    }
+    if (ev->kind == CAIRN_EV_DELTA) {
+        on_delta(c, q, index, ev);
+        return false;
+    }
+    if (ev->kind == CAIRN_EV_DONE && ev->what == CAIRN_DONE_GENERATION)
+        return on_generation_done(c, q, index, node);
+    return false;
+}
+
+/* ---- requests ------------------------------------------------------------------------------ */
+
+/* A body on its way to the engine. */
+typedef struct {
+    srv_work w;
+    cairn_api_op op;
+    char *body;            /* the request body (owned)                         */
+    size_t body_len;
+    char *session_header;  /* X-Session-Id (owned) or NULL                    */
+    uint64_t seed;
+    int rc;
+    cairn_api_call call;
+    cairn_api_error err;
+} decode_item;
+
+static void decode_work(srv_work *w)
+{
+    decode_item *it = (decode_item *)w;
+    json_error_t jerr;
+    json_t *root = json_loadb(it->body ? it->body : "", it->body_len, JSON_REJECT_DUPLICATES,
+                              &jerr);
+    free(it->body);
+    it->body = NULL;
+    if (!root || !json_is_object(root)) {
+        it->rc = CAIRN_EINVAL;
+        if (root)
+            snprintf(it->err.message, sizeof it->err.message, "the body must be a JSON object");
+        else
+            snprintf(it->err.message, sizeof it->err.message,
+                     "invalid JSON at line %d column %d: %s", jerr.line, jerr.column, jerr.text);
+        json_decref(root);
+        return;
+    }
+    it->rc = cairn_api_decode(&w->srv->api, it->op, root, it->seed, it->session_header, NULL,
+                              &it->call, &it->err);
+    json_decref(root);
+}
+
+static void decode_item_free(decode_item *it)
+{
+    cairn_api_call_clear(&it->call);
+    free(it->body);
+    free(it->session_header);
+    free(it);
+}
+
+/* Every choice to the engine, in index order (choice i samples with seed + i). */
+static int submit_choices(hconn *c, hreq *q, cairn_api_call *call)
+{
+    for (int i = 0; i < q->n_choices; i++) {
+        cairn_request *r = NULL;
+        if (q->n_choices == 1) {
+            r = call->req; /* the only one: as decoded */
+            call->req = NULL;
+        } else if (cairn_api_choice(call, i, &r) != CAIRN_OK) {
+            return CAIRN_ENOMEM;
+        }
+        r->id = q->choices[i].msgid = ++c->next_msgid;
+        r->gen.stream = q->stream;
+        if (srv_submit(&c->base, r) != CAIRN_OK)
+            return CAIRN_ECLOSED;
+    }
+    return CAIRN_OK;
+}
+
+static void decode_done(srv_work *w, srv_conn *b)
+{
+    decode_item *it = (decode_item *)w;
+    hconn *c = (hconn *)b;
+    hreq *q = c ? c->active : NULL;
+    if (!q) {
+        decode_item_free(it);
+        return;
+    }
+    q->decoding = false;
+    if (it->rc != CAIRN_OK) {
+        fail_request(c, q, it->rc == CAIRN_ENOMEM ? 503 : 400, it->err.message, it->err.field,
+                     it->err.reason);
+        decode_item_free(it);
+        return;
+    }
+    cairn_api_call *call = &it->call;
+    q->stream = call->stream;
+    q->include_usage = call->include_usage;
+    q->tools_json = call->tools_json;
+    call->tools_json = NULL;
+    q->n_choices = call->n_choices;
+    q->choices = calloc((size_t)q->n_choices, sizeof *q->choices);
+    int rc = q->choices ? submit_choices(c, q, call) : CAIRN_ENOMEM;
+    if (!q->choices)
+        q->n_choices = 0;
+    if (rc != CAIRN_OK)
+        fail_request(c, q, 503, rc == CAIRN_ENOMEM ? "out of memory"
+                                                   : "the engine is not accepting requests",
+                     NULL, NULL);
+    decode_item_free(it);
+}
+
+void http_handle_generation(hconn *c, bool chat)
+{
+    hreq *q = calloc(1, sizeof *q);
+    decode_item *it = q ? calloc(1, sizeof *it) : NULL;
+    if (!it) {
+        free(q);
+        http_respond_error(c, 503, "out of memory", NULL, NULL);
+        return;
+    }
+    q->kind = chat ? HK_CHAT : HK_COMPLETION;
+    q->created = (long long)time(NULL);
+    snprintf(q->id, sizeof q->id, "%s%016llx", chat ? "chatcmpl-" : "cmpl-",
+             (unsigned long long)srv_next_seed(c->base.srv));
+    q->decoding = true;
+    /* the body goes to the worker: the next request reads into a new one */
+    it->body = c->body.data;
+    it->body_len = c->body.len;
+    c->body = (cairn_strbuf){0};
+    it->session_header = c->session_header;
+    c->session_header = NULL;
+    it->op = chat ? CAIRN_API_CHAT : CAIRN_API_COMPLETION;
+    it->seed = srv_next_seed(c->base.srv);
+    it->w.conn_id = c->base.id;
+    it->w.work = decode_work;
+    it->w.done = decode_done;
+    c->active = q;
+    if (srv_work_queue(c->base.srv, &it->w) != CAIRN_OK) {
+        decode_item_free(it);
+        fail_request(c, q, 503, "out of memory", NULL, NULL);
+    }
+}
+
+void http_handle_models(hconn *c)
+{
+    json_t *o = json_pack("{s:s, s:[{s:s, s:s, s:I, s:s}]}", "object", "list", "data", "id",
+                          c->base.srv->model_id, "object", "model", "created", (json_int_t)0,
+                          "owned_by", "cairn");
+    http_respond_json(c, 200, o);
+    json_decref(o);
+}
