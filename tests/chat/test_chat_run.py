@@ -17,11 +17,11 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
-from cairn_client.launch import ServerProcess  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import harness  # noqa: E402
+from harness import SHORT_HANG_GUARD_S, Server  # noqa: E402
 
-CAIRN = sys.argv[1]
+[CAIRN] = harness.take_argv("CAIRN_BIN", usage=__doc__)
 MODEL = os.environ.get("CAIRN_CHAT_MODEL", "")
 if not os.path.exists(MODEL):
     print(f"skipped: real chat model absent ({MODEL or 'CAIRN_CHAT_MODEL unset'})")
@@ -71,9 +71,9 @@ def n_tokens_of(messages, gen_prompt, tools=None):
     return len(ids)
 
 
-srv = ServerProcess(CAIRN, ["-m", MODEL, "-c", "512"], start_timeout=120)
+srv = Server(CAIRN, ["-m", MODEL, "-c", "512"], start_timeout=SHORT_HANG_GUARD_S)
 try:
-    c = srv.client(timeout=120)
+    c = srv.client(timeout=SHORT_HANG_GUARD_S)
     msgs = [{"role": "system", "content": "Answer in one short sentence."}]
     s = c.session_open(messages=msgs)
     assert s["n_tokens"] == n_tokens_of(msgs, False), (s, n_tokens_of(msgs, False))

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`cairn chat-format` against the Hugging Face rendering of chat templates.
 
-usage: test_chat_templates.py CAIRN_BIN
+usage: test_chat_templates.py CAIRN_BIN [unittest args...]
 
 For the real instruct model (CAIRN_CHAT_MODEL; skipped with a message when the
 file is absent) the template is the GGUF's own tokenizer.chat_template. For the
@@ -24,8 +24,11 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-CAIRN = sys.argv[1]
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "support"))
+import harness  # noqa: E402
+
+[CAIRN] = harness.take_argv("CAIRN_BIN", usage=__doc__)
 CHAT_MODEL = os.environ.get("CAIRN_CHAT_MODEL", "")
 
 
@@ -342,4 +345,4 @@ class RealQwen(ChatFormat, unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(argv=[sys.argv[0]], verbosity=2)
+    unittest.main(verbosity=2)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """CLI contract tests for the `cairn` executable (real binary, real model).
 
-usage: test_cli.py CAIRN_BIN MODEL REF_SCRIPT TEXT_FILE
+usage: test_cli.py CAIRN_BIN MODEL REF_SCRIPT TEXT_FILE [unittest args...]
 """
 import math
 import os
@@ -13,7 +13,12 @@ import unittest
 
 import numpy as np
 
-CAIRN, MODEL, REF, TEXT = sys.argv[1:5]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import harness  # noqa: E402
+from harness import HANG_GUARD_S  # noqa: E402
+
+CAIRN, MODEL, REF, TEXT = harness.take_argv("CAIRN_BIN", "MODEL", "REF_SCRIPT", "TEXT_FILE",
+                                            usage=__doc__)
 
 GREEDY_IDS = [432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337,
               410, 408, 419, 292, 411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394]
@@ -22,7 +27,7 @@ GREEDY_TEXT = (", there was a little girl named Lily. She loved to play outside 
 
 
 def cairn(*args, stdin=None):
-    return subprocess.run([CAIRN, *args], input=stdin, capture_output=True, timeout=300)
+    return subprocess.run([CAIRN, *args], input=stdin, capture_output=True, timeout=HANG_GUARD_S)
 
 
 class Run(unittest.TestCase):
@@ -133,4 +138,4 @@ class Perplexity(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(argv=[sys.argv[0], "-v"])
+    unittest.main(verbosity=2)

@@ -11,15 +11,21 @@ argv: CAIRN_BIN MODEL HEAD
 - `cairn bench --draft --json` reports tau > 1 and both speeds.
 """
 import json
+import os
 import subprocess
 import sys
 
-cairn, model, head = sys.argv[1:4]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import harness  # noqa: E402
+from harness import SHORT_HANG_GUARD_S  # noqa: E402
+
+cairn, model, head = harness.take_argv("CAIRN_BIN", "MODEL", "HEAD")
 failures = 0
 
 
 def run(*args):
-    return subprocess.run([cairn, *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([cairn, *args], capture_output=True, text=True,
+                          timeout=SHORT_HANG_GUARD_S)
 
 
 def check(cond, what):

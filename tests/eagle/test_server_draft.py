@@ -24,19 +24,16 @@ argv: CAIRN_BIN MODEL HEAD
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
-import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
-                                "clients", "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import harness  # noqa: E402
+from harness import SHORT_HANG_GUARD_S  # noqa: E402
 from cairn_client import CairnError  # noqa: E402
-from cairn_client.launch import ServerProcess  # noqa: E402
 
-cairn, model, head = sys.argv[1:4]
+cairn, model, head = harness.take_argv("CAIRN_BIN", "MODEL", "HEAD")
 failures = 0
 N = 60  # tokens per generation
 
@@ -59,17 +56,14 @@ def check(cond, what):
 
 def run_plain(prompt):
     r = subprocess.run([cairn, "run", "-m", model, "-p", prompt, "-n", str(N), "--temp", "0",
-                        "-t", "1"], capture_output=True, text=True, timeout=120)
+                        "-t", "1"], capture_output=True, text=True, timeout=SHORT_HANG_GUARD_S)
     assert r.returncode == 0, r.stderr
     return r.stdout[:-1] if r.stdout.endswith("\n") else r.stdout  # run ends with a newline
 
 
 def spec_steps(srv):
-    """(speculative steps, tokens) from the log line a stopped server writes."""
-    for _ in range(500):  # stderr is read by a thread: wait for its last line
-        if any("cairn: stopped" in line for line in srv.log_lines):
-            break
-        time.sleep(0.01)
+    """(speculative steps, tokens) from the log line a stopped server writes
+    (once stop() has returned, log_lines holds all of its stderr)."""
     for line in srv.log_lines:
         m = re.search(r"(\d+) speculative steps gave (\d+) tokens", line)
         if m:
@@ -78,22 +72,19 @@ def spec_steps(srv):
 
 
 expected = {p: run_plain(p) for p in PROMPTS + [OTHER]}
-tmp = tempfile.mkdtemp(prefix="cairn-spec-")
-cache = os.path.join(tmp, "cache")
+servers = harness.Scratch("cairn-spec-")  # every server started, killed at the end
+cache = servers.path("cache")
 base = ["-m", model, "-t", "1", "--cache-dir", cache, "--tier-loads", "always"]
-servers = []
 
 
 def start(*extra):
-    srv = ServerProcess(cairn, base + list(extra), start_timeout=120)
-    servers.append(srv)
-    return srv
+    return servers.start(cairn, base + list(extra), start_timeout=SHORT_HANG_GUARD_S)
 
 
 try:
     # ---- 1. one client: on, off, per-request draft, bad draft -------------
     srv = start("--draft", head, "--draft-max-batch", "2")
-    c = srv.client(timeout=120)
+    c = srv.client(timeout=SHORT_HANG_GUARD_S)
     for p in PROMPTS:
         on = c.generate(p, max_tokens=N, temperature=0)
         off = c.generate(p, max_tokens=N, temperature=0, speculative=False)
@@ -129,7 +120,7 @@ try:
           "prompts parting at a page boundary share 3 pages")
 
     ref = start("--draft", head, "--no-prefix-cache")
-    rc = ref.client(timeout=120)
+    rc = ref.client(timeout=SHORT_HANG_GUARD_S)
     fresh = [rc.generate(tokens=t, max_tokens=N, temperature=0.8, seed=3).tokens for t in split]
     ref.stop()
     check(fresh == [r.tokens for r in sampled],
@@ -143,7 +134,7 @@ try:
 
     def worker(k):
         try:
-            cl = srv.client(timeout=120)
+            cl = srv.client(timeout=SHORT_HANG_GUARD_S)
             for i in range(2):
                 p = PROMPTS[(k + i) % len(PROMPTS)]
                 # lengths differ so the number of decoding requests changes
@@ -195,7 +186,7 @@ try:
 
     # ---- 4. restart without the head over the same cache ------------------
     srv = start()
-    c = srv.client(timeout=120)
+    c = srv.client(timeout=SHORT_HANG_GUARD_S)
     r = c.generate(PROMPTS[0], max_tokens=N, temperature=0)
     check(r.text == expected[PROMPTS[0]], "without the head after a restart: same text")
     check(r.usage.cached_tokens == 0, "pages written with the head are not found without it "
@@ -210,7 +201,7 @@ try:
 
     # ---- 5. restart with the head: its own pages back, the others not -----
     srv = start("--draft", head)
-    c = srv.client(timeout=120)
+    c = srv.client(timeout=SHORT_HANG_GUARD_S)
     r = c.generate(PROMPTS[1], max_tokens=N, temperature=0)
     check(r.text == expected[PROMPTS[1]], "with the head after restarts: same text")
     check(r.usage.cached_tokens >= 32, "pages written with the head are found again (%d cached)"
@@ -228,7 +219,7 @@ try:
 
     # ---- 6. --draft-max-batch 0: a head loaded, never speculating ----------
     srv = start("--draft", head, "--draft-max-batch", "0", "--no-prefix-cache")
-    c = srv.client(timeout=120)
+    c = srv.client(timeout=SHORT_HANG_GUARD_S)
     r = c.generate(PROMPTS[2], max_tokens=N, temperature=0)
     check(r.text == expected[PROMPTS[2]], "--draft-max-batch 0: same text")
     srv.stop()
@@ -241,7 +232,7 @@ try:
 
     def presser(k):
         try:
-            cl = srv.client(timeout=120)
+            cl = srv.client(timeout=SHORT_HANG_GUARD_S)
             for i in range(2):
                 p = PROMPTS[(k + i) % len(PROMPTS)]
                 results[(k, i)] = (p, cl.generate(p, max_tokens=2 * N, temperature=0).tokens)
@@ -253,7 +244,7 @@ try:
         t.start()
     for t in threads:
         t.join()
-    c = srv.client(timeout=120)
+    c = srv.client(timeout=SHORT_HANG_GUARD_S)
     paused = c.cache_stats().get("paused", 0)
     full = {p: c.generate(p, max_tokens=2 * N, temperature=0, speculative=False).tokens
             for p in PROMPTS}
@@ -263,9 +254,7 @@ try:
           "under page pressure: greedy outputs == plain")
     srv.stop()
 finally:
-    for s in servers:
-        s.kill()
-    shutil.rmtree(tmp, ignore_errors=True)
+    servers.close()
 
 print("failures:", failures)
 sys.exit(1 if failures else 0)

@@ -18,11 +18,12 @@ except ImportError:
     print("skipped: the Python package 'jsonschema' is not installed (scripts/setup.sh --test)")
     sys.exit(77)
 
-CAIRN, MODEL = sys.argv[1], sys.argv[2]
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import harness  # noqa: E402
+from harness import SHORT_HANG_GUARD_S, Server  # noqa: E402
 import cairn_client  # noqa: E402
-from cairn_client.launch import ServerProcess  # noqa: E402
+
+CAIRN, MODEL = harness.take_argv("CAIRN_BIN", "MODEL")
 
 # Bounded schemas (strings have maxLength, arrays maxItems), so every document
 # ends well within the token budget and must finish with "stop".
@@ -50,15 +51,15 @@ SCHEMAS = [
 def run(args):
     return subprocess.run([CAIRN, "run", "-m", MODEL, "-p", "Once upon a time",
                            "--temp", "1.0"] + args,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=SHORT_HANG_GUARD_S)
 
 
 def check_server():
     """response_format through the msgpack protocol; returns the failures."""
     failures = 0
-    server = ServerProcess(CAIRN, ["-m", MODEL], tcp=True)
+    server = Server(CAIRN, ["-m", MODEL], tcp=True, start_timeout=SHORT_HANG_GUARD_S)
     try:
-        c = server.client(timeout=120)
+        c = server.client(timeout=SHORT_HANG_GUARD_S)
         for k, schema in enumerate(SCHEMAS):
             for seed in range(1, 5):
                 # as JSON text: these nest deeper than max_depth allows a map

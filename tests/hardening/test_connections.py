@@ -14,21 +14,22 @@ import socket
 import struct
 import sys
 import threading
-import time
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 import harness  # noqa: E402
-from harness import HANG_GUARD_S, N_CTX, Reference as ref, request  # noqa: E402
+from harness import HANG_GUARD_S, LOG_GUARD_S, N_CTX, Reference as ref, request  # noqa: E402
+import procfs  # noqa: E402  (tests/hardening/procfs.py)
 
-harness.ServerCase.BIN, harness.ServerCase.MODEL = harness.parse_args()
+harness.configure(*harness.take_argv("CAIRN_BIN", "MODEL"))
 
 LONG = "Once upon a time"   # greedy runs to the end of the context on this prompt
 BYSTANDER = ["The little dog", "Lily and Tom went to the park", "Sam had a red ball."]
 
 
 class Case(harness.ServerCase):
+    TMP_PREFIX = "cairn-hard-"
+
     def bystander_check(self, srv, n=16):
         """A new client gets exactly the reference output for a few prompts."""
         with srv.client(timeout=HANG_GUARD_S) as c:
@@ -36,19 +37,8 @@ class Case(harness.ServerCase):
                 want = ref.cont(ref.tok(p, True), n)
                 self.assertEqual(c.generate(prompt=p, max_tokens=n, temperature=0).tokens, want)
 
-    def wait_fds(self, srv, at_most):
-        """Connections close asynchronously: poll (bounded) until the server
-        holds at most `at_most` descriptors; returns the count."""
-        deadline = time.monotonic() + HANG_GUARD_S
-        while True:
-            n = harness.open_fds(srv.proc.pid)
-            if n <= at_most or time.monotonic() > deadline:
-                return n
-            time.sleep(0.05)
-
     def read_first_notification(self, sock):
-        import msgpack
-        unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+        unpacker = harness.unpacker()
         while True:
             chunk = sock.recv(4096)
             self.assertTrue(chunk, "closed before streaming anything")
@@ -66,7 +56,7 @@ class DisconnectMidStream(Case):
         c = self.client(srv)
         max_tokens = N_CTX - len(ref.tok(LONG, True))
         before = c.cache_stats()["generated_tokens"]
-        fds_before = harness.open_fds(srv.proc.pid)
+        fds_before = procfs.open_fds(srv.proc.pid)
 
         # 8 clients with 2 long streams each; every stream has started
         socks = []
@@ -94,7 +84,7 @@ class DisconnectMidStream(Case):
                 data = request("generate", {"prompt": LONG, "max_tokens": 8}, 3)
                 s.sendall(data[: len(data) // 2])
                 s.close()
-        st = self.wait_idle(c)
+        st = harness.wait_idle(c)
         self.assertEqual((st["running"], st["waiting"]), (0, 0))
         generated = st["generated_tokens"] - before
         # cancelled, not run to the end
@@ -102,11 +92,12 @@ class DisconnectMidStream(Case):
         # the half-closed ones see the server close after it cancelled them
         for k, s in enumerate(socks):
             if k % 4 == 2:
-                _, msgs, closed = harness.read_until_closed(s)
+                got, closed = harness.read_until_closed(s)
+                msgs = harness.messages(got)
                 self.assertTrue(closed)
                 self.assertEqual([m for m in msgs if m[0] == 1], [],
                                  "a cancelled stream was answered as if it had finished")
-        n = self.wait_fds(srv, fds_before)
+        n = procfs.wait_fds(srv.proc.pid, fds_before)
         self.assertLessEqual(n, fds_before, "descriptors of gone clients are still held")
         self.bystander_check(srv)
         self.assertAlive(srv)
@@ -121,13 +112,12 @@ class HalfMessageThenSilence(Case):
         srv = self.start("--idle-timeout", "1")
         c = self.client(srv)
         lim = c.info()["limits"]
-        fds_before = harness.open_fds(srv.proc.pid)
+        fds_before = procfs.open_fds(srv.proc.pid)
 
         # an idle client between messages: one request answered, then silence
         idle = self.raw_socket(srv)
         idle.sendall(request("server.info", {}, 1))
-        import msgpack
-        unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+        unpacker = harness.unpacker()
         while True:
             unpacker.feed(idle.recv(65536))
             if any(m[0] == 1 for m in unpacker):
@@ -154,7 +144,8 @@ class HalfMessageThenSilence(Case):
         self.bystander_check(srv)
         for name, s in socks.items():
             with self.subTest(stall=name):
-                _, msgs, closed = harness.read_until_closed(s)
+                got, closed = harness.read_until_closed(s)
+                msgs = harness.messages(got)
                 self.assertTrue(closed, "a stalled client was never closed")
                 answers = [m for m in msgs if m[0] == 1]
                 if name.startswith("inside"):
@@ -164,19 +155,17 @@ class HalfMessageThenSilence(Case):
                     self.assertEqual(answers, [], "half a request was answered")
         # the server logs each close; its stderr is read by another thread,
         # so give the lines a bounded moment to arrive
-        deadline = time.monotonic() + 30
-        while (sum("half a message" in line for line in srv.log_lines) < 3
-               and time.monotonic() < deadline):
-            time.sleep(0.05)
+        harness.poll(lambda: sum("half a message" in line for line in srv.log_lines),
+                     lambda n: n >= 3, LOG_GUARD_S)
         self.assertGreaterEqual(sum("half a message" in line for line in srv.log_lines), 3,
                                 srv.log())
         # every staller is gone; the idle client is not: it has been silent
         # longer than the stallers (its last byte went first), yet it holds
         # no half message, so it is kept and still works
-        n = self.wait_fds(srv, fds_before + 1)
+        n = procfs.wait_fds(srv.proc.pid, fds_before + 1)
         self.assertLessEqual(n, fds_before + 1)
         idle.sendall(request("tokenize", {"text": "Once"}, 2))
-        unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+        unpacker = harness.unpacker()
         got = None
         while got is None:
             chunk = idle.recv(65536)
@@ -204,30 +193,30 @@ class NeverReads(Case):
         c = self.client(srv)
         max_tokens = N_CTX - len(ref.tok(LONG, True))
         before = c.cache_stats()["generated_tokens"]
-        fds_before = harness.open_fds(srv.proc.pid)
+        fds_before = procfs.open_fds(srv.proc.pid)
         socks = []
         for _ in range(2):
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s = harness.connect(sock_path, timeout=None)
             self.on_cleanup(s.close)
-            s.connect(sock_path)
             for m in range(1, 17):
                 s.sendall(request("generate", {"prompt": LONG, "max_tokens": max_tokens,
                                                "temperature": 0, "stream": True}, m))
             socks.append(s)
         self.bystander_check(srv)
-        st = self.wait_idle(c)
+        st = harness.wait_idle(c)
         self.assertEqual((st["running"], st["waiting"]), (0, 0))
         generated = st["generated_tokens"] - before
         self.assertLess(generated, 32 * max_tokens, "the streams ran to the end")
         read = []
         for s in socks:
-            nbytes, msgs, closed = harness.read_until_closed(s)
+            got, closed = harness.read_until_closed(s)
+            msgs = harness.messages(got)
             self.assertTrue(closed)
             self.assertEqual([m for m in msgs if m[0] == 1], [])
-            read.append(nbytes)
+            read.append(len(got))
         self.assertEqual(sum("output unread; disconnecting" in line for line in srv.log_lines), 2,
                          srv.log())
-        n = self.wait_fds(srv, fds_before)
+        n = procfs.wait_fds(srv.proc.pid, fds_before)
         self.assertLessEqual(n, fds_before)
         self.bystander_check(srv)
         print(f"\nnever-reading streams: 2 clients x 16 streams over a Unix socket, "
@@ -248,8 +237,8 @@ class NeverReads(Case):
         answer = len(ref.client().call("detokenize", {"tokens": toks})["text"])
         self.assertGreater(answer, 900_000)
         payload = [request("detokenize", {"tokens": toks}, m) for m in range(1, 25)]
-        hwm_before = harness.proc_status(srv.proc.pid)["VmHWM"] * 1024
-        fds_before = harness.open_fds(srv.proc.pid)
+        hwm_before = procfs.proc_status(srv.proc.pid)["VmHWM"] * 1024
+        fds_before = procfs.open_fds(srv.proc.pid)
 
         socks, errors = [], []
 
@@ -272,24 +261,22 @@ class NeverReads(Case):
         for t in threads:
             t.join(HANG_GUARD_S)
         self.assertEqual(errors, [])
-        deadline = time.monotonic() + HANG_GUARD_S
-        while sum("output unread; disconnecting" in line for line in srv.log_lines) < 3 and \
-                time.monotonic() < deadline:
-            time.sleep(0.05)
+        harness.poll(lambda: sum("output unread; disconnecting" in line for line in srv.log_lines),
+                     lambda n: n >= 3)
         self.assertEqual(sum("output unread; disconnecting" in line for line in srv.log_lines), 3,
                          srv.log())
         for s in socks:
-            _, _, closed = harness.read_until_closed(s)
+            _, closed = harness.read_until_closed(s)
             self.assertTrue(closed)
-        growth = harness.proc_status(srv.proc.pid)["VmHWM"] * 1024 - hwm_before
+        growth = procfs.proc_status(srv.proc.pid)["VmHWM"] * 1024 - hwm_before
         bound = 3 * (4 << 20) + (16 << 20)
         unread = 3 * 24 * answer
         print(f"\nnever-reading big answers: {unread / 2**20:.0f} MiB of answers unread by 3 "
               f"clients; server peak RSS grew {growth / 2**20:.1f} MiB (bound "
               f"{bound / 2**20:.0f} MiB)", file=sys.stderr)
-        if not harness.SANITIZER:
+        if not procfs.SANITIZER:
             self.assertLessEqual(growth, bound)
-        n = self.wait_fds(srv, fds_before)
+        n = procfs.wait_fds(srv.proc.pid, fds_before)
         self.assertLessEqual(n, fds_before)
         self.bystander_check(srv)
 
@@ -298,8 +285,7 @@ class NeverReads(Case):
 class InflightCap(Case):
     def read_answers(self, sock, want):
         """Answers ([1, ...]) read from sock until `want` of them arrived."""
-        import msgpack
-        unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+        unpacker = harness.unpacker()
         got = []
         while len(got) < want:
             chunk = sock.recv(65536)
@@ -315,7 +301,7 @@ class InflightCap(Case):
         # a round trip first: connect() returns before the server has
         # accepted, and the baseline must include this connection
         c.cache_stats()
-        fds_before = harness.open_fds(srv.proc.pid)
+        fds_before = procfs.open_fds(srv.proc.pid)
         long_req = {"prompt": LONG, "max_tokens": max_tokens, "temperature": 0}
         # 300 full-context requests at once on one connection: 256 are taken
         # (they wait for the engine), the 44 beyond the cap are refused at once
@@ -336,9 +322,9 @@ class InflightCap(Case):
         # docs/security.md, known gaps)
         s.close()
         d.close()
-        st = self.wait_idle(c)
+        st = harness.wait_idle(c)
         self.assertEqual((st["running"], st["waiting"]), (0, 0))
-        n = self.wait_fds(srv, fds_before)
+        n = procfs.wait_fds(srv.proc.pid, fds_before)
         self.assertLessEqual(n, fds_before)
         self.bystander_check(srv)
         print(f"\nin-flight cap: 300 requests on one connection, 44 refused (overloaded); "

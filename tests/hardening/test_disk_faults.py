@@ -17,6 +17,7 @@ cache (harness.Reference). No timing thresholds.
 """
 import os
 import random
+import re
 import shutil
 import stat
 import subprocess
@@ -25,13 +26,12 @@ import threading
 import time
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 import harness  # noqa: E402
 from harness import HANG_GUARD_S, STOP_GUARD_S, WORDS, Reference as ref  # noqa: E402
 import cairn_client  # noqa: E402
 
-harness.ServerCase.BIN, harness.ServerCase.MODEL = harness.parse_args()
+harness.configure(*harness.take_argv("CAIRN_BIN", "MODEL"))
 
 GEN = 8
 
@@ -41,6 +41,21 @@ def doc(i, n=40):
 
 
 class Case(harness.ServerCase):
+    TMP_PREFIX = "cairn-hard-"
+
+    def start_or_refusal(self, *extra, binary=None):
+        """(server, None) when it starts, (None, its log) when it exits
+        before listening. A refusal must be an orderly exit with a status
+        (not a signal) and a message on stderr."""
+        try:
+            return self.start(*extra, binary=binary), None
+        except harness.ServerStartError as e:
+            text = str(e)
+            m = re.search(r"exited with status (-?\d+)", text)
+            self.assertIsNotNone(m, "the server neither started nor exited:\n" + text)
+            self.assertGreater(int(m.group(1)), 0, "the server died of a signal:\n" + text)
+            return None, text
+
     def check_serves(self, srv, prompts=(doc(90), doc(91))):
         """A new client gets exactly the reference output."""
         with srv.client(timeout=HANG_GUARD_S) as c:

@@ -35,12 +35,12 @@ import sys
 import time
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 import harness  # noqa: E402
-from harness import AsyncConn, HANG_GUARD_S, WORDS  # noqa: E402
+from harness import HANG_GUARD_S, WORDS, request  # noqa: E402
+import procfs  # noqa: E402  (tests/hardening/procfs.py)
 
-harness.ServerCase.BIN, harness.ServerCase.MODEL = harness.parse_args()
+harness.configure(*harness.take_argv("CAIRN_BIN", "MODEL"))
 
 CLIENTS = int(os.environ.get("CAIRN_LOAD_CLIENTS", "256"))
 ROUNDS = int(os.environ.get("CAIRN_LOAD_ROUNDS", "3"))
@@ -57,6 +57,73 @@ FIXED_OVERHEAD = 32 << 20
 CONNECT_AT_ONCE = 64      # under the listen backlog (128): no SYN retries
 
 
+class RpcError(Exception):
+    def __init__(self, err):
+        super().__init__(f"{err.get('type')}: {err.get('message')}")
+        self.type = err.get("type")
+
+
+class AsyncConn:
+    """One msgpack-RPC connection driven by asyncio (hundreds of them in one
+    thread): `await call(...)` sends a request and returns its result
+    (notifications are counted, then dropped). Calls on one connection may
+    overlap."""
+
+    def __init__(self, reader, writer):
+        self.reader, self.writer = reader, writer
+        self.unpacker = harness.unpacker()
+        self.next_id = 1
+        self.waiting = {}
+        self.notifications = 0
+        self.task = asyncio.ensure_future(self._read_loop())
+
+    @classmethod
+    async def open(cls, host, port):
+        r, w = await asyncio.open_connection(host, port)
+        return cls(r, w)
+
+    async def _read_loop(self):
+        err = ConnectionError("connection closed by the server")
+        try:
+            while True:
+                chunk = await self.reader.read(1 << 16)
+                if not chunk:
+                    break
+                self.unpacker.feed(chunk)
+                for m in self.unpacker:
+                    if m[0] == 2:
+                        self.notifications += 1
+                    elif m[0] == 1 and m[1] in self.waiting:
+                        fut = self.waiting.pop(m[1])
+                        if m[2] is not None:
+                            fut.set_exception(RpcError(m[2]))
+                        else:
+                            fut.set_result(m[3])
+        except (ConnectionError, OSError) as e:
+            err = e
+        for fut in self.waiting.values():
+            if not fut.done():
+                fut.set_exception(err)
+        self.waiting.clear()
+
+    async def call(self, method, params=None, timeout=HANG_GUARD_S):
+        msgid = self.next_id
+        self.next_id += 1
+        fut = asyncio.get_running_loop().create_future()
+        self.waiting[msgid] = fut
+        self.writer.write(request(method, params or {}, msgid))
+        await self.writer.drain()
+        return await asyncio.wait_for(fut, timeout)
+
+    async def close(self):
+        self.writer.close()
+        try:
+            await self.writer.wait_closed()
+        except (ConnectionError, OSError):
+            pass
+        self.task.cancel()
+
+
 def template_text(t):
     names = ["Max", "Sue", "Lily", "Tom", "Ben", "Mia", "Zoe", "Sam"]
     # different lengths (22..37 words), different from the first words on
@@ -65,6 +132,8 @@ def template_text(t):
 
 
 class Load(harness.ServerCase):
+    TMP_PREFIX = "cairn-hard-"
+
     def expected_scripts(self):
         """Per template: (opening tokens, [(appended tokens, greedy output)]
         per turn, the one-shot output), from a fresh server that does one
@@ -154,8 +223,8 @@ class Load(harness.ServerCase):
         c = self.client(srv)
         total = c.cache_stats()["device_pages_total"]
         self.assertLessEqual(total, KV_PAGES + 1, "tier 0 is not as small as asked")
-        fds_before = harness.open_fds(srv.proc.pid)
-        rss_start = harness.proc_status(srv.proc.pid)["VmRSS"] * 1024
+        fds_before = procfs.open_fds(srv.proc.pid)
+        rss_start = procfs.proc_status(srv.proc.pid)["VmRSS"] * 1024
 
         failures = []
         counts = {"requests": 0, "generated": 0, "connections": 0, "notifications": 0,
@@ -169,9 +238,9 @@ class Load(harness.ServerCase):
                 break
         elapsed = time.monotonic() - t0
 
-        st = self.wait_idle(c)
+        st = harness.wait_idle(c)
         tiers = st["tiers"]
-        status = harness.proc_status(srv.proc.pid)
+        status = procfs.proc_status(srv.proc.pid)
         hwm = status["VmHWM"] * 1024
         model_bytes = os.path.getsize(self.MODEL)
         bound = kv + host + DISK_MAX + model_bytes + PER_CONN_ALLOWANCE * CLIENTS + FIXED_OVERHEAD
@@ -191,14 +260,12 @@ class Load(harness.ServerCase):
         self.assertGreater(st["evicted_pages"], 0, "the load never overflowed tier 0")
         self.assertEqual((st["running"], st["waiting"]), (0, 0))
         self.assertEqual(st["sessions"], 0, "closed sessions are still counted")
-        if not harness.SANITIZER:
+        if not procfs.SANITIZER:
             self.assertLessEqual(hwm, bound)
         # connections are released: the fd count comes back (closes are
         # asynchronous, so poll; the bound is a hang guard)
-        deadline = time.monotonic() + HANG_GUARD_S
-        while harness.open_fds(srv.proc.pid) > fds_before and time.monotonic() < deadline:
-            time.sleep(0.05)
-        self.assertLessEqual(harness.open_fds(srv.proc.pid), fds_before)
+        procfs.wait_fds(srv.proc.pid, fds_before)
+        self.assertLessEqual(procfs.open_fds(srv.proc.pid), fds_before)
         # and it still serves
         opening, _, one_shot = scripts[0]
         self.assertEqual(c.generate(tokens=opening, max_tokens=GEN, temperature=0).tokens,

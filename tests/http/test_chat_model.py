@@ -17,14 +17,11 @@ import unittest
 
 import openai
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from http_harness import Server  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import harness  # noqa: E402
+from harness import HANG_GUARD_S, SHORT_HANG_GUARD_S, Server  # noqa: E402
 
-if len(sys.argv) < 2:
-    sys.exit(__doc__)
-CAIRN = sys.argv[1]
-del sys.argv[1:2]
+[CAIRN] = harness.take_argv("CAIRN_BIN", usage=__doc__)
 CHAT_MODEL = os.environ.get("CAIRN_CHAT_MODEL", "")
 if not os.path.exists(CHAT_MODEL):
     print(f"skipped: CAIRN_CHAT_MODEL ({CHAT_MODEL or 'unset'}) is absent; "
@@ -46,9 +43,10 @@ QUESTION = [{"role": "user", "content": "What is the weather like in Paris right
 class ToolCallRoundTrip(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.server = Server(CAIRN, CHAT_MODEL, "--kv-mem", "128M", "--model-name", "qwen")
-        cls.client = openai.OpenAI(base_url=cls.server.base + "/v1", api_key="unused",
-                                   max_retries=0, timeout=300)
+        cls.server = Server(CAIRN, ["-m", CHAT_MODEL, "--kv-mem", "128M", "--model-name", "qwen"],
+                            http=True, start_timeout=SHORT_HANG_GUARD_S)
+        cls.client = openai.OpenAI(base_url=cls.server.http_url + "/v1", api_key="unused",
+                                   max_retries=0, timeout=HANG_GUARD_S)
 
     @classmethod
     def tearDownClass(cls):

@@ -10,20 +10,17 @@ usage: test_http_limits.py CAIRN_BIN MODEL [unittest args...]
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from http_harness import HANG_GUARD_S, Server, parse_metrics, raw_exchange  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import harness  # noqa: E402
+from harness import SHORT_HANG_GUARD_S, Server  # noqa: E402
+from metrics import parse_metrics  # noqa: E402  (tests/http/metrics.py)
 
-if len(sys.argv) < 3:
-    sys.exit(__doc__)
-CAIRN, MODEL = sys.argv[1], sys.argv[2]
-del sys.argv[1:3]
+CAIRN, MODEL = harness.take_argv("CAIRN_BIN", "MODEL", usage=__doc__)
 
 CURL = shutil.which("curl")
 TOKEN = "http-test-token-0123456789abcdef"
@@ -31,7 +28,7 @@ TOKEN = "http-test-token-0123456789abcdef"
 
 def curl(url, *args, data=None):
     """(status, headers text, body bytes) of one curl call."""
-    cmd = [CURL, "-sS", "-D", "-", "--max-time", str(HANG_GUARD_S), url, *args]
+    cmd = [CURL, "-sS", "-D", "-", "--max-time", str(SHORT_HANG_GUARD_S), url, *args]
     if data is not None:
         cmd += ["--data-binary", "@-"]
     p = subprocess.run(cmd, input=data, capture_output=True, check=True)
@@ -40,6 +37,11 @@ def curl(url, *args, data=None):
         head, _, body = body.partition(b"\r\n\r\n")
     status = int(head.split()[1])
     return status, head.decode(), body
+
+
+def raw_exchange(server, data):
+    """Raw bytes to the HTTP port; (bytes received, closed by the server)."""
+    return harness.exchange(server.http_address, data, timeout=SHORT_HANG_GUARD_S)
 
 
 def error_of(body):
@@ -53,8 +55,9 @@ def error_of(body):
 class Limits(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.server = Server(CAIRN, MODEL, "--http-max-body", "64K", "--http-timeout", "1")
-        cls.url = cls.server.base
+        cls.server = Server(CAIRN, ["-m", MODEL, "--http-max-body", "64K", "--http-timeout", "1"],
+                            http=True, start_timeout=SHORT_HANG_GUARD_S)
+        cls.url = cls.server.http_url
 
     @classmethod
     def tearDownClass(cls):
@@ -123,7 +126,7 @@ class Limits(unittest.TestCase):
 
     def test_oversized_headers(self):
         req = (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 40000 + b"\r\n\r\n")
-        got, closed = raw_exchange(self.server.port, req)
+        got, closed = raw_exchange(self.server, req)
         self.assertTrue(got.startswith(b"HTTP/1.1 431 "), got[:100])
         self.assertTrue(closed)
 
@@ -138,7 +141,7 @@ class Limits(unittest.TestCase):
         self.assertEqual(status, 405)
 
     def test_malformed_http(self):
-        got, closed = raw_exchange(self.server.port, b"GARBAGE\x00\x01 / HTTP/9\r\n\r\n")
+        got, closed = raw_exchange(self.server, b"GARBAGE\x00\x01 / HTTP/9\r\n\r\n")
         self.assertTrue(got.startswith(b"HTTP/1.1 400 "), got[:100])
         self.assertTrue(closed)
 
@@ -148,7 +151,7 @@ class Limits(unittest.TestCase):
         two = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
                % len(body) + body)
         last = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        got, closed = raw_exchange(self.server.port, one + two + one + last)
+        got, closed = raw_exchange(self.server, one + two + one + last)
         self.assertTrue(closed)
         self.assertEqual(got.count(b"HTTP/1.1 200 OK"), 4, got)
         self.assertIn(b"text_completion", got)
@@ -156,11 +159,11 @@ class Limits(unittest.TestCase):
 
     def test_read_timeout(self):
         # half a request, then silence: 408 after --http-timeout (1 s)
-        got, closed = raw_exchange(self.server.port, b"POST /v1/completions HTTP/1.1\r\nHo")
+        got, closed = raw_exchange(self.server, b"POST /v1/completions HTTP/1.1\r\nHo")
         self.assertTrue(got.startswith(b"HTTP/1.1 408 "), got[:100])
         self.assertTrue(closed)
         # an idle keep-alive connection is closed without an answer
-        got, closed = raw_exchange(self.server.port, b"")
+        got, closed = raw_exchange(self.server, b"")
         self.assertEqual(got, b"")
         self.assertTrue(closed)
 
@@ -172,7 +175,7 @@ class Limits(unittest.TestCase):
     def disconnect_mid_stream(self, n):
         body = json.dumps({"messages": [{"role": "user", "content": "A long story"}], "n": n,
                            "max_tokens": 2000, "temperature": 0, "stream": True}).encode()
-        s = socket.create_connection(("127.0.0.1", self.server.port), timeout=HANG_GUARD_S)
+        s = harness.connect(self.server.http_address, timeout=SHORT_HANG_GUARD_S)
         s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n"
                   b"\r\n" % len(body) + body)
         got = b""
@@ -180,7 +183,7 @@ class Limits(unittest.TestCase):
             got += s.recv(4096)
         s.close()
         # the request (every choice of it) is cancelled: nothing keeps running
-        deadline = time.monotonic() + HANG_GUARD_S
+        deadline = time.monotonic() + SHORT_HANG_GUARD_S
         while True:
             values = parse_metrics(curl(self.url + "/metrics")[2].decode())[0]
             if values["cairn_requests_running"] == 0 and values["cairn_requests_waiting"] == 0:
@@ -194,8 +197,9 @@ class Limits(unittest.TestCase):
 class Auth(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.server = Server(CAIRN, MODEL, "--auth-token", TOKEN)
-        cls.url = cls.server.base
+        cls.server = Server(CAIRN, ["-m", MODEL, "--auth-token", TOKEN], http=True,
+                            start_timeout=SHORT_HANG_GUARD_S)
+        cls.url = cls.server.http_url
 
     @classmethod
     def tearDownClass(cls):
@@ -234,7 +238,7 @@ class PublicBind(unittest.TestCase):
     def test_refuses_public_http_without_token(self):
         p = subprocess.run([CAIRN, "serve", "-m", MODEL, "--port", "0", "--http-port", "0",
                             "--http-host", "0.0.0.0"], capture_output=True, text=True,
-                           timeout=HANG_GUARD_S)
+                           timeout=SHORT_HANG_GUARD_S)
         self.assertEqual(p.returncode, 2)
         self.assertIn("refusing to listen on 0.0.0.0", p.stderr)
 

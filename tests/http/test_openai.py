@@ -23,14 +23,12 @@ import urllib.request
 import jsonschema
 import openai
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from http_harness import Server, parse_metrics  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import harness  # noqa: E402
+from harness import SHORT_HANG_GUARD_S, Server  # noqa: E402
+from metrics import parse_metrics  # noqa: E402  (tests/http/metrics.py)
 
-if len(sys.argv) < 3:
-    sys.exit(__doc__)
-CAIRN, MODEL = sys.argv[1], sys.argv[2]
-del sys.argv[1:3]
+CAIRN, MODEL = harness.take_argv("CAIRN_BIN", "MODEL", usage=__doc__)
 
 PAGE = 16  # serve's default page size: cached prefixes come in whole pages
 
@@ -52,9 +50,9 @@ def whole_pages(n):
 class OpenAIFacade(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.server = Server(CAIRN, MODEL)
-        cls.client = openai.OpenAI(base_url=cls.server.base + "/v1", api_key="unused",
-                                   max_retries=0, timeout=120)
+        cls.server = Server(CAIRN, ["-m", MODEL], http=True, start_timeout=SHORT_HANG_GUARD_S)
+        cls.client = openai.OpenAI(base_url=cls.server.http_url + "/v1", api_key="unused",
+                                   max_retries=0, timeout=SHORT_HANG_GUARD_S)
 
     @classmethod
     def tearDownClass(cls):
@@ -157,7 +155,7 @@ class OpenAIFacade(unittest.TestCase):
         self.assertGreater(two.usage.prompt_tokens_details.cached_tokens, 0)
 
     def sessions_open(self):
-        with urllib.request.urlopen(self.server.base + "/metrics") as r:
+        with urllib.request.urlopen(self.server.http_url + "/metrics") as r:
             return parse_metrics(r.read().decode())[0]["cairn_sessions"]
 
     def test_session_affinity_body_and_header(self):

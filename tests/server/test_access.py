@@ -6,32 +6,24 @@ public address without a token, the Unix socket's mode.
 usage: test_access.py CAIRN_BIN MODEL [unittest args...]
 
 Each class starts its own server (`--port 0`, a Unix socket in a temporary
-directory) and stops it in tearDownClass. Raw-socket checks read until the
+directory) and stops it after its last test. Raw-socket checks read until the
 server closes the connection, so "closed after the answer" is observed, not
 timed; waits only guard against hangs.
 """
 import os
-import socket
 import stat
 import subprocess
 import sys
 import tempfile
 import unittest
 
-import msgpack
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import harness  # noqa: E402
+from harness import HANG_GUARD_S, STORIES, Server, request  # noqa: E402
 import cairn_client  # noqa: E402
-from cairn_client.launch import ServerProcess  # noqa: E402
 
-if len(sys.argv) < 3:
-    sys.exit(__doc__)
-CAIRN, MODEL = sys.argv[1], sys.argv[2]
-del sys.argv[1:3]
+CAIRN, MODEL = harness.take_argv("CAIRN_BIN", "MODEL", usage=__doc__)
 
-HANG_GUARD_S = 300
-STORIES = open(os.path.join(HERE, "..", "data", "text", "stories.txt")).read()
 TOKEN = "s3cret-token-for-the-access-test-0123456789"
 ALICE_TOKEN = "alice-token-7b1e0f54c9a2d3e8f6a1"
 BOB_TOKEN = "bob-token-0c2d9a7e5b3f1a4c8e6d"
@@ -46,39 +38,11 @@ def write_secret(directory, name, text, mode=0o600):
     return path
 
 
-def request(method, params=None, msgid=7):
-    return msgpack.packb([0, msgid, method, [params or {}]])
-
-
-def exchange_until_closed(address, data, family=socket.AF_INET):
+def exchange_until_closed(address, data):
     """Send raw bytes and read until the server closes the connection (or
     the hang guard fires); return (responses, closed)."""
-    s = socket.socket(family, socket.SOCK_STREAM)
-    s.settimeout(HANG_GUARD_S)
-    s.connect(address)
-    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
-    msgs, closed = [], False
-    try:
-        try:
-            s.sendall(data)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        while True:
-            try:
-                chunk = s.recv(65536)
-            except ConnectionResetError:
-                closed = True
-                break
-            except socket.timeout:
-                break
-            if not chunk:
-                closed = True
-                break
-            unpacker.feed(chunk)
-            msgs.extend(unpacker)
-    finally:
-        s.close()
-    return [m for m in msgs if isinstance(m, list) and m and m[0] == 1], closed
+    got, closed = harness.exchange(address, data)
+    return harness.responses(harness.messages(got)), closed
 
 
 def run_serve(args, timeout=HANG_GUARD_S):
@@ -87,9 +51,9 @@ def run_serve(args, timeout=HANG_GUARD_S):
                           stdin=subprocess.DEVNULL)
 
 
-class Checks(unittest.TestCase):
-    def assertUnauthorizedAndClosed(self, address, data, family=socket.AF_INET, msgid=7):
-        responses, closed = exchange_until_closed(address, data, family)
+class Checks(harness.TestCase):
+    def assertUnauthorizedAndClosed(self, address, data, msgid=7):
+        responses, closed = exchange_until_closed(address, data)
         self.assertEqual(len(responses), 1, responses)
         r = responses[0]
         self.assertEqual(r[1], msgid, r)
@@ -106,14 +70,9 @@ class NoToken(Checks):
 
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory(prefix="cairn-access-")
-        cls.sock_path = os.path.join(cls.tmp.name, "cairn.sock")
-        cls.server = ServerProcess(CAIRN, ["-m", MODEL], unix_path=cls.sock_path)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.server.stop()
-        cls.tmp.cleanup()
+        cls.tmp = cls.class_scratch("cairn-access-")
+        cls.sock_path = cls.tmp.path("cairn.sock")
+        cls.server = cls.tmp.start(CAIRN, ["-m", MODEL], unix_path=cls.sock_path)
 
     def test_requests_without_auth(self):
         with self.server.client(timeout=HANG_GUARD_S) as c:
@@ -142,22 +101,17 @@ class SharedToken(Checks):
 
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory(prefix="cairn-access-")
-        cls.sock_path = os.path.join(cls.tmp.name, "cairn.sock")
+        cls.tmp = cls.class_scratch("cairn-access-")
+        cls.sock_path = cls.tmp.path("cairn.sock")
         cls.token_file = write_secret(cls.tmp.name, "token", TOKEN + "\n# ignored\n")
-        cls.server = ServerProcess(
+        cls.server = cls.tmp.start(
             CAIRN, ["-m", MODEL, "--host", "0.0.0.0", "--auth-token-file", cls.token_file,
                     "--idle-timeout", "30"],
             unix_path=cls.sock_path)
-        cls.addr = (cls.server.host, cls.server.port)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.server.stop()
-        cls.tmp.cleanup()
+        cls.addr = cls.server.address
 
     def tearDown(self):
-        self.assertTrue(self.server.alive(), "the server died:\n" + self.server.log())
+        self.assertAlive(self.server)
 
     def test_listening_line_says_token(self):
         self.assertIn("token required", "\n".join(self.server.log_lines))
@@ -222,7 +176,7 @@ class SharedToken(Checks):
                 c.info()
 
     def test_unix_socket_needs_auth_too(self):
-        self.assertUnauthorizedAndClosed(self.sock_path, request("server.info"), socket.AF_UNIX)
+        self.assertUnauthorizedAndClosed(self.sock_path, request("server.info"))
         with self.server.client(timeout=HANG_GUARD_S, unix=True, auth_token=TOKEN) as u:
             self.assertIn("model", u.info())
         st = os.stat(self.sock_path)
@@ -232,10 +186,10 @@ class SharedToken(Checks):
         # auth and a request pipelined in one write: both answered in order.
         data = request("auth", {"token": TOKEN}, msgid=1) + request("tokenize",
                                                                     {"text": "hi"}, msgid=2)
-        s = socket.create_connection(self.addr, timeout=HANG_GUARD_S)
+        s = harness.connect(self.addr)
         try:
             s.sendall(data)
-            unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+            unpacker = harness.unpacker()
             got = {}
             while len(got) < 2:
                 chunk = s.recv(65536)
@@ -253,8 +207,8 @@ class SharedToken(Checks):
 
 class TokenOnCommandLine(Checks):
     def test_auth_token_option(self):
-        with ServerProcess(CAIRN, ["-m", MODEL, "--auth-token", TOKEN]) as srv:
-            self.assertUnauthorizedAndClosed((srv.host, srv.port), request("server.info"))
+        with Server(CAIRN, ["-m", MODEL, "--auth-token", TOKEN]) as srv:
+            self.assertUnauthorizedAndClosed(srv.address, request("server.info"))
             with srv.client(timeout=HANG_GUARD_S, auth_token=TOKEN) as c:
                 self.assertIn("model", c.info())
             # the token is no longer in the process's command line
@@ -294,7 +248,7 @@ class RefuseToStart(unittest.TestCase):
 
     def test_loopback_variants_are_fine_without_token(self):
         # 127.0.0.2 is loopback too: it starts (and is stopped at once).
-        with ServerProcess(CAIRN, ["-m", MODEL, "--host", "127.0.0.2"]) as srv:
+        with Server(CAIRN, ["-m", MODEL, "--host", "127.0.0.2"]) as srv:
             self.assertTrue(srv.alive())
 
     def test_loose_token_file(self):
@@ -334,28 +288,21 @@ class Tenants(Checks):
 
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory(prefix="cairn-access-")
-        cls.sock_path = os.path.join(cls.tmp.name, "cairn.sock")
+        cls.tmp = cls.class_scratch("cairn-access-")
+        cls.sock_path = cls.tmp.path("cairn.sock")
         cls.tenants_file = write_secret(
             cls.tmp.name, "tenants",
             "# name token\nalice " + ALICE_TOKEN + "\n\n  bob\t" + BOB_TOKEN + "  \r\n")
-        cls.server = ServerProcess(CAIRN, ["-m", MODEL, "--tenants", cls.tenants_file],
+        cls.server = cls.tmp.start(CAIRN, ["-m", MODEL, "--tenants", cls.tenants_file],
                                    unix_path=cls.sock_path)
-        cls.a = cls.server.client(timeout=HANG_GUARD_S, auth_token=ALICE_TOKEN)
-        cls.b = cls.server.client(timeout=HANG_GUARD_S, auth_token=BOB_TOKEN)
+        cls.a = cls.tmp.client(cls.server, timeout=HANG_GUARD_S, auth_token=ALICE_TOKEN)
+        cls.b = cls.tmp.client(cls.server, timeout=HANG_GUARD_S, auth_token=BOB_TOKEN)
         info = cls.a.info()
         cls.P = int(info["page_size"])
         cls.n_ctx = int(info["model"]["n_ctx"])
 
-    @classmethod
-    def tearDownClass(cls):
-        for c in (cls.a, cls.b):
-            c.close()
-        cls.server.stop()
-        cls.tmp.cleanup()
-
     def tearDown(self):
-        self.assertTrue(self.server.alive(), "the server died:\n" + self.server.log())
+        self.assertAlive(self.server)
 
     def test_auth_names_the_tenant(self):
         self.assertEqual(self.a.tenant, "alice")
@@ -363,8 +310,7 @@ class Tenants(Checks):
         self.assertIn("2 tenants", "\n".join(self.server.log_lines))
         with self.server.client(timeout=HANG_GUARD_S, unix=True, auth_token=BOB_TOKEN) as u:
             self.assertEqual(u.tenant, "bob")
-        self.assertUnauthorizedAndClosed((self.server.host, self.server.port),
-                                         request("auth", {"token": "alice"}))
+        self.assertUnauthorizedAndClosed(self.server.address, request("auth", {"token": "alice"}))
 
     def test_cannot_switch_tenant_on_a_connection(self):
         with self.server.client(timeout=HANG_GUARD_S, auth_token=ALICE_TOKEN) as c:
@@ -439,7 +385,7 @@ class TenantIdAcrossRestarts(unittest.TestCase):
             args = ["-m", MODEL, "--tenants", tenants, "--cache-dir", cache,
                     "--tier-loads", "always"]
             prompt = STORIES[2000:2600]
-            srv = ServerProcess(CAIRN, args)
+            srv = Server(CAIRN, args)
             try:
                 with srv.client(timeout=HANG_GUARD_S, auth_token=ALICE_TOKEN) as a:
                     P = int(a.info()["page_size"])

@@ -35,59 +35,24 @@ import os
 import shutil
 import struct
 import sys
-import tempfile
 import threading
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import harness  # noqa: E402
+from harness import HANG_GUARD_S, N_CTX, STOP_GUARD_S, WORDS  # noqa: E402
 import cairn_client  # noqa: E402
-from cairn_client.launch import ServerProcess  # noqa: E402
 
-if len(sys.argv) < 3:
-    sys.exit(__doc__)
-CAIRN, MODEL = sys.argv[1], sys.argv[2]
-del sys.argv[1:3]
+CAIRN, MODEL = harness.take_argv("CAIRN_BIN", "MODEL", usage=__doc__)
+harness.configure(CAIRN, MODEL)
 
-HANG_GUARD_S = 300      # a call that takes longer than this is a hang, not slowness
-STOP_GUARD_S = 120      # a graceful stop (write-back + fsync) longer than this is a hang
-N_CTX = 2048            # the same context everywhere (the bundled model's default)
 TIERS = ("device", "host", "disk")
 
-with open(os.path.join(HERE, "..", "data", "text", "stories.txt")) as _f:
-    STORIES = _f.read()
-WORDS = STORIES.split()
-
-REF = None  # the reference server: no cache dir, no tiers
-
-
-def setUpModule():
-    global REF
-    REF = ServerProcess(CAIRN, ["-m", MODEL, "-c", str(N_CTX)], start_timeout=HANG_GUARD_S)
-
-
-def tearDownModule():
-    if REF is not None:
-        REF.kill()
-
-
-_ref_client = None
-
-
-def ref():
-    global _ref_client
-    if _ref_client is None:
-        _ref_client = REF.client(timeout=HANG_GUARD_S)
-    return _ref_client
-
-
-def tok(text, bos):
-    return ref().tokenize(text, add_bos=bos)
-
-
-def ref_continue(history, n):
-    """Greedy tokens a fresh server generates after `history` (token ids)."""
-    return ref().generate(tokens=history, max_tokens=n, temperature=0).tokens
+# The reference server (harness.Reference: no cache dir, no tiers, -c N_CTX):
+# its client, tokenize, and the greedy tokens it generates after a history.
+ref = harness.Reference.client
+tok = harness.Reference.tok
+ref_continue = harness.Reference.cont
 
 
 # --------------------------------------------------------------------------
@@ -163,55 +128,31 @@ def write_perturbed_model(src, dst, tensor="blk.0.attn_k.weight", scale=1.5):
 
 
 # --------------------------------------------------------------------------
-class PersistCase(unittest.TestCase):
-    """Per test: a temporary directory (cache dirs, model copies) and a list
-    of the servers started, all killed at the end."""
+class PersistCase(harness.ServerCase):
+    """Per test: a temporary directory (cache dirs, model copies) and the
+    servers and clients started, all killed and closed at the end."""
+    TMP_PREFIX = "cairn-persist-"
 
     def setUp(self):
-        self.tmp = tempfile.mkdtemp(prefix="cairn-persist-")
+        super().setUp()
         self.cache_dir = os.path.join(self.tmp, "cache")
-        self._servers = []
-        self._clients = []
-        self.addCleanup(self._cleanup)
         self.P = int(ref().info()["page_size"])
-
-    def _cleanup(self):
-        for c in self._clients:
-            try:
-                c.close()
-            except Exception:
-                pass
-        for s in self._servers:
-            s.kill()
-        shutil.rmtree(self.tmp, ignore_errors=True)
 
     def start(self, *extra, model=None, cache_dir=True):
         """A server over the model (and this test's cache dir)."""
-        args = ["-m", model or MODEL, "-c", str(N_CTX)]
-        if cache_dir:
-            args += ["--cache-dir", self.cache_dir]
-        args += list(extra)
-        srv = ServerProcess(CAIRN, args, start_timeout=HANG_GUARD_S)
-        self._servers.append(srv)
-        return srv
-
-    def client(self, srv):
-        c = srv.client(timeout=HANG_GUARD_S)
-        self._clients.append(c)
-        return c
+        return super().start(*(["--cache-dir", self.cache_dir] if cache_dir else []), *extra,
+                             model=model)
 
     def graceful_restart(self, srv, args=None):
         """SIGTERM (must exit 0 after writing back), then start again."""
-        new = srv.restart(args=args, timeout=STOP_GUARD_S)
-        self._servers.append(new)
+        new = self.track(srv.restart(args=args, timeout=STOP_GUARD_S))
         self.assertEqual(srv.returncode, 0,
                          "SIGTERM did not end the server with status 0:\n" + srv.log())
         return new
 
     def crash_restart(self, srv):
         """SIGKILL (nothing written back), then start again."""
-        new = srv.restart(kill=True)
-        self._servers.append(new)
+        new = self.track(srv.restart(kill=True))
         self.assertEqual(srv.returncode, -9)
         return new
 

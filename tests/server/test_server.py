@@ -23,30 +23,20 @@ import json
 import os
 import random
 import re
-import socket
 import stat
 import subprocess
 import sys
-import tempfile
 import threading
-import time
 import unittest
 
 import msgpack
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import harness  # noqa: E402
+from harness import HANG_GUARD_S, STORIES  # noqa: E402
 import cairn_client  # noqa: E402
-from cairn_client.launch import ServerProcess  # noqa: E402
 
-if len(sys.argv) < 3:
-    sys.exit(__doc__)
-CAIRN, MODEL = sys.argv[1], sys.argv[2]
-del sys.argv[1:3]
-
-HANG_GUARD_S = 300  # a call that takes longer than this is a hang, not slowness
-
-STORIES = open(os.path.join(HERE, "..", "data", "text", "stories.txt")).read()
+CAIRN, MODEL = harness.take_argv("CAIRN_BIN", "MODEL", usage=__doc__)
 
 PROMPTS = [
     "Once upon a time",
@@ -77,34 +67,21 @@ def cairn_run_greedy(prompt, n):
     return _expected_cache[key]
 
 
-class ServerCase(unittest.TestCase):
+class ServerCase(harness.TestCase):
     """Starts a server for the class; `self.c` is a connected TCP client."""
 
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory(prefix="cairn-test-")
-        cls.sock_path = os.path.join(cls.tmp.name, "cairn.sock")
-        cls.server = ServerProcess(CAIRN, ["-m", MODEL], tcp=True, unix_path=cls.sock_path)
-        try:
-            cls.c = cls.server.client(timeout=HANG_GUARD_S)
-            cls.info = cls.c.info()
-            cls.P = int(cls.info["page_size"])
-            cls.n_ctx = int(cls.info["model"]["n_ctx"])
-        except BaseException:
-            cls.server.stop()
-            cls.tmp.cleanup()
-            raise
-
-    @classmethod
-    def tearDownClass(cls):
-        try:
-            cls.c.close()
-        finally:
-            cls.server.stop()
-            cls.tmp.cleanup()
+        cls.tmp = cls.class_scratch("cairn-test-")
+        cls.sock_path = cls.tmp.path("cairn.sock")
+        cls.server = cls.tmp.start(CAIRN, ["-m", MODEL], tcp=True, unix_path=cls.sock_path)
+        cls.c = cls.tmp.client(cls.server, timeout=HANG_GUARD_S)
+        cls.info = cls.c.info()
+        cls.P = int(cls.info["page_size"])
+        cls.n_ctx = int(cls.info["model"]["n_ctx"])
 
     def tearDown(self):
-        self.assertTrue(self.server.alive(), "the server died:\n" + self.server.log())
+        self.assertAlive(self.server)
 
     def new_client(self, unix=False):
         return self.server.client(timeout=HANG_GUARD_S, unix=unix)
@@ -569,11 +546,7 @@ class CancelAndDisconnect(ServerCase):
                 s.wait()
         # The server notices the close on its own schedule; poll (bounded,
         # a hang guard) until nothing of that client is running.
-        for _ in range(HANG_GUARD_S * 10):
-            st = self.c.cache_stats()
-            if st["running"] == 0 and st["waiting"] == 0:
-                break
-            time.sleep(0.1)
+        st = harness.wait_idle(self.c)
         self.assertEqual((st["running"], st["waiting"]), (0, 0))
         # they were cancelled, not run to the end
         self.assertLess(st["generated_tokens"] - generated_before, 3 * max_tokens)
@@ -583,39 +556,12 @@ class CancelAndDisconnect(ServerCase):
 
 
 # --------------------------------------------------------------------------
-def raw_exchange(address, data, family=socket.AF_INET, half_close=False):
-    """Send raw bytes; return (messages received, closed) once a response
-    arrives or the server closes the connection. half_close: shut our
-    sending side after the data, for input that is a prefix of a (huge)
-    message, which a server may rightly wait on until the stream ends."""
-    s = socket.socket(family, socket.SOCK_STREAM)
-    s.settimeout(HANG_GUARD_S)
-    s.connect(address)
-    msgs, closed = [], False
-    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
-    try:
-        try:
-            s.sendall(data)
-            if half_close:
-                s.shutdown(socket.SHUT_WR)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # closed before we finished sending; read what it said
-        while not any(isinstance(m, list) and m and m[0] == 1 for m in msgs):
-            chunk = s.recv(65536)
-            if not chunk:
-                closed = True
-                break
-            unpacker.feed(chunk)
-            msgs.extend(unpacker)
-    except ConnectionResetError:
-        closed = True
-    finally:
-        s.close()
-    return msgs, closed
-
-
-def request(method, params, msgid=7):
-    return msgpack.packb([0, msgid, method, params])
+# raw_exchange(address, data, half_close=False): send raw bytes; (messages
+# received, closed) once a response arrives or the server closes the
+# connection. request(method, params, msgid=7): [0, msgid, method, params]
+# with params as given (here often not the array of one map it should be).
+raw_exchange = harness.exchange_until_response
+request = harness.pack_request
 
 
 class Malformed(ServerCase):
@@ -625,13 +571,8 @@ class Malformed(ServerCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.bystander = cls.server.client(timeout=HANG_GUARD_S)
+        cls.bystander = cls.tmp.client(cls.server, timeout=HANG_GUARD_S)
         cls.expected = cairn_run_greedy(PROMPTS[5], 16)[0]
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.bystander.close()
-        super().tearDownClass()
 
     def tearDown(self):
         super().tearDown()
@@ -642,7 +583,7 @@ class Malformed(ServerCase):
             self.assertEqual(c.info()["page_size"], self.P)
 
     def addr(self):
-        return (self.server.host, self.server.port)
+        return self.server.address
 
     def expect_error_or_close(self, data, types=("invalid_request",), msgid=7,
                               allow_close=True, half_close=False):
@@ -780,7 +721,7 @@ class Malformed(ServerCase):
 
     def test_half_a_message_then_close(self):
         data = request("generate", [{"prompt": "Once upon a time", "max_tokens": 8}])
-        s = socket.create_connection(self.addr(), timeout=HANG_GUARD_S)
+        s = harness.connect(self.addr())
         s.sendall(data[: len(data) // 2])
         s.close()
 
@@ -805,8 +746,7 @@ class UnixSocket(ServerCase):
             u.session_close(sid)
 
     def test_garbage_on_unix_socket(self):
-        msgs, closed = raw_exchange(self.sock_path, b"\xc1\xc1\xc1" + request("nope", [{}]),
-                                    socket.AF_UNIX)
+        msgs, closed = raw_exchange(self.sock_path, b"\xc1\xc1\xc1" + request("nope", [{}]))
         for m in msgs:
             if isinstance(m, list) and m and m[0] == 1:
                 self.assertIsNotNone(m[2])

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Unit tests of the client's plumbing against a scripted fake server (no
 model, no cairn binary): msgid dispatch with out-of-order responses, many
-threads on one connection, streams, error mapping, and connection loss.
+threads on one connection, streams, error mapping, and connection loss; and
+of the launcher (cairn_client.launch) against a fake `cairn serve` script:
+the "listening" line's addresses, the complete log after a stop, restarts.
 
 usage: test_client.py   (run from anywhere; it finds the package itself)
 """
@@ -16,6 +18,8 @@ import msgpack
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import cairn_client  # noqa: E402
+from cairn_client.launch import (Listening, ServerProcess, ServerStartError,  # noqa: E402
+                                 parse_listening)
 
 
 class FakeServer:
@@ -174,6 +178,112 @@ class UnixSocketTest(unittest.TestCase):
                         self.assertEqual(c.call("echo", {"u": 1}), {"echo": {"u": 1}})
             finally:
                 server.close()
+
+
+# A stand-in for `cairn serve`: reports the listeners it was asked for on one
+# "listening" line (binding the Unix socket for real); on SIGTERM it exits 0
+# and its last line, "stopped", comes from a child that outlives it (so it
+# is in the log only if stop() waits for the end of the pipe, not just for
+# the process); with --fail it exits 3 before listening.
+FAKE_SERVE = """#!{python}
+import os, signal, socket, sys, time
+args = sys.argv[1:]
+assert args[0] == "serve", args
+if "--fail" in args:
+    print("cairn serve: cannot start", file=sys.stderr, flush=True)
+    sys.exit(3)
+where = []
+if "--port" in args:
+    where.append("tcp 127.0.0.1:4242")
+if "--unix" in args:
+    path = args[args.index("--unix") + 1]
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(path)
+    s.listen()
+    where.append("unix " + path)
+if "--http-port" in args:
+    where.append("http 0.0.0.0:4343")
+
+
+def stop(*_):
+    print("cairn: info: shutting down", file=sys.stderr, flush=True)
+    if os.fork() == 0:
+        time.sleep(0.2)
+        print("cairn: stopped", file=sys.stderr, flush=True)
+        os._exit(0)
+    os._exit(0)
+
+
+signal.signal(signal.SIGTERM, stop)
+print("cairn: listening on " + ", ".join(where) + " (no authentication)", file=sys.stderr,
+      flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+class LaunchTest(unittest.TestCase):
+    def test_parse_listening(self):
+        cases = {
+            "cairn: listening on tcp 127.0.0.1:41837 (no authentication)":
+                Listening(("127.0.0.1", 41837), None, None),
+            "cairn: listening on tcp 127.0.0.1:1, unix /tmp/a b/s.sock, http 127.0.0.1:2 "
+            "(token required)": Listening(("127.0.0.1", 1), "/tmp/a b/s.sock", ("127.0.0.1", 2)),
+            "cairn: listening on tcp 0.0.0.0:5, http 0.0.0.0:6 (2 tenants)":
+                Listening(("127.0.0.1", 5), None, ("127.0.0.1", 6)),
+            "cairn: listening on unix /run/c.sock, http 127.0.0.1:7 (no authentication)":
+                Listening(None, "/run/c.sock", ("127.0.0.1", 7)),
+            "cairn: listening on tcp [::1]:8 (no authentication)":
+                Listening(("::1", 8), None, None),
+            "listening on port 9": Listening(("127.0.0.1", 9), None, None),
+        }
+        for line, want in cases.items():
+            with self.subTest(line=line):
+                self.assertEqual(parse_listening(line), want)
+        self.assertIsNone(parse_listening("cairn: info: service: llama, KV 4128 pages"))
+
+    def test_server_process(self):
+        with tempfile.TemporaryDirectory() as d:
+            fake = os.path.join(d, "cairn")
+            with open(fake, "w") as f:
+                f.write(FAKE_SERVE.format(python=sys.executable))
+            os.chmod(fake, 0o755)
+            sock = os.path.join(d, "s.sock")
+
+            class Sub(ServerProcess):
+                pass
+
+            srv = Sub(fake, ["-m", "x.gguf"], unix_path=sock, http=True, start_timeout=30)
+            try:
+                self.assertEqual(srv.cmd, [fake, "serve", "-m", "x.gguf", "--port", "0",
+                                           "--unix", sock, "--http-port", "0"])
+                self.assertEqual((srv.host, srv.port), ("127.0.0.1", 4242))
+                self.assertEqual((srv.http_host, srv.http_port), ("127.0.0.1", 4343))
+                self.assertEqual(srv.http_url, "http://127.0.0.1:4343")
+                self.assertEqual(srv.listening.unix, sock)
+                self.assertTrue(srv.alive())
+                os.unlink(sock)  # (the fake does not remove it when it stops)
+                again = srv.restart(timeout=30)
+            finally:
+                srv.kill()
+            try:
+                # the old one was stopped, and its log is complete
+                self.assertEqual(srv.returncode, 0)
+                self.assertEqual(srv.log_lines[-1], "cairn: stopped")
+                self.assertEqual(srv.log(2), "cairn: info: shutting down\ncairn: stopped")
+                self.assertIsInstance(again, Sub)
+                self.assertEqual(again.cmd, srv.cmd)
+                self.assertEqual(again.stop(30), 0)
+                self.assertEqual(again.log_lines[-1], "cairn: stopped")
+            finally:
+                again.kill()
+            # only a TCP listener: no HTTP address
+            with ServerProcess(fake, [], start_timeout=30) as tcp_only:
+                self.assertIsNone(tcp_only.http_port)
+                with self.assertRaises(ServerStartError):
+                    tcp_only.http_url
+            with self.assertRaisesRegex(ServerStartError, "exited with status 3"):
+                ServerProcess(fake, ["--fail"], start_timeout=30)
 
 
 if __name__ == "__main__":
