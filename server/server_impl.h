@@ -172,6 +172,22 @@ struct srv_work {
     void (*done)(srv_work *w, srv_conn *c); /* c NULL: the connection has gone */
 };
 int srv_work_queue(cairn_server *s, srv_work *w);
+/* A finished reply read for tool calls on a text worker (api/api.h,
+ * cairn_api_tool_calls), then `answer` on the loop thread (c NULL: the
+ * connection has gone). A protocol's item begins with one. */
+typedef struct srv_calls {
+    srv_work w;
+    srv_event *node;          /* the DONE event (owned)                     */
+    char *tools_json;         /* the tools the reply is read for (owned)    */
+    char *calls_json, *content; /* the result (owned; NULL: no calls)       */
+    char prefix[64];          /* ids are <prefix><n>                        */
+    void (*answer)(struct srv_calls *k, srv_conn *c);
+} srv_calls;
+/* Queue k (node, tools_json, prefix and answer filled in) for conn_id;
+ * freed after its answer. CAIRN_ENOMEM: not queued, the caller frees it. */
+int srv_calls_queue(cairn_server *s, srv_calls *k, uint64_t conn_id);
+void srv_calls_free(srv_calls *k);
+
 /* A seed for a request that names none (loop thread). */
 uint64_t srv_next_seed(cairn_server *s);
 

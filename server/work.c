@@ -8,6 +8,8 @@
  */
 #include "server/server_impl.h"
 
+#include <stdlib.h>
+
 static void run_work(uv_work_t *req)
 {
     srv_work *w = req->data;
@@ -28,6 +30,40 @@ int srv_work_queue(cairn_server *s, srv_work *w)
     w->srv = s;
     w->req.data = w;
     return uv_queue_work(&s->loop, &w->req, run_work, after_work) == 0 ? CAIRN_OK : CAIRN_ENOMEM;
+}
+
+static void calls_work(srv_work *w)
+{
+    srv_calls *k = (srv_calls *)w;
+    const cairn_event *ev = &k->node->ev;
+    cairn_api_tool_calls(&w->srv->api, ev->text, ev->text_len, k->tools_json, k->prefix,
+                         &k->calls_json, &k->content);
+}
+
+static void calls_done(srv_work *w, srv_conn *c)
+{
+    srv_calls *k = (srv_calls *)w;
+    k->answer(k, c);
+    srv_calls_free(k);
+}
+
+int srv_calls_queue(cairn_server *s, srv_calls *k, uint64_t conn_id)
+{
+    k->w.conn_id = conn_id;
+    k->w.work = calls_work;
+    k->w.done = calls_done;
+    return srv_work_queue(s, &k->w);
+}
+
+void srv_calls_free(srv_calls *k)
+{
+    if (!k)
+        return;
+    free(k->node);
+    free(k->tools_json);
+    free(k->calls_json);
+    free(k->content);
+    free(k);
 }
 
 uint64_t srv_next_seed(cairn_server *s)

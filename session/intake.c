@@ -142,11 +142,7 @@ void intake_durable_done(cairn_service *s, uint64_t cookie, int status)
         if (--j->outstanding > 0)
             return;
         *pp = j->next;
-        if (j->durable_failed)
-            svc_emit_error(s, j->req, CAIRN_EIO, "the session could not be made durable");
-        else
-            svc_emit_generation_done(s, j);
-        job_free(j);
+        job_reply(s, j);
         return;
     }
     for (deferred **pp = &s->deferred; *pp; pp = &(*pp)->next) {

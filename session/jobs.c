@@ -219,6 +219,11 @@ void job_finish(cairn_service *s, job *j, bool emit_event)
             return;
         }
     }
+    job_reply(s, j);
+}
+
+void job_reply(cairn_service *s, job *j)
+{
     if (j->durable_failed)
         svc_emit_error(s, j->req, CAIRN_EIO, "the session could not be made durable");
     else

@@ -276,6 +276,9 @@ bool job_push_token(cairn_service *s, job *j, int32_t tok, const cairn_token_log
  * emit_event) now or once its session is durable. Takes j. */
 void job_finish(cairn_service *s, job *j, bool emit_event);
 void job_fail(cairn_service *s, job *j, int code, const char *msg);
+/* The finished job's answer (DONE, or the durability error it met), then
+ * free it. */
+void job_reply(cairn_service *s, job *j);
 /* The draft head failed on j: none of its own pages (which may lack head
  * KV) goes to the cache. */
 void job_fail_head(cairn_service *s, job *j);

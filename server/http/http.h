@@ -95,6 +95,8 @@ void http_conn_process(hconn *c);
 
 /* respond.c */
 void http_count_status(srv_http *h, int code);
+/* printf onto a growing string (a line of a response or of /metrics). */
+void http_printf(cairn_strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* A whole response. extra_headers: complete lines or NULL. */
 void http_respond(hconn *c, int status, const char *content_type, const char *body,
                   size_t body_len, const char *extra_headers);

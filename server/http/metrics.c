@@ -4,33 +4,20 @@
  */
 #include "server/http/http.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static void add_printf(cairn_strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void add_printf(cairn_strbuf *b, const char *fmt, ...)
-{
-    char tmp[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n > 0)
-        cairn_strbuf_add(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
-}
-
 static void metric_head(cairn_strbuf *b, const char *name, const char *type, const char *help)
 {
-    add_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    http_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
 static void metric_u64(cairn_strbuf *b, const char *name, const char *type, const char *help,
                        uint64_t v)
 {
     metric_head(b, name, type, help);
-    add_printf(b, "%s %llu\n", name, (unsigned long long)v);
+    http_printf(b, "%s %llu\n", name, (unsigned long long)v);
 }
 
 static const char *const tier_names[3] = {"device", "host", "disk"};
@@ -40,7 +27,7 @@ static void metric_tiers(cairn_strbuf *b, const char *name, const char *type, co
 {
     metric_head(b, name, type, help);
     for (int t = 0; t < 3; t++)
-        add_printf(b, "%s{tier=\"%s\"} %llu\n", name, tier_names[t], (unsigned long long)v[t]);
+        http_printf(b, "%s{tier=\"%s\"} %llu\n", name, tier_names[t], (unsigned long long)v[t]);
 }
 
 static void metric_histogram(cairn_strbuf *b, const char *name, const char *help,
@@ -50,13 +37,13 @@ static void metric_histogram(cairn_strbuf *b, const char *name, const char *help
     uint64_t cum = 0;
     for (int i = 0; i < CAIRN_LATENCY_BUCKETS; i++) {
         cum += hg->counts[i];
-        add_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, cairn_latency_bounds[i],
+        http_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, cairn_latency_bounds[i],
                   (unsigned long long)cum);
     }
     cum += hg->counts[CAIRN_LATENCY_BUCKETS];
-    add_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
-    add_printf(b, "%s_sum %.9g\n", name, hg->sum_s);
-    add_printf(b, "%s_count %llu\n", name, (unsigned long long)hg->count);
+    http_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
+    http_printf(b, "%s_sum %.9g\n", name, hg->sum_s);
+    http_printf(b, "%s_count %llu\n", name, (unsigned long long)hg->count);
 }
 
 static void render_metrics(srv_http *h, const cairn_service_stats *st, cairn_strbuf *b)
@@ -112,7 +99,7 @@ static void render_metrics(srv_http *h, const cairn_service_stats *st, cairn_str
     metric_head(b, "cairn_http_responses_total", "counter",
                 "HTTP responses sent by the OpenAI facade, by status code.");
     for (int i = 0; i < HTTP_N_STATUS_SLOTS && h->status_counts[i].code; i++)
-        add_printf(b, "cairn_http_responses_total{code=\"%d\"} %llu\n", h->status_counts[i].code,
+        http_printf(b, "cairn_http_responses_total{code=\"%d\"} %llu\n", h->status_counts[i].code,
                   (unsigned long long)h->status_counts[i].n);
 }
 

@@ -428,36 +428,19 @@ static void finish_choice(hconn *c, hreq *q, int index, const cairn_event *ev,
 
 /* The finished text of a request with tools, read for calls on a worker. */
 typedef struct {
-    srv_work w;
-    srv_event *node;
-    uint32_t msgid;
-    char *tools_json, *calls_json, *content;
-    char prefix[64];
+    srv_calls k;
+    uint32_t msgid; /* the choice it finishes */
 } calls_item;
 
-static void calls_work(srv_work *w)
+static void calls_answer(srv_calls *k, srv_conn *b)
 {
-    calls_item *ci = (calls_item *)w;
-    const cairn_event *ev = &ci->node->ev;
-    cairn_api_tool_calls(&w->srv->api, ev->text, ev->text_len, ci->tools_json, ci->prefix,
-                         &ci->calls_json, &ci->content);
-}
-
-static void calls_done(srv_work *w, srv_conn *b)
-{
-    calls_item *ci = (calls_item *)w;
     hconn *c = (hconn *)b;
     int index;
     hreq *q = c ? c->active : NULL;
-    if (q && choice_of(q, ci->msgid, &index)) {
+    if (q && choice_of(q, ((calls_item *)k)->msgid, &index)) {
         q->parsing--;
-        finish_choice(c, q, index, &ci->node->ev, ci->calls_json, ci->content);
+        finish_choice(c, q, index, &k->node->ev, k->calls_json, k->content);
     }
-    free(ci->node);
-    free(ci->tools_json);
-    free(ci->calls_json);
-    free(ci->content);
-    free(ci);
 }
 
 static bool on_generation_done(hconn *c, hreq *q, int index, srv_event *node)
@@ -467,23 +450,22 @@ static bool on_generation_done(hconn *c, hreq *q, int index, srv_event *node)
         return false;
     }
     calls_item *ci = calloc(1, sizeof *ci);
-    if (!ci || !(ci->tools_json = strdup(q->tools_json))) {
+    if (!ci || !(ci->k.tools_json = strdup(q->tools_json))) {
         free(ci);
         fail_request(c, q, 503, "out of memory", NULL, NULL);
         return false;
     }
-    ci->node = node;
     ci->msgid = q->choices[index].msgid;
     /* ids unique across turns: call_<request>_<n> */
     const char *tail = strchr(q->id, '-');
-    snprintf(ci->prefix, sizeof ci->prefix, "call_%s_", tail ? tail + 1 : q->id);
-    ci->w.conn_id = c->base.id;
-    ci->w.work = calls_work;
-    ci->w.done = calls_done;
+    snprintf(ci->k.prefix, sizeof ci->k.prefix, "call_%s_", tail ? tail + 1 : q->id);
+    ci->k.answer = calls_answer;
+    ci->k.node = node; /* queued: the item keeps the event */
     q->parsing++;
-    if (srv_work_queue(c->base.srv, &ci->w) != CAIRN_OK) {
-        free(ci->tools_json);
-        free(ci);
+    if (srv_calls_queue(c->base.srv, &ci->k, c->base.id) != CAIRN_OK) {
+        ci->k.node = NULL; /* not queued: the caller keeps the event */
+        q->parsing--;
+        srv_calls_free(&ci->k);
         fail_request(c, q, 503, "out of memory", NULL, NULL);
         return false;
     }

@@ -59,8 +59,7 @@ int http_status_of(int cairn_code)
     }
 }
 
-static void add_printf(cairn_strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void add_printf(cairn_strbuf *b, const char *fmt, ...)
+void http_printf(cairn_strbuf *b, const char *fmt, ...)
 {
     char tmp[512];
     va_list ap;
@@ -78,7 +77,7 @@ void http_respond(hconn *c, int status, const char *content_type, const char *bo
         return;
     http_count_status(c->base.srv->http, status);
     cairn_strbuf out = {0};
-    add_printf(&out, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: %s\r\n",
+    http_printf(&out, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: %s\r\n",
                status, status_text(status), content_type, body_len,
                c->keep_alive ? "keep-alive" : "close");
     if (extra_headers)
@@ -149,7 +148,7 @@ void http_sse_head(hconn *c)
                                "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n";
     cairn_strbuf out = {0};
     cairn_strbuf_add(&out, head, sizeof head - 1);
-    add_printf(&out, "Connection: %s\r\n\r\n", c->keep_alive ? "keep-alive" : "close");
+    http_printf(&out, "Connection: %s\r\n\r\n", c->keep_alive ? "keep-alive" : "close");
     if (!out.oom)
         srv_conn_write(&c->base, out.data, out.len);
     cairn_strbuf_free(&out);
@@ -161,7 +160,7 @@ static void sse_data(hconn *c, const char *payload, size_t len)
     if (srv_conn_gone(&c->base))
         return;
     cairn_strbuf out = {0};
-    add_printf(&out, "%zx\r\ndata: ", len + 8);
+    http_printf(&out, "%zx\r\ndata: ", len + 8);
     cairn_strbuf_add(&out, payload, len);
     cairn_strbuf_add(&out, "\n\n\r\n", 4);
     if (out.oom)

@@ -470,20 +470,9 @@ static void on_input(srv_conn *c)
 /* A finished generation of a request with tools: its text read for calls
  * on a worker (text work), then the answer. */
 typedef struct {
-    srv_work w;
-    srv_event *node;
+    srv_calls k;
     cairn_rpc_method method;
-    char *tools_json, *calls_json, *content;
-    char prefix[64];
 } calls_item;
-
-static void calls_work(srv_work *w)
-{
-    calls_item *ci = (calls_item *)w;
-    const cairn_event *ev = &ci->node->ev;
-    cairn_api_tool_calls(&w->srv->api, ev->text, ev->text_len, ci->tools_json, ci->prefix,
-                         &ci->calls_json, &ci->content);
-}
 
 static void send_event(rpc_conn *rc, cairn_rpc_method method, const cairn_event *ev,
                        const cairn_rpc_tool_calls *calls)
@@ -499,18 +488,13 @@ static void send_event(rpc_conn *rc, cairn_rpc_method method, const cairn_event 
         send_error(rc, (uint32_t)ev->id, CAIRN_ENOMEM, "out of memory");
 }
 
-static void calls_done(srv_work *w, srv_conn *c)
+static void calls_answer(srv_calls *k, srv_conn *c)
 {
-    calls_item *ci = (calls_item *)w;
-    if (c) {
-        const cairn_rpc_tool_calls calls = {ci->calls_json, ci->content};
-        send_event((rpc_conn *)c, ci->method, &ci->node->ev, ci->calls_json ? &calls : NULL);
-    }
-    free(ci->node);
-    free(ci->tools_json);
-    free(ci->calls_json);
-    free(ci->content);
-    free(ci);
+    if (!c)
+        return;
+    const cairn_rpc_tool_calls calls = {k->calls_json, k->content};
+    send_event((rpc_conn *)c, ((calls_item *)k)->method, &k->node->ev,
+               k->calls_json ? &calls : NULL);
 }
 
 static bool on_event(srv_conn *c, srv_event *node)
@@ -524,21 +508,19 @@ static bool on_event(srv_conn *c, srv_event *node)
     if (ev->kind == CAIRN_EV_DONE && ev->what == CAIRN_DONE_GENERATION && p->tools_json) {
         calls_item *ci = calloc(1, sizeof *ci);
         if (ci) {
-            ci->node = node;
+            ci->k.node = node;
             ci->method = method;
-            ci->tools_json = p->tools_json; /* the item takes it */
+            ci->k.tools_json = p->tools_json; /* the item takes it */
             p->tools_json = NULL;
             /* ids unique on the server: call_<connection>_<msgid>_<n> */
-            snprintf(ci->prefix, sizeof ci->prefix, "call_%llu_%u_", (unsigned long long)c->id,
-                     p->msgid);
-            ci->w.conn_id = c->id;
-            ci->w.work = calls_work;
-            ci->w.done = calls_done;
+            snprintf(ci->k.prefix, sizeof ci->k.prefix, "call_%llu_%u_",
+                     (unsigned long long)c->id, p->msgid);
+            ci->k.answer = calls_answer;
             pending_remove(rc, p);
-            if (srv_work_queue(c->srv, &ci->w) == CAIRN_OK)
+            if (srv_calls_queue(c->srv, &ci->k, c->id) == CAIRN_OK)
                 return true;
-            free(ci->tools_json);
-            free(ci);
+            ci->k.node = NULL; /* the server frees the event */
+            srv_calls_free(&ci->k);
             send_error(rc, (uint32_t)ev->id, CAIRN_ENOMEM, "out of memory");
             return false;
         }
