@@ -1,15 +1,32 @@
 /*
- * store/store_impl.h — internal to store/: the free-id stack both page pools
- * hand out their ids from. No other folder includes this.
+ * store/store_impl.h — internal to store/. Nothing outside store/ includes
+ * this (no other folder may: it is not part of the module's API).
  *
- * Ids 0 .. capacity-1; a fresh stack hands out 0, 1, 2, ... Taking is all or
- * nothing; giving back an id that is not taken is a caller bug that is logged
- * and ignored, so the accounting (available + taken == capacity) stays exact.
+ * Two parts:
+ *   - the free-id stack both page pools hand out their ids from
+ *     (page_pool.c, host_pool.c);
+ *   - the insides of cairn_kvcache, shared by the files that implement it:
+ *       kvcache.c   create / free, accessors, the engine-sequence facade,
+ *                   allocation with eviction, stats
+ *       cost.c      the cost model: rate estimates and the fetch choice
+ *       promote.c   promotion to the device; draining disk completions
+ *                   into events (poll, wait)
+ *       fetch.c     admission: fetch ops and their continuation rounds
+ *       durable.c   pin / unpin, persist, flush, records, forget, read_page
+ *     Functions one of them defines for the others carry the kvc_ prefix.
+ *
+ * The id stack. Ids 0 .. capacity-1; a fresh stack hands out 0, 1, 2, ...
+ * Taking is all or nothing; giving back an id that is not taken is a caller
+ * bug that is logged and ignored, so the accounting (available + taken ==
+ * capacity) stays exact.
  */
 #ifndef CAIRN_STORE_IMPL_H
 #define CAIRN_STORE_IMPL_H
 
 #include "common/common.h"
+#include "store/store.h"
+
+/* ---- the free-id stack (page_pool.c, host_pool.c) ----------------------- */
 
 typedef struct {
     int32_t capacity;
@@ -25,5 +42,156 @@ void id_stack_free(id_stack *s);
 int id_stack_take(id_stack *s, int32_t n, int32_t *ids);
 /* Give ids back; `what` names the pool in the log line for a bad id. */
 void id_stack_give(id_stack *s, int32_t n, const int32_t *ids, const char *what);
+
+/* ---- the tiered cache: shared state ------------------------------------ */
+
+/* slot_state[]: what a host slot is doing. SLOT_ORPHAN: a read is in
+ * flight into it that nobody waits for any more; poll frees the slot when
+ * the read completes. */
+enum { SLOT_IDLE = 0, SLOT_LOADING, SLOT_LOADED, SLOT_MISSED, SLOT_ORPHAN };
+enum { PAGE_LOST = 1 }; /* cairn_radix_page.flags: the disk copy is gone */
+
+/* Disk cookies: the top four bits say what the completion is for; 0 is
+ * nobody's (ignored). */
+#define COOKIE_READ (1ull << 60)  /* value: host slot                      */
+#define COOKIE_FENCE (2ull << 60) /* value: promotion id                   */
+#define COOKIE_WRITE (3ull << 60)
+#define COOKIE_FETCH (4ull << 60) /* value: fetch op id                    */
+#define COOKIE_OP (5ull << 60)    /* value: pending op id (sync, records)  */
+#define COOKIE_KIND(c) ((c) & (15ull << 60))
+#define COOKIE_VALUE(c) ((c) & ~(15ull << 60))
+
+/* Priors of the cost model (store.h explains the choice). */
+#define PRIOR_COMPUTE_TOKENS_PER_S 2000.0
+#define PRIOR_H2D_BYTES_PER_S 4e9
+#define PRIOR_DISK_BYTES_PER_S 200e6
+#define PRIOR_DISK_LATENCY_S 2e-3
+
+/* A promotion waiting for its fence (promote.c). */
+typedef struct {
+    uint64_t cookie; /* the caller's */
+    uint64_t id;     /* fence cookie value */
+    cairn_radix_node *node;
+    size_t n_reads;  /* disk reads queued by this promotion (rate samples) */
+} promotion;
+
+/* A request whose completion becomes an event or ends a flush (queued in
+ * durable.c, completed in promote.c). */
+typedef struct {
+    uint64_t cookie, id;
+    int kind;               /* CAIRN_KVCACHE_EV_*; -1: flush (no event)   */
+    int status;             /* known before the completion (persist)     */
+    size_t failures_before; /* write failures when queued (persist)      */
+} pending_op;
+
+/* One fetch in flight (fetch.c). */
+typedef struct {
+    uint64_t id, cookie;
+    cairn_radix_node *node; /* locked by the op; its path is (being made) resident */
+    bool promoting;         /* waiting for the in-memory path's loads */
+    int status;
+    uint64_t ns;            /* the namespace the tokens are looked up in */
+    int32_t *tokens;        /* [n_target * page_size] */
+    size_t n_lookup;        /* tokens the request asked about (hit/miss stats) */
+    size_t n_target;        /* pages the op wants on the device */
+    uint8_t *origin;        /* [n_target] tier of each page when fetch was called */
+    size_t next;            /* pages of the tree path the op holds: continue here */
+    int32_t *round;         /* host slots of the continuation round in flight */
+    size_t n_round;
+    size_t n_reads;         /* disk reads before the current fence (rate samples) */
+    size_t skipped, lost;
+} fetch_op;
+
+/* Decayed sums for the rate estimates. */
+typedef struct {
+    double w, x, y, xx, xy;
+} decayed_fit;
+
+struct cairn_kvcache {
+    cairn_backend *be;
+    cairn_kv_layout L;
+    cairn_page_pool *dev;
+    cairn_host_pool *host;
+    cairn_disk *disk;
+    cairn_radix *tree;
+    uint8_t *scratch;     /* one page of host memory: device -> disk          */
+    uint8_t *slot_state;  /* [host capacity]                                 */
+
+    promotion *promos;
+    size_t n_promos, cap_promos;
+    uint64_t next_promo;
+
+    fetch_op **fetches;
+    size_t n_fetches, cap_fetches;
+    pending_op *ops;
+    size_t n_ops, cap_ops;
+    uint64_t next_op;
+    cairn_page_hash ns;
+
+    /* cost model */
+    decayed_fit h2d;       /* x = bytes, y = seconds of uploads          */
+    decayed_fit disk_fit;  /* x = bytes, y = seconds of disk rounds      */
+    double compute_rate;   /* tokens/s reported by the engine (0: none)  */
+    cairn_kvcache_rates rates;     /* the estimates in force              */
+    bool rates_overridden;
+
+    cairn_kvcache_event *events;
+    size_t n_events, cap_events;
+
+    cairn_radix_page **path; /* scratch for path walks */
+    size_t path_cap;
+    cairn_radix_node **nodes;
+    size_t nodes_cap;
+
+    cairn_kvcache_stats stats;
+};
+
+static inline uint8_t *dev_addr(cairn_kvcache *c, int32_t page)
+{
+    return (uint8_t *)cairn_page_pool_base(c->dev) + (size_t)page * c->L.page_bytes;
+}
+
+/* ---- kvcache.c: helpers and eviction ----------------------------------- */
+
+/* Give back a tree page's device page and host slot (a cairn_radix_drop
+ * callback; user is the cache). */
+void kvc_release_page(const cairn_radix_page *p, void *user);
+/* Nodes of the path root..node (root excluded) into c->nodes, in order. */
+int kvc_path_nodes(cairn_kvcache *c, cairn_radix_node *node, size_t *n);
+/* Queue a disk write of one page; marks it on disk. */
+int kvc_write_page(cairn_kvcache *c, cairn_radix_page *pg, const int32_t *tokens,
+                   const void *bytes);
+/* Evict the LRU candidate of `tier`; pages moved, 0 when nothing could. */
+size_t kvc_evict_one(cairn_kvcache *c, int tier);
+
+/* ---- cost.c: the cost model --------------------------------------------- */
+
+/* An upload of `pages` pages took `seconds` (stats and the h2d rate). */
+void kvc_note_upload(cairn_kvcache *c, size_t pages, double seconds);
+/* A disk round (reads + fence) of n_reads pages took `seconds`. */
+void kvc_note_disk_round(cairn_kvcache *c, size_t n_reads, double seconds);
+/* How many leading pages of a candidate list (tier of each) are worth
+ * having on the device. */
+size_t kvc_choose_pages(const cairn_kvcache *c, const uint8_t *tier, size_t n);
+
+/* ---- promote.c: promotion, completions and events ----------------------- */
+
+int kvc_push_event(cairn_kvcache *c, cairn_kvcache_event ev);
+/* Finish bringing the path root..node to the device once its disk reads
+ * have completed: CAIRN_OK, CAIRN_ENOTFOUND (a page was lost) or
+ * CAIRN_EFULL; *resident receives the leading pages now on the device. */
+int kvc_finish_path(cairn_kvcache *c, cairn_radix_node *node_in, size_t *resident);
+/* Queue disk reads (into host slots) for the DISK pages of the path in
+ * c->nodes[0 .. n_nodes) that are not loading yet. */
+void kvc_queue_path_reads(cairn_kvcache *c, size_t n_nodes, size_t *queued, bool *pending);
+pending_op *kvc_find_op(cairn_kvcache *c, uint64_t id, size_t *idx);
+/* Handle every disk completion waiting. */
+void kvc_drain_disk(cairn_kvcache *c);
+
+/* ---- fetch.c: admission ------------------------------------------------- */
+
+/* Drive a fetch op after its fence completed (or at once when it had
+ * nothing to wait for). Returns true when the op is finished (and freed). */
+bool kvc_advance_fetch(cairn_kvcache *c, fetch_op *op, double fence_seconds);
 
 #endif /* CAIRN_STORE_IMPL_H */

@@ -1,0 +1,136 @@
+/*
+ * store/disk_impl.h — internal to the disk tier (tier 2, cairn_disk). Nothing
+ * outside store/ includes this, and inside it only the disk*.c files do.
+ *
+ * The disk tier is four files, one responsibility each:
+ *   disk.c          open / close, the request functions and their queue,
+ *                   poll, wait, stats
+ *   disk_io.c       LMDB helpers and serving a batch on the I/O thread
+ *   disk_verify.c   the value format, and the integrity walk run at open
+ *                   in a forked child
+ *   disk_records.c  the durable fence and durable records
+ * Functions one of them defines for the others carry the disk_ prefix.
+ */
+#ifndef CAIRN_DISK_IMPL_H
+#define CAIRN_DISK_IMPL_H
+
+#include "store/store.h"
+
+#include <lmdb.h>
+#include <pthread.h>
+#include <stdio.h>
+
+#define DISK_MAGIC "CKVP"
+
+/* A request in the FIFO: disk.c and disk_records.c queue it, disk_io.c
+ * serves it. */
+typedef struct disk_req {
+    struct disk_req *next;
+    cairn_disk_op op;
+    uint64_t cookie;
+    uint8_t key[16];
+    void *dst;           /* read: caller's buffer                          */
+    size_t bytes;        /* bytes in data[]                                */
+    size_t key_len;      /* records: data[0..key_len) is the key, the rest
+                            (bytes - key_len) the value                    */
+    void *result;        /* record get: the value, malloc'd, handed over   */
+    size_t result_bytes;
+    double queued_at;    /* cairn_now() at enqueue: completion latency     */
+    int status;
+    uint8_t data[];      /* write: the whole value; read: expected tokens  */
+} disk_req;
+
+/* The store; its I/O thread is disk_io_main. */
+struct cairn_disk {
+    cairn_disk_config cfg;
+    char *dir;
+    size_t value_bytes;  /* header + tokens + payload */
+    uint64_t max_pages;  /* keep at most this many values: see page_budget() */
+    MDB_env *env;
+    MDB_dbi db_pages, db_atime, db_lru, db_meta, db_records;
+    uint64_t tick;       /* I/O thread only, after open */
+
+    pthread_t thread;
+    bool thread_started;
+
+    pthread_mutex_t qmu; /* request queue */
+    pthread_cond_t qcv;
+    disk_req *head, *tail;
+    bool stopping;
+
+    pthread_mutex_t cmu; /* completions and stats */
+    pthread_cond_t ccv;
+    cairn_disk_completion *done;
+    size_t n_done, cap_done;
+    cairn_disk_stats stats;
+    int efd;
+};
+
+static inline void set_err(char *err, size_t len, const char *fmt, const char *a, const char *b)
+{
+    if (err && len)
+        snprintf(err, len, fmt, a, b);
+}
+
+static inline int path_join(char *out, size_t len, const char *dir, const char *name)
+{
+    int n = snprintf(out, len, "%s/%s", dir, name);
+    return n < 0 || (size_t)n >= len ? CAIRN_EINVAL : CAIRN_OK;
+}
+
+/* ---- value format: little-endian fields --------------------------------- */
+
+static inline void put_u16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static inline void put_u32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void put_u64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint16_t get_u16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static inline uint32_t get_u32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+static inline uint64_t get_u64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+/* ---- disk_verify.c: the value format and the integrity walk -------------- */
+
+/* Checksum of everything but the checksum field itself. */
+uint64_t disk_value_checksum(const uint8_t *v, size_t bytes);
+/* The 48-byte header of a value of this store (checksum field zero). */
+void disk_build_header(const cairn_disk *d, uint8_t *v);
+/* True when the stored value is the page the caller expects. */
+bool disk_value_ok(const cairn_disk *d, const uint8_t *v, size_t bytes, const uint8_t *tokens_le);
+void disk_tokens_to_le(uint8_t *dst, const int32_t *tokens, int n);
+/* CAIRN_OK when the store at d->dir passed the walk (or there is none yet),
+ * CAIRN_ECORRUPT otherwise. */
+int disk_check_store_integrity(const cairn_disk *d, char *err, size_t err_len);
+
+/* ---- disk_io.c: the I/O thread ------------------------------------------ */
+
+/* An LMDB return code as a CAIRN_* code. */
+int disk_map_mdb(int rc);
+/* The I/O thread's loop (pthread start routine; arg is the cairn_disk). */
+void *disk_io_main(void *arg);
+
+/* ---- disk.c: the request queue ------------------------------------------ */
+
+/* Append a request to the FIFO (taking it over); CAIRN_ECLOSED, and the
+ * request freed, once the store is closing. */
+int disk_enqueue(cairn_disk *d, disk_req *r);
+
+#endif /* CAIRN_DISK_IMPL_H */
