@@ -18,6 +18,24 @@ int cmd_perplexity(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 
+/* What an option parser returns when its command should go on; anything
+ * else is the exit status the command returns at once (0 after --help, 2
+ * after a bad option, its message printed). */
+#define CLI_PROCEED (-1)
+
+/* The end of every command's option switch: -h prints `help` to stdout
+ * (status 0); anything else getopt_long returned is a usage error, `help`
+ * to stderr (status 2). */
+int cli_help_or_usage(int opt, const char *help);
+/* Commands that take no operands: CLI_PROCEED when getopt_long left none,
+ * else 2 after "CMD: unexpected argument 'ARG'". */
+int cli_no_operands(const char *cmd, int argc, char **argv);
+
+/* -m/--model, the same in every command that reads a GGUF file (those that
+ * only read metadata take it alone, with help texts of their own). */
+#define CLI_DEFAULT_MODEL "models/stories260K.gguf"
+#define CLI_MODEL_PATH_LONGOPT {"model", required_argument, 0, 'm'}
+
 /* Options every model-loading command accepts. */
 typedef struct {
     const char *model_path;
@@ -28,6 +46,8 @@ typedef struct {
     int batch;          /* max tokens per forward call              */
     cairn_device device; /* --device (runtime/runtime.h); AUTO = CUDA
                             when a GPU is present, else the CPU      */
+    bool batch_given;   /* -b was given: serve and bench size the batch
+                           themselves otherwise                      */
 } cli_model_opts;
 
 void cli_model_opts_defaults(cli_model_opts *o);
@@ -36,13 +56,13 @@ void cli_model_opts_defaults(cli_model_opts *o);
 int cli_model_opts_parse(cli_model_opts *o, int opt, const char *arg);
 /* The getopt_long entries and help text for the shared options. */
 #define CLI_MODEL_LONGOPTS                                                                         \
-    {"model", required_argument, 0, 'm'}, {"threads", required_argument, 0, 't'},                  \
+    CLI_MODEL_PATH_LONGOPT, {"threads", required_argument, 0, 't'},                                \
         {"ctx-size", required_argument, 0, 'c'}, {"page-size", required_argument, 0, 1001},        \
         {"kv-type", required_argument, 0, 1002}, {"batch-size", required_argument, 0, 'b'},        \
         {"device", required_argument, 0, 1003}
 #define CLI_MODEL_SHORTOPTS "m:t:c:b:"
 #define CLI_MODEL_HELP                                                                             \
-    "  -m, --model FILE       GGUF model (default models/stories260K.gguf)\n"                      \
+    "  -m, --model FILE       GGUF model (default " CLI_DEFAULT_MODEL ")\n"                       \
     "  -t, --threads N        CPU threads (default: all cores)\n"                                  \
     "  -c, --ctx-size N       context to reserve KV pages for (default: model's, max 4096)\n"      \
     "  -b, --batch-size N     most tokens per forward call (default 512)\n"                        \
@@ -82,8 +102,18 @@ int cli_eval(cli_runtime *rt, const int32_t *tokens, int n, int kv_start, bool a
 int cli_tokenize_alloc(const cairn_vocab *v, const char *text, size_t len, int flags,
                        int32_t **out, size_t *n_out);
 
-/* An integer option in [lo, hi]: 1 with *out set, or -1 after telling the
- * user what `what` needs (the cli_*_opts_parse convention). */
+/* Option values. Each command words its own messages (they are part of its
+ * interface), so the checks come apart from the printing:
+ *
+ * cli_long_in: a whole decimal integer (strtol's syntax: leading blanks and
+ * a sign allowed, nothing after it) in [lo, hi]; prints nothing. */
+bool cli_long_in(const char *arg, long lo, long hi, long *out);
+/* The same, 1 with *out set, or -1 after "CMD: WHAT must be an integer in
+ * [LO, HI], got 'ARG'" (the cli_*_opts_parse convention). */
+int cli_parse_long(const char *cmd, const char *arg, const char *what, long lo, long hi,
+                   long *out);
+/* cli_parse_long for an int, with the message under "cairn" (the options
+ * several commands share). */
 int cli_parse_int(const char *arg, const char *what, int lo, int hi, int *out);
 
 /* Read a whole file ("-" = stdin) into a NUL-terminated buffer. */

@@ -12,21 +12,58 @@
 void cli_model_opts_defaults(cli_model_opts *o)
 {
     memset(o, 0, sizeof *o);
-    o->model_path = "models/stories260K.gguf";
+    o->model_path = CLI_DEFAULT_MODEL;
     o->page_size = 16;
     o->kv_type = CAIRN_TYPE_F16;
     o->batch = 512;
 }
 
-int cli_parse_int(const char *arg, const char *what, int lo, int hi, int *out)
+int cli_help_or_usage(int opt, const char *help)
+{
+    if (opt == 'h') {
+        fputs(help, stdout);
+        return 0;
+    }
+    fputs(help, stderr);
+    return 2;
+}
+
+int cli_no_operands(const char *cmd, int argc, char **argv)
+{
+    if (optind < argc) {
+        fprintf(stderr, "%s: unexpected argument '%s'\n", cmd, argv[optind]);
+        return 2;
+    }
+    return CLI_PROCEED;
+}
+
+bool cli_long_in(const char *arg, long lo, long hi, long *out)
 {
     char *end;
     errno = 0;
     long v = strtol(arg, &end, 10);
-    if (errno || *end || end == arg || v < lo || v > hi) {
-        fprintf(stderr, "cairn: %s must be an integer in [%d, %d], got '%s'\n", what, lo, hi, arg);
+    if (errno || *end || end == arg || v < lo || v > hi)
+        return false;
+    *out = v;
+    return true;
+}
+
+int cli_parse_long(const char *cmd, const char *arg, const char *what, long lo, long hi,
+                   long *out)
+{
+    if (!cli_long_in(arg, lo, hi, out)) {
+        fprintf(stderr, "%s: %s must be an integer in [%ld, %ld], got '%s'\n", cmd, what, lo, hi,
+                arg);
         return -1;
     }
+    return 1;
+}
+
+int cli_parse_int(const char *arg, const char *what, int lo, int hi, int *out)
+{
+    long v;
+    if (cli_parse_long("cairn", arg, what, lo, hi, &v) < 0)
+        return -1;
     *out = (int)v;
     return 1;
 }
@@ -37,7 +74,9 @@ int cli_model_opts_parse(cli_model_opts *o, int opt, const char *arg)
     case 'm': o->model_path = arg; return 1;
     case 't': return cli_parse_int(arg, "--threads", 0, 1024, &o->n_threads);
     case 'c': return cli_parse_int(arg, "--ctx-size", 0, 1 << 22, &o->n_ctx);
-    case 'b': return cli_parse_int(arg, "--batch-size", 1, 1 << 16, &o->batch);
+    case 'b':
+        o->batch_given = true;
+        return cli_parse_int(arg, "--batch-size", 1, 1 << 16, &o->batch);
     case 1001: return cli_parse_int(arg, "--page-size", 1, 4096, &o->page_size);
     case 1002:
         if (strcmp(arg, "f16") == 0)

@@ -119,191 +119,280 @@ static int run_text_eagle(cli_spec *spec, const int32_t *prompt, int n_prompt, i
     return rc;
 }
 
-int cmd_bench(int argc, char **argv)
+/* ---- options -------------------------------------------------------------- */
+
+enum { OPT_JSON = 4000, OPT_TEXT };
+
+typedef struct {
+    cli_model_opts model;
+    cli_draft_opts draft;
+    int n_prompt, n_gen, reps;
+    bool json;
+    const char *text; /* the --draft comparison's prompt */
+} bench_opts;
+
+/* -p, -n and -r: 1 with the count set, -1 after saying what it needs. */
+static int parse_count_opt(int opt, const char *arg, int *out)
 {
-    cli_model_opts mo;
-    cli_model_opts_defaults(&mo);
-    int n_prompt = 512, n_gen = 128, reps = 5;
-    bool json = false, batch_given = false;
+    long v;
+    if (!cli_long_in(arg, opt == 'r' ? 1 : 0, 1 << 20, &v)) {
+        fprintf(stderr, "cairn bench: -%c needs a %s integer, got '%s'\n", opt,
+                opt == 'r' ? "positive" : "non-negative", arg);
+        return -1;
+    }
+    *out = (int)v;
+    return 1;
+}
+
+/* What `bench` adds to the shared options: 1 if `opt` was one, 0 if not,
+ * -1 on a bad value (printed). */
+static int parse_bench_opt(bench_opts *o, int opt, const char *arg)
+{
+    switch (opt) {
+    case 'p': return parse_count_opt(opt, arg, &o->n_prompt);
+    case 'n': return parse_count_opt(opt, arg, &o->n_gen);
+    case 'r': return parse_count_opt(opt, arg, &o->reps);
+    case OPT_JSON: o->json = true; return 1;
+    case OPT_TEXT: o->text = arg; return 1;
+    default: return 0;
+    }
+}
+
+/* The command line into *o: CLI_PROCEED, or the exit status. */
+static int parse_bench_opts(bench_opts *o, int argc, char **argv)
+{
     static const struct option longopts[] = {
         CLI_MODEL_LONGOPTS,
         {"n-prompt", required_argument, 0, 'p'},
         {"n-gen", required_argument, 0, 'n'},
         {"repetitions", required_argument, 0, 'r'},
-        {"json", no_argument, 0, 4000},
-        {"text", required_argument, 0, 4001},
+        {"json", no_argument, 0, OPT_JSON},
+        {"text", required_argument, 0, OPT_TEXT},
         {"help", no_argument, 0, 'h'},
         CLI_DRAFT_LONGOPTS,
         {0, 0, 0, 0},
     };
-    cli_draft_opts draft;
-    cli_draft_opts_defaults(&draft);
-    const char *text = "Once upon a time";
+    memset(o, 0, sizeof *o);
+    cli_model_opts_defaults(&o->model);
+    cli_draft_opts_defaults(&o->draft);
+    o->n_prompt = 512;
+    o->n_gen = 128;
+    o->reps = 5;
+    o->text = "Once upon a time";
     int opt;
     optind = 1;
     while ((opt = getopt_long(argc, argv, CLI_MODEL_SHORTOPTS "p:n:r:h", longopts, NULL)) != -1) {
-        int r = cli_model_opts_parse(&mo, opt, optarg);
+        int r = cli_model_opts_parse(&o->model, opt, optarg);
         if (r == 0)
-            r = cli_draft_opts_parse(&draft, opt, optarg);
+            r = cli_draft_opts_parse(&o->draft, opt, optarg);
+        if (r == 0)
+            r = parse_bench_opt(o, opt, optarg);
         if (r < 0)
             return 2;
-        if (r > 0) {
-            batch_given |= opt == 'b';
-            continue;
-        }
-        char *end = NULL;
-        long v = 0;
-        switch (opt) {
-        case 'p':
-        case 'n':
-        case 'r':
-            v = strtol(optarg, &end, 10);
-            if (!*optarg || *end || v < (opt == 'r' ? 1 : 0) || v > (1 << 20)) {
-                fprintf(stderr, "cairn bench: -%c needs a %s integer, got '%s'\n", opt,
-                        opt == 'r' ? "positive" : "non-negative", optarg);
-                return 2;
-            }
-            if (opt == 'p')
-                n_prompt = (int)v;
-            else if (opt == 'n')
-                n_gen = (int)v;
-            else
-                reps = (int)v;
-            break;
-        case 4000: json = true; break;
-        case 4001: text = optarg; break;
-        case 'h': fputs(help, stdout); return 0;
-        default: fputs(help, stderr); return 2;
-        }
+        if (r == 0)
+            return cli_help_or_usage(opt, help);
     }
-    if (optind < argc) {
-        fprintf(stderr, "cairn bench: unexpected argument '%s'\n", argv[optind]);
-        return 2;
-    }
+    return cli_no_operands("cairn bench", argc, argv);
+}
+
+/* ---- set-up --------------------------------------------------------------- */
+
+/* The batch and context the tests need, unless the options gave them.
+ * CLI_PROCEED, or 2 when there is nothing to measure. */
+static int prepare_bench(bench_opts *o)
+{
+    cli_model_opts *mo = &o->model;
+    const int n_prompt = o->n_prompt, n_gen = o->n_gen;
     if (n_prompt == 0 && n_gen == 0) {
         fprintf(stderr, "cairn bench: nothing to do (-p 0 and -n 0)\n");
         return 2;
     }
     /* Like llama-bench's default micro-batch: a 512-token prompt is one call. */
-    if (!batch_given)
-        mo.batch = n_prompt > 0 && n_prompt < 512 ? n_prompt : 512;
+    if (!mo->batch_given)
+        mo->batch = n_prompt > 0 && n_prompt < 512 ? n_prompt : 512;
     int need_ctx = n_prompt > n_gen ? n_prompt : n_gen;
-    if (draft.head_path) /* the text prompt, then n_gen tokens and a draft tree */
+    if (o->draft.head_path) /* the text prompt, then n_gen tokens and a draft tree */
         need_ctx = need_ctx > n_gen + 512 ? need_ctx : n_gen + 512;
-    if (draft.head_path && mo.batch < draft.params.n_draft + 1)
-        mo.batch = draft.params.n_draft + 1;
-    if (mo.n_ctx < need_ctx)
-        mo.n_ctx = need_ctx;
-    if (json)
+    if (o->draft.head_path && mo->batch < o->draft.params.n_draft + 1)
+        mo->batch = o->draft.params.n_draft + 1;
+    if (mo->n_ctx < need_ctx)
+        mo->n_ctx = need_ctx;
+    if (o->json)
         cairn_log_set_level(CAIRN_LOG_WARN);
+    return CLI_PROCEED;
+}
 
-    cli_runtime rt;
-    if (cli_runtime_open(&rt, &mo) != CAIRN_OK)
-        return 1;
-    const cairn_hparams *hp = cairn_model_hparams(rt.model);
-    int n_tok = n_prompt > n_gen ? n_prompt : n_gen;
-    int32_t *tokens = malloc((size_t)n_tok * sizeof *tokens);
-    float *logits = malloc((size_t)hp->n_vocab * sizeof *logits);
-    double *rates = malloc((size_t)reps * sizeof *rates);
-    int rc = tokens && logits && rates ? CAIRN_OK : CAIRN_ENOMEM;
+/* ---- the action ----------------------------------------------------------- */
+
+typedef struct {
+    rate_stats pp, tg, text_plain, text_eagle;
+    double tau;
+} bench_results;
+
+/* The buffers every test shares: random token ids, one step's logits, the
+ * per-repetition rates. */
+typedef struct {
+    int32_t *tokens;
+    float *logits;
+    double *rates;
+} bench_buffers;
+
+static void bench_buffers_free(bench_buffers *b)
+{
+    free(b->tokens);
+    free(b->logits);
+    free(b->rates);
+}
+
+static int bench_buffers_alloc(bench_buffers *b, const cli_runtime *rt, const bench_opts *o)
+{
+    const int n_vocab = cairn_model_hparams(rt->model)->n_vocab;
+    int n_tok = o->n_prompt > o->n_gen ? o->n_prompt : o->n_gen;
+    b->tokens = malloc((size_t)n_tok * sizeof *b->tokens);
+    b->logits = malloc((size_t)n_vocab * sizeof *b->logits);
+    b->rates = malloc((size_t)o->reps * sizeof *b->rates);
+    if (!b->tokens || !b->logits || !b->rates)
+        return CAIRN_ENOMEM;
     uint64_t state = 0x9e3779b97f4a7c15ull;
-    for (int i = 0; rc == CAIRN_OK && i < n_tok; i++) {
+    for (int i = 0; i < n_tok; i++) {
         state = state * 6364136223846793005ull + 1442695040888963407ull;
-        tokens[i] = (int32_t)((state >> 33) % (uint64_t)hp->n_vocab);
+        b->tokens[i] = (int32_t)((state >> 33) % (uint64_t)n_vocab);
     }
+    return CAIRN_OK;
+}
 
-    rate_stats pp = {0, 0}, tg = {0, 0};
+/* pp and tg: an untimed warm-up, then the timed repetitions. */
+static int bench_pp_tg(cli_runtime *rt, const bench_opts *o, bench_buffers *b, bench_results *res)
+{
+    int rc = CAIRN_OK;
     double warm;
-    if (rc == CAIRN_OK && n_prompt > 0) {
-        rc = run_pp(&rt, tokens, n_prompt, logits, &warm);
-        for (int r = 0; rc == CAIRN_OK && r < reps; r++)
-            rc = run_pp(&rt, tokens, n_prompt, logits, &rates[r]);
+    if (o->n_prompt > 0) {
+        rc = run_pp(rt, b->tokens, o->n_prompt, b->logits, &warm);
+        for (int r = 0; rc == CAIRN_OK && r < o->reps; r++)
+            rc = run_pp(rt, b->tokens, o->n_prompt, b->logits, &b->rates[r]);
         if (rc == CAIRN_OK)
-            pp = stats_of(rates, reps);
+            res->pp = stats_of(b->rates, o->reps);
     }
-    if (rc == CAIRN_OK && n_gen > 0) {
-        rc = run_tg(&rt, tokens, n_gen < 16 ? n_gen : 16, logits, &warm);
-        for (int r = 0; rc == CAIRN_OK && r < reps; r++)
-            rc = run_tg(&rt, tokens, n_gen, logits, &rates[r]);
+    if (rc == CAIRN_OK && o->n_gen > 0) {
+        rc = run_tg(rt, b->tokens, o->n_gen < 16 ? o->n_gen : 16, b->logits, &warm);
+        for (int r = 0; rc == CAIRN_OK && r < o->reps; r++)
+            rc = run_tg(rt, b->tokens, o->n_gen, b->logits, &b->rates[r]);
         if (rc == CAIRN_OK)
-            tg = stats_of(rates, reps);
+            res->tg = stats_of(b->rates, o->reps);
     }
+    return rc;
+}
 
-    /* --draft: the same greedy text with and without speculation */
-    rate_stats text_plain = {0, 0}, text_eagle = {0, 0};
-    double tau = 0;
-    if (rc == CAIRN_OK && draft.head_path && n_gen > 0) {
-        cairn_sampling_params greedy = cairn_sampling_defaults();
-        greedy.temperature = 0;
-        cli_spec spec;
-        int32_t *ids = NULL;
-        size_t n_ids = 0;
-        const cairn_vocab *vocab = rt.vocab;
-        rc = cli_tokenize_alloc(vocab, text, strlen(text),
+/* --draft: the same greedy text with and without speculation. */
+static int bench_draft_text(cli_runtime *rt, const bench_opts *o, bench_buffers *b,
+                            bench_results *res)
+{
+    const int n_gen = o->n_gen, warm_n = n_gen < 16 ? n_gen : 16;
+    cairn_sampling_params greedy = cairn_sampling_defaults();
+    greedy.temperature = 0;
+    cli_spec spec;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    const cairn_vocab *vocab = rt->vocab;
+    int rc = cli_tokenize_alloc(vocab, o->text, strlen(o->text),
                                 cairn_vocab_add_bos(vocab) ? CAIRN_TOK_ADD_BOS : 0, &ids, &n_ids);
-        if (rc == CAIRN_OK && n_ids == 0)
-            rc = CAIRN_EINVAL;
-        if (rc == CAIRN_OK && (rc = cli_spec_open(&spec, &rt, &draft, &greedy)) == CAIRN_OK) {
-            double warm_tau;
-            rc = run_text_plain(&rt, ids, (int)n_ids, n_gen < 16 ? n_gen : 16, logits, &warm);
-            for (int r = 0; rc == CAIRN_OK && r < reps; r++)
-                rc = run_text_plain(&rt, ids, (int)n_ids, n_gen, logits, &rates[r]);
-            if (rc == CAIRN_OK)
-                text_plain = stats_of(rates, reps);
-            if (rc == CAIRN_OK)
-                rc = run_text_eagle(&spec, ids, (int)n_ids, n_gen < 16 ? n_gen : 16, &warm, &warm_tau);
-            for (int r = 0; rc == CAIRN_OK && r < reps; r++)
-                rc = run_text_eagle(&spec, ids, (int)n_ids, n_gen, &rates[r], &tau);
-            if (rc == CAIRN_OK)
-                text_eagle = stats_of(rates, reps);
-            cli_spec_close(&spec);
-        }
-        free(ids);
+    if (rc == CAIRN_OK && n_ids == 0)
+        rc = CAIRN_EINVAL;
+    if (rc == CAIRN_OK && (rc = cli_spec_open(&spec, rt, &o->draft, &greedy)) == CAIRN_OK) {
+        double warm, warm_tau;
+        rc = run_text_plain(rt, ids, (int)n_ids, warm_n, b->logits, &warm);
+        for (int r = 0; rc == CAIRN_OK && r < o->reps; r++)
+            rc = run_text_plain(rt, ids, (int)n_ids, n_gen, b->logits, &b->rates[r]);
+        if (rc == CAIRN_OK)
+            res->text_plain = stats_of(b->rates, o->reps);
+        if (rc == CAIRN_OK)
+            rc = run_text_eagle(&spec, ids, (int)n_ids, warm_n, &warm, &warm_tau);
+        for (int r = 0; rc == CAIRN_OK && r < o->reps; r++)
+            rc = run_text_eagle(&spec, ids, (int)n_ids, n_gen, &b->rates[r], &res->tau);
+        if (rc == CAIRN_OK)
+            res->text_eagle = stats_of(b->rates, o->reps);
+        cli_spec_close(&spec);
     }
+    free(ids);
+    return rc;
+}
 
+static void print_bench_json(const bench_opts *o, const cairn_hparams *hp, int threads,
+                             long long model_bytes, const bench_results *res)
+{
+    const cairn_eagle_params *dp = &o->draft.params;
+    printf("{\"pp\": %.3f, \"tg\": %.3f, \"pp_sd\": %.3f, \"tg_sd\": %.3f, "
+           "\"n_prompt\": %d, \"n_gen\": %d, \"reps\": %d, \"threads\": %d, "
+           "\"model\": \"%s\", \"model_bytes\": %lld, \"n_params_dim\": %d, "
+           "\"n_layer\": %d, \"n_vocab\": %d",
+           res->pp.mean, res->tg.mean, res->pp.sd, res->tg.sd, o->n_prompt, o->n_gen, o->reps,
+           threads, hp->name, model_bytes, hp->dim, hp->n_layer, hp->n_vocab);
+    if (o->draft.head_path)
+        printf(", \"text_plain\": %.3f, \"text_plain_sd\": %.3f, \"text_eagle\": %.3f, "
+               "\"text_eagle_sd\": %.3f, \"tau\": %.3f, \"draft_depth\": %d, "
+               "\"draft_topk\": %d, \"draft_n\": %d",
+               res->text_plain.mean, res->text_plain.sd, res->text_eagle.mean,
+               res->text_eagle.sd, res->tau, dp->depth, dp->top_k, dp->n_draft);
+    printf("}\n");
+}
+
+/* The llama-bench table. */
+static void print_bench_table(const bench_opts *o, const cairn_hparams *hp, int threads,
+                              const bench_results *res)
+{
+    const cairn_eagle_params *dp = &o->draft.params;
+    printf("| %-28s | %7s | %8s | %16s |\n", "model", "threads", "test", "t/s");
+    printf("| %.28s | ------: | -------: | ---------------: |\n", "----------------------------");
+    if (o->n_prompt > 0)
+        printf("| %-28.28s | %7d | %5s%-3d | %8.2f ± %5.2f |\n", hp->name, threads, "pp",
+               o->n_prompt, res->pp.mean, res->pp.sd);
+    if (o->n_gen > 0)
+        printf("| %-28.28s | %7d | %5s%-3d | %8.2f ± %5.2f |\n", hp->name, threads, "tg",
+               o->n_gen, res->tg.mean, res->tg.sd);
+    if (o->draft.head_path && o->n_gen > 0) {
+        printf("| %-28.28s | %7d | %5s%-3d | %8.2f ± %5.2f |  greedy text, plain\n", hp->name,
+               threads, "text", o->n_gen, res->text_plain.mean, res->text_plain.sd);
+        printf("| %-28.28s | %7d | %5s%-3d | %8.2f ± %5.2f |  EAGLE d%d k%d n%d: "
+               "tau %.2f\n", hp->name, threads, "text", o->n_gen, res->text_eagle.mean,
+               res->text_eagle.sd, dp->depth, dp->top_k, dp->n_draft, res->tau);
+    }
+}
+
+/* Load the model, run the tests, print the results: the exit status. */
+static int run_bench(const bench_opts *o)
+{
+    cli_runtime rt;
+    if (cli_runtime_open(&rt, &o->model) != CAIRN_OK)
+        return 1;
+    bench_buffers b = {0};
+    bench_results res = {0};
+    int rc = bench_buffers_alloc(&b, &rt, o);
+    if (rc == CAIRN_OK)
+        rc = bench_pp_tg(&rt, o, &b, &res);
+    if (rc == CAIRN_OK && o->draft.head_path && o->n_gen > 0)
+        rc = bench_draft_text(&rt, o, &b, &res);
     if (rc == CAIRN_OK) {
+        const cairn_hparams *hp = cairn_model_hparams(rt.model);
         struct stat st;
-        long long model_bytes = stat(mo.model_path, &st) == 0 ? (long long)st.st_size : -1;
+        long long model_bytes = stat(o->model.model_path, &st) == 0 ? (long long)st.st_size : -1;
         int threads = cairn_backend_cpu_threads(rt.be);
-        if (json) {
-            printf("{\"pp\": %.3f, \"tg\": %.3f, \"pp_sd\": %.3f, \"tg_sd\": %.3f, "
-                   "\"n_prompt\": %d, \"n_gen\": %d, \"reps\": %d, \"threads\": %d, "
-                   "\"model\": \"%s\", \"model_bytes\": %lld, \"n_params_dim\": %d, "
-                   "\"n_layer\": %d, \"n_vocab\": %d",
-                   pp.mean, tg.mean, pp.sd, tg.sd, n_prompt, n_gen, reps, threads, hp->name,
-                   model_bytes, hp->dim, hp->n_layer, hp->n_vocab);
-            if (draft.head_path)
-                printf(", \"text_plain\": %.3f, \"text_plain_sd\": %.3f, \"text_eagle\": %.3f, "
-                       "\"text_eagle_sd\": %.3f, \"tau\": %.3f, \"draft_depth\": %d, "
-                       "\"draft_topk\": %d, \"draft_n\": %d",
-                       text_plain.mean, text_plain.sd, text_eagle.mean, text_eagle.sd, tau,
-                       draft.params.depth, draft.params.top_k, draft.params.n_draft);
-            printf("}\n");
-        } else {
-            printf("| %-28s | %7s | %8s | %16s |\n", "model", "threads", "test", "t/s");
-            printf("| %.28s | ------: | -------: | ---------------: |\n",
-                   "----------------------------");
-            if (n_prompt > 0)
-                printf("| %-28.28s | %7d | %5s%-3d | %8.2f ± %5.2f |\n", hp->name, threads, "pp",
-                       n_prompt, pp.mean, pp.sd);
-            if (n_gen > 0)
-                printf("| %-28.28s | %7d | %5s%-3d | %8.2f ± %5.2f |\n", hp->name, threads, "tg",
-                       n_gen, tg.mean, tg.sd);
-            if (draft.head_path && n_gen > 0) {
-                printf("| %-28.28s | %7d | %5s%-3d | %8.2f ± %5.2f |  greedy text, plain\n",
-                       hp->name, threads, "text", n_gen, text_plain.mean, text_plain.sd);
-                printf("| %-28.28s | %7d | %5s%-3d | %8.2f ± %5.2f |  EAGLE d%d k%d n%d: "
-                       "tau %.2f\n", hp->name, threads, "text", n_gen, text_eagle.mean,
-                       text_eagle.sd, draft.params.depth, draft.params.top_k,
-                       draft.params.n_draft, tau);
-            }
-        }
+        if (o->json)
+            print_bench_json(o, hp, threads, model_bytes, &res);
+        else
+            print_bench_table(o, hp, threads, &res);
     } else {
         fprintf(stderr, "cairn bench: failed: %s\n", cairn_strerror(rc));
     }
-    free(tokens);
-    free(logits);
-    free(rates);
+    bench_buffers_free(&b);
     cli_runtime_close(&rt);
     return rc == CAIRN_OK ? 0 : 1;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    bench_opts o;
+    int status = parse_bench_opts(&o, argc, argv);
+    if (status == CLI_PROCEED)
+        status = prepare_bench(&o);
+    return status != CLI_PROCEED ? status : run_bench(&o);
 }

@@ -67,11 +67,11 @@ static json_t *load_json(const char *path, const char *what)
 
 int cmd_chat_format(int argc, char **argv)
 {
-    const char *model_path = "models/stories260K.gguf";
+    const char *model_path = CLI_DEFAULT_MODEL;
     const char *messages_path = NULL, *tools_path = NULL;
     bool gen_prompt = true, show_family = false;
     static const struct option longopts[] = {
-        {"model", required_argument, 0, 'm'},
+        CLI_MODEL_PATH_LONGOPT,
         {"messages", required_argument, 0, 1},
         {"tools", required_argument, 0, 2},
         {"no-generation-prompt", no_argument, 0, 3},
@@ -88,20 +88,18 @@ int cmd_chat_format(int argc, char **argv)
         case 2: tools_path = optarg; break;
         case 3: gen_prompt = false; break;
         case 4: show_family = true; break;
-        case 'h': fputs(help, stdout); return 0;
-        default: fputs(help, stderr); return 2;
+        default: return cli_help_or_usage(opt, help);
         }
     }
-    if (optind < argc) {
-        fprintf(stderr, "cairn chat-format: unexpected argument '%s'\n", argv[optind]);
-        return 2;
-    }
+    int status = cli_no_operands("cairn chat-format", argc, argv);
+    if (status != CLI_PROCEED)
+        return status;
     if (!messages_path) {
         fprintf(stderr, "cairn chat-format: --messages FILE is required\n");
         return 2;
     }
 
-    int status = 1;
+    status = 1;
     char err[512] = "";
     cairn_gguf *g = NULL;
     cairn_vocab *v = NULL;

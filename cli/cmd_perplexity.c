@@ -63,8 +63,7 @@ int cmd_perplexity(int argc, char **argv)
         switch (opt) {
         case 'f': path = optarg; break;
         case 3000: max_chunks = atoi(optarg); break;
-        case 'h': fputs(help, stdout); return 0;
-        default: fputs(help, stderr); return 2;
+        default: return cli_help_or_usage(opt, help);
         }
     }
     if (!path || mo.n_ctx < 4) {

@@ -92,6 +92,139 @@ enum {
     OPT_JSON, OPT_JSON_SCHEMA, OPT_SHOW_TOP,
 };
 
+/* ---- options -------------------------------------------------------------- */
+
+typedef struct {
+    cli_model_opts model;
+    cli_draft_opts draft;
+    cairn_sampling_params sampling;
+    bool seed_given, parse_special, no_bos, ignore_eos;
+    bool verbose, chat;
+    int show_top;                   /* --show-top N; 0 = off          */
+    bool json_mode;                 /* --json: any JSON object        */
+    const char *json_schema_file;   /* --json-schema FILE             */
+    const char *prompt, *prompt_file, *system;
+    int n_predict;
+} run_opts;
+
+/* The sampling options: 1 if `opt` was one, 0 if not, -1 on a bad value.
+ * A value that is not a number is reported; one out of range (here and for
+ * -n) is refused without a message, as it always has been. */
+static int parse_sampling_opt(run_opts *o, int opt, const char *arg)
+{
+    cairn_sampling_params *sp = &o->sampling;
+    float f;
+    switch (opt) {
+    case OPT_TEMP: return parse_float(arg, "--temp", &sp->temperature) ? -1 : 1;
+    case OPT_TOPK:
+        if (parse_float(arg, "--top-k", &f))
+            return -1;
+        sp->top_k = (int)f;
+        return 1;
+    case OPT_TOPP: return parse_float(arg, "--top-p", &sp->top_p) ? -1 : 1;
+    case OPT_MINP: return parse_float(arg, "--min-p", &sp->min_p) ? -1 : 1;
+    case OPT_REPEAT: return parse_float(arg, "--repeat-penalty", &sp->repeat_penalty) ? -1 : 1;
+    case OPT_REPEAT_N:
+        if (parse_float(arg, "--repeat-last-n", &f) || f < 0)
+            return -1;
+        sp->penalty_last_n = (int)f;
+        return 1;
+    case OPT_FREQ: return parse_float(arg, "--frequency-penalty", &sp->frequency_penalty) ? -1 : 1;
+    case OPT_PRES: return parse_float(arg, "--presence-penalty", &sp->presence_penalty) ? -1 : 1;
+    case OPT_SEED: {
+        char *end;
+        errno = 0;
+        sp->seed = strtoull(arg, &end, 10);
+        if (errno || *end || end == arg) {
+            fprintf(stderr, "cairn run: --seed must be a non-negative integer\n");
+            return -1;
+        }
+        o->seed_given = true;
+        return 1;
+    }
+    default: return 0;
+    }
+}
+
+/* Everything else `run` adds to the shared options, in the same convention. */
+static int parse_run_opt(run_opts *o, int opt, const char *arg)
+{
+    float f;
+    switch (opt) {
+    case 'p': o->prompt = arg; return 1;
+    case 'f': o->prompt_file = arg; return 1;
+    case 'n':
+        /* a number, so "1e3" has always been accepted; whole and in range */
+        if (parse_float(arg, "-n", &f) || f < 0 || f > 1e7 || f != floorf(f))
+            return -1;
+        o->n_predict = (int)f;
+        return 1;
+    case OPT_PARSE_SPECIAL: o->parse_special = true; return 1;
+    case OPT_NO_BOS: o->no_bos = true; return 1;
+    case OPT_IGNORE_EOS: o->ignore_eos = true; return 1;
+    case OPT_JSON: o->json_mode = true; return 1;
+    case OPT_JSON_SCHEMA: o->json_schema_file = arg; return 1;
+    case OPT_CHAT: o->chat = true; return 1;
+    case OPT_SYSTEM: o->system = arg; return 1;
+    case 'v': o->verbose = true; return 1;
+    case OPT_SHOW_TOP: return cli_parse_int(arg, "--show-top", 1, 16, &o->show_top);
+    default: return parse_sampling_opt(o, opt, arg);
+    }
+}
+
+/* The command line into *o: CLI_PROCEED, or the exit status. */
+static int parse_run_opts(run_opts *o, int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        CLI_MODEL_LONGOPTS,
+        {"prompt", required_argument, 0, 'p'},
+        {"file", required_argument, 0, 'f'},
+        {"n-predict", required_argument, 0, 'n'},
+        {"temp", required_argument, 0, OPT_TEMP},
+        {"seed", required_argument, 0, OPT_SEED},
+        {"top-k", required_argument, 0, OPT_TOPK},
+        {"top-p", required_argument, 0, OPT_TOPP},
+        {"min-p", required_argument, 0, OPT_MINP},
+        {"repeat-penalty", required_argument, 0, OPT_REPEAT},
+        {"repeat-last-n", required_argument, 0, OPT_REPEAT_N},
+        {"frequency-penalty", required_argument, 0, OPT_FREQ},
+        {"presence-penalty", required_argument, 0, OPT_PRES},
+        {"parse-special", no_argument, 0, OPT_PARSE_SPECIAL},
+        {"no-bos", no_argument, 0, OPT_NO_BOS},
+        {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
+        {"json", no_argument, 0, OPT_JSON},
+        {"json-schema", required_argument, 0, OPT_JSON_SCHEMA},
+        {"chat", no_argument, 0, OPT_CHAT},
+        {"system", required_argument, 0, OPT_SYSTEM},
+        {"verbose", no_argument, 0, 'v'},
+        {"show-top", required_argument, 0, OPT_SHOW_TOP},
+        {"help", no_argument, 0, 'h'},
+        CLI_DRAFT_LONGOPTS,
+        {0, 0, 0, 0},
+    };
+    memset(o, 0, sizeof *o);
+    cli_model_opts_defaults(&o->model);
+    cli_draft_opts_defaults(&o->draft);
+    o->sampling = cairn_sampling_defaults();
+    o->n_predict = 128;
+    int opt;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, CLI_MODEL_SHORTOPTS "p:f:n:vh", longopts, NULL)) != -1) {
+        int r = cli_model_opts_parse(&o->model, opt, optarg);
+        if (r == 0)
+            r = cli_draft_opts_parse(&o->draft, opt, optarg);
+        if (r == 0)
+            r = parse_run_opt(o, opt, optarg);
+        if (r < 0)
+            return 2;
+        if (r == 0)
+            return cli_help_or_usage(opt, help);
+    }
+    return cli_no_operands("cairn run", argc, argv);
+}
+
+/* ---- generation ---------------------------------------------------------- */
+
 /* --chat: the prompt as one user turn (after an optional system turn) in the
  * model's chat template, with the assistant turn opened. Only the template's
  * own markers become special tokens. */
@@ -209,228 +342,205 @@ static int generate(cairn_runtime *rt, const cli_model_opts *mo, const cli_draft
     return rc != CAIRN_OK ? rc : st->failed ? CAIRN_EINVAL : CAIRN_OK;
 }
 
-int cmd_run(int argc, char **argv)
-{
-    cli_model_opts mo;
-    cli_model_opts_defaults(&mo);
-    cairn_sampling_params sp = cairn_sampling_defaults();
-    bool seed_given = false, parse_special = false, no_bos = false, ignore_eos = false;
-    bool verbose = false, chat = false;
-    int n_show_top = 0;
-    bool json_mode = false;              /* --json: any JSON object        */
-    const char *json_schema_file = NULL; /* --json-schema FILE             */
-    const char *prompt = NULL, *prompt_file = NULL, *system = NULL;
-    int n_predict = 128;
 
-    static const struct option longopts[] = {
-        CLI_MODEL_LONGOPTS,
-        {"prompt", required_argument, 0, 'p'},
-        {"file", required_argument, 0, 'f'},
-        {"n-predict", required_argument, 0, 'n'},
-        {"temp", required_argument, 0, OPT_TEMP},
-        {"seed", required_argument, 0, OPT_SEED},
-        {"top-k", required_argument, 0, OPT_TOPK},
-        {"top-p", required_argument, 0, OPT_TOPP},
-        {"min-p", required_argument, 0, OPT_MINP},
-        {"repeat-penalty", required_argument, 0, OPT_REPEAT},
-        {"repeat-last-n", required_argument, 0, OPT_REPEAT_N},
-        {"frequency-penalty", required_argument, 0, OPT_FREQ},
-        {"presence-penalty", required_argument, 0, OPT_PRES},
-        {"parse-special", no_argument, 0, OPT_PARSE_SPECIAL},
-        {"no-bos", no_argument, 0, OPT_NO_BOS},
-        {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
-        {"json", no_argument, 0, OPT_JSON},
-        {"json-schema", required_argument, 0, OPT_JSON_SCHEMA},
-        {"chat", no_argument, 0, OPT_CHAT},
-        {"system", required_argument, 0, OPT_SYSTEM},
-        {"verbose", no_argument, 0, 'v'},
-        {"show-top", required_argument, 0, OPT_SHOW_TOP},
-        {"help", no_argument, 0, 'h'},
-        CLI_DRAFT_LONGOPTS,
-        {0, 0, 0, 0},
-    };
-    cli_draft_opts draft;
-    cli_draft_opts_defaults(&draft);
-    int opt;
-    optind = 1;
-    while ((opt = getopt_long(argc, argv, CLI_MODEL_SHORTOPTS "p:f:n:vh", longopts, NULL)) != -1) {
-        int r = cli_model_opts_parse(&mo, opt, optarg);
-        if (r == 0)
-            r = cli_draft_opts_parse(&draft, opt, optarg);
-        if (r < 0)
-            return 2;
-        if (r > 0)
-            continue;
-        float f;
-        switch (opt) {
-        case 'p': prompt = optarg; break;
-        case 'f': prompt_file = optarg; break;
-        case 'n':
-            if (parse_float(optarg, "-n", &f) || f < 0 || f > 1e7 || f != floorf(f))
-                return 2;
-            n_predict = (int)f;
-            break;
-        case OPT_TEMP: if (parse_float(optarg, "--temp", &sp.temperature)) return 2; break;
-        case OPT_TOPK:
-            if (parse_float(optarg, "--top-k", &f)) return 2;
-            sp.top_k = (int)f;
-            break;
-        case OPT_TOPP: if (parse_float(optarg, "--top-p", &sp.top_p)) return 2; break;
-        case OPT_MINP: if (parse_float(optarg, "--min-p", &sp.min_p)) return 2; break;
-        case OPT_REPEAT: if (parse_float(optarg, "--repeat-penalty", &sp.repeat_penalty)) return 2; break;
-        case OPT_REPEAT_N:
-            if (parse_float(optarg, "--repeat-last-n", &f) || f < 0) return 2;
-            sp.penalty_last_n = (int)f;
-            break;
-        case OPT_FREQ: if (parse_float(optarg, "--frequency-penalty", &sp.frequency_penalty)) return 2; break;
-        case OPT_PRES: if (parse_float(optarg, "--presence-penalty", &sp.presence_penalty)) return 2; break;
-        case OPT_SEED: {
-            char *end;
-            errno = 0;
-            sp.seed = strtoull(optarg, &end, 10);
-            if (errno || *end || end == optarg) {
-                fprintf(stderr, "cairn run: --seed must be a non-negative integer\n");
-                return 2;
-            }
-            seed_given = true;
-            break;
-        }
-        case OPT_PARSE_SPECIAL: parse_special = true; break;
-        case OPT_NO_BOS: no_bos = true; break;
-        case OPT_IGNORE_EOS: ignore_eos = true; break;
-        case OPT_JSON: json_mode = true; break;
-        case OPT_JSON_SCHEMA: json_schema_file = optarg; break;
-        case OPT_CHAT: chat = true; break;
-        case OPT_SYSTEM: system = optarg; break;
-        case 'v': verbose = true; break;
-        case OPT_SHOW_TOP:
-            if (cli_parse_int(optarg, "--show-top", 1, 16, &n_show_top) < 0)
-                return 2;
-            break;
-        case 'h': fputs(help, stdout); return 0;
-        default: fputs(help, stderr); return 2;
-        }
+/* ---- set-up: what is checked before the model loads ----------------------- */
+
+/* What the options ask for that is read or compiled before the model loads. */
+typedef struct {
+    cairn_grammar *grammar; /* --json/--json-schema; NULL without          */
+    char *file_text;        /* -f FILE's contents; NULL with -p            */
+    const char *prompt;
+    size_t prompt_len;
+} run_inputs;
+
+static void run_inputs_free(run_inputs *in)
+{
+    cairn_grammar_free(in->grammar);
+    free(in->file_text);
+    memset(in, 0, sizeof *in);
+}
+
+/* Structured output: compiled before the model loads, so a bad schema fails
+ * fast. CLI_PROCEED or the exit status. */
+static int compile_output_grammar(const run_opts *o, cairn_grammar **grammar)
+{
+    if (!o->json_mode && !o->json_schema_file)
+        return CLI_PROCEED;
+    size_t schema_len = 0;
+    char *schema = o->json_schema_file ? cli_read_file(o->json_schema_file, &schema_len) : NULL;
+    char gerr[256] = "";
+    if (o->json_schema_file && !schema) {
+        fprintf(stderr, "cairn run: cannot read '%s': %s\n", o->json_schema_file, strerror(errno));
+        return 1;
     }
-    if (optind < argc) {
-        fprintf(stderr, "cairn run: unexpected argument '%s'\n", argv[optind]);
+    int grc = cairn_grammar_from_json_schema(schema, schema_len, grammar, gerr, sizeof gerr);
+    free(schema);
+    if (grc != CAIRN_OK) {
+        fprintf(stderr, "cairn run: %s\n", gerr[0] ? gerr : cairn_strerror(grc));
         return 2;
     }
-    /* Structured output: compiled before the model loads, so a bad schema
-     * fails fast. */
-    cairn_grammar *grammar = NULL;
-    if (json_mode || json_schema_file) {
-        size_t schema_len = 0;
-        char *schema = json_schema_file ? cli_read_file(json_schema_file, &schema_len) : NULL;
-        char gerr[256] = "";
-        if (json_schema_file && !schema) {
-            fprintf(stderr, "cairn run: cannot read '%s': %s\n", json_schema_file, strerror(errno));
+    return CLI_PROCEED;
+}
+
+/* The prompt text: -f FILE's contents or -p TEXT. */
+static int read_prompt(const run_opts *o, run_inputs *in)
+{
+    if (o->prompt_file) {
+        in->file_text = cli_read_file(o->prompt_file, &in->prompt_len);
+        if (!in->file_text) {
+            fprintf(stderr, "cairn run: cannot read '%s': %s\n", o->prompt_file, strerror(errno));
             return 1;
         }
-        int grc = cairn_grammar_from_json_schema(schema, schema_len, &grammar, gerr, sizeof gerr);
-        free(schema);
-        if (grc != CAIRN_OK) {
-            fprintf(stderr, "cairn run: %s\n", gerr[0] ? gerr : cairn_strerror(grc));
-            return 2;
-        }
-    }
-    char *file_text = NULL;
-    size_t prompt_len = 0;
-    if (prompt_file) {
-        file_text = cli_read_file(prompt_file, &prompt_len);
-        if (!file_text) {
-            fprintf(stderr, "cairn run: cannot read '%s': %s\n", prompt_file, strerror(errno));
-            return 1;
-        }
-        prompt = file_text;
-    } else if (prompt) {
-        prompt_len = strlen(prompt);
+        in->prompt = in->file_text;
+    } else if (o->prompt) {
+        in->prompt = o->prompt;
+        in->prompt_len = strlen(o->prompt);
     } else {
         fprintf(stderr, "cairn run: a prompt is required (-p TEXT or -f FILE)\n");
         return 2;
     }
-    if (system && !chat) {
+    return CLI_PROCEED;
+}
+
+/* Everything that can be refused before the model loads, in the order the
+ * messages have always come: grammar, prompt, option combinations. Picks
+ * the seed when none was given. CLI_PROCEED or the exit status; *in holds
+ * what was read either way. */
+static int prepare_run(run_opts *o, run_inputs *in)
+{
+    int status = compile_output_grammar(o, &in->grammar);
+    if (status == CLI_PROCEED)
+        status = read_prompt(o, in);
+    if (status != CLI_PROCEED)
+        return status;
+    if (o->system && !o->chat) {
         fprintf(stderr, "cairn run: --system goes with --chat\n");
-        free(file_text);
         return 2;
     }
-    if (!seed_given)
-        sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
-
-    if (draft.head_path && grammar) {
+    if (!o->seed_given)
+        o->sampling.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+    if (o->draft.head_path && in->grammar) {
         fprintf(stderr, "cairn run: --draft does not combine with --json/--json-schema\n");
-        free(file_text);
-        cairn_grammar_free(grammar);
         return 1;
     }
-    if (draft.head_path && cairn_sampling_has_penalties(&sp)) {
+    if (o->draft.head_path && cairn_sampling_has_penalties(&o->sampling)) {
         fprintf(stderr, "cairn run: speculative decoding does not support repetition, "
                         "frequency or presence penalties\n");
-        free(file_text);
-        cairn_grammar_free(grammar);
         return 1;
     }
+    return CLI_PROCEED;
+}
+
+/* ---- the action: load, generate, report ----------------------------------- */
+
+static cairn_runtime *open_run_runtime(const run_opts *o)
+{
     cairn_runtime *rt = NULL;
     char err[512] = "";
     double t0 = cairn_now();
-    const cairn_runtime_config rcfg = cli_runtime_config(&mo, draft.head_path);
+    const cairn_runtime_config rcfg = cli_runtime_config(&o->model, o->draft.head_path);
     if (cairn_runtime_open(&rcfg, &rt, err, sizeof err) != CAIRN_OK) {
         fprintf(stderr, "cairn: cannot load model: %s\n", err);
-        free(file_text);
-        cairn_grammar_free(grammar);
-        return 1;
+        return NULL;
     }
-    const cairn_vocab *vocab = cairn_runtime_vocab(rt);
     const cairn_hparams *hp = cairn_runtime_hparams(rt);
     cairn_log(CAIRN_LOG_INFO, "model %s: %s, dim %d, %d layers, %d/%d heads, vocab %d; loaded in "
               "%.2f s on %s (%d threads)", hp->name, hp->arch, hp->dim, hp->n_layer, hp->n_head,
               hp->n_kv_head, hp->n_vocab, cairn_now() - t0,
               cairn_runtime_backend(rt)->iface->name, cairn_runtime_threads(rt));
-    int flags = (!no_bos && cairn_vocab_add_bos(vocab) ? CAIRN_TOK_ADD_BOS : 0) |
-                (parse_special ? CAIRN_TOK_PARSE_SPECIAL : 0);
+    return rt;
+}
+
+/* The generation request: the prompt's tokens and the options' settings.
+ * Takes the grammar and the prompt file's text out of *in (the request
+ * owns the one, the other is no longer needed). */
+static int make_run_request(cairn_runtime *rt, const run_opts *o, run_inputs *in,
+                            cairn_request **out)
+{
+    const cairn_vocab *vocab = cairn_runtime_vocab(rt);
+    int flags = (!o->no_bos && cairn_vocab_add_bos(vocab) ? CAIRN_TOK_ADD_BOS : 0) |
+                (o->parse_special ? CAIRN_TOK_PARSE_SPECIAL : 0);
     cairn_request *req = cairn_request_new(CAIRN_REQ_GENERATE);
-    int rc = req ? prompt_tokens(rt, chat, system, prompt, prompt_len, flags, &req->tokens,
-                                 &req->n_tokens)
+    int rc = req ? prompt_tokens(rt, o->chat, o->system, in->prompt, in->prompt_len, flags,
+                                 &req->tokens, &req->n_tokens)
                  : CAIRN_ENOMEM;
-    free(file_text);
+    free(in->file_text);
+    in->file_text = NULL;
     if (rc == CAIRN_OK && req->n_tokens == 0) {
         fprintf(stderr, "cairn run: the prompt is empty\n");
         rc = CAIRN_EINVAL;
     }
     if (rc != CAIRN_OK) {
         cairn_request_free(req);
-        cairn_grammar_free(grammar);
+        return rc;
+    }
+    const cairn_sampling_params *sp = &o->sampling;
+    req->gen.max_tokens = o->n_predict;
+    req->gen.sampling = *sp;
+    req->gen.sampling.n_logprobs = o->show_top;
+    req->gen.logprobs = o->show_top > 0;
+    req->gen.grammar = in->grammar; /* the request owns it now */
+    in->grammar = NULL;
+    req->gen.stream = true;
+    req->gen.ignore_eos = o->ignore_eos;
+    cairn_log(CAIRN_LOG_INFO, "prompt: %zu tokens; sampling: temp %.2f top-k %d top-p %.2f "
+              "min-p %.2f seed %llu", req->n_tokens, sp->temperature, sp->top_k, sp->top_p,
+              sp->min_p, (unsigned long long)sp->seed);
+    *out = req;
+    return CAIRN_OK;
+}
+
+/* The timings to stderr once the generation has ended well. */
+static void report_run(const run_state *st, bool speculative)
+{
+    if (st->eog_token >= 0)
+        cairn_log(CAIRN_LOG_INFO, "end-of-generation token %d after %lld tokens", st->eog_token,
+                  (long long)st->n_gen);
+    cairn_log(CAIRN_LOG_INFO, "prompt: %lld tokens in %.3f s (%.1f tok/s); generated %lld "
+              "tokens in %.3f s (%.1f tok/s); finish: %s", (long long)st->n_prompt,
+              st->prompt_s, st->n_prompt / (st->prompt_s > 0 ? st->prompt_s : 1e-9),
+              (long long)st->n_gen, st->decode_s,
+              st->n_gen / (st->decode_s > 0 ? st->decode_s : 1e-9), st->finish);
+    if (speculative)
+        cairn_log(CAIRN_LOG_INFO, "speculative: %lld target forwards, tau %.2f tokens per "
+                  "forward", (long long)st->spec_forwards,
+                  st->spec_forwards ? (double)st->spec_tokens / st->spec_forwards : 0.0);
+}
+
+/* Load the model, generate, report: the exit status. */
+static int run_generation(const run_opts *o, run_inputs *in)
+{
+    cairn_runtime *rt = open_run_runtime(o);
+    if (!rt)
+        return 1;
+    cairn_request *req = NULL;
+    int rc = make_run_request(rt, o, in, &req);
+    if (rc != CAIRN_OK) {
         cairn_runtime_close(rt);
         return 1;
     }
-    req->gen.max_tokens = n_predict;
-    req->gen.sampling = sp;
-    req->gen.sampling.n_logprobs = n_show_top;
-    req->gen.logprobs = n_show_top > 0;
-    req->gen.grammar = grammar; /* the request owns it now */
-    req->gen.stream = true;
-    req->gen.ignore_eos = ignore_eos;
-    cairn_log(CAIRN_LOG_INFO, "prompt: %zu tokens; sampling: temp %.2f top-k %d top-p %.2f "
-              "min-p %.2f seed %llu", req->n_tokens, sp.temperature, sp.top_k, sp.top_p, sp.min_p,
-              (unsigned long long)sp.seed);
     run_state st = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER,
-                    .verbose = verbose, .show_top = n_show_top, .vocab = vocab};
-    rc = generate(rt, &mo, &draft, req, &st);
+                    .verbose = o->verbose, .show_top = o->show_top,
+                    .vocab = cairn_runtime_vocab(rt)};
+    rc = generate(rt, &o->model, &o->draft, req, &st);
     printf("\n");
     fflush(stdout);
-    if (rc == CAIRN_OK && st.eog_token >= 0)
-        cairn_log(CAIRN_LOG_INFO, "end-of-generation token %d after %lld tokens", st.eog_token,
-                  (long long)st.n_gen);
-    if (rc == CAIRN_OK) {
-        cairn_log(CAIRN_LOG_INFO, "prompt: %lld tokens in %.3f s (%.1f tok/s); generated %lld "
-                  "tokens in %.3f s (%.1f tok/s); finish: %s", (long long)st.n_prompt,
-                  st.prompt_s, st.n_prompt / (st.prompt_s > 0 ? st.prompt_s : 1e-9),
-                  (long long)st.n_gen, st.decode_s,
-                  st.n_gen / (st.decode_s > 0 ? st.decode_s : 1e-9), st.finish);
-        if (draft.head_path)
-            cairn_log(CAIRN_LOG_INFO, "speculative: %lld target forwards, tau %.2f tokens per "
-                      "forward", (long long)st.spec_forwards,
-                      st.spec_forwards ? (double)st.spec_tokens / st.spec_forwards : 0.0);
-    }
+    if (rc == CAIRN_OK)
+        report_run(&st, o->draft.head_path != NULL);
     cairn_runtime_close(rt);
     return rc == CAIRN_OK ? 0 : 1;
+}
+
+int cmd_run(int argc, char **argv)
+{
+    run_opts o;
+    int status = parse_run_opts(&o, argc, argv);
+    if (status != CLI_PROCEED)
+        return status;
+    run_inputs in = {0};
+    status = prepare_run(&o, &in);
+    if (status == CLI_PROCEED)
+        status = run_generation(&o, &in);
+    run_inputs_free(&in);
+    return status;
 }

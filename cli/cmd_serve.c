@@ -100,18 +100,176 @@ static size_t parse_size(const char *arg)
     return (size_t)(v * mult);
 }
 
-static int parse_long(const char *arg, const char *what, long lo, long hi, long *out)
+/* A size option: 1 with *out set, or -1 after "WHAT must be a size like
+ * EXAMPLE", followed by the value given when `echo` is set (the messages of
+ * --kv-mem, --host-mem and --disk-max have it, the others not). */
+static int parse_size_opt(const char *arg, const char *what, const char *example, bool echo,
+                          size_t *out)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(arg, &end, 10);
-    if (errno || *end || end == arg || v < lo || v > hi) {
-        fprintf(stderr, "cairn serve: %s must be an integer in [%ld, %ld], got '%s'\n", what, lo,
-                hi, arg);
+    if (!(*out = parse_size(arg))) {
+        if (echo)
+            fprintf(stderr, "cairn serve: %s must be a size like %s, got '%s'\n", what, example,
+                    arg);
+        else
+            fprintf(stderr, "cairn serve: %s must be a size like %s\n", what, example);
         return -1;
     }
-    *out = v;
-    return 0;
+    return 1;
+}
+
+/* A timeout in seconds, in (0, 1e7): 1 with *out set, or -1 after saying so. */
+static int parse_seconds_opt(const char *arg, const char *what, double *out)
+{
+    char *end;
+    double t = strtod(arg, &end);
+    if (*end || end == arg || !(t > 0 && t < 1e7)) {
+        fprintf(stderr, "cairn serve: %s must be a positive number of seconds\n", what);
+        return -1;
+    }
+    *out = t;
+    return 1;
+}
+
+/* An integer option under "cairn serve" into an int field. */
+static int parse_int_opt(const char *arg, const char *what, long lo, long hi, int *out)
+{
+    long v;
+    if (cli_parse_long("cairn serve", arg, what, lo, hi, &v) < 0)
+        return -1;
+    *out = (int)v;
+    return 1;
+}
+
+/* ---- options -------------------------------------------------------------- */
+
+typedef struct {
+    cli_model_opts model;
+    cli_draft_opts draft;
+    cairn_server_config cfg; /* what the options set; the runtime and the
+                                model's service settings come at set-up    */
+    bool verbose;
+    const char *auth_token, *auth_token_file, *tenants_file;
+} serve_opts;
+
+/* The engine's options (cfg.service): 1 if `opt` was one, 0 if not, -1 on a
+ * bad value (printed). */
+static int parse_service_opt(cairn_service_config *svc, int opt, const char *arg)
+{
+    long v;
+    switch (opt) {
+    case OPT_DRAFT_MAX_BATCH:
+        if (cli_parse_long("cairn serve", arg, "--draft-max-batch", 0, 1 << 20, &v) < 0)
+            return -1;
+        svc->draft_max_batch = v == 0 ? -1 : (int)v; /* the config's "never" */
+        return 1;
+    case OPT_KV_MEM: return parse_size_opt(arg, "--kv-mem", "512M", true, &svc->kv_bytes);
+    case OPT_MAX_SEQS: return parse_int_opt(arg, "--max-seqs", 1, 4096, &svc->max_seqs);
+    case OPT_MAX_SESSIONS:
+        if (cli_parse_long("cairn serve", arg, "--max-sessions", 1, 1L << 30, &v) < 0)
+            return -1;
+        svc->max_sessions = (size_t)v;
+        return 1;
+    case OPT_PREFILL: return parse_int_opt(arg, "--prefill-chunk", 1, 1 << 20, &svc->prefill_chunk);
+    case OPT_NO_PREFIX: svc->no_prefix_cache = true; return 1;
+    case OPT_CACHE_DIR: svc->cache_dir = arg; return 1;
+    case OPT_TIER_LOADS:
+        if (strcmp(arg, "measured") == 0)
+            svc->load_policy = CAIRN_LOAD_MEASURED;
+        else if (strcmp(arg, "always") == 0)
+            svc->load_policy = CAIRN_LOAD_ALWAYS;
+        else if (strcmp(arg, "never") == 0)
+            svc->load_policy = CAIRN_LOAD_NEVER;
+        else {
+            fprintf(stderr, "cairn serve: --tier-loads must be measured, always or never\n");
+            return -1;
+        }
+        return 1;
+    case OPT_HOST_MEM: return parse_size_opt(arg, "--host-mem", "1G", true, &svc->host_bytes);
+    case OPT_DISK_MAX: return parse_size_opt(arg, "--disk-max", "4G", true, &svc->disk_bytes);
+    default: return 0;
+    }
+}
+
+/* The listeners' and access options, in the same convention. */
+static int parse_listener_opt(serve_opts *o, int opt, const char *arg)
+{
+    cairn_server_config *cfg = &o->cfg;
+    switch (opt) {
+    case OPT_HOST: cfg->host = arg; return 1;
+    case OPT_PORT: return parse_int_opt(arg, "--port", 0, 65535, &cfg->port);
+    case OPT_NO_TCP: cfg->host = NULL; return 1;
+    case OPT_UNIX: cfg->unix_path = arg; return 1;
+    case OPT_IDLE: return parse_seconds_opt(arg, "--idle-timeout", &cfg->idle_timeout_s);
+    case OPT_MAX_OUTPUT:
+        return parse_size_opt(arg, "--max-output", "16M", false, &cfg->max_output_bytes);
+    case OPT_AUTH_TOKEN: o->auth_token = arg; return 1;
+    case OPT_AUTH_TOKEN_FILE: o->auth_token_file = arg; return 1;
+    case OPT_TENANTS: o->tenants_file = arg; return 1;
+    case OPT_HTTP_PORT: return parse_int_opt(arg, "--http-port", 0, 65535, &cfg->http.port);
+    case OPT_HTTP_HOST: cfg->http.host = arg; return 1;
+    case OPT_HTTP_MAX_BODY:
+        return parse_size_opt(arg, "--http-max-body", "4M", false, &cfg->http.max_body_bytes);
+    case OPT_HTTP_TIMEOUT: return parse_seconds_opt(arg, "--http-timeout", &cfg->http.timeout_s);
+    case OPT_MODEL_NAME: cfg->http.model_name = arg; return 1;
+    case 'v': o->verbose = true; return 1;
+    default: return 0;
+    }
+}
+
+/* The command line into *o: CLI_PROCEED, or the exit status. */
+static int parse_serve_opts(serve_opts *o, int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        CLI_MODEL_LONGOPTS,
+        {"host", required_argument, 0, OPT_HOST},
+        {"port", required_argument, 0, OPT_PORT},
+        {"no-tcp", no_argument, 0, OPT_NO_TCP},
+        {"unix", required_argument, 0, OPT_UNIX},
+        {"kv-mem", required_argument, 0, OPT_KV_MEM},
+        {"max-seqs", required_argument, 0, OPT_MAX_SEQS},
+        {"max-sessions", required_argument, 0, OPT_MAX_SESSIONS},
+        {"prefill-chunk", required_argument, 0, OPT_PREFILL},
+        {"no-prefix-cache", no_argument, 0, OPT_NO_PREFIX},
+        {"cache-dir", required_argument, 0, OPT_CACHE_DIR},
+        {"host-mem", required_argument, 0, OPT_HOST_MEM},
+        {"disk-max", required_argument, 0, OPT_DISK_MAX},
+        {"tier-loads", required_argument, 0, OPT_TIER_LOADS},
+        {"idle-timeout", required_argument, 0, OPT_IDLE},
+        {"max-output", required_argument, 0, OPT_MAX_OUTPUT},
+        {"auth-token", required_argument, 0, OPT_AUTH_TOKEN},
+        {"auth-token-file", required_argument, 0, OPT_AUTH_TOKEN_FILE},
+        {"tenants", required_argument, 0, OPT_TENANTS},
+        {"http-port", required_argument, 0, OPT_HTTP_PORT},
+        {"http-host", required_argument, 0, OPT_HTTP_HOST},
+        {"http-max-body", required_argument, 0, OPT_HTTP_MAX_BODY},
+        {"http-timeout", required_argument, 0, OPT_HTTP_TIMEOUT},
+        {"model-name", required_argument, 0, OPT_MODEL_NAME},
+        CLI_DRAFT_LONGOPTS,
+        {"draft-max-batch", required_argument, 0, OPT_DRAFT_MAX_BATCH},
+        {"verbose", no_argument, 0, 'v'},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    memset(o, 0, sizeof *o);
+    cli_model_opts_defaults(&o->model);
+    cli_draft_opts_defaults(&o->draft);
+    cairn_server_config_default(&o->cfg);
+    int opt;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, CLI_MODEL_SHORTOPTS "vh", longopts, NULL)) != -1) {
+        int r = cli_model_opts_parse(&o->model, opt, optarg);
+        if (r == 0)
+            r = cli_draft_opts_parse(&o->draft, opt, optarg);
+        if (r == 0)
+            r = parse_service_opt(&o->cfg.service, opt, optarg);
+        if (r == 0)
+            r = parse_listener_opt(o, opt, optarg);
+        if (r < 0)
+            return 2;
+        if (r == 0)
+            return cli_help_or_usage(opt, help);
+    }
+    return cli_no_operands("cairn serve", argc, argv);
 }
 
 /* ---- access options ------------------------------------------------------- */
@@ -218,226 +376,75 @@ static int load_access(const char *token, const char *token_file, const char *te
     return 0;
 }
 
-int cmd_serve(int argc, char **argv)
-{
-    cli_model_opts mo;
-    cli_model_opts_defaults(&mo);
-    cairn_server_config cfg;
-    cairn_server_config_default(&cfg);
-    bool verbose = false, batch_given = false;
-    const char *auth_token = NULL, *auth_token_file = NULL, *tenants_file = NULL;
-    cli_draft_opts draft;
-    cli_draft_opts_defaults(&draft);
+/* ---- set-up and the action ------------------------------------------------ */
 
-    static const struct option longopts[] = {
-        CLI_MODEL_LONGOPTS,
-        {"host", required_argument, 0, OPT_HOST},
-        {"port", required_argument, 0, OPT_PORT},
-        {"no-tcp", no_argument, 0, OPT_NO_TCP},
-        {"unix", required_argument, 0, OPT_UNIX},
-        {"kv-mem", required_argument, 0, OPT_KV_MEM},
-        {"max-seqs", required_argument, 0, OPT_MAX_SEQS},
-        {"max-sessions", required_argument, 0, OPT_MAX_SESSIONS},
-        {"prefill-chunk", required_argument, 0, OPT_PREFILL},
-        {"no-prefix-cache", no_argument, 0, OPT_NO_PREFIX},
-        {"cache-dir", required_argument, 0, OPT_CACHE_DIR},
-        {"host-mem", required_argument, 0, OPT_HOST_MEM},
-        {"disk-max", required_argument, 0, OPT_DISK_MAX},
-        {"tier-loads", required_argument, 0, OPT_TIER_LOADS},
-        {"idle-timeout", required_argument, 0, OPT_IDLE},
-        {"max-output", required_argument, 0, OPT_MAX_OUTPUT},
-        {"auth-token", required_argument, 0, OPT_AUTH_TOKEN},
-        {"auth-token-file", required_argument, 0, OPT_AUTH_TOKEN_FILE},
-        {"tenants", required_argument, 0, OPT_TENANTS},
-        {"http-port", required_argument, 0, OPT_HTTP_PORT},
-        {"http-host", required_argument, 0, OPT_HTTP_HOST},
-        {"http-max-body", required_argument, 0, OPT_HTTP_MAX_BODY},
-        {"http-timeout", required_argument, 0, OPT_HTTP_TIMEOUT},
-        {"model-name", required_argument, 0, OPT_MODEL_NAME},
-        CLI_DRAFT_LONGOPTS,
-        {"draft-max-batch", required_argument, 0, OPT_DRAFT_MAX_BATCH},
-        {"verbose", no_argument, 0, 'v'},
-        {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
-    };
-    int opt;
-    long v;
-    optind = 1;
-    while ((opt = getopt_long(argc, argv, CLI_MODEL_SHORTOPTS "vh", longopts, NULL)) != -1) {
-        int r = cli_model_opts_parse(&mo, opt, optarg);
-        if (r < 0)
-            return 2;
-        if (r > 0) {
-            batch_given |= opt == 'b';
-            continue;
-        }
-        if ((r = cli_draft_opts_parse(&draft, opt, optarg)) < 0)
-            return 2;
-        if (r > 0)
-            continue;
-        switch (opt) {
-        case OPT_HOST: cfg.host = optarg; break;
-        case OPT_DRAFT_MAX_BATCH:
-            if (parse_long(optarg, "--draft-max-batch", 0, 1 << 20, &v))
-                return 2;
-            cfg.service.draft_max_batch = v == 0 ? -1 : (int)v;
-            break;
-        case OPT_PORT:
-            if (parse_long(optarg, "--port", 0, 65535, &v))
-                return 2;
-            cfg.port = (int)v;
-            break;
-        case OPT_NO_TCP: cfg.host = NULL; break;
-        case OPT_UNIX: cfg.unix_path = optarg; break;
-        case OPT_KV_MEM:
-            if (!(cfg.service.kv_bytes = parse_size(optarg))) {
-                fprintf(stderr, "cairn serve: --kv-mem must be a size like 512M, got '%s'\n",
-                        optarg);
-                return 2;
-            }
-            break;
-        case OPT_MAX_SEQS:
-            if (parse_long(optarg, "--max-seqs", 1, 4096, &v))
-                return 2;
-            cfg.service.max_seqs = (int)v;
-            break;
-        case OPT_MAX_SESSIONS:
-            if (parse_long(optarg, "--max-sessions", 1, 1L << 30, &v))
-                return 2;
-            cfg.service.max_sessions = (size_t)v;
-            break;
-        case OPT_PREFILL:
-            if (parse_long(optarg, "--prefill-chunk", 1, 1 << 20, &v))
-                return 2;
-            cfg.service.prefill_chunk = (int)v;
-            break;
-        case OPT_NO_PREFIX: cfg.service.no_prefix_cache = true; break;
-        case OPT_CACHE_DIR: cfg.service.cache_dir = optarg; break;
-        case OPT_TIER_LOADS:
-            if (strcmp(optarg, "measured") == 0)
-                cfg.service.load_policy = CAIRN_LOAD_MEASURED;
-            else if (strcmp(optarg, "always") == 0)
-                cfg.service.load_policy = CAIRN_LOAD_ALWAYS;
-            else if (strcmp(optarg, "never") == 0)
-                cfg.service.load_policy = CAIRN_LOAD_NEVER;
-            else {
-                fprintf(stderr, "cairn serve: --tier-loads must be measured, always or never\n");
-                return 2;
-            }
-            break;
-        case OPT_HOST_MEM:
-            if (!(cfg.service.host_bytes = parse_size(optarg))) {
-                fprintf(stderr, "cairn serve: --host-mem must be a size like 1G, got '%s'\n",
-                        optarg);
-                return 2;
-            }
-            break;
-        case OPT_DISK_MAX:
-            if (!(cfg.service.disk_bytes = parse_size(optarg))) {
-                fprintf(stderr, "cairn serve: --disk-max must be a size like 4G, got '%s'\n",
-                        optarg);
-                return 2;
-            }
-            break;
-        case OPT_IDLE: {
-            char *end;
-            double t = strtod(optarg, &end);
-            if (*end || end == optarg || !(t > 0 && t < 1e7)) {
-                fprintf(stderr, "cairn serve: --idle-timeout must be a positive number of "
-                                "seconds\n");
-                return 2;
-            }
-            cfg.idle_timeout_s = t;
-            break;
-        }
-        case OPT_MAX_OUTPUT:
-            if (!(cfg.max_output_bytes = parse_size(optarg))) {
-                fprintf(stderr, "cairn serve: --max-output must be a size like 16M\n");
-                return 2;
-            }
-            break;
-        case OPT_AUTH_TOKEN: auth_token = optarg; break;
-        case OPT_AUTH_TOKEN_FILE: auth_token_file = optarg; break;
-        case OPT_TENANTS: tenants_file = optarg; break;
-        case OPT_HTTP_PORT:
-            if (parse_long(optarg, "--http-port", 0, 65535, &v))
-                return 2;
-            cfg.http.port = (int)v;
-            break;
-        case OPT_HTTP_HOST: cfg.http.host = optarg; break;
-        case OPT_HTTP_MAX_BODY:
-            if (!(cfg.http.max_body_bytes = parse_size(optarg))) {
-                fprintf(stderr, "cairn serve: --http-max-body must be a size like 4M\n");
-                return 2;
-            }
-            break;
-        case OPT_HTTP_TIMEOUT: {
-            char *end;
-            double t = strtod(optarg, &end);
-            if (*end || end == optarg || !(t > 0 && t < 1e7)) {
-                fprintf(stderr, "cairn serve: --http-timeout must be a positive number of "
-                                "seconds\n");
-                return 2;
-            }
-            cfg.http.timeout_s = t;
-            break;
-        }
-        case OPT_MODEL_NAME: cfg.http.model_name = optarg; break;
-        case 'v': verbose = true; break;
-        case 'h': fputs(help, stdout); return 0;
-        default: fputs(help, stderr); return 2;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "cairn serve: unexpected argument '%s'\n", argv[optind]);
-        return 2;
-    }
-    if (!cfg.host && !cfg.unix_path) {
+/* The checks on the options together, then the access credentials (read
+ * before the model is loaded, see the top of this file), then the rest of
+ * o->cfg from the shared options. CLI_PROCEED or the exit status. */
+static int prepare_serve(serve_opts *o, access_opts *acc)
+{
+    cairn_server_config *cfg = &o->cfg;
+    if (!cfg->host && !cfg->unix_path) {
         fprintf(stderr, "cairn serve: --no-tcp needs --unix PATH\n");
         return 2;
     }
-    if (verbose)
+    if (o->verbose)
         cairn_log_set_level(CAIRN_LOG_DEBUG);
-
-    access_opts acc;
-    if (cfg.http.host && cfg.http.port < 0) {
+    if (cfg->http.host && cfg->http.port < 0) {
         fprintf(stderr, "cairn serve: --http-host needs --http-port\n");
         return 2;
     }
-    int arc = load_access(auth_token, auth_token_file, tenants_file, cfg.host,
-                          cfg.http.port >= 0 ? cfg.http.host : NULL, &acc);
+    int arc = load_access(o->auth_token, o->auth_token_file, o->tenants_file, cfg->host,
+                          cfg->http.port >= 0 ? cfg->http.host : NULL, acc);
     if (arc != 0)
         return arc;
-    cfg.credentials = acc.creds;
-    cfg.n_credentials = acc.n;
+    cfg->credentials = acc->creds;
+    cfg->n_credentials = acc->n;
 
-    cfg.runtime = cli_runtime_config(&mo, draft.head_path);
+    cfg->runtime = cli_runtime_config(&o->model, o->draft.head_path);
     /* the model's scratch is sized for the server's batch */
-    cfg.runtime.max_seqs = cfg.service.max_seqs > 0 ? cfg.service.max_seqs : 32;
-    cfg.service.n_ctx = mo.n_ctx;
-    cfg.service.page_size = mo.page_size;
-    cfg.service.kv_type = mo.kv_type;
-    if (batch_given)
-        cfg.service.max_batch_tokens = mo.batch;
-    cfg.service.draft = draft.params;
+    cfg->runtime.max_seqs = cfg->service.max_seqs > 0 ? cfg->service.max_seqs : 32;
+    cfg->service.n_ctx = o->model.n_ctx;
+    cfg->service.page_size = o->model.page_size;
+    cfg->service.kv_type = o->model.kv_type;
+    if (o->model.batch_given)
+        cfg->service.max_batch_tokens = o->model.batch;
+    cfg->service.draft = o->draft.params;
+    return CLI_PROCEED;
+}
 
+/* Bind, load, print the listening line and serve until a signal: the exit
+ * status. */
+static int run_server(cairn_server_config *cfg, access_opts *acc)
+{
     cairn_server *srv = NULL;
     char err[512] = "";
-    int rc = cairn_server_create(&cfg, &srv, err, sizeof err);
+    int rc = cairn_server_create(cfg, &srv, err, sizeof err);
     /* The server keeps its own copy of the credentials. */
-    access_opts_clear(&acc);
-    cfg.credentials = NULL;
-    cfg.n_credentials = 0;
+    access_opts_clear(acc);
+    cfg->credentials = NULL;
+    cfg->n_credentials = 0;
     if (rc != CAIRN_OK) {
         fprintf(stderr, "cairn serve: %s\n", err[0] ? err : cairn_strerror(rc));
         return 1;
     }
     char where[512];
     cairn_server_describe(srv, where, sizeof where);
-    fprintf(stderr, "cairn: listening on %s (%s)\n", where, acc.what);
+    fprintf(stderr, "cairn: listening on %s (%s)\n", where, acc->what);
     fflush(stderr);
     rc = cairn_server_run(srv);
     cairn_server_free(srv);
     fprintf(stderr, "cairn: stopped\n");
     return rc == CAIRN_OK ? 0 : 1;
+}
+
+int cmd_serve(int argc, char **argv)
+{
+    serve_opts o;
+    int status = parse_serve_opts(&o, argc, argv);
+    if (status != CLI_PROCEED)
+        return status;
+    access_opts acc;
+    status = prepare_serve(&o, &acc);
+    return status != CLI_PROCEED ? status : run_server(&o.cfg, &acc);
 }

@@ -18,10 +18,10 @@ static const char help[] =
 
 int cmd_tokenize(int argc, char **argv)
 {
-    const char *model_path = "models/stories260K.gguf";
+    const char *model_path = CLI_DEFAULT_MODEL;
     bool no_bos = false, parse_special = false;
     static const struct option longopts[] = {
-        {"model", required_argument, 0, 'm'},
+        CLI_MODEL_PATH_LONGOPT,
         {"no-bos", no_argument, 0, 1},
         {"parse-special", no_argument, 0, 2},
         {"help", no_argument, 0, 'h'},
@@ -34,14 +34,12 @@ int cmd_tokenize(int argc, char **argv)
         case 'm': model_path = optarg; break;
         case 1: no_bos = true; break;
         case 2: parse_special = true; break;
-        case 'h': fputs(help, stdout); return 0;
-        default: fputs(help, stderr); return 2;
+        default: return cli_help_or_usage(opt, help);
         }
     }
-    if (optind < argc) {
-        fprintf(stderr, "cairn tokenize: unexpected argument '%s'\n", argv[optind]);
-        return 2;
-    }
+    int status = cli_no_operands("cairn tokenize", argc, argv);
+    if (status != CLI_PROCEED)
+        return status;
 
     char err[512] = "";
     cairn_gguf *g = NULL;

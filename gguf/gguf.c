@@ -491,6 +491,183 @@ static int parse(cairn_gguf *g, reader *r)
     return parse_tensor_infos(g, r, n_tensors);
 }
 
+/* Shape: n_dims (1..4) extents; those past n_dims stay 1. *n_elems is their
+ * product, refused before it can overflow. */
+static int read_tensor_shape(reader *r, cairn_gguf_tensor *t, int64_t *n_elems)
+{
+    int rc;
+    uint32_t n_dims;
+    if ((rc = rd_u32(r, "n_dims", &n_dims)))
+        return rc;
+    if (n_dims < 1 || n_dims > 4)
+        return fail(r, CAIRN_EFORMAT, "%s has %u dimensions (must be 1..4)", r->ctx, n_dims);
+    t->n_dims = (int)n_dims;
+    *n_elems = 1;
+    for (int d = 0; d < 4; d++)
+        t->ne[d] = 1;
+    for (uint32_t d = 0; d < n_dims; d++) {
+        uint64_t ne;
+        if ((rc = rd_u64(r, "shape", &ne)))
+            return rc;
+        if (ne > (uint64_t)INT64_MAX)
+            return fail(r, CAIRN_EFORMAT, "%s dimension %u is negative or too large", r->ctx, d);
+        t->ne[d] = (int64_t)ne;
+        if (ne != 0 && *n_elems > INT64_MAX / (int64_t)ne)
+            return fail(r, CAIRN_EFORMAT, "%s element count overflows 64 bits", r->ctx);
+        *n_elems *= (int64_t)ne;
+    }
+    return CAIRN_OK;
+}
+
+/* The tensor type: a type id cairn knows but cannot run is EUNSUPPORTED,
+ * one nobody knows is EFORMAT. */
+static int read_tensor_type(reader *r, cairn_gguf_tensor *t, const cairn_type_traits **tr)
+{
+    uint32_t type;
+    int rc = rd_u32(r, "type", &type);
+    if (rc)
+        return rc;
+    *tr = cairn_type_get((int)type);
+    if (!*tr) {
+        if (type < CAIRN_TYPE_COUNT_)
+            return fail(r, CAIRN_EUNSUPPORTED, "%s has tensor type %u, which cairn does not support",
+                        r->ctx, type);
+        return fail(r, CAIRN_EFORMAT, "%s has unknown tensor type %u", r->ctx, type);
+    }
+    t->type = (cairn_type)type;
+    return CAIRN_OK;
+}
+
+/* Byte size: whole rows of ne[0] elements times the other dims, each step
+ * checked for overflow since the extents come from the file. */
+static int set_tensor_size(reader *r, cairn_gguf_tensor *t, const cairn_type_traits *tr,
+                           int64_t n_elems)
+{
+    if (t->ne[0] % tr->block_elems)
+        return fail(r, CAIRN_EFORMAT, "%s row of %lld elements is not a multiple of the %s block size %d",
+                    r->ctx, (long long)t->ne[0], tr->name, tr->block_elems);
+    uint64_t row = 0, rows = 1;
+    if (n_elems != 0) {
+        if ((uint64_t)(t->ne[0] / tr->block_elems) > UINT64_MAX / (uint64_t)tr->block_bytes)
+            return fail(r, CAIRN_EFORMAT, "%s row byte size overflows 64 bits", r->ctx);
+        row = cairn_type_row_bytes((int)t->type, t->ne[0]);
+        if (row == 0)
+            return fail(r, CAIRN_EFORMAT, "%s has no valid row size", r->ctx);
+        rows = (uint64_t)(n_elems / t->ne[0]);
+    }
+    if (row != 0 && rows > UINT64_MAX / row)
+        return fail(r, CAIRN_EFORMAT, "%s byte size overflows 64 bits", r->ctx);
+    t->size = row * rows;
+    return CAIRN_OK;
+}
+
+/* Tensor info i: name, shape, type and offset. The name stays a view into
+ * the file (*name, *name_len) until all infos are read and the names can be
+ * copied into one block. */
+static int read_tensor_info(cairn_gguf *g, reader *r, uint64_t i, const uint8_t **name,
+                            uint64_t *name_len)
+{
+    int rc;
+    cairn_gguf_tensor *t = &g->tensors[i];
+    set_ctx(r, "tensor info %llu", (unsigned long long)i);
+    if ((rc = rd_str(r, "name", GGUF_MAX_NAME_LEN, name, name_len)))
+        return rc;
+    if (memchr(*name, 0, (size_t)*name_len))
+        return fail(r, CAIRN_EFORMAT, "tensor info %llu name contains a NUL byte",
+                    (unsigned long long)i);
+    set_ctx(r, "tensor info %llu ('%.*s')", (unsigned long long)i, (int)*name_len,
+            (const char *)*name);
+    int64_t n_elems = 1;
+    const cairn_type_traits *tr = NULL;
+    if ((rc = read_tensor_shape(r, t, &n_elems)) || (rc = read_tensor_type(r, t, &tr)))
+        return rc;
+    if ((rc = rd_u64(r, "offset", &t->offset)))
+        return rc;
+    if (t->offset % g->alignment)
+        return fail(r, CAIRN_EFORMAT, "%s offset %llu is not a multiple of the alignment %zu",
+                    r->ctx, (unsigned long long)t->offset, g->alignment);
+    return set_tensor_size(r, t, tr, n_elems);
+}
+
+/* Data section: after the header, padded to the alignment. Sets
+ * g->data_start and *data_size, the bytes from there to the end. */
+static int locate_data_section(cairn_gguf *g, reader *r, uint64_t n_tensors, uint64_t *data_size)
+{
+    size_t hdr_end = r->pos;
+    size_t pad = (g->alignment - hdr_end % g->alignment) % g->alignment;
+    g->data_start = hdr_end + pad;
+    *data_size = 0;
+    if (n_tensors > 0) {
+        if (pad > remaining(r)) {
+            set_ctx(r, "data section");
+            return fail(r, CAIRN_EFORMAT,
+                        "truncated: padding before the tensor data runs past end of file "
+                        "(data would start at %zu, file has %zu bytes)",
+                        g->data_start, r->size);
+        }
+        *data_size = r->size - g->data_start;
+    } else if (g->data_start > r->size) {
+        g->data_start = r->size; /* vocab-only files may end without padding */
+    }
+    return CAIRN_OK;
+}
+
+/* Copy the names into g->name_block, NUL-terminated, and point each tensor
+ * at its bytes once they are known to lie inside the data section; ext[i]
+ * gets tensor i's extent for the overlap check. */
+static int place_tensors(cairn_gguf *g, reader *r, uint64_t n_tensors, const uint8_t **views,
+                         const uint64_t *name_lens, uint64_t data_size, extent *ext)
+{
+    size_t np = 0;
+    for (uint64_t i = 0; i < n_tensors; i++) {
+        cairn_gguf_tensor *t = &g->tensors[i];
+        memcpy(g->name_block + np, views[i], (size_t)name_lens[i]);
+        g->name_block[np + name_lens[i]] = '\0';
+        t->name = g->name_block + np;
+        np += (size_t)name_lens[i] + 1;
+        if (t->offset > data_size || t->size > data_size - t->offset)
+            return fail(r, CAIRN_EFORMAT,
+                        "truncated: tensor %llu ('%s') data [%llu, +%llu) runs past end of file "
+                        "(data section has %llu bytes)",
+                        (unsigned long long)i, t->name, (unsigned long long)t->offset,
+                        (unsigned long long)t->size, (unsigned long long)data_size);
+        t->data = r->p + g->data_start + t->offset;
+        ext[i] = (extent){t->offset, t->size, (int64_t)i};
+    }
+    return CAIRN_OK;
+}
+
+/* No two non-empty tensors may share bytes: sorted by offset, each must
+ * start at or after the end of the one before. Sorts ext. */
+static int check_tensor_overlaps(const cairn_gguf *g, reader *r, extent *ext, uint64_t n_tensors)
+{
+    qsort(ext, (size_t)n_tensors, sizeof *ext, cmp_extent);
+    for (uint64_t i = 1; i < n_tensors; i++) {
+        const extent *a = &ext[i - 1], *b = &ext[i];
+        if (a->size && b->size && b->offset < a->offset + a->size)
+            return fail(r, CAIRN_EFORMAT, "tensors %lld ('%s') and %lld ('%s') overlap",
+                        (long long)a->index, g->tensors[a->index].name, (long long)b->index,
+                        g->tensors[b->index].name);
+    }
+    return CAIRN_OK;
+}
+
+/* g->t_sorted: the tensor names sorted for lookups, refusing duplicates
+ * (a lookup could not tell them apart). */
+static int index_tensor_names(cairn_gguf *g, reader *r)
+{
+    g->t_sorted = malloc((g->n_tensors ? (size_t)g->n_tensors : 1) * sizeof *g->t_sorted);
+    if (!g->t_sorted)
+        return fail(r, CAIRN_ENOMEM, "out of memory");
+    for (int64_t i = 0; i < g->n_tensors; i++)
+        g->t_sorted[i] = (name_index){g->tensors[i].name, i};
+    qsort(g->t_sorted, (size_t)g->n_tensors, sizeof *g->t_sorted, cmp_name_index);
+    for (int64_t i = 1; i < g->n_tensors; i++)
+        if (strcmp(g->t_sorted[i - 1].name, g->t_sorted[i].name) == 0)
+            return fail(r, CAIRN_EFORMAT, "duplicate tensor name '%s'", g->t_sorted[i].name);
+    return CAIRN_OK;
+}
+
 static int parse_tensor_infos(cairn_gguf *g, reader *r, uint64_t n_tensors)
 {
     int rc;
@@ -507,161 +684,25 @@ static int parse_tensor_infos(cairn_gguf *g, reader *r, uint64_t n_tensors)
     }
     uint64_t names_total = 0;
     for (uint64_t i = 0; i < n_tensors; i++) {
-        cairn_gguf_tensor *t = &g->tensors[i];
-        set_ctx(r, "tensor info %llu", (unsigned long long)i);
-        if ((rc = rd_str(r, "name", GGUF_MAX_NAME_LEN, &views[i], &name_lens[i])))
+        if ((rc = read_tensor_info(g, r, i, &views[i], &name_lens[i])))
             goto out;
-        if (memchr(views[i], 0, (size_t)name_lens[i])) {
-            rc = fail(r, CAIRN_EFORMAT, "tensor info %llu name contains a NUL byte",
-                      (unsigned long long)i);
-            goto out;
-        }
         names_total += name_lens[i] + 1;
-        set_ctx(r, "tensor info %llu ('%.*s')", (unsigned long long)i, (int)name_lens[i],
-                (const char *)views[i]);
-        uint32_t n_dims;
-        if ((rc = rd_u32(r, "n_dims", &n_dims)))
-            goto out;
-        if (n_dims < 1 || n_dims > 4) {
-            rc = fail(r, CAIRN_EFORMAT, "%s has %u dimensions (must be 1..4)", r->ctx, n_dims);
-            goto out;
-        }
-        t->n_dims = (int)n_dims;
-        int64_t n_elems = 1;
-        for (int d = 0; d < 4; d++)
-            t->ne[d] = 1;
-        for (uint32_t d = 0; d < n_dims; d++) {
-            uint64_t ne;
-            if ((rc = rd_u64(r, "shape", &ne)))
-                goto out;
-            if (ne > (uint64_t)INT64_MAX) {
-                rc = fail(r, CAIRN_EFORMAT, "%s dimension %u is negative or too large", r->ctx,
-                          d);
-                goto out;
-            }
-            t->ne[d] = (int64_t)ne;
-            if (ne != 0 && n_elems > INT64_MAX / (int64_t)ne) {
-                rc = fail(r, CAIRN_EFORMAT, "%s element count overflows 64 bits", r->ctx);
-                goto out;
-            }
-            n_elems *= (int64_t)ne;
-        }
-        uint32_t type;
-        if ((rc = rd_u32(r, "type", &type)))
-            goto out;
-        const cairn_type_traits *tr = cairn_type_get((int)type);
-        if (!tr) {
-            if (type < CAIRN_TYPE_COUNT_)
-                rc = fail(r, CAIRN_EUNSUPPORTED, "%s has tensor type %u, which cairn does not support",
-                          r->ctx, type);
-            else
-                rc = fail(r, CAIRN_EFORMAT, "%s has unknown tensor type %u", r->ctx, type);
-            goto out;
-        }
-        t->type = (cairn_type)type;
-        if ((rc = rd_u64(r, "offset", &t->offset)))
-            goto out;
-        if (t->offset % g->alignment) {
-            rc = fail(r, CAIRN_EFORMAT, "%s offset %llu is not a multiple of the alignment %zu",
-                      r->ctx, (unsigned long long)t->offset, g->alignment);
-            goto out;
-        }
-        /* Byte size: whole rows of ne[0] elements times the other dims. */
-        if (t->ne[0] % tr->block_elems) {
-            rc = fail(r, CAIRN_EFORMAT, "%s row of %lld elements is not a multiple of the %s block size %d",
-                      r->ctx, (long long)t->ne[0], tr->name, tr->block_elems);
-            goto out;
-        }
-        uint64_t row = 0, rows = 1;
-        if (n_elems != 0) {
-            if ((uint64_t)(t->ne[0] / tr->block_elems) > UINT64_MAX / (uint64_t)tr->block_bytes) {
-                rc = fail(r, CAIRN_EFORMAT, "%s row byte size overflows 64 bits", r->ctx);
-                goto out;
-            }
-            row = cairn_type_row_bytes((int)type, t->ne[0]);
-            if (row == 0) {
-                rc = fail(r, CAIRN_EFORMAT, "%s has no valid row size", r->ctx);
-                goto out;
-            }
-            rows = (uint64_t)(n_elems / t->ne[0]);
-        }
-        if (row != 0 && rows > UINT64_MAX / row) {
-            rc = fail(r, CAIRN_EFORMAT, "%s byte size overflows 64 bits", r->ctx);
-            goto out;
-        }
-        t->size = row * rows;
     }
-
-    /* Data section: after the header, padded to the alignment. */
-    size_t hdr_end = r->pos;
-    size_t pad = (g->alignment - hdr_end % g->alignment) % g->alignment;
-    g->data_start = hdr_end + pad;
-    uint64_t data_size = 0;
-    if (n_tensors > 0) {
-        if (pad > remaining(r)) {
-            set_ctx(r, "data section");
-            rc = fail(r, CAIRN_EFORMAT,
-                      "truncated: padding before the tensor data runs past end of file "
-                      "(data would start at %zu, file has %zu bytes)",
-                      g->data_start, r->size);
-            goto out;
-        }
-        data_size = r->size - g->data_start;
-    } else if (g->data_start > r->size) {
-        g->data_start = r->size; /* vocab-only files may end without padding */
-    }
-
+    uint64_t data_size;
+    if ((rc = locate_data_section(g, r, n_tensors, &data_size)))
+        goto out;
     ext = malloc((n_tensors ? (size_t)n_tensors : 1) * sizeof *ext);
     g->name_block = malloc(names_total ? (size_t)names_total : 1);
     if (!ext || !g->name_block) {
         rc = fail(r, CAIRN_ENOMEM, "out of memory");
         goto out;
     }
-    size_t np = 0;
-    for (uint64_t i = 0; i < n_tensors; i++) {
-        cairn_gguf_tensor *t = &g->tensors[i];
-        memcpy(g->name_block + np, views[i], (size_t)name_lens[i]);
-        g->name_block[np + name_lens[i]] = '\0';
-        t->name = g->name_block + np;
-        np += (size_t)name_lens[i] + 1;
-        if (t->offset > data_size || t->size > data_size - t->offset) {
-            rc = fail(r, CAIRN_EFORMAT,
-                      "truncated: tensor %llu ('%s') data [%llu, +%llu) runs past end of file "
-                      "(data section has %llu bytes)",
-                      (unsigned long long)i, t->name, (unsigned long long)t->offset,
-                      (unsigned long long)t->size, (unsigned long long)data_size);
-            goto out;
-        }
-        t->data = r->p + g->data_start + t->offset;
-        ext[i] = (extent){t->offset, t->size, (int64_t)i};
-    }
-    g->n_tensors = (int64_t)n_tensors;
-
-    qsort(ext, (size_t)n_tensors, sizeof *ext, cmp_extent);
-    for (uint64_t i = 1; i < n_tensors; i++) {
-        const extent *a = &ext[i - 1], *b = &ext[i];
-        if (a->size && b->size && b->offset < a->offset + a->size) {
-            rc = fail(r, CAIRN_EFORMAT, "tensors %lld ('%s') and %lld ('%s') overlap",
-                      (long long)a->index, g->tensors[a->index].name, (long long)b->index,
-                      g->tensors[b->index].name);
-            goto out;
-        }
-    }
-
-    g->t_sorted = malloc((n_tensors ? (size_t)n_tensors : 1) * sizeof *g->t_sorted);
-    if (!g->t_sorted) {
-        rc = fail(r, CAIRN_ENOMEM, "out of memory");
+    if ((rc = place_tensors(g, r, n_tensors, views, name_lens, data_size, ext)))
         goto out;
-    }
-    for (int64_t i = 0; i < g->n_tensors; i++)
-        g->t_sorted[i] = (name_index){g->tensors[i].name, i};
-    qsort(g->t_sorted, (size_t)g->n_tensors, sizeof *g->t_sorted, cmp_name_index);
-    for (int64_t i = 1; i < g->n_tensors; i++)
-        if (strcmp(g->t_sorted[i - 1].name, g->t_sorted[i].name) == 0) {
-            rc = fail(r, CAIRN_EFORMAT, "duplicate tensor name '%s'", g->t_sorted[i].name);
-            goto out;
-        }
-    rc = CAIRN_OK;
+    g->n_tensors = (int64_t)n_tensors;
+    if ((rc = check_tensor_overlaps(g, r, ext, n_tensors)))
+        goto out;
+    rc = index_tensor_names(g, r);
 out:
     free(views);
     free(name_lens);
