@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "radix/radix.h"
+#include "tests/support/support.h"
 
 #define PS 4
 
@@ -200,60 +201,12 @@ static void test_locks_and_lru(void **state)
 #define MAXSEQ 4096 /* model capacity     */
 #define MAXIDS 200000
 
-typedef struct {
-    int32_t tok[MAXP * PS];
-    size_t n_pages;
-} seq;
-
-typedef struct {
-    seq *seqs;
-    size_t n;
-} model;
-
+/* The model (tests/support, pm_*) and every choice draw from one
+ * xorshift64 stream, so a failure reproduces. */
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static uint64_t rnd(void)
 {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
-
-/* Common prefix of two page-aligned sequences, in pages. */
-static size_t common_pages(const int32_t *a, size_t na, const int32_t *b, size_t nb)
-{
-    size_t k = 0;
-    while (k < na && k < nb && memcmp(a + k * PS, b + k * PS, PS * sizeof(int32_t)) == 0)
-        k++;
-    return k;
-}
-
-static size_t model_match(const model *m, const int32_t *tok, size_t np)
-{
-    size_t best = 0;
-    for (size_t i = 0; i < m->n; i++) {
-        size_t k = common_pages(m->seqs[i].tok, m->seqs[i].n_pages, tok, np);
-        if (k > best)
-            best = k;
-    }
-    return best;
-}
-
-/* Queries share prefixes: pick an existing sequence, keep some of it, and
- * continue with tokens from a small alphabet. */
-static void gen_query(const model *m, int32_t *tok, size_t *np)
-{
-    size_t n = 1 + rnd() % MAXP, keep = 0;
-    if (m->n && rnd() % 4 != 0) {
-        const seq *s = &m->seqs[rnd() % m->n];
-        keep = rnd() % (s->n_pages + 1);
-        if (keep > n)
-            keep = n;
-        memcpy(tok, s->tok, keep * PS * sizeof(int32_t));
-    }
-    for (size_t i = keep * PS; i < n * PS; i++)
-        tok[i] = (int32_t)(rnd() % 3);
-    *np = n;
+    return support_xorshift64(&rng_state);
 }
 
 /* Page-id owners: what each id was inserted for (digest of its prefix). */
@@ -284,9 +237,9 @@ static void test_property_random(void **state)
     (void)state;
     cairn_radix *t;
     assert_int_equal(cairn_radix_create(PS, SEED, &t), CAIRN_OK);
-    model m = {.seqs = calloc(MAXSEQ, sizeof(seq))};
+    pm_model m;
+    pm_init(&m, PS, MAXP, MAXSEQ);
     id_table ids = {.owner = calloc(MAXIDS, sizeof(uint64_t))};
-    assert_non_null(m.seqs);
     assert_non_null(ids.owner);
     cairn_radix_node *locked[64];
     size_t n_locked = 0;
@@ -298,12 +251,12 @@ static void test_property_random(void **state)
         unsigned op = (unsigned)(rnd() % 100);
         size_t np;
         if (op < 40 && m.n < MAXSEQ && ids.next_id + MAXP < MAXIDS) { /* insert */
-            gen_query(&m, tok, &np);
+            pm_query(&m, &rng_state, 4, tok, &np);
             for (size_t i = 0; i < np; i++) {
                 pages[i] = ids.next_id++;
                 ids.owner[pages[i]] = prefix_digest(tok, i + 1);
             }
-            size_t expect = model_match(&m, tok, np), cached;
+            size_t expect = pm_match(&m, tok, np), cached;
             cairn_radix_node *leaf;
             assert_int_equal(cairn_radix_insert(t, 0, tok, np, pages, &cached, &leaf), CAIRN_OK);
             assert_int_equal(cached, expect);
@@ -311,25 +264,23 @@ static void test_property_random(void **state)
             for (size_t i = 0; i < cached; i++)
                 ids.owner[pages[i]] = 0; /* duplicates: the caller frees them */
             ids.live += np - cached;
-            m.seqs[m.n].n_pages = np;
-            memcpy(m.seqs[m.n].tok, tok, np * PS * sizeof(int32_t));
-            m.n++;
+            assert_true(pm_add(&m, tok, np));
         } else if (op < 70) { /* match: length and content of every page */
-            gen_query(&m, tok, &np);
+            pm_query(&m, &rng_state, 4, tok, &np);
             size_t extra = np < MAXP ? rnd() % PS : 0; /* a partial page is never matched */
             for (size_t i = 0; i < extra; i++)
                 tok[np * PS + i] = 7;
             size_t qn = np * PS + extra;
             cairn_radix_match_result r;
             assert_int_equal(cairn_radix_match(t, 0, tok, qn, &r), CAIRN_OK);
-            assert_int_equal(r.n_pages, model_match(&m, tok, np));
+            assert_int_equal(r.n_pages, pm_match(&m, tok, np));
             size_t got;
             assert_int_equal(cairn_radix_path(r.node, path, MAXP, &got), CAIRN_OK);
             assert_int_equal(got, r.n_pages);
             for (size_t i = 0; i < got; i++)
                 assert_true(ids.owner[path[i]->device_page] == prefix_digest(tok, i + 1));
         } else if (op < 80 && n_locked < 64) { /* lock the end of a match */
-            gen_query(&m, tok, &np);
+            pm_query(&m, &rng_state, 4, tok, &np);
             cairn_radix_match_result r;
             assert_int_equal(cairn_radix_match(t, 0, tok, np * PS, &r), CAIRN_OK);
             if (r.n_pages) {
@@ -354,17 +305,9 @@ static void test_property_random(void **state)
                 cairn_radix_page *dummy[MAXP];
                 size_t gotp;
                 assert_int_equal(cairn_radix_path(v, dummy, MAXP, &gotp), CAIRN_OK);
-                /* Rebuild the node's token path from its ancestors. */
                 int32_t vt[MAXP * PS];
-                size_t pos = depth;
-                for (cairn_radix_node *x = v; cairn_radix_parent(x); x = cairn_radix_parent(x)) {
-                    size_t xn = cairn_radix_node_pages(x, NULL);
-                    pos -= xn;
-                    memcpy(vt + pos * PS, cairn_radix_node_tokens(x), xn * PS * sizeof(int32_t));
-                }
-                for (size_t i = 0; i < m.n; i++)
-                    if (common_pages(m.seqs[i].tok, m.seqs[i].n_pages, vt, depth) > start)
-                        m.seqs[i].n_pages = start;
+                pm_node_tokens(v, depth, PS, vt);
+                pm_forget(&m, vt, depth, start);
                 assert_int_equal(cairn_radix_drop(t, v, 0, release_page, &ids), CAIRN_OK);
             }
             /* Locked nodes are still there and still locked. */
@@ -381,7 +324,7 @@ static void test_property_random(void **state)
     cairn_radix_stats st;
     cairn_radix_get_stats(t, &st);
     assert_int_equal(st.locked_nodes, 0);
-    free(m.seqs);
+    pm_free(&m);
     free(ids.owner);
     cairn_radix_free(t);
 }

@@ -25,6 +25,7 @@
 #include <cmocka.h>
 
 #include "test_util.h"
+#include "tests/support/support.h"
 
 #define PS 4
 #define MAXP 10
@@ -33,28 +34,13 @@
 #define DEVICE_PAGES 64
 #define HOST_PAGES 48
 
-typedef struct {
-    int32_t tok[MAXP * PS];
-    size_t n_pages;
-} seq;
 
 /* The sequence of operations depends only on the seed (nothing depends on
  * how fast the disk answers), so a failure reproduces. */
 static uint64_t rng = 0x243f6a8885a308d3ull;
 static uint64_t rnd(void)
 {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
-
-static size_t common_pages(const int32_t *a, size_t na, const int32_t *b, size_t nb)
-{
-    size_t k = 0;
-    while (k < na && k < nb && memcmp(a + k * PS, b + k * PS, PS * sizeof(int32_t)) == 0)
-        k++;
-    return k;
+    return support_xorshift64(&rng);
 }
 
 typedef struct {
@@ -63,8 +49,7 @@ typedef struct {
     cairn_radix *t;
     cairn_kv_layout L;
     char dir[512];
-    seq *seqs;
-    size_t n_seqs;
+    pm_model seqs; /* every sequence inserted (tests/support) */
     struct {
         cairn_radix_node *node;
         int tier_at_lock[MAXP]; /* per page of the path */
@@ -79,32 +64,6 @@ typedef struct {
     uint64_t cookie;
     size_t n_promotions_checked, n_pages_checked;
 } world;
-
-static size_t model_match(const world *w, const int32_t *tok, size_t np)
-{
-    size_t best = 0;
-    for (size_t i = 0; i < w->n_seqs; i++) {
-        size_t k = common_pages(w->seqs[i].tok, w->seqs[i].n_pages, tok, np);
-        if (k > best)
-            best = k;
-    }
-    return best;
-}
-
-static void gen_query(const world *w, int32_t *tok, size_t *np)
-{
-    size_t n = 1 + rnd() % MAXP, keep = 0;
-    if (w->n_seqs && rnd() % 5 != 0) {
-        const seq *s = &w->seqs[rnd() % w->n_seqs];
-        keep = rnd() % (s->n_pages + 1);
-        if (keep > n)
-            keep = n;
-        memcpy(tok, s->tok, keep * PS * sizeof(int32_t));
-    }
-    for (size_t i = keep * PS; i < n * PS; i++)
-        tok[i] = (int32_t)(rnd() % 3);
-    *np = n;
-}
 
 static void key_add(world *w, cairn_page_hash h)
 {
@@ -245,8 +204,8 @@ static void op_insert(world *w)
 {
     int32_t tok[MAXP * PS], ids[MAXP];
     size_t np;
-    gen_query(w, tok, &np);
-    size_t expect = model_match(w, tok, np), cached;
+    pm_query(&w->seqs, &rng, 5, tok, &np);
+    size_t expect = pm_match(&w->seqs, tok, np), cached;
     cairn_radix_node *leaf;
     if (rnd() % 2) {
         /* The engine's way: match, lock, compute only the rest. */
@@ -274,15 +233,11 @@ static void op_insert(world *w)
         assert_int_equal(rc, CAIRN_OK);
         fill_and_upload(w, tok, 0, np, ids);
         assert_int_equal(cairn_radix_insert(w->t, 0, tok, np, ids, &cached, &leaf), CAIRN_OK);
-        assert_int_equal(cached, model_match(w, tok, np));
+        assert_int_equal(cached, pm_match(&w->seqs, tok, np));
         cairn_page_pool_release(cairn_kvcache_device_pool(w->c), (int32_t)cached, ids);
     }
     assert_int_equal(cairn_radix_node_depth(leaf), np);
-    if (w->n_seqs < MAXSEQ) {
-        w->seqs[w->n_seqs].n_pages = np;
-        memcpy(w->seqs[w->n_seqs].tok, tok, np * PS * sizeof(int32_t));
-        w->n_seqs++;
-    }
+    assert_true(pm_add(&w->seqs, tok, np)); /* MAXSEQ is above a run's inserts */
 }
 
 /* Match, lock, promote, wait for the event, and compare every page. */
@@ -290,10 +245,10 @@ static void op_match_promote(world *w)
 {
     int32_t tok[MAXP * PS];
     size_t np;
-    gen_query(w, tok, &np);
+    pm_query(&w->seqs, &rng, 5, tok, &np);
     cairn_radix_match_result r;
     assert_int_equal(cairn_radix_match(w->t, 0, tok, np * PS + rnd() % PS, &r), CAIRN_OK);
-    assert_int_equal(r.n_pages, model_match(w, tok, np));
+    assert_int_equal(r.n_pages, pm_match(&w->seqs, tok, np));
     if (r.n_pages == 0)
         return;
     assert_int_equal(cairn_radix_lock(w->t, r.node), CAIRN_OK);
@@ -340,9 +295,9 @@ static void op_two_promotions(world *w)
     bool done[2] = {false, false};
     for (int k = 0; k < 2; k++) {
         size_t np;
-        gen_query(w, tok[k], &np);
+        pm_query(&w->seqs, &rng, 5, tok[k], &np);
         assert_int_equal(cairn_radix_match(w->t, 0, tok[k], np * PS, &r[k]), CAIRN_OK);
-        assert_int_equal(r[k].n_pages, model_match(w, tok[k], np));
+        assert_int_equal(r[k].n_pages, pm_match(&w->seqs, tok[k], np));
         assert_int_equal(cairn_radix_lock(w->t, r[k].node), CAIRN_OK);
         cookies[k] = ++w->cookie;
         assert_int_equal(cairn_kvcache_promote(w->c, r[k].node, cookies[k]), CAIRN_OK);
@@ -384,10 +339,10 @@ static void op_match_peek(world *w)
 {
     int32_t tok[MAXP * PS];
     size_t np;
-    gen_query(w, tok, &np);
+    pm_query(&w->seqs, &rng, 5, tok, &np);
     cairn_radix_match_result r;
     assert_int_equal(cairn_radix_match(w->t, 0, tok, np * PS, &r), CAIRN_OK);
-    assert_int_equal(r.n_pages, model_match(w, tok, np));
+    assert_int_equal(r.n_pages, pm_match(&w->seqs, tok, np));
     cairn_radix_page *path[MAXP];
     size_t got;
     assert_int_equal(cairn_radix_path(r.node, path, MAXP, &got), CAIRN_OK);
@@ -407,7 +362,7 @@ static void op_lock(world *w, bool pin)
         return;
     int32_t tok[MAXP * PS];
     size_t np;
-    gen_query(w, tok, &np);
+    pm_query(&w->seqs, &rng, 5, tok, &np);
     cairn_radix_match_result r;
     assert_int_equal(cairn_radix_match(w->t, 0, tok, np * PS, &r), CAIRN_OK);
     if (r.n_pages == 0)
@@ -463,18 +418,11 @@ static void op_evict(world *w)
         size_t depth = cairn_radix_node_depth(v);
         size_t start = depth - cairn_radix_node_pages(v, NULL);
         int32_t vt[MAXP * PS];
-        size_t pos = depth;
-        for (cairn_radix_node *x = v; cairn_radix_parent(x); x = cairn_radix_parent(x)) {
-            size_t xn = cairn_radix_node_pages(x, NULL);
-            pos -= xn;
-            memcpy(vt + pos * PS, cairn_radix_node_tokens(x), xn * PS * sizeof(int32_t));
-        }
+        pm_node_tokens(v, depth, PS, vt);
         size_t moved;
         assert_int_equal(cairn_kvcache_evict(w->c, CAIRN_TIER_DISK, 1, &moved), CAIRN_OK);
         assert_int_equal(moved, depth - start);
-        for (size_t i = 0; i < w->n_seqs; i++)
-            if (common_pages(w->seqs[i].tok, w->seqs[i].n_pages, vt, depth) > start)
-                w->seqs[i].n_pages = start;
+        pm_forget(&w->seqs, vt, depth, start);
     }
 }
 
@@ -501,10 +449,9 @@ static void run_world(uint64_t seed, int steps)
     char err[256] = "";
     assert_int_equal(cairn_kvcache_create(&cfg, &w.c, err, sizeof err), CAIRN_OK);
     w.t = cairn_kvcache_tree(w.c);
-    w.seqs = calloc(MAXSEQ, sizeof(seq));
+    pm_init(&w.seqs, PS, MAXP, MAXSEQ);
     w.seen_dev = calloc(DEVICE_PAGES, 1);
     w.seen_host = calloc(HOST_PAGES, 1);
-    assert_non_null(w.seqs);
 
     for (int step = 0; step < steps; step++) {
         unsigned op = (unsigned)(rnd() % 100);
@@ -553,7 +500,7 @@ static void run_world(uint64_t seed, int steps)
     assert_int_equal(test_backend_counters_of(w.be)->live_allocs, 0);
     cairn_backend_destroy(w.be);
     test_remove_dir(w.dir);
-    free(w.seqs);
+    pm_free(&w.seqs);
     free(w.keys);
     free(w.seen_dev);
     free(w.seen_host);

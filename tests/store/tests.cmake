@@ -41,9 +41,14 @@ function(cairn_add_asan_test name)
   set_tests_properties(${name} PROPERTIES TIMEOUT 300 LABELS "store;asan"
     ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
 endfunction()
+# The property tests' reference model, without the rest of tests/support
+# (which links cairn_lib).
+set(CAIRN_PREFIX_MODEL ${PROJECT_SOURCE_DIR}/tests/support/prefix_model.c
+  ${PROJECT_SOURCE_DIR}/tests/support/rng.c)
 cairn_add_asan_test(store_property_asan
-  ${CMAKE_CURRENT_LIST_DIR}/test_store_property.c ${CAIRN_STORE_TEST_UTIL})
-cairn_add_asan_test(radix_tree_asan ${PROJECT_SOURCE_DIR}/tests/radix/test_radix.c)
+  ${CMAKE_CURRENT_LIST_DIR}/test_store_property.c ${CAIRN_STORE_TEST_UTIL} ${CAIRN_PREFIX_MODEL})
+cairn_add_asan_test(radix_tree_asan ${PROJECT_SOURCE_DIR}/tests/radix/test_radix.c
+  ${CAIRN_PREFIX_MODEL})
 cairn_add_asan_test(store_disk_asan
   ${CMAKE_CURRENT_LIST_DIR}/test_disk.c ${CAIRN_STORE_TEST_UTIL})
 cairn_add_asan_test(store_kvcache_fetch_asan

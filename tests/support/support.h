@@ -23,12 +23,14 @@ void support_service_stop(cairn_service *svc);
 /* ====================================================================== *
  * The sections below: random generators (rng.c), a GGUF writer
  * (gguf_writer.c), reference math and tolerance checks (refmath.c), and
- * buffers and backends of the kernel tests (backends.c). The kt_ names
+ * buffers and backends of the kernel tests (backends.c), and a reference
+ * model of a prefix cache (prefix_model.c). The kt_ names
  * are the kernel tests' (tests/kernels, tests/gpu); KT_CLOSE and
  * KT_SAME_BYTES expand to cmocka's fail_msg, fabs and memcmp, so a file
  * that uses them includes <cmocka.h>, <math.h> and <string.h>.
  * ====================================================================== */
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -184,5 +186,42 @@ float *kt_matmul_1_3(const char *isa, int exact, cairn_type type, const uint8_t 
  * process, so CPU backends created later multiply quantized weights with the
  * float semantics of the CUDA kernels. Returns the status. */
 int kt_open_device(cairn_backend **out);
+
+/* ---- a reference model of a prefix cache (prefix_model.c) -------------
+ * What the radix and store property tests compare a tree with: every
+ * sequence ever inserted, page-aligned, in a plain list. The longest cached
+ * prefix of a query is its longest whole-page common prefix with any of
+ * them; dropping a subtree cuts the sequences that ran through it. Needs
+ * only radix/ (the store's sanitizer build links it without cairn_lib). */
+typedef struct {
+    size_t page_size; /* tokens per page                      */
+    size_t max_pages; /* pages per sequence at most           */
+    size_t cap;       /* sequences at most                    */
+    size_t n;         /* sequences held                       */
+    int32_t *tok;     /* [cap][max_pages * page_size]         */
+    size_t *n_pages;  /* [cap] pages of each sequence         */
+} pm_model;
+/* Allocate an empty model (aborts the test when memory runs out). */
+void pm_init(pm_model *m, size_t page_size, size_t max_pages, size_t cap);
+void pm_free(pm_model *m);
+/* Remember tok[0, np pages). False (nothing kept) when the model is full. */
+bool pm_add(pm_model *m, const int32_t *tok, size_t np);
+/* The longest prefix of tok[0, np pages) the model holds, in pages. */
+size_t pm_match(const pm_model *m, const int32_t *tok, size_t np);
+/* A query of 1..max_pages pages into tok (*np): usually (all but one in
+ * `fresh_one_in`) some of a held sequence, then tokens from {0, 1, 2} so
+ * that queries share prefixes. Draws from xorshift64 *rng. */
+void pm_query(const pm_model *m, uint64_t *rng, unsigned fresh_one_in, int32_t *tok,
+              size_t *np);
+/* A subtree of `depth` pages along path tok was dropped, keeping its first
+ * `start` pages: every sequence sharing more than `start` pages with it is
+ * cut to `start`. */
+void pm_forget(pm_model *m, const int32_t *tok, size_t depth, size_t start);
+
+#include "radix/radix.h"
+/* The tokens of node (at `depth` pages from the root), rebuilt from its
+ * ancestors into tok [depth * page_size]. */
+void pm_node_tokens(cairn_radix_node *node, size_t depth, size_t page_size,
+                    int32_t *tok);
 
 #endif /* CAIRN_TESTS_SUPPORT_H */
