@@ -96,9 +96,6 @@ enum {
 /* A static, never-NULL description of a status code. */
 const char *cairn_strerror(int status);
 
-/* The one way a function with an error buffer reports: writes the printf-style
- * message to err[err_len] (when err is non-NULL and err_len > 0) and returns
- * rc, so a failure path reads `return cairn_errorf(err, n, CAIRN_EFORMAT, ...)`. */
 /* A NUL-terminated byte string that grows by doubling. A failed growth sets
  * `oom` and turns every later append into a no-op, so a builder checks once
  * at the end. Zero-initialise; the caller owns `data` (free() it, or
@@ -109,9 +106,15 @@ typedef struct {
     bool oom;
 } cairn_strbuf;
 
+/* Append n bytes of s (kept NUL-terminated); a no-op once `oom` is set. */
 void cairn_strbuf_add(cairn_strbuf *b, const void *s, size_t n);
+/* Free `data` and zero the buffer for reuse. */
 void cairn_strbuf_free(cairn_strbuf *b);
 
+/* The one way a function with an error buffer reports: writes the printf-style
+ * message to err[err_len] (when err is non-NULL and err_len > 0) and returns
+ * rc, so a failure path reads `return cairn_errorf(err, n, CAIRN_EFORMAT, ...)`.
+ * Any thread. */
 int cairn_errorf(char *err, size_t err_len, int rc, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
@@ -170,6 +173,7 @@ int cairn_quantize_row(int type, const float *src, void *dst, int64_t n);
 
 /* ---- half precision ---------------------------------------------------- */
 
+/* IEEE binary16 <-> binary32 (subnormals, infinities and NaNs kept). */
 float cairn_fp16_to_fp32(uint16_t h);
 uint16_t cairn_fp32_to_fp16(float f); /* round to nearest even */
 static inline float cairn_bf16_to_fp32(uint16_t h)

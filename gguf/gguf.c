@@ -1,5 +1,5 @@
 /*
- * engine/gguf.c — read-only GGUF reader.
+ * gguf/gguf.c — read-only GGUF reader.
  *
  * The whole file is parsed and validated once in open; afterwards every
  * accessor is a lookup into tables built here. Nothing read from the file is

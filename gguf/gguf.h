@@ -87,6 +87,8 @@ int cairn_gguf_open_memory(const void *data, size_t size, cairn_gguf **out, char
                            size_t err_len);
 void cairn_gguf_close(cairn_gguf *g);
 
+/* The file's GGUF version (2 or 3), its tensor-data alignment, and the whole
+ * image (mapped or the caller's memory; valid until close). */
 uint32_t cairn_gguf_version(const cairn_gguf *g);
 size_t cairn_gguf_alignment(const cairn_gguf *g);
 const void *cairn_gguf_file_data(const cairn_gguf *g, size_t *size);

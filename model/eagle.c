@@ -1,7 +1,7 @@
 /*
- * engine/eagle.c — EAGLE heads and speculative decoding of one sequence
+ * model/eagle.c — EAGLE heads and speculative decoding of one sequence
  * (EAGLE-2 dynamic draft trees, one tree-masked target forward per step,
- * greedy or lossless sampled acceptance). The contract is in engine.h.
+ * greedy or lossless sampled acceptance). The contract is in model/model.h.
  *
  * Indices, for a sequence whose first n_past tokens have target KV and whose
  * token n_past ("the root") is pending:
@@ -503,7 +503,7 @@ void cairn_eagle_seq_stats(const cairn_eagle_seq *s, cairn_eagle_stats *out)
 }
 
 /* A head row at a page's last index: never attended by other rows of an
- * adopted (page-sharing) sequence, see engine.h. */
+ * adopted (page-sharing) sequence, see model/model.h. */
 static bool page_last(const cairn_eagle_seq *s, int index)
 {
     const int ps = s->kv->page_size;

@@ -1,5 +1,5 @@
 /*
- * engine/eagle_impl.h — internal to engine/: what an EAGLE head borrows from
+ * model/eagle_impl.h — internal to model/: what an EAGLE head borrows from
  * its target model. Nothing outside model/ includes this.
  */
 #ifndef CAIRN_ENGINE_EAGLE_IMPL_H

@@ -1,5 +1,5 @@
 /*
- * engine/layer.c — one pre-norm decoder layer (engine/layer_impl.h), as a
+ * model/layer.c — one pre-norm decoder layer (model/layer_impl.h), as a
  * sequence of backend ops. Shapes for T rows:
  *
  *   x [T][dim]   h [T][dim]   q, attn [T][q_dim]   k, v [T][kv_dim]

@@ -1,5 +1,5 @@
 /*
- * engine/layer_impl.h — internal to engine/: one pre-norm decoder layer on a
+ * model/layer_impl.h — internal to model/: one pre-norm decoder layer on a
  * backend, the piece the model's forward pass repeats n_layer times and an
  * EAGLE head runs once. Nothing outside model/ includes this.
  *

@@ -1,11 +1,11 @@
 /*
- * engine/model.c — loading a llama-family GGUF (llama, incl. Llama 3 and
+ * model/model.c — loading a llama-family GGUF (llama, incl. Llama 3 and
  * Mistral, and qwen2) onto a backend and the batched forward pass over paged KV.
  *
  * The forward pass, for T new tokens spread over several sequences:
  *
  *   x = embed(tokens)                                   x   [T][dim]
- *   for each layer l:                                   (engine/layer.c)
+ *   for each layer l:                                   (model/layer.c) 
  *       h  = rmsnorm(x) * attn_norm                     h   [T][dim]
  *       q  = h·Wqᵀ, k = h·Wkᵀ, v = h·Wvᵀ                q   [T][n_head*hd]
  *            (+ bq, bk, bv on qwen2)                    k,v [T][n_kv*hd]
@@ -656,7 +656,7 @@ int cairn_model_forward_features(cairn_model *m, void *kv_pool, const cairn_kv_l
     return forward(m, kv_pool, kv, seqs, n_seqs, logits, NULL, features, n_out);
 }
 
-/* ---- for engine/eagle.c ------------------------------------------------- */
+/* ---- for model/eagle.c -------------------------------------------------- */
 
 #include "model/eagle_impl.h"
 

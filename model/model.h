@@ -92,6 +92,7 @@ int cairn_model_load(const char *path, cairn_backend *be, const cairn_model_para
                      cairn_model **out, char *err, size_t err_len);
 void cairn_model_free(cairn_model *m);
 
+/* The hyper-parameters the model was loaded with (owned by m). */
 const cairn_hparams *cairn_model_hparams(const cairn_model *m);
 /* What the model was loaded for (cairn_model_params): a forward may carry at
  * most *max_batch_tokens tokens of at most *max_seqs sequences. */
@@ -305,6 +306,7 @@ typedef struct {
                     the target must accept 1 + n_draft tokens per forward   */
 } cairn_eagle_params;
 
+/* The defaults named in cairn_eagle_params. */
 cairn_eagle_params cairn_eagle_defaults(void);
 
 /* Per step: the tree verified, tokens emitted, time in each phase. */

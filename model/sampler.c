@@ -1,7 +1,7 @@
 /*
- * engine/sampler.c — turns one row of logits into a token.
+ * model/sampler.c — turns one row of logits into a token.
  *
- * The pipeline (see engine.h) is llama.cpp's default chain, so a setting
+ * The pipeline (see model/model.h) is llama.cpp's default chain, so a setting
  * means the same thing in both:
  *
  *   bias       on a copy of the logits: l += logit_bias[token]

@@ -154,6 +154,7 @@ int cairn_radix_create(int page_size, cairn_page_hash seed, cairn_radix **out);
  * whoever owns the memory they name frees it separately. NULL is a no-op. */
 void cairn_radix_free(cairn_radix *t);
 
+/* Tokens per page, as created. */
 int cairn_radix_page_size(const cairn_radix *t);
 
 /* h_{-1} of namespace `ns` (see "Page hash" above). */
@@ -231,6 +232,7 @@ int cairn_radix_drop(cairn_radix *t, cairn_radix_node *node, size_t keep,
 
 /* ---- inspection --------------------------------------------------------- */
 
+/* The root (depth 0, no tokens; never dropped). */
 cairn_radix_node *cairn_radix_root(const cairn_radix *t);
 cairn_radix_node *cairn_radix_parent(const cairn_radix_node *node); /* NULL for the root */
 int cairn_radix_node_tier(const cairn_radix_node *node);
@@ -259,6 +261,7 @@ typedef struct {
     size_t locked_nodes;             /* nodes with refs > 0             */
 } cairn_radix_stats;
 
+/* Counts as of now (O(1): kept up to date by every operation). */
 void cairn_radix_get_stats(const cairn_radix *t, cairn_radix_stats *out);
 
 /* Check every internal invariant (child order, counts, heaps, depths,

@@ -91,6 +91,8 @@ int cairn_runtime_open(const cairn_runtime_config *cfg, cairn_runtime **out, cha
 /* Free everything, the backend last. NULL is a no-op. */
 void cairn_runtime_close(cairn_runtime *rt);
 
+/* What the runtime opened (owned by it, valid until close; read-only after
+ * open, so any thread may ask). */
 cairn_backend *cairn_runtime_backend(const cairn_runtime *rt);
 cairn_device cairn_runtime_device(const cairn_runtime *rt); /* what was opened */
 cairn_model *cairn_runtime_model(const cairn_runtime *rt);

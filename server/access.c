@@ -1,5 +1,5 @@
 /*
- * protocol/access.c — who may talk to the server (protocol.h, "Access
+ * server/access.c — who may talk to the server (server.h, "Access
  * control"): the tenants file, secret files, loopback detection, tenant ids,
  * and the token check every connection goes through before anything else.
  *

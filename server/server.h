@@ -81,6 +81,7 @@ typedef struct {
     uint32_t max_map_len;       /* pairs of one map (64)                      */
 } cairn_mp_limits;
 
+/* Fill in the defaults named above. */
 void cairn_mp_limits_default(cairn_mp_limits *lim);
 
 /* ======================================================================== */
@@ -253,6 +254,7 @@ typedef struct {
                                      server's                               */
 } cairn_server_config;
 
+/* Fill in the defaults named in the fields' comments. */
 void cairn_server_config_default(cairn_server_config *cfg);
 
 /* Check the access configuration (credentials as cairn_access_create

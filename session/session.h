@@ -2,10 +2,11 @@
  * session/session.h — the engine thread: sessions and the scheduler that
  * runs every request against one model, reusing cached prefixes.
  *
- * A cairn_service owns one model, its backend, the tiered KV cache
- * (store/store.h: pools + radix tree) and a set of sessions, and runs them on
- * one thread of its own — the engine thread of DESIGN.md. Other threads talk
- * to it only through two doors:
+ * A cairn_service runs one model (a runtime/runtime.h open: backend, weights,
+ * vocabulary, template, draft head — borrowed, not owned), owns the tiered KV
+ * cache (store/store.h, used only through its facade) and a set of sessions,
+ * and runs them on one thread of its own — the engine thread of DESIGN.md.
+ * Other threads talk to it only through two doors:
  *
  *     loop thread                         engine thread
  *     ───────────                         ─────────────
@@ -111,6 +112,7 @@ typedef struct {
     uint64_t hi, lo;
 } cairn_session_id;
 
+/* 32 lowercase hex digits and a NUL. */
 void cairn_session_id_to_hex(cairn_session_id id, char out[33]);
 /* CAIRN_EINVAL unless `hex` is exactly 32 hex digits. */
 int cairn_session_id_from_hex(const char *hex, size_t len, cairn_session_id *out);
@@ -332,6 +334,7 @@ void cairn_service_stop(cairn_service *s);
  * even on failure. CAIRN_ECLOSED after stop began. */
 int cairn_service_submit(cairn_service *s, cairn_request *req);
 
+/* The served model's vocabulary (the runtime's; immutable, any thread). */
 const cairn_vocab *cairn_service_vocab(const cairn_service *s);
 /* The served model's chat template (tokenizer.chat_template; the generic
  * format when the model has none). Immutable, owned by the service, valid

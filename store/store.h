@@ -655,6 +655,7 @@ typedef struct {
     uint64_t tree_pages[CAIRN_TIER_COUNT];  /* pages of the tree per tier    */
 } cairn_kvcache_stats;
 
+/* Counters as of now (the owner thread, as every kvcache call). */
 void cairn_kvcache_get_stats(const cairn_kvcache *c, cairn_kvcache_stats *out);
 
 #ifdef __cplusplus

@@ -833,7 +833,7 @@ static int32_t compile_schema(compiler *c, json_t *s, int depth)
             return compile_schema(c, json_array_get(v, 0), depth + 1);
         }
         /* oneOf is compiled as anyOf: the branches are meant to be disjoint
-         * (documented in engine.h). */
+         * (documented in text/text.h). */
         int32_t r = new_rule(c);
         size_t i;
         json_t *sub;

@@ -87,6 +87,8 @@ typedef enum {
 int cairn_vocab_load(const cairn_gguf *g, cairn_vocab **out, char *err, size_t err_len);
 void cairn_vocab_free(cairn_vocab *v);
 
+/* The tokenizer family, the number of token ids, and the special ids.
+ * Immutable after load: any thread. */
 cairn_vocab_kind cairn_vocab_kind_of(const cairn_vocab *v);
 int32_t cairn_vocab_n_tokens(const cairn_vocab *v);
 int32_t cairn_vocab_bos(const cairn_vocab *v); /* -1 when none */
@@ -304,6 +306,7 @@ typedef enum {
     CAIRN_TOOLS_NAMED,
 } cairn_chat_tool_mode;
 
+/* (The semantics are above the enum.) Pure: any thread. */
 int cairn_chat_tools_select(const char *tools_json, const char *choice_json, char **render_json,
                             cairn_chat_tool_mode *mode, const char **field, char *err,
                             size_t err_len);

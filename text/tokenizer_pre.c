@@ -1,5 +1,5 @@
 /*
- * engine/tokenizer_pre.c — byte-level BPE pre-tokenizers (text -> pieces).
+ * text/tokenizer_pre.c — byte-level BPE pre-tokenizers (text -> pieces).
  *
  * A model's tokenizer.json names a sequence of split regexes; the GGUF only
  * carries a short name of that sequence in `tokenizer.ggml.pre`. The table

@@ -15,7 +15,7 @@ Three sources:
       must be lossless whatever the head predicts).
   tools/eagle_train.py trains one and writes it through write_head() below.
 
-The file (see engine/engine.h, "EAGLE speculative decoding"):
+The file (see model/model.h, "EAGLE speculative decoding"):
   general.architecture = "eagle", eagle.embedding_length, eagle.feed_forward_length,
   eagle.attention.head_count, eagle.attention.head_count_kv,
   eagle.attention.layer_norm_rms_epsilon, eagle.target.name

@@ -109,7 +109,7 @@ try:
     # Prompts that part exactly at a page boundary (token 48): the later ones
     # take pages 0-2 from the first, whose last head row was computed with
     # another next token. Sampled outputs depend on the draft trees, and
-    # those must not depend on who computed a shared page (engine.h).
+    # those must not depend on who computed a shared page (model/model.h).
     base48 = c.tokenize(STORY, add_bos=True)[:48]
     split = [base48 + c.tokenize(" " + e, add_bos=False)
              for e in ("She ran", "Lily wanted to", "Her mom said")]

@@ -1,6 +1,6 @@
 /*
  * tests/grammar/schema_check.h — an independent JSON-schema validator for the
- * subset engine/grammar.c supports, and a generator of random valid
+ * subset text/grammar_compile.c supports, and a generator of random valid
  * documents, written from the JSON Schema spec (not from the compiler) so the
  * tests compare two implementations. Test-only: header-defined statics.
  */

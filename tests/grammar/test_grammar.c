@@ -1,5 +1,5 @@
 /*
- * tests/grammar/test_grammar.c — structured output (engine/grammar.c):
+ * tests/grammar/test_grammar.c — structured output (text/grammar_compile.c, text/grammar_match.c):
  *   - byte level: each supported keyword accepts the documents it should and
  *     refuses the others; unsupported keywords are errors that name them;
  *   - property: random valid documents (tests/grammar/schema_check.h, written

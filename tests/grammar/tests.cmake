@@ -1,4 +1,4 @@
-# Structured output (engine/grammar.c): the schema compiler and matcher at
+# Structured output (text/grammar_*.c): the schema compiler and matcher at
 # the byte level (every keyword, random documents and mutations), the mask
 # on the bundled and the real vocabulary, response_format in the protocol,
 # and sampled generation through the service.

@@ -1,6 +1,6 @@
 /*
  * tests/protocol/test_protocol_access.c — access control without a server
- * (protocol.h section 3): loopback detection, tenant ids, the tenants file,
+ * (server/server.h, "Access"): loopback detection, tenant ids, the tenants file,
  * token files and their permissions, the credential checker, the decoder
  * used before authentication, and the `auth` answer and `unauthorized`
  * error on the wire. The real server is exercised by

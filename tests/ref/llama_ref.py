@@ -157,7 +157,7 @@ class Model:
             data = np.asarray(t.data, dtype=np.float16)
         else:
             # Quantized blocks expanded by gguf's own Python dequantizer: an
-            # implementation independent of cairn's (common/quant_k.c).
+            # implementation independent of cairn's (common/quant.c).
             try:
                 from gguf.quants import dequantize
                 data = dequantize(np.asarray(t.data), kind)

@@ -1,6 +1,6 @@
 /*
  * tests/sampler/test_sampler.c — the sampler against its specification in
- * engine/engine.h.
+ * model/model.h.
  *
  * Distribution tests draw many tokens with a fixed seed and compare the
  * counts with the exact probabilities (computed here independently, in

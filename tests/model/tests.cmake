@@ -1,4 +1,5 @@
-# Forward pass against the numpy reference, and model-level behaviour.
+# model/: the forward pass against the numpy reference, and model-level behaviour
+# (test names keep their old "engine_" prefix and label, so -R/-L still work).
 cairn_add_test(engine_forward
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_forward.c
   ARGS ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/ref/llama_ref.py

@@ -1,5 +1,5 @@
 /*
- * tests/engine/test_forward.c — the forward pass on stories260K against an
+ * tests/model/test_forward.c — the forward pass on stories260K against an
  * independent numpy implementation (tests/ref/llama_ref.py, which reads the
  * GGUF with the `gguf` Python package), and the properties the rest of
  * cairn relies on: chunked and incremental evaluation, several sequences in
