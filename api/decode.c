@@ -296,6 +296,11 @@ int cairn_api_decode(const cairn_api *api, cairn_api_op op, const json_t *params
     }
     if (rc != CAIRN_OK)
         cairn_api_call_clear(out);
+    else if (api->runtime && out->req && out->req->gen.grammar &&
+             !cairn_runtime_grammar_vocab(api->runtime)) {
+        rc = api_oom(err);
+        cairn_api_call_clear(out);
+    }
     return rc;
 }
 

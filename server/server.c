@@ -369,7 +369,8 @@ static int start_engine(cairn_server *s, char *err, size_t err_len)
                          .n_vocab = cairn_runtime_hparams(s->rt)->n_vocab,
                          .n_ctx = cairn_service_n_ctx(s->svc),
                          .max_tokenize = s->cfg.limits.max_array_len,
-                         .max_text_bytes = s->cfg.limits.max_string_bytes};
+                         .max_text_bytes = s->cfg.limits.max_string_bytes,
+                         .runtime = s->rt};
     const char *name = s->cfg.http.model_name, *path = s->cfg.runtime.model_path;
     if (name) {
         snprintf(s->model_id, sizeof s->model_id, "%s", name);
