@@ -170,13 +170,9 @@ void intake_durable_done(cairn_service *s, uint64_t cookie, int status)
 
 static void handle_open(cairn_service *s, cairn_request *r)
 {
-    session *x = NULL;
-    int rc = session_create(s, &x);
-    if (rc != CAIRN_OK) {
-        svc_emit_error(s, r, rc, rc == CAIRN_EFULL ? "too many open sessions"
-                                                   : "cannot create session");
+    session *x = session_new(s, r);
+    if (!x)
         return;
-    }
     if (r->n_tokens > (size_t)s->n_ctx || tokvec_append(&x->history, r->tokens, r->n_tokens)) {
         session_destroy(s, x);
         svc_emit_error(s, r, CAIRN_ERANGE, "the session's text does not fit in the context");
@@ -268,14 +264,8 @@ static bool handle_sync(cairn_service *s, cairn_request *r)
 static void handle_fork(cairn_service *s, cairn_request *r)
 {
     session *x = session_of_request(s, r), *child;
-    if (!x)
+    if (!x || !(child = session_new(s, r)))
         return;
-    int rc = session_create(s, &child);
-    if (rc != CAIRN_OK) {
-        svc_emit_error(s, r, rc, rc == CAIRN_EFULL ? "too many open sessions"
-                                                   : "cannot create session");
-        return;
-    }
     /* The pages are shared through the tree: the child's history finds the
      * same pages as the parent's. Only the token ids are copied. */
     if (tokvec_append(&child->history, x->history.v, x->history.n)) {

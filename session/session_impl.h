@@ -222,9 +222,9 @@ void svc_log_cache_account(cairn_service *s);
 /* ---- sessions.c ---------------------------------------------------------- */
 
 session *session_find(cairn_service *s, cairn_session_id id);
-/* A new session with a fresh random id, in the table. CAIRN_EFULL over
- * max_sessions. */
-int session_create(cairn_service *s, session **out);
+/* A new session with a fresh random id, in the table; NULL after answering
+ * r with the error ("too many open sessions" over max_sessions). */
+session *session_new(cairn_service *s, cairn_request *r);
 /* Put a session read from a record into the table (its id is given). */
 int session_adopt(cairn_service *s, session *x);
 void session_destroy(cairn_service *s, session *x);

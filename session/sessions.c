@@ -64,7 +64,7 @@ int session_adopt(cairn_service *s, session *x)
     return CAIRN_OK;
 }
 
-int session_create(cairn_service *s, session **out)
+static int session_create(cairn_service *s, session **out)
 {
     if (s->n_sessions >= s->cfg.max_sessions)
         return CAIRN_EFULL;
@@ -85,6 +85,18 @@ int session_create(cairn_service *s, session **out)
     }
     *out = x;
     return CAIRN_OK;
+}
+
+session *session_new(cairn_service *s, cairn_request *r)
+{
+    session *x = NULL;
+    int rc = session_create(s, &x);
+    if (rc != CAIRN_OK) {
+        svc_emit_error(s, r, rc, rc == CAIRN_EFULL ? "too many open sessions"
+                                                   : "cannot create session");
+        return NULL;
+    }
+    return x;
 }
 
 void session_destroy(cairn_service *s, session *x)
@@ -150,14 +162,12 @@ session *session_named(cairn_service *s, cairn_request *r)
                 record_delete(s, lru->id, 0);
             session_destroy(s, lru);
         }
-        int rc = session_create(s, &x);
-        if (rc == CAIRN_OK && (rc = session_set_key(x, r->session_key, r->session_key_len))) {
-            session_destroy(s, x);
-            x = NULL;
-        }
+        if (!(x = session_new(s, r)))
+            return NULL;
+        int rc = session_set_key(x, r->session_key, r->session_key_len);
         if (rc) {
-            svc_emit_error(s, r, rc, rc == CAIRN_EFULL ? "too many open sessions"
-                                                       : "cannot create session");
+            session_destroy(s, x);
+            svc_emit_error(s, r, rc, "cannot create session");
             return NULL;
         }
         s->n_keyed++;
