@@ -343,13 +343,6 @@ static void ref_probs(const float *logits, int n, const cairn_sampling_params *p
     free(ids);
 }
 
-/* chi-squared quantile (Wilson-Hilferty), z = 3.0902 for a 0.1% tail */
-static double chi2_critical(int df)
-{
-    const double z = 3.0902, a = 2.0 / (9.0 * df);
-    return df * pow(1 - a + z * sqrt(a), 3);
-}
-
 static void sampling_case(const char *head, const cairn_sampling_params *sp,
                           const cairn_eagle_params *dp, int n_runs)
 {
@@ -412,7 +405,7 @@ static void sampling_case(const char *head, const cairn_sampling_params *sp,
         df++;
     }
     assert_true(df >= 10); /* a test with power: many cells */
-    const double crit = chi2_critical(df);
+    const double crit = support_chi2_critical(df);
     print_message("temp %.2f top_k %d top_p %.2f: chi2 %.1f, df %d, 0.1%% critical %.1f\n",
                   sp->temperature, sp->top_k, sp->top_p, chi2, df, crit);
     if (chi2 > crit)

@@ -87,3 +87,11 @@ void kt_expect_matmul(const float *got, const float *W, const float *w_off, cons
             KT_CLOSE(got[(size_t)t * n_out + o], sum, tol, what, (long long)t * n_out + o);
         }
 }
+
+double support_chi2_critical(int df)
+{
+    const double z = 3.0902; /* the standard normal's 0.999 quantile */
+    double a = 2.0 / (9.0 * df);
+    double c = 1.0 - a + z * sqrt(a);
+    return df * c * c * c;
+}

@@ -115,6 +115,11 @@ void gw_tensor_info(gw_buf *b, const char *name, uint32_t n_dims, const uint64_t
 
 /* ---- reference math and checks (refmath.c) ----------------------------- */
 
+/* The 0.999 quantile of chi-squared with df degrees of freedom
+ * (Wilson-Hilferty; within 2% of the exact value for df >= 1): the
+ * critical value of the sampling tests' goodness-of-fit checks. */
+double support_chi2_critical(int df);
+
 /* Fail (naming the seed) unless |got - want| <= tol. NaN always fails. */
 #define KT_CLOSE(got, want, tol, what, idx)                                                     \
     do {                                                                                        \
