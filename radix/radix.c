@@ -662,6 +662,10 @@ int cairn_radix_node_tier(const cairn_radix_node *n) { return n ? n->tier : -1; 
 uint64_t cairn_radix_node_ns(const cairn_radix_node *n) { return n ? n->ns : 0; }
 int32_t cairn_radix_node_refs(const cairn_radix_node *n) { return n ? n->refs : 0; }
 size_t cairn_radix_node_n_children(const cairn_radix_node *n) { return n ? n->n_children : 0; }
+cairn_radix_node *cairn_radix_node_child(const cairn_radix_node *n, size_t i)
+{
+    return n && i < n->n_children ? n->children[i] : NULL;
+}
 size_t cairn_radix_node_depth(const cairn_radix_node *n) { return n ? n->depth : 0; }
 const int32_t *cairn_radix_node_tokens(const cairn_radix_node *n) { return n ? n->tokens : NULL; }
 

@@ -239,6 +239,9 @@ int cairn_radix_node_tier(const cairn_radix_node *node);
 uint64_t cairn_radix_node_ns(const cairn_radix_node *node); /* 0 for the root */
 int32_t cairn_radix_node_refs(const cairn_radix_node *node);
 size_t cairn_radix_node_n_children(const cairn_radix_node *node);
+/* Child i (0 .. n_children-1, in no meaningful order), NULL out of range.
+ * Valid until the next call that modifies the tree. */
+cairn_radix_node *cairn_radix_node_child(const cairn_radix_node *node, size_t i);
 /* Pages from the root to the end of this node. */
 size_t cairn_radix_node_depth(const cairn_radix_node *node);
 /* The node's own pages and their tokens ([n_pages * page_size]); the records

@@ -53,10 +53,22 @@ int job_reserve_pages(job *j, size_t n)
 cairn_kv_hold *job_release_pages(cairn_service *s, job *j)
 {
     size_t n_full = j->n_computed / (size_t)s->page_size;
+    size_t n_pages = j->n_pages;
     cairn_kv_hold *leaf = NULL;
+    /* The partial last page, when it is the job's: kept as a tail, so the
+     * next turn reuses it (not with a draft head: see prefix.c). */
+    int32_t tail = -1;
+    if (s->prefix_cache && !j->spec && j->n_computed % (size_t)s->page_size &&
+        n_full < n_pages && n_full >= j->n_tree_pages) {
+        tail = j->pages[n_full];
+        j->pages[n_full] = j->pages[n_pages - 1];
+        n_pages--;
+    }
     /* a sequence's cache key is its tokens in its tenant's namespace */
     cairn_kvcache_commit(s->cache, j->req->tenant, s->prefix_cache ? j->seq.v : NULL, n_full,
-                         j->pages, j->n_tree_pages, j->n_pages, j->hold, &leaf);
+                         j->pages, j->n_tree_pages, n_pages, j->hold, &leaf);
+    if (tail >= 0)
+        cairn_kvcache_keep_tail(s->cache, j->req->tenant, j->seq.v, j->n_computed, tail);
     j->hold = NULL;
     j->n_pages = j->n_tree_pages = 0;
     j->n_computed = 0;

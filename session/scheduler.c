@@ -111,6 +111,7 @@ static void job_adopt(cairn_service *s, job *j, const cairn_kvcache_event *ev)
         j->n_tree_pages = j->n_pages = resident;
         j->n_computed = resident * (size_t)s->page_size;
     }
+    size_t partial = prefix_take_partial(s, j);
     if (j->spec) {
         /* head rows of the matched pages are valid (model.h); pages[] must
          * exist even when empty, capacity is set before every use */
@@ -125,10 +126,11 @@ static void job_adopt(cairn_service *s, job *j, const cairn_kvcache_event *ev)
         j->admitted_once = true;
         j->t_admitted = cairn_now();
         j->cached_tokens = (int64_t)j->n_computed;
-        for (int t = 0; t < 3 && ev && resident > 0; t++) {
+        for (int t = 0; t < 3 && ev && resident > 0; t++)
             j->cached_by_tier[t] = (int64_t)ev->from_tier[t] * s->page_size;
+        j->cached_by_tier[0] += (int64_t)partial; /* copied on the device */
+        for (int t = 0; t < 3; t++)
             s->stats.cached_tokens_by_tier[t] += (uint64_t)j->cached_by_tier[t];
-        }
         s->stats.queries++;
         s->stats.prompt_tokens += j->n_prompt;
         s->stats.cached_tokens += j->n_computed;
@@ -147,17 +149,31 @@ static int client_load(const cairn_service *s, uint64_t client)
     return n;
 }
 
-/* The next waiting job to admit. First come, first served — except that a
- * connection already holding its fair share of the running slots (max_seqs
- * divided among the connections that have work) is passed over while
- * another connection waits, so one client with hundreds of queued requests
- * cannot starve the rest. Work-conserving: with no one else waiting, the
- * head goes in anyway. Removes the job from the queue. */
+/* Unlink j (prev: the job before it, NULL for the head) from the queue. */
+static job *waiting_unlink(cairn_service *s, job *prev, job *j)
+{
+    if (!prev)
+        return waiting_pop(s);
+    prev->next = j->next;
+    if (s->waiting_tail == j)
+        s->waiting_tail = prev;
+    s->n_waiting--;
+    j->next = NULL;
+    return j;
+}
+
+/* The next waiting job to admit, or NULL. First come, first served —
+ * except that
+ *   - a job whose prompt shares a prefix with one still computing it waits
+ *     (prefix.c): it is passed over, keeping its place;
+ *   - a connection already holding its fair share of the running slots
+ *     (max_seqs divided among the connections that have work) is passed
+ *     over while another connection waits, so one client with hundreds of
+ *     queued requests cannot starve the rest. Work-conserving: with no one
+ *     else to admit, its first job goes in anyway.
+ * Removes the job from the queue. */
 static job *waiting_pick(cairn_service *s)
 {
-    job *head = s->waiting_head;
-    if (!head || !head->next)
-        return waiting_pop(s);
     /* connections with work: a bounded count is enough for the share */
     uint64_t seen[64];
     int n_seen = 0;
@@ -169,29 +185,33 @@ static job *waiting_pick(cairn_service *s)
         if (!dup)
             seen[n_seen++] = j->req->client;
     }
-    for (const job *j = head; j && n_seen < 64; j = j->next) {
+    for (const job *j = s->waiting_head; j && n_seen < 64; j = j->next) {
         bool dup = false;
         for (int k = 0; k < n_seen && !dup; k++)
             dup = seen[k] == j->req->client;
         if (!dup)
             seen[n_seen++] = j->req->client;
     }
-    int share = (s->cfg.max_seqs + n_seen - 1) / n_seen;
-    job *prev = NULL;
-    for (job *j = head; j; prev = j, j = j->next) {
-        if (client_load(s, j->req->client) >= share)
+    const int share = n_seen ? (s->cfg.max_seqs + n_seen - 1) / n_seen : s->cfg.max_seqs;
+    job *prev = NULL, *first = NULL, *first_prev = NULL;
+    for (job *j = s->waiting_head; j; prev = j, j = j->next) {
+        if (j->cancelled) /* reaped next; admitting it is harmless and quick */
+            return waiting_unlink(s, prev, j);
+        if (prefix_should_wait(s, j)) {
+            if (!j->shared_wait) {
+                j->shared_wait = true;
+                s->stats.shared_waits++;
+            }
             continue;
-        if (prev) {
-            prev->next = j->next;
-            if (s->waiting_tail == j)
-                s->waiting_tail = prev;
-            s->n_waiting--;
-            j->next = NULL;
-            return j;
         }
-        return waiting_pop(s);
+        if (!first) {
+            first = j;
+            first_prev = prev;
+        }
+        if (client_load(s, j->req->client) < share)
+            return waiting_unlink(s, prev, j);
     }
-    return waiting_pop(s);
+    return first ? waiting_unlink(s, first_prev, first) : NULL;
 }
 
 void sched_admit(cairn_service *s)
@@ -203,6 +223,8 @@ void sched_admit(cairn_service *s)
     s->pages_tight = false;
     while (s->n_running + s->n_fetching < s->cfg.max_seqs && s->waiting_head) {
         job *j = waiting_pick(s);
+        if (!j)
+            break; /* all wait for prefixes being computed */
         if (s->prefix_cache && j->seq.n >= 2) {
             j->cookie = ++s->next_cookie;
             /* leave the last token out: it must be computed for its logits */
@@ -300,6 +322,8 @@ static void step_speculative(cairn_service *s, int n_spec)
         if (done) {
             running_drop(s, j);
             job_finish(s, j, true);
+        } else {
+            prefix_extend(s, j);
         }
     }
 }
@@ -475,6 +499,8 @@ void sched_step(cairn_service *s)
         } else if (done) {
             running_drop(s, j);
             job_finish(s, j, true);
+        } else {
+            prefix_extend(s, j); /* requests waiting for these pages may go */
         }
         if (features)
             features += (size_t)n_tok * cairn_model_hparams(s->model)->dim;

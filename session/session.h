@@ -240,6 +240,9 @@ typedef struct {
     uint64_t sessions;
     cairn_service_tier_stats tiers[3];
     uint64_t cached_tokens_by_tier[3]; /* cached_tokens by where they were found */
+    uint64_t partial_tokens;   /* of cached_tokens: rows reused from part of a page */
+    uint64_t shared_waits;     /* admissions deferred until another request had
+                                  computed the prefix they share              */
     cairn_latency_histogram ttft;        /* submit -> first token sampled    */
     cairn_latency_histogram inter_token; /* between a request's tokens       */
 } cairn_service_stats;

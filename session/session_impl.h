@@ -13,6 +13,8 @@
  *                deltas, finishing
  *   scheduler.c  which jobs run: admission (prefix fetch), fairness, the
  *                batched step, speculative steps, pausing for pages
+ *   prefix.c     a prefix computed once: who waits for whom, pages to the
+ *                tree while computing, reuse of part of a page
  *   events.c     what leaves the engine: events, latency histograms, stats
  *
  * Life of a generation request ("job"):
@@ -107,6 +109,7 @@ typedef struct job {
     size_t n_prompt;
     size_t n_computed;       /* tokens of seq whose KV is in pages            */
     bool admitted_once;
+    bool shared_wait;        /* counted once in stats.shared_waits             */
     int64_t cached_tokens;   /* reported: matched at the first admission      */
     cairn_kv_hold *hold;     /* the cached prefix it started from (locked)    */
     size_t n_tree_pages;     /* pages[0 .. n_tree_pages) are the hold's        */
@@ -290,6 +293,19 @@ void intake_handle(cairn_service *s, cairn_request *r);
 /* A durability completion (persist or record) for a finished job or a
  * deferred session reply. */
 void intake_durable_done(cairn_service *s, uint64_t cookie, int status);
+
+/* ---- prefix.c ------------------------------------------------------------ */
+
+/* Whether waiting job j should stay queued: a running or fetching job has
+ * yet to compute at least a page of prompt that j shares with it. */
+bool prefix_should_wait(const cairn_service *s, const job *j);
+/* After a step: j's newly computed whole pages go to the tree (its hold
+ * moves to their end). */
+void prefix_extend(cairn_service *s, job *j);
+/* At admission, after the whole-page match: the rows of the next page that
+ * j shares with a cached page or a running job's, copied into a page of
+ * j's own; how many tokens that saved (added to n_computed). */
+size_t prefix_take_partial(cairn_service *s, job *j);
 
 /* ---- scheduler.c --------------------------------------------------------- */
 

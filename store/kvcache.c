@@ -118,6 +118,7 @@ void cairn_kvcache_free(cairn_kvcache *c)
     free(c->events);
     free(c->path);
     free(c->nodes);
+    kvc_tails_free(c);
     free(c);
 }
 
@@ -355,8 +356,9 @@ int cairn_kvcache_alloc(cairn_kvcache *c, int32_t n, int32_t *pages)
 {
     if (!c || n < 0 || (n && !pages))
         return CAIRN_EINVAL;
+    /* tails first: each is worth less than a page of recompute */
     while (cairn_page_pool_available(c->dev) < n)
-        if (kvc_evict_one(c, CAIRN_TIER_DEVICE) == 0)
+        if (!kvc_drop_lru_tail(c) && kvc_evict_one(c, CAIRN_TIER_DEVICE) == 0)
             return CAIRN_EFULL;
     return cairn_page_pool_alloc(c->dev, n, pages);
 }
@@ -372,6 +374,7 @@ void cairn_kvcache_get_stats(const cairn_kvcache *c, cairn_kvcache_stats *out)
         return;
     }
     *out = c->stats;
+    out->tail_pages = c->n_tails;
     cairn_radix_stats rs;
     cairn_radix_get_stats(c->tree, &rs);
     for (int t = 0; t < CAIRN_TIER_COUNT; t++) {

@@ -499,6 +499,60 @@ int cairn_kvcache_commit(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, s
                          const int32_t *pages, size_t n_held, size_t n_pages,
                          cairn_kv_hold *hold, cairn_kv_hold **leaf);
 
+/* ---- computing a prefix once ------------------------------------------ *
+ *
+ * A sequence that is still computing gives the tree its whole pages as it
+ * goes, so a request arriving meanwhile matches them instead of computing
+ * them again (the engine decides who waits for whom):
+ *
+ *     admitted    pages[0 .. n_held) = hold's           (locked)
+ *     computing   ... after each step, extend(n_computed / page_size):
+ *                 pages[0 .. n_held = n_full) are the tree's, the hold
+ *                 moves to the node ending there      (still locked)
+ *     ends        commit as above: only pages past n_held are the caller's
+ *
+ * A match may end inside a page: partial() looks at the pages that continue
+ * the hold (its children in the tree, device or host tier, and the tails:
+ * partial last pages of finished sequences, kept by keep_tail) for the one
+ * sharing the most leading tokens with the request, and copies it into a
+ * page of the caller's; its first *n_reused rows are then valid KV. */
+
+/* Insert the sequence's first n_full whole pages (tokens[0 .. n_full *
+ * page_size)) into the tree now, lock the node that ends there and release
+ * *hold (NULL: none yet; the root counts as none), which becomes that node;
+ * *n_held becomes n_full. Pages the tree already had (another sequence
+ * computed them too) replace ours in pages[] when they are on the device,
+ * and ours go back to the pool; when they are not, nothing changes and the
+ * answer is CAIRN_EBUSY (keep computing privately; commit at the end sorts
+ * it out). CAIRN_OK also when n_full <= *n_held (nothing to do);
+ * CAIRN_EINVAL, CAIRN_ENOMEM (nothing changed). */
+int cairn_kvcache_extend(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, size_t n_full,
+                         int32_t *pages, size_t *n_held, cairn_kv_hold **hold);
+
+/* After a whole-page match ending at `hold` (NULL: the root) after n_held
+ * pages (CAIRN_EINVAL when the hold's path is not that long), copy into the
+ * caller's page `dst` the cached page that shares the most leading tokens
+ * with next[0 .. n_next), fewer than page_size of them (a whole page would
+ * have been part of the match); *n_reused receives how many rows of dst are
+ * now valid for those tokens (0: nothing found, dst untouched). Pages in
+ * tier 2 only are not considered. Errors: CAIRN_EINVAL, or what the copy
+ * or upload returned (*n_reused 0). */
+int cairn_kvcache_partial(cairn_kvcache *c, uint64_t ns, cairn_kv_hold *hold, size_t n_held,
+                          const int32_t *next, size_t n_next, int32_t dst, size_t *n_reused);
+
+/* Keep `page` (the caller's, holding the KV of the last n_tokens %
+ * page_size tokens of tokens[0 .. n_tokens)) as a tail for partial(). Takes
+ * the page in every case: when it cannot be kept (no partial page, no
+ * memory) it goes back to the pool. A tail that the new one extends is
+ * replaced; the least recently used tail makes room when all are taken, and
+ * tails are the first pages given up when allocation runs short. */
+int cairn_kvcache_keep_tail(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, size_t n_tokens,
+                            int32_t page);
+
+/* Copy tier-0 page src to dst (the caller owns dst): a partial page taken
+ * from a sequence still computing it. CAIRN_EINVAL for a bad id. */
+int cairn_kvcache_copy_page(cairn_kvcache *c, int32_t src, int32_t dst);
+
 /* The durable records (session records), for the start-up read: as
  * cairn_disk_record_iterate on the calling thread (blocking).
  * CAIRN_EUNSUPPORTED without a disk tier. */
@@ -653,6 +707,8 @@ typedef struct {
     size_t persists;                        /* persist calls queued          */
     uint64_t disk_records;                  /* durable records stored        */
     uint64_t tree_pages[CAIRN_TIER_COUNT];  /* pages of the tree per tier    */
+    uint64_t partial_reuses, partial_tokens; /* partial(): copies, rows reused */
+    uint64_t tail_pages;                    /* tails kept now                */
 } cairn_kvcache_stats;
 
 /* Counters as of now (the owner thread, as every kvcache call). */

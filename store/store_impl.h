@@ -13,6 +13,8 @@
  *                   into events (poll, wait)
  *       fetch.c     admission: fetch ops and their continuation rounds
  *       durable.c   pin / unpin, persist, flush, records, forget, read_page
+ *       share.c     extend (pages to the tree while computing), partial
+ *                   reuse of a page, tails
  *     Functions one of them defines for the others carry the kvc_ prefix.
  *
  * The id stack. Ids 0 .. capacity-1; a fresh stack hands out 0, 1, 2, ...
@@ -143,6 +145,12 @@ struct cairn_kvcache {
     cairn_radix_node **nodes;
     size_t nodes_cap;
 
+    /* partial last pages of finished sequences (share.c) */
+    struct kv_tail *tails;
+    int32_t *tail_tokens;
+    size_t n_tails_cap, n_tails;
+    uint64_t tail_clock;
+
     cairn_kvcache_stats stats;
 };
 
@@ -163,6 +171,12 @@ int kvc_write_page(cairn_kvcache *c, cairn_radix_page *pg, const int32_t *tokens
                    const void *bytes);
 /* Evict the LRU candidate of `tier`; pages moved, 0 when nothing could. */
 size_t kvc_evict_one(cairn_kvcache *c, int tier);
+
+/* ---- share.c: tails --------------------------------------------------- */
+
+/* Give up the least recently used tail's page; false when there is none. */
+bool kvc_drop_lru_tail(cairn_kvcache *c);
+void kvc_tails_free(cairn_kvcache *c);
 
 /* ---- cost.c: the cost model --------------------------------------------- */
 

@@ -16,11 +16,13 @@ history, as a stateless `generate` over the tokens: a cache, a restart or a
 tier must never change an output. There are no timing thresholds; waits
 only guard against hangs.
 
-Expectations about `cached_tokens` (see tests/server/test_server.py): the
-cache holds whole pages of page_size P tokens, and only tokens whose KV was
-computed. After a turn over a history of h tokens, the KV of at least the
-first h-1 tokens exists, so the next request starting with the history
-finds P*floor((h-1)/P) .. P*floor(h/P) tokens, wherever the pages now are.
+Expectations about `cached_tokens` (see tests/server/test_server.py): in
+memory the cache reuses KV to the token; what comes back from disk after a
+restart is whole pages of page_size P tokens (LMDB is keyed by the chained
+hash of whole pages; a partial last page is not stored). After a turn over a
+history of h tokens, the KV of at least the first h-1 tokens exists, so the
+next request after a restart starting with the history finds
+P*floor((h-1)/P) .. P*floor(h/P) tokens.
 `usage.cached_tokens_by_tier` says where: {device, host, disk}, summing to
 cached_tokens. Right after a restart the in-memory tree is empty, so what a
 first request finds comes from disk (matched by page hash).
@@ -165,14 +167,14 @@ class PersistCase(harness.ServerCase):
         for t in TIERS:
             self.assertGreaterEqual(u.cached_tokens_by_tier[t], 0)
         self.assertEqual(sum(u.cached_tokens_by_tier.values()), u.cached_tokens, r.raw["usage"])
-        self.assertEqual(u.cached_tokens % self.P, 0)
         self.assertLess(u.cached_tokens, u.prompt_tokens)
         return u.cached_tokens_by_tier
 
     def assertCachedAfterHistory(self, cached, h, what=""):
         P = self.P
         self.assertGreaterEqual(cached, P * ((h - 1) // P), f"{what}: history {h}, page {P}")
-        self.assertLessEqual(cached, P * (h // P), f"{what}: history {h}, page {P}")
+        # more when the partial last page is still in tier 0 (a tail)
+        self.assertLessEqual(cached, h, f"{what}: history {h}, page {P}")
 
     def tier_stats(self, c):
         s = c.cache_stats()

@@ -9,15 +9,16 @@ temporary directory), waits for its "listening" line and always stops it in
 tearDownClass. Everything is greedy (temperature 0), so results are exact;
 waits have generous limits that only guard against hangs.
 
-Expectations about `cached_tokens` (docs/protocol.md + radix/radix.h): the
-cache holds whole pages of page_size P tokens, and only tokens whose KV was
-computed. After a generation over prompt + generated tokens of length h, the
-KV of the first h-1 tokens exists (the last sampled token is never fed back),
-so the next request starting with those h tokens finds
-P*floor((h-1)/P) tokens, or P*floor(h/P) if the server also ran the last
-token: cached_tokens is a multiple of P in that range. A request sharing
-exactly L leading tokens with an earlier prompt finds P*floor(L/P) of them
-(never more than L, and never the whole of its own prompt).
+Expectations about `cached_tokens` (docs/protocol.md + store/store.h): the
+cache reuses KV to the token, and only tokens whose KV was computed. After
+a generation over prompt + generated tokens of length h, the KV of the first
+h-1 tokens exists (the last sampled token is never fed back), so the next
+request starting with those h tokens finds h-1 of them, or h if the server
+also ran the last token. A request sharing exactly L leading tokens with an
+earlier one finds L of them (whole pages by match, the rest of the last page
+copied), never the whole of its own prompt: its last token is computed for
+its logits. A prompt that shares nothing but a few leading tokens (BOS, a
+first word) with earlier ones finds those: less than a page.
 """
 import json
 import os
@@ -93,10 +94,8 @@ class ServerCase(harness.TestCase):
         return (client or self.c).generate(temperature=0, **kw)
 
     def assertCachedAfterHistory(self, cached, h):
-        P = self.P
-        self.assertEqual(cached % P, 0, f"cached_tokens {cached} is not whole pages of {P}")
-        self.assertGreaterEqual(cached, P * ((h - 1) // P), f"history {h}, page {P}")
-        self.assertLessEqual(cached, P * (h // P), f"history {h}, page {P}")
+        self.assertGreaterEqual(cached, h - 1, f"history {h}")
+        self.assertLessEqual(cached, h, f"history {h}")
 
 
 # --------------------------------------------------------------------------
@@ -220,10 +219,10 @@ class PrefixCache(ServerCase):
 
         r1 = self.greedy(prompt=q1, max_tokens=16)
         self.assertEqual(r1.usage.prompt_tokens, len(t1))
-        self.assertEqual(r1.usage.cached_tokens, 0)  # nothing else starts like DOC
+        self.assertLess(r1.usage.cached_tokens, self.P)  # nothing else starts like DOC
         r2 = self.greedy(prompt=q2, max_tokens=16)
         self.assertEqual(r2.usage.prompt_tokens, len(t2))
-        self.assertEqual(r2.usage.cached_tokens, self.P * (common // self.P))
+        self.assertEqual(r2.usage.cached_tokens, common)  # to the token
         # reusing the cached KV changes nothing in the output
         self.assertEqual(r2.text, cairn_run_greedy(q2, 16)[0])
         # the same prompt again: all its whole pages but never the whole prompt
@@ -231,7 +230,7 @@ class PrefixCache(ServerCase):
         self.assertEqual(r3.text, r2.text)
         self.assertGreaterEqual(r3.usage.cached_tokens, r2.usage.cached_tokens)
         self.assertLess(r3.usage.cached_tokens, len(t2))
-        self.assertEqual(r3.usage.cached_tokens, self.P * ((len(t2) - 1) // self.P))
+        self.assertEqual(r3.usage.cached_tokens, len(t2) - 1)
         s = self.c.cache_stats()
         self.assertGreaterEqual(s["cached_tokens"], r2.usage.cached_tokens + r3.usage.cached_tokens)
 
@@ -245,7 +244,7 @@ class PrefixCache(ServerCase):
         self.assertEqual(s["n_tokens"], n0)
         r1 = self.c.session_generate(sid, max_tokens=20, temperature=0)
         self.assertEqual(r1.usage.prompt_tokens, n0)
-        self.assertEqual(r1.usage.cached_tokens, 0)
+        self.assertLess(r1.usage.cached_tokens, self.P)  # BOS and a word at most
         h = self.c.session_info(sid)["n_tokens"]
         self.assertEqual(h, n0 + r1.usage.completion_tokens)
         self.assertGreater(h, 3 * self.P)

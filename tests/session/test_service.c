@@ -198,6 +198,151 @@ static void test_batching_does_not_change_results(void **state)
     stop(f);
 }
 
+/* ---- a prefix computed once --------------------------------------------- */
+
+static cairn_session_id open_session(fixture *f, uint64_t id, const char *text);
+
+static const char *burst_doc =
+    "Once upon a time, in a small town by the sea, there lived a girl named Lily. Every "
+    "morning she walked to the beach with her dog Max to look for shells. One day they "
+    "found a big blue shell that sang when the wind blew. Lily took it home and put it "
+    "on her window. At night the shell sang softly and all the birds came to listen. "
+    "Her mom said it was the best shell in the whole town, and her friend Tom wanted to "
+    "hear it too. So Lily and Tom sat by the window and listened until the moon was high.";
+
+static size_t common_prefix(const int32_t *a, size_t na, const int32_t *b, size_t nb)
+{
+    size_t i = 0;
+    while (i < na && i < nb && a[i] == b[i])
+        i++;
+    return i;
+}
+
+/* Submit n greedy generations of prompts[] at once (client i+1 each: the
+ * fair share admits them together), wait for all; the sum of computed
+ * prompt tokens (prompt - cached) must stay within the floor: the longest
+ * shared prefix once, each request's own suffix, and one page. Each output
+ * must equal the same request run alone on a fresh service. */
+static void check_fan_out(const char *const *prompts, int n, int prefill_chunk)
+{
+    fixture *f = start(1024, 8, prefill_chunk);
+    size_t n_tok[16], shared = 0, own = 0;
+    int32_t *tok[16];
+    for (int i = 0; i < n; i++)
+        tok[i] = tokenize(f, prompts[i], true, &n_tok[i]);
+    for (int i = 0; i < n; i++) {
+        size_t best = 0; /* the prefix i shares with any other request */
+        for (int k = 0; k < n; k++)
+            if (k != i) {
+                size_t l = common_prefix(tok[i], n_tok[i], tok[k], n_tok[k]);
+                best = l > best ? l : best;
+            }
+        shared = best > shared ? best : shared;
+        own += n_tok[i] - (best < n_tok[i] ? best : n_tok[i] - 1);
+    }
+    for (int i = 0; i < n; i++) {
+        cairn_request *r = cairn_request_new(CAIRN_REQ_GENERATE);
+        r->id = (uint64_t)i + 1;
+        r->client = (uint64_t)i + 1;
+        r->tokens = tok[i];
+        r->n_tokens = n_tok[i];
+        r->gen.max_tokens = 12;
+        r->gen.sampling.temperature = 0;
+        assert_int_equal(cairn_service_submit(f->svc, r), CAIRN_OK);
+    }
+    int64_t computed = 0;
+    char *text[16];
+    for (int i = 0; i < n; i++) {
+        result *r = wait_for(&f->col, (uint64_t)i + 1);
+        assert_int_equal(r->ev.kind, CAIRN_EV_DONE);
+        computed += r->ev.prompt_tokens - r->ev.cached_tokens;
+        text[i] = strdup(r->text);
+    }
+    const int64_t floor_tokens = (int64_t)(shared + own);
+    if (computed > floor_tokens + 16)
+        fail_msg("%d requests computed %lld prompt tokens; the floor is %lld "
+                 "(shared prefix %zu once + own suffixes %zu) + one page",
+                 n, (long long)computed, (long long)floor_tokens, shared, own);
+    stop(f);
+    for (int i = 0; i < n; i++) {
+        fixture *g = start(1024, 8, prefill_chunk);
+        submit_generate(g, 1, prompts[i], 12, false);
+        assert_string_equal(wait_for(&g->col, 1)->text, text[i]);
+        stop(g);
+        free(text[i]);
+    }
+}
+
+/* Eight questions about one cold document, sent at once: the document is
+ * computed once (the others wait for its pages, then compute their own
+ * question), in small and large prefill chunks. */
+static void test_burst_computes_document_once(void **state)
+{
+    (void)state;
+    static const char *questions[] = {"Who is Max?", "What did they find?", "Where is the shell?",
+                                      "Who is Tom?", "What did mom say?", "When did it sing?",
+                                      "Why did the birds come?", "What color was the shell?"};
+    char *prompts[8];
+    for (int i = 0; i < 8; i++) {
+        prompts[i] = malloc(strlen(burst_doc) + 64);
+        sprintf(prompts[i], "%s\nQuestion: %s\nAnswer:", burst_doc, questions[i]);
+    }
+    check_fan_out((const char *const *)prompts, 8, 32);
+    check_fan_out((const char *const *)prompts, 8, 512);
+    for (int i = 0; i < 8; i++)
+        free(prompts[i]);
+}
+
+/* n = 4 choices of one prompt are four requests of the same tokens at
+ * once: the prompt is computed once, the others compute their last token. */
+static void test_same_prompt_four_times(void **state)
+{
+    (void)state;
+    const char *p[4] = {burst_doc, burst_doc, burst_doc, burst_doc};
+    check_fan_out(p, 4, 64);
+}
+
+/* Eight sessions forked from one whose history was never computed, all
+ * generating at once: the history is computed once. */
+static void test_forked_sessions_share_history(void **state)
+{
+    (void)state;
+    fixture *f = start(1024, 8, 32);
+    cairn_session_id parent = open_session(f, 1, burst_doc);
+    cairn_session_id kids[8];
+    for (int i = 0; i < 8; i++) {
+        cairn_request *fk = cairn_request_new(CAIRN_REQ_SESSION_FORK);
+        fk->id = 2 + (uint64_t)i;
+        fk->session = parent;
+        cairn_service_submit(f->svc, fk); /* takes fk */
+        kids[i] = wait_for(&f->col, 2 + (uint64_t)i)->ev.session;
+    }
+    static const char *turns[] = {" Max", " Tom", " The", " Lily", " Mom", " A", " Then", " One"};
+    for (int i = 0; i < 8; i++) {
+        cairn_request *r = cairn_request_new(CAIRN_REQ_SESSION_GENERATE);
+        r->id = 20 + (uint64_t)i;
+        r->client = 1 + (uint64_t)i;
+        r->session = kids[i];
+        r->tokens = tokenize(f, turns[i], false, &r->n_tokens);
+        r->gen.max_tokens = 8;
+        r->gen.sampling.temperature = 0;
+        cairn_service_submit(f->svc, r);
+    }
+    size_t n_hist;
+    free(tokenize(f, burst_doc, true, &n_hist));
+    int64_t computed = 0;
+    for (int i = 0; i < 8; i++) {
+        result *r = wait_for(&f->col, 20 + (uint64_t)i);
+        assert_int_equal(r->ev.kind, CAIRN_EV_DONE);
+        computed += r->ev.prompt_tokens - r->ev.cached_tokens;
+    }
+    /* the history once, each turn's token(s), one page */
+    if (computed > (int64_t)n_hist + 8 * 2 + 16)
+        fail_msg("8 forks computed %lld prompt tokens over a %zu-token history",
+                 (long long)computed, n_hist);
+    stop(f);
+}
+
 /* A second request with the same long prefix reports it cached, and gives
  * the same output as without the cache. */
 static void test_prefix_reuse(void **state)
@@ -212,10 +357,10 @@ static void test_prefix_reuse(void **state)
     assert_int_equal(a->ev.cached_tokens, 0);
     submit_generate(f, 2, doc, 16, false);
     result *b = wait_for(&f->col, 2);
-    /* all whole pages of the prompt but the last token's: at least
-     * floor((n-1)/16)*16 tokens */
+    /* every token but the last, whose logits are needed: the whole pages
+     * by match, the rest of the last page copied from the cached one */
     int64_t n = b->ev.prompt_tokens;
-    assert_int_equal(b->ev.cached_tokens, ((n - 1) / 16) * 16);
+    assert_int_equal(b->ev.cached_tokens, n - 1);
     assert_string_equal(a->text, b->text);
 
     cairn_request *st = cairn_request_new(CAIRN_REQ_CACHE_STATS);
@@ -261,11 +406,12 @@ static void test_sessions(void **state)
     cairn_session_id sid = open_session(f, 1, "Once upon a time");
     result *t1 = session_generate(f, 2, sid, NULL, 32);
     assert_string_equal(t1->text, greedy_text);
-    /* turn 2: the history (prompt + reply, 37 tokens) is cached in whole pages */
+    /* turn 2: the history (prompt + reply, 37 tokens) is cached to the
+     * token: all of it but the reply's last token, which was sampled and
+     * never computed (the partial last page is a tail) */
     result *t2 = session_generate(f, 3, sid, " Then", 8);
-    assert_int_equal(t2->ev.prompt_tokens, 37 + t2->ev.prompt_tokens - 37);
-    assert_int_equal(t2->ev.cached_tokens, ((t2->ev.prompt_tokens - 1) / 16) * 16);
-    assert_true(t2->ev.cached_tokens >= 32);
+    assert_true(t2->ev.prompt_tokens > 37);
+    assert_int_equal(t2->ev.cached_tokens, 36);
 
     /* fork: the child continues exactly as the parent would */
     cairn_request *fk = cairn_request_new(CAIRN_REQ_SESSION_FORK);
@@ -290,7 +436,8 @@ static void test_sessions(void **state)
     assert_int_equal(wait_for(&f->col, 7)->ev.n_session_tokens, 5);
     result *again = session_generate(f, 8, cid, NULL, 32);
     assert_string_equal(again->text, greedy_text);
-    assert_int_equal(again->ev.cached_tokens, 0); /* 4 matchable tokens: less than a page */
+    /* 4 matchable tokens, less than a page: copied from the cached page */
+    assert_int_equal(again->ev.cached_tokens, 4);
 
     /* unknown session */
     cairn_request *bad = cairn_request_new(CAIRN_REQ_SESSION_INFO);
@@ -699,6 +846,9 @@ int main(void)
         cmocka_unit_test(test_named_session_sync),
         cmocka_unit_test(test_batching_does_not_change_results),
         cmocka_unit_test(test_prefix_reuse),
+        cmocka_unit_test(test_burst_computes_document_once),
+        cmocka_unit_test(test_same_prompt_four_times),
+        cmocka_unit_test(test_forked_sessions_share_history),
         cmocka_unit_test(test_sessions),
         cmocka_unit_test(test_tiny_kv_pauses_not_fails),
         cmocka_unit_test(test_cancel),

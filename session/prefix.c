@@ -1,0 +1,138 @@
+/*
+ * session/prefix.c — computing a prompt prefix once, however many requests
+ * want it at the same moment.
+ *
+ * Three rules, applied by the scheduler:
+ *
+ *   wait     a waiting request whose prompt shares at least a page with a
+ *            job that is running or fetching, and that job has not yet
+ *            computed the shared part, is not admitted: it would compute
+ *            the same tokens beside it. It stays in the queue (holding no
+ *            slot) and goes in as soon as the shared part is computed, or
+ *            the other job leaves (cancelled, paused, failed). The job
+ *            that computes goes first and is not slowed.
+ *
+ *         time ─▶   A: [doc ......... doc][qA ans]          (one request
+ *                   B:     waits ──────▶ [qB ans]           computes the
+ *                   C:     waits ──────▶ [qC ans]           document)
+ *
+ *   extend   after every step a job gives the tree the whole pages it has
+ *            computed (store.h, "computing a prefix once"), so the waiting
+ *            requests match them like any cached prefix.
+ *
+ *   partial  at admission, a match that ends inside a page takes the rows
+ *            it shares from a cached page (the tree, a tail) or from a
+ *            running job's page, by copy: only the request's own tokens
+ *            are computed.
+ *
+ * With a draft head (EAGLE) matches stay whole pages: a head row depends on
+ * the token after it (model.h), so a copied half page would hold a head
+ * row computed for another continuation.
+ */
+#include "session/session_impl.h"
+
+static size_t lcp(const int32_t *a, size_t na, const int32_t *b, size_t nb)
+{
+    size_t n = na < nb ? na : nb, i = 0;
+    while (i < n && a[i] == b[i])
+        i++;
+    return i;
+}
+
+/* Whether j should wait for `other`, which is running (or fetching, when
+ * !running) and shares a prefix with it that it has not computed yet. */
+static bool waits_for(const cairn_service *s, const job *j, const job *other, bool running)
+{
+    if (other == j || other->cancelled || other->req->tenant != j->req->tenant)
+        return false;
+    /* the last token of j is always computed, for its logits */
+    size_t shared = lcp(j->seq.v, j->seq.n - 1, other->seq.v, other->seq.n);
+    if (shared < (size_t)s->page_size)
+        return false; /* less than a page: not worth a step of delay */
+    size_t have = running ? other->n_computed : 0;
+    return have < shared;
+}
+
+bool prefix_should_wait(const cairn_service *s, const job *j)
+{
+    if (!s->prefix_cache || j->seq.n < 2)
+        return false;
+    for (int i = 0; i < s->n_running; i++)
+        if (waits_for(s, j, s->running[i], true))
+            return true;
+    for (int i = 0; i < s->n_fetching; i++)
+        if (waits_for(s, j, s->fetching[i], false))
+            return true;
+    return false;
+}
+
+void prefix_extend(cairn_service *s, job *j)
+{
+    if (!s->prefix_cache)
+        return;
+    size_t n_full = j->n_computed / (size_t)s->page_size;
+    if (n_full > j->n_pages)
+        n_full = j->n_pages;
+    if (n_full <= j->n_tree_pages)
+        return;
+    /* CAIRN_EBUSY / ENOMEM: the pages stay the job's until it ends */
+    (void)cairn_kvcache_extend(s->cache, j->req->tenant, j->seq.v, n_full, j->pages,
+                               &j->n_tree_pages, &j->hold);
+}
+
+/* The running job with the longest run of computed tokens equal to
+ * j->seq[at ..] (at most `limit`) after the same first `at` tokens; its
+ * length in *best. */
+static const job *partial_source(const cairn_service *s, const job *j, size_t at, size_t limit,
+                                 size_t *best)
+{
+    const job *src = NULL;
+    *best = 0;
+    const size_t page = at / (size_t)s->page_size;
+    for (int i = 0; i < s->n_running; i++) {
+        const job *o = s->running[i];
+        if (o == j || o->req->tenant != j->req->tenant || o->n_computed <= at ||
+            o->n_pages <= page || o->seq.n < at ||
+            memcmp(o->seq.v, j->seq.v, at * sizeof *j->seq.v) != 0)
+            continue;
+        size_t n = o->n_computed - at < limit ? o->n_computed - at : limit;
+        size_t l = lcp(o->seq.v + at, n, j->seq.v + at, n);
+        if (l > *best) {
+            *best = l;
+            src = o;
+        }
+    }
+    return src;
+}
+
+size_t prefix_take_partial(cairn_service *s, job *j)
+{
+    const size_t ps = (size_t)s->page_size, at = j->n_computed;
+    if (!s->prefix_cache || j->spec || at % ps != 0 || j->n_pages != at / ps ||
+        j->seq.n < at + 2)
+        return 0;
+    const size_t n_next = j->seq.n - 1 - at; /* the last token stays to compute */
+    const size_t limit = n_next < ps - 1 ? n_next : ps - 1;
+    size_t from_job = 0;
+    const job *src = partial_source(s, j, at, limit, &from_job);
+    int32_t dst;
+    if (job_reserve_pages(j, j->n_pages + 1) != CAIRN_OK ||
+        cairn_kvcache_alloc(s->cache, 1, &dst) != CAIRN_OK)
+        return 0;
+    size_t k = 0;
+    if (cairn_kvcache_partial(s->cache, j->req->tenant, j->hold, j->n_tree_pages,
+                              j->seq.v + at, n_next, dst, &k) !=
+        CAIRN_OK)
+        k = 0;
+    if (src && from_job > k &&
+        cairn_kvcache_copy_page(s->cache, src->pages[at / ps], dst) == CAIRN_OK)
+        k = from_job;
+    if (k == 0) {
+        cairn_kvcache_free_pages(s->cache, 1, &dst);
+        return 0;
+    }
+    j->pages[j->n_pages++] = dst;
+    j->n_computed += k;
+    s->stats.partial_tokens += k;
+    return k;
+}

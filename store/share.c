@@ -1,0 +1,309 @@
+/*
+ * store/share.c — sharing KV while it is being computed, and reusing part
+ * of a page: the facade calls that let the engine compute a prefix once
+ * even when many requests want it at the same moment, and reuse a match
+ * that ends inside a page.
+ *
+ *   extend       a running sequence gives the tree its whole pages as soon
+ *                as they are computed (not only when it ends), and moves its
+ *                lock to the new end: a request arriving meanwhile matches
+ *                them like any cached prefix.
+ *   partial      after a whole-page match, the page that continues it may
+ *                share only its first k tokens with the request (another
+ *                question about the same document, a conversation resent
+ *                with one more message). That page is copied into a page of
+ *                the caller's, whose first k rows are then valid KV for the
+ *                request's tokens; the caller writes rows k.. itself. A
+ *                page is never shared half-written: copy, not alias.
+ *   tails        the last, partial page of a finished sequence (what
+ *                commit would return to the pool: the end of a reply) is
+ *                kept, keyed by the chained hash of the whole pages before
+ *                it, so the next turn of that conversation reuses it.
+ *                Tails are tier 0 only and are the first thing given up
+ *                when the pool runs short (each is worth less than a page
+ *                of recompute).
+ *
+ * Why copy and not copy-on-write sharing: a page is written row by row
+ * while its sequence runs; sharing a page some of whose rows another
+ * sequence will still write would need per-row ownership in every kernel.
+ * One page copy (page_bytes, a few hundred KiB at most) per admission costs
+ * less than computing the rows it saves.
+ */
+#include "store/store.h"
+#include "store/store_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Tails kept at most: an eighth of the pool, within these bounds. */
+#define TAILS_MIN 16
+#define TAILS_MAX 4096
+
+struct kv_tail {
+    cairn_page_hash parent; /* chained hash of the whole pages before it */
+    uint64_t ns;
+    int32_t page;           /* tier-0 page id, -1: unused                  */
+    int32_t n;              /* valid tokens (1 .. page_size-1)             */
+    uint64_t last_use;
+    int32_t *tokens;        /* [page_size], points into the shared array   */
+};
+
+static size_t lcp(const int32_t *a, const int32_t *b, size_t n)
+{
+    size_t i = 0;
+    while (i < n && a[i] == b[i])
+        i++;
+    return i;
+}
+
+/* ---- extend ------------------------------------------------------------ */
+
+int cairn_kvcache_extend(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, size_t n_full,
+                         int32_t *pages, size_t *n_held, cairn_kv_hold **hold)
+{
+    if (!c || !tokens || !pages || !n_held || !hold)
+        return CAIRN_EINVAL;
+    if (n_full <= *n_held)
+        return CAIRN_OK;
+    const size_t ps = (size_t)c->L.page_size;
+    /* What the tree has already: another sequence may have computed some of
+     * these pages too (it raced us). Their tree copies must be on the
+     * device for our page table to point at them instead. */
+    cairn_radix_match_result m;
+    int rc = cairn_radix_match(c->tree, ns, tokens, n_full * ps, &m);
+    if (rc)
+        return rc;
+    size_t have = m.n_pages < n_full ? m.n_pages : n_full;
+    if (have > *n_held) {
+        size_t depth = 0;
+        if (have > c->path_cap) {
+            cairn_radix_page **p = realloc(c->path, have * sizeof *p);
+            if (!p)
+                return CAIRN_ENOMEM;
+            c->path = p;
+            c->path_cap = have;
+        }
+        if ((rc = cairn_radix_path(m.node, c->path, c->path_cap, &depth)) != CAIRN_OK)
+            return rc;
+        for (size_t i = *n_held; i < have; i++)
+            if (i >= depth || c->path[i]->device_page < 0)
+                return CAIRN_EBUSY; /* not on the device: keep ours private */
+        for (size_t i = *n_held; i < have; i++) {
+            cairn_page_pool_release(c->dev, 1, &pages[i]);
+            pages[i] = c->path[i]->device_page;
+        }
+    }
+    size_t n_cached = 0;
+    cairn_radix_node *leaf = NULL;
+    if ((rc = cairn_radix_insert(c->tree, ns, tokens, n_full, pages, &n_cached, &leaf)) != CAIRN_OK)
+        return rc; /* nothing taken; our duplicates were swapped for the tree's */
+    cairn_radix_lock(c->tree, leaf);
+    if (*hold)
+        cairn_radix_unlock(c->tree, *hold);
+    *hold = leaf;
+    *n_held = n_full;
+    return CAIRN_OK;
+}
+
+/* ---- tails ------------------------------------------------------------- */
+
+static int tails_init(cairn_kvcache *c)
+{
+    if (c->tails)
+        return CAIRN_OK;
+    size_t cap = (size_t)cairn_page_pool_capacity(c->dev) / 8;
+    cap = cap < TAILS_MIN ? TAILS_MIN : cap > TAILS_MAX ? TAILS_MAX : cap;
+    c->tails = calloc(cap, sizeof *c->tails);
+    c->tail_tokens = malloc(cap * (size_t)c->L.page_size * sizeof(int32_t));
+    if (!c->tails || !c->tail_tokens) {
+        free(c->tails);
+        free(c->tail_tokens);
+        c->tails = NULL;
+        c->tail_tokens = NULL;
+        return CAIRN_ENOMEM;
+    }
+    for (size_t i = 0; i < cap; i++) {
+        c->tails[i].page = -1;
+        c->tails[i].tokens = c->tail_tokens + i * (size_t)c->L.page_size;
+    }
+    c->n_tails_cap = cap;
+    return CAIRN_OK;
+}
+
+void kvc_tails_free(cairn_kvcache *c)
+{
+    free(c->tails);
+    free(c->tail_tokens);
+    c->tails = NULL;
+    c->tail_tokens = NULL;
+    c->n_tails_cap = c->n_tails = 0;
+}
+
+static void tail_drop(cairn_kvcache *c, struct kv_tail *t)
+{
+    if (t->page < 0)
+        return;
+    cairn_page_pool_release(c->dev, 1, &t->page);
+    t->page = -1;
+    c->n_tails--;
+}
+
+bool kvc_drop_lru_tail(cairn_kvcache *c)
+{
+    struct kv_tail *lru = NULL;
+    for (size_t i = 0; i < c->n_tails_cap && c->n_tails > 0; i++)
+        if (c->tails[i].page >= 0 && (!lru || c->tails[i].last_use < lru->last_use))
+            lru = &c->tails[i];
+    if (!lru)
+        return false;
+    tail_drop(c, lru);
+    return true;
+}
+
+/* h of the whole pages of tokens[0 .. n_pages * page_size) in namespace ns. */
+static cairn_page_hash chain_hash(cairn_kvcache *c, uint64_t ns, const int32_t *tokens,
+                                  size_t n_pages)
+{
+    const size_t ps = (size_t)c->L.page_size;
+    cairn_page_hash h = cairn_radix_ns_seed(c->tree, ns);
+    for (size_t i = 0; i < n_pages; i++)
+        h = cairn_page_hash_next(h, tokens + i * ps, ps);
+    return h;
+}
+
+int cairn_kvcache_keep_tail(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, size_t n_tokens,
+                            int32_t page)
+{
+    if (!c || !tokens || page < 0)
+        return CAIRN_EINVAL;
+    const size_t ps = (size_t)c->L.page_size;
+    const size_t n = n_tokens % ps;
+    if (n == 0 || tails_init(c) != CAIRN_OK) {
+        cairn_page_pool_release(c->dev, 1, &page);
+        return n == 0 ? CAIRN_EINVAL : CAIRN_ENOMEM;
+    }
+    const int32_t *tail = tokens + (n_tokens - n);
+    const cairn_page_hash parent = chain_hash(c, ns, tokens, n_tokens / ps);
+    struct kv_tail *slot = NULL;
+    for (size_t i = 0; i < c->n_tails_cap; i++) {
+        struct kv_tail *t = &c->tails[i];
+        if (t->page < 0) {
+            if (!slot)
+                slot = t;
+            continue;
+        }
+        if (t->ns != ns || !cairn_page_hash_equal(t->parent, parent))
+            continue;
+        size_t l = lcp(t->tokens, tail, (size_t)t->n < n ? (size_t)t->n : n);
+        if (l == (size_t)t->n) { /* ours extends it (or equals it): replace */
+            tail_drop(c, t);
+            if (!slot)
+                slot = t;
+        } else if (l == n) { /* it already holds ours and more */
+            t->last_use = ++c->tail_clock;
+            cairn_page_pool_release(c->dev, 1, &page);
+            return CAIRN_OK;
+        }
+    }
+    if (!slot) {
+        kvc_drop_lru_tail(c);
+        for (size_t i = 0; i < c->n_tails_cap && !slot; i++)
+            if (c->tails[i].page < 0)
+                slot = &c->tails[i];
+    }
+    *slot = (struct kv_tail){.parent = parent, .ns = ns, .page = page, .n = (int32_t)n,
+                             .last_use = ++c->tail_clock, .tokens = slot->tokens};
+    memcpy(slot->tokens, tail, n * sizeof *tail);
+    c->n_tails++;
+    return CAIRN_OK;
+}
+
+/* ---- partial reuse ----------------------------------------------------- */
+
+int cairn_kvcache_copy_page(cairn_kvcache *c, int32_t src, int32_t dst)
+{
+    const int32_t cap = c ? cairn_page_pool_capacity(c->dev) : 0;
+    if (!c || src < 0 || dst < 0 || src >= cap || dst >= cap)
+        return CAIRN_EINVAL;
+    return cairn_backend_copy(c->be, dev_addr(c, dst), dev_addr(c, src), c->L.page_bytes);
+}
+
+int cairn_kvcache_partial(cairn_kvcache *c, uint64_t ns, cairn_kv_hold *hold, size_t n_held,
+                          const int32_t *next, size_t n_next, int32_t dst, size_t *n_reused)
+{
+    if (!c || !next || !n_reused || dst < 0)
+        return CAIRN_EINVAL;
+    *n_reused = 0;
+    cairn_radix_node *node = hold ? hold : cairn_radix_root(c->tree);
+    if (cairn_radix_node_depth(node) != n_held)
+        return CAIRN_EINVAL; /* next[] must continue exactly where the hold ends */
+    const size_t ps = (size_t)c->L.page_size;
+    const size_t limit = n_next < ps - 1 ? n_next : ps - 1; /* a whole page is a match */
+    if (limit == 0)
+        return CAIRN_OK;
+    const bool at_root = cairn_radix_parent(node) == NULL;
+    size_t best = 0;
+    const cairn_radix_page *from = NULL; /* a tree page (device or host)  */
+    bool from_device = false;
+    struct kv_tail *from_tail = NULL;
+    for (size_t i = 0, nc = cairn_radix_node_n_children(node); i < nc; i++) {
+        cairn_radix_node *ch = cairn_radix_node_child(node, i);
+        if (at_root && cairn_radix_node_ns(ch) != ns)
+            continue;
+        /* by the node's tier: a DISK node's page may have a host slot that
+         * a read is still filling */
+        const int tier = cairn_radix_node_tier(ch);
+        if (tier == CAIRN_TIER_DISK)
+            continue; /* on disk only: not worth a read for < 1 page */
+        cairn_radix_page *pg;
+        cairn_radix_node_pages(ch, &pg);
+        if (tier == CAIRN_TIER_DEVICE ? pg[0].device_page < 0 : pg[0].host_slot < 0)
+            continue;
+        size_t l = lcp(cairn_radix_node_tokens(ch), next, limit);
+        if (l > best) {
+            best = l;
+            from = &pg[0];
+            from_device = tier == CAIRN_TIER_DEVICE;
+        }
+    }
+    if (c->n_tails > 0) {
+        cairn_page_hash parent = cairn_radix_ns_seed(c->tree, ns);
+        if (!at_root) {
+            cairn_radix_page *pg;
+            size_t np = cairn_radix_node_pages(node, &pg);
+            parent = pg[np - 1].hash;
+        }
+        for (size_t i = 0; i < c->n_tails_cap; i++) {
+            struct kv_tail *t = &c->tails[i];
+            if (t->page < 0 || t->ns != ns || !cairn_page_hash_equal(t->parent, parent))
+                continue;
+            size_t l = lcp(t->tokens, next, limit < (size_t)t->n ? limit : (size_t)t->n);
+            if (l > best) {
+                best = l;
+                from_tail = t;
+                from = NULL;
+            }
+        }
+    }
+    if (best == 0)
+        return CAIRN_OK;
+    int rc;
+    if (from_tail) {
+        from_tail->last_use = ++c->tail_clock;
+        rc = cairn_kvcache_copy_page(c, from_tail->page, dst);
+    } else if (from_device) {
+        rc = cairn_kvcache_copy_page(c, from->device_page, dst);
+    } else {
+        double t0 = cairn_now();
+        rc = c->be->iface->upload(c->be, dev_addr(c, dst), cairn_host_pool_slot(c->host, from->host_slot),
+                                  c->L.page_bytes);
+        if (rc == CAIRN_OK)
+            kvc_note_upload(c, 1, cairn_now() - t0);
+    }
+    if (rc == CAIRN_OK) {
+        *n_reused = best;
+        c->stats.partial_reuses++;
+        c->stats.partial_tokens += best;
+    }
+    return rc;
+}
