@@ -18,18 +18,24 @@
  *   1. takes new requests from the queue; a generation request matches its
  *      prompt against the radix tree and locks the matched path, so those
  *      tokens are not recomputed (they are reported as `cached_tokens`).
- *      Admission is first come, first served, except that a connection
- *      holding its share of the running slots (max_seqs over the
- *      connections with work) is passed over while another one waits;
+ *      A match may end inside a page: the rows it shares are copied
+ *      (session/prefix.c). Admission is first come, first served, except
+ *      that a request sharing at least a page of prompt with one that is
+ *      still computing it waits for those pages rather than computing them
+ *      too, and a connection holding its share of the running slots
+ *      (max_seqs over the connections with work) is passed over while
+ *      another one waits;
  *   2. builds one batch: one token for every decoding request, then prompt
  *      chunks (at most `prefill_chunk` tokens per request per step, and at
  *      most `max_batch_tokens` in all) so a long prompt never stalls the
  *      requests that are already decoding;
  *   3. runs the forward pass once for the whole batch, samples, and emits a
  *      delta per request;
- *   4. finishes requests (max tokens, end of generation, a stop string,
- *      cancellation), inserting their prompt + generated tokens into the tree
- *      so the next turn finds them, and unlocking their path.
+ *   4. gives the tree every whole page computed so far (so requests waiting
+ *      for a shared prefix can go), and finishes requests (max tokens, end
+ *      of generation, a stop string, cancellation), inserting their prompt +
+ *      generated tokens into the tree so the next turn finds them (the
+ *      partial last page kept as a tail), and unlocking their path.
  * When tier-0 pages run out it evicts unlocked pages first
  * (cairn_kvcache_alloc), and then pauses the most recently admitted request
  * (its pages are released and it is re-queued at the front, to be resumed —

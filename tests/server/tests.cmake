@@ -24,3 +24,11 @@ add_test(NAME server_access
   COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_access.py
           $<TARGET_FILE:cairn> ${CAIRN_MODEL})
 set_tests_properties(server_access PROPERTIES TIMEOUT 300 LABELS "server")
+
+# Same request, same tokens: alone, among 16 concurrent, from tier 0 / part
+# of a page / disk after a restart, any --prefill-chunk, 1 or 2 threads; on
+# the bundled model and (when scripts/get-model has fetched it) the real one.
+add_test(NAME server_invariance
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_invariance.py
+          $<TARGET_FILE:cairn> ${CAIRN_MODEL} ${CAIRN_CHAT_MODEL})
+set_tests_properties(server_invariance PROPERTIES TIMEOUT 600 LABELS "server")

@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Prefix sharing benchmark: how many prompt tokens cairn computes, against
+the floor (every distinct prefix computed once), for the two patterns where
+a cache that only knows finished requests and whole pages falls short.
+
+Workloads (greedy, streamed, over the native protocol with explicit token
+ids, so every count is exact):
+  burst  N questions about one cold document sent at the same moment (RAG
+         fan-out, parallel tool calls, n > 1). Floor: the document once plus
+         each question's own tokens.
+  chat   S conversations x T turns resent whole every turn, as a stateless
+         client does (the full token history, no session): turn t's prompt
+         is turn t-1's prompt + its reply + the new user message. Floor: the
+         shared system prompt once, then each turn's new tokens (its message,
+         and the reply's last token when max_tokens cut it: sampled, never
+         fed back).
+
+For each binary (--bin, and --bin-base for the build to compare with, e.g.
+main before a change) it starts a fresh server per workload and prints
+computed tokens (prompt - cached), their ratio to the floor, and TTFT
+p50/p99 at the client. A measurement script, not a test.
+
+usage: bench/serve/bench_share.py [--bin build/cairn] [--bin-base OLD/cairn]
+                                  [--model models/stories260K.gguf] [--json out.json]
+"""
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cairn_client.launch import ServerProcess  # noqa: E402
+from bench_serve import build_document, percentile  # noqa: E402
+
+SYSTEM = ("You are a friendly storyteller for small children. You answer in short, simple "
+          "sentences, and every story ends happily.")
+NAMES = ["Max", "Sue", "Lily", "Tom", "Ben", "Mia", "Sam", "Anna"]
+
+
+def lcp(a, b):
+    n = 0
+    while n < len(a) and n < len(b) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def timed(client, tokens, max_tokens):
+    """One streamed generation over explicit tokens: (ttft s, result)."""
+    t0 = time.perf_counter()
+    stream = client.generate(tokens=tokens, max_tokens=max_tokens, temperature=0, stream=True)
+    first = None
+    for _ in stream:
+        if first is None:
+            first = time.perf_counter() - t0
+    return (first if first is not None else time.perf_counter() - t0), stream.result
+
+
+def run_burst(srv, args, doc):
+    with srv.client() as c:
+        base = c.tokenize(doc, add_bos=True)
+        prompts = [base + c.tokenize(f"\nQuestion {i + 1}: What did {NAMES[i % 8]} do?\nAnswer:",
+                                     add_bos=False) for i in range(args.burst)]
+    clients = [srv.client() for _ in prompts]
+    out = [None] * len(prompts)
+    go = threading.Barrier(len(prompts))
+
+    def one(i):
+        go.wait()
+        out[i] = timed(clients[i], prompts[i], args.max_tokens)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for c in clients:
+        c.close()
+    computed = sum(r.usage.prompt_tokens - r.usage.cached_tokens for _, r in out)
+    shared = max(lcp(prompts[0], p) for p in prompts[1:]) if len(prompts) > 1 else 0
+    floor = shared + sum(len(p) - min(shared, len(p) - 1) for p in prompts)
+    return {"requests": len(out), "computed": computed, "floor": floor,
+            "ttft": [t for t, _ in out]}
+
+
+def run_chat(srv, args):
+    with srv.client() as c:
+        system = c.tokenize(SYSTEM, add_bos=True)
+        msgs = [[c.tokenize(f"\nUser: Tell me about {NAMES[(i + t) % 8]} on day {t + 1}.\n"
+                            f"Storyteller:", add_bos=False) for t in range(args.turns)]
+                for i in range(args.sessions)]
+    lock = threading.Lock()
+    stats = {"computed": 0, "floor": len(system), "ttft": []}
+
+    def conversation(i):
+        history = list(system)
+        last_uncomputed = 0
+        with srv.client() as c:
+            for t in range(args.turns):
+                prompt = history + msgs[i][t]
+                ttft, r = timed(c, prompt, args.max_tokens)
+                # new tokens: the message, and the previous reply's last token
+                # when it was cut by max_tokens (sampled, never fed back; a
+                # reply that ended with end-of-generation had its last token
+                # computed, the end token is not in the history)
+                new = len(msgs[i][t]) + last_uncomputed
+                last_uncomputed = 1 if r.finish_reason == "length" else 0
+                with lock:
+                    stats["computed"] += r.usage.prompt_tokens - r.usage.cached_tokens
+                    stats["floor"] += new
+                    stats["ttft"].append(ttft)
+                history = prompt + list(r.tokens)
+
+    threads = [threading.Thread(target=conversation, args=(i,)) for i in range(args.sessions)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stats["requests"] = len(stats["ttft"])
+    return stats
+
+
+def run_binary(args, label, binary, source_text):
+    res = {}
+    for w in args.workloads:
+        srv = ServerProcess(binary, ["-m", args.model, *args.server_args], tcp=True)
+        try:
+            with srv.client() as c:
+                doc, _ = build_document(c, source_text, args.doc_tokens)
+                c.generate(prompt="Warm up.", max_tokens=2, temperature=0)
+            res[w] = run_burst(srv, args, doc) if w == "burst" else run_chat(srv, args)
+        finally:
+            srv.stop()
+    return label, res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "cairn"))
+    ap.add_argument("--bin-base", help="a build to compare with (e.g. main before a change)")
+    ap.add_argument("--model", default=os.path.join(ROOT, "models", "stories260K.gguf"))
+    ap.add_argument("--text", default=os.path.join(ROOT, "tests", "data", "text", "stories.txt"))
+    ap.add_argument("--workloads", default="burst,chat")
+    ap.add_argument("--doc-tokens", type=int, default=1200)
+    ap.add_argument("--burst", type=int, default=8, help="requests sent at once")
+    ap.add_argument("--sessions", type=int, default=8)
+    ap.add_argument("--turns", type=int, default=6)
+    ap.add_argument("--max-tokens", type=int, default=24)
+    ap.add_argument("--server-arg", dest="server_args", action="append", default=[])
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    args.workloads = [w for w in args.workloads.split(",") if w]
+    with open(args.text) as f:
+        source_text = f.read()
+    runs = []
+    for label, binary in (("cairn", args.bin), ("base", args.bin_base)):
+        if binary:
+            print(f"running {label}: {binary} ...", file=sys.stderr)
+            runs.append(run_binary(args, label, binary, source_text))
+    print(f"\nmodel {os.path.basename(args.model)}; burst: {args.burst} questions at once over "
+          f"a {args.doc_tokens}-token document; chat: {args.sessions} conversations x "
+          f"{args.turns} turns resent whole; {args.max_tokens} tokens per answer\n")
+    cols = ["workload", "build", "reqs", "computed", "floor", "computed/floor",
+            "TTFT p50 ms", "TTFT p99 ms"]
+    rows = []
+    for w in args.workloads:
+        for label, res in runs:
+            s = res[w]
+            rows.append([w, label, str(s["requests"]), str(s["computed"]), str(s["floor"]),
+                         f"{s['computed'] / max(1, s['floor']):.2f}x",
+                         f"{1000 * percentile(s['ttft'], 50):.1f}",
+                         f"{1000 * percentile(s['ttft'], 99):.1f}"])
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
+    print("| " + " | ".join(c.ljust(w) for c, w in zip(cols, widths)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in rows:
+        print("| " + " | ".join(v.ljust(wd) for v, wd in zip(r, widths)) + " |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "runs": dict(runs)}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

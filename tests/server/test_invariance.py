@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Same request, same tokens: a greedy request gives the same tokens alone
+or among 16 concurrent ones, with its prefix computed now or taken from
+tier 0, from part of a page, or from disk after a restart, with any
+--prefill-chunk and with 1 or 2 threads. Run on the bundled model and, when
+it is present (scripts/get-model), on the real quantized one; the real-model
+class is skipped with a message otherwise.
+
+usage: test_invariance.py CAIRN_BIN MODEL [REAL_MODEL] [unittest args...]
+
+There are no timing thresholds; waits only guard against hangs.
+"""
+import os
+import sys
+import threading
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import harness  # noqa: E402
+from harness import STORIES  # noqa: E402
+
+CAIRN, MODEL = harness.take_argv("CAIRN_BIN", "MODEL", usage=__doc__)
+REAL = sys.argv.pop(1) if len(sys.argv) > 1 and sys.argv[1].endswith(".gguf") else ""
+harness.configure(CAIRN, MODEL)
+GEN = 16
+
+
+def prompts(n):
+    """n prompts that share prefixes in several ways: a common document
+    with different questions (some pages shared, then part of a page), and
+    unrelated short ones."""
+    doc = " ".join(STORIES.split()[:150])
+    out = []
+    for i in range(n):
+        if i % 2 == 0:
+            out.append(doc + f"\nQuestion {i}: what happened to {harness.WORDS[40 + i]}?\nAnswer:")
+        else:
+            out.append(" ".join(harness.WORDS[300 + 13 * i:300 + 13 * i + 9 + i]))
+    return out
+
+
+class Invariance(harness.ServerCase):
+    TMP_PREFIX = "cairn-inv-"
+    MODEL_PATH = MODEL
+
+    def serve(self, *extra):
+        return self.start(*extra, model=self.MODEL_PATH)
+
+    def greedy(self, c, p):
+        r = c.generate(prompt=p, max_tokens=GEN, temperature=0)
+        return r.tokens
+
+    def alone(self, ps, *extra):
+        """Each prompt on a fresh server of its own: nothing cached, nothing
+        else in the batch."""
+        out = []
+        for p in ps:
+            srv = self.serve(*extra)
+            out.append(self.greedy(self.client(srv), p))
+            srv.stop()
+        return out
+
+    def concurrent(self, srv, ps):
+        out = [None] * len(ps)
+        clients = [self.client(srv) for _ in ps]
+        go = threading.Barrier(len(ps))
+
+        def one(i):
+            go.wait()
+            out[i] = self.greedy(clients[i], ps[i])
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(ps))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return out
+
+    def test_batch_cache_tiers_chunks_threads(self):
+        ps = prompts(16)
+        want = self.alone(ps)
+        # 16 at once on one server: batched, waiting for shared prefixes,
+        # partial pages copied from one another
+        cache_dir = os.path.join(self.tmp, "cache")
+        srv = self.serve("--cache-dir", cache_dir, "--tier-loads", "always")
+        got = self.concurrent(srv, ps)
+        for i in range(len(ps)):
+            self.assertEqual(got[i], want[i], f"prompt {i}: concurrent != alone")
+        # again, one by one: every prefix now from tier 0 (and tails)
+        c = self.client(srv)
+        for i, p in enumerate(ps):
+            self.assertEqual(self.greedy(c, p), want[i], f"prompt {i}: from tier 0 != alone")
+        # after a restart the tree is empty: prefixes come from disk
+        srv = self.track(srv.restart())
+        c = self.client(srv)
+        for i, p in enumerate(ps):
+            r = c.generate(prompt=p, max_tokens=GEN, temperature=0)
+            self.assertEqual(r.tokens, want[i], f"prompt {i}: from disk != alone")
+        srv.stop()
+        # chunk sizes and thread counts
+        for extra in (["--prefill-chunk", "16"], ["--prefill-chunk", "64"],
+                      ["--prefill-chunk", "512"], ["-t", "1"], ["-t", "2"]):
+            srv = self.serve(*extra)
+            got = self.concurrent(srv, ps[:8])
+            for i in range(8):
+                self.assertEqual(got[i], want[i], f"prompt {i} with {extra} != alone")
+            srv.stop()
+
+
+@unittest.skipUnless(REAL and os.path.exists(REAL),
+                     "the real model is not here (scripts/get-model fetches it)")
+class InvarianceRealModel(Invariance):
+    MODEL_PATH = REAL
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
