@@ -10,10 +10,10 @@ ids, so every count is exact):
          each question's own tokens.
   chat   S conversations x T turns resent whole every turn, as a stateless
          client does (the full token history, no session): turn t's prompt
-         is turn t-1's prompt + its reply + the new user message. Floor: the
-         shared system prompt once, then each turn's new tokens (its message,
-         and the reply's last token when max_tokens cut it: sampled, never
-         fed back).
+         is turn t-1's prompt + its reply + the new user message. Floor:
+         every request computes only what no request sent before it left KV
+         for (the shared system prompt once, then each turn's new tokens;
+         a reply's last token when max_tokens cut it was never fed back).
 
 For each binary (--bin, and --bin-base for the build to compare with, e.g.
 main before a change) it starts a fresh server per workload and prints
@@ -93,25 +93,29 @@ def run_chat(srv, args):
                             f"Storyteller:", add_bos=False) for t in range(args.turns)]
                 for i in range(args.sessions)]
     lock = threading.Lock()
-    stats = {"computed": 0, "floor": len(system), "ttft": []}
+    stats = {"computed": 0, "ttft": []}
+    sent = []  # (order, prompt, tokens with KV after it: prompt + reply)
 
     def conversation(i):
         history = list(system)
-        last_uncomputed = 0
         with srv.client() as c:
             for t in range(args.turns):
                 prompt = history + msgs[i][t]
+                with lock:
+                    order = len(sent)
+                    sent.append(None)
                 ttft, r = timed(c, prompt, args.max_tokens)
-                # new tokens: the message, and the previous reply's last token
-                # when it was cut by max_tokens (sampled, never fed back; a
-                # reply that ended with end-of-generation had its last token
-                # computed, the end token is not in the history)
-                new = len(msgs[i][t]) + last_uncomputed
-                last_uncomputed = 1 if r.finish_reason == "length" else 0
+                # KV exists for the prompt and the reply but its last token
+                # when max_tokens cut it (sampled, never fed back); a reply
+                # that ended with end-of-generation had its last token
+                # computed (the end token is not in the history)
+                kv = prompt + list(r.tokens)
+                if r.finish_reason == "length":
+                    kv = kv[:-1]
                 with lock:
                     stats["computed"] += r.usage.prompt_tokens - r.usage.cached_tokens
-                    stats["floor"] += new
                     stats["ttft"].append(ttft)
+                    sent[order] = (prompt, kv)
                 history = prompt + list(r.tokens)
 
     threads = [threading.Thread(target=conversation, args=(i,)) for i in range(args.sessions)]
@@ -119,6 +123,13 @@ def run_chat(srv, args):
         t.start()
     for t in threads:
         t.join()
+    # the floor: each request computes what no earlier one has KV for (at
+    # least its last token, for its logits)
+    floor = 0
+    for k, (prompt, _) in enumerate(sent):
+        best = max([lcp(prompt, kv) for _, kv in sent[:k]] + [0])
+        floor += len(prompt) - min(best, len(prompt) - 1)
+    stats["floor"] = floor
     stats["requests"] = len(stats["ttft"])
     return stats
 
