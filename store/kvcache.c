@@ -133,19 +133,26 @@ void *cairn_kvcache_kv_base(const cairn_kvcache *c) { return cairn_page_pool_bas
 const cairn_kv_layout *cairn_kvcache_layout(const cairn_kvcache *c) { return &c->L; }
 bool cairn_kvcache_has_disk(const cairn_kvcache *c) { return c && c->disk; }
 
+int kvc_path_reserve(cairn_kvcache *c, size_t n)
+{
+    if (n <= c->path_cap)
+        return CAIRN_OK;
+    cairn_radix_page **p = realloc(c->path, n * sizeof *p);
+    if (!p)
+        return CAIRN_ENOMEM;
+    c->path = p;
+    c->path_cap = n;
+    return CAIRN_OK;
+}
+
 int cairn_kvcache_held_pages(cairn_kvcache *c, cairn_kv_hold *hold, size_t n, int32_t *pages)
 {
     if (!c || !hold || (n && !pages))
         return CAIRN_EINVAL;
     if (n == 0)
         return CAIRN_OK;
-    if (n > c->path_cap) {
-        cairn_radix_page **p = realloc(c->path, n * sizeof *p);
-        if (!p)
-            return CAIRN_ENOMEM;
-        c->path = p;
-        c->path_cap = n;
-    }
+    if (kvc_path_reserve(c, n) != CAIRN_OK)
+        return CAIRN_ENOMEM;
     size_t got = 0;
     int rc = cairn_radix_path(hold, c->path, n, &got);
     if (rc == CAIRN_OK && got != n)
@@ -263,6 +270,9 @@ static size_t evict_node(cairn_kvcache *c, int tier, cairn_radix_node *node);
 /* Evict the LRU candidate of `tier`; pages moved, 0 when nothing could. */
 size_t kvc_evict_one(cairn_kvcache *c, int tier)
 {
+    /* host tails are worth less than any tree page there */
+    if (tier == CAIRN_TIER_HOST && kvc_drop_host_tail(c))
+        return 1;
     cairn_radix_node *v = cairn_radix_lru(c->tree, tier);
     return v ? evict_node(c, tier, v) : 0;
 }
@@ -374,7 +384,7 @@ void cairn_kvcache_get_stats(const cairn_kvcache *c, cairn_kvcache_stats *out)
         return;
     }
     *out = c->stats;
-    out->tail_pages = c->n_tails;
+    kvc_tail_counts(c, &out->tail_pages, &out->tail_host_pages);
     cairn_radix_stats rs;
     cairn_radix_get_stats(c->tree, &rs);
     for (int t = 0; t < CAIRN_TIER_COUNT; t++) {

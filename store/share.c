@@ -19,9 +19,11 @@
  *                commit would return to the pool: the end of a reply) is
  *                kept, keyed by the chained hash of the whole pages before
  *                it, so the next turn of that conversation reuses it.
- *                Tails are tier 0 only and are the first thing given up
- *                when the pool runs short (each is worth less than a page
- *                of recompute).
+ *                Tails are the first pages to leave tier 0 when the pool
+ *                runs short (each is worth less than a page of recompute):
+ *                to a host slot when one is free, else dropped; host tails
+ *                are the first slots given up when host RAM is needed.
+ *                They never go to disk (LMDB is keyed by whole pages).
  *
  * Why copy and not copy-on-write sharing: a page is written row by row
  * while its sequence runs; sharing a page some of whose rows another
@@ -42,7 +44,8 @@
 struct kv_tail {
     cairn_page_hash parent; /* chained hash of the whole pages before it */
     uint64_t ns;
-    int32_t page;           /* tier-0 page id, -1: unused                  */
+    int32_t page;           /* tier-0 page id, -1: not on the device        */
+    int32_t slot;           /* tier-1 slot when it moved to host RAM, else -1 */
     int32_t n;              /* valid tokens (1 .. page_size-1)             */
     uint64_t last_use;
     int32_t *tokens;        /* [page_size], points into the shared array   */
@@ -76,13 +79,8 @@ int cairn_kvcache_extend(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, s
     size_t have = m.n_pages < n_full ? m.n_pages : n_full;
     if (have > *n_held) {
         size_t depth = 0;
-        if (have > c->path_cap) {
-            cairn_radix_page **p = realloc(c->path, have * sizeof *p);
-            if (!p)
-                return CAIRN_ENOMEM;
-            c->path = p;
-            c->path_cap = have;
-        }
+        if (kvc_path_reserve(c, have) != CAIRN_OK)
+            return CAIRN_ENOMEM;
         if ((rc = cairn_radix_path(m.node, c->path, c->path_cap, &depth)) != CAIRN_OK)
             return rc;
         for (size_t i = *n_held; i < have; i++)
@@ -123,7 +121,7 @@ static int tails_init(cairn_kvcache *c)
         return CAIRN_ENOMEM;
     }
     for (size_t i = 0; i < cap; i++) {
-        c->tails[i].page = -1;
+        c->tails[i].page = c->tails[i].slot = -1;
         c->tails[i].tokens = c->tail_tokens + i * (size_t)c->L.page_size;
     }
     c->n_tails_cap = cap;
@@ -139,24 +137,69 @@ void kvc_tails_free(cairn_kvcache *c)
     c->n_tails_cap = c->n_tails = 0;
 }
 
+static bool tail_live(const struct kv_tail *t) { return t->page >= 0 || t->slot >= 0; }
+
 static void tail_drop(cairn_kvcache *c, struct kv_tail *t)
 {
-    if (t->page < 0)
+    if (!tail_live(t))
         return;
-    cairn_page_pool_release(c->dev, 1, &t->page);
-    t->page = -1;
+    if (t->page >= 0)
+        cairn_page_pool_release(c->dev, 1, &t->page);
+    if (t->slot >= 0)
+        cairn_host_pool_release(c->host, 1, &t->slot);
+    t->page = t->slot = -1;
     c->n_tails--;
+}
+
+/* The least recently used tail in tier 0 (device) or 1 (host), or NULL. */
+static struct kv_tail *lru_tail(cairn_kvcache *c, bool on_device)
+{
+    struct kv_tail *lru = NULL;
+    for (size_t i = 0; i < c->n_tails_cap && c->n_tails > 0; i++) {
+        struct kv_tail *t = &c->tails[i];
+        if ((on_device ? t->page : t->slot) >= 0 && (!lru || t->last_use < lru->last_use))
+            lru = t;
+    }
+    return lru;
 }
 
 bool kvc_drop_lru_tail(cairn_kvcache *c)
 {
-    struct kv_tail *lru = NULL;
-    for (size_t i = 0; i < c->n_tails_cap && c->n_tails > 0; i++)
-        if (c->tails[i].page >= 0 && (!lru || c->tails[i].last_use < lru->last_use))
-            lru = &c->tails[i];
-    if (!lru)
+    struct kv_tail *t = lru_tail(c, true);
+    if (!t)
         return false;
-    tail_drop(c, lru);
+    int32_t slot;
+    if (c->host && cairn_host_pool_available(c->host) > 0 &&
+        cairn_host_pool_alloc(c->host, 1, &slot) == CAIRN_OK) {
+        if (c->be->iface->download(c->be, cairn_host_pool_slot(c->host, slot),
+                                   dev_addr(c, t->page), c->L.page_bytes) == CAIRN_OK) {
+            c->slot_state[slot] = SLOT_IDLE;
+            cairn_page_pool_release(c->dev, 1, &t->page);
+            t->page = -1;
+            t->slot = slot;
+            return true;
+        }
+        cairn_host_pool_release(c->host, 1, &slot);
+    }
+    tail_drop(c, t);
+    return true;
+}
+
+void kvc_tail_counts(const cairn_kvcache *c, uint64_t *on_device, uint64_t *in_host)
+{
+    *on_device = *in_host = 0;
+    for (size_t i = 0; i < c->n_tails_cap; i++) {
+        *on_device += c->tails[i].page >= 0;
+        *in_host += c->tails[i].slot >= 0;
+    }
+}
+
+bool kvc_drop_host_tail(cairn_kvcache *c)
+{
+    struct kv_tail *t = lru_tail(c, false);
+    if (!t)
+        return false;
+    tail_drop(c, t);
     return true;
 }
 
@@ -187,7 +230,7 @@ int cairn_kvcache_keep_tail(cairn_kvcache *c, uint64_t ns, const int32_t *tokens
     struct kv_tail *slot = NULL;
     for (size_t i = 0; i < c->n_tails_cap; i++) {
         struct kv_tail *t = &c->tails[i];
-        if (t->page < 0) {
+        if (!tail_live(t)) {
             if (!slot)
                 slot = t;
             continue;
@@ -205,14 +248,16 @@ int cairn_kvcache_keep_tail(cairn_kvcache *c, uint64_t ns, const int32_t *tokens
             return CAIRN_OK;
         }
     }
-    if (!slot) {
-        kvc_drop_lru_tail(c);
-        for (size_t i = 0; i < c->n_tails_cap && !slot; i++)
-            if (c->tails[i].page < 0)
-                slot = &c->tails[i];
+    if (!slot) { /* all taken: the least recently used one goes */
+        struct kv_tail *lru = NULL;
+        for (size_t i = 0; i < c->n_tails_cap; i++)
+            if (!lru || c->tails[i].last_use < lru->last_use)
+                lru = &c->tails[i];
+        tail_drop(c, lru);
+        slot = lru;
     }
-    *slot = (struct kv_tail){.parent = parent, .ns = ns, .page = page, .n = (int32_t)n,
-                             .last_use = ++c->tail_clock, .tokens = slot->tokens};
+    *slot = (struct kv_tail){.parent = parent, .ns = ns, .page = page, .slot = -1,
+                             .n = (int32_t)n, .last_use = ++c->tail_clock, .tokens = slot->tokens};
     memcpy(slot->tokens, tail, n * sizeof *tail);
     c->n_tails++;
     return CAIRN_OK;
@@ -275,7 +320,7 @@ int cairn_kvcache_partial(cairn_kvcache *c, uint64_t ns, cairn_kv_hold *hold, si
         }
         for (size_t i = 0; i < c->n_tails_cap; i++) {
             struct kv_tail *t = &c->tails[i];
-            if (t->page < 0 || t->ns != ns || !cairn_page_hash_equal(t->parent, parent))
+            if (!tail_live(t) || t->ns != ns || !cairn_page_hash_equal(t->parent, parent))
                 continue;
             size_t l = lcp(t->tokens, next, limit < (size_t)t->n ? limit : (size_t)t->n);
             if (l > best) {
@@ -287,15 +332,22 @@ int cairn_kvcache_partial(cairn_kvcache *c, uint64_t ns, cairn_kv_hold *hold, si
     }
     if (best == 0)
         return CAIRN_OK;
-    int rc;
+    int rc = CAIRN_OK;
+    int32_t host_slot = -1;
     if (from_tail) {
         from_tail->last_use = ++c->tail_clock;
-        rc = cairn_kvcache_copy_page(c, from_tail->page, dst);
+        if (from_tail->page >= 0)
+            rc = cairn_kvcache_copy_page(c, from_tail->page, dst);
+        else
+            host_slot = from_tail->slot;
     } else if (from_device) {
         rc = cairn_kvcache_copy_page(c, from->device_page, dst);
     } else {
+        host_slot = from->host_slot;
+    }
+    if (host_slot >= 0) {
         double t0 = cairn_now();
-        rc = c->be->iface->upload(c->be, dev_addr(c, dst), cairn_host_pool_slot(c->host, from->host_slot),
+        rc = c->be->iface->upload(c->be, dev_addr(c, dst), cairn_host_pool_slot(c->host, host_slot),
                                   c->L.page_bytes);
         if (rc == CAIRN_OK)
             kvc_note_upload(c, 1, cairn_now() - t0);

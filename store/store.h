@@ -544,8 +544,10 @@ int cairn_kvcache_partial(cairn_kvcache *c, uint64_t ns, cairn_kv_hold *hold, si
  * page_size tokens of tokens[0 .. n_tokens)) as a tail for partial(). Takes
  * the page in every case: when it cannot be kept (no partial page, no
  * memory) it goes back to the pool. A tail that the new one extends is
- * replaced; the least recently used tail makes room when all are taken, and
- * tails are the first pages given up when allocation runs short. */
+ * replaced; the least recently used tail makes room when all are taken.
+ * Tails are the first pages to leave tier 0 when allocation runs short (to
+ * a free host slot, else dropped) and the first host slots given up; they
+ * never go to disk. */
 int cairn_kvcache_keep_tail(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, size_t n_tokens,
                             int32_t page);
 
@@ -708,7 +710,7 @@ typedef struct {
     uint64_t disk_records;                  /* durable records stored        */
     uint64_t tree_pages[CAIRN_TIER_COUNT];  /* pages of the tree per tier    */
     uint64_t partial_reuses, partial_tokens; /* partial(): copies, rows reused */
-    uint64_t tail_pages;                    /* tails kept now                */
+    uint64_t tail_pages, tail_host_pages;   /* tails kept now: tier 0, host  */
 } cairn_kvcache_stats;
 
 /* Counters as of now (the owner thread, as every kvcache call). */

@@ -164,6 +164,8 @@ static inline uint8_t *dev_addr(cairn_kvcache *c, int32_t page)
 /* Give back a tree page's device page and host slot (a cairn_radix_drop
  * callback; user is the cache). */
 void kvc_release_page(const cairn_radix_page *p, void *user);
+/* Room for n entries in c->path (the scratch of path walks). */
+int kvc_path_reserve(cairn_kvcache *c, size_t n);
 /* Nodes of the path root..node (root excluded) into c->nodes, in order. */
 int kvc_path_nodes(cairn_kvcache *c, cairn_radix_node *node, size_t *n);
 /* Queue a disk write of one page; marks it on disk. */
@@ -174,9 +176,13 @@ size_t kvc_evict_one(cairn_kvcache *c, int tier);
 
 /* ---- share.c: tails --------------------------------------------------- */
 
-/* Give up the least recently used tail's page; false when there is none. */
+/* Free the tier-0 page of the least recently used tail in tier 0 (it moves
+ * to a free host slot, or is dropped); false when there is none. */
 bool kvc_drop_lru_tail(cairn_kvcache *c);
+/* Drop the least recently used tail in host RAM; false when there is none. */
+bool kvc_drop_host_tail(cairn_kvcache *c);
 void kvc_tails_free(cairn_kvcache *c);
+void kvc_tail_counts(const cairn_kvcache *c, uint64_t *on_device, uint64_t *in_host);
 
 /* ---- cost.c: the cost model --------------------------------------------- */
 

@@ -239,12 +239,59 @@ static void test_tails(void **state)
     cache_close(&k);
 }
 
+/* Under tier-0 pressure a tail moves to a free host slot and is still found
+ * (uploaded); host pressure drops host tails before any tree page. */
+static void test_tail_in_host_ram(void **state)
+{
+    (void)state;
+    cache k;
+    cache_open(&k, 3, 2);
+    int32_t tok[2 * PS];
+    seq_tokens(tok, 2 * PS, 11);
+    int32_t ids[2];
+    assert_int_equal(cairn_kvcache_alloc(k.c, 2, ids), CAIRN_OK);
+    compute(&k, tok, 0, ids[0]);
+    compute(&k, tok, 1, ids[1]);
+    cairn_kv_hold *leaf;
+    assert_int_equal(cairn_kvcache_commit(k.c, 0, tok, 1, ids, 0, 1, NULL, &leaf), CAIRN_OK);
+    assert_int_equal(cairn_kvcache_keep_tail(k.c, 0, tok, PS + 12, ids[1]), CAIRN_OK);
+    /* one page free; taking two moves the tail, not the tree page */
+    int32_t two[2];
+    assert_int_equal(cairn_kvcache_alloc(k.c, 2, two), CAIRN_OK);
+    cairn_kvcache_stats st;
+    cairn_kvcache_get_stats(k.c, &st);
+    assert_int_equal(st.tail_pages, 0);
+    assert_int_equal(st.tail_host_pages, 1);
+    assert_int_equal(st.tree_pages[CAIRN_TIER_DEVICE], 1);
+    cairn_kvcache_free_pages(k.c, 1, &two[1]);
+    cairn_radix_match_result m;
+    assert_int_equal(cairn_radix_match(cairn_kvcache_tree(k.c), 0, tok, 2 * PS, &m), CAIRN_OK);
+    size_t got;
+    assert_int_equal(cairn_kvcache_partial(k.c, 0, m.node, 1, tok + PS, PS, two[0], &got),
+                     CAIRN_OK);
+    assert_int_equal(got, 12);
+    uint8_t *want = malloc(k.L.page_bytes);
+    test_payload(tok, 2 * PS, want, k.L.page_bytes);
+    assert_memory_equal(page_addr(&k, two[0]), want, k.L.page_bytes);
+    free(want);
+    cairn_kvcache_free_pages(k.c, 1, &two[0]);
+    /* host RAM wanted: the tail goes first */
+    size_t moved;
+    assert_int_equal(cairn_kvcache_evict(k.c, CAIRN_TIER_HOST, 1, &moved), CAIRN_OK);
+    cairn_kvcache_get_stats(k.c, &st);
+    assert_int_equal(st.tail_host_pages, 0);
+    assert_int_equal(st.tree_pages[CAIRN_TIER_DEVICE], 1);
+    check_accounting(&k, 0);
+    cache_close(&k);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_extend),
         cmocka_unit_test(test_partial_from_tree),
         cmocka_unit_test(test_tails),
+        cmocka_unit_test(test_tail_in_host_ram),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -12,6 +12,9 @@
  *     page keys the cache ever queued for writing.
  * Every match is compared with the model's longest prefix, and every matched
  * page, once promoted, must hold exactly the payload inserted for its prefix.
+ * Sequences also reach the tree while being computed (extend), partial last
+ * pages are kept (tails), and every page partial() copies must be the page
+ * of a sequence or tail that really shares the copied tokens.
  * This file is built twice: as is, and with ASan + UBSan (leaks included).
  */
 #include <setjmp.h>
@@ -33,6 +36,7 @@
 #define MAXLOCKS 3
 #define DEVICE_PAGES 64
 #define HOST_PAGES 48
+#define MAXTAILS 64
 
 
 /* The sequence of operations depends only on the seed (nothing depends on
@@ -63,6 +67,13 @@ typedef struct {
     uint8_t *seen_dev, *seen_host;
     uint64_t cookie;
     size_t n_promotions_checked, n_pages_checked;
+    /* every tail ever kept (a ring): whole pages + 1..PS-1 tokens */
+    struct {
+        int32_t tok[(MAXP + 1) * PS];
+        size_t n;
+    } tails[MAXTAILS];
+    size_t n_tails_kept;
+    size_t n_partial_checked, n_extends;
 } world;
 
 static void key_add(world *w, cairn_page_hash h)
@@ -144,9 +155,13 @@ static void check_world(world *w)
     memset(w->seen_host, 0, HOST_PAGES);
     acct a = {.w = w};
     assert_int_equal(cairn_radix_visit(w->t, count_node, &a), 0);
-    assert_int_equal(a.dev + (size_t)cairn_page_pool_available(cairn_kvcache_device_pool(w->c)),
+    cairn_kvcache_stats ks;
+    cairn_kvcache_get_stats(w->c, &ks);
+    assert_int_equal(a.dev + ks.tail_pages +
+                         (size_t)cairn_page_pool_available(cairn_kvcache_device_pool(w->c)),
                      DEVICE_PAGES);
-    assert_int_equal(a.host + (size_t)cairn_host_pool_available(cairn_kvcache_host_pool(w->c)),
+    assert_int_equal(a.host + ks.tail_host_pages +
+                         (size_t)cairn_host_pool_available(cairn_kvcache_host_pool(w->c)),
                      HOST_PAGES);
     /* Locked paths: still there, and no page on them is in a slower tier
      * than when the lock was taken. */
@@ -426,6 +441,123 @@ static void op_evict(world *w)
     }
 }
 
+/* The engine's way of computing while others may match: match, lock, compute
+ * the rest in two steps, giving the tree each step's pages (extend), then
+ * commit. */
+static void op_extend(world *w)
+{
+    int32_t tok[MAXP * PS], ids[MAXP];
+    size_t np;
+    pm_query(&w->seqs, &rng, 5, tok, &np);
+    cairn_radix_match_result r;
+    assert_int_equal(cairn_radix_match(w->t, 0, tok, np * PS, &r), CAIRN_OK);
+    assert_int_equal(r.n_pages, pm_match(&w->seqs, tok, np));
+    if (r.n_pages == np)
+        return;
+    assert_int_equal(cairn_radix_lock(w->t, r.node), CAIRN_OK);
+    cairn_kv_hold *hold = r.node;
+    size_t held = r.n_pages;
+    for (size_t i = 0; i < r.n_pages; i++)
+        ids[i] = -1; /* the tree's: never read */
+    int rc = cairn_kvcache_alloc(w->c, (int32_t)(np - held), ids + held);
+    if (rc == CAIRN_EFULL) {
+        assert_int_equal(cairn_radix_unlock(w->t, hold), CAIRN_OK);
+        return;
+    }
+    assert_int_equal(rc, CAIRN_OK);
+    fill_and_upload(w, tok, held, np, ids);
+    size_t half = held + (np - held + 1) / 2;
+    assert_int_equal(cairn_kvcache_extend(w->c, 0, tok, half, ids, &held, &hold), CAIRN_OK);
+    assert_int_equal(held, half);
+    assert_int_equal(cairn_radix_node_depth(hold), half);
+    assert_true(cairn_radix_node_refs(hold) > 0);
+    assert_int_equal(cairn_kvcache_extend(w->c, 0, tok, np, ids, &held, &hold), CAIRN_OK);
+    assert_int_equal(held, np);
+    cairn_kv_hold *leaf;
+    assert_int_equal(cairn_kvcache_commit(w->c, 0, tok, np, ids, held, np, hold, &leaf), CAIRN_OK);
+    assert_int_equal(cairn_radix_node_depth(leaf), np);
+    assert_true(pm_add(&w->seqs, tok, np));
+    w->n_extends++;
+}
+
+/* A finished sequence's partial last page kept as a tail. */
+static void op_tail(world *w)
+{
+    int32_t tok[(MAXP + 1) * PS];
+    size_t np;
+    pm_query(&w->seqs, &rng, 5, tok, &np);
+    size_t extra = 1 + rnd() % (PS - 1), n = np * PS + extra;
+    for (size_t i = np * PS; i < n; i++)
+        tok[i] = (int32_t)(rnd() % 3);
+    int32_t id;
+    if (cairn_kvcache_alloc(w->c, 1, &id) != CAIRN_OK)
+        return;
+    uint8_t buf[1024];
+    test_payload(tok, n, buf, w->L.page_bytes);
+    uint8_t *dst = (uint8_t *)cairn_page_pool_base(cairn_kvcache_device_pool(w->c)) +
+                   (size_t)id * w->L.page_bytes;
+    assert_int_equal(w->be->iface->upload(w->be, dst, buf, w->L.page_bytes), CAIRN_OK);
+    assert_int_equal(cairn_kvcache_keep_tail(w->c, 0, tok, n, id), CAIRN_OK);
+    size_t k = w->n_tails_kept++ % MAXTAILS;
+    memcpy(w->tails[k].tok, tok, n * sizeof *tok);
+    w->tails[k].n = n;
+}
+
+/* A match that ends inside a page: whatever partial() copies must be the
+ * page of a sequence or tail that really shares those tokens. */
+static void op_partial(world *w)
+{
+    int32_t tok[MAXP * PS];
+    size_t np;
+    pm_query(&w->seqs, &rng, 5, tok, &np);
+    cairn_radix_match_result r;
+    assert_int_equal(cairn_radix_match(w->t, 0, tok, np * PS, &r), CAIRN_OK);
+    const size_t m = r.n_pages;
+    if (m == np)
+        return;
+    assert_int_equal(cairn_radix_lock(w->t, r.node), CAIRN_OK);
+    int32_t dst;
+    if (cairn_kvcache_alloc(w->c, 1, &dst) != CAIRN_OK) {
+        assert_int_equal(cairn_radix_unlock(w->t, r.node), CAIRN_OK);
+        return;
+    }
+    const int32_t *next = tok + m * PS;
+    const size_t n_next = 1 + rnd() % PS;
+    size_t k;
+    assert_int_equal(cairn_kvcache_partial(w->c, 0, r.node, m, next, n_next, dst, &k), CAIRN_OK);
+    assert_true(k < PS && k <= n_next);
+    if (k > 0) {
+        uint8_t got[1024], want[1024];
+        assert_int_equal(w->be->iface->download(w->be, got,
+                                                (uint8_t *)cairn_page_pool_base(
+                                                    cairn_kvcache_device_pool(w->c)) +
+                                                    (size_t)dst * w->L.page_bytes,
+                                                w->L.page_bytes),
+                         CAIRN_OK);
+        bool found = false;
+        /* a tree sequence continuing the match for at least k tokens */
+        for (size_t i = 0; i < w->seqs.n && !found; i++) {
+            const int32_t *st = w->seqs.tok + i * w->seqs.max_pages * PS;
+            if (w->seqs.n_pages[i] <= m || memcmp(st, tok, (m * PS + k) * sizeof *tok) != 0)
+                continue;
+            test_payload(st, (m + 1) * PS, want, w->L.page_bytes);
+            found = memcmp(want, got, w->L.page_bytes) == 0;
+        }
+        /* or a tail after exactly these m pages */
+        for (size_t i = 0; i < MAXTAILS && i < w->n_tails_kept && !found; i++) {
+            if (w->tails[i].n / PS != m || w->tails[i].n < m * PS + k ||
+                memcmp(w->tails[i].tok, tok, (m * PS + k) * sizeof *tok) != 0)
+                continue;
+            test_payload(w->tails[i].tok, w->tails[i].n, want, w->L.page_bytes);
+            found = memcmp(want, got, w->L.page_bytes) == 0;
+        }
+        assert_true(found);
+        w->n_partial_checked++;
+    }
+    cairn_kvcache_free_pages(w->c, 1, &dst);
+    assert_int_equal(cairn_radix_unlock(w->t, r.node), CAIRN_OK);
+}
+
 static void run_world(uint64_t seed, int steps)
 {
     rng = seed;
@@ -455,8 +587,14 @@ static void run_world(uint64_t seed, int steps)
 
     for (int step = 0; step < steps; step++) {
         unsigned op = (unsigned)(rnd() % 100);
-        if (op < 30)
+        if (op < 22)
             op_insert(&w);
+        else if (op < 26)
+            op_extend(&w);
+        else if (op < 28)
+            op_tail(&w);
+        else if (op < 30)
+            op_partial(&w);
         else if (op < 45)
             op_match_promote(&w);
         else if (op < 50)
@@ -484,9 +622,11 @@ static void run_world(uint64_t seed, int steps)
     cairn_kvcache_get_stats(w.c, &ks);
     cairn_disk_stats ds;
     cairn_disk_get_stats(cairn_kvcache_disk(w.c), &ds);
-    print_message("promotions %zu (pages %zu), pages checked %zu, evicted dev %zu host %zu "
-                  "disk %zu, disk pages %llu reads %llu\n",
-                  w.n_promotions_checked, ks.promoted_pages, w.n_pages_checked,
+    print_message("promotions %zu (pages %zu), pages checked %zu, extends %zu, partial "
+                  "copies checked %zu, evicted dev %zu host %zu disk %zu, disk pages %llu "
+                  "reads %llu\n",
+                  w.n_promotions_checked, ks.promoted_pages, w.n_pages_checked, w.n_extends,
+                  w.n_partial_checked,
                   ks.evicted_pages[0], ks.evicted_pages[1], ks.evicted_pages[2],
                   (unsigned long long)ds.pages, (unsigned long long)ds.reads);
     assert_true(ks.evicted_pages[CAIRN_TIER_DEVICE] > 100);
@@ -495,6 +635,8 @@ static void run_world(uint64_t seed, int steps)
     assert_true(ds.hits > 100);
     assert_int_equal(ds.misses, 0);
     assert_int_equal(ks.lost_pages, 0);
+    assert_true(w.n_extends > 20);
+    assert_true(w.n_partial_checked > 5);
 
     cairn_kvcache_free(w.c);
     assert_int_equal(test_backend_counters_of(w.be)->live_allocs, 0);
