@@ -1,16 +1,16 @@
 /*
  * kernels/cpu/cpu_x86_kquant.c — AVX2 and AVX-512 (VNNI) matmul kernels for
  * the K-quants Q4_K, Q5_K and Q6_K against activations quantized to int8:
- * the decode row kernels, the prefill panel GEMM, and cpu_x86_matmul_kq,
+ * the AVX2 row kernels, the AVX-512 panel GEMM, and cpu_x86_matmul_kq,
  * which chooses between them for cpu_x86_matmul_q8act. One file because
  * the kernels share the super-block decoding (codes, 6-bit scales and
  * mins); every function carries its target attribute (cpu_x86_impl.h).
  *
  * K-quants have 32-element sub-blocks (16 for Q6_K's scales) with their own
  * 6- or 8-bit scales inside 256-element super-blocks, so they share the
- * activation blocks of Q8_0 (cpu_x86_quant.c). Decode: a row at a time, a
- * super-block per step (krow2_512, two blocks per register; krow_256 on
- * AVX2). Prefill (AVX-512): the panel GEMM of cpu_x86_quant.c with a
+ * activation blocks of Q8_0 (cpu_x86_quant.c). AVX2: a row at a time, a
+ * super-block per step (krow_256). AVX-512, every batch size (decode too:
+ * cpu_x86_impl.h says why): the panel GEMM of cpu_x86_quant.c with a
  * K-quant panel (pack_panel_k: the same code layout plus per-block scale
  * and min, or two half-block scales for Q6_K).
  */
@@ -20,7 +20,7 @@
 
 #if CPU_X86_KERNELS
 
-/* ---- K-quant weights (Q4_K, Q5_K, Q6_K): row-at-a-time ------------------- */
+/* ---- K-quant weights (Q4_K, Q5_K, Q6_K): row-at-a-time (AVX2) ------------ */
 
 /* AVX2 decode: one row against C <= 4 tokens, a 256-element super-block at
  * a time, one 32-element block per 256-bit register; the u8 x s8 sums are
@@ -165,127 +165,8 @@ KROW_TYPED(krow_256_q4k, krow_256, T256, CAIRN_TYPE_Q4_K)
 KROW_TYPED(krow_256_q5k, krow_256, T256, CAIRN_TYPE_Q5_K)
 KROW_TYPED(krow_256_q6k, krow_256, T256, CAIRN_TYPE_Q6_K)
 
-/* AVX-512 decode: as krow_256 but two blocks per 512-bit register (the
- * pairs of blocks that share their code bytes: Q4_K/Q5_K blocks 2p, 2p+1
- * are the low and high nibbles of the same 32 bytes, Q6_K quarters k and
- * k+1 of a half likewise), so each vpdpbusd, conversion and FMA covers 64
- * weights; lanes 0-7 belong to the first block, 8-15 to the second. */
-INLINE T512 void krow2_512(const uint8_t *row, cairn_type t, const int8_t *q, const float *d,
-                           const int32_t *s, int n_in, const int C, float *y, int n_out)
-{
-    const int nb = n_in / 32, nsb = n_in / 256;
-    const size_t bs = t == CAIRN_TYPE_Q4_K ? 144 : t == CAIRN_TYPE_Q5_K ? 176 : 210;
-    const __m512i low4 = _mm512_set1_epi8(0x0f);
-    const __m512i zero = _mm512_setzero_si512();
-    __m512 acc[4][2];
-    __m256 accm[4];
-#pragma GCC unroll 4
-    for (int c = 0; c < C; c++) {
-        acc[c][0] = acc[c][1] = _mm512_setzero_ps();
-        accm[c] = _mm256_setzero_ps();
-    }
-    for (int sb = 0; sb < nsb; sb++) {
-        const uint8_t *blk = row + (size_t)sb * bs;
-        for (size_t off = 0; off < bs; off += 64)
-            _mm_prefetch((const char *)(blk + KQ_PREFETCH + off), _MM_HINT_T0);
-        __m512 fs[4]; /* per token: the 8 blocks' float scales in lanes 0-7 */
-        __m128i sc6 = _mm_setzero_si128();
-        if (t == CAIRN_TYPE_Q6_K) {
-            const __m256 dd = _mm256_set1_ps(half_to_float(blk + 208));
-            sc6 = _mm_loadu_si128((const __m128i *)(blk + 192));
-#pragma GCC unroll 4
-            for (int c = 0; c < C; c++)
-                fs[c] = _mm512_castps256_ps512(
-                    _mm256_mul_ps(dd, _mm256_loadu_ps(d + (size_t)c * nb + 8 * sb)));
-        } else {
-            uint8_t sc[8], mn[8];
-            cpu_kq_scales(blk + 4, sc, mn);
-            int64_t sc8, mn8;
-            memcpy(&sc8, sc, 8);
-            memcpy(&mn8, mn, 8);
-            const __m256 dsc =
-                _mm256_mul_ps(_mm256_set1_ps(half_to_float(blk)),
-                              _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sc8))));
-            const __m256i m32 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(mn8));
-            const __m256 dmin = _mm256_set1_ps(half_to_float(blk + 2));
-#pragma GCC unroll 4
-            for (int c = 0; c < C; c++) {
-                const __m256 da = _mm256_loadu_ps(d + (size_t)c * nb + 8 * sb);
-                fs[c] = _mm512_castps256_ps512(_mm256_mul_ps(dsc, da));
-                const __m256i ms = _mm256_mullo_epi32(
-                    m32, _mm256_loadu_si256((const __m256i *)(s + (size_t)c * nb + 8 * sb)));
-                accm[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ms), _mm256_mul_ps(dmin, da), accm[c]);
-            }
-        }
-#pragma GCC unroll 4
-        for (int pr = 0; pr < 4; pr++) {
-            /* blocks 2pr (lanes 0-7) and 2pr + 1 (lanes 8-15) */
-            __m512i w;
-            __m512i scl = zero;
-            if (t == CAIRN_TYPE_Q6_K) {
-                const int h = pr / 2, hi = pr % 2; /* hi: quarters 2, 3 of half h */
-                const __m512i ql = _mm512_loadu_si512(blk + 64 * h);
-                const __m512i qh = _mm512_broadcast_i64x4(
-                    _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h)));
-                const __m512i lo = hi ? _mm512_and_si512(_mm512_srli_epi16(ql, 4), low4)
-                                      : _mm512_and_si512(ql, low4);
-                /* quarter k wants bits 2k, 2k+1 at 4, 5: k = 0, 1 shift left
-                 * by 4, 2; k = 2, 3 right by 0, 2 */
-                const __m512i cnt = _mm512_mask_blend_epi64(
-                    0xf0, _mm512_set1_epi16(hi ? 0 : 4), _mm512_set1_epi16(2));
-                const __m512i hb = hi ? _mm512_srlv_epi16(qh, cnt) : _mm512_sllv_epi16(qh, cnt);
-                w = _mm512_or_si512(lo, _mm512_and_si512(hb, _mm512_set1_epi8(0x30)));
-                /* sub-blocks 4pr .. 4pr+3, one per 4 lanes */
-                scl = _mm512_cvtepi8_epi32(_mm_shuffle_epi8(
-                    sc6, _mm_setr_epi8(4 * pr, 4 * pr, 4 * pr, 4 * pr, 4 * pr + 1, 4 * pr + 1,
-                                       4 * pr + 1, 4 * pr + 1, 4 * pr + 2, 4 * pr + 2, 4 * pr + 2,
-                                       4 * pr + 2, 4 * pr + 3, 4 * pr + 3, 4 * pr + 3, 4 * pr + 3)));
-            } else {
-                const uint8_t *qs = blk + (t == CAIRN_TYPE_Q4_K ? 16 : 48) + 32 * pr;
-                __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qs));
-                raw = _mm512_mask_srli_epi16(raw, 0xffff0000u, raw, 4);
-                w = _mm512_and_si512(raw, low4);
-                if (t == CAIRN_TYPE_Q5_K) {
-                    /* bit j of qh[l] to bit 4, j = 2pr (low half), 2pr + 1 */
-                    const __m512i qh = _mm512_broadcast_i64x4(
-                        _mm256_loadu_si256((const __m256i *)(blk + 16)));
-                    const __m512i hb =
-                        pr < 2 ? _mm512_sllv_epi16(
-                                     qh, _mm512_mask_blend_epi64(0xf0, _mm512_set1_epi16(4 - 2 * pr),
-                                                                 _mm512_set1_epi16(3 - 2 * pr)))
-                               : _mm512_srlv_epi16(
-                                     qh, _mm512_mask_blend_epi64(0xf0, _mm512_set1_epi16(2 * pr - 4),
-                                                                 _mm512_set1_epi16(2 * pr - 3)));
-                    w = _mm512_or_si512(w, _mm512_and_si512(hb, _mm512_set1_epi8(0x10)));
-                }
-            }
-            const __m512i pick = _mm512_mask_blend_epi32(0xff00, _mm512_set1_epi32(2 * pr),
-                                                         _mm512_set1_epi32(2 * pr + 1));
-#pragma GCC unroll 4
-            for (int c = 0; c < C; c++) {
-                const __m512i a =
-                    _mm512_loadu_si512(q + (size_t)c * n_in + 256 * (size_t)sb + 64 * pr);
-                __m512i isum = _mm512_dpbusd_epi32(zero, w, a);
-                if (t == CAIRN_TYPE_Q6_K)
-                    isum = _mm512_mullo_epi32(
-                        _mm512_sub_epi32(isum, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(32), a)),
-                        scl);
-                acc[c][pr & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum),
-                                                 _mm512_permutexvar_ps(pick, fs[c]), acc[c][pr & 1]);
-            }
-        }
-    }
-#pragma GCC unroll 4
-    for (int c = 0; c < C; c++)
-        y[(size_t)c * n_out] =
-            _mm512_reduce_add_ps(_mm512_add_ps(acc[c][0], acc[c][1])) - hsum256(accm[c]);
-}
 
-KROW_TYPED(krow2_512_q4k, krow2_512, T512, CAIRN_TYPE_Q4_K)
-KROW_TYPED(krow2_512_q5k, krow2_512, T512, CAIRN_TYPE_Q5_K)
-KROW_TYPED(krow2_512_q6k, krow2_512, T512, CAIRN_TYPE_Q6_K)
-
-/* ---- K-quant weights: panel GEMM (prefill, AVX-512 VNNI) ----------------- */
+/* ---- K-quant weights: panel GEMM (AVX-512 VNNI) --------------------------- */
 
 /* The K-quants' panel: per 32-element block, the codes as pack_panel lays
  * them out (2 halves x 8 groups of [16 rows][4 codes], unsigned), then two
@@ -517,17 +398,13 @@ void cpu_x86_matmul_kq(cpu_isa isa, float *y, const uint8_t *W, cairn_type wtype
                        int n_in, int n_out, int64_t r0, int64_t r1, void *pack)
 {
     const int nb = n_in / 32;
-    if (isa >= CPU_ISA_AVX512 && T >= QG_MIN_T) {
+    if (isa >= CPU_ISA_AVX512) { /* every batch size: see cpu_x86_impl.h */
         matmul_kgemm(wtype, y, W, row_bytes, q, d, s, T, n_in, n_out, r0, r1, pack);
         return;
     }
-    krow_fn fn = isa >= CPU_ISA_AVX512
-                     ? (wtype == CAIRN_TYPE_Q4_K ? krow2_512_q4k
-                        : wtype == CAIRN_TYPE_Q5_K ? krow2_512_q5k
-                                                   : krow2_512_q6k)
-                     : (wtype == CAIRN_TYPE_Q4_K ? krow_256_q4k
-                        : wtype == CAIRN_TYPE_Q5_K ? krow_256_q5k
-                                                   : krow_256_q6k);
+    krow_fn fn = wtype == CAIRN_TYPE_Q4_K ? krow_256_q4k
+               : wtype == CAIRN_TYPE_Q5_K ? krow_256_q5k
+                                          : krow_256_q6k;
     for (int64_t r = r0; r < r1; r++)
         for (int t = 0; t < T; t += 4) {
             const int C = T - t < 4 ? T - t : 4;

@@ -1,8 +1,8 @@
 /*
  * kernels/cpu/cpu_x86_quant.c — AVX2 and AVX-512 (VNNI) matmul kernels for
  * the block-quantized weights Q8_0, Q4_0 and Q5_0 against activations
- * quantized to int8 (cpu_x86_quantize_act): the decode row kernels, the
- * prefill panel GEMM, and cpu_x86_matmul_q8, which chooses between them
+ * quantized to int8 (cpu_x86_quantize_act): the AVX2 row kernels, the
+ * AVX-512 panel GEMM, and cpu_x86_matmul_q8, which chooses between them
  * for cpu_x86_matmul_q8act. One file because the kernels share the code
  * layouts and zero points; every function carries its target attribute
  * (cpu_x86_impl.h).
@@ -15,19 +15,18 @@
  * codes get +128 with Z = 128)
  * and the result is corrected by -Z * sum_i q_a[i], which the activation
  * quantizer precomputes per block.
- *   - Few tokens (decode, AVX-512): two blocks per 512-bit register, two
- *     rows interleaved, weight scales gathered 16 blocks at a time and the
- *     correction applied once per 16 blocks (see qrows2_512). AVX2: one
- *     block per 256-bit register.
- *   - Many tokens (prefill, AVX-512): outer-product GEMM. A panel of 32 rows
- *     is repacked (once per panel, reused for every token) so that a 512-bit
- *     register holds 4 consecutive codes of 16 rows; vpdpbusd with 4
- *     activation codes broadcast then advances 16 outputs at once, with no
- *     horizontal sums. The per-block float scaling happens once per block
- *     for 16 outputs.
+ *   - AVX2: a row at a time, one block per 256-bit register, against up to
+ *     4 tokens per call; each token's arithmetic is the same whatever the
+ *     call's token count.
+ *   - AVX-512, every batch size (decode too: cpu_x86_impl.h says why):
+ *     outer-product GEMM. A panel of 32 rows is repacked (once per panel,
+ *     reused for every token) so that a 512-bit register holds 4
+ *     consecutive codes of 16 rows; vpdpbusd with 4 activation codes
+ *     broadcast then advances 16 outputs at once, with no horizontal sums.
+ *     The per-block float scaling happens once per block for 16 outputs.
  * Both keep a fixed per-element order (integer block sums, then one FMA per
- * block in block order), so results do not depend on how rows are split
- * between threads.
+ * block in block order), so results depend neither on how rows are split
+ * between threads nor on how many tokens share the call.
  */
 #include <string.h>
 
@@ -35,177 +34,13 @@
 
 #if CPU_X86_KERNELS
 
-/* ---- quantized weights: row-at-a-time (decode) ---------------------------- */
+/* ---- quantized weights: row-at-a-time (AVX2) ------------------------------- */
 
 /* Zero point of each weight format's unsigned codes (see the top). */
 #define Q4_ZERO 8
 #define Q5_ZERO 16
 #define Q8_ZERO 128
 
-/* Bytes ahead of the current block that the decode kernel prefetches. */
-#define QROW_PREFETCH 2048
-
-/* Most tokens the decode kernel takes at once (the batch sizes below
- * QG_MIN_T) and most rows it interleaves. */
-#define QD_TOKENS 3
-#define QD_ROWS 2
-_Static_assert(QG_MIN_T - 1 <= QD_TOKENS, "the decode kernel must cover every T below QG_MIN_T");
-
-/* Blocks [b0, b0 + n) (n <= 16) of R rows (g: the group's first block in
- * the first row, rows rb bytes apart) against C tokens; see qrows2_512. */
-INLINE T512 void qrow2_group(const uint8_t *g, size_t rb, cairn_type t, const int8_t *q,
-                             const float *d, const int32_t *s, int n_in, int nb, int b0,
-                             const int n, const int R, const int C,
-                             __m512 acc[QD_ROWS][QD_TOKENS][2], __m512 corr[QD_ROWS][QD_TOKENS])
-{
-    const int bs = t == CAIRN_TYPE_Q4_0 ? 18 : t == CAIRN_TYPE_Q5_0 ? 22 : 34;
-    const __m512i vidx = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(bs));
-    const __m512i low4 = _mm512_set1_epi8(0x0f);
-    const __m512i flip = _mm512_set1_epi8((char)0x80);
-    const __m512i zero = _mm512_setzero_si512();
-    const __mmask16 bm = n >= 16 ? 0xffff : (__mmask16)((1u << n) - 1);
-    __m512 sc[QD_ROWS][QD_TOKENS];
-#pragma GCC unroll 2
-    for (int i = 0; i < R; i++) {
-        const __m512i dh = _mm512_mask_i32gather_epi32(zero, bm, vidx, g + (size_t)i * rb, 1);
-        const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dh));
-#pragma GCC unroll 3
-        for (int c = 0; c < C; c++) {
-            sc[i][c] = _mm512_mul_ps(dw, _mm512_maskz_loadu_ps(bm, d + (size_t)c * nb + b0));
-            const __m512 sv =
-                _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(bm, s + (size_t)c * nb + b0));
-            corr[i][c] = _mm512_fmadd_ps(sc[i][c], sv, corr[i][c]);
-        }
-    }
-#pragma GCC unroll 8
-    for (int j = 0; j < n; j += 2) {
-        const int two = j + 1 < n;
-        /* Full groups alternate two accumulators so consecutive FMAs do not
-         * wait for each other; a partial group (a loop with a run-time
-         * count) uses one, which stays in a register. */
-        const int slot = n == 16 ? (j >> 1) & 1 : 0;
-        /* lanes 0-7 scale by block j, 8-15 by block j + 1 */
-        const __m512i pick = _mm512_mask_blend_epi32(0xff00, _mm512_set1_epi32(j),
-                                                     _mm512_set1_epi32(j + 1));
-        __m512i a[QD_TOKENS];
-#pragma GCC unroll 3
-        for (int c = 0; c < C; c++) {
-            const int8_t *a_src = q + (size_t)c * n_in + 32 * (size_t)(b0 + j);
-            a[c] = two ? _mm512_loadu_si512(a_src)
-                       : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)a_src));
-        }
-#pragma GCC unroll 2
-        for (int i = 0; i < R; i++) {
-            const uint8_t *blk = g + (size_t)i * rb + (size_t)j * bs;
-            /* Rows are short (432 bytes for 768 Q4_0), too short for the
-             * hardware prefetcher to ramp up on; fetch QROW_PREFETCH bytes
-             * ahead (the matrix is contiguous, so that is a later row). */
-            _mm_prefetch((const char *)(blk + QROW_PREFETCH), _MM_HINT_T0);
-            if (bs > 32)
-                _mm_prefetch((const char *)(blk + QROW_PREFETCH + 64), _MM_HINT_T0);
-            __m512i w;
-            if (t == CAIRN_TYPE_Q4_0 || t == CAIRN_TYPE_Q5_0) {
-                const int nib = t == CAIRN_TYPE_Q4_0 ? 2 : 6;
-                const __m512i r0 =
-                    _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(blk + nib)));
-                const __m512i r1 = two ? _mm512_broadcast_i32x4(
-                                             _mm_loadu_si128((const __m128i *)(blk + bs + nib)))
-                                       : zero;
-                __m512i raw = _mm512_mask_blend_epi64(0xf0, r0, r1);
-                /* 128-bit lanes 1 and 3 take the high nibbles */
-                raw = _mm512_mask_srli_epi16(raw, 0xff00ff00u, raw, 4);
-                w = _mm512_and_si512(raw, low4);
-                if (t == CAIRN_TYPE_Q5_0) {
-                    /* bit e of a block's qh is bit 4 of its element e, which
-                     * sits in byte e of the block's 32 bytes here */
-                    uint32_t h0, h1 = 0;
-                    memcpy(&h0, blk + 2, 4);
-                    if (two)
-                        memcpy(&h1, blk + bs + 2, 4);
-                    const __mmask64 hb = (__mmask64)h0 | ((__mmask64)h1 << 32);
-                    w = _mm512_or_si512(w, _mm512_maskz_mov_epi8(hb, _mm512_set1_epi8(0x10)));
-                }
-            } else {
-                const __m256i lo = _mm256_loadu_si256((const __m256i *)(blk + 2));
-                w = two ? _mm512_inserti64x4(_mm512_castsi256_si512(lo),
-                                             _mm256_loadu_si256((const __m256i *)(blk + bs + 2)), 1)
-                        : _mm512_zextsi256_si512(lo);
-                w = _mm512_xor_si512(w, flip);
-            }
-#pragma GCC unroll 3
-            for (int c = 0; c < C; c++) {
-                const __m512i isum = _mm512_dpbusd_epi32(zero, w, a[c]);
-                const __m512 scale = _mm512_permutexvar_ps(pick, sc[i][c]);
-                acc[i][c][slot] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[i][c][slot]);
-            }
-        }
-    }
-}
-
-/* Decode on AVX-512: a 512-bit register holds two blocks, so each vpdpbusd,
- * conversion and FMA covers 64 weights; lanes 0-7 of the integer sums
- * belong to the first block and 8-15 to the second. Per group of 16 blocks
- * the weight scales are fetched with one gather and multiplied by the
- * activation scales in one vector op. The zero point is taken out in float,
- * once per group: sum_b dw_b d_b (isum_b - Z s_b) =
- * sum_b dw_b d_b isum_b - Z sum_b dw_b d_b s_b. R rows are interleaved so
- * their FMA chains (and the final reductions) overlap. */
-INLINE T512 void qrows2_512(const uint8_t *row, size_t rb, cairn_type t, const int8_t *q,
-                            const float *d, const int32_t *s, int n_in, const int R, const int C,
-                            float *y, int n_out)
-{
-    const int nb = n_in / 32;
-    const int bs = t == CAIRN_TYPE_Q4_0 ? 18 : t == CAIRN_TYPE_Q5_0 ? 22 : 34;
-    const int zero_point = t == CAIRN_TYPE_Q4_0 ? Q4_ZERO : t == CAIRN_TYPE_Q5_0 ? Q5_ZERO : Q8_ZERO;
-    __m512 acc[QD_ROWS][QD_TOKENS][2], corr[QD_ROWS][QD_TOKENS];
-#pragma GCC unroll 2
-    for (int i = 0; i < R; i++)
-#pragma GCC unroll 3
-        for (int c = 0; c < C; c++)
-            acc[i][c][0] = acc[i][c][1] = corr[i][c] = _mm512_setzero_ps();
-    int b0 = 0;
-    for (; b0 + 16 <= nb; b0 += 16)
-        qrow2_group(row + (size_t)b0 * bs, rb, t, q, d, s, n_in, nb, b0, 16, R, C, acc, corr);
-    if (b0 < nb)
-        qrow2_group(row + (size_t)b0 * bs, rb, t, q, d, s, n_in, nb, b0, nb - b0, R, C, acc,
-                    corr);
-#pragma GCC unroll 2
-    for (int i = 0; i < R; i++)
-#pragma GCC unroll 3
-        for (int c = 0; c < C; c++)
-            y[(size_t)c * n_out + i] = _mm512_reduce_add_ps(
-                _mm512_fmadd_ps(_mm512_set1_ps(-(float)zero_point), corr[i][c],
-                                _mm512_add_ps(acc[i][c][0], acc[i][c][1])));
-}
-
-/* Rows [r0, r1) against C <= QD_TOKENS tokens; the row loop sits inside
- * each case so the kernel's constants are set up once per call. */
-#define QROWS_CASE(TYPE, CC)                                                                       \
-    case CC: {                                                                                     \
-        int64_t r = r0;                                                                            \
-        for (; r + QD_ROWS <= r1; r += QD_ROWS)                                                    \
-            qrows2_512(W + (size_t)r * rb, rb, TYPE, q, d, s, n_in, QD_ROWS, CC, y + r, n_out);    \
-        for (; r < r1; r++)                                                                        \
-            qrows2_512(W + (size_t)r * rb, rb, TYPE, q, d, s, n_in, 1, CC, y + r, n_out);          \
-        break;                                                                                     \
-    }
-#define QROWS_TYPED(NAME, TYPE)                                                                    \
-    static __attribute__((noinline)) T512 void NAME(const uint8_t *W, size_t rb, int64_t r0,      \
-                                                    int64_t r1, const int8_t *q, const float *d,  \
-                                                    const int32_t *s, int n_in, int C, float *y,  \
-                                                    int n_out)                                    \
-    {                                                                                              \
-        switch (C) {                                                                               \
-            QROWS_CASE(TYPE, 1)                                                                    \
-            QROWS_CASE(TYPE, 2)                                                                    \
-        default:                                                                                   \
-            QROWS_CASE(TYPE, 3)                                                                    \
-        }                                                                                          \
-    }
-QROWS_TYPED(qrows_512_q4, CAIRN_TYPE_Q4_0)
-QROWS_TYPED(qrows_512_q8, CAIRN_TYPE_Q8_0)
-QROWS_TYPED(qrows_512_q5, CAIRN_TYPE_Q5_0)
 
 /* Decode on plain AVX2, one block per 256-bit register; u8 x s8 products
  * are summed in pairs into int16 (maddubs) and then into int32. Q4_0 codes (< 16) cannot saturate the
@@ -293,7 +128,7 @@ QROW_TYPED(qrow_256_q5, qrow_256, T256, CAIRN_TYPE_Q5_0)
 typedef void (*qrow_fn)(const uint8_t *row, const int8_t *q, const float *d, const int32_t *s,
                         int n_in, int C, float *y, int n_out);
 
-/* ---- quantized weights: panel GEMM (prefill, AVX-512 VNNI) --------------- */
+/* ---- quantized weights: panel GEMM (AVX-512 VNNI) ------------------------- */
 
 /* Repack rows [r, r + 32) (rows from r_end on are zero) into `pk`: for each
  * block, for each 16-row half, 8 groups of [16 rows][4 unsigned codes], then
@@ -455,7 +290,7 @@ void cpu_x86_matmul_q8(cpu_isa isa, float *y, const uint8_t *W, cairn_type wtype
                        int n_in, int n_out, int64_t r0, int64_t r1, void *pack)
 {
     const int nb = n_in / 32;
-    if (isa >= CPU_ISA_AVX512 && T >= QG_MIN_T) {
+    if (isa >= CPU_ISA_AVX512) {
         const int zero = wtype == CAIRN_TYPE_Q4_0 ? Q4_ZERO
                        : wtype == CAIRN_TYPE_Q5_0 ? Q5_ZERO
                        : Q8_ZERO;
@@ -473,20 +308,6 @@ void cpu_x86_matmul_q8(cpu_isa isa, float *y, const uint8_t *W, cairn_type wtype
                                s + (size_t)t * nb, n_in, zero, P, C, y + (size_t)t * n_out + r,
                                n_out, m0, m1);
             }
-        }
-        return;
-    }
-    if (isa >= CPU_ISA_AVX512) {
-        /* the row kernels, QD_TOKENS tokens per call (T < QG_MIN_T: one call) */
-        void (*fn)(const uint8_t *, size_t, int64_t, int64_t, const int8_t *, const float *,
-                   const int32_t *, int, int, float *, int) =
-            wtype == CAIRN_TYPE_Q4_0 ? qrows_512_q4
-          : wtype == CAIRN_TYPE_Q5_0 ? qrows_512_q5
-          : qrows_512_q8;
-        for (int t = 0; t < T; t += QD_TOKENS) {
-            const int C = T - t < QD_TOKENS ? T - t : QD_TOKENS;
-            fn(W, row_bytes, r0, r1, q + (size_t)t * n_in, d + (size_t)t * nb,
-               s + (size_t)t * nb, n_in, C, y + (size_t)t * n_out, n_out);
         }
         return;
     }

@@ -99,14 +99,13 @@ static void test_quantized_weights(void **state)
     (void)state;
     kt_rng rng = kt_rng_for("quantized_weights");
     static const cairn_type types[] = {CAIRN_TYPE_Q8_0, CAIRN_TYPE_Q4_0};
-    /* T < 4: row-at-a-time kernels; T >= 4: panel GEMM with 1 or 2 half
-     * panels and partial token tiles; n_out below, between and above the
-     * 16/32-row panel sizes. */
+    /* AVX2: row-at-a-time kernels, 1-4 tokens a call; AVX-512: the panel
+     * GEMM at every T, with 1 or 2 half panels and partial token tiles;
+     * n_out below, between and above the 16/32-row panel sizes. */
     static const int shapes[][3] = {
         {1, 64, 37}, {3, 256, 7}, {1, 32, 1}, {4, 96, 16}, {6, 64, 33},
         {17, 128, 301}, {13, 160, 64}, {8, 32, 50},
-        /* decode kernels work in groups of 16 blocks, two blocks per
-         * register: full groups, a partial group, an odd last block */
+        /* long rows at decode sizes: many blocks, an odd last block */
         {1, 544, 9}, {2, 1056, 5}, {3, 736, 4}, {1, 1024, 3},
     };
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
@@ -156,6 +155,49 @@ static void test_float_batch_invariance(void **state)
     batch_invariance_case(&rng, 131, 40, 20, 10); /* 0..130: both token blocks */
 }
 
+/* The same for quantized weights with 8-bit activations (the path every
+ * quantized model runs): a token's row is the same bytes alone, in a batch
+ * of 2-3 (the decode sizes) and in batches that take the panel GEMM, so a
+ * request's tokens never depend on what else is in its batch or on how its
+ * prompt was chunked. K-quant rows need 256-element super-blocks. */
+static void test_quantized_batch_invariance(void **state)
+{
+    (void)state;
+    kt_rng rng = kt_rng_for("quantized_batch_invariance");
+    static const cairn_type types[] = {CAIRN_TYPE_Q8_0, CAIRN_TYPE_Q4_0, CAIRN_TYPE_Q5_0,
+                                       CAIRN_TYPE_Q4_K, CAIRN_TYPE_Q5_K, CAIRN_TYPE_Q6_K};
+    static const int shapes[][2] = {{512, 37}, {768, 16}, {256, 33}}; /* n_in, n_out */
+    const int T = 13;
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            const int n_in = shapes[si][0], n_out = shapes[si][1];
+            float *x = kt_xmalloc(sizeof(float) * T * n_in);
+            kt_fill(&rng, x, (size_t)T * n_in, -2, 2);
+            const size_t rb = cairn_type_row_bytes(types[ti], n_in);
+            uint8_t *W = kt_random_weights(&rng, types[ti], n_out, n_in, -1, 1, NULL);
+            for (int lv = 0; lv < N_LEVELS; lv++) {
+                char what[128];
+                snprintf(what, sizeof what, "quantized batch invariance %s %s n_in=%d n_out=%d",
+                         levels[lv], cairn_type_get(types[ti])->name, n_in, n_out);
+                float *all = kt_matmul_1_3(levels[lv], 0, types[ti], W, rb, x, T, n_in, n_out,
+                                           what);
+                for (int t0 = 0; t0 < T; t0 += 3) {
+                    /* alone, then in the decode batch sizes 2 and 3 */
+                    for (int n = 1; n <= 3 && t0 + n <= T; n++) {
+                        float *part = kt_matmul_1_3(levels[lv], 0, types[ti], W, rb,
+                                                    x + (size_t)t0 * n_in, n, n_in, n_out, what);
+                        KT_SAME_BYTES(part, all + (size_t)t0 * n_out,
+                                      sizeof(float) * (size_t)n * n_out, what);
+                        free(part);
+                    }
+                }
+                free(all);
+            }
+            free(W);
+            free(x);
+        }
+}
+
 int main(void)
 {
     kt_init_seed("kernels_cpu_matmul");
@@ -163,6 +205,7 @@ int main(void)
         cmocka_unit_test(test_float_weights),
         cmocka_unit_test(test_quantized_weights),
         cmocka_unit_test(test_float_batch_invariance),
+        cmocka_unit_test(test_quantized_batch_invariance),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
