@@ -45,8 +45,10 @@ static bool waits_for(const cairn_service *s, const job *j, const job *other, bo
 {
     if (other == j || other->cancelled || other->req->tenant != j->req->tenant)
         return false;
-    /* the last token of j is always computed, for its logits */
-    size_t shared = lcp(j->seq.v, j->seq.n - 1, other->seq.v, other->seq.n);
+    /* the last token of j is always computed, for its logits; only the
+     * other's prompt counts: prefill goes a chunk a step, its generated
+     * tokens one a step (waiting for those would be slower than computing) */
+    size_t shared = lcp(j->seq.v, j->seq.n - 1, other->seq.v, other->n_prompt);
     if (shared < (size_t)s->page_size)
         return false; /* less than a page: not worth a step of delay */
     size_t have = running ? other->n_computed : 0;

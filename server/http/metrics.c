@@ -65,6 +65,11 @@ static void render_metrics(srv_http *h, const cairn_service_stats *st, cairn_str
                "Prompt tokens looked up in the prefix cache.", st->prompt_tokens);
     metric_u64(b, "cairn_prefix_cache_hits_total", "counter",
                "Prompt tokens served from the prefix cache (not computed).", st->cached_tokens);
+    metric_u64(b, "cairn_prefix_cache_partial_tokens_total", "counter",
+               "Of those, tokens reused from part of a page (copied rows).", st->partial_tokens);
+    metric_u64(b, "cairn_prefix_shared_waits_total", "counter",
+               "Requests that waited for another to compute the prefix they share.",
+               st->shared_waits);
     metric_tiers(b, "cairn_prefix_cache_hit_tokens_total", "counter",
                  "Prompt tokens served from the prefix cache, by the tier they were in.",
                  st->cached_tokens_by_tier);

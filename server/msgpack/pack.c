@@ -120,7 +120,7 @@ static void pack_session_id(msgpack_packer *pk, cairn_session_id id)
 
 static void pack_stats(msgpack_packer *pk, const cairn_service_stats *st)
 {
-    msgpack_pack_map(pk, 14);
+    msgpack_pack_map(pk, 16);
 #define U64(name, v) pack_cstr(pk, name), msgpack_pack_uint64(pk, v)
     U64("queries", st->queries);
     U64("prompt_tokens", st->prompt_tokens);
@@ -138,6 +138,8 @@ static void pack_stats(msgpack_packer *pk, const cairn_service_stats *st)
     U64("device_pages_free", st->device_pages_free);
     U64("evicted_pages", st->evicted_pages);
     U64("paused", st->paused);
+    U64("partial_tokens", st->partial_tokens);
+    U64("shared_waits", st->shared_waits);
     U64("running", st->running);
     U64("waiting", st->waiting);
     U64("sessions", st->sessions);

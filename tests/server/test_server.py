@@ -198,7 +198,7 @@ class Basics(ServerCase):
         s = self.c.cache_stats()
         for k in ("queries", "prompt_tokens", "cached_tokens", "generated_tokens", "hit_rate",
                   "pages", "device_pages_total", "device_pages_free", "evicted_pages", "paused",
-                  "running", "waiting", "sessions"):
+                  "partial_tokens", "shared_waits", "running", "waiting", "sessions"):
             self.assertIn(k, s)
         for k in ("device", "host", "disk"):
             self.assertIn(k, s["pages"])
