@@ -40,7 +40,10 @@ static size_t lcp(const int32_t *a, size_t na, const int32_t *b, size_t nb)
 }
 
 /* Whether j should wait for `other`, which is running (or fetching, when
- * !running) and shares a prefix with it that it has not computed yet. */
+ * !running) and shares a prefix with it that it has not computed yet. j
+ * waits when the shared part is at least a page and longer than what the
+ * other has computed: exactly when their first max(page, computed + 1)
+ * tokens agree — one memcmp, which stops at the first difference. */
 static bool waits_for(const cairn_service *s, const job *j, const job *other, bool running)
 {
     if (other == j || other->cancelled || other->req->tenant != j->req->tenant)
@@ -48,11 +51,10 @@ static bool waits_for(const cairn_service *s, const job *j, const job *other, bo
     /* the last token of j is always computed, for its logits; only the
      * other's prompt counts: prefill goes a chunk a step, its generated
      * tokens one a step (waiting for those would be slower than computing) */
-    size_t shared = lcp(j->seq.v, j->seq.n - 1, other->seq.v, other->n_prompt);
-    if (shared < (size_t)s->page_size)
-        return false; /* less than a page: not worth a step of delay */
+    size_t bound = j->seq.n - 1 < other->n_prompt ? j->seq.n - 1 : other->n_prompt;
     size_t have = running ? other->n_computed : 0;
-    return have < shared;
+    size_t need = have + 1 > (size_t)s->page_size ? have + 1 : (size_t)s->page_size;
+    return need <= bound && memcmp(j->seq.v, other->seq.v, need * sizeof *j->seq.v) == 0;
 }
 
 bool prefix_should_wait(const cairn_service *s, const job *j)

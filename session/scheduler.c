@@ -149,6 +149,9 @@ static int client_load(const cairn_service *s, uint64_t client)
     return n;
 }
 
+/* Waiting jobs looked at per pick: bounds the cost of a long queue. */
+#define PICK_LOOKAHEAD 256
+
 /* Unlink j (prev: the job before it, NULL for the head) from the queue. */
 static job *waiting_unlink(cairn_service *s, job *prev, job *j)
 {
@@ -194,7 +197,8 @@ static job *waiting_pick(cairn_service *s)
     }
     const int share = n_seen ? (s->cfg.max_seqs + n_seen - 1) / n_seen : s->cfg.max_seqs;
     job *prev = NULL, *first = NULL, *first_prev = NULL;
-    for (job *j = s->waiting_head; j; prev = j, j = j->next) {
+    int looked = 0; /* a bounded look: the rest move up as these go in */
+    for (job *j = s->waiting_head; j && looked < PICK_LOOKAHEAD; prev = j, j = j->next, looked++) {
         if (j->cancelled) /* reaped next; admitting it is harmless and quick */
             return waiting_unlink(s, prev, j);
         if (prefix_should_wait(s, j)) {
