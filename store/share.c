@@ -93,8 +93,17 @@ int cairn_kvcache_extend(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, s
     }
     size_t n_cached = 0;
     cairn_radix_node *leaf = NULL;
-    if ((rc = cairn_radix_insert(c->tree, ns, tokens, n_full, pages, &n_cached, &leaf)) != CAIRN_OK)
-        return rc; /* nothing taken; our duplicates were swapped for the tree's */
+    if ((rc = cairn_radix_insert(c->tree, ns, tokens, n_full, pages, &n_cached, &leaf)) != CAIRN_OK) {
+        /* nothing taken; but pages [n_held, have) are the tree's now: hold them */
+        if (have > *n_held) {
+            cairn_radix_lock(c->tree, m.node);
+            if (*hold)
+                cairn_radix_unlock(c->tree, *hold);
+            *hold = m.node;
+            *n_held = have;
+        }
+        return rc;
+    }
     cairn_radix_lock(c->tree, leaf);
     if (*hold)
         cairn_radix_unlock(c->tree, *hold);

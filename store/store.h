@@ -525,7 +525,8 @@ int cairn_kvcache_commit(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, s
  * and ours go back to the pool; when they are not, nothing changes and the
  * answer is CAIRN_EBUSY (keep computing privately; commit at the end sorts
  * it out). CAIRN_OK also when n_full <= *n_held (nothing to do);
- * CAIRN_EINVAL, CAIRN_ENOMEM (nothing changed). */
+ * CAIRN_EINVAL; CAIRN_ENOMEM (nothing inserted; pages the tree already had
+ * were still swapped in, and then *hold and *n_held cover them). */
 int cairn_kvcache_extend(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, size_t n_full,
                          int32_t *pages, size_t *n_held, cairn_kv_hold **hold);
 
