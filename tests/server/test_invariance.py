@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Same request, same tokens: a greedy request gives the same tokens alone
 or among 16 concurrent ones, with its prefix computed now or taken from
-tier 0, from part of a page, or from disk after a restart, with any
+tier 0, from part of a page, from host RAM, or from disk after a restart, with any
 --prefill-chunk and with 1 or 2 threads. Run on the bundled model and, when
 it is present (scripts/get-model), on the real quantized one; the real-model
 class is skipped with a message otherwise.
@@ -45,6 +45,7 @@ def prompts(n):
 class Invariance(harness.ServerCase):
     TMP_PREFIX = "cairn-inv-"
     MODEL_PATH = MODEL
+    SMALL_KV = "400K"  # ~40 pages of the bundled model: less than 16 prompts need
 
     def serve(self, *extra):
         return self.start(*extra, model=self.MODEL_PATH)
@@ -93,12 +94,29 @@ class Invariance(harness.ServerCase):
         c = self.client(srv)
         for i, p in enumerate(ps):
             self.assertEqual(self.greedy(c, p), want[i], f"prompt {i}: from tier 0 != alone")
-        # after a restart the tree is empty: prefixes come from disk
-        srv = self.track(srv.restart())
+        srv.stop()
+        # a tier 0 too small for all of them: the second pass finds the
+        # first pass's prefixes in host RAM
+        srv = self.serve("--kv-mem", self.SMALL_KV, "--host-mem", "256M", "--cache-dir",
+                         os.path.join(self.tmp, "host"), "--tier-loads", "always")
         c = self.client(srv)
+        from_host = 0
+        for rnd in range(2):
+            for i, p in enumerate(ps):
+                r = c.generate(prompt=p, max_tokens=GEN, temperature=0)
+                self.assertEqual(r.tokens, want[i], f"prompt {i}, pass {rnd}: != alone")
+                from_host += r.usage.cached_tokens_by_tier.get("host", 0)
+        self.assertGreater(from_host, 0, "no prefix came from host RAM: the check means nothing")
+        srv.stop()
+        srv = self.serve("--cache-dir", cache_dir, "--tier-loads", "always")
+        # after a restart the tree is empty: prefixes come from disk
+        c = self.client(srv)
+        from_disk = 0
         for i, p in enumerate(ps):
             r = c.generate(prompt=p, max_tokens=GEN, temperature=0)
             self.assertEqual(r.tokens, want[i], f"prompt {i}: from disk != alone")
+            from_disk += r.usage.cached_tokens_by_tier.get("disk", 0)
+        self.assertGreater(from_disk, 0, "no prefix came from disk: the check means nothing")
         srv.stop()
         # chunk sizes and thread counts
         for extra in (["--prefill-chunk", "16"], ["--prefill-chunk", "64"],
@@ -114,6 +132,7 @@ class Invariance(harness.ServerCase):
                      "the real model is not here (scripts/get-model fetches it)")
 class InvarianceRealModel(Invariance):
     MODEL_PATH = REAL
+    SMALL_KV = "4M"  # ~20 pages of Qwen2.5-0.5B (192 KiB a page)
 
 
 if __name__ == "__main__":
