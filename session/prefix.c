@@ -119,20 +119,20 @@ size_t prefix_take_partial(cairn_service *s, job *j)
     const size_t limit = n_next < ps - 1 ? n_next : ps - 1;
     size_t from_job = 0;
     const job *src = partial_source(s, j, at, limit, &from_job);
-    int32_t dst;
-    if (job_reserve_pages(j, j->n_pages + 1) != CAIRN_OK ||
-        cairn_kvcache_alloc(s->cache, 1, &dst) != CAIRN_OK)
+    if (job_reserve_pages(j, j->n_pages + 1) != CAIRN_OK)
         return 0;
+    /* the cache takes a page only when it has something to copy into it */
+    int32_t dst = -1;
     size_t k = 0;
     if (cairn_kvcache_partial(s->cache, j->req->tenant, j->hold, j->n_tree_pages,
-                              j->seq.v + at, n_next, dst, &k) !=
-        CAIRN_OK)
+                              j->seq.v + at, n_next, &dst, &k) != CAIRN_OK)
         k = 0;
-    if (src && from_job > k &&
+    if (src && from_job > k && (dst >= 0 || cairn_kvcache_alloc(s->cache, 1, &dst) == CAIRN_OK) &&
         cairn_kvcache_copy_page(s->cache, src->pages[at / ps], dst) == CAIRN_OK)
         k = from_job;
     if (k == 0) {
-        cairn_kvcache_free_pages(s->cache, 1, &dst);
+        if (dst >= 0)
+            cairn_kvcache_free_pages(s->cache, 1, &dst);
         return 0;
     }
     j->pages[j->n_pages++] = dst;

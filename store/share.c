@@ -123,10 +123,7 @@ static int tails_init(cairn_kvcache *c)
     c->tails = calloc(cap, sizeof *c->tails);
     c->tail_tokens = malloc(cap * (size_t)c->L.page_size * sizeof(int32_t));
     if (!c->tails || !c->tail_tokens) {
-        free(c->tails);
-        free(c->tail_tokens);
-        c->tails = NULL;
-        c->tail_tokens = NULL;
+        kvc_tails_free(c);
         return CAIRN_ENOMEM;
     }
     for (size_t i = 0; i < cap; i++) {
@@ -160,12 +157,15 @@ static void tail_drop(cairn_kvcache *c, struct kv_tail *t)
     c->n_tails--;
 }
 
-/* The least recently used tail in tier 0 (device) or 1 (host), or NULL. */
+/* The least recently used tail in tier 0 (device) or 1 (host), or NULL;
+ * never the one partial() is copying. */
 static struct kv_tail *lru_tail(cairn_kvcache *c, bool on_device)
 {
     struct kv_tail *lru = NULL;
     for (size_t i = 0; i < c->n_tails_cap && c->n_tails > 0; i++) {
         struct kv_tail *t = &c->tails[i];
+        if (t == c->tail_busy)
+            continue; /* partial() is copying it */
         if ((on_device ? t->page : t->slot) >= 0 && (!lru || t->last_use < lru->last_use))
             lru = t;
     }
@@ -282,10 +282,25 @@ int cairn_kvcache_copy_page(cairn_kvcache *c, int32_t src, int32_t dst)
     return cairn_backend_copy(c->be, dev_addr(c, dst), dev_addr(c, src), c->L.page_bytes);
 }
 
-int cairn_kvcache_partial(cairn_kvcache *c, uint64_t ns, cairn_kv_hold *hold, size_t n_held,
-                          const int32_t *next, size_t n_next, int32_t dst, size_t *n_reused)
+/* Take a page for partial() while its source can neither move nor be
+ * dropped: a tree child is locked, a tail is set aside from the LRU. */
+static int alloc_guarded(cairn_kvcache *c, cairn_radix_node *child, struct kv_tail *tail,
+                         int32_t *page)
 {
-    if (!c || !next || !n_reused || dst < 0)
+    if (child)
+        cairn_radix_lock(c->tree, child);
+    c->tail_busy = tail;
+    int rc = cairn_kvcache_alloc(c, 1, page);
+    c->tail_busy = NULL;
+    if (child)
+        cairn_radix_unlock(c->tree, child);
+    return rc;
+}
+
+int cairn_kvcache_partial(cairn_kvcache *c, uint64_t ns, cairn_kv_hold *hold, size_t n_held,
+                          const int32_t *next, size_t n_next, int32_t *page, size_t *n_reused)
+{
+    if (!c || !next || !n_reused || !page)
         return CAIRN_EINVAL;
     *n_reused = 0;
     cairn_radix_node *node = hold ? hold : cairn_radix_root(c->tree);
@@ -297,8 +312,7 @@ int cairn_kvcache_partial(cairn_kvcache *c, uint64_t ns, cairn_kv_hold *hold, si
         return CAIRN_OK;
     const bool at_root = cairn_radix_parent(node) == NULL;
     size_t best = 0;
-    const cairn_radix_page *from = NULL; /* a tree page (device or host)  */
-    bool from_device = false;
+    cairn_radix_node *from_child = NULL; /* a tree page (device or host) */
     struct kv_tail *from_tail = NULL;
     for (size_t i = 0, nc = cairn_radix_node_n_children(node); i < nc; i++) {
         cairn_radix_node *ch = cairn_radix_node_child(node, i);
@@ -316,8 +330,7 @@ int cairn_kvcache_partial(cairn_kvcache *c, uint64_t ns, cairn_kv_hold *hold, si
         size_t l = lcp(cairn_radix_node_tokens(ch), next, limit);
         if (l > best) {
             best = l;
-            from = &pg[0];
-            from_device = tier == CAIRN_TIER_DEVICE;
+            from_child = ch;
         }
     }
     if (c->n_tails > 0) {
@@ -335,36 +348,45 @@ int cairn_kvcache_partial(cairn_kvcache *c, uint64_t ns, cairn_kv_hold *hold, si
             if (l > best) {
                 best = l;
                 from_tail = t;
-                from = NULL;
+                from_child = NULL;
             }
         }
     }
     if (best == 0)
         return CAIRN_OK;
-    int rc = CAIRN_OK;
-    int32_t host_slot = -1;
+    /* a page only now that there is something to put in it */
+    const bool ours = *page < 0;
+    int rc = ours ? alloc_guarded(c, from_child, from_tail, page) : CAIRN_OK;
+    if (rc != CAIRN_OK)
+        return rc;
+    /* the source's records after the allocation (it may have evicted others) */
+    int32_t device_page = -1, host_slot = -1;
     if (from_tail) {
         from_tail->last_use = ++c->tail_clock;
-        if (from_tail->page >= 0)
-            rc = cairn_kvcache_copy_page(c, from_tail->page, dst);
-        else
-            host_slot = from_tail->slot;
-    } else if (from_device) {
-        rc = cairn_kvcache_copy_page(c, from->device_page, dst);
+        device_page = from_tail->page;
+        host_slot = from_tail->slot;
     } else {
-        host_slot = from->host_slot;
+        cairn_radix_page *pg;
+        cairn_radix_node_pages(from_child, &pg);
+        if (cairn_radix_node_tier(from_child) == CAIRN_TIER_DEVICE)
+            device_page = pg[0].device_page;
+        else
+            host_slot = pg[0].host_slot;
     }
-    if (host_slot >= 0) {
+    if (device_page >= 0) {
+        rc = cairn_kvcache_copy_page(c, device_page, *page);
+    } else {
         double t0 = cairn_now();
-        rc = c->be->iface->upload(c->be, dev_addr(c, dst), cairn_host_pool_slot(c->host, host_slot),
+        rc = c->be->iface->upload(c->be, dev_addr(c, *page), cairn_host_pool_slot(c->host, host_slot),
                                   c->L.page_bytes);
         if (rc == CAIRN_OK)
             kvc_note_upload(c, 1, cairn_now() - t0);
     }
     if (rc == CAIRN_OK) {
         *n_reused = best;
-        c->stats.partial_reuses++;
-        c->stats.partial_tokens += best;
+    } else if (ours) {
+        cairn_page_pool_release(c->dev, 1, page);
+        *page = -1;
     }
     return rc;
 }

@@ -531,15 +531,18 @@ int cairn_kvcache_extend(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, s
                          int32_t *pages, size_t *n_held, cairn_kv_hold **hold);
 
 /* After a whole-page match ending at `hold` (NULL: the root) after n_held
- * pages (CAIRN_EINVAL when the hold's path is not that long), copy into the
- * caller's page `dst` the cached page that shares the most leading tokens
- * with next[0 .. n_next), fewer than page_size of them (a whole page would
- * have been part of the match); *n_reused receives how many rows of dst are
- * now valid for those tokens (0: nothing found, dst untouched). Pages in
- * tier 2 only are not considered. Errors: CAIRN_EINVAL, or what the copy
- * or upload returned (*n_reused 0). */
+ * pages (CAIRN_EINVAL when the hold's path is not that long), find the
+ * cached page that shares the most leading tokens with next[0 .. n_next),
+ * fewer than page_size of them (a whole page would have been part of the
+ * match), and copy it into a page of the caller's: *page when it is >= 0,
+ * else one taken now (cairn_kvcache_alloc, which never evicts the source)
+ * only because something was found, and the caller's from then on.
+ * *n_reused receives how many rows of it are now valid for those tokens
+ * (0: nothing found, *page untouched). Pages in tier 2 only are not
+ * considered. Errors: CAIRN_EINVAL; CAIRN_EFULL (no page to copy into);
+ * what the copy or upload returned (a page taken here is given back). */
 int cairn_kvcache_partial(cairn_kvcache *c, uint64_t ns, cairn_kv_hold *hold, size_t n_held,
-                          const int32_t *next, size_t n_next, int32_t dst, size_t *n_reused);
+                          const int32_t *next, size_t n_next, int32_t *page, size_t *n_reused);
 
 /* Keep `page` (the caller's, holding the KV of the last n_tokens %
  * page_size tokens of tokens[0 .. n_tokens)) as a tail for partial(). Takes
@@ -710,7 +713,6 @@ typedef struct {
     size_t persists;                        /* persist calls queued          */
     uint64_t disk_records;                  /* durable records stored        */
     uint64_t tree_pages[CAIRN_TIER_COUNT];  /* pages of the tree per tier    */
-    uint64_t partial_reuses, partial_tokens; /* partial(): copies, rows reused */
     uint64_t tail_pages, tail_host_pages;   /* tails kept now: tier 0, host  */
 } cairn_kvcache_stats;
 

@@ -150,6 +150,7 @@ struct cairn_kvcache {
     int32_t *tail_tokens;
     size_t n_tails_cap, n_tails;
     uint64_t tail_clock;
+    struct kv_tail *tail_busy; /* being copied by partial(): not to be moved */
 
     cairn_kvcache_stats stats;
 };
