@@ -61,9 +61,6 @@ class CairnTarget:
     def __init__(self, srv):
         self.srv = srv
 
-    def tokenizer(self):
-        return self.srv.client()
-
     def session(self):
         c = self.srv.client()
 

@@ -64,6 +64,16 @@ class Invariance(harness.ServerCase):
             srv.stop()
         return out
 
+    def replay(self, c, ps, want, tier, what):
+        """Each prompt once more, one by one, against `want`; how many of
+        their cached tokens `tier` served."""
+        served = 0
+        for i, p in enumerate(ps):
+            r = c.generate(prompt=p, max_tokens=GEN, temperature=0)
+            self.assertEqual(r.tokens, want[i], f"prompt {i}: {what} != alone")
+            served += r.usage.cached_tokens_by_tier.get(tier, 0)
+        return served
+
     def concurrent(self, srv, ps):
         out = [None] * len(ps)
         clients = [self.client(srv) for _ in ps]
@@ -100,22 +110,12 @@ class Invariance(harness.ServerCase):
         srv = self.serve("--kv-mem", self.SMALL_KV, "--host-mem", "256M", "--cache-dir",
                          os.path.join(self.tmp, "host"), "--tier-loads", "always")
         c = self.client(srv)
-        from_host = 0
-        for rnd in range(2):
-            for i, p in enumerate(ps):
-                r = c.generate(prompt=p, max_tokens=GEN, temperature=0)
-                self.assertEqual(r.tokens, want[i], f"prompt {i}, pass {rnd}: != alone")
-                from_host += r.usage.cached_tokens_by_tier.get("host", 0)
+        from_host = sum(self.replay(c, ps, want, "host", f"pass {k}") for k in range(2))
         self.assertGreater(from_host, 0, "no prefix came from host RAM: the check means nothing")
         srv.stop()
         srv = self.serve("--cache-dir", cache_dir, "--tier-loads", "always")
         # after a restart the tree is empty: prefixes come from disk
-        c = self.client(srv)
-        from_disk = 0
-        for i, p in enumerate(ps):
-            r = c.generate(prompt=p, max_tokens=GEN, temperature=0)
-            self.assertEqual(r.tokens, want[i], f"prompt {i}: from disk != alone")
-            from_disk += r.usage.cached_tokens_by_tier.get("disk", 0)
+        from_disk = self.replay(self.client(srv), ps, want, "disk", "from disk")
         self.assertGreater(from_disk, 0, "no prefix came from disk: the check means nothing")
         srv.stop()
         # chunk sizes and thread counts

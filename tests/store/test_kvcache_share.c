@@ -185,6 +185,19 @@ static void test_partial_from_tree(void **state)
     cache_close(&k);
 }
 
+/* A sequence that ends n tokens into its second page, as commit leaves it:
+ * page 0 in the tree, page 1 (computed) kept as a tail of n tokens. */
+static void finish_with_tail(cache *k, const int32_t *tok, size_t n)
+{
+    int32_t ids[2];
+    assert_int_equal(cairn_kvcache_alloc(k->c, 2, ids), CAIRN_OK);
+    compute(k, tok, 0, ids[0]);
+    compute(k, tok, 1, ids[1]);
+    cairn_kv_hold *leaf;
+    assert_int_equal(cairn_kvcache_commit(k->c, 0, tok, 1, ids, 0, 1, NULL, &leaf), CAIRN_OK);
+    assert_int_equal(cairn_kvcache_keep_tail(k->c, 0, tok, PS + n, ids[1]), CAIRN_OK);
+}
+
 /* A finished sequence's partial last page is kept and found by the next
  * request over the same prefix; a longer tail replaces a shorter one;
  * tails are given up first when allocation runs short. */
@@ -195,13 +208,7 @@ static void test_tails(void **state)
     cache_open(&k, 6, 0);
     int32_t tok[2 * PS];
     seq_tokens(tok, 2 * PS, 5);
-    int32_t ids[2];
-    assert_int_equal(cairn_kvcache_alloc(k.c, 2, ids), CAIRN_OK);
-    compute(&k, tok, 0, ids[0]);
-    compute(&k, tok, 1, ids[1]); /* holds rows 0..6 of page 1 */
-    cairn_kv_hold *leaf;
-    assert_int_equal(cairn_kvcache_commit(k.c, 0, tok, 1, ids, 0, 1, NULL, &leaf), CAIRN_OK);
-    assert_int_equal(cairn_kvcache_keep_tail(k.c, 0, tok, PS + 7, ids[1]), CAIRN_OK);
+    finish_with_tail(&k, tok, 7);
     check_accounting(&k, 0);
     cairn_kvcache_stats st;
     cairn_kvcache_get_stats(k.c, &st);
@@ -250,13 +257,7 @@ static void test_tail_in_host_ram(void **state)
     cache_open(&k, 3, 2);
     int32_t tok[2 * PS];
     seq_tokens(tok, 2 * PS, 11);
-    int32_t ids[2];
-    assert_int_equal(cairn_kvcache_alloc(k.c, 2, ids), CAIRN_OK);
-    compute(&k, tok, 0, ids[0]);
-    compute(&k, tok, 1, ids[1]);
-    cairn_kv_hold *leaf;
-    assert_int_equal(cairn_kvcache_commit(k.c, 0, tok, 1, ids, 0, 1, NULL, &leaf), CAIRN_OK);
-    assert_int_equal(cairn_kvcache_keep_tail(k.c, 0, tok, PS + 12, ids[1]), CAIRN_OK);
+    finish_with_tail(&k, tok, 12);
     /* one page free; taking two moves the tail, not the tree page */
     int32_t two[2];
     assert_int_equal(cairn_kvcache_alloc(k.c, 2, two), CAIRN_OK);
