@@ -426,6 +426,11 @@ int cairn_server_create(const cairn_server_config *cfg, cairn_server **out, char
         uv_signal_init(&s->loop, &s->sigterm);
         s->sigint.data = s->sigterm.data = s;
         s->has_signals = true;
+        /* From here, not from cairn_server_run: the caller says "listening"
+         * between the two, and a SIGTERM sent on that line must stop the
+         * server gracefully (libuv holds it until the loop runs). */
+        uv_signal_start(&s->sigint, on_signal, SIGINT);
+        uv_signal_start(&s->sigterm, on_signal, SIGTERM);
         /* Seeds for requests without one: unpredictable across runs. */
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -458,8 +463,6 @@ int cairn_server_run(cairn_server *s)
 {
     if (!s || s->stopping)
         return CAIRN_EINVAL;
-    uv_signal_start(&s->sigint, on_signal, SIGINT);
-    uv_signal_start(&s->sigterm, on_signal, SIGTERM);
     uv_run(&s->loop, UV_RUN_DEFAULT);
     /* The loop only ends once every handle is closed (and every work item
      * has come back), which begin_shutdown arranges; run it once more in

@@ -5,17 +5,27 @@
  *
  *   key   's' + id.hi (8 bytes, big-endian) + id.lo (8 bytes, big-endian)
  *   value "CSR1" | u32 version | u32 flags | u32 key_len |
- *         u64 tenant | u64 n_tokens | u64 checksum | int32 tokens[n_tokens]
- *         | key_len bytes of the session's name (little-endian throughout)
+ *         u64 tenant | u64 n_tokens | u64 checksum | [u64 vocabulary]
+ *         | int32 tokens[n_tokens] | key_len bytes of the session's name
+ *         (little-endian throughout)
  *
- *   flags    bit 0: persist; bit 1: the history ends with a generated reply
- *            whose turn is not closed yet (see reply_open)
- *   version  2: no name (key_len 0): what every unnamed session still
- *            writes, so an older cairn reads it; 3: a named session
+ *   flags      bit 0: persist; bit 1: the history ends with a generated
+ *              reply whose turn is not closed yet (see reply_open)
+ *   version    2: no name (key_len 0); 3: a named session; 4 (what this
+ *              cairn writes): name optional, and the vocabulary field
+ *   vocabulary XXH3-64 of the vocabulary the tokens are ids of (its size
+ *              and every token's text, see records_vocab_id)
  *
  * The checksum is XXH3-64 of the key and the value with the checksum field
  * zeroed: a damaged record, or one moved under another session's key, is
- * dropped at start rather than brought back with a wrong history.
+ * dropped at start rather than brought back with a wrong history. Only
+ * that: a sound record that this server cannot take — written under
+ * another vocabulary (`-m` another model), or longer than this server's
+ * context (a smaller `-c`) — is the user's conversation all the same. It
+ * is kept on disk untouched and skipped (a warning says why), and comes
+ * back when the server is started as it was. (A cairn older than version 4
+ * records drops version 4 records as damaged: do not go back to one over
+ * a cache directory with sessions in it.)
  */
 #include "session/session_impl.h"
 
@@ -24,7 +34,8 @@
 #define RECORD_MAGIC "CSR1"
 #define RECORD_VERSION_PLAIN 2
 #define RECORD_VERSION_NAMED 3
-#define RECORD_HEADER 40
+#define RECORD_VERSION_VOCAB 4
+#define RECORD_HEADER 40 /* up to the tokens; version 4 adds the vocabulary */
 #define RECORD_SUM_AT 32
 #define RECORD_KEY_MAX 1024 /* bytes of a session's name */
 
@@ -50,11 +61,11 @@ static void record_key(cairn_session_id id, uint8_t key[17])
 int record_put(cairn_service *s, const session *x, uint64_t cookie)
 {
     size_t n = x->history.n, name = x->key ? x->key_len : 0;
-    size_t bytes = RECORD_HEADER + n * sizeof(int32_t) + name;
+    size_t body = RECORD_HEADER + 8, bytes = body + n * sizeof(int32_t) + name;
     uint8_t *v = malloc(bytes), key[17];
     if (!v)
         return CAIRN_ENOMEM;
-    uint32_t head[4] = {0, name ? RECORD_VERSION_NAMED : RECORD_VERSION_PLAIN,
+    uint32_t head[4] = {0, RECORD_VERSION_VOCAB,
                         (x->persist ? 1u : 0u) | (x->reply_open ? 2u : 0u), (uint32_t)name};
     memcpy(head, RECORD_MAGIC, 4);
     uint64_t n64 = n, zero = 0;
@@ -62,16 +73,36 @@ int record_put(cairn_service *s, const session *x, uint64_t cookie)
     memcpy(v + 16, &x->tenant, 8);
     memcpy(v + 24, &n64, 8);
     memcpy(v + RECORD_SUM_AT, &zero, 8);
+    memcpy(v + RECORD_HEADER, &s->vocab_id, 8);
     if (n)
-        memcpy(v + RECORD_HEADER, x->history.v, n * sizeof(int32_t));
+        memcpy(v + body, x->history.v, n * sizeof(int32_t));
     if (name)
-        memcpy(v + RECORD_HEADER + n * sizeof(int32_t), x->key, name);
+        memcpy(v + body + n * sizeof(int32_t), x->key, name);
     record_key(x->id, key);
     uint64_t sum = record_checksum(key, v, bytes);
     memcpy(v + RECORD_SUM_AT, &sum, 8);
     int rc = cairn_kvcache_record_put(s->cache, key, sizeof key, v, bytes, cookie);
     free(v);
     return rc;
+}
+
+uint64_t records_vocab_id(const cairn_vocab *vocab, int n_vocab)
+{
+    /* the ids' meaning: the vocabulary's size and each token's text, in
+     * order (a model of the same tokenizer with other weights shares it) */
+    XXH3_state_t *st = XXH3_createState();
+    uint64_t n64 = (uint64_t)n_vocab, h = n64;
+    if (!st)
+        return h;
+    XXH3_64bits_reset(st);
+    XXH3_64bits_update(st, &n64, sizeof n64);
+    for (int32_t t = 0; vocab && t < cairn_vocab_n_tokens(vocab); t++) {
+        const char *text = cairn_vocab_token_text(vocab, t);
+        XXH3_64bits_update(st, text ? text : "", text ? strlen(text) + 1 : 1);
+    }
+    h = XXH3_64bits_digest(st);
+    XXH3_freeState(st);
+    return h;
 }
 
 int record_delete(cairn_service *s, cairn_session_id id, uint64_t cookie)
@@ -81,29 +112,57 @@ int record_delete(cairn_service *s, cairn_session_id id, uint64_t cookie)
     return cairn_kvcache_record_delete(s->cache, key, sizeof key, cookie);
 }
 
-/* One record: its header and body checked against the layout above. */
-static bool record_valid(const cairn_service *s, const uint8_t *k, const uint8_t *v,
-                         size_t bytes, uint64_t *n_out, uint32_t *name_out)
+/* What a record is to this server. */
+typedef enum {
+    RECORD_SOUND,   /* taken                                                */
+    RECORD_DAMAGED, /* fails its layout or checksum: deleted                */
+    RECORD_FOREIGN, /* sound, but not for this configuration: kept, skipped */
+} record_verdict;
+
+/* One record checked against the layout above; for a sound one, where its
+ * tokens start, their count and the name's length. *why says what makes a
+ * foreign one foreign. */
+static record_verdict record_check(const cairn_service *s, const uint8_t *k, const uint8_t *v,
+                                   size_t bytes, size_t *body_out, uint64_t *n_out,
+                                   uint32_t *name_out, const char **why)
 {
     uint32_t head[4];
-    uint64_t n, sum;
+    uint64_t n, sum, vocab = s->vocab_id;
     memcpy(head, v, 16);
     memcpy(&n, v + 24, 8);
     memcpy(&sum, v + RECORD_SUM_AT, 8);
-    const bool plain = head[1] == RECORD_VERSION_PLAIN, named = head[1] == RECORD_VERSION_NAMED;
-    const uint32_t name = head[3];
-    bool ok = memcmp(head, RECORD_MAGIC, 4) == 0 && (plain || named) &&
-              (plain ? name == 0 : name > 0 && name <= RECORD_KEY_MAX) &&
-              n <= (uint64_t)s->n_ctx && bytes == RECORD_HEADER + n * sizeof(int32_t) + name &&
-              record_checksum(k, v, bytes) == sum;
-    for (uint64_t i = 0; ok && i < n; i++) {
-        int32_t t;
-        memcpy(&t, v + RECORD_HEADER + i * sizeof t, sizeof t);
-        ok = t >= 0 && t < s->n_vocab;
-    }
+    const uint32_t version = head[1], name = head[3];
+    const size_t body = version == RECORD_VERSION_VOCAB ? RECORD_HEADER + 8 : RECORD_HEADER;
+    bool ok = memcmp(head, RECORD_MAGIC, 4) == 0 &&
+              (version == RECORD_VERSION_PLAIN ? name == 0
+               : version == RECORD_VERSION_NAMED ? name > 0 && name <= RECORD_KEY_MAX
+               : version == RECORD_VERSION_VOCAB && name <= RECORD_KEY_MAX) &&
+              bytes >= body && n <= (bytes - body) / sizeof(int32_t) &&
+              bytes == body + n * sizeof(int32_t) + name && record_checksum(k, v, bytes) == sum;
+    if (!ok)
+        return RECORD_DAMAGED;
+    if (version == RECORD_VERSION_VOCAB)
+        memcpy(&vocab, v + RECORD_HEADER, 8);
+    *body_out = body;
     *n_out = n;
     *name_out = name;
-    return ok;
+    if (vocab != s->vocab_id) {
+        *why = "it was written under another vocabulary (another model)";
+        return RECORD_FOREIGN;
+    }
+    if (n > (uint64_t)s->n_ctx) {
+        *why = "its history is longer than this server's context (-c)";
+        return RECORD_FOREIGN;
+    }
+    for (uint64_t i = 0; i < n; i++) {
+        int32_t t;
+        memcpy(&t, v + body + i * sizeof t, sizeof t);
+        if (t < 0 || t >= s->n_vocab) {
+            *why = "it holds token ids outside this model's vocabulary";
+            return RECORD_FOREIGN;
+        }
+    }
+    return RECORD_SOUND;
 }
 
 /* Sessions from the records on disk: persisted ones, and — after a graceful
@@ -122,14 +181,27 @@ static int load_record(const void *key, size_t key_len, const void *value, size_
         id.hi = id.hi << 8 | k[1 + i];
         id.lo = id.lo << 8 | k[9 + i];
     }
-    uint64_t n;
-    uint32_t name;
-    if (!record_valid(s, k, v, bytes, &n, &name)) {
+    uint64_t n = 0;
+    uint32_t name = 0;
+    size_t body = RECORD_HEADER;
+    const char *why = NULL;
+    char hex[33];
+    switch (record_check(s, k, v, bytes, &body, &n, &name, &why)) {
+    case RECORD_SOUND:
+        break;
+    case RECORD_DAMAGED:
         /* never bring a session back with a history it did not have */
-        char hex[33];
         cairn_session_id_to_hex(id, hex);
-        cairn_log(CAIRN_LOG_WARN, "service: session record %s failed verification; dropped", hex);
+        cairn_log(CAIRN_LOG_WARN, "service: session record %s is damaged (layout or checksum); "
+                  "dropped", hex);
         record_delete(s, id, 0);
+        return 0;
+    case RECORD_FOREIGN:
+        /* the user's conversation: never deleted for how the server started */
+        cairn_session_id_to_hex(id, hex);
+        cairn_log(CAIRN_LOG_WARN, "service: session %s kept on disk but not loaded: %s; start the "
+                  "server as it was to get it back", hex, why);
+        s->records_skipped++;
         return 0;
     }
     uint32_t flags;
@@ -137,7 +209,7 @@ static int load_record(const void *key, size_t key_len, const void *value, size_
     memcpy(&flags, v + 8, 4);
     memcpy(&tenant, v + 16, 8);
     session *x = calloc(1, sizeof *x);
-    const uint8_t *tok = v + RECORD_HEADER;
+    const uint8_t *tok = v + body;
     if (!x || tokvec_append(&x->history, (const int32_t *)tok, (size_t)n) ||
         (name && session_set_key(x, (const char *)tok + n * sizeof(int32_t), name))) {
         if (x) {

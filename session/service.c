@@ -238,10 +238,15 @@ int cairn_service_start(const cairn_service_config *cfg, cairn_service **out, ch
     if ((rc = settle_config(s, err, err_len)) || (rc = setup_layout(s, err, err_len)) ||
         (rc = setup_cache(s, cfg, err, err_len)) || (rc = setup_tables(s)))
         goto fail;
+    s->vocab_id = records_vocab_id(s->vocab, s->n_vocab);
     if (s->have_disk) {
         records_load(s);
         if (s->n_sessions)
             cairn_log(CAIRN_LOG_INFO, "service: %zu sessions restored from %s", s->n_sessions,
+                      s->cfg.cache_dir);
+        if (s->records_skipped)
+            cairn_log(CAIRN_LOG_WARN, "service: %zu sessions in %s are kept but not loaded (written "
+                      "under another model or a larger context)", s->records_skipped,
                       s->cfg.cache_dir);
     }
     if (pthread_create(&s->thread, NULL, engine_main, s) != 0) {

@@ -172,6 +172,10 @@ struct cairn_service {
     cairn_kvcache *cache;
     cairn_kv_layout kv;
     int n_ctx, n_vocab, page_size;
+    uint64_t vocab_id;         /* records_vocab_id of this model: what a
+                                  session record's tokens must be ids of   */
+    size_t records_skipped;    /* sound records of another configuration
+                                  (kept on disk, not loaded)               */
     bool prefix_cache;
     cairn_eagle *eagle;        /* the runtime's draft head, or NULL           */
     cairn_eagle_params draft;
@@ -251,6 +255,9 @@ int record_put(cairn_service *s, const session *x, uint64_t cookie);
 int record_delete(cairn_service *s, cairn_session_id id, uint64_t cookie);
 /* At start: sessions back from the records on disk. */
 void records_load(cairn_service *s);
+/* XXH3-64 of a vocabulary (its size and every token's text, in order): the
+ * meaning of a record's token ids. */
+uint64_t records_vocab_id(const cairn_vocab *vocab, int n_vocab);
 /* At a graceful stop: every open session's record; how many were queued. */
 size_t records_write_all(cairn_service *s);
 

@@ -36,6 +36,7 @@ rely on exactly that and on nothing about speed.
 import os
 import shutil
 import struct
+import subprocess
 import sys
 import threading
 import unittest
@@ -124,6 +125,27 @@ def write_perturbed_model(src, dst, tensor="blk.0.attn_k.weight", scale=1.5):
         raise unittest.SkipTest(f"{tensor} is not F32 in this model")
     vals = struct.unpack_from(f"<{count}f", data, off)
     struct.pack_into(f"<{count}f", data, off, *[v * scale for v in vals])
+    with open(dst + ".tmp", "wb") as f:
+        f.write(data)
+    os.replace(dst + ".tmp", dst)
+
+
+def write_model_with_other_vocabulary(src, dst):
+    """Copy `src` to `dst` with the text of its last token changed (same
+    length, weights untouched): a model whose token ids mean something else,
+    as another model's would."""
+    with open(src, "rb") as f:
+        data = bytearray(f.read())
+    key = b"tokenizer.ggml.tokens"
+    at = data.index(struct.pack("<Q", len(key)) + key) + 8 + len(key)
+    vtype, etype, n = struct.unpack_from("<IIQ", data, at)
+    if (vtype, etype) != (9, 8):
+        raise ValueError("tokenizer.ggml.tokens is not an array of strings")
+    pos = at + 16
+    for _ in range(n - 1):
+        pos += 8 + struct.unpack_from("<Q", data, pos)[0]
+    length = struct.unpack_from("<Q", data, pos)[0]
+    data[pos + 8:pos + 8 + length] = b"~" * length
     with open(dst + ".tmp", "wb") as f:
         f.write(data)
     os.replace(dst + ".tmp", dst)
@@ -630,6 +652,91 @@ class NamespaceChange(PersistCase):
         self.assertEqual(r.tokens, changed)
         # (the change matters: reusing the old KV would have been wrong)
         self.assertNotEqual(changed, r0.tokens)
+
+
+class RecordsOfAnotherConfiguration(PersistCase):
+    """A persisted session is the user's conversation: a server started once
+    with a smaller context or another model must keep its record (skipping
+    it, with a warning) and the session comes back, whole, when the server
+    is started as it was. Only a damaged record is ever dropped."""
+
+    def sessions(self, c, sids):
+        found = {}
+        for sid in sids:
+            try:
+                found[sid] = c.session_info(sid)["n_tokens"]
+            except cairn_client.NotFound:
+                pass
+        return found
+
+    def test_smaller_context_or_other_vocabulary_keeps_the_session(self):
+        long_text = doc_prompt(700)
+        small_ctx = 512
+        srv = self.start()
+        c = self.client(srv)
+        sid_long = c.session_open(text=long_text, persist=True)["session_id"]
+        r = c.session_generate(sid_long, max_tokens=12, temperature=0)
+        hist_long = tok(long_text, True) + r.tokens
+        self.assertGreater(len(hist_long), small_ctx)
+        sid_short = c.session_open(text="Tom had a red ball.", persist=True)["session_id"]
+        hist_short = tok("Tom had a red ball.", True)
+        everyone = {sid_long: len(hist_long), sid_short: len(hist_short)}
+        self.assertEqual(self.sessions(c, everyone), everyone)
+        full_args = srv.args
+
+        # a smaller -c: the long session is skipped, not deleted
+        small = [a if a != str(N_CTX) else str(small_ctx) for a in full_args]
+        self.assertNotEqual(small, full_args)
+        srv = self.graceful_restart(srv, args=small)
+        c = self.client(srv)
+        self.assertEqual(self.sessions(c, everyone), {sid_short: len(hist_short)})
+        self.assertIn("kept on disk but not loaded", srv.log())
+        # ... and does not come back by being written over at a stop
+        srv = self.graceful_restart(srv, args=full_args)
+        c = self.client(srv)
+        self.assertEqual(self.sessions(c, everyone), everyone)
+        r2 = c.session_generate(sid_long, max_tokens=10, temperature=0)
+        self.assertEqual(r2.tokens, ref_continue(hist_long, 10))
+        hist_long += r2.tokens
+        everyone[sid_long] = len(hist_long)
+
+        # another vocabulary: both are skipped, through a SIGKILL too
+        other = os.path.join(self.tmp, "other-vocab.gguf")
+        write_model_with_other_vocabulary(MODEL, other)
+        other_args = [a if a != MODEL else other for a in full_args]
+        self.assertNotEqual(other_args, full_args)
+        srv = self.graceful_restart(srv, args=other_args)
+        c = self.client(srv)
+        self.assertEqual(self.sessions(c, everyone), {})
+        self.assertIn("another vocabulary", srv.log())
+        srv = self.crash_restart(srv)
+        srv = self.graceful_restart(srv, args=full_args)
+        c = self.client(srv)
+        self.assertEqual(self.sessions(c, everyone), everyone)
+        r3 = c.session_generate(sid_short, max_tokens=8, temperature=0)
+        self.assertEqual(r3.tokens, ref_continue(hist_short, 8))
+
+    def test_damaged_record_is_dropped(self):
+        """The one case a record goes: its checksum fails."""
+        srv = self.start()
+        c = self.client(srv)
+        sid = c.session_open(text="Tom had a red ball.", persist=True)["session_id"]
+        srv.kill()
+        # flip the record's last byte with LMDB's own tools (lmdb-utils)
+        if not shutil.which("mdb_dump") or not shutil.which("mdb_load"):
+            self.skipTest("mdb_dump/mdb_load (lmdb-utils) not installed")
+        dump = subprocess.run(["mdb_dump", "-s", "records", self.cache_dir], check=True,
+                              capture_output=True, text=True).stdout.splitlines()
+        key = " " + ("73" + sid.lower())
+        at = dump.index(key)
+        value = dump[at + 1]
+        dump[at + 1] = value[:-2] + "%02x" % (int(value[-2:], 16) ^ 0xFF)
+        subprocess.run(["mdb_load", "-s", "records", self.cache_dir], check=True,
+                       input="\n".join(dump) + "\n", text=True)
+        srv = self.track(srv.restart())
+        c = self.client(srv)
+        self.assertEqual(self.sessions(c, [sid]), {})
+        self.assertIn("is damaged", srv.log())
 
 
 if __name__ == "__main__":
