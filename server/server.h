@@ -78,7 +78,7 @@ typedef struct {
     uint32_t max_depth;         /* nested arrays/maps, top level = 1 (8)      */
     uint32_t max_string_bytes;  /* one str, bin or ext payload (4 MiB)        */
     uint32_t max_array_len;     /* elements of one array (1,048,576)          */
-    uint32_t max_map_len;       /* pairs of one map (64)                      */
+    uint32_t max_map_len;       /* pairs of one map (65,536)                  */
 } cairn_mp_limits;
 
 /* Fill in the defaults named above. */

@@ -17,7 +17,7 @@ void cairn_mp_limits_default(cairn_mp_limits *lim)
     lim->max_depth = 24; /* room for a JSON schema sent as a map (response_format) */
     lim->max_string_bytes = 4u << 20;
     lim->max_array_len = 1u << 20;
-    lim->max_map_len = 64;
+    lim->max_map_len = 1u << 16;
 }
 
 static uint64_t be16(const uint8_t *p) { return (uint64_t)p[0] << 8 | p[1]; }

@@ -186,7 +186,7 @@ static void test_scan_hostile_lengths(void **state)
     const uint8_t bin32[] = {0xc6, 0xff, 0xff, 0xff, 0xf0};
     const uint8_t ext32[] = {0xc9, 0x80, 0x00, 0x00, 0x00};
     const uint8_t arr32[] = {0xdd, 0xff, 0xff, 0xff, 0xff};
-    const uint8_t map32[] = {0xdf, 0x00, 0x01, 0x00, 0x00};
+    const uint8_t map32[] = {0xdf, 0x00, 0x01, 0x00, 0x01}; /* 65,537 pairs */
     const uint8_t *hostile[] = {str32, bin32, ext32, arr32, map32};
     for (int i = 0; i < 5; i++)
         assert_int_equal(cairn_mp_scan_buffer(hostile[i], 5, &g_lim, &n), CAIRN_ERANGE);
@@ -228,8 +228,8 @@ static void test_scan_hostile_lengths(void **state)
     const uint8_t map16[] = {0xde, 0x00, 0x40}; /* 64 pairs = 128 items > 100 bytes */
     assert_int_equal(cairn_mp_scan_buffer(map16, 3, &small, &n), CAIRN_ERANGE);
     /* Map and array counts have their own caps. */
-    const uint8_t bigmap[] = {0xde, 0x00, 0x41}; /* 65 pairs > max_map_len 64 */
-    assert_int_equal(cairn_mp_scan_buffer(bigmap, 3, &g_lim, &n), CAIRN_ERANGE);
+    const uint8_t bigmap[] = {0xdf, 0x00, 0x01, 0x00, 0x01}; /* 65,537 pairs > 65,536 */
+    assert_int_equal(cairn_mp_scan_buffer(bigmap, 5, &g_lim, &n), CAIRN_ERANGE);
     const uint8_t bigarr[] = {0xdd, 0x00, 0x10, 0x00, 0x01}; /* 2^20 + 1 */
     assert_int_equal(cairn_mp_scan_buffer(bigarr, 5, &g_lim, &n), CAIRN_ERANGE);
 }

@@ -667,6 +667,25 @@ class Malformed(ServerCase):
         self.expect_call_error("session.truncate", {"session_id": "0" * 32, "n_tokens": "x"})
         self.expect_call_error("gen.cancel", {"request": "x"})
 
+    def test_limits_are_per_field(self):
+        """The generic map cap does not cut a field short: a native
+        logit_bias takes the 300 entries docs/api.md promises (one more is
+        too_large, naming the field), and a schema may have 100 properties."""
+        bias = {str(t): -1.0 for t in range(300)}
+        r = self.c.call("generate", {"prompt": "hi", "max_tokens": 4, "temperature": 0,
+                                     "logit_bias": bias})
+        self.assertIn("tokens", r)
+        bias["300"] = -1.0
+        e = self.expect_call_error("generate", {"prompt": "hi", "logit_bias": bias},
+                                   (cairn_client.TooLarge, cairn_client.InvalidRequest))
+        self.assertIn("logit_bias", str(e))
+        schema = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(100)},
+                  "required": ["p0"], "additionalProperties": False}
+        r = self.c.call("generate", {"prompt": "hi", "max_tokens": 8, "temperature": 0,
+                                     "response_format": {"type": "json_schema",
+                                                         "json_schema": {"schema": schema}}})
+        self.assertIn("tokens", r)
+
     def test_limits(self):
         lim = self.info["limits"]
         too_large = (cairn_client.TooLarge, cairn_client.InvalidRequest)
