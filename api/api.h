@@ -151,6 +151,13 @@ int cairn_api_decode(const cairn_api *api, cairn_api_op op, const json_t *params
                      const cairn_api_tokens *tokens, cairn_api_call *out, cairn_api_error *err);
 void cairn_api_call_clear(cairn_api_call *c);
 
+/* A request body as JSON (duplicate keys refused). An integer literal that
+ * does not fit 64 signed bits is read as its decimal text, so that the field
+ * it belongs to says what is wrong (a seed in [2^63, 2^64) is valid; a
+ * larger one is refused naming `seed`) instead of the whole body being
+ * "invalid JSON". NULL, with *err filled, when the text is not JSON. */
+json_t *cairn_api_json_parse(const char *text, size_t len, json_error_t *err);
+
 /* Choice `i` (0 .. n_choices-1) of an OpenAI request as an engine request of
  * its own (*out, the caller's): the call's request with seed + i. The
  * tokens and stop strings are copied, the grammar shared. CAIRN_ENOMEM. */

@@ -519,8 +519,7 @@ static void decode_work(srv_work *w)
 {
     decode_item *it = (decode_item *)w;
     json_error_t jerr;
-    json_t *root = json_loadb(it->body ? it->body : "", it->body_len, JSON_REJECT_DUPLICATES,
-                              &jerr);
+    json_t *root = cairn_api_json_parse(it->body, it->body_len, &jerr);
     free(it->body);
     it->body = NULL;
     if (!root || !json_is_object(root)) {

@@ -443,6 +443,23 @@ class OpenAIFacade(unittest.TestCase):
         self.assertEqual(lp.text_offset[0], 0)
         self.assertTrue(all(len(alt) <= 2 for alt in lp.top_logprobs))
 
+    def test_seed_range(self):
+        """seed takes [0, 2^64) over JSON as well (jansson stops at 2^63-1):
+        the largest repeats, one past it is a 400 naming seed, not "invalid
+        JSON"; other integer fields name themselves when given one that
+        large."""
+        kw = dict(model="m", prompt="Once upon a time", max_tokens=8, temperature=1)
+        a = self.client.completions.create(seed=2 ** 64 - 1, **kw).choices[0].text
+        b = self.client.completions.create(seed=2 ** 64 - 1, **kw).choices[0].text
+        self.assertEqual(a, b)
+        for seed in (2 ** 64, 10 ** 30, -(10 ** 30)):
+            with self.subTest(seed=seed), self.assertRaises(openai.BadRequestError) as cm:
+                self.client.completions.create(seed=seed, **kw)
+            self.assertEqual(cm.exception.body["param"], "seed")
+        with self.assertRaises(openai.BadRequestError) as cm:
+            self.client.completions.create(model="m", prompt="x", max_tokens=10 ** 30)
+        self.assertEqual(cm.exception.body["param"], "max_tokens")
+
     def test_invalid_requests(self):
         cases = [
             dict(n=0),

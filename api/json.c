@@ -1,0 +1,80 @@
+/*
+ * api/json.c — a request body's JSON, read the same way for every HTTP
+ * front end.
+ *
+ * jansson holds integers in 64 signed bits and refuses a document with a
+ * larger one as malformed ("too big integer"). A client that sends
+ * `"seed": 18446744073709551615` (a valid u64 seed) or a seed past 2^64 has
+ * sent valid JSON with one field out of range, and must hear about that
+ * field. So a document refused for that reason only is read again with each
+ * such integer literal taken as its decimal text: what the msgpack front end
+ * already does with a uint64 above 2^63 - 1, and what the fields that take
+ * integers that large (seed) accept, while every other integer field refuses
+ * a string naming itself.
+ */
+#include "api/api_impl.h"
+
+#include <string.h>
+
+/* The body with every integer literal outside int64 quoted; NULL on ENOMEM. */
+static char *quote_big_integers(const char *text, size_t len, size_t *out_len)
+{
+    cairn_strbuf b = {0};
+    bool in_string = false, escaped = false;
+    for (size_t i = 0; i < len;) {
+        const char c = text[i];
+        if (in_string || c == '"' || (c != '-' && !(c >= '0' && c <= '9'))) {
+            if (in_string) {
+                in_string = escaped || c != '"';
+                escaped = !escaped && c == '\\';
+            } else {
+                in_string = c == '"';
+            }
+            cairn_strbuf_add(&b, &c, 1);
+            i++;
+            continue;
+        }
+        /* a number: [-]digits[.digits][(e|E)[+-]digits] */
+        size_t j = i + (c == '-'), digits = 0;
+        bool integral = true;
+        while (j < len && text[j] >= '0' && text[j] <= '9')
+            j++, digits++;
+        while (j < len && (strchr(".eE+-", text[j]) || (text[j] >= '0' && text[j] <= '9'))) {
+            integral = false;
+            j++;
+        }
+        /* 19 digits may still fit; strncmp compares equal-length digit runs */
+        const char *limit = c == '-' ? "9223372036854775808" : "9223372036854775807";
+        const bool big = integral && (digits > 19 || (digits == 19 &&
+                                                      strncmp(text + j - 19, limit, 19) > 0));
+        if (big)
+            cairn_strbuf_add(&b, "\"", 1);
+        cairn_strbuf_add(&b, text + i, j - i);
+        if (big)
+            cairn_strbuf_add(&b, "\"", 1);
+        i = j;
+    }
+    cairn_strbuf_add(&b, "", 0);
+    if (b.oom) {
+        cairn_strbuf_free(&b);
+        return NULL;
+    }
+    *out_len = b.len;
+    return b.data;
+}
+
+json_t *cairn_api_json_parse(const char *text, size_t len, json_error_t *err)
+{
+    json_t *root = json_loadb(text ? text : "", len, JSON_REJECT_DUPLICATES, err);
+    if (root || !strstr(err->text, "too big"))
+        return root;
+    size_t n = 0;
+    char *quoted = quote_big_integers(text, len, &n);
+    if (!quoted) {
+        snprintf(err->text, sizeof err->text, "out of memory");
+        return NULL;
+    }
+    root = json_loadb(quoted, n, JSON_REJECT_DUPLICATES, err);
+    free(quoted);
+    return root;
+}
