@@ -62,6 +62,8 @@ static const char help[] =
     "      --http-max-body SIZE  largest request body (default 4M)\n"
     "      --http-timeout S   a request must arrive whole within S seconds (default 30)\n"
     "      --model-name NAME  the model id /v1/models reports (default: the file's name)\n"
+    "      --cors-origin LIST let pages of these origins (comma-separated, or *) call the\n"
+    "                         HTTP API from a browser (default: none)\n"
     "  -v, --verbose          log every connection\n" CLI_DRAFT_HELP
     "      --draft-max-batch N  speculate only while at most N requests decode (default 4;\n"
     "                           0 = never; on a CPU with a tiny model speculation is slower)\n"
@@ -73,6 +75,7 @@ enum {
     OPT_PREFILL, OPT_NO_PREFIX, OPT_CACHE_DIR, OPT_IDLE, OPT_MAX_OUTPUT, OPT_HOST_MEM,
     OPT_DISK_MAX, OPT_TIER_LOADS, OPT_AUTH_TOKEN, OPT_AUTH_TOKEN_FILE, OPT_TENANTS,
     OPT_HTTP_PORT, OPT_HTTP_HOST, OPT_HTTP_MAX_BODY, OPT_HTTP_TIMEOUT, OPT_MODEL_NAME,
+    OPT_CORS_ORIGIN,
     OPT_DRAFT_MAX_BATCH,
 };
 
@@ -207,6 +210,7 @@ static int parse_listener_opt(serve_opts *o, int opt, const char *arg)
     case OPT_TENANTS: o->tenants_file = arg; return 1;
     case OPT_HTTP_PORT: return parse_int_opt(arg, "--http-port", 0, 65535, &cfg->http.port);
     case OPT_HTTP_HOST: cfg->http.host = arg; return 1;
+    case OPT_CORS_ORIGIN: cfg->http.cors_origins = arg; return 1;
     case OPT_HTTP_MAX_BODY:
         return parse_size_opt(arg, "--http-max-body", "4M", false, &cfg->http.max_body_bytes);
     case OPT_HTTP_TIMEOUT: return parse_seconds_opt(arg, "--http-timeout", &cfg->http.timeout_s);
@@ -243,6 +247,7 @@ static int parse_serve_opts(serve_opts *o, int argc, char **argv)
         {"http-host", required_argument, 0, OPT_HTTP_HOST},
         {"http-max-body", required_argument, 0, OPT_HTTP_MAX_BODY},
         {"http-timeout", required_argument, 0, OPT_HTTP_TIMEOUT},
+        {"cors-origin", required_argument, 0, OPT_CORS_ORIGIN},
         {"model-name", required_argument, 0, OPT_MODEL_NAME},
         CLI_DRAFT_LONGOPTS,
         {"draft-max-batch", required_argument, 0, OPT_DRAFT_MAX_BATCH},

@@ -227,6 +227,9 @@ typedef struct {
                                 file's base name without .gguf              */
     size_t max_session_keys; /* session keys kept at once: the engine's named
                                 sessions (LRU; default 1024)                  */
+    const char *cors_origins; /* origins whose pages may read the replies
+                                (browser front ends), comma-separated, or
+                                "*" for any; NULL (default): no CORS      */
 } cairn_http_config;
 
 /* ======================================================================== */

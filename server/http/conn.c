@@ -61,10 +61,15 @@ static bool path_is(const hconn *c, const char *p)
     return n == strlen(p) && memcmp(c->url.data, p, n) == 0;
 }
 
+static const char *allow_list(unsigned method)
+{
+    return method == HTTP_GET ? "GET, HEAD, OPTIONS" : "POST, OPTIONS";
+}
+
 static void method_not_allowed(hconn *c, unsigned allowed)
 {
     char allow[64];
-    snprintf(allow, sizeof allow, "Allow: %s\r\n", allowed == HTTP_GET ? "GET" : "POST");
+    snprintf(allow, sizeof allow, "Allow: %s\r\n", allow_list(allowed));
     json_t *body = http_error_body(405, "method not allowed", NULL, NULL);
     char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
     http_respond(c, 405, "application/json", text ? text : "{}", text ? strlen(text) : 2, allow);
@@ -77,7 +82,8 @@ static bool model_route(hconn *c)
 {
     static const char prefix[] = "/v1/models/";
     size_t plen = sizeof prefix - 1, n = path_len(c);
-    if (!(n > plen && memcmp(c->url.data, prefix, plen) == 0 && c->parser.method == HTTP_GET))
+    if (!(n > plen && memcmp(c->url.data, prefix, plen) == 0 &&
+          (c->parser.method == HTTP_GET || c->parser.method == HTTP_HEAD)))
         return false;
     const char *id = c->base.srv->model_id;
     if (n - plen == strlen(id) && memcmp(c->url.data + plen, id, n - plen) == 0) {
@@ -89,6 +95,30 @@ static bool model_route(hconn *c)
         http_respond_error(c, 404, "no such model", "model", "model_not_found");
     }
     return true;
+}
+
+/* OPTIONS: what the route takes, and — for an allowed origin — the CORS
+ * preflight's answer (the methods, and the headers the browser asked for). */
+static void preflight(hconn *c, unsigned method)
+{
+    cairn_strbuf h = {0};
+    http_printf(&h, "Allow: %s\r\n", allow_list(method));
+    if (c->cors_allowed) {
+        http_printf(&h, "Access-Control-Allow-Methods: %s\r\nAccess-Control-Max-Age: 600\r\n",
+                    allow_list(method));
+        if (c->cors_headers && *c->cors_headers) {
+            cairn_strbuf_add(&h, "Access-Control-Allow-Headers: ", 30);
+            cairn_strbuf_add(&h, c->cors_headers, strlen(c->cors_headers));
+            cairn_strbuf_add(&h, "\r\n", 2);
+        }
+    }
+    if (h.oom) {
+        cairn_strbuf_free(&h);
+        srv_conn_close(&c->base);
+        return;
+    }
+    http_respond(c, 200, "text/plain", "", 0, h.data);
+    cairn_strbuf_free(&h);
 }
 
 static void handle_message(hconn *c)
@@ -104,10 +134,15 @@ static void handle_message(hconn *c)
         {"/v1/chat/completions", HTTP_POST, 4},
         {"/v1/completions", HTTP_POST, 5},
     };
+    const unsigned method = c->parser.method;
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
         if (!path_is(c, routes[i].path))
             continue;
-        if (c->parser.method != routes[i].method) {
+        if (method == HTTP_OPTIONS) {
+            preflight(c, routes[i].method);
+            return;
+        }
+        if (method != routes[i].method && !(method == HTTP_HEAD && routes[i].method == HTTP_GET)) {
             method_not_allowed(c, routes[i].method);
             return;
         }
@@ -123,7 +158,9 @@ static void handle_message(hconn *c)
         default: http_handle_generation(c, false); return;
         }
     }
-    if (!model_route(c))
+    if (method == HTTP_OPTIONS && strncmp(c->url.data ? c->url.data : "", "/v1/models/", 11) == 0)
+        preflight(c, HTTP_GET);
+    else if (!model_route(c))
         http_respond_error(c, 404, "no such route", NULL, NULL);
 }
 
@@ -153,7 +190,10 @@ static int on_message_begin(http_parser *p)
     c->header_is_value = false;
     free(c->authorization);
     free(c->session_header);
-    c->authorization = c->session_header = NULL;
+    free(c->origin);
+    free(c->cors_headers);
+    c->authorization = c->session_header = c->origin = c->cors_headers = NULL;
+    c->cors_allowed = c->head_only = false;
     c->expect_continue = false;
     return 0;
 }
@@ -193,9 +233,11 @@ static int header_done(hconn *c)
 {
     if (c->field.len == 0)
         return 0;
-    char **dst = name_is(&c->field, "authorization")  ? &c->authorization
-                 : name_is(&c->field, "x-session-id") ? &c->session_header
-                                                      : NULL;
+    char **dst = name_is(&c->field, "authorization")    ? &c->authorization
+                 : name_is(&c->field, "x-session-id")   ? &c->session_header
+                 : name_is(&c->field, "origin")         ? &c->origin
+                 : name_is(&c->field, "access-control-request-headers") ? &c->cors_headers
+                                                        : NULL;
     if (dst) {
         free(*dst);
         if (!(*dst = trimmed_copy(&c->value)))
@@ -258,14 +300,44 @@ static int check_auth(hconn *c)
     return 0;
 }
 
+/* Is `origin` in the comma-separated list (or is the list "*")? */
+static bool origin_listed(const char *list, const char *origin)
+{
+    if (!list || !origin || !*origin)
+        return false;
+    for (const char *p = list; *p;) {
+        while (*p == ' ' || *p == ',')
+            p++;
+        size_t n = strcspn(p, ", ");
+        if ((n == 1 && *p == '*') || (n == strlen(origin) && strncasecmp(p, origin, n) == 0))
+            return true;
+        p += n;
+    }
+    return false;
+}
+
+/* The value of a header echoed back must not carry a line break. */
+static bool header_safe(const char *v)
+{
+    return v && !strpbrk(v, "\r\n");
+}
+
 static int on_headers_complete(http_parser *p)
 {
     hconn *c = of(p);
     if (c->header_is_value && header_done(c))
         return -1;
     c->header_is_value = false;
-    /* Refuse what we can before reading a byte of the body. */
-    if (!path_is(c, "/health") && check_auth(c) != 0)
+    c->head_only = p->method == HTTP_HEAD;
+    c->cors_allowed = header_safe(c->origin) &&
+                      origin_listed(c->base.srv->cfg.http.cors_origins, c->origin);
+    if (c->cors_headers && !header_safe(c->cors_headers)) {
+        free(c->cors_headers);
+        c->cors_headers = NULL;
+    }
+    /* Refuse what we can before reading a byte of the body. A preflight
+     * carries no credentials, and answers with no data. */
+    if (p->method != HTTP_OPTIONS && !path_is(c, "/health") && check_auth(c) != 0)
         return refuse_in_parser(c, 401, "a valid 'Authorization: Bearer TOKEN' header is required");
     if ((p->flags & F_CONTENTLENGTH) && p->content_length > c->base.srv->cfg.http.max_body_bytes)
         return refuse_in_parser(c, 413, "the request body is too large");
@@ -356,6 +428,8 @@ static void on_free(srv_conn *b)
     cairn_strbuf_free(&c->body);
     free(c->authorization);
     free(c->session_header);
+    free(c->origin);
+    free(c->cors_headers);
 }
 
 const srv_conn_ops srv_http_ops = {

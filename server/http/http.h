@@ -23,6 +23,11 @@
  *  - A request's state belongs to its connection and goes with it: the
  *    engine keeps every session's history itself, so nothing of a request
  *    must outlive its client.
+ *  - HEAD is answered wherever GET is, with GET's headers and no body;
+ *    OPTIONS on any route answers a CORS preflight without credentials
+ *    (a browser sends none). With --cors-origin, a request whose Origin is
+ *    allowed gets Access-Control-Allow-Origin (that origin) on every reply,
+ *    errors and streams included; without it no CORS header is ever sent.
  */
 #ifndef CAIRN_SERVER_HTTP_H
 #define CAIRN_SERVER_HTTP_H
@@ -80,6 +85,10 @@ typedef struct hconn {
     size_t header_bytes;
     cairn_strbuf url, field, value, body;
     char *authorization, *session_header;
+    char *origin;         /* Origin (a browser's page), or NULL             */
+    char *cors_headers;   /* Access-Control-Request-Headers, or NULL        */
+    bool cors_allowed;    /* origin is one --cors-origin lets read replies  */
+    bool head_only;       /* a HEAD request: headers as for GET, no body    */
     bool expect_continue;
     int error_status;     /* set by a callback that refused the request    */
     const char *error_message;

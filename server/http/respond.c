@@ -70,6 +70,14 @@ void http_printf(cairn_strbuf *b, const char *fmt, ...)
         cairn_strbuf_add(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
 }
 
+/* Access-Control-Allow-Origin for an allowed origin (conn.c decides). */
+static void add_cors(const hconn *c, cairn_strbuf *out)
+{
+    if (!c->cors_allowed)
+        return;
+    http_printf(out, "Access-Control-Allow-Origin: %.400s\r\nVary: Origin\r\n", c->origin);
+}
+
 void http_respond(hconn *c, int status, const char *content_type, const char *body,
                   size_t body_len, const char *extra_headers)
 {
@@ -82,8 +90,10 @@ void http_respond(hconn *c, int status, const char *content_type, const char *bo
                c->keep_alive ? "keep-alive" : "close");
     if (extra_headers)
         cairn_strbuf_add(&out, extra_headers, strlen(extra_headers));
+    add_cors(c, &out);
     cairn_strbuf_add(&out, "\r\n", 2);
-    cairn_strbuf_add(&out, body, body_len);
+    if (!c->head_only) /* HEAD: the headers GET would have, Content-Length included */
+        cairn_strbuf_add(&out, body, body_len);
     if (out.oom) {
         cairn_strbuf_free(&out);
         srv_conn_close(&c->base);
@@ -148,6 +158,7 @@ void http_sse_head(hconn *c)
                                "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n";
     cairn_strbuf out = {0};
     cairn_strbuf_add(&out, head, sizeof head - 1);
+    add_cors(c, &out);
     http_printf(&out, "Connection: %s\r\n\r\n", c->keep_alive ? "keep-alive" : "close");
     if (!out.oom)
         srv_conn_write(&c->base, out.data, out.len);

@@ -8,6 +8,7 @@ bearer-token authentication.
 usage: test_http_limits.py CAIRN_BIN MODEL [unittest args...]
 """
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -140,6 +141,46 @@ class Limits(unittest.TestCase):
         status, _, _ = curl(self.url + "/health", "-X", "DELETE")
         self.assertEqual(status, 405)
 
+    def test_head_wherever_get(self):
+        """HEAD answers every GET route with GET's status and headers (the
+        body's Content-Length included) and no body: what probes and
+        `curl -I` send. Routes that only POST say so in Allow."""
+        for path in ("/health", "/v1/models", "/v1/models/stories260K", "/metrics"):
+            with self.subTest(path=path):
+                g_status, g_head, g_body = curl(self.url + path)
+                # the whole of what comes back, up to the server's close
+                got, closed = raw_exchange(self.server, b"HEAD " + path.encode() +
+                                           b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                self.assertTrue(closed)
+                h_head, sep, h_body = got.partition(b"\r\n\r\n")
+                self.assertEqual(sep, b"\r\n\r\n", got)
+                self.assertEqual(int(h_head.split()[1]), g_status)
+                self.assertEqual(h_body, b"")
+                length = re.search(rb"Content-Length: (\d+)", h_head)
+                self.assertIsNotNone(length, h_head)
+                if path != "/metrics":  # its counters move between the two calls
+                    self.assertEqual(int(length.group(1)), len(g_body))
+        status, head, _ = curl(self.url + "/v1/completions", "-I")
+        self.assertEqual(status, 405)
+        self.assertIn("Allow: POST", head)
+        # a HEAD on a keep-alive connection leaves it usable
+        got, _ = raw_exchange(self.server, b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n"
+                                           b"GET /health HTTP/1.1\r\nHost: x\r\n"
+                                           b"Connection: close\r\n\r\n")
+        self.assertEqual(got.count(b"HTTP/1.1 200 OK"), 2, got)
+        self.assertEqual(got.count(b'{"status":"ok"}'), 1, got)
+
+    def test_no_cors_unless_configured(self):
+        status, head, _ = curl(self.url + "/v1/models", "-H", "Origin: http://app.example")
+        self.assertEqual(status, 200)
+        self.assertNotIn("Access-Control-Allow-Origin", head)
+        status, head, _ = curl(self.url + "/v1/chat/completions", "-X", "OPTIONS",
+                               "-H", "Origin: http://app.example",
+                               "-H", "Access-Control-Request-Method: POST")
+        self.assertEqual(status, 200)
+        self.assertIn("Allow: POST", head)
+        self.assertNotIn("Access-Control", head)
+
     def test_malformed_http(self):
         got, closed = raw_exchange(self.server, b"GARBAGE\x00\x01 / HTTP/9\r\n\r\n")
         self.assertTrue(got.startswith(b"HTTP/1.1 400 "), got[:100])
@@ -232,6 +273,60 @@ class Auth(unittest.TestCase):
         bad = openai.OpenAI(base_url=self.url + "/v1", api_key="nope", max_retries=0)
         with self.assertRaises(openai.AuthenticationError):
             bad.completions.create(model="m", prompt="Once", max_tokens=2)
+
+
+@unittest.skipIf(CURL is None, "curl is not installed (scripts/setup.sh --test installs it)")
+class Cors(unittest.TestCase):
+    """--cors-origin: a browser page of an allowed origin may call the API.
+    The preflight (OPTIONS, no credentials) is answered; every reply to an
+    allowed origin, errors and streams included, names it; other origins
+    get no CORS header (the browser then refuses to show them the reply)."""
+    ORIGIN = "http://app.example:3000"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = Server(CAIRN, ["-m", MODEL, "--auth-token", TOKEN, "--cors-origin",
+                                    "http://other.example, " + cls.ORIGIN], http=True,
+                            start_timeout=SHORT_HANG_GUARD_S)
+        cls.url = cls.server.http_url
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def test_preflight_without_credentials(self):
+        status, head, body = curl(self.url + "/v1/chat/completions", "-X", "OPTIONS",
+                                  "-H", "Origin: " + self.ORIGIN,
+                                  "-H", "Access-Control-Request-Method: POST",
+                                  "-H", "Access-Control-Request-Headers: authorization, "
+                                        "content-type, x-session-id")
+        self.assertEqual(status, 200, head)
+        self.assertEqual(body, b"")
+        self.assertIn("Access-Control-Allow-Origin: " + self.ORIGIN, head)
+        self.assertIn("Access-Control-Allow-Methods: POST", head)
+        self.assertIn("Access-Control-Allow-Headers: authorization, content-type, x-session-id",
+                      head)
+        self.assertIn("Vary: Origin", head)
+
+    def test_replies_name_the_allowed_origin_only(self):
+        ok = ["-H", "Authorization: Bearer " + TOKEN]
+        body = json.dumps({"prompt": "Once", "max_tokens": 2, "stream": True}).encode()
+        for origin, allowed in ((self.ORIGIN, True), ("http://other.example", True),
+                                ("http://evil.example", False), ("http://app.example", False)):
+            with self.subTest(origin=origin):
+                for args, data, want in ((ok, None, 200), ([], None, 401), (ok, body, 200)):
+                    url = self.url + ("/v1/completions" if data else "/v1/models")
+                    status, head, _ = curl(url, *args, "-H", "Origin: " + origin, data=data)
+                    self.assertEqual(status, want)
+                    if allowed:
+                        self.assertIn("Access-Control-Allow-Origin: " + origin, head)
+                    else:
+                        self.assertNotIn("Access-Control-Allow-Origin", head)
+        # a header value cannot smuggle a line into the reply
+        got, _ = raw_exchange(self.server, b"GET /health HTTP/1.1\r\nHost: x\r\n"
+                                           b"Origin: " + self.ORIGIN.encode() + b"\r\n"
+                                           b"Connection: close\r\n\r\n")
+        self.assertIn(b"Access-Control-Allow-Origin: " + self.ORIGIN.encode() + b"\r\n", got)
 
 
 class PublicBind(unittest.TestCase):
