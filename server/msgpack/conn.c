@@ -179,10 +179,6 @@ static const cairn_req_kind req_kind_of[] = {
 static void submit_call(rpc_conn *rc, cairn_rpc_call *call)
 {
     const uint32_t msgid = call->msgid;
-    if (pending_find(rc, msgid)) {
-        send_error(rc, msgid, CAIRN_RPC_INVALID_REQUEST, "this msgid is already in flight");
-        return;
-    }
     if (rc->n_pend >= rc->base.srv->cfg.max_inflight) {
         send_error(rc, msgid, CAIRN_RPC_OVERLOADED, "too many requests in flight on this connection");
         return;
@@ -255,6 +251,15 @@ static void act(rpc_conn *rc, rpc_item *it)
     srv_conn *c = &rc->base;
     if (it->rc == CAIRN_ECLOSED)
         return; /* a notification from the client; none is defined */
+    /* A msgid names one answer: a message reusing one still in flight —
+     * whatever its method, and even malformed — gets this error instead, so
+     * that no msgid is ever answered twice by what it asked for. */
+    const bool has_msgid = it->rc == CAIRN_OK || it->err.has_msgid;
+    const uint32_t msgid = it->rc == CAIRN_OK ? it->call.msgid : it->err.msgid;
+    if (has_msgid && pending_find(rc, msgid)) {
+        send_error(rc, msgid, CAIRN_RPC_INVALID_REQUEST, "this msgid is already in flight");
+        return;
+    }
     if (it->rc != CAIRN_OK) {
         if (!it->err.has_msgid)
             srv_conn_close(c); /* not a request at all: nothing to answer */

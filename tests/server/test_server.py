@@ -603,6 +603,37 @@ class Malformed(ServerCase):
         self.assertTrue(closed)
         return None
 
+    def test_msgid_in_flight_is_refused_for_every_method(self):
+        """While a generation with msgid 5 runs, any message reusing 5 — a
+        local answer (server.info, tokenize), an engine call, a malformed
+        one — gets "already in flight", and the only result for 5 is the
+        generation's."""
+        gen = request("generate", [{"prompt": "Once", "max_tokens": self.n_ctx - 8,
+                                    "ignore_eos": True, "temperature": 0}], msgid=5)
+        reuse = [request("server.info", [], msgid=5), request("tokenize", [{"text": "x"}], msgid=5),
+                 request("session.info", [{"session_id": "0" * 32}], msgid=5),
+                 request("generate", [{"prompt": 7}], msgid=5)]
+        s = harness.connect(self.addr(), timeout=HANG_GUARD_S)
+        try:
+            s.sendall(gen + b"".join(reuse))
+            up = harness.unpacker()
+            answers = []
+            while not any(m[0] == 1 and m[2] is None for m in answers):
+                chunk = s.recv(1 << 16)
+                self.assertTrue(chunk, "the server closed the connection")
+                up.feed(chunk)
+                answers.extend(m for m in up if m[0] == 1)
+        finally:
+            s.close()
+        self.assertTrue(all(m[1] == 5 for m in answers), answers)
+        errors = [m[2] for m in answers if m[2] is not None]
+        results = [m[3] for m in answers if m[2] is None]
+        self.assertEqual(len(results), 1)
+        self.assertEqual(len(results[0]["tokens"]), self.n_ctx - 8, "not the generation's result")
+        self.assertEqual(len(errors), len(reuse), answers)
+        for e in errors:
+            self.assertIn("already in flight", e["message"])
+
     def expect_call_error(self, method, params, exc=cairn_client.InvalidRequest):
         with self.assertRaises(exc) as cm:
             self.c.call(method, params)
