@@ -54,6 +54,9 @@ static const char help[] =
     "                         measured (default: when measured to be faster), always, never\n"
     "      --idle-timeout S   close a connection that sends half a message and then\n"
     "                         nothing for S seconds (default 60)\n"
+    "      --drain-timeout S  on SIGTERM/SIGINT, stop accepting and let running requests\n"
+    "                         finish for up to S seconds, then end them (streams get\n"
+    "                         their last chunk); a second signal stops at once (default 30)\n"
     "      --max-output SIZE  unread output per connection before it is dropped\n"
     "                         (default 16M)\n"
     "      --http-port N      also serve the OpenAI-compatible HTTP API (docs/openai.md)\n"
@@ -75,7 +78,7 @@ enum {
     OPT_PREFILL, OPT_NO_PREFIX, OPT_CACHE_DIR, OPT_IDLE, OPT_MAX_OUTPUT, OPT_HOST_MEM,
     OPT_DISK_MAX, OPT_TIER_LOADS, OPT_AUTH_TOKEN, OPT_AUTH_TOKEN_FILE, OPT_TENANTS,
     OPT_HTTP_PORT, OPT_HTTP_HOST, OPT_HTTP_MAX_BODY, OPT_HTTP_TIMEOUT, OPT_MODEL_NAME,
-    OPT_CORS_ORIGIN,
+    OPT_CORS_ORIGIN, OPT_DRAIN_TIMEOUT,
     OPT_DRAFT_MAX_BATCH,
 };
 
@@ -211,6 +214,7 @@ static int parse_listener_opt(serve_opts *o, int opt, const char *arg)
     case OPT_HTTP_PORT: return parse_int_opt(arg, "--http-port", 0, 65535, &cfg->http.port);
     case OPT_HTTP_HOST: cfg->http.host = arg; return 1;
     case OPT_CORS_ORIGIN: cfg->http.cors_origins = arg; return 1;
+    case OPT_DRAIN_TIMEOUT: return parse_seconds_opt(arg, "--drain-timeout", &cfg->drain_timeout_s);
     case OPT_HTTP_MAX_BODY:
         return parse_size_opt(arg, "--http-max-body", "4M", false, &cfg->http.max_body_bytes);
     case OPT_HTTP_TIMEOUT: return parse_seconds_opt(arg, "--http-timeout", &cfg->http.timeout_s);
@@ -248,6 +252,7 @@ static int parse_serve_opts(serve_opts *o, int argc, char **argv)
         {"http-max-body", required_argument, 0, OPT_HTTP_MAX_BODY},
         {"http-timeout", required_argument, 0, OPT_HTTP_TIMEOUT},
         {"cors-origin", required_argument, 0, OPT_CORS_ORIGIN},
+        {"drain-timeout", required_argument, 0, OPT_DRAIN_TIMEOUT},
         {"model-name", required_argument, 0, OPT_MODEL_NAME},
         CLI_DRAFT_LONGOPTS,
         {"draft-max-batch", required_argument, 0, OPT_DRAFT_MAX_BATCH},

@@ -34,6 +34,7 @@ void cairn_server_config_default(cairn_server_config *cfg)
     cairn_mp_limits_default(&cfg->limits);
     cfg->max_output_bytes = 16u << 20;
     cfg->idle_timeout_s = 60;
+    cfg->drain_timeout_s = 30;
     cfg->max_inflight = 256;
     cfg->http.port = -1;
     cfg->http.max_body_bytes = 4u << 20;
@@ -249,6 +250,10 @@ static void begin_shutdown(cairn_server *s)
     close_if((uv_handle_t *)&s->tcp, &s->has_tcp);
     close_if((uv_handle_t *)&s->pipe, &s->has_pipe);
     close_if((uv_handle_t *)&s->http_tcp, &s->has_http);
+    if (s->has_drain_timer) {
+        uv_close((uv_handle_t *)&s->drain_timer, NULL);
+        s->has_drain_timer = false;
+    }
     if (s->has_signals) {
         uv_close((uv_handle_t *)&s->sigint, NULL);
         uv_close((uv_handle_t *)&s->sigterm, NULL);
@@ -272,10 +277,93 @@ static void begin_shutdown(cairn_server *s)
     }
 }
 
+/* ---- draining: the first SIGTERM or SIGINT ----------------------------------------------
+ *
+ *   signal ──▶ listeners closed; idle connections closed; new requests on
+ *              the others refused ("shutting down")
+ *          ──▶ running requests go on, up to drain_timeout_s
+ *          ──▶ still running then: ended as if cancelled (an HTTP stream gets
+ *              its last chunk and [DONE], a native call its result)
+ *          ──▶ once nothing runs and every reply is written (or DRAIN_GRACE_S
+ *              after the end): begin_shutdown. A second signal: at once. */
+
+#define DRAIN_TICK_MS 50
+#define DRAIN_GRACE_S 5.0 /* after ending the requests: for their last replies */
+
+static bool conn_busy(srv_conn *c)
+{
+    return c->attached && !srv_conn_gone(c) && c->ops->busy && c->ops->busy(c);
+}
+
+static bool conn_unflushed(const srv_conn *c)
+{
+    return !c->closing && c->stream && uv_stream_get_write_queue_size(c->stream) > 0;
+}
+
+static void drain_end_requests(cairn_server *s)
+{
+    for (srv_conn *c = s->all; c; c = c->all_next) {
+        if (!conn_busy(c))
+            continue;
+        /* the engine cancels every request of the client; the connection
+         * stays attached, so each one's last event still reaches it */
+        cairn_request *r = cairn_request_new(CAIRN_REQ_CLIENT_GONE);
+        if (r && srv_submit(c, r) != CAIRN_OK)
+            srv_conn_close(c);
+        else if (!r)
+            srv_conn_close(c);
+    }
+}
+
+static void on_drain_tick(uv_timer_t *t)
+{
+    cairn_server *s = t->data;
+    size_t busy = 0, unflushed = 0;
+    for (srv_conn *c = s->all; c; c = c->all_next) {
+        busy += conn_busy(c);
+        unflushed += conn_unflushed(c);
+    }
+    const double waited = (double)(uv_now(&s->loop) - s->drain_started_ms) / 1000.0;
+    if (busy && !s->drain_ended && waited >= s->cfg.drain_timeout_s) {
+        cairn_log(CAIRN_LOG_WARN, "drain: %zu connections still busy after %.0f s; ending their "
+                  "requests", busy, s->cfg.drain_timeout_s);
+        s->drain_ended = true;
+        drain_end_requests(s);
+    }
+    if ((!busy && !unflushed) || waited >= s->cfg.drain_timeout_s + DRAIN_GRACE_S)
+        begin_shutdown(s);
+}
+
+static void begin_drain(cairn_server *s)
+{
+    s->draining = true;
+    close_if((uv_handle_t *)&s->tcp, &s->has_tcp);
+    close_if((uv_handle_t *)&s->pipe, &s->has_pipe);
+    close_if((uv_handle_t *)&s->http_tcp, &s->has_http);
+    size_t busy = 0;
+    for (srv_conn *c = s->all; c; c = c->all_next) {
+        if (conn_busy(c))
+            busy++;
+        else if (!c->closing && !c->lingering)
+            srv_conn_close(c); /* nothing of it runs: nothing to wait for */
+    }
+    cairn_log(CAIRN_LOG_INFO, "draining: %zu connections with requests running (up to %.0f s)",
+              busy, s->cfg.drain_timeout_s);
+    s->drain_started_ms = uv_now(&s->loop);
+    uv_timer_init(&s->loop, &s->drain_timer);
+    s->drain_timer.data = s;
+    s->has_drain_timer = true;
+    uv_timer_start(&s->drain_timer, on_drain_tick, 0, DRAIN_TICK_MS);
+}
+
 static void on_signal(uv_signal_t *h, int signum)
 {
+    cairn_server *s = h->data;
     cairn_log(CAIRN_LOG_INFO, "signal %d", signum);
-    begin_shutdown(h->data);
+    if (s->draining)
+        begin_shutdown(s); /* a second signal: now */
+    else
+        begin_drain(s);
 }
 
 static void on_stop(uv_async_t *a) { begin_shutdown(a->data); }
@@ -288,7 +376,7 @@ static int check_config(const cairn_server_config *cfg, cairn_access **access, c
 {
     if (!cfg || (!cfg->host && !cfg->unix_path) || cfg->port < 0 || cfg->port > 65535 ||
         cfg->limits.max_depth < 1 || cfg->limits.max_depth > CAIRN_MP_DEPTH_CAP ||
-        cfg->idle_timeout_s <= 0 || cfg->max_inflight < 1)
+        cfg->idle_timeout_s <= 0 || cfg->max_inflight < 1 || !(cfg->drain_timeout_s >= 0))
         return cairn_errorf(err, err_len, CAIRN_EINVAL, "invalid server configuration");
     if (cfg->http.port >= 0 &&
         (cfg->http.port > 65535 || cfg->http.max_body_bytes == 0 ||

@@ -246,6 +246,9 @@ typedef struct {
     size_t max_output_bytes;   /* unread responses per connection (16 MiB)  */
     double idle_timeout_s;     /* half a message and silence: close (60)    */
     int max_inflight;          /* requests in flight per connection (256)   */
+    double drain_timeout_s;    /* SIGTERM: how long running requests may go
+                                  on before they are ended (30; 0: end them
+                                  at once); a second signal stops at once  */
     /* Access control (section 1); copied at create. None: no authentication,
      * which cairn_server_create refuses unless host is loopback (or NULL). */
     const cairn_credential *credentials;

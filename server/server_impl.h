@@ -60,6 +60,8 @@ typedef struct {
      * frees it later with free()), false when the server may free it */
     bool (*on_event)(srv_conn *c, srv_event *node);
     void (*on_detach)(srv_conn *c);              /* it left the table (may be NULL) */
+    bool (*busy)(srv_conn *c);                   /* a request of it runs: draining
+                                                    waits for it (NULL: never) */
     void (*on_free)(srv_conn *c);                /* its handles are closed: free what the
                                                     protocol added (may be NULL) */
 } srv_conn_ops;
@@ -114,6 +116,11 @@ struct cairn_server {
     uint64_t next_client_id;
     uint64_t seed_state;      /* seeds of requests without one (loop thread) */
     bool stopping;
+    bool draining;            /* a signal came: finishing what runs          */
+    bool drain_ended;         /* the drain's time is up: requests were ended  */
+    uv_timer_t drain_timer;
+    bool has_drain_timer;
+    uint64_t drain_started_ms;
     srv_http *http;           /* the OpenAI facade, when configured          */
     char model_id[256];       /* the id /v1/models reports                   */
 

@@ -33,7 +33,7 @@ void http_response_finished(hconn *c)
 {
     if (srv_conn_gone(&c->base))
         return;
-    if (!c->keep_alive) {
+    if (!c->keep_alive || c->base.srv->draining) {
         srv_conn_linger(&c->base);
         return;
     }
@@ -123,6 +123,11 @@ static void preflight(hconn *c, unsigned method)
 
 static void handle_message(hconn *c)
 {
+    if (c->base.srv->draining) {
+        c->keep_alive = false;
+        http_respond_error(c, 503, "the server is shutting down", NULL, NULL);
+        return;
+    }
     static const struct {
         const char *path;
         unsigned method;
@@ -418,6 +423,10 @@ static void on_input(srv_conn *b)
 
 static bool on_event(srv_conn *b, srv_event *node) { return http_on_event((hconn *)b, node); }
 
+/* Draining waits for the request being answered (its body may still be
+ * on a text worker). */
+static bool busy(srv_conn *b) { return ((hconn *)b)->active != NULL; }
+
 static void on_free(srv_conn *b)
 {
     hconn *c = (hconn *)b;
@@ -437,6 +446,7 @@ const srv_conn_ops srv_http_ops = {
     .on_input = on_input,
     .on_event = on_event,
     .on_free = on_free,
+    .busy = busy,
 };
 
 void srv_http_accept(cairn_server *s, uv_stream_t *listener)

@@ -275,6 +275,9 @@ static void act(rpc_conn *rc, rpc_item *it)
     else if (call->method == CAIRN_RPC_SERVER_INFO || call->method == CAIRN_RPC_TOKENIZE ||
              call->method == CAIRN_RPC_DETOKENIZE)
         answer_locally(rc, call);
+    else if (c->srv->draining)
+        send_error(rc, call->msgid, CAIRN_RPC_OVERLOADED,
+                   "the server is shutting down: no new requests");
     else
         submit_call(rc, call);
 }
@@ -554,11 +557,19 @@ static void on_free(srv_conn *c)
     free(rc->pend);
 }
 
+/* Draining waits for the requests in flight and the messages being decoded. */
+static bool busy(srv_conn *b)
+{
+    const rpc_conn *rc = (const rpc_conn *)b;
+    return rc->n_pend > 0 || rc->n_items > 0;
+}
+
 const srv_conn_ops srv_msgpack_ops = {
     .name = "msgpack",
     .on_input = on_input,
     .on_event = on_event,
     .on_free = on_free,
+    .busy = busy,
 };
 
 /* A new connection on the TCP or Unix listener. */

@@ -37,3 +37,11 @@ add_test(NAME server_invariance_real
           $<TARGET_FILE:cairn> ${CAIRN_MODEL} ${CAIRN_CHAT_MODEL} InvarianceRealModel)
 set_tests_properties(server_invariance_real PROPERTIES TIMEOUT 600 LABELS "server;realmodel"
   SKIP_RETURN_CODE 77)
+
+# SIGTERM drains: listeners close, new requests are refused, running ones
+# (an HTTP stream and a native call) finish, or end cleanly at
+# --drain-timeout; a second signal stops at once.
+add_test(NAME server_drain
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_drain.py
+          $<TARGET_FILE:cairn> ${CAIRN_MODEL})
+set_tests_properties(server_drain PROPERTIES TIMEOUT 300 LABELS "server")
