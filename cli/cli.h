@@ -64,11 +64,13 @@ int cli_model_opts_parse(cli_model_opts *o, int opt, const char *arg);
 #define CLI_MODEL_HELP                                                                             \
     "  -m, --model FILE       GGUF model (default " CLI_DEFAULT_MODEL ")\n"                       \
     "  -t, --threads N        CPU threads (default: all cores)\n"                                  \
-    "  -c, --ctx-size N       context to reserve KV pages for (default: model's, max 4096)\n"      \
+    "  -c, --ctx-size N       context to reserve KV pages for (default: the model's; `run`\n"      \
+    "                         at most 4096)\n"                                                    \
     "  -b, --batch-size N     most tokens per forward call (default 512)\n"                        \
     "      --page-size N      tokens per KV page (default 16)\n"                                   \
     "      --kv-type T        KV cache type: f16 (default) or f32\n"                               \
-    "      --device D         cpu, cuda or cuda:N (default: cuda when a GPU is present)\n"
+    "      --device D         cpu, cuda, cuda:N or auto (default auto: the first CUDA GPU\n"       \
+    "                         when built with CUDA and one is present, else the CPU)\n"
 
 /* The runtime options the shared model options ask for (draft: an EAGLE
  * head, or NULL). */
