@@ -66,6 +66,13 @@ int api_tokenize(const cairn_api *api, const char *text, size_t len, int flags, 
                  const char *field, const char *reason, int32_t **out, size_t *n,
                  cairn_api_error *e);
 /* OpenAI's chat messages (with tools) -> the prompt's tokens. */
+/* How the reply follows the messages: a trailing assistant message is
+ * continued (a prefill; `continue_final_message: false` answers it with a
+ * new turn instead), else a new assistant turn is opened
+ * (`add_generation_prompt: false` leaves it out). CAIRN_CHAT_* flags. */
+int api_reply_flags(const json_t *params, const json_t *msgs, int *flags, cairn_api_error *e);
+/* The generic format's own flag, beside CAIRN_TOK_*: continue the last message. */
+#define API_RENDER_CONTINUE_FINAL (1 << 30)
 int api_chat_prompt(const cairn_api *api, const json_t *params, const char *tools_json,
                     int32_t **tokens, size_t *n, cairn_api_error *e);
 /* OpenAI's completion prompt (string, [string] or token ids) -> tokens. */

@@ -223,15 +223,18 @@ static int render_generic(const cairn_api *api, const cairn_chat_message *m, siz
                           cairn_api_error *e)
 {
     cairn_strbuf b = {0};
+    const bool continue_final = flags & API_RENDER_CONTINUE_FINAL;
     for (size_t i = 0; i < n; i++) {
         cairn_strbuf_add(&b, "<|", 2);
         cairn_strbuf_add(&b, m[i].role, strlen(m[i].role));
         cairn_strbuf_add(&b, "|>\n", 3);
         if (m[i].content)
             cairn_strbuf_add(&b, m[i].content, strlen(m[i].content));
-        cairn_strbuf_add(&b, "\n", 1);
+        if (!(continue_final && i + 1 == n))
+            cairn_strbuf_add(&b, "\n", 1);
     }
-    if (assistant)
+    flags &= ~API_RENDER_CONTINUE_FINAL;
+    if (assistant && !continue_final)
         cairn_strbuf_add(&b, "<|assistant|>\n", 14);
     int rc = b.oom ? api_oom(e)
                    : api_tokenize(api, b.data ? b.data : "", b.len, flags, (size_t)api->n_ctx,
@@ -259,8 +262,14 @@ static int render_messages(const cairn_api *api, const json_t *msgs, const char 
         rc = read_message(json_array_get(msgs, i), i, &kl, &m[k++], e);
     if (rc == CAIRN_OK && !api->vocab)
         rc = api_fail(e, CAIRN_EUNSUPPORTED, "messages", "this server cannot tokenize text");
+    if (rc == CAIRN_OK && (chat_flags & CAIRN_CHAT_CONTINUE_FINAL) &&
+        (!n || strcmp(m[n - 1].role, "assistant") != 0 || m[n - 1].tool_calls_json))
+        rc = api_fail(e, CAIRN_EINVAL, "continue_final_message",
+                      "'continue_final_message' needs the last message to be an assistant reply "
+                      "without tool calls");
     if (rc == CAIRN_OK && !api->chat_template) {
-        int tflags = (chat_flags & CAIRN_CHAT_ADD_BOS) ? CAIRN_TOK_ADD_BOS : 0;
+        int tflags = ((chat_flags & CAIRN_CHAT_ADD_BOS) ? CAIRN_TOK_ADD_BOS : 0) |
+                     ((chat_flags & CAIRN_CHAT_CONTINUE_FINAL) ? API_RENDER_CONTINUE_FINAL : 0);
         rc = render_generic(api, m, n, chat_flags & CAIRN_CHAT_GENERATION_PROMPT, tflags, tokens,
                             n_tokens, e);
     } else if (rc == CAIRN_OK) {
@@ -335,8 +344,10 @@ int api_native_content(const cairn_api *api, const json_t *params, const api_con
         return api_fail(e, CAIRN_EINVAL, "system", "'system' must be a string");
     /* Later messages of a session continue the conversation (no default
      * system prompt or BOS again). */
-    int cflags = (r->assistant ? CAIRN_CHAT_GENERATION_PROMPT : 0) |
-                 (r->first ? 0 : CAIRN_CHAT_CONTINUE) | (add_bos ? CAIRN_CHAT_ADD_BOS : 0);
+    int reply = 0;
+    if (r->assistant && (rc = api_reply_flags(params, msgs, &reply, e)))
+        return rc;
+    int cflags = reply | (r->first ? 0 : CAIRN_CHAT_CONTINUE) | (add_bos ? CAIRN_CHAT_ADD_BOS : 0);
     *chat_turn = !r->first;
     return render_messages(api, msgs, system ? json_string_value(system) : NULL, r->tools_json,
                            cflags, tokens, n, e);
@@ -344,15 +355,37 @@ int api_native_content(const cairn_api *api, const json_t *params, const api_con
 
 /* ---- OpenAI's content --------------------------------------------------------------------- */
 
+int api_reply_flags(const json_t *params, const json_t *msgs, int *flags, cairn_api_error *e)
+{
+    size_t n = json_array_size(msgs);
+    const char *last = n ? json_string_value(json_object_get(json_array_get(msgs, n - 1), "role"))
+                         : NULL;
+    const bool ends_with_reply = last && strcmp(last, "assistant") == 0;
+    bool continue_final = ends_with_reply, gen_prompt = true;
+    int rc;
+    if ((rc = api_get_bool(params, "continue_final_message", &continue_final, e)) ||
+        (rc = api_get_bool(params, "add_generation_prompt", &gen_prompt, e)))
+        return rc;
+    if (continue_final && api_field(params, "add_generation_prompt") && gen_prompt)
+        return api_fail(e, CAIRN_EINVAL, "continue_final_message",
+                        "'continue_final_message' and 'add_generation_prompt' cannot both be "
+                        "true");
+    *flags = continue_final ? CAIRN_CHAT_CONTINUE_FINAL
+                            : gen_prompt ? CAIRN_CHAT_GENERATION_PROMPT : 0;
+    return CAIRN_OK;
+}
+
 int api_chat_prompt(const cairn_api *api, const json_t *params, const char *tools_json,
                     int32_t **tokens, size_t *n, cairn_api_error *e)
 {
     json_t *msgs = api_field(params, "messages");
     if (!json_is_array(msgs) || json_array_size(msgs) == 0)
         return api_fail(e, CAIRN_EINVAL, "messages", "'messages' must be a non-empty array");
-    int flags = CAIRN_CHAT_GENERATION_PROMPT |
-                (api->vocab && cairn_vocab_add_bos(api->vocab) ? CAIRN_CHAT_ADD_BOS : 0);
-    int rc = render_messages(api, msgs, NULL, tools_json, flags, tokens, n, e);
+    int flags = 0, rc;
+    if ((rc = api_reply_flags(params, msgs, &flags, e)))
+        return rc;
+    flags |= api->vocab && cairn_vocab_add_bos(api->vocab) ? CAIRN_CHAT_ADD_BOS : 0;
+    rc = render_messages(api, msgs, NULL, tools_json, flags, tokens, n, e);
     if (rc == CAIRN_OK && *n == 0) {
         free(*tokens);
         *tokens = NULL;

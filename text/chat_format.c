@@ -394,7 +394,7 @@ static void fmt_phi3(const cairn_chat_template *t, const conv *c, outbuf *b)
 }
 
 /* Render into b. Leading BOS text is written when the template writes it. */
-static int render(const cairn_chat_template *t, const cairn_chat_message *msgs, size_t n_msgs,
+static int render_all(const cairn_chat_template *t, const cairn_chat_message *msgs, size_t n_msgs,
                   const char *tools_json, bool gen_prompt, bool cont, outbuf *b)
 {
     if (!t || (!msgs && n_msgs))
@@ -434,6 +434,48 @@ static int render(const cairn_chat_template *t, const cairn_chat_message *msgs, 
     return rc;
 }
 
+/* A sentinel no message holds (control bytes around a name): where the
+ * final message's content goes when it is to be continued. */
+static const char continue_mark[] = "\x1f\x1e" "cairn:continue" "\x1e\x1f";
+
+/* The conversation; with `continue_final`, one whose last message is an
+ * assistant reply to continue (a prefill): the text ends with that reply's
+ * content — no end of turn, no new turn — whatever the family writes after
+ * a reply. It is rendered with the sentinel in the content's place, cut at
+ * the sentinel, and the content appended as message text. */
+static int render(const cairn_chat_template *t, const cairn_chat_message *msgs, size_t n_msgs,
+                  const char *tools_json, bool gen_prompt, bool cont, bool continue_final,
+                  outbuf *b)
+{
+    if (!continue_final)
+        return render_all(t, msgs, n_msgs, tools_json, gen_prompt, cont, b);
+    if (!n_msgs || !msgs || !msgs[n_msgs - 1].role ||
+        strcmp(msgs[n_msgs - 1].role, "assistant") != 0 || msgs[n_msgs - 1].tool_calls_json)
+        return CAIRN_EINVAL; /* only a plain assistant reply can be continued */
+    cairn_chat_message *m = malloc(n_msgs * sizeof *m);
+    if (!m)
+        return CAIRN_ENOMEM;
+    memcpy(m, msgs, n_msgs * sizeof *m);
+    const char *content = m[n_msgs - 1].content ? m[n_msgs - 1].content : "";
+    m[n_msgs - 1].content = continue_mark;
+    int rc = render_all(t, m, n_msgs, tools_json, false, cont, b);
+    free(m);
+    if (rc)
+        return rc;
+    const char *at = NULL;
+    for (const char *p = b->text.data; p && (p = strstr(p, continue_mark)); p++)
+        at = p; /* the last one: the final message's */
+    if (!at)
+        return CAIRN_EINVAL; /* the template dropped the reply */
+    size_t cut = (size_t)(at - b->text.data);
+    b->text.len = cut;
+    b->text.data[cut] = '\0';
+    while (b->n_specials && b->specials[b->n_specials - 1].off >= cut)
+        b->n_specials--;
+    ob_add(b, content, strlen(content));
+    return b->text.oom ? CAIRN_ENOMEM : CAIRN_OK;
+}
+
 /* The BOS the template wrote at the very start, if any: its length. */
 static size_t leading_bos(const cairn_chat_template *t, const outbuf *b)
 {
@@ -451,7 +493,7 @@ int cairn_chat_format(const cairn_chat_template *t, const cairn_chat_message *ms
     if (!out)
         return CAIRN_EINVAL;
     outbuf b = {0};
-    int rc = render(t, msgs, n_msgs, tools_json, add_generation_prompt, false, &b);
+    int rc = render(t, msgs, n_msgs, tools_json, add_generation_prompt, false, false, &b);
     if (rc) {
         ob_free(&b);
         return rc;
@@ -510,7 +552,8 @@ int cairn_chat_tokenize(const cairn_chat_template *t, const cairn_vocab *v,
         return CAIRN_EINVAL;
     bool cont = flags & CAIRN_CHAT_CONTINUE;
     outbuf b = {0};
-    int rc = render(t, msgs, n_msgs, tools_json, flags & CAIRN_CHAT_GENERATION_PROMPT, cont, &b);
+    int rc = render(t, msgs, n_msgs, tools_json, flags & CAIRN_CHAT_GENERATION_PROMPT, cont,
+                    flags & CAIRN_CHAT_CONTINUE_FINAL, &b);
     idvec out = {0};
     if (rc == CAIRN_OK) {
         out.cap = b.text.len + 8;

@@ -237,6 +237,12 @@ enum {
                                      system prompt, tools block, date header) */
     CAIRN_CHAT_ADD_BOS = 1 << 2,  /* start with BOS (templates that write it
                                      get it anyway, once)                    */
+    CAIRN_CHAT_CONTINUE_FINAL = 1 << 3, /* the last message is an assistant
+                                     reply to continue (a prefill): the text
+                                     ends with its content, no end of turn
+                                     and no new turn (GENERATION_PROMPT is
+                                     ignored); CAIRN_EINVAL when the last
+                                     message is not a plain assistant reply */
 };
 
 /* Format and tokenize in one step, safely: only the markers the formatter

@@ -436,6 +436,43 @@ static void test_real_tokenize(void **state)
     assert_string_equal(cairn_chat_turn_end(chat_tmpl), "<|im_end|>\n");
 }
 
+/* A trailing assistant reply is continued: the text ends with its content
+ * (no <|im_end|>, no new turn), whatever else the flags ask. */
+static void test_real_continue_final(void **state)
+{
+    (void)state;
+    NEED_REAL_MODEL();
+    cairn_chat_message m[] = {
+        {.role = "user", .content = "Print 'hi'"},
+        {.role = "assistant", .content = "Sure, here is <|im_end|> it"},
+    };
+    int32_t *ids = NULL;
+    size_t n = 0;
+    assert_int_equal(cairn_chat_tokenize(chat_tmpl, chat_vocab, m, 2, NULL,
+                                         CAIRN_CHAT_CONTINUE | CAIRN_CHAT_CONTINUE_FINAL |
+                                             CAIRN_CHAT_GENERATION_PROMPT,
+                                         &ids, &n), CAIRN_OK);
+    /* the markers are special; the reply's text, marker-looking part included, is not */
+    const char *head = "<|im_start|>user\nPrint 'hi'<|im_end|>\n<|im_start|>assistant\n";
+    const char *tail = "Sure, here is <|im_end|> it";
+    int32_t want[64];
+    size_t n_head = 0, n_tail = 0;
+    assert_int_equal(cairn_tokenize(chat_vocab, head, strlen(head), CAIRN_TOK_PARSE_SPECIAL, want,
+                                    64, &n_head), CAIRN_OK);
+    assert_int_equal(cairn_tokenize(chat_vocab, tail, strlen(tail), 0, want + n_head, 64 - n_head,
+                                    &n_tail), CAIRN_OK);
+    assert_int_equal(n, n_head + n_tail);
+    assert_memory_equal(ids, want, n * sizeof *ids);
+    free(ids);
+    /* only a plain assistant reply can be continued */
+    assert_int_equal(cairn_chat_tokenize(chat_tmpl, chat_vocab, m, 1, NULL,
+                                         CAIRN_CHAT_CONTINUE_FINAL, &ids, &n), CAIRN_EINVAL);
+    char *text = NULL;
+    assert_int_equal(cairn_chat_format(chat_tmpl, m, 2, NULL, false, &text, NULL), CAIRN_OK);
+    assert_non_null(strstr(text, "it<|im_end|>")); /* without the flag the turn is closed */
+    free(text);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -448,6 +485,7 @@ int main(void)
         cmocka_unit_test(test_family_detection),
         cmocka_unit_test(test_generic_and_errors),
         cmocka_unit_test(test_real_eog),
+        cmocka_unit_test(test_real_continue_final),
         cmocka_unit_test(test_real_tokenize),
     };
     return cmocka_run_group_tests(tests, setup_real, teardown_real);

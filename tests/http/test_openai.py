@@ -443,6 +443,34 @@ class OpenAIFacade(unittest.TestCase):
         self.assertEqual(lp.text_offset[0], 0)
         self.assertTrue(all(len(alt) <= 2 for alt in lp.top_logprobs))
 
+    def test_assistant_prefill_is_continued(self):
+        """A trailing assistant message is continued, not answered: the
+        reply is what follows its text, exactly as a completion of the
+        rendered conversation ending in that text (the bundled model has the
+        generic <|role|> format). continue_final_message: false answers it
+        with a new turn instead."""
+        msgs = [{"role": "user", "content": "Tell me a story."},
+                {"role": "assistant", "content": "Once upon a time, there was"}]
+        rendered = "<|user|>\nTell me a story.\n<|assistant|>\nOnce upon a time, there was"
+        kw = dict(model="m", max_tokens=12, temperature=0)
+        got = self.chat(msgs, **kw)
+        want = self.client.completions.create(prompt=rendered, **kw)
+        self.assertEqual(got.choices[0].message.content, want.choices[0].text)
+        self.assertEqual(got.usage.prompt_tokens, want.usage.prompt_tokens)
+
+        new_turn = self.chat(msgs, extra_body={"continue_final_message": False}, **kw)
+        want2 = self.client.completions.create(prompt=rendered + "\n<|assistant|>\n", **kw)
+        self.assertEqual(new_turn.choices[0].message.content, want2.choices[0].text)
+        # streamed the same
+        streamed = "".join(c.choices[0].delta.content or "" for c in
+                           self.chat(msgs, stream=True, **kw) if c.choices)
+        self.assertEqual(streamed, got.choices[0].message.content)
+        for body in ({"continue_final_message": True, "messages": msgs[:1]},
+                     {"continue_final_message": True, "add_generation_prompt": True}):
+            with self.subTest(body=body), self.assertRaises(openai.BadRequestError) as cm:
+                self.chat(body.pop("messages", msgs), extra_body=body, **kw)
+            self.assertEqual(cm.exception.body["param"], "continue_final_message")
+
     def test_seed_range(self):
         """seed takes [0, 2^64) over JSON as well (jansson stops at 2^63-1):
         the largest repeats, one past it is a 400 naming seed, not "invalid
