@@ -106,6 +106,15 @@ typedef struct {
     char message[300];  /* one line, naming the field and what it may be    */
 } cairn_api_error;
 
+/* One prompt of a completion request. */
+typedef struct {
+    int32_t *tokens;      /* NULL for prompts[0] (the call's req holds them) */
+    size_t n_tokens;
+    char *echo;           /* with echo: the prompt as text (the string given,
+                             or its tokens detokenized), else NULL          */
+    size_t echo_len;
+} cairn_api_prompt;
+
 /* A decoded request. Everything is owned by it: cairn_api_call_clear. */
 typedef struct {
     cairn_api_op op;
@@ -121,7 +130,14 @@ typedef struct {
     bool has_content;     /* native ops: a prompt, text, tokens or messages
                              was given (session.generate may have none)     */
     /* OpenAI ops */
-    int n_choices;        /* n: that many engine requests (cairn_api_choice) */
+    int n_choices;        /* n x the prompts: that many engine requests
+                             (cairn_api_choice)                              */
+    cairn_api_prompt *prompts; /* COMPLETION: each prompt of the request (a
+                             prompt array has several), answered by
+                             n_choices / n_prompts choices each; prompts[0]'s
+                             tokens are req's                               */
+    int n_prompts;
+    bool echo;            /* completions: the reply starts with the prompt  */
     bool stream;
     bool include_usage;   /* stream_options.include_usage                   */
     bool logprobs;        /* return logprobs (chat: bool; completions: int)  */
@@ -159,8 +175,9 @@ void cairn_api_call_clear(cairn_api_call *c);
 json_t *cairn_api_json_parse(const char *text, size_t len, json_error_t *err);
 
 /* Choice `i` (0 .. n_choices-1) of an OpenAI request as an engine request of
- * its own (*out, the caller's): the call's request with seed + i. The
- * tokens and stop strings are copied, the grammar shared. CAIRN_ENOMEM. */
+ * its own (*out, the caller's): with n choices per prompt, the request of
+ * prompt i / n with seed + i % n. The tokens and stop strings are copied,
+ * the grammar shared. CAIRN_ENOMEM. */
 int cairn_api_choice(const cairn_api_call *c, int i, cairn_request **out);
 
 /* A finished reply read for tool calls (text/text.h, cairn_chat_parse_tool_

@@ -76,8 +76,15 @@ int api_reply_flags(const json_t *params, const json_t *msgs, int *flags, cairn_
 int api_chat_prompt(const cairn_api *api, const json_t *params, const char *tools_json,
                     int32_t **tokens, size_t *n, cairn_api_error *e);
 /* OpenAI's completion prompt (string, [string] or token ids) -> tokens. */
-int api_completion_prompt(const cairn_api *api, const json_t *params, int32_t **tokens,
-                          size_t *n, cairn_api_error *e);
+/* The prompts of a completion (a string, ids, or an array of those; with
+ * `suffix` in fill-in-the-middle form): c->req's tokens are the first,
+ * c->prompts each one (and its text with echo), n_choices multiplied by
+ * their count. */
+int api_completion_prompts(const cairn_api *api, const json_t *params, cairn_api_call *c,
+                           cairn_api_error *e);
+/* ids as text, within max_text_bytes (special tokens not written). */
+int api_detokenize(const cairn_api *api, const int32_t *ids, size_t n, char **out,
+                   size_t *out_len, cairn_api_error *e);
 
 /* tools.c */
 /* tools / tool_choice / parallel_tool_calls: *render_json the tools to

@@ -111,32 +111,7 @@ static int decode_vocab_op(const cairn_api *api, cairn_api_op op, const json_t *
         c->has_content = true;
         if (!api->vocab)
             return api_fail(e, CAIRN_EUNSUPPORTED, "tokens", "this server cannot detokenize");
-        cairn_detok *d = NULL;
-        cairn_strbuf b = {0};
-        char piece[512];
-        size_t n = 0;
-        rc = cairn_detok_create(api->vocab, false, &d);
-        for (size_t i = 0; rc == CAIRN_OK && i <= c->n_tokens; i++) {
-            rc = i < c->n_tokens ? cairn_detok_push(d, c->tokens[i], piece, sizeof piece, &n)
-                                 : cairn_detok_flush(d, piece, sizeof piece, &n);
-            if (rc == CAIRN_OK)
-                cairn_strbuf_add(&b, piece, n);
-            /* token pieces can be long; the answer stays within the limit */
-            if (rc == CAIRN_OK && b.len > api->max_text_bytes)
-                rc = CAIRN_ERANGE;
-        }
-        cairn_detok_free(d);
-        if (rc == CAIRN_OK && b.oom)
-            rc = CAIRN_ENOMEM;
-        if (rc != CAIRN_OK) {
-            cairn_strbuf_free(&b);
-            return rc == CAIRN_ERANGE ? api_fail(e, rc, "tokens",
-                                                 "the text would exceed max_string_bytes")
-                                      : api_fail(e, rc, "tokens", "%s", cairn_strerror(rc));
-        }
-        c->text = b.data ? b.data : strdup("");
-        c->text_len = b.len;
-        return c->text ? CAIRN_OK : api_oom(e);
+        return api_detokenize(api, c->tokens, c->n_tokens, &c->text, &c->text_len, e);
     }
     const char *s;
     size_t len;
@@ -209,13 +184,8 @@ static int openai_shape(cairn_api_op op, const json_t *params, cairn_api_call *c
         return api_fail(e, CAIRN_EINVAL, "stream_options", "'stream_options' must be an object");
     if (so && (rc = api_get_bool(so, "include_usage", &c->include_usage, e)))
         return rc;
-    if (op == CAIRN_API_COMPLETION) {
-        json_t *echo = api_field(params, "echo"), *suffix = api_field(params, "suffix");
-        if (echo && !json_is_false(echo))
-            return api_fail(e, CAIRN_EINVAL, "echo", "echo is not supported");
-        if (suffix && !(json_is_string(suffix) && json_string_length(suffix) == 0))
-            return api_fail(e, CAIRN_EINVAL, "suffix", "suffix is not supported");
-    }
+    if (op == CAIRN_API_COMPLETION && (rc = api_get_bool(params, "echo", &c->echo, e)))
+        return rc;
     return CAIRN_OK;
 }
 
@@ -235,13 +205,17 @@ static int decode_openai(const cairn_api *api, cairn_api_op op, const json_t *pa
         if ((rc = api_tools(api, params, true, &r->gen, &c->tools_json, e)) ||
             (rc = api_chat_prompt(api, params, c->tools_json, &r->tokens, &r->n_tokens, e)))
             return rc;
-    } else if ((rc = api_completion_prompt(api, params, &r->tokens, &r->n_tokens, e))) {
+    } else if ((rc = api_completion_prompts(api, params, c, e))) {
         return rc;
     }
+    if (c->echo && c->logprobs)
+        return api_fail(e, CAIRN_EUNSUPPORTED, "echo",
+                        "'echo' with 'logprobs' is not supported (no prompt logprobs)");
     if ((rc = session_key(params, header, r, e)))
         return rc;
     if (c->n_choices > 1 && r->session_key)
-        return api_fail(e, CAIRN_EINVAL, "n", "'n' > 1 cannot be combined with a session key");
+        return api_fail(e, CAIRN_EINVAL, c->n_prompts > 1 ? "prompt" : "n",
+                        "'n' > 1 or several prompts cannot be combined with a session key");
     return CAIRN_OK;
 }
 
@@ -312,6 +286,11 @@ void cairn_api_call_clear(cairn_api_call *c)
     free(c->tokens);
     free(c->text);
     free(c->tools_json);
+    for (int i = 0; i < c->n_prompts; i++) {
+        free(c->prompts[i].tokens);
+        free(c->prompts[i].echo);
+    }
+    free(c->prompts);
     memset(c, 0, sizeof *c);
 }
 
@@ -325,19 +304,22 @@ int cairn_api_choice(const cairn_api_call *c, int i, cairn_request **out)
     r->gen = src->gen;
     r->gen.n_stop = 0;
     r->gen.grammar = cairn_grammar_retain(src->gen.grammar);
-    r->gen.sampling.seed += (uint64_t)i;
+    const int per = c->n_prompts > 1 ? c->n_choices / c->n_prompts : c->n_choices;
+    const cairn_api_prompt *p = c->n_prompts > 1 ? &c->prompts[i / per] : NULL;
+    const int32_t *src_tokens = p && p->tokens ? p->tokens : src->tokens;
+    const size_t n_src = p && p->tokens ? p->n_tokens : src->n_tokens;
+    r->gen.sampling.seed += (uint64_t)(i % per);
     for (int k = 0; k < src->gen.n_stop && rc == CAIRN_OK; k++) {
         if ((r->gen.stop[k] = strdup(src->gen.stop[k])))
             r->gen.n_stop++;
         else
             rc = CAIRN_ENOMEM;
     }
-    r->n_tokens = src->n_tokens;
-    if (rc == CAIRN_OK && !(r->tokens = malloc((src->n_tokens ? src->n_tokens : 1) *
-                                               sizeof *r->tokens)))
+    r->n_tokens = n_src;
+    if (rc == CAIRN_OK && !(r->tokens = malloc((n_src ? n_src : 1) * sizeof *r->tokens)))
         rc = CAIRN_ENOMEM;
-    if (rc == CAIRN_OK && src->n_tokens)
-        memcpy(r->tokens, src->tokens, src->n_tokens * sizeof *r->tokens);
+    if (rc == CAIRN_OK && n_src)
+        memcpy(r->tokens, src_tokens, n_src * sizeof *r->tokens);
     if (rc == CAIRN_OK && src->session_key) {
         if ((r->session_key = malloc(src->session_key_len + 1))) {
             memcpy(r->session_key, src->session_key, src->session_key_len + 1);

@@ -394,39 +394,208 @@ int api_chat_prompt(const cairn_api *api, const json_t *params, const char *tool
     return rc;
 }
 
-int api_completion_prompt(const cairn_api *api, const json_t *params, int32_t **tokens,
-                          size_t *n, cairn_api_error *e)
+int api_detokenize(const cairn_api *api, const int32_t *ids, size_t n, char **out,
+                   size_t *out_len, cairn_api_error *e)
 {
-    json_t *p = api_field(params, "prompt");
-    if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
-        p = json_array_get(p, 0);
+    cairn_detok *d = NULL;
+    cairn_strbuf b = {0};
+    char piece[512];
+    size_t got = 0;
+    int rc = cairn_detok_create(api->vocab, false, &d);
+    for (size_t i = 0; rc == CAIRN_OK && i <= n; i++) {
+        rc = i < n ? cairn_detok_push(d, ids[i], piece, sizeof piece, &got)
+                   : cairn_detok_flush(d, piece, sizeof piece, &got);
+        if (rc == CAIRN_OK)
+            cairn_strbuf_add(&b, piece, got);
+        /* token pieces can be long; the answer stays within the limit */
+        if (rc == CAIRN_OK && b.len > api->max_text_bytes)
+            rc = CAIRN_ERANGE;
+    }
+    cairn_detok_free(d);
+    if (rc == CAIRN_OK && b.oom)
+        rc = CAIRN_ENOMEM;
+    if (rc != CAIRN_OK) {
+        cairn_strbuf_free(&b);
+        return rc == CAIRN_ERANGE ? api_fail(e, rc, "tokens", "the text would exceed max_string_bytes")
+                                  : api_fail(e, rc, "tokens", "%s", cairn_strerror(rc));
+    }
+    *out = b.data ? b.data : strdup("");
+    *out_len = b.len;
+    return *out ? CAIRN_OK : api_oom(e);
+}
+
+/* Fill-in-the-middle markers of the vocabulary, as [prefix, suffix, middle]
+ * token ids, in the spellings code models use (Qwen2.5-Coder, StarCoder,
+ * CodeLlama, DeepSeek-Coder). False when the model has none. */
+static bool fim_markers(const cairn_vocab *v, int32_t ids[3])
+{
+    static const char *const sets[][3] = {
+        {"<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"},
+        {"<fim_prefix>", "<fim_suffix>", "<fim_middle>"},
+        {"\xe2\x96\x81<PRE>", "\xe2\x96\x81<SUF>", "\xe2\x96\x81<MID>"},
+        {"<\xef\xbd\x9c" "fim\xe2\x96\x81" "begin\xef\xbd\x9c>",
+         "<\xef\xbd\x9c" "fim\xe2\x96\x81" "hole\xef\xbd\x9c>",
+         "<\xef\xbd\x9c" "fim\xe2\x96\x81" "end\xef\xbd\x9c>"},
+    };
+    const int32_t n = cairn_vocab_n_tokens(v);
+    for (size_t s = 0; s < sizeof sets / sizeof sets[0]; s++) {
+        int found = 0;
+        ids[0] = ids[1] = ids[2] = -1;
+        for (int32_t t = 0; t < n && found < 3; t++) {
+            const char *text = cairn_vocab_token_text(v, t);
+            for (int k = 0; text && k < 3; k++)
+                if (ids[k] < 0 && strcmp(text, sets[s][k]) == 0) {
+                    ids[k] = t;
+                    found++;
+                }
+        }
+        if (found == 3)
+            return true;
+    }
+    return false;
+}
+
+/* Append n ids to a growing array. */
+static int ids_append(int32_t **v, size_t *len, const int32_t *ids, size_t n, cairn_api_error *e)
+{
+    int32_t *grown = realloc(*v, (*len + n + 1) * sizeof **v);
+    if (!grown)
+        return api_oom(e);
+    memcpy(grown + *len, ids, n * sizeof *ids);
+    *v = grown;
+    *len += n;
+    return CAIRN_OK;
+}
+
+/* One prompt: a string, or an array of token ids; with a suffix, the
+ * fill-in-the-middle form [BOS] PRE prompt SUF suffix MID, whose
+ * continuation is the text between the two. */
+static int completion_prompt(const cairn_api *api, const json_t *p, const json_t *suffix,
+                             int32_t **tokens, size_t *n, cairn_api_error *e)
+{
+    *tokens = NULL;
+    *n = 0;
+    const bool add_bos = api->vocab && cairn_vocab_add_bos(api->vocab);
+    int rc;
+    int32_t fim[3];
+    if (suffix && !(api->vocab && fim_markers(api->vocab, fim)))
+        return api_fail(e, CAIRN_EUNSUPPORTED, "suffix",
+                        "'suffix' needs a model with fill-in-the-middle tokens; this one has none");
     if (json_is_array(p) && json_array_size(p) > 0 && json_is_integer(json_array_get(p, 0))) {
-        int rc = api_token_array(api, p, NULL, "prompt", (size_t)api->n_ctx, tokens, n, e);
+        rc = api_token_array(api, p, NULL, "prompt", (size_t)api->n_ctx, tokens, n, e);
         if (rc == CAIRN_ERANGE)
             e->reason = "context_length_exceeded";
-        return rc;
+        if (rc || !suffix)
+            return rc;
+    } else {
+        if (!json_is_string(p))
+            return api_fail(e, CAIRN_EINVAL, "prompt", "'prompt' must be a string, an array of "
+                            "token ids, or an array of those (one prompt each)");
+        if (strlen(json_string_value(p)) != json_string_length(p))
+            return api_fail(e, CAIRN_EINVAL, "prompt", "'prompt' holds a NUL character");
+        rc = api_tokenize(api, json_string_value(p), json_string_length(p),
+                          add_bos && !suffix ? CAIRN_TOK_ADD_BOS : 0, (size_t)api->n_ctx,
+                          "prompt", "context_length_exceeded", tokens, n, e);
+        if (rc)
+            return rc;
+        /* A vocabulary whose text already opens with BOS, tokenized with
+         * BOS added too: one is enough. */
+        int32_t bos = cairn_vocab_bos(api->vocab);
+        if (*n >= 2 && bos >= 0 && (*tokens)[0] == bos && (*tokens)[1] == bos) {
+            memmove(*tokens, *tokens + 1, (*n - 1) * sizeof **tokens);
+            (*n)--;
+        }
     }
-    if (!json_is_string(p))
-        return api_fail(e, CAIRN_EINVAL, "prompt", "'prompt' must be a string (one prompt per "
-                        "request) or an array of token ids");
-    if (strlen(json_string_value(p)) != json_string_length(p))
-        return api_fail(e, CAIRN_EINVAL, "prompt", "'prompt' holds a NUL character");
-    int flags = api->vocab && cairn_vocab_add_bos(api->vocab) ? CAIRN_TOK_ADD_BOS : 0;
-    int rc = api_tokenize(api, json_string_value(p), json_string_length(p), flags,
-                          (size_t)api->n_ctx, "prompt", "context_length_exceeded", tokens, n, e);
-    if (rc)
-        return rc;
-    /* A vocabulary whose text already opens with BOS, tokenized with BOS
-     * added too: one is enough. */
-    int32_t bos = cairn_vocab_bos(api->vocab);
-    if (*n >= 2 && bos >= 0 && (*tokens)[0] == bos && (*tokens)[1] == bos) {
-        memmove(*tokens, *tokens + 1, (*n - 1) * sizeof **tokens);
-        (*n)--;
+    if (suffix) {
+        int32_t *s = NULL, *all = NULL;
+        size_t n_s = 0, n_all = 0;
+        const int32_t bos = cairn_vocab_bos(api->vocab);
+        rc = api_tokenize(api, json_string_value(suffix), json_string_length(suffix), 0,
+                          (size_t)api->n_ctx, "suffix", "context_length_exceeded", &s, &n_s, e);
+        if (!rc && add_bos && bos >= 0)
+            rc = ids_append(&all, &n_all, &bos, 1, e);
+        if (!rc)
+            rc = ids_append(&all, &n_all, &fim[0], 1, e);
+        if (!rc)
+            rc = ids_append(&all, &n_all, *tokens, *n, e);
+        if (!rc)
+            rc = ids_append(&all, &n_all, &fim[1], 1, e);
+        if (!rc)
+            rc = ids_append(&all, &n_all, s, n_s, e);
+        if (!rc)
+            rc = ids_append(&all, &n_all, &fim[2], 1, e);
+        free(s);
+        free(*tokens);
+        *tokens = all;
+        *n = n_all;
+        if (rc == CAIRN_OK && n_all > (size_t)api->n_ctx) {
+            e->reason = "context_length_exceeded";
+            rc = api_fail(e, CAIRN_ERANGE, "prompt", "the prompt and suffix have %zu tokens, "
+                          "more than the context's %d", n_all, api->n_ctx);
+        }
+        if (rc) {
+            free(*tokens);
+            *tokens = NULL;
+            *n = 0;
+            return rc;
+        }
     }
     if (*n == 0) {
         free(*tokens);
         *tokens = NULL;
         return api_fail(e, CAIRN_EINVAL, "prompt", "the prompt is empty");
     }
+    return CAIRN_OK;
+}
+
+int api_completion_prompts(const cairn_api *api, const json_t *params, cairn_api_call *c,
+                           cairn_api_error *e)
+{
+    json_t *p = api_field(params, "prompt"), *suffix = api_field(params, "suffix");
+    if (!p)
+        return api_fail(e, CAIRN_EINVAL, "prompt", "'prompt' is required");
+    if (suffix && !json_is_string(suffix))
+        return api_fail(e, CAIRN_EINVAL, "suffix", "'suffix' must be a string");
+    if (suffix && json_string_length(suffix) == 0)
+        suffix = NULL; /* what clients send for "none" */
+    /* a prompt array: strings or arrays of ids, one prompt each */
+    const bool many = json_is_array(p) && json_array_size(p) > 0 &&
+                      !json_is_integer(json_array_get(p, 0));
+    const size_t k = many ? json_array_size(p) : 1;
+    if (json_is_array(p) && json_array_size(p) == 0)
+        return api_fail(e, CAIRN_EINVAL, "prompt", "'prompt' is an empty array");
+    if (k * (size_t)c->n_choices > CAIRN_API_MAX_CHOICES)
+        return api_fail(e, CAIRN_ERANGE, "prompt", "%zu prompts with n = %d make more than %d "
+                        "choices", k, c->n_choices, CAIRN_API_MAX_CHOICES);
+    if (!(c->prompts = calloc(k, sizeof *c->prompts)))
+        return api_oom(e);
+    c->n_prompts = (int)k;
+    for (size_t i = 0; i < k; i++) {
+        const json_t *one = many ? json_array_get(p, i) : p;
+        cairn_api_prompt *pr = &c->prompts[i];
+        int32_t *ids = NULL;
+        size_t n = 0;
+        int rc = completion_prompt(api, one, suffix, &ids, &n, e);
+        if (rc)
+            return rc;
+        if (i == 0) {
+            c->req->tokens = ids;
+            c->req->n_tokens = n;
+        } else {
+            pr->tokens = ids;
+            pr->n_tokens = n;
+        }
+        if (!c->echo)
+            continue;
+        if (json_is_string(one)) {
+            pr->echo_len = json_string_length(one);
+            if (!(pr->echo = malloc(pr->echo_len + 1)))
+                return api_oom(e);
+            memcpy(pr->echo, json_string_value(one), pr->echo_len + 1);
+        } else if ((rc = api_detokenize(api, ids, n, &pr->echo, &pr->echo_len, e))) {
+            return rc;
+        }
+    }
+    c->n_choices *= (int)k;
     return CAIRN_OK;
 }

@@ -138,6 +138,8 @@ static void handle_message(hconn *c)
         {"/metrics", HTTP_GET, 3},
         {"/v1/chat/completions", HTTP_POST, 4},
         {"/v1/completions", HTTP_POST, 5},
+        {"/tokenize", HTTP_POST, 6},
+        {"/detokenize", HTTP_POST, 7},
     };
     const unsigned method = c->parser.method;
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
@@ -159,8 +161,10 @@ static void handle_message(hconn *c)
         }
         case 2: http_handle_models(c); return;
         case 3: http_handle_metrics(c); return;
-        case 4: http_handle_generation(c, true); return;
-        default: http_handle_generation(c, false); return;
+        case 4: http_handle_generation(c, CAIRN_API_CHAT); return;
+        case 5: http_handle_generation(c, CAIRN_API_COMPLETION); return;
+        case 6: http_handle_generation(c, CAIRN_API_TOKENIZE); return;
+        default: http_handle_generation(c, CAIRN_API_DETOKENIZE); return;
         }
     }
     if (method == HTTP_OPTIONS && strncmp(c->url.data ? c->url.data : "", "/v1/models/", 11) == 0)

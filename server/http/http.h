@@ -59,6 +59,9 @@ typedef struct {
     bool holding;      /* a tool call may have started: stream no more      */
     json_t *answer;    /* not streaming: its choice object, once over       */
     int64_t prompt_tokens, cached_tokens, completion_tokens;
+    int64_t cached_by_tier[3]; /* device, host, disk                        */
+    char *echo;        /* completions with echo: the prompt's text (owned)  */
+    size_t echo_len;
 } hchoice;
 
 /* The request a connection is answering. */
@@ -70,6 +73,8 @@ typedef struct hreq {
     bool stream, include_usage;
     char *tools_json;  /* tool calls may come back: the tools (owned)       */
     int n_choices, n_over;
+    int per_prompt;    /* choices of each prompt (n); the prompts are
+                          n_choices / per_prompt                            */
     hchoice *choices;  /* [n_choices]                                       */
     bool head_sent;    /* streaming: the SSE response head is written        */
     bool failed;       /* answered with an error: the rest is dropped       */
@@ -125,7 +130,9 @@ void http_sse_end(hconn *c);
 int http_status_of(int cairn_code);
 
 /* openai.c */
-void http_handle_generation(hconn *c, bool chat);
+/* /v1/chat/completions, /v1/completions, and /tokenize, /detokenize (the
+ * vocabulary ops: decoded on a worker too, answered without the engine). */
+void http_handle_generation(hconn *c, cairn_api_op op);
 void http_handle_models(hconn *c);
 bool http_on_event(hconn *c, srv_event *node);
 void http_request_free(hreq *q);

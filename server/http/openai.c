@@ -23,6 +23,7 @@ void http_request_free(hreq *q)
     for (int i = 0; i < q->n_choices; i++) {
         cairn_strbuf_free(&q->choices[i].text);
         json_decref(q->choices[i].answer);
+        free(q->choices[i].echo);
     }
     free(q->choices);
     free(q->tools_json);
@@ -173,6 +174,11 @@ static void stream_begin(hconn *c, hreq *q, int index)
         http_sse_head(c);
     }
     hchoice *ch = &q->choices[index];
+    if (ch->echo) { /* completions with echo: the prompt comes first */
+        send_completion_delta(c, q, index, ch->echo, ch->echo_len, NULL, NULL);
+        free(ch->echo);
+        ch->echo = NULL;
+    }
     if (q->kind == HK_CHAT && !ch->role_sent) {
         ch->role_sent = true;
         send_chat_delta(c, q, index, json_pack("{s:s, s:s}", "role", "assistant", "content", ""),
@@ -271,15 +277,27 @@ static void on_delta(hconn *c, hreq *q, int index, const cairn_event *ev)
 static void answer_request(hconn *c, hreq *q)
 {
     c->active = NULL;
-    int64_t completion = 0;
-    for (int i = 0; i < q->n_choices; i++)
-        completion += q->choices[i].completion_tokens;
-    const hchoice *first = &q->choices[0];
+    /* each prompt counts once (its n choices share it), each choice's tokens */
+    int64_t completion = 0, prompt = 0, cached = 0, tier[3] = {0, 0, 0};
+    const int per = q->per_prompt > 0 ? q->per_prompt : 1;
+    for (int i = 0; i < q->n_choices; i++) {
+        const hchoice *ch = &q->choices[i];
+        completion += ch->completion_tokens;
+        if (i % per)
+            continue;
+        prompt += ch->prompt_tokens;
+        cached += ch->cached_tokens;
+        for (int t = 0; t < 3; t++)
+            tier[t] += ch->cached_by_tier[t];
+    }
+    /* cached_tokens_by_tier: where the cached tokens were found (a cairn
+     * extension beside OpenAI's cached_tokens; they sum to it) */
     json_t *usage = json_pack(
-        "{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)first->prompt_tokens,
+        "{s:I, s:I, s:I, s:{s:I, s:{s:I, s:I, s:I}}}", "prompt_tokens", (json_int_t)prompt,
         "completion_tokens", (json_int_t)completion, "total_tokens",
-        (json_int_t)(first->prompt_tokens + completion), "prompt_tokens_details", "cached_tokens",
-        (json_int_t)first->cached_tokens);
+        (json_int_t)(prompt + completion), "prompt_tokens_details", "cached_tokens",
+        (json_int_t)cached, "cached_tokens_by_tier", "device", (json_int_t)tier[0], "host",
+        (json_int_t)tier[1], "disk", (json_int_t)tier[2]);
     if (q->stream) {
         if (q->include_usage) {
             json_t *o = chunk_frame(c, q);
@@ -387,6 +405,8 @@ static void finish_choice(hconn *c, hreq *q, int index, const cairn_event *ev,
     q->n_over++;
     ch->prompt_tokens = ev->prompt_tokens;
     ch->cached_tokens = ev->cached_tokens;
+    for (int t = 0; t < 3; t++)
+        ch->cached_by_tier[t] = ev->cached_by_tier[t];
     ch->completion_tokens = ev->completion_tokens;
     const char *finish = finish_of(ev);
     json_t *tool_calls = calls_json ? json_loads(calls_json, 0, NULL) : NULL;
@@ -414,8 +434,17 @@ static void finish_choice(hconn *c, hreq *q, int index, const cairn_event *ev,
                                "logprobs", lp ? lp : json_null(), "finish_reason", finish);
     } else {
         json_t *lp = completion_logprobs(api, ev, 0);
-        ch->answer = json_pack("{s:o, s:i, s:o, s:s}", "text", jstr(text, text_len), "index",
-                               index, "logprobs", lp ? lp : json_null(), "finish_reason", finish);
+        cairn_strbuf whole = {0}; /* with echo: the prompt, then the completion */
+        if (ch->echo) {
+            cairn_strbuf_add(&whole, ch->echo, ch->echo_len);
+            cairn_strbuf_add(&whole, text, text_len);
+        }
+        ch->answer = whole.oom ? NULL
+                     : json_pack("{s:o, s:i, s:o, s:s}", "text",
+                                 ch->echo ? jstr(whole.data, whole.len) : jstr(text, text_len),
+                                 "index", index, "logprobs", lp ? lp : json_null(),
+                                 "finish_reason", finish);
+        cairn_strbuf_free(&whole);
     }
     json_decref(tool_calls);
     if (!q->stream && !ch->answer) {
@@ -515,6 +544,45 @@ typedef struct {
     cairn_api_error err;
 } decode_item;
 
+/* POST /tokenize, in the shapes llama-server and vLLM take: `content` or
+ * `prompt` (text; `add_special` / `add_special_tokens` for BOS), or
+ * `messages` (a chat, rendered as /v1/chat/completions renders it). */
+static int decode_tokenize(cairn_server *srv, json_t *root, decode_item *it)
+{
+    const cairn_api *api = &srv->api;
+    if (json_object_get(root, "messages")) {
+        int rc = cairn_api_decode(api, CAIRN_API_CHAT, root, it->seed, NULL, NULL, &it->call,
+                                  &it->err);
+        if (rc == CAIRN_OK) {
+            cairn_request *r = it->call.req;
+            it->call.tokens = r->tokens;
+            it->call.n_tokens = r->n_tokens;
+            r->tokens = NULL;
+            r->n_tokens = 0;
+        }
+        it->call.op = CAIRN_API_TOKENIZE;
+        return rc;
+    }
+    static const char *const text_names[] = {"content", "prompt"};
+    static const char *const bos_names[] = {"add_special", "add_special_tokens"};
+    for (int i = 0; i < 2; i++) {
+        json_t *v = json_object_get(root, text_names[i]);
+        if (v && !json_object_get(root, "text"))
+            json_object_set(root, "text", v);
+        v = json_object_get(root, bos_names[i]);
+        if (v && !json_object_get(root, "add_bos"))
+            json_object_set(root, "add_bos", v);
+    }
+    if (!json_object_get(root, "text")) {
+        it->err = (cairn_api_error){.code = CAIRN_EINVAL, .field = "content"};
+        snprintf(it->err.message, sizeof it->err.message,
+                 "'content' (or 'prompt', or 'messages') is required");
+        return CAIRN_EINVAL;
+    }
+    return cairn_api_decode(api, CAIRN_API_TOKENIZE, root, it->seed, NULL, NULL, &it->call,
+                            &it->err);
+}
+
 static void decode_work(srv_work *w)
 {
     decode_item *it = (decode_item *)w;
@@ -532,8 +600,10 @@ static void decode_work(srv_work *w)
         json_decref(root);
         return;
     }
-    it->rc = cairn_api_decode(&w->srv->api, it->op, root, it->seed, it->session_header, NULL,
-                              &it->call, &it->err);
+    it->rc = it->op == CAIRN_API_TOKENIZE ? decode_tokenize(w->srv, root, it)
+                                          : cairn_api_decode(&w->srv->api, it->op, root, it->seed,
+                                                             it->session_header, NULL, &it->call,
+                                                             &it->err);
     json_decref(root);
 }
 
@@ -581,13 +651,49 @@ static void decode_done(srv_work *w, srv_conn *b)
         return;
     }
     cairn_api_call *call = &it->call;
+    if (call->op == CAIRN_API_TOKENIZE || call->op == CAIRN_API_DETOKENIZE) {
+        c->active = NULL;
+        json_t *o = NULL;
+        if (call->op == CAIRN_API_TOKENIZE) {
+            json_t *ids = json_array();
+            for (size_t i = 0; ids && i < call->n_tokens; i++)
+                json_array_append_new(ids, json_integer(call->tokens[i]));
+            o = json_pack("{s:o, s:I, s:i}", "tokens", ids ? ids : json_null(), "count",
+                          (json_int_t)call->n_tokens, "max_model_len", c->base.srv->api.n_ctx);
+        } else {
+            /* llama-server says content, vLLM prompt */
+            o = json_pack("{s:s%, s:s%}", "content", call->text, call->text_len, "prompt",
+                          call->text, call->text_len);
+        }
+        if (o)
+            http_respond_json(c, 200, o);
+        else
+            http_respond_error(c, 503, "out of memory", NULL, NULL);
+        json_decref(o);
+        http_request_free(q);
+        decode_item_free(it);
+        return;
+    }
     q->stream = call->stream;
     q->include_usage = call->include_usage;
     q->tools_json = call->tools_json;
     call->tools_json = NULL;
     q->n_choices = call->n_choices;
+    q->per_prompt = call->n_prompts > 1 ? call->n_choices / call->n_prompts : call->n_choices;
     q->choices = calloc((size_t)q->n_choices, sizeof *q->choices);
-    int rc = q->choices ? submit_choices(c, q, call) : CAIRN_ENOMEM;
+    int rc = q->choices ? CAIRN_OK : CAIRN_ENOMEM;
+    for (int i = 0; rc == CAIRN_OK && call->echo && i < q->n_choices; i++) {
+        const cairn_api_prompt *p = &call->prompts[i / q->per_prompt];
+        hchoice *ch = &q->choices[i];
+        if (!(ch->echo = malloc(p->echo_len + 1)))
+            rc = CAIRN_ENOMEM;
+        else {
+            memcpy(ch->echo, p->echo, p->echo_len);
+            ch->echo_len = p->echo_len;
+        }
+    }
+    if (rc == CAIRN_OK)
+        rc = submit_choices(c, q, call);
     if (!q->choices)
         q->n_choices = 0;
     if (rc != CAIRN_OK)
@@ -597,8 +703,9 @@ static void decode_done(srv_work *w, srv_conn *b)
     decode_item_free(it);
 }
 
-void http_handle_generation(hconn *c, bool chat)
+void http_handle_generation(hconn *c, cairn_api_op op)
 {
+    const bool chat = op == CAIRN_API_CHAT;
     hreq *q = calloc(1, sizeof *q);
     decode_item *it = q ? calloc(1, sizeof *it) : NULL;
     if (!it) {
@@ -617,7 +724,7 @@ void http_handle_generation(hconn *c, bool chat)
     c->body = (cairn_strbuf){0};
     it->session_header = c->session_header;
     c->session_header = NULL;
-    it->op = chat ? CAIRN_API_CHAT : CAIRN_API_COMPLETION;
+    it->op = op;
     it->seed = srv_next_seed(c->base.srv);
     it->w.conn_id = c->base.id;
     it->w.work = decode_work;

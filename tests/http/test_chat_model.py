@@ -102,6 +102,30 @@ class ToolCallRoundTrip(unittest.TestCase):
         self.assertGreaterEqual(r2.usage.prompt_tokens_details.cached_tokens,
                                 r.usage.prompt_tokens // 16 * 16 - 16)
 
+    def test_fill_in_the_middle(self):
+        """suffix on a code model: the prompt is Qwen2.5-Coder's FIM form
+        (<|fim_prefix|> prompt <|fim_suffix|> suffix <|fim_middle|>) and the
+        reply is the middle."""
+        prefix, suffix = "def add(a, b):\n    ", "\n\nprint(add(1, 2))\n"
+        r = self.client.completions.create(model="qwen", prompt=prefix, suffix=suffix,
+                                           max_tokens=8, temperature=0)
+        base = "http://%s:%d" % self.server.http_address
+        n = lambda text: self.client.post(base + "/tokenize", body={"content": text},  # noqa: E731
+                                          cast_to=object)["count"]
+        self.assertEqual(r.usage.prompt_tokens, n(prefix) + n(suffix) + 3)  # + the 3 markers
+        self.assertIn("return a + b", r.choices[0].text)
+        self.assertNotIn("<|fim", r.choices[0].text)
+
+    def test_assistant_prefill_continues(self):
+        """A trailing assistant message is continued: the reply follows its
+        text (Qwen's turn is left open), it does not start a new answer."""
+        msgs = [{"role": "user", "content": "Reply with the JSON {\"ok\": true} and nothing else."},
+                {"role": "assistant", "content": "{\"ok\":"}]
+        r = self.client.chat.completions.create(model="qwen", messages=msgs, max_tokens=6,
+                                                temperature=0)
+        self.assertTrue(r.choices[0].message.content.lstrip().startswith("true"),
+                        r.choices[0].message.content)
+
     def test_required_forces_a_call(self):
         # a greeting would be answered in text; "required" makes it a call
         greet = [{"role": "user", "content": "Say hello to me."}]

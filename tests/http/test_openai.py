@@ -471,6 +471,73 @@ class OpenAIFacade(unittest.TestCase):
                 self.chat(body.pop("messages", msgs), extra_body=body, **kw)
             self.assertEqual(cm.exception.body["param"], "continue_final_message")
 
+    def test_completion_prompt_arrays_and_echo(self):
+        """A prompt array is one prompt each (strings or id arrays), n
+        choices per prompt, indexed prompt-major; usage counts each prompt
+        once. echo puts the prompt before the completion, streaming too."""
+        kw = dict(model="m", max_tokens=6, temperature=0)
+        alone = [self.client.completions.create(prompt=p, **kw).choices[0].text
+                 for p in ("Once upon a time", "The little dog")]
+        ids = self.client.post(self.server.http_url + "/tokenize",
+                               body={"content": "The little dog"}, cast_to=object)
+        r = self.client.completions.create(prompt=["Once upon a time", "The little dog"], n=2,
+                                           **kw)
+        self.assertEqual([c.index for c in r.choices], [0, 1, 2, 3])
+        self.assertEqual([c.text for c in r.choices], [alone[0]] * 2 + [alone[1]] * 2)
+        one = self.client.completions.create(prompt="Once upon a time", **kw)
+        self.assertEqual(r.usage.prompt_tokens, one.usage.prompt_tokens + ids["count"])
+        self.assertEqual(r.usage.completion_tokens, 4 * 6)
+        # arrays of ids, one prompt each
+        r2 = self.client.completions.create(prompt=[ids["tokens"], ids["tokens"]], **kw)
+        self.assertEqual([c.text for c in r2.choices], [alone[1]] * 2)
+        # echo
+        e = self.client.completions.create(prompt="Once upon a time", echo=True, **kw)
+        self.assertEqual(e.choices[0].text, "Once upon a time" + alone[0])
+        streamed = "".join(c.choices[0].text for c in self.client.completions.create(
+            prompt="Once upon a time", echo=True, stream=True, **kw) if c.choices)
+        self.assertEqual(streamed, "Once upon a time" + alone[0])
+        e2 = self.client.completions.create(prompt=[ids["tokens"]], echo=True, **kw)
+        self.assertTrue(e2.choices[0].text.endswith("The little dog" + alone[1]),
+                        e2.choices[0].text)
+        for bad, param in ((dict(prompt=["a"] * 33, n=2), "prompt"),
+                           (dict(prompt="a", echo=True, logprobs=1), "echo"),
+                           (dict(prompt="a", suffix="b"), "suffix"),  # no FIM tokens here
+                           (dict(prompt=[]), "prompt")):
+            with self.subTest(bad=bad), self.assertRaises(openai.BadRequestError) as cm:
+                self.client.completions.create(model="m", max_tokens=2, **bad)
+            self.assertEqual(cm.exception.body["param"], param)
+        # the empty suffix clients send for "none" is no suffix
+        self.assertEqual(self.client.completions.create(prompt="Once upon a time", suffix="",
+                                                        **kw).choices[0].text, alone[0])
+
+    def test_tokenize_detokenize_and_usage_tiers(self):
+        """POST /tokenize and /detokenize in llama-server's and vLLM's
+        shapes, and usage.prompt_tokens_details.cached_tokens_by_tier."""
+        def post(path, body):  # at the root, as llama-server and vLLM serve them
+            return self.client.post(self.server.http_url + path, body=body, cast_to=object)
+        a = post("/tokenize", {"content": "Once upon a time"})
+        b = post("/tokenize", {"prompt": "Once upon a time", "add_special_tokens": True})
+        self.assertEqual(a["tokens"], b["tokens"])
+        self.assertEqual(a["count"], len(a["tokens"]))
+        self.assertGreater(a["max_model_len"], 0)
+        no_bos = post("/tokenize", {"content": "Once upon a time", "add_special": False})
+        self.assertEqual(no_bos["tokens"], a["tokens"][1:])
+        chat = post("/tokenize", {"messages": [{"role": "user", "content": "hi"}]})
+        r = self.chat([{"role": "user", "content": "hi"}], max_tokens=1)
+        self.assertEqual(chat["count"], r.usage.prompt_tokens)
+        d = post("/detokenize", {"tokens": no_bos["tokens"]})
+        self.assertEqual(d["content"].strip(), "Once upon a time")
+        self.assertEqual(d["prompt"], d["content"])
+        for path, body, param in (("/tokenize", {}, "content"),
+                                  ("/detokenize", {"tokens": [10 ** 6]}, "tokens")):
+            with self.subTest(path=path), self.assertRaises(openai.BadRequestError) as cm:
+                post(path, body)
+            self.assertEqual(cm.exception.body["param"], param)
+        details = r.usage.prompt_tokens_details.model_dump()
+        tiers = details["cached_tokens_by_tier"]
+        self.assertEqual(sorted(tiers), ["device", "disk", "host"])
+        self.assertEqual(sum(tiers.values()), details["cached_tokens"])
+
     def test_seed_range(self):
         """seed takes [0, 2^64) over JSON as well (jansson stops at 2^63-1):
         the largest repeats, one past it is a 400 naming seed, not "invalid
