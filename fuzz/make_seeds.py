@@ -9,6 +9,7 @@ writes them. Regenerating gives the same bytes. Needs the `msgpack` Python
 package (scripts/setup.sh --test). Page values carry no checksum: the
 fuzzer's repair bit fills it in.
 """
+import json
 import os
 import struct
 import sys
@@ -98,6 +99,38 @@ def rpc_seeds():
 U8, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 = range(13)
 SCALAR = {U8: "<B", I8: "<b", U16: "<H", I16: "<h", U32: "<I", I32: "<i", F32: "<f",
           BOOL: "<?", U64: "<Q", I64: "<q", F64: "<d"}
+
+
+def http_body_seeds():
+    """One byte for the route (0 chat, 1 completions, 2 tokenize, 3
+    detokenize), then a JSON body as clients send it."""
+    bodies = {
+        "chat": (0, {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                     "max_tokens": 8, "temperature": 0.5, "seed": 2**64 - 1}),
+        "chat_prefill": (0, {"messages": [{"role": "user", "content": "hi"},
+                                          {"role": "assistant", "content": "Once"}],
+                             "continue_final_message": True, "stream": True}),
+        "chat_tools": (0, {"messages": [{"role": "user", "content": "x"}],
+                           "tools": [{"type": "function", "function": {
+                               "name": "f", "parameters": {"type": "object", "properties": {
+                                   "a": {"type": "integer", "minimum": 0}}}}}],
+                           "tool_choice": "required"}),
+        "chat_schema": (0, {"messages": [{"role": "user", "content": "x"}],
+                            "response_format": {"type": "json_schema", "json_schema": {
+                                "schema": {"type": "object", "properties": {
+                                    "s": {"type": "string", "maxLength": 3}}}}}}),
+        "completion_array": (1, {"prompt": ["Once", [1, 2, 3]], "n": 2, "echo": True,
+                                 "logit_bias": {"5": -100}}),
+        "completion_suffix": (1, {"prompt": "def f(", "suffix": "):", "max_tokens": 4}),
+        "completion_big_seed": (1, {"prompt": "a", "seed": 10**30}),
+        "tokenize": (2, {"text": "Once upon a time", "add_bos": False}),
+        "detokenize": (3, {"tokens": [1, 2, 300, 511]}),
+    }
+    for name, (route, body) in bodies.items():
+        write("http_body", name, bytes([route]) + json.dumps(body).encode())
+    write("http_body", "not_json", b"\x01{\"prompt\": ")
+    write("http_body", "big_ints", b"\x01{\"prompt\": \"a\", \"seed\": -99999999999999999999, "
+                                   b"\"n\": 18446744073709551616}")
 
 
 def gstr(s):
@@ -229,6 +262,7 @@ def disk_value_seeds():
 
 if __name__ == "__main__":
     rpc_seeds()
+    http_body_seeds()
     gguf_seeds()
     tokenizer_seeds()
     disk_value_seeds()

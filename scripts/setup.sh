@@ -43,6 +43,20 @@ if [ $want_test -eq 1 ]; then
 fi
 
 if [ $want_test -eq 1 ]; then
+    # The clients agent frameworks use, each driven against the server by a
+    # test of its own (tests/http/test_clients.py and the Responses /
+    # Messages tests). Best effort: a test whose client cannot be installed
+    # skips, saying so.
+    clients=(langchain-openai instructor anthropic openai-agents)
+    if ! python3 -c "import langchain_openai, instructor, anthropic, agents" 2>/dev/null; then
+        echo "setup: installing the client packages: ${clients[*]}" >&2
+        python3 -m pip install -q "${clients[@]}" 2>/dev/null ||
+            python3 -m pip install -q --break-system-packages "${clients[@]}" 2>/dev/null ||
+            echo "setup: WARNING: could not install ${clients[*]}; their tests will skip" >&2
+    fi
+fi
+
+if [ $want_test -eq 1 ]; then
     # The real instruct model (Qwen2.5-Coder-0.5B-Instruct Q4_K_M) that the
     # model-family tests run on. Without network the tests that need it skip,
     # saying why; everything else still runs.
