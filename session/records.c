@@ -5,14 +5,16 @@
  *
  *   key   's' + id.hi (8 bytes, big-endian) + id.lo (8 bytes, big-endian)
  *   value "CSR1" | u32 version | u32 flags | u32 key_len |
- *         u64 tenant | u64 n_tokens | u64 checksum | [u64 vocabulary]
- *         | int32 tokens[n_tokens] | key_len bytes of the session's name
- *         (little-endian throughout)
+ *         u64 tenant | u64 n_tokens | u64 checksum |
+ *         [version 4: u64 vocabulary | u32 note_len] |
+ *         int32 tokens[n_tokens] | key_len bytes of the session's name |
+ *         [note_len bytes of its note] (little-endian throughout)
  *
  *   flags      bit 0: persist; bit 1: the history ends with a generated
  *              reply whose turn is not closed yet (see reply_open)
  *   version    2: no name (key_len 0); 3: a named session; 4 (what this
- *              cairn writes): name optional, and the vocabulary field
+ *              cairn writes): name optional, the vocabulary field, and a
+ *              note (none yet: note_len 0)
  *   vocabulary XXH3-64 of the vocabulary the tokens are ids of (its size
  *              and every token's text, see records_vocab_id)
  *
@@ -35,7 +37,8 @@
 #define RECORD_VERSION_PLAIN 2
 #define RECORD_VERSION_NAMED 3
 #define RECORD_VERSION_VOCAB 4
-#define RECORD_HEADER 40 /* up to the tokens; version 4 adds the vocabulary */
+#define RECORD_HEADER 40    /* up to the tokens in versions 2 and 3          */
+#define RECORD_HEADER_V4 52 /* version 4: + vocabulary and note_len          */
 #define RECORD_SUM_AT 32
 #define RECORD_KEY_MAX 1024 /* bytes of a session's name */
 
@@ -61,7 +64,7 @@ static void record_key(cairn_session_id id, uint8_t key[17])
 int record_put(cairn_service *s, const session *x, uint64_t cookie)
 {
     size_t n = x->history.n, name = x->key ? x->key_len : 0;
-    size_t body = RECORD_HEADER + 8, bytes = body + n * sizeof(int32_t) + name;
+    size_t body = RECORD_HEADER_V4, bytes = body + n * sizeof(int32_t) + name;
     uint8_t *v = malloc(bytes), key[17];
     if (!v)
         return CAIRN_ENOMEM;
@@ -73,7 +76,9 @@ int record_put(cairn_service *s, const session *x, uint64_t cookie)
     memcpy(v + 16, &x->tenant, 8);
     memcpy(v + 24, &n64, 8);
     memcpy(v + RECORD_SUM_AT, &zero, 8);
+    const uint32_t note_len = 0;
     memcpy(v + RECORD_HEADER, &s->vocab_id, 8);
+    memcpy(v + RECORD_HEADER + 8, &note_len, 4);
     if (n)
         memcpy(v + body, x->history.v, n * sizeof(int32_t));
     if (name)
@@ -132,13 +137,18 @@ static record_verdict record_check(const cairn_service *s, const uint8_t *k, con
     memcpy(&n, v + 24, 8);
     memcpy(&sum, v + RECORD_SUM_AT, 8);
     const uint32_t version = head[1], name = head[3];
-    const size_t body = version == RECORD_VERSION_VOCAB ? RECORD_HEADER + 8 : RECORD_HEADER;
+    const bool v4 = version == RECORD_VERSION_VOCAB;
+    const size_t body = v4 ? RECORD_HEADER_V4 : RECORD_HEADER;
+    uint32_t note = 0;
+    if (v4 && bytes >= body)
+        memcpy(&note, v + RECORD_HEADER + 8, 4);
     bool ok = memcmp(head, RECORD_MAGIC, 4) == 0 &&
               (version == RECORD_VERSION_PLAIN ? name == 0
                : version == RECORD_VERSION_NAMED ? name > 0 && name <= RECORD_KEY_MAX
-               : version == RECORD_VERSION_VOCAB && name <= RECORD_KEY_MAX) &&
+               : v4 && name <= RECORD_KEY_MAX && note == 0) &&
               bytes >= body && n <= (bytes - body) / sizeof(int32_t) &&
-              bytes == body + n * sizeof(int32_t) + name && record_checksum(k, v, bytes) == sum;
+              bytes == body + n * sizeof(int32_t) + name + note &&
+              record_checksum(k, v, bytes) == sum;
     if (!ok)
         return RECORD_DAMAGED;
     if (version == RECORD_VERSION_VOCAB)

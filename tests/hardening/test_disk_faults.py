@@ -290,14 +290,15 @@ class Corruption(Case):
     def record_offsets(self, data, sid, hist):
         """Offsets in data.mdb of the token arrays of live-looking copies of
         the session's record: LMDB keeps a leaf node's value right after its
-        key ('s' + 16 id bytes); the value is a 40-byte header ("CSR1",
-        version 2, ..., checksum) then the history as little-endian int32."""
+        key ('s' + 16 id bytes); the value is a header ("CSR1", version,
+        ..., checksum: 40 bytes; version 4 adds the vocabulary and note_len:
+        52) then the history as little-endian int32."""
         key = b"s" + bytes.fromhex(sid)
         body = b"".join(t.to_bytes(4, "little") for t in hist)
-        hdr = 40
         out, at = [], data.find(key)
         while at >= 0:
             v = at + len(key)
+            hdr = 52 if int.from_bytes(data[v + 4:v + 8], "little") >= 4 else 40
             if data[v:v + 4] == b"CSR1" and data[v + hdr:v + hdr + len(body)] == body:
                 out.append(v + hdr)
             at = data.find(key, at + 1)
