@@ -263,8 +263,11 @@ enum {
 /* Format and tokenize in one step, safely: only the markers the formatter
  * itself writes (turn delimiters, BOS/EOS) are parsed as special tokens;
  * message contents and tool texts are tokenized as plain text, so a message
- * can never forge a turn marker. For contents without marker text the ids
- * equal tokenizing cairn_chat_format's text with PARSE_SPECIAL. *tokens is
+ * can never forge a turn marker. A marker the vocabulary has no special
+ * token for (Llama 2's [INST], where Mistral's vocabularies have a control
+ * token) is tokenized as part of the text around it. For contents without
+ * marker text the ids equal tokenizing cairn_chat_format's text with
+ * PARSE_SPECIAL. *tokens is
  * malloc'ed (caller frees). */
 int cairn_chat_tokenize(const cairn_chat_template *t, const cairn_vocab *v,
                         const cairn_chat_message *msgs, size_t n_msgs, const char *tools_json,

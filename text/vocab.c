@@ -773,6 +773,19 @@ oom:
 
 /* ---- accessors ---------------------------------------------------------- */
 
+bool tok_is_special_text(const cairn_vocab *v, const char *s, size_t len)
+{
+    if (len == 0)
+        return false;
+    uint8_t b = (uint8_t)s[0];
+    for (uint32_t k = v->special_first[b]; k < v->special_first[b + 1]; k++) {
+        int32_t t = v->special[k];
+        if (v->text_len[t] == len && memcmp(tok_text(v, t), s, len) == 0)
+            return true;
+    }
+    return false;
+}
+
 cairn_vocab_kind cairn_vocab_kind_of(const cairn_vocab *v) { return v->kind; }
 int32_t cairn_vocab_n_tokens(const cairn_vocab *v) { return v->n; }
 int32_t cairn_vocab_bos(const cairn_vocab *v) { return v->bos; }
