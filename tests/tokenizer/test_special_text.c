@@ -132,8 +132,9 @@ static int case_load(vocab_case *c, const cairn_gguf *g)
         cairn_gguf_get_arr_str(g, "tokenizer.ggml.tokens", i, &c->text[i], &c->len[i]);
     memset(c->type, T_NORMAL, n);
     uint64_t nt;
-    if (cairn_gguf_get_arr(g, "tokenizer.ggml.token_type", &et, &nt, &data) == CAIRN_OK &&
-        nt == n && et == CAIRN_GGUF_INT32) {
+    if (cairn_gguf_get_arr(g, "tokenizer.ggml.token_type", &et, &nt, &data) == CAIRN_OK) {
+        if (nt != n || et != CAIRN_GGUF_INT32)
+            return -1; /* every converter writes int32; anything else is not read here */
         for (uint64_t i = 0; i < n; i++) {
             int32_t t;
             memcpy(&t, (const uint8_t *)data + 4 * i, 4);
