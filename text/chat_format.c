@@ -12,6 +12,7 @@
  * can be read against each other.
  */
 #include "text/chat_impl.h"
+#include "text/tokenizer_impl.h"
 
 #include <jansson.h>
 #include <stdlib.h>
@@ -292,7 +293,8 @@ static void fmt_llama2(const cairn_chat_template *t, const conv *c, outbuf *b)
         if (x->role == R_USER || x->role == R_TOOL || x->role == R_SYSTEM) {
             if (t->llama2_sys) {
                 ob_special(b, t->bos_text);
-                ob_str(b, "[INST] ");
+                ob_special(b, "[INST]");
+                ob_str(b, " ");
                 outbuf content = {0};
                 if (first && system) {
                     ob_str(&content, "<<SYS>>\n");
@@ -304,23 +306,26 @@ static void fmt_llama2(const cairn_chat_template *t, const conv *c, outbuf *b)
                     b->text.oom = true;
                 ob_trimmed(b, content.text.data ? content.text.data : "");
                 ob_free(&content);
-                ob_str(b, " [/INST]");
+                ob_str(b, " ");
+                ob_special(b, "[/INST]");
             } else if (t->mistral_tight) {
-                ob_str(b, "[INST]");
+                ob_special(b, "[INST]");
                 if (system && i + 1 == c->n) {
                     ob_str(b, system);
                     ob_str(b, "\n\n");
                 }
                 ob_str(b, x->content);
-                ob_str(b, "[/INST]");
+                ob_special(b, "[/INST]");
             } else {
-                ob_str(b, "[INST] ");
+                ob_special(b, "[INST]");
+                ob_str(b, " ");
                 if (first && system && *system) {
                     ob_str(b, system);
                     ob_str(b, "\n\n");
                 }
                 ob_str(b, x->content);
-                ob_str(b, " [/INST]");
+                ob_str(b, " ");
+                ob_special(b, "[/INST]");
             }
         } else { /* assistant */
             if (!t->mistral_tight)
@@ -572,8 +577,14 @@ int cairn_chat_tokenize(const cairn_chat_template *t, const cairn_vocab *v,
          * produce a control token; each marker is tokenized with special
          * parsing. Splitting at special tokens is also what the reference
          * tokenizers do first, so the ids match tokenizing the whole text
-         * with special parsing whenever the contents hold no marker text. */
+         * with special parsing whenever the contents hold no marker text.
+         * A marker this vocabulary has no special token for (Llama 2's
+         * [INST] is plain text, Mistral's a control token) stays part of
+         * the text around it, as whole-text tokenization would leave it. */
         for (size_t k = first; rc == CAIRN_OK && k <= b.n_specials; k++) {
+            if (k < b.n_specials &&
+                !tok_is_special_text(v, b.text.data + b.specials[k].off, b.specials[k].len))
+                continue;
             size_t end = k < b.n_specials ? b.specials[k].off : b.text.len;
             rc = tok_append(v, &out, b.text.data + pos, end - pos, 0);
             if (rc == CAIRN_OK && k < b.n_specials) {

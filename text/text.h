@@ -61,13 +61,34 @@ extern "C" {
  *                  properties), each piece mapped to byte-level symbols and
  *                  merged by rank from `tokenizer.ggml.merges`.
  *
- * Control tokens (<s>, <|im_start|>, ...) are only recognised in the input
- * text when CAIRN_TOK_PARSE_SPECIAL is given; by default their text is
- * tokenized as ordinary characters, so user text cannot inject turn markers.
- * User-defined (added) tokens are always matched, as the reference tokenizers
- * do (mpt's runs of spaces are such tokens) — except end-of-turn markers
- * (<|im_end|>, <|eot_id|>, <|end|>, ...), which count as control whatever
- * type the file gives them. Special matching is leftmost, then longest.
+ * Special tokens and plain text. Control tokens (<s>, <|im_start|>, ...)
+ * are only recognised in the input text when CAIRN_TOK_PARSE_SPECIAL is
+ * given; by default their text is tokenized as ordinary characters (and no
+ * merge ever spells one), so user text cannot inject turn markers. Without
+ * PARSE_SPECIAL, text produces no control, unknown or unused token — the one
+ * exception is the unknown token standing for a character the vocabulary
+ * cannot spell (never one that ends generation; see cairn_tokenize). User-defined
+ * (added) tokens are matched in plain text as whole tokens, as the reference
+ * tokenizers do (mpt's runs of spaces, Qwen's <tool_call> and <think>: their
+ * models read those as text). But GGUF files also type real markers as
+ * user-defined (Phi-3's </s>, DeepSeek-Coder's <|User|> and <|EOT|>), so an
+ * added token counts as control, whatever type the file gives it, when
+ *   - it is a special id the file names (tokenizer.ggml.*_token_id: bos,
+ *     eos, eot, eom, unknown, padding, separator, cls, mask, fim_*), or
+ *   - its text has a marker's shape: <|...|>, DeepSeek's full-width
+ *     <｜...｜>, or an upper-case name in brackets ([INST], [/INST],
+ *     [TOOL_CALLS], [CLS], the [PAD123] fillers converters add), or
+ *   - its text is a marker by name: <s> </s> <unk> <pad> <mask> <bos> <eos>
+ *     <sep> <cls>, <start_of_turn> <end_of_turn> <end_of_utterance> <EOT>,
+ *     and the fill-in-the-middle markers (<PRE> <SUF> <MID> (also with "▁"),
+ *     <fim_prefix>, <fim-prefix>, ..., <repo_name>, <file_sep>, <filename>);
+ * and end-of-turn markers (<|im_end|>, <|eot_id|>, <|end|>, <end_of_turn>,
+ * ...) are control and end generation even when typed normal. Other
+ * angle-bracket words (<think>, <tool_call>, Gemma's HTML tags) stay
+ * user-defined. This is stricter than llama.cpp, which overrides only its
+ * end-of-generation and fill-in-the-middle lists. Tokens now counted as
+ * control also detokenize to "" unless `special`, like every control token.
+ * Special matching is leftmost, then longest.
  */
 
 typedef struct cairn_vocab cairn_vocab;
@@ -248,8 +269,11 @@ enum {
 /* Format and tokenize in one step, safely: only the markers the formatter
  * itself writes (turn delimiters, BOS/EOS) are parsed as special tokens;
  * message contents and tool texts are tokenized as plain text, so a message
- * can never forge a turn marker. For contents without marker text the ids
- * equal tokenizing cairn_chat_format's text with PARSE_SPECIAL. *tokens is
+ * can never forge a turn marker. A marker the vocabulary has no special
+ * token for (Llama 2's [INST], where Mistral's vocabularies have a control
+ * token) is tokenized as part of the text around it. For contents without
+ * marker text the ids equal tokenizing cairn_chat_format's text with
+ * PARSE_SPECIAL. *tokens is
  * malloc'ed (caller frees). */
 int cairn_chat_tokenize(const cairn_chat_template *t, const cairn_vocab *v,
                         const cairn_chat_message *msgs, size_t n_msgs, const char *tools_json,

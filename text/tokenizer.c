@@ -190,12 +190,14 @@ static int spm_try_pair(tok_state *st, const char *text, int32_t l, int32_t r)
     return heap_push(&st->heap, (bigram){-(double)st->v->score[id], l, r, id, size});
 }
 
-/* Emits byte tokens for the bytes of a span no token covers. */
+/* Emits byte tokens for the bytes of a span no token covers: the unknown
+ * token where a byte has none (SentencePiece without byte fallback), or
+ * nothing when that token would end generation. */
 static int emit_bytes(tok_state *st, const uint8_t *s, size_t len)
 {
     for (size_t i = 0; i < len; i++) {
         int32_t id = st->v->byte_token[s[i]];
-        if (id < 0)
+        if (id < 0 && st->v->unk >= 0 && !st->v->eog[st->v->unk])
             id = st->v->unk;
         if (id >= 0 && ids_push(&st->out, id))
             return CAIRN_ENOMEM;
@@ -373,7 +375,9 @@ static int bpe_fragment(tok_state *st, const char *frag, size_t len)
 /* Finds the leftmost special token in text[from..len), longest first at a
  * given position. Only control/unknown tokens need PARSE_SPECIAL; user-defined
  * tokens (added words such as runs of spaces) are always matched, as the
- * reference tokenizers do. */
+ * reference tokenizers do — the added tokens that are really markers were
+ * retyped as control when the vocabulary was loaded (vocab.c, mark_control;
+ * the rule is in text/text.h). */
 static bool find_special(const cairn_vocab *v, const char *text, size_t len, size_t from,
                          bool parse_special, size_t *at, int32_t *id)
 {

@@ -7,6 +7,7 @@
  *   tokenizer.c      text -> ids (SentencePiece and byte-level BPE merging)
  *   tokenizer_pre.c  the byte-level BPE pre-tokenizers (PCRE2 regexes)
  *   detok.c          ids -> bytes, and streaming them as whole UTF-8
+ * (text/chat_format.c includes it too, for tok_is_special_text.)
  */
 #ifndef CAIRN_TEXT_TOKENIZER_IMPL_H
 #define CAIRN_TEXT_TOKENIZER_IMPL_H
@@ -121,6 +122,11 @@ static inline const char *tok_text(const cairn_vocab *v, int32_t id)
 /* The id whose stored text is s[0..len) (a normal token when several share
  * it), or -1. Defined in vocab.c, as are the helpers below. */
 int32_t tok_lookup_text(const cairn_vocab *v, const char *s, size_t len);
+
+/* Is s[0..len) exactly the text of a token the tokenizer cuts out of text
+ * as a whole (control, unknown or user-defined)? Chat formatting asks this
+ * of its markers (text/chat_format.c). */
+bool tok_is_special_text(const cairn_vocab *v, const char *s, size_t len);
 
 /* GPT-2's byte-level mapping: the code point that stands for byte b. */
 uint32_t tok_byte_to_cp(uint8_t b);

@@ -278,6 +278,10 @@ static int build_merges(cairn_vocab *v, const cairn_gguf *g, char *err, size_t e
             skipped++; /* a merge into nothing the vocabulary has cannot apply */
             continue;
         }
+        if (v->type[res] == TT_CONTROL || v->type[res] == TT_UNKNOWN || v->type[res] == TT_UNUSED) {
+            skipped++; /* merging text must never spell a control token */
+            continue;
+        }
         uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
         for (uint64_t i = XXH3_64bits(&key, 8) & v->merges.mask;; i = (i + 1) & v->merges.mask) {
             pair_slot *ps = &v->merges.slots[i];
@@ -578,6 +582,104 @@ static void mark_eog(cairn_vocab *v)
     }
 }
 
+/* ---- which added tokens count as control --------------------------------- */
+/* The rule is stated in text/text.h (Vocabulary and tokenizer). Added
+ * (user-defined) tokens are matched in plain text; these are the ones that
+ * must not be, because they are markers the model reads as structure. */
+
+/* Special ids a GGUF may name besides bos/eos/eot/eom/unk (read above). */
+static const char *const named_id_keys[] = {
+    "tokenizer.ggml.padding_token_id", "tokenizer.ggml.seperator_token_id",
+    "tokenizer.ggml.separator_token_id", "tokenizer.ggml.cls_token_id",
+    "tokenizer.ggml.mask_token_id", "tokenizer.ggml.prefix_token_id",
+    "tokenizer.ggml.suffix_token_id", "tokenizer.ggml.middle_token_id",
+    "tokenizer.ggml.fim_pre_token_id", "tokenizer.ggml.fim_suf_token_id",
+    "tokenizer.ggml.fim_mid_token_id", "tokenizer.ggml.fim_pad_token_id",
+    "tokenizer.ggml.fim_rep_token_id", "tokenizer.ggml.fim_sep_token_id",
+};
+
+/* Marker texts without a telling shape: sentence markers of SentencePiece
+ * vocabularies, turn markers and the fill-in-the-middle markers of code
+ * models. (<|...|>, <｜...｜> and [NAME] are caught by their shape.) */
+static const char *const marker_texts[] = {
+    "<s>", "</s>", "<unk>", "<pad>", "<mask>", "<bos>", "<eos>", "<sep>", "<cls>",
+    "<start_of_turn>", "<end_of_turn>", "<end_of_utterance>", "<EOT>", "_<EOT>",
+    "\xE2\x96\x81<EOT>", "<PRE>", "<SUF>", "<MID>", "\xE2\x96\x81<PRE>", "\xE2\x96\x81<SUF>",
+    "\xE2\x96\x81<MID>", "<PAD>", "<REPO>", "<fim_prefix>", "<fim_suffix>", "<fim_middle>",
+    "<fim_pad>", "<fim-prefix>", "<fim-suffix>", "<fim-middle>", "<fim-pad>", "<fim-repo>",
+    "<reponame>", "<repo_name>", "<file_sep>", "<filename>",
+};
+
+/* s[0..len) is open + at least one byte + close. */
+static bool wrapped_in(const char *s, size_t len, const char *open, const char *close)
+{
+    size_t lo = strlen(open), lc = strlen(close);
+    return len > lo + lc && memcmp(s, open, lo) == 0 && memcmp(s + len - lc, close, lc) == 0;
+}
+
+/* Does an added token's text look like a control marker? */
+static bool control_looking(const char *s, size_t len)
+{
+    /* <|im_start|>, <|User|>, <|EOT|>, ...: no prose or markup writes these,
+     * and every chat format that does uses them as markers. The full-width
+     * bar form is DeepSeek's (<｜User｜>, <｜fim▁begin｜>). */
+    if (wrapped_in(s, len, "<|", "|>") || wrapped_in(s, len, "<\xEF\xBD\x9C", "\xEF\xBD\x9C>"))
+        return true;
+    /* [INST], [/INST], [TOOL_CALLS], [CLS], and the [PAD123] fillers that
+     * converters add to round a vocabulary up: an upper-case name in
+     * brackets. */
+    if (len >= 3 && s[0] == '[' && s[len - 1] == ']') {
+        size_t i = s[1] == '/' ? 2 : 1;
+        if (i == len - 1)
+            return false;
+        for (; i < len - 1; i++)
+            if (!((s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '_'))
+                return false;
+        return true;
+    }
+    for (size_t i = 0; i < sizeof marker_texts / sizeof marker_texts[0]; i++)
+        if (strlen(marker_texts[i]) == len && memcmp(marker_texts[i], s, len) == 0)
+            return true;
+    return false;
+}
+
+/* Added tokens that are special ids or look like markers become control
+ * tokens: matched in the text only with PARSE_SPECIAL, never produced by
+ * merging, and empty when detokenized without `special`. Only added and
+ * untyped tokens are looked at: a normal token is the model's own text
+ * (a BPE vocabulary may well have "<s>" or "[A]" as ordinary text). */
+static void mark_control(cairn_vocab *v, const cairn_gguf *g)
+{
+    int32_t named[5 + sizeof named_id_keys / sizeof named_id_keys[0]];
+    size_t n_named = 0;
+    int32_t read[] = {v->bos, v->eos, v->eot, v->eom, v->unk};
+    for (size_t i = 0; i < 5; i++)
+        named[n_named++] = read[i];
+    for (size_t i = 0; i < sizeof named_id_keys / sizeof named_id_keys[0]; i++) {
+        /* absent or out of range (stories260K writes UINT32_MAX for "none"):
+         * nothing to mark, and nothing to warn about */
+        uint32_t id;
+        bool ok = cairn_gguf_get_u32(g, named_id_keys[i], &id) == CAIRN_OK && id < (uint32_t)v->n;
+        named[n_named++] = ok ? (int32_t)id : -1;
+    }
+    for (size_t i = 0; i < n_named; i++) {
+        int32_t id = named[i];
+        if (id >= 0 && (v->type[id] == TT_USER_DEFINED || v->type[id] == TT_UNDEFINED))
+            v->type[id] = TT_CONTROL;
+    }
+    int32_t retyped = 0;
+    for (int32_t id = 0; id < v->n; id++) {
+        if ((v->type[id] == TT_USER_DEFINED || v->type[id] == TT_UNDEFINED) &&
+            control_looking(tok_text(v, id), v->text_len[id])) {
+            v->type[id] = TT_CONTROL;
+            retyped++;
+        }
+    }
+    if (retyped)
+        cairn_log(CAIRN_LOG_DEBUG, "vocab: %d added tokens look like control tokens and are "
+                  "treated as such", retyped);
+}
+
 /* The token of each byte: <0xNN> for SentencePiece, the byte's stand-in
  * character for byte-level BPE; -1 when the vocabulary has none. */
 static void find_byte_tokens(cairn_vocab *v)
@@ -619,8 +721,8 @@ static int load_bpe(cairn_vocab *v, const cairn_gguf *g, char *err, size_t err_l
 
 /* The steps depend on each other's results, hence this order: the text map
  * prefers normal tokens (it reads the types); EOG markers, byte tokens and
- * merges are found through the text map; pieces and the special-token list
- * read the types as EOG marking leaves them. */
+ * merges are found through the text map; merges, pieces and the
+ * special-token list read the types as EOG and control marking leave them. */
 int cairn_vocab_load(const cairn_gguf *g, cairn_vocab **out, char *err, size_t err_len)
 {
     if (!g || !out) {
@@ -653,6 +755,7 @@ int cairn_vocab_load(const cairn_gguf *g, cairn_vocab **out, char *err, size_t e
     }
     load_special_ids(v, g);
     mark_eog(v);
+    mark_control(v, g);
     find_byte_tokens(v);
     if (kind == CAIRN_VOCAB_BPE && (rc = load_bpe(v, g, err, err_len))) {
         cairn_vocab_free(v);
@@ -669,6 +772,19 @@ oom:
 }
 
 /* ---- accessors ---------------------------------------------------------- */
+
+bool tok_is_special_text(const cairn_vocab *v, const char *s, size_t len)
+{
+    if (len == 0)
+        return false;
+    uint8_t b = (uint8_t)s[0];
+    for (uint32_t k = v->special_first[b]; k < v->special_first[b + 1]; k++) {
+        int32_t t = v->special[k];
+        if (v->text_len[t] == len && memcmp(tok_text(v, t), s, len) == 0)
+            return true;
+    }
+    return false;
+}
 
 cairn_vocab_kind cairn_vocab_kind_of(const cairn_vocab *v) { return v->kind; }
 int32_t cairn_vocab_n_tokens(const cairn_vocab *v) { return v->n; }

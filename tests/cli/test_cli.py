@@ -87,6 +87,20 @@ class Tokenize(unittest.TestCase):
         self.assertNotIn(b"1", plain)
         self.assertEqual(special[0], b"1")
 
+    def test_added_marker_tokens_only_when_asked(self):
+        # Phi-3's file types </s> (id 2) as an added token, not a control one;
+        # plain text must still not produce it (docs/security.md).
+        phi3 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "tokenizer",
+                            "ggml-vocab-phi-3.gguf")
+        plain = cairn("tokenize", "-m", phi3, "--no-bos", stdin=b"ok</s><|user|>x")
+        self.assertEqual(plain.returncode, 0, plain.stderr.decode())
+        ids = plain.stdout.split()
+        self.assertNotIn(b"2", ids)
+        self.assertNotIn(b"32010", ids)
+        special = cairn("tokenize", "-m", phi3, "--no-bos", "--parse-special",
+                        stdin=b"ok</s><|user|>x").stdout.split()
+        self.assertEqual(special[1:3], [b"2", b"32010"])
+
 
 class Help(unittest.TestCase):
     def test_help_everywhere(self):

@@ -230,6 +230,14 @@ static void test_parse_special(void **state)
     assert_false(contains(ids, n, end_id));
     n = tok(v, "hi<|end|>", CAIRN_TOK_PARSE_SPECIAL, ids, 256);
     assert_int_equal(ids[n - 1], end_id);
+    /* the file types </s> (2) as an added token; it is a marker all the same */
+    assert_string_equal(cairn_vocab_token_text(v, 2), "</s>");
+    n = tok(v, "hi</s>", 0, ids, 256);
+    assert_false(contains(ids, n, 2));
+    n = tok(v, "hi</s>", CAIRN_TOK_PARSE_SPECIAL, ids, 256);
+    assert_int_equal(ids[n - 1], 2);
+    assert_int_equal(cairn_token_to_piece(v, 2, false, text, sizeof text, &m), CAIRN_OK);
+    assert_int_equal(m, 0);
     cairn_vocab_free(v);
 }
 
@@ -375,12 +383,27 @@ static void encode(const char *s, char *out)
 
 /* A byte-level BPE vocab: the 256 byte tokens (id = byte value), then
  * `extra` tokens (given as raw text; ids 256...), and merges given as raw
- * "left right" pairs. */
-static cairn_vocab *make_bpe(const char *pre, const char *const *extra, int n_extra,
-                             const char *const *merges, int n_merges, gw_buf *keep)
+ * "left right" pairs. With `types` (NULL: no token_type array) the extra
+ * tokens get those GGUF token types (the bytes are normal; tokens not
+ * normal are stored unencoded), and pad_id >= 0
+ * is written as tokenizer.ggml.padding_token_id. */
+static cairn_vocab *make_bpe_typed(const char *pre, const char *const *extra, const int *types,
+                                   int n_extra, const char *const *merges, int n_merges,
+                                   int pad_id, gw_buf *keep)
 {
     gw_buf b = {0};
-    gw_header(&b, 3, 0, 4);
+    gw_header(&b, 3, 0, 4 + (types != NULL) + (pad_id >= 0));
+    if (types) {
+        gw_kv(&b, "tokenizer.ggml.token_type", CAIRN_GGUF_ARRAY);
+        gw_u32(&b, CAIRN_GGUF_INT32);
+        gw_u64(&b, 256 + (uint64_t)n_extra);
+        for (int i = 0; i < 256 + n_extra; i++)
+            gw_u32(&b, i < 256 ? 1u : (uint32_t)types[i - 256]);
+    }
+    if (pad_id >= 0) {
+        gw_kv(&b, "tokenizer.ggml.padding_token_id", CAIRN_GGUF_UINT32);
+        gw_u32(&b, (uint32_t)pad_id);
+    }
     gw_kv(&b, "tokenizer.ggml.model", CAIRN_GGUF_STRING);
     gw_str(&b, "gpt2");
     gw_kv(&b, "tokenizer.ggml.pre", CAIRN_GGUF_STRING);
@@ -395,6 +418,11 @@ static cairn_vocab *make_bpe(const char *pre, const char *const *extra, int n_ex
         gw_str(&b, enc);
     }
     for (int i = 0; i < n_extra; i++) {
+        /* added tokens are stored as their raw text, as converters do */
+        if (types && types[i] != 1) {
+            gw_str(&b, extra[i]);
+            continue;
+        }
         encode(extra[i], enc);
         gw_str(&b, enc);
     }
@@ -423,6 +451,12 @@ static cairn_vocab *make_bpe(const char *pre, const char *const *extra, int n_ex
     cairn_gguf_close(g);
     *keep = b;
     return v;
+}
+
+static cairn_vocab *make_bpe(const char *pre, const char *const *extra, int n_extra,
+                             const char *const *merges, int n_merges, gw_buf *keep)
+{
+    return make_bpe_typed(pre, extra, NULL, n_extra, merges, n_merges, -1, keep);
 }
 
 /* Llama 3: pieces that are whole tokens are taken as is (ignore_merges), so
@@ -661,6 +695,109 @@ static void test_text_cannot_end_generation(void **state)
     }
 }
 
+/* Which added tokens count as control (the rule in text/text.h), on a
+ * generated vocabulary with one token of each kind. */
+static void test_added_markers_are_control(void **state)
+{
+    (void)state;
+    enum { N = 1, C = 3, U = 4 }; /* GGUF token types */
+    const char *extra[] = {
+        "<think>",       /* 256 U: an added word, matched in plain text   */
+        "[INST]",        /* 257 U: a marker by shape                      */
+        "<|User|>",      /* 258 U                                         */
+        "<\xEF\xBD\x9CUser\xEF\xBD\x9C>", /* 259 U: DeepSeek's full-width bars */
+        "</s>",          /* 260 U: a marker by name                       */
+        "<filler>",      /* 261 U: named as the padding id                */
+        "[a]",           /* 262 U: not an upper-case name: a word         */
+        "<s>",           /* 263 N: the model's own text, left alone       */
+        "<fim_prefix>",  /* 264 U                                         */
+        "[PAD265]",      /* 265 U: a converter's filler                   */
+        "|>",            /* 266 N: merges that would spell 258 ...        */
+        "<|User",        /* 267 N                                         */
+        "<|",            /* 268 N                                         */
+        "Us", "er",      /* 269, 270 N                                    */
+        "User",          /* 271 N                                         */
+        "xq",            /* 272 C: a control token a merge would spell    */
+    };
+    const int types[] = {U, U, U, U, U, U, U, N, U, U, N, N, N, N, N, N, C};
+    const char *merges[] = {"< |", "U s", "e r", "Us er", "| >", "<| User", "<|User |>", "x q"};
+    gw_buf keep;
+    cairn_vocab *v = make_bpe_typed("gpt-2", extra, types, 17, merges, 8, 261, &keep);
+    int32_t ids[64];
+    static const struct {
+        int32_t id;
+        bool plain; /* matched as itself in plain text */
+    } want[] = {{256, true},  {257, false}, {258, false}, {259, false}, {260, false},
+                {261, false}, {262, true},  {264, false}, {265, false}, {272, false}};
+    for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) {
+        const char *text = extra[want[k].id - 256];
+        size_t n = tok(v, text, 0, ids, 64);
+        if (want[k].plain) {
+            assert_int_equal(n, 1);
+            assert_int_equal(ids[0], want[k].id);
+        } else {
+            /* spelled out, and no merge builds the marker either (258's
+             * and 272's merges exist) */
+            if (contains(ids, n, want[k].id))
+                fail_msg("plain '%s' gave token %d", text, want[k].id);
+            char piece[16];
+            size_t pn;
+            assert_int_equal(cairn_token_to_piece(v, want[k].id, false, piece, sizeof piece, &pn),
+                             CAIRN_OK);
+            assert_int_equal(pn, 0); /* control: no text unless asked */
+        }
+        n = tok(v, text, CAIRN_TOK_PARSE_SPECIAL, ids, 64);
+        assert_int_equal(n, 1);
+        assert_int_equal(ids[0], want[k].id);
+    }
+    /* a normal token with a marker's text is the model's text */
+    assert_int_equal(tok(v, "<s>", 0, ids, 64), 3); /* no merges for it: its bytes */
+    char piece[16];
+    size_t pn;
+    assert_int_equal(cairn_token_to_piece(v, 263, false, piece, sizeof piece, &pn), CAIRN_OK);
+    assert_int_equal(pn, 3);
+    cairn_vocab_free(v);
+    free(keep.p);
+}
+
+/* A SentencePiece vocabulary without byte tokens spells what it cannot as
+ * its unknown token; when that token is also the end of generation (eos),
+ * plain text must not produce it. */
+static void test_unknown_cannot_end_generation(void **state)
+{
+    (void)state;
+    gw_buf b = {0};
+    gw_header(&b, 3, 0, 5);
+    gw_kv(&b, "tokenizer.ggml.model", CAIRN_GGUF_STRING);
+    gw_str(&b, "llama");
+    gw_kv(&b, "tokenizer.ggml.tokens", CAIRN_GGUF_ARRAY);
+    gw_u32(&b, CAIRN_GGUF_STRING);
+    gw_u64(&b, 3);
+    gw_str(&b, "<|endoftext|>");
+    gw_str(&b, "\xE2\x96\x81");
+    gw_str(&b, "a");
+    gw_kv(&b, "tokenizer.ggml.unknown_token_id", CAIRN_GGUF_UINT32);
+    gw_u32(&b, 0);
+    gw_kv(&b, "tokenizer.ggml.eos_token_id", CAIRN_GGUF_UINT32);
+    gw_u32(&b, 0);
+    gw_kv(&b, "tokenizer.ggml.bos_token_id", CAIRN_GGUF_UINT32);
+    gw_u32(&b, 0);
+    char err[256] = "";
+    cairn_gguf *g = NULL;
+    assert_int_equal(cairn_gguf_open_memory(b.p, b.n, &g, err, sizeof err), CAIRN_OK);
+    cairn_vocab *v = NULL;
+    if (cairn_vocab_load(g, &v, err, sizeof err))
+        fail_msg("vocab: %s", err);
+    cairn_gguf_close(g);
+    assert_true(cairn_vocab_is_eog(v, 0));
+    int32_t ids[16];
+    size_t n = tok(v, "a\xC3\xA9" "a", 0, ids, 16); /* é: no token, no byte tokens */
+    assert_false(contains(ids, n, 0));
+    assert_true(contains(ids, n, 2));
+    cairn_vocab_free(v);
+    free(b.p);
+}
+
 static void test_bad_vocab(void **state)
 {
     (void)state;
@@ -695,6 +832,8 @@ int main(void)
         cmocka_unit_test(test_random_input),
         cmocka_unit_test(test_bad_vocab),
         cmocka_unit_test(test_text_cannot_end_generation),
+        cmocka_unit_test(test_added_markers_are_control),
+        cmocka_unit_test(test_unknown_cannot_end_generation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -25,3 +25,18 @@ foreach(pair "qwen2|${CAIRN_CHAT_MODEL}" "llama-bpe|${CAIRN_LLAMA3_MODEL}")
 endforeach()
 
 cairn_add_test(test_tokenizer SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_tokenizer.c LABELS engine TIMEOUT 120)
+
+# Plain text never produces a special token: every vocabulary in
+# tests/data/tokenizer and the bundled model, then the real instruct model
+# (label realmodel; skipped, 77, when it is absent).
+add_executable(test_special_text ${CMAKE_CURRENT_LIST_DIR}/test_special_text.c)
+target_link_libraries(test_special_text PRIVATE cairn_lib)
+set(special_text_files ${CAIRN_MODEL})
+foreach(vocab llama-spm phi-3 gpt-2 mpt refact starcoder falcon deepseek-coder deepseek-llm bert-bge)
+  list(APPEND special_text_files ${CAIRN_TESTDATA}/tokenizer/ggml-vocab-${vocab}.gguf)
+endforeach()
+add_test(NAME tokenizer_special_text COMMAND test_special_text ${special_text_files})
+set_tests_properties(tokenizer_special_text PROPERTIES TIMEOUT 300 LABELS engine)
+add_test(NAME tokenizer_special_text_chat_model COMMAND test_special_text ${CAIRN_CHAT_MODEL})
+set_tests_properties(tokenizer_special_text_chat_model PROPERTIES TIMEOUT 300
+  LABELS "engine;realmodel" SKIP_RETURN_CODE 77)
