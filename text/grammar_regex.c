@@ -952,6 +952,141 @@ static int32_t seq_get(seq_map *m, const int32_t *k, int32_t n, int32_t next_id,
     return next_id;
 }
 
+/* ---- minimization ------------------------------------------------------------------------
+ * Moore's refinement: states are split by acceptance, then by where each
+ * code point leads (in blocks of the previous round) until nothing splits.
+ * Besides a smaller grammar this merges, for an unanchored pattern, every
+ * state after the match into one that loops on any character, which the
+ * matcher then masks per token instead of walking its whole vocabulary. */
+
+typedef struct {
+    uint32_t lo, hi;
+    int32_t block;
+} range_to;
+
+static int cmp_range_to(const void *a, const void *b)
+{
+    const range_to *x = a, *y = b;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+/* State s's transitions as sorted, merged (lo, hi, block) triples. */
+static int32_t signature(const grammar_dfa *d, int32_t s, const int32_t *block, range_to *out)
+{
+    int32_t n = 0;
+    for (int32_t e = d->first_edge[s]; e < d->first_edge[s + 1]; e++)
+        for (int32_t k = d->edge_range[e]; k < d->edge_range[e + 1]; k++)
+            out[n++] = (range_to){d->ranges[k].lo, d->ranges[k].hi, block[d->edge_target[e]]};
+    qsort(out, (size_t)n, sizeof *out, cmp_range_to);
+    int32_t m = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (m > 0 && out[m - 1].block == out[i].block && out[m - 1].hi + 1 == out[i].lo)
+            out[m - 1].hi = out[i].hi;
+        else
+            out[m++] = out[i];
+    }
+    return m;
+}
+
+/* *d replaced by its minimal equivalent (state 0 still the start). */
+static int dfa_minimize(grammar_dfa **dp)
+{
+    grammar_dfa *d = *dp;
+    int32_t n = d->n_states, n_ranges = d->edge_range[d->first_edge[n]];
+    if (n < 2)
+        return CAIRN_OK;
+    int32_t *block = malloc((size_t)n * sizeof *block), *next = malloc((size_t)n * sizeof *next);
+    range_to *sig = malloc(((size_t)n_ranges + 1) * sizeof *sig);
+    int32_t *key = malloc(((size_t)n_ranges * 3 + 2) * sizeof *key);
+    dfa_build b = {0};
+    int rc = CAIRN_ENOMEM;
+    if (!block || !next || !sig || !key)
+        goto done;
+    for (int32_t s = 0; s < n; s++)
+        block[s] = d->accept[s];
+    for (int32_t n_blocks = -1;;) {
+        seq_map map;
+        if (seq_init(&map))
+            goto done;
+        int32_t count = 0;
+        for (int32_t s = 0; s < n; s++) {
+            int32_t m = signature(d, s, block, sig), k = 0;
+            key[k++] = block[s];
+            for (int32_t i = 0; i < m; i++) {
+                key[k++] = (int32_t)sig[i].lo;
+                key[k++] = (int32_t)sig[i].hi;
+                key[k++] = sig[i].block;
+            }
+            bool added;
+            int32_t id = seq_get(&map, key, k, count, &added);
+            if (id < 0) {
+                seq_free(&map);
+                goto done;
+            }
+            count += added;
+            next[s] = id;
+        }
+        seq_free(&map);
+        memcpy(block, next, (size_t)n * sizeof *block);
+        if (count == n_blocks)
+            break;
+        n_blocks = count;
+    }
+    /* one state per block, numbered as first met: state 0's block is 0 */
+    int32_t n_blocks = 0;
+    for (int32_t s = 0; s < n; s++)
+        n_blocks = block[s] + 1 > n_blocks ? block[s] + 1 : n_blocks;
+    int32_t *rep = malloc((size_t)n_blocks * sizeof *rep);
+    if (!rep)
+        goto done;
+    for (int32_t i = 0; i < n_blocks; i++)
+        rep[i] = -1;
+    for (int32_t s = 0; s < n; s++)
+        if (rep[block[s]] < 0)
+            rep[block[s]] = s;
+    for (int32_t i = 0; i < n_blocks; i++)
+        if (db_state(&b, d->accept[rep[i]]) < 0) {
+            free(rep);
+            goto done;
+        }
+    for (int32_t i = 0; i < n_blocks; i++) {
+        db_begin(&b, i);
+        int32_t m = signature(d, rep[i], block, sig);
+        /* one edge per target block, its ranges in order */
+        for (int32_t a = 0; a < m; a++) {
+            if (sig[a].block < 0)
+                continue;
+            int32_t t = sig[a].block, nr = 0;
+            grammar_cprange *tmp = (grammar_cprange *)key; /* key is large enough */
+            for (int32_t k = a; k < m; k++)
+                if (sig[k].block == t) {
+                    tmp[nr++] = (grammar_cprange){sig[k].lo, sig[k].hi};
+                    sig[k].block = -1;
+                }
+            if (db_edge(&b, t, tmp, nr)) {
+                free(rep);
+                goto done;
+            }
+        }
+    }
+    db_seal(&b);
+    free(rep);
+    grammar_dfa *min = NULL;
+    rc = db_trim(&b, &min); /* frees b */
+    b = (dfa_build){0};
+    if (rc == CAIRN_OK) {
+        grammar_dfa_free(d);
+        *dp = min;
+    }
+done:
+    db_free(&b);
+    free(block);
+    free(next);
+    free(sig);
+    free(key);
+    return rc;
+}
+
 /* ---- subset construction ---------------------------------------------------------------- */
 
 static int cmp_i32(const void *a, const void *b)
@@ -1180,7 +1315,7 @@ int grammar_regex_dfa(const char *re, size_t len, bool search, grammar_dfa **out
         int32_t body = next < 0 ? next : nfa_build(&a, ps.nodes, root, next);
         int32_t start = search && body >= 0 ? any_loop(&a, any_set, body) : body;
         if (start >= 0 && subset_construct(&a, start, ps.sets, &d, &e) == CAIRN_OK &&
-            db_trim(&d, out) != CAIRN_OK)
+            (db_trim(&d, out) != CAIRN_OK || dfa_minimize(out) != CAIRN_OK))
             rfail(&e, CAIRN_ENOMEM, "out of memory");
         else if (e.status)
             db_free(&d);
@@ -1272,6 +1407,8 @@ int grammar_dfa_intersect(const grammar_dfa *x, const grammar_dfa *y, grammar_df
     db_seal(&d);
     rc = db_trim(&d, out);
     d = (dfa_build){0};
+    if (rc == CAIRN_OK)
+        rc = dfa_minimize(out);
 done:
     if (rc == CAIRN_ENOMEM)
         rfail(&e, rc, "out of memory");
