@@ -567,10 +567,7 @@ static void make_threshold(double x, bool lower, threshold *t)
     for (; k < FRAC_MAX_DIGITS; k++)
         t->fp[k] = '0';
     t->fp[FRAC_MAX_DIGITS] = '\0';
-    t->more = false;
-    for (size_t i = FRAC_MAX_DIGITS; dot && i < strlen(f); i++)
-        if (f[i] != '0')
-            t->more = true;
+    t->more = k <= strlen(f) && strspn(f + k, "0") < strlen(f + k); /* k == FRAC_MAX_DIGITS */
     bool zero = dig_zero(t->ip) && !t->more && strspn(t->fp, "0") == FRAC_MAX_DIGITS;
     if (zero)
         t->neg = false;
