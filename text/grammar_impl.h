@@ -16,6 +16,8 @@
 #define CAIRN_TEXT_GRAMMAR_IMPL_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* Largest minItems/maxItems/minLength/maxLength the compiler accepts; the
@@ -48,5 +50,38 @@ struct cairn_grammar {
     int32_t n_sets;
     int32_t root;
 };
+
+/* ---- regular languages (text/grammar_regex.c) -------------------------------
+ * A DFA over code points (never surrogates), for `pattern` and `format`:
+ * state 0 starts; state s's edges are [first_edge[s], first_edge[s+1]), edge
+ * e goes to edge_target[e] on the code points of ranges[edge_range[e] ..
+ * edge_range[e+1]) (sorted, disjoint; a state's edges are disjoint too).
+ * Every state is reachable and can reach an accepting one; n_states == 0
+ * means no string at all. */
+typedef struct {
+    uint32_t lo, hi;
+} grammar_cprange;
+
+typedef struct {
+    int32_t n_states;
+    uint8_t *accept;      /* [n_states] */
+    int32_t *first_edge;  /* [n_states + 1] */
+    int32_t *edge_target; /* [edges] */
+    int32_t *edge_range;  /* [edges + 1] */
+    grammar_cprange *ranges;
+} grammar_dfa;
+
+/* The strings `re` (len bytes of UTF-8, ECMA-262 syntax) matches: search
+ * true as JSON Schema's `pattern` means it (a match anywhere, unless
+ * anchored by ^ and $), false for a whole-string match. CAIRN_EINVAL for
+ * bad syntax, CAIRN_EUNSUPPORTED for constructs cairn does not generate
+ * (lookaround, backreferences, , ...), CAIRN_ERANGE past the size limits;
+ * err names the construct. */
+int grammar_regex_dfa(const char *re, size_t len, bool search, grammar_dfa **out, char *err,
+                      size_t err_len);
+/* The strings both x and y accept. */
+int grammar_dfa_intersect(const grammar_dfa *x, const grammar_dfa *y, grammar_dfa **out,
+                          char *err, size_t err_len);
+void grammar_dfa_free(grammar_dfa *d);
 
 #endif

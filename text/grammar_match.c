@@ -23,7 +23,10 @@
  * character leads back to the same stack set) and decided per token: a token
  * made only of plain characters is allowed outright, the others are walked
  * from their first special byte ('"', '\\', a control byte, an incomplete
- * UTF-8 tail).
+ * UTF-8 tail). Where most tokens continue but not uniformly (a pattern's
+ * character class: most characters pass, to different states), the trie
+ * walk is cut short and the tokens are decided through a transition cache
+ * over the stack sets met (mask_by_cache), a lookup per byte.
  */
 #include "text/text.h"
 #include "text/grammar_impl.h"
@@ -39,6 +42,9 @@
                                     a schema of nested alternatives could
                                     otherwise expand exponentially            */
 #define MAX_PLAIN_LEVELS 1100    /* > MAX_REPEAT + a token's plain characters  */
+#define DFS_MAX_NODES 8192       /* trie nodes (or a quarter of the trie, if
+                                    less) one mask walks before it takes the
+                                    transition cache instead                 */
 
 static bool bs_has(const grammar_byteset *s, uint8_t b)
 {
@@ -287,6 +293,8 @@ struct cairn_grammar_matcher {
     int32_t budget;         /* expansions left in this byte step             */
     uint8_t *allowed;       /* [n_tokens] scratch of a mask                  */
     int32_t *remap;         /* compaction scratch [cap_nodes]                */
+    struct set_cache *cache; /* mask_by_cache's tables, made on first use   */
+    int32_t dfs_left;       /* trie nodes a mask_dfs may still visit; < 0: cut */
 };
 
 /* A stack set being built at the top of the pool. */
@@ -535,6 +543,7 @@ void cairn_grammar_matcher_free(cairn_grammar_matcher *m)
     free(m->pool);
     free(m->allowed);
     free(m->remap);
+    free(m->cache);
     free(m);
 }
 
@@ -601,6 +610,8 @@ static void mask_dfs(cairn_grammar_matcher *m, int32_t t, stack_set s)
     const trie_node *node = &gv->nodes[t];
     int32_t first = node->first_child, n = node->n_children;
     for (int32_t k = 0; k < n; k++) {
+        if (--m->dfs_left < 0)
+            return; /* too wide a walk: the caller masks another way */
         const trie_node *child = &gv->nodes[first + k];
         int32_t mark_nodes = m->n_nodes, mark_pool = m->n_pool;
         stack_set o = advance(m, s, child->byte);
@@ -718,6 +729,92 @@ static void mask_by_levels(cairn_grammar_matcher *m, plain_levels *pl)
     }
 }
 
+/* Per-token masking by a transition cache: the stack sets met while
+ * walking tokens are interned, and (set, byte) -> set is computed once per
+ * mask, so each token costs a table lookup per byte. This is for the
+ * states a trie walk would spend most of the vocabulary on and the plain
+ * levels cannot take (a pattern's character class that most characters
+ * pass, each to its own state); when more sets turn up than the cache holds
+ * (a grammar that is not DFA-like here) it gives up and the trie walk runs. */
+#define CACHE_SETS 512
+#define CACHE_DEAD (-2)
+
+struct set_cache {
+    stack_set set[CACHE_SETS];
+    uint32_t hash[CACHE_SETS];
+    int32_t next[CACHE_SETS][256]; /* -1 unknown, CACHE_DEAD, else a set */
+    int n;
+};
+
+static uint32_t set_hash(const cairn_grammar_matcher *m, stack_set s)
+{
+    uint32_t h = (uint32_t)s.n * 2654435761u + s.accept;
+    for (int32_t i = 0; i < s.n; i++) { /* order-free: a sum over stacks */
+        uint32_t x = 2166136261u;
+        for (int32_t k = m->pool[s.off + i]; k >= 0; k = m->nodes[k].parent)
+            x = (x ^ (uint32_t)m->nodes[k].pos) * 16777619u;
+        h += x;
+    }
+    return h;
+}
+
+/* The id of set s, interned when new (-1: the cache is full). */
+static int32_t cache_intern(cairn_grammar_matcher *m, struct set_cache *c, stack_set s, bool *is_new)
+{
+    uint32_t h = set_hash(m, s);
+    *is_new = false;
+    for (int i = 0; i < c->n; i++)
+        if (c->hash[i] == h && set_equal(m, c->set[i], s))
+            return i;
+    if (c->n == CACHE_SETS)
+        return -1;
+    c->set[c->n] = s;
+    c->hash[c->n] = h;
+    memset(c->next[c->n], -1, sizeof c->next[c->n]);
+    *is_new = true;
+    return c->n++;
+}
+
+static bool mask_by_cache(cairn_grammar_matcher *m)
+{
+    if (!m->cache && !(m->cache = malloc(sizeof *m->cache)))
+        return false;
+    struct set_cache *c = m->cache;
+    const cairn_grammar_vocab *gv = m->gv;
+    bool is_new;
+    c->n = 0;
+    int32_t start = cache_intern(m, c, cur_set(m), &is_new);
+    for (int32_t t = 0; t < gv->n_tokens; t++) {
+        const uint8_t *p = gv->bytes + gv->off[t];
+        uint32_t len = gv->off[t + 1] - gv->off[t];
+        if (len == 0)
+            continue; /* EOG and control tokens: decided by the caller */
+        int32_t id = start;
+        for (uint32_t i = 0; i < len && id >= 0; i++) {
+            int32_t nx = c->next[id][p[i]];
+            if (nx == -1) {
+                int32_t mark_nodes = m->n_nodes, mark_pool = m->n_pool;
+                stack_set o = advance(m, c->set[id], p[i]);
+                if (m->oom)
+                    return false;
+                if (o.n == 0 && !o.accept) {
+                    nx = CACHE_DEAD;
+                } else if ((nx = cache_intern(m, c, o, &is_new)) < 0) {
+                    return false;
+                }
+                if (!is_new || nx == CACHE_DEAD) { /* keep only a new set's nodes */
+                    m->n_nodes = mark_nodes;
+                    m->n_pool = mark_pool;
+                }
+                c->next[id][p[i]] = nx;
+            }
+            id = nx;
+        }
+        m->allowed[t] = id >= 0;
+    }
+    return true;
+}
+
 int cairn_grammar_matcher_mask(cairn_grammar_matcher *m, float *logits, int n_vocab)
 {
     if (!m || !m->gv || !logits || n_vocab <= 0)
@@ -740,9 +837,24 @@ int cairn_grammar_matcher_mask(cairn_grammar_matcher *m, float *logits, int n_vo
         mask_by_levels(m, &pl);
         scratch_reset(m);
     } else if (m->n_cur > 0) {
+        /* the trie walk, cheap where few tokens continue; where most do
+         * (it visits more than DFS_MAX_NODES), the transition cache */
         scratch_reset(m);
+        m->dfs_left = gv->n_nodes / 4 < DFS_MAX_NODES ? gv->n_nodes / 4 : DFS_MAX_NODES;
         mask_dfs(m, 0, cur_set(m));
         scratch_reset(m);
+        if (m->dfs_left < 0) {
+            memset(m->allowed, 0, (size_t)gv->n_tokens);
+            bool cached = mask_by_cache(m);
+            scratch_reset(m);
+            if (!cached) {
+                m->oom = false;
+                memset(m->allowed, 0, (size_t)gv->n_tokens);
+                m->dfs_left = INT32_MAX;
+                mask_dfs(m, 0, cur_set(m));
+                scratch_reset(m);
+            }
+        }
     }
     bool oom = m->oom;
     m->oom = false;

