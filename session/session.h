@@ -272,6 +272,8 @@ typedef struct {
     const char *finish_reason; /* "stop", "length" or "cancelled"          */
     int32_t eog_token;         /* the end-of-generation token that stopped it
                                   (not in `tokens`), or -1                   */
+    int stop_string;           /* the stop string that ended it: 1 + its index
+                                  in gen.stop; 0 when none did               */
     int64_t prompt_tokens, cached_tokens, completion_tokens;
     int64_t cached_by_tier[3]; /* where the cached tokens were: device, host, disk */
     double prompt_seconds;     /* admission to the first token (prefill)    */

@@ -143,6 +143,7 @@ typedef struct job {
     bool cancelled;
     const char *finish;      /* set when the job is done                      */
     int32_t eog_token;       /* the end-of-generation token that ended it, or -1 */
+    int stop_string;         /* 1 + the index of the stop string that ended it */
     int64_t cached_by_tier[3];
     uint64_t cookie;         /* of its fetch, then of its durability writes    */
     int outstanding;         /* durability completions still to come           */

@@ -103,6 +103,7 @@ static void handle_message(hconn *c)
         {"/metrics", HTTP_GET, 3},
         {"/v1/chat/completions", HTTP_POST, 4},
         {"/v1/completions", HTTP_POST, 5},
+        {"/v1/messages", HTTP_POST, 6},
     };
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
         if (!path_is(c, routes[i].path))
@@ -120,6 +121,7 @@ static void handle_message(hconn *c)
         case 2: http_handle_models(c); return;
         case 3: http_handle_metrics(c); return;
         case 4: http_handle_generation(c, true); return;
+        case 6: http_handle_wire(c, &http_anthropic_wire); return;
         default: http_handle_generation(c, false); return;
         }
     }
@@ -153,7 +155,8 @@ static int on_message_begin(http_parser *p)
     c->header_is_value = false;
     free(c->authorization);
     free(c->session_header);
-    c->authorization = c->session_header = NULL;
+    free(c->api_key);
+    c->authorization = c->session_header = c->api_key = NULL;
     c->expect_continue = false;
     return 0;
 }
@@ -195,6 +198,7 @@ static int header_done(hconn *c)
         return 0;
     char **dst = name_is(&c->field, "authorization")  ? &c->authorization
                  : name_is(&c->field, "x-session-id") ? &c->session_header
+                 : name_is(&c->field, "x-api-key")    ? &c->api_key
                                                       : NULL;
     if (dst) {
         free(*dst);
@@ -235,8 +239,9 @@ static int on_header_value(http_parser *p, const char *at, size_t len)
     return c->value.oom ? refuse_in_parser(c, 503, "out of memory") : 0;
 }
 
-/* Constant-time check of "Bearer TOKEN" against the server's credentials
- * (server.h, section 1): the token decides the tenant. */
+/* Constant-time check of "Bearer TOKEN" (or, as Anthropic's clients send
+ * it, "x-api-key: TOKEN") against the server's credentials (server.h,
+ * section 1): the token decides the tenant. */
 static int check_auth(hconn *c)
 {
     const cairn_access *access = c->base.srv->access;
@@ -244,12 +249,16 @@ static int check_auth(hconn *c)
         c->base.tenant = 0;
         return 0;
     }
-    const char *a = c->authorization;
-    if (!a || strncasecmp(a, "Bearer ", 7) != 0)
+    const char *a = c->authorization, *tok = c->api_key; /* Authorization wins */
+    if (a) {
+        if (strncasecmp(a, "Bearer ", 7) != 0)
+            return -1;
+        tok = a + 7;
+        while (*tok == ' ')
+            tok++;
+    }
+    if (!tok)
         return -1;
-    const char *tok = a + 7;
-    while (*tok == ' ')
-        tok++;
     uint64_t tenant;
     const char *name;
     if (cairn_access_check(access, tok, strlen(tok), &tenant, &name) != CAIRN_OK)
@@ -266,7 +275,8 @@ static int on_headers_complete(http_parser *p)
     c->header_is_value = false;
     /* Refuse what we can before reading a byte of the body. */
     if (!path_is(c, "/health") && check_auth(c) != 0)
-        return refuse_in_parser(c, 401, "a valid 'Authorization: Bearer TOKEN' header is required");
+        return refuse_in_parser(c, 401, "a valid 'Authorization: Bearer TOKEN' (or 'x-api-key: "
+                                        "TOKEN') header is required");
     if ((p->flags & F_CONTENTLENGTH) && p->content_length > c->base.srv->cfg.http.max_body_bytes)
         return refuse_in_parser(c, 413, "the request body is too large");
     if (c->expect_continue) {
@@ -356,6 +366,7 @@ static void on_free(srv_conn *b)
     cairn_strbuf_free(&c->body);
     free(c->authorization);
     free(c->session_header);
+    free(c->api_key);
 }
 
 const srv_conn_ops srv_http_ops = {

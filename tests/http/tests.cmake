@@ -19,3 +19,10 @@ add_test(NAME http_chat_model
           $<TARGET_FILE:cairn>)
 set_tests_properties(http_chat_model PROPERTIES TIMEOUT 300 LABELS "server;realmodel"
   SKIP_RETURN_CODE 77 ENVIRONMENT "CAIRN_CHAT_MODEL=${CAIRN_CHAT_MODEL}")
+
+# Anthropic's Messages API through the official `anthropic` package (skips,
+# 77, when it cannot be imported).
+add_test(NAME http_anthropic
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_anthropic.py
+          $<TARGET_FILE:cairn> ${CAIRN_MODEL})
+set_tests_properties(http_anthropic PROPERTIES TIMEOUT 300 LABELS "server" SKIP_RETURN_CODE 77)
