@@ -252,6 +252,8 @@ int cairn_api_decode(const cairn_api *api, cairn_api_op op, const json_t *params
     /* other wire formats: translated into the requests below (their files) */
     if (op == CAIRN_API_MESSAGES)
         return api_decode_messages(api, params, random_seed, session_header, out, err);
+    if (op == CAIRN_API_RESPONSES)
+        return api_decode_responses(api, params, random_seed, out, err);
     memset(out, 0, sizeof *out);
     memset(err, 0, sizeof *err);
     out->op = op;

@@ -28,6 +28,7 @@ void cairn_request_free(cairn_request *r)
     cairn_grammar_free(r->gen.grammar);
     free(r->tokens);
     free(r->session_key);
+    free(r->note);
     free(r);
 }
 

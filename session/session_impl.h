@@ -99,6 +99,8 @@ typedef struct session {
     char *key;       /* a named session (SESSION_SYNC): its name, else NULL   */
     size_t key_len;
     uint64_t last_used; /* named sessions: for the least recently used one   */
+    char *note;      /* a front end's bytes (SESSION_NOTE), or NULL           */
+    size_t note_len;
     struct session *next;
 } session;
 

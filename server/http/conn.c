@@ -104,6 +104,7 @@ static void handle_message(hconn *c)
         {"/v1/chat/completions", HTTP_POST, 4},
         {"/v1/completions", HTTP_POST, 5},
         {"/v1/messages", HTTP_POST, 6},
+        {"/v1/responses", HTTP_POST, 7},
     };
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
         if (!path_is(c, routes[i].path))
@@ -122,10 +123,11 @@ static void handle_message(hconn *c)
         case 3: http_handle_metrics(c); return;
         case 4: http_handle_generation(c, true); return;
         case 6: http_handle_wire(c, &http_anthropic_wire); return;
+        case 7: http_handle_wire(c, &http_responses_wire); return;
         default: http_handle_generation(c, false); return;
         }
     }
-    if (!model_route(c))
+    if (!model_route(c) && !http_responses_route(c))
         http_respond_error(c, 404, "no such route", NULL, NULL);
 }
 

@@ -180,6 +180,11 @@ extern const http_wire http_anthropic_wire;
 json_t *http_anthropic_error_body(int status, const char *message);
 bool http_path_is_anthropic(const hconn *c);
 
+/* responses.c */
+extern const http_wire http_responses_wire;
+/* GET / DELETE /v1/responses/{id}: true when the path was one (answered). */
+bool http_responses_route(hconn *c);
+
 /* metrics.c */
 void http_handle_metrics(hconn *c);
 /* The answer to a metrics request: Prometheus text from the engine's stats. */
