@@ -308,8 +308,7 @@ static int tool_choice_field(const json_t *params, json_t *chat, cairn_api_error
 }
 
 /* The body as the chat request it means. */
-static int translate(const cairn_api *api, const json_t *params, json_t *chat,
-                     cairn_api_error *e)
+static int translate(const json_t *params, json_t *chat, cairn_api_error *e)
 {
     /* seed and session_id: cairn's extensions, as on the chat route */
     static const char *const same[] = {"model", "temperature", "top_p", "top_k",
@@ -321,7 +320,6 @@ static int translate(const cairn_api *api, const json_t *params, json_t *chat,
     /* Anthropic's floor; the ceiling is the chat rule's (the context) */
     if (!api_json_int(max, &n) || n < 1)
         return api_fail(e, CAIRN_EINVAL, "max_tokens", "'max_tokens' must be an integer >= 1");
-    (void)api;
     int rc = set(chat, "max_tokens", json_deep_copy(max), e);
     for (size_t i = 0; i < sizeof same / sizeof same[0] && rc == CAIRN_OK; i++) {
         json_t *v = api_field(params, same[i]);
@@ -372,7 +370,7 @@ int api_decode_messages(const cairn_api *api, const json_t *params, uint64_t ran
     if (!json_is_object(params))
         return api_fail(e, CAIRN_EINVAL, NULL, "the body must be a JSON object");
     json_t *chat = json_object();
-    int rc = chat ? translate(api, params, chat, e) : api_oom(e);
+    int rc = chat ? translate(params, chat, e) : api_oom(e);
     if (rc == CAIRN_OK) {
         rc = cairn_api_decode(api, CAIRN_API_CHAT, chat, random_seed, session_header, NULL, out,
                               e);

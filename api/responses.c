@@ -251,7 +251,8 @@ static int text_field(const json_t *params, json_t *chat, cairn_api_error *e)
      * chat rule refuses the pair, so it is not passed on. */
     json_t *tc = api_field(params, "tool_choice");
     if (api_field(params, "tools") &&
-        (json_is_object(tc) || (json_is_string(tc) && strcmp(json_string_value(tc), "required") == 0)))
+        (json_is_object(tc) ||
+         (json_is_string(tc) && strcmp(json_string_value(tc), "required") == 0)))
         return CAIRN_OK;
     const char *type = json_string_value(json_object_get(format, "type"));
     if (!json_is_object(format) || !type)

@@ -672,7 +672,10 @@ void http_handle_generation(hconn *c, bool chat)
                    chat ? "chatcmpl-" : "cmpl-", NULL);
 }
 
-void http_handle_wire(hconn *c, const http_wire *w) { handle_request(c, HK_WIRE, w->op, w->id_prefix, w); }
+void http_handle_wire(hconn *c, const http_wire *w)
+{
+    handle_request(c, HK_WIRE, w->op, w->id_prefix, w);
+}
 
 void http_request_fail(hconn *c, hreq *q, int status, const char *message, const char *param,
                        const char *code)
