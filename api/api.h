@@ -1,8 +1,8 @@
 /*
  * api/api.h — what a request means, decided once for every front end.
  *
- * cairn speaks msgpack-RPC (docs/protocol.md) and OpenAI's HTTP API
- * (docs/openai.md), and may speak more. Each front end parses its own wire
+ * cairn speaks msgpack-RPC (docs/protocol.md), OpenAI's HTTP API
+ * (docs/openai.md) and Anthropic's (docs/anthropic.md). Each front end parses its own wire
  * format; what the fields then mean — their ranges and defaults, how a
  * prompt, a conversation, tools and a response format become tokens and a
  * grammar — is here, in one place, so that the same field takes the same
@@ -22,6 +22,10 @@
  * field given as null counts as absent;
  * fields this server does not know are ignored, so clients may send what a
  * later server understands.
+ *
+ * Other wire formats (Anthropic's Messages, OpenAI's Responses) are
+ * translated here into the chat form above and decoded by its rules, so a
+ * front end for them writes only its replies.
  *
  * Dialects. The fields are the same; what differs by op is what a request
  * may carry (a native `session.append` takes no sampling) and the defaults:
@@ -90,6 +94,11 @@ typedef enum {
     CAIRN_API_DETOKENIZE,     /* answered without the engine               */
     CAIRN_API_CHAT,           /* POST /v1/chat/completions                */
     CAIRN_API_COMPLETION,     /* POST /v1/completions                     */
+    CAIRN_API_MESSAGES,       /* POST /v1/messages (Anthropic's): a chat
+                                 request once translated (api/anthropic.c) */
+    CAIRN_API_RESPONSES,      /* POST /v1/responses (OpenAI's): a chat
+                                 request, or a turn continuing a stored
+                                 response's session (api/responses.c)     */
 } cairn_api_op;
 
 /* Why a request was refused. code: CAIRN_EINVAL (a field is wrong),
@@ -141,6 +150,14 @@ typedef struct {
     bool stream;
     bool include_usage;   /* stream_options.include_usage                   */
     bool logprobs;        /* return logprobs (chat: bool; completions: int)  */
+    /* RESPONSES: req is a GENERATE (store false, nothing to continue) or a
+     * SESSION_GENERATE whose session the front end provides first: a new
+     * one (store true) or a fork of `previous` (its tokens continue it) */
+    bool store;           /* store: keep the response (default true)        */
+    bool has_previous;    /* previous_response_id was given                 */
+    cairn_session_id previous; /* the session of previous_response_id       */
+    char *echo_json;      /* the request fields the reply object repeats (a
+                             JSON object: instructions, tools, metadata...) */
 } cairn_api_call;
 
 /* A "tokens" field a front end has already read as ids (msgpack arrays of

@@ -7,6 +7,9 @@
  *   prompt.c  prompt text, token ids and conversations -> tokens
  *   tools.c   tools, tool_choice and response_format -> grammars
  *   decode.c  each op: which fields it takes, into which engine request
+ *   anthropic.c  Anthropic's Messages body translated into a chat request
+ *   responses.c  OpenAI's Responses body: a chat request, or a turn that
+ *             continues a stored response's session
  */
 #ifndef CAIRN_API_IMPL_H
 #define CAIRN_API_IMPL_H
@@ -95,5 +98,12 @@ int api_tools(const cairn_api *api, const json_t *params, bool forcing, cairn_ge
               char **render_json, cairn_api_error *e);
 /* response_format -> g->grammar (NULL for "text"). */
 int api_response_format(const json_t *params, cairn_gen_params *g, cairn_api_error *e);
+
+/* anthropic.c: CAIRN_API_MESSAGES (cairn_api_decode's contract). */
+int api_decode_messages(const cairn_api *api, const json_t *params, uint64_t random_seed,
+                        const char *session_header, cairn_api_call *out, cairn_api_error *e);
+/* responses.c: CAIRN_API_RESPONSES (cairn_api_decode's contract). */
+int api_decode_responses(const cairn_api *api, const json_t *params, uint64_t random_seed,
+                         cairn_api_call *out, cairn_api_error *e);
 
 #endif /* CAIRN_API_IMPL_H */

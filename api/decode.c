@@ -223,6 +223,11 @@ int cairn_api_decode(const cairn_api *api, cairn_api_op op, const json_t *params
                      uint64_t random_seed, const char *session_header,
                      const cairn_api_tokens *tokens, cairn_api_call *out, cairn_api_error *err)
 {
+    /* other wire formats: translated into the requests below (their files) */
+    if (op == CAIRN_API_MESSAGES)
+        return api_decode_messages(api, params, random_seed, session_header, out, err);
+    if (op == CAIRN_API_RESPONSES)
+        return api_decode_responses(api, params, random_seed, out, err);
     memset(out, 0, sizeof *out);
     memset(err, 0, sizeof *err);
     out->op = op;
@@ -291,6 +296,7 @@ void cairn_api_call_clear(cairn_api_call *c)
         free(c->prompts[i].echo);
     }
     free(c->prompts);
+    free(c->echo_json);
     memset(c, 0, sizeof *c);
 }
 

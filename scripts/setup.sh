@@ -33,9 +33,11 @@ if [ $want_test -eq 1 ]; then
     py=python3
     # jinja2 renders GGUF chat templates, the reference for cairn's own
     # formatters; openai is the client the HTTP facade must serve unchanged,
-    # jsonschema checks its structured output.
-    pypkgs=(numpy gguf msgpack jinja2 openai jsonschema)
-    if ! $py -c "import numpy, gguf, msgpack, jinja2, openai, jsonschema" 2>/dev/null; then
+    # jsonschema checks its structured output; anthropic and openai-agents
+    # (the Agents SDK) drive the Messages and Responses routes.
+    pypkgs=(numpy gguf msgpack jinja2 openai jsonschema anthropic openai-agents)
+    if ! $py -c "import numpy, gguf, msgpack, jinja2, openai, jsonschema, anthropic, agents" \
+        2>/dev/null; then
         echo "setup: installing Python packages: ${pypkgs[*]}" >&2
         $py -m pip install -q "${pypkgs[@]}" 2>/dev/null ||
             $py -m pip install -q --break-system-packages "${pypkgs[@]}"

@@ -59,7 +59,9 @@ static void on_engine_event(const cairn_event *ev, void *user)
     size_t lp_bytes = ev->logprobs ? ev->n_tokens * (size_t)(1 + ev->n_top) *
                                          sizeof(cairn_token_logprob)
                                    : 0;
-    srv_event *n = malloc(sizeof *n + lp_bytes + tok_bytes + text_len + 1 + msg_len + fr_len);
+    size_t note_len = ev->note ? ev->note_len : 0;
+    srv_event *n = malloc(sizeof *n + lp_bytes + tok_bytes + text_len + 1 + msg_len + fr_len +
+                          note_len);
     if (n) {
         n->ev = *ev;
         char *p = (char *)(n + 1);
@@ -85,6 +87,11 @@ static void on_engine_event(const cairn_event *ev, void *user)
         if (fr_len) {
             memcpy(p, ev->finish_reason, fr_len);
             n->ev.finish_reason = p;
+            p += fr_len;
+        }
+        if (ev->note) {
+            memcpy(p, ev->note, note_len);
+            n->ev.note = p;
         }
     } else if (ev->kind != CAIRN_EV_DELTA) {
         /* The answer must not be lost: send a short error instead. */

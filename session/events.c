@@ -49,7 +49,7 @@ void svc_emit_generation_done(cairn_service *s, job *j)
                       .client = j->req->client, .id = j->req->id, .text = j->text ? j->text : "",
                       .text_len = j->text_len, .tokens = j->seq.v + j->n_prompt,
                       .n_tokens = (size_t)j->n_gen, .finish_reason = j->finish,
-                      .eog_token = j->eog_token,
+                      .eog_token = j->eog_token, .stop_string = j->stop_string,
                       .logprobs = j->lps, .n_top = j->lps ? j->req->gen.sampling.n_logprobs : 0,
                       .prompt_tokens = (int64_t)j->n_prompt,
                       .cached_tokens = j->cached_tokens, .completion_tokens = j->n_gen,

@@ -294,6 +294,24 @@ static void handle_truncate(cairn_service *s, cairn_request *r)
     reply_session(s, r, x, (int64_t)x->history.n, false);
 }
 
+/* The session's note replaced by the request's (taken). */
+static void handle_note(cairn_service *s, cairn_request *r)
+{
+    session *x = session_idle_of_request(s, r, "the session is generating; wait for it to finish");
+    if (!x)
+        return;
+    if (r->note_len > CAIRN_SESSION_NOTE_MAX) {
+        svc_emit_error(s, r, CAIRN_ERANGE, "the note is too large");
+        return;
+    }
+    free(x->note);
+    x->note = r->note_len ? r->note : NULL;
+    x->note_len = x->note ? r->note_len : 0;
+    if (x->note)
+        r->note = NULL;
+    reply_session(s, r, x, (int64_t)x->history.n, false);
+}
+
 static void handle_close(cairn_service *s, cairn_request *r)
 {
     session *x = session_idle_of_request(s, r, "the session is generating; cancel it first");
@@ -326,9 +344,15 @@ void intake_handle(cairn_service *s, cairn_request *r)
     case CAIRN_REQ_SESSION_TRUNCATE: handle_truncate(s, r); break;
     case CAIRN_REQ_SESSION_CLOSE: handle_close(s, r); break;
     case CAIRN_REQ_SESSION_INFO:
-        if ((x = session_of_request(s, r)))
-            svc_emit_session(s, r, x->id, (int64_t)x->history.n);
+        if ((x = session_of_request(s, r))) {
+            cairn_event ev = {.kind = CAIRN_EV_DONE, .what = CAIRN_DONE_SESSION,
+                              .client = r->client, .id = r->id, .session = x->id,
+                              .n_session_tokens = (int64_t)x->history.n, .note = x->note,
+                              .note_len = x->note_len};
+            svc_emit(s, &ev);
+        }
         break;
+    case CAIRN_REQ_SESSION_NOTE: handle_note(s, r); break;
     case CAIRN_REQ_CANCEL: {
         job *j = sched_find_job(s, r->client, r->target);
         if (j)

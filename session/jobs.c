@@ -28,6 +28,7 @@ void cairn_request_free(cairn_request *r)
     cairn_grammar_free(r->gen.grammar);
     free(r->tokens);
     free(r->session_key);
+    free(r->note);
     free(r);
 }
 
@@ -132,6 +133,7 @@ static bool job_check_stop(job *j)
 {
     const cairn_gen_params *g = &j->req->gen;
     size_t best = SIZE_MAX;
+    int which = 0;
     for (int i = 0; i < g->n_stop; i++) {
         size_t len = strlen(g->stop[i]);
         if (len == 0)
@@ -139,11 +141,14 @@ static bool job_check_stop(job *j)
         /* only the unsent tail (plus overlap) can hold a new occurrence */
         size_t from = j->text_sent > len ? j->text_sent - len : 0;
         char *hit = memmem(j->text + from, j->text_len - from, g->stop[i], len);
-        if (hit && (size_t)(hit - j->text) < best)
+        if (hit && (size_t)(hit - j->text) < best) {
             best = (size_t)(hit - j->text);
+            which = i + 1;
+        }
     }
     if (best == SIZE_MAX)
         return false;
+    j->stop_string = which;
     j->text_len = best;
     j->text[best] = '\0';
     return true;

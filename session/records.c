@@ -14,7 +14,8 @@
  *              reply whose turn is not closed yet (see reply_open)
  *   version    2: no name (key_len 0); 3: a named session; 4 (what this
  *              cairn writes): name optional, the vocabulary field, and a
- *              note (none yet: note_len 0)
+ *              note (note_len 0..CAIRN_SESSION_NOTE_MAX: a front end's
+ *              bytes kept with the session, session.h)
  *   vocabulary XXH3-64 of the vocabulary the tokens are ids of (its size
  *              and every token's text, see records_vocab_id)
  *
@@ -63,8 +64,8 @@ static void record_key(cairn_session_id id, uint8_t key[17])
 
 int record_put(cairn_service *s, const session *x, uint64_t cookie)
 {
-    size_t n = x->history.n, name = x->key ? x->key_len : 0;
-    size_t body = RECORD_HEADER_V4, bytes = body + n * sizeof(int32_t) + name;
+    size_t n = x->history.n, name = x->key ? x->key_len : 0, note = x->note ? x->note_len : 0;
+    size_t body = RECORD_HEADER_V4, bytes = body + n * sizeof(int32_t) + name + note;
     uint8_t *v = malloc(bytes), key[17];
     if (!v)
         return CAIRN_ENOMEM;
@@ -76,13 +77,15 @@ int record_put(cairn_service *s, const session *x, uint64_t cookie)
     memcpy(v + 16, &x->tenant, 8);
     memcpy(v + 24, &n64, 8);
     memcpy(v + RECORD_SUM_AT, &zero, 8);
-    const uint32_t note_len = 0;
+    const uint32_t note_len = (uint32_t)note;
     memcpy(v + RECORD_HEADER, &s->vocab_id, 8);
     memcpy(v + RECORD_HEADER + 8, &note_len, 4);
     if (n)
         memcpy(v + body, x->history.v, n * sizeof(int32_t));
     if (name)
         memcpy(v + body + n * sizeof(int32_t), x->key, name);
+    if (note)
+        memcpy(v + body + n * sizeof(int32_t) + name, x->note, note);
     record_key(x->id, key);
     uint64_t sum = record_checksum(key, v, bytes);
     memcpy(v + RECORD_SUM_AT, &sum, 8);
@@ -124,12 +127,18 @@ typedef enum {
     RECORD_FOREIGN, /* sound, but not for this configuration: kept, skipped */
 } record_verdict;
 
-/* One record checked against the layout above; for a sound one, where its
- * tokens start, their count and the name's length. *why says what makes a
+/* Where a sound record's parts are. */
+typedef struct {
+    size_t body;   /* offset of the tokens */
+    uint64_t n;    /* tokens               */
+    uint32_t name; /* bytes of the name    */
+    uint32_t note; /* bytes of the note    */
+} record_layout;
+
+/* One record checked against the layout above. *why says what makes a
  * foreign one foreign. */
 static record_verdict record_check(const cairn_service *s, const uint8_t *k, const uint8_t *v,
-                                   size_t bytes, size_t *body_out, uint64_t *n_out,
-                                   uint32_t *name_out, const char **why)
+                                   size_t bytes, record_layout *out, const char **why)
 {
     uint32_t head[4];
     uint64_t n, sum, vocab = s->vocab_id;
@@ -145,17 +154,15 @@ static record_verdict record_check(const cairn_service *s, const uint8_t *k, con
     bool ok = memcmp(head, RECORD_MAGIC, 4) == 0 &&
               (version == RECORD_VERSION_PLAIN ? name == 0
                : version == RECORD_VERSION_NAMED ? name > 0 && name <= RECORD_KEY_MAX
-               : v4 && name <= RECORD_KEY_MAX && note == 0) &&
+               : v4 && name <= RECORD_KEY_MAX && note <= CAIRN_SESSION_NOTE_MAX) &&
               bytes >= body && n <= (bytes - body) / sizeof(int32_t) &&
               bytes == body + n * sizeof(int32_t) + name + note &&
               record_checksum(k, v, bytes) == sum;
     if (!ok)
         return RECORD_DAMAGED;
-    if (version == RECORD_VERSION_VOCAB)
+    if (v4)
         memcpy(&vocab, v + RECORD_HEADER, 8);
-    *body_out = body;
-    *n_out = n;
-    *name_out = name;
+    *out = (record_layout){.body = body, .n = n, .name = name, .note = note};
     if (vocab != s->vocab_id) {
         *why = "it was written under another vocabulary (another model)";
         return RECORD_FOREIGN;
@@ -191,12 +198,10 @@ static int load_record(const void *key, size_t key_len, const void *value, size_
         id.hi = id.hi << 8 | k[1 + i];
         id.lo = id.lo << 8 | k[9 + i];
     }
-    uint64_t n = 0;
-    uint32_t name = 0;
-    size_t body = RECORD_HEADER;
+    record_layout lay = {.body = RECORD_HEADER};
     const char *why = NULL;
     char hex[33];
-    switch (record_check(s, k, v, bytes, &body, &n, &name, &why)) {
+    switch (record_check(s, k, v, bytes, &lay, &why)) {
     case RECORD_SOUND:
         break;
     case RECORD_DAMAGED:
@@ -219,12 +224,21 @@ static int load_record(const void *key, size_t key_len, const void *value, size_
     memcpy(&flags, v + 8, 4);
     memcpy(&tenant, v + 16, 8);
     session *x = calloc(1, sizeof *x);
-    const uint8_t *tok = v + body;
+    const uint8_t *tok = v + lay.body;
+    const uint64_t n = lay.n;
+    const uint32_t name = lay.name, note = lay.note;
+    const uint8_t *note_at = tok + n * sizeof(int32_t) + name;
+    if (x && note && (x->note = malloc(note))) {
+        memcpy(x->note, note_at, note);
+        x->note_len = note;
+    }
     if (!x || tokvec_append(&x->history, (const int32_t *)tok, (size_t)n) ||
-        (name && session_set_key(x, (const char *)tok + n * sizeof(int32_t), name))) {
+        (name && session_set_key(x, (const char *)tok + n * sizeof(int32_t), name)) ||
+        (note && !x->note)) {
         if (x) {
             free(x->history.v);
             free(x->key);
+            free(x->note);
         }
         free(x);
         return 0;
@@ -236,6 +250,7 @@ static int load_record(const void *key, size_t key_len, const void *value, size_
     if (session_adopt(s, x) != CAIRN_OK) {
         free(x->history.v);
         free(x->key);
+        free(x->note);
         free(x);
         return 0;
     }

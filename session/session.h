@@ -45,7 +45,9 @@
  * tokens alone or among others.
  *
  * Sessions. A session is a 128-bit random id, its committed token history
- * and default sampling settings. It holds no KV pages while idle: its history
+ * and default sampling settings, and optionally a note: opaque bytes a front
+ * end keeps with it (HTTP's Responses API keeps the response object there),
+ * stored in its record, never read by the engine. It holds no KV pages while idle: its history
  * finds its pages again in the tree. Fork copies the history (the pages are
  * shared through the tree); truncate shortens it. A named session is one a
  * client reaches by its own key (HTTP's session_id or prompt_cache_key):
@@ -124,6 +126,7 @@ void cairn_session_id_to_hex(cairn_session_id id, char out[33]);
 int cairn_session_id_from_hex(const char *hex, size_t len, cairn_session_id *out);
 
 #define CAIRN_MAX_STOP 8 /* stop strings per request */
+#define CAIRN_SESSION_NOTE_MAX (8u << 20) /* bytes of a session's note */
 
 typedef struct {
     int max_tokens;                 /* tokens to generate at most (>= 0)       */
@@ -161,10 +164,14 @@ typedef enum {
     CAIRN_REQ_SESSION_FORK,     /* session                  -> DONE(session: new) */
     CAIRN_REQ_SESSION_TRUNCATE, /* session, n_keep          -> DONE(session)     */
     CAIRN_REQ_SESSION_CLOSE,    /* session                  -> DONE(session)     */
-    CAIRN_REQ_SESSION_INFO,     /* session                  -> DONE(session)     */
+    CAIRN_REQ_SESSION_INFO,     /* session                  -> DONE(session, with
+                                                               its note)         */
     CAIRN_REQ_CANCEL,           /* target (same client)     -> DONE(cancel)      */
     CAIRN_REQ_CACHE_STATS,      /*                          -> DONE(stats)       */
     CAIRN_REQ_CLIENT_GONE,      /* cancel all of `client`; no event              */
+    CAIRN_REQ_SESSION_NOTE,     /* session, note: the bytes the session keeps for
+                                   its client replaced (durable with a persisted
+                                   session's record)        -> DONE(session)     */
 } cairn_req_kind;
 
 typedef struct {
@@ -182,6 +189,10 @@ typedef struct {
     uint64_t target;           /* CANCEL: msgid of the request to cancel        */
     int64_t n_keep;            /* TRUNCATE: tokens to keep                      */
     bool persist;              /* SESSION_OPEN: make the session durable        */
+    char *note;                /* SESSION_NOTE: the note (owned, malloc'ed; at
+                                  most CAIRN_SESSION_NOTE_MAX bytes; NULL or 0
+                                  bytes: none)                                */
+    size_t note_len;
     bool chat_turn;            /* APPEND/GENERATE: `tokens` are chat messages
                                   formatted to continue the conversation; an
                                   assistant reply the last generation left
@@ -272,6 +283,8 @@ typedef struct {
     const char *finish_reason; /* "stop", "length" or "cancelled"          */
     int32_t eog_token;         /* the end-of-generation token that stopped it
                                   (not in `tokens`), or -1                   */
+    int stop_string;           /* the stop string that ended it: 1 + its index
+                                  in gen.stop; 0 when none did               */
     int64_t prompt_tokens, cached_tokens, completion_tokens;
     int64_t cached_by_tier[3]; /* where the cached tokens were: device, host, disk */
     double prompt_seconds;     /* admission to the first token (prefill)    */
@@ -281,6 +294,8 @@ typedef struct {
     /* DONE(session) */
     cairn_session_id session;
     int64_t n_session_tokens;
+    const char *note;          /* SESSION_INFO: the session's note (NULL: none) */
+    size_t note_len;
     /* DONE(cancel) */
     bool found;
     /* DONE(stats) */

@@ -99,6 +99,8 @@ typedef struct session {
     char *key;       /* a named session (SESSION_SYNC): its name, else NULL   */
     size_t key_len;
     uint64_t last_used; /* named sessions: for the least recently used one   */
+    char *note;      /* a front end's bytes (SESSION_NOTE), or NULL           */
+    size_t note_len;
     struct session *next;
 } session;
 
@@ -143,6 +145,7 @@ typedef struct job {
     bool cancelled;
     const char *finish;      /* set when the job is done                      */
     int32_t eog_token;       /* the end-of-generation token that ended it, or -1 */
+    int stop_string;         /* 1 + the index of the stop string that ended it */
     int64_t cached_by_tier[3];
     uint64_t cookie;         /* of its fetch, then of its durability writes    */
     int outstanding;         /* durability completions still to come           */

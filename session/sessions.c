@@ -109,6 +109,7 @@ void session_destroy(cairn_service *s, session *x)
     if (x->key)
         s->n_keyed--;
     free(x->key);
+    free(x->note);
     free(x->history.v);
     free(x);
     s->n_sessions--;

@@ -63,7 +63,9 @@ static bool path_is(const hconn *c, const char *p)
 
 static const char *allow_list(unsigned method)
 {
-    return method == HTTP_GET ? "GET, HEAD, OPTIONS" : "POST, OPTIONS";
+    return method == HTTP_GET      ? "GET, HEAD, OPTIONS"
+           : method == HTTP_DELETE ? "GET, HEAD, DELETE, OPTIONS" /* /v1/responses/{id} */
+                                   : "POST, OPTIONS";
 }
 
 static void method_not_allowed(hconn *c, unsigned allowed)
@@ -140,6 +142,8 @@ static void handle_message(hconn *c)
         {"/v1/completions", HTTP_POST, 5},
         {"/tokenize", HTTP_POST, 6},
         {"/detokenize", HTTP_POST, 7},
+        {"/v1/messages", HTTP_POST, 8},
+        {"/v1/responses", HTTP_POST, 9},
     };
     const unsigned method = c->parser.method;
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
@@ -164,12 +168,17 @@ static void handle_message(hconn *c)
         case 4: http_handle_generation(c, CAIRN_API_CHAT); return;
         case 5: http_handle_generation(c, CAIRN_API_COMPLETION); return;
         case 6: http_handle_generation(c, CAIRN_API_TOKENIZE); return;
-        default: http_handle_generation(c, CAIRN_API_DETOKENIZE); return;
+        case 7: http_handle_generation(c, CAIRN_API_DETOKENIZE); return;
+        case 8: http_handle_wire(c, &http_anthropic_wire); return;
+        default: http_handle_wire(c, &http_responses_wire); return;
         }
     }
-    if (method == HTTP_OPTIONS && strncmp(c->url.data ? c->url.data : "", "/v1/models/", 11) == 0)
+    const char *url = c->url.data ? c->url.data : "";
+    if (method == HTTP_OPTIONS && strncmp(url, "/v1/models/", 11) == 0)
         preflight(c, HTTP_GET);
-    else if (!model_route(c))
+    else if (method == HTTP_OPTIONS && strncmp(url, "/v1/responses/", 14) == 0)
+        preflight(c, HTTP_DELETE);
+    else if (!model_route(c) && !http_responses_route(c))
         http_respond_error(c, 404, "no such route", NULL, NULL);
 }
 
@@ -201,7 +210,8 @@ static int on_message_begin(http_parser *p)
     free(c->session_header);
     free(c->origin);
     free(c->cors_headers);
-    c->authorization = c->session_header = c->origin = c->cors_headers = NULL;
+    free(c->api_key);
+    c->authorization = c->session_header = c->origin = c->cors_headers = c->api_key = NULL;
     c->cors_allowed = c->head_only = false;
     c->expect_continue = false;
     return 0;
@@ -244,6 +254,7 @@ static int header_done(hconn *c)
         return 0;
     char **dst = name_is(&c->field, "authorization")    ? &c->authorization
                  : name_is(&c->field, "x-session-id")   ? &c->session_header
+                 : name_is(&c->field, "x-api-key")      ? &c->api_key
                  : name_is(&c->field, "origin")         ? &c->origin
                  : name_is(&c->field, "access-control-request-headers") ? &c->cors_headers
                                                         : NULL;
@@ -286,8 +297,9 @@ static int on_header_value(http_parser *p, const char *at, size_t len)
     return c->value.oom ? refuse_in_parser(c, 503, "out of memory") : 0;
 }
 
-/* Constant-time check of "Bearer TOKEN" against the server's credentials
- * (server.h, section 1): the token decides the tenant. */
+/* Constant-time check of "Bearer TOKEN" (or, as Anthropic's clients send
+ * it, "x-api-key: TOKEN") against the server's credentials (server.h,
+ * section 1): the token decides the tenant. */
 static int check_auth(hconn *c)
 {
     const cairn_access *access = c->base.srv->access;
@@ -295,12 +307,16 @@ static int check_auth(hconn *c)
         c->base.tenant = 0;
         return 0;
     }
-    const char *a = c->authorization;
-    if (!a || strncasecmp(a, "Bearer ", 7) != 0)
+    const char *a = c->authorization, *tok = c->api_key; /* Authorization wins */
+    if (a) {
+        if (strncasecmp(a, "Bearer ", 7) != 0)
+            return -1;
+        tok = a + 7;
+        while (*tok == ' ')
+            tok++;
+    }
+    if (!tok)
         return -1;
-    const char *tok = a + 7;
-    while (*tok == ' ')
-        tok++;
     uint64_t tenant;
     const char *name;
     if (cairn_access_check(access, tok, strlen(tok), &tenant, &name) != CAIRN_OK)
@@ -347,7 +363,8 @@ static int on_headers_complete(http_parser *p)
     /* Refuse what we can before reading a byte of the body. A preflight
      * carries no credentials, and answers with no data. */
     if (p->method != HTTP_OPTIONS && !path_is(c, "/health") && check_auth(c) != 0)
-        return refuse_in_parser(c, 401, "a valid 'Authorization: Bearer TOKEN' header is required");
+        return refuse_in_parser(c, 401, "a valid 'Authorization: Bearer TOKEN' (or 'x-api-key: "
+                                        "TOKEN') header is required");
     if ((p->flags & F_CONTENTLENGTH) && p->content_length > c->base.srv->cfg.http.max_body_bytes)
         return refuse_in_parser(c, 413, "the request body is too large");
     if (c->expect_continue) {
@@ -443,6 +460,7 @@ static void on_free(srv_conn *b)
     free(c->session_header);
     free(c->origin);
     free(c->cors_headers);
+    free(c->api_key);
 }
 
 const srv_conn_ops srv_http_ops = {

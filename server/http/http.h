@@ -12,6 +12,11 @@
  *                      n engine requests (a session key: one named-session
  *                      turn, SESSION_SYNC) ─▶ events ─▶ JSON or SSE chunks
  *                                                                    respond.c
+ *                  /v1/messages (Anthropic's wire)                 anthropic.c
+ *                  /v1/responses[/{id}] (OpenAI's Responses)       responses.c
+ *                      the same life as a chat request (openai.c: decoding,
+ *                      the engine request, holding back and reading tool
+ *                      calls); an http_wire writes their own answers
  *
  * Rules:
  *  - Everything here runs on the loop thread but the decoding, which runs
@@ -47,7 +52,38 @@ struct srv_http {
     } status_counts[HTTP_N_STATUS_SLOTS];
 };
 
-typedef enum { HK_CHAT = 1, HK_COMPLETION, HK_METRICS } hreq_kind;
+typedef enum { HK_CHAT = 1, HK_COMPLETION, HK_METRICS, HK_WIRE } hreq_kind;
+
+typedef struct hreq hreq;
+typedef struct hconn hconn;
+
+/* A wire format besides OpenAI's chat and completions (HK_WIRE): a chat
+ * request as far as openai.c is concerned (one choice), whose answer this
+ * writes. Every hook runs on the loop thread; NULL hooks are skipped. */
+typedef struct http_wire {
+    cairn_api_op op;
+    const char *id_prefix;   /* of the request's id ("msg_")                 */
+    const char *call_prefix; /* of its tool calls' ids ("toolu_")            */
+    /* Decoded, before the engine request goes: may look at the call, and
+     * take call->req (NULL'ed) to submit it itself later (on_event). A
+     * cairn error code answers 503. */
+    int (*decoded)(hconn *c, hreq *q, cairn_api_call *call);
+    /* Every event of the connection while q is active, first: true when it
+     * was the wire's own (a session call it made); the node is not kept. */
+    bool (*on_event)(hconn *c, hreq *q, srv_event *node);
+    /* Streaming: text that is the reply's content (never a tool call). */
+    void (*stream_text)(hconn *c, hreq *q, const char *text, size_t len);
+    /* The generation is over: its tool calls (an OpenAI tool_calls array,
+     * borrowed) or NULL, the content text. Returns true when it answered
+     * (taking q off c->active first; openai.c frees q), false when it goes
+     * on (then it answers and frees q itself). */
+    bool (*finish)(hconn *c, hreq *q, const cairn_event *ev, json_t *calls, const char *text,
+                   size_t len);
+    /* Answer an error (q is already off c->active); NULL: OpenAI's shape. */
+    void (*fail)(hconn *c, hreq *q, int status, const char *message, const char *param,
+                 const char *code);
+    void (*free)(hreq *q); /* what the wire keeps in q->wire_state           */
+} http_wire;
 
 /* One choice of a request (n > 1: one engine request each). */
 typedef struct {
@@ -65,7 +101,7 @@ typedef struct {
 } hchoice;
 
 /* The request a connection is answering. */
-typedef struct hreq {
+struct hreq {
     hreq_kind kind;
     char id[48];
     long long created;
@@ -79,9 +115,11 @@ typedef struct hreq {
     bool head_sent;    /* streaming: the SSE response head is written        */
     bool failed;       /* answered with an error: the rest is dropped       */
     int parsing;       /* choices whose tool calls are on a text worker      */
-} hreq;
+    const http_wire *wire; /* HK_WIRE: who writes the answer                 */
+    void *wire_state;  /* the wire's own (freed by wire->free)              */
+};
 
-typedef struct hconn {
+struct hconn {
     srv_conn base;
     http_parser parser;
     bool in_request;      /* a byte of a request has been seen              */
@@ -94,6 +132,7 @@ typedef struct hconn {
     char *cors_headers;   /* Access-Control-Request-Headers, or NULL        */
     bool cors_allowed;    /* origin is one --cors-origin lets read replies  */
     bool head_only;       /* a HEAD request: headers as for GET, no body    */
+    char *api_key;        /* x-api-key (Anthropic's clients send it)        */
     bool expect_continue;
     int error_status;     /* set by a callback that refused the request    */
     const char *error_message;
@@ -101,7 +140,7 @@ typedef struct hconn {
     bool in_process;      /* inside conn_process: do not re-enter           */
     hreq *active;         /* the request being answered, or NULL           */
     uint32_t next_msgid;
-} hconn;
+};
 
 /* conn.c */
 /* Parse what is buffered while no request is running. */
@@ -128,6 +167,13 @@ void http_sse_json(hconn *c, json_t *obj);
 void http_sse_end(hconn *c);
 /* An HTTP status for a cairn status code. */
 int http_status_of(int cairn_code);
+/* One `event: NAME` + `data: JSON` server-sent event (Anthropic's and the
+ * Responses API's streams name their events). */
+void http_sse_event(hconn *c, const char *name, json_t *obj);
+/* The end of a stream without OpenAI's `data: [DONE]`. */
+void http_sse_close(hconn *c);
+/* The path of the request being answered (no query), and its length. */
+const char *http_path(const hconn *c, size_t *len);
 
 /* openai.c */
 /* /v1/chat/completions, /v1/completions, and /tokenize, /detokenize (the
@@ -136,6 +182,24 @@ void http_handle_generation(hconn *c, cairn_api_op op);
 void http_handle_models(hconn *c);
 bool http_on_event(hconn *c, srv_event *node);
 void http_request_free(hreq *q);
+/* A request of another wire format (its route), from decoding on. */
+void http_handle_wire(hconn *c, const http_wire *w);
+/* End q with an error (HTTP status, or an event once streaming), cancelling
+ * what it still runs. Takes q. */
+void http_request_fail(hconn *c, hreq *q, int status, const char *message, const char *param,
+                       const char *code);
+
+/* anthropic.c */
+extern const http_wire http_anthropic_wire;
+/* {"type": "error", "error": {type, message}}: Anthropic's error shape,
+ * which every answer on /v1/messages uses. */
+json_t *http_anthropic_error_body(int status, const char *message);
+bool http_path_is_anthropic(const hconn *c);
+
+/* responses.c */
+extern const http_wire http_responses_wire;
+/* GET / DELETE /v1/responses/{id}: true when the path was one (answered). */
+bool http_responses_route(hconn *c);
 
 /* metrics.c */
 void http_handle_metrics(hconn *c);

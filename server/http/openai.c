@@ -7,6 +7,9 @@
  * With tools, a stream holds its content back from the first place a tool
  * call could begin (so a call never leaks out as content), and the finished
  * text is read for calls on a text worker before the last chunk.
+ *
+ * The other wire formats (Anthropic's Messages, OpenAI's Responses) live the
+ * same life here as chat requests; their http_wire writes what they answer.
  */
 #include "server/http/http.h"
 
@@ -27,6 +30,8 @@ void http_request_free(hreq *q)
     }
     free(q->choices);
     free(q->tools_json);
+    if (q->wire && q->wire->free)
+        q->wire->free(q);
     free(q);
 }
 
@@ -190,7 +195,9 @@ static void stream_content(hconn *c, hreq *q, int index, const char *text, size_
 {
     if (len == 0)
         return;
-    if (q->kind == HK_CHAT)
+    if (q->wire)
+        q->wire->stream_text(c, q, text, len);
+    else if (q->kind == HK_CHAT)
         send_chat_delta(c, q, index, json_pack("{s:o}", "content", jstr(text, len)), NULL, NULL);
     else
         send_completion_delta(c, q, index, text, len, NULL, NULL);
@@ -341,7 +348,9 @@ static void fail_request(hconn *c, hreq *q, int status, const char *message, con
             srv_submit(&c->base, r);
         }
     }
-    if (q->head_sent) {
+    if (q->wire && q->wire->fail) {
+        q->wire->fail(c, q, status, message, param, code);
+    } else if (q->head_sent) {
         json_t *body = http_error_body(status, message, param, code);
         http_sse_json(c, body);
         json_decref(body);
@@ -358,19 +367,26 @@ static const char *finish_of(const cairn_event *ev)
     return f && strcmp(f, "length") == 0 ? "length" : "stop";
 }
 
+/* Streaming with tools: what was held back, the rest of the content. */
+static void stream_held(hconn *c, hreq *q, int index, json_t *tool_calls, const char *text,
+                        size_t text_len)
+{
+    hchoice *ch = &q->choices[index];
+    const char *all = ch->text.data ? ch->text.data : "";
+    if (!tool_calls)
+        stream_content(c, q, index, all + ch->text_sent, ch->text.len - ch->text_sent);
+    else if (text_len > ch->text_sent && memcmp(text, all, ch->text_sent) == 0)
+        stream_content(c, q, index, text + ch->text_sent, text_len - ch->text_sent);
+}
+
 /* Streaming: what was held back (the rest of the content), then the calls
  * as tool_calls deltas, then the choice's last chunk. */
 static void stream_finish(hconn *c, hreq *q, int index, json_t *tool_calls, const char *text,
                           size_t text_len, const char *finish)
 {
-    hchoice *ch = &q->choices[index];
     stream_begin(c, q, index);
     if (q->tools_json) {
-        const char *all = ch->text.data ? ch->text.data : "";
-        if (!tool_calls)
-            stream_content(c, q, index, all + ch->text_sent, ch->text.len - ch->text_sent);
-        else if (text_len > ch->text_sent && memcmp(text, all, ch->text_sent) == 0)
-            stream_content(c, q, index, text + ch->text_sent, text_len - ch->text_sent);
+        stream_held(c, q, index, tool_calls, text, text_len);
         size_t i;
         json_t *call;
         json_array_foreach(tool_calls, i, call)
@@ -422,6 +438,17 @@ static void finish_choice(hconn *c, hreq *q, int index, const cairn_event *ev,
         text_len = strlen(text);
     }
     const cairn_api *api = &c->base.srv->api;
+    if (q->wire) {
+        if (q->stream && q->tools_json) {
+            stream_begin(c, q, index);
+            stream_held(c, q, index, tool_calls, text, text_len);
+        }
+        bool answered = q->wire->finish(c, q, ev, tool_calls, text, text_len);
+        json_decref(tool_calls);
+        if (answered)
+            http_request_free(q);
+        return;
+    }
     if (q->stream) {
         stream_finish(c, q, index, tool_calls, text, text_len, finish);
     } else if (q->kind == HK_CHAT) {
@@ -474,7 +501,7 @@ static void calls_answer(srv_calls *k, srv_conn *b)
 
 static bool on_generation_done(hconn *c, hreq *q, int index, srv_event *node)
 {
-    if (q->kind != HK_CHAT || !q->tools_json) {
+    if ((q->kind != HK_CHAT && q->kind != HK_WIRE) || !q->tools_json) {
         finish_choice(c, q, index, &node->ev, NULL, NULL);
         return false;
     }
@@ -486,8 +513,9 @@ static bool on_generation_done(hconn *c, hreq *q, int index, srv_event *node)
     }
     ci->msgid = q->choices[index].msgid;
     /* ids unique across turns: call_<request>_<n> */
-    const char *tail = strchr(q->id, '-');
-    snprintf(ci->k.prefix, sizeof ci->k.prefix, "call_%s_", tail ? tail + 1 : q->id);
+    const char *tail = strpbrk(q->id, "-_");
+    snprintf(ci->k.prefix, sizeof ci->k.prefix, "%s%s_", q->wire ? q->wire->call_prefix : "call_",
+             tail ? tail + 1 : q->id);
     ci->k.answer = calls_answer;
     ci->k.node = node; /* queued: the item keeps the event */
     q->parsing++;
@@ -506,6 +534,8 @@ bool http_on_event(hconn *c, srv_event *node)
     const cairn_event *ev = &node->ev;
     hreq *q = c->active;
     int index;
+    if (q && !q->failed && q->wire && q->wire->on_event && q->wire->on_event(c, q, node))
+        return false;
     if (!q || q->failed || !choice_of(q, ev->id, &index))
         return false; /* a choice of a request already answered */
     if (q->kind == HK_METRICS) {
@@ -692,7 +722,9 @@ static void decode_done(srv_work *w, srv_conn *b)
             ch->echo_len = p->echo_len;
         }
     }
-    if (rc == CAIRN_OK)
+    if (rc == CAIRN_OK && q->wire && q->wire->decoded)
+        rc = q->wire->decoded(c, q, call); /* it may submit the request itself, later */
+    if (rc == CAIRN_OK && call->req)
         rc = submit_choices(c, q, call);
     if (!q->choices)
         q->n_choices = 0;
@@ -703,9 +735,9 @@ static void decode_done(srv_work *w, srv_conn *b)
     decode_item_free(it);
 }
 
-void http_handle_generation(hconn *c, cairn_api_op op)
+static void handle_request(hconn *c, hreq_kind kind, cairn_api_op op, const char *id_prefix,
+                           const http_wire *wire)
 {
-    const bool chat = op == CAIRN_API_CHAT;
     hreq *q = calloc(1, sizeof *q);
     decode_item *it = q ? calloc(1, sizeof *it) : NULL;
     if (!it) {
@@ -713,9 +745,10 @@ void http_handle_generation(hconn *c, cairn_api_op op)
         http_respond_error(c, 503, "out of memory", NULL, NULL);
         return;
     }
-    q->kind = chat ? HK_CHAT : HK_COMPLETION;
+    q->kind = kind;
+    q->wire = wire;
     q->created = (long long)time(NULL);
-    snprintf(q->id, sizeof q->id, "%s%016llx", chat ? "chatcmpl-" : "cmpl-",
+    snprintf(q->id, sizeof q->id, "%s%016llx", id_prefix,
              (unsigned long long)srv_next_seed(c->base.srv));
     q->decoding = true;
     /* the body goes to the worker: the next request reads into a new one */
@@ -734,6 +767,23 @@ void http_handle_generation(hconn *c, cairn_api_op op)
         decode_item_free(it);
         fail_request(c, q, 503, "out of memory", NULL, NULL);
     }
+}
+
+void http_handle_generation(hconn *c, cairn_api_op op)
+{
+    const bool chat = op == CAIRN_API_CHAT;
+    handle_request(c, chat ? HK_CHAT : HK_COMPLETION, op, chat ? "chatcmpl-" : "cmpl-", NULL);
+}
+
+void http_handle_wire(hconn *c, const http_wire *w)
+{
+    handle_request(c, HK_WIRE, w->op, w->id_prefix, w);
+}
+
+void http_request_fail(hconn *c, hreq *q, int status, const char *message, const char *param,
+                       const char *code)
+{
+    fail_request(c, q, status, message, param, code);
 }
 
 void http_handle_models(hconn *c)

@@ -1,6 +1,7 @@
 /*
  * server/http/respond.c — writing HTTP/1.1 responses: whole ones with a
- * body, OpenAI-shaped errors, and server-sent event streams (chunked).
+ * body, OpenAI-shaped errors (Anthropic-shaped on its route), and
+ * server-sent event streams (chunked; `data:` only, or named events).
  * Every writer takes a connection that a failed write has just closed: it
  * then writes nothing.
  */
@@ -130,10 +131,22 @@ json_t *http_error_body(int status, const char *message, const char *param, cons
     return e ? json_pack("{s:o}", "error", e) : NULL;
 }
 
+const char *http_path(const hconn *c, size_t *len)
+{
+    const char *u = c->url.data ? c->url.data : "";
+    size_t n = 0;
+    while (n < c->url.len && u[n] != '?')
+        n++;
+    *len = n;
+    return u;
+}
+
 void http_respond_error(hconn *c, int status, const char *message, const char *param,
                         const char *code)
 {
-    json_t *body = http_error_body(status, message, param, code);
+    /* every answer on Anthropic's route has its shape, errors included */
+    json_t *body = http_path_is_anthropic(c) ? http_anthropic_error_body(status, message)
+                                             : http_error_body(status, message, param, code);
     if (status == 401) {
         /* the client's credentials are wrong: answer and close */
         c->keep_alive = false;
@@ -192,6 +205,35 @@ void http_sse_json(hconn *c, json_t *obj)
     }
     sse_data(c, text, strlen(text));
     free(text);
+}
+
+void http_sse_event(hconn *c, const char *name, json_t *obj)
+{
+    if (srv_conn_gone(&c->base))
+        return;
+    char *text = obj ? json_dumps(obj, JSON_COMPACT) : NULL;
+    cairn_strbuf out = {0};
+    size_t nl = strlen(name), tl = text ? strlen(text) : 0;
+    /* "event: " NAME "\n" "data: " JSON "\n\n" as one chunk */
+    http_printf(&out, "%zx\r\nevent: ", 7 + nl + 1 + 6 + tl + 2);
+    cairn_strbuf_add(&out, name, nl);
+    cairn_strbuf_add(&out, "\ndata: ", 7);
+    cairn_strbuf_add(&out, text ? text : "", tl);
+    cairn_strbuf_add(&out, "\n\n\r\n", 4);
+    if (!text || out.oom)
+        srv_conn_close(&c->base);
+    else
+        srv_conn_write(&c->base, out.data, out.len);
+    cairn_strbuf_free(&out);
+    free(text);
+}
+
+void http_sse_close(hconn *c)
+{
+    if (srv_conn_gone(&c->base))
+        return;
+    srv_conn_write(&c->base, "0\r\n\r\n", 5);
+    http_response_finished(c);
 }
 
 void http_sse_end(hconn *c)

@@ -19,3 +19,31 @@ add_test(NAME http_chat_model
           $<TARGET_FILE:cairn>)
 set_tests_properties(http_chat_model PROPERTIES TIMEOUT 300 LABELS "server;realmodel"
   SKIP_RETURN_CODE 77 ENVIRONMENT "CAIRN_CHAT_MODEL=${CAIRN_CHAT_MODEL}")
+
+# Anthropic's Messages API through the official `anthropic` package (skips,
+# 77, when it cannot be imported).
+add_test(NAME http_anthropic
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_anthropic.py
+          $<TARGET_FILE:cairn> ${CAIRN_MODEL})
+set_tests_properties(http_anthropic PROPERTIES TIMEOUT 300 LABELS "server" SKIP_RETURN_CODE 77)
+
+# OpenAI's Responses API through the official `openai` package: stored
+# responses, previous_response_id chains across SIGKILL restarts, function
+# calls, streaming.
+add_test(NAME http_responses
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_responses.py
+          $<TARGET_FILE:cairn> ${CAIRN_MODEL})
+set_tests_properties(http_responses PROPERTIES TIMEOUT 300 LABELS "server")
+
+# The OpenAI Agents SDK against the Responses API (skips, 77, when
+# openai-agents cannot be imported): a forced tool on the bundled model, an
+# unforced one on the real instruct model.
+add_test(NAME http_agents
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_agents.py
+          $<TARGET_FILE:cairn> ${CAIRN_MODEL} AgentsSDK)
+set_tests_properties(http_agents PROPERTIES TIMEOUT 300 LABELS "server" SKIP_RETURN_CODE 77)
+add_test(NAME http_agents_realmodel
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_agents.py
+          $<TARGET_FILE:cairn> ${CAIRN_MODEL} AgentsRealModel)
+set_tests_properties(http_agents_realmodel PROPERTIES TIMEOUT 300 LABELS "server;realmodel"
+  SKIP_RETURN_CODE 77 ENVIRONMENT "CAIRN_CHAT_MODEL=${CAIRN_CHAT_MODEL}")

@@ -28,6 +28,7 @@ typedef struct {
     cairn_event ev;  /* copy; text/tokens point into the owned buffers below */
     char *text;
     int32_t *tokens;
+    char *note;      /* a session's note (SESSION_INFO), copied */
     int n_deltas;
 } result;
 
@@ -59,6 +60,8 @@ static void on_event(const cairn_event *ev, void *user)
                 r->tokens = malloc(ev->n_tokens * sizeof(int32_t));
                 memcpy(r->tokens, ev->tokens, ev->n_tokens * sizeof(int32_t));
             }
+            r->note = ev->note ? strndup(ev->note, ev->note_len) : NULL;
+            r->ev.note = r->note;
             r->ev.text = r->text;
             r->ev.tokens = r->tokens;
             r->ev.message = NULL;
@@ -84,6 +87,7 @@ static void collector_reset(collector *c)
     for (int i = 0; i < MAX_RESULTS; i++) {
         free(c->res[i].text);
         free(c->res[i].tokens);
+        free(c->res[i].note);
     }
     memset(c->res, 0, sizeof c->res);
     memset(c->done, 0, sizeof c->done);
@@ -787,6 +791,74 @@ static cairn_request *sync_request(fixture *f, uint64_t id, const char *key, con
     return r;
 }
 
+static result *session_call(fixture *f, uint64_t id, cairn_req_kind kind, cairn_session_id sid,
+                            const char *note)
+{
+    cairn_request *r = cairn_request_new(kind);
+    r->id = id;
+    r->session = sid;
+    if (note) {
+        r->note = strdup(note);
+        r->note_len = strlen(note);
+    }
+    cairn_service_submit(f->svc, r);
+    return wait_for(&f->col, id);
+}
+
+/* A session's note (what HTTP's Responses API keeps with a stored
+ * response): set, read back by info, not inherited by a fork, refused when
+ * too large, kept in the record across a restart (record version 4), and
+ * cleared again. */
+static void test_session_note(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/cairn-svc-note-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    fixture *f = start_tiers(512, 4, 64, 64, dir);
+    cairn_session_id sid = open_session(f, 1, "Once upon a time");
+    assert_null(session_call(f, 2, CAIRN_REQ_SESSION_INFO, sid, NULL)->ev.note);
+    assert_int_equal(session_call(f, 3, CAIRN_REQ_SESSION_NOTE, sid, "{\"id\": 1}")->ev.kind,
+                     CAIRN_EV_DONE);
+    result *in = session_call(f, 4, CAIRN_REQ_SESSION_INFO, sid, NULL);
+    assert_string_equal(in->ev.note, "{\"id\": 1}");
+    assert_int_equal(in->ev.note_len, 9);
+    assert_int_equal(in->ev.n_session_tokens, 5);
+    result *fk = session_call(f, 5, CAIRN_REQ_SESSION_FORK, sid, NULL);
+    assert_int_equal(fk->ev.kind, CAIRN_EV_DONE);
+    assert_null(session_call(f, 6, CAIRN_REQ_SESSION_INFO, fk->ev.session, NULL)->ev.note);
+    /* too large: refused, the note stays */
+    cairn_request *big = cairn_request_new(CAIRN_REQ_SESSION_NOTE);
+    big->id = 7;
+    big->session = sid;
+    big->note_len = CAIRN_SESSION_NOTE_MAX + 1;
+    big->note = calloc(1, big->note_len);
+    cairn_service_submit(f->svc, big);
+    assert_int_equal(wait_for(&f->col, 7)->ev.code, CAIRN_ERANGE);
+    /* an unknown session has no note to set */
+    assert_int_equal(session_call(f, 8, CAIRN_REQ_SESSION_NOTE, (cairn_session_id){1, 2}, "x")
+                         ->ev.code,
+                     CAIRN_ENOTFOUND);
+    /* the session goes on generating: the note is not touched */
+    assert_string_equal(session_generate(f, 9, sid, NULL, 32)->text, greedy_text);
+    stop(f);
+
+    f = start_tiers(512, 4, 64, 64, dir);
+    in = session_call(f, 1, CAIRN_REQ_SESSION_INFO, sid, NULL);
+    assert_int_equal(in->ev.kind, CAIRN_EV_DONE);
+    assert_string_equal(in->ev.note, "{\"id\": 1}");
+    assert_int_equal(in->ev.n_session_tokens, 5 + 32);
+    /* an empty note clears it, and the record without one reads back so */
+    assert_int_equal(session_call(f, 2, CAIRN_REQ_SESSION_NOTE, sid, "")->ev.kind, CAIRN_EV_DONE);
+    assert_null(session_call(f, 3, CAIRN_REQ_SESSION_INFO, sid, NULL)->ev.note);
+    stop(f);
+    f = start_tiers(512, 4, 64, 64, dir);
+    in = session_call(f, 1, CAIRN_REQ_SESSION_INFO, sid, NULL);
+    assert_int_equal(in->ev.n_session_tokens, 5 + 32);
+    assert_null(in->ev.note);
+    stop(f);
+    rm_rf(dir);
+}
+
 static void test_named_session_sync(void **state)
 {
     (void)state;
@@ -844,6 +916,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_matches_reference),
         cmocka_unit_test(test_named_session_sync),
+        cmocka_unit_test(test_session_note),
         cmocka_unit_test(test_batching_does_not_change_results),
         cmocka_unit_test(test_prefix_reuse),
         cmocka_unit_test(test_burst_computes_document_once),

@@ -1,0 +1,380 @@
+/*
+ * api/anthropic.c — Anthropic's Messages API (POST /v1/messages) as the
+ * chat request it means. Nothing here decides what a field means: the body
+ * is rewritten into the chat form (OpenAI's messages, tools, tool_choice,
+ * stop) and decoded as CAIRN_API_CHAT, so every range, default, template and
+ * grammar rule is the one chat requests follow.
+ *
+ *   system (string | text blocks)        -> a first system message
+ *   user: text blocks                    -> a user message (joined)
+ *         tool_result {tool_use_id,      -> a tool message answering that
+ *           content, is_error}              call ("Error: " before the text
+ *                                           when is_error)
+ *   assistant: text blocks + tool_use    -> content + tool_calls
+ *         {id, name, input}
+ *   tools [{name, description,           -> [{type: function, function:
+ *           input_schema}]                   {name, description, parameters}}]
+ *   tool_choice auto | any | tool | none -> auto | required | named | none
+ *         (disable_parallel_tool_use     -> parallel_tool_calls: false)
+ *   stop_sequences, max_tokens (required), temperature, top_p, top_k,
+ *   stream, seed, session_id             -> the chat fields of those names
+ *   metadata, anthropic-version          -> ignored
+ *
+ * Errors name Anthropic's fields (a chat rule that refuses `stop` is
+ * reported for `stop_sequences`).
+ */
+#include "api/api_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A string without a NUL inside. */
+static bool clean_string(const json_t *v)
+{
+    return json_is_string(v) && strlen(json_string_value(v)) == json_string_length(v);
+}
+
+static int set(json_t *obj, const char *key, json_t *v, cairn_api_error *e)
+{
+    return v && json_object_set_new(obj, key, v) == 0 ? CAIRN_OK : api_oom(e);
+}
+
+static int append(json_t *arr, json_t *v, cairn_api_error *e)
+{
+    return v && json_array_append_new(arr, v) == 0 ? CAIRN_OK : api_oom(e);
+}
+
+/* Text blocks [{type: "text", text}] joined into *out, or a plain string.
+ * `where` names the value in errors ("system", "messages[2].content[0]"). */
+static int text_of(const json_t *v, const char *field, const char *where, cairn_strbuf *out,
+                   cairn_api_error *e)
+{
+    if (clean_string(v)) {
+        cairn_strbuf_add(out, json_string_value(v), json_string_length(v));
+        return out->oom ? api_oom(e) : CAIRN_OK;
+    }
+    if (!json_is_array(v))
+        return api_fail(e, CAIRN_EINVAL, field, "%s must be a string or an array of text blocks",
+                        where);
+    size_t k;
+    json_t *b;
+    json_array_foreach(v, k, b)
+    {
+        json_t *type = json_object_get(b, "type"), *text = json_object_get(b, "text");
+        if (!json_is_string(type) || strcmp(json_string_value(type), "text") != 0 ||
+            !clean_string(text))
+            return api_fail(e, CAIRN_EINVAL, field,
+                            "%s[%zu] must be a text block {\"type\": \"text\", \"text\": ...}",
+                            where, k);
+        cairn_strbuf_add(out, json_string_value(text), json_string_length(text));
+    }
+    return out->oom ? api_oom(e) : CAIRN_OK;
+}
+
+/* The text gathered for a user turn, as one user message (nothing when
+ * there is none). */
+static int flush_user(cairn_strbuf *text, bool *pending, json_t *msgs, cairn_api_error *e)
+{
+    if (!*pending)
+        return CAIRN_OK;
+    *pending = false;
+    json_t *m = json_pack("{s:s, s:s%}", "role", "user", "content", text->data ? text->data : "",
+                          text->len);
+    text->len = 0;
+    return append(msgs, m, e);
+}
+
+static int tool_result(const json_t *b, size_t i, size_t k, json_t *msgs, cairn_api_error *e)
+{
+    char where[96];
+    snprintf(where, sizeof where, "messages[%zu].content[%zu].content", i, k);
+    json_t *id = json_object_get(b, "tool_use_id"), *content = api_field(b, "content");
+    json_t *is_error = api_field(b, "is_error");
+    if (!clean_string(id))
+        return api_fail(e, CAIRN_EINVAL, "messages",
+                        "messages[%zu].content[%zu].tool_use_id must be a string", i, k);
+    if (is_error && !json_is_boolean(is_error))
+        return api_fail(e, CAIRN_EINVAL, "messages",
+                        "messages[%zu].content[%zu].is_error must be a boolean", i, k);
+    cairn_strbuf text = {0};
+    /* the templates have no error flag for a tool's answer: it says so */
+    if (json_is_true(is_error))
+        cairn_strbuf_add(&text, "Error: ", 7);
+    int rc = content ? text_of(content, "messages", where, &text, e) : CAIRN_OK;
+    if (rc == CAIRN_OK && text.oom)
+        rc = api_oom(e);
+    if (rc == CAIRN_OK)
+        rc = append(msgs,
+                    json_pack("{s:s, s:O, s:s%}", "role", "tool", "tool_call_id", id, "content",
+                              text.data ? text.data : "", text.len),
+                    e);
+    cairn_strbuf_free(&text);
+    return rc;
+}
+
+/* One user message's blocks: text gathered into user messages, each
+ * tool_result its own tool message, in their order. */
+static int user_blocks(const json_t *content, size_t i, json_t *msgs, cairn_api_error *e)
+{
+    cairn_strbuf text = {0};
+    bool pending = false;
+    int rc = CAIRN_OK;
+    size_t k;
+    json_t *b;
+    json_array_foreach(content, k, b)
+    {
+        const char *type = json_string_value(json_object_get(b, "type"));
+        json_t *t = json_object_get(b, "text");
+        if (type && strcmp(type, "text") == 0 && clean_string(t)) {
+            cairn_strbuf_add(&text, json_string_value(t), json_string_length(t));
+            pending = true;
+        } else if (type && strcmp(type, "tool_result") == 0) {
+            if (!(rc = flush_user(&text, &pending, msgs, e)))
+                rc = tool_result(b, i, k, msgs, e);
+        } else {
+            rc = api_fail(e, CAIRN_EINVAL, "messages",
+                          "messages[%zu].content[%zu]: a user message holds text and "
+                          "tool_result blocks (type '%.32s' is not supported)",
+                          i, k, type ? type : "?");
+        }
+        if (rc)
+            break;
+    }
+    if (rc == CAIRN_OK && text.oom)
+        rc = api_oom(e);
+    if (rc == CAIRN_OK)
+        rc = flush_user(&text, &pending, msgs, e);
+    cairn_strbuf_free(&text);
+    return rc;
+}
+
+/* An assistant message's blocks: its text, and its tool_use blocks as
+ * OpenAI tool calls (the input object as JSON text). */
+static int assistant_blocks(const json_t *content, size_t i, json_t *msgs, cairn_api_error *e)
+{
+    cairn_strbuf text = {0};
+    json_t *calls = json_array();
+    int rc = calls ? CAIRN_OK : api_oom(e);
+    size_t k;
+    json_t *b;
+    json_array_foreach(content, k, b)
+    {
+        if (rc)
+            break;
+        const char *type = json_string_value(json_object_get(b, "type"));
+        json_t *t = json_object_get(b, "text");
+        if (type && strcmp(type, "text") == 0 && clean_string(t)) {
+            cairn_strbuf_add(&text, json_string_value(t), json_string_length(t));
+            continue;
+        }
+        if (!type || strcmp(type, "tool_use") != 0) {
+            rc = api_fail(e, CAIRN_EINVAL, "messages",
+                          "messages[%zu].content[%zu]: an assistant message holds text and "
+                          "tool_use blocks (type '%.32s' is not supported)",
+                          i, k, type ? type : "?");
+            break;
+        }
+        json_t *id = json_object_get(b, "id"), *name = json_object_get(b, "name");
+        json_t *input = json_object_get(b, "input");
+        if (!clean_string(id) || !clean_string(name) || !json_is_object(input)) {
+            rc = api_fail(e, CAIRN_EINVAL, "messages",
+                          "messages[%zu].content[%zu]: a tool_use block has a string 'id' and "
+                          "'name' and an object 'input'", i, k);
+            break;
+        }
+        char *args = json_dumps(input, JSON_COMPACT);
+        rc = args ? append(calls,
+                           json_pack("{s:O, s:s, s:{s:O, s:s}}", "id", id, "type", "function",
+                                     "function", "name", name, "arguments", args),
+                           e)
+                  : api_oom(e);
+        free(args);
+    }
+    if (rc == CAIRN_OK && text.oom)
+        rc = api_oom(e);
+    if (rc == CAIRN_OK) {
+        json_t *m = json_pack("{s:s, s:s%}", "role", "assistant", "content",
+                              text.data ? text.data : "", text.len);
+        if (m && json_array_size(calls))
+            json_object_set(m, "tool_calls", calls);
+        rc = append(msgs, m, e);
+    }
+    json_decref(calls);
+    cairn_strbuf_free(&text);
+    return rc;
+}
+
+static int messages_field(const json_t *params, json_t *chat, cairn_api_error *e)
+{
+    json_t *in = api_field(params, "messages"), *system = api_field(params, "system");
+    if (!json_is_array(in) || json_array_size(in) == 0)
+        return api_fail(e, CAIRN_EINVAL, "messages", "'messages' must be a non-empty array");
+    json_t *msgs = json_array();
+    int rc = set(chat, "messages", msgs, e);
+    if (rc == CAIRN_OK && system) {
+        cairn_strbuf text = {0};
+        rc = text_of(system, "system", "'system'", &text, e);
+        if (rc == CAIRN_OK)
+            rc = append(msgs, json_pack("{s:s, s:s%}", "role", "system", "content",
+                                        text.data ? text.data : "", text.len), e);
+        cairn_strbuf_free(&text);
+    }
+    size_t i;
+    json_t *m;
+    json_array_foreach(in, i, m)
+    {
+        if (rc)
+            return rc;
+        const char *role = json_string_value(json_object_get(m, "role"));
+        json_t *content = json_object_get(m, "content");
+        bool user = role && strcmp(role, "user") == 0;
+        if (!json_is_object(m) || !role || (!user && strcmp(role, "assistant") != 0))
+            return api_fail(e, CAIRN_EINVAL, "messages",
+                            "messages[%zu].role must be 'user' or 'assistant'", i);
+        if (clean_string(content))
+            rc = append(msgs, json_pack("{s:s, s:O}", "role", role, "content", content), e);
+        else if (!json_is_array(content))
+            return api_fail(e, CAIRN_EINVAL, "messages",
+                            "messages[%zu].content must be a string or an array of blocks", i);
+        else
+            rc = user ? user_blocks(content, i, msgs, e) : assistant_blocks(content, i, msgs, e);
+    }
+    return rc;
+}
+
+static int tools_field(const json_t *params, json_t *chat, cairn_api_error *e)
+{
+    json_t *in = api_field(params, "tools");
+    if (!in)
+        return CAIRN_OK;
+    if (!json_is_array(in))
+        return api_fail(e, CAIRN_EINVAL, "tools", "'tools' must be an array");
+    json_t *tools = json_array();
+    int rc = set(chat, "tools", tools, e);
+    size_t i;
+    json_t *t;
+    json_array_foreach(in, i, t)
+    {
+        if (rc)
+            return rc;
+        json_t *name = json_object_get(t, "name"), *desc = api_field(t, "description");
+        json_t *schema = json_object_get(t, "input_schema"), *type = api_field(t, "type");
+        if (type && !(json_is_string(type) && strcmp(json_string_value(type), "custom") == 0))
+            return api_fail(e, CAIRN_EINVAL, "tools",
+                            "tools[%zu]: only client tools {name, description, input_schema} "
+                            "are supported", i);
+        if (!clean_string(name) || (desc && !json_is_string(desc)) || !json_is_object(schema))
+            return api_fail(e, CAIRN_EINVAL, "tools", "tools[%zu] must have a string 'name', "
+                            "an optional string 'description' and an object 'input_schema'", i);
+        json_t *fn = json_pack("{s:O, s:O}", "name", name, "parameters", schema);
+        if (fn && desc)
+            json_object_set(fn, "description", desc);
+        rc = append(tools, json_pack("{s:s, s:o}", "type", "function", "function", fn), e);
+    }
+    return rc;
+}
+
+static int tool_choice_field(const json_t *params, json_t *chat, cairn_api_error *e)
+{
+    json_t *tc = api_field(params, "tool_choice");
+    if (!tc)
+        return CAIRN_OK;
+    const char *type = json_string_value(json_object_get(tc, "type"));
+    json_t *name = json_object_get(tc, "name");
+    json_t *no_parallel = api_field(tc, "disable_parallel_tool_use");
+    if (!json_is_object(tc) || !type)
+        return api_fail(e, CAIRN_EINVAL, "tool_choice", "'tool_choice' must be {\"type\": ...}");
+    if (no_parallel && !json_is_boolean(no_parallel))
+        return api_fail(e, CAIRN_EINVAL, "tool_choice",
+                        "'tool_choice'.disable_parallel_tool_use must be a boolean");
+    json_t *choice;
+    if (strcmp(type, "auto") == 0 || strcmp(type, "none") == 0)
+        choice = json_string(type);
+    else if (strcmp(type, "any") == 0)
+        choice = json_string("required");
+    else if (strcmp(type, "tool") == 0 && clean_string(name))
+        choice = json_pack("{s:s, s:{s:O}}", "type", "function", "function", "name", name);
+    else
+        return api_fail(e, CAIRN_EINVAL, "tool_choice", "'tool_choice'.type must be auto, any, "
+                        "none or tool (with a string 'name')");
+    int rc = set(chat, "tool_choice", choice, e);
+    if (rc == CAIRN_OK && json_is_true(no_parallel))
+        rc = set(chat, "parallel_tool_calls", json_false(), e);
+    return rc;
+}
+
+/* The body as the chat request it means. */
+static int translate(const json_t *params, json_t *chat, cairn_api_error *e)
+{
+    /* seed and session_id: cairn's extensions, as on the chat route */
+    static const char *const same[] = {"model", "temperature", "top_p", "top_k",
+                                       "stream", "seed", "session_id"};
+    json_t *max = api_field(params, "max_tokens"), *stop = api_field(params, "stop_sequences");
+    int64_t n;
+    if (!max)
+        return api_fail(e, CAIRN_EINVAL, "max_tokens", "'max_tokens' is required");
+    /* Anthropic's floor; the ceiling is the chat rule's (the context) */
+    if (!api_json_int(max, &n) || n < 1)
+        return api_fail(e, CAIRN_EINVAL, "max_tokens", "'max_tokens' must be an integer >= 1");
+    int rc = set(chat, "max_tokens", json_deep_copy(max), e);
+    for (size_t i = 0; i < sizeof same / sizeof same[0] && rc == CAIRN_OK; i++) {
+        json_t *v = api_field(params, same[i]);
+        if (v)
+            rc = set(chat, same[i], json_deep_copy(v), e);
+    }
+    if (rc == CAIRN_OK && stop && !json_is_array(stop))
+        return api_fail(e, CAIRN_EINVAL, "stop_sequences", "'stop_sequences' must be an array "
+                        "of strings");
+    if (rc == CAIRN_OK && stop && json_array_size(stop))
+        rc = set(chat, "stop", json_deep_copy(stop), e);
+    if (rc == CAIRN_OK)
+        rc = messages_field(params, chat, e);
+    if (rc == CAIRN_OK)
+        rc = tools_field(params, chat, e);
+    if (rc == CAIRN_OK)
+        rc = tool_choice_field(params, chat, e);
+    return rc;
+}
+
+/* A chat rule's error, named as the Anthropic client wrote the field. */
+static void rename_field(cairn_api_error *e)
+{
+    static const struct {
+        const char *chat, *anthropic;
+    } names[] = {{"stop", "stop_sequences"}, {"parallel_tool_calls", "tool_choice"}};
+    for (size_t i = 0; e->field && i < sizeof names / sizeof names[0]; i++) {
+        if (strcmp(e->field, names[i].chat) != 0)
+            continue;
+        e->field = names[i].anthropic;
+        char quoted[40], *at;
+        snprintf(quoted, sizeof quoted, "'%s'", names[i].chat);
+        if ((at = strstr(e->message, quoted))) {
+            char rest[sizeof e->message];
+            snprintf(rest, sizeof rest, "%s", at + strlen(quoted));
+            snprintf(at, sizeof e->message - (size_t)(at - e->message), "'%s'%s",
+                     names[i].anthropic, rest);
+        }
+        return;
+    }
+}
+
+int api_decode_messages(const cairn_api *api, const json_t *params, uint64_t random_seed,
+                        const char *session_header, cairn_api_call *out, cairn_api_error *e)
+{
+    memset(out, 0, sizeof *out);
+    memset(e, 0, sizeof *e);
+    if (!json_is_object(params))
+        return api_fail(e, CAIRN_EINVAL, NULL, "the body must be a JSON object");
+    json_t *chat = json_object();
+    int rc = chat ? translate(params, chat, e) : api_oom(e);
+    if (rc == CAIRN_OK) {
+        rc = cairn_api_decode(api, CAIRN_API_CHAT, chat, random_seed, session_header, NULL, out,
+                              e);
+        rename_field(e);
+    }
+    json_decref(chat);
+    if (rc == CAIRN_OK)
+        out->op = CAIRN_API_MESSAGES;
+    return rc;
+}
