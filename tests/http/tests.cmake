@@ -47,3 +47,11 @@ add_test(NAME http_agents_realmodel
           $<TARGET_FILE:cairn> ${CAIRN_MODEL} AgentsRealModel)
 set_tests_properties(http_agents_realmodel PROPERTIES TIMEOUT 300 LABELS "server;realmodel"
   SKIP_RETURN_CODE 77 ENVIRONMENT "CAIRN_CHAT_MODEL=${CAIRN_CHAT_MODEL}")
+
+# The client libraries agent frameworks use (LangChain's ChatOpenAI,
+# instructor), unchanged, against the server; each skips with a message
+# when it is not installed.
+add_test(NAME http_clients
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_clients.py
+          $<TARGET_FILE:cairn> ${CAIRN_MODEL})
+set_tests_properties(http_clients PROPERTIES TIMEOUT 300 LABELS "server")
