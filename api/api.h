@@ -164,6 +164,13 @@ int cairn_api_tool_calls(const cairn_api *api, const char *text, size_t len,
                          const char *tools_json, const char *id_prefix, char **calls_json,
                          char **content);
 
+/* Streaming a reply with tools: the offset from which its text so far may
+ * be a tool call and must be held back (text/text.h, cairn_chat_tool_call_
+ * start; *certain: it is one, hold to the end). Cheap: any thread, the
+ * loop thread included. */
+size_t cairn_api_tool_call_start(const char *text, size_t len, const char *tools_json,
+                                 bool *certain);
+
 /* The bytes of one token as a logprob entry shows them (special tokens
  * included), into out[cap]; *n their count. */
 int cairn_api_token_piece(const cairn_api *api, int32_t token, char *out, size_t cap,

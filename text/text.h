@@ -254,25 +254,52 @@ int cairn_chat_tokenize(const cairn_chat_template *t, const cairn_vocab *v,
  * token is not kept, when the conversation continues. Static or owned by t. */
 const char *cairn_chat_turn_end(const cairn_chat_template *t);
 
-/* Tool calls in a generated assistant text, in the family's native format:
- * QWEN2 and others <tool_call>\n{"name":..., "arguments":{...}}\n</tool_call>
- * blocks (a block whose JSON is malformed stays text); LLAMA3 a JSON object
- * {"name":..., "parameters":...} (after an optional <|python_tag|>; several
- * may be separated by ';'). On success *calls_json is a malloc'ed JSON array
- * in OpenAI form [{"id":"<id_prefix><n>","type":"function","function":
- * {"name", "arguments": "<JSON text>"}}] (n from 0; id_prefix NULL: "call_";
- * a caller makes ids unique across replies with its own prefix) and
- * *content the remaining text,
+/* Tool calls in a generated assistant text. Every family's forms are read,
+ * whatever the template's family, left to right:
+ *   <tool_call>{"name":..., "arguments":{...}}</tool_call>  (Qwen2.5, Hermes;
+ *       several in a row; the closing tag may be missing at the end)
+ *   [TOOL_CALLS][{"name":..., "arguments":{...}}, ...]     (Mistral v3) and
+ *   [TOOL_CALLS]NAME[ARGS]{...}                            (Mistral v11+)
+ *   <|python_tag|>{"name":..., "parameters":{...}}         (Llama 3.x; several
+ *       separated by ';') or <|python_tag|>NAME.call(k="v", ...) (its
+ *       built-in tools; plain code for the code interpreter is not a call)
+ *   ```json (or ```) fenced blocks holding a call or an array of calls
+ *   a run of call objects (or arrays) opening the reply, one after another
+ * A call with a marker may name any function; the fenced and opening forms,
+ * which have none, count only with `tools_json` (an OpenAI tools array;
+ * NULL: none) and only when every call of the block or object names one of
+ * those tools and carries "arguments" or "parameters" — so an ordinary JSON
+ * answer stays content (LLAMA3: its opening {"name", "parameters"} object
+ * is the template's own format and may name any function). A block that is
+ * not calls (malformed JSON, a stranger's name, another language) stays
+ * text whole. Arguments may be an object or JSON text of one (OpenAI's
+ * form); anything else is not a call.
+ * On success *calls_json is a malloc'ed JSON array in OpenAI form
+ * [{"id":"<id_prefix><n>","type":"function","function":{"name",
+ * "arguments": "<JSON text of the object>"}}] (n from 0; id_prefix NULL:
+ * "call_"; a caller makes ids unique across replies with its own prefix;
+ * ids a model writes are not kept) and *content the text around the calls,
  * trimmed (malloc'ed, may be ""). CAIRN_ENOTFOUND when the text holds no
- * tool call (outputs untouched). With `tools_json` (an OpenAI tools array;
- * NULL: none), a text that is as a whole a bare call object {"name": TOOL,
- * "arguments"|"parameters": {...}} or an array of them, each naming one of
- * those tools, is read as calls too (small models answer so, and forced
- * calls -- cairn_chat_tool_call_schema -- are generated so); CAIRN_EINVAL
- * when tools_json is not a JSON array. */
+ * tool call (outputs untouched); CAIRN_EINVAL when tools_json is not a JSON
+ * array. Forced calls (cairn_chat_tool_call_schema) are read back as calls. */
 int cairn_chat_parse_tool_calls(const cairn_chat_template *t, const char *text, size_t len,
                                 const char *tools_json, const char *id_prefix, char **calls_json,
                                 char **content);
+
+/* Where, in a reply being streamed (text[0..len), all of it so far), a
+ * tool call may have begun: the offset from which the text must be held
+ * back (len: send it all). *certain: a call has begun there (keep holding
+ * until the end); else the text from there is only the beginning of what
+ * may become one (a partial marker, a fence whose first lines are still
+ * coming) and the next, longer text decides again. Held: a reply opening
+ * with '{' or '[', the markers above (and <function=, <|tool_call_begin|>),
+ * and a ```json / ``` fence whose body opens with {"name": "TOOL" (or
+ * [{"name": ...) for a TOOL of tools_json (compact JSON text as
+ * cairn_chat_tools_select writes it). Any other fenced block is released
+ * as it comes, markers inside it included, once its opening lines show
+ * what it is. Cheap (no JSON is parsed): fine on a loop thread. */
+size_t cairn_chat_tool_call_start(const char *text, size_t len, const char *tools_json,
+                                  bool *certain);
 
 /* The JSON schema (malloc'ed text in *schema_json, caller frees) of a reply
  * that is a call of one of `tools_json`'s tools (an OpenAI tools array), for
