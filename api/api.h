@@ -99,11 +99,14 @@ typedef enum {
  * ENOMEM). */
 typedef struct {
     int code;
-    const char *field;  /* static: the request field at fault, or NULL      */
+    const char *field;  /* the request field at fault, or NULL: static, or
+                           field_text of this same struct (a tool's
+                           "tools[I].function.parameters")                  */
     const char *reason; /* static: "context_length_exceeded" when the
                            prompt or max_tokens does not fit the context
                            (OpenAI's error code), else NULL                  */
     char message[300];  /* one line, naming the field and what it may be    */
+    char field_text[48];
 } cairn_api_error;
 
 /* A decoded request. Everything is owned by it: cairn_api_call_clear. */

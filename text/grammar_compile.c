@@ -472,7 +472,7 @@ static int check_keywords(compiler *c, json_t *s)
         for (size_t i = 0; !known && i < sizeof known_keywords / sizeof *known_keywords; i++)
             known = strcmp(k, known_keywords[i]) == 0;
         if (!known)
-            return cfail(c, CAIRN_EINVAL, "JSON-schema keyword '%s' is not supported", k);
+            return cfail(c, CAIRN_EUNSUPPORTED, "JSON-schema keyword '%s' is not supported", k);
     }
     return CAIRN_OK;
 }
@@ -488,7 +488,8 @@ static int check_alone(compiler *c, json_t *s, const char *except)
         if (strcmp(k, except) != 0 && !is_annotation(k) &&
             !((strcmp(except, "enum") == 0 || strcmp(except, "const") == 0) &&
               strcmp(k, "type") == 0))
-            return cfail(c, CAIRN_EINVAL, "'%s' combined with '%s' is not supported", except, k);
+            return cfail(c, CAIRN_EUNSUPPORTED, "'%s' combined with '%s' is not supported", except,
+                         k);
     }
     return CAIRN_OK;
 }
@@ -503,7 +504,7 @@ static int get_count(compiler *c, json_t *s, const char *key, int dflt, int *out
     if (!json_is_integer(v) || json_integer_value(v) < 0)
         return cfail(c, CAIRN_EINVAL, "'%s' must be a non-negative integer", key);
     if (json_integer_value(v) > MAX_REPEAT)
-        return cfail(c, CAIRN_EINVAL, "'%s' above %d is not supported", key, MAX_REPEAT);
+        return cfail(c, CAIRN_EUNSUPPORTED, "'%s' above %d is not supported", key, MAX_REPEAT);
     *out = (int)json_integer_value(v);
     return CAIRN_OK;
 }
@@ -585,7 +586,7 @@ static int32_t compile_object(compiler *c, json_t *s, int depth)
             if (!json_is_string(rv))
                 return cfail(c, CAIRN_EINVAL, "'required' must hold strings");
             if (!props || !json_object_get(props, json_string_value(rv)))
-                return cfail(c, CAIRN_EINVAL,
+                return cfail(c, CAIRN_EUNSUPPORTED,
                              "required property '%s' has no schema in 'properties'",
                              json_string_value(rv));
         }
@@ -740,7 +741,7 @@ static int32_t compile_ref(compiler *c, const char *ref, int depth)
             name = ref + 14;
         }
         if (!name || strchr(name, '/'))
-            return cfail(c, CAIRN_EINVAL,
+            return cfail(c, CAIRN_EUNSUPPORTED,
                          "$ref '%s' is not supported (only #, #/$defs/NAME, #/definitions/NAME)",
                          ref);
         char unescaped[256];
@@ -783,7 +784,7 @@ static int32_t compile_schema(compiler *c, json_t *s, int depth)
     if (c->status)
         return c->status;
     if (depth > MAX_SCHEMA_DEPTH)
-        return cfail(c, CAIRN_EINVAL, "the schema nests deeper than %d", MAX_SCHEMA_DEPTH);
+        return cfail(c, CAIRN_EUNSUPPORTED, "the schema nests deeper than %d", MAX_SCHEMA_DEPTH);
     if (json_is_true(s))
         return rule_value(c);
     if (json_is_false(s))
@@ -829,7 +830,8 @@ static int32_t compile_schema(compiler *c, json_t *s, int depth)
             return c->status;
         if (k == 2) { /* allOf: only the trivial one-schema case */
             if (json_array_size(v) != 1)
-                return cfail(c, CAIRN_EINVAL, "'allOf' with more than one schema is not supported");
+                return cfail(c, CAIRN_EUNSUPPORTED,
+                             "'allOf' with more than one schema is not supported");
             return compile_schema(c, json_array_get(v, 0), depth + 1);
         }
         /* oneOf is compiled as anyOf: the branches are meant to be disjoint

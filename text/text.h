@@ -308,10 +308,12 @@ size_t cairn_chat_tool_call_start(const char *text, size_t len, const char *tool
  * template asks for that key), or with `several` also a JSON array of one or
  * more such calls. The arguments follow each tool's `parameters` schema,
  * whose $defs and $refs are carried over; a tool whose schema uses what the
- * grammar does not support gets free-form object arguments (a warning is
- * logged). cairn_chat_parse_tool_calls with the same tools reads such a reply
- * back as calls. CAIRN_EINVAL when tools_json is not a non-empty array of
- * named function tools. */
+ * grammar does not support (CAIRN_EUNSUPPORTED, CAIRN_ERANGE from
+ * cairn_grammar_from_json_schema) gets free-form object arguments (a
+ * warning is logged). cairn_chat_parse_tool_calls with the same tools reads
+ * such a reply back as calls. CAIRN_EINVAL when tools_json is not a
+ * non-empty array of named function tools, or a tool's schema is malformed
+ * (cairn_chat_tools_select refuses those first). */
 int cairn_chat_tool_call_schema(const cairn_chat_template *t, const char *tools_json,
                                 bool several, char **schema_json);
 
@@ -324,8 +326,13 @@ int cairn_chat_tool_call_schema(const cairn_chat_template *t, const char *tools_
  * the reply must be (*mode: OFF when *render_json is NULL; AUTO; REQUIRED,
  * a call of any of them; NAMED, a call of the one tool left in
  * *render_json). CAIRN_EINVAL for a malformed value, with a message in err
- * and the name of the offending field ("tools" or "tool_choice", static)
- * in *field (may be NULL). */
+ * and the name of the offending field in field[field_len] (may be NULL):
+ * "tools", "tool_choice", or "tools[I].function.parameters" for tool I
+ * whose parameters schema is malformed (not an object, or refused by
+ * cairn_grammar_from_json_schema with CAIRN_EINVAL: 'properties' not an
+ * object, a $ref to nothing, ...). The schemas are checked whatever
+ * tool_choice is, "none" included, as OpenAI does; one the grammar merely
+ * does not support is accepted (see cairn_chat_tool_call_schema). */
 typedef enum {
     CAIRN_TOOLS_OFF = 0,
     CAIRN_TOOLS_AUTO,
@@ -335,7 +342,7 @@ typedef enum {
 
 /* (The semantics are above the enum.) Pure: any thread. */
 int cairn_chat_tools_select(const char *tools_json, const char *choice_json, char **render_json,
-                            cairn_chat_tool_mode *mode, const char **field, char *err,
+                            cairn_chat_tool_mode *mode, char *field, size_t field_len, char *err,
                             size_t err_len);
 
 /* ======================================================================== */
@@ -374,8 +381,9 @@ int cairn_chat_tools_select(const char *tools_json, const char *choice_json, cha
  *   title, description, default, examples, $schema, $id, $comment,
  *   deprecated, readOnly, writeOnly: ignored (annotations)
  * Any other keyword (pattern, minimum, maximum, multipleOf, uniqueItems,
- * prefixItems, not, if/then/else, ...) is refused with CAIRN_EINVAL naming
- * it, as are $ref/enum/const/anyOf/oneOf combined with other constraints.
+ * prefixItems, not, if/then/else, ...) is refused with CAIRN_EUNSUPPORTED
+ * naming it, as are $ref/enum/const/anyOf/oneOf combined with other
+ * constraints.
  *
  * Generated text: optional leading whitespace, then the value, nothing
  * after it. Whitespace between tokens is bounded (nothing, one space, or a
@@ -392,9 +400,13 @@ int cairn_chat_tools_select(const char *tools_json, const char *choice_json, cha
 typedef struct cairn_grammar cairn_grammar;
 
 /* Compile `len` bytes of JSON schema text; schema_json NULL: any JSON object
- * (response_format json_object). CAIRN_EINVAL with a message in err for bad
- * JSON or unsupported keywords; CAIRN_ERANGE when the grammar would be too
- * large. The caller owns *out. */
+ * (response_format json_object). With a message in err: CAIRN_EINVAL for a
+ * malformed schema (not JSON, a keyword of the wrong shape such as
+ * 'properties' not an object, an unknown type, a $ref to nothing, bounds
+ * that allow no value); CAIRN_EUNSUPPORTED for a valid schema beyond the
+ * subset above (an unsupported keyword, combination, $ref form or count,
+ * nesting deeper than 64); CAIRN_ERANGE when the grammar would be too
+ * large. The first problem met decides. The caller owns *out. */
 int cairn_grammar_from_json_schema(const char *schema_json, size_t len, cairn_grammar **out,
                                    char *err, size_t err_len);
 /* One more owner of `g` (returned): each owner calls cairn_grammar_free

@@ -852,9 +852,11 @@ static bool rebase_refs(json_t *node, size_t i)
 }
 
 /* Tool i's parameters moved into `defs`; the schema of its arguments as a
- * new reference (NULL: out of memory). */
-static json_t *tool_arguments_schema(const json_t *tool, size_t i, json_t *defs)
+ * new reference (NULL: *rc says why, CAIRN_ENOMEM, or CAIRN_EINVAL for a
+ * malformed schema). */
+static json_t *tool_arguments_schema(const json_t *tool, size_t i, json_t *defs, int *rc_out)
 {
+    *rc_out = CAIRN_ENOMEM;
     const json_t *fn = json_object_get(tool, "function");
     const char *name = json_string_value(json_object_get(fn, "name"));
     json_t *params = json_object_get(fn, "parameters");
@@ -867,8 +869,13 @@ static json_t *tool_arguments_schema(const json_t *tool, size_t i, json_t *defs)
                   : CAIRN_ENOMEM;
     free(text);
     cairn_grammar_free(g);
-    if (rc == CAIRN_ENOMEM)
+    if (rc == CAIRN_ENOMEM || rc == CAIRN_EINVAL) {
+        if (rc == CAIRN_EINVAL)
+            cairn_log(CAIRN_LOG_WARN, "chat: tool %s: its parameters schema is malformed (%s)",
+                      name ? name : "?", why);
+        *rc_out = rc;
         return NULL;
+    }
     json_t *copy = rc == CAIRN_OK ? json_deep_copy(params) : NULL;
     if (copy) {
         bool ok = true;
@@ -932,12 +939,17 @@ int cairn_chat_tool_call_schema(const cairn_chat_template *t, const char *tools_
          * order, the name first as the templates show it. (jansson's _new
          * and "o" steal their reference even when they fail.) */
         json_t *props = json_object();
-        if (!props || json_object_set_new(props, "name", json_pack("{s:O}", "const", name)) ||
-            json_object_set_new(props, args_key, tool_arguments_schema(tool, i, defs)) ||
-            json_array_append_new(calls, json_pack("{s:s, s:O, s:[s,s]}", "type", "object",
-                                                   "properties", props, "required", "name",
-                                                   args_key)))
+        json_t *args = tool_arguments_schema(tool, i, defs, &rc);
+        if (args)
+            rc = CAIRN_OK; /* else out of memory, or a malformed schema */
+        if (rc == CAIRN_OK &&
+            (!props || json_object_set_new(props, "name", json_pack("{s:O}", "const", name)) ||
+             json_object_set(props, args_key, args) ||
+             json_array_append_new(calls, json_pack("{s:s, s:O, s:[s,s]}", "type", "object",
+                                                    "properties", props, "required", "name",
+                                                    args_key))))
             rc = CAIRN_ENOMEM;
+        json_decref(args);
         json_decref(props);
     }
     json_t *one = NULL, *schema = NULL;
@@ -965,52 +977,85 @@ int cairn_chat_tool_call_schema(const cairn_chat_template *t, const char *tools_
 
 /* ---- choosing the tools of a request ------------------------------------------ */
 
-static int tools_fail(char *err, size_t err_len, const char **field, const char *which,
-                      const char *fmt, ...)
+/* The field's name into field[field_len] (NULL: not wanted) and the
+ * message into err; CAIRN_EINVAL. */
+typedef struct {
+    char *field, *err;
+    size_t field_len, err_len;
+} tools_error;
+
+static int tools_fail(const tools_error *e, const char *which, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int tools_fail(const tools_error *e, const char *which, const char *fmt, ...)
 {
-    if (err && err_len) {
+    if (e->err && e->err_len) {
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(err, err_len, fmt, ap);
+        vsnprintf(e->err, e->err_len, fmt, ap);
         va_end(ap);
     }
-    if (field)
-        *field = which;
+    if (e->field && e->field_len)
+        snprintf(e->field, e->field_len, "%s", which);
     return CAIRN_EINVAL;
 }
 
+/* Tool i's parameters schema compiled, to find a malformed one when the
+ * request arrives, whatever tool_choice says (OpenAI refuses such a tool
+ * always): CAIRN_EINVAL naming tools[i].function.parameters. A valid schema
+ * beyond the grammar's subset (or too large for it) is accepted: forcing
+ * that tool constrains its arguments to an object only
+ * (cairn_chat_tool_call_schema). */
+static int check_parameters(const json_t *params, size_t i, const tools_error *e)
+{
+    char *text = json_dumps(params, JSON_COMPACT);
+    if (!text)
+        return CAIRN_ENOMEM;
+    cairn_grammar *g = NULL;
+    char why[200] = "";
+    int rc = cairn_grammar_from_json_schema(text, strlen(text), &g, why, sizeof why);
+    free(text);
+    cairn_grammar_free(g);
+    if (rc != CAIRN_EINVAL)
+        return rc == CAIRN_ENOMEM ? rc : CAIRN_OK;
+    char which[64];
+    snprintf(which, sizeof which, "tools[%zu].function.parameters", i);
+    return tools_fail(e, which, "%s is not a valid JSON schema: %s", which,
+                      why[0] ? why : "malformed");
+}
+
 int cairn_chat_tools_select(const char *tools_json, const char *choice_json, char **render_json,
-                            cairn_chat_tool_mode *mode, const char **field, char *err,
+                            cairn_chat_tool_mode *mode, char *field, size_t field_len, char *err,
                             size_t err_len)
 {
+    const tools_error te = {field, err, field_len, err_len}, *e = &te;
     if (!render_json || !mode)
         return CAIRN_EINVAL;
     *render_json = NULL;
     *mode = CAIRN_TOOLS_OFF;
     json_t *choice = choice_json ? json_loads(choice_json, JSON_DECODE_ANY, NULL) : NULL;
     if (choice_json && !choice)
-        return tools_fail(err, err_len, field, "tool_choice", "'tool_choice' is not JSON");
+        return tools_fail(e, "tool_choice", "'tool_choice' is not JSON");
     const char *c = json_string_value(choice); /* NULL unless a string */
     if (choice && !c && !json_is_object(choice)) {
         json_decref(choice);
-        return tools_fail(err, err_len, field, "tool_choice",
+        return tools_fail(e, "tool_choice",
                           "'tool_choice' must be a string or an object");
     }
     if (c && strcmp(c, "none") && strcmp(c, "auto") && strcmp(c, "required")) {
         json_decref(choice);
-        return tools_fail(err, err_len, field, "tool_choice",
+        return tools_fail(e, "tool_choice",
                           "'tool_choice' must be none, auto, required or a named function");
     }
     json_t *tools = tools_json ? json_loads(tools_json, 0, NULL) : NULL;
     int rc = CAIRN_OK;
     if (!tools_json) {
         if (choice && !(c && (strcmp(c, "none") == 0 || strcmp(c, "auto") == 0)))
-            rc = tools_fail(err, err_len, field, "tool_choice", "'tool_choice' needs 'tools'");
+            rc = tools_fail(e, "tool_choice", "'tool_choice' needs 'tools'");
         json_decref(choice);
         return rc;
     }
     if (!json_is_array(tools))
-        rc = tools_fail(err, err_len, field, "tools", "'tools' must be an array");
+        rc = tools_fail(e, "tools", "'tools' must be an array");
     size_t i;
     json_t *t;
     json_array_foreach(tools, i, t)
@@ -1021,11 +1066,13 @@ int cairn_chat_tools_select(const char *tools_json, const char *choice_json, cha
         json_t *name = json_object_get(fn, "name"), *params = json_object_get(fn, "parameters");
         if (!json_is_string(type) || strcmp(json_string_value(type), "function") != 0 ||
             !json_is_object(fn) || !json_is_string(name) || json_string_length(name) == 0)
-            rc = tools_fail(err, err_len, field, "tools",
+            rc = tools_fail(e, "tools",
                             "tools[%zu] must be {type: \"function\", function: {name, ...}}", i);
         else if (params && !json_is_object(params) && !json_is_null(params))
-            rc = tools_fail(err, err_len, field, "tools",
+            rc = tools_fail(e, "tools[].function.parameters",
                             "tools[%zu].function.parameters must be an object", i);
+        else if (json_is_object(params))
+            rc = check_parameters(params, i, e);
     }
     json_t *render = rc == CAIRN_OK ? json_incref(tools) : NULL;
     cairn_chat_tool_mode m = CAIRN_TOOLS_AUTO;
@@ -1046,17 +1093,17 @@ int cairn_chat_tools_select(const char *tools_json, const char *choice_json, cha
         json_decref(render);
         render = NULL;
         if (!json_is_string(want))
-            rc = tools_fail(err, err_len, field, "tool_choice",
+            rc = tools_fail(e, "tool_choice",
                             "'tool_choice'.function.name must be a string");
         else if (!only)
-            rc = tools_fail(err, err_len, field, "tool_choice",
+            rc = tools_fail(e, "tool_choice",
                             "'tool_choice' names a function not in 'tools'");
         else if (!(render = json_pack("[O]", only)))
             rc = CAIRN_ENOMEM;
         m = CAIRN_TOOLS_NAMED;
     }
     if (rc == CAIRN_OK && json_array_size(render) == 0 && m >= CAIRN_TOOLS_REQUIRED)
-        rc = tools_fail(err, err_len, field, "tool_choice",
+        rc = tools_fail(e, "tool_choice",
                         "'tool_choice' asks for a call but 'tools' is empty");
     if (rc == CAIRN_OK && m != CAIRN_TOOLS_OFF && json_array_size(render) > 0) {
         if (!(*render_json = json_dumps(render, JSON_COMPACT | JSON_PRESERVE_ORDER)))

@@ -593,6 +593,60 @@ static void test_forced_call_schema(void **state)
     cairn_chat_template_free(l);
 }
 
+/* A malformed parameters schema is refused by cairn_chat_tools_select for
+ * every tool_choice, naming the tool; an unsupported one is accepted. */
+static void test_tools_select_schemas(void **state)
+{
+    (void)state;
+    static const char *const malformed[] = {
+        "{\"type\":\"object\",\"properties\":\"nope\"}",
+        "{\"type\":\"object\",\"properties\":{\"d\":{\"$ref\":\"#/$defs/Missing\"}}}",
+        "{\"type\":\"object\",\"properties\":{\"d\":{\"type\":\"strin\"}}}",
+    };
+    static const char *const choices[] = {NULL, "\"none\"", "\"auto\"", "\"required\"",
+                                          "{\"type\":\"function\",\"function\":{\"name\":\"ok\"}}"};
+    for (size_t k = 0; k < sizeof malformed / sizeof *malformed; k++) {
+        char tools[512];
+        snprintf(tools, sizeof tools,
+                 "[{\"type\":\"function\",\"function\":{\"name\":\"ok\"}},"
+                 "{\"type\":\"function\",\"function\":{\"name\":\"broken\",\"parameters\":%s}}]",
+                 malformed[k]);
+        for (size_t c = 0; c < sizeof choices / sizeof *choices; c++) {
+            char *render = NULL, field[64] = "", err[200] = "";
+            cairn_chat_tool_mode mode;
+            assert_int_equal(cairn_chat_tools_select(tools, choices[c], &render, &mode, field,
+                                                     sizeof field, err, sizeof err),
+                             CAIRN_EINVAL);
+            assert_null(render);
+            assert_string_equal(field, "tools[1].function.parameters");
+            assert_non_null(strstr(err, "tools[1].function.parameters"));
+        }
+        char *schema = NULL;
+        assert_int_equal(cairn_chat_tool_call_schema(NULL, tools, false, &schema), CAIRN_EINVAL);
+        assert_null(schema);
+    }
+    /* beyond the grammar, but valid: accepted */
+    const char *minimum = "[{\"type\":\"function\",\"function\":{\"name\":\"v\",\"parameters\":"
+                          "{\"type\":\"object\",\"properties\":{\"l\":{\"type\":\"integer\","
+                          "\"minimum\":0}}}}}]";
+    char *render = NULL, field[64] = "", err[200] = "";
+    cairn_chat_tool_mode mode;
+    assert_int_equal(cairn_chat_tools_select(minimum, "\"required\"", &render, &mode, field,
+                                             sizeof field, err, sizeof err),
+                     CAIRN_OK);
+    assert_int_equal(mode, CAIRN_TOOLS_REQUIRED);
+    free(render);
+    /* the other fields keep their names */
+    assert_int_equal(cairn_chat_tools_select(minimum, "\"sometimes\"", &render, &mode, field,
+                                             sizeof field, err, sizeof err),
+                     CAIRN_EINVAL);
+    assert_string_equal(field, "tool_choice");
+    assert_int_equal(cairn_chat_tools_select("{}", NULL, &render, &mode, field, sizeof field,
+                                             NULL, 0),
+                     CAIRN_EINVAL);
+    assert_string_equal(field, "tools");
+}
+
 static void test_family_detection(void **state)
 {
     (void)state;
@@ -778,6 +832,7 @@ int main(void)
         cmocka_unit_test(test_llama3_python_tag),
         cmocka_unit_test(test_stream_hold),
         cmocka_unit_test(test_forced_call_schema),
+        cmocka_unit_test(test_tools_select_schemas),
         cmocka_unit_test(test_family_detection),
         cmocka_unit_test(test_generic_and_errors),
         cmocka_unit_test(test_real_eog),
