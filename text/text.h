@@ -291,8 +291,10 @@ int cairn_chat_parse_tool_calls(const cairn_chat_template *t, const char *text, 
  * back (len: send it all). *certain: a call has begun there (keep holding
  * until the end); else the text from there is only the beginning of what
  * may become one (a partial marker, a fence whose first lines are still
- * coming) and the next, longer text decides again. Held: a reply opening
- * with '{' or '[', the markers above (and <function=, <|tool_call_begin|>),
+ * coming) and the next, longer text decides again. Held: a reply that is
+ * only whitespace yet, or opens with {" or [{" (a leading call object or
+ * array; "{", "[" alone wait for the next character), the markers above
+ * (and <function=, <|tool_call_begin|>),
  * and a ```json / ``` fence whose body opens with {"name": "TOOL" (or
  * [{"name": ...) for a TOOL of tools_json (compact JSON text as
  * cairn_chat_tools_select writes it). Any other fenced block is released

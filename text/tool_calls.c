@@ -738,9 +738,20 @@ size_t cairn_chat_tool_call_start(const char *s, size_t len, const char *tools_j
     if (!s)
         return 0;
     size_t first = skip_ws(s, 0, len);
-    if (first < len && (s[first] == '{' || s[first] == '[')) {
-        *certain = true; /* a leading call object, or [TOOL_CALLS] */
-        return 0;
+    if (first == len)
+        return 0; /* only whitespace yet: what follows may be a leading call */
+    if (s[first] == '{' || s[first] == '[') {
+        /* a leading call object {"..., or an array of them [{"... (a
+         * "[TOOL_CALLS]" is found as a marker below) */
+        size_t p = skip_ws(s, first + 1, len);
+        if (s[first] == '[' && p < len && s[p] == '{')
+            p = skip_ws(s, p + 1, len);
+        if (p >= len)
+            return 0;
+        if (s[p] == '"') {
+            *certain = true;
+            return 0;
+        }
     }
     bool in_block = false; /* inside a fenced block that is not a call */
     for (size_t pos = 0; pos < len;) {

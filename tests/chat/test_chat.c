@@ -484,6 +484,9 @@ static void test_stream_hold(void **state)
         "```json\n{\"a\": 1}\n```\nThat is JSON.",
         "```json\n[1, 2]\n```\n",
         "```json\n{\"names\": []}\n```\n",
+        "[1] See the notes.",
+        "{{ template }} syntax",
+        "  [ ] a task list",
         "```c\nputs(\"<tool_call>\");\n```\nand ``inline`` and ```json inline``` ticks.",
         qwen_fenced_stranger,
     };
@@ -503,6 +506,96 @@ static void test_stream_hold(void **state)
     }
     /* without tools no fence is a call */
     assert_int_equal(streamed(qwen_fenced_tokyo, NULL, &held), strlen(qwen_fenced_tokyo));
+}
+
+/* Every prefix of the fixtures, and seeded random mutations of them
+ * (bytes replaced, dropped, duplicated, markers spliced in): the parser
+ * reads calls whose arguments are JSON objects or finds none, and a stream
+ * never holds back text it has already sent. */
+static void test_parse_robustness(void **state)
+{
+    (void)state;
+    static const char *const seeds[] = {
+        qwen_fenced_tokyo, qwen_fenced_stranger, qwen_bare_run,
+        "Sure.\n```json\n[{\"name\": \"get_time\", \"arguments\": \"{}\"}]\n```\nok",
+        "<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": [1, {\"y\": null}]}}\n</tool_call>",
+        "[TOOL_CALLS]get_weather[CALL_ID]abc[ARGS]{\"city\": \"P\"} b[ARGS]{}",
+        "<|python_tag|>f.call(a='x\\'y', b=[1, 2.5e1, {'k': (1)}], c=True)",
+        "```python\nprint('```')\n```\n``\n```json\n{\"name\": \"get_weather\"",
+    };
+    static const char *const splice[] = {"<tool_call>", "</tool_call>", "[TOOL_CALLS]", "[ARGS]",
+                                         "<|python_tag|>", "```", "\n```json\n", "{", "}", "\"",
+                                         "\\", ".call(", "[", "]", "\n", "\"name\": "};
+    const cairn_chat_template *tmpls[3];
+    cairn_chat_template *q = make(qwen_src), *l = make(llama3_src), *m = make(mistral_src);
+    tmpls[0] = q;
+    tmpls[1] = l;
+    tmpls[2] = m;
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    char buf[1024];
+    size_t n_runs = 0, n_found = 0;
+    for (size_t k = 0; k < sizeof seeds / sizeof *seeds; k++) {
+        for (int round = 0; round < 300; round++) {
+            size_t n = strlen(seeds[k]);
+            memcpy(buf, seeds[k], n);
+            for (int e = 0; round > 0 && e < 1 + round % 4; e++) {
+                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                size_t at = n ? (size_t)(x >> 8) % n : 0;
+                const char *ins = splice[(x >> 40) % (sizeof splice / sizeof *splice)];
+                size_t il = strlen(ins);
+                switch (x % 4) {
+                case 0: buf[at] = (char)(x >> 32); break;                          /* replace */
+                case 1: memmove(buf + at, buf + at + 1, n - at - 1); n--; break;   /* drop */
+                default:                                                           /* splice */
+                    if (n + il < sizeof buf) {
+                        memmove(buf + at + il, buf + at, n - at);
+                        memcpy(buf + at, ins, il);
+                        n += il;
+                    }
+                }
+            }
+            for (size_t len = round == 0 ? 0 : n; len <= n; len++) {
+                for (int ti = 0; ti < 3; ti++) {
+                    char *calls = NULL, *content = NULL;
+                    int rc = cairn_chat_parse_tool_calls(tmpls[ti], buf, len, weather_tools, NULL,
+                                                         &calls, &content);
+                    n_runs++;
+                    if (rc == CAIRN_ENOTFOUND)
+                        continue;
+                    assert_int_equal(rc, CAIRN_OK);
+                    n_found++;
+                    assert_true(strlen(content) <= len);
+                    json_t *arr = json_loads(calls, 0, NULL);
+                    assert_true(json_is_array(arr) && json_array_size(arr) > 0);
+                    size_t i;
+                    json_t *c;
+                    json_array_foreach(arr, i, c)
+                    {
+                        json_t *fn = json_object_get(c, "function");
+                        assert_true(json_string_length(json_object_get(fn, "name")) > 0);
+                        const char *a = json_string_value(json_object_get(fn, "arguments"));
+                        assert_non_null(a);
+                        json_t *args = json_loads(a, 0, NULL);
+                        if (!json_is_object(args))
+                            fail_msg("arguments %s from %.*s", a, (int)len, buf);
+                        json_decref(args);
+                    }
+                    json_decref(arr);
+                    free(calls);
+                    free(content);
+                }
+            }
+            buf[n] = '\0';
+            bool held;
+            if (!memchr(buf, '\0', n))
+                streamed(buf, weather_tools, &held); /* fails on a hold behind what was sent */
+        }
+    }
+    print_message("robustness: %zu parses, %zu with calls\n", n_runs, n_found);
+    assert_true(n_found > n_runs / 20); /* the mutations keep many calls whole */
+    cairn_chat_template_free(q);
+    cairn_chat_template_free(l);
+    cairn_chat_template_free(m);
 }
 
 static const char forced_tools[] =
@@ -831,6 +924,7 @@ int main(void)
         cmocka_unit_test(test_mistral_calls),
         cmocka_unit_test(test_llama3_python_tag),
         cmocka_unit_test(test_stream_hold),
+        cmocka_unit_test(test_parse_robustness),
         cmocka_unit_test(test_forced_call_schema),
         cmocka_unit_test(test_tools_select_schemas),
         cmocka_unit_test(test_family_detection),
