@@ -871,8 +871,12 @@ static json_t *tool_arguments_schema(const json_t *tool, size_t i, json_t *defs,
     const json_t *fn = json_object_get(tool, "function");
     const char *name = json_string_value(json_object_get(fn, "name"));
     json_t *params = json_object_get(fn, "parameters");
-    if (!json_is_object(params))
+    if (!params || json_is_null(params))
         return json_pack("{s:s}", "type", "object"); /* none declared */
+    if (!json_is_object(params)) {
+        *rc_out = CAIRN_EINVAL;
+        return NULL;
+    }
     char *text = json_dumps(params, JSON_COMPACT);
     cairn_grammar *g = NULL;
     char why[200] = "";
@@ -1018,6 +1022,10 @@ static int tools_fail(const tools_error *e, const char *which, const char *fmt, 
  * (cairn_chat_tool_call_schema). */
 static int check_parameters(const json_t *params, size_t i, const tools_error *e)
 {
+    char which[64];
+    snprintf(which, sizeof which, "tools[%zu].function.parameters", i);
+    if (!json_is_object(params))
+        return tools_fail(e, which, "%s must be an object", which);
     char *text = json_dumps(params, JSON_COMPACT);
     if (!text)
         return CAIRN_ENOMEM;
@@ -1028,8 +1036,6 @@ static int check_parameters(const json_t *params, size_t i, const tools_error *e
     cairn_grammar_free(g);
     if (rc != CAIRN_EINVAL)
         return rc == CAIRN_ENOMEM ? rc : CAIRN_OK;
-    char which[64];
-    snprintf(which, sizeof which, "tools[%zu].function.parameters", i);
     return tools_fail(e, which, "%s is not a valid JSON schema: %s", which,
                       why[0] ? why : "malformed");
 }
@@ -1079,10 +1085,7 @@ int cairn_chat_tools_select(const char *tools_json, const char *choice_json, cha
             !json_is_object(fn) || !json_is_string(name) || json_string_length(name) == 0)
             rc = tools_fail(e, "tools",
                             "tools[%zu] must be {type: \"function\", function: {name, ...}}", i);
-        else if (params && !json_is_object(params) && !json_is_null(params))
-            rc = tools_fail(e, "tools[].function.parameters",
-                            "tools[%zu].function.parameters must be an object", i);
-        else if (json_is_object(params))
+        else if (params && !json_is_null(params))
             rc = check_parameters(params, i, e);
     }
     json_t *render = rc == CAIRN_OK ? json_incref(tools) : NULL;

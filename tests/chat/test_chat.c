@@ -695,6 +695,7 @@ static void test_tools_select_schemas(void **state)
         "{\"type\":\"object\",\"properties\":\"nope\"}",
         "{\"type\":\"object\",\"properties\":{\"d\":{\"$ref\":\"#/$defs/Missing\"}}}",
         "{\"type\":\"object\",\"properties\":{\"d\":{\"type\":\"strin\"}}}",
+        "[\"not\", \"an object\"]",
     };
     static const char *const choices[] = {NULL, "\"none\"", "\"auto\"", "\"required\"",
                                           "{\"type\":\"function\",\"function\":{\"name\":\"ok\"}}"};
