@@ -24,6 +24,7 @@
 #include <ctype.h>
 #include <jansson.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -564,16 +565,23 @@ static int form_fence(json_t *calls, const char *s, size_t len, size_t at, const
 }
 
 /* The earliest marker in text[from..len): its position (len: none) and
- * kind (0 tag, 1 [TOOL_CALLS], 2 <|python_tag|>, 3 fence). */
-static size_t next_marker(const char *s, size_t len, size_t from, int *kind)
+ * kind (0 tag, 1 [TOOL_CALLS], 2 <|python_tag|>, 3 fence). at[k] caches
+ * where marker k next occurs (SIZE_MAX: not searched yet), so that a reply
+ * with many markers is searched once, not once per marker. */
+static size_t next_marker(const char *s, size_t len, size_t from, size_t at[4], int *kind)
 {
     static const char *const lit[] = {TAG_OPEN, MISTRAL, PYTHON_TAG};
-    size_t best = next_fence(s, len, from);
+    if (at[3] == SIZE_MAX || (at[3] < from && at[3] < len))
+        at[3] = next_fence(s, len, from);
+    size_t best = at[3];
     *kind = 3;
     for (int k = 0; k < 3; k++) {
-        const char *m = memmem(s + from, len - from, lit[k], strlen(lit[k]));
-        if (m && (size_t)(m - s) < best) {
-            best = (size_t)(m - s);
+        if (at[k] == SIZE_MAX || (at[k] < from && at[k] < len)) {
+            const char *m = memmem(s + from, len - from, lit[k], strlen(lit[k]));
+            at[k] = m ? (size_t)(m - s) : len;
+        }
+        if (at[k] < best) {
+            best = at[k];
             *kind = k;
         }
     }
@@ -595,9 +603,10 @@ static int parse_all(const cairn_chat_template *t, json_t *calls, const char *s,
         if (n > 0)
             pos = p;
     }
+    size_t lit_at[4] = {SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX};
     while (pos < len) {
         int kind;
-        size_t at = next_marker(s, len, pos, &kind);
+        size_t at = next_marker(s, len, pos, lit_at, &kind);
         if (at >= len)
             break;
         form_result r;
