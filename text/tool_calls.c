@@ -785,7 +785,7 @@ size_t cairn_chat_tool_call_start(const char *s, size_t len, const char *tools_j
             pos = next;
             continue;
         }
-        if (!nl && !in_block && memcmp(s + f, FENCE, eol - f) == 0)
+        if (!nl && !in_block && eol - f < 3 && memcmp(s + f, FENCE, eol - f) == 0)
             return pos; /* "`", "``" or indentation at the end: a fence may be coming */
         if (!in_block) {
             size_t best = len;
