@@ -40,6 +40,9 @@ static size_t skip_ws(const char *s, size_t i, size_t len)
     return i;
 }
 
+/* c is one of set's characters (never NUL, which strchr would find) */
+static bool in_set(char c, const char *set) { return c && strchr(set, c); }
+
 static bool starts(const char *s, size_t i, size_t len, const char *lit)
 {
     size_t n = strlen(lit);
@@ -188,7 +191,7 @@ static json_t *py_string(const char *s, size_t len, size_t *pos)
         if (c == '\\' && p + 1 < len) {
             char e = s[++p];
             c = e == 'n' ? '\n' : e == 't' ? '\t' : e == 'r' ? '\r' : e;
-            if (!strchr("ntr\\'\"", e))
+            if (!in_set(e, "ntr\\'\""))
                 cairn_strbuf_add(&b, "\\", 1);
         }
         cairn_strbuf_add(&b, &c, 1);
@@ -259,8 +262,8 @@ static json_t *py_value(const char *s, size_t len, size_t *pos, int depth)
     char num[64];
     size_t n = 0;
     bool real = false;
-    while (p + n < len && n + 1 < sizeof num && strchr("+-0123456789.eE", s[p + n])) {
-        real = real || strchr(".eE", s[p + n]);
+    while (p + n < len && n + 1 < sizeof num && in_set(s[p + n], "+-0123456789.eE")) {
+        real = real || in_set(s[p + n], ".eE");
         num[n] = s[p + n];
         n++;
     }
@@ -431,7 +434,7 @@ static int form_mistral(json_t *calls, const char *s, size_t len, size_t at, for
     }
     for (;;) {
         size_t n0 = p;
-        while (p < len && (isalnum((unsigned char)s[p]) || strchr("_-.", s[p])))
+        while (p < len && (isalnum((unsigned char)s[p]) || in_set(s[p], "_-.")))
             p++;
         size_t n1 = p;
         if (starts(s, p, len, "[CALL_ID]")) {

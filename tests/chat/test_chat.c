@@ -389,6 +389,11 @@ static void test_mistral_calls(void **state)
     no_calls(t, "[TOOL_CALLS] I cannot call anything.", NULL);
     no_calls(t, "[TOOL_CALLS]get_weather[ARGS]not json", NULL);
     no_calls(t, "[TOOL_CALLS][{\"arguments\": {}}]", NULL);
+    /* a NUL byte is no name character */
+    static const char nul[] = "[TOOL_CALLS]get\0x[ARGS]{}";
+    char *cj = NULL, *ct = NULL;
+    assert_int_equal(cairn_chat_parse_tool_calls(t, nul, sizeof nul - 1, NULL, NULL, &cj, &ct),
+                     CAIRN_ENOTFOUND);
     cairn_chat_template_free(t);
 }
 
