@@ -108,11 +108,14 @@ typedef enum {
  * ENOMEM). */
 typedef struct {
     int code;
-    const char *field;  /* static: the request field at fault, or NULL      */
+    const char *field;  /* the request field at fault, or NULL: static, or
+                           field_text of this same struct (a tool's
+                           "tools[I].function.parameters")                  */
     const char *reason; /* static: "context_length_exceeded" when the
                            prompt or max_tokens does not fit the context
                            (OpenAI's error code), else NULL                  */
     char message[300];  /* one line, naming the field and what it may be    */
+    char field_text[48];
 } cairn_api_error;
 
 /* One prompt of a completion request. */
@@ -204,6 +207,13 @@ int cairn_api_choice(const cairn_api_call *c, int i, cairn_request **out);
 int cairn_api_tool_calls(const cairn_api *api, const char *text, size_t len,
                          const char *tools_json, const char *id_prefix, char **calls_json,
                          char **content);
+
+/* Streaming a reply with tools: the offset from which its text so far may
+ * be a tool call and must be held back (text/text.h, cairn_chat_tool_call_
+ * start; *certain: it is one, hold to the end). Cheap: any thread, the
+ * loop thread included. */
+size_t cairn_api_tool_call_start(const char *text, size_t len, const char *tools_json,
+                                 bool *certain);
 
 /* The bytes of one token as a logprob entry shows them (special tokens
  * included), into out[cap]; *n their count. */

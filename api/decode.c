@@ -364,6 +364,12 @@ int cairn_api_tool_calls(const cairn_api *api, const char *text, size_t len,
                                        tools_json, id_prefix, calls_json, content);
 }
 
+size_t cairn_api_tool_call_start(const char *text, size_t len, const char *tools_json,
+                                 bool *certain)
+{
+    return cairn_chat_tool_call_start(text, len, tools_json, certain);
+}
+
 int cairn_api_token_piece(const cairn_api *api, int32_t token, char *out, size_t cap, size_t *n)
 {
     *n = 0;

@@ -94,16 +94,21 @@ int api_tools(const cairn_api *api, const json_t *params, bool forcing, cairn_ge
         return api_oom(e);
     }
     cairn_chat_tool_mode mode;
-    const char *which = "tools";
-    char msg[200] = "";
-    int rc = cairn_chat_tools_select(tools_text, choice_text, render_json, &mode, &which, msg,
-                                     sizeof msg);
+    char which[sizeof e->field_text] = "tools", msg[sizeof e->message] = "";
+    int rc = cairn_chat_tools_select(tools_text, choice_text, render_json, &mode, which,
+                                     sizeof which, msg, sizeof msg);
     free(tools_text);
     free(choice_text);
     if (rc == CAIRN_ENOMEM)
         return api_oom(e);
-    if (rc != CAIRN_OK)
-        return api_fail(e, CAIRN_EINVAL, which, "%s", msg);
+    if (rc != CAIRN_OK) {
+        /* the field may name a tool (tools[I].function.parameters): kept
+         * in the error itself */
+        api_fail(e, CAIRN_EINVAL, NULL, "%s", msg);
+        memcpy(e->field_text, which, sizeof which);
+        e->field = e->field_text;
+        return CAIRN_EINVAL;
+    }
     if (mode != CAIRN_TOOLS_REQUIRED && mode != CAIRN_TOOLS_NAMED)
         return CAIRN_OK;
     if (!forcing)

@@ -6,7 +6,9 @@
  *   chat_template.c  family recognition, Python-compatible JSON, preparing
  *                    the caller's messages
  *   chat_format.c    the family formatters and cairn_chat_tokenize
- *   tool_calls.c     reading tool calls back, forcing one, choosing tools
+ *   tool_calls.c     reading tool calls back (and where a streamed one may
+ *                    begin), forcing one, choosing tools and checking their
+ *                    schemas
  */
 #ifndef CAIRN_TEXT_CHAT_IMPL_H
 #define CAIRN_TEXT_CHAT_IMPL_H

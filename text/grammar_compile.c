@@ -1314,7 +1314,8 @@ static int check_alone(compiler *c, json_t *s, const char *except)
         if (strcmp(k, except) != 0 && !is_annotation(k) &&
             !((strcmp(except, "enum") == 0 || strcmp(except, "const") == 0) &&
               strcmp(k, "type") == 0))
-            return cfail(c, CAIRN_EUNSUPPORTED, "'%s' combined with '%s' is not supported", except, k);
+            return cfail(c, CAIRN_EUNSUPPORTED, "'%s' combined with '%s' is not supported", except,
+                         k);
     }
     return CAIRN_OK;
 }
@@ -1411,7 +1412,7 @@ static int32_t compile_object(compiler *c, json_t *s, int depth)
             if (!json_is_string(rv))
                 return cfail(c, CAIRN_EINVAL, "'required' must hold strings");
             if (!props || !json_object_get(props, json_string_value(rv)))
-                return cfail(c, CAIRN_EINVAL,
+                return cfail(c, CAIRN_EUNSUPPORTED,
                              "required property '%s' has no schema in 'properties'",
                              json_string_value(rv));
         }
@@ -1696,7 +1697,7 @@ static int32_t compile_schema(compiler *c, json_t *s, int depth)
     if (c->status)
         return c->status;
     if (depth > MAX_SCHEMA_DEPTH)
-        return cfail(c, CAIRN_EINVAL, "the schema nests deeper than %d", MAX_SCHEMA_DEPTH);
+        return cfail(c, CAIRN_EUNSUPPORTED, "the schema nests deeper than %d", MAX_SCHEMA_DEPTH);
     if (json_is_true(s))
         return rule_value(c);
     if (json_is_false(s))
@@ -1742,7 +1743,8 @@ static int32_t compile_schema(compiler *c, json_t *s, int depth)
             return c->status;
         if (k == 2) { /* allOf: only the trivial one-schema case */
             if (json_array_size(v) != 1)
-                return cfail(c, CAIRN_EUNSUPPORTED, "'allOf' with more than one schema is not supported");
+                return cfail(c, CAIRN_EUNSUPPORTED,
+                             "'allOf' with more than one schema is not supported");
             return compile_schema(c, json_array_get(v, 0), depth + 1);
         }
         /* oneOf is compiled as anyOf: the branches are meant to be disjoint

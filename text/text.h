@@ -284,25 +284,54 @@ int cairn_chat_tokenize(const cairn_chat_template *t, const cairn_vocab *v,
  * token is not kept, when the conversation continues. Static or owned by t. */
 const char *cairn_chat_turn_end(const cairn_chat_template *t);
 
-/* Tool calls in a generated assistant text, in the family's native format:
- * QWEN2 and others <tool_call>\n{"name":..., "arguments":{...}}\n</tool_call>
- * blocks (a block whose JSON is malformed stays text); LLAMA3 a JSON object
- * {"name":..., "parameters":...} (after an optional <|python_tag|>; several
- * may be separated by ';'). On success *calls_json is a malloc'ed JSON array
- * in OpenAI form [{"id":"<id_prefix><n>","type":"function","function":
- * {"name", "arguments": "<JSON text>"}}] (n from 0; id_prefix NULL: "call_";
- * a caller makes ids unique across replies with its own prefix) and
- * *content the remaining text,
+/* Tool calls in a generated assistant text. Every family's forms are read,
+ * whatever the template's family, left to right:
+ *   <tool_call>{"name":..., "arguments":{...}}</tool_call>  (Qwen2.5, Hermes;
+ *       several in a row; the closing tag may be missing at the end)
+ *   [TOOL_CALLS][{"name":..., "arguments":{...}}, ...]     (Mistral v3) and
+ *   [TOOL_CALLS]NAME[ARGS]{...}                            (Mistral v11+)
+ *   <|python_tag|>{"name":..., "parameters":{...}}         (Llama 3.x; several
+ *       separated by ';') or <|python_tag|>NAME.call(k="v", ...) (its
+ *       built-in tools; plain code for the code interpreter is not a call)
+ *   ```json (or ```) fenced blocks holding a call or an array of calls
+ *   a run of call objects (or arrays) opening the reply, one after another
+ * A call with a marker may name any function; the fenced and opening forms,
+ * which have none, count only with `tools_json` (an OpenAI tools array;
+ * NULL: none) and only when every call of the block or object names one of
+ * those tools and carries "arguments" or "parameters" — so an ordinary JSON
+ * answer stays content (LLAMA3: its opening {"name", "parameters"} object
+ * is the template's own format and may name any function). A block that is
+ * not calls (malformed JSON, a stranger's name, another language) stays
+ * text whole. Arguments may be an object or JSON text of one (OpenAI's
+ * form); anything else is not a call.
+ * On success *calls_json is a malloc'ed JSON array in OpenAI form
+ * [{"id":"<id_prefix><n>","type":"function","function":{"name",
+ * "arguments": "<JSON text of the object>"}}] (n from 0; id_prefix NULL:
+ * "call_"; a caller makes ids unique across replies with its own prefix;
+ * ids a model writes are not kept) and *content the text around the calls,
  * trimmed (malloc'ed, may be ""). CAIRN_ENOTFOUND when the text holds no
- * tool call (outputs untouched). With `tools_json` (an OpenAI tools array;
- * NULL: none), a text that is as a whole a bare call object {"name": TOOL,
- * "arguments"|"parameters": {...}} or an array of them, each naming one of
- * those tools, is read as calls too (small models answer so, and forced
- * calls -- cairn_chat_tool_call_schema -- are generated so); CAIRN_EINVAL
- * when tools_json is not a JSON array. */
+ * tool call (outputs untouched); CAIRN_EINVAL when tools_json is not a JSON
+ * array. Forced calls (cairn_chat_tool_call_schema) are read back as calls. */
 int cairn_chat_parse_tool_calls(const cairn_chat_template *t, const char *text, size_t len,
                                 const char *tools_json, const char *id_prefix, char **calls_json,
                                 char **content);
+
+/* Where, in a reply being streamed (text[0..len), all of it so far), a
+ * tool call may have begun: the offset from which the text must be held
+ * back (len: send it all). *certain: a call has begun there (keep holding
+ * until the end); else the text from there is only the beginning of what
+ * may become one (a partial marker, a fence whose first lines are still
+ * coming) and the next, longer text decides again. Held: a reply that is
+ * only whitespace yet, or opens with {" or [{" (a leading call object or
+ * array; "{", "[" alone wait for the next character), the markers above
+ * (and <function=, <|tool_call_begin|>),
+ * and a ```json / ``` fence whose body opens with {"name": "TOOL" (or
+ * [{"name": ...) for a TOOL of tools_json (compact JSON text as
+ * cairn_chat_tools_select writes it). Any other fenced block is released
+ * as it comes, markers inside it included, once its opening lines show
+ * what it is. Cheap (no JSON is parsed): fine on a loop thread. */
+size_t cairn_chat_tool_call_start(const char *text, size_t len, const char *tools_json,
+                                  bool *certain);
 
 /* The JSON schema (malloc'ed text in *schema_json, caller frees) of a reply
  * that is a call of one of `tools_json`'s tools (an OpenAI tools array), for
@@ -311,10 +340,12 @@ int cairn_chat_parse_tool_calls(const cairn_chat_template *t, const char *text, 
  * template asks for that key), or with `several` also a JSON array of one or
  * more such calls. The arguments follow each tool's `parameters` schema,
  * whose $defs and $refs are carried over; a tool whose schema uses what the
- * grammar does not support gets free-form object arguments (a warning is
- * logged). cairn_chat_parse_tool_calls with the same tools reads such a reply
- * back as calls. CAIRN_EINVAL when tools_json is not a non-empty array of
- * named function tools. */
+ * grammar does not support (CAIRN_EUNSUPPORTED, CAIRN_ERANGE from
+ * cairn_grammar_from_json_schema) gets free-form object arguments (a
+ * warning is logged). cairn_chat_parse_tool_calls with the same tools reads
+ * such a reply back as calls. CAIRN_EINVAL when tools_json is not a
+ * non-empty array of named function tools, or a tool's schema is malformed
+ * (cairn_chat_tools_select refuses those first). */
 int cairn_chat_tool_call_schema(const cairn_chat_template *t, const char *tools_json,
                                 bool several, char **schema_json);
 
@@ -327,8 +358,13 @@ int cairn_chat_tool_call_schema(const cairn_chat_template *t, const char *tools_
  * the reply must be (*mode: OFF when *render_json is NULL; AUTO; REQUIRED,
  * a call of any of them; NAMED, a call of the one tool left in
  * *render_json). CAIRN_EINVAL for a malformed value, with a message in err
- * and the name of the offending field ("tools" or "tool_choice", static)
- * in *field (may be NULL). */
+ * and the name of the offending field in field[field_len] (may be NULL):
+ * "tools", "tool_choice", or "tools[I].function.parameters" for tool I
+ * whose parameters schema is malformed (not an object, or refused by
+ * cairn_grammar_from_json_schema with CAIRN_EINVAL: 'properties' not an
+ * object, a $ref to nothing, ...). The schemas are checked whatever
+ * tool_choice is, "none" included, as OpenAI does; one the grammar merely
+ * does not support is accepted (see cairn_chat_tool_call_schema). */
 typedef enum {
     CAIRN_TOOLS_OFF = 0,
     CAIRN_TOOLS_AUTO,
@@ -338,7 +374,7 @@ typedef enum {
 
 /* (The semantics are above the enum.) Pure: any thread. */
 int cairn_chat_tools_select(const char *tools_json, const char *choice_json, char **render_json,
-                            cairn_chat_tool_mode *mode, const char **field, char *err,
+                            cairn_chat_tool_mode *mode, char *field, size_t field_len, char *err,
                             size_t err_len);
 
 /* ======================================================================== */
@@ -411,8 +447,8 @@ int cairn_chat_tools_select(const char *tools_json, const char *choice_json, cha
  * patternProperties, ...) is refused with CAIRN_EUNSUPPORTED naming it, as
  * are $ref/enum/const/anyOf/oneOf combined with other constraints. A schema
  * that is not JSON, or a keyword with a bad value (a malformed pattern,
- * minimum not a number, bounds or lengths no value satisfies), is
- * CAIRN_EINVAL.
+ * minimum not a number, bounds or lengths no value satisfies, 'properties'
+ * not an object, an unknown type, a $ref to nothing), is CAIRN_EINVAL.
  *
  * Generated text: optional leading whitespace, then the value, nothing
  * after it. Whitespace between tokens is bounded (nothing, one space, or a
@@ -429,10 +465,14 @@ int cairn_chat_tools_select(const char *tools_json, const char *choice_json, cha
 typedef struct cairn_grammar cairn_grammar;
 
 /* Compile `len` bytes of JSON schema text; schema_json NULL: any JSON object
- * (response_format json_object). With a message in err: CAIRN_EINVAL for bad
- * JSON or bad keyword values, CAIRN_EUNSUPPORTED for keywords or pattern
- * constructs cairn does not generate, CAIRN_ERANGE when the grammar would be
- * too large. The caller owns *out. */
+ * (response_format json_object). With a message in err: CAIRN_EINVAL for a
+ * malformed schema (not JSON, a keyword of the wrong shape such as
+ * 'properties' not an object, an unknown type, a $ref to nothing, a bad
+ * pattern, bounds that allow no value); CAIRN_EUNSUPPORTED for a valid
+ * schema beyond the subset above (an unsupported keyword, combination,
+ * pattern construct, $ref form or count, nesting deeper than 64);
+ * CAIRN_ERANGE when the grammar would be too large. The first problem met
+ * decides. The caller owns *out. */
 int cairn_grammar_from_json_schema(const char *schema_json, size_t len, cairn_grammar **out,
                                    char *err, size_t err_len);
 /* One more owner of `g` (returned): each owner calls cairn_grammar_free

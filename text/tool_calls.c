@@ -5,14 +5,26 @@
  *
  * These three are kept apart from the formatters because they meet the
  * model's output, not its prompt: the parser must accept what a model
- * really writes (its family's markers, or a bare call object), and the
- * forcing schema must be one the grammar (text/grammar_compile.c) can
- * enforce and the parser reads back as calls.
+ * really writes (its family's markers, a fenced markdown block, or a bare
+ * call object), and the forcing schema must be one the grammar
+ * (text/grammar_compile.c) can enforce and the parser reads back as calls.
+ *
+ * The parser reads every family's forms whatever the template's family
+ * (fine-tunes mix them, and a marker is unambiguous): it takes, left to
+ * right, <tool_call> blocks, [TOOL_CALLS] and <|python_tag|> runs, and
+ * fenced ```json / ``` blocks, plus a run of call objects at the very start
+ * of the reply; the text between them is the content. Forms with a marker
+ * take a call of any name; the markerless ones (fences, the leading run)
+ * only calls of the request's tools that carry their arguments, so that an
+ * ordinary JSON answer is never read as a call (the Llama 3 family's
+ * leading object is its documented call format and takes any name).
  */
 #include "text/chat_impl.h"
 
+#include <ctype.h>
 #include <jansson.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +32,22 @@
 /* ---- tool-call parsing ------------------------------------------------------- */
 
 static bool is_ws(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+
+static size_t skip_ws(const char *s, size_t i, size_t len)
+{
+    while (i < len && is_ws(s[i]))
+        i++;
+    return i;
+}
+
+/* c is one of set's characters (never NUL, which strchr would find) */
+static bool in_set(char c, const char *set) { return c && strchr(set, c); }
+
+static bool starts(const char *s, size_t i, size_t len, const char *lit)
+{
+    size_t n = strlen(lit);
+    return len - i >= n && memcmp(s + i, lit, n) == 0;
+}
 
 /* Append an OpenAI tool call {id, type, function: {name, arguments:
  * "<json>"}}; the id is filled in once all calls are in. */
@@ -37,110 +65,6 @@ static int add_call(json_t *calls, const json_t *name, const json_t *args)
     return CAIRN_OK;
 }
 
-/* A {"name": str, <args_key>: ...} object (args_key "arguments" or
- * "parameters"; either is accepted). */
-static int call_from_object(json_t *calls, const json_t *obj)
-{
-    if (!json_is_object(obj))
-        return CAIRN_EFORMAT;
-    const json_t *name = json_object_get(obj, "name");
-    const json_t *args = json_object_get(obj, "arguments");
-    if (!args)
-        args = json_object_get(obj, "parameters");
-    if (!json_is_string(name) || json_string_length(name) == 0)
-        return CAIRN_EFORMAT;
-    return add_call(calls, name, args);
-}
-
-static void trim_range(const char *s, size_t *a, size_t *b)
-{
-    while (*a < *b && is_ws(s[*a]))
-        (*a)++;
-    while (*b > *a && is_ws(s[*b - 1]))
-        (*b)--;
-}
-
-/* <tool_call>JSON</tool_call> blocks (Qwen2.5 / Hermes). Well-formed blocks
- * become calls and leave the text; malformed ones stay as text. An unclosed
- * last block (generation stopped) counts when its JSON is complete. */
-static int parse_tagged(json_t *calls, const char *text, size_t len, outbuf *content)
-{
-    static const char open[] = "<tool_call>", close[] = "</tool_call>";
-    const size_t no = sizeof open - 1, nc = sizeof close - 1;
-    size_t pos = 0;
-    while (pos < len) {
-        const char *o = memmem(text + pos, len - pos, open, no);
-        if (!o)
-            break;
-        size_t at = (size_t)(o - text), body = at + no;
-        const char *c = memmem(text + body, len - body, close, nc);
-        size_t body_end = c ? (size_t)(c - text) : len;
-        size_t after = c ? body_end + nc : len;
-        size_t a = body, e = body_end;
-        trim_range(text, &a, &e);
-        json_error_t jerr;
-        json_t *obj = json_loadb(text + a, e - a, 0, &jerr);
-        int rc = obj ? call_from_object(calls, obj) : CAIRN_EFORMAT;
-        json_decref(obj);
-        if (rc == CAIRN_ENOMEM)
-            return rc;
-        if (rc == CAIRN_OK) {
-            ob_add(content, text + pos, at - pos);
-        } else {
-            ob_add(content, text + pos, after - pos);
-        }
-        pos = after;
-    }
-    ob_add(content, text + pos, len - pos);
-    return CAIRN_OK;
-}
-
-/* Llama 3.x: the reply is a JSON object {"name", "parameters"}, optionally
- * after <|python_tag|>; a text after it stays as content. */
-static int parse_llama3(json_t *calls, const char *text, size_t len, outbuf *content)
-{
-    size_t a = 0;
-    while (a < len && is_ws(text[a]))
-        a++;
-    static const char tag[] = "<|python_tag|>";
-    if (len - a >= sizeof tag - 1 && memcmp(text + a, tag, sizeof tag - 1) == 0) {
-        a += sizeof tag - 1;
-        while (a < len && is_ws(text[a]))
-            a++;
-    }
-    if (a < len && text[a] == '{') {
-        json_error_t jerr;
-        json_t *obj = json_loadb(text + a, len - a, JSON_DISABLE_EOF_CHECK, &jerr);
-        int rc = obj ? call_from_object(calls, obj) : CAIRN_EFORMAT;
-        json_decref(obj);
-        if (rc == CAIRN_ENOMEM)
-            return rc;
-        if (rc == CAIRN_OK) {
-            size_t rest = a + jerr.position;
-            /* Several calls may be separated by ';'. */
-            while (rest < len) {
-                size_t r = rest;
-                while (r < len && (is_ws(text[r]) || text[r] == ';'))
-                    r++;
-                if (r >= len || text[r] != '{')
-                    break;
-                obj = json_loadb(text + r, len - r, JSON_DISABLE_EOF_CHECK, &jerr);
-                rc = obj ? call_from_object(calls, obj) : CAIRN_EFORMAT;
-                json_decref(obj);
-                if (rc == CAIRN_ENOMEM)
-                    return rc;
-                if (rc != CAIRN_OK)
-                    break;
-                rest = r + jerr.position;
-            }
-            ob_add(content, text + rest, len - rest);
-            return CAIRN_OK;
-        }
-    }
-    ob_add(content, text, len);
-    return CAIRN_OK;
-}
-
 /* Is `name` the function name of one of `tools` (OpenAI tools array)? */
 static bool names_a_tool(const json_t *tools, const json_t *name)
 {
@@ -154,39 +78,552 @@ static bool names_a_tool(const json_t *tools, const json_t *name)
     return false;
 }
 
-/* Small models often answer a tool prompt with the bare call object, without
- * their family's markers (and a forced call is generated that way): the whole
- * text a {"name": TOOL, "arguments"|"parameters": {...}} object, or an array
- * of them, naming tools of `tools`. Calls are added only when all qualify. */
-static int parse_bare(json_t *calls, const char *text, size_t len, const json_t *tools)
+/* What a call must be to count. */
+typedef struct {
+    const json_t *known; /* its name one of these tools; NULL: any name      */
+    bool need_args;      /* it has "arguments" or "parameters"               */
+} call_rule;
+
+/* A {"name": str, "arguments"|"parameters": ...} object (or OpenAI's own
+ * {"type": "function", "function": {...}}) as a call. The arguments may be
+ * an object, JSON text of one (OpenAI's form, which models copy), "" or
+ * null (none); anything else is not a call. CAIRN_EFORMAT: not a call. */
+static int call_from_object(json_t *calls, const json_t *obj, call_rule rule)
 {
-    json_t *v = json_loadb(text, len, 0, NULL);
-    if (!v)
-        return CAIRN_OK;
-    json_t *list = json_is_array(v) ? json_incref(v) : json_pack("[O]", v);
-    json_decref(v);
-    if (!list)
-        return CAIRN_ENOMEM;
-    size_t i;
-    json_t *el;
-    bool all = json_array_size(list) > 0;
-    json_array_foreach(list, i, el)
-    {
-        json_t *args = json_object_get(el, "arguments");
-        if (!args)
-            args = json_object_get(el, "parameters");
-        all = all && json_is_object(el) && names_a_tool(tools, json_object_get(el, "name")) &&
-              (json_is_object(args) || json_is_string(args));
+    if (!json_is_object(obj))
+        return CAIRN_EFORMAT;
+    const json_t *fn = json_object_get(obj, "function");
+    if (!json_object_get(obj, "name") && json_is_object(fn))
+        obj = fn;
+    const json_t *name = json_object_get(obj, "name");
+    const json_t *args = json_object_get(obj, "arguments");
+    if (!args)
+        args = json_object_get(obj, "parameters");
+    if (!json_is_string(name) || json_string_length(name) == 0 ||
+        (rule.known && !names_a_tool(rule.known, name)) || (rule.need_args && !args))
+        return CAIRN_EFORMAT;
+    json_t *parsed = NULL;
+    if (json_is_string(args) && json_string_length(args) > 0) {
+        parsed = json_loadb(json_string_value(args), json_string_length(args), 0, NULL);
+        if (!json_is_object(parsed)) {
+            json_decref(parsed);
+            return CAIRN_EFORMAT;
+        }
+        args = parsed;
+    } else if (json_is_string(args) || json_is_null(args)) {
+        args = NULL;
+    } else if (args && !json_is_object(args)) {
+        return CAIRN_EFORMAT;
     }
-    int rc = CAIRN_OK;
-    json_array_foreach(list, i, el)
-    {
-        if (!all || rc != CAIRN_OK)
-            break;
-        rc = call_from_object(calls, el);
-    }
-    json_decref(list);
+    int rc = add_call(calls, name, args);
+    json_decref(parsed);
     return rc;
+}
+
+/* A call object or a non-empty array of them: all calls, or none added. */
+static int calls_from_value(json_t *calls, const json_t *v, call_rule rule)
+{
+    json_t *got = json_array();
+    if (!got)
+        return CAIRN_ENOMEM;
+    int rc = CAIRN_OK;
+    if (json_is_array(v)) {
+        size_t i;
+        const json_t *el;
+        rc = json_array_size(v) > 0 ? CAIRN_OK : CAIRN_EFORMAT;
+        json_array_foreach(v, i, el)
+        {
+            if (rc == CAIRN_OK)
+                rc = call_from_object(got, el, rule);
+        }
+    } else {
+        rc = call_from_object(got, v, rule);
+    }
+    if (rc == CAIRN_OK && json_array_extend(calls, got))
+        rc = CAIRN_ENOMEM;
+    json_decref(got);
+    return rc;
+}
+
+/* Calls as one or more JSON values from text[*pos] on, separated by
+ * whitespace, ';' (Llama 3) or ','. Stops before the first value that is
+ * not JSON or not calls; *pos ends past the last one taken. The number of
+ * values taken, or -1 when out of memory. */
+static int json_call_run(json_t *calls, const char *text, size_t len, size_t *pos,
+                         call_rule rule)
+{
+    int n = 0;
+    size_t p = *pos;
+    for (;;) {
+        size_t r = p;
+        while (r < len && (is_ws(text[r]) || (n > 0 && (text[r] == ';' || text[r] == ','))))
+            r++;
+        if (r >= len || (text[r] != '{' && text[r] != '['))
+            break;
+        json_error_t jerr;
+        json_t *v = json_loadb(text + r, len - r, JSON_DISABLE_EOF_CHECK, &jerr);
+        int rc = v ? calls_from_value(calls, v, rule) : CAIRN_EFORMAT;
+        json_decref(v);
+        if (rc == CAIRN_ENOMEM)
+            return -1;
+        if (rc != CAIRN_OK)
+            break;
+        p = r + jerr.position;
+        n++;
+    }
+    *pos = p;
+    return n;
+}
+
+/* ---- Python literals (Llama 3.1's built-in tool calls) ---- */
+
+static json_t *py_value(const char *s, size_t len, size_t *pos, int depth);
+
+/* A '...' or "..." string; the usual backslash escapes are decoded, others
+ * kept as written. */
+static json_t *py_string(const char *s, size_t len, size_t *pos)
+{
+    char q = s[*pos];
+    cairn_strbuf b = {0};
+    size_t p = *pos + 1;
+    for (; p < len && s[p] != q; p++) {
+        char c = s[p];
+        if (c == '\\' && p + 1 < len) {
+            char e = s[++p];
+            c = e == 'n' ? '\n' : e == 't' ? '\t' : e == 'r' ? '\r' : e;
+            if (!in_set(e, "ntr\\'\""))
+                cairn_strbuf_add(&b, "\\", 1);
+        }
+        cairn_strbuf_add(&b, &c, 1);
+    }
+    json_t *v = p < len && !b.oom ? json_stringn(b.data ? b.data : "", b.len) : NULL;
+    cairn_strbuf_free(&b);
+    *pos = p + 1;
+    return v;
+}
+
+/* [v, ...] or {k: v, ...} (string keys); `close` is ']' or '}'. */
+static json_t *py_container(const char *s, size_t len, size_t *pos, int depth, char close)
+{
+    json_t *out = close == ']' ? json_array() : json_object();
+    size_t p = *pos + 1;
+    for (bool first = true; out;) {
+        p = skip_ws(s, p, len);
+        if (p < len && s[p] == close) {
+            *pos = p + 1;
+            return out;
+        }
+        if (!first) {
+            if (p >= len || s[p] != ',')
+                break;
+            p = skip_ws(s, p + 1, len);
+            if (p < len && s[p] == close)
+                continue; /* a trailing comma */
+        }
+        first = false;
+        json_t *key = NULL;
+        if (close == '}') {
+            key = p < len && (s[p] == '"' || s[p] == '\'') ? py_string(s, len, &p) : NULL;
+            p = skip_ws(s, p, len);
+            if (!key || p >= len || s[p] != ':') {
+                json_decref(key);
+                break;
+            }
+            p++;
+        }
+        json_t *v = py_value(s, len, &p, depth + 1);
+        int bad = !v || (key ? json_object_set_new(out, json_string_value(key), v)
+                             : json_array_append_new(out, v));
+        json_decref(key);
+        if (bad)
+            break;
+    }
+    json_decref(out);
+    return NULL;
+}
+
+/* A Python literal: string, number, True/False/None, list, dict. */
+static json_t *py_value(const char *s, size_t len, size_t *pos, int depth)
+{
+    size_t p = skip_ws(s, *pos, len);
+    *pos = p;
+    if (p >= len || depth > 32)
+        return NULL;
+    if (s[p] == '"' || s[p] == '\'')
+        return py_string(s, len, pos);
+    if (s[p] == '[' || s[p] == '{')
+        return py_container(s, len, pos, depth, s[p] == '[' ? ']' : '}');
+    static const char *const words[] = {"True", "False", "None"};
+    for (int k = 0; k < 3; k++)
+        if (starts(s, p, len, words[k])) {
+            *pos = p + strlen(words[k]);
+            return k == 0 ? json_true() : k == 1 ? json_false() : json_null();
+        }
+    char num[64];
+    size_t n = 0;
+    bool real = false;
+    while (p + n < len && n + 1 < sizeof num && in_set(s[p + n], "+-0123456789.eE")) {
+        real = real || in_set(s[p + n], ".eE");
+        num[n] = s[p + n];
+        n++;
+    }
+    num[n] = '\0';
+    char *end = NULL;
+    json_t *v = NULL;
+    if (n > 0 && real) {
+        double d = strtod(num, &end);
+        v = *end == '\0' ? json_real(d) : NULL;
+    } else if (n > 0) {
+        long long i = strtoll(num, &end, 10);
+        v = *end == '\0' ? json_integer(i) : NULL;
+    }
+    *pos = p + n;
+    return v;
+}
+
+/* NAME.call(key=value, ...): Llama 3.1's built-in tools (brave_search,
+ * wolfram_alpha) after <|python_tag|>; the call named NAME, its keyword
+ * arguments as the arguments object. */
+static int builtin_call(json_t *calls, const char *s, size_t len, size_t *pos)
+{
+    size_t p = *pos, n0 = p;
+    while (p < len && (isalnum((unsigned char)s[p]) || s[p] == '_'))
+        p++;
+    size_t n1 = p;
+    if (n1 == n0 || !starts(s, p, len, ".call("))
+        return CAIRN_EFORMAT;
+    p += 6;
+    json_t *args = json_object();
+    int rc = args ? CAIRN_EFORMAT : CAIRN_ENOMEM;
+    for (bool first = true; args;) {
+        p = skip_ws(s, p, len);
+        if (p < len && s[p] == ')') {
+            p++;
+            rc = CAIRN_OK;
+            break;
+        }
+        if (!first) {
+            if (p >= len || s[p] != ',')
+                break;
+            p = skip_ws(s, p + 1, len);
+            if (p < len && s[p] == ')')
+                continue;
+        }
+        first = false;
+        size_t k0 = p;
+        while (p < len && (isalnum((unsigned char)s[p]) || s[p] == '_'))
+            p++;
+        size_t k1 = p;
+        p = skip_ws(s, p, len);
+        if (k1 == k0 || p >= len || s[p] != '=')
+            break;
+        p++;
+        json_t *v = py_value(s, len, &p, 0);
+        char key[128];
+        if (!v || k1 - k0 >= sizeof key) {
+            json_decref(v);
+            break;
+        }
+        memcpy(key, s + k0, k1 - k0);
+        key[k1 - k0] = '\0';
+        if (json_object_set_new(args, key, v)) {
+            rc = CAIRN_ENOMEM;
+            break;
+        }
+    }
+    json_t *name = rc == CAIRN_OK ? json_stringn(s + n0, n1 - n0) : NULL;
+    if (rc == CAIRN_OK)
+        rc = name ? add_call(calls, name, args) : CAIRN_ENOMEM;
+    json_decref(name);
+    json_decref(args);
+    if (rc == CAIRN_OK)
+        *pos = p;
+    return rc;
+}
+
+/* ---- the forms ---- */
+
+static const char TAG_OPEN[] = "<tool_call>", TAG_CLOSE[] = "</tool_call>";
+static const char MISTRAL[] = "[TOOL_CALLS]", PYTHON_TAG[] = "<|python_tag|>", FENCE[] = "```";
+
+/* What one form read at a marker: the calls it added (0: none, the marker
+ * stays text) and where the text after it resumes. */
+typedef struct {
+    int n;
+    size_t end;
+} form_result;
+
+/* text[*a..*e) without a surrounding ``` fence (a call fenced inside a
+ * <tool_call> block). */
+static void unfence(const char *s, size_t *a, size_t *e)
+{
+    if (*e - *a < 6 || memcmp(s + *a, FENCE, 3) != 0)
+        return;
+    const char *nl = memchr(s + *a, '\n', *e - *a);
+    if (!nl)
+        return;
+    size_t b = (size_t)(nl - s) + 1, f = *e;
+    while (f > b && is_ws(s[f - 1]))
+        f--;
+    if (f - b >= 3 && memcmp(s + f - 3, FENCE, 3) == 0)
+        f -= 3;
+    *a = b;
+    *e = f;
+}
+
+/* <tool_call>JSON</tool_call> (Qwen2.5, Hermes): the body one call (or an
+ * array, or several objects). The block ends at its closing tag, else at
+ * the next opening tag or the end (generation stopped, or the model left
+ * the tag out): then a complete JSON still counts and what follows it is
+ * text. A closed block that is not wholly calls stays text. */
+static int form_tagged(json_t *calls, const char *s, size_t len, size_t at, form_result *r)
+{
+    const size_t no = sizeof TAG_OPEN - 1, nc = sizeof TAG_CLOSE - 1;
+    size_t body = at + no;
+    const char *c = memmem(s + body, len - body, TAG_CLOSE, nc);
+    const char *o = memmem(s + body, len - body, TAG_OPEN, no);
+    bool closed = c && (!o || c < o);
+    size_t body_end = closed ? (size_t)(c - s) : o ? (size_t)(o - s) : len;
+    size_t a = skip_ws(s, body, body_end), e = body_end;
+    while (e > a && is_ws(s[e - 1]))
+        e--;
+    unfence(s, &a, &e);
+    json_t *got = json_array();
+    if (!got)
+        return CAIRN_ENOMEM;
+    size_t p = a;
+    int n = json_call_run(got, s, e, &p, (call_rule){NULL, false});
+    if (n < 0) {
+        json_decref(got);
+        return CAIRN_ENOMEM;
+    }
+    bool whole = skip_ws(s, p, e) == e;
+    r->n = 0;
+    r->end = closed ? body_end + nc : body_end;
+    if (n > 0 && (whole || !closed)) {
+        if (json_array_extend(calls, got)) {
+            json_decref(got);
+            return CAIRN_ENOMEM;
+        }
+        r->n = (int)json_array_size(got);
+        if (!whole)
+            r->end = p; /* unclosed: the rest is text */
+    }
+    json_decref(got);
+    return CAIRN_OK;
+}
+
+/* [TOOL_CALLS] (Mistral): a JSON array of calls (v3; an object is taken
+ * too), or NAME[ARGS]{...} (v11 and later, an optional [CALL_ID]ID before
+ * [ARGS]; several may follow each other). Ids the model writes are not
+ * kept: calls get this reply's ids like every other form. */
+static int form_mistral(json_t *calls, const char *s, size_t len, size_t at, form_result *r)
+{
+    size_t p = skip_ws(s, at + sizeof MISTRAL - 1, len);
+    r->n = 0;
+    r->end = at + sizeof MISTRAL - 1;
+    if (p < len && (s[p] == '[' || s[p] == '{')) {
+        size_t before = json_array_size(calls);
+        int n = json_call_run(calls, s, len, &p, (call_rule){NULL, false});
+        if (n < 0)
+            return CAIRN_ENOMEM;
+        r->n = (int)(json_array_size(calls) - before);
+        if (n > 0)
+            r->end = p;
+        return CAIRN_OK;
+    }
+    for (;;) {
+        size_t n0 = p;
+        while (p < len && (isalnum((unsigned char)s[p]) || in_set(s[p], "_-.")))
+            p++;
+        size_t n1 = p;
+        if (starts(s, p, len, "[CALL_ID]")) {
+            p += 9;
+            while (p < len && isalnum((unsigned char)s[p]))
+                p++;
+        }
+        if (n1 == n0 || !starts(s, p, len, "[ARGS]"))
+            break;
+        p = skip_ws(s, p + 6, len);
+        json_error_t jerr;
+        json_t *args = p < len && s[p] == '{'
+                           ? json_loadb(s + p, len - p, JSON_DISABLE_EOF_CHECK, &jerr)
+                           : NULL;
+        json_t *obj = args ? json_pack("{s:s%, s:o}", "name", s + n0, n1 - n0, "arguments", args)
+                           : NULL;
+        int rc = obj ? call_from_object(calls, obj, (call_rule){NULL, false}) : CAIRN_EFORMAT;
+        json_decref(obj);
+        if (rc == CAIRN_ENOMEM)
+            return rc;
+        if (rc != CAIRN_OK)
+            break;
+        p += jerr.position;
+        r->n++;
+        r->end = p;
+        p = skip_ws(s, p, len);
+    }
+    return CAIRN_OK;
+}
+
+/* <|python_tag|> (Llama 3.x): JSON call objects separated by ';', or
+ * NAME.call(...) built-in calls. Code for the code interpreter (the tag
+ * followed by plain Python) is not a call of a function tool: it stays
+ * text, tag included. */
+static int form_python_tag(json_t *calls, const char *s, size_t len, size_t at,
+                           form_result *r)
+{
+    size_t p = skip_ws(s, at + sizeof PYTHON_TAG - 1, len);
+    r->n = 0;
+    r->end = at + sizeof PYTHON_TAG - 1;
+    if (p < len && (s[p] == '{' || s[p] == '[')) {
+        size_t before = json_array_size(calls);
+        int n = json_call_run(calls, s, len, &p, (call_rule){NULL, false});
+        if (n < 0)
+            return CAIRN_ENOMEM;
+        r->n = (int)(json_array_size(calls) - before);
+        if (n > 0)
+            r->end = p;
+        return CAIRN_OK;
+    }
+    for (;;) {
+        int rc = builtin_call(calls, s, len, &p);
+        if (rc == CAIRN_ENOMEM)
+            return rc;
+        if (rc != CAIRN_OK)
+            break;
+        r->n++;
+        r->end = p;
+        p = skip_ws(s, p, len);
+        if (p < len && s[p] == ';')
+            p = skip_ws(s, p + 1, len);
+    }
+    return CAIRN_OK;
+}
+
+/* Is text[i] at the start of a line, after spaces or tabs only? */
+static bool at_line_start(const char *s, size_t i)
+{
+    while (i > 0 && (s[i - 1] == ' ' || s[i - 1] == '\t'))
+        i--;
+    return i == 0 || s[i - 1] == '\n';
+}
+
+/* The next ``` at a line start from `from` (len when none). */
+static size_t next_fence(const char *s, size_t len, size_t from)
+{
+    while (from < len) {
+        const char *f = memmem(s + from, len - from, FENCE, 3);
+        if (!f)
+            break;
+        size_t at = (size_t)(f - s);
+        if (at_line_start(s, at))
+            return at;
+        from = at + 3;
+    }
+    return len;
+}
+
+/* Is the info string of a fence (text[a..e)) one a call may carry: none or
+ * "json"? */
+static bool json_info(const char *s, size_t a, size_t e)
+{
+    a = skip_ws(s, a, e);
+    while (e > a && is_ws(s[e - 1]))
+        e--;
+    return e == a || (e - a == 4 && strncasecmp(s + a, "json", 4) == 0);
+}
+
+/* A fenced block at a line start: ```json or ``` then calls of the
+ * request's tools, each with its arguments, and nothing else, up to the
+ * closing fence (or the end). Any other block — another language, JSON
+ * that is not such calls — stays text whole, closing fence included, so
+ * what is inside it is never read as a marker or a fence. */
+static int form_fence(json_t *calls, const char *s, size_t len, size_t at, const json_t *tools,
+                      form_result *r)
+{
+    r->n = 0;
+    const char *nl = memchr(s + at + 3, '\n', len - at - 3);
+    if (!nl) { /* "```" alone on the last line: nothing follows */
+        r->end = len;
+        return CAIRN_OK;
+    }
+    size_t body = (size_t)(nl - s) + 1;
+    size_t close = next_fence(s, len, body);
+    r->end = close < len ? close + 3 : len;
+    if (!tools || !json_info(s, at + 3, body - 1))
+        return CAIRN_OK;
+    json_t *got = json_array();
+    if (!got)
+        return CAIRN_ENOMEM;
+    size_t p = body;
+    int n = json_call_run(got, s, close, &p, (call_rule){tools, true});
+    int rc = n < 0 ? CAIRN_ENOMEM : CAIRN_OK;
+    if (n > 0 && skip_ws(s, p, close) == close) {
+        if (json_array_extend(calls, got))
+            rc = CAIRN_ENOMEM;
+        r->n = (int)json_array_size(got);
+    }
+    json_decref(got);
+    return rc;
+}
+
+/* The earliest marker in text[from..len): its position (len: none) and
+ * kind (0 tag, 1 [TOOL_CALLS], 2 <|python_tag|>, 3 fence). at[k] caches
+ * where marker k next occurs (SIZE_MAX: not searched yet), so that a reply
+ * with many markers is searched once, not once per marker. */
+static size_t next_marker(const char *s, size_t len, size_t from, size_t at[4], int *kind)
+{
+    static const char *const lit[] = {TAG_OPEN, MISTRAL, PYTHON_TAG};
+    if (at[3] == SIZE_MAX || (at[3] < from && at[3] < len))
+        at[3] = next_fence(s, len, from);
+    size_t best = at[3];
+    *kind = 3;
+    for (int k = 0; k < 3; k++) {
+        if (at[k] == SIZE_MAX || (at[k] < from && at[k] < len)) {
+            const char *m = memmem(s + from, len - from, lit[k], strlen(lit[k]));
+            at[k] = m ? (size_t)(m - s) : len;
+        }
+        if (at[k] < best) {
+            best = at[k];
+            *kind = k;
+        }
+    }
+    return best;
+}
+
+static int parse_all(const cairn_chat_template *t, json_t *calls, const char *s, size_t len,
+                     const json_t *tools, outbuf *content)
+{
+    size_t pos = 0;
+    /* A run of call objects opening the reply: small models answer so
+     * without their family's markers, and forced calls are generated so. */
+    size_t p = skip_ws(s, 0, len);
+    if (p < len && (s[p] == '{' || s[p] == '[') && (tools || t->family == CAIRN_CHAT_LLAMA3)) {
+        call_rule rule = {t->family == CAIRN_CHAT_LLAMA3 ? NULL : tools, true};
+        int n = json_call_run(calls, s, len, &p, rule);
+        if (n < 0)
+            return CAIRN_ENOMEM;
+        if (n > 0)
+            pos = p;
+    }
+    size_t lit_at[4] = {SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX};
+    while (pos < len) {
+        int kind;
+        size_t at = next_marker(s, len, pos, lit_at, &kind);
+        if (at >= len)
+            break;
+        form_result r;
+        int rc = kind == 0   ? form_tagged(calls, s, len, at, &r)
+                 : kind == 1 ? form_mistral(calls, s, len, at, &r)
+                 : kind == 2 ? form_python_tag(calls, s, len, at, &r)
+                             : form_fence(calls, s, len, at, tools, &r);
+        if (rc != CAIRN_OK)
+            return rc;
+        ob_add(content, s + pos, (r.n > 0 ? at : r.end) - pos);
+        pos = r.end;
+    }
+    ob_add(content, s + pos, len - pos);
+    return content->text.oom ? CAIRN_ENOMEM : CAIRN_OK;
 }
 
 int cairn_chat_parse_tool_calls(const cairn_chat_template *t, const char *text, size_t len,
@@ -206,15 +643,7 @@ int cairn_chat_parse_tool_calls(const cairn_chat_template *t, const char *text, 
         json_decref(tools);
         return CAIRN_ENOMEM;
     }
-    int rc = t->family == CAIRN_CHAT_LLAMA3 ? parse_llama3(calls, text, len, &rest)
-                                            : parse_tagged(calls, text, len, &rest);
-    if (rc == CAIRN_OK && rest.text.oom)
-        rc = CAIRN_ENOMEM;
-    if (rc == CAIRN_OK && json_array_size(calls) == 0 && tools) {
-        rc = parse_bare(calls, text, len, tools);
-        if (json_array_size(calls) > 0)
-            rest.text.len = 0; /* the whole text was the calls */
-    }
+    int rc = parse_all(t, calls, text ? text : "", len, tools, &rest);
     json_decref(tools);
     if (rc == CAIRN_OK && json_array_size(calls) == 0)
         rc = CAIRN_ENOTFOUND;
@@ -230,14 +659,16 @@ int cairn_chat_parse_tool_calls(const cairn_chat_template *t, const char *text, 
     char *cj = NULL, *ct = NULL;
     if (rc == CAIRN_OK) {
         cj = json_dumps(calls, JSON_COMPACT | JSON_PRESERVE_ORDER);
-        size_t a = 0, e = rest.text.len;
-        trim_range(rest.text.data ? rest.text.data : "", &a, &e);
+        const char *d = rest.text.data ? rest.text.data : "";
+        size_t a = skip_ws(d, 0, rest.text.len), e = rest.text.len;
+        while (e > a && is_ws(d[e - 1]))
+            e--;
         ct = malloc(e - a + 1);
         if (!cj || !ct) {
             rc = CAIRN_ENOMEM;
         } else {
             if (e > a)
-                memcpy(ct, rest.text.data + a, e - a);
+                memcpy(ct, d + a, e - a);
             ct[e - a] = '\0';
         }
     }
@@ -251,6 +682,146 @@ int cairn_chat_parse_tool_calls(const cairn_chat_template *t, const char *text, 
     *calls_json = cj;
     *content = ct;
     return CAIRN_OK;
+}
+
+/* ---- where a streamed call may begin ------------------------------------------- */
+
+/* Markers that open a call in some family's format. The last two are
+ * formats the parser does not read (Llama 3.2's <function=...>, Kimi's):
+ * held back all the same, so that such a call does not leak out as
+ * content before it reaches the client whole. */
+static const char *const call_openers[] = {TAG_OPEN, PYTHON_TAG, MISTRAL, "<function=",
+                                           "<|tool_call_begin|>"};
+
+typedef enum { FENCE_NO, FENCE_MAYBE, FENCE_YES } fence_verdict;
+
+/* Could the block whose info string is text[i0..i1) and whose body starts
+ * at `body` be a call, as far as the text goes? A call block is json or
+ * bare, and opens with {"name": "TOOL" (or [{"name": ...) where TOOL is
+ * one of the tools: a name found as "name":"TOOL" in their compact JSON
+ * text (a false match only holds longer). Only the first key is looked
+ * at: a call block that puts its name later is not held. */
+static fence_verdict fence_call(const char *s, size_t len, size_t i0, size_t i1, size_t body,
+                                const char *tools_json)
+{
+    if (!tools_json || !json_info(s, i0, i1))
+        return FENCE_NO;
+    size_t p = skip_ws(s, body, len);
+    if (p < len && s[p] == '[')
+        p = skip_ws(s, p + 1, len);
+    if (p >= len)
+        return FENCE_MAYBE;
+    if (s[p] != '{')
+        return FENCE_NO;
+    p = skip_ws(s, p + 1, len);
+    static const char key[] = "\"name\"";
+    size_t k = sizeof key - 1, have = len - p < k ? len - p : k;
+    if (memcmp(s + p, key, have) != 0)
+        return FENCE_NO;
+    if (have < k)
+        return FENCE_MAYBE;
+    p = skip_ws(s, p + k, len);
+    if (p < len && s[p] == ':')
+        p = skip_ws(s, p + 1, len);
+    else if (p < len)
+        return FENCE_NO;
+    if (p >= len)
+        return FENCE_MAYBE;
+    if (s[p] != '"')
+        return FENCE_NO;
+    size_t n0 = p + 1, n1 = n0;
+    while (n1 < len && s[n1] != '"' && s[n1] != '\\')
+        n1++;
+    if (n1 >= len)
+        return FENCE_MAYBE;
+    if (s[n1] == '\\')
+        return FENCE_YES; /* an escaped name: hold, the parser decides */
+    char want[300];
+    int w = snprintf(want, sizeof want, "\"name\":\"%.*s\"", (int)(n1 - n0), s + n0);
+    if (w < 0 || (size_t)w >= sizeof want)
+        return FENCE_YES;
+    return strstr(tools_json, want) ? FENCE_YES : FENCE_NO;
+}
+
+size_t cairn_chat_tool_call_start(const char *s, size_t len, const char *tools_json,
+                                  bool *certain)
+{
+    *certain = false;
+    if (!s)
+        return 0;
+    size_t first = skip_ws(s, 0, len);
+    if (first == len)
+        return 0; /* only whitespace yet: what follows may be a leading call */
+    if (s[first] == '{' || s[first] == '[') {
+        /* a leading call object {"..., or an array of them [{"... (a
+         * "[TOOL_CALLS]" is found as a marker below) */
+        size_t p = skip_ws(s, first + 1, len);
+        if (s[first] == '[' && p < len && s[p] == '{')
+            p = skip_ws(s, p + 1, len);
+        if (p >= len)
+            return 0;
+        if (s[p] == '"') {
+            *certain = true;
+            return 0;
+        }
+    }
+    bool in_block = false; /* inside a fenced block that is not a call */
+    for (size_t pos = 0; pos < len;) {
+        const char *nl = memchr(s + pos, '\n', len - pos);
+        size_t eol = nl ? (size_t)(nl - s) : len, next = nl ? eol + 1 : len;
+        size_t f = pos;
+        while (f < eol && (s[f] == ' ' || s[f] == '\t'))
+            f++;
+        if (eol - f >= 3 && memcmp(s + f, FENCE, 3) == 0) {
+            if (in_block) {
+                in_block = false;
+            } else if (!nl) {
+                return pos; /* the info string is still coming */
+            } else {
+                fence_verdict v = fence_call(s, len, f + 3, eol, next, tools_json);
+                if (v == FENCE_YES)
+                    *certain = true;
+                if (v != FENCE_NO)
+                    return pos; /* the fence's line, indentation included */
+                in_block = true;
+            }
+            pos = next;
+            continue;
+        }
+        if (!nl && !in_block && eol - f < 3 && memcmp(s + f, FENCE, eol - f) == 0)
+            return pos; /* "`", "``" or indentation at the end: a fence may be coming */
+        if (!in_block) {
+            size_t best = len;
+            for (size_t i = 0; i < sizeof call_openers / sizeof *call_openers; i++) {
+                const char *op = call_openers[i];
+                size_t ol = strlen(op);
+                const char *hit = memmem(s + pos, eol - pos, op, ol);
+                if (hit && (size_t)(hit - s) < best) {
+                    best = (size_t)(hit - s);
+                    *certain = true;
+                }
+                for (size_t k = ol - 1; !nl && k > 0; k--)
+                    if (k <= eol - pos && memcmp(s + len - k, op, k) == 0) {
+                        if (len - k < best)
+                            best = len - k;
+                        break;
+                    }
+            }
+            if (best < len) {
+                /* a partial opener at the end is not certain, a full one is,
+                 * whichever comes first */
+                if (*certain) {
+                    bool full = false;
+                    for (size_t i = 0; i < sizeof call_openers / sizeof *call_openers; i++)
+                        full = full || starts(s, best, len, call_openers[i]);
+                    *certain = full;
+                }
+                return best;
+            }
+        }
+        pos = next;
+    }
+    return len;
 }
 
 /* ---- forcing a tool call -------------------------------------------------------
@@ -304,14 +875,20 @@ static bool rebase_refs(json_t *node, size_t i)
 }
 
 /* Tool i's parameters moved into `defs`; the schema of its arguments as a
- * new reference (NULL: out of memory). */
-static json_t *tool_arguments_schema(const json_t *tool, size_t i, json_t *defs)
+ * new reference (NULL: *rc says why, CAIRN_ENOMEM, or CAIRN_EINVAL for a
+ * malformed schema). */
+static json_t *tool_arguments_schema(const json_t *tool, size_t i, json_t *defs, int *rc_out)
 {
+    *rc_out = CAIRN_ENOMEM;
     const json_t *fn = json_object_get(tool, "function");
     const char *name = json_string_value(json_object_get(fn, "name"));
     json_t *params = json_object_get(fn, "parameters");
-    if (!json_is_object(params))
+    if (!params || json_is_null(params))
         return json_pack("{s:s}", "type", "object"); /* none declared */
+    if (!json_is_object(params)) {
+        *rc_out = CAIRN_EINVAL;
+        return NULL;
+    }
     char *text = json_dumps(params, JSON_COMPACT);
     cairn_grammar *g = NULL;
     char why[200] = "";
@@ -319,8 +896,13 @@ static json_t *tool_arguments_schema(const json_t *tool, size_t i, json_t *defs)
                   : CAIRN_ENOMEM;
     free(text);
     cairn_grammar_free(g);
-    if (rc == CAIRN_ENOMEM)
+    if (rc == CAIRN_ENOMEM || rc == CAIRN_EINVAL) {
+        if (rc == CAIRN_EINVAL)
+            cairn_log(CAIRN_LOG_WARN, "chat: tool %s: its parameters schema is malformed (%s)",
+                      name ? name : "?", why);
+        *rc_out = rc;
         return NULL;
+    }
     json_t *copy = rc == CAIRN_OK ? json_deep_copy(params) : NULL;
     if (copy) {
         bool ok = true;
@@ -384,12 +966,17 @@ int cairn_chat_tool_call_schema(const cairn_chat_template *t, const char *tools_
          * order, the name first as the templates show it. (jansson's _new
          * and "o" steal their reference even when they fail.) */
         json_t *props = json_object();
-        if (!props || json_object_set_new(props, "name", json_pack("{s:O}", "const", name)) ||
-            json_object_set_new(props, args_key, tool_arguments_schema(tool, i, defs)) ||
-            json_array_append_new(calls, json_pack("{s:s, s:O, s:[s,s]}", "type", "object",
-                                                   "properties", props, "required", "name",
-                                                   args_key)))
+        json_t *args = tool_arguments_schema(tool, i, defs, &rc);
+        if (args)
+            rc = CAIRN_OK; /* else out of memory, or a malformed schema */
+        if (rc == CAIRN_OK &&
+            (!props || json_object_set_new(props, "name", json_pack("{s:O}", "const", name)) ||
+             json_object_set(props, args_key, args) ||
+             json_array_append_new(calls, json_pack("{s:s, s:O, s:[s,s]}", "type", "object",
+                                                    "properties", props, "required", "name",
+                                                    args_key))))
             rc = CAIRN_ENOMEM;
+        json_decref(args);
         json_decref(props);
     }
     json_t *one = NULL, *schema = NULL;
@@ -417,52 +1004,87 @@ int cairn_chat_tool_call_schema(const cairn_chat_template *t, const char *tools_
 
 /* ---- choosing the tools of a request ------------------------------------------ */
 
-static int tools_fail(char *err, size_t err_len, const char **field, const char *which,
-                      const char *fmt, ...)
+/* The field's name into field[field_len] (NULL: not wanted) and the
+ * message into err; CAIRN_EINVAL. */
+typedef struct {
+    char *field, *err;
+    size_t field_len, err_len;
+} tools_error;
+
+static int tools_fail(const tools_error *e, const char *which, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int tools_fail(const tools_error *e, const char *which, const char *fmt, ...)
 {
-    if (err && err_len) {
+    if (e->err && e->err_len) {
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(err, err_len, fmt, ap);
+        vsnprintf(e->err, e->err_len, fmt, ap);
         va_end(ap);
     }
-    if (field)
-        *field = which;
+    if (e->field && e->field_len)
+        snprintf(e->field, e->field_len, "%s", which);
     return CAIRN_EINVAL;
 }
 
+/* Tool i's parameters schema compiled, to find a malformed one when the
+ * request arrives, whatever tool_choice says (OpenAI refuses such a tool
+ * always): CAIRN_EINVAL naming tools[i].function.parameters. A valid schema
+ * beyond the grammar's subset (or too large for it) is accepted: forcing
+ * that tool constrains its arguments to an object only
+ * (cairn_chat_tool_call_schema). */
+static int check_parameters(const json_t *params, size_t i, const tools_error *e)
+{
+    char which[64];
+    snprintf(which, sizeof which, "tools[%zu].function.parameters", i);
+    if (!json_is_object(params))
+        return tools_fail(e, which, "%s must be an object", which);
+    char *text = json_dumps(params, JSON_COMPACT);
+    if (!text)
+        return CAIRN_ENOMEM;
+    cairn_grammar *g = NULL;
+    char why[200] = "";
+    int rc = cairn_grammar_from_json_schema(text, strlen(text), &g, why, sizeof why);
+    free(text);
+    cairn_grammar_free(g);
+    if (rc != CAIRN_EINVAL)
+        return rc == CAIRN_ENOMEM ? rc : CAIRN_OK;
+    return tools_fail(e, which, "%s is not a valid JSON schema: %s", which,
+                      why[0] ? why : "malformed");
+}
+
 int cairn_chat_tools_select(const char *tools_json, const char *choice_json, char **render_json,
-                            cairn_chat_tool_mode *mode, const char **field, char *err,
+                            cairn_chat_tool_mode *mode, char *field, size_t field_len, char *err,
                             size_t err_len)
 {
+    const tools_error te = {field, err, field_len, err_len}, *e = &te;
     if (!render_json || !mode)
         return CAIRN_EINVAL;
     *render_json = NULL;
     *mode = CAIRN_TOOLS_OFF;
     json_t *choice = choice_json ? json_loads(choice_json, JSON_DECODE_ANY, NULL) : NULL;
     if (choice_json && !choice)
-        return tools_fail(err, err_len, field, "tool_choice", "'tool_choice' is not JSON");
+        return tools_fail(e, "tool_choice", "'tool_choice' is not JSON");
     const char *c = json_string_value(choice); /* NULL unless a string */
     if (choice && !c && !json_is_object(choice)) {
         json_decref(choice);
-        return tools_fail(err, err_len, field, "tool_choice",
+        return tools_fail(e, "tool_choice",
                           "'tool_choice' must be a string or an object");
     }
     if (c && strcmp(c, "none") && strcmp(c, "auto") && strcmp(c, "required")) {
         json_decref(choice);
-        return tools_fail(err, err_len, field, "tool_choice",
+        return tools_fail(e, "tool_choice",
                           "'tool_choice' must be none, auto, required or a named function");
     }
     json_t *tools = tools_json ? json_loads(tools_json, 0, NULL) : NULL;
     int rc = CAIRN_OK;
     if (!tools_json) {
         if (choice && !(c && (strcmp(c, "none") == 0 || strcmp(c, "auto") == 0)))
-            rc = tools_fail(err, err_len, field, "tool_choice", "'tool_choice' needs 'tools'");
+            rc = tools_fail(e, "tool_choice", "'tool_choice' needs 'tools'");
         json_decref(choice);
         return rc;
     }
     if (!json_is_array(tools))
-        rc = tools_fail(err, err_len, field, "tools", "'tools' must be an array");
+        rc = tools_fail(e, "tools", "'tools' must be an array");
     size_t i;
     json_t *t;
     json_array_foreach(tools, i, t)
@@ -473,11 +1095,10 @@ int cairn_chat_tools_select(const char *tools_json, const char *choice_json, cha
         json_t *name = json_object_get(fn, "name"), *params = json_object_get(fn, "parameters");
         if (!json_is_string(type) || strcmp(json_string_value(type), "function") != 0 ||
             !json_is_object(fn) || !json_is_string(name) || json_string_length(name) == 0)
-            rc = tools_fail(err, err_len, field, "tools",
+            rc = tools_fail(e, "tools",
                             "tools[%zu] must be {type: \"function\", function: {name, ...}}", i);
-        else if (params && !json_is_object(params) && !json_is_null(params))
-            rc = tools_fail(err, err_len, field, "tools",
-                            "tools[%zu].function.parameters must be an object", i);
+        else if (params && !json_is_null(params))
+            rc = check_parameters(params, i, e);
     }
     json_t *render = rc == CAIRN_OK ? json_incref(tools) : NULL;
     cairn_chat_tool_mode m = CAIRN_TOOLS_AUTO;
@@ -498,17 +1119,17 @@ int cairn_chat_tools_select(const char *tools_json, const char *choice_json, cha
         json_decref(render);
         render = NULL;
         if (!json_is_string(want))
-            rc = tools_fail(err, err_len, field, "tool_choice",
+            rc = tools_fail(e, "tool_choice",
                             "'tool_choice'.function.name must be a string");
         else if (!only)
-            rc = tools_fail(err, err_len, field, "tool_choice",
+            rc = tools_fail(e, "tool_choice",
                             "'tool_choice' names a function not in 'tools'");
         else if (!(render = json_pack("[O]", only)))
             rc = CAIRN_ENOMEM;
         m = CAIRN_TOOLS_NAMED;
     }
     if (rc == CAIRN_OK && json_array_size(render) == 0 && m >= CAIRN_TOOLS_REQUIRED)
-        rc = tools_fail(err, err_len, field, "tool_choice",
+        rc = tools_fail(e, "tool_choice",
                         "'tool_choice' asks for a call but 'tools' is empty");
     if (rc == CAIRN_OK && m != CAIRN_TOOLS_OFF && json_array_size(render) > 0) {
         if (!(*render_json = json_dumps(render, JSON_COMPACT | JSON_PRESERVE_ORDER)))

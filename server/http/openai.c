@@ -203,42 +203,6 @@ static void stream_content(hconn *c, hreq *q, int index, const char *text, size_
         send_completion_delta(c, q, index, text, len, NULL, NULL);
 }
 
-/* Text that may open a tool call in the formats chat templates use. */
-static const char *const tool_openers[] = {"<tool_call>", "<|python_tag|>", "[TOOL_CALLS]",
-                                           "<function=", "<|tool_call_begin|>"};
-
-/* Where held-back text starts: the first full opener, or a tail that is the
- * beginning of one, or (JSON-style tool calls) the start when the text
- * begins with '{' or '['. */
-static size_t tool_hold_from(const char *t, size_t len, bool *certain)
-{
-    *certain = false;
-    size_t first_ws = 0;
-    while (first_ws < len && isspace((unsigned char)t[first_ws]))
-        first_ws++;
-    if (first_ws < len && (t[first_ws] == '{' || t[first_ws] == '[')) {
-        *certain = true;
-        return 0;
-    }
-    size_t best = len;
-    for (size_t i = 0; i < sizeof tool_openers / sizeof tool_openers[0]; i++) {
-        const char *op = tool_openers[i];
-        size_t ol = strlen(op);
-        const char *hit = len >= ol ? memmem(t, len, op, ol) : NULL;
-        if (hit && (size_t)(hit - t) < best) {
-            best = (size_t)(hit - t);
-            *certain = true;
-        }
-        for (size_t k = ol - 1; k > 0; k--)
-            if (k <= len && memcmp(t + len - k, op, k) == 0) {
-                if (len - k < best)
-                    best = len - k;
-                break;
-            }
-    }
-    return best;
-}
-
 static void on_delta(hconn *c, hreq *q, int index, const cairn_event *ev)
 {
     if (!q->stream)
@@ -264,7 +228,10 @@ static void on_delta(hconn *c, hreq *q, int index, const cairn_event *ev)
     if (ch->holding || ch->text.oom)
         return;
     bool certain;
-    size_t upto = tool_hold_from(ch->text.data ? ch->text.data : "", ch->text.len, &certain);
+    /* from where a call may have begun (api/api.h: markers, a leading
+     * object, a fenced call of one of the tools) */
+    size_t upto = cairn_api_tool_call_start(ch->text.data ? ch->text.data : "", ch->text.len,
+                                            q->tools_json, &certain);
     ch->holding = certain;
     /* never cut a UTF-8 character */
     while (upto > ch->text_sent && upto < ch->text.len &&

@@ -1,6 +1,8 @@
 /*
  * tests/chat/test_chat.c — chat templates in C: tool-call parsing (Qwen2.5
- * <tool_call> blocks, Llama 3 JSON objects), family recognition, continuation
+ * <tool_call> blocks, Llama 3 JSON objects and <|python_tag|>, Mistral
+ * [TOOL_CALLS], fenced and bare calls as Qwen2.5-Coder really writes them)
+ * and where a stream holds a call back, family recognition, continuation
  * rendering, end-of-generation tokens of the real model, and that
  * cairn_chat_tokenize keeps message text from forging turn markers.
  */
@@ -20,6 +22,7 @@
 
 static const char qwen_src[] = "{%- if tools %}<|im_start|>system ... <tool_call> ... {%- endif %}";
 static const char llama3_src[] = "<|start_header_id|>{{ role }}<|end_header_id|> Cutting Knowledge Date";
+static const char mistral_src[] = "{{ bos_token }}{% for m in messages %}[INST] {{ m.content }} [/INST]{% endfor %}";
 
 static cairn_chat_template *make(const char *src)
 {
@@ -31,18 +34,36 @@ static cairn_chat_template *make(const char *src)
 
 /* Parses `text`, expects `n_calls` calls; returns the calls array (caller
  * decrefs) and the content through *content (caller frees). */
-static json_t *parse_ok(const cairn_chat_template *t, const char *text, size_t n_calls,
-                        char **content)
+static json_t *parse_with(const cairn_chat_template *t, const char *text, const char *tools,
+                          size_t n_calls, char **content)
 {
     char *calls = NULL;
-    assert_int_equal(cairn_chat_parse_tool_calls(t, text, strlen(text), NULL, NULL, &calls, content), CAIRN_OK);
+    int rc = cairn_chat_parse_tool_calls(t, text, strlen(text), tools, NULL, &calls, content);
+    if (rc != CAIRN_OK)
+        fail_msg("no calls (%d) read from: %s", rc, text);
     json_error_t jerr;
     json_t *j = json_loads(calls, 0, &jerr);
     free(calls);
     assert_non_null(j);
     assert_true(json_is_array(j));
-    assert_int_equal(json_array_size(j), n_calls);
+    if (json_array_size(j) != n_calls)
+        fail_msg("%zu calls read from %s, not %zu", json_array_size(j), text, n_calls);
     return j;
+}
+
+static json_t *parse_ok(const cairn_chat_template *t, const char *text, size_t n_calls,
+                        char **content)
+{
+    return parse_with(t, text, NULL, n_calls, content);
+}
+
+/* `text` holds no call (for these tools). */
+static void no_calls(const cairn_chat_template *t, const char *text, const char *tools)
+{
+    char *calls = NULL, *content = NULL;
+    int rc = cairn_chat_parse_tool_calls(t, text, strlen(text), tools, NULL, &calls, &content);
+    if (rc != CAIRN_ENOTFOUND)
+        fail_msg("calls %s read from: %s", rc == CAIRN_OK ? calls : "(error)", text);
 }
 
 /* Call i is {id: "call_<i>", type: "function", function: {name, arguments}}
@@ -178,6 +199,411 @@ static void test_llama3_calls(void **state)
     cairn_chat_template_free(t);
 }
 
+/* The tools of the real-model fixtures below. */
+static const char weather_tools[] =
+    "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":"
+    "\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"]}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"get_time\",\"parameters\":{\"type\":"
+    "\"object\",\"properties\":{\"timezone\":{\"type\":\"string\"}}}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"search_web\",\"parameters\":{\"type\":"
+    "\"object\",\"properties\":{\"query\":{\"type\":\"string\"}}}}}]";
+
+/* Replies of Qwen2.5-Coder-0.5B-Instruct (q4_k_m, temperature 0, through
+ * `cairn serve` with the tools above offered and tool_choice auto). */
+static const char qwen_fenced_tokyo[] = /* "Use the get_weather tool to find the weather in Tokyo." */
+    "```json\n{\n  \"name\": \"get_weather\",\n  \"arguments\": {\n    \"city\": \"Tokyo\"\n  }\n}\n```";
+static const char qwen_fenced_berlin[] = /* "What time is it in Berlin, and what's the weather there?" */
+    "```json\n{\n  \"name\": \"get_time\",\n  \"arguments\": {\n    \"timezone\": \"Europe/Berlin\"\n"
+    "  }\n}\n```";
+static const char qwen_fenced_stranger[] = /* "Write a Python function that adds two numbers." */
+    "```json\n{\n  \"name\": \"add_numbers\",\n  \"arguments\": {\n    \"a\": 5,\n    \"b\": 3\n  }\n}\n```";
+static const char qwen_bare_paris[] = /* "What is the weather like in Paris right now?" */
+    "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}";
+static const char qwen_bare_stranger[] = /* "Tell me a joke, and also check the weather in Lisbon." */
+    "{\"name\": \"Joke\", \"arguments\": {\"message\": \"Why did the tomato turn red? Because it saw "
+    "the salad dressing!\"}}";
+static const char qwen_bare_run[] = /* "Can you check the weather in London for me?", raw prompt */
+    "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"London\"}}\n{\"name\": \"get_time\", "
+    "\"arguments\": {\"timezone\": \"Europe/London\"}}\n{\"name\": \"search_web\", \"arguments\": "
+    "{\"query\": \"What's the weather in London today?\"}}";
+
+static void test_fenced_calls(void **state)
+{
+    (void)state;
+    cairn_chat_template *t = make(qwen_src);
+    char *content = NULL;
+    json_t *calls = parse_with(t, qwen_fenced_tokyo, weather_tools, 1, &content);
+    check_call(calls, 0, "get_weather", "{\"city\": \"Tokyo\"}");
+    assert_string_equal(content, "");
+    json_decref(calls);
+    free(content);
+    calls = parse_with(t, qwen_fenced_berlin, weather_tools, 1, &content);
+    check_call(calls, 0, "get_time", "{\"timezone\": \"Europe/Berlin\"}");
+    json_decref(calls);
+    free(content);
+    /* the model's bare forms: one object, a run of them */
+    calls = parse_with(t, qwen_bare_paris, weather_tools, 1, &content);
+    check_call(calls, 0, "get_weather", "{\"city\": \"Paris\"}");
+    json_decref(calls);
+    free(content);
+    calls = parse_with(t, qwen_bare_run, weather_tools, 3, &content);
+    check_call(calls, 1, "get_time", "{\"timezone\": \"Europe/London\"}");
+    check_call(calls, 2, "search_web", "{\"query\": \"What's the weather in London today?\"}");
+    assert_string_equal(content, "");
+    json_decref(calls);
+    free(content);
+    /* a name that is not one of the tools: the JSON is the model's answer */
+    no_calls(t, qwen_fenced_stranger, weather_tools);
+    no_calls(t, qwen_bare_stranger, weather_tools);
+    /* without tools nothing markerless is a call */
+    no_calls(t, qwen_fenced_tokyo, NULL);
+    no_calls(t, qwen_bare_paris, NULL);
+
+    /* text around, several blocks, plain ```, arrays, "parameters",
+     * arguments as JSON text: the text between is the content */
+    calls = parse_with(t,
+                       "Sure, let me check.\n```json\n{\"name\": \"get_weather\", \"arguments\": "
+                       "{\"city\": \"Oslo\"}}\n```\nand\n```\n[{\"name\": \"get_time\", "
+                       "\"parameters\": {\"timezone\": \"UTC\"}}, {\"name\": \"search_web\", "
+                       "\"arguments\": \"{\\\"query\\\": \\\"fjords\\\"}\"}]\n```\nOne moment. ",
+                       weather_tools, 3, &content);
+    check_call(calls, 0, "get_weather", "{\"city\": \"Oslo\"}");
+    check_call(calls, 1, "get_time", "{\"timezone\": \"UTC\"}");
+    check_call(calls, 2, "search_web", "{\"query\": \"fjords\"}");
+    assert_string_equal(content, "Sure, let me check.\n\nand\n\nOne moment.");
+    json_decref(calls);
+    free(content);
+    /* arguments always come out as JSON text of the object */
+    calls = parse_with(t, "```JSON\n{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Rome\\\"}\"}\n```",
+                       weather_tools, 1, &content);
+    assert_string_equal(json_string_value(json_object_get(
+                            json_object_get(json_array_get(calls, 0), "function"), "arguments")),
+                        "{\"city\":\"Rome\"}");
+    json_decref(calls);
+    free(content);
+    /* a call block cut short at its end (max_tokens) still counts */
+    calls = parse_with(t, "```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Bern\"}}\n",
+                       weather_tools, 1, &content);
+    json_decref(calls);
+    free(content);
+
+    /* ordinary fenced JSON and code stay content, whole */
+    no_calls(t, "Here you go:\n```json\n{\"name\": \"Ann\", \"age\": 30}\n```", weather_tools);
+    no_calls(t, "```json\n{\"name\": \"get_weather\", \"description\": \"tells the weather\"}\n```",
+             weather_tools);
+    no_calls(t, "```json\n{\"name\": \"get_weather\", \"arguments\": {}} trailing\n```", weather_tools);
+    no_calls(t, "```json\n{\"name\": \"get_weather\", \"arguments\": [1]}\n```", weather_tools);
+    no_calls(t, "```json\n{\"name\": \"get_weather\", \"arguments\": \"not json\"}\n```", weather_tools);
+    no_calls(t, "```python\n{\"name\": \"get_weather\", \"arguments\": {}}\n```", weather_tools);
+    no_calls(t, "Inline ```{\"name\": \"get_weather\", \"arguments\": {}}``` is not a block.",
+             weather_tools);
+    /* markers inside a code block are the code's */
+    const char *code = "```python\nprint(\"<tool_call>{\\\"name\\\": \\\"x\\\", \\\"arguments\\\": {}}"
+                       "</tool_call>\")\n```";
+    no_calls(t, code, weather_tools);
+    char text[512];
+    snprintf(text, sizeof text, "%s\nThen:\n%s", code, qwen_fenced_tokyo);
+    calls = parse_with(t, text, weather_tools, 1, &content);
+    check_call(calls, 0, "get_weather", "{\"city\": \"Tokyo\"}");
+    snprintf(text, sizeof text, "%s\nThen:", code);
+    assert_string_equal(content, text);
+    json_decref(calls);
+    free(content);
+    cairn_chat_template_free(t);
+}
+
+static void test_tagged_variants(void **state)
+{
+    (void)state;
+    cairn_chat_template *t = make(qwen_src);
+    char *content = NULL;
+    /* pretty-printed bodies, a missing closing tag between two calls */
+    json_t *calls = parse_ok(t,
+                             "<tool_call>\n{\n  \"name\": \"a\",\n  \"arguments\": {\"x\": 1}\n}\n"
+                             "<tool_call>\n  {\"name\": \"b\", \"arguments\": {}}  \n</tool_call>\n"
+                             "<tool_call>{\"name\": \"c\", \"arguments\": \"{\\\"y\\\": 2}\"}"
+                             "</tool_call>",
+                             3, &content);
+    check_call(calls, 0, "a", "{\"x\": 1}");
+    check_call(calls, 1, "b", "{}");
+    check_call(calls, 2, "c", "{\"y\": 2}");
+    assert_string_equal(content, "");
+    json_decref(calls);
+    free(content);
+    /* a fenced call inside the tags; text after an unclosed call */
+    calls = parse_ok(t, "<tool_call>\n```json\n{\"name\": \"a\", \"arguments\": {}}\n```\n</tool_call>",
+                     1, &content);
+    json_decref(calls);
+    free(content);
+    calls = parse_ok(t, "<tool_call>{\"name\": \"a\", \"arguments\": {}}\nDone.", 1, &content);
+    assert_string_equal(content, "Done.");
+    json_decref(calls);
+    free(content);
+    /* OpenAI's own call shape */
+    calls = parse_ok(t, "<tool_call>{\"type\": \"function\", \"function\": {\"name\": \"a\", "
+                        "\"arguments\": {\"z\": null}}}</tool_call>", 1, &content);
+    check_call(calls, 0, "a", "{\"z\": null}");
+    json_decref(calls);
+    free(content);
+    /* the other families' markers are read whatever the template */
+    calls = parse_ok(t, "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {}}]", 1, &content);
+    json_decref(calls);
+    free(content);
+    cairn_chat_template *l = make(llama3_src);
+    calls = parse_ok(l, "<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call>", 1, &content);
+    json_decref(calls);
+    free(content);
+    cairn_chat_template_free(l);
+    cairn_chat_template_free(t);
+}
+
+static void test_mistral_calls(void **state)
+{
+    (void)state;
+    cairn_chat_template *t = make(mistral_src);
+    assert_int_equal(cairn_chat_template_family(t), CAIRN_CHAT_LLAMA2);
+    char *content = NULL;
+    /* v3 (7B v0.3, Nemo): a JSON array, the model's ids dropped */
+    json_t *calls = parse_ok(t,
+                             "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+                             "\"Paris\"}, \"id\": \"a1b2c3d4e\"}, {\"name\": \"get_time\", "
+                             "\"arguments\": {\"timezone\": \"CET\"}, \"id\": \"f5g6h7i8j\"}]",
+                             2, &content);
+    check_call(calls, 0, "get_weather", "{\"city\": \"Paris\"}");
+    check_call(calls, 1, "get_time", "{\"timezone\": \"CET\"}");
+    assert_string_equal(content, "");
+    json_decref(calls);
+    free(content);
+    /* v11+ (Small 3.x, Magistral): NAME[ARGS]{...}, one marker per call or
+     * one for several, an optional [CALL_ID] */
+    calls = parse_ok(t,
+                     "Let me check.[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}"
+                     "[TOOL_CALLS]get_time[CALL_ID]abc123XYZ[ARGS]{\"timezone\": \"CET\"} "
+                     "search_web[ARGS]{\"query\": \"louvre hours\"}",
+                     3, &content);
+    check_call(calls, 0, "get_weather", "{\"city\": \"Paris\"}");
+    check_call(calls, 1, "get_time", "{\"timezone\": \"CET\"}");
+    check_call(calls, 2, "search_web", "{\"query\": \"louvre hours\"}");
+    assert_string_equal(content, "Let me check.");
+    json_decref(calls);
+    free(content);
+    no_calls(t, "[TOOL_CALLS] I cannot call anything.", NULL);
+    no_calls(t, "[TOOL_CALLS]get_weather[ARGS]not json", NULL);
+    no_calls(t, "[TOOL_CALLS][{\"arguments\": {}}]", NULL);
+    /* a NUL byte is no name character */
+    static const char nul[] = "[TOOL_CALLS]get\0x[ARGS]{}";
+    char *cj = NULL, *ct = NULL;
+    assert_int_equal(cairn_chat_parse_tool_calls(t, nul, sizeof nul - 1, NULL, NULL, &cj, &ct),
+                     CAIRN_ENOTFOUND);
+    cairn_chat_template_free(t);
+}
+
+static void test_llama3_python_tag(void **state)
+{
+    (void)state;
+    cairn_chat_template *t = make(llama3_src);
+    char *content = NULL;
+    /* the built-in tools' form */
+    json_t *calls = parse_ok(t, "<|python_tag|>brave_search.call(query=\"weather in Menlo Park\")",
+                             1, &content);
+    check_call(calls, 0, "brave_search", "{\"query\": \"weather in Menlo Park\"}");
+    json_decref(calls);
+    free(content);
+    calls = parse_ok(t,
+                     "<|python_tag|>wolfram_alpha.call(query='solve x^2 = 4', n=2, exact=True, "
+                     "scale=-1.5e3, opts={'a': [1, None]}, s=\"say \\\"hi\\\"\",)",
+                     1, &content);
+    check_call(calls, 0, "wolfram_alpha",
+               "{\"query\": \"solve x^2 = 4\", \"n\": 2, \"exact\": true, \"scale\": -1500.0, "
+               "\"opts\": {\"a\": [1, null]}, \"s\": \"say \\\"hi\\\"\"}");
+    json_decref(calls);
+    free(content);
+    /* JSON after the tag, text before it */
+    calls = parse_ok(t, "Checking.\n<|python_tag|>{\"name\": \"get_time\", \"parameters\": "
+                        "{\"tz\": \"UTC\"}}", 1, &content);
+    check_call(calls, 0, "get_time", "{\"tz\": \"UTC\"}");
+    assert_string_equal(content, "Checking.");
+    json_decref(calls);
+    free(content);
+    /* code for the code interpreter is not a function call */
+    no_calls(t, "<|python_tag|>import math\nprint(math.pi)", NULL);
+    no_calls(t, "<|python_tag|>brave_search.call(query=unquoted)", NULL);
+    /* the bare object opening the reply, then text */
+    calls = parse_ok(t, "{\"name\": \"get_time\", \"parameters\": {}}\nI asked for the time.", 1,
+                     &content);
+    assert_string_equal(content, "I asked for the time.");
+    json_decref(calls);
+    free(content);
+    cairn_chat_template_free(t);
+}
+
+/* What a stream of `text` sends before its end when fed a byte at a time
+ * (server/http/openai.c's on_delta: send up to where a call may start,
+ * stop for good once one certainly has). *held: it stopped for good. */
+static size_t streamed(const char *text, const char *tools, bool *held)
+{
+    size_t sent = 0, n = strlen(text);
+    *held = false;
+    for (size_t len = 1; len <= n && !*held; len++) {
+        bool certain;
+        size_t upto = cairn_chat_tool_call_start(text, len, tools, &certain);
+        if (upto > len || upto < sent)
+            fail_msg("at %zu bytes of %s: hold from %zu, %zu already sent", len, text, upto, sent);
+        *held = certain;
+        sent = upto;
+    }
+    return sent;
+}
+
+static void test_stream_hold(void **state)
+{
+    (void)state;
+    bool held;
+    /* calls: nothing of them is ever sent; what precedes them is */
+    assert_int_equal(streamed(qwen_fenced_tokyo, weather_tools, &held), 0);
+    assert_true(held);
+    assert_int_equal(streamed(qwen_bare_paris, weather_tools, &held), 0);
+    assert_true(held);
+    const char *with_text = "Sure.\n```json\n{\"name\": \"get_weather\", \"arguments\": {}}\n```";
+    assert_int_equal(streamed(with_text, weather_tools, &held), 6);
+    assert_true(held);
+    const char *arr = "Both:\n  ```\n  [ {\"name\" : \"get_time\", \"arguments\": {}}]\n```";
+    assert_int_equal(streamed(arr, weather_tools, &held), 6);
+    assert_true(held);
+    static const char *const marked[] = {
+        "Checking. <tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>",
+        "Checking. [TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}",
+        "Checking. <|python_tag|>brave_search.call(query=\"x\")",
+    };
+    for (size_t i = 0; i < sizeof marked / sizeof *marked; i++) {
+        assert_int_equal(streamed(marked[i], weather_tools, &held), 10);
+        assert_true(held);
+    }
+    assert_int_equal(streamed("[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {}}]", NULL, &held), 0);
+    assert_true(held);
+
+    /* not calls: everything is sent before the end */
+    static const char *const plain[] = {
+        "Hello, world. < tool_call",
+        "Here is code:\n```python\ndef add(a, b):\n    return a + b\n```\nUse it as add(1, 2).",
+        "```\nplain text in a block\n```\nafter",
+        "```json\n{\"a\": 1}\n```\nThat is JSON.",
+        "```json\n[1, 2]\n```\n",
+        "```json\n{\"names\": []}\n```\n",
+        "[1] See the notes.",
+        "{{ template }} syntax",
+        "  [ ] a task list",
+        "```c\nputs(\"<tool_call>\");\n```\nand ``inline`` and ```json inline``` ticks.",
+        qwen_fenced_stranger,
+    };
+    for (size_t i = 0; i < sizeof plain / sizeof *plain; i++) {
+        size_t n = strlen(plain[i]);
+        if (streamed(plain[i], weather_tools, &held) != n || held)
+            fail_msg("not all of %s was streamed", plain[i]);
+    }
+    /* a fence's first lines are held until they show what it is */
+    static const char *const opening[] = {"Hi\n``", "Hi\n```js", "Hi\n```json\n{\"na",
+                                          "Hi\n```json\n{\"name\": \"get_w", "Hi\n  "};
+    for (size_t i = 0; i < sizeof opening / sizeof *opening; i++) {
+        bool certain = true;
+        assert_int_equal(cairn_chat_tool_call_start(opening[i], strlen(opening[i]), weather_tools,
+                                                    &certain), 3);
+        assert_false(certain);
+    }
+    /* without tools no fence is a call */
+    assert_int_equal(streamed(qwen_fenced_tokyo, NULL, &held), strlen(qwen_fenced_tokyo));
+}
+
+/* Every prefix of the fixtures, and seeded random mutations of them
+ * (bytes replaced, dropped, duplicated, markers spliced in): the parser
+ * reads calls whose arguments are JSON objects or finds none, and a stream
+ * never holds back text it has already sent. */
+static void test_parse_robustness(void **state)
+{
+    (void)state;
+    static const char *const seeds[] = {
+        qwen_fenced_tokyo, qwen_fenced_stranger, qwen_bare_run,
+        "Sure.\n```json\n[{\"name\": \"get_time\", \"arguments\": \"{}\"}]\n```\nok",
+        "<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": [1, {\"y\": null}]}}\n</tool_call>",
+        "[TOOL_CALLS]get_weather[CALL_ID]abc[ARGS]{\"city\": \"P\"} b[ARGS]{}",
+        "<|python_tag|>f.call(a='x\\'y', b=[1, 2.5e1, {'k': (1)}], c=True)",
+        "```python\nprint('```')\n```\n``\n```json\n{\"name\": \"get_weather\"",
+    };
+    static const char *const splice[] = {"<tool_call>", "</tool_call>", "[TOOL_CALLS]", "[ARGS]",
+                                         "<|python_tag|>", "```", "\n```json\n", "{", "}", "\"",
+                                         "\\", ".call(", "[", "]", "\n", "\"name\": "};
+    const cairn_chat_template *tmpls[3];
+    cairn_chat_template *q = make(qwen_src), *l = make(llama3_src), *m = make(mistral_src);
+    tmpls[0] = q;
+    tmpls[1] = l;
+    tmpls[2] = m;
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    char buf[1024];
+    size_t n_runs = 0, n_found = 0;
+    for (size_t k = 0; k < sizeof seeds / sizeof *seeds; k++) {
+        for (int round = 0; round < 300; round++) {
+            size_t n = strlen(seeds[k]);
+            memcpy(buf, seeds[k], n);
+            for (int e = 0; round > 0 && e < 1 + round % 4; e++) {
+                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                size_t at = n ? (size_t)(x >> 8) % n : 0;
+                const char *ins = splice[(x >> 40) % (sizeof splice / sizeof *splice)];
+                size_t il = strlen(ins);
+                switch (x % 4) {
+                case 0: buf[at] = (char)(x >> 32); break;                          /* replace */
+                case 1: memmove(buf + at, buf + at + 1, n - at - 1); n--; break;   /* drop */
+                default:                                                           /* splice */
+                    if (n + il < sizeof buf) {
+                        memmove(buf + at + il, buf + at, n - at);
+                        memcpy(buf + at, ins, il);
+                        n += il;
+                    }
+                }
+            }
+            for (size_t len = round == 0 ? 0 : n; len <= n; len++) {
+                for (int ti = 0; ti < 3; ti++) {
+                    char *calls = NULL, *content = NULL;
+                    int rc = cairn_chat_parse_tool_calls(tmpls[ti], buf, len, weather_tools, NULL,
+                                                         &calls, &content);
+                    n_runs++;
+                    if (rc == CAIRN_ENOTFOUND)
+                        continue;
+                    assert_int_equal(rc, CAIRN_OK);
+                    n_found++;
+                    assert_true(strlen(content) <= len);
+                    json_t *arr = json_loads(calls, 0, NULL);
+                    assert_true(json_is_array(arr) && json_array_size(arr) > 0);
+                    size_t i;
+                    json_t *c;
+                    json_array_foreach(arr, i, c)
+                    {
+                        json_t *fn = json_object_get(c, "function");
+                        assert_true(json_string_length(json_object_get(fn, "name")) > 0);
+                        const char *a = json_string_value(json_object_get(fn, "arguments"));
+                        assert_non_null(a);
+                        json_t *args = json_loads(a, 0, NULL);
+                        if (!json_is_object(args))
+                            fail_msg("arguments %s from %.*s", a, (int)len, buf);
+                        json_decref(args);
+                    }
+                    json_decref(arr);
+                    free(calls);
+                    free(content);
+                }
+            }
+            buf[n] = '\0';
+            bool held;
+            if (!memchr(buf, '\0', n))
+                streamed(buf, weather_tools, &held); /* fails on a hold behind what was sent */
+        }
+    }
+    print_message("robustness: %zu parses, %zu with calls\n", n_runs, n_found);
+    assert_true(n_found > n_runs / 20); /* the mutations keep many calls whole */
+    cairn_chat_template_free(q);
+    cairn_chat_template_free(l);
+    cairn_chat_template_free(m);
+}
+
 static const char forced_tools[] =
     "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":"
     "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"]}}},"
@@ -264,6 +690,61 @@ static void test_forced_call_schema(void **state)
                      CAIRN_EINVAL);
     cairn_chat_template_free(q);
     cairn_chat_template_free(l);
+}
+
+/* A malformed parameters schema is refused by cairn_chat_tools_select for
+ * every tool_choice, naming the tool; an unsupported one is accepted. */
+static void test_tools_select_schemas(void **state)
+{
+    (void)state;
+    static const char *const malformed[] = {
+        "{\"type\":\"object\",\"properties\":\"nope\"}",
+        "{\"type\":\"object\",\"properties\":{\"d\":{\"$ref\":\"#/$defs/Missing\"}}}",
+        "{\"type\":\"object\",\"properties\":{\"d\":{\"type\":\"strin\"}}}",
+        "[\"not\", \"an object\"]",
+    };
+    static const char *const choices[] = {NULL, "\"none\"", "\"auto\"", "\"required\"",
+                                          "{\"type\":\"function\",\"function\":{\"name\":\"ok\"}}"};
+    for (size_t k = 0; k < sizeof malformed / sizeof *malformed; k++) {
+        char tools[512];
+        snprintf(tools, sizeof tools,
+                 "[{\"type\":\"function\",\"function\":{\"name\":\"ok\"}},"
+                 "{\"type\":\"function\",\"function\":{\"name\":\"broken\",\"parameters\":%s}}]",
+                 malformed[k]);
+        for (size_t c = 0; c < sizeof choices / sizeof *choices; c++) {
+            char *render = NULL, field[64] = "", err[200] = "";
+            cairn_chat_tool_mode mode;
+            assert_int_equal(cairn_chat_tools_select(tools, choices[c], &render, &mode, field,
+                                                     sizeof field, err, sizeof err),
+                             CAIRN_EINVAL);
+            assert_null(render);
+            assert_string_equal(field, "tools[1].function.parameters");
+            assert_non_null(strstr(err, "tools[1].function.parameters"));
+        }
+        char *schema = NULL;
+        assert_int_equal(cairn_chat_tool_call_schema(NULL, tools, false, &schema), CAIRN_EINVAL);
+        assert_null(schema);
+    }
+    /* beyond the grammar, but valid: accepted */
+    const char *minimum = "[{\"type\":\"function\",\"function\":{\"name\":\"v\",\"parameters\":"
+                          "{\"type\":\"object\",\"properties\":{\"l\":{\"type\":\"integer\","
+                          "\"minimum\":0}}}}}]";
+    char *render = NULL, field[64] = "", err[200] = "";
+    cairn_chat_tool_mode mode;
+    assert_int_equal(cairn_chat_tools_select(minimum, "\"required\"", &render, &mode, field,
+                                             sizeof field, err, sizeof err),
+                     CAIRN_OK);
+    assert_int_equal(mode, CAIRN_TOOLS_REQUIRED);
+    free(render);
+    /* the other fields keep their names */
+    assert_int_equal(cairn_chat_tools_select(minimum, "\"sometimes\"", &render, &mode, field,
+                                             sizeof field, err, sizeof err),
+                     CAIRN_EINVAL);
+    assert_string_equal(field, "tool_choice");
+    assert_int_equal(cairn_chat_tools_select("{}", NULL, &render, &mode, field, sizeof field,
+                                             NULL, 0),
+                     CAIRN_EINVAL);
+    assert_string_equal(field, "tools");
 }
 
 static void test_family_detection(void **state)
@@ -648,7 +1129,14 @@ int main(void)
         cmocka_unit_test(test_qwen_malformed_is_text),
         cmocka_unit_test(test_no_call),
         cmocka_unit_test(test_llama3_calls),
+        cmocka_unit_test(test_fenced_calls),
+        cmocka_unit_test(test_tagged_variants),
+        cmocka_unit_test(test_mistral_calls),
+        cmocka_unit_test(test_llama3_python_tag),
+        cmocka_unit_test(test_stream_hold),
+        cmocka_unit_test(test_parse_robustness),
         cmocka_unit_test(test_forced_call_schema),
+        cmocka_unit_test(test_tools_select_schemas),
         cmocka_unit_test(test_family_detection),
         cmocka_unit_test(test_generic_and_errors),
         cmocka_unit_test(test_real_eog),

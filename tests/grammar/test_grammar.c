@@ -424,6 +424,42 @@ static void test_unsupported_and_bad(void **state)
     assert_null(g);
 }
 
+/* A malformed schema is CAIRN_EINVAL, a valid one beyond the subset
+ * CAIRN_EUNSUPPORTED (tools accept the second, unconstrained). */
+static void test_error_kinds(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *schema;
+        int rc;
+    } cases[] = {
+        {"{\"type\":\"object\",\"properties\":\"nope\"}", CAIRN_EINVAL},
+        {"{\"$ref\":\"#/$defs/missing\"}", CAIRN_EINVAL},
+        {"{\"type\":\"strin\"}", CAIRN_EINVAL},
+        {"{\"type\":\"string\",\"minLength\":3,\"maxLength\":2}", CAIRN_EINVAL},
+        {"{\"type\":\"object\",\"required\":\"a\"}", CAIRN_EINVAL},
+        {"{\"type\":\"string\"", CAIRN_EINVAL},
+        {"{\"type\":\"integer\",\"minimum\":\"0\"}", CAIRN_EINVAL},
+        {"{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", CAIRN_EINVAL},
+        {"{\"type\":\"string\",\"pattern\":\"(a\"}", CAIRN_EINVAL},
+        {"{\"type\":\"integer\",\"multipleOf\":3}", CAIRN_EUNSUPPORTED},
+        {"{\"type\":\"string\",\"pattern\":\"^(?=a)a\"}", CAIRN_EUNSUPPORTED},
+        {"{\"$ref\":\"http://x/y\"}", CAIRN_EUNSUPPORTED},
+        {"{\"anyOf\":[{\"type\":\"integer\"}],\"type\":\"string\"}", CAIRN_EUNSUPPORTED},
+        {"{\"allOf\":[{\"type\":\"integer\"},{\"type\":\"number\"}]}", CAIRN_EUNSUPPORTED},
+        {"{\"type\":\"string\",\"maxLength\":100000}", CAIRN_EUNSUPPORTED},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        cairn_grammar *g = NULL;
+        char err[256] = "";
+        int rc = cairn_grammar_from_json_schema(cases[i].schema, strlen(cases[i].schema), &g, err,
+                                                sizeof err);
+        if (rc != cases[i].rc)
+            fail_msg("schema %s: %d (%s), expected %d", cases[i].schema, rc, err, cases[i].rc);
+        assert_null(g);
+    }
+}
+
 /* Nested alternatives through $defs expand exponentially; the matcher's
  * expansion budget keeps each step bounded (the ctest timeout would catch a
  * hang) and never lets an invalid document through. */
@@ -921,6 +957,7 @@ int main(void)
         cmocka_unit_test(test_prefix_items),
         cmocka_unit_test(test_whitespace_bounded),
         cmocka_unit_test(test_unsupported_and_bad),
+        cmocka_unit_test(test_error_kinds),
         cmocka_unit_test(test_done_and_can_end),
         cmocka_unit_test(test_hostile_nesting),
         cmocka_unit_test(test_property_random_documents),

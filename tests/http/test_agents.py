@@ -124,8 +124,12 @@ class AgentsRealModel(unittest.TestCase):
                                 start_timeout=SHORT_HANG_GUARD_S)
             calls.clear()
             result = run_agent(srv, ModelSettings(temperature=0, max_tokens=512))
-            self.assertEqual(len(calls), 1)
-            self.assertIn("paris", calls[0].lower())
+            # the 0.5B model asks again after the answer (a second call in
+            # its next reply, read now that bare calls after text parse):
+            # how often is the model's choice, that each call is right is not
+            self.assertGreaterEqual(len(calls), 1)
+            for city in calls:
+                self.assertIn("paris", city.lower())
             self.assertIsInstance(result.final_output, str)
             self.assertTrue(result.final_output)
 

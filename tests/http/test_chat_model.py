@@ -5,7 +5,9 @@ the model is offered a tool, answers with a call (parsed into
 message.tool_calls, finish_reason "tool_calls"), the same call arrives as
 streamed tool_calls deltas, and the conversation continues with the tool's
 result, served mostly from the prefix cache; tool_choice "required" turns
-a reply that would be text into a call. Skips (exit 77) when the model
+a reply that would be text into a call; a call written as a fenced ```json
+block (what this model often writes) is read as one, and a fenced block
+that calls no tool stays content, streamed as it comes. Skips (exit 77) when the model
 file is absent.
 
 usage: test_chat_model.py CAIRN_BIN [unittest args...]
@@ -141,6 +143,62 @@ class ToolCallRoundTrip(unittest.TestCase):
         self.assertEqual([c.function.name for c in calls], ["get_weather"] * len(calls))
         for c in calls:
             self.assertIsInstance(json.loads(c.function.arguments)["city"], str)
+
+    def stream(self, messages, **kw):
+        """(content, name, arguments, finish_reason, number of chunks carrying
+        content) of a streamed answer."""
+        content, name, arguments, finish, n_content = "", "", "", None, 0
+        for c in self.client.chat.completions.create(model="qwen", messages=messages,
+                                                     stream=True, **kw):
+            if not c.choices:
+                continue
+            d = c.choices[0].delta
+            if d.content:
+                content += d.content
+                n_content += 1
+            for tc in d.tool_calls or []:
+                name += tc.function.name or ""
+                arguments += tc.function.arguments or ""
+            finish = c.choices[0].finish_reason or finish
+        return content, name, arguments, finish, n_content
+
+    def test_fenced_call_with_tool_choice_auto(self):
+        # Qwen2.5-Coder often writes its call as a ```json block (these two
+        # prompts do at temperature 0): read as a call, streamed or not
+        for city in ("Tokyo", "London"):
+            prompt = (f"Use the get_weather tool to find the weather in {city}." if city == "Tokyo"
+                      else "Can you check the weather in London for me?")
+            msgs = [{"role": "user", "content": prompt}]
+            with self.subTest(city=city):
+                r = self.client.chat.completions.create(model="qwen", messages=msgs,
+                                                        tools=[WEATHER_TOOL], tool_choice="auto",
+                                                        max_tokens=80, temperature=0)
+                choice = r.choices[0]
+                self.assertEqual(choice.finish_reason, "tool_calls", choice.message)
+                self.assertEqual([c.function.name for c in choice.message.tool_calls],
+                                 ["get_weather"])
+                args = json.loads(choice.message.tool_calls[0].function.arguments)
+                self.assertEqual(args, {"city": city})
+                self.assertIsNone(choice.message.content)
+                content, name, arguments, finish, _ = self.stream(
+                    msgs, tools=[WEATHER_TOOL], tool_choice="auto", max_tokens=80, temperature=0)
+                self.assertEqual((content, name, finish), ("", "get_weather", "tool_calls"))
+                self.assertEqual(json.loads(arguments), args)
+
+    def test_fenced_json_of_no_tool_is_content(self):
+        # asked for code, the model answers with a ```json call of a tool it
+        # made up: that is content, and a stream sends it as it comes (in
+        # several chunks, not held back to the end)
+        msgs = [{"role": "user", "content": "Write a Python function that adds two numbers."}]
+        r = self.client.chat.completions.create(model="qwen", messages=msgs, tools=[WEATHER_TOOL],
+                                                max_tokens=80, temperature=0)
+        choice = r.choices[0]
+        self.assertIsNone(choice.message.tool_calls, choice.message)
+        self.assertIn("```", choice.message.content)
+        content, name, _, finish, n_content = self.stream(msgs, tools=[WEATHER_TOOL],
+                                                          max_tokens=80, temperature=0)
+        self.assertEqual((content, name, finish), (choice.message.content, "", choice.finish_reason))
+        self.assertGreater(n_content, 3)
 
     def test_tool_choice_none_answers_in_text(self):
         r = self.client.chat.completions.create(model="qwen", messages=QUESTION,

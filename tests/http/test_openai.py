@@ -10,7 +10,9 @@ cached_tokens on the second turn of a conversation (with and without a
 session key), session affinity by body field and by header (including an
 edited history, which truncates the session), structured output
 (json_schema validated with jsonschema over several seeds, json_object, a
-bad schema), tools accepted, and the 400s for unsupported fields.
+bad schema), tools accepted, a malformed tool schema refused (400 naming
+tools[i].function.parameters, whatever tool_choice), and the 400s for
+unsupported fields.
 """
 import json
 import os
@@ -250,6 +252,45 @@ class OpenAIFacade(unittest.TestCase):
         with self.assertRaises(openai.BadRequestError):
             self.chat([{"role": "user", "content": "x"}], tools=[WEATHER_TOOL],
                       tool_choice={"type": "function", "function": {"name": "nope"}})
+
+    def test_malformed_tool_schema_is_400(self):
+        """A tool whose parameters schema is malformed is refused when the
+        request arrives, whatever tool_choice says (as a response_format
+        schema is), naming the tool; one the grammar merely does not support
+        (minimum) is accepted."""
+        def tool(name, parameters):
+            return {"type": "function", "function": {"name": name, "parameters": parameters}}
+        bad = {
+            "properties": ({"type": "object", "properties": "nope"}, "'properties' must be"),
+            "dangling $ref": ({"type": "object", "properties": {"when": {
+                "$ref": "#/$defs/Missing"}}}, "#/$defs/Missing"),
+        }
+        msgs = [{"role": "user", "content": "Weather in Paris?"}]
+        for shape, (schema, why) in bad.items():
+            for choice in ("auto", "required", "none",
+                           {"type": "function", "function": {"name": "broken"}}):
+                for stream in (False, True):
+                    with self.subTest(shape=shape, tool_choice=choice, stream=stream):
+                        with self.assertRaises(openai.BadRequestError) as cm:
+                            r = self.chat(msgs, tools=[WEATHER_TOOL, tool("broken", schema)],
+                                          tool_choice=choice, max_tokens=5, stream=stream)
+                            list(r) if stream else None
+                        self.assertEqual(cm.exception.status_code, 400)
+                        self.assertEqual(cm.exception.body["param"], "tools[1].function.parameters")
+                        self.assertIn(why, cm.exception.body["message"])
+                        self.assertIn("tools[1].function.parameters", cm.exception.body["message"])
+        # the same schema in response_format is refused the same way
+        with self.assertRaises(openai.BadRequestError) as cm:
+            self.chat(msgs, max_tokens=5, response_format={"type": "json_schema", "json_schema": {
+                "name": "x", "schema": bad["properties"][0]}})
+        self.assertEqual(cm.exception.body["param"], "response_format")
+        # valid, beyond the grammar: accepted, forced with object arguments
+        volume = tool("volume", {"type": "object", "properties": {
+            "level": {"type": "integer", "minimum": 0}}})
+        r = self.chat(msgs, tools=[volume], tool_choice="required", max_tokens=60, temperature=0)
+        self.assertIn(r.choices[0].finish_reason, ("tool_calls", "length"))
+        # the server goes on serving
+        self.assertTrue(self.chat(msgs, tools=[WEATHER_TOOL], max_tokens=3).choices)
 
     def test_forced_tool_calls(self):
         """tool_choice "required" or a named function forces a call on a model

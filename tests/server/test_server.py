@@ -278,7 +278,8 @@ class Tools(ServerCase):
     """OpenAI-style tools over the native protocol on a model that was never
     trained to call one: tool_choice forces the call (a grammar over the
     tool's parameters), the result carries it parsed, and misplaced or
-    malformed tools are invalid requests."""
+    malformed tools (a malformed parameters schema included) are invalid
+    requests."""
     BOOK = {"type": "function", "function": {"name": "book_table", "parameters": {
         "type": "object",
         "properties": {"day": {"enum": ["mon", "tue", "wed"]},
@@ -390,6 +391,24 @@ class Tools(ServerCase):
             with self.subTest(method=method, params=params):
                 with self.assertRaises(cairn_client.InvalidRequest):
                     self.c.call(method, params)
+        # a malformed parameters schema, whatever tool_choice says, names the tool
+        malformed = [{"type": "object", "properties": "nope"},
+                     {"type": "object", "properties": {"d": {"$ref": "#/$defs/Missing"}}}]
+        for schema in malformed:
+            tools = [self.BOOK, {"type": "function",
+                                 "function": {"name": "broken", "parameters": schema}}]
+            for method, params in (
+                    ("session.open", {"messages": msgs, "tools": tools}),
+                    ("generate", {"messages": msgs, "tools": tools, "tool_choice": "required"}),
+                    ("session.generate", {"session_id": sid, "tools": tools}),
+                    ("session.generate", {"session_id": sid, "tools": tools,
+                                          "tool_choice": "none"}),
+                    ("session.generate", {"session_id": sid, "tools": tools,
+                                          "tool_choice": "required"})):
+                with self.subTest(method=method, schema=schema, choice=params.get("tool_choice")):
+                    with self.assertRaises(cairn_client.InvalidRequest) as cm:
+                        self.c.call(method, dict(params, max_tokens=4))
+                    self.assertIn("tools[1].function.parameters", str(cm.exception))
         # the session is untouched and still serves
         self.assertEqual(self.c.session_info(sid)["n_tokens"],
                          self.c.session_open(messages=msgs)["n_tokens"])
