@@ -367,11 +367,41 @@ class OpenAIFacade(unittest.TestCase):
                 self.assertIsInstance(json.loads(c.function.arguments), dict)
         else:
             self.assertEqual(r.choices[0].finish_reason, "length")
-        # forcing and a JSON response_format exclude each other
-        with self.assertRaises(openai.BadRequestError) as cm:
-            self.chat(msgs, tools=[weather], tool_choice="required", max_tokens=5,
+        # tools first: a forced turn is the call, the response_format waits
+        # for the final answer
+        r = self.chat(msgs, tools=[weather], tool_choice="required", max_tokens=300,
+                      temperature=0, parallel_tool_calls=False,
                       response_format={"type": "json_object"})
-        self.assertEqual(cm.exception.body["param"], "tool_choice")
+        check(r.choices[0].message.tool_calls, ("get_weather",))
+
+    def test_tools_with_response_format(self):
+        """tool_choice auto with a JSON schema response_format: each reply is
+        a call of an offered tool (arguments valid) or the final answer
+        valid against the schema, never anything else."""
+        answer = {"type": "object", "properties": {
+            "summary": {"type": "string", "maxLength": 20},
+            "score": {"$ref": "#/$defs/Score"}},
+            "required": ["summary", "score"], "additionalProperties": False,
+            "$defs": {"Score": {"type": "integer", "minimum": 0, "maximum": 9}}}
+        tool_schema = WEATHER_TOOL["function"]["parameters"]
+        kinds = set()
+        for seed in range(8):
+            with self.subTest(seed=seed):
+                r = self.chat([{"role": "user", "content": "Weather in Paris?"}],
+                              tools=[WEATHER_TOOL], max_tokens=120, temperature=1, seed=seed,
+                              parallel_tool_calls=False, response_format={"type": "json_schema", "json_schema": {
+                                  "name": "a", "schema": answer}})
+                m = r.choices[0]
+                if m.finish_reason == "tool_calls":
+                    kinds.add("call")
+                    for c in m.message.tool_calls:
+                        self.assertEqual(c.function.name, "get_weather")
+                        jsonschema.validate(json.loads(c.function.arguments), tool_schema)
+                elif m.finish_reason == "stop":
+                    kinds.add("answer")
+                    jsonschema.validate(json.loads(m.message.content), answer)
+        self.assertTrue(kinds, "every reply ran out of tokens: the check means nothing")
+        print(f"\ntools + response_format over 8 seeds: {sorted(kinds)}", file=sys.stderr)
 
     def test_logit_bias(self):
         # the greedy first token of the prompt, by `cairn run -v`

@@ -378,9 +378,6 @@ class Tools(ServerCase):
                                   "tool_choice": {"type": "function",
                                                   "function": {"name": "nope"}}}),
             ("session.generate", {"session_id": sid, "tools": [self.BOOK],
-                                  "tool_choice": "required",
-                                  "response_format": {"type": "json_object"}}),
-            ("session.generate", {"session_id": sid, "tools": [self.BOOK],
                                   "tool_choice": "required", "parallel_tool_calls": "yes"}),
             ("session.append", {"session_id": sid, "messages": [
                 {"role": "user", "content": "x", "tool_calls": []}]}),
