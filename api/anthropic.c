@@ -30,27 +30,12 @@
 #include <string.h>
 
 /* A string without a NUL inside. */
-static bool clean_string(const json_t *v)
-{
-    return json_is_string(v) && strlen(json_string_value(v)) == json_string_length(v);
-}
-
-static int set(json_t *obj, const char *key, json_t *v, cairn_api_error *e)
-{
-    return v && json_object_set_new(obj, key, v) == 0 ? CAIRN_OK : api_oom(e);
-}
-
-static int append(json_t *arr, json_t *v, cairn_api_error *e)
-{
-    return v && json_array_append_new(arr, v) == 0 ? CAIRN_OK : api_oom(e);
-}
-
 /* Text blocks [{type: "text", text}] joined into *out, or a plain string.
  * `where` names the value in errors ("system", "messages[2].content[0]"). */
 static int text_of(const json_t *v, const char *field, const char *where, cairn_strbuf *out,
                    cairn_api_error *e)
 {
-    if (clean_string(v)) {
+    if (api_clean_string(v)) {
         cairn_strbuf_add(out, json_string_value(v), json_string_length(v));
         return out->oom ? api_oom(e) : CAIRN_OK;
     }
@@ -63,7 +48,7 @@ static int text_of(const json_t *v, const char *field, const char *where, cairn_
     {
         json_t *type = json_object_get(b, "type"), *text = json_object_get(b, "text");
         if (!json_is_string(type) || strcmp(json_string_value(type), "text") != 0 ||
-            !clean_string(text))
+            !api_clean_string(text))
             return api_fail(e, CAIRN_EINVAL, field,
                             "%s[%zu] must be a text block {\"type\": \"text\", \"text\": ...}",
                             where, k);
@@ -82,7 +67,7 @@ static int flush_user(cairn_strbuf *text, bool *pending, json_t *msgs, cairn_api
     json_t *m = json_pack("{s:s, s:s%}", "role", "user", "content", text->data ? text->data : "",
                           text->len);
     text->len = 0;
-    return append(msgs, m, e);
+    return api_append(msgs, m, e);
 }
 
 static int tool_result(const json_t *b, size_t i, size_t k, json_t *msgs, cairn_api_error *e)
@@ -91,7 +76,7 @@ static int tool_result(const json_t *b, size_t i, size_t k, json_t *msgs, cairn_
     snprintf(where, sizeof where, "messages[%zu].content[%zu].content", i, k);
     json_t *id = json_object_get(b, "tool_use_id"), *content = api_field(b, "content");
     json_t *is_error = api_field(b, "is_error");
-    if (!clean_string(id))
+    if (!api_clean_string(id))
         return api_fail(e, CAIRN_EINVAL, "messages",
                         "messages[%zu].content[%zu].tool_use_id must be a string", i, k);
     if (is_error && !json_is_boolean(is_error))
@@ -105,7 +90,7 @@ static int tool_result(const json_t *b, size_t i, size_t k, json_t *msgs, cairn_
     if (rc == CAIRN_OK && text.oom)
         rc = api_oom(e);
     if (rc == CAIRN_OK)
-        rc = append(msgs,
+        rc = api_append(msgs,
                     json_pack("{s:s, s:O, s:s%}", "role", "tool", "tool_call_id", id, "content",
                               text.data ? text.data : "", text.len),
                     e);
@@ -126,7 +111,7 @@ static int user_blocks(const json_t *content, size_t i, json_t *msgs, cairn_api_
     {
         const char *type = json_string_value(json_object_get(b, "type"));
         json_t *t = json_object_get(b, "text");
-        if (type && strcmp(type, "text") == 0 && clean_string(t)) {
+        if (type && strcmp(type, "text") == 0 && api_clean_string(t)) {
             cairn_strbuf_add(&text, json_string_value(t), json_string_length(t));
             pending = true;
         } else if (type && strcmp(type, "tool_result") == 0) {
@@ -164,7 +149,7 @@ static int assistant_blocks(const json_t *content, size_t i, json_t *msgs, cairn
             break;
         const char *type = json_string_value(json_object_get(b, "type"));
         json_t *t = json_object_get(b, "text");
-        if (type && strcmp(type, "text") == 0 && clean_string(t)) {
+        if (type && strcmp(type, "text") == 0 && api_clean_string(t)) {
             cairn_strbuf_add(&text, json_string_value(t), json_string_length(t));
             continue;
         }
@@ -177,14 +162,14 @@ static int assistant_blocks(const json_t *content, size_t i, json_t *msgs, cairn
         }
         json_t *id = json_object_get(b, "id"), *name = json_object_get(b, "name");
         json_t *input = json_object_get(b, "input");
-        if (!clean_string(id) || !clean_string(name) || !json_is_object(input)) {
+        if (!api_clean_string(id) || !api_clean_string(name) || !json_is_object(input)) {
             rc = api_fail(e, CAIRN_EINVAL, "messages",
                           "messages[%zu].content[%zu]: a tool_use block has a string 'id' and "
                           "'name' and an object 'input'", i, k);
             break;
         }
         char *args = json_dumps(input, JSON_COMPACT);
-        rc = args ? append(calls,
+        rc = args ? api_append(calls,
                            json_pack("{s:O, s:s, s:{s:O, s:s}}", "id", id, "type", "function",
                                      "function", "name", name, "arguments", args),
                            e)
@@ -198,7 +183,7 @@ static int assistant_blocks(const json_t *content, size_t i, json_t *msgs, cairn
                               text.data ? text.data : "", text.len);
         if (m && json_array_size(calls))
             json_object_set(m, "tool_calls", calls);
-        rc = append(msgs, m, e);
+        rc = api_append(msgs, m, e);
     }
     json_decref(calls);
     cairn_strbuf_free(&text);
@@ -211,12 +196,12 @@ static int messages_field(const json_t *params, json_t *chat, cairn_api_error *e
     if (!json_is_array(in) || json_array_size(in) == 0)
         return api_fail(e, CAIRN_EINVAL, "messages", "'messages' must be a non-empty array");
     json_t *msgs = json_array();
-    int rc = set(chat, "messages", msgs, e);
+    int rc = api_set(chat, "messages", msgs, e);
     if (rc == CAIRN_OK && system) {
         cairn_strbuf text = {0};
         rc = text_of(system, "system", "'system'", &text, e);
         if (rc == CAIRN_OK)
-            rc = append(msgs, json_pack("{s:s, s:s%}", "role", "system", "content",
+            rc = api_append(msgs, json_pack("{s:s, s:s%}", "role", "system", "content",
                                         text.data ? text.data : "", text.len), e);
         cairn_strbuf_free(&text);
     }
@@ -232,8 +217,8 @@ static int messages_field(const json_t *params, json_t *chat, cairn_api_error *e
         if (!json_is_object(m) || !role || (!user && strcmp(role, "assistant") != 0))
             return api_fail(e, CAIRN_EINVAL, "messages",
                             "messages[%zu].role must be 'user' or 'assistant'", i);
-        if (clean_string(content))
-            rc = append(msgs, json_pack("{s:s, s:O}", "role", role, "content", content), e);
+        if (api_clean_string(content))
+            rc = api_append(msgs, json_pack("{s:s, s:O}", "role", role, "content", content), e);
         else if (!json_is_array(content))
             return api_fail(e, CAIRN_EINVAL, "messages",
                             "messages[%zu].content must be a string or an array of blocks", i);
@@ -251,7 +236,7 @@ static int tools_field(const json_t *params, json_t *chat, cairn_api_error *e)
     if (!json_is_array(in))
         return api_fail(e, CAIRN_EINVAL, "tools", "'tools' must be an array");
     json_t *tools = json_array();
-    int rc = set(chat, "tools", tools, e);
+    int rc = api_set(chat, "tools", tools, e);
     size_t i;
     json_t *t;
     json_array_foreach(in, i, t)
@@ -264,13 +249,10 @@ static int tools_field(const json_t *params, json_t *chat, cairn_api_error *e)
             return api_fail(e, CAIRN_EINVAL, "tools",
                             "tools[%zu]: only client tools {name, description, input_schema} "
                             "are supported", i);
-        if (!clean_string(name) || (desc && !json_is_string(desc)) || !json_is_object(schema))
+        if (!api_clean_string(name) || (desc && !json_is_string(desc)) || !json_is_object(schema))
             return api_fail(e, CAIRN_EINVAL, "tools", "tools[%zu] must have a string 'name', "
                             "an optional string 'description' and an object 'input_schema'", i);
-        json_t *fn = json_pack("{s:O, s:O}", "name", name, "parameters", schema);
-        if (fn && desc)
-            json_object_set(fn, "description", desc);
-        rc = append(tools, json_pack("{s:s, s:o}", "type", "function", "function", fn), e);
+        rc = api_function_tool(tools, name, desc, schema, e);
     }
     return rc;
 }
@@ -293,14 +275,14 @@ static int tool_choice_field(const json_t *params, json_t *chat, cairn_api_error
         choice = json_string(type);
     else if (strcmp(type, "any") == 0)
         choice = json_string("required");
-    else if (strcmp(type, "tool") == 0 && clean_string(name))
+    else if (strcmp(type, "tool") == 0 && api_clean_string(name))
         choice = json_pack("{s:s, s:{s:O}}", "type", "function", "function", "name", name);
     else
         return api_fail(e, CAIRN_EINVAL, "tool_choice", "'tool_choice'.type must be auto, any, "
                         "none or tool (with a string 'name')");
-    int rc = set(chat, "tool_choice", choice, e);
+    int rc = api_set(chat, "tool_choice", choice, e);
     if (rc == CAIRN_OK && json_is_true(no_parallel))
-        rc = set(chat, "parallel_tool_calls", json_false(), e);
+        rc = api_set(chat, "parallel_tool_calls", json_false(), e);
     return rc;
 }
 
@@ -317,17 +299,17 @@ static int translate(const json_t *params, json_t *chat, cairn_api_error *e)
     /* Anthropic's floor; the ceiling is the chat rule's (the context) */
     if (!api_json_int(max, &n) || n < 1)
         return api_fail(e, CAIRN_EINVAL, "max_tokens", "'max_tokens' must be an integer >= 1");
-    int rc = set(chat, "max_tokens", json_deep_copy(max), e);
+    int rc = api_set(chat, "max_tokens", json_deep_copy(max), e);
     for (size_t i = 0; i < sizeof same / sizeof same[0] && rc == CAIRN_OK; i++) {
         json_t *v = api_field(params, same[i]);
         if (v)
-            rc = set(chat, same[i], json_deep_copy(v), e);
+            rc = api_set(chat, same[i], json_deep_copy(v), e);
     }
     if (rc == CAIRN_OK && stop && !json_is_array(stop))
         return api_fail(e, CAIRN_EINVAL, "stop_sequences", "'stop_sequences' must be an array "
                         "of strings");
     if (rc == CAIRN_OK && stop && json_array_size(stop))
-        rc = set(chat, "stop", json_deep_copy(stop), e);
+        rc = api_set(chat, "stop", json_deep_copy(stop), e);
     if (rc == CAIRN_OK)
         rc = messages_field(params, chat, e);
     if (rc == CAIRN_OK)

@@ -79,6 +79,14 @@ int api_reply_flags(const json_t *params, const json_t *msgs, int *flags, cairn_
 int api_chat_prompt(const cairn_api *api, const json_t *params, const char *tools_json,
                     int32_t **tokens, size_t *n, cairn_api_error *e);
 /* OpenAI's completion prompt (string, [string] or token ids) -> tokens. */
+/* Building a chat request out of another front end's body (json.c; the
+ * values are taken, a NULL one is out of memory): a string without NUL,
+ * obj[key] = v, arr += v, and tools += an OpenAI function tool. */
+bool api_clean_string(const json_t *v);
+int api_set(json_t *obj, const char *key, json_t *v, cairn_api_error *e);
+int api_append(json_t *arr, json_t *v, cairn_api_error *e);
+int api_function_tool(json_t *tools, const json_t *name, const json_t *desc, const json_t *schema,
+                      cairn_api_error *e);
 /* The prompts of a completion (a string, ids, or an array of those; with
  * `suffix` in fill-in-the-middle form): c->req's tokens are the first,
  * c->prompts each one (and its text with echo), n_choices multiplied by

@@ -78,3 +78,31 @@ json_t *cairn_api_json_parse(const char *text, size_t len, json_error_t *err)
     free(quoted);
     return root;
 }
+
+/* ---- building a chat request out of another front end's body --------------------------- */
+
+bool api_clean_string(const json_t *v)
+{
+    return json_is_string(v) && strlen(json_string_value(v)) == json_string_length(v);
+}
+
+int api_set(json_t *obj, const char *key, json_t *v, cairn_api_error *e)
+{
+    return v && json_object_set_new(obj, key, v) == 0 ? CAIRN_OK : api_oom(e);
+}
+
+int api_append(json_t *arr, json_t *v, cairn_api_error *e)
+{
+    return v && json_array_append_new(arr, v) == 0 ? CAIRN_OK : api_oom(e);
+}
+
+int api_function_tool(json_t *tools, const json_t *name, const json_t *desc, const json_t *schema,
+                      cairn_api_error *e)
+{
+    json_t *fn = json_pack("{s:O}", "name", name);
+    if (fn && desc)
+        json_object_set(fn, "description", (json_t *)desc);
+    if (fn && schema)
+        json_object_set(fn, "parameters", (json_t *)schema);
+    return api_append(tools, json_pack("{s:s, s:o}", "type", "function", "function", fn), e);
+}

@@ -37,26 +37,11 @@
 #define RESPONSE_ID_PREFIX "resp_"
 #define MAX_METADATA 16
 
-static bool clean_string(const json_t *v)
-{
-    return json_is_string(v) && strlen(json_string_value(v)) == json_string_length(v);
-}
-
-static int set(json_t *obj, const char *key, json_t *v, cairn_api_error *e)
-{
-    return v && json_object_set_new(obj, key, v) == 0 ? CAIRN_OK : api_oom(e);
-}
-
-static int append(json_t *arr, json_t *v, cairn_api_error *e)
-{
-    return v && json_array_append_new(arr, v) == 0 ? CAIRN_OK : api_oom(e);
-}
-
 /* A message's content: a string or an array of text parts (input_text,
  * output_text, text), joined. */
 static int content_text(const json_t *v, size_t i, cairn_strbuf *out, cairn_api_error *e)
 {
-    if (clean_string(v)) {
+    if (api_clean_string(v)) {
         cairn_strbuf_add(out, json_string_value(v), json_string_length(v));
         return out->oom ? api_oom(e) : CAIRN_OK;
     }
@@ -73,7 +58,7 @@ static int content_text(const json_t *v, size_t i, cairn_strbuf *out, cairn_api_
                       strcmp(type, "text") != 0))
             return api_fail(e, CAIRN_EINVAL, "input", "input[%zu].content[%zu]: only text "
                             "parts are supported (type '%.32s')", i, k, type ? type : "?");
-        if (!clean_string(text))
+        if (!api_clean_string(text))
             return api_fail(e, CAIRN_EINVAL, "input",
                             "input[%zu].content[%zu].text must be a string", i, k);
         cairn_strbuf_add(out, json_string_value(text), json_string_length(text));
@@ -94,7 +79,7 @@ static int message_item(const json_t *item, size_t i, json_t *msgs, cairn_api_er
     cairn_strbuf text = {0};
     int rc = content_text(json_object_get(item, "content"), i, &text, e);
     if (rc == CAIRN_OK)
-        rc = append(msgs, json_pack("{s:s, s:s%}", "role", role, "content",
+        rc = api_append(msgs, json_pack("{s:s, s:s%}", "role", role, "content",
                                     text.data ? text.data : "", text.len), e);
     cairn_strbuf_free(&text);
     return rc;
@@ -106,7 +91,7 @@ static int call_item(const json_t *item, size_t i, json_t *msgs, cairn_api_error
 {
     json_t *id = json_object_get(item, "call_id"), *name = json_object_get(item, "name");
     json_t *args = json_object_get(item, "arguments");
-    if (!clean_string(id) || !clean_string(name) || !clean_string(args))
+    if (!api_clean_string(id) || !api_clean_string(name) || !api_clean_string(args))
         return api_fail(e, CAIRN_EINVAL, "input", "input[%zu]: a function_call has string "
                         "'call_id', 'name' and 'arguments'", i);
     json_t *call = json_pack("{s:O, s:s, s:{s:O, s:O}}", "id", id, "type", "function", "function",
@@ -117,29 +102,29 @@ static int call_item(const json_t *item, size_t i, json_t *msgs, cairn_api_error
     const char *role = json_string_value(json_object_get(last, "role"));
     if (!last || !role || strcmp(role, "assistant") != 0) {
         last = json_pack("{s:s, s:s}", "role", "assistant", "content", "");
-        if (append(msgs, last, e)) {
+        if (api_append(msgs, last, e)) {
             json_decref(call);
             return api_oom(e);
         }
     }
     json_t *calls = json_object_get(last, "tool_calls");
-    if (!calls && set(last, "tool_calls", calls = json_array(), e)) {
+    if (!calls && api_set(last, "tool_calls", calls = json_array(), e)) {
         json_decref(call);
         return api_oom(e);
     }
-    return append(calls, call, e);
+    return api_append(calls, call, e);
 }
 
 static int output_item(const json_t *item, size_t i, json_t *msgs, cairn_api_error *e)
 {
     json_t *id = json_object_get(item, "call_id"), *out = json_object_get(item, "output");
-    if (!clean_string(id))
+    if (!api_clean_string(id))
         return api_fail(e, CAIRN_EINVAL, "input",
                         "input[%zu]: a function_call_output has a string 'call_id'", i);
     cairn_strbuf text = {0};
     int rc = content_text(out, i, &text, e);
     if (rc == CAIRN_OK)
-        rc = append(msgs, json_pack("{s:s, s:O, s:s%}", "role", "tool", "tool_call_id", id,
+        rc = api_append(msgs, json_pack("{s:s, s:O, s:s%}", "role", "tool", "tool_call_id", id,
                                     "content", text.data ? text.data : "", text.len), e);
     cairn_strbuf_free(&text);
     return rc;
@@ -149,17 +134,17 @@ static int input_field(const json_t *params, json_t *chat, cairn_api_error *e)
 {
     json_t *in = api_field(params, "input"), *instructions = api_field(params, "instructions");
     json_t *msgs = json_array();
-    int rc = set(chat, "messages", msgs, e);
+    int rc = api_set(chat, "messages", msgs, e);
     if (rc)
         return rc;
-    if (instructions && !clean_string(instructions))
+    if (instructions && !api_clean_string(instructions))
         return api_fail(e, CAIRN_EINVAL, "instructions", "'instructions' must be a string");
     if (instructions &&
-        (rc = append(msgs, json_pack("{s:s, s:O}", "role", "system", "content", instructions),
+        (rc = api_append(msgs, json_pack("{s:s, s:O}", "role", "system", "content", instructions),
                      e)))
         return rc;
-    if (clean_string(in))
-        return append(msgs, json_pack("{s:s, s:O}", "role", "user", "content", in), e);
+    if (api_clean_string(in))
+        return api_append(msgs, json_pack("{s:s, s:O}", "role", "user", "content", in), e);
     if (!json_is_array(in) || json_array_size(in) == 0)
         return api_fail(e, CAIRN_EINVAL, "input",
                         "'input' must be a string or a non-empty array of items");
@@ -194,7 +179,7 @@ static int tools_field(const json_t *params, json_t *chat, cairn_api_error *e)
     if (!json_is_array(in))
         return api_fail(e, CAIRN_EINVAL, "tools", "'tools' must be an array");
     json_t *tools = json_array();
-    int rc = set(chat, "tools", tools, e);
+    int rc = api_set(chat, "tools", tools, e);
     size_t i;
     json_t *t;
     json_array_foreach(in, i, t)
@@ -207,16 +192,11 @@ static int tools_field(const json_t *params, json_t *chat, cairn_api_error *e)
         if (!type || strcmp(type, "function") != 0)
             return api_fail(e, CAIRN_EINVAL, "tools", "tools[%zu]: only function tools are "
                             "supported (type '%.32s')", i, type ? type : "?");
-        if (!clean_string(name) || (desc && !json_is_string(desc)) ||
+        if (!api_clean_string(name) || (desc && !json_is_string(desc)) ||
             (schema && !json_is_object(schema)))
             return api_fail(e, CAIRN_EINVAL, "tools", "tools[%zu] must have a string 'name', an "
                             "optional string 'description' and object 'parameters'", i);
-        json_t *fn = json_pack("{s:O}", "name", name);
-        if (fn && desc)
-            json_object_set(fn, "description", desc);
-        if (fn && schema)
-            json_object_set(fn, "parameters", schema);
-        rc = append(tools, json_pack("{s:s, s:o}", "type", "function", "function", fn), e);
+        rc = api_function_tool(tools, name, desc, schema, e);
     }
     return rc;
 }
@@ -227,13 +207,13 @@ static int tool_choice_field(const json_t *params, json_t *chat, cairn_api_error
     if (!tc)
         return CAIRN_OK;
     if (json_is_string(tc)) /* none, auto, required: chat's own rule checks them */
-        return set(chat, "tool_choice", json_deep_copy(tc), e);
+        return api_set(chat, "tool_choice", json_deep_copy(tc), e);
     const char *type = json_string_value(json_object_get(tc, "type"));
     json_t *name = json_object_get(tc, "name");
-    if (!json_is_object(tc) || !type || strcmp(type, "function") != 0 || !clean_string(name))
+    if (!json_is_object(tc) || !type || strcmp(type, "function") != 0 || !api_clean_string(name))
         return api_fail(e, CAIRN_EINVAL, "tool_choice", "'tool_choice' must be none, auto, "
                         "required or {\"type\": \"function\", \"name\": ...}");
-    return set(chat, "tool_choice",
+    return api_set(chat, "tool_choice",
                json_pack("{s:s, s:{s:O}}", "type", "function", "function", "name", name), e);
 }
 
@@ -258,11 +238,11 @@ static int text_field(const json_t *params, json_t *chat, cairn_api_error *e)
     if (!json_is_object(format) || !type)
         return api_fail(e, CAIRN_EINVAL, "text", "'text'.format must be {\"type\": ...}");
     if (strcmp(type, "json_schema") != 0)
-        return set(chat, "response_format", json_pack("{s:s}", "type", type), e);
+        return api_set(chat, "response_format", json_pack("{s:s}", "type", type), e);
     json_t *js = json_pack("{s:O*}", "schema", json_object_get(format, "schema"));
     if (js && json_object_get(format, "name"))
         json_object_set(js, "name", json_object_get(format, "name"));
-    return set(chat, "response_format", json_pack("{s:s, s:o}", "type", "json_schema",
+    return api_set(chat, "response_format", json_pack("{s:s, s:o}", "type", "json_schema",
                                                   "json_schema", js), e);
 }
 
@@ -278,10 +258,10 @@ static int translate(const json_t *params, json_t *chat, cairn_api_error *e)
     for (size_t i = 0; i < sizeof same / sizeof same[0] && rc == CAIRN_OK; i++) {
         json_t *v = api_field(params, same[i]);
         if (v)
-            rc = set(chat, same[i], json_deep_copy(v), e);
+            rc = api_set(chat, same[i], json_deep_copy(v), e);
     }
     if (rc == CAIRN_OK && max)
-        rc = set(chat, "max_tokens", json_deep_copy(max), e);
+        rc = api_set(chat, "max_tokens", json_deep_copy(max), e);
     if (rc == CAIRN_OK)
         rc = input_field(params, chat, e);
     if (rc == CAIRN_OK)
@@ -303,7 +283,7 @@ static int echo_fields(const json_t *params, const json_t *chat, const cairn_gen
         json_t *v;
         bool ok = json_is_object(meta) && json_object_size(meta) <= MAX_METADATA;
         json_object_foreach(ok ? meta : NULL, k, v)
-            ok = ok && strlen(k) <= 64 && clean_string(v) && json_string_length(v) <= 512;
+            ok = ok && strlen(k) <= 64 && api_clean_string(v) && json_string_length(v) <= 512;
         if (!ok)
             return api_fail(e, CAIRN_EINVAL, "metadata", "'metadata' must be an object of at "
                             "most %d strings (keys up to 64 bytes, values up to 512)",
@@ -342,7 +322,7 @@ static int previous_field(const json_t *params, cairn_api_call *c, cairn_api_err
         return CAIRN_OK;
     const char *s = json_string_value(v);
     size_t pl = strlen(RESPONSE_ID_PREFIX);
-    if (!clean_string(v) || json_string_length(v) != pl + 32 ||
+    if (!api_clean_string(v) || json_string_length(v) != pl + 32 ||
         strncmp(s, RESPONSE_ID_PREFIX, pl) != 0 ||
         cairn_session_id_from_hex(s + pl, 32, &c->previous) != CAIRN_OK)
         return api_fail(e, CAIRN_EINVAL, "previous_response_id",

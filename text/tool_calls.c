@@ -413,6 +413,19 @@ static int form_tagged(json_t *calls, const char *s, size_t len, size_t at, form
     return CAIRN_OK;
 }
 
+/* After a marker: a run of JSON calls (an array or objects) from p. */
+static int marker_json_run(json_t *calls, const char *s, size_t len, size_t p, form_result *r)
+{
+    size_t before = json_array_size(calls);
+    int n = json_call_run(calls, s, len, &p, (call_rule){NULL, false});
+    if (n < 0)
+        return CAIRN_ENOMEM;
+    r->n = (int)(json_array_size(calls) - before);
+    if (n > 0)
+        r->end = p;
+    return CAIRN_OK;
+}
+
 /* [TOOL_CALLS] (Mistral): a JSON array of calls (v3; an object is taken
  * too), or NAME[ARGS]{...} (v11 and later, an optional [CALL_ID]ID before
  * [ARGS]; several may follow each other). Ids the model writes are not
@@ -422,16 +435,8 @@ static int form_mistral(json_t *calls, const char *s, size_t len, size_t at, for
     size_t p = skip_ws(s, at + sizeof MISTRAL - 1, len);
     r->n = 0;
     r->end = at + sizeof MISTRAL - 1;
-    if (p < len && (s[p] == '[' || s[p] == '{')) {
-        size_t before = json_array_size(calls);
-        int n = json_call_run(calls, s, len, &p, (call_rule){NULL, false});
-        if (n < 0)
-            return CAIRN_ENOMEM;
-        r->n = (int)(json_array_size(calls) - before);
-        if (n > 0)
-            r->end = p;
-        return CAIRN_OK;
-    }
+    if (p < len && (s[p] == '[' || s[p] == '{'))
+        return marker_json_run(calls, s, len, p, r);
     for (;;) {
         size_t n0 = p;
         while (p < len && (isalnum((unsigned char)s[p]) || in_set(s[p], "_-.")))
@@ -475,16 +480,8 @@ static int form_python_tag(json_t *calls, const char *s, size_t len, size_t at,
     size_t p = skip_ws(s, at + sizeof PYTHON_TAG - 1, len);
     r->n = 0;
     r->end = at + sizeof PYTHON_TAG - 1;
-    if (p < len && (s[p] == '{' || s[p] == '[')) {
-        size_t before = json_array_size(calls);
-        int n = json_call_run(calls, s, len, &p, (call_rule){NULL, false});
-        if (n < 0)
-            return CAIRN_ENOMEM;
-        r->n = (int)(json_array_size(calls) - before);
-        if (n > 0)
-            r->end = p;
-        return CAIRN_OK;
-    }
+    if (p < len && (s[p] == '[' || s[p] == '{'))
+        return marker_json_run(calls, s, len, p, r);
     for (;;) {
         int rc = builtin_call(calls, s, len, &p);
         if (rc == CAIRN_ENOMEM)
