@@ -353,6 +353,11 @@ class Tools(ServerCase):
         rendered = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in msgs) + "<|assistant|>\n"
         want = self.greedy(tokens=self.tok(rendered, True), max_tokens=8)
         self.assertEqual((g.usage.prompt_tokens, g.tokens), (want.usage.prompt_tokens, want.tokens))
+        # a trailing assistant message is continued (its text, no new turn)
+        pre = msgs + [{"role": "assistant", "content": "Once upon a time"}]
+        g = self.c.generate(messages=pre, max_tokens=8, temperature=0)
+        want = self.greedy(tokens=self.tok(rendered + "Once upon a time", True), max_tokens=8)
+        self.assertEqual((g.usage.prompt_tokens, g.tokens), (want.usage.prompt_tokens, want.tokens))
         # tools: a forced call comes back parsed
         r = self.c.generate(messages=msgs, tools=[self.BOOK], tool_choice="required",
                             parallel_tool_calls=False, max_tokens=200, temperature=0)
