@@ -228,33 +228,22 @@ static int messages_field(const json_t *params, json_t *chat, cairn_api_error *e
     return rc;
 }
 
-static int tools_field(const json_t *params, json_t *chat, cairn_api_error *e)
+/* One of Anthropic's client tools {name, description, input_schema}. */
+static int tool_parts(const json_t *t, size_t i, const json_t **name, const json_t **desc,
+                      const json_t **schema, cairn_api_error *e)
 {
-    json_t *in = api_field(params, "tools");
-    if (!in)
-        return CAIRN_OK;
-    if (!json_is_array(in))
-        return api_fail(e, CAIRN_EINVAL, "tools", "'tools' must be an array");
-    json_t *tools = json_array();
-    int rc = api_set(chat, "tools", tools, e);
-    size_t i;
-    json_t *t;
-    json_array_foreach(in, i, t)
-    {
-        if (rc)
-            return rc;
-        json_t *name = json_object_get(t, "name"), *desc = api_field(t, "description");
-        json_t *schema = json_object_get(t, "input_schema"), *type = api_field(t, "type");
-        if (type && !(json_is_string(type) && strcmp(json_string_value(type), "custom") == 0))
-            return api_fail(e, CAIRN_EINVAL, "tools",
-                            "tools[%zu]: only client tools {name, description, input_schema} "
-                            "are supported", i);
-        if (!api_clean_string(name) || (desc && !json_is_string(desc)) || !json_is_object(schema))
-            return api_fail(e, CAIRN_EINVAL, "tools", "tools[%zu] must have a string 'name', "
-                            "an optional string 'description' and an object 'input_schema'", i);
-        rc = api_function_tool(tools, name, desc, schema, e);
-    }
-    return rc;
+    json_t *type = api_field(t, "type");
+    *name = json_object_get(t, "name");
+    *desc = api_field(t, "description");
+    *schema = json_object_get(t, "input_schema");
+    if (type && !(json_is_string(type) && strcmp(json_string_value(type), "custom") == 0))
+        return api_fail(e, CAIRN_EINVAL, "tools",
+                        "tools[%zu]: only client tools {name, description, input_schema} "
+                        "are supported", i);
+    if (!api_clean_string(*name) || (*desc && !json_is_string(*desc)) || !json_is_object(*schema))
+        return api_fail(e, CAIRN_EINVAL, "tools", "tools[%zu] must have a string 'name', "
+                        "an optional string 'description' and an object 'input_schema'", i);
+    return CAIRN_OK;
 }
 
 static int tool_choice_field(const json_t *params, json_t *chat, cairn_api_error *e)
@@ -313,7 +302,7 @@ static int translate(const json_t *params, json_t *chat, cairn_api_error *e)
     if (rc == CAIRN_OK)
         rc = messages_field(params, chat, e);
     if (rc == CAIRN_OK)
-        rc = tools_field(params, chat, e);
+        rc = api_translate_tools(params, chat, tool_parts, e);
     if (rc == CAIRN_OK)
         rc = tool_choice_field(params, chat, e);
     return rc;

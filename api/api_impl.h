@@ -87,6 +87,13 @@ int api_set(json_t *obj, const char *key, json_t *v, cairn_api_error *e);
 int api_append(json_t *arr, json_t *v, cairn_api_error *e);
 int api_function_tool(json_t *tools, const json_t *name, const json_t *desc, const json_t *schema,
                       cairn_api_error *e);
+/* A front end's `tools` array as chat function tools in chat["tools"]:
+ * `parts` checks tools[i] and names its name, description and schema
+ * (borrowed; description and schema may be NULL), or fails naming it. */
+typedef int (*api_tool_parts)(const json_t *tool, size_t i, const json_t **name,
+                              const json_t **desc, const json_t **schema, cairn_api_error *e);
+int api_translate_tools(const json_t *params, json_t *chat, api_tool_parts parts,
+                        cairn_api_error *e);
 /* The prompts of a completion (a string, ids, or an array of those; with
  * `suffix` in fill-in-the-middle form): c->req's tokens are the first,
  * c->prompts each one (and its text with echo), n_choices multiplied by

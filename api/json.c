@@ -106,3 +106,25 @@ int api_function_tool(json_t *tools, const json_t *name, const json_t *desc, con
         json_object_set(fn, "parameters", (json_t *)schema);
     return api_append(tools, json_pack("{s:s, s:o}", "type", "function", "function", fn), e);
 }
+
+int api_translate_tools(const json_t *params, json_t *chat, api_tool_parts parts,
+                        cairn_api_error *e)
+{
+    json_t *in = api_field(params, "tools");
+    if (!in)
+        return CAIRN_OK;
+    if (!json_is_array(in))
+        return api_fail(e, CAIRN_EINVAL, "tools", "'tools' must be an array");
+    json_t *tools = json_array();
+    int rc = api_set(chat, "tools", tools, e);
+    size_t i;
+    json_t *t;
+    json_array_foreach(in, i, t)
+    {
+        const json_t *name = NULL, *desc = NULL, *schema = NULL;
+        if (rc || (rc = parts(t, i, &name, &desc, &schema, e)))
+            return rc;
+        rc = api_function_tool(tools, name, desc, schema, e);
+    }
+    return rc;
+}

@@ -171,34 +171,23 @@ static int input_field(const json_t *params, json_t *chat, cairn_api_error *e)
     return CAIRN_OK;
 }
 
-static int tools_field(const json_t *params, json_t *chat, cairn_api_error *e)
+/* One of the Responses API's flat function tools {type: function, name,
+ * description, parameters}. */
+static int tool_parts(const json_t *t, size_t i, const json_t **name, const json_t **desc,
+                      const json_t **schema, cairn_api_error *e)
 {
-    json_t *in = api_field(params, "tools");
-    if (!in)
-        return CAIRN_OK;
-    if (!json_is_array(in))
-        return api_fail(e, CAIRN_EINVAL, "tools", "'tools' must be an array");
-    json_t *tools = json_array();
-    int rc = api_set(chat, "tools", tools, e);
-    size_t i;
-    json_t *t;
-    json_array_foreach(in, i, t)
-    {
-        if (rc)
-            return rc;
-        const char *type = json_string_value(json_object_get(t, "type"));
-        json_t *name = json_object_get(t, "name"), *desc = api_field(t, "description");
-        json_t *schema = api_field(t, "parameters");
-        if (!type || strcmp(type, "function") != 0)
-            return api_fail(e, CAIRN_EINVAL, "tools", "tools[%zu]: only function tools are "
-                            "supported (type '%.32s')", i, type ? type : "?");
-        if (!api_clean_string(name) || (desc && !json_is_string(desc)) ||
-            (schema && !json_is_object(schema)))
-            return api_fail(e, CAIRN_EINVAL, "tools", "tools[%zu] must have a string 'name', an "
-                            "optional string 'description' and object 'parameters'", i);
-        rc = api_function_tool(tools, name, desc, schema, e);
-    }
-    return rc;
+    const char *type = json_string_value(json_object_get(t, "type"));
+    *name = json_object_get(t, "name");
+    *desc = api_field(t, "description");
+    *schema = api_field(t, "parameters");
+    if (!type || strcmp(type, "function") != 0)
+        return api_fail(e, CAIRN_EINVAL, "tools", "tools[%zu]: only function tools are "
+                        "supported (type '%.32s')", i, type ? type : "?");
+    if (!api_clean_string(*name) || (*desc && !json_is_string(*desc)) ||
+        (*schema && !json_is_object(*schema)))
+        return api_fail(e, CAIRN_EINVAL, "tools", "tools[%zu] must have a string 'name', an "
+                        "optional string 'description' and object 'parameters'", i);
+    return CAIRN_OK;
 }
 
 static int tool_choice_field(const json_t *params, json_t *chat, cairn_api_error *e)
@@ -265,7 +254,7 @@ static int translate(const json_t *params, json_t *chat, cairn_api_error *e)
     if (rc == CAIRN_OK)
         rc = input_field(params, chat, e);
     if (rc == CAIRN_OK)
-        rc = tools_field(params, chat, e);
+        rc = api_translate_tools(params, chat, tool_parts, e);
     if (rc == CAIRN_OK)
         rc = tool_choice_field(params, chat, e);
     if (rc == CAIRN_OK)
