@@ -199,8 +199,10 @@ int cairn_access_check(const cairn_access *a, const char *token, size_t len, uin
 /* ======================================================================== */
 /*
  * An HTTP/1.1 listener on the server's own loop (server/http/): the
- * OpenAI routes /v1/chat/completions, /v1/completions and /v1/models, plus
- * /health and /metrics (Prometheus). HTTP is parsed by libhttp-parser and
+ * OpenAI routes /v1/chat/completions, /v1/completions, /v1/models and
+ * /v1/responses, Anthropic's /v1/messages, /tokenize and /detokenize, plus
+ * /health and /metrics (Prometheus); HEAD wherever GET, OPTIONS (CORS with
+ * cors_origins) everywhere. HTTP is parsed by libhttp-parser and
  * JSON by jansson; no bytes from a client reach a hand-written parser.
  *
  * Its connections are the server's (the same core, table and event queue

@@ -7,7 +7,8 @@
  *   bytes ─http_parser─▶ url, headers, body (each under its cap)   conn.c
  *         ─route─▶ /health, /v1/models: answered at once
  *                  /metrics: cache.stats from the engine             metrics.c
- *                  /v1/chat/completions, /v1/completions:            openai.c
+ *                  /v1/chat/completions, /v1/completions,            openai.c
+ *                  /tokenize, /detokenize (answered after decoding):
  *                      body ─(text worker: JSON + cairn_api_decode)─▶
  *                      n engine requests (a session key: one named-session
  *                      turn, SESSION_SYNC) ─▶ events ─▶ JSON or SSE chunks
