@@ -311,23 +311,9 @@ static int translate(const json_t *params, json_t *chat, cairn_api_error *e)
 /* A chat rule's error, named as the Anthropic client wrote the field. */
 static void rename_field(cairn_api_error *e)
 {
-    static const struct {
-        const char *chat, *anthropic;
-    } names[] = {{"stop", "stop_sequences"}, {"parallel_tool_calls", "tool_choice"}};
-    for (size_t i = 0; e->field && i < sizeof names / sizeof names[0]; i++) {
-        if (strcmp(e->field, names[i].chat) != 0)
-            continue;
-        e->field = names[i].anthropic;
-        char quoted[40], *at;
-        snprintf(quoted, sizeof quoted, "'%s'", names[i].chat);
-        if ((at = strstr(e->message, quoted))) {
-            char rest[sizeof e->message];
-            snprintf(rest, sizeof rest, "%s", at + strlen(quoted));
-            snprintf(at, sizeof e->message - (size_t)(at - e->message), "'%s'%s",
-                     names[i].anthropic, rest);
-        }
-        return;
-    }
+    static const api_field_name names[] = {{"stop", "stop_sequences"},
+                                           {"parallel_tool_calls", "tool_choice"}};
+    api_rename_field(e, names, sizeof names / sizeof names[0]);
 }
 
 int api_decode_messages(const cairn_api *api, const json_t *params, uint64_t random_seed,

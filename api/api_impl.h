@@ -94,6 +94,13 @@ typedef int (*api_tool_parts)(const json_t *tool, size_t i, const json_t **name,
                               const json_t **desc, const json_t **schema, cairn_api_error *e);
 int api_translate_tools(const json_t *params, json_t *chat, api_tool_parts parts,
                         cairn_api_error *e);
+/* A chat rule's error named as the front end's client wrote the field: the
+ * first names[i].chat equal to e->field becomes names[i].wire, in the field
+ * and where the message quotes it. */
+typedef struct {
+    const char *chat, *wire; /* static */
+} api_field_name;
+void api_rename_field(cairn_api_error *e, const api_field_name *names, size_t n);
 /* The prompts of a completion (a string, ids, or an array of those; with
  * `suffix` in fill-in-the-middle form): c->req's tokens are the first,
  * c->prompts each one (and its text with echo), n_choices multiplied by

@@ -128,3 +128,21 @@ int api_translate_tools(const json_t *params, json_t *chat, api_tool_parts parts
     }
     return rc;
 }
+
+void api_rename_field(cairn_api_error *e, const api_field_name *names, size_t n)
+{
+    for (size_t i = 0; e->field && i < n; i++) {
+        if (strcmp(e->field, names[i].chat) != 0)
+            continue;
+        e->field = names[i].wire;
+        char quoted[40], *at;
+        snprintf(quoted, sizeof quoted, "'%s'", names[i].chat);
+        if ((at = strstr(e->message, quoted))) {
+            char rest[sizeof e->message];
+            snprintf(rest, sizeof rest, "%s", at + strlen(quoted));
+            snprintf(at, sizeof e->message - (size_t)(at - e->message), "'%s'%s", names[i].wire,
+                     rest);
+        }
+        return;
+    }
+}

@@ -350,24 +350,10 @@ static int continuation(const cairn_api *api, const json_t *chat, uint64_t seed,
 /* A chat rule's error, named as the Responses client wrote the field. */
 static void rename_field(cairn_api_error *e)
 {
-    static const struct {
-        const char *chat, *responses;
-    } names[] = {{"max_tokens", "max_output_tokens"}, {"response_format", "text"},
-                 {"messages", "input"}};
-    for (size_t i = 0; e->field && i < sizeof names / sizeof names[0]; i++) {
-        if (strcmp(e->field, names[i].chat) != 0)
-            continue;
-        e->field = names[i].responses;
-        char quoted[40], *at;
-        snprintf(quoted, sizeof quoted, "'%s'", names[i].chat);
-        if ((at = strstr(e->message, quoted))) {
-            char rest[sizeof e->message];
-            snprintf(rest, sizeof rest, "%s", at + strlen(quoted));
-            snprintf(at, sizeof e->message - (size_t)(at - e->message), "'%s'%s",
-                     names[i].responses, rest);
-        }
-        return;
-    }
+    static const api_field_name names[] = {{"max_tokens", "max_output_tokens"},
+                                           {"response_format", "text"},
+                                           {"messages", "input"}};
+    api_rename_field(e, names, sizeof names / sizeof names[0]);
 }
 
 int api_decode_responses(const cairn_api *api, const json_t *params, uint64_t random_seed,

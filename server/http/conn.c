@@ -45,20 +45,13 @@ void http_response_finished(hconn *c)
 
 /* ---- routing -------------------------------------------------------------------------- */
 
-/* The path of the request target, without the query. */
-static size_t path_len(const hconn *c)
-{
-    const char *u = c->url.data ? c->url.data : "";
-    const char *q = strchr(u, '?');
-    return q ? (size_t)(q - u) : strlen(u);
-}
-
 static bool path_is(const hconn *c, const char *p)
 {
     if (!c->url.data)
         return false;
-    size_t n = path_len(c);
-    return n == strlen(p) && memcmp(c->url.data, p, n) == 0;
+    size_t n;
+    const char *path = http_path(c, &n);
+    return n == strlen(p) && memcmp(path, p, n) == 0;
 }
 
 static const char *allow_list(unsigned method)
@@ -83,7 +76,8 @@ static void method_not_allowed(hconn *c, unsigned allowed)
 static bool model_route(hconn *c)
 {
     static const char prefix[] = "/v1/models/";
-    size_t plen = sizeof prefix - 1, n = path_len(c);
+    size_t plen = sizeof prefix - 1, n;
+    http_path(c, &n);
     if (!(n > plen && memcmp(c->url.data, prefix, plen) == 0 &&
           (c->parser.method == HTTP_GET || c->parser.method == HTTP_HEAD)))
         return false;
