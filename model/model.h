@@ -380,6 +380,66 @@ int cairn_eagle_seq_advance(cairn_eagle_seq *s, const int32_t *tokens, int n_tok
 int cairn_eagle_seq_n_past(const cairn_eagle_seq *s);
 void cairn_eagle_seq_stats(const cairn_eagle_seq *s, cairn_eagle_stats *out);
 
+/* ======================================================================== */
+/* Medusa heads                                                             */
+/* ======================================================================== */
+/*
+ * Medusa heads (Cai et al. 2024) read the target's final feature f_j (the
+ * hidden state after the output norm, cairn_model_forward_features) of the
+ * last token with KV; head k (0-based) guesses the token k+1 places past the
+ * next one, i.e. depth k+1 of a draft tree under the pending token:
+ *
+ *   h = f_j;  for each residual block b:  h += silu(h·W_bᵀ + bias_b)
+ *   logits_k = h · output_kᵀ       (the head's own LM head, or the target's)
+ *
+ * The heads are independent given f_j, so a tree path's log-probability is
+ * the sum of its tokens' under their heads; the draft tree is the best rows
+ * by that sum within the row budget, each depth keeping fewer children
+ * (Medusa's sparse tree). No KV of their own.
+ *
+ * File: a GGUF with general.architecture = "medusa", metadata
+ * medusa.head_count (1..8), medusa.layer_count (residual blocks per head,
+ * 0..4), medusa.embedding_length (the target's dim), optional
+ * medusa.vocab_size (default: the target's), medusa.target.name; tensors
+ * medusa.{i}.res.{b}.weight [dim -> dim], medusa.{i}.res.{b}.bias [dim] (F32),
+ * optional medusa.{i}.output.weight [dim -> n_vocab] (absent: the target's
+ * LM head). tools/eagle_convert.py --medusa writes one from a published
+ * checkpoint (medusa_lm_head.pt / .safetensors with config.json),
+ * tools/eagle_train.py --kind medusa trains one.
+ */
+
+#define CAIRN_MEDUSA_MAX_HEADS 8
+#define CAIRN_MEDUSA_MAX_LAYERS 4
+#define CAIRN_MEDUSA_MAX_TOP_K 16
+#define CAIRN_MEDUSA_MAX_ROWS 255
+
+typedef struct cairn_medusa cairn_medusa;
+
+/* Load heads for `target` (borrowed; must outlive them) onto the target's
+ * backend. CAIRN_EFORMAT with a message when the file is not a Medusa head,
+ * lacks a tensor or does not fit the target (dim, vocabulary). */
+int cairn_medusa_load(const char *path, cairn_model *target, cairn_medusa **out, char *err,
+                      size_t err_len);
+void cairn_medusa_free(cairn_medusa *m);
+/* XXH3-128 of the heads' tensors and shape. */
+void cairn_medusa_fingerprint(const cairn_medusa *m, uint8_t out[16]);
+int cairn_medusa_head_count(const cairn_medusa *m);
+cairn_model *cairn_medusa_target(const cairn_medusa *m);
+
+/* logits[head_count][n_vocab] (host) of every head for one feature [dim]
+ * (host). */
+int cairn_medusa_logits(cairn_medusa *m, const float *feature, float *logits);
+
+/* The draft tree of `logits` (from cairn_medusa_logits): at most `budget`
+ * (0..255) rows, best path first, of depth at most min(depth, head_count),
+ * the tokens of depth d among head d-1's best top_k (1..16) at depth 1,
+ * halved per level down to 2. tokens[r], parents[r] (an earlier row, or -1
+ * for a child of the pending token); *n_rows rows. The logit bias of `sp`
+ * (may be NULL) applies to the guesses, so a forced token is proposed. */
+int cairn_medusa_draft(cairn_medusa *m, const float *logits, const cairn_sampling_params *sp,
+                       int depth, int top_k, int budget, int32_t *tokens, int32_t *parents,
+                       int *n_rows);
+
 #ifdef __cplusplus
 }
 #endif

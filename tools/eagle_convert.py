@@ -14,6 +14,15 @@ Three sources:
       a randomly initialised head of the right shape (for tests: speculation
       must be lossless whatever the head predicts).
   tools/eagle_train.py trains one and writes it through write_head() below.
+  eagle_convert.py --target T.gguf --checkpoint medusa_lm_head.pt [--config config.json] -o M.gguf
+      Medusa heads (the Medusa repo's medusa_lm_head.pt or .safetensors: the
+      state dict of its medusa_head ModuleList, keys {i}.{j}.linear.weight /
+      .bias for residual block j of head i and {i}.{L}.weight, head i's LM
+      head, L = medusa_num_layers; config.json gives medusa_num_heads and
+      medusa_num_layers). Found by its keys; --medusa insists on it. Written
+      as a "medusa" GGUF (write_medusa() below; model/model.h, "Medusa heads").
+  eagle_convert.py --target T.gguf --medusa --random -o M.gguf [--medusa-heads K]
+      random Medusa heads (for tests).
 
 The file (see model/model.h, "EAGLE speculative decoding"):
   general.architecture = "eagle", eagle.embedding_length, eagle.feed_forward_length,
@@ -31,6 +40,7 @@ halves rotation and need nothing).
 """
 import argparse
 import json
+import re
 import struct
 import sys
 
@@ -217,6 +227,90 @@ def convert(info, sd, config):
     return out, ffn, n_head, n_kv, config.get("rms_norm_eps")
 
 
+# ---- Medusa ---------------------------------------------------------------------
+
+_MEDUSA_KEY = re.compile(r"^(?:medusa_head\.)?(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)$")
+
+
+def is_medusa(sd):
+    """Whether a state dict has the Medusa head layout (every key matches)."""
+    return bool(sd) and all(_MEDUSA_KEY.match(k) for k in sd)
+
+
+def write_medusa(path, info, heads, n_layers):
+    """heads: per head, a dict with "res" = [(W [dim][dim], b [dim]) per block]
+    and optionally "output" = [n_vocab][dim] (absent: the target's LM head)."""
+    w = gguf.GGUFWriter(path, "medusa")
+    w.add_name("medusa heads for " + str(info["name"]))
+    w.add_uint32("medusa.head_count", len(heads))
+    w.add_uint32("medusa.layer_count", n_layers)
+    w.add_uint32("medusa.embedding_length", info["dim"])
+    w.add_uint32("medusa.vocab_size", info["n_vocab"])
+    w.add_string("medusa.target.name", str(info["name"]))
+    w.add_string("medusa.target.architecture", str(info["arch"]))
+    for i, h in enumerate(heads):
+        for j, (wt, b) in enumerate(h["res"]):
+            w.add_tensor("medusa.%d.res.%d.weight" % (i, j), np.ascontiguousarray(wt, np.float32))
+            w.add_tensor("medusa.%d.res.%d.bias" % (i, j), np.ascontiguousarray(b, np.float32))
+        if h.get("output") is not None:
+            w.add_tensor("medusa.%d.output.weight" % i,
+                         np.ascontiguousarray(h["output"], np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def convert_medusa(info, sd, config):
+    """The published layout -> the heads write_medusa() takes."""
+    found = {}
+    for k, v in sd.items():
+        m = _MEDUSA_KEY.match(k)
+        if not m:
+            raise SystemExit("eagle_convert.py: %s is not a Medusa head key" % k)
+        found[(int(m.group(1)), int(m.group(2)), m.group(3))] = v
+    n_heads = config.get("medusa_num_heads", 1 + max(i for i, _, _ in found))
+    # the LM head sits after the residual blocks: index medusa_num_layers
+    lm = [j for _, j, kind in found if kind == "weight"]
+    n_layers = config.get("medusa_num_layers",
+                          max(lm) if lm else 1 + max(j for _, j, _ in found))
+    d, nv = info["dim"], info["n_vocab"]
+    heads = []
+    for i in range(n_heads):
+        res = []
+        for j in range(n_layers):
+            wt, b = found.get((i, j, "linear.weight")), found.get((i, j, "linear.bias"))
+            if wt is None or b is None:
+                raise SystemExit("eagle_convert.py: Medusa head %d lacks residual block %d "
+                                 "(%d.%d.linear.weight/.bias)" % (i, j, i, j))
+            if wt.shape != (d, d) or b.shape != (d,):
+                raise SystemExit("eagle_convert.py: %d.%d.linear is %s, the target needs [%d, %d]"
+                                 % (i, j, wt.shape, d, d))
+            res.append((wt, b))
+        out = found.get((i, n_layers, "weight"))
+        if out is not None and out.shape != (nv, d):
+            raise SystemExit("eagle_convert.py: %d.%d.weight is %s, the target needs [%d, %d]"
+                             % (i, n_layers, out.shape, nv, d))
+        heads.append({"res": res, "output": out})
+    extra = sorted(k for k in found if k[0] >= n_heads or k[1] > n_layers)
+    if extra:
+        raise SystemExit("eagle_convert.py: keys past %d heads of %d blocks: %s"
+                         % (n_heads, n_layers, extra[:4]))
+    return heads, n_layers
+
+
+def random_medusa(info, n_heads, n_layers, seed, own_lm_head=True):
+    rng = np.random.default_rng(seed)
+    d, nv = info["dim"], info["n_vocab"]
+    heads = []
+    for _ in range(n_heads):
+        res = [(rng.standard_normal((d, d), dtype=np.float32) * d ** -0.5,
+                0.1 * rng.standard_normal(d, dtype=np.float32)) for _ in range(n_layers)]
+        out = rng.standard_normal((nv, d), dtype=np.float32) * d ** -0.5 if own_lm_head else None
+        heads.append({"res": res, "output": out})
+    return heads
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", required=True, help="the target model GGUF")
@@ -225,14 +319,32 @@ def main():
     ap.add_argument("--config", help="the head's config.json (head counts, eps)")
     ap.add_argument("--random", action="store_true", help="random weights (tests)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--medusa", action="store_true",
+                    help="Medusa heads (found by the checkpoint's keys without it)")
+    ap.add_argument("--medusa-heads", type=int, default=3, help="with --random")
+    ap.add_argument("--medusa-layers", type=int, default=1, help="with --random")
     a = ap.parse_args()
     info = target_info(a.target)
+    if a.medusa and a.random:
+        write_medusa(a.output, info, random_medusa(info, a.medusa_heads, a.medusa_layers, a.seed),
+                     a.medusa_layers)
+        print("%s: random Medusa heads for %s" % (a.output, info["name"]), file=sys.stderr)
+        return
+    if a.checkpoint:
+        sd = read_checkpoint(a.checkpoint)
+        if a.medusa or is_medusa(sd):
+            config = json.load(open(a.config)) if a.config else {}
+            heads, n_layers = convert_medusa(info, sd, config)
+            write_medusa(a.output, info, heads, n_layers)
+            print("%s: %d Medusa heads of %d blocks for %s (dim %d)"
+                  % (a.output, len(heads), n_layers, info["name"], info["dim"]), file=sys.stderr)
+            return
     if a.random:
         tensors, ffn = random_head(info, a.seed)
         write_head(a.output, info, tensors, ffn)
     elif a.checkpoint:
         config = json.load(open(a.config)) if a.config else {}
-        tensors, ffn, nh, nkv, eps = convert(info, read_checkpoint(a.checkpoint), config)
+        tensors, ffn, nh, nkv, eps = convert(info, sd, config)
         write_head(a.output, info, tensors, ffn, nh, nkv, eps)
     else:
         ap.error("give --checkpoint or --random")
