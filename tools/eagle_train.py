@@ -26,6 +26,17 @@ itself (no data set needed):
    own earlier steps. Later steps are weighted by --unroll-decay.
 4. Writes the head with tools/eagle_convert.py's write_head().
 
+With --kind medusa it trains Medusa heads instead (model/model.h, "Medusa
+heads") on the same data and features: head k (0-based) reads f_j and must
+predict token j+k+2, the loss being the cross-entropy between the target's
+distribution at j+k+1 and the head's, weighted --medusa-decay^k. Each head
+starts as the published code starts one: residual blocks at zero weight, its
+LM head a copy of the target's (or, with --medusa-share-lm, the target's
+frozen one, which the file then leaves out). It reports the greedy tau the
+heads reach on the validation sequences' greedy stretches with cairn's draft
+tree (best paths by summed log-probability, top_k halved per level), and
+writes them with eagle_convert.py's write_medusa().
+
 torch (CPU) is needed here only; cairn's tests use the head this writes.
 Everything is seeded: the same command gives the same head on one machine.
 """
@@ -46,7 +57,7 @@ except ImportError:
 import gguf
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from eagle_convert import target_info, write_head  # noqa: E402
+from eagle_convert import target_info, write_head, write_medusa  # noqa: E402
 
 
 # ---- the target --------------------------------------------------------------
@@ -145,7 +156,9 @@ class Target:
 
 @torch.no_grad()
 def generate(target, n_seqs, seq_len, temps, greedy_share, bos, gen):
-    """Token sequences [n_seqs, seq_len] written by the target."""
+    """Token sequences [n_seqs, seq_len] written by the target, and per
+    sequence the position j from which token j+1 on is greedy (seq_len:
+    none)."""
     B = n_seqs
     toks = torch.full((B, 1), bos, dtype=torch.long)
     temp = torch.tensor([temps[j % len(temps)] for j in range(B)], dtype=torch.float32)
@@ -163,7 +176,8 @@ def generate(target, n_seqs, seq_len, temps, greedy_share, bos, gen):
         nxt = torch.where(use_greedy, top, sampled)
         toks = torch.cat([toks, nxt[:, None]], dim=1)
         _, logits = target.forward(nxt[:, None], cache, t)
-    return toks
+    greedy_from = torch.where(greedy, switch - 1, torch.full_like(switch, seq_len))
+    return toks, greedy_from
 
 
 # ---- the head ------------------------------------------------------------------
@@ -243,6 +257,131 @@ class Head(torch.nn.Module):
         return outs
 
 
+# ---- Medusa heads ----------------------------------------------------------------
+
+class MedusaHeads(torch.nn.Module):
+    def __init__(self, d, n_heads, n_layers, lm, share_lm):
+        super().__init__()
+        self.res = torch.nn.ModuleList()
+        for _ in range(n_heads):
+            blocks = torch.nn.ModuleList([torch.nn.Linear(d, d) for _ in range(n_layers)])
+            for b in blocks:
+                torch.nn.init.zeros_(b.weight)  # each head starts as the target's next token
+            self.res.append(blocks)
+        self.lm = None if share_lm else torch.nn.ParameterList(
+            [torch.nn.Parameter(lm.clone()) for _ in range(n_heads)])
+        self.frozen_lm = lm
+
+    def forward(self, f):
+        """f [..., d] -> logits per head, a list of [..., V]."""
+        out = []
+        for i, blocks in enumerate(self.res):
+            x = f
+            for b in blocks:
+                x = x + F.silu(b(x))
+            out.append(x @ (self.frozen_lm if self.lm is None else self.lm[i]).T)
+        return out
+
+
+def medusa_tree(logps, depth, top_k, budget):
+    """cairn_medusa_draft: the best `budget` paths by summed log-probability,
+    head k's guesses among its best max(2, top_k >> k). logps: [K][V]
+    (numpy). Returns the set of token paths (tuples)."""
+    import heapq
+    K = min(depth, len(logps))
+    width = [max(top_k >> k, min(top_k, 2)) for k in range(K)]
+    order = [np.argsort(-lp, kind="stable")[:width[k]] for k, lp in enumerate(logps[:K])]
+    heap = [(-float(logps[0][order[0][0]]), 0, (), 0)]  # (-score, tiebreak, parent path, rank)
+    chosen, n = set(), 0
+    while heap and len(chosen) < budget:
+        neg, _, parent, rank = heapq.heappop(heap)
+        k = len(parent)
+        path = parent + (int(order[k][rank]),)
+        chosen.add(path)
+        base = -neg - float(logps[k][order[k][rank]])
+        n += 1
+        if rank + 1 < width[k]:
+            heapq.heappush(heap, (-(base + float(logps[k][order[k][rank + 1]])), n, parent,
+                                  rank + 1))
+        if k + 1 < K:
+            n += 1
+            heapq.heappush(heap, (neg - float(logps[k + 1][order[k + 1][0]]), n, path, 0))
+    return chosen
+
+
+@torch.no_grad()
+def medusa_tau(heads, toks, feats, greedy_from, depth, top_k, budget):
+    """Greedy decoding's tokens per target forward over the sequences'
+    greedy stretches: at position j (token j+1 pending) the step accepts the
+    longest tree path that the greedy continuation j+2.. follows."""
+    steps = tokens = 0
+    for b in range(toks.shape[0]):
+        j = int(greedy_from[b])
+        L = toks.shape[1]
+        lp = [torch.log_softmax(x, -1).numpy() for x in heads(feats[b])]
+        while j + 2 < L:
+            tree = medusa_tree([x[j] for x in lp], depth, top_k, budget)
+            a = 0
+            while j + 2 + a < L and tuple(int(t) for t in toks[b, j + 2:j + 3 + a]) in tree:
+                a += 1
+            steps += 1
+            tokens += 1 + a
+            j += 1 + a
+    return tokens / max(steps, 1)
+
+
+def train_medusa(a, info, w, toks, feats, probs, greedy_from, gen, t0):
+    d = info["dim"]
+    lm = w["output.weight"]
+    K = a.medusa_heads
+    heads = MedusaHeads(d, K, a.medusa_layers, lm, a.medusa_share_lm)
+    n_train = int(a.n_seqs * 0.9)
+    opt = torch.optim.AdamW(heads.parameters(), lr=a.lr, weight_decay=0.0)
+    n_steps = a.epochs * ((n_train + a.batch - 1) // a.batch)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=a.lr, total_steps=n_steps,
+                                                pct_start=0.1)
+
+    def losses(idx):
+        f, p = feats[idx], probs[idx]
+        L = f.shape[1]
+        total, acc = 0.0, []
+        for k, logits in enumerate(heads(f)):
+            logp = torch.log_softmax(logits[:, :L - k - 1], -1)
+            tgt = p[:, k + 1:]  # the target's distribution of token j+k+2
+            total = total + (a.medusa_decay ** k) * -(tgt * logp).sum(-1).mean()
+            acc.append((logp.argmax(-1) == tgt.argmax(-1)).float().mean().item())
+        return total, acc
+
+    for ep in range(a.epochs):
+        perm = torch.randperm(n_train, generator=gen)
+        for b in range(0, n_train, a.batch):
+            loss, _ = losses(perm[b:b + a.batch])
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(heads.parameters(), 1.0)
+            opt.step()
+            sched.step()
+        with torch.no_grad():
+            vl, vacc = losses(torch.arange(n_train, a.n_seqs))
+        print("epoch %d: validation loss %.4f, top-1 agreement by head %s (%.0f s)"
+              % (ep + 1, vl.item(), " ".join("%.3f" % v for v in vacc), time.time() - t0),
+              file=sys.stderr)
+    val = torch.arange(n_train, a.n_seqs)
+    g = greedy_from[val]
+    keep = g < toks.shape[1] - 8
+    tau = medusa_tau(heads, toks[val][keep], feats[val][keep], g[keep], a.tau_depth, a.tau_top_k,
+                     a.tau_n_draft)
+    print("greedy tau on %d validation stretches (depth %d, top_k %d, %d rows): %.3f"
+          % (int(keep.sum()), a.tau_depth, a.tau_top_k, a.tau_n_draft, tau), file=sys.stderr)
+    out = []
+    for i in range(K):
+        res = [(blk.weight.detach().numpy(), blk.bias.detach().numpy()) for blk in heads.res[i]]
+        own = None if heads.lm is None else heads.lm[i].detach().numpy()
+        out.append({"res": res, "output": own})
+    write_medusa(a.output, info, out, a.medusa_layers)
+    print("wrote %s in %.0f s" % (a.output, time.time() - t0), file=sys.stderr)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", required=True)
@@ -260,6 +399,16 @@ def main():
     ap.add_argument("--ffn", type=int, default=0, help="head FFN width (default: target's)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--kind", choices=("eagle", "medusa"), default="eagle")
+    ap.add_argument("--medusa-heads", type=int, default=3)
+    ap.add_argument("--medusa-layers", type=int, default=1)
+    ap.add_argument("--medusa-decay", type=float, default=0.8,
+                    help="loss weight of head k: decay^k")
+    ap.add_argument("--medusa-share-lm", action="store_true",
+                    help="heads read the target's LM head (frozen; not written)")
+    ap.add_argument("--tau-depth", type=int, default=5, help="tree shape of the tau report")
+    ap.add_argument("--tau-top-k", type=int, default=8)
+    ap.add_argument("--tau-n-draft", type=int, default=32)
     a = ap.parse_args()
     torch.manual_seed(a.seed)
     torch.set_num_threads(a.threads)
@@ -274,7 +423,7 @@ def main():
         fld = r.fields["tokenizer.ggml.bos_token_id"]
         bos = int(fld.parts[fld.data[0]][0])
     temps = [float(x) for x in a.temps.split(",")]
-    toks = generate(target, a.n_seqs, a.seq_len, temps, a.greedy_share, bos, gen)
+    toks, greedy_from = generate(target, a.n_seqs, a.seq_len, temps, a.greedy_share, bos, gen)
     with torch.no_grad():
         feats, probs = [], []
         for b in range(0, a.n_seqs, 64):
@@ -285,6 +434,8 @@ def main():
     print("generated %d x %d tokens and features in %.1f s" % (a.n_seqs, a.seq_len, time.time() - t0),
           file=sys.stderr)
 
+    if a.kind == "medusa":
+        return train_medusa(a, info, w, toks, feats, probs, greedy_from, gen, t0)
     ffn = a.ffn or info["ffn"]
     head = Head(info, ffn, target.tables, target.neox)
     emb_table, lm = w["token_embd.weight"], w["output.weight"]
