@@ -440,6 +440,12 @@ int cairn_medusa_draft(cairn_medusa *m, const float *logits, const cairn_samplin
                        int depth, int top_k, int budget, int32_t *tokens, int32_t *parents,
                        int *n_rows);
 
+/* Add Medusa heads (borrowed; loaded for the spec's target) to a spec as
+ * method "medusa": features needed, no KV of its own; the tree shape is the
+ * sequence's depth and top_k, its rows within n_draft. CAIRN_EINVAL for
+ * heads of another target or a second add. */
+int cairn_spec_add_medusa(cairn_spec *s, cairn_medusa *heads);
+
 #ifdef __cplusplus
 }
 #endif

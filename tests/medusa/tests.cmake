@@ -7,3 +7,13 @@ cairn_add_test(medusa_heads
        ${CMAKE_CURRENT_BINARY_DIR}/medusa
   LABELS medusa
   TIMEOUT 300)
+
+# Speculative decoding with Medusa heads through model/spec.c: lossless greedy
+# and sampled decoding with the shipped heads (which must reach tau > 1.5) and
+# with heads converted from the published layout, alone and beside n-grams.
+cairn_add_test(medusa_speculative
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_spec_medusa.c
+  ARGS ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tools ${CMAKE_CURRENT_LIST_DIR}
+       ${PROJECT_SOURCE_DIR}/models/stories260K-medusa.gguf ${CMAKE_CURRENT_BINARY_DIR}/medusa-spec
+  LABELS "medusa;eagle"
+  TIMEOUT 600) # a hang guard: the two sampled-distribution checks dominate
