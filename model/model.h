@@ -142,6 +142,19 @@ int cairn_model_forward_features(cairn_model *m, void *kv_pool, const cairn_kv_l
                                  const cairn_seq_batch *seqs, int n_seqs, float *logits,
                                  float *features, int *n_out);
 
+#define CAIRN_MAX_FEATURE_LAYERS 4
+
+/* What cairn_model_forward_features returns from now on: with n > 0, the
+ * residual stream (before any norm) entering each of layers[0 .. n) (0 =
+ * the embeddings, n_layer = leaving the last layer), side by side: rows of
+ * [n][dim], i.e. features [T][n*dim] (EAGLE-3's low, mid and high states:
+ * layers 2, n_layer/2, n_layer-3). n = 0 restores the final normed state.
+ * CAIRN_EINVAL for n > CAIRN_MAX_FEATURE_LAYERS or a layer outside
+ * 0 .. n_layer. cairn_model_forward's hidden rows are unchanged. */
+int cairn_model_set_feature_layers(cairn_model *m, const int *layers, int n);
+/* Floats per row of cairn_model_forward_features (dim, or n*dim). */
+int cairn_model_feature_dim(const cairn_model *m);
+
 /* ======================================================================== */
 /* Sampler                                                                  */
 /* ======================================================================== */
