@@ -359,3 +359,17 @@ int cairn_eagle3_forward(cairn_eagle3 *e, const cairn_eagle3_rows *r, float *hid
     }
     return cairn_backend_synchronize(be);
 }
+
+int cairn_eagle3_project(cairn_eagle3 *e, const float *hidden, int n, float *logits)
+{
+    if (!e || !hidden || !logits || n <= 0 || n > CAIRN_EAGLE3_MAX_ROWS)
+        return CAIRN_EINVAL;
+    cairn_backend *be = e->be;
+    const cairn_backend_iface *op = be->iface;
+    TRY(op->upload(be, e->x, hidden, (size_t)n * e->dim * sizeof(float)));
+    TRY(op->rmsnorm(be, e->h, e->x, e->output_norm.data, n, e->dim, e->rms_eps));
+    TRY(op->matmul(be, e->logits, e->output.data, e->output.type, e->h, n, e->dim,
+                   e->n_draft_vocab));
+    TRY(op->download(be, logits, e->logits, (size_t)n * e->n_draft_vocab * sizeof(float)));
+    return cairn_backend_synchronize(be);
+}

@@ -527,6 +527,9 @@ typedef struct {
  * (host) of the last n_logit_rows rows. */
 int cairn_eagle3_forward(cairn_eagle3 *e, const cairn_eagle3_rows *rows, float *hidden,
                          float *logits, int n_logit_rows);
+/* logits[n][draft vocabulary] of pre-norm outputs hidden[n][dim] (host), as
+ * cairn_eagle3_forward computes them for its last rows. */
+int cairn_eagle3_project(cairn_eagle3 *e, const float *hidden, int n, float *logits);
 
 #ifdef __cplusplus
 }

@@ -148,6 +148,12 @@ static void test_rows(void **state)
     float *dl = malloc((size_t)nvd * sizeof(float));
     assert_int_equal(cairn_eagle3_forward(e, &draft, NULL, dl, 1), CAIRN_OK);
     close_rows(dl, want_draft, 1, nvd, "draft row logits");
+    /* the same logits from the row's output alone */
+    float *dh = malloc((size_t)dim * sizeof(float));
+    assert_int_equal(cairn_eagle3_forward(e, &draft, dh, NULL, 0), CAIRN_OK);
+    assert_int_equal(cairn_eagle3_project(e, dh, 1, dl), CAIRN_OK);
+    close_rows(dl, want_draft, 1, nvd, "projected draft row");
+    free(dh);
 
     /* draft ids are target ids through d2t: increasing, within the vocabulary */
     int32_t prev = -1;
