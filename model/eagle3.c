@@ -373,3 +373,8 @@ int cairn_eagle3_project(cairn_eagle3 *e, const float *hidden, int n, float *log
     TRY(op->download(be, logits, e->logits, (size_t)n * e->n_draft_vocab * sizeof(float)));
     return cairn_backend_synchronize(be);
 }
+
+cairn_model *cairn_eagle3_target(const cairn_eagle3 *e)
+{
+    return e->target;
+}

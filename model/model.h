@@ -498,6 +498,7 @@ void cairn_eagle3_fingerprint(const cairn_eagle3 *e, uint8_t out[16]);
 /* The target layers whose entering states it fuses, low to high. */
 void cairn_eagle3_target_layers(const cairn_eagle3 *e, int out[3]);
 int cairn_eagle3_draft_vocab(const cairn_eagle3 *e);
+cairn_model *cairn_eagle3_target(const cairn_eagle3 *e);
 /* The target token of a draft id (-1 outside the draft vocabulary). */
 int32_t cairn_eagle3_target_token(const cairn_eagle3 *e, int32_t draft_id);
 
