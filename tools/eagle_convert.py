@@ -23,6 +23,17 @@ Three sources:
       as a "medusa" GGUF (write_medusa() below; model/model.h, "Medusa heads").
   eagle_convert.py --target T.gguf --medusa --random -o M.gguf [--medusa-heads K]
       random Medusa heads (for tests).
+  eagle_convert.py --target T.gguf --checkpoint model.safetensors --config config.json -o E3.gguf
+      an EAGLE-3 head (SafeAILab/EAGLE's eagle3 layout, as SGLang and vLLM load
+      it: fc.weight [3*hidden -> hidden] over the target's low/mid/high hidden
+      states, midlayer.{input_layernorm,hidden_norm,post_attention_layernorm}
+      .weight, midlayer.self_attn.{q,k,v}_proj.weight over [2*hidden],
+      midlayer.self_attn.o_proj.weight, midlayer.mlp.{gate,up,down}_proj.weight,
+      norm.weight, lm_head.weight [draft_vocab_size][hidden], d2t (draft id ->
+      target id offset) and t2d; config.json gives draft_vocab_size and the
+      head shape). Found by its midlayer keys. Written as an "eagle3" GGUF
+      (write_eagle3() below); the target layers are
+      eagle_aux_hidden_state_layer_ids from the config, else 2, n/2, n-3.
 
 The file (see model/model.h, "EAGLE speculative decoding"):
   general.architecture = "eagle", eagle.embedding_length, eagle.feed_forward_length,
@@ -135,6 +146,7 @@ def random_head(info, seed):
 # ---- published checkpoints --------------------------------------------------
 
 _ST_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64}
+_ST_INTS = {"I64": np.int64, "I32": np.int32, "BOOL": np.bool_, "U8": np.uint8}
 
 
 def read_safetensors(path):
@@ -155,6 +167,10 @@ def read_safetensors(path):
                 arr = u.view(np.float32)
             elif dt in _ST_DTYPES:
                 arr = np.frombuffer(raw, dtype=np.dtype(_ST_DTYPES[dt]).newbyteorder("<"))
+            elif dt in _ST_INTS:  # index maps (EAGLE-3's d2t, t2d) stay integers
+                arr = np.frombuffer(raw, dtype=np.dtype(_ST_INTS[dt]).newbyteorder("<"))
+                out[name] = arr.astype(np.int64).reshape(meta["shape"])
+                continue
             else:
                 raise SystemExit("eagle_convert.py: tensor %s has dtype %s" % (name, dt))
             out[name] = arr.astype(np.float32).reshape(meta["shape"])
@@ -169,7 +185,8 @@ def read_checkpoint(path):
     except ImportError:
         raise SystemExit("eagle_convert.py: reading %s needs torch (or use .safetensors)" % path)
     sd = torch.load(path, map_location="cpu", weights_only=True)
-    return {k: v.float().numpy() for k, v in sd.items()}
+    return {k: (v.long().numpy() if not v.is_floating_point() else v.float().numpy())
+            for k, v in sd.items()}
 
 
 def permute_qk(w, n_head):
@@ -311,6 +328,95 @@ def random_medusa(info, n_heads, n_layers, seed, own_lm_head=True):
     return heads
 
 
+# ---- EAGLE-3 ----------------------------------------------------------------------
+
+def is_eagle3(sd):
+    return any(k.startswith("midlayer.") for k in sd)
+
+
+def default_eagle3_layers(n_layer):
+    """The target layers whose input states EAGLE-3 fuses: low, mid, high."""
+    return [2, n_layer // 2, n_layer - 3]
+
+
+def write_eagle3(path, info, tensors, d2t, ffn, n_head, n_kv_head, eps, layers):
+    """tensors: cairn names -> float arrays [n_out][n_in]; d2t [draft_vocab]
+    (target id = draft id + d2t[draft id])."""
+    w = gguf.GGUFWriter(path, "eagle3")
+    w.add_name("eagle3 head for " + str(info["name"]))
+    w.add_uint32("eagle3.embedding_length", info["dim"])
+    w.add_uint32("eagle3.feed_forward_length", ffn)
+    w.add_uint32("eagle3.attention.head_count", n_head)
+    w.add_uint32("eagle3.attention.head_count_kv", n_kv_head)
+    w.add_float32("eagle3.attention.layer_norm_rms_epsilon", float(eps))
+    w.add_uint32("eagle3.vocab_size", int(len(d2t)))
+    w.add_array("eagle3.target_layers", [int(x) for x in layers])
+    w.add_string("eagle3.target.name", str(info["name"]))
+    w.add_string("eagle3.target.architecture", str(info["arch"]))
+    for name, arr in tensors.items():
+        w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
+    w.add_tensor("d2t", np.ascontiguousarray(d2t, dtype=np.int32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def convert_eagle3(info, sd, config):
+    d, nv = info["dim"], info["n_vocab"]
+    n_head = config.get("num_attention_heads", info["n_head"])
+    n_kv = config.get("num_key_value_heads", n_head)
+    names = {
+        "fc.weight": "fc.weight",
+        "midlayer.input_layernorm.weight": "blk.0.attn_norm.weight",
+        "midlayer.hidden_norm.weight": "blk.0.hidden_norm.weight",
+        "midlayer.self_attn.q_proj.weight": "blk.0.attn_q.weight",
+        "midlayer.self_attn.k_proj.weight": "blk.0.attn_k.weight",
+        "midlayer.self_attn.v_proj.weight": "blk.0.attn_v.weight",
+        "midlayer.self_attn.o_proj.weight": "blk.0.attn_output.weight",
+        "midlayer.post_attention_layernorm.weight": "blk.0.ffn_norm.weight",
+        "midlayer.mlp.gate_proj.weight": "blk.0.ffn_gate.weight",
+        "midlayer.mlp.up_proj.weight": "blk.0.ffn_up.weight",
+        "midlayer.mlp.down_proj.weight": "blk.0.ffn_down.weight",
+        "norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
+    out = {}
+    for src, dst in names.items():
+        if src not in sd:
+            raise SystemExit("eagle_convert.py: the EAGLE-3 checkpoint lacks " + src)
+        out[dst] = sd[src]
+    if info["arch"] == "llama":  # HF halves rotation -> the GGUF target's pairs
+        out["blk.0.attn_q.weight"] = permute_qk(out["blk.0.attn_q.weight"], n_head)
+        out["blk.0.attn_k.weight"] = permute_qk(out["blk.0.attn_k.weight"], n_kv)
+    draft_vocab = config.get("draft_vocab_size", out["output.weight"].shape[0])
+    if "d2t" in sd:
+        d2t = np.asarray(sd["d2t"], dtype=np.int64)
+    elif draft_vocab == nv:
+        d2t = np.zeros(nv, dtype=np.int64)  # the full vocabulary: draft id = target id
+    else:
+        raise SystemExit("eagle_convert.py: a reduced draft vocabulary needs d2t")
+    hd = d // n_head
+    want = {
+        "fc.weight": (d, 3 * d), "blk.0.attn_q.weight": (n_head * hd, 2 * d),
+        "blk.0.attn_k.weight": (n_kv * hd, 2 * d), "blk.0.attn_v.weight": (n_kv * hd, 2 * d),
+        "blk.0.attn_output.weight": (d, n_head * hd), "output.weight": (draft_vocab, d),
+    }
+    for name, shape in want.items():
+        if tuple(out[name].shape) != shape:
+            raise SystemExit("eagle_convert.py: %s is %s, the target needs %s"
+                             % (name, tuple(out[name].shape), shape))
+    tgt = np.arange(len(d2t)) + d2t
+    if d2t.shape != (draft_vocab,) or tgt.min() < 0 or tgt.max() >= nv:
+        raise SystemExit("eagle_convert.py: d2t maps draft ids outside the target's vocabulary")
+    ffn = out["blk.0.ffn_gate.weight"].shape[0]
+    eagle = config.get("eagle_config", {})
+    layers = (eagle.get("eagle_aux_hidden_state_layer_ids")
+              or config.get("eagle_aux_hidden_state_layer_ids")
+              or default_eagle3_layers(info["n_layer"]))
+    return out, d2t, ffn, n_head, n_kv, config.get("rms_norm_eps", info["eps"]), layers
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", required=True, help="the target model GGUF")
@@ -332,6 +438,13 @@ def main():
         return
     if a.checkpoint:
         sd = read_checkpoint(a.checkpoint)
+        if is_eagle3(sd):
+            config = json.load(open(a.config)) if a.config else {}
+            t, d2t, ffn, nh, nkv, eps, layers = convert_eagle3(info, sd, config)
+            write_eagle3(a.output, info, t, d2t, ffn, nh, nkv, eps, layers)
+            print("%s: EAGLE-3 head for %s (dim %d, draft vocabulary %d, layers %s)"
+                  % (a.output, info["name"], info["dim"], len(d2t), layers), file=sys.stderr)
+            return
         if a.medusa or is_medusa(sd):
             config = json.load(open(a.config)) if a.config else {}
             heads, n_layers = convert_medusa(info, sd, config)
