@@ -116,7 +116,7 @@ static void job_adopt(cairn_service *s, job *j, const cairn_kvcache_event *ev)
         /* head rows of the matched pages are valid (model.h); pages[] must
          * exist even when empty, capacity is set before every use */
         if (job_reserve_pages(j, 1) != CAIRN_OK ||
-            cairn_eagle_seq_adopt(j->spec, cairn_kvcache_kv_base(s->cache), &s->kv, j->pages,
+            cairn_spec_seq_adopt(j->spec, cairn_kvcache_kv_base(s->cache), &s->kv, j->pages,
                                   (int)(j->n_pages * (size_t)s->page_size), j->seq.v,
                                   (int)j->seq.n, (int)j->n_computed) != CAIRN_OK)
             j->spec_failed = true;
@@ -294,12 +294,21 @@ static void step_speculative(cairn_service *s, int n_spec)
 {
     for (int k = 0; k < n_spec; k++) {
         job *j = s->spec_jobs[k];
-        int32_t out[17]; /* depth <= 16 */
+        int32_t out[17]; /* cairn_spec_seq_max_out: tree depth <= 16 */
         int n_out = 0;
-        int rc = cairn_eagle_seq_set_pages(j->spec, j->pages, job_capacity(s, j));
+        int rc = cairn_spec_seq_set_pages(j->spec, j->pages, job_capacity(s, j));
         if (rc == CAIRN_OK)
-            rc = cairn_eagle_seq_step(j->spec, out, 17, &n_out);
-        if (rc != CAIRN_OK || n_out < 1) {
+            rc = cairn_spec_seq_step(j->spec, out, 17, &n_out);
+        if (rc == CAIRN_OK && n_out == 0) {
+            /* the grammar allowed no token: as job_take_token, the end */
+            running_drop(s, j);
+            j->finish = "stop";
+            j->n_computed = (size_t)cairn_spec_seq_n_past(j->spec) < j->seq.n
+                                ? (size_t)cairn_spec_seq_n_past(j->spec) : j->seq.n;
+            job_finish(s, j, true);
+            continue;
+        }
+        if (rc != CAIRN_OK) {
             running_drop(s, j);
             job_fail_head(s, j);
             continue;
@@ -317,11 +326,14 @@ static void step_speculative(cairn_service *s, int n_spec)
                 svc_histogram_observe(&s->stats.inter_token, (now - j->t_last_token) / n_out);
         j->t_last_token = now;
         bool done = false;
+        const cairn_token_logprob *lps = j->req->gen.logprobs ? cairn_spec_seq_logprobs(j->spec)
+                                                              : NULL;
+        const size_t per = 1 + (size_t)j->req->gen.sampling.n_logprobs;
         for (int t = 0; t < n_out && !done; t++)
-            done = job_push_token(s, j, out[t], NULL);
+            done = job_push_token(s, j, out[t], lps ? lps + (size_t)t * per : NULL, true);
         /* the accepted tokens' KV is in the pages (the last one is pending);
          * tokens cut by a stop keep theirs, which is the same KV */
-        size_t n_past = (size_t)cairn_eagle_seq_n_past(j->spec);
+        size_t n_past = (size_t)cairn_spec_seq_n_past(j->spec);
         j->n_computed = n_past < j->seq.n ? n_past : j->seq.n;
         if (done) {
             running_drop(s, j);
@@ -333,11 +345,14 @@ static void step_speculative(cairn_service *s, int n_spec)
 }
 
 /* Whether j decodes by a speculative step this time (its tree pages taken);
- * when the pages cannot be had it decodes plainly. */
+ * when the pages cannot be had, or its measured speed says speculation does
+ * not pay now, it decodes plainly. */
 static bool plan_speculative(cairn_service *s, job *j)
 {
     if (!(j->spec_ok && j->spec_ready &&
-          (size_t)cairn_eagle_seq_n_past(j->spec) == j->n_computed))
+          (size_t)cairn_spec_seq_n_past(j->spec) == j->n_computed))
+        return false;
+    if (!cairn_spec_seq_wants_step(j->spec))
         return false;
     size_t span = j->n_computed + (size_t)j->spec_span;
     if (span > (size_t)s->n_ctx)
@@ -398,7 +413,7 @@ static int plan_batch(cairn_service *s, int *n_spec)
     int n = 0;
     *n_spec = 0;
     /* few decoders: those that may speculate do, each in its own forward */
-    const bool speculate = s->eagle && s->draft_max_batch > 0 && n_dec <= s->draft_max_batch;
+    const bool speculate = s->spec && s->draft_max_batch > 0 && n_dec <= s->draft_max_batch;
     for (int i = 0; i < s->n_running;) {
         job *j = s->running[i];
         size_t remaining = j->seq.n - j->n_computed;
@@ -453,14 +468,15 @@ static int run_forward(cairn_service *s, int n)
         n_tokens += s->batch[b].n_tokens;
     double t0 = cairn_now();
     void *kv = cairn_kvcache_kv_base(s->cache);
-    /* with a head, every token's feature: the head runs over all of them */
-    int rc = s->eagle ? cairn_model_forward_features(s->model, kv, &s->kv, s->batch, n, s->logits,
+    /* with a method that reads features, every token's: it runs over all */
+    int rc = s->features ? cairn_model_forward_features(s->model, kv, &s->kv, s->batch, n, s->logits,
                                                      s->features, &n_out)
                       : cairn_model_forward(s->model, kv, &s->kv, s->batch, n, s->logits, NULL,
                                             &n_out);
     /* Steps with real prefill measure how fast tokens are computed; the
      * cache weighs that against load times to decide what to load. */
     double dt = cairn_now() - t0;
+    s->forward_seconds = dt;
     if (rc == CAIRN_OK && n_tokens >= 32 && dt > 0) {
         double rate = n_tokens / dt;
         s->compute_rate = s->compute_rate > 0 ? 0.8 * s->compute_rate + 0.2 * rate : rate;
@@ -493,11 +509,13 @@ void sched_step(cairn_service *s)
         job *j = s->batch_jobs[b];
         const int n_tok = s->batch[b].n_tokens;
         j->n_computed += (size_t)n_tok;
+        if (j->spec && n_tok == 1) /* what a plain step costs: speculation must beat it */
+            cairn_spec_seq_note_plain_cost(j->spec, s->forward_seconds);
         bool done = j->n_computed >= j->seq.n &&
                     job_take_token(s, j, s->logits + (size_t)b * s->n_vocab);
         /* the head over the same tokens, now that the next one is known,
          * before the pages can go to the tree */
-        if (j->spec && job_head_advance(s, j, features, n_tok) != CAIRN_OK) {
+        if (j->spec && job_spec_advance(s, j, features, n_tok) != CAIRN_OK) {
             running_drop(s, j);
             job_fail_head(s, j);
         } else if (done) {
