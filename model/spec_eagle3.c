@@ -418,8 +418,9 @@ int cairn_spec_add_eagle3(cairn_spec *s, cairn_eagle3 *head)
         return CAIRN_EINVAL;
     /* its features are the target's states at its layers: no other method
      * may read the final feature */
-    if (cairn_spec_needs_features(s))
-        return CAIRN_EINVAL;
+    if (cairn_spec_needs_features(s) || cairn_model_feature_dim(spec_target(s)) !=
+                                            cairn_model_hparams(spec_target(s))->dim)
+        return CAIRN_EINVAL; /* or another spec of the target has one */
     int layers[3];
     cairn_eagle3_target_layers(head, layers);
     TRY(cairn_model_set_feature_layers(spec_target(s), layers, 3));

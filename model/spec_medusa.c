@@ -121,7 +121,10 @@ const spec_drafter_ops spec_medusa_ops = {
 
 int cairn_spec_add_medusa(cairn_spec *s, cairn_medusa *heads)
 {
-    if (!s || !heads || cairn_medusa_target(heads) != spec_target(s))
+    /* not beside an EAGLE-3 head (here or in another spec of the target):
+     * the target's features are then its layers' states */
+    if (!s || !heads || cairn_medusa_target(heads) != spec_target(s) ||
+        cairn_model_feature_dim(spec_target(s)) != cairn_model_hparams(spec_target(s))->dim)
         return CAIRN_EINVAL;
     return spec_add_drafter(s, &spec_medusa_ops, heads);
 }

@@ -9,7 +9,7 @@
  * the pages and whose features are the target's low/mid/high states.
  *
  * argv[1] python, argv[2] tools/ folder, argv[3] tests/ref/ folder,
- * argv[4] tests/eagle3/ folder, argv[5] a scratch folder.
+ * argv[4] tests/eagle3/ folder, argv[5] a scratch folder, argv[6] models/.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -25,6 +25,7 @@
 #include "tests/support/support.h"
 
 static char head_path[1024];
+static const char *models_dir;
 
 #define CAPACITY 512
 #define PAGE 16
@@ -371,15 +372,41 @@ static void test_errors(void **state)
     assert_int_equal(cairn_spec_add_eagle3(s2, f.heads), CAIRN_EINVAL);
     cairn_spec_free(s2);
     cairn_model_free(other);
+    /* methods reading the final feature do not go beside it: the target's
+     * features are the head's layer states */
+    char path[1200];
+    cairn_eagle *eagle = NULL;
+    snprintf(path, sizeof path, "%s/stories260K-eagle.gguf", models_dir);
+    assert_int_equal(cairn_eagle_load(path, f.m, &eagle, err, sizeof err), CAIRN_OK);
+    assert_int_equal(cairn_spec_add_eagle(f.spec, eagle), CAIRN_EINVAL);
+    cairn_medusa *medusa = NULL;
+    snprintf(path, sizeof path, "%s/stories260K-medusa.gguf", models_dir);
+    assert_int_equal(cairn_medusa_load(path, f.m, &medusa, err, sizeof err), CAIRN_OK);
+    assert_int_equal(cairn_spec_add_medusa(f.spec, medusa), CAIRN_EINVAL);
+    /* the target's features are model-wide: not in another spec either,
+     * until the EAGLE-3 spec is freed */
+    assert_int_equal(cairn_spec_create(f.m, &s2), CAIRN_OK);
+    assert_int_equal(cairn_spec_add_medusa(s2, medusa), CAIRN_EINVAL);
+    cairn_spec_free(f.spec);
+    assert_int_equal(cairn_model_feature_dim(f.m), cairn_model_hparams(f.m)->dim);
+    assert_int_equal(cairn_spec_add_medusa(s2, medusa), CAIRN_OK);
+    /* nor it beside them */
+    assert_int_equal(cairn_spec_add_eagle3(s2, f.heads), CAIRN_EINVAL);
+    cairn_spec_free(s2);
+    assert_int_equal(cairn_spec_create(f.m, &f.spec), CAIRN_OK); /* for close_fixture */
+    cairn_medusa_free(medusa);
+    cairn_eagle_free(eagle);
     close_fixture(&f);
 }
 
 int main(int argc, char **argv)
 {
-    if (argc < 6) {
-        fprintf(stderr, "usage: %s PYTHON TOOLS_DIR REF_DIR TEST_DIR SCRATCH_DIR\n", argv[0]);
+    if (argc < 7) {
+        fprintf(stderr, "usage: %s PYTHON TOOLS_DIR REF_DIR TEST_DIR SCRATCH_DIR MODELS_DIR\n",
+                argv[0]);
         return 2;
     }
+    models_dir = argv[6];
     cairn_log_set_level(CAIRN_LOG_WARN);
     snprintf(head_path, sizeof head_path, "%s/eagle3.gguf", argv[5]);
     static char cmd[4096];

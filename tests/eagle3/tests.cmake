@@ -14,5 +14,6 @@ cairn_add_test(eagle3_speculative
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_spec_eagle3.c
   ARGS ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tools ${PROJECT_SOURCE_DIR}/tests/ref
        ${CMAKE_CURRENT_LIST_DIR} ${CMAKE_CURRENT_BINARY_DIR}/eagle3-spec
+       ${PROJECT_SOURCE_DIR}/models
   LABELS eagle
   TIMEOUT 600) # a hang guard: the two sampled-distribution checks dominate
