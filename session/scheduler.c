@@ -525,7 +525,7 @@ void sched_step(cairn_service *s)
             prefix_extend(s, j); /* requests waiting for these pages may go */
         }
         if (features)
-            features += (size_t)n_tok * cairn_model_hparams(s->model)->dim;
+            features += (size_t)n_tok * cairn_model_feature_dim(s->model);
     }
     step_speculative(s, n_spec);
 }

@@ -17,3 +17,11 @@ cairn_add_test(medusa_speculative
        ${PROJECT_SOURCE_DIR}/models/stories260K-medusa.gguf ${CMAKE_CURRENT_BINARY_DIR}/medusa-spec
   LABELS "medusa;eagle"
   TIMEOUT 600) # a hang guard: the two sampled-distribution checks dominate
+
+# --spec medusa:HEADS and --spec eagle3:HEAD in `cairn run`, through the executable.
+add_test(NAME medusa_cli
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_cli_spec_heads.py $<TARGET_FILE:cairn>
+          ${CAIRN_MODEL} ${PROJECT_SOURCE_DIR}/models/stories260K-medusa.gguf
+          ${PROJECT_SOURCE_DIR}/tools ${PROJECT_SOURCE_DIR}/tests/ref
+          ${CMAKE_CURRENT_BINARY_DIR}/medusa-cli)
+set_tests_properties(medusa_cli PROPERTIES TIMEOUT 300 LABELS "medusa;eagle")
