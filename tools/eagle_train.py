@@ -57,7 +57,8 @@ except ImportError:
 import gguf
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from eagle_convert import target_info, write_head, write_medusa  # noqa: E402
+from eagle_convert import (target_info, write_head, write_medusa, write_eagle3,  # noqa: E402
+                           default_eagle3_layers)
 
 
 # ---- the target --------------------------------------------------------------
@@ -109,15 +110,19 @@ class Target:
         self.tables = rope_tables(info, max_pos)
         self.neox = info["arch"] == "qwen2"
 
-    def forward(self, tokens, cache=None, start=0):
+    def forward(self, tokens, cache=None, start=0, states=None):
         """tokens [B, T] -> (features [B, T, dim] after the output norm,
-        logits [B, T, V]). cache: list of (K, V) per layer, extended in place."""
+        logits [B, T, V]). cache: list of (K, V) per layer, extended in place.
+        states, a dict {layer: None}, receives the residual stream entering
+        each of its layers (EAGLE-3's low/mid/high states)."""
         i, w = self.i, self.w
         B, T = tokens.shape
         hd, nh, nkv = i["head_dim"], i["n_head"], i["n_kv_head"]
         pos = torch.arange(start, start + T)
         x = w["token_embd.weight"][tokens]
         for l in range(i["n_layer"]):
+            if states is not None and l in states:
+                states[l] = x
             p = "blk.%d." % l
             h = rmsnorm(x, w[p + "attn_norm.weight"], i["eps"])
             q = h @ w[p + "attn_q.weight"].T
@@ -255,6 +260,155 @@ class Head(torch.nn.Module):
                 selfs = []
             cur_feat = out
         return outs
+
+
+# ---- EAGLE-3 heads ---------------------------------------------------------------
+
+class Eagle3Head(torch.nn.Module):
+    """model/model.h, "EAGLE-3 heads": fc over three target states, one layer
+    over [normed embedding ; normed feature], its own norm and LM head (here
+    over the full vocabulary, so d2t is all zeros)."""
+
+    def __init__(self, info, ffn, tables, neox, lm):
+        super().__init__()
+        d = info["dim"]
+        self.i, self.tables, self.neox = info, tables, neox
+        hd, nh, nkv = info["head_dim"], info["n_head"], info["n_kv_head"]
+        self.fc = torch.nn.Linear(3 * d, d, bias=False)
+        self.in_norm = torch.nn.Parameter(torch.ones(d))
+        self.hidden_norm = torch.nn.Parameter(torch.ones(d))
+        self.q = torch.nn.Linear(2 * d, nh * hd, bias=False)
+        self.k = torch.nn.Linear(2 * d, nkv * hd, bias=False)
+        self.v = torch.nn.Linear(2 * d, nkv * hd, bias=False)
+        self.o = torch.nn.Linear(nh * hd, d, bias=False)
+        self.post_norm = torch.nn.Parameter(torch.ones(d))
+        self.gate = torch.nn.Linear(d, ffn, bias=False)
+        self.up = torch.nn.Linear(d, ffn, bias=False)
+        self.down = torch.nn.Linear(ffn, d, bias=False)
+        self.norm = torch.nn.Parameter(torch.ones(d))
+        self.lm = torch.nn.Parameter(lm.clone())
+
+    def logits(self, x):
+        return rmsnorm(x, self.norm, self.i["eps"]) @ self.lm.T
+
+    def unrolled(self, emb, states, steps):
+        """emb [B, T, d] = embed(x_{j+1}); states [B, T, 3d] = the target's
+        states of token j. Step s (0-based) row j reads embed(x_{j+s+1}) and
+        step 0's fc(states) or its own step s-1 output, at position j+s,
+        attending like a draft tree row: to the step-0 rows 0..j and its own
+        chain's earlier steps. Returns each step's pre-norm outputs."""
+        B, T, _ = states.shape
+        i = self.i
+        eps, hd = i["eps"], i["head_dim"]
+        rep = i["n_head"] // i["n_kv_head"]
+        pos = torch.arange(T)
+        scale = 1.0 / math.sqrt(hd)
+        outs, selfs = [], []
+        h = self.fc(states)
+        K1 = V1 = None
+        for s in range(steps):
+            n = T - s
+            hh = h[:, :n]
+            a = torch.cat([rmsnorm(emb[:, s:s + n], self.in_norm, eps),
+                           rmsnorm(hh, self.hidden_norm, eps)], dim=-1)
+            p = pos[:n] + s
+            q = apply_rope(self.q(a).view(B, n, i["n_head"], hd), p, self.tables, self.neox)
+            k = apply_rope(self.k(a).view(B, n, i["n_kv_head"], hd), p, self.tables, self.neox)
+            v = self.v(a).view(B, n, i["n_kv_head"], hd)
+            q = q.transpose(1, 2)
+            k = k.repeat_interleave(rep, 2).transpose(1, 2)
+            v = v.repeat_interleave(rep, 2).transpose(1, 2)
+            if s == 0:
+                K1, V1 = k, v
+                att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                sc = (q @ K1.transpose(-1, -2)) * scale
+                mask = torch.ones(n, T, dtype=torch.bool).tril(diagonal=0)
+                sc = sc.masked_fill(~mask, float("-inf"))
+                extra = [((q * kk[:, :, :n]).sum(-1, keepdim=True) * scale, vv[:, :, :n])
+                         for kk, vv in selfs]
+                extra.append(((q * k).sum(-1, keepdim=True) * scale, v))
+                pr = torch.softmax(torch.cat([sc] + [e[0] for e in extra], dim=-1), dim=-1)
+                att = pr[..., :T] @ V1
+                for idx, (_, vv) in enumerate(extra):
+                    att = att + pr[..., T + idx:T + idx + 1] * vv
+            x = hh + self.o(att.transpose(1, 2).reshape(B, n, -1))
+            f = rmsnorm(x, self.post_norm, eps)
+            x = x + self.down(F.silu(self.gate(f)) * self.up(f))
+            outs.append(x)
+            if s > 0:
+                selfs.append((k, v))
+            h = x
+        return outs
+
+
+def train_eagle3(a, info, w, target, toks, probs, gen, t0):
+    layers = default_eagle3_layers(info["n_layer"])
+    with torch.no_grad():
+        st = []
+        for b in range(0, a.n_seqs, 64):
+            states = {l: None for l in layers}
+            target.forward(toks[b:b + 64], states=states)
+            st.append(torch.cat([states[l] for l in layers], dim=-1))
+        st = torch.cat(st)
+    ffn = a.ffn or info["ffn"]
+    head = Eagle3Head(info, ffn, target.tables, target.neox, w["output.weight"])
+    emb_table = w["token_embd.weight"]
+    n_train = int(a.n_seqs * 0.9)
+    opt = torch.optim.AdamW(head.parameters(), lr=a.lr, weight_decay=0.0)
+    n_steps = a.epochs * ((n_train + a.batch - 1) // a.batch)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=a.lr, total_steps=n_steps,
+                                                pct_start=0.1)
+    S = a.unroll
+
+    def losses(idx):
+        x, p, sv = toks[idx], probs[idx], st[idx]
+        L = x.shape[1]
+        T = L - 1 - S
+        emb = emb_table[x[:, 1:]]
+        outs = head.unrolled(emb, sv[:, :T + S - 1], S)
+        total, acc = 0.0, []
+        for s, out in enumerate(outs):
+            n = min(out.shape[1], T)
+            logp = torch.log_softmax(head.logits(out[:, :n]), -1)
+            tgt = p[:, s + 1:s + 1 + n]  # the target's distribution of token j+s+2
+            total = total + (a.unroll_decay ** s) * -(tgt * logp).sum(-1).mean()
+            acc.append((logp.argmax(-1) == tgt.argmax(-1)).float().mean().item())
+        return total, acc
+
+    for ep in range(a.epochs):
+        perm = torch.randperm(n_train, generator=gen)
+        for b in range(0, n_train, a.batch):
+            loss, _ = losses(perm[b:b + a.batch])
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+            opt.step()
+            sched.step()
+        with torch.no_grad():
+            vl, vacc = losses(torch.arange(n_train, a.n_seqs))
+        print("epoch %d: validation loss %.4f, top-1 agreement by step %s (%.0f s)"
+              % (ep + 1, vl.item(), " ".join("%.3f" % v for v in vacc), time.time() - t0),
+              file=sys.stderr)
+    sd = {k: v.detach().numpy() for k, v in head.state_dict().items()}
+    tensors = {
+        "fc.weight": sd["fc.weight"],
+        "blk.0.attn_norm.weight": sd["in_norm"],
+        "blk.0.hidden_norm.weight": sd["hidden_norm"],
+        "blk.0.attn_q.weight": sd["q.weight"],
+        "blk.0.attn_k.weight": sd["k.weight"],
+        "blk.0.attn_v.weight": sd["v.weight"],
+        "blk.0.attn_output.weight": sd["o.weight"],
+        "blk.0.ffn_norm.weight": sd["post_norm"],
+        "blk.0.ffn_gate.weight": sd["gate.weight"],
+        "blk.0.ffn_up.weight": sd["up.weight"],
+        "blk.0.ffn_down.weight": sd["down.weight"],
+        "output_norm.weight": sd["norm"],
+        "output.weight": sd["lm"],
+    }
+    write_eagle3(a.output, info, tensors, np.zeros(info["n_vocab"], np.int64), ffn,
+                 info["n_head"], info["n_kv_head"], info["eps"], layers)
+    print("wrote %s in %.0f s" % (a.output, time.time() - t0), file=sys.stderr)
 
 
 # ---- Medusa heads ----------------------------------------------------------------
@@ -399,7 +553,7 @@ def main():
     ap.add_argument("--ffn", type=int, default=0, help="head FFN width (default: target's)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--kind", choices=("eagle", "medusa"), default="eagle")
+    ap.add_argument("--kind", choices=("eagle", "eagle3", "medusa"), default="eagle")
     ap.add_argument("--medusa-heads", type=int, default=3)
     ap.add_argument("--medusa-layers", type=int, default=1)
     ap.add_argument("--medusa-decay", type=float, default=0.8,
@@ -436,6 +590,8 @@ def main():
 
     if a.kind == "medusa":
         return train_medusa(a, info, w, toks, feats, probs, greedy_from, gen, t0)
+    if a.kind == "eagle3":
+        return train_eagle3(a, info, w, target, toks, probs, gen, t0)
     ffn = a.ffn or info["ffn"]
     head = Head(info, ffn, target.tables, target.neox)
     emb_table, lm = w["token_embd.weight"], w["output.weight"]

@@ -5,8 +5,10 @@
  * first tokens follow the target's exact joint distribution (chi-squared,
  * fixed seeds), with a head converted from the published layout
  * (tests/eagle3/eagle3_fixture.py; random weights, so most drafts are
- * rejected: the verifier's other branch) whose KV is a layer of its own in
- * the pages and whose features are the target's low/mid/high states.
+ * rejected: the verifier's other branch) and with the shipped trained head
+ * (models/stories260K-eagle3.gguf, whose drafts are mostly accepted, and
+ * which must reach tau > 1.5); the head's KV is a layer of its own in the
+ * pages and its features are the target's low/mid/high states.
  *
  * argv[1] python, argv[2] tools/ folder, argv[3] tests/ref/ folder,
  * argv[4] tests/eagle3/ folder, argv[5] a scratch folder, argv[6] models/.
@@ -24,7 +26,7 @@
 #include "runtime/runtime.h"
 #include "tests/support/support.h"
 
-static char head_path[1024];
+static char head_path[1024], trained_path[1200];
 static const char *models_dir;
 
 #define CAPACITY 512
@@ -202,6 +204,18 @@ static void test_greedy(void **state)
     greedy_case(head_path, false, 12, 48, NULL);
 }
 
+/* The shipped head (models/stories260K-eagle3.gguf, trained by
+ * tools/eagle_train.py --kind eagle3) must draft: more than 1.5 tokens per
+ * target forward at the default shape. */
+static void test_greedy_trained(void **state)
+{
+    (void)state;
+    double tau[N_SHAPES];
+    greedy_case(trained_path, false, 16, 64, tau);
+    if (!(tau[3] > 1.5))
+        fail_msg("trained EAGLE-3 head: tau %.2f at the default shape, want > 1.5", tau[3]);
+}
+
 static void test_greedy_with_ngram(void **state)
 {
     (void)state;
@@ -351,7 +365,7 @@ static void test_sampling_truncated(void **state)
 {
     (void)state;
     const cairn_sampling_params sp = sampling(0.9f, 12, 0.9f, 0.02f);
-    sampling_case(head_path, &sp, NULL, 3000);
+    sampling_case(trained_path, &sp, NULL, 3000);
 }
 
 /* Once per spec; a head of another target is refused. */
@@ -407,6 +421,7 @@ int main(int argc, char **argv)
         return 2;
     }
     models_dir = argv[6];
+    snprintf(trained_path, sizeof trained_path, "%s/stories260K-eagle3.gguf", models_dir);
     cairn_log_set_level(CAIRN_LOG_WARN);
     snprintf(head_path, sizeof head_path, "%s/eagle3.gguf", argv[5]);
     static char cmd[4096];
@@ -419,6 +434,7 @@ int main(int argc, char **argv)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy),
+        cmocka_unit_test(test_greedy_trained),
         cmocka_unit_test(test_greedy_with_ngram),
         cmocka_unit_test(test_sampling_plain_softmax),
         cmocka_unit_test(test_sampling_truncated),
