@@ -34,6 +34,10 @@ struct cairn_spec {
     spec_drafter drafters[SPEC_MAX_METHODS];
     int n;
     char describe[96];
+    /* What the last sequence that judged speculation learnt: 0 = it paid,
+     * else the pause a new sequence starts with (the controller's memory
+     * across sequences; the decoders of one spec run on one thread). */
+    int prior_pause;
 };
 
 /* ======================================================================== */
@@ -339,6 +343,9 @@ int cairn_spec_seq_create(cairn_spec *spec, const cairn_spec_params *dp,
     q->feature_dim = cairn_spec_needs_features(spec) ? spec->thp.dim : 0;
     q->ctl.chain = d.fixed_length ? d.chain_max : (d.chain_max < 4 ? d.chain_max : 4);
     q->ctl.pause_len = 16;
+    q->ctl.pause_left = spec->prior_pause;
+    if (spec->prior_pause > 16)
+        q->ctl.pause_len = spec->prior_pause;
 
     const size_t rows = 1 + (size_t)d.n_draft;
     const size_t fd = (size_t)q->feature_dim;
@@ -602,20 +609,31 @@ static void control_update(cairn_spec_seq *s, int drafted, int tokens, int accep
         c->chain = accepted_depth + 1 > 2 ? accepted_depth + 1 : 2;
     if (c->chain > s->dp.chain_max)
         c->chain = s->dp.chain_max;
-    c->spec_cost = ema(c->spec_cost, cost, 0.2);
-    c->spec_tokens = ema(c->spec_tokens, (double)tokens, 0.2);
+    /* the speed since speculation (re)started: sums over a window of at
+     * most 32 steps, then EMAs of the same */
+    if (c->n_spec < 32) {
+        c->spec_cost += cost;
+        c->spec_tokens += tokens;
+    } else {
+        c->spec_cost += (cost - c->spec_cost / 32);
+        c->spec_tokens += (tokens - c->spec_tokens / 32);
+    }
     c->n_spec++;
-    /* after a few steps, compare speeds: tokens per second either way */
-    if (c->n_spec >= 6 && c->plain_cost > 0) {
+    /* judged from the second step on, so that a method far slower than
+     * plain decoding (a tiny model's tree) costs little before it pauses */
+    if (c->n_spec >= 2 && c->plain_cost > 0) {
         const double spec_rate = c->spec_tokens / c->spec_cost;
         const double plain_rate = 1.0 / c->plain_cost;
         if (spec_rate < plain_rate) {
             c->pause_left = c->pause_len;
-            c->pause_len = c->pause_len < 512 ? c->pause_len * 2 : 512;
+            c->pause_len = c->pause_len < 4096 ? c->pause_len * 2 : 4096;
             c->n_spec = 0;
             c->spec_cost = c->spec_tokens = 0;
-        } else if (spec_rate > 1.1 * plain_rate) {
+            /* later sequences start from this verdict (the spec's memory) */
+            s->spec->prior_pause = c->pause_len / 2;
+        } else if (c->n_spec >= 4 && spec_rate > 1.05 * plain_rate) {
             c->pause_len = 16;
+            s->spec->prior_pause = 0;
         }
     }
 }
