@@ -730,8 +730,13 @@ static int eagle_accepted(void *state, const spec_view *v, const spec_tree *t, c
     memcpy(q->feat + (size_t)(q->feat_end - q->head_done) * dim, features,
            (size_t)n_path * dim * sizeof(float));
     q->feat_end += n_path;
-    /* pages may be shared as soon as the caller has them back */
-    return v->shared ? head_catch_up_to(q, v, v->n_past) : CAIRN_OK;
+    /* pages may be shared as soon as the caller has them back; and while
+     * the head does not draft (speculation paused) features must not pile
+     * up past q->feat (HEAD_MAX_ROWS + MAX_DEPTH + 2 rows: a step adds at
+     * most MAX_DEPTH + 1) */
+    if (v->shared || q->feat_end - q->head_done >= HEAD_MAX_ROWS)
+        return head_catch_up_to(q, v, v->n_past);
+    return CAIRN_OK;
 }
 
 static void eagle_fingerprint_op(void *method, uint8_t out[16])

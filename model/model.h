@@ -467,6 +467,20 @@ void cairn_spec_seq_set_hooks(cairn_spec_seq *s, const cairn_spec_hooks *hooks);
  * cairn_sampler_sample writes them. Owned by s. */
 const cairn_token_logprob *cairn_spec_seq_logprobs(const cairn_spec_seq *s);
 
+/* The same step in two halves, for a caller that verifies many sequences'
+ * trees (and plain decoders' tokens) in one forward of its own:
+ *   draft     proposes the tree and fills *sb with its rows (tokens,
+ *             positions, tree mask, all rows wanted; pointing into s, valid
+ *             until verified); out[] of verified will have room for `cap`
+ *   verified  takes the logits [sb->n_tokens][n_vocab] of those rows (the
+ *             filter hook may change them) and, when a method reads
+ *             features, their features [n_tokens][dim] (the forward's
+ *             hidden rows); emits as cairn_spec_seq_step does.
+ * Between the two only the caller's forward may run on the sequence. */
+int cairn_spec_seq_draft(cairn_spec_seq *s, int cap, cairn_seq_batch *sb);
+int cairn_spec_seq_verified(cairn_spec_seq *s, float *logits, const float *features,
+                            int32_t *out, int *n_out);
+
 /* The most tokens one step may emit (out[] of cairn_spec_seq_step). */
 int cairn_spec_seq_max_out(const cairn_spec_seq *s);
 /* KV indices past n_past a step may write (the pending token and the draft

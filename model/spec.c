@@ -34,6 +34,10 @@ struct cairn_spec {
     spec_drafter drafters[SPEC_MAX_METHODS];
     int n;
     char describe[96];
+    /* What the last sequence that judged speculation learnt: 0 = it paid,
+     * else the pause a new sequence starts with (the controller's memory
+     * across sequences; the decoders of one spec run on one thread). */
+    int prior_pause;
 };
 
 /* ======================================================================== */
@@ -276,8 +280,9 @@ struct cairn_spec_seq {
     uint8_t *tree_mask;    /* [1 + n_draft][capacity + 1]                   */
     int mask_capacity;
     uint8_t *want;
-    float *tree_logits;    /* [1 + n_draft][n_vocab]                        */
-    float *tree_feat;      /* [1 + n_draft][feature_dim] (when features)    */
+    float *tree_logits;    /* [1 + n_draft][n_vocab], made by the first
+                              cairn_spec_seq_step (NULL until then)       */
+    float *tree_feat;      /* [1 + n_draft][feature_dim], the same          */
     float *path_feat;      /* [1 + SPEC_MAX_DEPTH][feature_dim]             */
     float *begin_feat;     /* [BEGIN_CHUNK][feature_dim]                    */
     cairn_sampler *own;    /* the request's sampler, when none is lent      */
@@ -287,6 +292,8 @@ struct cairn_spec_seq {
     cairn_token_logprob *lps; /* [1 + SPEC_MAX_DEPTH][1 + n_logprobs] of the
                               last step's tokens                          */
     spec_control ctl;
+    double t_step;         /* when the step being verified began           */
+    int drafted_cap;       /* out[] room of the drafted step; 0 = none      */
     cairn_spec_stats stats;
 };
 
@@ -345,8 +352,11 @@ int cairn_spec_seq_create(cairn_spec *spec, const cairn_spec_params *dp,
     q->feature_dim = cairn_spec_needs_features(spec) ? cairn_model_feature_dim(spec->target) : 0;
     q->ctl.chain = d.fixed_length ? d.chain_max : (d.chain_max < 4 ? d.chain_max : 4);
     q->ctl.pause_len = 16;
+    q->ctl.pause_left = spec->prior_pause;
+    if (spec->prior_pause > 16)
+        q->ctl.pause_len = spec->prior_pause;
 
-    const size_t nv = (size_t)spec->thp.n_vocab, rows = 1 + (size_t)d.n_draft;
+    const size_t rows = 1 + (size_t)d.n_draft;
     const size_t fd = (size_t)q->feature_dim;
     q->tree.token = malloc(rows * sizeof(int32_t));
     q->tree.parent = malloc(rows * sizeof(int32_t));
@@ -354,10 +364,8 @@ int cairn_spec_seq_create(cairn_spec *spec, const cairn_spec_params *dp,
     q->tree.source = malloc(rows * sizeof(uint32_t));
     q->tree_pos = malloc(rows * sizeof(int32_t));
     q->want = malloc(rows);
-    q->tree_logits = malloc(rows * nv * sizeof(float));
     q->lps = malloc((size_t)(SPEC_MAX_DEPTH + 2) * (1 + (size_t)s.n_logprobs) * sizeof *q->lps);
     if (fd) {
-        q->tree_feat = malloc(rows * fd * sizeof(float));
         q->path_feat = malloc((size_t)(SPEC_MAX_DEPTH + 2) * fd * sizeof(float));
         q->begin_feat = malloc((size_t)BEGIN_CHUNK * fd * sizeof(float));
     }
@@ -365,8 +373,7 @@ int cairn_spec_seq_create(cairn_spec *spec, const cairn_spec_params *dp,
     q->sampler = q->own;
     if (rc == CAIRN_OK &&
         (!q->tree.token || !q->tree.parent || !q->tree.depth || !q->tree.source || !q->tree_pos ||
-         !q->want || !q->tree_logits || !q->lps ||
-         (fd && (!q->tree_feat || !q->path_feat || !q->begin_feat))))
+         !q->want || !q->lps || (fd && (!q->path_feat || !q->begin_feat))))
         rc = CAIRN_ENOMEM;
     for (int i = 0; rc == CAIRN_OK && i < spec->n; i++) {
         const spec_drafter *dr = &spec->drafters[i];
@@ -611,20 +618,31 @@ static void control_update(cairn_spec_seq *s, int drafted, int tokens, int accep
         c->chain = accepted_depth + 1 > 2 ? accepted_depth + 1 : 2;
     if (c->chain > s->dp.chain_max)
         c->chain = s->dp.chain_max;
-    c->spec_cost = ema(c->spec_cost, cost, 0.2);
-    c->spec_tokens = ema(c->spec_tokens, (double)tokens, 0.2);
+    /* the speed since speculation (re)started: sums over a window of at
+     * most 32 steps, then EMAs of the same */
+    if (c->n_spec < 32) {
+        c->spec_cost += cost;
+        c->spec_tokens += tokens;
+    } else {
+        c->spec_cost += (cost - c->spec_cost / 32);
+        c->spec_tokens += (tokens - c->spec_tokens / 32);
+    }
     c->n_spec++;
-    /* after a few steps, compare speeds: tokens per second either way */
-    if (c->n_spec >= 6 && c->plain_cost > 0) {
+    /* judged from the second step on, so that a method far slower than
+     * plain decoding (a tiny model's tree) costs little before it pauses */
+    if (c->n_spec >= 2 && c->plain_cost > 0) {
         const double spec_rate = c->spec_tokens / c->spec_cost;
         const double plain_rate = 1.0 / c->plain_cost;
         if (spec_rate < plain_rate) {
             c->pause_left = c->pause_len;
-            c->pause_len = c->pause_len < 512 ? c->pause_len * 2 : 512;
+            c->pause_len = c->pause_len < 4096 ? c->pause_len * 2 : 4096;
             c->n_spec = 0;
             c->spec_cost = c->spec_tokens = 0;
-        } else if (spec_rate > 1.1 * plain_rate) {
+            /* later sequences start from this verdict (the spec's memory) */
+            s->spec->prior_pause = c->pause_len / 2;
+        } else if (c->n_spec >= 4 && spec_rate > 1.05 * plain_rate) {
             c->pause_len = 16;
+            s->spec->prior_pause = 0;
         }
     }
 }
@@ -678,7 +696,8 @@ const cairn_token_logprob *cairn_spec_seq_logprobs(const cairn_spec_seq *s)
  * (row 0, the root, first); *next is the token that follows them (-1 when
  * the filter allowed none), and *ended says the caller's accept hook ended
  * the sequence with it. */
-static int accept_path(cairn_spec_seq *s, int *path, int *n_path, int32_t *next, bool *ended)
+static int accept_path(cairn_spec_seq *s, float *logits, int *path, int *n_path, int32_t *next,
+                       bool *ended)
 {
     const int nv = s->spec->thp.n_vocab, per = 1 + s->sp.n_logprobs;
     const bool want_lp = s->sp.n_logprobs > 0 || s->hooks.logprobs;
@@ -688,7 +707,7 @@ static int accept_path(cairn_spec_seq *s, int *path, int *n_path, int32_t *next,
     *ended = false;
     path[(*n_path)++] = 0;
     for (int k = 0;; k++) {
-        float *lg = s->tree_logits + (size_t)row * nv;
+        float *lg = logits + (size_t)row * nv;
         *next = -1;
         if (s->hooks.filter && s->hooks.filter(s->hooks.ctx, lg, nv) != CAIRN_OK)
             return CAIRN_OK; /* nothing may follow */
@@ -715,9 +734,9 @@ static int accept_path(cairn_spec_seq *s, int *path, int *n_path, int32_t *next,
     }
 }
 
-int cairn_spec_seq_step(cairn_spec_seq *s, int32_t *out, int cap, int *n_out)
+int cairn_spec_seq_draft(cairn_spec_seq *s, int cap, cairn_seq_batch *sb)
 {
-    if (!s || !out || !n_out || !s->begun || cap < 1)
+    if (!s || !sb || !s->begun || cap < 1)
         return CAIRN_EINVAL;
     cairn_spec *spec = s->spec;
     const int room = s->capacity - s->n_past; /* KV indices left, root included */
@@ -725,11 +744,12 @@ int cairn_spec_seq_step(cairn_spec_seq *s, int32_t *out, int cap, int *n_out)
         s->begun = false;
         return CAIRN_ERANGE;
     }
-    s->begun = false; /* until this step completes */
+    s->begun = false; /* until the step completes */
     const double t0 = cairn_now();
+    s->t_step = t0;
 
-    /* 1. draft: every proposing method adds to one tree, within what fits
-     * the capacity, the output buffer and the verifier */
+    /* every proposing method adds to one tree, within what fits the
+     * capacity, the output buffer and the verifier */
     spec_tree *t = &s->tree;
     t->n = 1;
     t->token[0] = s->tokens[s->n_past];
@@ -748,37 +768,25 @@ int cairn_spec_seq_step(cairn_spec_seq *s, int32_t *out, int cap, int *n_out)
     }
     /* rows deeper than the output buffer allows are dropped (with their
      * subtrees: children come after parents) */
-    {
-        int keep = 1;
-        int *map = NULL;
-        for (int r = 1; r < t->n; r++)
-            if (t->depth[r] > max_depth) {
-                map = malloc((size_t)t->n * sizeof *map);
-                break;
-            }
-        if (map) {
-            map[0] = 0;
-            for (int r = 1; r < t->n; r++) {
-                const int p = map[t->parent[r]];
-                if (t->depth[r] > max_depth || p < 0) {
-                    map[r] = -1;
-                    continue;
-                }
-                map[r] = keep;
-                t->token[keep] = t->token[r];
-                t->parent[keep] = p;
-                t->depth[keep] = t->depth[r];
-                t->source[keep] = t->source[r];
-                keep++;
-            }
-            t->n = keep;
-            free(map);
+    int map[SPEC_MAX_DRAFT + 1], keep = 1;
+    map[0] = 0;
+    for (int r = 1; r < t->n; r++) {
+        const int p = map[t->parent[r]];
+        if (t->depth[r] > max_depth || p < 0) {
+            map[r] = -1;
+            continue;
         }
+        map[r] = keep;
+        t->token[keep] = t->token[r];
+        t->parent[keep] = p;
+        t->depth[keep] = t->depth[r];
+        t->source[keep] = t->source[r];
+        keep++;
     }
-    const double t1 = cairn_now();
-    s->stats.t_draft += t1 - t0;
+    t->n = keep;
+    s->stats.t_draft += cairn_now() - t0;
 
-    /* 2. verify: root and tree in one target forward */
+    /* root and tree: the rows of one target forward */
     const int T = t->n, n_kv = s->n_past + T;
     for (int r = 0; r < T; r++) {
         s->tree_pos[r] = s->n_past + t->depth[r];
@@ -788,25 +796,34 @@ int cairn_spec_seq_step(cairn_spec_seq *s, int32_t *out, int cap, int *n_out)
         for (int a = r; a >= 0; a = t->parent[a])
             m[s->n_past + a] = 1;
     }
-    cairn_seq_batch sb = {
+    *sb = (cairn_seq_batch){
         .tokens = t->token, .n_tokens = T, .pos = s->tree_pos, .kv_start = s->n_past,
         .pages = s->pages, .mask = T > 1 ? s->tree_mask : NULL, .want = s->want,
     };
-    int n_o = 0;
-    TRY(cairn_model_forward(spec->target, s->kv_pool, s->kv, &sb, 1, s->tree_logits,
-                            s->feature_dim ? s->tree_feat : NULL, &n_o));
-    if (n_o != T)
-        return CAIRN_EBACKEND;
+    s->drafted_cap = cap;
+    return CAIRN_OK;
+}
 
-    /* 3. accept */
+int cairn_spec_seq_verified(cairn_spec_seq *s, float *logits, const float *features,
+                            int32_t *out, int *n_out)
+{
+    if (!s || !logits || !out || !n_out || s->drafted_cap < 1 || (s->feature_dim && !features))
+        return CAIRN_EINVAL;
+    cairn_spec *spec = s->spec;
+    spec_tree *t = &s->tree;
+    const int T = t->n;
+    const double t1 = cairn_now();
+    s->drafted_cap = 0;
+
+    /* accept */
     int path[SPEC_MAX_DEPTH + 2], n_path;
     int32_t next;
     bool ended;
-    TRY(accept_path(s, path, &n_path, &next, &ended));
+    TRY(accept_path(s, logits, path, &n_path, &next, &ended));
 
-    /* 4. keep: move the accepted rows' target KV to consecutive indices
-     * (rows only move down, parents before children, so nothing is
-     * overwritten early); methods keep their own KV themselves */
+    /* keep: move the accepted rows' target KV to consecutive indices (rows
+     * only move down, parents before children, so nothing is overwritten
+     * early); methods keep their own KV themselves */
     const cairn_kv_layout *L = s->kv;
     uint8_t *pool = s->kv_pool;
     cairn_backend *be = cairn_model_backend(spec->target);
@@ -825,7 +842,7 @@ int cairn_spec_seq_step(cairn_spec_seq *s, int32_t *out, int cap, int *n_out)
     if (s->feature_dim)
         for (int i = 0; i < n_path; i++)
             memcpy(s->path_feat + (size_t)i * s->feature_dim,
-                   s->tree_feat + (size_t)path[i] * s->feature_dim,
+                   features + (size_t)path[i] * s->feature_dim,
                    (size_t)s->feature_dim * sizeof(float));
     int n = 0;
     for (int i = 1; i < n_path; i++)
@@ -848,7 +865,7 @@ int cairn_spec_seq_step(cairn_spec_seq *s, int32_t *out, int cap, int *n_out)
     const double t2 = cairn_now();
     s->stats.t_verify += t2 - t1;
 
-    /* 5. the methods learn what was kept */
+    /* the methods learn what was kept */
     for (int i = 0; i < spec->n; i++) {
         const spec_drafter_ops *ops = spec->drafters[i].ops;
         if (!ops->accepted)
@@ -871,9 +888,31 @@ int cairn_spec_seq_step(cairn_spec_seq *s, int32_t *out, int cap, int *n_out)
         s->stats.spec_steps++;
     else
         s->stats.paused_steps++;
-    control_update(s, T - 1, n, n_path - 1, cairn_now() - t0);
+    control_update(s, T - 1, n, n_path - 1, cairn_now() - s->t_step);
     s->begun = true;
     return CAIRN_OK;
+}
+
+int cairn_spec_seq_step(cairn_spec_seq *s, int32_t *out, int cap, int *n_out)
+{
+    if (!s || !out || !n_out)
+        return CAIRN_EINVAL;
+    cairn_seq_batch sb;
+    TRY(cairn_spec_seq_draft(s, cap, &sb));
+    /* the verification's own buffers, made on the first step (a server
+     * verifies in its own batch and never needs them) */
+    const size_t rows = 1 + (size_t)s->dp.n_draft, nv = (size_t)s->spec->thp.n_vocab;
+    if (!s->tree_logits && !(s->tree_logits = malloc(rows * nv * sizeof(float))))
+        return CAIRN_ENOMEM;
+    if (s->feature_dim && !s->tree_feat &&
+        !(s->tree_feat = malloc(rows * (size_t)s->feature_dim * sizeof(float))))
+        return CAIRN_ENOMEM;
+    int n_o = 0;
+    TRY(cairn_model_forward(s->spec->target, s->kv_pool, s->kv, &sb, 1, s->tree_logits,
+                            s->feature_dim ? s->tree_feat : NULL, &n_o));
+    if (n_o != sb.n_tokens)
+        return CAIRN_EBACKEND;
+    return cairn_spec_seq_verified(s, s->tree_logits, s->tree_feat, out, n_out);
 }
 
 /* ---- adopted sequences (server) ------------------------------------------ */

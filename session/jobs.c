@@ -310,6 +310,7 @@ int job_spec_create(cairn_service *s, job *j)
     cairn_spec_seq_set_hooks(j->spec, &hooks);
     /* the pending token and the tree, or the methods' scratch rows */
     j->spec_span = cairn_spec_seq_span(j->spec);
+    j->spec_rows = 1 + dp.n_draft;
     return CAIRN_OK;
 }
 

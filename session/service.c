@@ -158,6 +158,10 @@ static int setup_layout(cairn_service *s, char *err, size_t err_len)
     s->spec_jobs = calloc((size_t)c->max_seqs, sizeof *s->spec_jobs);
     if (!s->spec_jobs)
         return CAIRN_ENOMEM;
+    /* the speculating jobs' trees are verified in the step's one forward:
+     * logits rows for draft_max_batch trees of the default size (a request
+     * asking for a bigger tree speculates when the rows are free) */
+    s->spec_rows_cap = s->draft_max_batch * (1 + d.n_draft);
     cairn_log(CAIRN_LOG_INFO, "service: speculative decoding with %s: depth %d, top-k %d, at "
               "most %d draft tokens; speculates while at most %d requests decode",
               cairn_spec_describe(s->spec), d.depth, d.top_k, d.n_draft, s->draft_max_batch);
@@ -216,7 +220,7 @@ static int setup_tables(cairn_service *s)
     s->fetching = calloc(max_seqs, sizeof *s->fetching);
     s->batch = calloc(max_seqs, sizeof *s->batch);
     s->batch_jobs = calloc(max_seqs, sizeof *s->batch_jobs);
-    s->logits = malloc(max_seqs * (size_t)s->n_vocab * sizeof(float));
+    s->logits = malloc((max_seqs + (size_t)s->spec_rows_cap) * (size_t)s->n_vocab * sizeof(float));
     if (!s->buckets || !s->running || !s->fetching || !s->batch || !s->batch_jobs || !s->logits)
         return CAIRN_ENOMEM;
     return CAIRN_OK;

@@ -45,6 +45,10 @@
 #define CAIRN_SESSION_IMPL_H
 
 #include "session/session.h"
+
+/* Tokens one speculative step may emit: cairn_spec_seq_max_out (a tree is at
+ * most 16 deep, plus the token drawn after it). */
+#define SPEC_OUT_MAX 17
 #include "store/store.h"
 
 #include <pthread.h>
@@ -128,6 +132,7 @@ typedef struct job {
     bool spec_ok;
     bool spec_failed;        /* adopting the pages failed: the job fails       */
     int spec_span;           /* KV indices a speculative step may write        */
+    int spec_rows;           /* rows its tree may take in a forward (1 + n)    */
     bool spec_ready;         /* the head has run over the pending token's
                                 predecessor (not so right after admission:
                                 that row is a page's last, see model.h)       */
@@ -186,6 +191,8 @@ struct cairn_service {
     float *features;           /* [max_batch_tokens][dim] when a method reads
                                   the target's features, else NULL            */
     job **spec_jobs;           /* this step's speculating jobs                */
+    int spec_rows_cap;         /* logits rows kept for their trees per step   */
+    int spec_rows_left;        /* of which not yet planned this step          */
     double forward_seconds;    /* the last batched forward's wall time        */
     uint64_t spec_steps, spec_tokens;
 

@@ -354,6 +354,11 @@ static void test_greedy_bundled(void **state)
     /* The shipped head must actually draft well: with the default shape it
      * accepts well over one token per step on this model (goal 3). */
     assert_true(tau[3] > 2.0);
+    /* the controller pauses a head that does not pay (none does on a model
+     * this small) for long stretches: the head must keep its features in
+     * bounds meanwhile, and the tokens stay the same */
+    greedy_case_with(getenv("CAIRN_MODEL"), false, NULL, shipped_head, 4, 240, shapes + 3, 1, NULL,
+                     true);
 }
 
 static void test_greedy_bundled_random_head(void **state)

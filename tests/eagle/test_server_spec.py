@@ -17,8 +17,9 @@ with `speculative: false` on the same server, token for token:
 - n-gram lookup keeps nothing in the pages: a prefix cached by a server
   without it is found by one with it after a restart (same namespace);
 - a draft model (the target itself here, so every guess is taken) keeps its
-  KV in the pages: greedy identical, its pages found again after a restart
-  with it and never by a server without it; a draft model of another
+  KV in the pages: greedy and sampled identical, sessions forked and
+  truncated mid-page identical, its pages found again after a restart with
+  it and never by a server without it; a draft model of another
   vocabulary, or a missing file, is refused at start with a message.
 """
 import json
@@ -198,6 +199,22 @@ try:
     ONLY = ("Max the dog ran to the big tree in the park and barked at a bird on a branch. "
             "The bird flew away and Max sat down under the tree to rest in the shade. ")
     first = c.generate(prompt=ONLY, max_tokens=N, temperature=0)
+
+    # sessions forked and truncated mid-page: each branch continues as a
+    # plain server's would (draft-model KV of shared and copied pages)
+    def branches(cl, **kw):
+        sid = cl.session_open(text=STORY + STORY[:37])["session_id"]
+        a = cl.session_generate(sid, max_tokens=24, temperature=0, **kw)
+        fork = cl.session_fork(sid)
+        b = cl.session_generate(fork, text=" Lily said", max_tokens=24, temperature=0.8, seed=2,
+                                **kw)
+        cl.session_truncate(sid, cl.session_info(sid)["n_tokens"] - 13)
+        d = cl.session_generate(sid, text=" and", max_tokens=24, temperature=0, **kw)
+        return [a.tokens, b.tokens, d.tokens]
+
+    with_spec = branches(c)
+    without = branches(c, speculative=False)
+    check(with_spec == without, "draft model: fork and truncate branches == plain")
     srv.stop()
     srv = start("--spec", "draft:" + model)
     c = srv.client(timeout=SHORT_HANG_GUARD_S)
