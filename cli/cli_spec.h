@@ -38,7 +38,9 @@ cairn_runtime_config cli_spec_runtime_config(const cli_model_opts *m, const cli_
     "      --spec LIST          speculative decoding, same output (lossless): comma-separated\n"  \
     "                           methods that draft together: ngram (prompt lookup),\n"            \
     "                           draft:MODEL.gguf (a smaller model, same vocabulary),\n"           \
-    "                           eagle:HEAD.gguf (an EAGLE head)\n"                                 \
+    "                           eagle:HEAD.gguf (an EAGLE head), medusa:HEADS.gguf (Medusa\n"   \
+    "                           heads), eagle3:HEAD.gguf (an EAGLE-3 head; not beside\n"        \
+    "                           eagle or medusa)\n"                                              \
     "      --draft HEAD.gguf    the same as --spec eagle:HEAD.gguf\n"                              \
     "      --draft-depth N      EAGLE draft tree depth (default 5)\n"                              \
     "      --draft-topk K       children per expanded EAGLE draft node (default 8)\n"              \

@@ -144,6 +144,19 @@ int cairn_model_forward_features(cairn_model *m, void *kv_pool, const cairn_kv_l
                                  const cairn_seq_batch *seqs, int n_seqs, float *logits,
                                  float *features, int *n_out);
 
+#define CAIRN_MAX_FEATURE_LAYERS 4
+
+/* What cairn_model_forward_features returns from now on: with n > 0, the
+ * residual stream (before any norm) entering each of layers[0 .. n) (0 =
+ * the embeddings, n_layer = leaving the last layer), side by side: rows of
+ * [n][dim], i.e. features [T][n*dim] (EAGLE-3's low, mid and high states:
+ * layers 2, n_layer/2, n_layer-3). n = 0 restores the final normed state.
+ * CAIRN_EINVAL for n > CAIRN_MAX_FEATURE_LAYERS or a layer outside
+ * 0 .. n_layer. cairn_model_forward's hidden rows are unchanged. */
+int cairn_model_set_feature_layers(cairn_model *m, const int *layers, int n);
+/* Floats per row of cairn_model_forward_features (dim, or n*dim). */
+int cairn_model_feature_dim(const cairn_model *m);
+
 /* ======================================================================== */
 /* Sampler                                                                  */
 /* ======================================================================== */
@@ -524,6 +537,158 @@ int cairn_spec_seq_n_past(const cairn_spec_seq *s);
 /* The methods that propose for this sequence, "ngram+eagle" (owned by s). */
 const char *cairn_spec_seq_describe(const cairn_spec_seq *s);
 void cairn_spec_seq_stats(const cairn_spec_seq *s, cairn_spec_stats *out);
+
+/* ======================================================================== */
+/* Medusa heads                                                             */
+/* ======================================================================== */
+/*
+ * Medusa heads (Cai et al. 2024) read the target's final feature f_j (the
+ * hidden state after the output norm, cairn_model_forward_features) of the
+ * last token with KV; head k (0-based) guesses the token k+1 places past the
+ * next one, i.e. depth k+1 of a draft tree under the pending token:
+ *
+ *   h = f_j;  for each residual block b:  h += silu(h·W_bᵀ + bias_b)
+ *   logits_k = h · output_kᵀ       (the head's own LM head, or the target's)
+ *
+ * The heads are independent given f_j, so a tree path's log-probability is
+ * the sum of its tokens' under their heads; the draft tree is the best rows
+ * by that sum within the row budget, each depth keeping fewer children
+ * (Medusa's sparse tree). No KV of their own.
+ *
+ * File: a GGUF with general.architecture = "medusa", metadata
+ * medusa.head_count (1..8), medusa.layer_count (residual blocks per head,
+ * 0..4), medusa.embedding_length (the target's dim), optional
+ * medusa.vocab_size (default: the target's), medusa.target.name; tensors
+ * medusa.{i}.res.{b}.weight [dim -> dim], medusa.{i}.res.{b}.bias [dim] (F32),
+ * optional medusa.{i}.output.weight [dim -> n_vocab] (absent: the target's
+ * LM head). tools/eagle_convert.py --medusa writes one from a published
+ * checkpoint (medusa_lm_head.pt / .safetensors with config.json),
+ * tools/eagle_train.py --kind medusa trains one.
+ */
+
+#define CAIRN_MEDUSA_MAX_HEADS 8
+#define CAIRN_MEDUSA_MAX_LAYERS 4
+#define CAIRN_MEDUSA_MAX_TOP_K 16
+#define CAIRN_MEDUSA_MAX_ROWS 255
+
+typedef struct cairn_medusa cairn_medusa;
+
+/* Load heads for `target` (borrowed; must outlive them) onto the target's
+ * backend. CAIRN_EFORMAT with a message when the file is not a Medusa head,
+ * lacks a tensor or does not fit the target (dim, vocabulary). */
+int cairn_medusa_load(const char *path, cairn_model *target, cairn_medusa **out, char *err,
+                      size_t err_len);
+void cairn_medusa_free(cairn_medusa *m);
+/* XXH3-128 of the heads' tensors and shape. */
+void cairn_medusa_fingerprint(const cairn_medusa *m, uint8_t out[16]);
+int cairn_medusa_head_count(const cairn_medusa *m);
+cairn_model *cairn_medusa_target(const cairn_medusa *m);
+
+/* logits[head_count][n_vocab] (host) of every head for one feature [dim]
+ * (host). */
+int cairn_medusa_logits(cairn_medusa *m, const float *feature, float *logits);
+
+/* The draft tree of `logits` (from cairn_medusa_logits): at most `budget`
+ * (0..255) rows, best path first, of depth at most min(depth, head_count),
+ * the tokens of depth d among head d-1's best top_k (1..16) at depth 1,
+ * halved per level down to 2. tokens[r], parents[r] (an earlier row, or -1
+ * for a child of the pending token); *n_rows rows. The logit bias of `sp`
+ * (may be NULL) applies to the guesses, so a forced token is proposed. */
+int cairn_medusa_draft(cairn_medusa *m, const float *logits, const cairn_sampling_params *sp,
+                       int depth, int top_k, int budget, int32_t *tokens, int32_t *parents,
+                       int *n_rows);
+
+/* Add Medusa heads (borrowed; loaded for the spec's target) to a spec as
+ * method "medusa": features needed, no KV of its own; the tree shape is the
+ * sequence's depth and top_k, its rows within n_draft. CAIRN_EINVAL for
+ * heads of another target or a second add. */
+int cairn_spec_add_medusa(cairn_spec *s, cairn_medusa *heads);
+
+/* ======================================================================== */
+/* EAGLE-3 heads                                                            */
+/* ======================================================================== */
+/*
+ * An EAGLE-3 head (Li et al. 2025) reads the target's residual stream
+ * entering three of its layers (low, mid, high: by default 2, n_layer/2,
+ * n_layer-3; cairn_model_set_feature_layers exports them) instead of the
+ * final feature, fused by fc; its one decoder layer attends over
+ * [normed embedding ; normed feature]; it predicts tokens over a reduced
+ * draft vocabulary mapped to the target's by d2t. Row j reads (states of
+ * token j, token j+1) at RoPE position j, like an EAGLE head; deeper draft
+ * rows read their parent row's pre-norm output instead of fused states:
+ *
+ *   h = fc · [s_low ; s_mid ; s_high]   | the parent row's output
+ *   a = [rmsnorm(embed(token)) * attn_norm ; rmsnorm(h) * hidden_norm]
+ *   x = h + attention(a·Wq, a·Wk, a·Wv) · Woᵀ;  x += ffn(rmsnorm(x) * ffn_norm)
+ *   logits = rmsnorm(x) * output_norm · outputᵀ   [draft vocabulary]
+ *
+ * File: a GGUF with general.architecture = "eagle3", metadata
+ * eagle3.embedding_length, eagle3.feed_forward_length,
+ * eagle3.attention.head_count, eagle3.attention.head_count_kv,
+ * eagle3.attention.layer_norm_rms_epsilon, eagle3.vocab_size (the draft
+ * vocabulary), eagle3.target_layers (3 integers); tensors fc.weight
+ * [3*dim -> dim], blk.0.attn_norm.weight (the embedding's norm),
+ * blk.0.hidden_norm.weight, blk.0.attn_{q,k,v}.weight [2*dim -> ...],
+ * blk.0.attn_output.weight, blk.0.ffn_norm.weight, blk.0.ffn_{gate,up,down}
+ * .weight, output_norm.weight, output.weight [dim -> draft vocabulary], d2t
+ * (I32 [draft vocabulary]: target id = draft id + d2t). tools/eagle_convert.py
+ * writes one from a published checkpoint (SafeAILab/EAGLE's eagle3 layout).
+ */
+
+#define CAIRN_EAGLE3_MAX_ROWS 64
+
+typedef struct cairn_eagle3 cairn_eagle3;
+
+/* Load a head for `target` (borrowed) onto its backend. CAIRN_EFORMAT with a
+ * message when it is not an EAGLE-3 head or does not fit the target (dim,
+ * KV heads, head size, layers, vocabulary). */
+int cairn_eagle3_load(const char *path, cairn_model *target, cairn_eagle3 **out, char *err,
+                      size_t err_len);
+void cairn_eagle3_free(cairn_eagle3 *e);
+void cairn_eagle3_fingerprint(const cairn_eagle3 *e, uint8_t out[16]);
+/* The target layers whose entering states it fuses, low to high. */
+void cairn_eagle3_target_layers(const cairn_eagle3 *e, int out[3]);
+int cairn_eagle3_draft_vocab(const cairn_eagle3 *e);
+cairn_model *cairn_eagle3_target(const cairn_eagle3 *e);
+/* The target token of a draft id (-1 outside the draft vocabulary). */
+int32_t cairn_eagle3_target_token(const cairn_eagle3 *e, int32_t draft_id);
+
+/* One call's head rows. Their K/V go to layer kv_layer of the pages (a page
+ * layout with a layer for the head), at KV indices kv_index[]; the rows
+ * attend over head KV 0 .. n_kv-1, causally (mask NULL: row r sees
+ * 0 .. kv_index[r]) or by mask [n_rows][n_kv]. */
+typedef struct {
+    int n_rows;               /* 1 .. CAIRN_EAGLE3_MAX_ROWS                  */
+    const int32_t *tokens;    /* [n_rows] the next token of each row         */
+    const float *features;    /* fused: [n_rows][3*dim] target states (the
+                                 layout cairn_model_forward_features writes
+                                 with the head's layers); else [n_rows][dim]
+                                 parent outputs                              */
+    bool fused;
+    const int32_t *pos, *kv_index; /* [n_rows]                               */
+    int n_kv;
+    const uint8_t *mask;
+    void *kv_pool;
+    const cairn_kv_layout *kv;
+    const int32_t *pages;
+    int kv_layer;
+} cairn_eagle3_rows;
+
+/* Runs the rows: hidden[n_rows][dim] (host, optional) their pre-norm
+ * outputs (what deeper rows read), logits[n_logit_rows][draft vocabulary]
+ * (host) of the last n_logit_rows rows. */
+int cairn_eagle3_forward(cairn_eagle3 *e, const cairn_eagle3_rows *rows, float *hidden,
+                         float *logits, int n_logit_rows);
+/* logits[n][draft vocabulary] of pre-norm outputs hidden[n][dim] (host), as
+ * cairn_eagle3_forward computes them for its last rows. */
+int cairn_eagle3_project(cairn_eagle3 *e, const float *hidden, int n, float *logits);
+
+/* Add an EAGLE-3 head (borrowed; loaded for the spec's target) as method
+ * "eagle3". It sets the target's feature layers to the head's
+ * (cairn_model_set_feature_layers), so no method reading the final feature
+ * (eagle, medusa) may be in the same spec: CAIRN_EINVAL then (and for a
+ * head of another target, or a second add). */
+int cairn_spec_add_eagle3(cairn_spec *s, cairn_eagle3 *head);
 
 #ifdef __cplusplus
 }

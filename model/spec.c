@@ -65,7 +65,13 @@ int cairn_spec_create(cairn_model *target, cairn_spec **out)
     return CAIRN_OK;
 }
 
-void cairn_spec_free(cairn_spec *s) { free(s); }
+void cairn_spec_free(cairn_spec *s)
+{
+    /* an EAGLE-3 head set the target's features to its layers' states */
+    if (s && cairn_spec_method_mask(s, "eagle3"))
+        cairn_model_set_feature_layers(s->target, NULL, 0);
+    free(s);
+}
 
 static int spec_add(cairn_spec *s, const spec_drafter_ops *ops, void *method)
 {
@@ -91,7 +97,9 @@ int cairn_spec_add_ngram(cairn_spec *s) { return spec_add(s, &spec_ngram_ops, s)
 
 int cairn_spec_add_eagle(cairn_spec *s, cairn_eagle *head)
 {
-    if (!s || !head)
+    /* not beside an EAGLE-3 head (here or in another spec of the target):
+     * the target's features are then its layers' states */
+    if (!s || !head || cairn_model_feature_dim(s->target) != s->thp.dim)
         return CAIRN_EINVAL;
     return spec_add(s, &spec_eagle_ops, head);
 }
@@ -340,7 +348,8 @@ int cairn_spec_seq_create(cairn_spec *spec, const cairn_spec_params *dp,
             snprintf(q->describe + len, sizeof q->describe - len, "%s%s", len ? "+" : "",
                      spec->drafters[i].ops->name);
         }
-    q->feature_dim = cairn_spec_needs_features(spec) ? spec->thp.dim : 0;
+    /* the target's final feature, or the layer states an EAGLE-3 head set */
+    q->feature_dim = cairn_spec_needs_features(spec) ? cairn_model_feature_dim(spec->target) : 0;
     q->ctl.chain = d.fixed_length ? d.chain_max : (d.chain_max < 4 ? d.chain_max : 4);
     q->ctl.pause_len = 16;
     q->ctl.pause_left = spec->prior_pause;

@@ -120,5 +120,7 @@ cairn_model *spec_target(const cairn_spec *s);
 extern const spec_drafter_ops spec_ngram_ops;  /* model/spec_ngram.c  */
 extern const spec_drafter_ops spec_eagle_ops;  /* model/eagle.c       */
 extern const spec_drafter_ops spec_dmodel_ops; /* model/spec_draft.c  */
+extern const spec_drafter_ops spec_medusa_ops; /* model/spec_medusa.c */
+extern const spec_drafter_ops spec_eagle3_ops; /* model/spec_eagle3.c */
 
 #endif /* CAIRN_ENGINE_SPEC_IMPL_H */

@@ -20,6 +20,8 @@ struct cairn_runtime {
     /* speculative decoding: the methods and what they borrow */
     cairn_spec *spec;
     cairn_eagle *eagle;
+    cairn_medusa *medusa;
+    cairn_eagle3 *eagle3;
     cairn_model *draft_model;
     int32_t turn_end[16];
     size_t n_turn_end;
@@ -188,6 +190,36 @@ static int open_eagle(cairn_runtime *rt, const char *path, char *err, size_t err
     return cairn_spec_add_eagle(rt->spec, rt->eagle);
 }
 
+static int open_medusa(cairn_runtime *rt, const char *path, char *err, size_t err_len)
+{
+    if (rt->medusa)
+        return cairn_errorf(err, err_len, CAIRN_EINVAL, "--spec: one set of Medusa heads at most");
+    char why[400] = "";
+    int rc = cairn_medusa_load(path, rt->model, &rt->medusa, why, sizeof why);
+    if (rc != CAIRN_OK)
+        return cairn_errorf(err, err_len, rc, "cannot load the Medusa heads %s: %s", path,
+                            why[0] ? why : cairn_strerror(rc));
+    if ((rc = cairn_spec_add_medusa(rt->spec, rt->medusa)) != CAIRN_OK)
+        return cairn_errorf(err, err_len, rc, "--spec: Medusa heads cannot go beside eagle3");
+    return CAIRN_OK;
+}
+
+static int open_eagle3(cairn_runtime *rt, const char *path, char *err, size_t err_len)
+{
+    if (rt->eagle3)
+        return cairn_errorf(err, err_len, CAIRN_EINVAL, "--spec: one EAGLE-3 head at most");
+    char why[400] = "";
+    int rc = cairn_eagle3_load(path, rt->model, &rt->eagle3, why, sizeof why);
+    if (rc != CAIRN_OK)
+        return cairn_errorf(err, err_len, rc, "cannot load the EAGLE-3 head %s: %s", path,
+                            why[0] ? why : cairn_strerror(rc));
+    if ((rc = cairn_spec_add_eagle3(rt->spec, rt->eagle3)) != CAIRN_OK)
+        return cairn_errorf(err, err_len, rc,
+                            "--spec: an EAGLE-3 head reads other target states than eagle and "
+                            "medusa do: it cannot go beside them");
+    return CAIRN_OK;
+}
+
 /* --spec METHOD[,METHOD...] (and --draft HEAD, an EAGLE head). */
 static int open_spec(cairn_runtime *rt, const cairn_runtime_config *cfg, char *err, size_t err_len)
 {
@@ -212,10 +244,15 @@ static int open_spec(cairn_runtime *rt, const cairn_runtime_config *cfg, char *e
             rc = open_draft_model(rt, cfg, item + 6, err, err_len);
         } else if (strncmp(item, "eagle:", 6) == 0 && item[6]) {
             rc = open_eagle(rt, item + 6, err, err_len);
+        } else if (strncmp(item, "medusa:", 7) == 0 && item[7]) {
+            rc = open_medusa(rt, item + 7, err, err_len);
+        } else if (strncmp(item, "eagle3:", 7) == 0 && item[7]) {
+            rc = open_eagle3(rt, item + 7, err, err_len);
         } else {
             return cairn_errorf(err, err_len, CAIRN_EINVAL,
-                                "--spec: unknown method '%s' (expected ngram, draft:MODEL.gguf or "
-                                "eagle:HEAD.gguf, comma-separated)", item);
+                                "--spec: unknown method '%s' (expected ngram, draft:MODEL.gguf, "
+                                "eagle:HEAD.gguf, medusa:HEADS.gguf or eagle3:HEAD.gguf, "
+                                "comma-separated)", item);
         }
     }
     if (rc == CAIRN_OK && cfg->draft_path)
@@ -258,6 +295,8 @@ void cairn_runtime_close(cairn_runtime *rt)
     cairn_grammar_vocab_free(rt->grammar_vocab);
     cairn_spec_free(rt->spec);
     cairn_eagle_free(rt->eagle);
+    cairn_medusa_free(rt->medusa);
+    cairn_eagle3_free(rt->eagle3);
     cairn_model_free(rt->draft_model);
     cairn_chat_template_free(rt->chat);
     cairn_vocab_free(rt->vocab);

@@ -82,7 +82,9 @@ typedef struct {
     /* Speculative decoding methods, comma-separated, in the order they add
      * to a draft tree: "ngram" (prompt lookup), "draft:MODEL.gguf" (a draft
      * model with the target's vocabulary, token for token, else refused),
-     * "eagle:HEAD.gguf". NULL or "": none (besides draft_path). */
+     * "eagle:HEAD.gguf", "medusa:HEADS.gguf" (Medusa heads), "eagle3:HEAD.gguf"
+     * (an EAGLE-3 head, not beside eagle or medusa). NULL or "": none (besides
+     * draft_path). */
     const char *spec;
 } cairn_runtime_config;
 

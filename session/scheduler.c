@@ -531,7 +531,8 @@ void sched_step(cairn_service *s)
     /* every plain sequence in the batch returned its last row's logits
      * (needed only where the prompt is finished), every tree all its rows */
     const float *features = s->features;
-    const size_t dim = (size_t)cairn_model_hparams(s->model)->dim;
+    /* a feature row: the final state, or an EAGLE-3 head's layer states */
+    const size_t dim = (size_t)cairn_model_feature_dim(s->model);
     size_t row = 0;
     for (int b = 0; b < n; b++) {
         job *j = s->batch_jobs[b];

@@ -149,7 +149,8 @@ static int setup_layout(cairn_service *s, char *err, size_t err_len)
     }
     cairn_spec_seq_free(probe);
     if (cairn_spec_needs_features(s->spec)) {
-        const size_t dim = (size_t)cairn_model_hparams(s->model)->dim;
+        /* the final feature, or an EAGLE-3 head's layer states */
+        const size_t dim = (size_t)cairn_model_feature_dim(s->model);
         s->features = malloc((size_t)c->max_batch_tokens * dim * sizeof(float));
         if (!s->features)
             return CAIRN_ENOMEM;

@@ -237,7 +237,8 @@ try:
                     "--type", "F32", "--vocab", "600", "--seed", "9", "-o", other], check=True,
                    capture_output=True, timeout=SHORT_HANG_GUARD_S)
     for spec, want in (("draft:" + other, "vocabulary"), ("draft:/nonexistent.gguf", "draft"),
-                       ("medusa:x", "unknown method"), ("ngram,ngram", "twice")):
+                       ("bogus:x", "unknown method"), ("medusa:/nonexistent.gguf", "Medusa heads"),
+                       ("ngram,ngram", "twice")):
         r = subprocess.run([cairn, "serve", "-m", model, "-t", "1", "--port", "0", "--spec", spec],
                            capture_output=True, text=True, timeout=SHORT_HANG_GUARD_S)
         check(r.returncode != 0 and want in r.stderr,
