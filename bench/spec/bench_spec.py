@@ -43,6 +43,7 @@ import argparse
 import http.client
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -323,6 +324,16 @@ def run(args, configs, workloads):
     live = [c for c in configs if c.skip is None]
     logdir = tempfile.mkdtemp(prefix="bench-spec-")
     print("server logs in %s" % logdir, file=sys.stderr)
+    try:
+        run_rounds(args, configs, workloads, results, live, logdir)
+    except KeyboardInterrupt:
+        # the server in use was stopped on the way out; report what finished
+        args.interrupted = True
+        print("interrupted: reporting the measurements so far", file=sys.stderr)
+    return results
+
+
+def run_rounds(args, configs, workloads, results, live, logdir):
     for rnd in range(args.rounds):
         k = rnd % len(live) if live else 0
         for c in live[k:] + live[:k]:
@@ -352,7 +363,6 @@ def run(args, configs, workloads):
                 srv.stop()
             print("round %d  %s took %.0f s" % (rnd + 1, c.label, time.time() - t),
                   file=sys.stderr)
-    return results
 
 
 def fmt(x, f):
@@ -383,6 +393,8 @@ def report(args, configs, workloads, results):
               short_name(args.model), args.n_predict, args.threads, args.rounds,
               "" if args.no_stream else ", streamed", args.load_start, os.getloadavg()[0],
               os.cpu_count()))
+    if args.interrupted:
+        print("(interrupted: cells are medians over the rounds that finished)\n")
     print("| workload | model | engine | method | prompt | tokens | TTFT s | %s | e2e tok/s | tau | "
           "accept | speed-up vs cairn | vs llama.cpp | same output |" % rate)
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -521,6 +533,8 @@ def main():
     # A busy machine slows every config, llama.cpp's spinning thread pool
     # most: the load is printed with the table so a reader can judge it.
     args.load_start = os.getloadavg()[0]
+    args.interrupted = False
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     results = run(args, configs, workloads)
     failures = report(args, configs, workloads, results)
     if args.json:
