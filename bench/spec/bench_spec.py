@@ -40,10 +40,12 @@ usage: bench/spec/bench_spec.py [--cairn build/cairn] [--llama-server PATH]
            [--port-base 18300] [--json out.json]
 """
 import argparse
+import ctypes
 import http.client
 import json
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -167,6 +169,15 @@ def llama_configs(args):
 
 # ---------------------------------------------------------------- servers
 
+def die_with_parent():
+    """In the child: get SIGTERM when this script dies, however it dies, so
+    no server outlives a run and holds its port."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 class Server:
     """A server process on 127.0.0.1:port, ready once /v1/models answers 200
     (llama-server answers 503 while it loads)."""
@@ -176,9 +187,14 @@ class Server:
         self.log_path = os.path.join(logdir, "%s-%s.log" % (config.engine,
                                                             config.method.replace("/", "_")))
         argv = [a.replace("{port}", str(port)) for a in config.argv]
+        # Something already answering there (a server left by a killed run)
+        # would be measured instead of ours.
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                raise RuntimeError("port %d is already in use (a stale server?)" % port)
         self.log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
         deadline = time.time() + timeout
         while True:
             if self.proc.poll() is not None:
