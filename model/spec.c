@@ -250,6 +250,10 @@ typedef struct {
     int pause_len;       /* the next pause's length (doubles while it fails) */
     int since_plain;     /* speculative steps since plain_cost was measured  */
     int chain;           /* current chain budget of the chain drafters       */
+    double accepted, rejected; /* guesses kept, and steps that rejected one
+                                  (decaying counts): a guess is kept with
+                                  probability about kept / (kept + rejected) */
+    double row_cost;     /* what one more row adds to a step (seconds)       */
 } spec_control;
 
 struct cairn_spec_seq {
@@ -596,8 +600,30 @@ static bool control_wants_draft(cairn_spec_seq *s)
 
 /* After a step: `drafted` rows were verified (0 = a plain step), `tokens`
  * emitted, in `cost` seconds; `accepted_depth` draft tokens accepted. */
+/* The chain length with the most tokens per second: a guess is kept with
+ * probability a (each after the one before), a step with L guesses costs
+ * plain_cost + L * row_cost, so it gives (1 - a^(L+1)) / (1 - a) tokens in
+ * that time. On a machine where rows are nearly free (memory-bound decode)
+ * chains grow to what is accepted; where every row costs (compute-bound
+ * kernels) they stay short. */
+static int best_chain(const spec_control *c, int chain_max)
+{
+    const double a = (c->accepted + 1) / (c->accepted + c->rejected + 2);
+    int best = 1;
+    double best_rate = 0;
+    for (int L = 1; L <= chain_max; L++) {
+        const double tokens = a > 0.999 ? L + 1 : (1 - pow(a, L + 1)) / (1 - a);
+        const double rate = tokens / (c->plain_cost + c->row_cost * L);
+        if (rate > best_rate) {
+            best_rate = rate;
+            best = L;
+        }
+    }
+    return best;
+}
+
 static void control_update(cairn_spec_seq *s, int drafted, int tokens, int accepted_depth,
-                           double cost)
+                           int tree_depth, double cost)
 {
     spec_control *c = &s->ctl;
     if (s->dp.fixed_length)
@@ -610,14 +636,16 @@ static void control_update(cairn_spec_seq *s, int drafted, int tokens, int accep
         return;
     }
     c->since_plain++;
-    /* chains grow while all of a chain is taken, else shrink towards what
-     * was (never below 2: one guess is almost never worth a step) */
-    if (accepted_depth >= c->chain)
+    /* what guesses are worth and what rows cost, then the chain length */
+    c->accepted = 0.9 * c->accepted + accepted_depth;
+    c->rejected = 0.9 * c->rejected + (accepted_depth < tree_depth ? 1 : 0);
+    if (c->plain_cost > 0) {
+        const double extra = (cost - c->plain_cost) / drafted;
+        c->row_cost = ema(c->row_cost, extra > 0 ? extra : 0, 0.3);
+        c->chain = best_chain(c, s->dp.chain_max);
+    } else if (accepted_depth >= c->chain) { /* no cost known yet: grow */
         c->chain = c->chain + 2 <= s->dp.chain_max ? c->chain + 2 : s->dp.chain_max;
-    else
-        c->chain = accepted_depth + 1 > 2 ? accepted_depth + 1 : 2;
-    if (c->chain > s->dp.chain_max)
-        c->chain = s->dp.chain_max;
+    }
     /* the speed since speculation (re)started: sums over a window of at
      * most 32 steps, then EMAs of the same */
     if (c->n_spec < 32) {
@@ -888,7 +916,11 @@ int cairn_spec_seq_verified(cairn_spec_seq *s, float *logits, const float *featu
         s->stats.spec_steps++;
     else
         s->stats.paused_steps++;
-    control_update(s, T - 1, n, n_path - 1, cairn_now() - s->t_step);
+    int tree_depth = 0;
+    for (int r = 1; r < T; r++)
+        if (t->depth[r] > tree_depth)
+            tree_depth = t->depth[r];
+    control_update(s, T - 1, n, n_path - 1, tree_depth, cairn_now() - s->t_step);
     s->begun = true;
     return CAIRN_OK;
 }

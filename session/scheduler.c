@@ -538,14 +538,19 @@ void sched_step(cairn_service *s)
         job *j = s->batch_jobs[b];
         const int n_tok = s->batch[b].n_tokens;
         j->n_computed += (size_t)n_tok;
-        if (j->spec && n_tok == 1) /* what a plain step costs: speculation must beat it */
-            cairn_spec_seq_note_plain_cost(j->spec, s->forward_seconds);
         bool done = j->n_computed >= j->seq.n &&
                     job_take_token(s, j, s->logits + row * s->n_vocab);
         row++;
         /* the methods over the same tokens, now that the next one is known,
          * before the pages can go to the tree */
-        if (j->spec && job_spec_advance(s, j, features, n_tok) != CAIRN_OK) {
+        const double t_advance = cairn_now();
+        const int arc = j->spec ? job_spec_advance(s, j, features, n_tok) : CAIRN_OK;
+        /* what a plain step costs this job, its methods' upkeep (a draft
+         * model's forward) included: speculation must beat it */
+        if (j->spec && n_tok == 1 && arc == CAIRN_OK)
+            cairn_spec_seq_note_plain_cost(j->spec,
+                                           s->forward_seconds + (cairn_now() - t_advance));
+        if (arc != CAIRN_OK) {
             running_drop(s, j);
             job_fail_head(s, j);
         } else if (done) {
