@@ -427,14 +427,6 @@ static int masks_fit(eagle_state *q, const spec_view *v)
     return q->mask_cap == v->capacity ? CAIRN_OK : CAIRN_ENOMEM;
 }
 
-/* A head row at a page's last index: never attended by other rows of an
- * adopted (page-sharing) sequence, see model/model.h. */
-static bool page_last(const spec_view *v, int index)
-{
-    const int ps = v->kv->page_size;
-    return index % ps == ps - 1;
-}
-
 /* Runs the head over its pending rows head_done .. upto-1 (features in
  * q->feat, tokens j+1 from v->tokens, so upto < n_known), in chunks. The
  * last row's output and logits (the root's when upto = n_past) land in
@@ -466,7 +458,7 @@ static int head_catch_up_to(eagle_state *q, const spec_view *v, int upto)
             for (int r = 0; r < R; r++) {
                 uint8_t *m = mask + (size_t)r * n_kv;
                 for (int k = 0; k < n_kv; k++)
-                    m[k] = k <= q->head_done + r && (!page_last(v, k) || k == q->head_done + r);
+                    m[k] = k <= q->head_done + r && (!spec_page_last(v, k) || k == q->head_done + r);
             }
         }
         TRY(head_forward(e, v->kv_pool, v->own_kv, v->pages, v->tokens + q->head_done + 1, q->feat,
@@ -542,34 +534,6 @@ static int eagle_advance(void *state, const spec_view *v, int from, const float 
 
 /* ---- drafting ----------------------------------------------------------- */
 
-/* The best k tokens of logits[n] (descending; ties to the lower id) and
- * their log-probabilities. */
-static void top_k_logprobs(const float *logits, int n, int k, int32_t *ids, float *lp)
-{
-    float max = -INFINITY;
-    for (int i = 0; i < n; i++)
-        if (logits[i] > max)
-            max = logits[i];
-    double sum = 0;
-    for (int i = 0; i < n; i++)
-        sum += exp((double)logits[i] - max);
-    const float log_z = (float)(max + log(sum));
-    int m = 0;
-    for (int i = 0; i < n; i++) {
-        const float l = logits[i];
-        if (m == k && !(l > logits[ids[k - 1]]))
-            continue;
-        int at = m < k ? m++ : k - 1;
-        while (at > 0 && l > logits[ids[at - 1]]) {
-            ids[at] = ids[at - 1];
-            at--;
-        }
-        ids[at] = i;
-    }
-    for (int i = 0; i < m; i++)
-        lp[i] = logits[ids[i]] - log_z;
-}
-
 /* Candidates ordered by score, descending; ties to the earlier candidate. */
 static int cmp_cand_score(const void *a, const void *b, const cand *c)
 {
@@ -604,7 +568,7 @@ static void add_children(eagle_state *q, int parent, float *logits)
     float lp[MAX_TOP_K];
     for (int i = 0; i < q->sp.n_logit_bias; i++)
         logits[q->sp.logit_bias[i].token] += q->sp.logit_bias[i].bias;
-    top_k_logprobs(logits, q->e->thp.n_vocab, k, ids, lp);
+    spec_top_k_logprobs(logits, q->e->thp.n_vocab, k, ids, lp);
     const float base = parent < 0 ? 0.0f : q->cands[parent].score;
     const int depth = parent < 0 ? 1 : q->cands[parent].depth + 1;
     for (int i = 0; i < k; i++)

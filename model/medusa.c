@@ -17,6 +17,7 @@
  */
 #include "model/eagle_impl.h"
 #include "model/layer_impl.h"
+#include "model/spec_impl.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -276,34 +277,6 @@ int cairn_medusa_logits(cairn_medusa *m, const float *feature, float *logits)
     return cairn_backend_synchronize(be);
 }
 
-/* The best k tokens of logits[n] (descending; ties to the lower id) and
- * their log-probabilities; k <= n. */
-static void top_k_logprobs(const float *logits, int n, int k, int32_t *ids, float *lp)
-{
-    float max = -INFINITY;
-    for (int i = 0; i < n; i++)
-        if (logits[i] > max)
-            max = logits[i];
-    double sum = 0;
-    for (int i = 0; i < n; i++)
-        sum += exp((double)logits[i] - max);
-    const float log_z = (float)(max + log(sum));
-    int m = 0;
-    for (int i = 0; i < n; i++) {
-        const float l = logits[i];
-        if (m == k && !(l > logits[ids[k - 1]]))
-            continue;
-        int at = m < k ? m++ : k - 1;
-        while (at > 0 && l > logits[ids[at - 1]]) {
-            ids[at] = ids[at - 1];
-            at--;
-        }
-        ids[at] = i;
-    }
-    for (int i = 0; i < m; i++)
-        lp[i] = logits[ids[i]] - log_z;
-}
-
 /* A path not yet chosen: the chosen row it extends (-1: the root), its depth
  * (= the head whose guess it ends in, 1-based) and the rank of that guess. */
 typedef struct {
@@ -338,7 +311,7 @@ int cairn_medusa_draft(cairn_medusa *m, const float *logits, const cairn_samplin
         memcpy(row, logits + (size_t)k * nv, (size_t)nv * sizeof(float));
         for (int b = 0; sp && b < sp->n_logit_bias; b++)
             row[sp->logit_bias[b].token] += sp->logit_bias[b].bias;
-        top_k_logprobs(row, nv, top_k, ids[k], lp[k]);
+        spec_top_k_logprobs(row, nv, top_k, ids[k], lp[k]);
     }
     free(row);
 

@@ -236,6 +236,32 @@ int spec_tree_add(spec_tree *t, int parent, int32_t token, int source)
     return r;
 }
 
+void spec_top_k_logprobs(const float *logits, int n, int k, int32_t *ids, float *lp)
+{
+    float max = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (logits[i] > max)
+            max = logits[i];
+    double sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += exp((double)logits[i] - max);
+    const float log_z = (float)(max + log(sum));
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        const float l = logits[i];
+        if (m == k && !(l > logits[ids[k - 1]]))
+            continue;
+        int at = m < k ? m++ : k - 1;
+        while (at > 0 && l > logits[ids[at - 1]]) {
+            ids[at] = ids[at - 1];
+            at--;
+        }
+        ids[at] = i;
+    }
+    for (int i = 0; i < m; i++)
+        lp[i] = logits[ids[i]] - log_z;
+}
+
 /* ======================================================================== */
 /* One sequence                                                             */
 /* ======================================================================== */

@@ -119,14 +119,6 @@ static int masks_fit(e3_state *q, const spec_view *v)
     return q->mask_cap == v->capacity ? CAIRN_OK : CAIRN_ENOMEM;
 }
 
-/* A head row at a page's last index: never attended by other rows of an
- * adopted (page-sharing) sequence, as for EAGLE (model/model.h). */
-static bool page_last(const spec_view *v, int index)
-{
-    const int ps = v->kv->page_size;
-    return index % ps == ps - 1;
-}
-
 /* The head over its pending rows head_done .. upto-1, in chunks; the last
  * row's output (the root's when upto = n_past) lands in head_hidden[0]. */
 static int catch_up_to(e3_state *q, const spec_view *v, int upto)
@@ -153,7 +145,7 @@ static int catch_up_to(e3_state *q, const spec_view *v, int upto)
             for (int r = 0; r < R; r++) {
                 uint8_t *m = mask + (size_t)r * n_kv;
                 for (int k = 0; k < n_kv; k++)
-                    m[k] = k <= q->head_done + r && (!page_last(v, k) || k == q->head_done + r);
+                    m[k] = k <= q->head_done + r && (!spec_page_last(v, k) || k == q->head_done + r);
             }
         }
         const cairn_eagle3_rows rows = {
@@ -209,33 +201,6 @@ static int e3_advance(void *state, const spec_view *v, int from, const float *fe
     return take_features(q, v, from, features, n);
 }
 
-/* The best k of logits[n] (descending; ties to the lower id), log-probs. */
-static void top_k_logprobs(const float *logits, int n, int k, int32_t *ids, float *lp)
-{
-    float max = -INFINITY;
-    for (int i = 0; i < n; i++)
-        if (logits[i] > max)
-            max = logits[i];
-    double sum = 0;
-    for (int i = 0; i < n; i++)
-        sum += exp((double)logits[i] - max);
-    const float log_z = (float)(max + log(sum));
-    int m = 0;
-    for (int i = 0; i < n; i++) {
-        const float l = logits[i];
-        if (m == k && !(l > logits[ids[k - 1]]))
-            continue;
-        int at = m < k ? m++ : k - 1;
-        while (at > 0 && l > logits[ids[at - 1]]) {
-            ids[at] = ids[at - 1];
-            at--;
-        }
-        ids[at] = i;
-    }
-    for (int i = 0; i < m; i++)
-        lp[i] = logits[ids[i]] - log_z;
-}
-
 static int cmp_score(int32_t i, int32_t j, const cand *c)
 {
     if (c[i].score != c[j].score)
@@ -263,7 +228,7 @@ static void add_children(e3_state *q, int parent, float *logits)
     float lp[MAX_TOP_K];
     for (int i = 0; i < q->n_bias; i++)
         logits[q->bias_id[i]] += q->bias[i];
-    top_k_logprobs(logits, q->nvd, q->top_k, ids, lp);
+    spec_top_k_logprobs(logits, q->nvd, q->top_k, ids, lp);
     const float base = parent < 0 ? 0.0f : q->cands[parent].score;
     const int depth = parent < 0 ? 1 : q->cands[parent].depth + 1;
     for (int i = 0; i < q->top_k; i++)

@@ -112,6 +112,19 @@ typedef struct {
     void *method;
 } spec_drafter;
 
+/* The best k tokens of logits[n] (descending; ties to the lower id) and
+ * their log-probabilities (k <= n): the candidates of a tree drafter. */
+void spec_top_k_logprobs(const float *logits, int n, int k, int32_t *ids, float *lp);
+
+/* A head row at a page's last index: never attended by other rows of an
+ * adopted (page-sharing) sequence, for heads whose rows read the next token
+ * (model/model.h). */
+static inline bool spec_page_last(const spec_view *v, int index)
+{
+    const int ps = v->kv->page_size;
+    return index % ps == ps - 1;
+}
+
 /* Add a drafter to a spec (what the cairn_spec_add_* functions do). */
 int spec_add_drafter(cairn_spec *s, const spec_drafter_ops *ops, void *method);
 cairn_model *spec_target(const cairn_spec *s);
