@@ -442,10 +442,15 @@ def main():
               % (ep + 1, vl, " ".join("%.3f" % v for v in vacc), time.time() - t0),
               file=sys.stderr)
         if best is None or vl < best[0]:
-            best = (vl, ep + 1, {k: v.detach().clone() for k, v in head.state_dict().items()})
-    print("keeping epoch %d (lowest validation loss)" % best[1], file=sys.stderr)
+            best = (vl, ep + 1)
+            # written at every improvement, so an interrupted run leaves a usable head
+            save_head(a.output, info, head.state_dict(), ffn)
+    print("kept epoch %d (lowest validation loss) in %s (%.0f s)"
+          % (best[1], a.output, time.time() - t0), file=sys.stderr)
 
-    sd = {k: v.numpy() for k, v in best[2].items()}
+
+def save_head(path, info, state, ffn):
+    sd = {k: v.detach().numpy() for k, v in state.items()}
     tensors = {
         "fc.weight": sd["fc.weight"],
         "fc.bias": sd["fc.bias"],
@@ -458,8 +463,7 @@ def main():
         "blk.0.ffn_up.weight": sd["up.weight"],
         "blk.0.ffn_down.weight": sd["down.weight"],
     }
-    write_head(a.output, info, tensors, ffn)
-    print("wrote %s in %.0f s" % (a.output, time.time() - t0), file=sys.stderr)
+    write_head(path, info, tensors, ffn)
 
 
 if __name__ == "__main__":
