@@ -291,6 +291,9 @@ def main():
     ap.add_argument("-o", "--output", required=True)
     ap.add_argument("--data", help="JSON-lines token sequences to train on (tools/eagle_data.py) "
                                    "instead of generating them here")
+    ap.add_argument("--features", help="with --data: cache of the target's features (read if it "
+                                       "exists, else written), so a rerun with other training "
+                                       "settings skips the target forwards")
     ap.add_argument("--n-seqs", type=int, default=640, help="sequences generated (without --data)")
     ap.add_argument("--seq-len", type=int, default=160, help="their length (without --data)")
     ap.add_argument("--temps", default="0.6,0.8,1.0", help="sampling temperatures, cycled")
@@ -324,8 +327,15 @@ def main():
     else:
         max_len = a.seq_len
     target = Target(info, w, max_len + 8)
-    if a.data:
+    if a.data and a.features and os.path.exists(a.features):
+        feats = torch.load(a.features)
+        if [len(x) for x in feats] != [len(x) for x, _ in seqs]:
+            raise SystemExit("eagle_train.py: %s holds features of other sequences" % a.features)
+        print("features of %d sequences read from %s" % (len(feats), a.features), file=sys.stderr)
+    elif a.data:
         feats, agree = record_features(target, seqs, 4)
+        if a.features:
+            torch.save(feats, a.features)
         print("features of %d sequences (%d tokens) from %s in %.0f s; target argmax = next "
               "answer token on %.3f of the first 4 answers"
               % (len(seqs), sum(len(x) for x, _ in seqs), a.data, time.time() - t0, agree),
