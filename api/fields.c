@@ -280,15 +280,60 @@ static int logprobs_fields(cairn_api_op op, const json_t *params, cairn_gen_para
     return CAIRN_OK;
 }
 
-/* speculative (bool) and draft {depth 1..16, top_k 1..16, n 1..255}: the
- * draft tree of a server with a draft head; absent keys take its settings. */
-static int speculation_fields(const json_t *params, cairn_gen_params *g, cairn_api_error *e)
+/* speculative: true (the server's methods), false (none), or the names of
+ * some of the server's methods ("ngram", "draft", "eagle"; a string, comma-
+ * separated, or an array of strings), which then alone propose; and draft
+ * {depth 1..16, top_k 1..16, n 1..255}: the draft tree; absent keys take the
+ * server's settings. */
+static int speculation_methods(const cairn_api *api, const json_t *v, cairn_gen_params *g,
+                               cairn_api_error *e)
 {
-    bool speculative = true;
-    int rc = api_get_bool(params, "speculative", &speculative, e);
-    if (rc)
-        return rc;
-    g->no_speculation = !speculative;
+    const cairn_spec *spec = api->runtime ? cairn_runtime_spec(api->runtime) : NULL;
+    const size_t n = json_is_array(v) ? json_array_size(v) : 1;
+    if (n == 0)
+        return api_fail(e, CAIRN_EINVAL, "speculative", "'speculative' names no method");
+    for (size_t i = 0; i < n; i++) {
+        const json_t *item = json_is_array(v) ? json_array_get(v, i) : v;
+        if (!json_is_string(item))
+            return api_fail(e, CAIRN_EINVAL, "speculative",
+                            "'speculative' must be a boolean, a method name or an array of them");
+        const char *list = json_string_value(item);
+        while (*list) {
+            const char *end = strchr(list, ',');
+            const size_t len = end ? (size_t)(end - list) : strlen(list);
+            char name[32];
+            if (len == 0 || len >= sizeof name)
+                return api_fail(e, CAIRN_EINVAL, "speculative",
+                                "'speculative' names an empty or unknown method");
+            memcpy(name, list, len);
+            name[len] = '\0';
+            list += len + (end ? 1 : 0);
+            const uint32_t bit = cairn_spec_method_mask(spec, name);
+            if (!bit)
+                return api_fail(e, CAIRN_EINVAL, "speculative",
+                                "this server does not run the speculative method '%s' (it runs: "
+                                "%s)", name, spec ? cairn_spec_describe(spec) : "none");
+            g->spec_methods |= bit;
+        }
+    }
+    return CAIRN_OK;
+}
+
+static int speculation_fields(const cairn_api *api, const json_t *params, cairn_gen_params *g,
+                              cairn_api_error *e)
+{
+    const json_t *v = api_field(params, "speculative");
+    if (v && (json_is_string(v) || json_is_array(v))) {
+        int rc = speculation_methods(api, v, g, e);
+        if (rc)
+            return rc;
+    } else {
+        bool speculative = true;
+        int rc = api_get_bool(params, "speculative", &speculative, e);
+        if (rc)
+            return rc;
+        g->no_speculation = !speculative;
+    }
     json_t *d = api_field(params, "draft");
     if (!d)
         return CAIRN_OK;
@@ -298,9 +343,10 @@ static int speculation_fields(const json_t *params, cairn_gen_params *g, cairn_a
         const char *key;
         int hi;
         size_t offset;
-    } keys[] = {{"depth", 16, offsetof(cairn_eagle_params, depth)},
-                {"top_k", 16, offsetof(cairn_eagle_params, top_k)},
-                {"n", 255, offsetof(cairn_eagle_params, n_draft)}};
+    } keys[] = {{"depth", 16, offsetof(cairn_spec_params, depth)},
+                {"top_k", 16, offsetof(cairn_spec_params, top_k)},
+                {"n", 255, offsetof(cairn_spec_params, n_draft)},
+                {"chain", 16, offsetof(cairn_spec_params, chain_max)}};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         json_t *v = api_field(d, keys[i].key);
         int64_t x;
@@ -322,7 +368,7 @@ int api_gen_fields(const cairn_api *api, cairn_api_op op, const json_t *params,
         (rc = sampling_numbers(params, &g->sampling, e)) ||
         (rc = seed_field(params, random_seed, &g->sampling, e)) || (rc = stop_field(params, g, e)) ||
         (rc = logit_bias_field(api, params, &g->sampling, e)) ||
-        (rc = logprobs_fields(op, params, g, e)) || (rc = speculation_fields(params, g, e)) ||
+        (rc = logprobs_fields(op, params, g, e)) || (rc = speculation_fields(api, params, g, e)) ||
         (rc = api_get_bool(params, "stream", &g->stream, e)) ||
         (rc = api_get_bool(params, "ignore_eos", &g->ignore_eos, e)))
         return rc;

@@ -90,7 +90,8 @@ typedef struct {
     int batch;
 } cli_runtime;
 
-int cli_runtime_open(cli_runtime *rt, const cli_model_opts *o);
+/* cfg: NULL for cli_runtime_config(o, NULL) (no speculative methods). */
+int cli_runtime_open(cli_runtime *rt, const cli_model_opts *o, const cairn_runtime_config *cfg);
 void cli_runtime_close(cli_runtime *rt);
 
 /* Evaluate tokens[0..n) at KV indices kv_start.. of the sequence, in chunks

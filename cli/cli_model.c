@@ -107,12 +107,12 @@ cairn_runtime_config cli_runtime_config(const cli_model_opts *o, const char *dra
                                   .max_seqs = 1, .draft_path = draft};
 }
 
-int cli_runtime_open(cli_runtime *rt, const cli_model_opts *o)
+int cli_runtime_open(cli_runtime *rt, const cli_model_opts *o, const cairn_runtime_config *cfg)
 {
     memset(rt, 0, sizeof *rt);
     char err[512] = "";
     double t0 = cairn_now();
-    const cairn_runtime_config rc_cfg = cli_runtime_config(o, NULL);
+    const cairn_runtime_config rc_cfg = cfg ? *cfg : cli_runtime_config(o, NULL);
     int rc = cairn_runtime_open(&rc_cfg, &rt->rt, err, sizeof err);
     if (rc != CAIRN_OK) {
         fprintf(stderr, "cairn: cannot load model: %s\n", err[0] ? err : cairn_strerror(rc));

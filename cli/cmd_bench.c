@@ -16,7 +16,7 @@
  * a forward pass costs the same whatever the ids are.
  */
 #include "cli/cli.h"
-#include "cli/cli_eagle.h"
+#include "cli/cli_spec.h"
 
 #include <getopt.h>
 #include <math.h>
@@ -31,9 +31,9 @@ static const char help[] =
     "  -n, --n-gen N            generated tokens per tg run (default 128; 0 = skip tg)\n"
     "  -r, --repetitions N      timed runs of each test (default 5)\n"
     "      --json               print one JSON line instead of a table\n"
-    "  with --draft: greedy generation of -n tokens from --text, timed with and without\n"
+    "  with --spec/--draft: greedy generation of -n tokens from --text, timed with and without\n"
     "  speculation, and tau (tokens per target forward)\n"
-    "      --text TEXT          prompt for the --draft comparison (default \"Once upon a time\")\n"
+    "      --text TEXT          prompt for the --spec comparison (default \"Once upon a time\")\n"
     CLI_DRAFT_HELP CLI_MODEL_HELP
     "  -h, --help               this help\n";
 
@@ -99,22 +99,22 @@ static int run_text_plain(cli_runtime *rt, const int32_t *prompt, int n_prompt, 
     return rc;
 }
 
-/* The same with EAGLE speculation; *tau = tokens per target forward. */
+/* The same with speculation; *tau = tokens per target forward. */
 static int run_text_eagle(cli_spec *spec, const int32_t *prompt, int n_prompt, int n,
                           double *rate, double *tau)
 {
     double t0 = cairn_now();
-    int rc = cairn_eagle_seq_begin(spec->seq, cairn_page_pool_base(spec->pool), &spec->kv,
+    int rc = cairn_spec_seq_begin(spec->seq, cairn_page_pool_base(spec->pool), &spec->kv,
                                    spec->pages, spec->capacity, prompt, n_prompt);
     int32_t step[32];
     for (int done = 0; rc == CAIRN_OK && done < n;) {
         int got = 0;
-        rc = cairn_eagle_seq_step(spec->seq, step, 32, &got);
+        rc = cairn_spec_seq_step(spec->seq, step, 32, &got);
         done += got;
     }
     *rate = n / (cairn_now() - t0);
-    cairn_eagle_stats st;
-    cairn_eagle_seq_stats(spec->seq, &st);
+    cairn_spec_stats st;
+    cairn_spec_seq_stats(spec->seq, &st);
     *tau = st.steps ? (double)st.tokens / (double)st.steps : 0;
     return rc;
 }
@@ -211,9 +211,9 @@ static int prepare_bench(bench_opts *o)
     if (!mo->batch_given)
         mo->batch = n_prompt > 0 && n_prompt < 512 ? n_prompt : 512;
     int need_ctx = n_prompt > n_gen ? n_prompt : n_gen;
-    if (o->draft.head_path) /* the text prompt, then n_gen tokens and a draft tree */
+    if (cli_draft_opts_active(&o->draft)) /* the text prompt, then n_gen tokens and a draft tree */
         need_ctx = need_ctx > n_gen + 512 ? need_ctx : n_gen + 512;
-    if (o->draft.head_path && mo->batch < o->draft.params.n_draft + 1)
+    if (cli_draft_opts_active(&o->draft) && mo->batch < o->draft.params.n_draft + 1)
         mo->batch = o->draft.params.n_draft + 1;
     if (mo->n_ctx < need_ctx)
         mo->n_ctx = need_ctx;
@@ -225,8 +225,9 @@ static int prepare_bench(bench_opts *o)
 /* ---- the action ----------------------------------------------------------- */
 
 typedef struct {
-    rate_stats pp, tg, text_plain, text_eagle;
+    rate_stats pp, tg, text_plain, text_eagle; /* text_eagle: with speculation */
     double tau;
+    const char *method; /* the speculative methods */
 } bench_results;
 
 /* The buffers every test shares: random token ids, one step's logits, the
@@ -309,6 +310,7 @@ static int bench_draft_text(cli_runtime *rt, const bench_opts *o, bench_buffers 
             rc = run_text_eagle(&spec, ids, (int)n_ids, warm_n, &warm, &warm_tau);
         for (int r = 0; rc == CAIRN_OK && r < o->reps; r++)
             rc = run_text_eagle(&spec, ids, (int)n_ids, n_gen, &b->rates[r], &res->tau);
+        res->method = cairn_spec_describe(spec.spec);
         if (rc == CAIRN_OK)
             res->text_eagle = stats_of(b->rates, o->reps);
         cli_spec_close(&spec);
@@ -320,19 +322,20 @@ static int bench_draft_text(cli_runtime *rt, const bench_opts *o, bench_buffers 
 static void print_bench_json(const bench_opts *o, const cairn_hparams *hp, int threads,
                              long long model_bytes, const bench_results *res)
 {
-    const cairn_eagle_params *dp = &o->draft.params;
+    const cairn_spec_params *dp = &o->draft.params;
     printf("{\"pp\": %.3f, \"tg\": %.3f, \"pp_sd\": %.3f, \"tg_sd\": %.3f, "
            "\"n_prompt\": %d, \"n_gen\": %d, \"reps\": %d, \"threads\": %d, "
            "\"model\": \"%s\", \"model_bytes\": %lld, \"n_params_dim\": %d, "
            "\"n_layer\": %d, \"n_vocab\": %d",
            res->pp.mean, res->tg.mean, res->pp.sd, res->tg.sd, o->n_prompt, o->n_gen, o->reps,
            threads, hp->name, model_bytes, hp->dim, hp->n_layer, hp->n_vocab);
-    if (o->draft.head_path)
+    if (cli_draft_opts_active(&o->draft))
         printf(", \"text_plain\": %.3f, \"text_plain_sd\": %.3f, \"text_eagle\": %.3f, "
                "\"text_eagle_sd\": %.3f, \"tau\": %.3f, \"draft_depth\": %d, "
-               "\"draft_topk\": %d, \"draft_n\": %d",
+               "\"draft_topk\": %d, \"draft_n\": %d, \"spec\": \"%s\"",
                res->text_plain.mean, res->text_plain.sd, res->text_eagle.mean,
-               res->text_eagle.sd, res->tau, dp->depth, dp->top_k, dp->n_draft);
+               res->text_eagle.sd, res->tau, dp->depth, dp->top_k, dp->n_draft,
+               res->method ? res->method : "");
     printf("}\n");
 }
 
@@ -340,7 +343,7 @@ static void print_bench_json(const bench_opts *o, const cairn_hparams *hp, int t
 static void print_bench_table(const bench_opts *o, const cairn_hparams *hp, int threads,
                               const bench_results *res)
 {
-    const cairn_eagle_params *dp = &o->draft.params;
+    const cairn_spec_params *dp = &o->draft.params;
     printf("| %-28s | %7s | %8s | %16s |\n", "model", "threads", "test", "t/s");
     printf("| %.28s | ------: | -------: | ---------------: |\n", "----------------------------");
     if (o->n_prompt > 0)
@@ -349,12 +352,12 @@ static void print_bench_table(const bench_opts *o, const cairn_hparams *hp, int 
     if (o->n_gen > 0)
         printf("| %-28.28s | %7d | %5s%-3d | %8.2f ± %5.2f |\n", hp->name, threads, "tg",
                o->n_gen, res->tg.mean, res->tg.sd);
-    if (o->draft.head_path && o->n_gen > 0) {
+    if (cli_draft_opts_active(&o->draft) && o->n_gen > 0) {
         printf("| %-28.28s | %7d | %5s%-3d | %8.2f ± %5.2f |  greedy text, plain\n", hp->name,
                threads, "text", o->n_gen, res->text_plain.mean, res->text_plain.sd);
-        printf("| %-28.28s | %7d | %5s%-3d | %8.2f ± %5.2f |  EAGLE d%d k%d n%d: "
+        printf("| %-28.28s | %7d | %5s%-3d | %8.2f ± %5.2f |  %s d%d k%d n%d: "
                "tau %.2f\n", hp->name, threads, "text", o->n_gen, res->text_eagle.mean,
-               res->text_eagle.sd, dp->depth, dp->top_k, dp->n_draft, res->tau);
+               res->text_eagle.sd, res->method, dp->depth, dp->top_k, dp->n_draft, res->tau);
     }
 }
 
@@ -362,14 +365,15 @@ static void print_bench_table(const bench_opts *o, const cairn_hparams *hp, int 
 static int run_bench(const bench_opts *o)
 {
     cli_runtime rt;
-    if (cli_runtime_open(&rt, &o->model) != CAIRN_OK)
+    const cairn_runtime_config cfg = cli_spec_runtime_config(&o->model, &o->draft);
+    if (cli_runtime_open(&rt, &o->model, &cfg) != CAIRN_OK)
         return 1;
     bench_buffers b = {0};
     bench_results res = {0};
     int rc = bench_buffers_alloc(&b, &rt, o);
     if (rc == CAIRN_OK)
         rc = bench_pp_tg(&rt, o, &b, &res);
-    if (rc == CAIRN_OK && o->draft.head_path && o->n_gen > 0)
+    if (rc == CAIRN_OK && cli_draft_opts_active(&o->draft) && o->n_gen > 0)
         rc = bench_draft_text(&rt, o, &b, &res);
     if (rc == CAIRN_OK) {
         const cairn_hparams *hp = cairn_model_hparams(rt.model);

@@ -81,7 +81,7 @@ int cmd_perplexity(int argc, char **argv)
         return 1;
     }
     cli_runtime rt;
-    if (cli_runtime_open(&rt, &mo) != CAIRN_OK) {
+    if (cli_runtime_open(&rt, &mo, NULL) != CAIRN_OK) {
         free(text);
         return 1;
     }

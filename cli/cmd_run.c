@@ -6,7 +6,7 @@
  * info, timings) goes to stderr, so the output can be piped and compared.
  */
 #include "cli/cli.h"
-#include "cli/cli_eagle.h"
+#include "cli/cli_spec.h"
 #include "session/session.h"
 
 #include <errno.h>
@@ -255,7 +255,8 @@ typedef struct {
     int show_top, step;
     const cairn_vocab *vocab;
     char finish[16];
-    int64_t n_prompt, n_gen, spec_forwards, spec_tokens;
+    int64_t n_prompt, n_gen, spec_forwards, spec_tokens, spec_drafted, spec_accepted;
+    char spec_method[64];
     int32_t eog_token;
     double prompt_s, decode_s;
 } run_state;
@@ -292,6 +293,10 @@ static void on_event(const cairn_event *ev, void *user)
         st->decode_s = ev->decode_seconds;
         st->spec_forwards = ev->spec_forwards;
         st->spec_tokens = ev->spec_tokens;
+        st->spec_drafted = ev->spec_drafted;
+        st->spec_accepted = ev->spec_accepted;
+        snprintf(st->spec_method, sizeof st->spec_method, "%s",
+                 ev->spec_method ? ev->spec_method : "");
         st->eog_token = ev->eog_token;
     }
     st->done = true;
@@ -419,15 +424,6 @@ static int prepare_run(run_opts *o, run_inputs *in)
     }
     if (!o->seed_given)
         o->sampling.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
-    if (o->draft.head_path && in->grammar) {
-        fprintf(stderr, "cairn run: --draft does not combine with --json/--json-schema\n");
-        return 1;
-    }
-    if (o->draft.head_path && cairn_sampling_has_penalties(&o->sampling)) {
-        fprintf(stderr, "cairn run: speculative decoding does not support repetition, "
-                        "frequency or presence penalties\n");
-        return 1;
-    }
     return CLI_PROCEED;
 }
 
@@ -438,7 +434,7 @@ static cairn_runtime *open_run_runtime(const run_opts *o)
     cairn_runtime *rt = NULL;
     char err[512] = "";
     double t0 = cairn_now();
-    const cairn_runtime_config rcfg = cli_runtime_config(&o->model, o->draft.head_path);
+    const cairn_runtime_config rcfg = cli_spec_runtime_config(&o->model, &o->draft);
     if (cairn_runtime_open(&rcfg, &rt, err, sizeof err) != CAIRN_OK) {
         fprintf(stderr, "cairn: cannot load model: %s\n", err);
         return NULL;
@@ -502,9 +498,11 @@ static void report_run(const run_state *st, bool speculative)
               (long long)st->n_gen, st->decode_s,
               st->n_gen / (st->decode_s > 0 ? st->decode_s : 1e-9), st->finish);
     if (speculative)
-        cairn_log(CAIRN_LOG_INFO, "speculative: %lld target forwards, tau %.2f tokens per "
-                  "forward", (long long)st->spec_forwards,
-                  st->spec_forwards ? (double)st->spec_tokens / st->spec_forwards : 0.0);
+        cairn_log(CAIRN_LOG_INFO, "speculative (%s): %lld target forwards, tau %.2f tokens per "
+                  "forward; %lld of %lld draft tokens accepted",
+                  st->spec_method[0] ? st->spec_method : "none", (long long)st->spec_forwards,
+                  st->spec_forwards ? (double)st->spec_tokens / st->spec_forwards : 0.0,
+                  (long long)st->spec_accepted, (long long)st->spec_drafted);
 }
 
 /* Load the model, generate, report: the exit status. */
@@ -526,7 +524,7 @@ static int run_generation(const run_opts *o, run_inputs *in)
     printf("\n");
     fflush(stdout);
     if (rc == CAIRN_OK)
-        report_run(&st, o->draft.head_path != NULL);
+        report_run(&st, cli_draft_opts_active(&o->draft));
     cairn_runtime_close(rt);
     return rc == CAIRN_OK ? 0 : 1;
 }

@@ -15,7 +15,7 @@
  * exits with status 2 without ever binding a socket.
  */
 #include "cli/cli.h"
-#include "cli/cli_eagle.h"
+#include "cli/cli_spec.h"
 #include "server/server.h"
 
 #include <errno.h>
@@ -411,7 +411,7 @@ static int prepare_serve(serve_opts *o, access_opts *acc)
     cfg->credentials = acc->creds;
     cfg->n_credentials = acc->n;
 
-    cfg->runtime = cli_runtime_config(&o->model, o->draft.head_path);
+    cfg->runtime = cli_spec_runtime_config(&o->model, &o->draft);
     /* the model's scratch is sized for the server's batch */
     cfg->runtime.max_seqs = cfg->service.max_seqs > 0 ? cfg->service.max_seqs : 32;
     cfg->service.n_ctx = o->model.n_ctx;

@@ -26,6 +26,7 @@ int cairn_kv_layout_init(cairn_kv_layout *out, int n_layer, int n_kv_head, int h
     out->row_bytes = (size_t)n_kv_head * (size_t)head_dim * elem;
     /* K and V for every layer, page_size rows each. */
     out->page_bytes = (size_t)n_layer * 2 * (size_t)page_size * out->row_bytes;
+    out->layer_base = 0;
     return CAIRN_OK;
 }
 
@@ -40,8 +41,22 @@ int cairn_kv_layout_valid(const cairn_kv_layout *L)
         elem = 2;
     else
         return 0;
+    const size_t own = (size_t)L->n_layer * 2 * (size_t)L->page_size * L->row_bytes;
     return L->row_bytes == (size_t)L->n_kv_head * (size_t)L->head_dim * elem &&
-           L->page_bytes == (size_t)L->n_layer * 2 * (size_t)L->page_size * L->row_bytes;
+           L->layer_base <= L->page_bytes && own <= L->page_bytes - L->layer_base;
+}
+
+int cairn_kv_layout_place(cairn_kv_layout *page, const cairn_kv_layout *part,
+                          cairn_kv_layout *placed)
+{
+    if (!page || !part || !placed || !cairn_kv_layout_valid(page) || !cairn_kv_layout_valid(part) ||
+        part->layer_base != 0 || part->dtype != page->dtype || part->page_size != page->page_size)
+        return CAIRN_EINVAL;
+    *placed = *part;
+    placed->layer_base = page->page_bytes;
+    page->page_bytes += part->page_bytes;
+    placed->page_bytes = page->page_bytes;
+    return CAIRN_OK;
 }
 
 /* One sequence's share of an attention call is usable. */

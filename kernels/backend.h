@@ -77,6 +77,9 @@ typedef struct {
     cairn_type dtype;  /* CAIRN_TYPE_F32 or CAIRN_TYPE_F16                      */
     size_t row_bytes;  /* bytes of one token's K (or V) in one layer           */
     size_t page_bytes; /* bytes of a whole page                                */
+    size_t layer_base; /* byte offset of layer 0 inside a page: 0, except for a
+                          second model whose layers follow the target's in the
+                          same pages (a draft model's, an EAGLE head's)         */
 } cairn_kv_layout;
 
 /* Fill *out from the four shape numbers. CAIRN_EINVAL when a number is not
@@ -84,11 +87,20 @@ typedef struct {
 int cairn_kv_layout_init(cairn_kv_layout *out, int n_layer, int n_kv_head, int head_dim,
                          int page_size, cairn_type dtype);
 
+/* Make room for `part` (a layout of its own, layer_base 0) after everything
+ * `page` holds: *placed = part at layer_base = page's old page_bytes, and
+ * page_bytes of both = the grown page. Pages of `page` and of every part
+ * placed before keep their offsets; their page_bytes must be updated to the
+ * final page's by the caller (cairn_spec_kv_layout does). CAIRN_EINVAL when
+ * the dtypes or page sizes differ. */
+int cairn_kv_layout_place(cairn_kv_layout *page, const cairn_kv_layout *part,
+                          cairn_kv_layout *placed);
+
 /* Byte offset, inside a page, of K (kv = 0) or V (kv = 1) of `layer` at
  * page row `row`. */
 static inline size_t cairn_kv_offset(const cairn_kv_layout *L, int layer, int kv, int row)
 {
-    return ((size_t)layer * 2 + (size_t)kv) * (size_t)L->page_size * L->row_bytes +
+    return L->layer_base + ((size_t)layer * 2 + (size_t)kv) * (size_t)L->page_size * L->row_bytes +
            (size_t)row * L->row_bytes;
 }
 
@@ -119,7 +131,8 @@ typedef struct {
 } cairn_attn_args;
 
 /* Argument checks every backend makes, in one place. A KV layout that is
- * internally consistent (what cairn_kv_layout_init builds): 1, else 0. */
+ * internally consistent (what cairn_kv_layout_init builds, or a part of a
+ * larger page placed at layer_base by cairn_kv_layout_place): 1, else 0. */
 int cairn_kv_layout_valid(const cairn_kv_layout *L);
 /* The host-side checks of an attention call: pointers present, a valid
  * layout and layer, n_head a multiple of n_kv_head, a finite scale, and for

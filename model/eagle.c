@@ -1,21 +1,21 @@
 /*
- * model/eagle.c — EAGLE heads and speculative decoding of one sequence
- * (EAGLE-2 dynamic draft trees, one tree-masked target forward per step,
- * greedy or lossless sampled acceptance). The contract is in model/model.h.
+ * model/eagle.c — EAGLE heads, and the EAGLE drafter of model/spec.c
+ * (EAGLE-2 dynamic draft trees). The contract is in model/model.h.
  *
  * Indices, for a sequence whose first n_past tokens have target KV and whose
  * token n_past ("the root") is pending:
  *
- *   target KV  index i = token i, RoPE position i (tree rows: n_past + depth)
- *   head KV    index j = head row for (feature f_j, token j+1), position j;
+ *   head KV    its own layer (placed after the target's in every page):
+ *              index j = head row for (feature f_j, token j+1), position j;
  *              rows 0 .. head_done-1 are final. Draft rows of a step are
  *              scratch at indices >= n_past of the head layer only, so the
- *              target's tree rows (layers 0 .. n_layer-1) never collide.
- *   features   f_j for head_done <= j < n_past are kept on the host until the
- *              head has consumed them (a few rows after each step).
+ *              target's tree rows never collide with them.
+ *   features   f_j for head_done <= j < feat_end are kept on the host until
+ *              the head has consumed them (a few rows after each step).
  */
 #include "model/eagle_impl.h"
 #include "model/layer_impl.h"
+#include "model/spec_impl.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -27,8 +27,7 @@
  * a draft level has at most top_k (<= 16) rows. */
 #define HEAD_MAX_ROWS 64
 #define MAX_TOP_K 16
-#define MAX_DEPTH 16
-#define MAX_DRAFT 255
+#define MAX_DEPTH SPEC_MAX_DEPTH
 
 typedef cairn_layer_weight head_weight; /* backend memory */
 
@@ -252,13 +251,10 @@ void cairn_eagle_fingerprint(const cairn_eagle *e, uint8_t out[16])
     memcpy(out, e->fingerprint, 16);
 }
 
-int cairn_eagle_kv_layout(const cairn_eagle *e, int page_size, cairn_type dtype,
-                          cairn_kv_layout *out)
+static int eagle_kv_part(void *method, int page_size, cairn_type dtype, cairn_kv_layout *part)
 {
-    if (!e || !out)
-        return CAIRN_EINVAL;
-    return cairn_kv_layout_init(out, e->thp.n_layer + 1, e->thp.n_kv_head, e->thp.head_dim,
-                                page_size, dtype);
+    const cairn_eagle *e = method;
+    return cairn_kv_layout_init(part, 1, e->thp.n_kv_head, e->thp.head_dim, page_size, dtype);
 }
 
 /* ======================================================================== */
@@ -266,7 +262,7 @@ int cairn_eagle_kv_layout(const cairn_eagle *e, int page_size, cairn_type dtype,
 /* ======================================================================== */
 
 /* R head rows: tokens[R], host features feat[R][dim], RoPE positions pos[R],
- * head-KV indices kv_index[R]. The rows attend over head KV 0 .. n_kv-1:
+ * head-KV indices kv_index[R] in the head's own KV layout `kv` (layer 0). The rows attend over head KV 0 .. n_kv-1:
  * causally (mask NULL: row r sees 0 .. kv_index[r]) or by mask [R][n_kv].
  * Writes the head's output hidden[R][dim] (host, optional) and the logits of
  * the last `n_logit_rows` rows to logits[n_logit_rows][n_vocab] (host). */
@@ -280,7 +276,7 @@ static int head_forward(cairn_eagle *e, void *kv_pool, const cairn_kv_layout *kv
     cairn_backend *be = e->be;
     const cairn_backend_iface *op = be->iface;
     const int dim = e->dim, hd = e->head_dim;
-    const int layer = e->thp.n_layer;
+    const int layer = 0; /* the head's one layer of its own KV part */
     const size_t row = (size_t)dim * sizeof(float);
 
     for (int r = 0; r < R; r++) {
@@ -299,7 +295,7 @@ static int head_forward(cairn_eagle *e, void *kv_pool, const cairn_kv_layout *kv
         TRY(op->add_bias(be, e->x, e->fc_bias.data, R, dim));
 
     /* the decoder layer, without an input norm (EAGLE's has none), its KV
-     * one layer past the target's */
+     * in its own layer after the target's */
     const cairn_layer_shape shape = {
         .dim = dim, .n_head = e->n_head, .n_kv_head = e->n_kv_head, .head_dim = hd,
         .ffn_dim = e->ffn_dim, .rms_eps = e->rms_eps,
@@ -336,8 +332,9 @@ static int head_forward(cairn_eagle *e, void *kv_pool, const cairn_kv_layout *kv
     return cairn_backend_synchronize(be);
 }
 
+
 /* ======================================================================== */
-/* Decoding                                                                 */
+/* The EAGLE drafter                                                        */
 /* ======================================================================== */
 
 typedef struct {
@@ -346,31 +343,19 @@ typedef struct {
     uint8_t depth;  /* 1 = child of the root                              */
     float score;    /* cumulative log-probability under the head          */
     int16_t head_row; /* draft head row when expanded, else -1            */
+    int16_t row;    /* its row in the verified tree, -1 = not in it      */
 } cand;
 
-struct cairn_eagle_seq {
+typedef struct {
     cairn_eagle *e;
-    cairn_eagle_params dp;
-    cairn_sampling_params sp;
-    bool greedy;
-    cairn_rng rng;
+    int depth, top_k;
+    cairn_sampling_params sp; /* its logit bias applies to the guesses */
 
-    /* the sequence */
-    void *kv_pool;
-    const cairn_kv_layout *kv;
-    const int32_t *pages;
-    int capacity;
-    int32_t *tokens;   /* [capacity + 1]: committed tokens, then the root  */
-    int n_past;        /* tokens with target KV; tokens[n_past] is pending */
     int head_done;     /* head rows 0 .. head_done-1 are final             */
-    int n_known;       /* tokens[0 .. n_known) are known (>= n_past)       */
-    int tokens_cap;    /* entries of tokens[]                              */
-    bool shared;       /* adopted: pages shared by a prefix cache, head
-                          rows at page-last indices are never attended     */
-    uint8_t *catch_mask; /* shared: [HEAD_MAX_ROWS][capacity] catch-up mask */
-    float *feat;       /* host [MAX_DEPTH + 2 + HEAD_MAX_ROWS][dim]: f_j for
-                          head_done <= j < n_past, row j - head_done       */
-    bool begun;
+    int feat_end;      /* features f_j for head_done <= j < feat_end held  */
+    float *feat;       /* host [MAX_DEPTH + 2 + HEAD_MAX_ROWS][dim]: f_j at
+                          row j - head_done                                */
+    bool root_ready;   /* head_logits[0] is the root's                     */
 
     /* drafting scratch */
     cand *cands;           /* [top_k + (depth-1) * top_k * top_k]          */
@@ -379,274 +364,180 @@ struct cairn_eagle_seq {
                               row 0 = the root's                          */
     float *head_logits;    /* host [top_k][n_vocab]                        */
     float *draft_feat;     /* host [top_k][dim] features of a draft level  */
-    uint8_t *head_mask;    /* [top_k][capacity]                            */
     int32_t *order;        /* [n_cands] scratch                            */
+    uint8_t *head_mask;    /* [top_k][mask_cap]                            */
+    uint8_t *catch_mask;   /* [HEAD_MAX_ROWS][mask_cap] (shared sequences) */
+    int mask_cap;
+} eagle_state;
 
-    /* verification */
-    int n_tree;            /* rows: root + selected candidates             */
-    int *tree_cand;        /* [1 + n_draft] candidate of each row (-1 root) */
-    int *tree_parent;      /* [1 + n_draft] parent row (-1 for the root)    */
-    int32_t *tree_tokens, *tree_pos;
-    uint8_t *tree_mask;    /* [1 + n_draft][capacity + 1]                   */
-    uint8_t *want;
-    float *tree_logits;    /* [1 + n_draft][n_vocab]                        */
-    float *tree_hidden;    /* [1 + n_draft][dim]                            */
-    float *probs;          /* [n_vocab] target distribution (sampling)      */
-    cairn_sampler *target; /* the request's sampler settings: the target's
-                              distribution (cairn_sampler_probs) and, when
-                              greedy, its argmax (logit bias included)     */
-
-    cairn_eagle_stats stats;
-};
-
-cairn_eagle_params cairn_eagle_defaults(void)
+static int eagle_seq_create(void *method, const cairn_spec_params *p,
+                            const cairn_sampling_params *sp, void **state)
 {
-    return (cairn_eagle_params){.depth = 5, .top_k = 8, .n_draft = 32};
-}
-
-int cairn_eagle_seq_create(cairn_eagle *e, const cairn_eagle_params *dp,
-                           const cairn_sampling_params *sp, cairn_eagle_seq **out)
-{
-    if (!e || !out)
+    cairn_eagle *e = method;
+    if (p->top_k > MAX_TOP_K)
         return CAIRN_EINVAL;
-    cairn_eagle_params d = dp ? *dp : cairn_eagle_defaults();
-    if (d.depth < 1 || d.depth > MAX_DEPTH || d.top_k < 1 || d.top_k > MAX_TOP_K ||
-        d.n_draft < 1 || d.n_draft > MAX_DRAFT)
-        return CAIRN_EINVAL;
-    cairn_sampling_params s = cairn_sampling_defaults();
-    s.temperature = 0;
-    if (sp)
-        s = *sp;
-    if (!isfinite(s.temperature) || !(s.top_p > 0 && s.top_p <= 1) || !(s.min_p >= 0 && s.min_p <= 1))
-        return CAIRN_EINVAL;
-    /* Penalties make the target's distribution depend on the path through
-     * the tree; not supported here. (A logit bias does not: it is part of
-     * the distribution cairn_sampler_probs gives.) */
-    if (cairn_sampling_has_penalties(&s))
-        return CAIRN_EUNSUPPORTED;
-    if (1 + d.n_draft > e->shared.max_batch_tokens)
-        return CAIRN_ERANGE;
-    cairn_eagle_seq *q = calloc(1, sizeof *q);
+    eagle_state *q = calloc(1, sizeof *q);
     if (!q)
         return CAIRN_ENOMEM;
     q->e = e;
-    q->dp = d;
-    q->sp = s;
-    q->greedy = s.temperature <= 0;
-    cairn_rng_seed(&q->rng, s.seed);
-
-    const size_t dim = (size_t)e->dim, nv = (size_t)e->thp.n_vocab;
-    const size_t k = (size_t)d.top_k, rows = 1 + (size_t)d.n_draft;
-    const size_t max_cands = k + (size_t)(d.depth - 1) * k * k;
+    q->depth = p->depth;
+    q->top_k = p->top_k;
+    q->sp = *sp;
+    const size_t dim = (size_t)e->dim, nv = (size_t)e->thp.n_vocab, k = (size_t)p->top_k;
+    const size_t max_cands = k + (size_t)(p->depth - 1) * k * k;
     q->cands = malloc(max_cands * sizeof *q->cands);
     q->order = malloc(max_cands * sizeof *q->order);
-    q->head_hidden = malloc(((size_t)(d.depth - 1) * k + 1) * dim * sizeof(float));
+    q->head_hidden = malloc(((size_t)(p->depth - 1) * k + 1) * dim * sizeof(float));
     q->head_logits = malloc(k * nv * sizeof(float));
     q->draft_feat = malloc(k * dim * sizeof(float));
     q->feat = malloc((size_t)(MAX_DEPTH + 2 + HEAD_MAX_ROWS) * dim * sizeof(float));
-    q->tree_cand = malloc(rows * sizeof(int));
-    q->tree_parent = malloc(rows * sizeof(int));
-    q->tree_tokens = malloc(rows * sizeof(int32_t));
-    q->tree_pos = malloc(rows * sizeof(int32_t));
-    q->want = malloc(rows);
-    q->tree_logits = malloc(rows * nv * sizeof(float));
-    q->tree_hidden = malloc(rows * dim * sizeof(float));
-    q->probs = malloc(nv * sizeof(float));
-    int trc = cairn_sampler_create(&s, e->thp.n_vocab, &q->target);
-    if (trc != CAIRN_OK) {
-        cairn_eagle_seq_free(q);
-        return trc;
-    }
-    if (!q->cands || !q->order || !q->head_hidden || !q->head_logits || !q->draft_feat || !q->feat ||
-        !q->tree_cand || !q->tree_parent || !q->tree_tokens || !q->tree_pos || !q->want ||
-        !q->tree_logits || !q->tree_hidden || !q->probs) {
-        cairn_eagle_seq_free(q);
-        return CAIRN_ENOMEM;
-    }
-    memset(q->want, 1, rows);
-    *out = q;
+    *state = q;
+    if (!q->cands || !q->order || !q->head_hidden || !q->head_logits || !q->draft_feat || !q->feat)
+        return CAIRN_ENOMEM; /* the caller frees the state */
     return CAIRN_OK;
 }
 
-void cairn_eagle_seq_free(cairn_eagle_seq *s)
+static void eagle_seq_free(void *state)
 {
-    if (!s)
+    eagle_state *q = state;
+    if (!q)
         return;
-    free(s->tokens);
-    free(s->catch_mask);
-    free(s->feat);
-    free(s->cands);
-    free(s->order);
-    free(s->head_hidden);
-    free(s->head_logits);
-    free(s->draft_feat);
-    free(s->head_mask);
-    free(s->tree_cand);
-    free(s->tree_parent);
-    free(s->tree_tokens);
-    free(s->tree_pos);
-    free(s->tree_mask);
-    free(s->want);
-    free(s->tree_logits);
-    free(s->tree_hidden);
-    free(s->probs);
-    cairn_sampler_free(s->target);
-    free(s);
+    free(q->cands);
+    free(q->order);
+    free(q->head_hidden);
+    free(q->head_logits);
+    free(q->draft_feat);
+    free(q->feat);
+    free(q->head_mask);
+    free(q->catch_mask);
+    free(q);
 }
 
-int cairn_eagle_seq_n_past(const cairn_eagle_seq *s) { return s ? s->n_past : 0; }
-
-void cairn_eagle_seq_stats(const cairn_eagle_seq *s, cairn_eagle_stats *out)
+/* Masks sized by the sequence's capacity. */
+static int masks_fit(eagle_state *q, const spec_view *v)
 {
-    if (s && out)
-        *out = s->stats;
+    if (v->capacity <= q->mask_cap && q->head_mask && (!v->shared || q->catch_mask))
+        return CAIRN_OK;
+    free(q->head_mask);
+    free(q->catch_mask);
+    const size_t cap1 = v->capacity > 0 ? (size_t)v->capacity : 1;
+    q->head_mask = malloc((size_t)q->top_k * cap1);
+    q->catch_mask = malloc((size_t)HEAD_MAX_ROWS * cap1);
+    q->mask_cap = q->head_mask && q->catch_mask ? v->capacity : 0;
+    return q->mask_cap == v->capacity ? CAIRN_OK : CAIRN_ENOMEM;
 }
 
 /* A head row at a page's last index: never attended by other rows of an
  * adopted (page-sharing) sequence, see model/model.h. */
-static bool page_last(const cairn_eagle_seq *s, int index)
+static bool page_last(const spec_view *v, int index)
 {
-    const int ps = s->kv->page_size;
+    const int ps = v->kv->page_size;
     return index % ps == ps - 1;
 }
 
 /* Runs the head over its pending rows head_done .. upto-1 (features in
- * s->feat, tokens j+1 from s->tokens, so upto < n_known), in chunks. The
+ * q->feat, tokens j+1 from v->tokens, so upto < n_known), in chunks. The
  * last row's output and logits (the root's when upto = n_past) land in
  * head_hidden[0] and head_logits[0] — the logits only for a sequence of
  * its own: an adopted one runs the head after every plain decoding step
  * too, and projecting onto the vocabulary each time (as costly as the
  * target's own LM head) would be wasted unless it then speculates, so
  * root_logits does that at the step. */
-static int head_catch_up_to(cairn_eagle_seq *s, int upto)
+static int head_catch_up_to(eagle_state *q, const spec_view *v, int upto)
 {
-    cairn_eagle *e = s->e;
+    cairn_eagle *e = q->e;
     const int dim = e->dim;
     int32_t pos[HEAD_MAX_ROWS];
-    while (s->head_done < upto) {
-        int R = upto - s->head_done;
+    if (upto > q->feat_end)
+        upto = q->feat_end;
+    if (q->head_done < upto)
+        TRY(masks_fit(q, v));
+    while (q->head_done < upto) {
+        int R = upto - q->head_done;
         if (R > HEAD_MAX_ROWS)
             R = HEAD_MAX_ROWS;
-        const bool last = s->head_done + R == upto;
+        const bool last = q->head_done + R == upto;
         for (int r = 0; r < R; r++)
-            pos[r] = s->head_done + r;
-        const int n_kv = s->head_done + R;
+            pos[r] = q->head_done + r;
+        const int n_kv = q->head_done + R;
         uint8_t *mask = NULL;
-        if (s->shared) { /* causal, without other rows' page-last entries */
-            mask = s->catch_mask;
+        if (v->shared) { /* causal, without other rows' page-last entries */
+            mask = q->catch_mask;
             for (int r = 0; r < R; r++) {
                 uint8_t *m = mask + (size_t)r * n_kv;
                 for (int k = 0; k < n_kv; k++)
-                    m[k] = k <= s->head_done + r && (!page_last(s, k) || k == s->head_done + r);
+                    m[k] = k <= q->head_done + r && (!page_last(v, k) || k == q->head_done + r);
             }
         }
-        TRY(head_forward(e, s->kv_pool, s->kv, s->pages, s->tokens + s->head_done + 1, s->feat,
+        TRY(head_forward(e, v->kv_pool, v->own_kv, v->pages, v->tokens + q->head_done + 1, q->feat,
                          pos, pos, R, n_kv, mask, NULL,
-                         last && !s->shared ? s->head_logits : NULL,
-                         last && !s->shared ? 1 : 0));
+                         last && !v->shared ? q->head_logits : NULL,
+                         last && !v->shared ? 1 : 0));
         if (last) {
             /* the root's output: download only its row */
-            TRY(e->be->iface->download(e->be, s->head_hidden, e->x + (size_t)(R - 1) * dim,
+            TRY(e->be->iface->download(e->be, q->head_hidden, e->x + (size_t)(R - 1) * dim,
                                        (size_t)dim * sizeof(float)));
+            q->root_ready = !v->shared;
         }
-        s->head_done += R;
+        q->head_done += R;
         /* drop consumed features */
-        const int left = s->n_past - s->head_done;
-        memmove(s->feat, s->feat + (size_t)R * dim, (size_t)left * dim * sizeof(float));
+        const int left = q->feat_end - q->head_done;
+        memmove(q->feat, q->feat + (size_t)R * dim, (size_t)left * dim * sizeof(float));
     }
     return CAIRN_OK;
 }
 
-static int head_catch_up(cairn_eagle_seq *s) { return head_catch_up_to(s, s->n_past); }
-
 /* head_logits[0] = the root's head output (head_hidden[0]) through the LM head. */
-static int root_logits(cairn_eagle_seq *s)
+static int root_logits(eagle_state *q)
 {
-    cairn_eagle *e = s->e;
+    cairn_eagle *e = q->e;
     const cairn_backend_iface *op = e->be->iface;
-    TRY(op->upload(e->be, e->x, s->head_hidden, (size_t)e->dim * sizeof(float)));
+    TRY(op->upload(e->be, e->x, q->head_hidden, (size_t)e->dim * sizeof(float)));
     TRY(op->matmul(e->be, e->logits, e->shared.output, e->shared.output_type, e->x, 1, e->dim,
                    e->thp.n_vocab));
-    TRY(op->download(e->be, s->head_logits, e->logits, (size_t)e->thp.n_vocab * sizeof(float)));
+    TRY(op->download(e->be, q->head_logits, e->logits, (size_t)e->thp.n_vocab * sizeof(float)));
+    q->root_ready = true;
     return cairn_backend_synchronize(e->be);
 }
 
-/* Scratch sized by the capacity; tokens[] keeps its contents and holds at
- * least max(capacity + 1, n_tokens) entries. */
-static int seq_resize(cairn_eagle_seq *s, int capacity, int n_tokens)
+static int eagle_reset(void *state, const spec_view *v)
 {
-    int need = capacity + 1 > n_tokens ? capacity + 1 : n_tokens;
-    if (need > s->tokens_cap) {
-        int32_t *t = realloc(s->tokens, (size_t)need * sizeof *t);
-        if (!t)
-            return CAIRN_ENOMEM;
-        s->tokens = t;
-        s->tokens_cap = need;
-    }
-    if (capacity != s->capacity || (s->shared && !s->catch_mask)) {
-        free(s->head_mask);
-        free(s->tree_mask);
-        free(s->catch_mask);
-        s->catch_mask = NULL;
-        const size_t cap1 = capacity > 0 ? (size_t)capacity : 1; /* malloc(0) may be NULL */
-        s->head_mask = malloc((size_t)s->dp.top_k * cap1);
-        s->tree_mask = malloc((size_t)(1 + s->dp.n_draft) * (cap1 + 1));
-        if (s->shared)
-            s->catch_mask = malloc((size_t)HEAD_MAX_ROWS * cap1);
-        s->capacity = capacity;
-        if (!s->head_mask || !s->tree_mask || (s->shared && !s->catch_mask)) {
-            s->capacity = 0;
-            return CAIRN_ENOMEM;
-        }
+    eagle_state *q = state;
+    /* adopted: rows below n_past are in the pages (row n_past-1 is a page's
+     * last, never attended) */
+    q->head_done = q->feat_end = v->n_past;
+    q->root_ready = false;
+    return CAIRN_OK;
+}
+
+/* Hold features f_from .. f_from+n-1 and let the head run over every row
+ * whose next token is known; in pieces that fit q->feat (after each
+ * catch-up at most one row, whose next token is unknown, waits). */
+static int eagle_take_features(eagle_state *q, const spec_view *v, int from, const float *features,
+                               int n)
+{
+    const int dim = q->e->dim;
+    if (from != q->feat_end)
+        return CAIRN_EINVAL; /* features must come in order */
+    for (int done = 0; done < n;) {
+        int m = n - done;
+        if (m > HEAD_MAX_ROWS)
+            m = HEAD_MAX_ROWS;
+        memcpy(q->feat + (size_t)(q->feat_end - q->head_done) * dim, features + (size_t)done * dim,
+               (size_t)m * dim * sizeof(float));
+        q->feat_end += m;
+        done += m;
+        const int upto = v->n_known - 1 < q->feat_end ? v->n_known - 1 : q->feat_end;
+        TRY(head_catch_up_to(q, v, upto));
     }
     return CAIRN_OK;
 }
 
-int cairn_eagle_seq_begin(cairn_eagle_seq *s, void *kv_pool, const cairn_kv_layout *kv,
-                          const int32_t *pages, int capacity, const int32_t *prompt, int n)
+static int eagle_advance(void *state, const spec_view *v, int from, const float *features, int n)
 {
-    if (!s || !kv_pool || !kv || !pages || !prompt || n < 1 || capacity <= n)
-        return CAIRN_EINVAL;
-    cairn_eagle *e = s->e;
-    if (kv->n_layer != e->thp.n_layer + 1 || kv->n_kv_head != e->thp.n_kv_head ||
-        kv->head_dim != e->thp.head_dim)
-        return CAIRN_EINVAL;
-    for (int i = 0; i < n; i++)
-        if (prompt[i] < 0 || prompt[i] >= e->thp.n_vocab)
-            return CAIRN_EINVAL;
-    s->begun = false;
-    s->shared = false;
-    TRY(seq_resize(s, capacity, n));
-    s->kv_pool = kv_pool;
-    s->kv = kv;
-    s->pages = pages;
-    memcpy(s->tokens, prompt, (size_t)n * sizeof(int32_t));
-    s->n_past = 0;
-    s->head_done = 0;
-    memset(&s->stats, 0, sizeof s->stats);
-
-    /* prompt[0 .. n-2] through the target, features kept, and the head's
-     * rows over them chunk by chunk (so the feature buffer stays small) */
-    const int chunk_max = e->shared.max_batch_tokens < HEAD_MAX_ROWS ? e->shared.max_batch_tokens
-                                                                     : HEAD_MAX_ROWS;
-    while (s->n_past < n - 1) {
-        int T = n - 1 - s->n_past;
-        if (T > chunk_max)
-            T = chunk_max;
-        uint8_t want[HEAD_MAX_ROWS];
-        memset(want, 1, sizeof want);
-        cairn_seq_batch sb = {
-            .tokens = s->tokens + s->n_past, .n_tokens = T, .kv_start = s->n_past,
-            .pages = pages, .want = want,
-        };
-        int n_out = 0;
-        /* features of this chunk only: the head consumes them right away */
-        TRY(cairn_model_forward(e->target, kv_pool, kv, &sb, 1, NULL, s->feat, &n_out));
-        s->n_past += T;
-        TRY(head_catch_up(s));
-    }
-    s->begun = true;
-    return CAIRN_OK;
+    eagle_state *q = state;
+    q->root_ready = false;
+    return eagle_take_features(q, v, from, features, n);
 }
 
 /* ---- drafting ----------------------------------------------------------- */
@@ -706,381 +597,163 @@ static void sort_by_score(int32_t *idx, int n, const cand *c)
 /* `logits` is a row of the head's (scratch, changed here): the request's
  * logit bias applies to the guesses too, or a forced token would never be
  * drafted (the verification is lossless either way). */
-static void add_children(cairn_eagle_seq *s, int parent, float *logits)
+static void add_children(eagle_state *q, int parent, float *logits)
 {
-    const int k = s->dp.top_k;
+    const int k = q->top_k;
     int32_t ids[MAX_TOP_K];
     float lp[MAX_TOP_K];
-    for (int i = 0; i < s->sp.n_logit_bias; i++)
-        logits[s->sp.logit_bias[i].token] += s->sp.logit_bias[i].bias;
-    top_k_logprobs(logits, s->e->thp.n_vocab, k, ids, lp);
-    const float base = parent < 0 ? 0.0f : s->cands[parent].score;
-    const int depth = parent < 0 ? 1 : s->cands[parent].depth + 1;
+    for (int i = 0; i < q->sp.n_logit_bias; i++)
+        logits[q->sp.logit_bias[i].token] += q->sp.logit_bias[i].bias;
+    top_k_logprobs(logits, q->e->thp.n_vocab, k, ids, lp);
+    const float base = parent < 0 ? 0.0f : q->cands[parent].score;
+    const int depth = parent < 0 ? 1 : q->cands[parent].depth + 1;
     for (int i = 0; i < k; i++)
-        s->cands[s->n_cands++] = (cand){
+        q->cands[q->n_cands++] = (cand){
             .token = ids[i], .parent = (int16_t)parent, .depth = (uint8_t)depth,
-            .score = base + lp[i], .head_row = -1,
+            .score = base + lp[i], .head_row = -1, .row = -1,
         };
 }
 
 /* Builds the candidate set: level 1 from the root's head logits, then
  * depth-1 expansions of the best top_k nodes of the newest level. */
-static int draft_tree(cairn_eagle_seq *s, int depth)
+static int draft_tree(eagle_state *q, const spec_view *v, int depth)
 {
-    cairn_eagle *e = s->e;
-    const int k = s->dp.top_k, dim = e->dim, base = s->n_past;
-    s->n_cands = 0;
-    add_children(s, -1, s->head_logits);
-    int level_start = 0, level_end = s->n_cands, n_rows = 0;
+    cairn_eagle *e = q->e;
+    const int k = q->top_k, dim = e->dim, base = v->n_past;
+    q->n_cands = 0;
+    add_children(q, -1, q->head_logits);
+    int level_start = 0, level_end = q->n_cands, n_rows = 0;
     int32_t frontier[MAX_TOP_K], tokens[MAX_TOP_K], pos[MAX_TOP_K], kv_index[MAX_TOP_K];
-    float *feat = s->draft_feat; /* [k][dim] */
+    float *feat = q->draft_feat; /* [k][dim] */
     for (int d = 2; d <= depth; d++) {
         /* the best k of the newest level */
         int n_level = level_end - level_start;
         for (int i = 0; i < n_level; i++)
-            s->order[i] = level_start + i;
-        sort_by_score(s->order, n_level, s->cands);
+            q->order[i] = level_start + i;
+        sort_by_score(q->order, n_level, q->cands);
         const int R = n_level < k ? n_level : k;
         const int n_kv = base + n_rows + R;
-        if (n_kv > s->capacity)
+        if (n_kv > v->capacity)
             break;
         for (int r = 0; r < R; r++) {
-            const int c = s->order[r];
+            const int c = q->order[r];
             frontier[r] = c;
-            tokens[r] = s->cands[c].token;
-            pos[r] = base + s->cands[c].depth - 1;
+            tokens[r] = q->cands[c].token;
+            pos[r] = base + q->cands[c].depth - 1;
             kv_index[r] = base + n_rows + r;
-            s->cands[c].head_row = (int16_t)(n_rows + r);
-            const int p = s->cands[c].parent;
-            const float *pf = p < 0 ? s->head_hidden : s->head_hidden + (size_t)(1 + s->cands[p].head_row) * dim;
+            q->cands[c].head_row = (int16_t)(n_rows + r);
+            const int p = q->cands[c].parent;
+            const float *pf = p < 0 ? q->head_hidden : q->head_hidden + (size_t)(1 + q->cands[p].head_row) * dim;
             memcpy(feat + (size_t)r * dim, pf, (size_t)dim * sizeof(float));
             /* the committed head rows, the expanded ancestors, itself */
-            uint8_t *m = s->head_mask + (size_t)r * n_kv;
+            uint8_t *m = q->head_mask + (size_t)r * n_kv;
             memset(m, 1, (size_t)base);
-            if (s->shared)
-                for (int i = s->kv->page_size - 1; i < base; i += s->kv->page_size)
+            if (v->shared)
+                for (int i = v->kv->page_size - 1; i < base; i += v->kv->page_size)
                     m[i] = 0;
             memset(m + base, 0, (size_t)(n_rows + R));
             m[base + n_rows + r] = 1;
-            for (int a = p; a >= 0; a = s->cands[a].parent)
-                m[base + s->cands[a].head_row] = 1;
+            for (int a = p; a >= 0; a = q->cands[a].parent)
+                m[base + q->cands[a].head_row] = 1;
         }
-        TRY(head_forward(e, s->kv_pool, s->kv, s->pages, tokens, feat, pos, kv_index, R, n_kv,
-                         s->head_mask, s->head_hidden + (size_t)(1 + n_rows) * dim,
-                         s->head_logits, R));
+        TRY(head_forward(e, v->kv_pool, v->own_kv, v->pages, tokens, feat, pos, kv_index, R, n_kv,
+                         q->head_mask, q->head_hidden + (size_t)(1 + n_rows) * dim,
+                         q->head_logits, R));
         n_rows += R;
-        level_start = s->n_cands;
+        level_start = q->n_cands;
         for (int r = 0; r < R; r++)
-            add_children(s, frontier[r], s->head_logits + (size_t)r * e->thp.n_vocab);
-        level_end = s->n_cands;
+            add_children(q, frontier[r], q->head_logits + (size_t)r * e->thp.n_vocab);
+        level_end = q->n_cands;
     }
     return CAIRN_OK;
 }
 
-/* Chooses the best n candidates and lays out the verification rows: row 0
- * is the root, then the chosen candidates by depth (parents first). */
-static void select_tree(cairn_eagle_seq *s, int n)
+/* Adds the best n candidates to the tree by depth (parents first); a set
+ * closed under ancestors, since a child never scores above its parent. */
+static void select_tree(eagle_state *q, spec_tree *t, int n, int source)
 {
-    for (int i = 0; i < s->n_cands; i++)
-        s->order[i] = i;
-    sort_by_score(s->order, s->n_cands, s->cands);
-    if (n > s->n_cands)
-        n = s->n_cands;
+    for (int i = 0; i < q->n_cands; i++)
+        q->order[i] = i;
+    sort_by_score(q->order, q->n_cands, q->cands);
+    if (n > q->n_cands)
+        n = q->n_cands;
     /* by depth, then candidate index: parents come before children */
-    int32_t *chosen = s->order;
+    int32_t *chosen = q->order;
     for (int i = 1; i < n; i++) {
         int32_t v = chosen[i];
         int j = i;
-        while (j > 0 && (s->cands[chosen[j - 1]].depth > s->cands[v].depth ||
-                         (s->cands[chosen[j - 1]].depth == s->cands[v].depth && chosen[j - 1] > v))) {
+        while (j > 0 && (q->cands[chosen[j - 1]].depth > q->cands[v].depth ||
+                         (q->cands[chosen[j - 1]].depth == q->cands[v].depth && chosen[j - 1] > v))) {
             chosen[j] = chosen[j - 1];
             j--;
         }
         chosen[j] = v;
     }
-    s->n_tree = 1 + n;
-    s->tree_cand[0] = -1;
-    s->tree_parent[0] = -1;
-    s->tree_tokens[0] = s->tokens[s->n_past];
-    s->tree_pos[0] = s->n_past;
-    /* each row's parent row: the parent candidate sits in an earlier row */
-    for (int r = 1; r <= n; r++) {
-        const int c = chosen[r - 1];
-        s->tree_cand[r] = c;
-        s->tree_tokens[r] = s->cands[c].token;
-        s->tree_pos[r] = s->n_past + s->cands[c].depth;
-        int parent_row = 0;
-        const int pc = s->cands[c].parent;
-        if (pc >= 0)
-            for (int q = 1; q < r; q++)
-                if (s->tree_cand[q] == pc) {
-                    parent_row = q;
-                    break;
-                }
-        s->tree_parent[r] = parent_row;
-    }
-}
-
-/* ---- target distribution (sampling) ------------------------------------ */
-
-static int32_t draw(cairn_eagle_seq *s)
-{
-    const int n = s->e->thp.n_vocab;
-    double total = 0;
-    int32_t last = -1;
-    for (int i = 0; i < n; i++)
-        if (s->probs[i] > 0) {
-            total += s->probs[i];
-            last = i;
-        }
-    const double u = cairn_rng_uniform(&s->rng) * total;
-    double cum = 0;
     for (int i = 0; i < n; i++) {
-        if (s->probs[i] <= 0)
-            continue;
-        cum += s->probs[i];
-        if (u < cum)
-            return i;
-    }
-    return last;
-}
-
-/* Walks the verified tree; path[0..*n_path) are the accepted rows (row 0,
- * the root, first) and *next the token that follows them. */
-static void accept_path(cairn_eagle_seq *s, int *path, int *n_path, int32_t *next)
-{
-    const int nv = s->e->thp.n_vocab;
-    int row = 0;
-    *n_path = 0;
-    path[(*n_path)++] = 0;
-    for (;;) {
-        const float *lg = s->tree_logits + (size_t)row * nv;
-        int child = -1;
-        int32_t tok;
-        if (s->greedy) {
-            cairn_sampler_sample(s->target, lg, &tok, NULL, NULL); /* argmax, bias included */
-            for (int r = row + 1; r < s->n_tree; r++)
-                if (s->tree_parent[r] == row && s->tree_tokens[r] == tok) {
-                    child = r;
-                    break;
-                }
-        } else {
-            cairn_sampler_probs(s->target, lg, s->probs);
-            tok = -1;
-            /* children in row order = best draft score first */
-            for (int r = row + 1; r < s->n_tree && child < 0; r++) {
-                if (s->tree_parent[r] != row)
-                    continue;
-                const int32_t x = s->tree_tokens[r];
-                const double px = s->probs[x];
-                /* q is a point mass on x: accept with min(1, p/q) = p(x) */
-                if (px > 0 && cairn_rng_uniform(&s->rng) < px) {
-                    child = r;
-                    tok = x;
-                } else if (px > 0) {
-                    /* residual max(0, p - q), renormalised: p without x */
-                    s->probs[x] = 0;
-                    double rest = 0;
-                    for (int i = 0; i < nv; i++)
-                        rest += s->probs[i];
-                    if (rest > 0)
-                        for (int i = 0; i < nv; i++)
-                            s->probs[i] = (float)(s->probs[i] / rest);
-                }
-            }
-            if (child < 0)
-                tok = draw(s);
-            if (tok < 0) /* no mass left: cannot happen, as p(x) = 1 is always accepted */
-                cairn_sampler_sample(s->target, lg, &tok, NULL, NULL);
-        }
-        if (child < 0) {
-            *next = tok;
-            return;
-        }
-        path[(*n_path)++] = child;
-        row = child;
+        cand *c = &q->cands[chosen[i]];
+        const int parent_row = c->parent < 0 ? 0 : q->cands[c->parent].row;
+        c->row = parent_row < 0 ? -1 : (int16_t)spec_tree_add(t, parent_row, c->token, source);
     }
 }
 
-int cairn_eagle_seq_step(cairn_eagle_seq *s, int32_t *out, int cap, int *n_out)
+static int eagle_propose(void *state, const spec_view *v, spec_tree *t, int budget, int source)
 {
-    if (!s || !out || !n_out || !s->begun || cap < s->dp.depth + 1)
-        return CAIRN_EINVAL;
-    cairn_eagle *e = s->e;
-    const int dim = e->dim;
-    const int room = s->capacity - s->n_past; /* KV indices left, root included */
-    if (room < 1) {
-        s->begun = false;
-        return CAIRN_ERANGE;
-    }
-    s->begun = false; /* until this step completes */
+    eagle_state *q = state;
+    if (v->n_past == 0 || budget <= 0)
+        return CAIRN_OK; /* no feature yet to draft from */
+    /* the head catches up with the features of the last step */
+    TRY(head_catch_up_to(q, v, v->n_past));
+    if (q->head_done != v->n_past)
+        return CAIRN_OK;
+    TRY(masks_fit(q, v));
+    if (!q->root_ready)
+        TRY(root_logits(q));
+    const int depth = q->depth < budget ? q->depth : budget;
+    TRY(draft_tree(q, v, depth));
+    select_tree(q, t, budget, source);
+    q->root_ready = false;
+    return CAIRN_OK;
+}
 
-    /* 1. the head catches up with the features of the last step */
-    double t0 = cairn_now();
-    TRY(head_catch_up(s));
-    double t1 = cairn_now();
-    s->stats.t_head_update += t1 - t0;
-
-    /* 2. draft, when the head has a root feature and there is room */
-    int n_draft = s->dp.n_draft < room - 1 ? s->dp.n_draft : room - 1;
-    int depth = s->dp.depth < n_draft ? s->dp.depth : n_draft;
-    s->n_cands = 0;
-    if (s->n_past > 0 && n_draft > 0) {
-        if (s->shared)
-            TRY(root_logits(s));
-        TRY(draft_tree(s, depth));
-        select_tree(s, n_draft);
-    } else {
-        s->n_tree = 1;
-        s->tree_cand[0] = -1;
-        s->tree_parent[0] = -1;
-        s->tree_tokens[0] = s->tokens[s->n_past];
-        s->tree_pos[0] = s->n_past;
-    }
-    double t2 = cairn_now();
-    s->stats.t_draft += t2 - t1;
-
-    /* 3. verify: root and tree in one target forward */
-    const int T = s->n_tree, n_kv = s->n_past + T;
-    for (int r = 0; r < T; r++) {
-        uint8_t *m = s->tree_mask + (size_t)r * n_kv;
-        memset(m, 1, (size_t)s->n_past);
-        memset(m + s->n_past, 0, (size_t)T);
-        for (int a = r; a >= 0; a = s->tree_parent[a])
-            m[s->n_past + a] = 1;
-    }
-    cairn_seq_batch sb = {
-        .tokens = s->tree_tokens, .n_tokens = T, .pos = s->tree_pos, .kv_start = s->n_past,
-        .pages = s->pages, .mask = s->tree_mask, .want = s->want,
-    };
-    int n_o = 0;
-    TRY(cairn_model_forward(e->target, s->kv_pool, s->kv, &sb, 1, s->tree_logits, s->tree_hidden,
-                            &n_o));
-    if (n_o != T)
+static int eagle_accepted(void *state, const spec_view *v, const spec_tree *t, const int *path,
+                          int n_path, const float *features)
+{
+    (void)t, (void)path;
+    eagle_state *q = state;
+    q->root_ready = false;
+    const int old = v->n_past - n_path;
+    if (q->feat_end != old) { /* the head lost track (cannot happen): start over */
+        q->head_done = q->head_done < old ? q->head_done : old;
         return CAIRN_EBACKEND;
-
-    /* 4. accept */
-    int path[MAX_DEPTH + 2], n_path;
-    int32_t next;
-    accept_path(s, path, &n_path, &next);
-
-    /* 5. keep: move the accepted rows' KV to consecutive indices (rows only
-     * move down, parents before children, so nothing is overwritten early) */
-    const cairn_kv_layout *L = s->kv;
-    uint8_t *pool = s->kv_pool;
-    for (int i = 1; i < n_path; i++) {
-        const int src = s->n_past + path[i], dst = s->n_past + i;
-        if (src == dst)
-            continue;
-        const size_t sp = (size_t)s->pages[src / L->page_size] * L->page_bytes;
-        const size_t dp = (size_t)s->pages[dst / L->page_size] * L->page_bytes;
-        for (int l = 0; l < e->thp.n_layer; l++)
-            for (int kv = 0; kv < 2; kv++)
-                TRY(cairn_backend_copy(e->be, pool + dp + cairn_kv_offset(L, l, kv, dst % L->page_size),
-                                       pool + sp + cairn_kv_offset(L, l, kv, src % L->page_size),
-                                       L->row_bytes));
     }
-    /* features of the accepted rows, for the head's next catch-up */
-    const int pending = s->n_past - s->head_done; /* 0 after catch-up */
-    for (int i = 0; i < n_path; i++)
-        memcpy(s->feat + (size_t)(pending + i) * dim, s->tree_hidden + (size_t)path[i] * dim,
-               (size_t)dim * sizeof(float));
-    int n = 0;
-    for (int i = 1; i < n_path; i++)
-        out[n++] = s->tree_tokens[path[i]];
-    out[n++] = next;
-    for (int i = 1; i < n_path; i++)
-        s->tokens[s->n_past + i] = s->tree_tokens[path[i]];
-    s->n_past += n_path;
-    s->tokens[s->n_past] = next;
-    *n_out = n;
-
-    s->stats.steps++;
-    s->stats.tokens += n;
-    s->stats.drafted += T - 1;
-    s->stats.t_verify += cairn_now() - t2;
-    if (s->shared) { /* pages may be shared as soon as the caller has them back */
-        s->n_known = s->n_past + 1;
-        double t3 = cairn_now();
-        TRY(head_catch_up(s));
-        s->stats.t_head_update += cairn_now() - t3;
-    }
-    s->begun = true;
+    const int dim = q->e->dim;
+    memcpy(q->feat + (size_t)(q->feat_end - q->head_done) * dim, features,
+           (size_t)n_path * dim * sizeof(float));
+    q->feat_end += n_path;
+    /* pages may be shared as soon as the caller has them back; and while
+     * the head does not draft (speculation paused) features must not pile
+     * up past q->feat (HEAD_MAX_ROWS + MAX_DEPTH + 2 rows: a step adds at
+     * most MAX_DEPTH + 1) */
+    if (v->shared || q->feat_end - q->head_done >= HEAD_MAX_ROWS)
+        return head_catch_up_to(q, v, v->n_past);
     return CAIRN_OK;
 }
 
-/* ---- adopted sequences (server) ------------------------------------------ */
-
-int cairn_eagle_seq_adopt(cairn_eagle_seq *s, void *kv_pool, const cairn_kv_layout *kv,
-                          const int32_t *pages, int capacity, const int32_t *tokens,
-                          int n_tokens, int n_past)
+static void eagle_fingerprint_op(void *method, uint8_t out[16])
 {
-    if (!s || !kv_pool || !kv || !pages || !tokens || n_past < 0 || n_tokens <= n_past ||
-        capacity < n_past || kv->page_size <= 0 || n_past % kv->page_size != 0)
-        return CAIRN_EINVAL;
-    cairn_eagle *e = s->e;
-    if (kv->n_layer != e->thp.n_layer + 1 || kv->n_kv_head != e->thp.n_kv_head ||
-        kv->head_dim != e->thp.head_dim)
-        return CAIRN_EINVAL;
-    for (int i = 0; i < n_tokens; i++)
-        if (tokens[i] < 0 || tokens[i] >= e->thp.n_vocab)
-            return CAIRN_EINVAL;
-    s->begun = false;
-    s->shared = true;
-    s->kv_pool = kv_pool;
-    s->kv = kv;
-    TRY(seq_resize(s, capacity, n_tokens));
-    s->pages = pages;
-    memcpy(s->tokens, tokens, (size_t)n_tokens * sizeof *tokens);
-    s->n_known = n_tokens;
-    s->n_past = n_past;
-    s->head_done = n_past; /* row n_past-1 is a page's last: never attended */
-    return CAIRN_OK;
+    cairn_eagle_fingerprint(method, out);
 }
 
-int cairn_eagle_seq_set_pages(cairn_eagle_seq *s, const int32_t *pages, int capacity)
-{
-    if (!s || !pages || !s->shared || capacity < s->n_past)
-        return CAIRN_EINVAL;
-    TRY(seq_resize(s, capacity, s->n_known));
-    s->pages = pages;
-    return CAIRN_OK;
-}
-
-int cairn_eagle_seq_advance(cairn_eagle_seq *s, const int32_t *tokens, int n_tokens,
-                            const float *features, int n)
-{
-    if (!s || !s->shared || !tokens || (n > 0 && !features) || n < 0 ||
-        n_tokens < s->n_past + n)
-        return CAIRN_EINVAL;
-    cairn_eagle *e = s->e;
-    const int dim = e->dim;
-    s->begun = false;
-    if (n_tokens > s->n_known) {
-        TRY(seq_resize(s, s->capacity, n_tokens));
-        for (int i = s->n_known; i < n_tokens; i++)
-            if (tokens[i] < 0 || tokens[i] >= e->thp.n_vocab)
-                return CAIRN_EINVAL;
-        memcpy(s->tokens + s->n_known, tokens + s->n_known,
-               (size_t)(n_tokens - s->n_known) * sizeof *tokens);
-    }
-    s->n_known = n_tokens;
-    /* features in pieces that fit s->feat; after each catch-up at most one
-     * row (whose next token is unknown) waits */
-    for (int done = 0; done < n;) {
-        int m = n - done;
-        if (m > HEAD_MAX_ROWS)
-            m = HEAD_MAX_ROWS;
-        const int pending = s->n_past - s->head_done;
-        memcpy(s->feat + (size_t)pending * dim, features + (size_t)done * dim,
-               (size_t)m * dim * sizeof(float));
-        s->n_past += m;
-        done += m;
-        int upto = s->n_known - 1 < s->n_past ? s->n_known - 1 : s->n_past;
-        double t0 = cairn_now();
-        TRY(head_catch_up_to(s, upto));
-        s->stats.t_head_update += cairn_now() - t0;
-    }
-    s->begun = s->n_known > s->n_past && s->head_done == s->n_past && s->n_past > 0;
-    return CAIRN_OK;
-}
+const spec_drafter_ops spec_eagle_ops = {
+    .name = "eagle",
+    .needs_features = true,
+    .seq_create = eagle_seq_create,
+    .seq_free = eagle_seq_free,
+    .reset = eagle_reset,
+    .advance = eagle_advance,
+    .propose = eagle_propose,
+    .accepted = eagle_accepted,
+    .kv_part = eagle_kv_part,
+    .rows_read_next_token = true,
+    .fingerprint = eagle_fingerprint_op,
+};

@@ -18,13 +18,17 @@ int cairn_layer_forward(cairn_backend *be, const cairn_layer_weights *w,
 
     /* attention block */
     const float *h = a->x;
-    if (w->attn_norm.data) {
+    int in_dim = dim;
+    if (a->attn_in) {
+        h = a->attn_in;
+        in_dim = a->attn_in_dim;
+    } else if (w->attn_norm.data) {
         TRY(op->rmsnorm(be, a->h, a->x, w->attn_norm.data, T, dim, s->rms_eps)); /* [T][dim] */
         h = a->h;
     }
-    TRY(op->matmul(be, a->q, w->wq.data, w->wq.type, h, T, dim, q_dim));  /* [T][q_dim]  */
-    TRY(op->matmul(be, a->k, w->wk.data, w->wk.type, h, T, dim, kv_dim)); /* [T][kv_dim] */
-    TRY(op->matmul(be, a->v, w->wv.data, w->wv.type, h, T, dim, kv_dim)); /* [T][kv_dim] */
+    TRY(op->matmul(be, a->q, w->wq.data, w->wq.type, h, T, in_dim, q_dim));  /* [T][q_dim]  */
+    TRY(op->matmul(be, a->k, w->wk.data, w->wk.type, h, T, in_dim, kv_dim)); /* [T][kv_dim] */
+    TRY(op->matmul(be, a->v, w->wv.data, w->wv.type, h, T, in_dim, kv_dim)); /* [T][kv_dim] */
     if (w->bq.data)
         TRY(op->add_bias(be, a->q, w->bq.data, T, q_dim));
     if (w->bk.data)

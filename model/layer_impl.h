@@ -55,6 +55,10 @@ typedef struct {
     float *q, *attn;    /* [T][n_head * head_dim]                         */
     float *k, *v;       /* [T][n_kv_head * head_dim]                      */
     float *gate, *up;   /* [T][ffn_dim]                                   */
+    /* Optional: what q/k/v read instead of the (normed) x, [T][attn_in_dim]
+     * (EAGLE-3's [normed embedding ; normed feature], 2*dim wide). */
+    const float *attn_in;
+    int attn_in_dim;
 } cairn_layer_acts;
 
 /* One layer for T rows at RoPE positions pos[T] (host), their K/V stored at

@@ -76,6 +76,12 @@ struct cairn_model {
     /* host staging, sized for max_batch_tokens / max_seqs */
     int32_t *tokens, *pos, *slots, *q_index, *out_index;
     cairn_attn_seq *attn_seqs;
+
+    /* cairn_model_set_feature_layers: the layers whose input state
+     * forward_features returns (none: the final normed state) */
+    int feature_layers[CAIRN_MAX_FEATURE_LAYERS], n_feature_layers;
+    float *layer_states;      /* backend [n][max_batch_tokens][dim] */
+    float *layer_states_host; /* the same on the host, for interleaving */
 };
 
 /* ---- hyper-parameters -------------------------------------------------- */
@@ -490,6 +496,9 @@ void cairn_model_free(cairn_model *m)
             be->iface->free(be, bufs[i]);
     if (m->weights_mem)
         be->iface->free(be, m->weights_mem);
+    if (m->layer_states)
+        be->iface->free(be, m->layer_states);
+    free(m->layer_states_host);
     free(m->tokens);
     free(m->pos);
     free(m->slots);
@@ -611,9 +620,18 @@ static int forward(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
     /* x [T][dim] */
     TRY(op->get_rows(be, m->x, m->tok_embd.data, m->tok_embd.type, dim, m->tokens, T));
 
-    for (int l = 0; l < hp->n_layer; l++)
-        TRY(cairn_layer_forward(be, &m->layers[l], &shape, &acts, T, m->pos, m->slots, kv_pool,
-                                kv, l, &attn));
+    const size_t block = (size_t)m->params.max_batch_tokens * dim;
+    const bool by_layer = features && m->n_feature_layers > 0;
+    for (int l = 0; l <= hp->n_layer; l++) {
+        /* the residual stream entering layer l (l = n_layer: leaving the last) */
+        for (int i = 0; by_layer && i < m->n_feature_layers; i++)
+            if (m->feature_layers[i] == l)
+                TRY(cairn_backend_copy(be, m->layer_states + i * block, m->x,
+                                       (size_t)T * dim * sizeof(float)));
+        if (l < hp->n_layer)
+            TRY(cairn_layer_forward(be, &m->layers[l], &shape, &acts, T, m->pos, m->slots,
+                                    kv_pool, kv, l, &attn));
+    }
 
     /* Only the wanted rows go through the output norm and projection. */
     if (n_o > 0) {
@@ -631,7 +649,18 @@ static int forward(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
                                  (size_t)rows * hp->n_vocab * sizeof(float)));
         }
     }
-    if (features) { /* the output norm over every row; out_rows holds T rows */
+    if (by_layer) { /* [T][n][dim]: each token's states side by side */
+        const int n = m->n_feature_layers;
+        for (int i = 0; i < n; i++)
+            TRY(op->download(be, m->layer_states_host + i * block, m->layer_states + i * block,
+                             (size_t)T * dim * sizeof(float)));
+        TRY(cairn_backend_synchronize(be));
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < n; i++)
+                memcpy(features + ((size_t)t * n + i) * dim,
+                       m->layer_states_host + i * block + (size_t)t * dim,
+                       (size_t)dim * sizeof(float));
+    } else if (features) { /* the output norm over every row; out_rows holds T rows */
         TRY(op->rmsnorm(be, m->out_rows, m->x, m->output_norm.data, T, dim, hp->rms_eps));
         TRY(op->download(be, features, m->out_rows, (size_t)T * dim * sizeof(float)));
     }
@@ -654,6 +683,32 @@ int cairn_model_forward_features(cairn_model *m, void *kv_pool, const cairn_kv_l
     if (!features)
         return CAIRN_EINVAL;
     return forward(m, kv_pool, kv, seqs, n_seqs, logits, NULL, features, n_out);
+}
+
+int cairn_model_set_feature_layers(cairn_model *m, const int *layers, int n)
+{
+    if (!m || n < 0 || n > CAIRN_MAX_FEATURE_LAYERS || (n > 0 && !layers))
+        return CAIRN_EINVAL;
+    for (int i = 0; i < n; i++)
+        if (layers[i] < 0 || layers[i] > m->hp.n_layer)
+            return CAIRN_EINVAL;
+    cairn_backend *be = m->be;
+    if (n > 0 && !m->layer_states) { /* sized once, for the most layers */
+        const size_t bytes = (size_t)CAIRN_MAX_FEATURE_LAYERS * m->params.max_batch_tokens *
+                             m->hp.dim * sizeof(float);
+        TRY(be->iface->alloc(be, bytes, (void **)&m->layer_states));
+        m->layer_states_host = malloc(bytes);
+        if (!m->layer_states_host)
+            return CAIRN_ENOMEM;
+    }
+    memcpy(m->feature_layers, layers, (size_t)n * sizeof *layers);
+    m->n_feature_layers = n;
+    return CAIRN_OK;
+}
+
+int cairn_model_feature_dim(const cairn_model *m)
+{
+    return m->n_feature_layers > 0 ? m->n_feature_layers * m->hp.dim : m->hp.dim;
 }
 
 /* ---- for model/eagle.c -------------------------------------------------- */

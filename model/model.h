@@ -20,8 +20,10 @@
  * Parts, each an opaque handle with load/create and free:
  *   cairn_model     weights + scratch on a backend; forward over a batch
  *   cairn_sampler   logits -> a token (llama.cpp's chain, seeded)
- *   cairn_eagle     an EAGLE draft head; cairn_eagle_seq decodes one
- *                   sequence speculatively with it (lossless)
+ *   cairn_eagle     an EAGLE draft head
+ *   cairn_spec      draft methods for a target (n-gram lookup, a draft
+ *                   model, an EAGLE head); cairn_spec_seq decodes one
+ *                   sequence speculatively with them (lossless)
  *
  * Ownership: a `*_load`/`*_create` gives the caller a new object, released
  * by the matching `*_free`. None of these objects may be used from two
@@ -142,6 +144,19 @@ int cairn_model_forward_features(cairn_model *m, void *kv_pool, const cairn_kv_l
                                  const cairn_seq_batch *seqs, int n_seqs, float *logits,
                                  float *features, int *n_out);
 
+#define CAIRN_MAX_FEATURE_LAYERS 4
+
+/* What cairn_model_forward_features returns from now on: with n > 0, the
+ * residual stream (before any norm) entering each of layers[0 .. n) (0 =
+ * the embeddings, n_layer = leaving the last layer), side by side: rows of
+ * [n][dim], i.e. features [T][n*dim] (EAGLE-3's low, mid and high states:
+ * layers 2, n_layer/2, n_layer-3). n = 0 restores the final normed state.
+ * CAIRN_EINVAL for n > CAIRN_MAX_FEATURE_LAYERS or a layer outside
+ * 0 .. n_layer. cairn_model_forward's hidden rows are unchanged. */
+int cairn_model_set_feature_layers(cairn_model *m, const int *layers, int n);
+/* Floats per row of cairn_model_forward_features (dim, or n*dim). */
+int cairn_model_feature_dim(const cairn_model *m);
+
 /* ======================================================================== */
 /* Sampler                                                                  */
 /* ======================================================================== */
@@ -225,7 +240,7 @@ void cairn_sampler_accept(cairn_sampler *s, int32_t token);
 void cairn_sampler_reset(cairn_sampler *s);
 
 /* ======================================================================== */
-/* EAGLE speculative decoding                                               */
+/* EAGLE heads, and how a draft tree is verified                            */
 /* ======================================================================== */
 /*
  * An EAGLE head is a one-layer draft model that reads the target's own final
@@ -246,13 +261,14 @@ void cairn_sampler_reset(cairn_sampler *s);
  * tools/eagle_convert.py writes one from a published checkpoint,
  * tools/eagle_train.py trains one by self-distillation.
  *
- * KV: the head's keys and values are one extra layer (index n_layer of the
- * target) in the same pages, so a page layout from cairn_eagle_kv_layout
- * holds both. Head row j sits at KV index j and is computed from (f_j,
+ * KV: the head's keys and values are one extra layer after the target's in
+ * the same pages (cairn_spec_kv_layout places it), with the target's
+ * geometry. Head row j sits at KV index j and is computed from (f_j,
  * token_{j+1}) at RoPE position j, so it is final only once token j+1 is.
  *
- * Decoding (one sequence): each step drafts an EAGLE-2 dynamic tree, checks
- * it with one target forward and keeps the longest accepted path:
+ * Decoding (one sequence, cairn_spec_seq below): each step drafts an EAGLE-2
+ * dynamic tree, checks it with one target forward and keeps the longest
+ * accepted path (the last three phases are every method's):
  *   draft   the best top_k tokens after the pending token form level 1; for
  *           `depth`-1 more levels the top_k frontier nodes by cumulative
  *           log-probability are expanded by top_k children each; all
@@ -261,18 +277,13 @@ void cairn_sampler_reset(cairn_sampler *s);
  *   verify  the pending token and the tree in one cairn_model_forward with a
  *           tree mask (each token sees the prefix and its ancestors) at
  *           positions n_past + depth.
- *   accept  greedy (temperature <= 0): follow children equal to the target's
- *           argmax. Sampled: at each node the children are tried in draft
- *           order; the tree proposes each child deterministically (q is a
- *           point mass), so the rule accept-with-min(1, p/q) accepts child x
- *           with probability p(x) and on rejection continues with the
- *           residual max(0, p - q) renormalised, i.e. p without x. Where no
- *           child is accepted the token is drawn from what remains. This
- *           reproduces the target's sampling distribution exactly (lossless).
- *           p is the sampler's distribution: top-k, min-p, top-p, then
- *           temperature, in cairn_sampler's order, after the logit bias
- *           (cairn_sampler_probs); penalties are not supported with
- *           speculation (CAIRN_EUNSUPPORTED).
+ *   accept  walk from the root as plain decoding would: the request's
+ *           sampler draws the token at each node from the target's logits
+ *           there; the walk follows the child with that token while there
+ *           is one. Every emitted token is the one plain decoding draws
+ *           (greedy or seeded, penalties and logit bias included); a guess
+ *           x is kept with probability p(x), what accepting a guess
+ *           proposed with certainty by min(1, p/q) gives (lossless).
  *   keep    the accepted path's target KV is moved to consecutive indices;
  *           entries past the new length are scratch: pages holding only such
  *           indices may be released by the caller between steps.
@@ -294,91 +305,390 @@ void cairn_eagle_free(cairn_eagle *e);
  * head KV too). */
 void cairn_eagle_fingerprint(const cairn_eagle *e, uint8_t out[16]);
 
-/* The target's page geometry with one more layer for the head's KV. */
-int cairn_eagle_kv_layout(const cairn_eagle *e, int page_size, cairn_type dtype,
-                          cairn_kv_layout *out);
+
+/* ======================================================================== */
+/* Speculative decoding                                                     */
+/* ======================================================================== */
+/*
+ * A cairn_spec is a set of draft methods bound to one target; a
+ * cairn_spec_seq decodes one sequence with them. Every step each method
+ * adds guesses to one draft tree (rows proposed by two methods are merged,
+ * so methods combine), the target checks the whole tree in one forward, and
+ * the accepted path is kept — the verification, acceptance and KV moves
+ * above, whatever proposed the tree:
+ *
+ *   ngram   prompt lookup: the longest recent n-gram (n = ngram_max down to
+ *           ngram_min) ending at the pending token is found earlier in the
+ *           sequence (prompt, session history, documents, generated text);
+ *           what followed it is the guess. No weights, no KV.
+ *   draft   a small model with the target's vocabulary guesses a chain
+ *           greedily; its KV is extra layers in the same pages (so it is
+ *           prefix-cached with them), kept current over every token.
+ *   eagle   an EAGLE head (above): a dynamic tree of depth x top_k.
+ *
+ * Draft length adapts per sequence (a chain grows while its guesses are
+ * accepted, shrinks to what was), and a sequence whose measured speed with
+ * speculation — tokens per step over the step's measured cost — falls
+ * below its measured plain decoding speed stops speculating for a while,
+ * then tries again (fixed_length turns both off, for measurements).
+ *
+ * Output: exactly the tokens of plain decoding, greedy or sampled with a
+ * seed (cairn_spec_seq_use_sampler below says how).
+ */
 
 typedef struct {
-    int depth;   /* draft levels, 1..16; default 5                         */
-    int top_k;   /* children per expanded node and frontier width, 1..16;
-                    default 8                                               */
-    int n_draft; /* draft tokens verified per step, 1..255; default 32;
-                    the target must accept 1 + n_draft tokens per forward   */
-} cairn_eagle_params;
+    int depth;     /* tree drafters (EAGLE): levels, 1..16; default 5         */
+    int top_k;     /* tree drafters: children per expanded node, 1..16; 8    */
+    int n_draft;   /* most draft rows verified per step, all methods
+                      together, 1..255; default 32; the target must take
+                      1 + n_draft tokens per forward                          */
+    int ngram_min; /* n-gram lookup: shortest match, 1..16; default 2         */
+    int ngram_max; /* longest match tried first, ngram_min..16; default 4
+                      (both 0: the defaults)                                  */
+    int chain_max; /* longest chain a chain drafter (ngram, draft model)
+                      proposes, 1..16; default 12 (0: that, or n_draft when
+                      smaller)                                                */
+    bool fixed_length; /* draft the most every step and never turn off       */
+} cairn_spec_params;
 
-/* The defaults named in cairn_eagle_params. */
-cairn_eagle_params cairn_eagle_defaults(void);
+/* The defaults named in cairn_spec_params. */
+cairn_spec_params cairn_spec_defaults(void);
 
-/* Per step: the tree verified, tokens emitted, time in each phase. */
+typedef struct cairn_spec cairn_spec;
+
+/* An empty set of methods for `target` (borrowed; must outlive the spec). */
+int cairn_spec_create(cairn_model *target, cairn_spec **out);
+/* Frees the set, not the heads or models it borrows. */
+void cairn_spec_free(cairn_spec *s);
+/* Add a method. Each may be added once; at most 8 methods. The head or
+ * model is borrowed and must outlive the spec, on the target's backend.
+ * A draft model must have the target's vocabulary size (its texts are
+ * runtime/'s check) and its own page geometry. CAIRN_EINVAL with a message
+ * otherwise. */
+int cairn_spec_add_ngram(cairn_spec *s);
+int cairn_spec_add_eagle(cairn_spec *s, cairn_eagle *head);
+int cairn_spec_add_draft_model(cairn_spec *s, cairn_model *draft, char *err, size_t err_len);
+/* "ngram", "ngram+eagle", ... (owned by s). */
+const char *cairn_spec_describe(const cairn_spec *s);
+int cairn_spec_count(const cairn_spec *s);
+/* Its methods by bit: 1 << index in the order they were added; the names
+ * "ngram", "draft", "eagle" map to bits with cairn_spec_method_mask (0 when
+ * the spec has no such method). */
+uint32_t cairn_spec_method_mask(const cairn_spec *s, const char *name);
+
+/* The page layout: the target's layers, then every method's own KV (an
+ * EAGLE head's layer, a draft model's layers) in the order added. */
+int cairn_spec_kv_layout(const cairn_spec *s, int page_size, cairn_type dtype,
+                         cairn_kv_layout *out);
+/* XXH3-128 over the fingerprints of the methods that keep KV in the pages
+ * (all zeros when none does: then pages are the target's alone). */
+void cairn_spec_fingerprint(const cairn_spec *s, uint8_t out[16]);
+/* Whether pages hold more than the target's KV. */
+bool cairn_spec_has_kv(const cairn_spec *s);
+/* Whether a method reads the target's features (then the caller runs the
+ * target with cairn_model_forward_features and passes them on). */
+bool cairn_spec_needs_features(const cairn_spec *s);
+/* Whether a method's KV row depends on the next token (EAGLE): then prefix
+ * matches are whole pages and adopted sequences start on a page boundary. */
+bool cairn_spec_whole_pages(const cairn_spec *s);
+
 typedef struct {
-    int64_t steps;        /* target forward passes (verifications)           */
-    int64_t tokens;       /* tokens emitted; tau = tokens / steps            */
-    int64_t drafted;      /* draft tokens verified                           */
+    int64_t steps;        /* target forward passes made by steps             */
+    int64_t spec_steps;   /* of which verified a draft                        */
+    int64_t tokens;       /* tokens emitted by steps; tau = tokens / steps     */
+    int64_t drafted;      /* draft rows verified                              */
+    int64_t accepted;     /* draft tokens accepted                            */
+    int64_t accepted_by[8]; /* draft tokens accepted that method i proposed   */
+    int64_t paused_steps; /* steps decoded plainly because speculation did not
+                             pay (measured) or had nothing to propose         */
     double t_draft, t_verify, t_head_update; /* seconds                      */
-} cairn_eagle_stats;
+} cairn_spec_stats;
 
-typedef struct cairn_eagle_seq cairn_eagle_seq;
+typedef struct cairn_spec_seq cairn_spec_seq;
 
 /* A decoder for one sequence. `dp` and `sp` may be NULL for the defaults
- * (sp NULL = greedy). CAIRN_EINVAL for parameters out of range,
- * CAIRN_EUNSUPPORTED for sampling penalties. */
-int cairn_eagle_seq_create(cairn_eagle *e, const cairn_eagle_params *dp,
-                           const cairn_sampling_params *sp, cairn_eagle_seq **out);
-void cairn_eagle_seq_free(cairn_eagle_seq *s);
+ * (sp NULL = greedy). `methods` (a mask of cairn_spec_method_mask bits; 0 =
+ * all) chooses which of the spec's methods propose for this sequence; the
+ * others still keep their KV current. CAIRN_EINVAL for parameters out of
+ * range, CAIRN_ERANGE when the target cannot take 1 + n_draft tokens per
+ * forward. */
+int cairn_spec_seq_create(cairn_spec *spec, const cairn_spec_params *dp,
+                          const cairn_sampling_params *sp, uint32_t methods,
+                          cairn_spec_seq **out);
+void cairn_spec_seq_free(cairn_spec_seq *s);
 
-/* Start a sequence: the KV pool (laid out by cairn_eagle_kv_layout) and page
+/* Start a sequence: the KV pool (laid out by cairn_spec_kv_layout) and page
  * table (borrowed, covering KV indices 0 .. capacity-1) stay in use until the
  * next begin or free. Evaluates prompt[0 .. n-2] through the target and the
- * head; prompt[n-1] becomes the pending token. n >= 1 and n < capacity. */
-int cairn_eagle_seq_begin(cairn_eagle_seq *s, void *kv_pool, const cairn_kv_layout *kv,
-                          const int32_t *pages, int capacity, const int32_t *prompt, int n);
+ * methods; prompt[n-1] becomes the pending token. n >= 1 and n < capacity. */
+int cairn_spec_seq_begin(cairn_spec_seq *s, void *kv_pool, const cairn_kv_layout *kv,
+                         const int32_t *pages, int capacity, const int32_t *prompt, int n);
 
-/* One draft-verify-accept step. Writes the emitted tokens (1 .. depth+1) to
- * out[cap] (cap >= depth + 1) and their count to *n_out. The tree is shrunk
- * near the end of the capacity; CAIRN_ERANGE when not even the pending token
- * fits. After an error the sequence must be begun again. */
-int cairn_eagle_seq_step(cairn_eagle_seq *s, int32_t *out, int cap, int *n_out);
+/* One draft-verify-accept step. Writes the emitted tokens (1 .. chain or
+ * tree depth + 1, at most cairn_spec_seq_max_out; 0 only when the filter
+ * hook allowed no token) to out[cap] and their count to *n_out. The tree
+ * is shrunk near the end of the capacity;
+ * CAIRN_ERANGE when not even the pending token fits. After an error the
+ * sequence must be begun again. */
+int cairn_spec_seq_step(cairn_spec_seq *s, int32_t *out, int cap, int *n_out);
+/* How a step's tokens are drawn. The tree is walked as plain decoding
+ * would walk the sequence: at each node the request's sampler draws the
+ * next token from the target's logits there, and the walk goes on into the
+ * child guessed with that token, if any. So a step emits exactly the
+ * tokens plain decoding draws — greedy and seeded sampling alike, penalties
+ * and logit bias included — whatever was guessed and whether a step
+ * speculated at all; a guess x is kept with probability p(x).
+ *
+ * By default the sequence's own sampler (from `sp`, seeded, fed the prompt
+ * at begin) draws. A caller that also decodes the sequence plainly lends
+ * its own sampler, so both ways draw from one stream (borrowed; it must
+ * outlive the decoder; the decoder accepts every token it emits into it). */
+void cairn_spec_seq_use_sampler(cairn_spec_seq *s, cairn_sampler *sampler);
+
+/* The caller's part of drawing a token (structured output, end of
+ * generation), called at each node of the walk. Both optional. */
+typedef struct {
+    void *ctx;
+    /* Mask logits[n_vocab] in place before the token is drawn. Non-zero:
+     * no token may follow (the step ends before it, and the sequence cannot
+     * go on). */
+    int (*filter)(void *ctx, float *logits, int n_vocab);
+    /* The token was drawn and is kept (after the sampler accepted it);
+     * true: the sequence ends with it, nothing after it is drawn. */
+    bool (*accept)(void *ctx, int32_t token);
+    /* Draw with logprobs (the chosen token's and sp.n_logprobs best), for
+     * cairn_spec_seq_logprobs; also on when sp.n_logprobs > 0. */
+    bool logprobs;
+} cairn_spec_hooks;
+void cairn_spec_seq_set_hooks(cairn_spec_seq *s, const cairn_spec_hooks *hooks);
+
+/* With logprobs asked for (hooks.logprobs or sp.n_logprobs > 0): the last
+ * step's tokens' logprobs, 1 + n_logprobs per token (the chosen one's, then the best alternatives), as
+ * cairn_sampler_sample writes them. Owned by s. */
+const cairn_token_logprob *cairn_spec_seq_logprobs(const cairn_spec_seq *s);
+
+/* The same step in two halves, for a caller that verifies many sequences'
+ * trees (and plain decoders' tokens) in one forward of its own:
+ *   draft     proposes the tree and fills *sb with its rows (tokens,
+ *             positions, tree mask, all rows wanted; pointing into s, valid
+ *             until verified); out[] of verified will have room for `cap`
+ *   verified  takes the logits [sb->n_tokens][n_vocab] of those rows (the
+ *             filter hook may change them) and, when a method reads
+ *             features, their features [n_tokens][dim] (the forward's
+ *             hidden rows); emits as cairn_spec_seq_step does.
+ * Between the two only the caller's forward may run on the sequence. */
+int cairn_spec_seq_draft(cairn_spec_seq *s, int cap, cairn_seq_batch *sb);
+int cairn_spec_seq_verified(cairn_spec_seq *s, float *logits, const float *features,
+                            int32_t *out, int *n_out);
+
+/* The most tokens one step may emit (out[] of cairn_spec_seq_step). */
+int cairn_spec_seq_max_out(const cairn_spec_seq *s);
+/* KV indices past n_past a step may write (the pending token and the draft
+ * rows of every method): the pages the caller must provide beyond n_past. */
+int cairn_spec_seq_span(const cairn_spec_seq *s);
 
 /* ---- sequences whose target forwards the caller runs (a server) -------- *
  *
  * A server batches the target over many sequences and shares KV pages
- * between them through a prefix cache, so the head's KV in a page must mean
- * the same thing whoever computed it. Head row j depends on tokens 0 .. j+1,
- * and token j+1 lies in the next page when j is a page's last index: two
- * sequences sharing that page may continue differently there. So for an
- * adopted sequence the head never attends to a row at a page's last index
- * (index % page_size == page_size - 1) except a query row's own; every other
- * head row of a page is a function of that page's token path alone, and
- * drafts (hence sampled outputs for a seed) do not depend on which sequence
- * computed a shared page. The server keeps every page's head rows current by
- * running the head over every token it runs the target over
- * (cairn_eagle_seq_advance after each forward), so pages it shares are
- * always complete. */
+ * between them through a prefix cache, so the methods' KV in a page must
+ * mean the same thing whoever computed it. A draft model's row j depends on
+ * tokens 0 .. j, like the target's. An EAGLE head's row j depends on tokens
+ * 0 .. j+1, and token j+1 lies in the next page when j is a page's last
+ * index: two sequences sharing that page may continue differently there.
+ * So for an adopted sequence the head never attends to a row at a page's
+ * last index (index % page_size == page_size - 1) except a query row's own;
+ * every other head row of a page is a function of that page's token path
+ * alone, and drafts (hence sampled outputs for a seed) do not depend on
+ * which sequence computed a shared page. The server keeps every page's
+ * method rows current by passing every forward it runs to
+ * cairn_spec_seq_advance, so pages it shares are always complete. */
 
 /* Take over a sequence whose tokens[0 .. n_past) already have target and
- * head KV in `pages` (computed by this or another sequence with the same
- * tokens, under the rule above); n_past must be a multiple of the page size
- * (CAIRN_EINVAL otherwise) and n_tokens > n_past. Nothing is computed. The
- * random state of sampled acceptance carries on from earlier steps. */
-int cairn_eagle_seq_adopt(cairn_eagle_seq *s, void *kv_pool, const cairn_kv_layout *kv,
-                          const int32_t *pages, int capacity, const int32_t *tokens,
-                          int n_tokens, int n_past);
+ * method KV in `pages` (computed by this or another sequence with the same
+ * tokens, under the rule above); with cairn_spec_whole_pages n_past must be
+ * a multiple of the page size (CAIRN_EINVAL otherwise); n_tokens > n_past.
+ * Nothing is computed. The random state of sampled acceptance carries on
+ * from earlier steps. */
+int cairn_spec_seq_adopt(cairn_spec_seq *s, void *kv_pool, const cairn_kv_layout *kv,
+                         const int32_t *pages, int capacity, const int32_t *tokens, int n_tokens,
+                         int n_past);
 /* The page table moved or grew: it now covers KV indices 0 .. capacity-1. */
-int cairn_eagle_seq_set_pages(cairn_eagle_seq *s, const int32_t *pages, int capacity);
+int cairn_spec_seq_set_pages(cairn_spec_seq *s, const int32_t *pages, int capacity);
 /* The caller's target forward computed tokens n_past .. n_past+n-1 of an
  * adopted sequence; features[n][dim] are their rows of
- * cairn_model_forward_features. tokens[0 .. n_tokens) is the sequence as
- * known now (n_tokens >= n_past + n; earlier tokens must not have changed).
- * The head runs over every row whose next token is known, so when
- * n_tokens > n_past + n the sequence is ready for cairn_eagle_seq_step
- * (tokens[n_past] pending). After a step of an adopted sequence the head is
+ * cairn_model_forward_features (NULL when !cairn_spec_needs_features).
+ * tokens[0 .. n_tokens) is the sequence as known now (n_tokens >= n_past +
+ * n; earlier tokens must not have changed). The methods catch up, so when
+ * n_tokens > n_past + n the sequence is ready for cairn_spec_seq_step
+ * (tokens[n_past] pending). After a step of an adopted sequence they are
  * caught up at once, so its pages are complete when the caller shares them. */
-int cairn_eagle_seq_advance(cairn_eagle_seq *s, const int32_t *tokens, int n_tokens,
-                            const float *features, int n);
+int cairn_spec_seq_advance(cairn_spec_seq *s, const int32_t *tokens, int n_tokens,
+                           const float *features, int n);
+/* A plain decoding step of this sequence (in the caller's batch) took
+ * `seconds`: the speed speculation must beat. */
+void cairn_spec_seq_note_plain_cost(cairn_spec_seq *s, double seconds);
+/* Whether the next step should speculate (false: decode it plainly, in the
+ * caller's batch, and call cairn_spec_seq_advance as for any forward).
+ * Steps that do not speculate count towards the pause. */
+bool cairn_spec_seq_wants_step(cairn_spec_seq *s);
 
 /* Tokens whose target KV is in the pages (the pending token excluded). */
-int cairn_eagle_seq_n_past(const cairn_eagle_seq *s);
-void cairn_eagle_seq_stats(const cairn_eagle_seq *s, cairn_eagle_stats *out);
+int cairn_spec_seq_n_past(const cairn_spec_seq *s);
+/* The methods that propose for this sequence, "ngram+eagle" (owned by s). */
+const char *cairn_spec_seq_describe(const cairn_spec_seq *s);
+void cairn_spec_seq_stats(const cairn_spec_seq *s, cairn_spec_stats *out);
+
+/* ======================================================================== */
+/* Medusa heads                                                             */
+/* ======================================================================== */
+/*
+ * Medusa heads (Cai et al. 2024) read the target's final feature f_j (the
+ * hidden state after the output norm, cairn_model_forward_features) of the
+ * last token with KV; head k (0-based) guesses the token k+1 places past the
+ * next one, i.e. depth k+1 of a draft tree under the pending token:
+ *
+ *   h = f_j;  for each residual block b:  h += silu(h·W_bᵀ + bias_b)
+ *   logits_k = h · output_kᵀ       (the head's own LM head, or the target's)
+ *
+ * The heads are independent given f_j, so a tree path's log-probability is
+ * the sum of its tokens' under their heads; the draft tree is the best rows
+ * by that sum within the row budget, each depth keeping fewer children
+ * (Medusa's sparse tree). No KV of their own.
+ *
+ * File: a GGUF with general.architecture = "medusa", metadata
+ * medusa.head_count (1..8), medusa.layer_count (residual blocks per head,
+ * 0..4), medusa.embedding_length (the target's dim), optional
+ * medusa.vocab_size (default: the target's), medusa.target.name; tensors
+ * medusa.{i}.res.{b}.weight [dim -> dim], medusa.{i}.res.{b}.bias [dim] (F32),
+ * optional medusa.{i}.output.weight [dim -> n_vocab] (absent: the target's
+ * LM head). tools/eagle_convert.py --medusa writes one from a published
+ * checkpoint (medusa_lm_head.pt / .safetensors with config.json),
+ * tools/eagle_train.py --kind medusa trains one.
+ */
+
+#define CAIRN_MEDUSA_MAX_HEADS 8
+#define CAIRN_MEDUSA_MAX_LAYERS 4
+#define CAIRN_MEDUSA_MAX_TOP_K 16
+#define CAIRN_MEDUSA_MAX_ROWS 255
+
+typedef struct cairn_medusa cairn_medusa;
+
+/* Load heads for `target` (borrowed; must outlive them) onto the target's
+ * backend. CAIRN_EFORMAT with a message when the file is not a Medusa head,
+ * lacks a tensor or does not fit the target (dim, vocabulary). */
+int cairn_medusa_load(const char *path, cairn_model *target, cairn_medusa **out, char *err,
+                      size_t err_len);
+void cairn_medusa_free(cairn_medusa *m);
+/* XXH3-128 of the heads' tensors and shape. */
+void cairn_medusa_fingerprint(const cairn_medusa *m, uint8_t out[16]);
+int cairn_medusa_head_count(const cairn_medusa *m);
+cairn_model *cairn_medusa_target(const cairn_medusa *m);
+
+/* logits[head_count][n_vocab] (host) of every head for one feature [dim]
+ * (host). */
+int cairn_medusa_logits(cairn_medusa *m, const float *feature, float *logits);
+
+/* The draft tree of `logits` (from cairn_medusa_logits): at most `budget`
+ * (0..255) rows, best path first, of depth at most min(depth, head_count),
+ * the tokens of depth d among head d-1's best top_k (1..16) at depth 1,
+ * halved per level down to 2. tokens[r], parents[r] (an earlier row, or -1
+ * for a child of the pending token); *n_rows rows. The logit bias of `sp`
+ * (may be NULL) applies to the guesses, so a forced token is proposed. */
+int cairn_medusa_draft(cairn_medusa *m, const float *logits, const cairn_sampling_params *sp,
+                       int depth, int top_k, int budget, int32_t *tokens, int32_t *parents,
+                       int *n_rows);
+
+/* Add Medusa heads (borrowed; loaded for the spec's target) to a spec as
+ * method "medusa": features needed, no KV of its own; the tree shape is the
+ * sequence's depth and top_k, its rows within n_draft. CAIRN_EINVAL for
+ * heads of another target or a second add. */
+int cairn_spec_add_medusa(cairn_spec *s, cairn_medusa *heads);
+
+/* ======================================================================== */
+/* EAGLE-3 heads                                                            */
+/* ======================================================================== */
+/*
+ * An EAGLE-3 head (Li et al. 2025) reads the target's residual stream
+ * entering three of its layers (low, mid, high: by default 2, n_layer/2,
+ * n_layer-3; cairn_model_set_feature_layers exports them) instead of the
+ * final feature, fused by fc; its one decoder layer attends over
+ * [normed embedding ; normed feature]; it predicts tokens over a reduced
+ * draft vocabulary mapped to the target's by d2t. Row j reads (states of
+ * token j, token j+1) at RoPE position j, like an EAGLE head; deeper draft
+ * rows read their parent row's pre-norm output instead of fused states:
+ *
+ *   h = fc · [s_low ; s_mid ; s_high]   | the parent row's output
+ *   a = [rmsnorm(embed(token)) * attn_norm ; rmsnorm(h) * hidden_norm]
+ *   x = h + attention(a·Wq, a·Wk, a·Wv) · Woᵀ;  x += ffn(rmsnorm(x) * ffn_norm)
+ *   logits = rmsnorm(x) * output_norm · outputᵀ   [draft vocabulary]
+ *
+ * File: a GGUF with general.architecture = "eagle3", metadata
+ * eagle3.embedding_length, eagle3.feed_forward_length,
+ * eagle3.attention.head_count, eagle3.attention.head_count_kv,
+ * eagle3.attention.layer_norm_rms_epsilon, eagle3.vocab_size (the draft
+ * vocabulary), eagle3.target_layers (3 integers); tensors fc.weight
+ * [3*dim -> dim], blk.0.attn_norm.weight (the embedding's norm),
+ * blk.0.hidden_norm.weight, blk.0.attn_{q,k,v}.weight [2*dim -> ...],
+ * blk.0.attn_output.weight, blk.0.ffn_norm.weight, blk.0.ffn_{gate,up,down}
+ * .weight, output_norm.weight, output.weight [dim -> draft vocabulary], d2t
+ * (I32 [draft vocabulary]: target id = draft id + d2t). tools/eagle_convert.py
+ * writes one from a published checkpoint (SafeAILab/EAGLE's eagle3 layout).
+ */
+
+#define CAIRN_EAGLE3_MAX_ROWS 64
+
+typedef struct cairn_eagle3 cairn_eagle3;
+
+/* Load a head for `target` (borrowed) onto its backend. CAIRN_EFORMAT with a
+ * message when it is not an EAGLE-3 head or does not fit the target (dim,
+ * KV heads, head size, layers, vocabulary). */
+int cairn_eagle3_load(const char *path, cairn_model *target, cairn_eagle3 **out, char *err,
+                      size_t err_len);
+void cairn_eagle3_free(cairn_eagle3 *e);
+void cairn_eagle3_fingerprint(const cairn_eagle3 *e, uint8_t out[16]);
+/* The target layers whose entering states it fuses, low to high. */
+void cairn_eagle3_target_layers(const cairn_eagle3 *e, int out[3]);
+int cairn_eagle3_draft_vocab(const cairn_eagle3 *e);
+cairn_model *cairn_eagle3_target(const cairn_eagle3 *e);
+/* The target token of a draft id (-1 outside the draft vocabulary). */
+int32_t cairn_eagle3_target_token(const cairn_eagle3 *e, int32_t draft_id);
+
+/* One call's head rows. Their K/V go to layer kv_layer of the pages (a page
+ * layout with a layer for the head), at KV indices kv_index[]; the rows
+ * attend over head KV 0 .. n_kv-1, causally (mask NULL: row r sees
+ * 0 .. kv_index[r]) or by mask [n_rows][n_kv]. */
+typedef struct {
+    int n_rows;               /* 1 .. CAIRN_EAGLE3_MAX_ROWS                  */
+    const int32_t *tokens;    /* [n_rows] the next token of each row         */
+    const float *features;    /* fused: [n_rows][3*dim] target states (the
+                                 layout cairn_model_forward_features writes
+                                 with the head's layers); else [n_rows][dim]
+                                 parent outputs                              */
+    bool fused;
+    const int32_t *pos, *kv_index; /* [n_rows]                               */
+    int n_kv;
+    const uint8_t *mask;
+    void *kv_pool;
+    const cairn_kv_layout *kv;
+    const int32_t *pages;
+    int kv_layer;
+} cairn_eagle3_rows;
+
+/* Runs the rows: hidden[n_rows][dim] (host, optional) their pre-norm
+ * outputs (what deeper rows read), logits[n_logit_rows][draft vocabulary]
+ * (host) of the last n_logit_rows rows. */
+int cairn_eagle3_forward(cairn_eagle3 *e, const cairn_eagle3_rows *rows, float *hidden,
+                         float *logits, int n_logit_rows);
+/* logits[n][draft vocabulary] of pre-norm outputs hidden[n][dim] (host), as
+ * cairn_eagle3_forward computes them for its last rows. */
+int cairn_eagle3_project(cairn_eagle3 *e, const float *hidden, int n, float *logits);
+
+/* Add an EAGLE-3 head (borrowed; loaded for the spec's target) as method
+ * "eagle3". It sets the target's feature layers to the head's
+ * (cairn_model_set_feature_layers), so no method reading the final feature
+ * (eagle, medusa) may be in the same spec: CAIRN_EINVAL then (and for a
+ * head of another target, or a second add). */
+int cairn_spec_add_eagle3(cairn_spec *s, cairn_eagle3 *head);
 
 #ifdef __cplusplus
 }

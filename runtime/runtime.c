@@ -17,7 +17,12 @@ struct cairn_runtime {
     cairn_model *model;
     cairn_vocab *vocab;
     cairn_chat_template *chat;
-    cairn_eagle *draft;
+    /* speculative decoding: the methods and what they borrow */
+    cairn_spec *spec;
+    cairn_eagle *eagle;
+    cairn_medusa *medusa;
+    cairn_eagle3 *eagle3;
+    cairn_model *draft_model;
     int32_t turn_end[16];
     size_t n_turn_end;
     pthread_mutex_t grammar_mu; /* guards the lazy build below */
@@ -127,6 +132,134 @@ static int open_model(cairn_runtime *rt, const cairn_runtime_config *cfg, char *
     return CAIRN_OK;
 }
 
+/* A draft model: loaded on the target's backend, refused unless its
+ * vocabulary is the target's token for token (ids must mean the same). */
+static int open_draft_model(cairn_runtime *rt, const cairn_runtime_config *cfg, const char *path,
+                            char *err, size_t err_len)
+{
+    if (rt->draft_model)
+        return cairn_errorf(err, err_len, CAIRN_EINVAL, "--spec: one draft model at most");
+    cairn_gguf *g = NULL;
+    char why[400] = "";
+    int rc = cairn_gguf_open(path, &g, why, sizeof why);
+    if (rc != CAIRN_OK)
+        return cairn_errorf(err, err_len, rc, "cannot open the draft model %s: %s", path, why);
+    int max_batch, max_seqs;
+    cairn_model_limits(rt->model, &max_batch, &max_seqs);
+    cairn_model_params mp = {.max_batch_tokens = max_batch, .max_seqs = 1};
+    cairn_vocab *vocab = NULL;
+    rc = cairn_model_load_gguf(g, path, rt->be, &mp, &rt->draft_model, why, sizeof why);
+    if (rc == CAIRN_OK)
+        rc = cairn_vocab_load(g, &vocab, why, sizeof why);
+    cairn_gguf_close(g);
+    if (rc != CAIRN_OK) {
+        cairn_vocab_free(vocab);
+        return cairn_errorf(err, err_len, rc, "cannot load the draft model %s: %s", path, why);
+    }
+    const int32_t n = cairn_vocab_n_tokens(vocab), nt = cairn_vocab_n_tokens(rt->vocab);
+    int32_t differs = -1;
+    for (int32_t i = 0; n == nt && i < n && differs < 0; i++)
+        if (strcmp(cairn_vocab_token_text(vocab, i), cairn_vocab_token_text(rt->vocab, i)) != 0)
+            differs = i;
+    if (n != nt)
+        rc = cairn_errorf(err, err_len, CAIRN_EINVAL,
+                          "the draft model %s has %d tokens in its vocabulary and %s %d: a draft "
+                          "model must share the target's vocabulary", path, n, cfg->model_path, nt);
+    else if (differs >= 0)
+        rc = cairn_errorf(err, err_len, CAIRN_EINVAL,
+                          "the draft model %s has another vocabulary than %s (token %d is '%s' "
+                          "there, '%s' here): a draft model must share the target's vocabulary",
+                          path, cfg->model_path, differs, cairn_vocab_token_text(vocab, differs),
+                          cairn_vocab_token_text(rt->vocab, differs));
+    cairn_vocab_free(vocab);
+    if (rc == CAIRN_OK && (rc = cairn_spec_add_draft_model(rt->spec, rt->draft_model, why,
+                                                           sizeof why)) != CAIRN_OK)
+        cairn_errorf(err, err_len, rc, "the draft model %s: %s", path, why);
+    return rc;
+}
+
+static int open_eagle(cairn_runtime *rt, const char *path, char *err, size_t err_len)
+{
+    if (rt->eagle)
+        return cairn_errorf(err, err_len, CAIRN_EINVAL, "--spec: one EAGLE head at most");
+    char why[400] = "";
+    int rc = cairn_eagle_load(path, rt->model, &rt->eagle, why, sizeof why);
+    if (rc != CAIRN_OK)
+        return cairn_errorf(err, err_len, rc, "cannot load the draft head %s: %s", path,
+                            why[0] ? why : cairn_strerror(rc));
+    return cairn_spec_add_eagle(rt->spec, rt->eagle);
+}
+
+static int open_medusa(cairn_runtime *rt, const char *path, char *err, size_t err_len)
+{
+    if (rt->medusa)
+        return cairn_errorf(err, err_len, CAIRN_EINVAL, "--spec: one set of Medusa heads at most");
+    char why[400] = "";
+    int rc = cairn_medusa_load(path, rt->model, &rt->medusa, why, sizeof why);
+    if (rc != CAIRN_OK)
+        return cairn_errorf(err, err_len, rc, "cannot load the Medusa heads %s: %s", path,
+                            why[0] ? why : cairn_strerror(rc));
+    if ((rc = cairn_spec_add_medusa(rt->spec, rt->medusa)) != CAIRN_OK)
+        return cairn_errorf(err, err_len, rc, "--spec: Medusa heads cannot go beside eagle3");
+    return CAIRN_OK;
+}
+
+static int open_eagle3(cairn_runtime *rt, const char *path, char *err, size_t err_len)
+{
+    if (rt->eagle3)
+        return cairn_errorf(err, err_len, CAIRN_EINVAL, "--spec: one EAGLE-3 head at most");
+    char why[400] = "";
+    int rc = cairn_eagle3_load(path, rt->model, &rt->eagle3, why, sizeof why);
+    if (rc != CAIRN_OK)
+        return cairn_errorf(err, err_len, rc, "cannot load the EAGLE-3 head %s: %s", path,
+                            why[0] ? why : cairn_strerror(rc));
+    if ((rc = cairn_spec_add_eagle3(rt->spec, rt->eagle3)) != CAIRN_OK)
+        return cairn_errorf(err, err_len, rc,
+                            "--spec: an EAGLE-3 head reads other target states than eagle and "
+                            "medusa do: it cannot go beside them");
+    return CAIRN_OK;
+}
+
+/* --spec METHOD[,METHOD...] (and --draft HEAD, an EAGLE head). */
+static int open_spec(cairn_runtime *rt, const cairn_runtime_config *cfg, char *err, size_t err_len)
+{
+    int rc = cairn_spec_create(rt->model, &rt->spec);
+    if (rc != CAIRN_OK)
+        return cairn_errorf(err, err_len, rc, "out of memory");
+    const char *list = cfg->spec ? cfg->spec : "";
+    while (rc == CAIRN_OK && *list) {
+        const char *end = strchr(list, ',');
+        const size_t len = end ? (size_t)(end - list) : strlen(list);
+        char item[1024];
+        if (len == 0 || len >= sizeof item)
+            return cairn_errorf(err, err_len, CAIRN_EINVAL, "--spec: empty or overlong method in '%s'",
+                                cfg->spec);
+        memcpy(item, list, len);
+        item[len] = '\0';
+        list += len + (end ? 1 : 0);
+        if (strcmp(item, "ngram") == 0) {
+            if ((rc = cairn_spec_add_ngram(rt->spec)) != CAIRN_OK)
+                return cairn_errorf(err, err_len, rc, "--spec: ngram given twice");
+        } else if (strncmp(item, "draft:", 6) == 0 && item[6]) {
+            rc = open_draft_model(rt, cfg, item + 6, err, err_len);
+        } else if (strncmp(item, "eagle:", 6) == 0 && item[6]) {
+            rc = open_eagle(rt, item + 6, err, err_len);
+        } else if (strncmp(item, "medusa:", 7) == 0 && item[7]) {
+            rc = open_medusa(rt, item + 7, err, err_len);
+        } else if (strncmp(item, "eagle3:", 7) == 0 && item[7]) {
+            rc = open_eagle3(rt, item + 7, err, err_len);
+        } else {
+            return cairn_errorf(err, err_len, CAIRN_EINVAL,
+                                "--spec: unknown method '%s' (expected ngram, draft:MODEL.gguf, "
+                                "eagle:HEAD.gguf, medusa:HEADS.gguf or eagle3:HEAD.gguf, "
+                                "comma-separated)", item);
+        }
+    }
+    if (rc == CAIRN_OK && cfg->draft_path)
+        rc = open_eagle(rt, cfg->draft_path, err, err_len);
+    return rc;
+}
+
 int cairn_runtime_open(const cairn_runtime_config *cfg, cairn_runtime **out, char *err,
                        size_t err_len)
 {
@@ -143,13 +276,8 @@ int cairn_runtime_open(const cairn_runtime_config *cfg, cairn_runtime **out, cha
     int rc = open_backend(rt, cfg, err, err_len);
     if (rc == CAIRN_OK)
         rc = open_model(rt, cfg, err, err_len);
-    if (rc == CAIRN_OK && cfg->draft_path) {
-        char why[400] = "";
-        rc = cairn_eagle_load(cfg->draft_path, rt->model, &rt->draft, why, sizeof why);
-        if (rc != CAIRN_OK)
-            cairn_errorf(err, err_len, rc, "cannot load the draft head %s: %s", cfg->draft_path,
-                         why[0] ? why : cairn_strerror(rc));
-    }
+    if (rc == CAIRN_OK && (cfg->draft_path || (cfg->spec && *cfg->spec)))
+        rc = open_spec(rt, cfg, err, err_len);
     if (rc != CAIRN_OK) {
         if (err && err_len && !err[0])
             cairn_errorf(err, err_len, rc, "%s", cairn_strerror(rc));
@@ -165,7 +293,11 @@ void cairn_runtime_close(cairn_runtime *rt)
     if (!rt)
         return;
     cairn_grammar_vocab_free(rt->grammar_vocab);
-    cairn_eagle_free(rt->draft);
+    cairn_spec_free(rt->spec);
+    cairn_eagle_free(rt->eagle);
+    cairn_medusa_free(rt->medusa);
+    cairn_eagle3_free(rt->eagle3);
+    cairn_model_free(rt->draft_model);
     cairn_chat_template_free(rt->chat);
     cairn_vocab_free(rt->vocab);
     cairn_model_free(rt->model);
@@ -187,7 +319,7 @@ const cairn_chat_template *cairn_runtime_chat_template(const cairn_runtime *rt)
 {
     return rt->chat;
 }
-cairn_eagle *cairn_runtime_draft(const cairn_runtime *rt) { return rt->draft; }
+cairn_spec *cairn_runtime_spec(const cairn_runtime *rt) { return rt->spec; }
 const char *cairn_runtime_model_path(const cairn_runtime *rt) { return rt->model_path; }
 
 int cairn_runtime_threads(const cairn_runtime *rt)

@@ -1,7 +1,7 @@
 /*
  * runtime/runtime.h — one open of a model file: the compute backend it runs
  * on, its weights, its vocabulary and chat template, and optionally an EAGLE
- * draft head.
+ * speculative decoding methods (n-gram lookup, a draft model, an EAGLE head).
  *
  *                       cairn_runtime_open(cfg)
  *                                │
@@ -14,7 +14,9 @@
  *     │ vocab          text/     tokenizer of the same file          │
  *     │ chat template  text/     tokenizer.chat_template, by family  │
  *     │ turn end       tokens that close an assistant turn           │
- *     │ draft head     model/    EAGLE head (--draft), optional      │
+ *     │ speculation    model/    draft methods (--spec: n-gram       │
+ *     │                          lookup, a draft model, an EAGLE     │
+ *     │                          head), optional                     │
  *     │ grammar vocab  text/     byte trie of the vocabulary, built  │
  *     │                          on first use (structured output)    │
  *     └──────────────────────────────────────────────────────────────┘
@@ -30,7 +32,7 @@
  * owner); it must outlive everything that borrows from it (a service, an
  * api context). The vocabulary, chat template, turn-end tokens and grammar
  * vocabulary are immutable and may be read from any thread at once. The
- * backend, model and draft head belong to one thread at a time: the engine
+ * backend, model and speculative methods belong to one thread at a time: the engine
  * thread while a service runs, or the CLI command that opened them.
  *
  * Errors: cairn_runtime_open returns CAIRN_EINVAL (bad configuration),
@@ -76,7 +78,14 @@ typedef struct {
     int n_threads;           /* CPU backend threads; 0 = one per core         */
     int max_batch_tokens;    /* tokens one forward may carry (0: 512)         */
     int max_seqs;            /* sequences one forward may carry (0: 64)       */
-    const char *draft_path;  /* EAGLE head (NULL: none)                       */
+    const char *draft_path;  /* EAGLE head (NULL: none), as spec "eagle:PATH" */
+    /* Speculative decoding methods, comma-separated, in the order they add
+     * to a draft tree: "ngram" (prompt lookup), "draft:MODEL.gguf" (a draft
+     * model with the target's vocabulary, token for token, else refused),
+     * "eagle:HEAD.gguf", "medusa:HEADS.gguf" (Medusa heads), "eagle3:HEAD.gguf"
+     * (an EAGLE-3 head, not beside eagle or medusa). NULL or "": none (besides
+     * draft_path). */
+    const char *spec;
 } cairn_runtime_config;
 
 typedef struct cairn_runtime cairn_runtime;
@@ -84,7 +93,8 @@ typedef struct cairn_runtime cairn_runtime;
 /* Create the backend, open the model file once and load the weights, the
  * vocabulary (its size must fit the model's), the chat template (the
  * generic format with a warning when the file has none) and, with
- * draft_path, the EAGLE head (its shape must fit the model). The caller
+ * draft_path and spec, the speculative methods (an EAGLE head's shape must
+ * fit the model; a draft model's vocabulary must be the model's). The caller
  * owns *out. */
 int cairn_runtime_open(const cairn_runtime_config *cfg, cairn_runtime **out, char *err,
                        size_t err_len);
@@ -99,7 +109,8 @@ cairn_model *cairn_runtime_model(const cairn_runtime *rt);
 const cairn_hparams *cairn_runtime_hparams(const cairn_runtime *rt);
 const cairn_vocab *cairn_runtime_vocab(const cairn_runtime *rt);
 const cairn_chat_template *cairn_runtime_chat_template(const cairn_runtime *rt);
-cairn_eagle *cairn_runtime_draft(const cairn_runtime *rt); /* NULL without one */
+/* The speculative decoding methods (NULL without any). */
+cairn_spec *cairn_runtime_spec(const cairn_runtime *rt);
 const char *cairn_runtime_model_path(const cairn_runtime *rt);
 /* CPU threads in use (0 on another backend). */
 int cairn_runtime_threads(const cairn_runtime *rt);

@@ -54,6 +54,13 @@ void svc_emit_generation_done(cairn_service *s, job *j)
                       .prompt_tokens = (int64_t)j->n_prompt,
                       .cached_tokens = j->cached_tokens, .completion_tokens = j->n_gen,
                       .spec_forwards = j->spec_forwards, .spec_tokens = j->spec_tokens};
+    if (j->spec && j->spec_forwards > 0) {
+        cairn_spec_stats st;
+        cairn_spec_seq_stats(j->spec, &st);
+        ev.spec_drafted = st.drafted;
+        ev.spec_accepted = st.accepted;
+        ev.spec_method = cairn_spec_seq_describe(j->spec);
+    }
     memcpy(ev.cached_by_tier, j->cached_by_tier, sizeof ev.cached_by_tier);
     /* prompt: admission to the first token; decode: first token to the last */
     if (j->t_admitted > 0 && j->t_first_token >= j->t_admitted) {

@@ -64,7 +64,7 @@ static void start_generation(cairn_service *s, cairn_request *r, session *sess)
         if (rc)
             msg = "cannot set up the response format";
     }
-    if (rc == CAIRN_OK && s->eagle && (rc = job_spec_create(s, j)) != CAIRN_OK)
+    if (rc == CAIRN_OK && s->spec && (rc = job_spec_create(s, j)) != CAIRN_OK)
         msg = rc == CAIRN_ENOMEM ? "out of memory"
                                  : "invalid draft settings (depth 1..16, top_k 1..16, n 1..255 "
                                    "and below the batch size)";

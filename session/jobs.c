@@ -57,9 +57,9 @@ cairn_kv_hold *job_release_pages(cairn_service *s, job *j)
     size_t n_pages = j->n_pages;
     cairn_kv_hold *leaf = NULL;
     /* The partial last page, when it is the job's: kept as a tail, so the
-     * next turn reuses it (not with a draft head: see prefix.c). */
+     * next turn reuses it (not with an EAGLE head: see prefix.c). */
     int32_t tail = -1;
-    if (s->prefix_cache && !j->spec && j->n_computed % (size_t)s->page_size &&
+    if (s->prefix_cache && !(j->spec && cairn_spec_whole_pages(s->spec)) && j->n_computed % (size_t)s->page_size &&
         n_full < n_pages && n_full >= j->n_tree_pages) {
         tail = j->pages[n_full];
         j->pages[n_full] = j->pages[n_pages - 1];
@@ -100,7 +100,7 @@ void job_free(job *j)
     cairn_request_free(j->req);
     cairn_sampler_free(j->sampler);
     cairn_grammar_matcher_free(j->matcher);
-    cairn_eagle_seq_free(j->spec);
+    cairn_spec_seq_free(j->spec);
     cairn_detok_free(j->detok);
     free(j->seq.v);
     free(j->pages);
@@ -250,7 +250,7 @@ void job_reply(cairn_service *s, job *j)
 
 
 /* `base` with the fields `over` sets (non-zero) replaced. */
-cairn_eagle_params draft_override(cairn_eagle_params base, const cairn_eagle_params *over)
+cairn_spec_params draft_override(cairn_spec_params base, const cairn_spec_params *over)
 {
     if (over->depth)
         base.depth = over->depth;
@@ -258,26 +258,60 @@ cairn_eagle_params draft_override(cairn_eagle_params base, const cairn_eagle_par
         base.top_k = over->top_k;
     if (over->n_draft)
         base.n_draft = over->n_draft;
+    if (over->ngram_min)
+        base.ngram_min = over->ngram_min;
+    if (over->ngram_max)
+        base.ngram_max = over->ngram_max;
+    if (over->chain_max)
+        base.chain_max = over->chain_max;
+    if (over->fixed_length)
+        base.fixed_length = true;
     return base;
 }
 
-/* The job's EAGLE sequence: every job keeps the head's KV of its pages
- * current; it may also speculate when nothing rules that out. */
+/* A speculative step's walk draws each token as job_take_token would: the
+ * grammar's mask first (spec_hook_filter), then the job's own sampler (lent
+ * to the decoder), then what job_push_token does before it keeps a token
+ * (spec_hook_accept), so a request decodes to the same tokens whether a
+ * step speculated or not. */
+static int spec_hook_filter(void *ctx, float *logits, int n_vocab)
+{
+    job *j = ctx;
+    return j->matcher ? cairn_grammar_matcher_mask(j->matcher, logits, n_vocab) : CAIRN_OK;
+}
+
+static bool spec_hook_accept(void *ctx, int32_t tok)
+{
+    job *j = ctx;
+    if (!j->req->gen.ignore_eos && cairn_vocab_is_eog(j->vocab, tok))
+        return true; /* job_push_token ends the job with it */
+    if (j->matcher && (cairn_grammar_matcher_accept(j->matcher, tok) != CAIRN_OK ||
+                       cairn_grammar_matcher_done(j->matcher)))
+        return true;
+    return false;
+}
+
+/* The job's speculative sequence: every job keeps the methods' KV of its
+ * pages current; it may also speculate unless it asked not to. Grammars,
+ * logprobs and penalties speculate too: tokens are drawn as plain decoding
+ * draws them (model.h). */
 int job_spec_create(cairn_service *s, job *j)
 {
     const cairn_gen_params *g = &j->req->gen;
-    const cairn_eagle_params dp = draft_override(s->draft, &g->draft);
-    const cairn_sampling_params *sp = &g->sampling;
-    j->spec_ok = !g->no_speculation && !g->grammar && !g->logprobs &&
-                 !cairn_sampling_has_penalties(sp) &&
-                 s->draft_max_batch > 0;
-    /* the pending token and the tree, or the draft's scratch head rows */
-    j->spec_span = 1 + (dp.n_draft > (dp.depth - 1) * dp.top_k ? dp.n_draft
-                                                                : (dp.depth - 1) * dp.top_k);
-    /* its own random stream for sampled acceptance, apart from the sampler's */
-    cairn_sampling_params acc = *sp;
-    acc.seed = sp->seed ^ 0x9e3779b97f4a7c15ull;
-    return cairn_eagle_seq_create(s->eagle, &dp, j->spec_ok ? &acc : NULL, &j->spec);
+    const cairn_spec_params dp = draft_override(s->draft, &g->draft);
+    j->spec_ok = !g->no_speculation && s->draft_max_batch > 0;
+    int rc = cairn_spec_seq_create(s->spec, &dp, &g->sampling, g->spec_methods, &j->spec);
+    if (rc != CAIRN_OK)
+        return rc;
+    j->vocab = s->vocab;
+    cairn_spec_seq_use_sampler(j->spec, j->sampler);
+    const cairn_spec_hooks hooks = {.ctx = j, .filter = spec_hook_filter,
+                                    .accept = spec_hook_accept, .logprobs = g->logprobs};
+    cairn_spec_seq_set_hooks(j->spec, &hooks);
+    /* the pending token and the tree, or the methods' scratch rows */
+    j->spec_span = cairn_spec_seq_span(j->spec);
+    j->spec_rows = 1 + dp.n_draft;
+    return CAIRN_OK;
 }
 
 
@@ -306,13 +340,14 @@ bool job_take_token(cairn_service *s, job *j, float *logits)
         j->finish = "stop";
         return true;
     }
-    return job_push_token(s, j, tok, want_lp ? lp : NULL);
+    return job_push_token(s, j, tok, want_lp ? lp : NULL, false);
 }
 
 /* Append the chosen token `tok` to j (sampled here, or accepted by a
  * speculative step); lp: NULL, or the chosen token's logprob then the
  * n_logprobs alternatives. True when the job is finished. */
-bool job_push_token(cairn_service *s, job *j, int32_t tok, const cairn_token_logprob *lp)
+bool job_push_token(cairn_service *s, job *j, int32_t tok, const cairn_token_logprob *lp,
+                    bool drawn_by_spec)
 {
     const bool want_lp = lp != NULL;
     if (!j->req->gen.ignore_eos && cairn_vocab_is_eog(s->vocab, tok)) {
@@ -320,11 +355,14 @@ bool job_push_token(cairn_service *s, job *j, int32_t tok, const cairn_token_log
         j->eog_token = tok;
         return true;
     }
-    if (j->matcher && cairn_grammar_matcher_accept(j->matcher, tok) != CAIRN_OK) {
+    /* a speculative step's walk fed the matcher and the sampler already
+     * (spec_hook_accept) */
+    if (!drawn_by_spec && j->matcher && cairn_grammar_matcher_accept(j->matcher, tok) != CAIRN_OK) {
         j->finish = "stop"; /* cannot happen after the mask; never emit it */
         return true;
     }
-    cairn_sampler_accept(j->sampler, tok);
+    if (!drawn_by_spec)
+        cairn_sampler_accept(j->sampler, tok);
     if (tokvec_append(&j->seq, &tok, 1)) {
         j->finish = "stop";
         return true;
@@ -369,12 +407,12 @@ void job_fail(cairn_service *s, job *j, int code, const char *msg)
     job_finish(s, j, false);
 }
 
-/* The draft head failed on j: its own pages may lack head KV, so none of
- * them goes to the tree. */
+/* Speculative decoding failed on j: its own pages may lack method KV, so
+ * none of them goes to the tree. */
 void job_fail_head(cairn_service *s, job *j)
 {
     j->n_computed = j->n_tree_pages * (size_t)s->page_size;
-    job_fail(s, j, CAIRN_EBACKEND, "the draft head failed");
+    job_fail(s, j, CAIRN_EBACKEND, "speculative decoding failed");
 }
 
 /* KV indices j's pages cover, within the context. */
@@ -384,12 +422,13 @@ int job_capacity(const cairn_service *s, const job *j)
     return (int)(cap < (size_t)s->n_ctx ? cap : (size_t)s->n_ctx);
 }
 
-/* The head over the n tokens j's last forward computed (features[n][dim]). */
-int job_head_advance(cairn_service *s, job *j, const float *features, int n)
+/* The methods over the n tokens j's last forward computed (features[n][dim]
+ * when a method reads them, else NULL). */
+int job_spec_advance(cairn_service *s, job *j, const float *features, int n)
 {
-    int rc = cairn_eagle_seq_set_pages(j->spec, j->pages, job_capacity(s, j));
+    int rc = cairn_spec_seq_set_pages(j->spec, j->pages, job_capacity(s, j));
     if (rc == CAIRN_OK)
-        rc = cairn_eagle_seq_advance(j->spec, j->seq.v, (int)j->seq.n, features, n);
+        rc = cairn_spec_seq_advance(j->spec, j->seq.v, (int)j->seq.n, features, n);
     j->spec_ready = rc == CAIRN_OK && j->seq.n > j->n_computed;
     return rc;
 }

@@ -25,9 +25,10 @@
  *            running job's page, by copy: only the request's own tokens
  *            are computed.
  *
- * With a draft head (EAGLE) matches stay whole pages: a head row depends on
- * the token after it (model.h), so a copied half page would hold a head
- * row computed for another continuation.
+ * With an EAGLE head matches stay whole pages: a head row depends on the
+ * token after it (model.h), so a copied half page would hold a head row
+ * computed for another continuation. (A draft model's rows depend on what
+ * comes before only, like the target's: its matches go to the token.)
  */
 #include "session/session_impl.h"
 
@@ -112,7 +113,7 @@ static const job *partial_source(const cairn_service *s, const job *j, size_t at
 size_t prefix_take_partial(cairn_service *s, job *j)
 {
     const size_t ps = (size_t)s->page_size, at = j->n_computed;
-    if (!s->prefix_cache || j->spec || at % ps != 0 || j->n_pages != at / ps ||
+    if (!s->prefix_cache || (j->spec && cairn_spec_whole_pages(s->spec)) || at % ps != 0 || j->n_pages != at / ps ||
         j->seq.n < at + 2)
         return 0;
     const size_t n_next = j->seq.n - 1 - at; /* the last token stays to compute */

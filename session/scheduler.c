@@ -116,7 +116,7 @@ static void job_adopt(cairn_service *s, job *j, const cairn_kvcache_event *ev)
         /* head rows of the matched pages are valid (model.h); pages[] must
          * exist even when empty, capacity is set before every use */
         if (job_reserve_pages(j, 1) != CAIRN_OK ||
-            cairn_eagle_seq_adopt(j->spec, cairn_kvcache_kv_base(s->cache), &s->kv, j->pages,
+            cairn_spec_seq_adopt(j->spec, cairn_kvcache_kv_base(s->cache), &s->kv, j->pages,
                                   (int)(j->n_pages * (size_t)s->page_size), j->seq.v,
                                   (int)j->seq.n, (int)j->n_computed) != CAIRN_OK)
             j->spec_failed = true;
@@ -289,60 +289,97 @@ static void pause_one(cairn_service *s, job *j)
 }
 
 
-/* One draft-verify step for each job chosen to speculate this step. */
-static void step_speculative(cairn_service *s, int n_spec)
+/* The speculating jobs' trees join this step's batch: entries n .. n +
+ * n_spec - 1 of s->batch. A job whose drafting fails fails (its pages may
+ * lack method KV). Returns how many entries were added (jobs that failed
+ * leave spec_jobs). */
+static int draft_speculative(cairn_service *s, int n, int n_spec)
 {
-    for (int k = 0; k < n_spec; k++) {
-        job *j = s->spec_jobs[k];
-        int32_t out[17]; /* depth <= 16 */
-        int n_out = 0;
-        int rc = cairn_eagle_seq_set_pages(j->spec, j->pages, job_capacity(s, j));
+    int k = 0;
+    for (int i = 0; i < n_spec; i++) {
+        job *j = s->spec_jobs[i];
+        int rc = cairn_spec_seq_set_pages(j->spec, j->pages, job_capacity(s, j));
         if (rc == CAIRN_OK)
-            rc = cairn_eagle_seq_step(j->spec, out, 17, &n_out);
-        if (rc != CAIRN_OK || n_out < 1) {
+            rc = cairn_spec_seq_draft(j->spec, SPEC_OUT_MAX, &s->batch[n + k]);
+        if (rc != CAIRN_OK) {
             running_drop(s, j);
             job_fail_head(s, j);
             continue;
         }
-        s->spec_steps++;
-        s->spec_tokens += (uint64_t)n_out;
-        j->spec_forwards++;
-        j->spec_tokens += n_out;
-        double now = cairn_now();
-        if (j->t_last_token == 0) {
-            svc_histogram_observe(&s->stats.ttft, now - j->req->submitted_at);
-            j->t_first_token = now;
-        } else
-            for (int t = 0; t < n_out; t++) /* the step's time, shared by its tokens */
-                svc_histogram_observe(&s->stats.inter_token, (now - j->t_last_token) / n_out);
-        j->t_last_token = now;
-        bool done = false;
-        for (int t = 0; t < n_out && !done; t++)
-            done = job_push_token(s, j, out[t], NULL);
-        /* the accepted tokens' KV is in the pages (the last one is pending);
-         * tokens cut by a stop keep theirs, which is the same KV */
-        size_t n_past = (size_t)cairn_eagle_seq_n_past(j->spec);
+        s->batch_jobs[n + k] = j;
+        s->spec_jobs[k++] = j;
+    }
+    return k;
+}
+
+/* A speculating job's tree was verified in the batch: its logits rows
+ * (the filter may change them) and features rows. */
+static void finish_speculative(cairn_service *s, job *j, float *logits, const float *features)
+{
+    int32_t out[SPEC_OUT_MAX];
+    int n_out = 0;
+    int rc = cairn_spec_seq_verified(j->spec, logits, features, out, &n_out);
+    if (rc == CAIRN_OK && n_out == 0) {
+        /* the grammar allowed no token: as job_take_token, the end */
+        running_drop(s, j);
+        j->finish = "stop";
+        const size_t n_past = (size_t)cairn_spec_seq_n_past(j->spec);
         j->n_computed = n_past < j->seq.n ? n_past : j->seq.n;
-        if (done) {
-            running_drop(s, j);
-            job_finish(s, j, true);
-        } else {
-            prefix_extend(s, j);
-        }
+        job_finish(s, j, true);
+        return;
+    }
+    if (rc != CAIRN_OK) {
+        running_drop(s, j);
+        job_fail_head(s, j);
+        return;
+    }
+    s->spec_steps++;
+    s->spec_tokens += (uint64_t)n_out;
+    j->spec_forwards++;
+    j->spec_tokens += n_out;
+    double now = cairn_now();
+    if (j->t_last_token == 0) {
+        svc_histogram_observe(&s->stats.ttft, now - j->req->submitted_at);
+        j->t_first_token = now;
+    } else
+        for (int t = 0; t < n_out; t++) /* the step's time, shared by its tokens */
+            svc_histogram_observe(&s->stats.inter_token, (now - j->t_last_token) / n_out);
+    j->t_last_token = now;
+    bool done = false;
+    const cairn_token_logprob *lps = j->req->gen.logprobs ? cairn_spec_seq_logprobs(j->spec)
+                                                          : NULL;
+    const size_t per = 1 + (size_t)j->req->gen.sampling.n_logprobs;
+    for (int t = 0; t < n_out && !done; t++)
+        done = job_push_token(s, j, out[t], lps ? lps + (size_t)t * per : NULL, true);
+    /* the accepted tokens' KV is in the pages (the last one is pending);
+     * tokens cut by a stop keep theirs, which is the same KV */
+    size_t n_past = (size_t)cairn_spec_seq_n_past(j->spec);
+    j->n_computed = n_past < j->seq.n ? n_past : j->seq.n;
+    if (done) {
+        running_drop(s, j);
+        job_finish(s, j, true);
+    } else {
+        prefix_extend(s, j);
     }
 }
 
 /* Whether j decodes by a speculative step this time (its tree pages taken);
- * when the pages cannot be had it decodes plainly. */
+ * when the pages cannot be had, or its measured speed says speculation does
+ * not pay now, it decodes plainly. */
 static bool plan_speculative(cairn_service *s, job *j)
 {
     if (!(j->spec_ok && j->spec_ready &&
-          (size_t)cairn_eagle_seq_n_past(j->spec) == j->n_computed))
+          (size_t)cairn_spec_seq_n_past(j->spec) == j->n_computed))
+        return false;
+    if (s->spec_rows_left < j->spec_rows || !cairn_spec_seq_wants_step(j->spec))
         return false;
     size_t span = j->n_computed + (size_t)j->spec_span;
     if (span > (size_t)s->n_ctx)
         span = (size_t)s->n_ctx;
-    return job_ensure_pages(s, j, span) == CAIRN_OK;
+    if (job_ensure_pages(s, j, span) != CAIRN_OK)
+        return false;
+    s->spec_rows_left -= j->spec_rows;
+    return true;
 }
 
 /* Pages for the next `chunk` tokens of running[i], pausing the newest other
@@ -397,8 +434,11 @@ static int plan_batch(cairn_service *s, int *n_spec)
     int prefill_budget = s->cfg.max_batch_tokens - n_dec;
     int n = 0;
     *n_spec = 0;
+    /* speculating jobs' trees are verified in the same forward: their rows
+     * come out of the batch and out of the logits rows kept for them */
+    s->spec_rows_left = s->spec_rows_cap;
     /* few decoders: those that may speculate do, each in its own forward */
-    const bool speculate = s->eagle && s->draft_max_batch > 0 && n_dec <= s->draft_max_batch;
+    const bool speculate = s->spec && s->draft_max_batch > 0 && n_dec <= s->draft_max_batch;
     for (int i = 0; i < s->n_running;) {
         job *j = s->running[i];
         size_t remaining = j->seq.n - j->n_computed;
@@ -408,8 +448,10 @@ static int plan_batch(cairn_service *s, int *n_spec)
             job_fail_head(s, j);
             continue;
         }
-        if (speculate && remaining == 1 && plan_speculative(s, j)) {
+        if (speculate && remaining == 1 && prefill_budget >= j->spec_rows - 1 &&
+            plan_speculative(s, j)) {
             s->spec_jobs[(*n_spec)++] = j;
+            prefill_budget -= j->spec_rows - 1; /* it was counted as one decoder */
             i++;
             continue;
         }
@@ -453,14 +495,15 @@ static int run_forward(cairn_service *s, int n)
         n_tokens += s->batch[b].n_tokens;
     double t0 = cairn_now();
     void *kv = cairn_kvcache_kv_base(s->cache);
-    /* with a head, every token's feature: the head runs over all of them */
-    int rc = s->eagle ? cairn_model_forward_features(s->model, kv, &s->kv, s->batch, n, s->logits,
+    /* with a method that reads features, every token's: it runs over all */
+    int rc = s->features ? cairn_model_forward_features(s->model, kv, &s->kv, s->batch, n, s->logits,
                                                      s->features, &n_out)
                       : cairn_model_forward(s->model, kv, &s->kv, s->batch, n, s->logits, NULL,
                                             &n_out);
     /* Steps with real prefill measure how fast tokens are computed; the
      * cache weighs that against load times to decide what to load. */
     double dt = cairn_now() - t0;
+    s->forward_seconds = dt;
     if (rc == CAIRN_OK && n_tokens >= 32 && dt > 0) {
         double rate = n_tokens / dt;
         s->compute_rate = s->compute_rate > 0 ? 0.8 * s->compute_rate + 0.2 * rate : rate;
@@ -473,31 +516,36 @@ void sched_step(cairn_service *s)
 {
     int n_spec = 0;
     const int n = plan_batch(s, &n_spec);
-    if (n == 0) {
-        step_speculative(s, n_spec);
+    n_spec = draft_speculative(s, n, n_spec);
+    if (n + n_spec == 0)
         return;
-    }
-    int rc = run_forward(s, n);
+    int rc = run_forward(s, n + n_spec);
     if (rc != CAIRN_OK) {
-        for (int b = 0; b < n; b++) {
+        for (int b = 0; b < n + n_spec; b++) {
             job *j = s->batch_jobs[b];
             running_drop(s, j);
             job_fail(s, j, rc, "the forward pass failed");
         }
         return;
     }
-    /* every sequence in the batch returned its last row's logits (needed
-     * only where the prompt is finished) */
+    /* every plain sequence in the batch returned its last row's logits
+     * (needed only where the prompt is finished), every tree all its rows */
     const float *features = s->features;
+    /* a feature row: the final state, or an EAGLE-3 head's layer states */
+    const size_t dim = (size_t)cairn_model_feature_dim(s->model);
+    size_t row = 0;
     for (int b = 0; b < n; b++) {
         job *j = s->batch_jobs[b];
         const int n_tok = s->batch[b].n_tokens;
         j->n_computed += (size_t)n_tok;
+        if (j->spec && n_tok == 1) /* what a plain step costs: speculation must beat it */
+            cairn_spec_seq_note_plain_cost(j->spec, s->forward_seconds);
         bool done = j->n_computed >= j->seq.n &&
-                    job_take_token(s, j, s->logits + (size_t)b * s->n_vocab);
-        /* the head over the same tokens, now that the next one is known,
+                    job_take_token(s, j, s->logits + row * s->n_vocab);
+        row++;
+        /* the methods over the same tokens, now that the next one is known,
          * before the pages can go to the tree */
-        if (j->spec && job_head_advance(s, j, features, n_tok) != CAIRN_OK) {
+        if (j->spec && job_spec_advance(s, j, features, n_tok) != CAIRN_OK) {
             running_drop(s, j);
             job_fail_head(s, j);
         } else if (done) {
@@ -507,9 +555,15 @@ void sched_step(cairn_service *s)
             prefix_extend(s, j); /* requests waiting for these pages may go */
         }
         if (features)
-            features += (size_t)n_tok * cairn_model_hparams(s->model)->dim;
+            features += (size_t)n_tok * dim;
     }
-    step_speculative(s, n_spec);
+    for (int b = n; b < n + n_spec; b++) {
+        const int T = s->batch[b].n_tokens;
+        finish_speculative(s, s->batch_jobs[b], s->logits + row * s->n_vocab, features);
+        row += (size_t)T;
+        if (features)
+            features += (size_t)T * dim;
+    }
 }
 
 void sched_cancel_client(cairn_service *s, uint64_t client)

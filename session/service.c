@@ -127,35 +127,44 @@ static int settle_config(cairn_service *s, char *err, size_t err_len)
     return CAIRN_OK;
 }
 
-/* The page layout (with a draft head: one more layer for its KV) and the
- * head's settings, checked once here. */
+/* The page layout (with methods that keep KV: more layers for theirs) and
+ * the draft settings, checked once here. */
 static int setup_layout(cairn_service *s, char *err, size_t err_len)
 {
     cairn_service_config *c = &s->cfg;
-    if (!s->eagle)
+    if (!s->spec)
         return cairn_model_kv_layout(s->model, c->page_size, c->kv_type, &s->kv);
-    int rc = cairn_eagle_kv_layout(s->eagle, c->page_size, c->kv_type, &s->kv);
+    int rc = cairn_spec_kv_layout(s->spec, c->page_size, c->kv_type, &s->kv);
     if (rc)
         return rc;
-    const cairn_eagle_params d = draft_override(cairn_eagle_defaults(), &c->draft);
+    const cairn_spec_params d = draft_override(cairn_spec_defaults(), &c->draft);
     s->draft = d;
     s->draft_max_batch = c->draft_max_batch == 0 ? 4 : c->draft_max_batch < 0 ? 0
                                                                              : c->draft_max_batch;
-    cairn_eagle_seq *probe = NULL;
-    if ((rc = cairn_eagle_seq_create(s->eagle, &d, NULL, &probe))) {
+    cairn_spec_seq *probe = NULL;
+    if ((rc = cairn_spec_seq_create(s->spec, &d, NULL, 0, &probe))) {
         snprintf(err, err_len, "invalid draft settings: depth %d, top-k %d, n %d (n must be "
                  "below the batch size %d)", d.depth, d.top_k, d.n_draft, c->max_batch_tokens);
         return rc;
     }
-    cairn_eagle_seq_free(probe);
-    const size_t dim = (size_t)cairn_model_hparams(s->model)->dim;
-    s->features = malloc((size_t)c->max_batch_tokens * dim * sizeof(float));
+    cairn_spec_seq_free(probe);
+    if (cairn_spec_needs_features(s->spec)) {
+        /* the final feature, or an EAGLE-3 head's layer states */
+        const size_t dim = (size_t)cairn_model_feature_dim(s->model);
+        s->features = malloc((size_t)c->max_batch_tokens * dim * sizeof(float));
+        if (!s->features)
+            return CAIRN_ENOMEM;
+    }
     s->spec_jobs = calloc((size_t)c->max_seqs, sizeof *s->spec_jobs);
-    if (!s->features || !s->spec_jobs)
+    if (!s->spec_jobs)
         return CAIRN_ENOMEM;
-    cairn_log(CAIRN_LOG_INFO, "service: draft head: depth %d, top-k %d, %d draft tokens; "
-              "speculates while at most %d requests decode", d.depth, d.top_k, d.n_draft,
-              s->draft_max_batch);
+    /* the speculating jobs' trees are verified in the step's one forward:
+     * logits rows for draft_max_batch trees of the default size (a request
+     * asking for a bigger tree speculates when the rows are free) */
+    s->spec_rows_cap = s->draft_max_batch * (1 + d.n_draft);
+    cairn_log(CAIRN_LOG_INFO, "service: speculative decoding with %s: depth %d, top-k %d, at "
+              "most %d draft tokens; speculates while at most %d requests decode",
+              cairn_spec_describe(s->spec), d.depth, d.top_k, d.n_draft, s->draft_max_batch);
     return CAIRN_OK;
 }
 
@@ -168,11 +177,12 @@ static int setup_cache(cairn_service *s, const cairn_service_config *given, char
         c->kv_bytes = (size_t)c->max_seqs * ((size_t)s->n_ctx / c->page_size + 1) * s->kv.page_bytes;
     if (c->kv_bytes > ((size_t)1 << 30) && given->kv_bytes == 0)
         c->kv_bytes = (size_t)1 << 30;
-    uint8_t fp[32]; /* the model's, then the head's: a page holds both's KV */
+    uint8_t fp[32]; /* the model's, then the methods': a page holds their KV too */
     cairn_model_fingerprint(s->model, fp);
-    if (s->eagle)
-        cairn_eagle_fingerprint(s->eagle, fp + 16);
-    cairn_page_namespace ns = {.model_fingerprint = fp, .fingerprint_bytes = s->eagle ? 32 : 16,
+    const bool method_kv = s->spec && cairn_spec_has_kv(s->spec);
+    if (method_kv)
+        cairn_spec_fingerprint(s->spec, fp + 16);
+    cairn_page_namespace ns = {.model_fingerprint = fp, .fingerprint_bytes = method_kv ? 32 : 16,
                                .layout = &s->kv, .layout_version = CAIRN_KV_LAYOUT_VERSION};
     if (c->cache_dir && c->host_bytes == 0)
         c->host_bytes = (size_t)256 << 20; /* disk reads land in host RAM */
@@ -210,7 +220,7 @@ static int setup_tables(cairn_service *s)
     s->fetching = calloc(max_seqs, sizeof *s->fetching);
     s->batch = calloc(max_seqs, sizeof *s->batch);
     s->batch_jobs = calloc(max_seqs, sizeof *s->batch_jobs);
-    s->logits = malloc(max_seqs * (size_t)s->n_vocab * sizeof(float));
+    s->logits = malloc((max_seqs + (size_t)s->spec_rows_cap) * (size_t)s->n_vocab * sizeof(float));
     if (!s->buckets || !s->running || !s->fetching || !s->batch || !s->batch_jobs || !s->logits)
         return CAIRN_ENOMEM;
     return CAIRN_OK;
@@ -233,7 +243,7 @@ int cairn_service_start(const cairn_service_config *cfg, cairn_service **out, ch
     s->model = cairn_runtime_model(s->rt);
     s->vocab = cairn_runtime_vocab(s->rt);
     s->turn_end = cairn_runtime_turn_end(s->rt, &s->n_turn_end);
-    s->eagle = cairn_runtime_draft(s->rt);
+    s->spec = cairn_runtime_spec(s->rt);
     int rc;
     if ((rc = settle_config(s, err, err_len)) || (rc = setup_layout(s, err, err_len)) ||
         (rc = setup_cache(s, cfg, err, err_len)) || (rc = setup_tables(s)))
@@ -312,7 +322,7 @@ void cairn_service_stop(cairn_service *s)
     free(s->batch_jobs);
     free(s->logits);
     cairn_kvcache_free(s->cache);
-    if (s->eagle)
+    if (s->spec)
         cairn_log(CAIRN_LOG_INFO, "service: %llu speculative steps gave %llu tokens (%.2f per "
                   "target forward)", (unsigned long long)s->spec_steps,
                   (unsigned long long)s->spec_tokens,

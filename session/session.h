@@ -3,7 +3,7 @@
  * runs every request against one model, reusing cached prefixes.
  *
  * A cairn_service runs one model (a runtime/runtime.h open: backend, weights,
- * vocabulary, template, draft head — borrowed, not owned), owns the tiered KV
+ * vocabulary, template, speculative methods — borrowed, not owned), owns the tiered KV
  * cache (store/store.h, used only through its facade) and a set of sessions,
  * and runs them on one thread of its own — the engine thread of DESIGN.md.
  * Other threads talk to it only through two doors:
@@ -67,28 +67,32 @@
  * record is written, and every page flushed, when the service stops, and
  * records are read back at start.
  *
- * Speculative decoding (the runtime's draft head: an EAGLE head, model.h). Every
- * step, when at most draft_max_batch requests are decoding, each of them that
- * may speculate decodes by draft + verify (cairn_eagle_seq_step: one target
- * forward over its draft tree, 1 or more tokens per step) instead of joining
+ * Speculative decoding (the runtime's methods: n-gram lookup, a draft model,
+ * an EAGLE head; model.h). Every step, when at most draft_max_batch requests
+ * are decoding, each of them that may speculate, and whose measured speed
+ * says it pays (cairn_spec_seq_wants_step), decodes by draft + verify
+ * (cairn_spec_seq_step: one target forward over its draft tree, 1 or more
+ * tokens per step) instead of joining
  * the batch; with more decoding requests all decode plainly, batched. Why
  * the threshold: a batched step already reads the weights once for every
  * sequence, so the memory-bound headroom speculation lives on is used up
  * as the batch grows, while its cost (1 + n draft rows verified per
  * sequence) is not. On a CPU with a tiny model speculation is a slowdown
  * at any batch (bench/eagle/README.md): there set draft_max_batch < 0.
- * A request never speculates with a grammar, logprobs, or repetition,
- * frequency or presence penalties, or with gen.no_speculation. Output:
- * greedy requests give exactly the tokens they give without speculation;
- * sampled ones follow the same distribution but a seed draws other samples
- * (acceptance uses its own random stream).
- * The head's KV is one more layer of every page. So that shared and cached
- * pages always hold valid head KV, every forward the service runs (prompt
- * chunks and plain decoding included) also runs the head over the tokens
- * it computed (cairn_eagle_seq_advance); the rule that makes a page's head
- * rows a function of its own token path is in model.h. The page-hash
- * namespace includes the head's fingerprint (and the layout its extra
- * layer), so pages written by a server without this head are never found.
+ * A request speculates unless gen.no_speculation; gen.spec_methods picks
+ * the methods that propose for it. Output: exactly the tokens it gives
+ * without speculation, greedy or seeded, grammar, logprobs and penalties
+ * included — the decoder draws each token with the job's own sampler,
+ * after the job's grammar mask, as a plain step does (job_spec_create's
+ * hooks), and keeps a guess only when it is the token drawn.
+ * A head's or draft model's KV is more layers of every page. So that shared
+ * and cached pages always hold valid method KV, every forward the service
+ * runs (prompt chunks and plain decoding included) is passed on to the
+ * methods (cairn_spec_seq_advance); the rule that makes a page's head rows
+ * a function of its own token path is in model.h. The page-hash namespace
+ * includes the methods' fingerprint (and the layout their extra layers), so
+ * pages written by a server without them are never found. n-gram lookup
+ * keeps nothing in the pages and changes no namespace.
  *
  * Tenants. A request's `tenant` (a 64-bit value the server derives from the
  * tenant's name, cairn_tenant_id in server/server.h; 0 = none) scopes it:
@@ -144,9 +148,12 @@ typedef struct {
     bool ignore_eos;                /* keep generating past end-of-generation
                                        tokens (they are kept in the output) */
     bool no_speculation;            /* never decode this request with the
-                                       server's draft head (see "Speculative
+                                       server's speculative methods (see "Speculative
                                        decoding" above)                       */
-    cairn_eagle_params draft;       /* draft tree for this request; fields
+    uint32_t spec_methods;          /* the server's methods that propose for
+                                       this request (cairn_spec_method_mask
+                                       bits); 0 = all                     */
+    cairn_spec_params draft;        /* draft tree for this request; fields
                                        left 0 take the server's settings     */
 } cairn_gen_params;
 
@@ -291,6 +298,10 @@ typedef struct {
     double decode_seconds;     /* first token to the last                    */
     int64_t spec_forwards;     /* speculative steps (target verifications)  */
     int64_t spec_tokens;       /* tokens they gave (tau = tokens / forwards) */
+    int64_t spec_drafted;      /* draft tokens verified                     */
+    int64_t spec_accepted;     /* of them accepted                           */
+    const char *spec_method;   /* the methods that proposed ("ngram", ...);
+                                  NULL when the request never speculated    */
     /* DONE(session) */
     cairn_session_id session;
     int64_t n_session_tokens;
@@ -317,8 +328,8 @@ typedef enum {
 
 typedef struct {
     cairn_runtime *runtime; /* the model, its backend and text (borrowed; must
-                               outlive the service). With a draft head the
-                               service decodes speculatively (see above).  */
+                               outlive the service). With speculative methods
+                               the service decodes speculatively (see above). */
     size_t kv_bytes;        /* tier-0 KV budget                              */
     int page_size;          /* tokens per page (default 16)                  */
     cairn_type kv_type;     /* CAIRN_TYPE_F16 or CAIRN_TYPE_F32 (= 0)         */
@@ -338,7 +349,7 @@ typedef struct {
     const char *cache_dir;  /* tier-2 LMDB directory (NULL: no disk tier)     */
     size_t disk_bytes;      /* LMDB map size (default 4 GiB)                  */
     cairn_load_policy load_policy;
-    cairn_eagle_params draft; /* default draft tree; 0 fields: engine defaults  */
+    cairn_spec_params draft; /* default draft settings; 0 fields: engine defaults */
     int draft_max_batch;    /* speculate while at most this many requests
                                decode (0: default 4; < 0: never)             */
     cairn_event_fn on_event;

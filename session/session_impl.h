@@ -45,6 +45,10 @@
 #define CAIRN_SESSION_IMPL_H
 
 #include "session/session.h"
+
+/* Tokens one speculative step may emit: cairn_spec_seq_max_out (a tree is at
+ * most 16 deep, plus the token drawn after it). */
+#define SPEC_OUT_MAX 17
 #include "store/store.h"
 
 #include <pthread.h>
@@ -118,16 +122,17 @@ typedef struct job {
     int32_t *pages;          /* page table; the rest were allocated by the job */
     size_t n_pages, pages_cap;
     cairn_sampler *sampler;
-    /* Structured output (gen.grammar): masks logits before each draw. A job
-     * with a matcher never speculates (drafted tokens would need masking and
-     * rollback too). */
+    /* Structured output (gen.grammar): masks logits before each draw (also
+     * at each node of a speculative step's walk). */
     cairn_grammar_matcher *matcher;
-    /* With a draft head: keeps the head's KV in the job's pages in step with
-     * every forward (always), and decodes speculatively when spec_ok. */
-    cairn_eagle_seq *spec;
+    /* With speculative methods: keeps their KV in the job's pages in step
+     * with every forward (always), and decodes speculatively when spec_ok. */
+    cairn_spec_seq *spec;
+    const cairn_vocab *vocab; /* the service's, for the decoder's hooks        */
     bool spec_ok;
     bool spec_failed;        /* adopting the pages failed: the job fails       */
     int spec_span;           /* KV indices a speculative step may write        */
+    int spec_rows;           /* rows its tree may take in a forward (1 + n)    */
     bool spec_ready;         /* the head has run over the pending token's
                                 predecessor (not so right after admission:
                                 that row is a page's last, see model.h)       */
@@ -180,11 +185,15 @@ struct cairn_service {
     size_t records_skipped;    /* sound records of another configuration
                                   (kept on disk, not loaded)               */
     bool prefix_cache;
-    cairn_eagle *eagle;        /* the runtime's draft head, or NULL           */
-    cairn_eagle_params draft;
+    cairn_spec *spec;          /* the runtime's speculative methods, or NULL  */
+    cairn_spec_params draft;
     int draft_max_batch;       /* speculate while at most this many decode; 0 never */
-    float *features;           /* [max_batch_tokens][dim] with a head          */
+    float *features;           /* [max_batch_tokens][dim] when a method reads
+                                  the target's features, else NULL            */
     job **spec_jobs;           /* this step's speculating jobs                */
+    int spec_rows_cap;         /* logits rows kept for their trees per step   */
+    int spec_rows_left;        /* of which not yet planned this step          */
+    double forward_seconds;    /* the last batched forward's wall time        */
     uint64_t spec_steps, spec_tokens;
 
     pthread_t thread;
@@ -276,15 +285,18 @@ int job_ensure_pages(cairn_service *s, job *j, size_t n_tokens);
 /* KV indices j's pages cover, within the context. */
 int job_capacity(const cairn_service *s, const job *j);
 /* `base` with the fields `over` sets (non-zero) replaced. */
-cairn_eagle_params draft_override(cairn_eagle_params base, const cairn_eagle_params *over);
+cairn_spec_params draft_override(cairn_spec_params base, const cairn_spec_params *over);
 int job_spec_create(cairn_service *s, job *j);
 /* The head over the n tokens j's last forward computed. */
-int job_head_advance(cairn_service *s, job *j, const float *features, int n);
+int job_spec_advance(cairn_service *s, job *j, const float *features, int n);
 /* Sample j's next token from its logits row; true when j is finished. */
 bool job_take_token(cairn_service *s, job *j, float *logits);
 /* Append a chosen token (sampled, or accepted by a speculative step); true
  * when j is finished. */
-bool job_push_token(cairn_service *s, job *j, int32_t tok, const cairn_token_logprob *lp);
+/* drawn_by_spec: a speculative step drew it (the matcher and the sampler
+ * have seen it already). */
+bool job_push_token(cairn_service *s, job *j, int32_t tok, const cairn_token_logprob *lp,
+                    bool drawn_by_spec);
 /* End j: pages to the cache, session history updated, DONE emitted (when
  * emit_event) now or once its session is durable. Takes j. */
 void job_finish(cairn_service *s, job *j, bool emit_event);

@@ -36,6 +36,17 @@ itself (no data set needed):
    with the lowest validation loss (last 10 % of the sequences) is kept.
 4. Writes the head with tools/eagle_convert.py's write_head().
 
+With --kind medusa it trains Medusa heads instead (model/model.h, "Medusa
+heads") on the same data and features: head k (0-based) reads f_j and must
+predict token j+k+2, the loss being the cross-entropy between the target's
+distribution at j+k+1 and the head's, weighted --medusa-decay^k. Each head
+starts as the published code starts one: residual blocks at zero weight, its
+LM head a copy of the target's (or, with --medusa-share-lm, the target's
+frozen one, which the file then leaves out). It reports the greedy tau the
+heads reach on the validation sequences' greedy stretches with cairn's draft
+tree (best paths by summed log-probability, top_k halved per level), and
+writes them with eagle_convert.py's write_medusa().
+
 torch (CPU) is needed here only; cairn's tests use the head this writes.
 Everything is seeded: the same command gives the same head on one machine.
 """
@@ -57,7 +68,8 @@ except ImportError:
 import gguf
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from eagle_convert import target_info, write_head  # noqa: E402
+from eagle_convert import (target_info, write_head, write_medusa, write_eagle3,  # noqa: E402
+                           default_eagle3_layers)
 
 
 # ---- the target --------------------------------------------------------------
@@ -109,16 +121,19 @@ class Target:
         self.tables = rope_tables(info, max_pos)
         self.neox = info["arch"] == "qwen2"
 
-    def forward(self, tokens, cache=None, start=0, logits=True):
+    def forward(self, tokens, cache=None, start=0, logits=True, states=None):
         """tokens [B, T] -> (features [B, T, dim] after the output norm,
         logits [B, T, V] or None). cache: list of (K, V) per layer, extended
-        in place."""
+        in place. states, a dict {layer: None}, receives the residual stream
+        entering each of its layers (EAGLE-3's low/mid/high states)."""
         i, w = self.i, self.w
         B, T = tokens.shape
         hd, nh, nkv = i["head_dim"], i["n_head"], i["n_kv_head"]
         pos = torch.arange(start, start + T)
         x = w["token_embd.weight"][tokens]
         for l in range(i["n_layer"]):
+            if states is not None and l in states:
+                states[l] = x
             p = "blk.%d." % l
             h = rmsnorm(x, w[p + "attn_norm.weight"], i["eps"])
             q = h @ w[p + "attn_q.weight"].T
@@ -157,7 +172,9 @@ class Target:
 
 @torch.no_grad()
 def generate(target, n_seqs, seq_len, temps, greedy_share, bos, gen):
-    """Token sequences [n_seqs, seq_len] written by the target."""
+    """Token sequences [n_seqs, seq_len] written by the target, and per
+    sequence the position j from which token j+1 on is greedy (seq_len:
+    none)."""
     B = n_seqs
     toks = torch.full((B, 1), bos, dtype=torch.long)
     temp = torch.tensor([temps[j % len(temps)] for j in range(B)], dtype=torch.float32)
@@ -175,7 +192,8 @@ def generate(target, n_seqs, seq_len, temps, greedy_share, bos, gen):
         nxt = torch.where(use_greedy, top, sampled)
         toks = torch.cat([toks, nxt[:, None]], dim=1)
         _, logits = target.forward(nxt[:, None], cache, t)
-    return toks
+    greedy_from = torch.where(greedy, switch - 1, torch.full_like(switch, seq_len))
+    return toks, greedy_from
 
 
 # ---- the head ------------------------------------------------------------------
@@ -285,6 +303,306 @@ def record_features(target, seqs, check_greedy):
     return feats, (agree / total if total else None)
 
 
+# ---- EAGLE-3 heads ---------------------------------------------------------------
+
+class Eagle3Head(torch.nn.Module):
+    """model/model.h, "EAGLE-3 heads": fc over three target states, one layer
+    over [normed embedding ; normed feature], its own norm and LM head (here
+    over the full vocabulary, so d2t is all zeros)."""
+
+    def __init__(self, info, ffn, tables, neox, lm):
+        super().__init__()
+        d = info["dim"]
+        self.i, self.tables, self.neox = info, tables, neox
+        hd, nh, nkv = info["head_dim"], info["n_head"], info["n_kv_head"]
+        self.fc = torch.nn.Linear(3 * d, d, bias=False)
+        self.in_norm = torch.nn.Parameter(torch.ones(d))
+        self.hidden_norm = torch.nn.Parameter(torch.ones(d))
+        self.q = torch.nn.Linear(2 * d, nh * hd, bias=False)
+        self.k = torch.nn.Linear(2 * d, nkv * hd, bias=False)
+        self.v = torch.nn.Linear(2 * d, nkv * hd, bias=False)
+        self.o = torch.nn.Linear(nh * hd, d, bias=False)
+        self.post_norm = torch.nn.Parameter(torch.ones(d))
+        self.gate = torch.nn.Linear(d, ffn, bias=False)
+        self.up = torch.nn.Linear(d, ffn, bias=False)
+        self.down = torch.nn.Linear(ffn, d, bias=False)
+        self.norm = torch.nn.Parameter(torch.ones(d))
+        self.lm = torch.nn.Parameter(lm.clone())
+
+    def logits(self, x):
+        return rmsnorm(x, self.norm, self.i["eps"]) @ self.lm.T
+
+    def unrolled(self, emb, states, steps):
+        """emb [B, T, d] = embed(x_{j+1}); states [B, T, 3d] = the target's
+        states of token j. Step s (0-based) row j reads embed(x_{j+s+1}) and
+        step 0's fc(states) or its own step s-1 output, at position j+s,
+        attending like a draft tree row: to the step-0 rows 0..j and its own
+        chain's earlier steps. Returns each step's pre-norm outputs."""
+        B, T, _ = states.shape
+        i = self.i
+        eps, hd = i["eps"], i["head_dim"]
+        rep = i["n_head"] // i["n_kv_head"]
+        pos = torch.arange(T)
+        scale = 1.0 / math.sqrt(hd)
+        outs, selfs = [], []
+        h = self.fc(states)
+        K1 = V1 = None
+        for s in range(steps):
+            n = T - s
+            hh = h[:, :n]
+            a = torch.cat([rmsnorm(emb[:, s:s + n], self.in_norm, eps),
+                           rmsnorm(hh, self.hidden_norm, eps)], dim=-1)
+            p = pos[:n] + s
+            q = apply_rope(self.q(a).view(B, n, i["n_head"], hd), p, self.tables, self.neox)
+            k = apply_rope(self.k(a).view(B, n, i["n_kv_head"], hd), p, self.tables, self.neox)
+            v = self.v(a).view(B, n, i["n_kv_head"], hd)
+            q = q.transpose(1, 2)
+            k = k.repeat_interleave(rep, 2).transpose(1, 2)
+            v = v.repeat_interleave(rep, 2).transpose(1, 2)
+            if s == 0:
+                K1, V1 = k, v
+                att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                sc = (q @ K1.transpose(-1, -2)) * scale
+                mask = torch.ones(n, T, dtype=torch.bool).tril(diagonal=0)
+                sc = sc.masked_fill(~mask, float("-inf"))
+                extra = [((q * kk[:, :, :n]).sum(-1, keepdim=True) * scale, vv[:, :, :n])
+                         for kk, vv in selfs]
+                extra.append(((q * k).sum(-1, keepdim=True) * scale, v))
+                pr = torch.softmax(torch.cat([sc] + [e[0] for e in extra], dim=-1), dim=-1)
+                att = pr[..., :T] @ V1
+                for idx, (_, vv) in enumerate(extra):
+                    att = att + pr[..., T + idx:T + idx + 1] * vv
+            x = hh + self.o(att.transpose(1, 2).reshape(B, n, -1))
+            f = rmsnorm(x, self.post_norm, eps)
+            x = x + self.down(F.silu(self.gate(f)) * self.up(f))
+            outs.append(x)
+            if s > 0:
+                selfs.append((k, v))
+            h = x
+        return outs
+
+
+def train_eagle3(a, info, w, target, toks, probs, gen, t0):
+    layers = default_eagle3_layers(info["n_layer"])
+    with torch.no_grad():
+        st = []
+        for b in range(0, a.n_seqs, 64):
+            states = {l: None for l in layers}
+            target.forward(toks[b:b + 64], states=states)
+            st.append(torch.cat([states[l] for l in layers], dim=-1))
+        st = torch.cat(st)
+    ffn = a.ffn or info["ffn"]
+    head = Eagle3Head(info, ffn, target.tables, target.neox, w["output.weight"])
+    emb_table = w["token_embd.weight"]
+    n_train = int(a.n_seqs * 0.9)
+    opt = torch.optim.AdamW(head.parameters(), lr=a.lr, weight_decay=0.0)
+    n_steps = a.epochs * ((n_train + a.batch - 1) // a.batch)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=a.lr, total_steps=n_steps,
+                                                pct_start=0.1)
+    S = a.unroll
+
+    def losses(idx):
+        x, p, sv = toks[idx], probs[idx], st[idx]
+        L = x.shape[1]
+        T = L - 1 - S
+        emb = emb_table[x[:, 1:]]
+        outs = head.unrolled(emb, sv[:, :T + S - 1], S)
+        total, acc = 0.0, []
+        for s, out in enumerate(outs):
+            n = min(out.shape[1], T)
+            logp = torch.log_softmax(head.logits(out[:, :n]), -1)
+            tgt = p[:, s + 1:s + 1 + n]  # the target's distribution of token j+s+2
+            total = total + (a.unroll_decay ** s) * -(tgt * logp).sum(-1).mean()
+            acc.append((logp.argmax(-1) == tgt.argmax(-1)).float().mean().item())
+        return total, acc
+
+    for ep in range(a.epochs):
+        perm = torch.randperm(n_train, generator=gen)
+        for b in range(0, n_train, a.batch):
+            loss, _ = losses(perm[b:b + a.batch])
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+            opt.step()
+            sched.step()
+        with torch.no_grad():
+            vl, vacc = losses(torch.arange(n_train, a.n_seqs))
+        print("epoch %d: validation loss %.4f, top-1 agreement by step %s (%.0f s)"
+              % (ep + 1, vl.item(), " ".join("%.3f" % v for v in vacc), time.time() - t0),
+              file=sys.stderr)
+    sd = {k: v.detach().numpy() for k, v in head.state_dict().items()}
+    tensors = {
+        "fc.weight": sd["fc.weight"],
+        "blk.0.attn_norm.weight": sd["in_norm"],
+        "blk.0.hidden_norm.weight": sd["hidden_norm"],
+        "blk.0.attn_q.weight": sd["q.weight"],
+        "blk.0.attn_k.weight": sd["k.weight"],
+        "blk.0.attn_v.weight": sd["v.weight"],
+        "blk.0.attn_output.weight": sd["o.weight"],
+        "blk.0.ffn_norm.weight": sd["post_norm"],
+        "blk.0.ffn_gate.weight": sd["gate.weight"],
+        "blk.0.ffn_up.weight": sd["up.weight"],
+        "blk.0.ffn_down.weight": sd["down.weight"],
+        "output_norm.weight": sd["norm"],
+        "output.weight": sd["lm"],
+    }
+    write_eagle3(a.output, info, tensors, np.zeros(info["n_vocab"], np.int64), ffn,
+                 info["n_head"], info["n_kv_head"], info["eps"], layers)
+    print("wrote %s in %.0f s" % (a.output, time.time() - t0), file=sys.stderr)
+
+
+# ---- Medusa heads ----------------------------------------------------------------
+
+class MedusaHeads(torch.nn.Module):
+    def __init__(self, d, n_heads, n_layers, lm, share_lm):
+        super().__init__()
+        self.res = torch.nn.ModuleList()
+        for _ in range(n_heads):
+            blocks = torch.nn.ModuleList([torch.nn.Linear(d, d) for _ in range(n_layers)])
+            for b in blocks:
+                torch.nn.init.zeros_(b.weight)  # each head starts as the target's next token
+            self.res.append(blocks)
+        self.lm = None if share_lm else torch.nn.ParameterList(
+            [torch.nn.Parameter(lm.clone()) for _ in range(n_heads)])
+        self.frozen_lm = lm
+
+    def forward(self, f):
+        """f [..., d] -> logits per head, a list of [..., V]."""
+        out = []
+        for i, blocks in enumerate(self.res):
+            x = f
+            for b in blocks:
+                x = x + F.silu(b(x))
+            out.append(x @ (self.frozen_lm if self.lm is None else self.lm[i]).T)
+        return out
+
+
+def medusa_tree(logps, depth, top_k, budget):
+    """cairn_medusa_draft: the best `budget` paths by summed log-probability,
+    head k's guesses among its best max(2, top_k >> k). logps: [K][V]
+    (numpy). Returns the set of token paths (tuples)."""
+    import heapq
+    K = min(depth, len(logps))
+    width = [max(top_k >> k, min(top_k, 2)) for k in range(K)]
+    order = [np.argsort(-lp, kind="stable")[:width[k]] for k, lp in enumerate(logps[:K])]
+    heap = [(-float(logps[0][order[0][0]]), 0, (), 0)]  # (-score, tiebreak, parent path, rank)
+    chosen, n = set(), 0
+    while heap and len(chosen) < budget:
+        neg, _, parent, rank = heapq.heappop(heap)
+        k = len(parent)
+        path = parent + (int(order[k][rank]),)
+        chosen.add(path)
+        base = -neg - float(logps[k][order[k][rank]])
+        n += 1
+        if rank + 1 < width[k]:
+            heapq.heappush(heap, (-(base + float(logps[k][order[k][rank + 1]])), n, parent,
+                                  rank + 1))
+        if k + 1 < K:
+            n += 1
+            heapq.heappush(heap, (neg - float(logps[k + 1][order[k + 1][0]]), n, path, 0))
+    return chosen
+
+
+@torch.no_grad()
+def medusa_tau(heads, toks, feats, greedy_from, depth, top_k, budget):
+    """Greedy decoding's tokens per target forward over the sequences'
+    greedy stretches: at position j (token j+1 pending) the step accepts the
+    longest tree path that the greedy continuation j+2.. follows."""
+    steps = tokens = 0
+    for b in range(toks.shape[0]):
+        j = int(greedy_from[b])
+        L = toks.shape[1]
+        lp = [torch.log_softmax(x, -1).numpy() for x in heads(feats[b])]
+        while j + 2 < L:
+            tree = medusa_tree([x[j] for x in lp], depth, top_k, budget)
+            a = 0
+            while j + 2 + a < L and tuple(int(t) for t in toks[b, j + 2:j + 3 + a]) in tree:
+                a += 1
+            steps += 1
+            tokens += 1 + a
+            j += 1 + a
+    return tokens / max(steps, 1)
+
+
+def train_medusa(a, info, w, toks, feats, probs, greedy_from, gen, t0):
+    d = info["dim"]
+    lm = w["output.weight"]
+    K = a.medusa_heads
+    heads = MedusaHeads(d, K, a.medusa_layers, lm, a.medusa_share_lm)
+    n_train = int(a.n_seqs * 0.9)
+    opt = torch.optim.AdamW(heads.parameters(), lr=a.lr, weight_decay=0.0)
+    n_steps = a.epochs * ((n_train + a.batch - 1) // a.batch)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=a.lr, total_steps=n_steps,
+                                                pct_start=0.1)
+
+    def losses(idx):
+        f, p = feats[idx], probs[idx]
+        L = f.shape[1]
+        total, acc = 0.0, []
+        for k, logits in enumerate(heads(f)):
+            logp = torch.log_softmax(logits[:, :L - k - 1], -1)
+            tgt = p[:, k + 1:]  # the target's distribution of token j+k+2
+            total = total + (a.medusa_decay ** k) * -(tgt * logp).sum(-1).mean()
+            acc.append((logp.argmax(-1) == tgt.argmax(-1)).float().mean().item())
+        return total, acc
+
+    for ep in range(a.epochs):
+        perm = torch.randperm(n_train, generator=gen)
+        for b in range(0, n_train, a.batch):
+            loss, _ = losses(perm[b:b + a.batch])
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(heads.parameters(), 1.0)
+            opt.step()
+            sched.step()
+        with torch.no_grad():
+            vl, vacc = losses(torch.arange(n_train, a.n_seqs))
+        print("epoch %d: validation loss %.4f, top-1 agreement by head %s (%.0f s)"
+              % (ep + 1, vl.item(), " ".join("%.3f" % v for v in vacc), time.time() - t0),
+              file=sys.stderr)
+    val = torch.arange(n_train, a.n_seqs)
+    g = greedy_from[val]
+    keep = g < toks.shape[1] - 8
+    tau = medusa_tau(heads, toks[val][keep], feats[val][keep], g[keep], a.tau_depth, a.tau_top_k,
+                     a.tau_n_draft)
+    print("greedy tau on %d validation stretches (depth %d, top_k %d, %d rows): %.3f"
+          % (int(keep.sum()), a.tau_depth, a.tau_top_k, a.tau_n_draft, tau), file=sys.stderr)
+    out = []
+    for i in range(K):
+        res = [(blk.weight.detach().numpy(), blk.bias.detach().numpy()) for blk in heads.res[i]]
+        own = None if heads.lm is None else heads.lm[i].detach().numpy()
+        out.append({"res": res, "output": own})
+    write_medusa(a.output, info, out, a.medusa_layers)
+    print("wrote %s in %.0f s" % (a.output, time.time() - t0), file=sys.stderr)
+
+
+def train_generated(a, info, w, gen, t0):
+    """--kind eagle3 / medusa: sequences generated here, with the target's
+    features and full distributions."""
+    target = Target(info, w, a.seq_len + 8)
+    bos = 1
+    r = gguf.GGUFReader(a.target)
+    if "tokenizer.ggml.bos_token_id" in r.fields:
+        fld = r.fields["tokenizer.ggml.bos_token_id"]
+        bos = int(fld.parts[fld.data[0]][0])
+    temps = [float(x) for x in a.temps.split(",")]
+    toks, greedy_from = generate(target, a.n_seqs, a.seq_len, temps, a.greedy_share, bos, gen)
+    with torch.no_grad():
+        feats, probs = [], []
+        for b in range(0, a.n_seqs, 64):
+            f, lg = target.forward(toks[b:b + 64])
+            feats.append(f)
+            probs.append(torch.softmax(lg, -1))
+        feats, probs = torch.cat(feats), torch.cat(probs)
+    print("generated %d x %d tokens and features in %.1f s" % (a.n_seqs, a.seq_len, time.time() - t0),
+          file=sys.stderr)
+
+    if a.kind == "medusa":
+        return train_medusa(a, info, w, toks, feats, probs, greedy_from, gen, t0)
+    return train_eagle3(a, info, w, target, toks, probs, gen, t0)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", required=True)
@@ -304,15 +622,28 @@ def main():
                     help="vocabulary of the cross-entropy: all tokens, or those occurring in the "
                          "data (default: data for vocabularies over 32768, which would otherwise "
                          "dominate the training time)")
-    ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--epochs", type=int, default=10,
+                    help="0 (with --data --features): stop once the features are written")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--warmup", type=float, default=0.1,
+                    help="share of the steps over which the rate rises linearly (--kind eagle)")
     ap.add_argument("--w-cls", type=float, default=0.5, help="weight of the cross-entropy")
     ap.add_argument("--unroll", type=int, default=3)
     ap.add_argument("--unroll-decay", type=float, default=0.6)
     ap.add_argument("--ffn", type=int, default=0, help="head FFN width (default: target's)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--kind", choices=("eagle", "eagle3", "medusa"), default="eagle")
+    ap.add_argument("--medusa-heads", type=int, default=3)
+    ap.add_argument("--medusa-layers", type=int, default=1)
+    ap.add_argument("--medusa-decay", type=float, default=0.8,
+                    help="loss weight of head k: decay^k")
+    ap.add_argument("--medusa-share-lm", action="store_true",
+                    help="heads read the target's LM head (frozen; not written)")
+    ap.add_argument("--tau-depth", type=int, default=5, help="tree shape of the tau report")
+    ap.add_argument("--tau-top-k", type=int, default=8)
+    ap.add_argument("--tau-n-draft", type=int, default=32)
     a = ap.parse_args()
     torch.manual_seed(a.seed)
     torch.set_num_threads(a.threads)
@@ -321,6 +652,10 @@ def main():
     t0 = time.time()
     info, w = load_target(a.target)
     print("loaded %s in %.0f s" % (a.target, time.time() - t0), file=sys.stderr)
+    if a.kind != "eagle":
+        if a.data:
+            raise SystemExit("eagle_train.py: --data trains --kind eagle only")
+        return train_generated(a, info, w, gen, t0)
     if a.data:
         seqs = read_data(a.data)
         max_len = max(len(x) for x, _ in seqs)
@@ -347,7 +682,7 @@ def main():
             fld = r.fields["tokenizer.ggml.bos_token_id"]
             bos = int(fld.parts[fld.data[0]][0])
         temps = [float(x) for x in a.temps.split(",")]
-        toks = generate(target, a.n_seqs, a.seq_len, temps, a.greedy_share, bos, gen)
+        toks, _ = generate(target, a.n_seqs, a.seq_len, temps, a.greedy_share, bos, gen)
         with torch.no_grad():
             feats = []
             for b in range(0, a.n_seqs, 64):
@@ -355,6 +690,8 @@ def main():
         seqs = [(toks[k], 1) for k in range(a.n_seqs)]
         print("generated %d x %d tokens and features in %.1f s" % (a.n_seqs, a.seq_len,
               time.time() - t0), file=sys.stderr)
+    if a.epochs == 0:
+        return  # --epochs 0 with --data --features: only fill the features cache
 
     # all sequences right-padded to one length; pads sit after every real row,
     # so causal attention never lets a real row see one, and the loss mask
@@ -392,8 +729,18 @@ def main():
     n_train = max(1, int(N * 0.9))
     opt = torch.optim.AdamW(head.parameters(), lr=a.lr, weight_decay=0.0)
     n_steps = a.epochs * ((n_train + a.batch - 1) // a.batch)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=a.lr, total_steps=n_steps,
-                                                pct_start=0.1 if n_steps >= 20 else 0.5)
+    # linear warm-up over the first --warmup of the steps, then a cosine down to a
+    # tenth: Adam's first steps at the full rate are what made a qwen2 head's
+    # loss jump (fewer than 200 steps leave OneCycle's warm-up too short)
+    warm = max(1, int(n_steps * a.warmup))
+
+    def lr_at(step):
+        if step < warm:
+            return (step + 1) / warm
+        t = (step - warm) / max(1, n_steps - warm)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(t, 1.0)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     S = a.unroll
 
     def losses(idx):

@@ -400,7 +400,7 @@ int cuda_attention(cairn_backend *be, const cairn_attn_args *a)
     if (n_rows > 0) {
         dim3 grid((unsigned)n_rows, (unsigned)a->n_head);
         attention_kernel<<<grid, ATTN_THREADS, 0, ctx->stream>>>(
-            a->out, a->q, (const uint8_t *)a->kv_pool, a->layer, L->n_kv_head, L->head_dim,
+            a->out, a->q, (const uint8_t *)a->kv_pool + L->layer_base, a->layer, L->n_kv_head, L->head_dim,
             L->page_size, f16, L->row_bytes, L->page_bytes, a->n_head, a->scale,
             (const attn_seq_desc *)dev, (const int32_t *)(dev + off_rows),
             (const int32_t *)(dev + off_ints), dev + off_masks);
@@ -413,7 +413,7 @@ int cuda_attention(cairn_backend *be, const cairn_attn_args *a)
         dim3 grid((unsigned)n_tiles, (unsigned)a->n_head);
         attention_tile_kernel<<<grid, 32 * ATTN_TILE_Q / ATTN_TILE_ROWS_PER_WARP, smem,
                                 ctx->stream>>>(
-            a->out, a->q, (const uint8_t *)a->kv_pool, a->layer, L->n_kv_head, hd, L->page_size,
+            a->out, a->q, (const uint8_t *)a->kv_pool + L->layer_base, a->layer, L->n_kv_head, hd, L->page_size,
             f16, L->row_bytes, L->page_bytes, a->n_head, a->scale, (const attn_seq_desc *)dev,
             (const attn_qtile *)(dev + off_tiles), (const int32_t *)(dev + off_ints),
             dev + off_masks);

@@ -344,7 +344,7 @@ int cuda_kv_store(cairn_backend *be, void *kv_pool, const cairn_kv_layout *L, in
         return rc;
     dim3 grid((unsigned)T, 2);
     kv_store_kernel<<<grid, 128, 0, ctx->stream>>>(
-        (uint8_t *)kv_pool, layer, L->n_kv_head, L->head_dim, L->page_size,
+        (uint8_t *)kv_pool + L->layer_base, layer, L->n_kv_head, L->head_dim, L->page_size,
         L->dtype == CAIRN_TYPE_F16, L->row_bytes, L->page_bytes, k, v, (const int32_t *)d_slots);
     CUDA_LAUNCHED("kv_store");
     return CAIRN_OK;

@@ -253,10 +253,18 @@ static void answer_request(hconn *c, hreq *q)
     c->active = NULL;
     /* each prompt counts once (its n choices share it), each choice's tokens */
     int64_t completion = 0, prompt = 0, cached = 0, tier[3] = {0, 0, 0};
+    int64_t spec[4] = {0, 0, 0, 0}; /* steps, tokens, drafted, accepted */
+    const char *method = NULL;
     const int per = q->per_prompt > 0 ? q->per_prompt : 1;
     for (int i = 0; i < q->n_choices; i++) {
         const hchoice *ch = &q->choices[i];
         completion += ch->completion_tokens;
+        spec[0] += ch->spec_steps;
+        spec[1] += ch->spec_tokens;
+        spec[2] += ch->spec_drafted;
+        spec[3] += ch->spec_accepted;
+        if (ch->spec_method[0])
+            method = ch->spec_method;
         if (i % per)
             continue;
         prompt += ch->prompt_tokens;
@@ -272,6 +280,16 @@ static void answer_request(hconn *c, hreq *q)
         (json_int_t)(prompt + completion), "prompt_tokens_details", "cached_tokens",
         (json_int_t)cached, "cached_tokens_by_tier", "device", (json_int_t)tier[0], "host",
         (json_int_t)tier[1], "disk", (json_int_t)tier[2]);
+    /* speculative: how the reply was decoded (a cairn extension): steps =
+     * target forwards that verified a draft, tokens = what they gave, tau =
+     * tokens / steps, drafted / accepted = draft tokens checked / kept */
+    if (usage && spec[0] > 0)
+        json_object_set_new(usage, "speculative",
+                            json_pack("{s:s, s:I, s:I, s:f, s:I, s:I}", "method",
+                                      method ? method : "", "steps", (json_int_t)spec[0], "tokens",
+                                      (json_int_t)spec[1], "tau", (double)spec[1] / (double)spec[0],
+                                      "drafted", (json_int_t)spec[2], "accepted",
+                                      (json_int_t)spec[3]));
     if (q->stream) {
         if (q->include_usage) {
             json_t *o = chunk_frame(c, q);
@@ -391,6 +409,11 @@ static void finish_choice(hconn *c, hreq *q, int index, const cairn_event *ev,
     for (int t = 0; t < 3; t++)
         ch->cached_by_tier[t] = ev->cached_by_tier[t];
     ch->completion_tokens = ev->completion_tokens;
+    ch->spec_steps = ev->spec_forwards;
+    ch->spec_tokens = ev->spec_tokens;
+    ch->spec_drafted = ev->spec_drafted;
+    ch->spec_accepted = ev->spec_accepted;
+    snprintf(ch->spec_method, sizeof ch->spec_method, "%s", ev->spec_method ? ev->spec_method : "");
     const char *finish = finish_of(ev);
     json_t *tool_calls = calls_json ? json_loads(calls_json, 0, NULL) : NULL;
     if (tool_calls && (!json_is_array(tool_calls) || json_array_size(tool_calls) == 0)) {

@@ -238,7 +238,7 @@ int cairn_rpc_pack_event(msgpack_sbuffer *sb, cairn_rpc_method method, const cai
             json_decref(tool_calls);
         }
         pack_cstr(&pk, "usage");
-        msgpack_pack_map(&pk, 4);
+        msgpack_pack_map(&pk, ev->spec_forwards > 0 ? 5 : 4);
         pack_cstr(&pk, "prompt_tokens");
         msgpack_pack_int64(&pk, ev->prompt_tokens);
         pack_cstr(&pk, "cached_tokens");
@@ -253,6 +253,22 @@ int cairn_rpc_pack_event(msgpack_sbuffer *sb, cairn_rpc_method method, const cai
         msgpack_pack_int64(&pk, ev->cached_by_tier[2]);
         pack_cstr(&pk, "completion_tokens");
         msgpack_pack_int64(&pk, ev->completion_tokens);
+        if (ev->spec_forwards > 0) { /* how the reply was decoded (docs/protocol.md) */
+            pack_cstr(&pk, "speculative");
+            msgpack_pack_map(&pk, 6);
+            pack_cstr(&pk, "method");
+            pack_cstr(&pk, ev->spec_method ? ev->spec_method : "");
+            pack_cstr(&pk, "steps");
+            msgpack_pack_int64(&pk, ev->spec_forwards);
+            pack_cstr(&pk, "tokens");
+            msgpack_pack_int64(&pk, ev->spec_tokens);
+            pack_cstr(&pk, "tau");
+            msgpack_pack_double(&pk, (double)ev->spec_tokens / (double)ev->spec_forwards);
+            pack_cstr(&pk, "drafted");
+            msgpack_pack_int64(&pk, ev->spec_drafted);
+            pack_cstr(&pk, "accepted");
+            msgpack_pack_int64(&pk, ev->spec_accepted);
+        }
         break;
     }
     case CAIRN_DONE_SESSION:

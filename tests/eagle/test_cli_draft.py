@@ -6,8 +6,10 @@ argv: CAIRN_BIN MODEL HEAD
 - greedy output with --draft equals greedy output without it, byte for byte,
   for several prompts and tree shapes (stdout carries only the text);
 - stderr reports tau and the draft settings;
-- bad --draft values and a file that is not a head fail cleanly (exit 1/2,
-  a message, no crash);
+- seeded sampling and penalties give the plain run's text too, with --draft
+  and with --spec ngram / draft:MODEL / combinations;
+- bad --draft values, an unknown --spec method and a file that is not a
+  head fail cleanly (exit 1/2, a message, no crash);
 - `cairn bench --draft --json` reports tau > 1 and both speeds.
 """
 import json
@@ -63,8 +65,20 @@ r = run("run", "-m", model, "-p", "hi", "--draft", model)
 check(r.returncode == 1 and "EAGLE head" in r.stderr, "rejects a model file as a head")
 r = run("run", "-m", model, "-p", "hi", "--draft", "/nonexistent.gguf")
 check(r.returncode == 1 and "draft head" in r.stderr, "rejects a missing head")
-r = run("run", "-m", model, "-p", "hi", "--draft", head, "--repeat-penalty", "1.2")
-check(r.returncode == 1 and "penalties" in r.stderr, "refuses penalties with --draft")
+# a step draws as plain decoding does: sampled with a seed, with penalties,
+# and through the other methods, the text is the plain run's
+for extra in (["--temp", "0.8", "--seed", "7"],
+              ["--temp", "0", "--repeat-penalty", "1.3"],
+              ["--temp", "0.7", "--seed", "3", "--frequency-penalty", "0.5"]):
+    base = run("run", "-m", model, "-p", "Once upon a time", "-n", "80", "-t", "1", *extra)
+    for spec in (["--draft", head], ["--spec", "ngram"], ["--spec", "ngram,eagle:" + head],
+                 ["--spec", "draft:" + model]):
+        r = run("run", "-m", model, "-p", "Once upon a time", "-n", "80", "-t", "1", *extra,
+                *spec, "--spec-fixed")
+        check(base.returncode == 0 and r.returncode == 0 and r.stdout == base.stdout,
+              "%s %s gives the plain run's text" % (" ".join(spec), " ".join(extra)))
+r = run("run", "-m", model, "-p", "hi", "--spec", "bogus")
+check(r.returncode == 1 and "unknown method" in r.stderr, "rejects an unknown --spec method")
 
 b = run("bench", "-m", model, "-p", "0", "-n", "64", "-r", "1", "-t", "1", "--json",
         "--draft", head)

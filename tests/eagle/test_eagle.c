@@ -1,5 +1,6 @@
 /*
- * tests/eagle/test_eagle.c — EAGLE speculative decoding is lossless.
+ * tests/eagle/test_eagle.c — speculative decoding is lossless, with every
+ * method (EAGLE heads, n-gram lookup, draft models) alone and together.
  *
  *   tree_mask      one target forward over a token tree (tree mask, positions
  *                  prefix + depth) gives, for every node, the logits and
@@ -14,7 +15,13 @@
  *                  p(t1) p(t2 | t1), computed exactly here, by a chi-squared
  *                  test at false-alarm rate 0.1% per case (the seeds are
  *                  fixed, so the outcome is deterministic).
- *   errors         bad parameters and mismatched heads are refused.
+ *   ngram, draft_model, combined
+ *                  the same two checks for prompt lookup, a draft model (the
+ *                  target itself: every guess taken; a random model of
+ *                  another page geometry: most rejected) and all methods
+ *                  adding to one tree.
+ *   errors         bad parameters, mismatched heads and draft models of
+ *                  another vocabulary are refused.
  *
  * argv[1] python, argv[2] tools/ folder, argv[3] the shipped head
  * (models/stories260K-eagle.gguf), argv[4] a scratch folder for the synthetic
@@ -34,7 +41,7 @@
 #include "tests/support/support.h"
 
 static const char *python, *tools_dir, *shipped_head, *scratch_dir;
-static char synth_model[1024], synth_head[1024], rand_head_260k[1024];
+static char synth_model[1024], synth_head[1024], rand_head_260k[1024], synth_v600[1024];
 
 #define CAPACITY 512
 #define PAGE 16
@@ -42,7 +49,9 @@ static char synth_model[1024], synth_head[1024], rand_head_260k[1024];
 typedef struct {
     cairn_backend *be;
     cairn_model *m;
-    cairn_eagle *head;
+    cairn_eagle *head;   /* NULL without one */
+    cairn_model *draft;  /* a draft model, or NULL */
+    cairn_spec *spec;    /* the methods */
     cairn_kv_layout kv;
     void *pool;
     int32_t pages[CAPACITY / PAGE];     /* for the speculative decoder */
@@ -50,7 +59,10 @@ typedef struct {
     int n_vocab, dim;
 } fixture;
 
-static void open_fixture(fixture *f, const char *model, const char *head)
+/* The target `model` with the methods asked for, in the order they draft:
+ * n-gram lookup, a draft model (a GGUF path), an EAGLE head (a path). */
+static void open_fixture_with(fixture *f, const char *model, bool ngram, const char *draft,
+                              const char *head)
 {
     memset(f, 0, sizeof *f);
     char err[256] = "";
@@ -61,12 +73,26 @@ static void open_fixture(fixture *f, const char *model, const char *head)
     int rc = cairn_model_load(model, f->be, &p, &f->m, err, sizeof err);
     if (rc != CAIRN_OK)
         fail_msg("load %s: %s", model, err);
-    rc = cairn_eagle_load(head, f->m, &f->head, err, sizeof err);
-    if (rc != CAIRN_OK)
-        fail_msg("load head %s: %s", head, err);
+    assert_int_equal(cairn_spec_create(f->m, &f->spec), CAIRN_OK);
+    if (ngram)
+        assert_int_equal(cairn_spec_add_ngram(f->spec), CAIRN_OK);
+    if (draft) {
+        rc = cairn_model_load(draft, f->be, &p, &f->draft, err, sizeof err);
+        if (rc != CAIRN_OK)
+            fail_msg("load draft model %s: %s", draft, err);
+        rc = cairn_spec_add_draft_model(f->spec, f->draft, err, sizeof err);
+        if (rc != CAIRN_OK)
+            fail_msg("add draft model %s: %s", draft, err);
+    }
+    if (head) {
+        rc = cairn_eagle_load(head, f->m, &f->head, err, sizeof err);
+        if (rc != CAIRN_OK)
+            fail_msg("load head %s: %s", head, err);
+        assert_int_equal(cairn_spec_add_eagle(f->spec, f->head), CAIRN_OK);
+    }
     f->n_vocab = cairn_model_hparams(f->m)->n_vocab;
     f->dim = cairn_model_hparams(f->m)->dim;
-    assert_int_equal(cairn_eagle_kv_layout(f->head, PAGE, CAIRN_TYPE_F32, &f->kv), CAIRN_OK);
+    assert_int_equal(cairn_spec_kv_layout(f->spec, PAGE, CAIRN_TYPE_F32, &f->kv), CAIRN_OK);
     const int n_pages = 2 * CAPACITY / PAGE;
     assert_int_equal(f->be->iface->alloc(f->be, (size_t)n_pages * f->kv.page_bytes, &f->pool),
                      CAIRN_OK);
@@ -77,10 +103,17 @@ static void open_fixture(fixture *f, const char *model, const char *head)
     }
 }
 
+static void open_fixture(fixture *f, const char *model, const char *head)
+{
+    open_fixture_with(f, model, false, NULL, head);
+}
+
 static void close_fixture(fixture *f)
 {
     f->be->iface->free(f->be, f->pool);
+    cairn_spec_free(f->spec);
     cairn_eagle_free(f->head);
+    cairn_model_free(f->draft);
     cairn_model_free(f->m);
     cairn_backend_destroy(f->be);
 }
@@ -126,24 +159,36 @@ static void plain_greedy(fixture *f, const int32_t *prompt, int n_prompt, int n_
     plain_greedy_biased(f, prompt, n_prompt, n_gen, NULL, out);
 }
 
+/* A decoder of the head alone with tree shape dp (NULL: the defaults),
+ * drafting every step: these tests measure the tree, not the controller
+ * that pauses speculation where it does not pay (it never pays on a model
+ * this small). */
+static int seq_create(fixture *f, const cairn_spec_params *dp, const cairn_sampling_params *sp,
+                      cairn_spec_seq **out)
+{
+    cairn_spec_params p = dp ? *dp : cairn_spec_defaults();
+    p.fixed_length = true;
+    return cairn_spec_seq_create(f->spec, &p, sp, 0, out);
+}
+
 /* Speculative continuation: at least n_gen tokens (steps emit several). */
-static void spec_generate(fixture *f, cairn_eagle_seq *s, const int32_t *prompt, int n_prompt,
+static void spec_generate(fixture *f, cairn_spec_seq *s, const int32_t *prompt, int n_prompt,
                           int n_gen, int32_t *out, double *tau)
 {
-    assert_int_equal(cairn_eagle_seq_begin(s, f->pool, &f->kv, f->pages, CAPACITY, prompt,
+    assert_int_equal(cairn_spec_seq_begin(s, f->pool, &f->kv, f->pages, CAPACITY, prompt,
                                            n_prompt),
                      CAIRN_OK);
     int n = 0;
     while (n < n_gen) {
         int32_t step[32];
         int got = 0;
-        assert_int_equal(cairn_eagle_seq_step(s, step, 32, &got), CAIRN_OK);
+        assert_int_equal(cairn_spec_seq_step(s, step, 32, &got), CAIRN_OK);
         assert_true(got >= 1);
         for (int i = 0; i < got && n < n_gen; i++)
             out[n++] = step[i];
     }
-    cairn_eagle_stats st;
-    cairn_eagle_seq_stats(s, &st);
+    cairn_spec_stats st;
+    cairn_spec_seq_stats(s, &st);
     if (tau)
         *tau = (double)st.tokens / (double)st.steps;
 }
@@ -234,18 +279,36 @@ static void test_tree_mask(void **state)
 
 /* ---- greedy ---------------------------------------------------------------- */
 
-static void greedy_case(const char *model, const char *head, int n_prompts, int n_gen,
-                        const cairn_eagle_params *shapes, int n_shapes, double *tau_out)
+/* Prompts whose second half repeats part of the first, as a quoted
+ * passage does: prompt lookup has something to copy. */
+static int make_copy_prompt(int i, int n_vocab, int32_t *p)
+{
+    const int n = make_prompt(i + 100, n_vocab, p);
+    const int from = 1 + i % 3, len = n - from < 9 ? n - from : 9;
+    int m = n;
+    for (int j = 0; j < len && m < 32; j++)
+        p[m++] = p[from + j];
+    return m;
+}
+
+static void greedy_case_with(const char *model, bool ngram, const char *draft, const char *head,
+                             int n_prompts, int n_gen, const cairn_spec_params *shapes,
+                             int n_shapes, double *tau_out, bool adaptive)
 {
     fixture f;
-    open_fixture(&f, model, head);
-    int32_t prompt[32], ref[256], got[256];
+    open_fixture_with(&f, model, ngram, draft, head);
+    int32_t prompt[48], ref[256], got[256];
     for (int sh = 0; sh < n_shapes; sh++) {
-        cairn_eagle_seq *s;
-        assert_int_equal(cairn_eagle_seq_create(f.head, &shapes[sh], NULL, &s), CAIRN_OK);
+        cairn_spec_seq *s;
+        cairn_spec_params dp = shapes[sh];
+        if (adaptive) /* the controller decides, as a server's does */
+            assert_int_equal(cairn_spec_seq_create(f.spec, &dp, NULL, 0, &s), CAIRN_OK);
+        else
+            assert_int_equal(seq_create(&f, &dp, NULL, &s), CAIRN_OK);
         double tau_sum = 0;
         for (int i = 0; i < n_prompts; i++) {
-            const int n = make_prompt(i, f.n_vocab, prompt);
+            const int n = ngram && i % 2 ? make_copy_prompt(i, f.n_vocab, prompt)
+                                         : make_prompt(i, f.n_vocab, prompt);
             plain_greedy(&f, prompt, n, n_gen, ref);
             double tau;
             spec_generate(&f, s, prompt, n, n_gen, got, &tau);
@@ -257,16 +320,23 @@ static void greedy_case(const char *model, const char *head, int n_prompts, int 
                              shapes[sh].depth, shapes[sh].top_k, shapes[sh].n_draft, i, j, got[j],
                              ref[j]);
         }
-        print_message("depth %d top_k %2d n %3d: tau %.2f over %d prompts\n", shapes[sh].depth,
-                      shapes[sh].top_k, shapes[sh].n_draft, tau_sum / n_prompts, n_prompts);
+        print_message("%s depth %d top_k %2d n %3d chain %2d: tau %.2f over %d prompts\n",
+                      cairn_spec_describe(f.spec), shapes[sh].depth, shapes[sh].top_k,
+                      shapes[sh].n_draft, shapes[sh].chain_max, tau_sum / n_prompts, n_prompts);
         if (tau_out)
             tau_out[sh] = tau_sum / n_prompts;
-        cairn_eagle_seq_free(s);
+        cairn_spec_seq_free(s);
     }
     close_fixture(&f);
 }
 
-static const cairn_eagle_params shapes[] = {
+static void greedy_case(const char *model, const char *head, int n_prompts, int n_gen,
+                        const cairn_spec_params *shapes, int n_shapes, double *tau_out)
+{
+    greedy_case_with(model, false, NULL, head, n_prompts, n_gen, shapes, n_shapes, tau_out, false);
+}
+
+static const cairn_spec_params shapes[] = {
     {.depth = 1, .top_k = 1, .n_draft = 1},
     {.depth = 2, .top_k = 3, .n_draft = 5},
     {.depth = 4, .top_k = 2, .n_draft = 6},
@@ -284,6 +354,11 @@ static void test_greedy_bundled(void **state)
     /* The shipped head must actually draft well: with the default shape it
      * accepts well over one token per step on this model (goal 3). */
     assert_true(tau[3] > 2.0);
+    /* the controller pauses a head that does not pay (none does on a model
+     * this small) for long stretches: the head must keep its features in
+     * bounds meanwhile, and the tokens stay the same */
+    greedy_case_with(getenv("CAIRN_MODEL"), false, NULL, shipped_head, 4, 240, shapes + 3, 1, NULL,
+                     true);
 }
 
 static void test_greedy_bundled_random_head(void **state)
@@ -343,11 +418,12 @@ static void ref_probs(const float *logits, int n, const cairn_sampling_params *p
     free(ids);
 }
 
-static void sampling_case(const char *head, const cairn_sampling_params *sp,
-                          const cairn_eagle_params *dp, int n_runs)
+static void sampling_case_with(bool ngram, const char *draft, const char *head,
+                               const cairn_sampling_params *sp, const cairn_spec_params *dp,
+                               int n_runs)
 {
     fixture f;
-    open_fixture(&f, getenv("CAIRN_MODEL"), head);
+    open_fixture_with(&f, getenv("CAIRN_MODEL"), ngram, draft, head);
     /* "Once upon a time, there was a": an uncertain next word (entropy
      * ~1.8 nats), then another (~1.1), so the joint has many cells */
     const int32_t prompt[] = {1, 403, 407, 261, 378, 432, 383, 286, 261};
@@ -377,12 +453,12 @@ static void sampling_case(const char *head, const cairn_sampling_params *sp,
     for (int run = 0; run < n_runs; run++) {
         cairn_sampling_params s = *sp;
         s.seed = 1000 + (uint64_t)run;
-        cairn_eagle_seq *q;
-        assert_int_equal(cairn_eagle_seq_create(f.head, dp, &s, &q), CAIRN_OK);
+        cairn_spec_seq *q;
+        assert_int_equal(seq_create(&f, dp, &s, &q), CAIRN_OK);
         int32_t out[2];
         spec_generate(&f, q, prompt, n_prompt, 2, out, NULL);
         count[(size_t)out[0] * nv + out[1]]++;
-        cairn_eagle_seq_free(q);
+        cairn_spec_seq_free(q);
     }
 
     /* cells expected >= 5 alone, the rest pooled; a draw of probability 0 fails */
@@ -418,6 +494,12 @@ static void sampling_case(const char *head, const cairn_sampling_params *sp,
     close_fixture(&f);
 }
 
+static void sampling_case(const char *head, const cairn_sampling_params *sp,
+                          const cairn_spec_params *dp, int n_runs)
+{
+    sampling_case_with(false, NULL, head, sp, dp, n_runs);
+}
+
 /* Sampling settings: temperature t, top-k k, top-p p, min-p m. */
 static cairn_sampling_params sampling(float t, int k, float p, float m)
 {
@@ -433,7 +515,7 @@ static void test_sampling_plain_softmax(void **state)
 {
     (void)state;
     const cairn_sampling_params sp = sampling(1.0f, 0, 1.0f, 0.0f);
-    const cairn_eagle_params dp = {.depth = 4, .top_k = 4, .n_draft = 16};
+    const cairn_spec_params dp = {.depth = 4, .top_k = 4, .n_draft = 16};
     sampling_case(shipped_head, &sp, &dp, 3000);
 }
 
@@ -441,7 +523,7 @@ static void test_sampling_truncated(void **state)
 {
     (void)state;
     const cairn_sampling_params sp = sampling(0.9f, 12, 0.9f, 0.02f);
-    const cairn_eagle_params dp = {.depth = 5, .top_k = 8, .n_draft = 32};
+    const cairn_spec_params dp = {.depth = 5, .top_k = 8, .n_draft = 32};
     sampling_case(shipped_head, &sp, &dp, 3000);
 }
 
@@ -449,7 +531,7 @@ static void test_sampling_random_head(void **state)
 {
     (void)state;
     const cairn_sampling_params sp = sampling(1.0f, 20, 1.0f, 0.0f);
-    const cairn_eagle_params dp = {.depth = 3, .top_k = 6, .n_draft = 12};
+    const cairn_spec_params dp = {.depth = 3, .top_k = 6, .n_draft = 12};
     sampling_case(rand_head_260k, &sp, &dp, 3000);
 }
 
@@ -467,7 +549,7 @@ static void test_sampling_logit_bias(void **state)
     sp.logit_bias[1].bias = -3.0f;
     sp.logit_bias[2].token = 400;
     sp.logit_bias[2].bias = 3.0f;
-    const cairn_eagle_params dp = {.depth = 4, .top_k = 4, .n_draft = 16};
+    const cairn_spec_params dp = {.depth = 4, .top_k = 4, .n_draft = 16};
     sampling_case(shipped_head, &sp, &dp, 3000);
 }
 
@@ -487,8 +569,8 @@ static void test_greedy_logit_bias(void **state)
     sp.logit_bias[1].token = 378;
     sp.logit_bias[1].bias = 4.0f;
     plain_greedy_biased(&f, prompt, n, n_gen, &sp, ref);
-    cairn_eagle_seq *s;
-    assert_int_equal(cairn_eagle_seq_create(f.head, &shapes[3], &sp, &s), CAIRN_OK);
+    cairn_spec_seq *s;
+    assert_int_equal(seq_create(&f, &shapes[3], &sp, &s), CAIRN_OK);
     double tau;
     spec_generate(&f, s, prompt, n, n_gen, got, &tau);
     for (int j = 0; j < n_gen; j++)
@@ -496,44 +578,134 @@ static void test_greedy_logit_bias(void **state)
             fail_msg("biased greedy: token %d is %d, plain biased greedy gives %d", j, got[j],
                      ref[j]);
     print_message("biased greedy: tau %.2f\n", tau);
-    cairn_eagle_seq_free(s);
+    cairn_spec_seq_free(s);
     close_fixture(&f);
 }
 
 /* ---- errors ------------------------------------------------------------------ */
+
+/* ---- the other methods, alone and together ------------------------------ */
+
+/* chain lengths and budgets for the chain drafters (n-gram lookup, a draft
+ * model): a chain of one, budgets below and above the chain, longest */
+static const cairn_spec_params chain_shapes[] = {
+    {.depth = 5, .top_k = 8, .n_draft = 1, .chain_max = 1},
+    {.depth = 5, .top_k = 8, .n_draft = 6, .chain_max = 4, .ngram_min = 1, .ngram_max = 3},
+    {.depth = 5, .top_k = 8, .n_draft = 32, .chain_max = 12},
+    {.depth = 3, .top_k = 4, .n_draft = 10, .chain_max = 16, .ngram_min = 2, .ngram_max = 8},
+};
+#define N_CHAIN_SHAPES (int)(sizeof chain_shapes / sizeof chain_shapes[0])
+
+static void test_greedy_ngram(void **state)
+{
+    (void)state;
+    double tau[N_CHAIN_SHAPES];
+    greedy_case_with(getenv("CAIRN_MODEL"), true, NULL, NULL, 16, 96, chain_shapes,
+                     N_CHAIN_SHAPES, tau, false);
+    /* stories260K repeats itself and half the prompts quote themselves:
+     * lookup must find something to copy */
+    assert_true(tau[2] > 1.2);
+    /* the controller's choices (from measured times) never change tokens */
+    greedy_case_with(getenv("CAIRN_MODEL"), true, NULL, NULL, 8, 96, chain_shapes + 2, 1, NULL,
+                     true);
+}
+
+static void test_greedy_draft_model(void **state)
+{
+    (void)state;
+    /* the target as its own draft model: every guess is taken, so chains
+     * run to their end and the draft's rows after a full acceptance are
+     * the ones kept */
+    double tau[N_CHAIN_SHAPES];
+    greedy_case_with(getenv("CAIRN_MODEL"), false, getenv("CAIRN_MODEL"), NULL, 8, 64,
+                     chain_shapes, N_CHAIN_SHAPES, tau, false);
+    assert_true(tau[2] > 8.0);
+    /* a random model of another shape (dim 128, 2 layers, head size 32) with
+     * the same vocabulary size: its KV layers are placed after the target's
+     * in every page; most guesses are rejected */
+    greedy_case_with(getenv("CAIRN_MODEL"), false, synth_model, NULL, 8, 64, chain_shapes,
+                     N_CHAIN_SHAPES, NULL, false);
+    /* and the other way round: stories260K drafting for the random model */
+    greedy_case_with(synth_model, false, getenv("CAIRN_MODEL"), NULL, 6, 48, chain_shapes + 2, 1,
+                     NULL, false);
+}
+
+static void test_greedy_combined(void **state)
+{
+    (void)state;
+    /* lookup, a draft model and the head add to one tree */
+    double tau[2];
+    greedy_case_with(getenv("CAIRN_MODEL"), true, synth_model, shipped_head, 10, 64, shapes + 2, 2,
+                     tau, false);
+    assert_true(tau[1] > 2.0);
+    greedy_case_with(getenv("CAIRN_MODEL"), true, getenv("CAIRN_MODEL"), shipped_head, 6, 64,
+                     chain_shapes + 1, 2, NULL, false);
+}
+
+static void test_sampling_ngram(void **state)
+{
+    (void)state;
+    /* the prompt's last token " a" occurred before: lookup of length 1
+     * guesses what followed it then */
+    const cairn_sampling_params sp = sampling(1.0f, 0, 1.0f, 0.0f);
+    const cairn_spec_params dp = {.depth = 5, .top_k = 8, .n_draft = 8, .chain_max = 6,
+                                  .ngram_min = 1, .ngram_max = 2};
+    sampling_case_with(true, NULL, NULL, &sp, &dp, 3000);
+}
+
+static void test_sampling_draft_model(void **state)
+{
+    (void)state;
+    const cairn_sampling_params sp = sampling(0.9f, 40, 0.95f, 0.0f);
+    const cairn_spec_params dp = {.depth = 5, .top_k = 8, .n_draft = 8, .chain_max = 4};
+    sampling_case_with(false, getenv("CAIRN_MODEL"), NULL, &sp, &dp, 3000);
+}
+
+static void test_sampling_combined(void **state)
+{
+    (void)state;
+    /* several children of the root from different methods: rejected ones
+     * leave the residual for the next */
+    const cairn_sampling_params sp = sampling(1.0f, 0, 1.0f, 0.0f);
+    const cairn_spec_params dp = {.depth = 3, .top_k = 4, .n_draft = 16, .chain_max = 4,
+                                  .ngram_min = 1, .ngram_max = 2};
+    sampling_case_with(true, synth_model, shipped_head, &sp, &dp, 3000);
+}
 
 static void test_errors(void **state)
 {
     (void)state;
     fixture f;
     open_fixture(&f, getenv("CAIRN_MODEL"), shipped_head);
-    cairn_eagle_seq *s = NULL;
-    cairn_eagle_params bad = {.depth = 0, .top_k = 4, .n_draft = 8};
-    assert_int_equal(cairn_eagle_seq_create(f.head, &bad, NULL, &s), CAIRN_EINVAL);
-    bad = (cairn_eagle_params){.depth = 4, .top_k = 17, .n_draft = 8};
-    assert_int_equal(cairn_eagle_seq_create(f.head, &bad, NULL, &s), CAIRN_EINVAL);
-    bad = (cairn_eagle_params){.depth = 4, .top_k = 4, .n_draft = 200}; /* > batch of 128 */
-    assert_int_equal(cairn_eagle_seq_create(f.head, &bad, NULL, &s), CAIRN_ERANGE);
+    cairn_spec_seq *s = NULL;
+    cairn_spec_params bad = {.depth = 0, .top_k = 4, .n_draft = 8};
+    assert_int_equal(seq_create(&f, &bad, NULL, &s), CAIRN_EINVAL);
+    bad = (cairn_spec_params){.depth = 4, .top_k = 17, .n_draft = 8};
+    assert_int_equal(seq_create(&f, &bad, NULL, &s), CAIRN_EINVAL);
+    bad = (cairn_spec_params){.depth = 4, .top_k = 4, .n_draft = 200}; /* > batch of 128 */
+    assert_int_equal(seq_create(&f, &bad, NULL, &s), CAIRN_ERANGE);
     cairn_sampling_params sp = cairn_sampling_defaults();
     sp.repeat_penalty = 1.1f;
-    assert_int_equal(cairn_eagle_seq_create(f.head, NULL, &sp, &s), CAIRN_EUNSUPPORTED);
-    assert_int_equal(cairn_eagle_seq_create(f.head, NULL, NULL, &s), CAIRN_OK);
+    /* penalties are the sampler's: a step draws as plain decoding does */
+    assert_int_equal(seq_create(&f, NULL, &sp, &s), CAIRN_OK);
+    cairn_spec_seq_free(s);
+    assert_int_equal(seq_create(&f, NULL, NULL, &s), CAIRN_OK);
     int32_t out[16];
     int n;
-    assert_int_equal(cairn_eagle_seq_step(s, out, 16, &n), CAIRN_EINVAL); /* not begun */
+    assert_int_equal(cairn_spec_seq_step(s, out, 16, &n), CAIRN_EINVAL); /* not begun */
     const int32_t prompt[] = {1, 403};
-    assert_int_equal(cairn_eagle_seq_begin(s, f.pool, &f.kv, f.pages, 2, prompt, 2), CAIRN_EINVAL);
+    assert_int_equal(cairn_spec_seq_begin(s, f.pool, &f.kv, f.pages, 2, prompt, 2), CAIRN_EINVAL);
     const int32_t bad_tok[] = {1, 100000};
-    assert_int_equal(cairn_eagle_seq_begin(s, f.pool, &f.kv, f.pages, 64, bad_tok, 2), CAIRN_EINVAL);
+    assert_int_equal(cairn_spec_seq_begin(s, f.pool, &f.kv, f.pages, 64, bad_tok, 2), CAIRN_EINVAL);
     /* running into the capacity: the tree shrinks, then CAIRN_ERANGE */
-    assert_int_equal(cairn_eagle_seq_begin(s, f.pool, &f.kv, f.pages, 20, prompt, 2), CAIRN_OK);
+    assert_int_equal(cairn_spec_seq_begin(s, f.pool, &f.kv, f.pages, 20, prompt, 2), CAIRN_OK);
     int total = 0, rc;
-    while ((rc = cairn_eagle_seq_step(s, out, 16, &n)) == CAIRN_OK)
+    while ((rc = cairn_spec_seq_step(s, out, 16, &n)) == CAIRN_OK)
         total += n;
     assert_int_equal(rc, CAIRN_ERANGE);
-    assert_int_equal(cairn_eagle_seq_n_past(s), 20);
+    assert_int_equal(cairn_spec_seq_n_past(s), 20);
     assert_int_equal(total, 19);
-    cairn_eagle_seq_free(s);
+    cairn_spec_seq_free(s);
 
     /* a head for another target */
     char err[256] = "";
@@ -542,6 +714,17 @@ static void test_errors(void **state)
     assert_non_null(strstr(err, "does not fit"));
     assert_int_equal(cairn_eagle_load(getenv("CAIRN_MODEL"), f.m, &other, err, sizeof err),
                      CAIRN_EFORMAT);
+    /* a method twice; a draft model of another vocabulary */
+    assert_int_equal(cairn_spec_add_eagle(f.spec, f.head), CAIRN_EINVAL);
+    cairn_model_params p = {.max_batch_tokens = 128, .max_seqs = 1};
+    cairn_model *v600 = NULL;
+    assert_int_equal(cairn_model_load(synth_v600, f.be, &p, &v600, err, sizeof err), CAIRN_OK);
+    err[0] = '\0';
+    assert_int_equal(cairn_spec_add_draft_model(f.spec, v600, err, sizeof err), CAIRN_EINVAL);
+    assert_non_null(strstr(err, "vocabulary"));
+    assert_int_equal(cairn_spec_add_draft_model(f.spec, f.m, err, sizeof err), CAIRN_EINVAL);
+    assert_int_equal(cairn_spec_count(f.spec), 1);
+    cairn_model_free(v600);
     close_fixture(&f);
 }
 
@@ -567,14 +750,17 @@ int main(int argc, char **argv)
     snprintf(synth_model, sizeof synth_model, "%s/eagle_synth.gguf", scratch_dir);
     snprintf(synth_head, sizeof synth_head, "%s/eagle_synth_head.gguf", scratch_dir);
     snprintf(rand_head_260k, sizeof rand_head_260k, "%s/eagle_rand_head_260k.gguf", scratch_dir);
+    snprintf(synth_v600, sizeof synth_v600, "%s/spec_synth_v600.gguf", scratch_dir);
     static char cmd[16384];
     snprintf(cmd, sizeof cmd,
              "'%s' '%s/gen_synthetic_model.py' --shape tiny --type F32 --heads 4 --kv-heads 2 "
              "--seed 7 -o '%s' 2>/dev/null && "
              "'%s' '%s/eagle_convert.py' --target '%s' --random --seed 3 -o '%s' 2>/dev/null && "
-             "'%s' '%s/eagle_convert.py' --target '%s' --random --seed 5 -o '%s' 2>/dev/null",
+             "'%s' '%s/eagle_convert.py' --target '%s' --random --seed 5 -o '%s' 2>/dev/null && "
+             "'%s' '%s/gen_synthetic_model.py' --shape tiny --type F32 --vocab 600 --seed 9 "
+             "-o '%s' 2>/dev/null",
              python, tools_dir, synth_model, python, tools_dir, synth_model, synth_head, python,
-             tools_dir, getenv("CAIRN_MODEL"), rand_head_260k);
+             tools_dir, getenv("CAIRN_MODEL"), rand_head_260k, python, tools_dir, synth_v600);
     if (run(cmd) != 0)
         return 1;
     if (getenv("EAGLE_TEST_FILTER"))
@@ -589,6 +775,12 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sampling_random_head),
         cmocka_unit_test(test_sampling_logit_bias),
         cmocka_unit_test(test_greedy_logit_bias),
+        cmocka_unit_test(test_greedy_ngram),
+        cmocka_unit_test(test_greedy_draft_model),
+        cmocka_unit_test(test_greedy_combined),
+        cmocka_unit_test(test_sampling_ngram),
+        cmocka_unit_test(test_sampling_draft_model),
+        cmocka_unit_test(test_sampling_combined),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -28,3 +28,13 @@ add_test(NAME eagle_server
   COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_server_draft.py $<TARGET_FILE:cairn>
           ${CAIRN_MODEL} ${PROJECT_SOURCE_DIR}/models/stories260K-eagle.gguf)
 set_tests_properties(eagle_server PROPERTIES TIMEOUT 300 LABELS "eagle;server")
+
+# `cairn serve --spec ngram / draft:MODEL`: every request with speculation
+# gives the tokens it gives without (greedy, seeded sampling, penalties,
+# logprobs, grammars, concurrent clients), usage reports tau, namespaces and
+# restarts, refused configurations.
+add_test(NAME spec_server
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_server_spec.py $<TARGET_FILE:cairn>
+          ${CAIRN_MODEL} ${PROJECT_SOURCE_DIR}/models/stories260K-eagle.gguf ${Python3_EXECUTABLE}
+          ${PROJECT_SOURCE_DIR}/tools)
+set_tests_properties(spec_server PROPERTIES TIMEOUT 300 LABELS "eagle;server")

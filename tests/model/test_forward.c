@@ -162,6 +162,86 @@ static void test_logits_match_reference(void **state)
     cairn_page_pool_free(pool);
 }
 
+/* cairn_model_set_feature_layers: forward_features returns the residual
+ * stream entering the chosen layers, side by side in the order asked, as
+ * the numpy reference computes it (a middle layer, the last one's input, the
+ * embeddings and the stream leaving the last layer), in two chunks so
+ * the KV written by the first is read by the second; n = 0 restores the
+ * final normed state. */
+static void test_feature_layers(void **state)
+{
+    fixture *f = *state;
+    const int L = cairn_model_hparams(f->m)->n_layer;
+    const int layers[4] = {L / 2, L - 1, 0, L}, n = 4;
+    int32_t toks[N_ALL];
+    all_tokens(toks);
+    cairn_kv_layout kv;
+    cairn_page_pool *pool = make_pool(f, 16, CAIRN_TYPE_F32, 8, &kv);
+    int32_t pages[3] = {2, 0, 1};
+    assert_int_equal(cairn_model_set_feature_layers(f->m, layers, n), CAIRN_OK);
+    assert_int_equal(cairn_model_feature_dim(f->m), n * f->dim);
+    float *got = malloc((size_t)N_ALL * n * f->dim * sizeof(float));
+    const int first = 20;
+    for (int c = 0; c < 2; c++) {
+        const int from = c ? first : 0, cnt = c ? N_ALL - first : first;
+        cairn_seq_batch sb = {.tokens = toks + from, .n_tokens = cnt, .kv_start = from,
+                              .pages = pages};
+        int n_out = 0;
+        assert_int_equal(cairn_model_forward_features(f->m, cairn_page_pool_base(pool), &kv, &sb,
+                                                      1, NULL, got + (size_t)from * n * f->dim,
+                                                      &n_out),
+                         CAIRN_OK);
+    }
+
+    char dir[] = "/tmp/cairn-ref-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char cmd[4096], ids[1024] = "", spath[128];
+    for (int i = 0; i < N_ALL; i++)
+        snprintf(ids + strlen(ids), sizeof ids - strlen(ids), i ? ",%d" : "%d", toks[i]);
+    snprintf(spath, sizeof spath, "%s/states.f32", dir);
+    snprintf(cmd, sizeof cmd, "'%s' '%s' '%s' --tokens %s --layer-states %d,%d,%d,%d --states %s",
+             python, ref_script, model_path, ids, layers[0], layers[1], layers[2], layers[3],
+             spath);
+    if (system(cmd) != 0)
+        fail_msg("reference failed: %s", cmd);
+    float *want = malloc((size_t)N_ALL * n * f->dim * sizeof(float));
+    FILE *fp = fopen(spath, "rb");
+    assert_non_null(fp);
+    assert_int_equal(fread(want, sizeof(float), (size_t)N_ALL * n * f->dim, fp),
+                     (size_t)N_ALL * n * f->dim);
+    fclose(fp);
+    unlink(spath);
+    rmdir(dir);
+    /* each layer's row on its own scale: the stream grows with depth */
+    assert_rows_close(got, want, N_ALL * n, f->dim, 1e-4);
+
+    /* invalid choices are refused and leave the setting alone */
+    const int bad[2] = {0, L + 1};
+    assert_int_equal(cairn_model_set_feature_layers(f->m, bad, 2), CAIRN_EINVAL);
+    assert_int_equal(cairn_model_set_feature_layers(f->m, layers, CAIRN_MAX_FEATURE_LAYERS + 1),
+                     CAIRN_EINVAL);
+    assert_int_equal(cairn_model_feature_dim(f->m), n * f->dim);
+    /* n = 0: the final state after the output norm again (forward's hidden) */
+    assert_int_equal(cairn_model_set_feature_layers(f->m, NULL, 0), CAIRN_OK);
+    assert_int_equal(cairn_model_feature_dim(f->m), f->dim);
+    float *feat = malloc((size_t)N_ALL * f->dim * sizeof(float));
+    float *hidden = malloc((size_t)f->dim * sizeof(float));
+    cairn_seq_batch sb = {.tokens = toks, .n_tokens = N_ALL, .pages = pages};
+    int n_out = 0;
+    assert_int_equal(cairn_model_forward_features(f->m, cairn_page_pool_base(pool), &kv, &sb, 1,
+                                                  NULL, feat, &n_out),
+                     CAIRN_OK);
+    assert_int_equal(cairn_model_forward(f->m, cairn_page_pool_base(pool), &kv, &sb, 1, NULL,
+                                         hidden, &n_out),
+                     CAIRN_OK);
+    assert_rows_close(feat + (size_t)(N_ALL - 1) * f->dim, hidden, 1, f->dim, 1e-6);
+    free(feat);
+    free(hidden);
+    free(got);
+    free(want);
+    cairn_page_pool_free(pool);
+}
+
 /* Greedy decoding one token at a time reproduces the known continuation, with
  * both KV types and a page size that does not divide anything evenly. */
 static void greedy_decode(fixture *f, cairn_type dtype, int page_size)
@@ -439,6 +519,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_load_errors),
         cmocka_unit_test(test_fingerprint),
+        cmocka_unit_test(test_feature_layers),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -202,11 +202,13 @@ def silu(x):
     return x / (1.0 + np.exp(-x))
 
 
-def forward(m, tokens):
+def forward(m, tokens, states=None):
     """Full causal pass over `tokens`.
 
     Returns (logits [n][n_vocab], hidden [n][dim]) in float64; hidden is the
-    state after the output norm (what the output projection multiplies)."""
+    state after the output norm (what the output projection multiplies).
+    `states`, a dict, receives the residual stream entering each layer l
+    (states[l], [n][dim]; states[n_layer] leaving the last, before the norm)."""
     n = len(tokens)
     positions = np.arange(n, dtype=np.float64)
     x = m.tok_embd[np.asarray(tokens)]                       # [n][dim]
@@ -214,7 +216,9 @@ def forward(m, tokens):
     scale = 1.0 / np.sqrt(m.head_dim)
     causal = np.triu(np.ones((n, n), dtype=bool), k=1)       # True = future, masked
 
-    for layer in m.layers:
+    for li, layer in enumerate(m.layers):
+        if states is not None:
+            states[li] = x.copy()
         h = rms_norm(x, layer["attn_norm"], m.rms_eps)
         q, k, v = h @ layer["wq"].T, h @ layer["wk"].T, h @ layer["wv"].T
         if "bq" in layer:
@@ -243,6 +247,8 @@ def forward(m, tokens):
         ffn = silu(h @ layer["w_gate"].T) * (h @ layer["w_up"].T)  # [n][ffn_dim]
         x = x + ffn @ layer["w_down"].T
 
+    if states is not None:
+        states[m.n_layer] = x.copy()
     hidden = rms_norm(x, m.output_norm, m.rms_eps)
     logits = hidden @ m.output.T
     return logits, hidden
@@ -254,6 +260,10 @@ def main():
     ap.add_argument("--tokens", required=True, help="comma-separated token ids")
     ap.add_argument("--out", help="write float32 logits [n_tokens][n_vocab] here")
     ap.add_argument("--hidden", help="write float32 hidden states [n_tokens][dim] here")
+    ap.add_argument("--layer-states", metavar="L,L,...",
+                    help="with --states: the layers whose input state to write (0 = the "
+                    "embeddings, n_layer = after the last layer, before the norm)")
+    ap.add_argument("--states", help="write float32 [n_tokens][len(layers)][dim] here")
     ap.add_argument("--greedy", type=int, metavar="N",
                     help="greedily generate N tokens and print their ids")
     ap.add_argument("--expect", help="with --greedy: space- or comma-separated ids the "
@@ -265,6 +275,11 @@ def main():
     if not tokens or min(tokens) < 0 or max(tokens) >= m.n_vocab:
         raise SystemExit(f"llama_ref.py: tokens must be in [0, {m.n_vocab})")
 
+    if args.states:
+        want = [int(x) for x in args.layer_states.split(",")]
+        states = {}
+        forward(m, tokens, states)
+        np.stack([states[l] for l in want], axis=1).astype("<f4").tofile(args.states)
     if args.out or args.hidden:
         logits, hidden = forward(m, tokens)
         if args.out:

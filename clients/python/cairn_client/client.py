@@ -104,6 +104,9 @@ class Usage:
     # Where the cached tokens were found: {"device", "host", "disk"} -> tokens
     # (sums to cached_tokens). Empty when the server does not report it.
     cached_tokens_by_tier: Dict[str, int] = field(default_factory=dict)
+    # How the reply was decoded when it speculated: {"method", "steps",
+    # "tokens", "tau", "drafted", "accepted"}; empty when it did not.
+    speculative: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -140,6 +143,7 @@ class GenerationResult:
                 cached_tokens=int(u.get("cached_tokens", 0)),
                 completion_tokens=int(u.get("completion_tokens", 0)),
                 cached_tokens_by_tier=by_tier,
+                speculative=dict(u.get("speculative") or {}),
             ),
             raw=m,
         )

@@ -1,0 +1,979 @@
+/*
+ * model/spec.c — speculative decoding of one sequence with any set of draft
+ * methods: one draft tree per step (every method adds to it), one
+ * tree-masked target forward, acceptance by drawing as plain decoding does, and a
+ * controller that sizes chains and pauses speculation that does not pay.
+ * The contract is in model/model.h; the drafter table in model/spec_impl.h.
+ *
+ * Indices, for a sequence whose first n_past tokens have target KV and whose
+ * token n_past ("the root") is pending:
+ *
+ *   target KV   index i = token i, RoPE position i; tree row r of a step
+ *               sits at index n_past + r, RoPE position n_past + depth(r)
+ *   method KV   in each method's own layers of the same pages (placed by
+ *               cairn_spec_kv_layout after the target's), never the target's
+ */
+#include "model/spec_impl.h"
+#include "model/layer_impl.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#define SPEC_MAX_METHODS 8
+/* Rows per target forward while a sequence is begun with methods that read
+ * features (their host buffers are sized for this many). */
+#define BEGIN_CHUNK 64
+
+struct cairn_spec {
+    cairn_model *target;
+    cairn_hparams thp;
+    int max_batch_tokens;
+    spec_drafter drafters[SPEC_MAX_METHODS];
+    int n;
+    char describe[96];
+    /* What the last sequence that judged speculation learnt: 0 = it paid,
+     * else the pause a new sequence starts with (the controller's memory
+     * across sequences; the decoders of one spec run on one thread). */
+    int prior_pause;
+};
+
+/* ======================================================================== */
+/* The set of methods                                                       */
+/* ======================================================================== */
+
+cairn_spec_params cairn_spec_defaults(void)
+{
+    return (cairn_spec_params){.depth = 5, .top_k = 8, .n_draft = 32, .ngram_min = 2,
+                               .ngram_max = 4, .chain_max = 12};
+}
+
+int cairn_spec_create(cairn_model *target, cairn_spec **out)
+{
+    if (!target || !out)
+        return CAIRN_EINVAL;
+    cairn_spec *s = calloc(1, sizeof *s);
+    if (!s)
+        return CAIRN_ENOMEM;
+    s->target = target;
+    s->thp = *cairn_model_hparams(target);
+    int max_seqs;
+    cairn_model_limits(target, &s->max_batch_tokens, &max_seqs);
+    *out = s;
+    return CAIRN_OK;
+}
+
+void cairn_spec_free(cairn_spec *s)
+{
+    /* an EAGLE-3 head set the target's features to its layers' states */
+    if (s && cairn_spec_method_mask(s, "eagle3"))
+        cairn_model_set_feature_layers(s->target, NULL, 0);
+    free(s);
+}
+
+static int spec_add(cairn_spec *s, const spec_drafter_ops *ops, void *method)
+{
+    if (!s || !ops || s->n == SPEC_MAX_METHODS)
+        return CAIRN_EINVAL;
+    for (int i = 0; i < s->n; i++)
+        if (s->drafters[i].ops == ops)
+            return CAIRN_EINVAL; /* each method once */
+    s->drafters[s->n++] = (spec_drafter){ops, method};
+    size_t len = strlen(s->describe);
+    snprintf(s->describe + len, sizeof s->describe - len, "%s%s", len ? "+" : "", ops->name);
+    return CAIRN_OK;
+}
+
+int spec_add_drafter(cairn_spec *s, const spec_drafter_ops *ops, void *method)
+{
+    return spec_add(s, ops, method);
+}
+
+cairn_model *spec_target(const cairn_spec *s) { return s->target; }
+
+int cairn_spec_add_ngram(cairn_spec *s) { return spec_add(s, &spec_ngram_ops, s); }
+
+int cairn_spec_add_eagle(cairn_spec *s, cairn_eagle *head)
+{
+    /* not beside an EAGLE-3 head (here or in another spec of the target):
+     * the target's features are then its layers' states */
+    if (!s || !head || cairn_model_feature_dim(s->target) != s->thp.dim)
+        return CAIRN_EINVAL;
+    return spec_add(s, &spec_eagle_ops, head);
+}
+
+int cairn_spec_add_draft_model(cairn_spec *s, cairn_model *draft, char *err, size_t err_len)
+{
+    if (!s || !draft)
+        return CAIRN_EINVAL;
+    const cairn_hparams *d = cairn_model_hparams(draft);
+    if (d->n_vocab != s->thp.n_vocab)
+        return cairn_errorf(err, err_len, CAIRN_EINVAL,
+                            "the draft model's vocabulary has %d tokens, the target's %d: a draft "
+                            "model must share the target's vocabulary",
+                            d->n_vocab, s->thp.n_vocab);
+    if (draft == s->target)
+        return cairn_errorf(err, err_len, CAIRN_EINVAL, "the draft model is the target itself");
+    if (cairn_model_backend(draft) != cairn_model_backend(s->target))
+        return cairn_errorf(err, err_len, CAIRN_EINVAL,
+                            "the draft model must run on the target's backend");
+    return spec_add(s, &spec_dmodel_ops, draft);
+}
+
+const char *cairn_spec_describe(const cairn_spec *s) { return s ? s->describe : ""; }
+int cairn_spec_count(const cairn_spec *s) { return s ? s->n : 0; }
+
+uint32_t cairn_spec_method_mask(const cairn_spec *s, const char *name)
+{
+    if (!s || !name)
+        return 0;
+    for (int i = 0; i < s->n; i++)
+        if (strcmp(s->drafters[i].ops->name, name) == 0)
+            return 1u << i;
+    return 0;
+}
+
+/* Every method's own KV placed after the target's; placed[i] for method i
+ * (n_layer 0 when it has none). */
+static int spec_layouts(const cairn_spec *s, int page_size, cairn_type dtype,
+                        cairn_kv_layout *page, cairn_kv_layout *placed)
+{
+    TRY(cairn_model_kv_layout(s->target, page_size, dtype, page));
+    for (int i = 0; i < s->n; i++) {
+        const spec_drafter *d = &s->drafters[i];
+        memset(&placed[i], 0, sizeof placed[i]);
+        if (!d->ops->kv_part)
+            continue;
+        cairn_kv_layout part;
+        TRY(d->ops->kv_part(d->method, page_size, dtype, &part));
+        TRY(cairn_kv_layout_place(page, &part, &placed[i]));
+    }
+    for (int i = 0; i < s->n; i++)
+        placed[i].page_bytes = page->page_bytes;
+    return CAIRN_OK;
+}
+
+int cairn_spec_kv_layout(const cairn_spec *s, int page_size, cairn_type dtype,
+                         cairn_kv_layout *out)
+{
+    if (!s || !out)
+        return CAIRN_EINVAL;
+    cairn_kv_layout placed[SPEC_MAX_METHODS];
+    return spec_layouts(s, page_size, dtype, out, placed);
+}
+
+bool cairn_spec_has_kv(const cairn_spec *s)
+{
+    for (int i = 0; s && i < s->n; i++)
+        if (s->drafters[i].ops->kv_part)
+            return true;
+    return false;
+}
+
+void cairn_spec_fingerprint(const cairn_spec *s, uint8_t out[16])
+{
+    memset(out, 0, 16);
+    if (!cairn_spec_has_kv(s))
+        return;
+    XXH3_state_t *hs = XXH3_createState();
+    if (!hs)
+        return;
+    XXH3_128bits_reset(hs);
+    for (int i = 0; i < s->n; i++) {
+        const spec_drafter *d = &s->drafters[i];
+        if (!d->ops->kv_part)
+            continue;
+        uint8_t fp[16] = {0};
+        if (d->ops->fingerprint)
+            d->ops->fingerprint(d->method, fp);
+        XXH3_128bits_update(hs, d->ops->name, strlen(d->ops->name) + 1);
+        XXH3_128bits_update(hs, fp, sizeof fp);
+    }
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits_digest(hs));
+    XXH3_freeState(hs);
+    memcpy(out, c.digest, 16);
+}
+
+bool cairn_spec_needs_features(const cairn_spec *s)
+{
+    for (int i = 0; s && i < s->n; i++)
+        if (s->drafters[i].ops->needs_features)
+            return true;
+    return false;
+}
+
+bool cairn_spec_whole_pages(const cairn_spec *s)
+{
+    for (int i = 0; s && i < s->n; i++)
+        if (s->drafters[i].ops->rows_read_next_token)
+            return true;
+    return false;
+}
+
+/* ======================================================================== */
+/* The draft tree                                                           */
+/* ======================================================================== */
+
+int spec_tree_add(spec_tree *t, int parent, int32_t token, int source)
+{
+    if (parent < 0 || parent >= t->n)
+        return -1;
+    for (int r = parent + 1; r < t->n; r++)
+        if (t->parent[r] == parent && t->token[r] == token) {
+            t->source[r] |= 1u << source;
+            return r;
+        }
+    if (t->n >= t->cap || t->depth[parent] + 1 > SPEC_MAX_DEPTH)
+        return -1;
+    const int r = t->n++;
+    t->token[r] = token;
+    t->parent[r] = parent;
+    t->depth[r] = t->depth[parent] + 1;
+    t->source[r] = 1u << source;
+    return r;
+}
+
+/* ======================================================================== */
+/* One sequence                                                             */
+/* ======================================================================== */
+
+/* The controller's view of what steps cost and give (seconds, EMAs). */
+typedef struct {
+    double plain_cost;   /* one plain decoding step; 0 = not measured yet     */
+    double spec_cost;    /* one speculative step, drafting included          */
+    double spec_tokens;  /* tokens one speculative step gives                */
+    int n_spec;          /* speculative steps measured since the last pause  */
+    int pause_left;      /* plain steps to go before trying again            */
+    int pause_len;       /* the next pause's length (doubles while it fails) */
+    int since_plain;     /* speculative steps since plain_cost was measured  */
+    int chain;           /* current chain budget of the chain drafters       */
+} spec_control;
+
+struct cairn_spec_seq {
+    cairn_spec *spec;
+    cairn_spec_params dp;
+    cairn_sampling_params sp;
+    uint32_t propose_mask;   /* methods that propose for this sequence */
+    char describe[96];       /* their names */
+    void *states[SPEC_MAX_METHODS];
+    cairn_kv_layout own_kv[SPEC_MAX_METHODS]; /* each method's placed KV part */
+    int feature_dim;         /* 0 when no method reads features */
+
+    /* the sequence */
+    void *kv_pool;
+    const cairn_kv_layout *kv;
+    const int32_t *pages;
+    int capacity;
+    int32_t *tokens;   /* [tokens_cap]: committed tokens, then the root   */
+    int n_past;        /* tokens with target KV; tokens[n_past] is pending */
+    int n_known;       /* tokens[0 .. n_known) are known (>= n_past)       */
+    int tokens_cap;
+    bool shared;
+    bool begun;
+
+    /* verification */
+    spec_tree tree;
+    int32_t *tree_pos;
+    uint8_t *tree_mask;    /* [1 + n_draft][capacity + 1]                   */
+    int mask_capacity;
+    uint8_t *want;
+    float *tree_logits;    /* [1 + n_draft][n_vocab], made by the first
+                              cairn_spec_seq_step (NULL until then)       */
+    float *tree_feat;      /* [1 + n_draft][feature_dim], the same          */
+    float *path_feat;      /* [1 + SPEC_MAX_DEPTH][feature_dim]             */
+    float *begin_feat;     /* [BEGIN_CHUNK][feature_dim]                    */
+    cairn_sampler *own;    /* the request's sampler, when none is lent      */
+    cairn_sampler *sampler; /* draws every emitted token: own, or the
+                              caller's (cairn_spec_seq_use_sampler)        */
+    cairn_spec_hooks hooks;
+    cairn_token_logprob *lps; /* [1 + SPEC_MAX_DEPTH][1 + n_logprobs] of the
+                              last step's tokens                          */
+    spec_control ctl;
+    double t_step;         /* when the step being verified began           */
+    int drafted_cap;       /* out[] room of the drafted step; 0 = none      */
+    cairn_spec_stats stats;
+};
+
+static spec_view seq_view(const cairn_spec_seq *s, int method)
+{
+    return (spec_view){
+        .tokens = s->tokens, .n_past = s->n_past, .n_known = s->n_known,
+        .kv_pool = s->kv_pool, .kv = s->kv, .pages = s->pages, .capacity = s->capacity,
+        .shared = s->shared, .feature_dim = s->feature_dim,
+        .own_kv = s->own_kv[method].n_layer > 0 ? &s->own_kv[method] : NULL,
+        .chain_len = s->ctl.chain,
+    };
+}
+
+int cairn_spec_seq_create(cairn_spec *spec, const cairn_spec_params *dp,
+                          const cairn_sampling_params *sp, uint32_t methods,
+                          cairn_spec_seq **out)
+{
+    if (!spec || !out)
+        return CAIRN_EINVAL;
+    cairn_spec_params d = dp ? *dp : cairn_spec_defaults();
+    const cairn_spec_params def = cairn_spec_defaults();
+    if (d.ngram_min == 0 && d.ngram_max == 0) { /* unset: the defaults */
+        d.ngram_min = def.ngram_min;
+        d.ngram_max = def.ngram_max;
+    }
+    if (d.chain_max == 0)
+        d.chain_max = def.chain_max < d.n_draft ? def.chain_max : d.n_draft;
+    if (d.depth < 1 || d.depth > SPEC_MAX_DEPTH || d.top_k < 1 || d.top_k > 16 ||
+        d.n_draft < 1 || d.n_draft > SPEC_MAX_DRAFT || d.ngram_min < 1 || d.ngram_min > 16 ||
+        d.ngram_max < d.ngram_min || d.ngram_max > 16 || d.chain_max < 1 ||
+        d.chain_max > SPEC_MAX_DEPTH)
+        return CAIRN_EINVAL;
+    cairn_sampling_params s = cairn_sampling_defaults();
+    s.temperature = 0;
+    if (sp)
+        s = *sp;
+    if (!isfinite(s.temperature) || !(s.top_p > 0 && s.top_p <= 1) || !(s.min_p >= 0 && s.min_p <= 1))
+        return CAIRN_EINVAL;
+    if (1 + d.n_draft > spec->max_batch_tokens)
+        return CAIRN_ERANGE;
+    cairn_spec_seq *q = calloc(1, sizeof *q);
+    if (!q)
+        return CAIRN_ENOMEM;
+    q->spec = spec;
+    q->dp = d;
+    q->sp = s;
+    q->propose_mask = methods ? methods : ~0u;
+    for (int i = 0; i < spec->n; i++)
+        if (q->propose_mask & (1u << i)) {
+            const size_t len = strlen(q->describe);
+            snprintf(q->describe + len, sizeof q->describe - len, "%s%s", len ? "+" : "",
+                     spec->drafters[i].ops->name);
+        }
+    /* the target's final feature, or the layer states an EAGLE-3 head set */
+    q->feature_dim = cairn_spec_needs_features(spec) ? cairn_model_feature_dim(spec->target) : 0;
+    q->ctl.chain = d.fixed_length ? d.chain_max : (d.chain_max < 4 ? d.chain_max : 4);
+    q->ctl.pause_len = 16;
+    q->ctl.pause_left = spec->prior_pause;
+    if (spec->prior_pause > 16)
+        q->ctl.pause_len = spec->prior_pause;
+
+    const size_t rows = 1 + (size_t)d.n_draft;
+    const size_t fd = (size_t)q->feature_dim;
+    q->tree.token = malloc(rows * sizeof(int32_t));
+    q->tree.parent = malloc(rows * sizeof(int32_t));
+    q->tree.depth = malloc(rows * sizeof(int32_t));
+    q->tree.source = malloc(rows * sizeof(uint32_t));
+    q->tree_pos = malloc(rows * sizeof(int32_t));
+    q->want = malloc(rows);
+    q->lps = malloc((size_t)(SPEC_MAX_DEPTH + 2) * (1 + (size_t)s.n_logprobs) * sizeof *q->lps);
+    if (fd) {
+        q->path_feat = malloc((size_t)(SPEC_MAX_DEPTH + 2) * fd * sizeof(float));
+        q->begin_feat = malloc((size_t)BEGIN_CHUNK * fd * sizeof(float));
+    }
+    int rc = cairn_sampler_create(&s, spec->thp.n_vocab, &q->own);
+    q->sampler = q->own;
+    if (rc == CAIRN_OK &&
+        (!q->tree.token || !q->tree.parent || !q->tree.depth || !q->tree.source || !q->tree_pos ||
+         !q->want || !q->lps || (fd && (!q->path_feat || !q->begin_feat))))
+        rc = CAIRN_ENOMEM;
+    for (int i = 0; rc == CAIRN_OK && i < spec->n; i++) {
+        const spec_drafter *dr = &spec->drafters[i];
+        if (dr->ops->seq_create)
+            rc = dr->ops->seq_create(dr->method, &q->dp, &q->sp, &q->states[i]);
+    }
+    if (rc != CAIRN_OK) {
+        cairn_spec_seq_free(q);
+        return rc;
+    }
+    memset(q->want, 1, rows);
+    *out = q;
+    return CAIRN_OK;
+}
+
+void cairn_spec_seq_free(cairn_spec_seq *s)
+{
+    if (!s)
+        return;
+    for (int i = 0; i < s->spec->n; i++)
+        if (s->states[i] && s->spec->drafters[i].ops->seq_free)
+            s->spec->drafters[i].ops->seq_free(s->states[i]);
+    free(s->tokens);
+    free(s->tree.token);
+    free(s->tree.parent);
+    free(s->tree.depth);
+    free(s->tree.source);
+    free(s->tree_pos);
+    free(s->tree_mask);
+    free(s->want);
+    free(s->tree_logits);
+    free(s->tree_feat);
+    free(s->path_feat);
+    free(s->begin_feat);
+    free(s->lps);
+    cairn_sampler_free(s->own);
+    free(s);
+}
+
+int cairn_spec_seq_n_past(const cairn_spec_seq *s) { return s ? s->n_past : 0; }
+const char *cairn_spec_seq_describe(const cairn_spec_seq *s) { return s ? s->describe : ""; }
+
+void cairn_spec_seq_stats(const cairn_spec_seq *s, cairn_spec_stats *out)
+{
+    if (s && out)
+        *out = s->stats;
+}
+
+int cairn_spec_seq_max_out(const cairn_spec_seq *s)
+{
+    return s ? 1 + SPEC_MAX_DEPTH : 0;
+}
+
+int cairn_spec_seq_span(const cairn_spec_seq *s)
+{
+    /* the pending token and the tree; a draft model's chain and an EAGLE
+     * head's scratch rows stay below that (chains are at most chain_max <=
+     * SPEC_MAX_DEPTH long, head rows at most (depth-1) * top_k) */
+    if (!s)
+        return 0;
+    int span = 1 + s->dp.n_draft;
+    const int head_rows = 1 + (s->dp.depth - 1) * s->dp.top_k;
+    if (head_rows > span)
+        span = head_rows;
+    if (1 + s->dp.chain_max > span)
+        span = 1 + s->dp.chain_max;
+    return span;
+}
+
+/* Scratch sized by the capacity; tokens[] keeps its contents and holds at
+ * least max(capacity + 1, n_tokens) entries. */
+static int seq_resize(cairn_spec_seq *s, int capacity, int n_tokens)
+{
+    int need = capacity + 1 > n_tokens ? capacity + 1 : n_tokens;
+    if (need > s->tokens_cap) {
+        int32_t *t = realloc(s->tokens, (size_t)need * sizeof *t);
+        if (!t)
+            return CAIRN_ENOMEM;
+        s->tokens = t;
+        s->tokens_cap = need;
+    }
+    if (capacity != s->mask_capacity) {
+        free(s->tree_mask);
+        const size_t cap1 = capacity > 0 ? (size_t)capacity : 1; /* malloc(0) may be NULL */
+        s->tree_mask = malloc((size_t)(1 + s->dp.n_draft) * (cap1 + 1));
+        s->mask_capacity = s->tree_mask ? capacity : 0;
+        if (!s->tree_mask)
+            return CAIRN_ENOMEM;
+    }
+    s->capacity = capacity;
+    return CAIRN_OK;
+}
+
+static int check_layout(const cairn_spec_seq *s, const cairn_kv_layout *kv)
+{
+    cairn_kv_layout want;
+    cairn_kv_layout placed[SPEC_MAX_METHODS];
+    if (spec_layouts(s->spec, kv->page_size, kv->dtype, &want, placed) != CAIRN_OK)
+        return CAIRN_EINVAL;
+    if (kv->n_layer != want.n_layer || kv->n_kv_head != want.n_kv_head ||
+        kv->head_dim != want.head_dim || kv->page_bytes != want.page_bytes || kv->layer_base != 0)
+        return CAIRN_EINVAL;
+    return CAIRN_OK;
+}
+
+static int place_methods(cairn_spec_seq *s, const cairn_kv_layout *kv)
+{
+    cairn_kv_layout page;
+    return spec_layouts(s->spec, kv->page_size, kv->dtype, &page, s->own_kv);
+}
+
+static int reset_methods(cairn_spec_seq *s)
+{
+    for (int i = 0; i < s->spec->n; i++) {
+        const spec_drafter_ops *ops = s->spec->drafters[i].ops;
+        if (ops->reset) {
+            const spec_view v = seq_view(s, i);
+            TRY(ops->reset(s->states[i], &v));
+        }
+    }
+    return CAIRN_OK;
+}
+
+/* The target computed rows from .. n_past-1 (features, when kept, in feat). */
+static int advance_methods(cairn_spec_seq *s, int from, const float *feat, int n)
+{
+    for (int i = 0; i < s->spec->n; i++) {
+        const spec_drafter_ops *ops = s->spec->drafters[i].ops;
+        if (ops->advance) {
+            const spec_view v = seq_view(s, i);
+            TRY(ops->advance(s->states[i], &v, from, ops->needs_features ? feat : NULL, n));
+        }
+    }
+    return CAIRN_OK;
+}
+
+int cairn_spec_seq_begin(cairn_spec_seq *s, void *kv_pool, const cairn_kv_layout *kv,
+                         const int32_t *pages, int capacity, const int32_t *prompt, int n)
+{
+    if (!s || !kv_pool || !kv || !pages || !prompt || n < 1 || capacity <= n)
+        return CAIRN_EINVAL;
+    cairn_spec *spec = s->spec;
+    if (check_layout(s, kv) != CAIRN_OK)
+        return CAIRN_EINVAL;
+    for (int i = 0; i < n; i++)
+        if (prompt[i] < 0 || prompt[i] >= spec->thp.n_vocab)
+            return CAIRN_EINVAL;
+    s->begun = false;
+    s->shared = false;
+    TRY(seq_resize(s, capacity, n));
+    TRY(place_methods(s, kv));
+    s->kv_pool = kv_pool;
+    s->kv = kv;
+    s->pages = pages;
+    memcpy(s->tokens, prompt, (size_t)n * sizeof(int32_t));
+    s->n_past = 0;
+    s->n_known = n;
+    memset(&s->stats, 0, sizeof s->stats);
+    TRY(reset_methods(s));
+    if (s->sampler == s->own) { /* penalties see the prompt, as plain decoding's do */
+        cairn_sampler_reset(s->own);
+        for (int i = 0; i < n; i++)
+            cairn_sampler_accept(s->own, prompt[i]);
+    }
+
+    /* prompt[0 .. n-2] through the target in chunks, the methods catching up
+     * after each (so feature buffers stay small) */
+    const int chunk_max = s->feature_dim
+                              ? (spec->max_batch_tokens < BEGIN_CHUNK ? spec->max_batch_tokens
+                                                                      : BEGIN_CHUNK)
+                              : spec->max_batch_tokens;
+    uint8_t *want = calloc((size_t)chunk_max, 1);
+    if (!want)
+        return CAIRN_ENOMEM;
+    int rc = CAIRN_OK;
+    while (rc == CAIRN_OK && s->n_past < n - 1) {
+        int T = n - 1 - s->n_past;
+        if (T > chunk_max)
+            T = chunk_max;
+        cairn_seq_batch sb = {
+            .tokens = s->tokens + s->n_past, .n_tokens = T, .kv_start = s->n_past,
+            .pages = pages, .want = want,
+        };
+        int n_out = 0;
+        const int from = s->n_past;
+        if (s->feature_dim)
+            rc = cairn_model_forward_features(spec->target, kv_pool, kv, &sb, 1, NULL,
+                                              s->begin_feat, &n_out);
+        else
+            rc = cairn_model_forward(spec->target, kv_pool, kv, &sb, 1, NULL, NULL, &n_out);
+        if (rc == CAIRN_OK) {
+            s->n_past += T;
+            rc = advance_methods(s, from, s->begin_feat, T);
+        }
+    }
+    free(want);
+    TRY(rc);
+    s->begun = true;
+    return CAIRN_OK;
+}
+
+/* ---- the controller ------------------------------------------------------ */
+
+static double ema(double old, double x, double w) { return old > 0 ? old + w * (x - old) : x; }
+
+/* Whether this step drafts: not while paused, and every 64 speculative
+ * steps one plain step re-measures what plain decoding costs at the
+ * current context length. */
+static bool control_wants_draft(cairn_spec_seq *s)
+{
+    spec_control *c = &s->ctl;
+    if (s->dp.fixed_length)
+        return true;
+    if (c->pause_left > 0)
+        return false;
+    if (c->plain_cost <= 0 || c->since_plain >= 64)
+        return false;
+    return true;
+}
+
+/* After a step: `drafted` rows were verified (0 = a plain step), `tokens`
+ * emitted, in `cost` seconds; `accepted_depth` draft tokens accepted. */
+static void control_update(cairn_spec_seq *s, int drafted, int tokens, int accepted_depth,
+                           double cost)
+{
+    spec_control *c = &s->ctl;
+    if (s->dp.fixed_length)
+        return;
+    if (drafted == 0) {
+        c->plain_cost = ema(c->plain_cost, cost, 0.3);
+        c->since_plain = 0;
+        if (c->pause_left > 0)
+            c->pause_left--;
+        return;
+    }
+    c->since_plain++;
+    /* chains grow while all of a chain is taken, else shrink towards what
+     * was (never below 2: one guess is almost never worth a step) */
+    if (accepted_depth >= c->chain)
+        c->chain = c->chain + 2 <= s->dp.chain_max ? c->chain + 2 : s->dp.chain_max;
+    else
+        c->chain = accepted_depth + 1 > 2 ? accepted_depth + 1 : 2;
+    if (c->chain > s->dp.chain_max)
+        c->chain = s->dp.chain_max;
+    /* the speed since speculation (re)started: sums over a window of at
+     * most 32 steps, then EMAs of the same */
+    if (c->n_spec < 32) {
+        c->spec_cost += cost;
+        c->spec_tokens += tokens;
+    } else {
+        c->spec_cost += (cost - c->spec_cost / 32);
+        c->spec_tokens += (tokens - c->spec_tokens / 32);
+    }
+    c->n_spec++;
+    /* judged from the second step on, so that a method far slower than
+     * plain decoding (a tiny model's tree) costs little before it pauses */
+    if (c->n_spec >= 2 && c->plain_cost > 0) {
+        const double spec_rate = c->spec_tokens / c->spec_cost;
+        const double plain_rate = 1.0 / c->plain_cost;
+        if (spec_rate < plain_rate) {
+            c->pause_left = c->pause_len;
+            c->pause_len = c->pause_len < 4096 ? c->pause_len * 2 : 4096;
+            c->n_spec = 0;
+            c->spec_cost = c->spec_tokens = 0;
+            /* later sequences start from this verdict (the spec's memory) */
+            s->spec->prior_pause = c->pause_len / 2;
+        } else if (c->n_spec >= 4 && spec_rate > 1.05 * plain_rate) {
+            c->pause_len = 16;
+            s->spec->prior_pause = 0;
+        }
+    }
+}
+
+bool cairn_spec_seq_wants_step(cairn_spec_seq *s)
+{
+    if (!s)
+        return false;
+    if (control_wants_draft(s))
+        return true;
+    /* a plain step of the caller's counts towards the pause */
+    if (s->ctl.pause_left > 0)
+        s->ctl.pause_left--;
+    if (s->ctl.since_plain >= 64)
+        s->ctl.since_plain = 0; /* the caller's plain step re-measures it */
+    return false;
+}
+
+void cairn_spec_seq_note_plain_cost(cairn_spec_seq *s, double seconds)
+{
+    if (s && seconds > 0 && !s->dp.fixed_length)
+        s->ctl.plain_cost = ema(s->ctl.plain_cost, seconds, 0.3);
+}
+
+/* ---- acceptance ---------------------------------------------------------- */
+
+void cairn_spec_seq_use_sampler(cairn_spec_seq *s, cairn_sampler *sampler)
+{
+    if (s)
+        s->sampler = sampler ? sampler : s->own;
+}
+
+void cairn_spec_seq_set_hooks(cairn_spec_seq *s, const cairn_spec_hooks *hooks)
+{
+    if (s)
+        s->hooks = hooks ? *hooks : (cairn_spec_hooks){0};
+}
+
+const cairn_token_logprob *cairn_spec_seq_logprobs(const cairn_spec_seq *s)
+{
+    return s ? s->lps : NULL;
+}
+
+/* Walks the verified tree as plain decoding would: at each node the
+ * request's sampler draws the next token from the target's logits there
+ * (after the caller's filter), and the walk goes on into the child with
+ * that token, if the tree has one. So the tokens are exactly those plain
+ * decoding draws, for greedy and seeded sampling alike, and a child x is
+ * taken with probability p(x), as the accept-with-min(1, p/q) rule takes a
+ * guess proposed with certainty. path[0..*n_path) are the accepted rows
+ * (row 0, the root, first); *next is the token that follows them (-1 when
+ * the filter allowed none), and *ended says the caller's accept hook ended
+ * the sequence with it. */
+static int accept_path(cairn_spec_seq *s, float *logits, int *path, int *n_path, int32_t *next,
+                       bool *ended)
+{
+    const int nv = s->spec->thp.n_vocab, per = 1 + s->sp.n_logprobs;
+    const bool want_lp = s->sp.n_logprobs > 0 || s->hooks.logprobs;
+    const spec_tree *t = &s->tree;
+    int row = 0;
+    *n_path = 0;
+    *ended = false;
+    path[(*n_path)++] = 0;
+    for (int k = 0;; k++) {
+        float *lg = logits + (size_t)row * nv;
+        *next = -1;
+        if (s->hooks.filter && s->hooks.filter(s->hooks.ctx, lg, nv) != CAIRN_OK)
+            return CAIRN_OK; /* nothing may follow */
+        int32_t tok;
+        cairn_token_logprob *lp = s->lps + (size_t)k * per;
+        TRY(cairn_sampler_sample(s->sampler, lg, &tok, want_lp ? &lp[0] : NULL,
+                                 want_lp ? &lp[1] : NULL));
+        cairn_sampler_accept(s->sampler, tok);
+        *next = tok;
+        if (s->hooks.accept && s->hooks.accept(s->hooks.ctx, tok)) {
+            *ended = true;
+            return CAIRN_OK;
+        }
+        int child = -1;
+        for (int r = row + 1; r < t->n; r++)
+            if (t->parent[r] == row && t->token[r] == tok) {
+                child = r;
+                break;
+            }
+        if (child < 0)
+            return CAIRN_OK;
+        path[(*n_path)++] = child;
+        row = child;
+    }
+}
+
+int cairn_spec_seq_draft(cairn_spec_seq *s, int cap, cairn_seq_batch *sb)
+{
+    if (!s || !sb || !s->begun || cap < 1)
+        return CAIRN_EINVAL;
+    cairn_spec *spec = s->spec;
+    const int room = s->capacity - s->n_past; /* KV indices left, root included */
+    if (room < 1) {
+        s->begun = false;
+        return CAIRN_ERANGE;
+    }
+    s->begun = false; /* until the step completes */
+    const double t0 = cairn_now();
+    s->t_step = t0;
+
+    /* every proposing method adds to one tree, within what fits the
+     * capacity, the output buffer and the verifier */
+    spec_tree *t = &s->tree;
+    t->n = 1;
+    t->token[0] = s->tokens[s->n_past];
+    t->parent[0] = -1;
+    t->depth[0] = 0;
+    t->source[0] = 0;
+    int budget = s->dp.n_draft < room - 1 ? s->dp.n_draft : room - 1;
+    const int max_depth = cap - 1 < SPEC_MAX_DEPTH ? cap - 1 : SPEC_MAX_DEPTH;
+    t->cap = 1 + (budget > 0 ? budget : 0);
+    const bool drafting = budget > 0 && max_depth > 0 && control_wants_draft(s);
+    for (int i = 0; drafting && i < spec->n; i++) {
+        if (!(s->propose_mask & (1u << i)) || t->n >= t->cap)
+            continue;
+        const spec_view v = seq_view(s, i);
+        TRY(spec->drafters[i].ops->propose(s->states[i], &v, t, t->cap - t->n, i));
+    }
+    /* rows deeper than the output buffer allows are dropped (with their
+     * subtrees: children come after parents) */
+    int map[SPEC_MAX_DRAFT + 1], keep = 1;
+    map[0] = 0;
+    for (int r = 1; r < t->n; r++) {
+        const int p = map[t->parent[r]];
+        if (t->depth[r] > max_depth || p < 0) {
+            map[r] = -1;
+            continue;
+        }
+        map[r] = keep;
+        t->token[keep] = t->token[r];
+        t->parent[keep] = p;
+        t->depth[keep] = t->depth[r];
+        t->source[keep] = t->source[r];
+        keep++;
+    }
+    t->n = keep;
+    s->stats.t_draft += cairn_now() - t0;
+
+    /* root and tree: the rows of one target forward */
+    const int T = t->n, n_kv = s->n_past + T;
+    for (int r = 0; r < T; r++) {
+        s->tree_pos[r] = s->n_past + t->depth[r];
+        uint8_t *m = s->tree_mask + (size_t)r * n_kv;
+        memset(m, 1, (size_t)s->n_past);
+        memset(m + s->n_past, 0, (size_t)T);
+        for (int a = r; a >= 0; a = t->parent[a])
+            m[s->n_past + a] = 1;
+    }
+    *sb = (cairn_seq_batch){
+        .tokens = t->token, .n_tokens = T, .pos = s->tree_pos, .kv_start = s->n_past,
+        .pages = s->pages, .mask = T > 1 ? s->tree_mask : NULL, .want = s->want,
+    };
+    s->drafted_cap = cap;
+    return CAIRN_OK;
+}
+
+int cairn_spec_seq_verified(cairn_spec_seq *s, float *logits, const float *features,
+                            int32_t *out, int *n_out)
+{
+    if (!s || !logits || !out || !n_out || s->drafted_cap < 1 || (s->feature_dim && !features))
+        return CAIRN_EINVAL;
+    cairn_spec *spec = s->spec;
+    spec_tree *t = &s->tree;
+    const int T = t->n;
+    const double t1 = cairn_now();
+    s->drafted_cap = 0;
+
+    /* accept */
+    int path[SPEC_MAX_DEPTH + 2], n_path;
+    int32_t next;
+    bool ended;
+    TRY(accept_path(s, logits, path, &n_path, &next, &ended));
+
+    /* keep: move the accepted rows' target KV to consecutive indices (rows
+     * only move down, parents before children, so nothing is overwritten
+     * early); methods keep their own KV themselves */
+    const cairn_kv_layout *L = s->kv;
+    uint8_t *pool = s->kv_pool;
+    cairn_backend *be = cairn_model_backend(spec->target);
+    for (int i = 1; i < n_path; i++) {
+        const int src = s->n_past + path[i], dst = s->n_past + i;
+        if (src == dst)
+            continue;
+        const size_t sp = (size_t)s->pages[src / L->page_size] * L->page_bytes;
+        const size_t dpg = (size_t)s->pages[dst / L->page_size] * L->page_bytes;
+        for (int l = 0; l < spec->thp.n_layer; l++)
+            for (int kv = 0; kv < 2; kv++)
+                TRY(cairn_backend_copy(be, pool + dpg + cairn_kv_offset(L, l, kv, dst % L->page_size),
+                                       pool + sp + cairn_kv_offset(L, l, kv, src % L->page_size),
+                                       L->row_bytes));
+    }
+    if (s->feature_dim)
+        for (int i = 0; i < n_path; i++)
+            memcpy(s->path_feat + (size_t)i * s->feature_dim,
+                   features + (size_t)path[i] * s->feature_dim,
+                   (size_t)s->feature_dim * sizeof(float));
+    int n = 0;
+    for (int i = 1; i < n_path; i++)
+        out[n++] = t->token[path[i]];
+    if (next >= 0)
+        out[n++] = next;
+    for (int i = 1; i < n_path; i++)
+        s->tokens[s->n_past + i] = t->token[path[i]];
+    s->n_past += n_path;
+    *n_out = n;
+    if (next < 0) {
+        /* the caller's filter allowed no token: the sequence cannot go on
+         * (begun stays false) */
+        s->n_known = s->n_past;
+        s->stats.t_verify += cairn_now() - t1;
+        return CAIRN_OK;
+    }
+    s->tokens[s->n_past] = next;
+    s->n_known = s->n_past + 1;
+    const double t2 = cairn_now();
+    s->stats.t_verify += t2 - t1;
+
+    /* the methods learn what was kept */
+    for (int i = 0; i < spec->n; i++) {
+        const spec_drafter_ops *ops = spec->drafters[i].ops;
+        if (!ops->accepted)
+            continue;
+        const spec_view v = seq_view(s, i);
+        TRY(ops->accepted(s->states[i], &v, t, path, n_path,
+                          ops->needs_features ? s->path_feat : NULL));
+    }
+    s->stats.t_head_update += cairn_now() - t2;
+
+    s->stats.steps++;
+    s->stats.tokens += n;
+    s->stats.drafted += T - 1;
+    s->stats.accepted += n_path - 1;
+    for (int i = 1; i < n_path; i++)
+        for (int d = 0; d < spec->n && d < 8; d++)
+            if (t->source[path[i]] & (1u << d))
+                s->stats.accepted_by[d]++;
+    if (T > 1)
+        s->stats.spec_steps++;
+    else
+        s->stats.paused_steps++;
+    control_update(s, T - 1, n, n_path - 1, cairn_now() - s->t_step);
+    s->begun = true;
+    return CAIRN_OK;
+}
+
+int cairn_spec_seq_step(cairn_spec_seq *s, int32_t *out, int cap, int *n_out)
+{
+    if (!s || !out || !n_out)
+        return CAIRN_EINVAL;
+    cairn_seq_batch sb;
+    TRY(cairn_spec_seq_draft(s, cap, &sb));
+    /* the verification's own buffers, made on the first step (a server
+     * verifies in its own batch and never needs them) */
+    const size_t rows = 1 + (size_t)s->dp.n_draft, nv = (size_t)s->spec->thp.n_vocab;
+    if (!s->tree_logits && !(s->tree_logits = malloc(rows * nv * sizeof(float))))
+        return CAIRN_ENOMEM;
+    if (s->feature_dim && !s->tree_feat &&
+        !(s->tree_feat = malloc(rows * (size_t)s->feature_dim * sizeof(float))))
+        return CAIRN_ENOMEM;
+    int n_o = 0;
+    TRY(cairn_model_forward(s->spec->target, s->kv_pool, s->kv, &sb, 1, s->tree_logits,
+                            s->feature_dim ? s->tree_feat : NULL, &n_o));
+    if (n_o != sb.n_tokens)
+        return CAIRN_EBACKEND;
+    return cairn_spec_seq_verified(s, s->tree_logits, s->tree_feat, out, n_out);
+}
+
+/* ---- adopted sequences (server) ------------------------------------------ */
+
+int cairn_spec_seq_adopt(cairn_spec_seq *s, void *kv_pool, const cairn_kv_layout *kv,
+                         const int32_t *pages, int capacity, const int32_t *tokens, int n_tokens,
+                         int n_past)
+{
+    if (!s || !kv_pool || !kv || !pages || !tokens || n_past < 0 || n_tokens <= n_past ||
+        capacity < n_past || kv->page_size <= 0)
+        return CAIRN_EINVAL;
+    if (cairn_spec_whole_pages(s->spec) && n_past % kv->page_size != 0)
+        return CAIRN_EINVAL;
+    if (check_layout(s, kv) != CAIRN_OK)
+        return CAIRN_EINVAL;
+    for (int i = 0; i < n_tokens; i++)
+        if (tokens[i] < 0 || tokens[i] >= s->spec->thp.n_vocab)
+            return CAIRN_EINVAL;
+    s->begun = false;
+    s->shared = true;
+    s->kv_pool = kv_pool;
+    s->kv = kv;
+    TRY(seq_resize(s, capacity, n_tokens));
+    TRY(place_methods(s, kv));
+    s->pages = pages;
+    memcpy(s->tokens, tokens, (size_t)n_tokens * sizeof *tokens);
+    s->n_known = n_tokens;
+    s->n_past = n_past;
+    TRY(reset_methods(s));
+    s->begun = s->n_known > s->n_past && s->n_past > 0 && !cairn_spec_needs_features(s->spec);
+    return CAIRN_OK;
+}
+
+int cairn_spec_seq_set_pages(cairn_spec_seq *s, const int32_t *pages, int capacity)
+{
+    if (!s || !pages || !s->shared || capacity < s->n_past)
+        return CAIRN_EINVAL;
+    TRY(seq_resize(s, capacity, s->n_known));
+    s->pages = pages;
+    return CAIRN_OK;
+}
+
+int cairn_spec_seq_advance(cairn_spec_seq *s, const int32_t *tokens, int n_tokens,
+                           const float *features, int n)
+{
+    if (!s || !s->shared || !tokens || n < 0 || n_tokens < s->n_past + n ||
+        (n > 0 && s->feature_dim && !features))
+        return CAIRN_EINVAL;
+    s->begun = false;
+    if (n_tokens > s->n_known) {
+        TRY(seq_resize(s, s->capacity, n_tokens));
+        for (int i = s->n_known; i < n_tokens; i++)
+            if (tokens[i] < 0 || tokens[i] >= s->spec->thp.n_vocab)
+                return CAIRN_EINVAL;
+        memcpy(s->tokens + s->n_known, tokens + s->n_known,
+               (size_t)(n_tokens - s->n_known) * sizeof *tokens);
+    }
+    s->n_known = n_tokens;
+    const int from = s->n_past;
+    s->n_past += n;
+    TRY(advance_methods(s, from, features, n));
+    s->begun = s->n_known > s->n_past && s->n_past > 0;
+    return CAIRN_OK;
+}
