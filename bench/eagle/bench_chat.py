@@ -10,7 +10,7 @@ it as well. Prints a markdown table.
 
     bench/eagle/bench_chat.py --model models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \
         --head models/qwen2.5-coder-0.5b-instruct-eagle.gguf [-n 128] [-t 2] \
-        [--shapes 4,4,8 3,1,3] [--prompts 3]
+        [--shapes 4,4,8 3,1,3] [--prompts 3] [--adaptive]
 
 (`cairn bench --draft --text` measures the same on raw text, but it tokenizes
 --text without special tokens, so it cannot give the model its chat template.)
@@ -32,8 +32,12 @@ def run(a, system, user, shape):
     if system:
         cmd += ["--system", system]
     if shape:
-        cmd += ["--draft", a.head, "--draft-depth", str(shape[0]), "--draft-topk", str(shape[1]),
-                "--draft-n", str(shape[2])]
+        cmd += ["--spec", "eagle:" + a.head, "--draft-depth", str(shape[0]),
+                "--draft-topk", str(shape[1]), "--draft-n", str(shape[2])]
+        if not a.adaptive:
+            # tau is the head's, not the controller's: without this cairn pauses
+            # speculation that does not pay and drafts less on those steps
+            cmd += ["--spec-fixed"]
     r = subprocess.run(cmd, capture_output=True, text=True, check=True)
     m = re.search(r"generated (\d+) tokens in ([\d.]+) s", r.stderr)
     tau = re.search(r"tau ([\d.]+)", r.stderr)
@@ -52,6 +56,8 @@ def main():
     ap.add_argument("--shapes", nargs="+", default=["4,4,8", "3,1,3"],
                     help="draft trees as depth,top_k,n_draft")
     ap.add_argument("--prompts", type=int, default=0, help="use only the first N held-out prompts")
+    ap.add_argument("--adaptive", action="store_true",
+                    help="let cairn's controller pause speculation (default: --spec-fixed)")
     a = ap.parse_args()
     shapes = [tuple(int(x) for x in s.split(",")) for s in a.shapes]
     prompts = eagle_prompts.held_out()
@@ -82,8 +88,8 @@ def main():
         print("| %5d | %5d | %3d | %.2f | %11.1f | %11.1f | %7.2fx |"
               % (s[0], s[1], s[2], taun / n, plain, n / sec, n / sec / plain))
     print("\n%d held-out prompts, greedy, up to %d tokens each (%d in all), %d threads; model %s, "
-          "head %s" % (len(prompts), a.n, plain_tok, a.t, os.path.basename(a.model),
-                       os.path.basename(a.head)))
+          "head %s%s" % (len(prompts), a.n, plain_tok, a.t, os.path.basename(a.model),
+                         os.path.basename(a.head), "" if a.adaptive else ", --spec-fixed"))
 
 
 if __name__ == "__main__":
