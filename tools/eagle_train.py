@@ -2,28 +2,38 @@
 """Train an EAGLE draft head for a GGUF target by self-distillation.
 
     eagle_train.py --target models/stories260K.gguf -o models/stories260K-eagle.gguf
+    eagle_train.py --target T.gguf --data seqs.jsonl -o H.gguf    (tools/eagle_data.py)
 
 What it does, as the EAGLE authors train theirs, on data the target writes
 itself (no data set needed):
 
 1. Loads the target's weights from the GGUF (dequantized to float32 with the
-   gguf package) into a small PyTorch llama forward pass with a KV cache, and
-   generates --n-seqs sequences of --seq-len tokens from BOS: each sequence is
-   sampled at a temperature drawn from --temps, and a share of them switches to
-   greedy decoding after a sampled opening, so the head sees the target's
-   greedy continuations too (what it drafts for at temperature 0).
-2. Runs the target over the sequences once more and records, for every
-   position j, its feature f_j (final hidden state after the output norm) and
-   its next-token distribution softmax(lm_head(f_j)).
+   gguf package) into a small PyTorch llama / qwen2 forward pass with a KV
+   cache (qwen2: q/k/v biases, NEOX RoPE, the RoPE base and the tied LM head
+   from the file). The token sequences either come from --data (JSON lines of
+   ids with the prompt length, e.g. chat answers cairn wrote: far faster than
+   generating in PyTorch for a real model), or it generates --n-seqs
+   sequences of --seq-len tokens from BOS: each sampled at a temperature
+   drawn from --temps, a share of them switching to greedy decoding after a
+   sampled opening, so the head sees the target's greedy continuations too
+   (what it drafts for at temperature 0).
+2. Runs the target over the sequences once and records, for every position
+   j, its feature f_j (final hidden state after the output norm). With --data
+   it also checks, on the first answers, that its argmax is the answer's next
+   token (so this forward pass is the target's).
 3. Trains the head: row j reads [embed(x_{j+1}) ; f_j] and must predict
-   f_{j+1}. Loss = smooth-L1(pred, f_{j+1}) + w_cls * cross-entropy between
-   the target's distribution at j+1 and lm_head(pred). The embedding and LM
-   head are the target's, frozen.
+   f_{j+1}. Loss = smooth-L1(pred, f_{j+1}) (in units of the mean |f|) +
+   w_cls * cross-entropy between the target's distribution at j+1,
+   softmax(lm_head(f_{j+1})), and lm_head(pred). The embedding and LM head
+   are the target's, frozen. For a large vocabulary the cross-entropy runs
+   over the tokens that occur in the data (--cls-vocab). Rows inside a --data
+   prompt weigh --prompt-weight (the head drafts answers, but reads prompts).
    Drafting feeds the head its own predictions beyond the first level, so the
    training is unrolled --unroll steps ("training-time test"): step s row j
    reads [embed(x_{j+s}) ; its own step s-1 output] and attends, exactly as
    a draft tree row does, to the step-1 rows 0..j (true features) and to its
-   own earlier steps. Later steps are weighted by --unroll-decay.
+   own earlier steps. Later steps are weighted by --unroll-decay. The epoch
+   with the lowest validation loss (last 10 % of the sequences) is kept.
 4. Writes the head with tools/eagle_convert.py's write_head().
 
 With --kind medusa it trains Medusa heads instead (model/model.h, "Medusa
@@ -41,6 +51,7 @@ torch (CPU) is needed here only; cairn's tests use the head this writes.
 Everything is seeded: the same command gives the same head on one machine.
 """
 import argparse
+import json
 import math
 import os
 import sys
@@ -110,11 +121,11 @@ class Target:
         self.tables = rope_tables(info, max_pos)
         self.neox = info["arch"] == "qwen2"
 
-    def forward(self, tokens, cache=None, start=0, states=None):
+    def forward(self, tokens, cache=None, start=0, logits=True, states=None):
         """tokens [B, T] -> (features [B, T, dim] after the output norm,
-        logits [B, T, V]). cache: list of (K, V) per layer, extended in place.
-        states, a dict {layer: None}, receives the residual stream entering
-        each of its layers (EAGLE-3's low/mid/high states)."""
+        logits [B, T, V] or None). cache: list of (K, V) per layer, extended
+        in place. states, a dict {layer: None}, receives the residual stream
+        entering each of its layers (EAGLE-3's low/mid/high states)."""
         i, w = self.i, self.w
         B, T = tokens.shape
         hd, nh, nkv = i["head_dim"], i["n_head"], i["n_kv_head"]
@@ -156,7 +167,7 @@ class Target:
             g = F.silu(h @ w[p + "ffn_gate.weight"].T) * (h @ w[p + "ffn_up.weight"].T)
             x = x + g @ w[p + "ffn_down.weight"].T
         f = rmsnorm(x, w["output_norm.weight"], i["eps"])
-        return f, f @ w["output.weight"].T
+        return f, (f @ w["output.weight"].T if logits else None)
 
 
 @torch.no_grad()
@@ -260,6 +271,36 @@ class Head(torch.nn.Module):
                 selfs = []
             cur_feat = out
         return outs
+
+
+def read_data(path):
+    """Sequences from a JSON-lines file (tools/eagle_data.py writes one):
+    {"ids": [...], "prompt_len": P}; returns [(LongTensor ids, P)]."""
+    out = []
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                r = json.loads(line)
+                out.append((torch.tensor(r["ids"], dtype=torch.long), int(r.get("prompt_len", 1))))
+    return out
+
+
+@torch.no_grad()
+def record_features(target, seqs, check_greedy):
+    """The target's feature f_j for every position of every sequence, one
+    sequence per forward (they differ in length). For the first
+    `check_greedy` sequences also compares the target's argmax with the
+    next token in the answer: on greedy answers written by cairn it must
+    agree nearly everywhere, or this forward pass is not the target's."""
+    feats, agree, total = [], 0, 0
+    for k, (ids, plen) in enumerate(seqs):
+        f, lg = target.forward(ids[None], logits=k < check_greedy)
+        feats.append(f[0])
+        if lg is not None:
+            pred = lg[0, plen - 1:-1].argmax(-1)
+            agree += int((pred == ids[plen:]).sum())
+            total += len(ids) - plen
+    return feats, (agree / total if total else None)
 
 
 # ---- EAGLE-3 heads ---------------------------------------------------------------
@@ -536,17 +577,57 @@ def train_medusa(a, info, w, toks, feats, probs, greedy_from, gen, t0):
     print("wrote %s in %.0f s" % (a.output, time.time() - t0), file=sys.stderr)
 
 
+def train_generated(a, info, w, gen, t0):
+    """--kind eagle3 / medusa: sequences generated here, with the target's
+    features and full distributions."""
+    target = Target(info, w, a.seq_len + 8)
+    bos = 1
+    r = gguf.GGUFReader(a.target)
+    if "tokenizer.ggml.bos_token_id" in r.fields:
+        fld = r.fields["tokenizer.ggml.bos_token_id"]
+        bos = int(fld.parts[fld.data[0]][0])
+    temps = [float(x) for x in a.temps.split(",")]
+    toks, greedy_from = generate(target, a.n_seqs, a.seq_len, temps, a.greedy_share, bos, gen)
+    with torch.no_grad():
+        feats, probs = [], []
+        for b in range(0, a.n_seqs, 64):
+            f, lg = target.forward(toks[b:b + 64])
+            feats.append(f)
+            probs.append(torch.softmax(lg, -1))
+        feats, probs = torch.cat(feats), torch.cat(probs)
+    print("generated %d x %d tokens and features in %.1f s" % (a.n_seqs, a.seq_len, time.time() - t0),
+          file=sys.stderr)
+
+    if a.kind == "medusa":
+        return train_medusa(a, info, w, toks, feats, probs, greedy_from, gen, t0)
+    return train_eagle3(a, info, w, target, toks, probs, gen, t0)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", required=True)
     ap.add_argument("-o", "--output", required=True)
-    ap.add_argument("--n-seqs", type=int, default=640)
-    ap.add_argument("--seq-len", type=int, default=160)
+    ap.add_argument("--data", help="JSON-lines token sequences to train on (tools/eagle_data.py) "
+                                   "instead of generating them here")
+    ap.add_argument("--features", help="with --data: cache of the target's features (read if it "
+                                       "exists, else written), so a rerun with other training "
+                                       "settings skips the target forwards")
+    ap.add_argument("--n-seqs", type=int, default=640, help="sequences generated (without --data)")
+    ap.add_argument("--seq-len", type=int, default=160, help="their length (without --data)")
     ap.add_argument("--temps", default="0.6,0.8,1.0", help="sampling temperatures, cycled")
     ap.add_argument("--greedy-share", type=float, default=0.5)
-    ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--prompt-weight", type=float, default=0.1,
+                    help="loss weight of rows inside a --data sequence's prompt (answers: 1)")
+    ap.add_argument("--cls-vocab", choices=("full", "data"), default=None,
+                    help="vocabulary of the cross-entropy: all tokens, or those occurring in the "
+                         "data (default: data for vocabularies over 32768, which would otherwise "
+                         "dominate the training time)")
+    ap.add_argument("--epochs", type=int, default=10,
+                    help="0 (with --data --features): stop once the features are written")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--warmup", type=float, default=0.1,
+                    help="share of the steps over which the rate rises linearly (--kind eagle)")
     ap.add_argument("--w-cls", type=float, default=0.5, help="weight of the cross-entropy")
     ap.add_argument("--unroll", type=int, default=3)
     ap.add_argument("--unroll-decay", type=float, default=0.6)
@@ -570,44 +651,103 @@ def main():
 
     t0 = time.time()
     info, w = load_target(a.target)
-    target = Target(info, w, a.seq_len + 8)
-    bos = 1
-    r = gguf.GGUFReader(a.target)
-    if "tokenizer.ggml.bos_token_id" in r.fields:
-        fld = r.fields["tokenizer.ggml.bos_token_id"]
-        bos = int(fld.parts[fld.data[0]][0])
-    temps = [float(x) for x in a.temps.split(",")]
-    toks, greedy_from = generate(target, a.n_seqs, a.seq_len, temps, a.greedy_share, bos, gen)
-    with torch.no_grad():
-        feats, probs = [], []
-        for b in range(0, a.n_seqs, 64):
-            f, lg = target.forward(toks[b:b + 64])
-            feats.append(f)
-            probs.append(torch.softmax(lg, -1))
-        feats, probs = torch.cat(feats), torch.cat(probs)
-    print("generated %d x %d tokens and features in %.1f s" % (a.n_seqs, a.seq_len, time.time() - t0),
-          file=sys.stderr)
+    print("loaded %s in %.0f s" % (a.target, time.time() - t0), file=sys.stderr)
+    if a.kind != "eagle":
+        if a.data:
+            raise SystemExit("eagle_train.py: --data trains --kind eagle only")
+        return train_generated(a, info, w, gen, t0)
+    if a.data:
+        seqs = read_data(a.data)
+        max_len = max(len(x) for x, _ in seqs)
+    else:
+        max_len = a.seq_len
+    target = Target(info, w, max_len + 8)
+    if a.data and a.features and os.path.exists(a.features):
+        feats = torch.load(a.features)
+        if [len(x) for x in feats] != [len(x) for x, _ in seqs]:
+            raise SystemExit("eagle_train.py: %s holds features of other sequences" % a.features)
+        print("features of %d sequences read from %s" % (len(feats), a.features), file=sys.stderr)
+    elif a.data:
+        feats, agree = record_features(target, seqs, 4)
+        if a.features:
+            torch.save(feats, a.features)
+        print("features of %d sequences (%d tokens) from %s in %.0f s; target argmax = next "
+              "answer token on %.3f of the first 4 answers"
+              % (len(seqs), sum(len(x) for x, _ in seqs), a.data, time.time() - t0, agree),
+              file=sys.stderr)
+    else:
+        bos = 1
+        r = gguf.GGUFReader(a.target)
+        if "tokenizer.ggml.bos_token_id" in r.fields:
+            fld = r.fields["tokenizer.ggml.bos_token_id"]
+            bos = int(fld.parts[fld.data[0]][0])
+        temps = [float(x) for x in a.temps.split(",")]
+        toks, _ = generate(target, a.n_seqs, a.seq_len, temps, a.greedy_share, bos, gen)
+        with torch.no_grad():
+            feats = []
+            for b in range(0, a.n_seqs, 64):
+                feats += list(target.forward(toks[b:b + 64], logits=False)[0])
+        seqs = [(toks[k], 1) for k in range(a.n_seqs)]
+        print("generated %d x %d tokens and features in %.1f s" % (a.n_seqs, a.seq_len,
+              time.time() - t0), file=sys.stderr)
+    if a.epochs == 0:
+        return  # --epochs 0 with --data --features: only fill the features cache
 
-    if a.kind == "medusa":
-        return train_medusa(a, info, w, toks, feats, probs, greedy_from, gen, t0)
-    if a.kind == "eagle3":
-        return train_eagle3(a, info, w, target, toks, probs, gen, t0)
+    # all sequences right-padded to one length; pads sit after every real row,
+    # so causal attention never lets a real row see one, and the loss mask
+    # drops the rows that would read or predict one
+    N, L, d = len(seqs), max_len, info["dim"]
+    toks = torch.zeros(N, L, dtype=torch.long)
+    feat_all = torch.zeros(N, L, d)
+    lens = torch.tensor([len(x) for x, _ in seqs])
+    plens = torch.tensor([p for _, p in seqs])
+    for k, (x, _) in enumerate(seqs):
+        toks[k, :len(x)] = x
+        feat_all[k, :len(x)] = feats[k]
+    del feats
+
+    # the regression compares features in units of their mean magnitude, so
+    # --w-cls weighs the two terms alike for any target (a qwen2 feature is
+    # far larger than a stories260K one)
+    real = torch.arange(L)[None, :] < lens[:, None]
+    f_scale = float(feat_all[real].abs().mean())
+    print("feature mean |f| %.3f" % f_scale, file=sys.stderr)
+
+    emb_table, lm = w["token_embd.weight"], w["output.weight"]
+    cls_vocab = a.cls_vocab or ("data" if info["n_vocab"] > 32768 else "full")
+    if cls_vocab == "data":
+        # the target's distribution renormalised over the tokens that occur:
+        # the answers' tokens are (greedy) or are near (sampled) its argmaxes
+        vocab = torch.unique(torch.cat([x for x, _ in seqs]))
+        lm_cls = lm[vocab].contiguous()
+    else:
+        lm_cls = lm
+    print("cross-entropy over %d of %d tokens" % (lm_cls.shape[0], lm.shape[0]), file=sys.stderr)
+
     ffn = a.ffn or info["ffn"]
     head = Head(info, ffn, target.tables, target.neox)
-    emb_table, lm = w["token_embd.weight"], w["output.weight"]
-    n_train = int(a.n_seqs * 0.9)
+    n_train = max(1, int(N * 0.9))
     opt = torch.optim.AdamW(head.parameters(), lr=a.lr, weight_decay=0.0)
     n_steps = a.epochs * ((n_train + a.batch - 1) // a.batch)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=a.lr, total_steps=n_steps,
-                                                pct_start=0.1)
+    # linear warm-up over the first --warmup of the steps, then a cosine down to a
+    # tenth: Adam's first steps at the full rate are what made a qwen2 head's
+    # loss jump (fewer than 200 steps leave OneCycle's warm-up too short)
+    warm = max(1, int(n_steps * a.warmup))
+
+    def lr_at(step):
+        if step < warm:
+            return (step + 1) / warm
+        t = (step - warm) / max(1, n_steps - warm)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(t, 1.0)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     S = a.unroll
 
-    def losses(idx, train):
-        x = toks[idx]                    # [B, L]
-        f = feats[idx]                   # [B, L, d]
-        p = probs[idx]
-        L = x.shape[1]
-        T = L - 1 - S                    # rows j = 0..T-1 have targets for every step
+    def losses(idx):
+        Lb = int(lens[idx].max())
+        x = toks[idx, :Lb]               # [B, Lb]
+        f = feat_all[idx, :Lb]           # [B, Lb, d]
+        T = Lb - 1 - S                   # rows j = 0..T-1 have targets for every step
         emb = emb_table[x[:, 1:]]        # emb[:, j] = embed(x_{j+1})
         outs = head.unrolled(emb, f[:, :T + S - 1], S) if S > 1 else head.unrolled(emb, f[:, :T], 1)
         total, acc = 0.0, []
@@ -615,34 +755,59 @@ def main():
             n = min(out.shape[1], T)
             pred = out[:, :n]
             tgt_f = f[:, s + 1:s + 1 + n]
-            tgt_p = p[:, s + 1:s + 1 + n]
-            logp = torch.log_softmax(pred @ lm.T, -1)
-            reg = F.smooth_l1_loss(pred, tgt_f)
-            cls = -(tgt_p * logp).sum(-1).mean()
+            # row j reads token j+s+1 and predicts the feature there: real
+            # only while j+s+1 < len; an answer row once j+s+1 >= prompt_len-1
+            # (the position whose next token is the answer's first)
+            at = torch.arange(n)[None, :] + s + 1
+            valid = (at < lens[idx, None]).float()
+            wt = valid * torch.where(at >= plens[idx, None] - 1, 1.0, a.prompt_weight)
+            reg = (F.smooth_l1_loss(pred / f_scale, tgt_f / f_scale, reduction="none").mean(-1)
+                   * wt).sum() / wt.sum().clamp(min=1)
+            # the LM head (most of the cost) only on answer rows: prompt rows
+            # train the feature regression and serve as attention context
+            ans = (valid * (at >= plens[idx, None] - 1).float()).bool()
+            with torch.no_grad():
+                tgt_p = torch.softmax(tgt_f[ans] @ lm_cls.T, -1)
+            logp = torch.log_softmax(pred[ans] @ lm_cls.T, -1)
+            cls = -(tgt_p * logp).sum(-1).mean() if len(logp) else 0.0
             total = total + (a.unroll_decay ** s) * (reg + a.w_cls * cls)
-            acc.append((logp.argmax(-1) == tgt_p.argmax(-1)).float().mean().item())
+            hit = (logp.argmax(-1) == tgt_p.argmax(-1)).float()
+            acc.append(float(hit.mean()) if len(hit) else 0.0)
         return total, acc
 
-    step = 0
+    best = None
     for ep in range(a.epochs):
         perm = torch.randperm(n_train, generator=gen)
         head.train()
         for b in range(0, n_train, a.batch):
-            loss, _ = losses(perm[b:b + a.batch], True)
+            loss, _ = losses(perm[b:b + a.batch])
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
             opt.step()
             sched.step()
-            step += 1
         with torch.no_grad():
             head.eval()
-            vl, vacc = losses(torch.arange(n_train, a.n_seqs), False)
-        print("epoch %d: validation loss %.4f, top-1 agreement by step %s (%.0f s)"
-              % (ep + 1, vl.item(), " ".join("%.3f" % v for v in vacc), time.time() - t0),
+            vl, vacc = 0.0, [0.0] * S
+            val = torch.arange(n_train, N) if N > n_train else torch.arange(N)
+            for b in range(0, len(val), a.batch):
+                l, ac = losses(val[b:b + a.batch])
+                share = len(val[b:b + a.batch]) / len(val)
+                vl += float(l) * share
+                vacc = [v + x * share for v, x in zip(vacc, ac)]
+        print("epoch %d: validation loss %.4f, top-1 agreement on answers by step %s (%.0f s)"
+              % (ep + 1, vl, " ".join("%.3f" % v for v in vacc), time.time() - t0),
               file=sys.stderr)
+        if best is None or vl < best[0]:
+            best = (vl, ep + 1)
+            # written at every improvement, so an interrupted run leaves a usable head
+            save_head(a.output, info, head.state_dict(), ffn)
+    print("kept epoch %d (lowest validation loss) in %s (%.0f s)"
+          % (best[1], a.output, time.time() - t0), file=sys.stderr)
 
-    sd = {k: v.detach().numpy() for k, v in head.state_dict().items()}
+
+def save_head(path, info, state, ffn):
+    sd = {k: v.detach().numpy() for k, v in state.items()}
     tensors = {
         "fc.weight": sd["fc.weight"],
         "fc.bias": sd["fc.bias"],
@@ -655,8 +820,7 @@ def main():
         "blk.0.ffn_up.weight": sd["up.weight"],
         "blk.0.ffn_down.weight": sd["down.weight"],
     }
-    write_head(a.output, info, tensors, ffn)
-    print("wrote %s in %.0f s" % (a.output, time.time() - t0), file=sys.stderr)
+    write_head(path, info, tensors, ffn)
 
 
 if __name__ == "__main__":
