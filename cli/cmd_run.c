@@ -295,8 +295,7 @@ static void on_event(const cairn_event *ev, void *user)
         st->spec_tokens = ev->spec_tokens;
         st->spec_drafted = ev->spec_drafted;
         st->spec_accepted = ev->spec_accepted;
-        snprintf(st->spec_method, sizeof st->spec_method, "%s",
-                 ev->spec_method ? ev->spec_method : "");
+        snprintf(st->spec_method, sizeof st->spec_method, "%s", ev->spec_method);
         st->eog_token = ev->eog_token;
     }
     st->done = true;

@@ -5,6 +5,8 @@
  */
 #include "session/session_impl.h"
 
+#include <stdio.h>
+
 /* Seconds; wide enough for a CPU model's first token and a GPU's next one. */
 const double cairn_latency_bounds[CAIRN_LATENCY_BUCKETS] = {
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
@@ -59,7 +61,7 @@ void svc_emit_generation_done(cairn_service *s, job *j)
         cairn_spec_seq_stats(j->spec, &st);
         ev.spec_drafted = st.drafted;
         ev.spec_accepted = st.accepted;
-        ev.spec_method = cairn_spec_seq_describe(j->spec);
+        snprintf(ev.spec_method, sizeof ev.spec_method, "%s", cairn_spec_seq_describe(j->spec));
     }
     memcpy(ev.cached_by_tier, j->cached_by_tier, sizeof ev.cached_by_tier);
     /* prompt: admission to the first token; decode: first token to the last */

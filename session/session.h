@@ -300,8 +300,10 @@ typedef struct {
     int64_t spec_tokens;       /* tokens they gave (tau = tokens / forwards) */
     int64_t spec_drafted;      /* draft tokens verified                     */
     int64_t spec_accepted;     /* of them accepted                           */
-    const char *spec_method;   /* the methods that proposed ("ngram", ...);
-                                  NULL when the request never speculated    */
+    char spec_method[48];      /* the methods that proposed ("ngram", ...);
+                                  "" when the request never speculated. Held
+                                  in the event: it outlives the job, which
+                                  events do (they are copied by value)      */
     /* DONE(session) */
     cairn_session_id session;
     int64_t n_session_tokens;

@@ -413,7 +413,7 @@ static void finish_choice(hconn *c, hreq *q, int index, const cairn_event *ev,
     ch->spec_tokens = ev->spec_tokens;
     ch->spec_drafted = ev->spec_drafted;
     ch->spec_accepted = ev->spec_accepted;
-    snprintf(ch->spec_method, sizeof ch->spec_method, "%s", ev->spec_method ? ev->spec_method : "");
+    snprintf(ch->spec_method, sizeof ch->spec_method, "%s", ev->spec_method);
     const char *finish = finish_of(ev);
     json_t *tool_calls = calls_json ? json_loads(calls_json, 0, NULL) : NULL;
     if (tool_calls && (!json_is_array(tool_calls) || json_array_size(tool_calls) == 0)) {

@@ -257,7 +257,7 @@ int cairn_rpc_pack_event(msgpack_sbuffer *sb, cairn_rpc_method method, const cai
             pack_cstr(&pk, "speculative");
             msgpack_pack_map(&pk, 6);
             pack_cstr(&pk, "method");
-            pack_cstr(&pk, ev->spec_method ? ev->spec_method : "");
+            pack_cstr(&pk, ev->spec_method);
             pack_cstr(&pk, "steps");
             msgpack_pack_int64(&pk, ev->spec_forwards);
             pack_cstr(&pk, "tokens");
