@@ -21,6 +21,11 @@ int api_fail(cairn_api_error *e, int code, const char *field, const char *fmt, .
     va_start(ap, fmt);
     vsnprintf(e->message, sizeof e->message, fmt, ap);
     va_end(ap);
+    /* A message is one line of text, whatever a client's string held: it
+     * goes into a JSON body, a log line and a msgpack error. */
+    for (char *c = e->message; *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == 0x7f)
+            *c = ' ';
     e->code = code;
     e->field = field;
     return code;
@@ -307,6 +312,10 @@ static int speculation_methods(const cairn_api *api, const json_t *v, cairn_gen_
                                 "'speculative' names an empty or unknown method");
             memcpy(name, list, len);
             name[len] = '\0';
+            for (size_t c = 0; c < len; c++)
+                if ((unsigned char)name[c] < 0x20 || name[c] == 0x7f)
+                    return api_fail(e, CAIRN_EINVAL, "speculative",
+                                    "'speculative' names an unknown method (a control character)");
             list += len + (end ? 1 : 0);
             const uint32_t bit = cairn_spec_method_mask(spec, name);
             if (!bit)

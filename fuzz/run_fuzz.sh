@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Build the libFuzzer targets and run each for FUZZ_SECONDS on a scratch copy
-# of its committed seed corpus (fuzz/corpus/<target>), so a run never grows
-# the committed corpus. Fails when any target crashes, leaks, times out or
-# breaks a property; the input that did it is kept under
-# $FUZZ_BUILD_DIR/artifacts/<target>/ and the log next to it.
+# of its committed seed corpus (fuzz/corpus/<target>) and of its past findings
+# (fuzz/findings/<target>-*), so a run never grows the committed corpus. Fails
+# when any target crashes, leaks, times out or breaks a property; the input
+# that did it is kept under $FUZZ_BUILD_DIR/artifacts/<target>/ and the log next to it.
 #
 #   FUZZ_SECONDS   seconds per target (default 60)
 #   FUZZ_TARGETS   which targets (default: rpc http_body gguf tokenizer disk_value)
@@ -37,6 +37,8 @@ for t in $targets; do
     corpus="$work/$t"
     mkdir -p "$corpus" "$build/artifacts/$t"
     cp fuzz/corpus/"$t"/* "$corpus"/
+    # Inputs that once failed run first, with the seeds: a regression fails at once.
+    for f in fuzz/findings/"$t"-*; do [ -e "$f" ] && cp "$f" "$corpus"/; done
     seeds=$(ls "$corpus" | wc -l)
     log="$build/artifacts/$t/last-run.log"
     echo "fuzz: $t for ${seconds}s ($seeds seeds)"
