@@ -9,11 +9,12 @@ want_test=0
 [ "${1:-}" = "--test" ] && want_test=1
 
 debs=(build-essential cmake pkg-config liblmdb-dev lmdb-utils libuv1-dev libmsgpack-dev
-      libxxhash-dev libcmocka-dev libpcre2-dev libjansson-dev libhttp-parser-dev
+      libxxhash-dev libcmocka-dev libpcre2-dev libjansson-dev libhttp-parser-dev libhiredis-dev
       python3 python3-pip)
 # clang builds the libFuzzer targets (make fuzz); curl drives the HTTP facade's
-# tests; only the test set needs them
-[ "$want_test" -eq 1 ] && debs+=(clang curl)
+# tests; redis-server is the shared cache tier the scale-out tests start
+# (each its own, on loopback); only the test set needs them
+[ "$want_test" -eq 1 ] && debs+=(clang curl redis-server)
 missing=()
 for p in "${debs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
