@@ -36,8 +36,10 @@ if [ $want_test -eq 1 ]; then
     # formatters; openai is the client the HTTP facade must serve unchanged,
     # jsonschema checks its structured output; anthropic and openai-agents
     # (the Agents SDK) drive the Messages and Responses routes.
-    pypkgs=(numpy gguf msgpack jinja2 openai jsonschema anthropic openai-agents)
-    if ! $py -c "import numpy, gguf, msgpack, jinja2, openai, jsonschema, anthropic, agents" \
+    # redis (redis-py) reads and damages what the replicas put in the shared
+    # cache tier's Redis.
+    pypkgs=(numpy gguf msgpack jinja2 openai jsonschema anthropic openai-agents redis)
+    if ! $py -c "import numpy, gguf, msgpack, jinja2, openai, jsonschema, anthropic, agents, redis" \
         2>/dev/null; then
         echo "setup: installing Python packages: ${pypkgs[*]}" >&2
         $py -m pip install -q "${pypkgs[@]}" 2>/dev/null ||
