@@ -694,10 +694,11 @@ static int publish(cairn_disk *d, const char *op, int n_extra, const void *const
     disk_shared *s = d->shared;
     char stream[160], ps[16], replica[CAIRN_SHARED_REPLICA_MAX + 1];
     pthread_mutex_lock(&s->mu);
-    if (s->replica)
+    bool named = s->replica != NULL;
+    if (named)
         snprintf(replica, sizeof replica, "%s", s->replica);
     pthread_mutex_unlock(&s->mu);
-    if (!s->replica)
+    if (!named)
         return CAIRN_OK; /* no id yet (before the announce): nobody to name */
     snprintf(stream, sizeof stream, "%sevents", s->prefix);
     snprintf(ps, sizeof ps, "%d", d->cfg.page_size);
