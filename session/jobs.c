@@ -68,6 +68,8 @@ cairn_kv_hold *job_release_pages(cairn_service *s, job *j)
     /* a sequence's cache key is its tokens in its tenant's namespace */
     cairn_kvcache_commit(s->cache, j->req->tenant, s->prefix_cache ? j->seq.v : NULL, n_full,
                          j->pages, j->n_tree_pages, n_pages, j->hold, &leaf);
+    if (j->share_wanted && leaf)
+        cairn_kvcache_share(s->cache, leaf);
     if (tail >= 0)
         cairn_kvcache_keep_tail(s->cache, j->req->tenant, j->seq.v, j->n_computed, tail);
     j->hold = NULL;

@@ -83,6 +83,8 @@ void prefix_extend(cairn_service *s, job *j)
     /* CAIRN_EBUSY / ENOMEM: the pages stay the job's until it ends */
     (void)cairn_kvcache_extend(s->cache, j->req->tenant, j->seq.v, n_full, j->pages,
                                &j->n_tree_pages, &j->hold);
+    if (j->share_wanted)
+        cairn_kvcache_share(s->cache, j->hold); /* the next replica finds it */
 }
 
 /* The running job with the longest run of computed tokens equal to

@@ -104,6 +104,7 @@ static void job_adopt(cairn_service *s, job *j, const cairn_kvcache_event *ev)
     j->n_tree_pages = j->n_pages = 0;
     j->hold = ev ? ev->node : NULL;
     size_t resident = ev ? ev->resident_pages : 0;
+    j->share_wanted = j->share_wanted || (ev && ev->share_wanted);
     if (resident > 0) {
         if (job_reserve_pages(j, resident) != CAIRN_OK ||
             cairn_kvcache_held_pages(s->cache, j->hold, resident, j->pages) != CAIRN_OK)

@@ -152,6 +152,8 @@ typedef struct job {
     int32_t eog_token;       /* the end-of-generation token that ended it, or -1 */
     int stop_string;         /* 1 + the index of the stop string that ended it */
     int64_t cached_by_tier[4]; /* device, host, disk (local LMDB), shared (Redis) */
+    bool share_wanted;         /* another replica looked this prefix up too: give
+                                  its pages to the shared tier as they come   */
     uint64_t cookie;         /* of its fetch, then of its durability writes    */
     int outstanding;         /* durability completions still to come           */
     bool durable_failed;

@@ -41,6 +41,7 @@ typedef struct disk_req {
     int status;
     bool shared_asked;   /* a miss this batch asked the shared tier about  */
     bool from_shared;    /* ... and the shared tier answered               */
+    bool seen_elsewhere; /* ... or not, but another replica asked it before */
     uint8_t data[];      /* write: the whole value; read: expected tokens  */
 } disk_req;
 

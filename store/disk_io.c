@@ -321,7 +321,8 @@ static void post(cairn_disk *d, disk_req *list, const batch_counts *bc, uint64_t
         if (d->n_done < d->cap_done) {
             d->done[d->n_done++] = (cairn_disk_completion){
                 .cookie = r->cookie, .op = r->op, .status = r->status, .seconds = waited,
-                .data = r->result, .bytes = r->result_bytes, .shared = r->from_shared};
+                .data = r->result, .bytes = r->result_bytes, .shared = r->from_shared,
+                .seen_elsewhere = r->seen_elsewhere};
             r->result = NULL; /* handed over */
         }
     }

@@ -57,14 +57,12 @@ typedef struct shared_item {
     uint8_t data[];
 } shared_item;
 
-/* One connection and its back-off: the owning thread's alone, except
- * `down` and `up_once`, which it writes and the stats read under mu. */
+/* One connection and its back-off: the owning thread's alone. */
 typedef struct {
     redisContext *ctx;
     double retry_at; /* no attempt before this (cairn_now) */
     double backoff;
     bool down_logged;
-    bool down, up_once;
 } link_state;
 
 struct disk_shared {
@@ -86,7 +84,21 @@ struct disk_shared {
     size_t queued_bytes;
     bool stopping;
     uint64_t puts, dropped, errors, events, outages;
+    double last_ok, last_failed; /* cairn_now of the last exchange that worked /
+                                    failed, either connection: "up" is the
+                                    later being a success                   */
 };
+
+static void note_exchange(disk_shared *s, bool ok)
+{
+    double now = cairn_now();
+    pthread_mutex_lock(&s->mu);
+    if (ok)
+        s->last_ok = now;
+    else
+        s->last_failed = now;
+    pthread_mutex_unlock(&s->mu);
+}
 
 static void hex_of(const uint8_t *b, size_t n, char *out)
 {
@@ -176,9 +188,7 @@ static void link_drop(disk_shared *s, link_state *l, const char *side, const cha
     if (l->backoff > SHARED_BACKOFF_MAX_S)
         l->backoff = SHARED_BACKOFF_MAX_S;
     l->retry_at = now + l->backoff;
-    pthread_mutex_lock(&s->mu);
-    l->down = true;
-    pthread_mutex_unlock(&s->mu);
+    note_exchange(s, false);
     if (!l->down_logged) {
         l->down_logged = true;
         pthread_mutex_lock(&s->mu);
@@ -247,10 +257,7 @@ static bool link_up(disk_shared *s, link_state *l, const char *side)
         cairn_log(CAIRN_LOG_INFO, "shared cache: %s connection to %s is back", side, s->where);
     l->down_logged = false;
     l->backoff = 0;
-    pthread_mutex_lock(&s->mu);
-    l->down = false;
-    l->up_once = true;
-    pthread_mutex_unlock(&s->mu);
+    note_exchange(s, true);
     return true;
 }
 
@@ -262,6 +269,15 @@ static size_t page_key(const disk_shared *s, const uint8_t key[16], char *out, s
     char h[33];
     hex_of(key, 16, h);
     int n = snprintf(out, cap, "%sp:%s:%s", s->prefix, s->ns_hex, h);
+    return n < 0 || (size_t)n >= cap ? 0 : (size_t)n;
+}
+
+/* P s:<ns>:<hash>: "some replica looked this page up" (a marker). */
+static size_t seen_key(const disk_shared *s, const uint8_t key[16], char *out, size_t cap)
+{
+    char h[33];
+    hex_of(key, 16, h);
+    int n = snprintf(out, cap, "%ss:%s:%s", s->prefix, s->ns_hex, h);
     return n < 0 || (size_t)n >= cap ? 0 : (size_t)n;
 }
 
@@ -299,11 +315,17 @@ void disk_shared_serve(cairn_disk *d, disk_req *list)
         if (r->status != CAIRN_ENOTFOUND)
             continue;
         if (r->op == CAIRN_DISK_READ) {
-            char k[256];
+            char k[256], m[256];
             size_t kl = page_key(s, r->key, k, sizeof k);
             const char *argv[2] = {"GET", k};
             const size_t lens[2] = {3, kl};
             redisAppendCommandArgv(c, 2, argv, lens);
+            /* and leave a mark: the second replica to look a page up (a
+             * prefix seen twice in the cluster) learns that it was */
+            size_t ml = seen_key(s, r->key, m, sizeof m);
+            const char *mv[6] = {"SET", m, "1", "NX", "EX", s->page_ttl};
+            const size_t ml_[6] = {3, ml, 1, 2, 2, strlen(s->page_ttl)};
+            redisAppendCommandArgv(c, 6, mv, ml_);
             r->shared_asked = true;
             sent++;
         } else if (r->op == CAIRN_DISK_RECORD_GET) {
@@ -334,6 +356,15 @@ void disk_shared_serve(cairn_disk *d, disk_req *list)
         redisReply *rep = reply;
         bool have = rep && rep->type == REDIS_REPLY_STRING;
         if (r->op == CAIRN_DISK_READ) {
+            void *mark = NULL;
+            if (redisGetReply(c, &mark) != REDIS_OK) {
+                freeReplyObject(rep);
+                link_drop(s, &s->reader, "read", c->errstr[0] ? c->errstr : "no reply");
+                break;
+            }
+            /* NX refused: the mark was there, someone looked before us */
+            r->seen_elsewhere = mark && ((redisReply *)mark)->type == REDIS_REPLY_NIL;
+            freeReplyObject(mark);
             if (have && disk_value_ok(d, (const uint8_t *)rep->str, rep->len, r->data)) {
                 memcpy(r->dst, (const uint8_t *)rep->str + CAIRN_DISK_HEADER_BYTES + tok_bytes,
                        d->cfg.page_bytes);
@@ -363,6 +394,8 @@ void disk_shared_serve(cairn_disk *d, disk_req *list)
         }
         freeReplyObject(rep);
     }
+    if (s->reader.ctx)
+        note_exchange(s, true);
     pthread_mutex_lock(&d->cmu);
     d->stats.shared_hits += hits;
     d->stats.shared_misses += misses;
@@ -533,6 +566,8 @@ static void *writer_main(void *arg)
             freeReplyObject(rep);
         }
         shared_item *unsent = it;
+        if (!unsent)
+            note_exchange(s, true);
         if (unsent) {
             /* The connection failed part-way: the rest go back to the front
              * of the queue (SET, DEL and XADD may be repeated safely). */
@@ -769,9 +804,8 @@ void disk_shared_stats(const cairn_disk *d, cairn_disk_stats *out)
     pthread_mutex_t *mu = &s->mu;
     pthread_mutex_lock(mu);
     out->shared_on = true;
-    /* up: reached at least once, and neither connection in an outage now */
-    out->shared_up = (s->reader.up_once || s->writer.up_once) && !s->reader.down &&
-                     !s->writer.down;
+    /* up: the last exchange with Redis, on either connection, worked */
+    out->shared_up = s->last_ok > 0 && s->last_ok >= s->last_failed;
     out->shared_puts = s->puts;
     out->shared_dropped = s->dropped;
     out->shared_errors = s->errors;

@@ -65,7 +65,8 @@ int cairn_kvcache_create(const cairn_kvcache_config *cfg, cairn_kvcache **out, c
         }
         c->slot_state = calloc((size_t)cairn_host_pool_capacity(c->host), 1);
         c->slot_shared = calloc((size_t)cairn_host_pool_capacity(c->host), 1);
-        if (!c->slot_state || !c->slot_shared) {
+        c->slot_seen = calloc((size_t)cairn_host_pool_capacity(c->host), 1);
+        if (!c->slot_state || !c->slot_shared || !c->slot_seen) {
             rc = CAIRN_ENOMEM;
             goto fail;
         }
@@ -112,6 +113,7 @@ void cairn_kvcache_free(cairn_kvcache *c)
     free(c->ev_stored);
     free(c->ev_removed);
     free(c->slot_shared);
+    free(c->slot_seen);
     cairn_radix_free(c->tree);
     cairn_host_pool_free(c->host);
     cairn_page_pool_free(c->dev);

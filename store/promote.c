@@ -307,6 +307,7 @@ void kvc_drain_disk(cairn_kvcache *c)
                 } else {
                     c->slot_state[v] = done[i].status == CAIRN_OK ? SLOT_LOADED : SLOT_MISSED;
                     c->slot_shared[v] = done[i].status == CAIRN_OK && done[i].shared;
+                    c->slot_seen[v] = done[i].status != CAIRN_OK && done[i].seen_elsewhere;
                 }
             } else if (kind == COOKIE_WRITE) {
                 c->stats.tier[CAIRN_TIER_DISK].store_ops++;

@@ -7,7 +7,11 @@
  * disks, so not every computed page goes there, only those worth it to
  * another replica:
  *   - a prefix seen twice: a fetch that found pages cached (that prefix is
- *     reused, so others will likely want it too);
+ *     reused, so others will likely want it too); or one whose lookup in
+ *     Redis missed where another replica's had missed before (each lookup
+ *     leaves a marker, P s:<ns>:<hash>): the second replica to compute a
+ *     prefix shares it as it computes it (cairn_kvcache_share), so a third
+ *     finds it;
  *   - a pinned prefix and a persisted session's pages (an agent's history:
  *     where its session goes when its replica dies, its pages follow);
  *   - with CAIRN_SHARE_ALL, every page a sequence commits; with
@@ -124,3 +128,11 @@ int cairn_kvcache_announce(cairn_kvcache *c, const char *replica, const char *ht
 }
 
 bool cairn_kvcache_has_shared(const cairn_kvcache *c) { return c && c->shared; }
+
+int cairn_kvcache_share(cairn_kvcache *c, cairn_kv_hold *hold)
+{
+    if (!c)
+        return CAIRN_EINVAL;
+    kvc_share_path(c, hold);
+    return CAIRN_OK;
+}

@@ -200,6 +200,9 @@ typedef struct {
     double seconds;   /* from queueing the request to its completion        */
     bool shared;      /* READ / RECORD_GET with CAIRN_OK: served by the shared
                          tier (Redis), not by LMDB                           */
+    bool seen_elsewhere; /* READ that missed: another replica looked the page
+                         up in the shared tier before (a prefix the cluster
+                         has seen twice: worth sharing once computed)       */
     void *data;       /* RECORD_GET with CAIRN_OK: the value, malloc'd; the
                          poller owns it (free()). NULL otherwise.            */
     size_t bytes;     /* bytes of data                                      */
@@ -476,6 +479,9 @@ typedef struct {
                               gone from disk (they are dropped from the tree) */
     size_t shared_pages;   /* FETCH: of from_tier[CAIRN_TIER_DISK], pages the
                               shared tier (Redis) served                     */
+    bool share_wanted;     /* FETCH: the pages after the answer were looked up
+                              by another replica before: once computed, give
+                              them to the shared tier (cairn_kvcache_share) */
     void *data;            /* RECORD_GET with CAIRN_OK: the value, malloc'd;
                               the poller owns it and free()s it             */
     size_t data_bytes;
@@ -731,6 +737,11 @@ int cairn_kvcache_unpin(cairn_kvcache *c, cairn_radix_node *node);
 int cairn_kvcache_announce(cairn_kvcache *c, const char *replica, const char *http,
                            const char *rpc);
 bool cairn_kvcache_has_shared(const cairn_kvcache *c);
+/* Give the pages of a hold's path (a sequence's prefix in the tree) to the
+ * shared tier, those not there yet: for a fetch event with share_wanted,
+ * as the sequence computes them. Nothing without a shared tier or under
+ * CAIRN_SHARE_NONE. */
+int cairn_kvcache_share(cairn_kvcache *c, cairn_kv_hold *hold);
 
 /* ---- durability --------------------------------------------------------- */
 

@@ -103,6 +103,7 @@ typedef struct {
     int32_t *round;         /* host slots of the continuation round in flight */
     size_t n_round;
     size_t from_shared;     /* continuation pages the shared tier served */
+    bool share_wanted;      /* a miss another replica had looked up too */
     size_t n_reads;         /* disk reads before the current fence (rate samples) */
     size_t skipped, lost;
 } fetch_op;
@@ -122,6 +123,8 @@ struct cairn_kvcache {
     uint8_t *scratch;     /* one page of host memory: device -> disk          */
     uint8_t *slot_state;  /* [host capacity]                                 */
     uint8_t *slot_shared; /* [host capacity]: the loaded read came from tier 3 */
+    uint8_t *slot_seen;   /* [host capacity]: the missed read was another
+                             replica's miss before (seen twice in the cluster) */
 
     /* tier 3 (shared.c): on when the disk has a shared tier */
     bool shared;

@@ -7,7 +7,8 @@ their own each and `--shared-cache redis://...` to one real redis-server
   - a prefix that only replica A computed (and reused: "seen twice" puts
     it in Redis) is served to replica B from Redis: cached_tokens > 0,
     cached_tokens_by_tier["shared"], the same greedy tokens as a fresh
-    server's;
+    server's; a prefix computed once by A and once by B (seen twice in the
+    cluster) is shared by B and served to C;
   - A's page events: a hello with its addresses, and stored events that
     name every page A put in Redis;
   - a damaged value in Redis is never used: it is deleted and the prefix
@@ -150,7 +151,8 @@ class SharedTier(SharedCase):
         ra = self.compute_twice(ca, prompt)
         keys = self.page_keys()
         victim = keys[len(keys) // 2]
-        value = bytearray(self.redis.db.get(victim))
+        good = self.redis.db.get(victim)
+        value = bytearray(good)
         value[-1] ^= 0x40  # one bit of the KV payload: only the checksum can tell
         self.redis.db.set(victim, bytes(value))
         header = struct.unpack_from("<4sHH", value, 0)
@@ -164,7 +166,32 @@ class SharedTier(SharedCase):
         self.assertEqual(st["corrupt"], 1, st)
         # the pages before the damaged one still came from Redis
         self.assertGreater(rb.usage.cached_tokens_by_tier["shared"], 0)
-        harness.poll(lambda: self.redis.db.exists(victim), lambda e: e == 0)
+        # the damaged value is gone: deleted, then (B computed the page, and
+        # A had looked it up before: a prefix seen twice) written again as
+        # it should be, byte for byte what A computed
+        now = harness.poll(lambda: self.redis.db.get(victim), lambda v: v != bytes(value))
+        self.assertIn(now, (None, good))
+
+
+    def test_the_second_replica_to_compute_a_prefix_shares_it(self):
+        """A computes a document once (not shared: seen once), B is asked
+        for it too (its lookup finds A's marker: seen twice in the
+        cluster) and shares what it computes; C then finds it in Redis."""
+        a, b, c = self.replica(), self.replica(), self.replica()
+        ca, cb, cc = self.client(a), self.client(b), self.client(c)
+        prompt = doc(5)
+        n = len(ca.tokenize(prompt, add_bos=True))
+        ra = ca.generate(prompt, max_tokens=8, temperature=0)
+        self.wait_written(ca)
+        self.assertEqual(self.page_keys(), [])
+        rb = cb.generate(prompt, max_tokens=8, temperature=0)
+        self.assertEqual(rb.tokens, ra.tokens)
+        self.assertEqual(rb.usage.cached_tokens, 0)
+        self.wait_written(cb)
+        self.assertGreaterEqual(len(self.page_keys()), (n - 1) // P)
+        rc = cc.generate(prompt, max_tokens=8, temperature=0)
+        self.assertEqual(rc.tokens, ra.tokens)
+        self.assertGreaterEqual(rc.usage.cached_tokens_by_tier["shared"], P * ((n - 1) // P))
 
 
 class SharedTierFailures(SharedCase):
