@@ -248,6 +248,24 @@ void route_index_match(route_index *ix, uint64_t slots, const uint8_t (*hashes)[
     pthread_mutex_unlock(&ix->mu);
 }
 
+void route_index_expire(route_index *ix, double now)
+{
+    pthread_mutex_lock(&ix->mu);
+    for (size_t b = 0; b < ix->n_buckets; b++) {
+        ix_entry **pp = &ix->buckets[b];
+        while (*pp) {
+            ix_entry *e = *pp;
+            if (e->predicted && e->predicted_until < now)
+                e->predicted = 0;
+            if (!e->confirmed && !e->predicted)
+                unlink_entry(ix, pp);
+            else
+                pp = &e->next;
+        }
+    }
+    pthread_mutex_unlock(&ix->mu);
+}
+
 size_t route_index_entries(route_index *ix)
 {
     pthread_mutex_lock(&ix->mu);

@@ -96,7 +96,6 @@ typedef struct hcheck {
     size_t len;
 } hcheck;
 
-static hcheck *g_checks[ROUTE_MAX_REPLICAS]; /* the check on its way, per slot */
 
 static void mark(cairn_router *r, int slot, uint64_t generation, bool ok, bool at_once,
                  const char *why)
@@ -132,8 +131,8 @@ static void check_closed(rstream *s)
 {
     hcheck *c = s->owner;
     check_finish(c, false, false, "no answer");
-    if (g_checks[c->slot] == c)
-        g_checks[c->slot] = NULL;
+    if (c->r->live[c->slot].check == c)
+        c->r->live[c->slot].check = NULL;
     free(c);
 }
 
@@ -193,8 +192,8 @@ static void check_one(cairn_router *r, int slot)
         lv->fails = 0;
         route_http_drop_idle(r, slot);
     }
-    if (g_checks[slot]) /* the last one did not finish within the interval */
-        check_finish(g_checks[slot], false, false, "health check timed out");
+    if (r->live[slot].check) /* the last one did not finish within the interval */
+        check_finish((hcheck *)r->live[slot].check, false, false, "health check timed out");
     hcheck *c = calloc(1, sizeof *c);
     if (!c)
         return;
@@ -206,7 +205,7 @@ static void check_one(cairn_router *r, int slot)
     c->s.on_read = check_read;
     c->s.on_connect = check_connected;
     c->s.on_close = check_closed;
-    g_checks[slot] = c;
+    r->live[slot].check = c;
     const struct sockaddr *addr =
         (const struct sockaddr *)(e.has_http_addr ? &e.http_addr : &e.rpc_addr);
     if (rstream_connect(&c->s, addr) != CAIRN_OK)
@@ -218,6 +217,12 @@ static void on_health_timer(uv_timer_t *t)
     cairn_router *r = t->data;
     for (int s = 0; s < ROUTE_MAX_REPLICAS; s++)
         check_one(r, s);
+    /* predictions nobody asked about again: a sweep now and then */
+    const double now = cairn_now();
+    if (now - r->last_sweep > 10.0) {
+        r->last_sweep = now;
+        route_index_expire(r->index, now);
+    }
 }
 
 void route_health_start(cairn_router *r)

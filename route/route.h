@@ -123,6 +123,9 @@ void route_index_clear(route_index *ix);
  * into pages[slot]; other slots get 0. */
 void route_index_match(route_index *ix, uint64_t slots, const uint8_t (*hashes)[ROUTE_HASH_BYTES],
                        size_t n, double now, uint32_t pages[ROUTE_MAX_REPLICAS]);
+/* Forget the predictions that ended before `now` (match forgets those it
+ * meets; this sweeps the rest, so pages no prompt asks for again go too). */
+void route_index_expire(route_index *ix, double now);
 size_t route_index_entries(route_index *ix);
 
 /* ======================================================================== */

@@ -78,7 +78,7 @@ typedef struct hup hup;
 typedef struct {
     bool up;
     int fails;           /* health checks failed in a row                 */
-    bool checking;       /* a health check is on its way                  */
+    void *check;         /* the health check on its way, or NULL          */
     uint64_t generation; /* of the registry entry the state belongs to    */
     route_load load;
     uint64_t routed, prompt_tokens, predicted_cached_tokens, failures;
@@ -124,6 +124,7 @@ struct cairn_router {
     bool has_http, has_rpc;
     int http_port, rpc_port;
     uv_timer_t health_timer;
+    double last_sweep;           /* of expired predictions                      */
     uv_signal_t sigint, sigterm;
     bool stopping;
 
