@@ -32,6 +32,8 @@ static const char help[] =
     "      --tenants FILE     the replicas' tenants file: the tenant of a request's token\n"
     "                         seeds its page hashes, as on the replicas\n"
     "      --policy P         cache (default) or round-robin\n"
+    "      --work-weight W    extra weight of a request's own uncached prefill, the work\n"
+    "                         the cluster does for it, against the queue (default 1)\n"
     "      --decode-weight W  prefill tokens one expected decode token weighs (default 4)\n"
     "      --decode-estimate N  expected decode tokens of a request (default 128; less when\n"
     "                         its max_tokens is less)\n"
@@ -46,7 +48,7 @@ static const char help[] =
 enum {
     OPT_HOST = 4000, OPT_HTTP_PORT, OPT_PORT, OPT_REDIS, OPT_PREFIX, OPT_REPLICA, OPT_TENANTS,
     OPT_POLICY, OPT_DECODE_WEIGHT, OPT_DECODE_ESTIMATE, OPT_PREDICT_TTL, OPT_HEALTH_INTERVAL,
-    OPT_HEALTH_FAILURES, OPT_PAGE_SIZE,
+    OPT_HEALTH_FAILURES, OPT_PAGE_SIZE, OPT_WORK_WEIGHT,
 };
 
 /* "http=H:P,rpc=H:P,id=X" -> spec (pointing into `text`, which it edits). */
@@ -104,6 +106,7 @@ int cmd_route(int argc, char **argv)
         {"tenants", required_argument, 0, OPT_TENANTS},
         {"policy", required_argument, 0, OPT_POLICY},
         {"decode-weight", required_argument, 0, OPT_DECODE_WEIGHT},
+        {"work-weight", required_argument, 0, OPT_WORK_WEIGHT},
         {"decode-estimate", required_argument, 0, OPT_DECODE_ESTIMATE},
         {"predict-ttl", required_argument, 0, OPT_PREDICT_TTL},
         {"health-interval", required_argument, 0, OPT_HEALTH_INTERVAL},
@@ -156,7 +159,11 @@ int cmd_route(int argc, char **argv)
             }
             break;
         case OPT_DECODE_WEIGHT:
-            if (parse_double(optarg, "--decode-weight", 0, 1e6, &cfg.decode_weight))
+            if (parse_double(optarg, "--decode-weight", 0, 1e6, &cfg.weights.decode))
+                return 2;
+            break;
+        case OPT_WORK_WEIGHT:
+            if (parse_double(optarg, "--work-weight", 0, 1e6, &cfg.weights.work))
                 return 2;
             break;
         case OPT_DECODE_ESTIMATE:

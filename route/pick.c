@@ -5,15 +5,16 @@
  */
 #include "route/route.h"
 
-double route_cost(int64_t n_prompt, int64_t cached, const route_load *load, double decode_weight)
+double route_cost(int64_t n_prompt, int64_t cached, const route_load *load,
+                  const route_weights *w)
 {
     if (cached < 0)
         cached = 0;
     if (cached > n_prompt)
         cached = n_prompt;
-    double cost = (double)(n_prompt - cached);
+    double cost = (1.0 + w->work) * (double)(n_prompt - cached);
     if (load)
-        cost += (double)load->prefill + decode_weight * (double)load->decode;
+        cost += (double)load->prefill + w->decode * (double)load->decode;
     return cost;
 }
 
@@ -25,7 +26,7 @@ int64_t route_expected_decode(int64_t max_tokens, int64_t estimate)
 }
 
 int route_pick(route_policy policy, const route_candidate *c, int n, int64_t n_prompt,
-               double decode_weight, int *cursor)
+               const route_weights *w, int *cursor)
 {
     if (n <= 0)
         return -1;
@@ -44,7 +45,7 @@ int route_pick(route_policy policy, const route_candidate *c, int n, int64_t n_p
             best = i;
             break;
         }
-        double cost = route_cost(n_prompt, c[i].cached, &c[i].load, decode_weight);
+        double cost = route_cost(n_prompt, c[i].cached, &c[i].load, w);
         /* strictly better only: an equal one found later loses to the one
          * nearer the cursor, which is what spreads equal requests */
         if (best < 0 || cost < best_cost ||

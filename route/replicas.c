@@ -334,7 +334,7 @@ void route_choose(cairn_router *r, route_choice *c)
                                         .load = r->live[s].load};
             n++;
         }
-        int k = route_pick(r->cfg.policy, cand, n, (int64_t)c->n_tokens, r->cfg.decode_weight,
+        int k = route_pick(r->cfg.policy, cand, n, (int64_t)c->n_tokens, &r->cfg.weights,
                            &r->rr_cursor);
         c->slot = k >= 0 ? cand[k].slot : -1;
     }

@@ -30,18 +30,26 @@
  * cached_r = m_r * ps tokens), and the router sends the request to the
  * healthy replica with the least
  *
- *     cost(r) = (n - cached_r)                     its own prefill
- *             + queued_prefill(r)                  uncached prompt tokens of the
- *                                                  requests in flight to r
- *             + decode_weight * queued_decode(r)   their expected remaining decode
- *                                                  tokens (min(max_tokens,
- *                                                  decode_estimate) each)
+ *     cost(r) = (1 + work_weight) * (n - cached_r)   its own prefill: the
+ *                                                    request waits for it, and
+ *                                                    the cluster computes it
+ *             + queued_prefill(r)                    uncached prompt tokens of the
+ *                                                    requests in flight to r
+ *             + decode_weight * queued_decode(r)     their expected remaining
+ *                                                    decode tokens (min(max_tokens,
+ *                                                    decode_estimate) each)
  *
- * (route_cost). Ties go to the replica with fewer requests in flight, then
- * to the next one after the last chosen (so cold requests spread). A decode
- * token weighs decode_weight prefill tokens (default 4: on a batched engine a
- * decode step costs about what a few prompt tokens do; `--decode-weight`).
- * `--policy round-robin` ignores the cache and the load (a baseline).
+ * (route_cost). The last two terms are the wait in r's queue, the first the
+ * request's own prefill counted once as its wait and work_weight more times
+ * as work the cluster does for it (default 1): a replica that holds a
+ * prefix is preferred until its queue is longer than another's by
+ * (1 + work_weight) times the tokens it would save — "the longest cached
+ * prefix unless that overloads it". A decode token weighs decode_weight
+ * prefill tokens (default 4: on a batched engine a decode step costs about
+ * what a few prompt tokens do; `--decode-weight`). Ties go to the replica
+ * with fewer requests in flight, then to the next one after the last chosen
+ * (so cold requests spread). `--policy round-robin` ignores the cache and
+ * the load (a baseline).
  *
  * Predictions. Events arrive after a replica has computed the pages, so the
  * router also records, when it sends a request, that its replica will hold
@@ -152,10 +160,17 @@ typedef struct {
     int inflight;    /* their number                                           */
 } route_load;
 
-/* cost = (n_prompt - cached) + load.prefill + decode_weight * load.decode
- * (cached is clamped to [0, n_prompt]). */
+/* The weights of the cost (see "Choosing a replica" above). */
+typedef struct {
+    double work;   /* work_weight: extra weight of the request's own prefill (1) */
+    double decode; /* decode_weight: prefill tokens a queued decode token is (4) */
+} route_weights;
+
+/* cost = (1 + w.work) * (n_prompt - cached) + load.prefill
+ *        + w.decode * load.decode   (cached clamped to [0, n_prompt]; load
+ * NULL: none). */
 double route_cost(int64_t n_prompt, int64_t cached, const route_load *load,
-                  double decode_weight);
+                  const route_weights *w);
 
 /* One replica as the choice sees it. */
 typedef struct {
@@ -174,7 +189,7 @@ typedef enum { ROUTE_POLICY_CACHE = 0, ROUTE_POLICY_ROUND_ROBIN } route_policy;
  * ROUND_ROBIN: the first one up in scan order. *cursor becomes the chosen
  * slot + 1. */
 int route_pick(route_policy policy, const route_candidate *c, int n, int64_t n_prompt,
-               double decode_weight, int *cursor);
+               const route_weights *w, int *cursor);
 
 /* Expected decode tokens of a request asking for at most max_tokens
  * (<= 0: until the context ends) when a typical reply is `estimate`. */
@@ -201,7 +216,7 @@ typedef struct {
     int n_replicas;
     const char *tenants_path;   /* --tenants: derive the tenant word           */
     route_policy policy;
-    double decode_weight;       /* default 4                                   */
+    route_weights weights;      /* default {1, 4}                              */
     int64_t decode_estimate;    /* default 128                                 */
     double predict_ttl_s;       /* default 30                                  */
     double health_interval_s;   /* default 1                                   */

@@ -21,7 +21,7 @@ void route_config_default(route_config *cfg)
     cfg->rpc_port = -1;
     cfg->prefix = "cairn:";
     cfg->policy = ROUTE_POLICY_CACHE;
-    cfg->decode_weight = 4.0;
+    cfg->weights = (route_weights){.work = 1.0, .decode = 4.0};
     cfg->decode_estimate = 128;
     cfg->predict_ttl_s = 30.0;
     cfg->health_interval_s = 1.0;

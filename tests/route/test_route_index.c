@@ -183,14 +183,17 @@ static void test_cost(void **state)
 {
     (void)state;
     const route_load idle = {0, 0, 0}, busy = {.prefill = 10, .decode = 5, .inflight = 2};
-    /* uncached prompt + queued prefill + weight x queued decode */
-    assert_true(route_cost(100, 64, &busy, 4.0) == 36 + 10 + 4.0 * 5);
-    assert_true(route_cost(100, 64, &idle, 4.0) == 36);
-    assert_true(route_cost(100, 64, &busy, 0.0) == 46);
+    const route_weights w = {.work = 1, .decode = 4}, no_decode = {.work = 1, .decode = 0},
+                        latency = {.work = 0, .decode = 4};
+    /* (1 + work) x uncached prompt + queued prefill + decode x queued decode */
+    assert_true(route_cost(100, 64, &busy, &w) == 2 * 36 + 10 + 4.0 * 5);
+    assert_true(route_cost(100, 64, &idle, &w) == 72);
+    assert_true(route_cost(100, 64, &busy, &no_decode) == 82);
+    assert_true(route_cost(100, 64, &busy, &latency) == 36 + 10 + 20);
     /* cached is clamped to [0, n] */
-    assert_true(route_cost(100, 500, &idle, 4.0) == 0);
-    assert_true(route_cost(100, -3, &idle, 4.0) == 100);
-    assert_true(route_cost(100, 0, NULL, 4.0) == 100);
+    assert_true(route_cost(100, 500, &idle, &w) == 0);
+    assert_true(route_cost(100, -3, &idle, &w) == 200);
+    assert_true(route_cost(100, 0, NULL, &w) == 200);
     assert_int_equal(route_expected_decode(0, 128), 128);
     assert_int_equal(route_expected_decode(-1, 128), 128);
     assert_int_equal(route_expected_decode(16, 128), 16);
@@ -200,6 +203,7 @@ static void test_cost(void **state)
 static void test_pick(void **state)
 {
     (void)state;
+    const route_weights w = {.work = 1, .decode = 4};
     int cursor = 0;
     route_candidate c[3] = {
         {.slot = 0, .up = true, .cached = 0},
@@ -207,41 +211,44 @@ static void test_pick(void **state)
         {.slot = 5, .up = true, .cached = 32},
     };
     /* the longest cached prefix wins when the load is equal */
-    assert_int_equal(route_pick(ROUTE_POLICY_CACHE, c, 3, 100, 4.0, &cursor), 1);
+    assert_int_equal(route_pick(ROUTE_POLICY_CACHE, c, 3, 100, &w, &cursor), 1);
     assert_int_equal(cursor, 3);
-    /* unless its queue costs more than the prefill it saves */
-    c[1].load = (route_load){.prefill = 200, .decode = 0, .inflight = 1};
-    assert_int_equal(route_pick(ROUTE_POLICY_CACHE, c, 3, 100, 4.0, &cursor), 2); /* 68 < 100, 204 */
-    c[2].load = (route_load){.prefill = 0, .decode = 20, .inflight = 1}; /* 68 + 80 */
-    assert_int_equal(route_pick(ROUTE_POLICY_CACHE, c, 3, 100, 4.0, &cursor), 0);
+    /* idle costs: 200, 8, 136 */
+    c[1].load = (route_load){.prefill = 100, .decode = 0, .inflight = 1}; /* 108: still */
+    assert_int_equal(route_pick(ROUTE_POLICY_CACHE, c, 3, 100, &w, &cursor), 1);
+    /* unless its queue costs more than (1 + work) x the prefill it saves */
+    c[1].load = (route_load){.prefill = 200, .decode = 0, .inflight = 1}; /* 208 > 136 */
+    assert_int_equal(route_pick(ROUTE_POLICY_CACHE, c, 3, 100, &w, &cursor), 2);
+    c[2].load = (route_load){.prefill = 0, .decode = 20, .inflight = 1}; /* 136 + 80 > 200 */
+    assert_int_equal(route_pick(ROUTE_POLICY_CACHE, c, 3, 100, &w, &cursor), 0);
     /* a down replica is never chosen */
     c[0].up = false;
-    assert_int_equal(route_pick(ROUTE_POLICY_CACHE, c, 3, 100, 4.0, &cursor), 2);
+    assert_int_equal(route_pick(ROUTE_POLICY_CACHE, c, 3, 100, &w, &cursor), 1); /* 208 < 216 */
     c[1].up = c[2].up = false;
-    assert_int_equal(route_pick(ROUTE_POLICY_CACHE, c, 3, 100, 4.0, &cursor), -1);
-    assert_int_equal(route_pick(ROUTE_POLICY_ROUND_ROBIN, c, 3, 100, 4.0, &cursor), -1);
-    assert_int_equal(route_pick(ROUTE_POLICY_CACHE, c, 0, 100, 4.0, &cursor), -1);
+    assert_int_equal(route_pick(ROUTE_POLICY_CACHE, c, 3, 100, &w, &cursor), -1);
+    assert_int_equal(route_pick(ROUTE_POLICY_ROUND_ROBIN, c, 3, 100, &w, &cursor), -1);
+    assert_int_equal(route_pick(ROUTE_POLICY_CACHE, c, 0, 100, &w, &cursor), -1);
     /* equal costs: fewer in flight, then spread from the cursor */
     route_candidate e[3] = {
         {.slot = 1, .up = true}, {.slot = 3, .up = true}, {.slot = 4, .up = true}};
     cursor = 0;
     int seen[3] = {0};
     for (int i = 0; i < 3; i++)
-        seen[route_pick(ROUTE_POLICY_CACHE, e, 3, 10, 4.0, &cursor)]++;
+        seen[route_pick(ROUTE_POLICY_CACHE, e, 3, 10, &w, &cursor)]++;
     assert_int_equal(seen[0] + seen[1] + seen[2], 3);
     assert_int_equal(seen[0], 1);
     assert_int_equal(seen[1], 1);
     e[0].load.inflight = 1; /* same cost, but busier */
     e[0].load.prefill = 0;
     cursor = 0;
-    assert_int_equal(route_pick(ROUTE_POLICY_CACHE, e, 3, 10, 4.0, &cursor), 1);
+    assert_int_equal(route_pick(ROUTE_POLICY_CACHE, e, 3, 10, &w, &cursor), 1);
     /* round-robin ignores cache and load, skips what is down */
     cursor = 0;
     e[1].up = false;
     e[0].cached = 0;
-    assert_int_equal(route_pick(ROUTE_POLICY_ROUND_ROBIN, e, 3, 10, 4.0, &cursor), 0);
-    assert_int_equal(route_pick(ROUTE_POLICY_ROUND_ROBIN, e, 3, 10, 4.0, &cursor), 2);
-    assert_int_equal(route_pick(ROUTE_POLICY_ROUND_ROBIN, e, 3, 10, 4.0, &cursor), 0);
+    assert_int_equal(route_pick(ROUTE_POLICY_ROUND_ROBIN, e, 3, 10, &w, &cursor), 0);
+    assert_int_equal(route_pick(ROUTE_POLICY_ROUND_ROBIN, e, 3, 10, &w, &cursor), 2);
+    assert_int_equal(route_pick(ROUTE_POLICY_ROUND_ROBIN, e, 3, 10, &w, &cursor), 0);
 }
 
 static void test_sessions_lru(void **state)
