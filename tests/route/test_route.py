@@ -1,0 +1,513 @@
+#!/usr/bin/env python3
+"""`cairn route` in front of three real `cairn serve` replicas and a real
+redis-server (docs/scale-out.md, "The router").
+
+usage: test_route.py CAIRN_BIN MODEL [unittest args...]
+
+Everything is real: redis-server on a free loopback port (--save ''
+--appendonly no), three replicas of the bundled model (one thread each),
+the router reading the replicas' events from the Redis stream. Replicas
+that publish their own events (`serve --shared-cache`) are used when the
+binary has that option; otherwise the test announces each replica itself
+(hello: its addresses, a namespace root and page size; stored: the pages of
+the prompts it computed), exactly the entries of the scale-out contract,
+so the router under test is the same either way.
+
+Checks, in order (the last one kills a replica):
+  1. a RAG workload (documents x questions, shuffled, three clients at
+     once) computes each document once in all: the replicas' computed
+     prompt tokens (prompt_tokens - cached_tokens) are <= 1.1 x the floor;
+  2. a session's turns stay on its replica, even a turn whose prompt is
+     cached elsewhere (HTTP session_id, and native session.* calls);
+  3. a restarted router rebuilds its index from the stream: each document
+     goes back to the replica that holds it;
+  4. SIGKILL of a replica under load: no request hangs, only requests in
+     flight on it fail, requests after the router noticed all succeed, and
+     its sessions continue on another replica.
+Waits are guards against hangs, never performance thresholds.
+"""
+import concurrent.futures
+import http.client
+import json
+import os
+import random
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import harness  # noqa: E402
+from harness import STORIES  # noqa: E402
+import cairn_client  # noqa: E402
+import xxhash  # noqa: E402
+
+CAIRN, MODEL = harness.take_argv("CAIRN_BIN", "MODEL", usage=__doc__)
+
+GUARD_S = 60           # one request or one wait longer than this is a hang
+PAGE = 16              # the replicas' page size (serve's default)
+PREFIX = "cairn:"
+# The namespace root announced for replicas that do not publish their own
+# (any 16 bytes: the router seeds its hashes with what hello says).
+FAKE_ROOT = bytes.fromhex("00112233445566778899aabbccddeeff")
+
+
+# ---- Redis, spoken directly (RESP) -------------------------------------------
+class Redis:
+    def __init__(self, port):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=GUARD_S)
+        self.buf = b""
+
+    def _line(self):
+        while b"\r\n" not in self.buf:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("redis closed")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def _exact(self, n):
+        while len(self.buf) < n + 2:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("redis closed")
+            self.buf += chunk
+        data, self.buf = self.buf[:n], self.buf[n + 2:]
+        return data
+
+    def _reply(self):
+        line = self._line()
+        kind, rest = line[:1], line[1:]
+        if kind == b"+":
+            return rest.decode()
+        if kind == b"-":
+            raise RuntimeError(rest.decode())
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            n = int(rest)
+            return None if n < 0 else self._exact(n)
+        if kind == b"*":
+            n = int(rest)
+            return None if n < 0 else [self._reply() for _ in range(n)]
+        raise RuntimeError("bad reply %r" % line)
+
+    def command(self, *args):
+        out = [b"*%d\r\n" % len(args)]
+        for a in args:
+            a = a if isinstance(a, bytes) else str(a).encode()
+            out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+        self.sock.sendall(b"".join(out))
+        return self._reply()
+
+    def close(self):
+        self.sock.close()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def page_hashes(root, tokens):
+    """The contract's chained hashes of the whole pages before the last token."""
+    out, h = [], root
+    for i in range((len(tokens) - 1) // PAGE):
+        page = tokens[i * PAGE:(i + 1) * PAGE]
+        h = xxhash.xxh3_128_digest(h + struct.pack("<%di" % PAGE, *page))
+        out.append(h)
+    return out
+
+
+# ---- the router process --------------------------------------------------------
+class Router:
+    def __init__(self, args):
+        self.args = args
+        self.proc = subprocess.Popen([CAIRN, "route", *args], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.lines = []
+        ready = threading.Event()
+
+        def drain():
+            for line in self.proc.stderr:
+                self.lines.append(line)
+                if "listening" in line:
+                    words = line.split()
+                    self.http_port = int(words[words.index("http") + 1].rsplit(":", 1)[1])
+                    self.rpc_port = int(words[words.index("msgpack") + 1].rsplit(":", 1)[1])
+                    ready.set()
+            ready.set()
+        threading.Thread(target=drain, daemon=True).start()
+        if not ready.wait(GUARD_S) or self.proc.poll() is not None:
+            raise RuntimeError("router did not start:\n" + "".join(self.lines))
+
+    def log(self):
+        return "".join(self.lines[-40:])
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(GUARD_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+class Http:
+    """One keep-alive connection to the router."""
+
+    def __init__(self, port):
+        self.port = port
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=GUARD_S)
+
+    def request(self, method, path, body=None):
+        data = json.dumps(body).encode() if body is not None else None
+        try:
+            self.conn.request(method, path, data, {"Content-Type": "application/json"})
+            r = self.conn.getresponse()
+            text = r.read()
+        except (http.client.HTTPException, OSError):
+            self.conn.close()
+            self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=GUARD_S)
+            raise
+        return r.status, text
+
+    def json(self, method, path, body=None):
+        status, text = self.request(method, path, body)
+        return status, json.loads(text) if text else None
+
+    def close(self):
+        self.conn.close()
+
+
+def metrics(port):
+    c = Http(port)
+    try:
+        _, text = c.request("GET", "/router/metrics")
+    finally:
+        c.close()
+    out = {}
+    for line in text.decode().splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name, value = line.rsplit(" ", 1)
+        out[name] = float(value)
+    return out
+
+
+def routed(port):
+    """requests routed so far, by replica id"""
+    out = {}
+    for k, v in metrics(port).items():
+        if k.startswith("cairn_router_requests_total{"):
+            out[k.split('"')[1]] = v
+    return out
+
+
+def wait_for(what, fn, guard=GUARD_S):
+    end = time.time() + guard
+    while time.time() < end:
+        v = fn()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError("timed out waiting for " + what)
+
+
+class RouterTest(harness.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.scratch = cls.class_scratch("cairn-route-test-", graceful=False)
+        cls.redis_port = free_port()
+        cls.redis_proc = subprocess.Popen(
+            ["redis-server", "--port", str(cls.redis_port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", cls.scratch.name],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cls.scratch.on_close(cls.redis_proc.kill)
+        cls.redis = wait_for("redis", cls._redis_up)
+        cls.scratch.on_close(cls.redis.close)
+        cls.redis_url = "redis://127.0.0.1:%d" % cls.redis_port
+        helptext = subprocess.run([CAIRN, "serve", "--help"], capture_output=True, text=True).stdout
+        cls.replicas_publish = "--shared-cache" in helptext
+        extra = ["--shared-cache", cls.redis_url] if cls.replicas_publish else []
+        cls.replicas = []
+        for _ in range(3):
+            srv = cls.scratch.start(CAIRN, ["-m", MODEL, "-c", "2048", "-t", "1", *extra],
+                                    http=True)
+            cls.replicas.append(srv)
+        cls.ids = ["127.0.0.1:%d" % srv.http_port for srv in cls.replicas]
+        if not cls.replicas_publish:
+            for srv, rid in zip(cls.replicas, cls.ids):
+                cls.redis.command("XADD", PREFIX + "events", "*", "r", rid, "op", "hello", "ns",
+                                  FAKE_ROOT.hex(), "ps", PAGE, "http", rid,
+                                  "rpc", "127.0.0.1:%d" % srv.port)
+        cls.router = cls.start_router()
+
+    @classmethod
+    def _redis_up(cls):
+        try:
+            r = Redis(cls.redis_port)
+            return r if r.command("PING") == "PONG" else None
+        except OSError:
+            return None
+
+    @classmethod
+    def start_router(cls):
+        r = Router(["-m", MODEL, "--http-port", "0", "--port", "0", "--redis", cls.redis_url,
+                    "--health-interval", "0.2"])
+        cls.scratch.on_close(r.stop)
+        wait_for("3 replicas up", lambda: metrics(r.http_port).get("cairn_router_replicas_up") == 3)
+        return r
+
+    # ---- helpers --------------------------------------------------------------
+    def tokens(self, text, bos):
+        c = Http(self.router.http_port)
+        try:
+            status, out = c.json("POST", "/tokenize", {"content": text, "add_special": bos})
+        finally:
+            c.close()
+        self.assertEqual(status, 200, out)
+        return out["tokens"]
+
+    def documents(self, n, first_word, words=170):
+        """n documents of `words` words of the stories (wrapping around),
+        each headed by its own title so that none shares a page with another."""
+        ws = STORIES.split()
+        docs = []
+        for i in range(n):
+            start = first_word + i * words
+            body = [ws[(start + k) % len(ws)] for k in range(words)]
+            docs.append(self.tokens("Document %d of %d. " % (start, n) + " ".join(body), True))
+        return docs
+
+    def complete(self, client, prompt, max_tokens=4):
+        status, out = client.json("POST", "/v1/completions",
+                                  {"prompt": prompt, "max_tokens": max_tokens,
+                                   "temperature": 0})
+        self.assertEqual(status, 200, out)
+        return out["usage"]
+
+    def announce_stored(self, replica_id, prompt):
+        """What a replica publishes once it holds a prompt's pages (only
+        when the replicas do not publish themselves)."""
+        if self.replicas_publish:
+            return
+        hashes = page_hashes(FAKE_ROOT, prompt)
+        self.redis.command("XADD", PREFIX + "events", "*", "r", replica_id, "op", "stored",
+                           "ns", FAKE_ROOT.hex(), "ps", PAGE, "h", b"".join(hashes))
+
+    def one_routed(self, before, after):
+        grew = [k for k in after if after[k] != before.get(k, 0)]
+        self.assertEqual(len(grew), 1, (before, after))
+        self.assertEqual(after[grew[0]] - before.get(grew[0], 0), 1, (before, after))
+        return grew[0]
+
+    # ---- 1. RAG: each document computed once ---------------------------------------
+    def test_1_rag_each_document_once(self):
+        docs = self.documents(6, 0)
+        questions = [self.tokens(" Question %d: who was in the story, and why?" % q, False)
+                     for q in range(3)]
+        work = [(d, q) for d in range(len(docs)) for q in range(len(questions))]
+        random.Random(20).shuffle(work)
+        local = threading.local()
+
+        def run(item):
+            if not hasattr(local, "c"):
+                local.c = Http(self.router.http_port)
+            d, q = item
+            u = self.complete(local.c, docs[d] + questions[q])
+            return u["prompt_tokens"] - u["prompt_tokens_details"]["cached_tokens"]
+
+        before = routed(self.router.http_port)
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            computed = sum(pool.map(run, work))
+        after = routed(self.router.http_port)
+        floor = sum(len(d) for d in docs) + sum(len(questions[q]) for _, q in work)
+        self.assertLessEqual(computed, 1.1 * floor, (computed, floor))
+        # and the documents were spread, not all sent to one replica
+        used = [k for k in after if after[k] > before.get(k, 0)]
+        self.assertGreaterEqual(len(used), 2, (before, after))
+        m = metrics(self.router.http_port)
+        self.assertGreater(m["cairn_router_index_entries"], 0)
+
+    # ---- 2. sessions stick ---------------------------------------------------------
+    def test_2_session_turns_stay_on_their_replica(self):
+        port = self.router.http_port
+        c = Http(port)
+        self.addCleanup(c.close)
+        # a document cached on some replica X
+        doc = self.documents(1, 3000)[0]
+        prompt = doc + self.tokens(" The end.", False)  # /tokenize is routed too: first
+        before = routed(port)
+        self.complete(c, prompt)
+        x = self.one_routed(before, routed(port))
+        # a conversation that starts elsewhere than X...
+        for attempt in range(6):
+            key = "conv-%d" % attempt
+            before = routed(port)
+            status, out = c.json("POST", "/v1/completions",
+                                 {"prompt": "Once upon a time, a cat named %s" % key,
+                                  "max_tokens": 4, "temperature": 0, "session_id": key})
+            self.assertEqual(status, 200, out)
+            home = self.one_routed(before, routed(port))
+            if home != x:
+                break
+        self.assertNotEqual(home, x, "every conversation started on the document's replica")
+        # ...keeps its replica for turns whose prompt is cached on X
+        for turn in range(3):
+            prompt = doc + self.tokens(" Turn %d." % turn, False)
+            before = routed(port)
+            status, out = c.json("POST", "/v1/completions",
+                                 {"prompt": prompt,
+                                  "max_tokens": 4, "temperature": 0, "session_id": key})
+            self.assertEqual(status, 200, out)
+            self.assertEqual(self.one_routed(before, routed(port)), home)
+        # native sessions: session.open, then every session.* call on its replica
+        cl = cairn_client.Client("127.0.0.1", self.router.rpc_port, timeout=GUARD_S)
+        self.addCleanup(cl.close)
+        before = routed(port)
+        sid = cl.session_open(text="Once upon a time there was a red ball.")["session_id"]
+        owner = self.one_routed(before, routed(port))
+        n = 0
+        for turn in range(3):
+            before = routed(port)
+            g = cl.session_generate(sid, text=" The ball", max_tokens=4, temperature=0)
+            self.assertEqual(self.one_routed(before, routed(port)), owner)
+            self.assertGreater(g.usage.cached_tokens, n)  # the history is there
+            n = g.usage.prompt_tokens - 1
+        before = routed(port)
+        fork = cl.session_fork(sid)
+        self.assertEqual(self.one_routed(before, routed(port)), owner)
+        before = routed(port)
+        self.assertEqual(cl.session_info(fork)["n_tokens"], cl.session_info(sid)["n_tokens"])
+        after = routed(port)
+        self.assertEqual(after[owner] - before[owner], 2)
+
+    # ---- 3. the index is rebuilt from the stream after a restart --------------------
+    def test_3_router_restart_rebuilds_index(self):
+        cls = type(self)
+        docs = self.documents(3, 6000)
+        c = Http(self.router.http_port)
+        homes = []
+        for d in docs:
+            prompt = d + self.tokens(" What happened?", False)
+            before = routed(self.router.http_port)
+            self.complete(c, prompt)
+            home = self.one_routed(before, routed(self.router.http_port))
+            homes.append(home)
+            self.announce_stored(home, prompt)
+        c.close()
+        self.assertEqual(self.router.stop(), 0, self.router.log())
+        cls.router = self.start_router()
+        n_entries = self.redis.command("XLEN", PREFIX + "events")
+        wait_for("the stream read", lambda: metrics(self.router.http_port).get(
+            "cairn_router_events_total", 0) >= n_entries)
+        c = Http(self.router.http_port)
+        self.addCleanup(c.close)
+        question = self.tokens(" Who was there?", False)
+        for d, home in zip(docs, homes):
+            before = routed(self.router.http_port)
+            u = self.complete(c, d + question)
+            self.assertEqual(self.one_routed(before, routed(self.router.http_port)), home)
+            self.assertGreaterEqual(u["prompt_tokens_details"]["cached_tokens"],
+                                    (len(d) - 1) // PAGE * PAGE)
+
+    # ---- 4. SIGKILL of a replica under load -----------------------------------------
+    def test_4_sigkill_replica_under_load(self):
+        port = self.router.http_port
+        cl = cairn_client.Client("127.0.0.1", self.router.rpc_port, timeout=GUARD_S)
+        self.addCleanup(cl.close)
+        before = routed(port)
+        sid = cl.session_open(text="Once upon a time there was a small boat.")["session_id"]
+        victim = self.one_routed(before, routed(port))
+        cl.session_generate(sid, text=" The boat", max_tokens=4, temperature=0)
+        history = cl.session_info(sid)["n_tokens"]
+        # an HTTP conversation on the victim too (a key whose first turn lands there)
+        hc = Http(port)
+        self.addCleanup(hc.close)
+        key = None
+        for attempt in range(12):
+            before = routed(port)
+            k = "boat-%d" % attempt
+            status, out = hc.json("POST", "/v1/completions",
+                                  {"prompt": "A boat named %s sailed" % k, "max_tokens": 4,
+                                   "temperature": 0, "session_id": k})
+            self.assertEqual(status, 200, out)
+            if self.one_routed(before, routed(port)) == victim:
+                key = k
+                break
+        docs = self.documents(6, 9000, words=60)
+        moves = metrics(port)["cairn_router_session_moves_total"]
+        results, lock = [], threading.Lock()
+        stop = threading.Event()
+        killed_at = []
+
+        def load(i):
+            c = Http(port)
+            rnd = random.Random(i)
+            while not stop.is_set():
+                d = docs[rnd.randrange(len(docs))]
+                t0 = time.time()
+                try:
+                    status, text = c.request("POST", "/v1/completions",
+                                             {"prompt": d, "max_tokens": 24, "temperature": 0,
+                                              "stream": rnd.random() < 0.5})
+                    ok = status == 200 and b'"error"' not in text
+                except (http.client.HTTPException, OSError):
+                    ok = False
+                with lock:
+                    results.append((t0, time.time(), ok))
+            c.close()
+
+        threads = [threading.Thread(target=load, args=(i,), daemon=True) for i in range(3)]
+        for t in threads:
+            t.start()
+        wait_for("load running", lambda: len(results) >= 6)
+        srv = self.replicas[self.ids.index(victim)]
+        srv.proc.send_signal(signal.SIGKILL)
+        srv.proc.wait(GUARD_S)
+        killed_at.append(time.time())
+        wait_for("the router noticing", lambda: metrics(port).get("cairn_router_replicas_up") == 2)
+        noticed = time.time()
+        wait_for("load after the kill", lambda: sum(1 for r in results if r[0] > noticed) >= 9)
+        stop.set()
+        for t in threads:
+            t.join(GUARD_S)
+            self.assertFalse(t.is_alive(), "a request hung")
+        failed = [r for r in results if not r[2]]
+        # only requests running when it died may fail: at most one per client
+        self.assertLessEqual(len(failed), len(threads), failed)
+        for t0, t1, ok in failed:
+            self.assertLessEqual(t0, killed_at[0])
+        self.assertTrue(all(ok for t0, _, ok in results if t0 > noticed))
+        # its sessions continue elsewhere
+        if key:
+            status, out = hc.json("POST", "/v1/completions",
+                                  {"prompt": "A boat named %s sailed far away" % key,
+                                   "max_tokens": 4, "temperature": 0, "session_id": key})
+            self.assertEqual(status, 200, out)
+        if self.replicas_publish:
+            # its record comes from the shared tier: the same history
+            g = cl.session_generate(sid, text=" It", max_tokens=4, temperature=0)
+            self.assertGreaterEqual(g.usage.prompt_tokens, history)
+        else:
+            # without the shared tier the new replica has no record; the
+            # router still sent the session there, not to the dead one
+            with self.assertRaises(cairn_client.client.NotFound):
+                cl.session_generate(sid, text=" It", max_tokens=4, temperature=0)
+        moved = metrics(port)["cairn_router_session_moves_total"] - moves
+        self.assertGreaterEqual(moved, 2 if key else 1)
+        # the client's connection to the router serves on
+        self.assertTrue(cl.generate("Once upon a time", max_tokens=4, temperature=0).text)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
