@@ -382,24 +382,28 @@ static int resp_headers_complete(http_parser *p)
 }
 
 /* A stored response's id ("resp_" + 32 hex: its session) in the first bytes
- * of the answer: that session lives on this replica. */
+ * of the answer: that session lives on this replica. The key "id" is
+ * matched with its quotes, so an echoed "previous_response_id" is not taken
+ * for it (the replica writes compact JSON, also in its SSE events). */
 static void learn_from(hjob *j, const char *at, size_t len)
 {
+    static const char pat[] = "\"id\":\"resp_";
+    const size_t pl = sizeof pat - 1;
     if (!j->learn_response_id || j->learn_seen >= HTTP_LEARN_BYTES)
         return;
     for (size_t i = 0; i < len && j->learn_seen < HTTP_LEARN_BYTES; i++, j->learn_seen++) {
         char ch = at[i];
-        if (j->learn_len < 5) {
-            j->learn_len = ch == "resp_"[j->learn_len] ? j->learn_len + 1 : ch == 'r';
+        if (j->learn_len < pl) {
+            j->learn_len = ch == pat[j->learn_len] ? j->learn_len + 1 : ch == pat[0];
             continue;
         }
         const bool hex = (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f');
         if (!hex) {
-            j->learn_len = ch == 'r';
+            j->learn_len = ch == pat[0];
             continue;
         }
-        j->learn_buf[j->learn_len - 5] = ch;
-        if (++j->learn_len == 5 + 32) {
+        j->learn_buf[j->learn_len - pl] = ch;
+        if (++j->learn_len == pl + 32) {
             char key[40];
             snprintf(key, sizeof key, "s:%.32s", j->learn_buf);
             route_sessions_set(j->r->sessions, key, j->choice.slot);

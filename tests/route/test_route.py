@@ -31,6 +31,7 @@ import http.client
 import json
 import os
 import random
+import re
 import signal
 import socket
 import struct
@@ -370,6 +371,22 @@ class RouterTest(harness.TestCase):
                                   "max_tokens": 4, "temperature": 0, "session_id": key})
             self.assertEqual(status, 200, out)
             self.assertEqual(self.one_routed(before, routed(port)), home)
+        # stored responses: a chain of previous_response_id, each on the replica
+        # that holds the one before (another replica answers 404), streamed too
+        status, out = c.json("POST", "/v1/responses", {"input": "Once upon a time",
+                                                        "max_output_tokens": 4})
+        self.assertEqual(status, 200, out)
+        rid = out["id"]
+        for turn in range(3):
+            stream = turn == 1
+            status, text = c.request("POST", "/v1/responses",
+                                     {"input": "and then", "previous_response_id": rid,
+                                      "max_output_tokens": 4, "stream": stream})
+            self.assertEqual(status, 200, text)
+            rid = (json.loads(text)["id"] if not stream else
+                   re.search(rb'"id":"(resp_[0-9a-f]{32})"', text).group(1).decode())
+        status, out = c.json("GET", "/v1/responses/" + rid)
+        self.assertEqual(status, 200, out)
         # native sessions: session.open, then every session.* call on its replica
         cl = cairn_client.Client("127.0.0.1", self.router.rpc_port, timeout=GUARD_S)
         self.addCleanup(cl.close)
