@@ -311,6 +311,30 @@ class RouterTest(harness.TestCase):
         self.assertEqual(after[grew[0]] - before.get(grew[0], 0), 1, (before, after))
         return grew[0]
 
+    # ---- 0. what the router cannot decode goes through unchanged ---------------------
+    def test_0_undecodable_requests_reach_a_replica(self):
+        port = self.router.http_port
+        c = Http(port)
+        self.addCleanup(c.close)
+        before = metrics(port)
+        status, text = c.request("POST", "/v1/chat/completions", None)  # no body at all
+        self.assertEqual(status, 400, text)
+        status, out = c.json("POST", "/v1/chat/completions",
+                             {"messages": [{"role": "user", "content": "hi"}],
+                              "temperature": 7})
+        self.assertEqual(status, 400, out)
+        self.assertIn("temperature", out["error"]["message"])  # the replica's own words
+        status, out = c.json("GET", "/v1/models")
+        self.assertEqual(status, 200, out)
+        self.assertEqual(out["data"][0]["object"], "model")
+        after = metrics(port)
+        self.assertEqual(after["cairn_router_undecodable_total"] -
+                         before["cairn_router_undecodable_total"], 2)
+        self.assertEqual(after["cairn_router_http_requests_total"] -
+                         before["cairn_router_http_requests_total"], 3)
+        # the same connection goes on (keep-alive through errors)
+        self.complete(c, self.tokens("Once upon a time", True))
+
     # ---- 1. RAG: each document computed once ---------------------------------------
     def test_1_rag_each_document_once(self):
         docs = self.documents(6, 0)
@@ -524,6 +548,79 @@ class RouterTest(harness.TestCase):
         self.assertGreaterEqual(moved, 2 if key else 1)
         # the client's connection to the router serves on
         self.assertTrue(cl.generate("Once upon a time", max_tokens=4, temperature=0).text)
+
+
+class TenantRouterTest(harness.TestCase):
+    """With --tenants the router hashes a request's prompt under its tenant's
+    seed, as the replicas do: one tenant's document is never predicted
+    cached for another."""
+    ALICE, BOB = "alice-token-5e0c1d2b3a49f8e7", "bob-token-96a8b7c6d5e4f3a2b1"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.scratch = cls.class_scratch("cairn-route-tenants-", graceful=False)
+        tenants = cls.scratch.path("tenants")
+        fd = os.open(tenants, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("alice %s\nbob %s\n" % (cls.ALICE, cls.BOB))
+        cls.replicas = [cls.scratch.start(CAIRN, ["-m", MODEL, "-c", "2048", "-t", "1",
+                                                  "--tenants", tenants], http=True)
+                        for _ in range(2)]
+        args = ["-m", MODEL, "--http-port", "0", "--port", "0", "--tenants", tenants,
+                "--health-interval", "0.2"]
+        for srv in cls.replicas:
+            args += ["--replica", "http=127.0.0.1:%d,rpc=127.0.0.1:%d" % (srv.http_port, srv.port)]
+        cls.router = Router(args)
+        cls.scratch.on_close(cls.router.stop)
+        wait_for("2 replicas up",
+                 lambda: metrics(cls.router.http_port).get("cairn_router_replicas_up") == 2)
+
+    def post(self, token, body):
+        conn = http.client.HTTPConnection("127.0.0.1", self.router.http_port, timeout=GUARD_S)
+        try:
+            conn.request("POST", "/v1/completions", json.dumps(body),
+                         {"Content-Type": "application/json",
+                          "Authorization": "Bearer " + token})
+            r = conn.getresponse()
+            return r.status, json.loads(r.read())
+        finally:
+            conn.close()
+
+    def predicted(self):
+        return sum(v for k, v in metrics(self.router.http_port).items()
+                   if k.startswith("cairn_router_cached_tokens_predicted_total{"))
+
+    def test_tenants_do_not_share_predictions(self):
+        ws = STORIES.split()
+        doc = "A tale for one tenant. " + " ".join(ws[:150])
+        status, out = self.post(self.ALICE, {"prompt": doc + " First.", "max_tokens": 2})
+        self.assertEqual(status, 200, out)
+        n_doc = out["usage"]["prompt_tokens"]
+        p0 = self.predicted()
+        status, out = self.post(self.ALICE, {"prompt": doc + " Second.", "max_tokens": 2})
+        self.assertEqual(status, 200, out)
+        self.assertGreater(out["usage"]["prompt_tokens_details"]["cached_tokens"], n_doc // 2)
+        p1 = self.predicted()
+        self.assertGreaterEqual(p1 - p0, (n_doc - PAGE) // PAGE * PAGE - PAGE)
+        # bob's request for the same text: nothing predicted, nothing cached
+        status, out = self.post(self.BOB, {"prompt": doc + " Third.", "max_tokens": 2})
+        self.assertEqual(status, 200, out)
+        self.assertEqual(self.predicted(), p1)
+        self.assertLess(out["usage"]["prompt_tokens_details"]["cached_tokens"], PAGE)
+        # msgpack: auth goes to one replica, and opens every later connection
+        cl = cairn_client.Client("127.0.0.1", self.router.rpc_port, timeout=GUARD_S)
+        self.addCleanup(cl.close)
+        self.assertEqual(cl.auth(self.BOB), "bob")
+        for i in range(4):  # cold prompts spread over both replicas
+            self.assertTrue(cl.generate("Once upon a time %d" % i, max_tokens=2).tokens)
+        before = self.predicted()
+        g = cl.generate(doc + " Fourth.", max_tokens=2, temperature=0)
+        self.assertGreater(self.predicted(), before)  # bob's own request above, predicted
+        self.assertGreater(g.usage.cached_tokens, n_doc // 2)
+        other = cairn_client.Client("127.0.0.1", self.router.rpc_port, timeout=GUARD_S)
+        self.addCleanup(other.close)
+        with self.assertRaises(cairn_client.client.Unauthorized):
+            other.generate("no token", max_tokens=2)
 
 
 if __name__ == "__main__":
