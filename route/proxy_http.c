@@ -479,7 +479,7 @@ static void job_upstream_failed(hjob *j, hup *u, bool connect_failed, const char
         job_finish(j, false);
         return;
     }
-    const bool retry = !u->got_bytes && (connect_failed || u->reused) &&
+    const bool retry = !r->stopping && !u->got_bytes && (connect_failed || u->reused) &&
                        j->attempts < HTTP_MAX_ATTEMPTS && !j->head_sent;
     if (retry) {
         /* nothing reached the replica (or it had closed the pooled
@@ -722,7 +722,10 @@ static void job_dispatch(hjob *j)
                                .sticky = j->sticky,
                                .exclude = j->exclude,
                                .need_http = true};
-    route_choose(r, &j->choice);
+    if (!r->stopping)
+        route_choose(r, &j->choice);
+    else
+        j->choice.slot = -1;
     if (j->choice.slot < 0) {
         r->counters.no_replica++;
         const bool keep = j->keep_alive;

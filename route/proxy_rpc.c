@@ -332,6 +332,8 @@ static void up_connected(rstream *s, int status)
 static bool up_send(rclient *c, int slot, const uint8_t *msg, size_t len)
 {
     rup *u = c->up[slot];
+    if (!u && c->r->stopping)
+        return false;
     if (!u) {
         route_reg_entry e;
         pthread_mutex_lock(&c->r->reg_mu);

@@ -215,6 +215,8 @@ static void check_one(cairn_router *r, int slot)
 static void on_health_timer(uv_timer_t *t)
 {
     cairn_router *r = t->data;
+    if (r->stopping)
+        return;
     for (int s = 0; s < ROUTE_MAX_REPLICAS; s++)
         check_one(r, s);
     /* predictions nobody asked about again: a sweep now and then */

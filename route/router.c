@@ -182,10 +182,18 @@ int cairn_router_rpc_port(const cairn_router *r)
     return r->rpc_port;
 }
 
+/* Close every handle. Connections go through rstream_close, so their
+ * owners are told (and freed) as on any close; listeners, timers and
+ * signals have nothing to free. */
 static void close_walk(uv_handle_t *h, void *arg)
 {
-    (void)arg;
-    if (!uv_is_closing(h))
+    cairn_router *r = arg;
+    if (uv_is_closing(h))
+        return;
+    if (h->type == UV_TCP && h != (uv_handle_t *)&r->http_listener &&
+        h != (uv_handle_t *)&r->rpc_listener && h->data)
+        rstream_close(h->data);
+    else
         uv_close(h, NULL);
 }
 
@@ -209,8 +217,9 @@ int cairn_router_run(cairn_router *r)
     route_events_stop(r);
     /* Connections are not drained: a client of a stopping router sees its
      * connection close, as with a replica that stops. */
-    uv_walk(&r->loop, close_walk, NULL);
-    uv_run(&r->loop, UV_RUN_NOWAIT);
+    r->stopping = true; /* nothing new is connected from here on */
+    uv_walk(&r->loop, close_walk, r);
+    uv_run(&r->loop, UV_RUN_DEFAULT);
     return CAIRN_OK;
 }
 
@@ -220,7 +229,8 @@ void cairn_router_free(cairn_router *r)
         return;
     route_events_stop(r);
     if (r->loop_ready) {
-        uv_walk(&r->loop, close_walk, NULL);
+        r->stopping = true;
+        uv_walk(&r->loop, close_walk, r);
         uv_run(&r->loop, UV_RUN_DEFAULT);
         uv_loop_close(&r->loop);
     }
