@@ -42,13 +42,17 @@ static const char help[] =
     "      --health-interval S  seconds between health checks (default 1)\n"
     "      --health-failures N  failed checks in a row that make a replica down (default 3)\n"
     "      --page-size N      page size of replicas whose events have not said (default 16)\n"
+    "      --http-timeout S   an HTTP request must arrive whole within S seconds of the\n"
+    "                         connection becoming idle (default 30)\n"
+    "      --idle-timeout S   close a msgpack connection that sends half a message and\n"
+    "                         then nothing for S seconds (default 60)\n"
     "  -v, --verbose          log more\n"
     "  -h, --help             this help\n";
 
 enum {
     OPT_HOST = 4000, OPT_HTTP_PORT, OPT_PORT, OPT_REDIS, OPT_PREFIX, OPT_REPLICA, OPT_TENANTS,
     OPT_POLICY, OPT_DECODE_WEIGHT, OPT_DECODE_ESTIMATE, OPT_PREDICT_TTL, OPT_HEALTH_INTERVAL,
-    OPT_HEALTH_FAILURES, OPT_PAGE_SIZE, OPT_WORK_WEIGHT,
+    OPT_HEALTH_FAILURES, OPT_PAGE_SIZE, OPT_WORK_WEIGHT, OPT_HTTP_TIMEOUT, OPT_IDLE_TIMEOUT,
 };
 
 /* "http=H:P,rpc=H:P,id=X" -> spec (pointing into `text`, which it edits). */
@@ -112,6 +116,8 @@ int cmd_route(int argc, char **argv)
         {"health-interval", required_argument, 0, OPT_HEALTH_INTERVAL},
         {"health-failures", required_argument, 0, OPT_HEALTH_FAILURES},
         {"page-size", required_argument, 0, OPT_PAGE_SIZE},
+        {"http-timeout", required_argument, 0, OPT_HTTP_TIMEOUT},
+        {"idle-timeout", required_argument, 0, OPT_IDLE_TIMEOUT},
         {"verbose", no_argument, 0, 'v'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -188,6 +194,14 @@ int cmd_route(int argc, char **argv)
             if (parse_long(optarg, "--page-size", 1, 1 << 16, &v))
                 return 2;
             cfg.page_size = (int)v;
+            break;
+        case OPT_HTTP_TIMEOUT:
+            if (parse_double(optarg, "--http-timeout", 0.01, 1e7, &cfg.http_timeout_s))
+                return 2;
+            break;
+        case OPT_IDLE_TIMEOUT:
+            if (parse_double(optarg, "--idle-timeout", 0.01, 1e7, &cfg.idle_timeout_s))
+                return 2;
             break;
         case 'v': cairn_log_set_level(CAIRN_LOG_DEBUG); break;
         default: return cli_help_or_usage(opt, help);

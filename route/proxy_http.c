@@ -100,6 +100,8 @@ struct hjob {
 struct hclient {
     rstream s;
     cairn_router *r;
+    hclient *prev, *next;  /* the router's list of clients                */
+    double idle_since;     /* waiting for a request since then             */
     http_parser p;
     char *in;
     size_t in_len, in_off, in_cap;
@@ -700,6 +702,7 @@ static void job_finish(hjob *j, bool ok)
     if (c) {
         c->job = NULL;
         j->c = NULL;
+        c->idle_since = cairn_now();
         if (ok) {
             if (!j->keep_alive)
                 rstream_finish(&c->s);
@@ -976,6 +979,12 @@ static void client_close(hclient *c)
 static void client_closed(rstream *s)
 {
     hclient *c = s->owner;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        c->r->http_clients = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
     if (c->job) {
         hjob *j = c->job;
         c->job = NULL;
@@ -1025,6 +1034,11 @@ void route_http_accept(cairn_router *r, uv_stream_t *listener)
     rstream_init(&r->loop, &c->s, c);
     c->s.on_read = client_read;
     c->s.on_close = client_closed;
+    c->idle_since = cairn_now();
+    c->next = r->http_clients; /* before anything can close it */
+    if (c->next)
+        c->next->prev = c;
+    r->http_clients = c;
     if (rstream_accept(listener, &c->s) != CAIRN_OK) {
         rstream_close(&c->s);
         return;
@@ -1032,4 +1046,19 @@ void route_http_accept(cairn_router *r, uv_stream_t *listener)
     http_parser_init(&c->p, HTTP_REQUEST);
     c->p.data = c;
     rstream_read(&c->s, true);
+}
+
+void route_http_sweep(cairn_router *r, double now)
+{
+    for (hclient *c = r->http_clients, *next; c; c = next) {
+        next = c->next;
+        if (c->job || c->s.closing || now - c->idle_since < r->cfg.http_timeout_s)
+            continue;
+        if (c->in_len > c->in_off || c->url.len || c->headers.len || c->body.len) {
+            respond_error(c, 408, "the request was not received in time", NULL, false);
+            rstream_finish(&c->s);
+        } else {
+            rstream_close(&c->s); /* an idle keep-alive connection */
+        }
+    }
 }

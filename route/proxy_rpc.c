@@ -79,6 +79,8 @@ typedef struct rjob {
 struct rclient {
     rstream s;
     cairn_router *r;
+    rclient *prev, *next;  /* the router's list of clients                */
+    double last_byte;      /* when the last bytes came                     */
     char *in;
     size_t in_len, in_off, in_cap;
     cairn_mp_scanner sc;
@@ -659,12 +661,19 @@ static void client_read(rstream *s, const char *buf, ssize_t n)
     }
     memcpy(c->in + c->in_len, buf, (size_t)n);
     c->in_len += (size_t)n;
+    c->last_byte = cairn_now();
     client_process(c);
 }
 
 static void client_closed(rstream *s)
 {
     rclient *c = s->owner;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        c->r->rpc_clients = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
     c->gone = true;
     if (c->decoding)
         c->decoding->c = NULL;
@@ -705,9 +714,25 @@ void route_rpc_accept(cairn_router *r, uv_stream_t *listener)
     rstream_init(&r->loop, &c->s, c);
     c->s.on_read = client_read;
     c->s.on_close = client_closed;
+    c->last_byte = cairn_now();
+    c->next = r->rpc_clients; /* before anything can close it */
+    if (c->next)
+        c->next->prev = c;
+    r->rpc_clients = c;
     if (rstream_accept(listener, &c->s) != CAIRN_OK) {
         rstream_close(&c->s);
         return;
     }
     rstream_read(&c->s, true);
+}
+
+void route_rpc_sweep(cairn_router *r, double now)
+{
+    for (rclient *c = r->rpc_clients, *next; c; c = next) {
+        next = c->next;
+        /* half a message (or one being skipped) must keep arriving */
+        const bool partial = c->in_len > c->in_off || c->skipping;
+        if (partial && !c->decoding && !c->s.closing && now - c->last_byte >= r->cfg.idle_timeout_s)
+            rstream_close(&c->s);
+    }
 }

@@ -219,6 +219,8 @@ static void on_health_timer(uv_timer_t *t)
         return;
     for (int s = 0; s < ROUTE_MAX_REPLICAS; s++)
         check_one(r, s);
+    route_http_sweep(r, cairn_now());
+    route_rpc_sweep(r, cairn_now());
     /* predictions nobody asked about again: a sweep now and then */
     const double now = cairn_now();
     if (now - r->last_sweep > 10.0) {

@@ -225,6 +225,8 @@ typedef struct {
     size_t max_body_bytes;      /* HTTP request body (default 4 MiB)           */
     size_t max_header_bytes;    /* HTTP request head (default 32 KiB)          */
     size_t max_sessions;        /* sticky sessions remembered (default 100000) */
+    double http_timeout_s;      /* a whole HTTP request within this (30)       */
+    double idle_timeout_s;      /* half a msgpack message, then silence (60)   */
 } route_config;
 
 void route_config_default(route_config *cfg);

@@ -124,6 +124,8 @@ struct cairn_router {
     bool has_http, has_rpc;
     int http_port, rpc_port;
     uv_timer_t health_timer;
+    struct hclient *http_clients; /* every HTTP client connection (proxy_http.c) */
+    struct rclient *rpc_clients;  /* every msgpack client connection (proxy_rpc.c) */
     double last_sweep;           /* of expired predictions                      */
     uv_signal_t sigint, sigterm;
     bool stopping;
@@ -187,6 +189,11 @@ void route_events_stop(cairn_router *r);
 /* proxy_http.c, proxy_rpc.c */
 void route_http_accept(cairn_router *r, uv_stream_t *listener);
 void route_rpc_accept(cairn_router *r, uv_stream_t *listener);
+/* Close client connections past their deadlines (called every health tick):
+ * HTTP, no whole request within http_timeout_s of becoming idle (408 when
+ * part of one came); msgpack, half a message and no byte for idle_timeout_s. */
+void route_http_sweep(cairn_router *r, double now);
+void route_rpc_sweep(cairn_router *r, double now);
 /* Free the idle keep-alive connections of a slot (its replica went down). */
 void route_http_drop_idle(cairn_router *r, int slot);
 

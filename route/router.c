@@ -30,6 +30,8 @@ void route_config_default(route_config *cfg)
     cfg->max_body_bytes = 4u << 20;
     cfg->max_header_bytes = 32u << 10;
     cfg->max_sessions = 100000;
+    cfg->http_timeout_s = 30.0;
+    cfg->idle_timeout_s = 60.0;
 }
 
 static int load_model_text(cairn_router *r, char *err, size_t err_len)

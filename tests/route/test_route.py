@@ -567,7 +567,7 @@ class TenantRouterTest(harness.TestCase):
                                                   "--tenants", tenants], http=True)
                         for _ in range(2)]
         args = ["-m", MODEL, "--http-port", "0", "--port", "0", "--tenants", tenants,
-                "--health-interval", "0.2"]
+                "--health-interval", "0.2", "--http-timeout", "0.5", "--idle-timeout", "0.5"]
         for srv in cls.replicas:
             args += ["--replica", "http=127.0.0.1:%d,rpc=127.0.0.1:%d" % (srv.http_port, srv.port)]
         cls.router = Router(args)
@@ -621,6 +621,17 @@ class TenantRouterTest(harness.TestCase):
         self.addCleanup(other.close)
         with self.assertRaises(cairn_client.client.Unauthorized):
             other.generate("no token", max_tokens=2)
+
+    def test_deadlines(self):
+        """Half a request is not held forever: HTTP answers 408 and closes, a
+        msgpack connection with half a message is closed."""
+        got, closed = harness.exchange(("127.0.0.1", self.router.http_port),
+                                       b"POST /v1/completions HTTP/1.1\r\nContent-Length: 10\r\n\r\n{")
+        self.assertTrue(closed)
+        self.assertTrue(got.startswith(b"HTTP/1.1 408"), got)
+        got, closed = harness.exchange(("127.0.0.1", self.router.rpc_port), b"\x94\x00\x01")
+        self.assertTrue(closed)
+        self.assertEqual(got, b"")
 
 
 if __name__ == "__main__":
