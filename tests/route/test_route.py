@@ -238,9 +238,12 @@ class RouterTest(harness.TestCase):
         cls.redis_url = "redis://127.0.0.1:%d" % cls.redis_port
         helptext = subprocess.run([CAIRN, "serve", "--help"], capture_output=True, text=True).stdout
         cls.replicas_publish = "--shared-cache" in helptext
-        extra = ["--shared-cache", cls.redis_url] if cls.replicas_publish else []
         cls.replicas = []
-        for _ in range(3):
+        for i in range(3):
+            # with the shared tier, a persisted session's record reaches Redis
+            # (through the disk tier), so another replica can take it over
+            extra = (["--shared-cache", cls.redis_url, "--cache-dir", cls.scratch.path("c%d" % i)]
+                     if cls.replicas_publish else [])
             srv = cls.scratch.start(CAIRN, ["-m", MODEL, "-c", "2048", "-t", "1", *extra],
                                     http=True)
             cls.replicas.append(srv)
@@ -467,7 +470,8 @@ class RouterTest(harness.TestCase):
         cl = cairn_client.Client("127.0.0.1", self.router.rpc_port, timeout=GUARD_S)
         self.addCleanup(cl.close)
         before = routed(port)
-        sid = cl.session_open(text="Once upon a time there was a small boat.")["session_id"]
+        sid = cl.session_open(text="Once upon a time there was a small boat.",
+                              **({"persist": True} if self.replicas_publish else {}))["session_id"]
         victim = self.one_routed(before, routed(port))
         cl.session_generate(sid, text=" The boat", max_tokens=4, temperature=0)
         history = cl.session_info(sid)["n_tokens"]
