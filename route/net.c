@@ -117,6 +117,13 @@ void rstream_write(rstream *s, const void *data, size_t len)
 {
     if (s->closing || len == 0)
         return;
+    if (s->max_pending && s->out_pending + len > s->max_pending) {
+        /* a client that does not read cannot make the router hold its
+         * answers without bound (as a replica's --max-output) */
+        cairn_log(CAIRN_LOG_INFO, "route: a peer stopped reading; closing it");
+        rstream_close(s);
+        return;
+    }
     net_write *w = malloc(sizeof *w + len);
     if (!w) {
         rstream_close(s);

@@ -109,6 +109,7 @@ struct hclient {
     bool in_value;
     size_t header_bytes;
     char *authorization, *session_header, *api_key;
+    bool expect_continue;  /* Expect: 100-continue                          */
     bool message_done;
     int error_status;
     const char *error_message;
@@ -210,6 +211,8 @@ static void commit_header(hclient *c)
     } else if (name_is(&c->field, "x-api-key")) {
         free(c->api_key);
         c->api_key = dup_buf(&c->value);
+    } else if (name_is(&c->field, "expect")) {
+        c->expect_continue = c->value.len == 12 && strncasecmp(c->value.data, "100-continue", 12) == 0;
     } else if (name_is(&c->field, "x-session-id")) {
         free(c->session_header);
         c->session_header = dup_buf(&c->value);
@@ -236,6 +239,7 @@ static int req_message_begin(http_parser *p)
     free(c->api_key);
     free(c->session_header);
     c->authorization = c->api_key = c->session_header = NULL;
+    c->expect_continue = false;
     c->in_value = false;
     c->header_bytes = 0;
     return 0;
@@ -278,6 +282,11 @@ static int req_headers_complete(http_parser *p)
     commit_header(c);
     if ((p->flags & F_CONTENTLENGTH) && p->content_length > c->r->cfg.max_body_bytes)
         return refuse(c, 413, "the request body is too large");
+    /* the router reads the body itself (it decodes it before choosing) */
+    if (c->expect_continue && p->http_minor >= 1) {
+        static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+        rstream_write(&c->s, cont, sizeof cont - 1);
+    }
     return 0;
 }
 
@@ -1034,6 +1043,7 @@ void route_http_accept(cairn_router *r, uv_stream_t *listener)
     rstream_init(&r->loop, &c->s, c);
     c->s.on_read = client_read;
     c->s.on_close = client_closed;
+    c->s.max_pending = r->cfg.max_output_bytes;
     c->idle_since = cairn_now();
     c->next = r->http_clients; /* before anything can close it */
     if (c->next)

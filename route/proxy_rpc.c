@@ -714,6 +714,7 @@ void route_rpc_accept(cairn_router *r, uv_stream_t *listener)
     rstream_init(&r->loop, &c->s, c);
     c->s.on_read = client_read;
     c->s.on_close = client_closed;
+    c->s.max_pending = r->cfg.max_output_bytes;
     c->last_byte = cairn_now();
     c->next = r->rpc_clients; /* before anything can close it */
     if (c->next)

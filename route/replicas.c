@@ -43,10 +43,22 @@ int route_reg_upsert_locked(cairn_router *r, const char *id, const char *http, c
         for (int k = 0; k < ROUTE_MAX_REPLICAS && s < 0; k++)
             if (!r->reg[k].used)
                 s = k;
+        /* full: the slot of a replica that said bye, or of one never heard
+         * of but in old entries of the stream (no address), is taken over */
+        for (int k = 0; k < ROUTE_MAX_REPLICAS && s < 0; k++)
+            if (r->reg[k].gone || (!r->reg[k].is_static && !r->reg[k].has_http_addr &&
+                                   !r->reg[k].has_rpc_addr))
+                s = k;
         if (s < 0)
             return -1;
+        if (r->reg[s].used) {
+            route_index_drop_slot(r->index, s); /* (reg_mu, then the index's: the usual order) */
+            r->reg[s].generation++;
+        }
         route_reg_entry *e = &r->reg[s];
+        const uint64_t generation = e->generation;
         memset(e, 0, sizeof *e);
+        e->generation = generation + 1; /* whatever the loop knew of the slot is over */
         e->used = true;
         snprintf(e->id, sizeof e->id, "%s", id);
         e->ps = r->cfg.page_size;

@@ -226,6 +226,7 @@ typedef struct {
     size_t max_header_bytes;    /* HTTP request head (default 32 KiB)          */
     size_t max_sessions;        /* sticky sessions remembered (default 100000) */
     double http_timeout_s;      /* a whole HTTP request within this (30)       */
+    size_t max_output_bytes;    /* unread output per client (64 MiB)           */
     double idle_timeout_s;      /* half a msgpack message, then silence (60)   */
 } route_config;
 

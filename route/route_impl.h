@@ -39,6 +39,8 @@ struct rstream {
     void (*on_close)(rstream *s);               /* the handle is closed: free the owner */
     bool open, closing, reading;
     size_t out_pending; /* bytes handed to libuv and not yet written */
+    size_t max_pending; /* more than this unwritten: the peer does not read,
+                           the stream is closed (0: no limit)              */
 };
 
 void rstream_init(uv_loop_t *loop, rstream *s, void *owner);

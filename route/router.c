@@ -31,6 +31,7 @@ void route_config_default(route_config *cfg)
     cfg->max_header_bytes = 32u << 10;
     cfg->max_sessions = 100000;
     cfg->http_timeout_s = 30.0;
+    cfg->max_output_bytes = 64u << 20;
     cfg->idle_timeout_s = 60.0;
 }
 
