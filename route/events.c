@@ -253,7 +253,7 @@ static void *events_main(void *arg)
     redisContext *c = NULL;
     double last_check = 0;
     bool logged_down = false;
-    while (!r->events_stop) {
+    while (!__atomic_load_n(&r->events_stop, __ATOMIC_ACQUIRE)) {
         if (!c) {
             c = connect_redis(r->cfg.redis_url);
             if (!c) {
@@ -261,12 +261,12 @@ static void *events_main(void *arg)
                     cairn_log(CAIRN_LOG_WARN, "route: cannot reach Redis at %s; retrying",
                               r->cfg.redis_url);
                 logged_down = true;
-                r->events_connected = 0;
+                __atomic_store_n(&r->events_connected, 0, __ATOMIC_RELAXED);
                 sleep_s(1.0);
                 continue;
             }
             logged_down = false;
-            r->events_connected = 1;
+            __atomic_store_n(&r->events_connected, 1, __ATOMIC_RELAXED);
             last_check = 0; /* check the stream at once after (re)connecting */
         }
         if (cairn_now() - last_check > 2.0) {
@@ -290,7 +290,7 @@ static void *events_main(void *arg)
             cairn_log(CAIRN_LOG_WARN, "route: Redis: %s; reconnecting", c->errstr);
             redisFree(c);
             c = NULL;
-            r->events_connected = 0;
+            __atomic_store_n(&r->events_connected, 0, __ATOMIC_RELAXED);
             continue;
         }
         if (rep->type == REDIS_REPLY_ARRAY && rep->elements >= 1 &&
@@ -324,7 +324,7 @@ int route_events_start(cairn_router *r, char *err, size_t err_len)
     if (strncmp(r->cfg.redis_url, "redis://", 8) != 0 && strncmp(r->cfg.redis_url, "unix://", 7))
         return cairn_errorf(err, err_len, CAIRN_EINVAL,
                             "--redis must be redis://HOST:PORT or unix:///path");
-    r->events_stop = 0;
+    __atomic_store_n(&r->events_stop, 0, __ATOMIC_RELEASE);
     if (pthread_create(&r->events_thread, NULL, events_main, r) != 0)
         return cairn_errorf(err, err_len, CAIRN_ENOMEM, "cannot start the events thread");
     r->has_events_thread = true;
@@ -335,7 +335,7 @@ void route_events_stop(cairn_router *r)
 {
     if (!r->has_events_thread)
         return;
-    r->events_stop = 1; /* seen within one XREAD BLOCK (1 s) */
+    __atomic_store_n(&r->events_stop, 1, __ATOMIC_RELEASE); /* seen within one XREAD BLOCK (1 s) */
     pthread_join(r->events_thread, NULL);
     r->has_events_thread = false;
 }

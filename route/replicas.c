@@ -115,16 +115,20 @@ static void mark(cairn_router *r, int slot, uint64_t generation, bool ok, bool a
     route_live *lv = &r->live[slot];
     if (lv->generation != generation)
         return; /* the replica has moved since: this says nothing of it */
+    char id[sizeof r->reg[slot].id];
+    pthread_mutex_lock(&r->reg_mu);
+    memcpy(id, r->reg[slot].id, sizeof id);
+    pthread_mutex_unlock(&r->reg_mu);
     if (ok) {
         if (!lv->up)
-            cairn_log(CAIRN_LOG_INFO, "route: replica %s is up", r->reg[slot].id);
+            cairn_log(CAIRN_LOG_INFO, "route: replica %s is up", id);
         lv->up = true;
         lv->fails = 0;
         return;
     }
     lv->fails++;
     if (lv->up && (at_once || lv->fails >= r->cfg.health_failures)) {
-        cairn_log(CAIRN_LOG_WARN, "route: replica %s is down (%s)", r->reg[slot].id, why);
+        cairn_log(CAIRN_LOG_WARN, "route: replica %s is down (%s)", id, why);
         lv->up = false;
         route_http_drop_idle(r, slot);
     }

@@ -135,8 +135,8 @@ struct cairn_router {
     /* events thread */
     pthread_t events_thread;
     bool has_events_thread;
-    volatile int events_stop;
-    volatile int events_connected;
+    int events_stop;             /* atomics: the loop tells the thread to end, */
+    int events_connected;        /* the thread tells whether it has Redis      */
 };
 
 /* Registry (replicas.c). The *_locked ones expect reg_mu held. */

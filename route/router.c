@@ -267,7 +267,7 @@ char *route_health_text(cairn_router *r, int *status, size_t *len)
     int n = snprintf(line, sizeof line, "{\"status\":\"%s\",\"replicas_up\":%d,\"events\":%s}\n",
                      up > 0 ? "ok" : "no_replica", up,
                      !r->cfg.redis_url ? "\"off\""
-                     : r->events_connected ? "\"connected\""
+                     : __atomic_load_n(&r->events_connected, __ATOMIC_RELAXED) ? "\"connected\""
                                            : "\"disconnected\"");
     cairn_strbuf_add(&b, line, (size_t)n);
     *len = b.len;
@@ -375,7 +375,7 @@ char *route_metrics_text(cairn_router *r, size_t *len)
          "times the stream was found reset and read again",
          (double)__atomic_load_n(&c->stream_resets, __ATOMIC_RELAXED)},
         {"cairn_router_events_connected", "gauge", "1 while the events reader has Redis",
-         r->events_connected},
+         __atomic_load_n(&r->events_connected, __ATOMIC_RELAXED)},
     };
     for (size_t m = 0; m < sizeof glob / sizeof glob[0]; m++) {
         metric(&b, glob[m].name, glob[m].type, glob[m].help);

@@ -151,6 +151,14 @@ class Router:
     def log(self):
         return "".join(self.lines[-40:])
 
+    def stop_cleanly(self, test):
+        """SIGTERM: exit 0 with no sanitizer report (in a sanitizer build)."""
+        rc = self.stop()
+        log = "".join(self.lines)
+        test.assertEqual(rc, 0, log[-4000:])
+        test.assertNotIn("runtime error", log)
+        test.assertNotIn("Sanitizer", log)
+
     def stop(self):
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -449,7 +457,7 @@ class RouterTest(harness.TestCase):
             homes.append(home)
             self.announce_stored(home, prompt)
         c.close()
-        self.assertEqual(self.router.stop(), 0, self.router.log())
+        self.router.stop_cleanly(self)
         cls.router = self.start_router()
         n_entries = self.redis.command("XLEN", PREFIX + "events")
         wait_for("the stream read", lambda: metrics(self.router.http_port).get(
@@ -552,6 +560,7 @@ class RouterTest(harness.TestCase):
         self.assertGreaterEqual(moved, 2 if key else 1)
         # the client's connection to the router serves on
         self.assertTrue(cl.generate("Once upon a time", max_tokens=4, temperature=0).text)
+        self.router.stop_cleanly(self)
 
 
 class TenantRouterTest(harness.TestCase):
@@ -625,6 +634,9 @@ class TenantRouterTest(harness.TestCase):
         self.addCleanup(other.close)
         with self.assertRaises(cairn_client.client.Unauthorized):
             other.generate("no token", max_tokens=2)
+
+    def test_z_stops_cleanly(self):
+        self.router.stop_cleanly(self)
 
     def test_deadlines(self):
         """Half a request is not held forever: HTTP answers 408 and closes, a
