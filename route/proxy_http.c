@@ -90,6 +90,7 @@ struct hjob {
     int attempts;
     hup *up;
     bool head_sent, sse, over;
+    int status;            /* the replica's answer's                       */
     bool decoding;         /* on the threadpool: decode_done frees it if the
                               client has gone                             */
     size_t learn_seen;
@@ -554,6 +555,7 @@ static void up_read(rstream *s, const char *buf, ssize_t n)
         if (u->headers_done && !u->message_done) {
             http_parser_execute(&u->p, &g_resp_settings, NULL, 0); /* EOF ends some bodies */
             if (u->message_done) {
+                j->status = u->p.status_code;
                 u->job = NULL;
                 j->up = NULL;
                 job_finish(j, true);
@@ -572,6 +574,7 @@ static void up_read(rstream *s, const char *buf, ssize_t n)
     size_t used = http_parser_execute(&u->p, &g_resp_settings, buf, (size_t)n);
     if (u->message_done) {
         const bool keep = http_should_keep_alive(&u->p) && used == (size_t)n;
+        j->status = u->p.status_code;
         u->job = NULL;
         j->up = NULL;
         route_live *lv = &u->r->live[u->slot];
@@ -698,8 +701,8 @@ static void job_finish(hjob *j, bool ok)
     if (j->over)
         return;
     j->over = true;
-    if (j->chosen)
-        route_done(j->r, &j->choice, ok);
+    if (j->chosen) /* an answered error renews no prediction */
+        route_done(j->r, &j->choice, ok && j->status > 0 && j->status < 400);
     j->chosen = false;
     if (j->up) {
         hup *u = j->up;
