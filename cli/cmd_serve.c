@@ -52,6 +52,19 @@ static const char help[] =
     "      --disk-max SIZE    most the disk tier may use (default 4G)\n"
     "      --tier-loads P     when to load host/disk pages instead of recomputing:\n"
     "                         measured (default: when measured to be faster), always, never\n"
+    "      --shared-cache URL a Redis shared by replicas under the disk tier (needs\n"
+    "                         --cache-dir): redis://[:PASSWORD@]HOST[:PORT][/DB] or\n"
+    "                         unix:///PATH; see docs/scale-out.md\n"
+    "      --shared-prefix P  prefix of every Redis key (default cairn:)\n"
+    "      --shared-write W   which pages go there: reused (default: prefixes seen twice,\n"
+    "                         pinned ones, persisted sessions'), all, or none (no pages;\n"
+    "                         page events for `cairn route` and session records still go)\n"
+    "      --shared-timeout MS  Redis connect/command timeout before it counts as down\n"
+    "                         (default 250)\n"
+    "      --shared-ttl S     pages expire in Redis after S seconds (default 7 days;\n"
+    "                         session records never expire)\n"
+    "      --replica-id ID    this replica's name in page events for `cairn route`\n"
+    "                         (default: its HTTP address, else its TCP address)\n"
     "      --idle-timeout S   close a connection that sends half a message and then\n"
     "                         nothing for S seconds (default 60)\n"
     "      --drain-timeout S  on SIGTERM/SIGINT, stop accepting and let running requests\n"
@@ -79,7 +92,8 @@ enum {
     OPT_DISK_MAX, OPT_TIER_LOADS, OPT_AUTH_TOKEN, OPT_AUTH_TOKEN_FILE, OPT_TENANTS,
     OPT_HTTP_PORT, OPT_HTTP_HOST, OPT_HTTP_MAX_BODY, OPT_HTTP_TIMEOUT, OPT_MODEL_NAME,
     OPT_CORS_ORIGIN, OPT_DRAIN_TIMEOUT,
-    OPT_DRAFT_MAX_BATCH,
+    OPT_DRAFT_MAX_BATCH, OPT_SHARED_CACHE, OPT_SHARED_PREFIX, OPT_SHARED_WRITE, OPT_SHARED_TIMEOUT,
+    OPT_REPLICA_ID, OPT_SHARED_TTL,
 };
 
 /* "512", "64K", "1.5G" (binary multiples) -> bytes; 0 on a bad value. */
@@ -155,6 +169,8 @@ typedef struct {
                                 model's service settings come at set-up    */
     bool verbose;
     const char *auth_token, *auth_token_file, *tenants_file;
+    cairn_shared_config shared; /* --shared-*: tier 3 when url is set      */
+    bool shared_write_given;
 } serve_opts;
 
 /* The engine's options (cfg.service): 1 if `opt` was one, 0 if not, -1 on a
@@ -192,6 +208,52 @@ static int parse_service_opt(cairn_service_config *svc, int opt, const char *arg
         return 1;
     case OPT_HOST_MEM: return parse_size_opt(arg, "--host-mem", "1G", true, &svc->host_bytes);
     case OPT_DISK_MAX: return parse_size_opt(arg, "--disk-max", "4G", true, &svc->disk_bytes);
+    default: return 0;
+    }
+}
+
+/* The shared tier's options (o->shared), in the same convention. */
+static int parse_shared_opt(serve_opts *o, int opt, const char *arg)
+{
+    switch (opt) {
+    case OPT_SHARED_CACHE: o->shared.url = arg; return 1;
+    case OPT_SHARED_PREFIX:
+        if (!arg[0] || strlen(arg) > 128) {
+            fprintf(stderr, "cairn serve: --shared-prefix must be 1 to 128 bytes\n");
+            return -1;
+        }
+        o->shared.prefix = arg;
+        return 1;
+    case OPT_SHARED_WRITE:
+        if (strcmp(arg, "reused") == 0)
+            o->cfg.service.share_policy = CAIRN_SHARE_REUSED;
+        else if (strcmp(arg, "all") == 0)
+            o->cfg.service.share_policy = CAIRN_SHARE_ALL;
+        else if (strcmp(arg, "none") == 0)
+            o->cfg.service.share_policy = CAIRN_SHARE_NONE;
+        else {
+            fprintf(stderr, "cairn serve: --shared-write must be reused, all or none\n");
+            return -1;
+        }
+        o->shared_write_given = true;
+        return 1;
+    case OPT_SHARED_TIMEOUT:
+        return parse_int_opt(arg, "--shared-timeout", 1, 600000, &o->shared.timeout_ms);
+    case OPT_SHARED_TTL: {
+        long v;
+        if (cli_parse_long("cairn serve", arg, "--shared-ttl", 1, 1L << 40, &v) < 0)
+            return -1;
+        o->shared.page_ttl_s = v;
+        return 1;
+    }
+    case OPT_REPLICA_ID:
+        if (!arg[0] || strlen(arg) > CAIRN_SHARED_REPLICA_MAX) {
+            fprintf(stderr, "cairn serve: --replica-id must be 1 to %d bytes\n",
+                    CAIRN_SHARED_REPLICA_MAX);
+            return -1;
+        }
+        o->shared.replica = arg;
+        return 1;
     default: return 0;
     }
 }
@@ -256,6 +318,12 @@ static int parse_serve_opts(serve_opts *o, int argc, char **argv)
         {"model-name", required_argument, 0, OPT_MODEL_NAME},
         CLI_DRAFT_LONGOPTS,
         {"draft-max-batch", required_argument, 0, OPT_DRAFT_MAX_BATCH},
+        {"shared-cache", required_argument, 0, OPT_SHARED_CACHE},
+        {"shared-prefix", required_argument, 0, OPT_SHARED_PREFIX},
+        {"shared-write", required_argument, 0, OPT_SHARED_WRITE},
+        {"shared-timeout", required_argument, 0, OPT_SHARED_TIMEOUT},
+        {"replica-id", required_argument, 0, OPT_REPLICA_ID},
+        {"shared-ttl", required_argument, 0, OPT_SHARED_TTL},
         {"verbose", no_argument, 0, 'v'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -274,6 +342,8 @@ static int parse_serve_opts(serve_opts *o, int argc, char **argv)
             r = parse_service_opt(&o->cfg.service, opt, optarg);
         if (r == 0)
             r = parse_listener_opt(o, opt, optarg);
+        if (r == 0)
+            r = parse_shared_opt(o, opt, optarg);
         if (r < 0)
             return 2;
         if (r == 0)
@@ -404,6 +474,19 @@ static int prepare_serve(serve_opts *o, access_opts *acc)
         fprintf(stderr, "cairn serve: --http-host needs --http-port\n");
         return 2;
     }
+    if (!o->shared.url && (o->shared.prefix || o->shared.replica || o->shared.timeout_ms ||
+                           o->shared.page_ttl_s || o->shared_write_given)) {
+        fprintf(stderr, "cairn serve: --shared-prefix, --shared-write, --shared-timeout, "
+                        "--shared-ttl and --replica-id need --shared-cache URL\n");
+        return 2;
+    }
+    if (o->shared.url && !cfg->service.cache_dir) {
+        fprintf(stderr, "cairn serve: --shared-cache needs --cache-dir DIR (the shared tier "
+                        "sits under the disk tier: pages from Redis land there first)\n");
+        return 2;
+    }
+    if (o->shared.url)
+        cfg->service.shared = &o->shared;
     int arc = load_access(o->auth_token, o->auth_token_file, o->tenants_file, cfg->host,
                           cfg->http.port >= 0 ? cfg->http.host : NULL, acc);
     if (arc != 0)
@@ -425,7 +508,7 @@ static int prepare_serve(serve_opts *o, access_opts *acc)
 
 /* Bind, load, print the listening line and serve until a signal: the exit
  * status. */
-static int run_server(cairn_server_config *cfg, access_opts *acc)
+static int run_server(cairn_server_config *cfg, access_opts *acc, const char *replica)
 {
     cairn_server *srv = NULL;
     char err[512] = "";
@@ -440,6 +523,11 @@ static int run_server(cairn_server_config *cfg, access_opts *acc)
     }
     char where[512];
     cairn_server_describe(srv, where, sizeof where);
+    if (cfg->service.shared) {
+        char id[CAIRN_SHARED_REPLICA_MAX + 1];
+        cairn_server_announce(srv, replica, id, sizeof id);
+        fprintf(stderr, "cairn: shared cache %s, replica %s\n", cfg->service.shared->url, id);
+    }
     fprintf(stderr, "cairn: listening on %s (%s)\n", where, acc->what);
     fflush(stderr);
     rc = cairn_server_run(srv);
@@ -456,5 +544,5 @@ int cmd_serve(int argc, char **argv)
         return status;
     access_opts acc;
     status = prepare_serve(&o, &acc);
-    return status != CLI_PROCEED ? status : run_server(&o.cfg, &acc);
+    return status != CLI_PROCEED ? status : run_server(&o.cfg, &acc, o.shared.replica);
 }

@@ -545,6 +545,25 @@ int cairn_server_tcp_port(const cairn_server *s) { return s->has_tcp ? s->tcp_po
 
 int cairn_server_http_port(const cairn_server *s) { return s->has_http ? s->http_port : -1; }
 
+int cairn_server_announce(cairn_server *s, const char *replica, char *id, size_t id_cap)
+{
+    if (!s)
+        return CAIRN_EINVAL;
+    char http[sizeof s->http_desc] = "";
+    if (s->has_http) { /* "http HOST:PORT (HTTP)" -> "HOST:PORT" */
+        snprintf(http, sizeof http, "%s", s->http_desc + 5);
+        char *tag = strstr(http, " (");
+        if (tag)
+            *tag = '\0';
+    }
+    const char *rpc = s->has_tcp ? s->tcp_desc : "";
+    /* the default id: the address a router reaches this replica at */
+    const char *name = replica ? replica : http[0] ? http : rpc[0] ? rpc : s->cfg.unix_path;
+    if (id && id_cap)
+        snprintf(id, id_cap, "%s", name ? name : "");
+    return cairn_service_announce(s->svc, name, http, rpc);
+}
+
 void cairn_server_describe(const cairn_server *s, char *out, size_t cap)
 {
     const char *http = s->has_http ? s->http_desc : "";

@@ -283,6 +283,12 @@ int cairn_server_tcp_port(const cairn_server *s);
 int cairn_server_http_port(const cairn_server *s);
 /* "tcp 127.0.0.1:7077, unix /path" for the listening line. */
 void cairn_server_describe(const cairn_server *s, char *out, size_t cap);
+/* With a shared cache tier (service.shared): publish this replica's
+ * "hello" for routers, with its HTTP and TCP addresses, under `replica`
+ * (NULL: its HTTP address, else its TCP one, else its socket path). The id
+ * used goes into id[id_cap] (may be NULL). CAIRN_OK and nothing without a
+ * shared tier. Call once the listeners are bound (after create). */
+int cairn_server_announce(cairn_server *s, const char *replica, char *id, size_t id_cap);
 
 /* Run the loop until SIGINT/SIGTERM or cairn_server_stop, then shut down as
  * described above. Call once, from the thread that created the server. */

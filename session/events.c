@@ -94,6 +94,23 @@ void svc_fill_stats(cairn_service *s, cairn_service_stats *st)
     }
     st->waiting = s->n_waiting;
     st->sessions = s->n_sessions;
+    cairn_disk *d = cairn_kvcache_disk(s->cache);
+    if (cairn_disk_has_shared(d)) {
+        cairn_disk_stats ds;
+        cairn_disk_get_stats(d, &ds);
+        st->shared.on = true;
+        st->shared.up = ds.shared_up;
+        st->shared.hits = ds.shared_hits;
+        st->shared.misses = ds.shared_misses;
+        st->shared.corrupt = ds.shared_corrupt;
+        st->shared.puts = ds.shared_puts;
+        st->shared.dropped = ds.shared_dropped;
+        st->shared.errors = ds.shared_errors;
+        st->shared.events = ds.shared_events;
+        st->shared.outages = ds.shared_outages;
+        st->shared.queued_bytes = ds.shared_queued_bytes;
+        st->shared.pages_queued = ks.shared_pages_queued;
+    }
 }
 
 void svc_log_cache_account(cairn_service *s)

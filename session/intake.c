@@ -318,14 +318,36 @@ static void handle_close(cairn_service *s, cairn_request *r)
     if (!x)
         return;
     reply_session(s, r, x, 0, true);
+    record_unshare(s, x->id); /* closed for good: on every replica */
     session_destroy(s, x);
 }
 
 /* ---- the rest ----------------------------------------------------------------- */
 
+/* Requests that name a session by id (not SESSION_SYNC: that one is by name). */
+static bool names_session(cairn_req_kind kind)
+{
+    switch (kind) {
+    case CAIRN_REQ_SESSION_APPEND:
+    case CAIRN_REQ_SESSION_GENERATE:
+    case CAIRN_REQ_SESSION_FORK:
+    case CAIRN_REQ_SESSION_TRUNCATE:
+    case CAIRN_REQ_SESSION_CLOSE:
+    case CAIRN_REQ_SESSION_INFO:
+    case CAIRN_REQ_SESSION_NOTE:
+        return true;
+    default:
+        return false;
+    }
+}
+
 void intake_handle(cairn_service *s, cairn_request *r)
 {
     session *x;
+    /* A session this replica does not hold may be another's that moved here
+     * (its replica died): its record comes from the shared tier first. */
+    if (names_session(r->kind) && !session_find(s, r->session) && records_lookup(s, r))
+        return;
     switch (r->kind) {
     case CAIRN_REQ_GENERATE:
         start_generation(s, r, NULL);

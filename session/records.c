@@ -120,6 +120,15 @@ int record_delete(cairn_service *s, cairn_session_id id, uint64_t cookie)
     return cairn_kvcache_record_delete(s->cache, key, sizeof key, cookie);
 }
 
+void record_unshare(cairn_service *s, cairn_session_id id)
+{
+    if (!s->have_shared)
+        return;
+    uint8_t key[17];
+    record_key(id, key);
+    cairn_disk_unshare_record(cairn_kvcache_disk(s->cache), key, sizeof key);
+}
+
 /* What a record is to this server. */
 typedef enum {
     RECORD_SOUND,   /* taken                                                */
@@ -209,7 +218,7 @@ static int load_record(const void *key, size_t key_len, const void *value, size_
         cairn_session_id_to_hex(id, hex);
         cairn_log(CAIRN_LOG_WARN, "service: session record %s is damaged (layout or checksum); "
                   "dropped", hex);
-        record_delete(s, id, 0);
+        record_delete(s, id, 0); /* this copy only: the shared tier's is checked apart */
         return 0;
     case RECORD_FOREIGN:
         /* the user's conversation: never deleted for how the server started */
@@ -254,9 +263,62 @@ static int load_record(const void *key, size_t key_len, const void *value, size_
         free(x);
         return 0;
     }
-    if (!x->persist)
+    if (!x->persist) {
+        /* in memory now, and not durable: a copy left behind could bring it
+         * back after a crash with an older history than its last reply */
         record_delete(s, id, 0);
+        record_unshare(s, id);
+    }
     return 0;
+}
+
+bool records_lookup(cairn_service *s, cairn_request *r)
+{
+    if (!s->have_shared || r->session_looked_up)
+        return false;
+    lookup *l = calloc(1, sizeof *l);
+    if (!l)
+        return false; /* answered as not found: no worse than without Redis */
+    uint8_t key[17];
+    record_key(r->session, key);
+    l->cookie = ++s->next_cookie;
+    if (cairn_kvcache_record_get(s->cache, key, sizeof key, l->cookie) != CAIRN_OK) {
+        free(l);
+        return false;
+    }
+    l->req = r;
+    l->next = s->lookups;
+    s->lookups = l;
+    return true;
+}
+
+bool records_lookup_done(cairn_service *s, uint64_t cookie, int status, void *data, size_t bytes)
+{
+    for (lookup **pp = &s->lookups; *pp; pp = &(*pp)->next) {
+        lookup *l = *pp;
+        if (l->cookie != cookie)
+            continue;
+        *pp = l->next;
+        cairn_request *r = l->req;
+        free(l);
+        r->session_looked_up = true;
+        if (status == CAIRN_OK && data && !session_find(s, r->session)) {
+            uint8_t key[17];
+            record_key(r->session, key);
+            size_t before = s->n_sessions;
+            load_record(key, sizeof key, data, bytes, s);
+            if (s->n_sessions > before) {
+                char hex[33];
+                cairn_session_id_to_hex(r->session, hex);
+                cairn_log(CAIRN_LOG_INFO, "service: session %s taken over from its record", hex);
+            }
+        }
+        free(data);
+        intake_handle(s, r);
+        return true;
+    }
+    free(data);
+    return false;
 }
 
 void records_load(cairn_service *s)

@@ -128,8 +128,15 @@ static void job_adopt(cairn_service *s, job *j, const cairn_kvcache_event *ev)
         j->cached_tokens = (int64_t)j->n_computed;
         for (int t = 0; t < 3 && ev && resident > 0; t++)
             j->cached_by_tier[t] = (int64_t)ev->from_tier[t] * s->page_size;
+        if (ev && resident > 0) { /* the disk tier's hits that Redis served */
+            int64_t shared = (int64_t)ev->shared_pages * s->page_size;
+            if (shared > j->cached_by_tier[2])
+                shared = j->cached_by_tier[2];
+            j->cached_by_tier[2] -= shared;
+            j->cached_by_tier[3] = shared;
+        }
         j->cached_by_tier[0] += (int64_t)partial; /* copied on the device */
-        for (int t = 0; t < 3; t++)
+        for (int t = 0; t < 4; t++)
             s->stats.cached_tokens_by_tier[t] += (uint64_t)j->cached_by_tier[t];
         s->stats.queries++;
         s->stats.prompt_tokens += j->n_prompt;
@@ -268,7 +275,7 @@ void sched_poll_cache(cairn_service *s)
                 intake_durable_done(s, ev[i].cookie, ev[i].status);
                 break;
             case CAIRN_KVCACHE_EV_RECORD_GET:
-                free(ev[i].data);
+                records_lookup_done(s, ev[i].cookie, ev[i].status, ev[i].data, ev[i].data_bytes);
                 break;
             default:
                 break;

@@ -46,6 +46,12 @@ static void drop_all_work(cairn_service *s)
         cairn_request_free(d->req);
         free(d);
     }
+    while (s->lookups) {
+        lookup *l = s->lookups;
+        s->lookups = l->next;
+        cairn_request_free(l->req);
+        free(l);
+    }
 }
 
 static void *engine_main(void *arg)
@@ -55,7 +61,7 @@ static void *engine_main(void *arg)
         /* Disk and copy work finishes on the store's thread: while any is
          * outstanding the loop polls for it instead of sleeping on the
          * condition variable. */
-        bool io = s->n_fetching || s->durable || s->deferred;
+        bool io = s->n_fetching || s->durable || s->deferred || s->lookups;
         pthread_mutex_lock(&s->mu);
         while (!s->stopping && s->inbox_n == 0 && s->n_running == 0 && !s->waiting_head && !io)
             pthread_cond_wait(&s->cv, &s->mu);
@@ -75,7 +81,7 @@ static void *engine_main(void *arg)
         sched_admit(s);
         if (s->n_running)
             sched_step(s);
-        else if (n_in == 0 && (s->n_fetching || s->durable || s->deferred))
+        else if (n_in == 0 && (s->n_fetching || s->durable || s->deferred || s->lookups))
             cairn_kvcache_wait(s->cache, 2);
     }
     drop_all_work(s);
@@ -190,12 +196,14 @@ static int setup_cache(cairn_service *s, const cairn_service_config *given, char
         c->disk_bytes = (size_t)4 << 30;
     cairn_kvcache_config kc = {.backend = cairn_runtime_backend(s->rt), .layout = s->kv,
                                .device_bytes = c->kv_bytes, .host_bytes = c->host_bytes,
-                               .disk_dir = c->cache_dir, .disk_map_bytes = c->disk_bytes};
+                               .disk_dir = c->cache_dir, .disk_map_bytes = c->disk_bytes,
+                               .shared = c->shared, .share_policy = c->share_policy};
     int rc;
     if ((rc = cairn_page_namespace_hash(&ns, &kc.ns)) ||
         (rc = cairn_kvcache_create(&kc, &s->cache, err, err_len)))
         return rc;
     s->have_disk = cairn_kvcache_has_disk(s->cache);
+    s->have_shared = cairn_kvcache_has_shared(s->cache);
     if (c->load_policy != CAIRN_LOAD_MEASURED) {
         /* Pinned rates: a recompute that takes ~forever (always load), or a
          * load that does (never load). */
@@ -374,3 +382,9 @@ cairn_runtime *cairn_service_runtime(const cairn_service *s) { return s->rt; }
 const cairn_hparams *cairn_service_hparams(const cairn_service *s) { return cairn_model_hparams(s->model); }
 int cairn_service_page_size(const cairn_service *s) { return s->page_size; }
 int cairn_service_n_ctx(const cairn_service *s) { return s->n_ctx; }
+
+int cairn_service_announce(cairn_service *s, const char *replica, const char *http,
+                           const char *rpc)
+{
+    return s ? cairn_kvcache_announce(s->cache, replica, http, rpc) : CAIRN_EINVAL;
+}

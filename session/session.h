@@ -210,6 +210,9 @@ typedef struct {
                                   are shared only within a tenant.           */
     double submitted_at;       /* set by cairn_service_submit (cairn_now):
                                   time to first token is measured from here   */
+    bool session_looked_up;    /* the engine's own: `session` was not held here
+                                  and its record has been looked for (disk,
+                                  then the shared tier) */
 } cairn_request;
 
 /* A zeroed request with default generation settings; free with
@@ -263,12 +266,20 @@ typedef struct {
     uint64_t running, waiting; /* requests now                              */
     uint64_t sessions;
     cairn_service_tier_stats tiers[3];
-    uint64_t cached_tokens_by_tier[3]; /* cached_tokens by where they were found */
+    uint64_t cached_tokens_by_tier[4]; /* cached_tokens by where they were found:
+                                          device, host, disk, shared */
     uint64_t partial_tokens;   /* of cached_tokens: rows reused from part of a page */
     uint64_t shared_waits;     /* admissions deferred until another request had
                                   computed the prefix they share              */
     cairn_latency_histogram ttft;        /* submit -> first token sampled    */
     cairn_latency_histogram inter_token; /* between a request's tokens       */
+    struct {                   /* tier 3, Redis (store.h); zero without one  */
+        bool on, up;
+        uint64_t hits, misses;  /* page reads that missed in LMDB           */
+        uint64_t corrupt;       /* values that failed their checks (deleted) */
+        uint64_t puts, dropped, errors, events, outages, queued_bytes;
+        uint64_t pages_queued;  /* pages this replica chose to share         */
+    } shared;
 } cairn_service_stats;
 
 typedef struct {
@@ -293,7 +304,8 @@ typedef struct {
     int stop_string;           /* the stop string that ended it: 1 + its index
                                   in gen.stop; 0 when none did               */
     int64_t prompt_tokens, cached_tokens, completion_tokens;
-    int64_t cached_by_tier[3]; /* where the cached tokens were: device, host, disk */
+    int64_t cached_by_tier[4]; /* where the cached tokens were: device, host,
+                                  disk (this replica's LMDB), shared (Redis) */
     double prompt_seconds;     /* admission to the first token (prefill)    */
     double decode_seconds;     /* first token to the last                    */
     int64_t spec_forwards;     /* speculative steps (target verifications)  */
@@ -350,6 +362,11 @@ typedef struct {
                                when cache_dir is set)                        */
     const char *cache_dir;  /* tier-2 LMDB directory (NULL: no disk tier)     */
     size_t disk_bytes;      /* LMDB map size (default 4 GiB)                  */
+    const struct cairn_shared_config *shared; /* tier 3 (store/store.h): a
+                               Redis shared by replicas, under the disk tier
+                               (needs cache_dir); NULL: none. Read at start. */
+    int share_policy;       /* which pages go to tier 3: CAIRN_SHARE_* of
+                               store/store.h (default: reused ones)          */
     cairn_load_policy load_policy;
     cairn_spec_params draft; /* default draft settings; 0 fields: engine defaults */
     int draft_max_batch;    /* speculate while at most this many requests
@@ -381,6 +398,10 @@ const cairn_hparams *cairn_service_hparams(const cairn_service *s);
 /* The runtime the service was started on. */
 cairn_runtime *cairn_service_runtime(const cairn_service *s);
 int cairn_service_page_size(const cairn_service *s);
+/* With a shared tier: publish this replica's "hello" (store.h, tier 3) with
+ * its id and addresses. Any thread; CAIRN_OK and nothing without one. */
+int cairn_service_announce(cairn_service *s, const char *replica, const char *http,
+                           const char *rpc);
 int cairn_service_n_ctx(const cairn_service *s);
 
 #ifdef __cplusplus

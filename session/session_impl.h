@@ -151,7 +151,7 @@ typedef struct job {
     const char *finish;      /* set when the job is done                      */
     int32_t eog_token;       /* the end-of-generation token that ended it, or -1 */
     int stop_string;         /* 1 + the index of the stop string that ended it */
-    int64_t cached_by_tier[3];
+    int64_t cached_by_tier[4]; /* device, host, disk (local LMDB), shared (Redis) */
     uint64_t cookie;         /* of its fetch, then of its durability writes    */
     int outstanding;         /* durability completions still to come           */
     bool durable_failed;
@@ -169,6 +169,14 @@ typedef struct deferred {
     int64_t n_tokens;
     struct deferred *next;
 } deferred;
+
+/* A request naming a session this replica does not hold, waiting for that
+ * session's record (records.c: from the disk tier or the shared tier). */
+typedef struct lookup {
+    uint64_t cookie;
+    cairn_request *req;
+    struct lookup *next;
+} lookup;
 
 struct cairn_service {
     cairn_service_config cfg;
@@ -216,6 +224,8 @@ struct cairn_service {
     int n_fetching;
     job *durable;              /* finished, waiting for durability          */
     deferred *deferred;        /* session replies waiting for durability    */
+    lookup *lookups;           /* requests waiting for a session's record   */
+    bool have_shared;          /* a shared tier (Redis) under the disk tier */
     uint64_t next_cookie;
     bool pages_tight;          /* a job was paused: admit no more until one ends */
     double compute_rate;       /* measured prefill tokens/s (moving average) */
@@ -265,6 +275,18 @@ session *session_idle_of_request(cairn_service *s, cairn_request *r, const char 
  * comes from the cache with `cookie` (0: nobody waits). */
 int record_put(cairn_service *s, const session *x, uint64_t cookie);
 int record_delete(cairn_service *s, cairn_session_id id, uint64_t cookie);
+/* Delete the shared tier's copy of a session's record (its user closed it,
+ * or it was dropped here for good); nothing without a shared tier. */
+void record_unshare(cairn_service *s, cairn_session_id id);
+/* With a shared tier, a request naming a session not held here waits for
+ * the session's record (another replica's session, moved here when that
+ * replica died): true when r was parked (the record get is under way);
+ * false when there is nothing to look for (handle r now). */
+bool records_lookup(cairn_service *s, cairn_request *r);
+/* The record get of a parked request completed (data: the value, taken;
+ * NULL when absent): the session is adopted when its record is sound, and
+ * the request is handled. False when the cookie is nobody's. */
+bool records_lookup_done(cairn_service *s, uint64_t cookie, int status, void *data, size_t bytes);
 /* At start: sessions back from the records on disk. */
 void records_load(cairn_service *s);
 /* XXH3-64 of a vocabulary (its size and every token's text, in order): the

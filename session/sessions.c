@@ -161,6 +161,7 @@ session *session_named(cairn_service *s, cairn_request *r)
              * stay cached for as long as the cache keeps them */
             if (s->have_disk)
                 record_delete(s, lru->id, 0);
+            record_unshare(s, lru->id);
             session_destroy(s, lru);
         }
         if (!(x = session_new(s, r)))

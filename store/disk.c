@@ -202,6 +202,8 @@ int cairn_disk_open(const cairn_disk_config *cfg, cairn_disk **out, char *err, s
         if (d->efd < 0)
             rc = CAIRN_EIO;
     }
+    if (rc == CAIRN_OK)
+        rc = disk_shared_open(d, err, err_len);
     if (rc == CAIRN_OK) {
         if (pthread_create(&d->thread, NULL, disk_io_main, d) != 0)
             rc = CAIRN_ENOMEM;
@@ -227,6 +229,7 @@ void cairn_disk_close(cairn_disk *d)
         pthread_mutex_unlock(&d->qmu);
         pthread_join(d->thread, NULL);
     }
+    disk_shared_close(d);
     while (d->head) {
         disk_req *n = d->head->next;
         free(d->head->result);
@@ -369,4 +372,5 @@ void cairn_disk_get_stats(cairn_disk *d, cairn_disk_stats *out)
     pthread_mutex_lock(&d->cmu);
     *out = d->stats;
     pthread_mutex_unlock(&d->cmu);
+    disk_shared_stats(d, out);
 }

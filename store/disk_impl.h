@@ -9,6 +9,8 @@
  *   disk_verify.c   the value format, and the integrity walk run at open
  *                   in a forked child
  *   disk_records.c  the durable fence and durable records
+ *   disk_shared.c   tier 3: Redis under LMDB (reads that missed, a writer
+ *                   thread for shared pages, records and page events)
  * Functions one of them defines for the others carry the disk_ prefix.
  */
 #ifndef CAIRN_DISK_IMPL_H
@@ -37,8 +39,12 @@ typedef struct disk_req {
     size_t result_bytes;
     double queued_at;    /* cairn_now() at enqueue: completion latency     */
     int status;
+    bool shared_asked;   /* a miss this batch asked the shared tier about  */
+    bool from_shared;    /* ... and the shared tier answered               */
     uint8_t data[];      /* write: the whole value; read: expected tokens  */
 } disk_req;
+
+typedef struct disk_shared disk_shared; /* disk_shared.c */
 
 /* The store; its I/O thread is disk_io_main. */
 struct cairn_disk {
@@ -64,6 +70,8 @@ struct cairn_disk {
     size_t n_done, cap_done;
     cairn_disk_stats stats;
     int efd;
+
+    disk_shared *shared; /* tier 3, NULL without one */
 };
 
 static inline void set_err(char *err, size_t len, const char *fmt, const char *a, const char *b)
@@ -126,6 +134,25 @@ int disk_check_store_integrity(const cairn_disk *d, char *err, size_t err_len);
 int disk_map_mdb(int rc);
 /* The I/O thread's loop (pthread start routine; arg is the cairn_disk). */
 void *disk_io_main(void *arg);
+
+/* ---- disk_shared.c: tier 3 ----------------------------------------------- */
+
+/* Start the shared tier of d->cfg.shared (nothing without one): its writer
+ * thread, and a first connection attempt whose failure is only logged.
+ * Before the I/O thread starts. Errors: a bad URL (CAIRN_EINVAL), memory. */
+int disk_shared_open(cairn_disk *d, char *err, size_t err_len);
+/* After the I/O thread stopped: a "bye" event, the writer drained while
+ * Redis answers, everything freed. */
+void disk_shared_close(cairn_disk *d);
+/* On the I/O thread, after a batch committed: its page reads and record
+ * gets that missed ask Redis, and take what verifies. */
+void disk_shared_serve(cairn_disk *d, disk_req *list);
+/* Queue a committed record put's value for Redis. */
+void disk_shared_record_put(cairn_disk *d, const disk_req *r);
+/* Queue a DEL of a full Redis key. */
+void disk_shared_delete_key(cairn_disk *d, const char *key, size_t len);
+/* The writer's counters into out (the reader's are in d->stats). */
+void disk_shared_stats(const cairn_disk *d, cairn_disk_stats *out);
 
 /* ---- disk.c: the request queue ------------------------------------------ */
 

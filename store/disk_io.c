@@ -321,7 +321,7 @@ static void post(cairn_disk *d, disk_req *list, const batch_counts *bc, uint64_t
         if (d->n_done < d->cap_done) {
             d->done[d->n_done++] = (cairn_disk_completion){
                 .cookie = r->cookie, .op = r->op, .status = r->status, .seconds = waited,
-                .data = r->result, .bytes = r->result_bytes};
+                .data = r->result, .bytes = r->result_bytes, .shared = r->from_shared};
             r->result = NULL; /* handed over */
         }
     }
@@ -340,6 +340,18 @@ static void post(cairn_disk *d, disk_req *list, const batch_counts *bc, uint64_t
     (void)w; /* the counter only saturates; nothing to do */
     if (d->cfg.notify)
         d->cfg.notify(d->cfg.notify_user);
+}
+
+/* With a shared tier: what missed here is asked there, and records that
+ * are now committed (and synced) here go there too. */
+static void share_batch(cairn_disk *d, disk_req *list)
+{
+    if (!d->shared)
+        return;
+    disk_shared_serve(d, list);
+    for (disk_req *r = list; r; r = r->next)
+        if (r->op == CAIRN_DISK_RECORD_PUT && r->status == CAIRN_OK)
+            disk_shared_record_put(d, r);
 }
 
 static size_t list_length(const disk_req *r)
@@ -411,6 +423,7 @@ static void process(cairn_disk *d, disk_req *list)
             d->stats.commits++;
             pthread_mutex_unlock(&d->cmu);
             sync_if_needed(d, list);
+            share_batch(d, list);
             post(d, list, &bc, 0);
             return;
         }

@@ -26,14 +26,7 @@ static void write_through_node(cairn_kvcache *c, cairn_radix_node *node, size_t 
     for (size_t j = 0; j < np; j++) {
         if (pg[j].on_disk)
             continue;
-        const void *bytes = NULL;
-        if (tier == CAIRN_TIER_DEVICE) {
-            if (c->be->iface->download(c->be, c->scratch, dev_addr(c, pg[j].device_page),
-                                       c->L.page_bytes) == CAIRN_OK)
-                bytes = c->scratch;
-        } else if (tier == CAIRN_TIER_HOST) {
-            bytes = cairn_host_pool_slot(c->host, pg[j].host_slot);
-        }
+        const void *bytes = kvc_page_bytes(c, tier, &pg[j]);
         if (!bytes || kvc_write_page(c, &pg[j], tok + j * ps, bytes) != CAIRN_OK) {
             if (missing)
                 (*missing)++;
@@ -56,6 +49,7 @@ int cairn_kvcache_pin(cairn_kvcache *c, cairn_radix_node *node)
      * now, so it survives eviction and restarts. */
     for (size_t i = 0; i < n_nodes; i++)
         write_through_node(c, c->nodes[i], NULL);
+    kvc_share_path(c, node);
     return CAIRN_OK;
 }
 
@@ -99,6 +93,7 @@ int cairn_kvcache_persist(cairn_kvcache *c, cairn_radix_node *node, uint64_t coo
         }
         write_through_node(c, c->nodes[i], &missing);
     }
+    kvc_share_path(c, node); /* where the session goes if this replica dies */
     uint64_t id;
     rc = add_op(c, CAIRN_KVCACHE_EV_PERSIST, cookie, missing ? CAIRN_ENOTFOUND : CAIRN_OK, &id);
     if (rc)

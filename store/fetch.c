@@ -135,6 +135,8 @@ static bool absorb_round(cairn_kvcache *c, fetch_op *op)
     size_t hits = 0;
     while (hits < op->n_round && c->slot_state[op->round[hits]] == SLOT_LOADED)
         hits++;
+    uint8_t shared_of[NEXT_ROUND_MIN];
+    bool marks = hits <= sizeof shared_of;
     bool all = hits == op->n_round;
     size_t base = op->next;
     int32_t *ids = malloc((base + hits + 1) * sizeof *ids);
@@ -162,6 +164,10 @@ static bool absorb_round(cairn_kvcache *c, fetch_op *op)
             op->status = CAIRN_EBACKEND;
             break;
         }
+        uint8_t from_shared = c->slot_shared[op->round[got]];
+        op->from_shared += from_shared;
+        if (marks)
+            shared_of[got] = from_shared;
     }
     if (got < hits)
         all = false;
@@ -186,6 +192,14 @@ static bool absorb_round(cairn_kvcache *c, fetch_op *op)
     if (dup_end > base)
         cairn_page_pool_release(c->dev, (int32_t)(dup_end - base), ids + base);
     free(ids);
+    kvc_note_stored(c, leaf, base + got > n_cached ? base + got - n_cached : 0);
+    /* Pages that came from the shared tier have their copy there already. */
+    size_t depth = 0;
+    if (c->shared && marks && kvc_path_reserve(c, base + got) == CAIRN_OK &&
+        cairn_radix_path(leaf, c->path, base + got, &depth) == CAIRN_OK && depth == base + got)
+        for (size_t i = 0; i < got; i++)
+            if (shared_of[i])
+                c->path[base + i]->flags |= PAGE_SHARED;
     c->stats.tier[CAIRN_TIER_DISK].promoted_pages += got;
     c->stats.tier[CAIRN_TIER_HOST].promoted_pages += got;
     c->stats.promoted_pages += got;
@@ -227,8 +241,12 @@ static void complete_fetch(cairn_kvcache *c, fetch_op *op)
 {
     cairn_kvcache_event ev = {.cookie = op->cookie, .status = op->status,
                               .kind = CAIRN_KVCACHE_EV_FETCH, .node = op->node,
-                              .skipped_pages = op->skipped, .lost_pages = op->lost};
+                              .skipped_pages = op->skipped, .lost_pages = op->lost,
+                              .shared_pages = op->from_shared};
     ev.resident_pages = cairn_radix_node_depth(op->node);
+    /* A prefix seen twice is worth having where every replica finds it. */
+    if (ev.resident_pages > 0)
+        kvc_share_path(c, op->node);
     for (size_t i = 0; i < ev.resident_pages && i < op->n_target; i++)
         ev.from_tier[op->origin[i]]++;
     size_t ps = (size_t)c->L.page_size;
@@ -245,6 +263,7 @@ static void complete_fetch(cairn_kvcache *c, fetch_op *op)
     }
     c->stats.fetches++;
     c->stats.fetch_skipped_pages += op->skipped;
+    c->stats.shared_hit_tokens += op->from_shared * ps;
     if (kvc_push_event(c, ev) != CAIRN_OK) {
         /* Nobody will hear of this lock: give it back. */
         cairn_radix_unlock(c->tree, op->node);

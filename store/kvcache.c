@@ -35,6 +35,11 @@ int cairn_kvcache_create(const cairn_kvcache_config *cfg, cairn_kvcache **out, c
         set_err(err, err_len, "a disk tier needs a host tier of at least one page");
         return CAIRN_EINVAL;
     }
+    if (cfg->shared && !cfg->disk_dir) {
+        /* Tier 3 is read through the disk tier's I/O thread, into host slots. */
+        set_err(err, err_len, "the shared cache tier needs a disk tier (a cache directory)");
+        return CAIRN_EINVAL;
+    }
     cairn_kvcache *c = calloc(1, sizeof *c);
     if (!c)
         return CAIRN_ENOMEM;
@@ -59,7 +64,8 @@ int cairn_kvcache_create(const cairn_kvcache_config *cfg, cairn_kvcache **out, c
             goto fail;
         }
         c->slot_state = calloc((size_t)cairn_host_pool_capacity(c->host), 1);
-        if (!c->slot_state) {
+        c->slot_shared = calloc((size_t)cairn_host_pool_capacity(c->host), 1);
+        if (!c->slot_state || !c->slot_shared) {
             rc = CAIRN_ENOMEM;
             goto fail;
         }
@@ -81,10 +87,13 @@ int cairn_kvcache_create(const cairn_kvcache_config *cfg, cairn_kvcache **out, c
             .ns = cfg->ns,
             .durable = cfg->disk_durable,
             .reset_if_corrupt = true,
+            .shared = cfg->shared,
         };
         rc = cairn_disk_open(&dc, &c->disk, err, err_len);
         if (rc)
             goto fail;
+        c->shared = cairn_disk_has_shared(c->disk);
+        c->share_policy = cfg->share_policy;
     }
     *out = c;
     return CAIRN_OK;
@@ -98,7 +107,11 @@ void cairn_kvcache_free(cairn_kvcache *c)
     if (!c)
         return;
     /* The disk first: its thread may still be reading into host slots. */
+    kvc_flush_events(c);
     cairn_disk_close(c->disk);
+    free(c->ev_stored);
+    free(c->ev_removed);
+    free(c->slot_shared);
     cairn_radix_free(c->tree);
     cairn_host_pool_free(c->host);
     cairn_page_pool_free(c->dev);
@@ -193,6 +206,9 @@ int cairn_kvcache_commit(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, s
         size_t n_cached = 0;
         rc = cairn_radix_insert(c->tree, ns, tokens, n_full, pages, &n_cached, &end);
         if (rc == CAIRN_OK) {
+            kvc_note_stored(c, end, n_full > n_cached ? n_full - n_cached : 0);
+            if (c->share_policy == CAIRN_SHARE_ALL)
+                kvc_share_path(c, end);
             /* pages [from, n_cached) duplicate what the tree already had */
             if (n_cached > from)
                 cairn_page_pool_release(c->dev, (int32_t)(n_cached - from), pages + from);
@@ -225,6 +241,7 @@ int cairn_kvcache_record_iterate(cairn_kvcache *c, cairn_disk_record_fn fn, void
 void kvc_release_page(const cairn_radix_page *p, void *user)
 {
     cairn_kvcache *c = user;
+    kvc_note_removed(c, p);
     if (p->device_page >= 0)
         cairn_page_pool_release(c->dev, 1, &p->device_page);
     if (p->host_slot >= 0) {
@@ -251,6 +268,18 @@ int kvc_path_nodes(cairn_kvcache *c, cairn_radix_node *node, size_t *n)
         c->nodes[--i] = x;
     *n = k;
     return CAIRN_OK;
+}
+
+const void *kvc_page_bytes(cairn_kvcache *c, int tier, const cairn_radix_page *pg)
+{
+    if (tier == CAIRN_TIER_DEVICE)
+        return c->be->iface->download(c->be, c->scratch, dev_addr(c, pg->device_page),
+                                      c->L.page_bytes) == CAIRN_OK
+                   ? c->scratch
+                   : NULL;
+    if (tier == CAIRN_TIER_HOST)
+        return cairn_host_pool_slot(c->host, pg->host_slot);
+    return NULL;
 }
 
 int kvc_write_page(cairn_kvcache *c, cairn_radix_page *pg, const int32_t *tokens,

@@ -306,6 +306,7 @@ void kvc_drain_disk(cairn_kvcache *c)
                     cairn_host_pool_release(c->host, 1, &slot);
                 } else {
                     c->slot_state[v] = done[i].status == CAIRN_OK ? SLOT_LOADED : SLOT_MISSED;
+                    c->slot_shared[v] = done[i].status == CAIRN_OK && done[i].shared;
                 }
             } else if (kind == COOKIE_WRITE) {
                 c->stats.tier[CAIRN_TIER_DISK].store_ops++;
@@ -363,6 +364,7 @@ int cairn_kvcache_poll(cairn_kvcache *c, cairn_kvcache_event *out, int max, int 
     if (!c || !n || max < 0 || (max && !out))
         return CAIRN_EINVAL;
     kvc_drain_disk(c);
+    kvc_flush_events(c);
     size_t m = c->n_events < (size_t)max ? c->n_events : (size_t)max;
     if (m) {
         memcpy(out, c->events, m * sizeof *out);

@@ -166,6 +166,8 @@ typedef struct {
     void (*notify)(void *user); /* optional; called on the I/O thread after
                                    completions are queued (e.g. uv_async_send)  */
     void *notify_user;
+    const struct cairn_shared_config *shared; /* optional: tier 3 (below); read
+                                   during open only                            */
 } cairn_disk_config;
 
 /* Open (creating) the environment and start the I/O thread. `err` (may be
@@ -196,6 +198,8 @@ typedef struct {
                          CAIRN_EIO when the commit or the fsync failed; a
                          record delete or get: CAIRN_ENOTFOUND when absent   */
     double seconds;   /* from queueing the request to its completion        */
+    bool shared;      /* READ / RECORD_GET with CAIRN_OK: served by the shared
+                         tier (Redis), not by LMDB                           */
     void *data;       /* RECORD_GET with CAIRN_OK: the value, malloc'd; the
                          poller owns it (free()). NULL otherwise.            */
     size_t bytes;     /* bytes of data                                      */
@@ -288,11 +292,89 @@ typedef struct {
     uint64_t syncs;        /* fsyncs forced by durable requests                 */
     double read_seconds;   /* page reads / writes: sum of queue-to-completion  */
     double write_seconds;  /* times (divide by reads / writes for the mean)     */
+    /* tier 3 (all zero without one) */
+    bool shared_on;        /* a shared tier is configured                      */
+    bool shared_up;        /* its writer's connection is up                    */
+    uint64_t shared_hits, shared_misses; /* page reads that missed in LMDB     */
+    uint64_t shared_corrupt;   /* values that failed verification (deleted)    */
+    uint64_t shared_puts;      /* SETs Redis took (pages and records)          */
+    uint64_t shared_dropped;   /* writes and events dropped (queue full, stop) */
+    uint64_t shared_errors;    /* commands Redis refused (e.g. out of memory)  */
+    uint64_t shared_events;    /* page events published                        */
+    uint64_t shared_outages;   /* times a connection went down                 */
+    uint64_t shared_queued_bytes; /* waiting for Redis now                     */
 } cairn_disk_stats;
 
 /* A snapshot of the counters, consistent with the completions polled so far
  * (they are updated before completions are queued). */
 void cairn_disk_get_stats(cairn_disk *d, cairn_disk_stats *out);
+
+/* ---- tier 3: a Redis shared by replicas ----------------------------------- *
+ *
+ * Under the disk tier, and driven by it: a page read or record get that
+ * misses in LMDB asks Redis before it completes (on the I/O thread, one
+ * pipeline per batch), and every committed record put is copied there.
+ * Pages go to Redis only when the cache says so (cairn_disk_share_page:
+ * the kvcache shares prefixes seen twice, pinned and persisted ones), and
+ * the replica's page events (stored / removed) go to a stream that a
+ * router (route/) reads to send each request where its prefix is cached.
+ *
+ *     P p:<namespace root hex>:<page hash hex>  a page, the disk value format
+ *     P r:<record key hex>                      a durable record's value
+ *     P events                                  stream: r, op, ns, ps[, h | http, rpc]
+ *
+ * Writes are queued to a writer thread of the tier's own (bounded: past
+ * queue_bytes they are dropped and counted); nothing here waits for Redis
+ * on the calling thread. A Redis that is absent, slow (past timeout_ms per
+ * command), restarted or flushed costs cache hits, never a request: its
+ * connection is dropped and retried after a back-off, with a log line per
+ * outage (cairn_disk_stats.shared_*). */
+typedef struct cairn_shared_config {
+    const char *url;      /* redis://[:PASSWORD@]HOST[:PORT][/DB] | unix:///PATH[?db=N] */
+    const char *prefix;   /* of every key; NULL = "cairn:"                    */
+    const char *replica;  /* this replica's id in page events (at most
+                             CAIRN_SHARED_REPLICA_MAX bytes); NULL = the one
+                             cairn_disk_announce gives (no events before)  */
+    int timeout_ms;       /* connect and per command; 0 = 250                 */
+    size_t queue_bytes;   /* writes waiting for Redis at most; 0 = 64 MiB     */
+    long page_ttl_s;      /* pages expire after this (records never do), so a
+                             Redis run with maxmemory-policy volatile-lru evicts
+                             pages and keeps session records; 0 = 7 days      */
+} cairn_shared_config;
+
+#define CAIRN_SHARED_REPLICA_MAX 200
+
+/* Which pages the cache copies to tier 3 (store/shared.c says why). */
+typedef enum {
+    CAIRN_SHARE_REUSED = 0, /* prefixes seen twice, pinned ones, persisted sessions' */
+    CAIRN_SHARE_ALL,        /* every page a sequence commits, too                   */
+    CAIRN_SHARE_NONE,       /* none (reads and page events only)                    */
+} cairn_share_policy;
+
+typedef enum {
+    CAIRN_SHARED_STORED = 0, /* these pages can now be served from a local tier */
+    CAIRN_SHARED_REMOVED,    /* ... no longer                                   */
+    CAIRN_SHARED_HELLO,      /* the replica is up (cairn_disk_announce)          */
+    CAIRN_SHARED_BYE,        /* it stops (sent by close)                         */
+} cairn_shared_event;
+
+bool cairn_disk_has_shared(const cairn_disk *d);
+/* Queue a page for Redis (tokens and payload copied). CAIRN_EUNSUPPORTED
+ * without a shared tier, CAIRN_EFULL when the queue is full (dropped). */
+int cairn_disk_share_page(cairn_disk *d, cairn_page_hash key, const int32_t *tokens,
+                          const void *payload);
+/* Queue the deletion of a record's Redis copy (a session its user closed;
+ * the local copy goes with cairn_disk_record_delete). CAIRN_OK without a
+ * shared tier. */
+int cairn_disk_unshare_record(cairn_disk *d, const void *key, size_t key_len);
+/* Queue a page event for the stream (nothing without a replica id). */
+int cairn_disk_publish(cairn_disk *d, cairn_shared_event op, const cairn_page_hash *hashes,
+                       size_t n);
+/* Queue a "hello": this replica serves on these addresses ("HOST:PORT";
+ * NULL or "" for a listener that is off). `replica` names it when the
+ * configuration did not (NULL: keep the configured id; without any, no
+ * events are published). Any thread. */
+int cairn_disk_announce(cairn_disk *d, const char *replica, const char *http, const char *rpc);
 
 /* ---- the tiered cache --------------------------------------------------- *
  *
@@ -325,6 +407,9 @@ typedef struct {
     size_t disk_map_bytes;       /* LMDB map size                             */
     bool disk_durable;
     cairn_page_hash ns;          /* cairn_page_namespace_hash(...)           */
+    const cairn_shared_config *shared; /* tier 3 under the disk tier; NULL =
+                                    none (needs disk_dir)                     */
+    int share_policy;            /* which pages tier 3 gets: CAIRN_SHARE_*   */
 } cairn_kvcache_config;
 
 /* Create the pools, the tree and (with disk_dir) the disk tier. `err` (may be
@@ -389,6 +474,8 @@ typedef struct {
                               model chose to recompute rather than load     */
     size_t lost_pages;     /* FETCH: pages that failed verification or were
                               gone from disk (they are dropped from the tree) */
+    size_t shared_pages;   /* FETCH: of from_tier[CAIRN_TIER_DISK], pages the
+                              shared tier (Redis) served                     */
     void *data;            /* RECORD_GET with CAIRN_OK: the value, malloc'd;
                               the poller owns it and free()s it             */
     size_t data_bytes;
@@ -636,6 +723,15 @@ int cairn_kvcache_wait(cairn_kvcache *c, int timeout_ms);
 int cairn_kvcache_pin(cairn_kvcache *c, cairn_radix_node *node);
 int cairn_kvcache_unpin(cairn_kvcache *c, cairn_radix_node *node);
 
+/* ---- tier 3 -------------------------------------------------------------- */
+
+/* With a shared tier: tell the router this replica is up, serving on these
+ * addresses (cairn_disk_announce). CAIRN_OK and nothing without one. Unlike
+ * the rest of the kvcache, any thread may call it (it only queues). */
+int cairn_kvcache_announce(cairn_kvcache *c, const char *replica, const char *http,
+                           const char *rpc);
+bool cairn_kvcache_has_shared(const cairn_kvcache *c);
+
 /* ---- durability --------------------------------------------------------- */
 
 /* Write-back on shutdown (SIGTERM): write every tree page that is in tier 0
@@ -714,6 +810,9 @@ typedef struct {
     uint64_t disk_records;                  /* durable records stored        */
     uint64_t tree_pages[CAIRN_TIER_COUNT];  /* pages of the tree per tier    */
     uint64_t tail_pages, tail_host_pages;   /* tails kept now: tier 0, host  */
+    uint64_t shared_hit_tokens;             /* of the disk tier's hits, tokens
+                                               the shared tier served        */
+    uint64_t shared_pages_queued;           /* pages queued for the shared tier */
 } cairn_kvcache_stats;
 
 /* Counters as of now (the owner thread, as every kvcache call). */

@@ -51,7 +51,9 @@ void id_stack_give(id_stack *s, int32_t n, const int32_t *ids, const char *what)
  * flight into it that nobody waits for any more; poll frees the slot when
  * the read completes. */
 enum { SLOT_IDLE = 0, SLOT_LOADING, SLOT_LOADED, SLOT_MISSED, SLOT_ORPHAN };
-enum { PAGE_LOST = 1 }; /* cairn_radix_page.flags: the disk copy is gone */
+/* cairn_radix_page.flags: PAGE_LOST, the disk copy is gone; PAGE_SHARED, a
+ * copy was queued for (or came from) the shared tier. */
+enum { PAGE_LOST = 1, PAGE_SHARED = 2 };
 
 /* Disk cookies: the top four bits say what the completion is for; 0 is
  * nobody's (ignored). */
@@ -100,6 +102,7 @@ typedef struct {
     size_t next;            /* pages of the tree path the op holds: continue here */
     int32_t *round;         /* host slots of the continuation round in flight */
     size_t n_round;
+    size_t from_shared;     /* continuation pages the shared tier served */
     size_t n_reads;         /* disk reads before the current fence (rate samples) */
     size_t skipped, lost;
 } fetch_op;
@@ -118,6 +121,13 @@ struct cairn_kvcache {
     cairn_radix *tree;
     uint8_t *scratch;     /* one page of host memory: device -> disk          */
     uint8_t *slot_state;  /* [host capacity]                                 */
+    uint8_t *slot_shared; /* [host capacity]: the loaded read came from tier 3 */
+
+    /* tier 3 (shared.c): on when the disk has a shared tier */
+    bool shared;
+    int share_policy;     /* cairn_share_policy                               */
+    cairn_page_hash *ev_stored, *ev_removed; /* page events not yet queued    */
+    size_t n_ev_stored, n_ev_removed, cap_ev_stored, cap_ev_removed;
 
     promotion *promos;
     size_t n_promos, cap_promos;
@@ -169,6 +179,10 @@ void kvc_release_page(const cairn_radix_page *p, void *user);
 int kvc_path_reserve(cairn_kvcache *c, size_t n);
 /* Nodes of the path root..node (root excluded) into c->nodes, in order. */
 int kvc_path_nodes(cairn_kvcache *c, cairn_radix_node *node, size_t *n);
+/* The bytes of a page of a node in `tier`: a device page downloaded into
+ * c->scratch (valid until the next use of it), a host page's slot; NULL
+ * for a disk page or when the download failed. */
+const void *kvc_page_bytes(cairn_kvcache *c, int tier, const cairn_radix_page *pg);
 /* Queue a disk write of one page; marks it on disk. */
 int kvc_write_page(cairn_kvcache *c, cairn_radix_page *pg, const int32_t *tokens,
                    const void *bytes);
@@ -208,6 +222,18 @@ void kvc_queue_path_reads(cairn_kvcache *c, size_t n_nodes, size_t *queued, bool
 pending_op *kvc_find_op(cairn_kvcache *c, uint64_t id, size_t *idx);
 /* Handle every disk completion waiting. */
 void kvc_drain_disk(cairn_kvcache *c);
+
+/* ---- shared.c: the cache's side of tier 3 --------------------------------- */
+
+/* Queue for Redis every resident page of the path root..node that has no
+ * copy there yet (device pages are downloaded into c->scratch first). */
+void kvc_share_path(cairn_kvcache *c, cairn_radix_node *node);
+/* The last n_new pages of the path root..leaf just entered the tree. */
+void kvc_note_stored(cairn_kvcache *c, cairn_radix_node *leaf, size_t n_new);
+/* A page left the tree (a cairn_radix_drop callback's page). */
+void kvc_note_removed(cairn_kvcache *c, const cairn_radix_page *p);
+/* Hand the page events gathered so far to the disk's shared tier. */
+void kvc_flush_events(cairn_kvcache *c);
 
 /* ---- fetch.c: admission ------------------------------------------------- */
 

@@ -96,7 +96,7 @@ typedef struct {
     bool holding;      /* a tool call may have started: stream no more      */
     json_t *answer;    /* not streaming: its choice object, once over       */
     int64_t prompt_tokens, cached_tokens, completion_tokens;
-    int64_t cached_by_tier[3]; /* device, host, disk                        */
+    int64_t cached_by_tier[4]; /* device, host, disk, shared                */
     int64_t spec_steps, spec_tokens, spec_drafted, spec_accepted;
     char spec_method[64];  /* the methods that proposed ("" = none)        */
     char *echo;        /* completions with echo: the prompt's text (owned)  */

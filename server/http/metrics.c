@@ -20,14 +20,22 @@ static void metric_u64(cairn_strbuf *b, const char *name, const char *type, cons
     http_printf(b, "%s %llu\n", name, (unsigned long long)v);
 }
 
-static const char *const tier_names[3] = {"device", "host", "disk"};
+static const char *const tier_names[4] = {"device", "host", "disk", "shared"};
+
+/* One series per tier: the three local ones, or with n_tiers 4 also the
+ * shared tier (Redis). */
+static void metric_tiers_n(cairn_strbuf *b, const char *name, const char *type, const char *help,
+                           const uint64_t *v, int n_tiers)
+{
+    metric_head(b, name, type, help);
+    for (int t = 0; t < n_tiers; t++)
+        http_printf(b, "%s{tier=\"%s\"} %llu\n", name, tier_names[t], (unsigned long long)v[t]);
+}
 
 static void metric_tiers(cairn_strbuf *b, const char *name, const char *type, const char *help,
                          const uint64_t v[3])
 {
-    metric_head(b, name, type, help);
-    for (int t = 0; t < 3; t++)
-        http_printf(b, "%s{tier=\"%s\"} %llu\n", name, tier_names[t], (unsigned long long)v[t]);
+    metric_tiers_n(b, name, type, help, v, 3);
 }
 
 static void metric_histogram(cairn_strbuf *b, const char *name, const char *help,
@@ -70,9 +78,9 @@ static void render_metrics(srv_http *h, const cairn_service_stats *st, cairn_str
     metric_u64(b, "cairn_prefix_shared_waits_total", "counter",
                "Requests that waited for another to compute the prefix they share.",
                st->shared_waits);
-    metric_tiers(b, "cairn_prefix_cache_hit_tokens_total", "counter",
-                 "Prompt tokens served from the prefix cache, by the tier they were in.",
-                 st->cached_tokens_by_tier);
+    metric_tiers_n(b, "cairn_prefix_cache_hit_tokens_total", "counter",
+                   "Prompt tokens served from the prefix cache, by the tier they were in.",
+                   st->cached_tokens_by_tier, 4);
     uint64_t v[3];
     for (int t = 0; t < 3; t++)
         v[t] = st->tiers[t].hit_tokens;
@@ -97,6 +105,33 @@ static void render_metrics(srv_http *h, const cairn_service_stats *st, cairn_str
     metric_u64(b, "cairn_kv_evicted_pages_total", "counter", "Pages moved out of tier 0.",
                st->evicted_pages);
     metric_u64(b, "cairn_sessions", "gauge", "Open sessions.", st->sessions);
+    if (st->shared.on) {
+        metric_u64(b, "cairn_shared_up", "gauge",
+                   "1 while the shared cache tier's (Redis) connection is up.", st->shared.up);
+        metric_u64(b, "cairn_shared_read_hits_total", "counter",
+                   "Page reads that missed locally and were served by the shared tier.",
+                   st->shared.hits);
+        metric_u64(b, "cairn_shared_read_misses_total", "counter",
+                   "Page reads that missed locally and in the shared tier.", st->shared.misses);
+        metric_u64(b, "cairn_shared_corrupt_total", "counter",
+                   "Shared-tier values that failed their checks (deleted, recomputed).",
+                   st->shared.corrupt);
+        metric_u64(b, "cairn_shared_pages_queued_total", "counter",
+                   "Pages this replica queued for the shared tier.", st->shared.pages_queued);
+        metric_u64(b, "cairn_shared_writes_total", "counter",
+                   "Values (pages and session records) the shared tier stored.", st->shared.puts);
+        metric_u64(b, "cairn_shared_dropped_total", "counter",
+                   "Writes and events dropped (queue full while the shared tier was away).",
+                   st->shared.dropped);
+        metric_u64(b, "cairn_shared_errors_total", "counter",
+                   "Commands the shared tier refused (e.g. out of memory).", st->shared.errors);
+        metric_u64(b, "cairn_shared_events_total", "counter",
+                   "Page events published for the router.", st->shared.events);
+        metric_u64(b, "cairn_shared_outages_total", "counter",
+                   "Times a connection to the shared tier went down.", st->shared.outages);
+        metric_u64(b, "cairn_shared_queued_bytes", "gauge",
+                   "Bytes waiting to be written to the shared tier.", st->shared.queued_bytes);
+    }
     metric_histogram(b, "cairn_time_to_first_token_seconds",
                      "From a request's submission to its first sampled token.", &st->ttft);
     metric_histogram(b, "cairn_inter_token_latency_seconds",

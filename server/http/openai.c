@@ -252,7 +252,7 @@ static void answer_request(hconn *c, hreq *q)
 {
     c->active = NULL;
     /* each prompt counts once (its n choices share it), each choice's tokens */
-    int64_t completion = 0, prompt = 0, cached = 0, tier[3] = {0, 0, 0};
+    int64_t completion = 0, prompt = 0, cached = 0, tier[4] = {0, 0, 0, 0};
     int64_t spec[4] = {0, 0, 0, 0}; /* steps, tokens, drafted, accepted */
     const char *method = NULL;
     const int per = q->per_prompt > 0 ? q->per_prompt : 1;
@@ -269,17 +269,17 @@ static void answer_request(hconn *c, hreq *q)
             continue;
         prompt += ch->prompt_tokens;
         cached += ch->cached_tokens;
-        for (int t = 0; t < 3; t++)
+        for (int t = 0; t < 4; t++)
             tier[t] += ch->cached_by_tier[t];
     }
     /* cached_tokens_by_tier: where the cached tokens were found (a cairn
      * extension beside OpenAI's cached_tokens; they sum to it) */
     json_t *usage = json_pack(
-        "{s:I, s:I, s:I, s:{s:I, s:{s:I, s:I, s:I}}}", "prompt_tokens", (json_int_t)prompt,
+        "{s:I, s:I, s:I, s:{s:I, s:{s:I, s:I, s:I, s:I}}}", "prompt_tokens", (json_int_t)prompt,
         "completion_tokens", (json_int_t)completion, "total_tokens",
         (json_int_t)(prompt + completion), "prompt_tokens_details", "cached_tokens",
         (json_int_t)cached, "cached_tokens_by_tier", "device", (json_int_t)tier[0], "host",
-        (json_int_t)tier[1], "disk", (json_int_t)tier[2]);
+        (json_int_t)tier[1], "disk", (json_int_t)tier[2], "shared", (json_int_t)tier[3]);
     /* speculative: how the reply was decoded (a cairn extension): steps =
      * target forwards that verified a draft, tokens = what they gave, tau =
      * tokens / steps, drafted / accepted = draft tokens checked / kept */
@@ -406,7 +406,7 @@ static void finish_choice(hconn *c, hreq *q, int index, const cairn_event *ev,
     q->n_over++;
     ch->prompt_tokens = ev->prompt_tokens;
     ch->cached_tokens = ev->cached_tokens;
-    for (int t = 0; t < 3; t++)
+    for (int t = 0; t < 4; t++)
         ch->cached_by_tier[t] = ev->cached_by_tier[t];
     ch->completion_tokens = ev->completion_tokens;
     ch->spec_steps = ev->spec_forwards;

@@ -120,7 +120,7 @@ static void pack_session_id(msgpack_packer *pk, cairn_session_id id)
 
 static void pack_stats(msgpack_packer *pk, const cairn_service_stats *st)
 {
-    msgpack_pack_map(pk, 16);
+    msgpack_pack_map(pk, st->shared.on ? 17 : 16);
 #define U64(name, v) pack_cstr(pk, name), msgpack_pack_uint64(pk, v)
     U64("queries", st->queries);
     U64("prompt_tokens", st->prompt_tokens);
@@ -162,6 +162,25 @@ static void pack_stats(msgpack_packer *pk, const cairn_service_stats *st)
         msgpack_pack_double(pk, ts->load_mean_s * 1e3);
         pack_cstr(pk, "store_mean_ms");
         msgpack_pack_double(pk, ts->store_mean_s * 1e3);
+    }
+    if (st->shared.on) { /* tier 3 (Redis): docs/scale-out.md */
+        pack_cstr(pk, "shared");
+        msgpack_pack_map(pk, 11);
+        pack_cstr(pk, "up");
+        if (st->shared.up)
+            msgpack_pack_true(pk);
+        else
+            msgpack_pack_false(pk);
+        U64("hits", st->shared.hits);
+        U64("misses", st->shared.misses);
+        U64("corrupt", st->shared.corrupt);
+        U64("pages_queued", st->shared.pages_queued);
+        U64("writes", st->shared.puts);
+        U64("dropped", st->shared.dropped);
+        U64("errors", st->shared.errors);
+        U64("events", st->shared.events);
+        U64("outages", st->shared.outages);
+        U64("queued_bytes", st->shared.queued_bytes);
     }
 #undef U64
 }
@@ -244,13 +263,15 @@ int cairn_rpc_pack_event(msgpack_sbuffer *sb, cairn_rpc_method method, const cai
         pack_cstr(&pk, "cached_tokens");
         msgpack_pack_int64(&pk, ev->cached_tokens);
         pack_cstr(&pk, "cached_tokens_by_tier");
-        msgpack_pack_map(&pk, 3);
+        msgpack_pack_map(&pk, 4);
         pack_cstr(&pk, "device");
         msgpack_pack_int64(&pk, ev->cached_by_tier[0]);
         pack_cstr(&pk, "host");
         msgpack_pack_int64(&pk, ev->cached_by_tier[1]);
         pack_cstr(&pk, "disk");
         msgpack_pack_int64(&pk, ev->cached_by_tier[2]);
+        pack_cstr(&pk, "shared");
+        msgpack_pack_int64(&pk, ev->cached_by_tier[3]);
         pack_cstr(&pk, "completion_tokens");
         msgpack_pack_int64(&pk, ev->completion_tokens);
         if (ev->spec_forwards > 0) { /* how the reply was decoded (docs/protocol.md) */

@@ -606,7 +606,7 @@ class OpenAIFacade(unittest.TestCase):
             self.assertEqual(cm.exception.body["param"], param)
         details = r.usage.prompt_tokens_details.model_dump()
         tiers = details["cached_tokens_by_tier"]
-        self.assertEqual(sorted(tiers), ["device", "disk", "host"])
+        self.assertEqual(sorted(tiers), ["device", "disk", "host", "shared"])
         self.assertEqual(sum(tiers.values()), details["cached_tokens"])
 
     def test_seed_range(self):

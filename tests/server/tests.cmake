@@ -47,3 +47,13 @@ add_test(NAME server_drain
   COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_drain.py
           $<TARGET_FILE:cairn> ${CAIRN_MODEL})
 set_tests_properties(server_drain PROPERTIES TIMEOUT 300 LABELS "server")
+
+# The shared cache tier: replicas with a cache directory each over one real
+# redis-server (started by the test on loopback): a prefix only one replica
+# computed served to another, page events, a damaged value recomputed, a
+# Redis that stalls, restarts, is flushed or is absent, tenants, and a
+# persisted session moving when its replica is killed.
+add_test(NAME server_shared_cache
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_shared_cache.py
+          $<TARGET_FILE:cairn> ${CAIRN_MODEL})
+set_tests_properties(server_shared_cache PROPERTIES TIMEOUT 600 LABELS "server")

@@ -34,7 +34,7 @@ add_library(cairn_store_asan OBJECT ${CAIRN_SAN_SOURCES}
 set(CAIRN_SAN_FLAGS -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all)
 target_compile_options(cairn_store_asan PRIVATE ${CAIRN_SAN_FLAGS})
 target_include_directories(cairn_store_asan PUBLIC ${PROJECT_SOURCE_DIR})
-target_link_libraries(cairn_store_asan PUBLIC PkgConfig::XXHASH PkgConfig::LMDB Threads::Threads m)
+target_link_libraries(cairn_store_asan PUBLIC PkgConfig::XXHASH PkgConfig::LMDB PkgConfig::HIREDIS Threads::Threads m)
 
 function(cairn_add_asan_test name)
   add_executable(${name} ${ARGN})
