@@ -37,10 +37,9 @@ if [ $want_test -eq 1 ]; then
     # jsonschema checks its structured output; anthropic and openai-agents
     # (the Agents SDK) drive the Messages and Responses routes.
     # redis (redis-py) reads and damages what the replicas put in the shared
-    # cache tier's Redis; xxhash computes the scale-out contract's page
-    # hashes in the router's test.
-    pypkgs=(numpy gguf msgpack jinja2 openai jsonschema anthropic openai-agents redis xxhash)
-    if ! $py -c "import numpy, gguf, msgpack, jinja2, openai, jsonschema, anthropic, agents, redis, xxhash" \
+    # cache tier's Redis.
+    pypkgs=(numpy gguf msgpack jinja2 openai jsonschema anthropic openai-agents redis)
+    if ! $py -c "import numpy, gguf, msgpack, jinja2, openai, jsonschema, anthropic, agents, redis" \
         2>/dev/null; then
         echo "setup: installing Python packages: ${pypkgs[*]}" >&2
         $py -m pip install -q "${pypkgs[@]}" 2>/dev/null ||

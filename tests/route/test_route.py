@@ -5,15 +5,13 @@ redis-server (docs/scale-out.md, "The router").
 usage: test_route.py CAIRN_BIN MODEL [unittest args...]
 
 Everything is real: redis-server on a free loopback port (--save ''
---appendonly no), three replicas of the bundled model (one thread each),
-the router reading the replicas' events from the Redis stream. Replicas
-that publish their own events (`serve --shared-cache`) are used when the
-binary has that option; otherwise the test announces each replica itself
-(hello: its addresses, a namespace root and page size; stored: the pages of
-the prompts it computed), exactly the entries of the scale-out contract,
-so the router under test is the same either way.
+--appendonly no), three replicas of the bundled model (one thread each,
+`--shared-cache` on that Redis: they publish hello/stored/removed events
+and keep persisted sessions' records there), and the router, which finds
+the replicas from their hello events and builds its index from the stream.
 
 Checks, in order (the last one kills a replica):
+  0. what the router cannot decode reaches a replica unchanged (its error);
   1. a RAG workload (documents x questions, shuffled, three clients at
      once) computes each document once in all: the replicas' computed
      prompt tokens (prompt_tokens - cached_tokens) are <= 1.1 x the floor;
@@ -23,7 +21,10 @@ Checks, in order (the last one kills a replica):
      goes back to the replica that holds it;
   4. SIGKILL of a replica under load: no request hangs, only requests in
      flight on it fail, requests after the router noticed all succeed, and
-     its sessions continue on another replica.
+     its sessions continue on another replica (a persisted native session
+     with the same history, loaded from the shared tier);
+and, with --tenants, that a tenant's prompts are hashed under its own seed
+(never predicted cached for another), and the router's request deadlines.
 Waits are guards against hangs, never performance thresholds.
 """
 import concurrent.futures
@@ -34,7 +35,6 @@ import random
 import re
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -45,16 +45,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import harness  # noqa: E402
 from harness import STORIES  # noqa: E402
 import cairn_client  # noqa: E402
-import xxhash  # noqa: E402
 
 CAIRN, MODEL = harness.take_argv("CAIRN_BIN", "MODEL", usage=__doc__)
 
 GUARD_S = 60           # one request or one wait longer than this is a hang
 PAGE = 16              # the replicas' page size (serve's default)
 PREFIX = "cairn:"
-# The namespace root announced for replicas that do not publish their own
-# (any 16 bytes: the router seeds its hashes with what hello says).
-FAKE_ROOT = bytes.fromhex("00112233445566778899aabbccddeeff")
 
 
 # ---- Redis, spoken directly (RESP) -------------------------------------------
@@ -114,16 +110,6 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def page_hashes(root, tokens):
-    """The contract's chained hashes of the whole pages before the last token."""
-    out, h = [], root
-    for i in range((len(tokens) - 1) // PAGE):
-        page = tokens[i * PAGE:(i + 1) * PAGE]
-        h = xxhash.xxh3_128_digest(h + struct.pack("<%di" % PAGE, *page))
-        out.append(h)
-    return out
 
 
 # ---- the router process --------------------------------------------------------
@@ -244,23 +230,16 @@ class RouterTest(harness.TestCase):
         cls.redis = wait_for("redis", cls._redis_up)
         cls.scratch.on_close(cls.redis.close)
         cls.redis_url = "redis://127.0.0.1:%d" % cls.redis_port
-        helptext = subprocess.run([CAIRN, "serve", "--help"], capture_output=True, text=True).stdout
-        cls.replicas_publish = "--shared-cache" in helptext
         cls.replicas = []
         for i in range(3):
-            # with the shared tier, a persisted session's record reaches Redis
-            # (through the disk tier), so another replica can take it over
-            extra = (["--shared-cache", cls.redis_url, "--cache-dir", cls.scratch.path("c%d" % i)]
-                     if cls.replicas_publish else [])
-            srv = cls.scratch.start(CAIRN, ["-m", MODEL, "-c", "2048", "-t", "1", *extra],
-                                    http=True)
+            # the shared tier sits under the disk tier: a persisted session's
+            # record reaches Redis, so another replica can take the session over
+            srv = cls.scratch.start(CAIRN, ["-m", MODEL, "-c", "2048", "-t", "1",
+                                            "--cache-dir", cls.scratch.path("c%d" % i),
+                                            "--shared-cache", cls.redis_url], http=True)
             cls.replicas.append(srv)
+        # a replica's id is its HTTP address (serve's default --replica-id)
         cls.ids = ["127.0.0.1:%d" % srv.http_port for srv in cls.replicas]
-        if not cls.replicas_publish:
-            for srv, rid in zip(cls.replicas, cls.ids):
-                cls.redis.command("XADD", PREFIX + "events", "*", "r", rid, "op", "hello", "ns",
-                                  FAKE_ROOT.hex(), "ps", PAGE, "http", rid,
-                                  "rpc", "127.0.0.1:%d" % srv.port)
         cls.router = cls.start_router()
 
     @classmethod
@@ -306,15 +285,6 @@ class RouterTest(harness.TestCase):
                                    "temperature": 0})
         self.assertEqual(status, 200, out)
         return out["usage"]
-
-    def announce_stored(self, replica_id, prompt):
-        """What a replica publishes once it holds a prompt's pages (only
-        when the replicas do not publish themselves)."""
-        if self.replicas_publish:
-            return
-        hashes = page_hashes(FAKE_ROOT, prompt)
-        self.redis.command("XADD", PREFIX + "events", "*", "r", replica_id, "op", "stored",
-                           "ns", FAKE_ROOT.hex(), "ps", PAGE, "h", b"".join(hashes))
 
     def one_routed(self, before, after):
         grew = [k for k in after if after[k] != before.get(k, 0)]
@@ -455,8 +425,14 @@ class RouterTest(harness.TestCase):
             self.complete(c, prompt)
             home = self.one_routed(before, routed(self.router.http_port))
             homes.append(home)
-            self.announce_stored(home, prompt)
         c.close()
+        # what the replicas published: their hello, and the pages they hold
+        entries = self.redis.command("XRANGE", PREFIX + "events", "-", "+")
+        ops = [dict(zip(e[1][::2], e[1][1::2])) for e in entries]
+        self.assertEqual(sorted(o[b"r"].decode() for o in ops if o[b"op"] == b"hello"),
+                         sorted(self.ids))
+        stored = {o[b"r"].decode() for o in ops if o[b"op"] == b"stored"}
+        self.assertTrue(set(homes) <= stored, (homes, stored))
         self.router.stop_cleanly(self)
         cls.router = self.start_router()
         n_entries = self.redis.command("XLEN", PREFIX + "events")
@@ -479,7 +455,7 @@ class RouterTest(harness.TestCase):
         self.addCleanup(cl.close)
         before = routed(port)
         sid = cl.session_open(text="Once upon a time there was a small boat.",
-                              **({"persist": True} if self.replicas_publish else {}))["session_id"]
+                              persist=True)["session_id"]
         victim = self.one_routed(before, routed(port))
         cl.session_generate(sid, text=" The boat", max_tokens=4, temperature=0)
         history = cl.session_info(sid)["n_tokens"]
@@ -547,15 +523,11 @@ class RouterTest(harness.TestCase):
                                   {"prompt": "A boat named %s sailed far away" % key,
                                    "max_tokens": 4, "temperature": 0, "session_id": key})
             self.assertEqual(status, 200, out)
-        if self.replicas_publish:
-            # its record comes from the shared tier: the same history
-            g = cl.session_generate(sid, text=" It", max_tokens=4, temperature=0)
-            self.assertGreaterEqual(g.usage.prompt_tokens, history)
-        else:
-            # without the shared tier the new replica has no record; the
-            # router still sent the session there, not to the dead one
-            with self.assertRaises(cairn_client.client.NotFound):
-                cl.session_generate(sid, text=" It", max_tokens=4, temperature=0)
+        # the persisted session: its record comes from the shared tier, so
+        # it goes on with the same history on the replica it moved to
+        self.assertEqual(cl.session_info(sid)["n_tokens"], history)
+        g = cl.session_generate(sid, text=" It", max_tokens=4, temperature=0)
+        self.assertGreater(g.usage.prompt_tokens, history)
         moved = metrics(port)["cairn_router_session_moves_total"] - moves
         self.assertGreaterEqual(moved, 2 if key else 1)
         # the client's connection to the router serves on
