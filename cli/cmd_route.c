@@ -25,7 +25,9 @@ static const char help[] =
     "      --host ADDR        address to listen on (default 127.0.0.1)\n"
     "      --http-port N      HTTP port (default 8080; 0 = any free port; -1 = none)\n"
     "      --port N           msgpack-RPC port (default: none; 0 = any free port)\n"
-    "      --redis URL        redis://HOST:PORT or unix:///path: the replicas' events\n"
+    "      --shared-cache URL the replicas' Redis (their --shared-cache): redis://HOST:PORT\n"
+    "                         or unix:///path; its stream of page events is read\n"
+    "                         (--redis is the same)\n"
     "      --shared-prefix P  key prefix the replicas use (default cairn:)\n"
     "      --replica SPEC     a replica given here: http=HOST:PORT,rpc=HOST:PORT[,id=ID]\n"
     "                         (repeatable; others are found from their hello events)\n"
@@ -104,6 +106,7 @@ int cmd_route(int argc, char **argv)
         {"host", required_argument, 0, OPT_HOST},
         {"http-port", required_argument, 0, OPT_HTTP_PORT},
         {"port", required_argument, 0, OPT_PORT},
+        {"shared-cache", required_argument, 0, OPT_REDIS},
         {"redis", required_argument, 0, OPT_REDIS},
         {"shared-prefix", required_argument, 0, OPT_PREFIX},
         {"replica", required_argument, 0, OPT_REPLICA},

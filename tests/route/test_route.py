@@ -252,7 +252,7 @@ class RouterTest(harness.TestCase):
 
     @classmethod
     def start_router(cls):
-        r = Router(["-m", MODEL, "--http-port", "0", "--port", "0", "--redis", cls.redis_url,
+        r = Router(["-m", MODEL, "--http-port", "0", "--port", "0", "--shared-cache", cls.redis_url,
                     "--health-interval", "0.2"])
         cls.scratch.on_close(r.stop)
         wait_for("3 replicas up", lambda: metrics(r.http_port).get("cairn_router_replicas_up") == 3)
