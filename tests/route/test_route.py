@@ -448,6 +448,26 @@ class RouterTest(harness.TestCase):
             self.assertGreaterEqual(u["prompt_tokens_details"]["cached_tokens"],
                                     (len(d) - 1) // PAGE * PAGE)
 
+    # ---- 3b. Redis loses the stream (FLUSHALL): the index is rebuilt --------------------
+    def test_3b_stream_reset(self):
+        port = self.router.http_port
+        before = metrics(port)
+        self.assertGreater(before["cairn_router_index_entries"], 0)
+        self.assertEqual(self.redis.command("FLUSHALL"), "OK")
+        wait_for("the reset noticed", lambda: metrics(port).get(
+            "cairn_router_stream_resets_total", 0) > before["cairn_router_stream_resets_total"])
+        m = metrics(port)
+        self.assertEqual(m["cairn_router_replicas_up"], 3)  # the replicas are still known
+        # routing goes on, and what the replicas publish now is read again
+        c = Http(port)
+        self.addCleanup(c.close)
+        doc = self.documents(1, 500)[0]
+        self.complete(c, doc + self.tokens(" Again.", False))
+        wait_for("new events read", lambda: self.redis.command("XLEN", PREFIX + "events") > 0)
+        n = self.redis.command("XLEN", PREFIX + "events")
+        wait_for("new events applied", lambda: metrics(port)["cairn_router_events_total"] >=
+                 m["cairn_router_events_total"] + n)
+
     # ---- 4. SIGKILL of a replica under load -----------------------------------------
     def test_4_sigkill_replica_under_load(self):
         port = self.router.http_port
