@@ -669,6 +669,14 @@ static hup *up_get(cairn_router *r, int slot, bool *fresh)
     return u;
 }
 
+void route_http_fail_slot(cairn_router *r, int slot)
+{
+    for (hclient *c = r->http_clients; c; c = c->next)
+        if (c->job && c->job->up && c->job->up->slot == slot)
+            rstream_close(&c->job->up->s); /* its close fails the job */
+    route_http_drop_idle(r, slot);
+}
+
 void route_http_drop_idle(cairn_router *r, int slot)
 {
     route_live *lv = &r->live[slot];

@@ -727,6 +727,13 @@ void route_rpc_accept(cairn_router *r, uv_stream_t *listener)
     rstream_read(&c->s, true);
 }
 
+void route_rpc_fail_slot(cairn_router *r, int slot)
+{
+    for (rclient *c = r->rpc_clients; c; c = c->next)
+        if (c->up[slot])
+            rstream_close(&c->up[slot]->s); /* its close answers what was pending */
+}
+
 void route_rpc_sweep(cairn_router *r, double now)
 {
     for (rclient *c = r->rpc_clients, *next; c; c = next) {

@@ -123,7 +123,7 @@ static void mark(cairn_router *r, int slot, uint64_t generation, bool ok, bool a
         if (!lv->up)
             cairn_log(CAIRN_LOG_INFO, "route: replica %s is up", id);
         lv->up = true;
-        lv->fails = 0;
+        lv->fails = lv->unanswered = 0;
         return;
     }
     lv->fails++;
@@ -208,8 +208,18 @@ static void check_one(cairn_router *r, int slot)
         lv->fails = 0;
         route_http_drop_idle(r, slot);
     }
-    if (r->live[slot].check) /* the last one did not finish within the interval */
+    if (r->live[slot].check) { /* the last one did not finish within the interval */
         check_finish((hcheck *)r->live[slot].check, false, false, "health check timed out");
+        /* A replica that accepts but never answers is hung, not draining
+         * (a draining one refuses connections and finishes what runs):
+         * its requests in flight would wait forever, so they end now. */
+        if (++lv->unanswered == r->cfg.health_failures) {
+            cairn_log(CAIRN_LOG_WARN, "route: replica %s stopped answering; failing its requests",
+                      e.id);
+            route_http_fail_slot(r, slot);
+            route_rpc_fail_slot(r, slot);
+        }
+    }
     hcheck *c = calloc(1, sizeof *c);
     if (!c)
         return;

@@ -80,6 +80,7 @@ typedef struct hup hup;
 typedef struct {
     bool up;
     int fails;           /* health checks failed in a row                 */
+    int unanswered;      /* of which timed out (no refusal, no answer)    */
     void *check;         /* the health check on its way, or NULL          */
     uint64_t generation; /* of the registry entry the state belongs to    */
     route_load load;
@@ -196,6 +197,10 @@ void route_rpc_accept(cairn_router *r, uv_stream_t *listener);
  * part of one came); msgpack, half a message and no byte for idle_timeout_s. */
 void route_http_sweep(cairn_router *r, double now);
 void route_rpc_sweep(cairn_router *r, double now);
+/* The replica of `slot` stopped answering (hung, not refusing): end the
+ * requests in flight on it with an error, as when it dies. */
+void route_http_fail_slot(cairn_router *r, int slot);
+void route_rpc_fail_slot(cairn_router *r, int slot);
 /* Free the idle keep-alive connections of a slot (its replica went down). */
 void route_http_drop_idle(cairn_router *r, int slot);
 

@@ -468,6 +468,66 @@ class RouterTest(harness.TestCase):
         wait_for("new events applied", lambda: metrics(port)["cairn_router_events_total"] >=
                  m["cairn_router_events_total"] + n)
 
+    # ---- 3c. a replica that hangs (SIGSTOP): its requests end with an error ----------
+    def test_3c_hung_replica(self):
+        port = self.router.http_port
+        cl = cairn_client.Client("127.0.0.1", self.router.rpc_port, timeout=GUARD_S)
+        self.addCleanup(cl.close)
+        before = routed(port)
+        sid = cl.session_open(text="Once upon a time there was a sleepy owl.")["session_id"]
+        hung = self.one_routed(before, routed(port))
+        key = None
+        hc = Http(port)
+        self.addCleanup(hc.close)
+        for attempt in range(12):
+            k = "owl-%d" % attempt
+            before = routed(port)
+            status, out = hc.json("POST", "/v1/completions",
+                                  {"prompt": "An owl named %s slept" % k, "max_tokens": 2,
+                                   "session_id": k})
+            self.assertEqual(status, 200, out)
+            if self.one_routed(before, routed(port)) == hung:
+                key = k
+                break
+        srv = self.replicas[self.ids.index(hung)]
+        outcome = {}
+
+        def http_stream():
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=GUARD_S)
+            body = {"prompt": "An owl named %s slept" % key, "max_tokens": 1500,
+                    "ignore_eos": True, "stream": True, "session_id": key}
+            conn.request("POST", "/v1/completions", json.dumps(body),
+                         {"Content-Type": "application/json"})
+            r = conn.getresponse()
+            first = r.fp.readline()
+            outcome["http_started"] = first.startswith(b"data:")
+            try:
+                rest = r.read()
+                outcome["http"] = b'"replica_failed"' in rest or b"[DONE]" not in rest
+            except (http.client.HTTPException, OSError):
+                outcome["http"] = True  # cut short: an incomplete answer
+            conn.close()
+
+        t = threading.Thread(target=http_stream, daemon=True)
+        if key:
+            t.start()
+            wait_for("the stream started", lambda: "http_started" in outcome)
+        stream = cl.stream("session.generate", {"session_id": sid, "text": " The owl",
+                                                "max_tokens": 1500, "ignore_eos": True,
+                                                "stream": True})
+        next(iter(stream))  # a first delta: it runs on the replica
+        srv.proc.send_signal(signal.SIGSTOP)
+        self.addCleanup(lambda: srv.proc.poll() is None and srv.proc.send_signal(signal.SIGCONT))
+        with self.assertRaises(cairn_client.client.InternalError):
+            stream.wait()
+        if key:
+            t.join(GUARD_S)
+            self.assertFalse(t.is_alive(), "the HTTP stream hung")
+            self.assertTrue(outcome["http"], outcome)
+        self.assertEqual(metrics(port)["cairn_router_replicas_up"], 2)
+        srv.proc.send_signal(signal.SIGCONT)
+        wait_for("the replica back", lambda: metrics(port)["cairn_router_replicas_up"] == 3)
+
     # ---- 4. SIGKILL of a replica under load -----------------------------------------
     def test_4_sigkill_replica_under_load(self):
         port = self.router.http_port
