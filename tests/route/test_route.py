@@ -106,6 +106,40 @@ class Redis:
         self.sock.close()
 
 
+def start_redis(scratch):
+    """A redis-server of the test's own on a free loopback port, no
+    persistence; killed with the scratch directory. Returns (port, Redis)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", scratch.name],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    scratch.on_close(proc.kill)
+
+    def up():
+        try:
+            r = Redis(port)
+            return r if r.command("PING") == "PONG" else None
+        except OSError:
+            return None
+    redis = wait_for("redis", up)
+    scratch.on_close(redis.close)
+    return port, redis
+
+
+def stored_by(redis, replica_id):
+    """The page hashes the stream says `replica_id` holds (stored and not
+    removed since)."""
+    held = set()
+    for _, fields in redis.command("XRANGE", PREFIX + "events", "-", "+"):
+        f = dict(zip(fields[::2], fields[1::2]))
+        if f.get(b"r", b"").decode() != replica_id or b"h" not in f:
+            continue
+        hashes = {f[b"h"][i:i + 16] for i in range(0, len(f[b"h"]), 16)}
+        held = held | hashes if f[b"op"] == b"stored" else held - hashes
+    return held
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -221,14 +255,7 @@ class RouterTest(harness.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.scratch = cls.class_scratch("cairn-route-test-", graceful=False)
-        cls.redis_port = free_port()
-        cls.redis_proc = subprocess.Popen(
-            ["redis-server", "--port", str(cls.redis_port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", cls.scratch.name],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        cls.scratch.on_close(cls.redis_proc.kill)
-        cls.redis = wait_for("redis", cls._redis_up)
-        cls.scratch.on_close(cls.redis.close)
+        cls.redis_port, cls.redis = start_redis(cls.scratch)
         cls.redis_url = "redis://127.0.0.1:%d" % cls.redis_port
         cls.replicas = []
         for i in range(3):
@@ -241,14 +268,6 @@ class RouterTest(harness.TestCase):
         # a replica's id is its HTTP address (serve's default --replica-id)
         cls.ids = ["127.0.0.1:%d" % srv.http_port for srv in cls.replicas]
         cls.router = cls.start_router()
-
-    @classmethod
-    def _redis_up(cls):
-        try:
-            r = Redis(cls.redis_port)
-            return r if r.command("PING") == "PONG" else None
-        except OSError:
-            return None
 
     @classmethod
     def start_router(cls):
@@ -426,13 +445,16 @@ class RouterTest(harness.TestCase):
             home = self.one_routed(before, routed(self.router.http_port))
             homes.append(home)
         c.close()
-        # what the replicas published: their hello, and the pages they hold
+        # what the replicas published: their hello, and (their writer thread
+        # is asynchronous: waited for) the pages of each document
         entries = self.redis.command("XRANGE", PREFIX + "events", "-", "+")
         ops = [dict(zip(e[1][::2], e[1][1::2])) for e in entries]
         self.assertEqual(sorted(o[b"r"].decode() for o in ops if o[b"op"] == b"hello"),
                          sorted(self.ids))
-        stored = {o[b"r"].decode() for o in ops if o[b"op"] == b"stored"}
-        self.assertTrue(set(homes) <= stored, (homes, stored))
+        for home in set(homes):
+            pages = sum((len(d) - 1) // PAGE for d, h in zip(docs, homes) if h == home)
+            wait_for("the pages of its documents announced",
+                     lambda: len(stored_by(self.redis, home)) >= pages)
         self.router.stop_cleanly(self)
         cls.router = self.start_router()
         n_entries = self.redis.command("XLEN", PREFIX + "events")
@@ -617,8 +639,9 @@ class RouterTest(harness.TestCase):
 
 class TenantRouterTest(harness.TestCase):
     """With --tenants the router hashes a request's prompt under its tenant's
-    seed, as the replicas do: one tenant's document is never predicted
-    cached for another."""
+    seed, as the replicas do (their events find the same hashes): one
+    tenant's document is never predicted cached for another. Replicas given
+    with --replica, their events read too."""
     ALICE, BOB = "alice-token-5e0c1d2b3a49f8e7", "bob-token-96a8b7c6d5e4f3a2b1"
 
     @classmethod
@@ -628,14 +651,24 @@ class TenantRouterTest(harness.TestCase):
         fd = os.open(tenants, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write("alice %s\nbob %s\n" % (cls.ALICE, cls.BOB))
+        cls.redis_port, cls.redis = start_redis(cls.scratch)
+        url = "redis://127.0.0.1:%d" % cls.redis_port
         cls.replicas = [cls.scratch.start(CAIRN, ["-m", MODEL, "-c", "2048", "-t", "1",
-                                                  "--tenants", tenants], http=True)
-                        for _ in range(2)]
-        args = ["-m", MODEL, "--http-port", "0", "--port", "0", "--tenants", tenants,
-                "--health-interval", "0.2", "--http-timeout", "0.5", "--idle-timeout", "0.5"]
+                                                  "--tenants", tenants, "--shared-cache", url,
+                                                  "--cache-dir", cls.scratch.path("c%d" % i)],
+                                          http=True)
+                        for i in range(2)]
+        cls.router_args = ["-m", MODEL, "--http-port", "0", "--port", "0", "--tenants", tenants,
+                           "--shared-cache", url, "--health-interval", "0.2",
+                           "--http-timeout", "0.5", "--idle-timeout", "0.5"]
         for srv in cls.replicas:
-            args += ["--replica", "http=127.0.0.1:%d,rpc=127.0.0.1:%d" % (srv.http_port, srv.port)]
-        cls.router = Router(args)
+            cls.router_args += ["--replica",
+                                "http=127.0.0.1:%d,rpc=127.0.0.1:%d" % (srv.http_port, srv.port)]
+        cls.start_router()
+
+    @classmethod
+    def start_router(cls):
+        cls.router = Router(cls.router_args)
         cls.scratch.on_close(cls.router.stop)
         wait_for("2 replicas up",
                  lambda: metrics(cls.router.http_port).get("cairn_router_replicas_up") == 2)
@@ -689,6 +722,39 @@ class TenantRouterTest(harness.TestCase):
 
     def test_z_stops_cleanly(self):
         self.router.stop_cleanly(self)
+
+    def routed_to(self, token, prompt):
+        before = routed(self.router.http_port)
+        status, out = self.post(token, {"prompt": prompt, "max_tokens": 2})
+        self.assertEqual(status, 200, out)
+        after = routed(self.router.http_port)
+        grew = [k for k in after if after[k] != before.get(k, 0)]
+        self.assertEqual(len(grew), 1, (before, after))
+        return grew[0], out["usage"]
+
+    def test_events_carry_tenant_hashes(self):
+        """After a restart the router knows only what the replicas published:
+        alice's pages (hashed under alice's seed by the replica) are found
+        for alice's next request, never for bob's."""
+        ws = STORIES.split()
+        doc = "Alice's own document. " + " ".join(ws[300:450])
+        home, usage = self.routed_to(self.ALICE, doc + " One.")
+        n_doc = usage["prompt_tokens"]
+        wait_for("alice's pages announced",
+                 lambda: len(stored_by(self.redis, home)) >= (n_doc - 1) // PAGE)
+        self.router.stop_cleanly(self)
+        type(self).start_router()
+        n = self.redis.command("XLEN", PREFIX + "events")
+        wait_for("the stream read", lambda: metrics(self.router.http_port).get(
+            "cairn_router_events_total", 0) >= n)
+        p0 = self.predicted()
+        again, usage = self.routed_to(self.ALICE, doc + " Two.")
+        self.assertEqual(again, home)
+        self.assertGreaterEqual(self.predicted() - p0, (n_doc - PAGE) // PAGE * PAGE - PAGE)
+        self.assertGreater(usage["prompt_tokens_details"]["cached_tokens"], n_doc // 2)
+        p1 = self.predicted()
+        self.routed_to(self.BOB, doc + " Three.")
+        self.assertEqual(self.predicted(), p1)
 
     def test_deadlines(self):
         """Half a request is not held forever: HTTP answers 408 and closes, a
