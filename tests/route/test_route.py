@@ -127,11 +127,17 @@ def start_redis(scratch):
     return port, redis
 
 
-def stored_by(redis, replica_id):
-    """The page hashes the stream says `replica_id` holds (stored and not
-    removed since)."""
+def stream_tail(redis):
+    """The id of the stream's last entry ("0-0" when empty)."""
+    last = redis.command("XREVRANGE", PREFIX + "events", "+", "-", "COUNT", "1")
+    return last[0][0].decode() if last else "0-0"
+
+
+def stored_by(redis, replica_id, after="0-0"):
+    """The page hashes the stream's entries after `after` say `replica_id`
+    holds (stored and not removed since)."""
     held = set()
-    for _, fields in redis.command("XRANGE", PREFIX + "events", "-", "+"):
+    for _, fields in redis.command("XRANGE", PREFIX + "events", "(" + after, "+"):
         f = dict(zip(fields[::2], fields[1::2]))
         if f.get(b"r", b"").decode() != replica_id or b"h" not in f:
             continue
@@ -438,6 +444,7 @@ class RouterTest(harness.TestCase):
         docs = self.documents(3, 6000)
         c = Http(self.router.http_port)
         homes = []
+        since = stream_tail(self.redis)
         for d in docs:
             prompt = d + self.tokens(" What happened?", False)
             before = routed(self.router.http_port)
@@ -454,7 +461,7 @@ class RouterTest(harness.TestCase):
         for home in set(homes):
             pages = sum((len(d) - 1) // PAGE for d, h in zip(docs, homes) if h == home)
             wait_for("the pages of its documents announced",
-                     lambda: len(stored_by(self.redis, home)) >= pages)
+                     lambda: len(stored_by(self.redis, home, since)) >= pages)
         self.router.stop_cleanly(self)
         cls.router = self.start_router()
         n_entries = self.redis.command("XLEN", PREFIX + "events")
@@ -738,10 +745,11 @@ class TenantRouterTest(harness.TestCase):
         for alice's next request, never for bob's."""
         ws = STORIES.split()
         doc = "Alice's own document. " + " ".join(ws[300:450])
+        since = stream_tail(self.redis)
         home, usage = self.routed_to(self.ALICE, doc + " One.")
         n_doc = usage["prompt_tokens"]
         wait_for("alice's pages announced",
-                 lambda: len(stored_by(self.redis, home)) >= (n_doc - 1) // PAGE)
+                 lambda: len(stored_by(self.redis, home, since)) >= (n_doc - 1) // PAGE)
         self.router.stop_cleanly(self)
         type(self).start_router()
         n = self.redis.command("XLEN", PREFIX + "events")
