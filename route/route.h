@@ -77,11 +77,18 @@
  *                  then blocking XREADs; it writes the index and the
  *                  replica registry, both under their own mutexes.
  *
- * Failures: a replica that refuses a connection is down at once; three
- * failed health checks in a row make it down; one good one brings it back.
- * A request whose replica fails mid-way gets an error (HTTP 502 before the
- * answer started; an SSE error event and a closed connection after; a
- * msgpack error response with type "internal"), never a hang.
+ * Failures: a replica that refuses a connection is down at once (what it
+ * runs goes on: a draining replica refuses new connections); three failed
+ * health checks in a row make it down, and when they failed for want of an
+ * answer (a hung replica) its requests in flight are ended; one good check
+ * brings it back. A request whose replica fails mid-way gets an error (HTTP
+ * 502 before the answer started; an SSE error event and a closed connection
+ * after; a msgpack error response with type "internal"), never a hang. A
+ * request that reached no replica (refused connection, a stale keep-alive
+ * connection) is sent again, elsewhere or on a new connection.
+ *
+ * The router's own HTTP paths are /router/health and /router/metrics; every
+ * other path is proxied (docs/scale-out.md, "The router").
  */
 #ifndef CAIRN_ROUTE_H
 #define CAIRN_ROUTE_H
