@@ -432,6 +432,14 @@ static int resp_body(http_parser *p, const char *at, size_t len)
     if (!j || !j->c)
         return 0;
     learn_from(j, at, len);
+    if (j->chosen) {
+        /* the answer has begun: the prompt is computed; each SSE event of a
+         * stream is about one token more */
+        int64_t events = 0;
+        for (size_t i = 0; j->sse && i + 1 < len; i++)
+            events += at[i] == '\n' && at[i + 1] == '\n';
+        route_progress(j->r, &j->choice, events);
+    }
     if (u->chunked_out) {
         char size[24];
         int n = snprintf(size, sizeof size, "%zx\r\n", len);

@@ -227,7 +227,38 @@ static void up_message(rup *u, const uint8_t *msg, size_t len)
         cairn_mp_read_uint(&rd, &type) != CAIRN_OK)
         return;
     if (type != 1) {
-        rstream_write(&c->s, msg, len); /* gen.delta and any notification */
+        /* gen.delta: [2, "gen.delta", [{request, text, tokens}]] — the work
+         * left of that request shrinks */
+        const char *m;
+        uint32_t ml, np, pairs;
+        if (cairn_mp_read_str(&rd, &m, &ml) == CAIRN_OK && ml == 9 &&
+            memcmp(m, "gen.delta", 9) == 0 && cairn_mp_read_array(&rd, &np) == CAIRN_OK &&
+            np >= 1 && cairn_mp_read_map(&rd, &pairs) == CAIRN_OK) {
+            uint64_t request = UINT64_MAX;
+            uint32_t n_tokens = 0;
+            for (uint32_t i = 0; i < pairs; i++) {
+                const char *k;
+                uint32_t kl;
+                if (cairn_mp_read_str(&rd, &k, &kl) != CAIRN_OK)
+                    break;
+                if (kl == 7 && memcmp(k, "request", 7) == 0 &&
+                    cairn_mp_peek(&rd) == CAIRN_MP_UINT) {
+                    cairn_mp_read_uint(&rd, &request);
+                    continue;
+                }
+                if (kl == 6 && memcmp(k, "tokens", 6) == 0 &&
+                    cairn_mp_peek(&rd) == CAIRN_MP_ARRAY) {
+                    cairn_mp_reader probe = rd;
+                    cairn_mp_read_array(&probe, &n_tokens);
+                }
+                if (cairn_mp_skip(&rd) != CAIRN_OK)
+                    break;
+            }
+            rpend *p = request <= UINT32_MAX ? pend_find(c, (uint32_t)request) : NULL;
+            if (p && p->chosen && p->slot == u->slot)
+                route_progress(r, &p->choice, n_tokens);
+        }
+        rstream_write(&c->s, msg, len);
         return;
     }
     if (cairn_mp_read_uint(&rd, &msgid) != CAIRN_OK)

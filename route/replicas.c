@@ -396,6 +396,20 @@ void route_choose(cairn_router *r, route_choice *c)
                             c->n_pages, now + r->cfg.predict_ttl_s);
 }
 
+void route_progress(cairn_router *r, route_choice *c, int64_t tokens)
+{
+    if (c->slot < 0)
+        return;
+    route_live *lv = &r->live[c->slot];
+    lv->load.prefill -= c->uncached;
+    c->uncached = 0;
+    int64_t k = tokens < c->decode ? tokens : c->decode;
+    if (k > 0) {
+        lv->load.decode -= k;
+        c->decode -= k;
+    }
+}
+
 void route_done(cairn_router *r, route_choice *c, bool ok)
 {
     if (c->slot >= 0) {

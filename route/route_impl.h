@@ -174,6 +174,10 @@ typedef struct {
 /* Choose (fills c->slot, -1 when no replica is up), add the request to that
  * replica's load and record the prediction. */
 void route_choose(cairn_router *r, route_choice *c);
+/* The request has been answered in part: its prompt is computed (the first
+ * token came), and `tokens` more were generated. Takes that much off its
+ * replica's queued work. */
+void route_progress(cairn_router *r, route_choice *c, int64_t tokens);
 /* The request is over: take it off the load; ok: renew the prediction. */
 void route_done(cairn_router *r, route_choice *c, bool ok); /* c->slot -1 after */
 

@@ -368,6 +368,12 @@ class RouterTest(harness.TestCase):
         self.assertGreaterEqual(len(used), 2, (before, after))
         m = metrics(self.router.http_port)
         self.assertGreater(m["cairn_router_index_entries"], 0)
+        # every request is off the books once answered: no load left behind
+        for name in ("cairn_router_inflight", "cairn_router_queued_prefill_tokens",
+                     "cairn_router_queued_decode_tokens"):
+            for k, v in m.items():
+                if k.startswith(name + "{"):
+                    self.assertEqual(v, 0, k)
 
     # ---- 2. sessions stick ---------------------------------------------------------
     def test_2_session_turns_stay_on_their_replica(self):
