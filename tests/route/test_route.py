@@ -647,6 +647,12 @@ class RouterTest(harness.TestCase):
         self.assertGreaterEqual(moved, 2 if key else 1)
         # the client's connection to the router serves on
         self.assertTrue(cl.generate("Once upon a time", max_tokens=4, temperature=0).text)
+        # the failed requests are off the books too
+        m = metrics(port)
+        for k, v in m.items():
+            if k.split("{")[0] in ("cairn_router_inflight", "cairn_router_queued_prefill_tokens",
+                                   "cairn_router_queued_decode_tokens"):
+                self.assertEqual(v, 0, k)
         self.router.stop_cleanly(self)
 
 
