@@ -39,7 +39,9 @@
  *                                                    decode tokens (min(max_tokens,
  *                                                    decode_estimate) each)
  *
- * (route_cost). The last two terms are the wait in r's queue, the first the
+ * (route_cost; the queue shrinks as answers stream: a request's prompt
+ * counts until its first token, each delta takes a decode token off). The
+ * last two terms are the wait in r's queue, the first the
  * request's own prefill counted once as its wait and work_weight more times
  * as work the cluster does for it (default 1): a replica that holds a
  * prefix is preferred until its queue is longer than another's by
