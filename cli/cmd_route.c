@@ -48,13 +48,15 @@ static const char help[] =
     "                         connection becoming idle (default 30)\n"
     "      --idle-timeout S   close a msgpack connection that sends half a message and\n"
     "                         then nothing for S seconds (default 60)\n"
+    "      --http-max-body SIZE  largest request body (default 4M, as serve's: give both\n"
+    "                         the same)\n"
     "  -v, --verbose          log more\n"
     "  -h, --help             this help\n";
 
 enum {
     OPT_HOST = 4000, OPT_HTTP_PORT, OPT_PORT, OPT_REDIS, OPT_PREFIX, OPT_REPLICA, OPT_TENANTS,
     OPT_POLICY, OPT_DECODE_WEIGHT, OPT_DECODE_ESTIMATE, OPT_PREDICT_TTL, OPT_HEALTH_INTERVAL,
-    OPT_HEALTH_FAILURES, OPT_PAGE_SIZE, OPT_WORK_WEIGHT, OPT_HTTP_TIMEOUT, OPT_IDLE_TIMEOUT,
+    OPT_HEALTH_FAILURES, OPT_PAGE_SIZE, OPT_WORK_WEIGHT, OPT_HTTP_TIMEOUT, OPT_IDLE_TIMEOUT, OPT_HTTP_MAX_BODY,
 };
 
 /* "http=H:P,rpc=H:P,id=X" -> spec (pointing into `text`, which it edits). */
@@ -121,6 +123,7 @@ int cmd_route(int argc, char **argv)
         {"page-size", required_argument, 0, OPT_PAGE_SIZE},
         {"http-timeout", required_argument, 0, OPT_HTTP_TIMEOUT},
         {"idle-timeout", required_argument, 0, OPT_IDLE_TIMEOUT},
+        {"http-max-body", required_argument, 0, OPT_HTTP_MAX_BODY},
         {"verbose", no_argument, 0, 'v'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -206,6 +209,22 @@ int cmd_route(int argc, char **argv)
             if (parse_double(optarg, "--idle-timeout", 0.01, 1e7, &cfg.idle_timeout_s))
                 return 2;
             break;
+        case OPT_HTTP_MAX_BODY: {
+            char *end;
+            double v = strtod(optarg, &end);
+            double mult = *end == 'K' || *end == 'k'   ? 1024.0
+                          : *end == 'M' || *end == 'm' ? 1024.0 * 1024
+                          : *end == 'G' || *end == 'g' ? 1024.0 * 1024 * 1024
+                                                       : 1.0;
+            if (mult > 1.0)
+                end++;
+            if (end == optarg || *end || !(v > 0) || v * mult > 1e12) {
+                fprintf(stderr, "cairn route: --http-max-body must be a size like 4M\n");
+                return 2;
+            }
+            cfg.max_body_bytes = (size_t)(v * mult);
+            break;
+        }
         case 'v': cairn_log_set_level(CAIRN_LOG_DEBUG); break;
         default: return cli_help_or_usage(opt, help);
         }
