@@ -163,8 +163,10 @@ static struct timeval tv_of(int ms)
     return (struct timeval){.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
 }
 
-static void link_drop(disk_shared *s, link_state *l, const char *side, const char *why)
+static void link_drop(disk_shared *s, link_state *l, const char *side, const char *why_in)
 {
+    char why[128]; /* often the context's own errstr, freed below */
+    snprintf(why, sizeof why, "%s", why_in ? why_in : "unknown");
     if (l->ctx) {
         redisFree(l->ctx);
         l->ctx = NULL;
