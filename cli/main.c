@@ -16,6 +16,7 @@ static const struct {
     {"perplexity", cmd_perplexity, "perplexity of a text file, as llama-perplexity computes it"},
     {"bench", cmd_bench, "prompt and generation speed in tokens/s, like llama-bench"},
     {"serve", cmd_serve, "serve the msgpack-RPC protocol on TCP and/or a Unix socket"},
+    {"route", cmd_route, "route requests to replicas by their cached prefixes (scale-out)"},
 };
 
 static void usage(FILE *to)

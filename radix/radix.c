@@ -60,6 +60,14 @@ void cairn_page_hash_to_bytes(cairn_page_hash h, uint8_t out[16])
     memcpy(out, c.digest, 16);
 }
 
+cairn_page_hash cairn_page_hash_from_bytes(const uint8_t in[16])
+{
+    XXH128_canonical_t c;
+    memcpy(c.digest, in, 16);
+    XXH128_hash_t x = XXH128_hashFromCanonical(&c);
+    return (cairn_page_hash){.lo = x.low64, .hi = x.high64};
+}
+
 /* Little-endian bytes of n tokens. */
 static void tokens_le(uint8_t *dst, const int32_t *tokens, size_t n)
 {

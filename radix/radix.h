@@ -123,6 +123,8 @@ cairn_page_hash cairn_page_hash_next(cairn_page_hash prev, const int32_t *tokens
 
 /* The 16-byte big-endian form of a hash: its key on disk. */
 void cairn_page_hash_to_bytes(cairn_page_hash h, uint8_t out[16]);
+/* Its inverse: a hash from its 16-byte big-endian form (an event's, a key's). */
+cairn_page_hash cairn_page_hash_from_bytes(const uint8_t in[16]);
 
 static inline bool cairn_page_hash_equal(cairn_page_hash a, cairn_page_hash b)
 {
