@@ -27,7 +27,6 @@ static const char help[] =
     "      --port N           msgpack-RPC port (default: none; 0 = any free port)\n"
     "      --shared-cache URL the replicas' Redis (their --shared-cache): redis://HOST:PORT\n"
     "                         or unix:///path; its stream of page events is read\n"
-    "                         (--redis is the same)\n"
     "      --shared-prefix P  key prefix the replicas use (default cairn:)\n"
     "      --replica SPEC     a replica given here: http=HOST:PORT,rpc=HOST:PORT[,id=ID]\n"
     "                         (repeatable; others are found from their hello events)\n"
@@ -109,7 +108,6 @@ int cmd_route(int argc, char **argv)
         {"http-port", required_argument, 0, OPT_HTTP_PORT},
         {"port", required_argument, 0, OPT_PORT},
         {"shared-cache", required_argument, 0, OPT_REDIS},
-        {"redis", required_argument, 0, OPT_REDIS},
         {"shared-prefix", required_argument, 0, OPT_PREFIX},
         {"replica", required_argument, 0, OPT_REPLICA},
         {"tenants", required_argument, 0, OPT_TENANTS},

@@ -21,6 +21,7 @@
  * every second.
  */
 #include "route/route_impl.h"
+#include "store/store.h"
 
 #include <hiredis/hiredis.h>
 
@@ -192,87 +193,17 @@ static bool apply(cairn_router *r, const redisReply *kv)
     return true;
 }
 
-/* Where the replicas' Redis is: the URLs `serve --shared-cache` takes,
- * redis://[[USER]:PASSWORD@]HOST[:PORT][/DB] and unix:///PATH[?db=N]. */
-typedef struct {
-    char host[256], path[512], password[256];
-    int port, db;
-} redis_where;
-
-static bool parse_redis_url(const char *url, redis_where *w)
-{
-    memset(w, 0, sizeof *w);
-    w->port = 6379;
-    if (strncmp(url, "unix://", 7) == 0) {
-        const char *p = url + 7, *q = strchr(p, '?');
-        size_t n = q ? (size_t)(q - p) : strlen(p);
-        if (n == 0 || p[0] != '/' || n >= sizeof w->path)
-            return false;
-        memcpy(w->path, p, n);
-        if (q && strncmp(q, "?db=", 4) == 0)
-            w->db = atoi(q + 4);
-        return true;
-    }
-    if (strncmp(url, "redis://", 8) != 0)
-        return false;
-    const char *p = url + 8, *at = strchr(p, '@');
-    if (at) {
-        const char *colon = memchr(p, ':', (size_t)(at - p));
-        const char *pw = colon ? colon + 1 : p;
-        if ((size_t)(at - pw) >= sizeof w->password)
-            return false;
-        memcpy(w->password, pw, (size_t)(at - pw));
-        p = at + 1;
-    }
-    const char *slash = strchr(p, '/');
-    size_t hp = slash ? (size_t)(slash - p) : strlen(p);
-    const char *colon = memchr(p, ':', hp);
-    size_t hl = colon ? (size_t)(colon - p) : hp;
-    if (hl == 0 || hl >= sizeof w->host)
-        return false;
-    memcpy(w->host, p, hl);
-    if (colon) {
-        char *end;
-        long port = strtol(colon + 1, &end, 10);
-        if (end != p + hp || port <= 0 || port > 65535)
-            return false;
-        w->port = (int)port;
-    }
-    if (slash && slash[1])
-        w->db = atoi(slash + 1);
-    return true;
-}
-
-static bool reply_ok(redisReply *rep)
-{
-    bool ok = rep && rep->type != REDIS_REPLY_ERROR;
-    if (rep)
-        freeReplyObject(rep);
-    return ok;
-}
-
+/* The replicas' Redis (the URL `serve --shared-cache` takes): connected,
+ * with a command timeout above XREAD's BLOCK so a dead link is noticed. */
 static redisContext *connect_redis(const char *url)
 {
-    redis_where w;
-    if (!parse_redis_url(url, &w))
+    cairn_redis_address a;
+    char why[400] = "";
+    if (cairn_redis_address_parse(url, &a, why, sizeof why) != CAIRN_OK)
         return NULL;
-    const struct timeval tv = {2, 0};
-    redisContext *c = w.path[0] ? redisConnectUnixWithTimeout(w.path, tv)
-                                : redisConnectWithTimeout(w.host, w.port, tv);
-    if (c && c->err) {
-        redisFree(c);
-        return NULL;
-    }
+    redisContext *c = cairn_redis_connect(&a, 2000, 5000, why, sizeof why);
     if (!c)
-        return NULL;
-    const struct timeval rt = {5, 0}; /* above XREAD's BLOCK: a dead link is noticed */
-    redisSetTimeout(c, rt);
-    if ((w.password[0] && !reply_ok(redisCommand(c, "AUTH %s", w.password))) ||
-        (w.db && !reply_ok(redisCommand(c, "SELECT %d", w.db)))) {
-        cairn_log(CAIRN_LOG_WARN, "route: Redis refused AUTH or SELECT");
-        redisFree(c);
-        return NULL;
-    }
+        cairn_log(CAIRN_LOG_DEBUG, "route: Redis: %s", why);
     return c;
 }
 
@@ -374,11 +305,10 @@ int route_events_start(cairn_router *r, char *err, size_t err_len)
 {
     if (!r->cfg.redis_url)
         return CAIRN_OK;
-    redis_where w;
-    if (!parse_redis_url(r->cfg.redis_url, &w))
-        return cairn_errorf(err, err_len, CAIRN_EINVAL,
-                            "--shared-cache must be redis://[:PASSWORD@]HOST[:PORT][/DB] or "
-                            "unix:///PATH[?db=N]");
+    cairn_redis_address a;
+    char why[400] = "";
+    if (cairn_redis_address_parse(r->cfg.redis_url, &a, why, sizeof why) != CAIRN_OK)
+        return cairn_errorf(err, err_len, CAIRN_EINVAL, "--shared-cache: %s", why);
     __atomic_store_n(&r->events_stop, 0, __ATOMIC_RELEASE);
     if (pthread_create(&r->events_thread, NULL, events_main, r) != 0)
         return cairn_errorf(err, err_len, CAIRN_ENOMEM, "cannot start the events thread");

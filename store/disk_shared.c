@@ -32,7 +32,6 @@
 #include <hiredis/hiredis.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 
 #define SHARED_DEFAULT_PREFIX "cairn:"
 #define SHARED_DEFAULT_TIMEOUT_MS 250
@@ -66,9 +65,10 @@ typedef struct {
 } link_state;
 
 struct disk_shared {
-    char *host, *path, *password, *prefix, *replica;
+    cairn_redis_address addr;
+    char *prefix, *replica;
     char where[300]; /* host:port or the socket path, for log lines */
-    int port, db, timeout_ms;
+    int timeout_ms;
     size_t queue_bytes;
     char page_ttl[24]; /* seconds, as SET ... EX takes them */
     char ns_hex[33];
@@ -110,70 +110,7 @@ static void hex_of(const uint8_t *b, size_t n, char *out)
     out[2 * n] = '\0';
 }
 
-/* ---- configuration ------------------------------------------------------ */
-
-static int parse_url(disk_shared *s, const char *url, char *err, size_t err_len)
-{
-    s->port = 6379;
-    if (strncmp(url, "unix://", 7) == 0) {
-        const char *p = url + 7;
-        const char *q = strchr(p, '?');
-        size_t n = q ? (size_t)(q - p) : strlen(p);
-        if (n == 0 || p[0] != '/') {
-            set_err(err, err_len, "shared cache: '%s' names no socket path (unix:///path)%s", url,
-                    "");
-            return CAIRN_EINVAL;
-        }
-        if (!(s->path = strndup(p, n)))
-            return CAIRN_ENOMEM;
-        if (q && strncmp(q, "?db=", 4) == 0)
-            s->db = atoi(q + 4);
-        return CAIRN_OK;
-    }
-    if (strncmp(url, "redis://", 8) != 0) {
-        set_err(err, err_len, "shared cache: '%s' is not redis://HOST:PORT or unix:///PATH%s", url,
-                "");
-        return CAIRN_EINVAL;
-    }
-    const char *p = url + 8;
-    const char *at = strchr(p, '@');
-    if (at) { /* [user]:password@ */
-        const char *colon = memchr(p, ':', (size_t)(at - p));
-        const char *pw = colon ? colon + 1 : p;
-        if (!(s->password = strndup(pw, (size_t)(at - pw))))
-            return CAIRN_ENOMEM;
-        p = at + 1;
-    }
-    const char *slash = strchr(p, '/');
-    size_t hostport = slash ? (size_t)(slash - p) : strlen(p);
-    const char *colon = memchr(p, ':', hostport);
-    size_t hlen = colon ? (size_t)(colon - p) : hostport;
-    if (hlen == 0) {
-        set_err(err, err_len, "shared cache: '%s' names no host%s", url, "");
-        return CAIRN_EINVAL;
-    }
-    if (!(s->host = strndup(p, hlen)))
-        return CAIRN_ENOMEM;
-    if (colon) {
-        char *end;
-        long port = strtol(colon + 1, &end, 10);
-        if (end != p + hostport || port <= 0 || port > 65535) {
-            set_err(err, err_len, "shared cache: '%s' has a bad port%s", url, "");
-            return CAIRN_EINVAL;
-        }
-        s->port = (int)port;
-    }
-    if (slash && slash[1])
-        s->db = atoi(slash + 1);
-    return CAIRN_OK;
-}
-
 /* ---- connections -------------------------------------------------------- */
-
-static struct timeval tv_of(int ms)
-{
-    return (struct timeval){.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
-}
 
 static void link_drop(disk_shared *s, link_state *l, const char *side, const char *why_in)
 {
@@ -201,22 +138,6 @@ static void link_drop(disk_shared *s, link_state *l, const char *side, const cha
     }
 }
 
-/* A reply that is not an error, or NULL (and the connection dropped when
- * the failure was the connection's). */
-static redisReply *command_ok(disk_shared *s, link_state *l, const char *side, redisReply *r)
-{
-    if (!r) {
-        link_drop(s, l, side, l->ctx && l->ctx->errstr[0] ? l->ctx->errstr : "no reply");
-        return NULL;
-    }
-    if (r->type == REDIS_REPLY_ERROR) {
-        cairn_log(CAIRN_LOG_WARN, "shared cache: Redis refused a command: %s", r->str);
-        freeReplyObject(r);
-        return NULL;
-    }
-    return r;
-}
-
 /* Connected, or false during a back-off / when the attempt failed. */
 static bool link_up(disk_shared *s, link_state *l, const char *side)
 {
@@ -224,34 +145,11 @@ static bool link_up(disk_shared *s, link_state *l, const char *side)
         return true;
     if (cairn_now() < l->retry_at)
         return false;
-    struct timeval tv = tv_of(s->timeout_ms);
-    redisContext *c = s->path ? redisConnectUnixWithTimeout(s->path, tv)
-                              : redisConnectWithTimeout(s->host, s->port, tv);
-    if (!c || c->err) {
-        const char *why = c ? c->errstr : "out of memory";
-        l->ctx = c;
+    char why[160] = "";
+    l->ctx = cairn_redis_connect(&s->addr, s->timeout_ms, s->timeout_ms, why, sizeof why);
+    if (!l->ctx) {
         link_drop(s, l, side, why);
         return false;
-    }
-    redisSetTimeout(c, tv);
-    l->ctx = c;
-    if (s->password) {
-        redisReply *r = command_ok(s, l, side, redisCommand(c, "AUTH %s", s->password));
-        if (!r) {
-            if (l->ctx)
-                link_drop(s, l, side, "AUTH failed");
-            return false;
-        }
-        freeReplyObject(r);
-    }
-    if (s->db) {
-        redisReply *r = command_ok(s, l, side, redisCommand(c, "SELECT %d", s->db));
-        if (!r) {
-            if (l->ctx)
-                link_drop(s, l, side, "SELECT failed");
-            return false;
-        }
-        freeReplyObject(r);
     }
     if (l->down_logged)
         cairn_log(CAIRN_LOG_INFO, "shared cache: %s connection to %s is back", side, s->where);
@@ -612,13 +510,13 @@ int disk_shared_open(cairn_disk *d, char *err, size_t err_len)
     d->shared = s;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
-    int rc = parse_url(s, cfg->url, err, err_len);
-    if (rc)
+    char why[400] = "";
+    int rc = cairn_redis_address_parse(cfg->url, &s->addr, why, sizeof why);
+    if (rc) {
+        set_err(err, err_len, "shared cache: %s%s", why, "");
         return rc;
-    if (s->path)
-        snprintf(s->where, sizeof s->where, "%s", s->path);
-    else
-        snprintf(s->where, sizeof s->where, "%s:%d", s->host, s->port);
+    }
+    cairn_redis_address_describe(&s->addr, s->where, sizeof s->where);
     s->prefix = strdup(cfg->prefix ? cfg->prefix : SHARED_DEFAULT_PREFIX);
     if (cfg->replica && strlen(cfg->replica) > CAIRN_SHARED_REPLICA_MAX) {
         set_err(err, err_len, "shared cache: the replica id is longer than 200 bytes%s%s", "", "");
@@ -671,9 +569,6 @@ void disk_shared_close(cairn_disk *d)
         redisFree(s->writer.ctx);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
-    free(s->host);
-    free(s->path);
-    free(s->password);
     free(s->prefix);
     free(s->replica);
     free(s);

@@ -347,6 +347,27 @@ typedef struct cairn_shared_config {
 
 #define CAIRN_SHARED_REPLICA_MAX 200
 
+/* Where a Redis is: the URLs --shared-cache takes, for serve and route
+ * alike (store/redis.c). */
+typedef struct {
+    char host[256];     /* "" for a Unix socket                         */
+    char path[256];     /* the socket; "" for TCP                       */
+    char password[256]; /* "" = no AUTH                                 */
+    int port, db;       /* port 6379 and db 0 unless the URL says       */
+} cairn_redis_address;
+
+/* redis://[[USER]:PASSWORD@]HOST[:PORT][/DB] or unix:///PATH[?db=N] into
+ * *out; CAIRN_EINVAL with the reason in err otherwise. */
+int cairn_redis_address_parse(const char *url, cairn_redis_address *out, char *err,
+                              size_t err_len);
+/* "HOST:PORT" or the socket path, for log lines. */
+void cairn_redis_address_describe(const cairn_redis_address *a, char *out, size_t cap);
+/* A hiredis connection (connect within connect_ms, every command within
+ * command_ms), AUTH and SELECT done as the address says. NULL, and the
+ * reason in err, on failure. The caller owns it (redisFree). */
+struct redisContext *cairn_redis_connect(const cairn_redis_address *a, int connect_ms,
+                                         int command_ms, char *err, size_t err_len);
+
 /* Which pages the cache copies to tier 3 (store/shared.c says why). */
 typedef enum {
     CAIRN_SHARE_REUSED = 0, /* prefixes seen twice, pinned ones, persisted sessions' */

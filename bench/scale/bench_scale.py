@@ -228,7 +228,7 @@ def run_setup(args, name, policy, shared_write, workload, tmp):
                           "--replica-id", f"r{i}"]
             replicas.append(harness.Server(args.binary, ["-m", args.model, "-c", str(args.ctx),
                                                          *extra], http=True))
-        rargs = ["-m", args.model, "--http-port", "0", "--redis", redis.url,
+        rargs = ["-m", args.model, "--http-port", "0", "--shared-cache", redis.url,
                  "--policy", policy]
         for i, r in enumerate(replicas):
             rargs += ["--replica", f"http={r.http_host}:{r.http_port},rpc={r.host}:{r.port},id=r{i}"]

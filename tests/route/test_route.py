@@ -45,6 +45,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import harness  # noqa: E402
 from harness import STORIES  # noqa: E402
 import cairn_client  # noqa: E402
+from redis_server import RedisServer, free_port  # noqa: E402
 
 CAIRN, MODEL = harness.take_argv("CAIRN_BIN", "MODEL", usage=__doc__)
 
@@ -53,83 +54,18 @@ PAGE = 16              # the replicas' page size (serve's default)
 PREFIX = "cairn:"
 
 
-# ---- Redis, spoken directly (RESP) -------------------------------------------
-class Redis:
-    def __init__(self, port):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=GUARD_S)
-        self.buf = b""
-
-    def _line(self):
-        while b"\r\n" not in self.buf:
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise ConnectionError("redis closed")
-            self.buf += chunk
-        line, self.buf = self.buf.split(b"\r\n", 1)
-        return line
-
-    def _exact(self, n):
-        while len(self.buf) < n + 2:
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise ConnectionError("redis closed")
-            self.buf += chunk
-        data, self.buf = self.buf[:n], self.buf[n + 2:]
-        return data
-
-    def _reply(self):
-        line = self._line()
-        kind, rest = line[:1], line[1:]
-        if kind == b"+":
-            return rest.decode()
-        if kind == b"-":
-            raise RuntimeError(rest.decode())
-        if kind == b":":
-            return int(rest)
-        if kind == b"$":
-            n = int(rest)
-            return None if n < 0 else self._exact(n)
-        if kind == b"*":
-            n = int(rest)
-            return None if n < 0 else [self._reply() for _ in range(n)]
-        raise RuntimeError("bad reply %r" % line)
-
-    def command(self, *args):
-        out = [b"*%d\r\n" % len(args)]
-        for a in args:
-            a = a if isinstance(a, bytes) else str(a).encode()
-            out.append(b"$%d\r\n%s\r\n" % (len(a), a))
-        self.sock.sendall(b"".join(out))
-        return self._reply()
-
-    def close(self):
-        self.sock.close()
-
-
+# ---- Redis: tests/support/redis_server.py, and the redis-py client -----------
 def start_redis(scratch):
     """A redis-server of the test's own on a free loopback port, no
-    persistence; killed with the scratch directory. Returns (port, Redis)."""
-    port = free_port()
-    proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", scratch.name],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    scratch.on_close(proc.kill)
-
-    def up():
-        try:
-            r = Redis(port)
-            return r if r.command("PING") == "PONG" else None
-        except OSError:
-            return None
-    redis = wait_for("redis", up)
-    scratch.on_close(redis.close)
-    return port, redis
+    persistence; stopped with the scratch directory. Returns (port, client)."""
+    r = RedisServer(scratch.name)
+    scratch.on_close(r.stop)
+    return r.port, r.db
 
 
 def stream_tail(redis):
     """The id of the stream's last entry ("0-0" when empty)."""
-    last = redis.command("XREVRANGE", PREFIX + "events", "+", "-", "COUNT", "1")
+    last = redis.xrevrange(PREFIX + "events", count=1)
     return last[0][0].decode() if last else "0-0"
 
 
@@ -137,19 +73,13 @@ def stored_by(redis, replica_id, after="0-0"):
     """The page hashes the stream's entries after `after` say `replica_id`
     holds (stored and not removed since)."""
     held = set()
-    for _, fields in redis.command("XRANGE", PREFIX + "events", "(" + after, "+"):
-        f = dict(zip(fields[::2], fields[1::2]))
+    for _, f in redis.xrange(PREFIX + "events", min="(" + after):
         if f.get(b"r", b"").decode() != replica_id or b"h" not in f:
             continue
         hashes = {f[b"h"][i:i + 16] for i in range(0, len(f[b"h"]), 16)}
         held = held | hashes if f[b"op"] == b"stored" else held - hashes
     return held
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---- the router process --------------------------------------------------------
@@ -460,8 +390,7 @@ class RouterTest(harness.TestCase):
         c.close()
         # what the replicas published: their hello, and (their writer thread
         # is asynchronous: waited for) the pages of each document
-        entries = self.redis.command("XRANGE", PREFIX + "events", "-", "+")
-        ops = [dict(zip(e[1][::2], e[1][1::2])) for e in entries]
+        ops = [fields for _, fields in self.redis.xrange(PREFIX + "events")]
         self.assertEqual(sorted(o[b"r"].decode() for o in ops if o[b"op"] == b"hello"),
                          sorted(self.ids))
         for home in set(homes):
@@ -470,7 +399,7 @@ class RouterTest(harness.TestCase):
                      lambda: len(stored_by(self.redis, home, since)) >= pages)
         self.router.stop_cleanly(self)
         cls.router = self.start_router()
-        n_entries = self.redis.command("XLEN", PREFIX + "events")
+        n_entries = self.redis.xlen(PREFIX + "events")
         wait_for("the stream read", lambda: metrics(self.router.http_port).get(
             "cairn_router_events_total", 0) >= n_entries)
         c = Http(self.router.http_port)
@@ -488,7 +417,7 @@ class RouterTest(harness.TestCase):
         port = self.router.http_port
         before = metrics(port)
         self.assertGreater(before["cairn_router_index_entries"], 0)
-        self.assertEqual(self.redis.command("FLUSHALL"), "OK")
+        self.assertTrue(self.redis.flushall())
         wait_for("the reset noticed", lambda: metrics(port).get(
             "cairn_router_stream_resets_total", 0) > before["cairn_router_stream_resets_total"])
         m = metrics(port)
@@ -498,8 +427,8 @@ class RouterTest(harness.TestCase):
         self.addCleanup(c.close)
         doc = self.documents(1, 500)[0]
         self.complete(c, doc + self.tokens(" Again.", False))
-        wait_for("new events read", lambda: self.redis.command("XLEN", PREFIX + "events") > 0)
-        n = self.redis.command("XLEN", PREFIX + "events")
+        wait_for("new events read", lambda: self.redis.xlen(PREFIX + "events") > 0)
+        n = self.redis.xlen(PREFIX + "events")
         wait_for("new events applied", lambda: metrics(port)["cairn_router_events_total"] >=
                  m["cairn_router_events_total"] + n)
 
@@ -764,7 +693,7 @@ class TenantRouterTest(harness.TestCase):
                  lambda: len(stored_by(self.redis, home, since)) >= (n_doc - 1) // PAGE)
         self.router.stop_cleanly(self)
         type(self).start_router()
-        n = self.redis.command("XLEN", PREFIX + "events")
+        n = self.redis.xlen(PREFIX + "events")
         wait_for("the stream read", lambda: metrics(self.router.http_port).get(
             "cairn_router_events_total", 0) >= n)
         p0 = self.predicted()
