@@ -16,8 +16,17 @@ Three setups, the same workloads, one run, in turn:
 Workloads, over the OpenAI HTTP API through the router:
   rag   D documents of W words, each asked A times (different questions),
         in a shuffled order, C requests at once (streamed, max_tokens 8)
+  hot   the same with few documents asked many times by many clients at
+        once: the replica holding a document gets loaded and the router
+        sends some requests elsewhere, where the shared tier saves the
+        recompute
+  failover  every document asked twice, then the replica that served the
+        most is killed and every document asked twice again: the others
+        recompute its documents, or (shared tier) load them from Redis
   chat  S conversations of T turns each, the whole conversation resent
-        every turn with its session_id (how OpenAI clients talk), C at once
+        every turn (how OpenAI clients talk; with --session-ids also a
+        session_id, which keeps a conversation on one replica under any
+        policy), C at once
 
 Per setup and workload: prompt tokens the replicas computed (prompt tokens
 minus cached, summed over the replicas' /metrics), that against
@@ -115,6 +124,14 @@ def metrics(port):
         return out
 
 
+def router_health(port):
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/router/health", timeout=60) as r:
+            return json.loads(r.read())
+    except OSError:
+        return {}
+
+
 def computed_tokens(replicas):
     """Prompt tokens the replicas computed: looked up minus served from cache."""
     total = 0
@@ -124,13 +141,13 @@ def computed_tokens(replicas):
     return int(total)
 
 
-def rag_workload(args, rng):
+def rag_workload(args, rng, n_docs, n_asks, doc_words):
     words = harness.WORDS
     docs = []
-    for i in range(args.docs):
-        start = (i * 7919) % (len(words) - args.doc_words)
-        docs.append(f"Document {i}.\n" + " ".join(words[start:start + args.doc_words]))
-    asks = [(d, q) for d in range(args.docs) for q in range(args.asks)]
+    for i in range(n_docs):
+        start = (i * 7919) % (len(words) - doc_words)
+        docs.append(f"Document {i}.\n" + " ".join(words[start:start + doc_words]))
+    asks = [(d, q) for d in range(n_docs) for q in range(n_asks)]
     rng.shuffle(asks)
     return [("/v1/completions",
              {"prompt": f"{docs[d]}\n\nQuestion {q}: what happened to {words[q * 13 % 500]}?\n",
@@ -172,8 +189,9 @@ def run_chat(port, args, rng):
         for t in range(args.turns):
             msgs.append({"role": "user", "content": f"Turn {t}: tell me about "
                          f"{words[(s * 31 + t * 17) % 900]}."})
-            body = {"messages": msgs, "max_tokens": 12, "temperature": 0,
-                    "session_id": f"bench-{s}"}
+            body = {"messages": msgs, "max_tokens": 12, "temperature": 0}
+            if args.session_ids:
+                body["session_id"] = f"bench-{s}"  # the router then keeps it on one replica
             req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions",
                                          data=json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"})
@@ -220,6 +238,7 @@ def run_setup(args, name, policy, shared_write, workload, tmp):
     os.makedirs(work)
     redis = RedisServer(work)
     replicas, router = [], None
+    dead_computed = 0
     try:
         for i in range(args.replicas):
             extra = ["-t", str(args.threads), "--cache-dir", os.path.join(work, f"r{i}")]
@@ -234,10 +253,32 @@ def run_setup(args, name, policy, shared_write, workload, tmp):
             rargs += ["--replica", f"http={r.http_host}:{r.http_port},rpc={r.host}:{r.port},id=r{i}"]
         router = Router(args.binary, rargs, os.path.join(work, "router.log"))
         if workload == "rag":
-            ttfts, wall = run_requests(router.http_port, rag_workload(args, rng), args.concurrency)
+            ttfts, wall = run_requests(router.http_port,
+                                       rag_workload(args, rng, args.docs, args.asks, args.doc_words),
+                                       args.concurrency)
+        elif workload == "failover":
+            # phase 1: every document asked twice; then the replica that
+            # served the most is killed (what it computed is counted first),
+            # the router notices, and every document is asked again
+            items = rag_workload(args, rng, args.docs, 4, args.doc_words)
+            t1, w1 = run_requests(router.http_port, items[0::2], args.concurrency)
+            done = [computed_tokens([r]) for r in replicas]
+            victim = max(range(len(replicas)), key=lambda i: done[i])
+            dead_computed = done[victim]
+            replicas[victim].kill()
+            harness.poll(lambda: router_health(router.http_port),
+                         lambda h: h.get("replicas_up") == len(replicas) - 1, guard=GUARD_S)
+            t2, w2 = run_requests(router.http_port, items[1::2], args.concurrency)
+            replicas.pop(victim)
+            ttfts, wall = t1 + t2, w1 + w2
+        elif workload == "hot":
+            ttfts, wall = run_requests(router.http_port,
+                                       rag_workload(args, rng, args.hot_docs, args.hot_asks,
+                                                    args.doc_words),
+                                       args.hot_concurrency)
         else:
             ttfts, wall = run_chat(router.http_port, args, rng)
-        return {"computed": computed_tokens(replicas), "n": len(ttfts),
+        return {"computed": computed_tokens(replicas) + dead_computed, "n": len(ttfts),
                 "p50": percentile(ttfts, 50), "p99": percentile(ttfts, 99),
                 "rps": len(ttfts) / wall}
     finally:
@@ -258,15 +299,20 @@ def main():
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--replicas", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--docs", type=int, default=8)
-    ap.add_argument("--doc-words", type=int, default=300)
-    ap.add_argument("--asks", type=int, default=3)
-    ap.add_argument("--sessions", type=int, default=6)
+    ap.add_argument("--docs", type=int, default=4)
+    ap.add_argument("--doc-words", type=int, default=200)
+    ap.add_argument("--asks", type=int, default=6)
+    ap.add_argument("--sessions", type=int, default=4)
     ap.add_argument("--turns", type=int, default=4)
-    ap.add_argument("--system-words", type=int, default=200)
+    ap.add_argument("--system-words", type=int, default=120)
     ap.add_argument("--concurrency", type=int, default=3)
+    ap.add_argument("--session-ids", action="store_true",
+                    help="chat turns carry a session_id (sticky under every policy)")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--workloads", default="rag,chat")
+    ap.add_argument("--hot-docs", type=int, default=2)
+    ap.add_argument("--hot-asks", type=int, default=10)
+    ap.add_argument("--hot-concurrency", type=int, default=6)
+    ap.add_argument("--workloads", default="rag,hot,failover,chat")
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="cairn-bench-scale-")
@@ -276,8 +322,10 @@ def main():
             print(f"# {workload}: {name} ...", file=sys.stderr, flush=True)
             results[(workload, name)] = run_setup(args, name, policy, shared_write, workload, tmp)
     print(f"model {os.path.basename(args.model)}, {args.replicas} replicas x {args.threads} "
-          f"thread(s); rag: {args.docs} docs x {args.doc_words} words x {args.asks} asks; chat: "
-          f"{args.sessions} conversations x {args.turns} turns; {args.concurrency} at once")
+          f"thread(s); rag: {args.docs} docs x {args.doc_words} words x {args.asks} asks, "
+          f"{args.concurrency} at once; hot: {args.hot_docs} docs x {args.hot_asks} asks, "
+          f"{args.hot_concurrency} at once; chat: {args.sessions} conversations x {args.turns} "
+          f"turns, {args.concurrency} at once")
     print(f"| workload | setup | requests | computed prompt tokens | vs round-robin | "
           f"TTFT p50 (s) | TTFT p99 (s) | req/s |")
     print("|---|---|---|---|---|---|---|---|")
