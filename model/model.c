@@ -701,7 +701,8 @@ int cairn_model_set_feature_layers(cairn_model *m, const int *layers, int n)
         if (!m->layer_states_host)
             return CAIRN_ENOMEM;
     }
-    memcpy(m->feature_layers, layers, (size_t)n * sizeof *layers);
+    if (n > 0) /* n == 0 (no feature layers) may come with layers == NULL */
+        memcpy(m->feature_layers, layers, (size_t)n * sizeof *layers);
     m->n_feature_layers = n;
     return CAIRN_OK;
 }
