@@ -128,11 +128,14 @@ static void unlink_entry(route_index *ix, ix_entry **pp)
     ix->n_entries--;
 }
 
-int route_index_store(route_index *ix, int slot, const uint8_t (*hashes)[ROUTE_HASH_BYTES],
-                      size_t n)
+/* Mark the pages `slot` holds: confirmed (an event said so) or predicted
+ * (the router sent it the prompt; valid until `until`). */
+static int mark(route_index *ix, int slot, const uint8_t (*hashes)[ROUTE_HASH_BYTES], size_t n,
+                bool predicted, double until)
 {
     if (slot < 0 || slot >= ROUTE_MAX_REPLICAS)
         return CAIRN_EINVAL;
+    const uint64_t bit = 1ull << slot;
     int rc = CAIRN_OK;
     pthread_mutex_lock(&ix->mu);
     for (size_t i = 0; i < n; i++) {
@@ -141,10 +144,22 @@ int route_index_store(route_index *ix, int slot, const uint8_t (*hashes)[ROUTE_H
             rc = CAIRN_ENOMEM;
             break;
         }
-        e->confirmed |= 1ull << slot;
+        if (!predicted) {
+            e->confirmed |= bit;
+            continue;
+        }
+        e->predicted |= bit;
+        if (until > e->predicted_until)
+            e->predicted_until = until;
     }
     pthread_mutex_unlock(&ix->mu);
     return rc;
+}
+
+int route_index_store(route_index *ix, int slot, const uint8_t (*hashes)[ROUTE_HASH_BYTES],
+                      size_t n)
+{
+    return mark(ix, slot, hashes, n, false, 0);
 }
 
 void route_index_remove(route_index *ix, int slot, const uint8_t (*hashes)[ROUTE_HASH_BYTES],
@@ -169,22 +184,7 @@ void route_index_remove(route_index *ix, int slot, const uint8_t (*hashes)[ROUTE
 int route_index_predict(route_index *ix, int slot, const uint8_t (*hashes)[ROUTE_HASH_BYTES],
                         size_t n, double until)
 {
-    if (slot < 0 || slot >= ROUTE_MAX_REPLICAS)
-        return CAIRN_EINVAL;
-    int rc = CAIRN_OK;
-    pthread_mutex_lock(&ix->mu);
-    for (size_t i = 0; i < n; i++) {
-        ix_entry *e = find_or_add(ix, hashes[i]);
-        if (!e) {
-            rc = CAIRN_ENOMEM;
-            break;
-        }
-        e->predicted |= 1ull << slot;
-        if (until > e->predicted_until)
-            e->predicted_until = until;
-    }
-    pthread_mutex_unlock(&ix->mu);
-    return rc;
+    return mark(ix, slot, hashes, n, true, until);
 }
 
 void route_index_drop_slot(route_index *ix, int slot)

@@ -161,22 +161,25 @@ static bool link_up(disk_shared *s, link_state *l, const char *side)
 
 /* ---- keys --------------------------------------------------------------- */
 
-/* P p:<ns>:<hash> into out (at least prefix + 70 bytes). */
-static size_t page_key(const disk_shared *s, const uint8_t key[16], char *out, size_t cap)
+/* P <kind>:<ns>:<hash> into out: a page ("p") or its lookup marker ("s"). */
+static size_t page_key_of(const disk_shared *s, const char *kind, const uint8_t key[16],
+                          char *out, size_t cap)
 {
     char h[33];
     hex_of(key, 16, h);
-    int n = snprintf(out, cap, "%sp:%s:%s", s->prefix, s->ns_hex, h);
+    int n = snprintf(out, cap, "%s%s:%s:%s", s->prefix, kind, s->ns_hex, h);
     return n < 0 || (size_t)n >= cap ? 0 : (size_t)n;
 }
 
-/* P s:<ns>:<hash>: "some replica looked this page up" (a marker). */
+static size_t page_key(const disk_shared *s, const uint8_t key[16], char *out, size_t cap)
+{
+    return page_key_of(s, "p", key, out, cap);
+}
+
+/* "some replica looked this page up": the second to do so shares it */
 static size_t seen_key(const disk_shared *s, const uint8_t key[16], char *out, size_t cap)
 {
-    char h[33];
-    hex_of(key, 16, h);
-    int n = snprintf(out, cap, "%ss:%s:%s", s->prefix, s->ns_hex, h);
-    return n < 0 || (size_t)n >= cap ? 0 : (size_t)n;
+    return page_key_of(s, "s", key, out, cap);
 }
 
 /* P r:<hex of the record key> (malloc'd). */
