@@ -8,6 +8,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 #include <stdlib.h>
 
 int cairn_kv_layout_init(cairn_kv_layout *out, int n_layer, int n_kv_head, int head_dim,
@@ -192,6 +193,65 @@ int cairn_backend_copy(cairn_backend *be, void *dst, const void *src, size_t byt
     if (bytes == 0 || dst == src)
         return CAIRN_OK;
     return copy_via_host(be, dst, src, bytes);
+}
+
+int cairn_backend_host_alloc(cairn_backend *be, size_t bytes, void **out)
+{
+    if (!be || !out)
+        return CAIRN_EINVAL;
+    *out = NULL;
+    if (be->iface->host_alloc)
+        return be->iface->host_alloc(be, bytes, out);
+    size_t rounded = (bytes + 63) / 64 * 64;
+    if (rounded < bytes || rounded == 0)
+        return CAIRN_ENOMEM;
+    void *p = aligned_alloc(64, rounded);
+    if (!p)
+        return CAIRN_ENOMEM;
+    memset(p, 0, rounded);
+    *out = p;
+    return CAIRN_OK;
+}
+
+void cairn_backend_host_free(cairn_backend *be, void *ptr)
+{
+    if (!be || !ptr)
+        return;
+    if (be->iface->host_free)
+        be->iface->host_free(be, ptr);
+    else
+        free(ptr);
+}
+
+int cairn_backend_transfer(cairn_backend *be, void *dst, const void *src, size_t bytes,
+                           int to_host, uint64_t *fence)
+{
+    if (!be || !dst || !src || !fence)
+        return CAIRN_EINVAL;
+    *fence = 0;
+    if (bytes == 0)
+        return CAIRN_OK;
+    if (be->iface->transfer)
+        return be->iface->transfer(be, dst, src, bytes, to_host, fence);
+    return to_host ? be->iface->download(be, dst, src, bytes) : be->iface->upload(be, dst, src, bytes);
+}
+
+int cairn_backend_fence_wait(cairn_backend *be, uint64_t fence, int block)
+{
+    if (!be)
+        return CAIRN_EINVAL;
+    if (fence == 0 || !be->iface->fence_wait)
+        return CAIRN_OK;
+    return be->iface->fence_wait(be, fence, block);
+}
+
+int cairn_backend_memory_info(cairn_backend *be, size_t *free_bytes, size_t *total_bytes)
+{
+    if (!be || !free_bytes || !total_bytes)
+        return CAIRN_EINVAL;
+    if (!be->iface->memory_info)
+        return CAIRN_EUNSUPPORTED;
+    return be->iface->memory_info(be, free_bytes, total_bytes);
 }
 
 #ifndef CAIRN_HAVE_CUDA

@@ -185,9 +185,42 @@ typedef struct cairn_backend cairn_backend;
  *                  it to dst, chunk by chunk;    device)
  *                  overlapping ranges are
  *                  copied like memmove
+ *   host_alloc,    64-byte aligned calloc/free   host memory is what the
+ *   host_free                                    device copies from anyway
+ *   transfer       upload() or download() at     every op has finished when
+ *                  once; the fence has passed    it returns (as on the CPU)
+ *                  when it returns
+ *   fence_wait     CAIRN_OK (every fence the     transfer is NULL too
+ *                  fallback hands out has passed)
+ *   memory_info    CAIRN_EUNSUPPORTED            memory is not the backend's
+ *                                                to count (the CPU's is RAM)
  *
  * Required: name, destroy, alloc, free, upload, download, get_rows, matmul,
- * rmsnorm, rope, swiglu, add, add_bias, softmax, kv_store, attention. */
+ * rmsnorm, rope, swiglu, add, add_bias, softmax, kv_store, attention.
+ *
+ * Transfers and fences
+ * --------------------
+ * The store moves whole KV pages between tier 0 (backend memory) and tier 1
+ * (host RAM) while the model computes. On a device these copies run on a
+ * queue of their own, beside the compute queue:
+ *
+ *     compute  ──op──op──┬──op──op────────────────┬──op (reads the page)──
+ *                        │ (ordered after)        │ (waits for)
+ *     copy     ──────────┴──page D2H──page H2D────┴──────────────────────
+ *                               fence 7   fence 8
+ *
+ *   - a transfer starts after every op issued before it, so the K/V rows an
+ *     op wrote are in the page it copies;
+ *   - a transfer into backend memory comes before every op issued after it
+ *     (the compute queue waits on the copy queue, the host does not);
+ *   - the host learns that a transfer is over from its fence: until
+ *     fence_wait says so, its host memory must not be read, written or
+ *     reused, and its backend source must not be written (the store keeps
+ *     such pages and slots aside, draining, until their fence passes);
+ *   - transfers are carried out in the order they were issued, so fence n
+ *     passed means every fence below n passed too.
+ * Host memory of a transfer should come from host_alloc (page-locked on
+ * CUDA, so the copy engine reads it directly); any host memory is correct. */
 typedef struct {
     const char *name;
 
@@ -246,6 +279,26 @@ typedef struct {
     /* Scaled dot-product attention of each query row over its sequence's
      * paged KV, grouped-query: query head h reads KV head h / (n_head / n_kv_head). */
     int (*attention)(cairn_backend *be, const cairn_attn_args *args);
+
+    /* OPTIONAL. Host memory for transfers, zeroed, 64-byte aligned: page-
+     * locked where the device can copy it without staging. Freed with
+     * host_free (NULL is a no-op). */
+    int (*host_alloc)(cairn_backend *be, size_t bytes, void **out);
+    void (*host_free)(cairn_backend *be, void *ptr);
+
+    /* OPTIONAL. Start copying `bytes` between backend memory and host memory
+     * on the copy queue (see "Transfers and fences"): to_host != 0 copies
+     * backend src to host dst, else host src to backend dst. *fence receives
+     * a number that fence_wait understands; 0 means already passed. */
+    int (*transfer)(cairn_backend *be, void *dst, const void *src, size_t bytes, int to_host,
+                    uint64_t *fence);
+    /* OPTIONAL. block != 0: wait until `fence` has passed, then CAIRN_OK.
+     * block == 0: CAIRN_OK when it has passed, CAIRN_EBUSY when not yet.
+     * CAIRN_EBACKEND when the copy failed (the data is not there). */
+    int (*fence_wait)(cairn_backend *be, uint64_t fence, int block);
+
+    /* OPTIONAL. Free and total bytes of backend memory now. */
+    int (*memory_info)(cairn_backend *be, size_t *free_bytes, size_t *total_bytes);
 } cairn_backend_iface;
 
 struct cairn_backend {
@@ -290,6 +343,26 @@ int cairn_backend_synchronize(cairn_backend *be);
  * CAIRN_OK for 0 bytes or dst == src; the fallback may also return
  * CAIRN_ENOMEM (its host buffer) or whatever download/upload return. */
 int cairn_backend_copy(cairn_backend *be, void *dst, const void *src, size_t bytes);
+
+/* Host memory for transfers (host_alloc, else aligned calloc). CAIRN_EINVAL
+ * for a NULL backend or out, CAIRN_ENOMEM when there is none. The memory is
+ * released with cairn_backend_host_free by the same backend. */
+int cairn_backend_host_alloc(cairn_backend *be, size_t bytes, void **out);
+void cairn_backend_host_free(cairn_backend *be, void *ptr);
+
+/* Start a page transfer (the slot, else a synchronous upload/download with
+ * *fence = 0). CAIRN_EINVAL for NULL arguments, CAIRN_OK for 0 bytes with
+ * *fence = 0; otherwise what the slot or upload/download returns. */
+int cairn_backend_transfer(cairn_backend *be, void *dst, const void *src, size_t bytes,
+                           int to_host, uint64_t *fence);
+/* Has `fence` passed (block == 0), or wait until it has (block != 0):
+ * CAIRN_OK, CAIRN_EBUSY (not yet), CAIRN_EBACKEND (the copy failed).
+ * Fence 0 has always passed. */
+int cairn_backend_fence_wait(cairn_backend *be, uint64_t fence, int block);
+
+/* Free and total backend memory: CAIRN_EUNSUPPORTED when the backend does
+ * not count its memory (the CPU: it is the process's RAM). */
+int cairn_backend_memory_info(cairn_backend *be, size_t *free_bytes, size_t *total_bytes);
 
 #ifdef __cplusplus
 }

@@ -343,3 +343,10 @@ const cairn_grammar_vocab *cairn_runtime_grammar_vocab(cairn_runtime *rt)
     pthread_mutex_unlock(&rt->grammar_mu);
     return gv;
 }
+
+int cairn_runtime_device_memory(const cairn_runtime *rt, size_t *free_bytes, size_t *total_bytes)
+{
+    if (!rt)
+        return CAIRN_EINVAL;
+    return cairn_backend_memory_info(cairn_runtime_backend(rt), free_bytes, total_bytes);
+}

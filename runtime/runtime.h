@@ -114,6 +114,10 @@ cairn_spec *cairn_runtime_spec(const cairn_runtime *rt);
 const char *cairn_runtime_model_path(const cairn_runtime *rt);
 /* CPU threads in use (0 on another backend). */
 int cairn_runtime_threads(const cairn_runtime *rt);
+/* Free and total memory of the device the model runs on, now (what sizes a
+ * KV cache by default). CAIRN_EUNSUPPORTED on the CPU, whose memory is the
+ * machine's RAM. */
+int cairn_runtime_device_memory(const cairn_runtime *rt, size_t *free_bytes, size_t *total_bytes);
 
 /* The tokens that close an assistant turn in this model's template
  * ("<|im_end|>\n" tokenized with its markers special): what follows a

@@ -6,6 +6,7 @@
 #include "session/session_impl.h"
 
 #include <stdio.h>
+#include <unistd.h>
 
 /* ---- the engine thread --------------------------------------------------------- */
 
@@ -175,14 +176,38 @@ static int setup_layout(cairn_service *s, char *err, size_t err_len)
 }
 
 /* The tiered cache under the model's (and head's) page namespace. */
-static int setup_cache(cairn_service *s, const cairn_service_config *given, char *err,
-                       size_t err_len)
+static int setup_cache(cairn_service *s, char *err, size_t err_len)
 {
     cairn_service_config *c = &s->cfg;
-    if (c->kv_bytes == 0) /* default: room for max_seqs full contexts, at most 1 GiB */
+    size_t dev_free = 0, dev_total = 0;
+    const bool device_memory = cairn_runtime_device_memory(s->rt, &dev_free, &dev_total) == CAIRN_OK;
+    if (c->kv_bytes == 0 && device_memory) {
+        /* A device: the KV pool is what the cache is for, so it takes most
+         * of what the weights left, keeping a tenth of the device (at least
+         * 1 GiB) for activations, cuBLAS workspaces and the runtime. */
+        size_t keep = dev_total / 10 > ((size_t)1 << 30) ? dev_total / 10 : (size_t)1 << 30;
+        c->kv_bytes = dev_free > keep + s->kv.page_bytes ? (dev_free - keep) / 10 * 9 : 0;
+        if (c->kv_bytes < s->kv.page_bytes) {
+            snprintf(err, err_len,
+                     "the device has %.0f MiB free after the weights, too little for a KV cache; "
+                     "set --kv-mem",
+                     (double)dev_free / (1 << 20));
+            return CAIRN_ENOMEM;
+        }
+    } else if (c->kv_bytes == 0) {
+        /* the CPU: room for max_seqs full contexts, at most 1 GiB (host RAM
+         * is everybody's) */
         c->kv_bytes = (size_t)c->max_seqs * ((size_t)s->n_ctx / c->page_size + 1) * s->kv.page_bytes;
-    if (c->kv_bytes > ((size_t)1 << 30) && given->kv_bytes == 0)
-        c->kv_bytes = (size_t)1 << 30;
+        if (c->kv_bytes > ((size_t)1 << 30))
+            c->kv_bytes = (size_t)1 << 30;
+    }
+    if (device_memory && c->host_bytes == 0) {
+        /* Tier 1 of a device: page-locked host RAM that evicted pages move to
+         * on the copy engine, an eighth of the machine's RAM, at most 8 GiB. */
+        long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGE_SIZE);
+        size_t ram = pages > 0 && psize > 0 ? (size_t)pages * (size_t)psize : 0;
+        c->host_bytes = ram / 8 < ((size_t)8 << 30) ? ram / 8 : (size_t)8 << 30;
+    }
     uint8_t fp[32]; /* the model's, then the methods': a page holds their KV too */
     cairn_model_fingerprint(s->model, fp);
     const bool method_kv = s->spec && cairn_spec_has_kv(s->spec);
@@ -254,7 +279,7 @@ int cairn_service_start(const cairn_service_config *cfg, cairn_service **out, ch
     s->spec = cairn_runtime_spec(s->rt);
     int rc;
     if ((rc = settle_config(s, err, err_len)) || (rc = setup_layout(s, err, err_len)) ||
-        (rc = setup_cache(s, cfg, err, err_len)) || (rc = setup_tables(s)))
+        (rc = setup_cache(s, err, err_len)) || (rc = setup_tables(s)))
         goto fail;
     s->vocab_id = records_vocab_id(s->vocab, s->n_vocab);
     if (s->have_disk) {

@@ -244,6 +244,8 @@ int cairn_kvcache_read_page(cairn_kvcache *c, const cairn_radix_page *page, void
     if (page->device_page >= 0)
         return c->be->iface->download(c->be, dst, dev_addr(c, page->device_page), c->L.page_bytes);
     if (page->host_slot >= 0 && c->slot_state[page->host_slot] == SLOT_IDLE) {
+        if (kvc_slot_settle(c, page->host_slot) != CAIRN_OK)
+            return CAIRN_EBACKEND;
         memcpy(dst, cairn_host_pool_slot(c->host, page->host_slot), c->L.page_bytes);
         return CAIRN_OK;
     }

@@ -82,7 +82,7 @@ static void release_round(cairn_kvcache *c, fetch_op *op)
 {
     for (size_t i = 0; i < op->n_round; i++) {
         c->slot_state[op->round[i]] = SLOT_IDLE;
-        cairn_host_pool_release(c->host, 1, &op->round[i]);
+        kvc_host_release(c, op->round[i]);
     }
     op->n_round = 0;
 }
@@ -107,9 +107,7 @@ static void queue_round(cairn_kvcache *c, fetch_op *op, bool first)
     }
     op->n_round = 0;
     for (size_t i = 0; i < want; i++) {
-        while (cairn_host_pool_available(c->host) < 1)
-            if (kvc_evict_one(c, CAIRN_TIER_HOST) == 0)
-                break;
+        kvc_host_room(c, 1);
         int32_t slot;
         if (cairn_host_pool_alloc(c->host, 1, &slot) != CAIRN_OK)
             break;
@@ -117,7 +115,7 @@ static void queue_round(cairn_kvcache *c, fetch_op *op, bool first)
         h = cairn_page_hash_next(h, tok, ps);
         if (cairn_disk_read(c->disk, h, tok, cairn_host_pool_slot(c->host, slot),
                             COOKIE_READ | (uint64_t)slot) != CAIRN_OK) {
-            cairn_host_pool_release(c->host, 1, &slot);
+            kvc_host_release(c, slot);
             break;
         }
         c->slot_state[slot] = SLOT_LOADING;
@@ -157,9 +155,7 @@ static bool absorb_round(cairn_kvcache *c, fetch_op *op)
             break;
         }
         double t0 = cairn_now();
-        int rc = c->be->iface->upload(c->be, dev_addr(c, ids[base + got]),
-                                      cairn_host_pool_slot(c->host, op->round[got]),
-                                      c->L.page_bytes);
+        int rc = kvc_page_to_device(c, ids[base + got], op->round[got]);
         up_seconds += cairn_now() - t0;
         if (rc) {
             cairn_page_pool_release(c->dev, 1, &ids[base + got]);

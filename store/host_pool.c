@@ -11,11 +11,13 @@
 
 struct cairn_host_pool {
     uint8_t *base; /* capacity * page_bytes, 64-byte aligned */
+    cairn_backend *be; /* NULL: base is aligned_alloc's */
     size_t page_bytes;
     id_stack ids;
 };
 
-int cairn_host_pool_create(size_t page_bytes, size_t budget_bytes, cairn_host_pool **out)
+int cairn_host_pool_create(cairn_backend *be, size_t page_bytes, size_t budget_bytes,
+                           cairn_host_pool **out)
 {
     if (!out || page_bytes == 0)
         return CAIRN_EINVAL;
@@ -26,7 +28,18 @@ int cairn_host_pool_create(size_t page_bytes, size_t budget_bytes, cairn_host_po
     if (!p)
         return CAIRN_ENOMEM;
     size_t bytes = (n * page_bytes + 63) / 64 * 64;
-    p->base = aligned_alloc(64, bytes);
+    void *mem = NULL;
+    if (be && cairn_backend_host_alloc(be, bytes, &mem) == CAIRN_OK) {
+        p->be = be;
+    } else {
+        if (be)
+            cairn_log(CAIRN_LOG_WARN,
+                      "host page pool: %s cannot give %zu MiB of transfer memory; using plain "
+                      "memory (page copies to and from the device will be staged)",
+                      be->iface->name, bytes >> 20);
+        mem = aligned_alloc(64, bytes);
+    }
+    p->base = mem;
     if (!p->base || id_stack_init(&p->ids, (int32_t)n) != CAIRN_OK) {
         cairn_host_pool_free(p);
         return CAIRN_ENOMEM;
@@ -40,7 +53,10 @@ void cairn_host_pool_free(cairn_host_pool *p)
 {
     if (!p)
         return;
-    free(p->base);
+    if (p->be)
+        cairn_backend_host_free(p->be, p->base);
+    else
+        free(p->base);
     id_stack_free(&p->ids);
     free(p);
 }

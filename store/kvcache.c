@@ -58,7 +58,7 @@ int cairn_kvcache_create(const cairn_kvcache_config *cfg, cairn_kvcache **out, c
         goto fail;
     }
     if (cfg->host_bytes >= c->L.page_bytes) {
-        rc = cairn_host_pool_create(c->L.page_bytes, cfg->host_bytes, &c->host);
+        rc = cairn_host_pool_create(c->be, c->L.page_bytes, cfg->host_bytes, &c->host);
         if (rc) {
             set_err(err, err_len, "cannot create the host page pool");
             goto fail;
@@ -66,7 +66,8 @@ int cairn_kvcache_create(const cairn_kvcache_config *cfg, cairn_kvcache **out, c
         c->slot_state = calloc((size_t)cairn_host_pool_capacity(c->host), 1);
         c->slot_shared = calloc((size_t)cairn_host_pool_capacity(c->host), 1);
         c->slot_seen = calloc((size_t)cairn_host_pool_capacity(c->host), 1);
-        if (!c->slot_state || !c->slot_shared || !c->slot_seen) {
+        if (!c->slot_state || !c->slot_shared || !c->slot_seen ||
+            kvc_transfers_init(c) != CAIRN_OK) {
             rc = CAIRN_ENOMEM;
             goto fail;
         }
@@ -110,6 +111,7 @@ void cairn_kvcache_free(cairn_kvcache *c)
     /* The disk first: its thread may still be reading into host slots. */
     kvc_flush_events(c);
     cairn_disk_close(c->disk);
+    kvc_transfers_finish(c); /* no copy may still use a slot or page */
     free(c->ev_stored);
     free(c->ev_removed);
     free(c->slot_shared);
@@ -248,7 +250,7 @@ void kvc_release_page(const cairn_radix_page *p, void *user)
         cairn_page_pool_release(c->dev, 1, &p->device_page);
     if (p->host_slot >= 0) {
         c->slot_state[p->host_slot] = SLOT_IDLE;
-        cairn_host_pool_release(c->host, 1, &p->host_slot);
+        kvc_host_release(c, p->host_slot);
     }
 }
 
@@ -280,7 +282,9 @@ const void *kvc_page_bytes(cairn_kvcache *c, int tier, const cairn_radix_page *p
                    ? c->scratch
                    : NULL;
     if (tier == CAIRN_TIER_HOST)
-        return cairn_host_pool_slot(c->host, pg->host_slot);
+        return kvc_slot_settle(c, pg->host_slot) == CAIRN_OK
+                   ? cairn_host_pool_slot(c->host, pg->host_slot)
+                   : NULL;
     return NULL;
 }
 
@@ -308,6 +312,17 @@ size_t kvc_evict_one(cairn_kvcache *c, int tier)
     return v ? evict_node(c, tier, v) : 0;
 }
 
+bool kvc_host_room(cairn_kvcache *c, int32_t n)
+{
+    /* slots whose copy has ended first, then one still being copied (free
+     * within microseconds), then eviction to disk */
+    kvc_reclaim_host(c, false);
+    while (cairn_host_pool_available(c->host) < n)
+        if (kvc_reclaim_host(c, true) == 0 && kvc_evict_one(c, CAIRN_TIER_HOST) == 0)
+            return false;
+    return true;
+}
+
 static size_t drop_node(cairn_kvcache *c, int tier, cairn_radix_node *node)
 {
     size_t np = cairn_radix_node_pages(node, NULL);
@@ -329,9 +344,7 @@ static size_t evict_node(cairn_kvcache *c, int tier, cairn_radix_node *node)
     if (tier == CAIRN_TIER_DEVICE) {
         if (!c->host)
             return drop_node(c, tier, node);
-        while (cairn_host_pool_available(c->host) < (int32_t)np)
-            if (kvc_evict_one(c, CAIRN_TIER_HOST) == 0)
-                break;
+        kvc_host_room(c, (int32_t)np);
         /* Evicting other nodes never moves this node's page records, so
          * pg is still good. */
         if (cairn_host_pool_available(c->host) < (int32_t)np)
@@ -340,14 +353,15 @@ static size_t evict_node(cairn_kvcache *c, int tier, cairn_radix_node *node)
         for (size_t i = 0; i < np; i++) {
             int32_t slot;
             cairn_host_pool_alloc(c->host, 1, &slot);
-            int rc = c->be->iface->download(c->be, cairn_host_pool_slot(c->host, slot),
-                                            dev_addr(c, pg[i].device_page), c->L.page_bytes);
+            /* The copy runs on the copy queue; the device page comes back
+             * when it has been read (transfer.c). */
+            int rc = kvc_page_to_host(c, slot, pg[i].device_page);
             if (rc) {
-                cairn_host_pool_release(c->host, 1, &slot);
+                kvc_host_release(c, slot);
                 return drop_node(c, tier, node);
             }
             c->slot_state[slot] = SLOT_IDLE;
-            cairn_page_pool_release(c->dev, 1, &pg[i].device_page);
+            kvc_device_release_after(c, pg[i].device_page, c->slot_fence[slot]);
             pg[i].device_page = -1;
             pg[i].host_slot = slot;
         }
@@ -363,11 +377,12 @@ static size_t evict_node(cairn_kvcache *c, int tier, cairn_radix_node *node)
         /* Write-back: the page goes to disk now unless it is there already. */
         for (size_t i = 0; i < np; i++) {
             if (!pg[i].on_disk &&
-                kvc_write_page(c, &pg[i], tok + i * ps,
-                               cairn_host_pool_slot(c->host, pg[i].host_slot)) != CAIRN_OK)
+                (kvc_slot_settle(c, pg[i].host_slot) != CAIRN_OK ||
+                 kvc_write_page(c, &pg[i], tok + i * ps,
+                                cairn_host_pool_slot(c->host, pg[i].host_slot)) != CAIRN_OK))
                 pg[i].flags |= PAGE_LOST; /* nowhere now: a promotion reports it */
             c->slot_state[pg[i].host_slot] = SLOT_IDLE;
-            cairn_host_pool_release(c->host, 1, &pg[i].host_slot);
+            kvc_host_release(c, pg[i].host_slot);
             pg[i].host_slot = -1;
         }
         cairn_radix_set_tier(c->tree, node, CAIRN_TIER_DISK);
@@ -397,9 +412,13 @@ int cairn_kvcache_alloc(cairn_kvcache *c, int32_t n, int32_t *pages)
 {
     if (!c || n < 0 || (n && !pages))
         return CAIRN_EINVAL;
-    /* tails first: each is worth less than a page of recompute */
+    /* Pages whose copy to host RAM has ended come back first; then a page
+     * still being copied (it is free within microseconds), then tails (each
+     * worth less than a page of recompute), then eviction. */
+    kvc_reclaim_device(c, false);
     while (cairn_page_pool_available(c->dev) < n)
-        if (!kvc_drop_lru_tail(c) && kvc_evict_one(c, CAIRN_TIER_DEVICE) == 0)
+        if (kvc_reclaim_device(c, true) == 0 && !kvc_drop_lru_tail(c) &&
+            kvc_evict_one(c, CAIRN_TIER_DEVICE) == 0)
             return CAIRN_EFULL;
     return cairn_page_pool_alloc(c->dev, n, pages);
 }
@@ -426,6 +445,8 @@ void cairn_kvcache_get_stats(const cairn_kvcache *c, cairn_kvcache_stats *out)
     }
     out->tier[CAIRN_TIER_DEVICE].capacity_pages = (uint64_t)cairn_page_pool_capacity(c->dev);
     out->tier[CAIRN_TIER_DEVICE].free_pages = (uint64_t)cairn_page_pool_available(c->dev);
+    out->tier[CAIRN_TIER_DEVICE].draining_pages = c->n_drain_dev;
+    out->tier[CAIRN_TIER_HOST].draining_pages = c->n_drain_host;
     if (c->host) {
         out->tier[CAIRN_TIER_HOST].capacity_pages = (uint64_t)cairn_host_pool_capacity(c->host);
         out->tier[CAIRN_TIER_HOST].free_pages = (uint64_t)cairn_host_pool_available(c->host);

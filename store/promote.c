@@ -47,9 +47,7 @@ static int upload_node(cairn_kvcache *c, cairn_radix_node *node)
         int rc = cairn_kvcache_alloc(c, 1, &id);
         double t0 = cairn_now();
         if (rc == CAIRN_OK)
-            rc = c->be->iface->upload(c->be, dev_addr(c, id),
-                                      cairn_host_pool_slot(c->host, pg[i].host_slot),
-                                      c->L.page_bytes);
+            rc = kvc_page_to_device(c, id, pg[i].host_slot);
         upload_seconds += cairn_now() - t0;
         if (rc) {
             /* Undo this node's uploads: it stays a HOST node. */
@@ -63,7 +61,7 @@ static int upload_node(cairn_kvcache *c, cairn_radix_node *node)
     }
     for (size_t i = 0; i < np; i++) {
         c->slot_state[pg[i].host_slot] = SLOT_IDLE;
-        cairn_host_pool_release(c->host, 1, &pg[i].host_slot);
+        kvc_host_release(c, pg[i].host_slot);
         pg[i].host_slot = -1;
     }
     cairn_radix_set_tier(c->tree, node, CAIRN_TIER_DEVICE);
@@ -89,7 +87,7 @@ static void unload_finished(cairn_kvcache *c, cairn_radix_page *pg, size_t np)
             pg[i].on_disk = 0;
         }
         c->slot_state[pg[i].host_slot] = SLOT_IDLE;
-        cairn_host_pool_release(c->host, 1, &pg[i].host_slot);
+        kvc_host_release(c, pg[i].host_slot);
         pg[i].host_slot = -1;
     }
 }
@@ -222,16 +220,14 @@ void kvc_queue_path_reads(cairn_kvcache *c, size_t n_nodes, size_t *queued, bool
             }
             if ((pg[j].flags & PAGE_LOST) || !pg[j].on_disk)
                 continue; /* finish_promotion reports it lost */
-            while (cairn_host_pool_available(c->host) < 1)
-                if (kvc_evict_one(c, CAIRN_TIER_HOST) == 0)
-                    break;
+            kvc_host_room(c, 1);
             int32_t slot;
             if (cairn_host_pool_alloc(c->host, 1, &slot) != CAIRN_OK)
                 continue; /* reported as EFULL when the promotion finishes */
             int rc = cairn_disk_read(c->disk, pg[j].hash, tok + j * ps,
                                      cairn_host_pool_slot(c->host, slot), COOKIE_READ | (uint64_t)slot);
             if (rc) {
-                cairn_host_pool_release(c->host, 1, &slot);
+                kvc_host_release(c, slot);
                 continue;
             }
             c->slot_state[slot] = SLOT_LOADING;
@@ -303,7 +299,7 @@ void kvc_drain_disk(cairn_kvcache *c)
                 if (c->slot_state[v] == SLOT_ORPHAN) {
                     int32_t slot = (int32_t)v;
                     c->slot_state[v] = SLOT_IDLE;
-                    cairn_host_pool_release(c->host, 1, &slot);
+                    kvc_host_release(c, slot);
                 } else {
                     c->slot_state[v] = done[i].status == CAIRN_OK ? SLOT_LOADED : SLOT_MISSED;
                     c->slot_shared[v] = done[i].status == CAIRN_OK && done[i].shared;

@@ -153,7 +153,7 @@ static void tail_drop(cairn_kvcache *c, struct kv_tail *t)
     if (t->page >= 0)
         cairn_page_pool_release(c->dev, 1, &t->page);
     if (t->slot >= 0)
-        cairn_host_pool_release(c->host, 1, &t->slot);
+        kvc_host_release(c, t->slot);
     t->page = t->slot = -1;
     c->n_tails--;
 }
@@ -181,15 +181,14 @@ bool kvc_drop_lru_tail(cairn_kvcache *c)
     int32_t slot;
     if (c->host && cairn_host_pool_available(c->host) > 0 &&
         cairn_host_pool_alloc(c->host, 1, &slot) == CAIRN_OK) {
-        if (c->be->iface->download(c->be, cairn_host_pool_slot(c->host, slot),
-                                   dev_addr(c, t->page), c->L.page_bytes) == CAIRN_OK) {
+        if (kvc_page_to_host(c, slot, t->page) == CAIRN_OK) {
             c->slot_state[slot] = SLOT_IDLE;
-            cairn_page_pool_release(c->dev, 1, &t->page);
+            kvc_device_release_after(c, t->page, c->slot_fence[slot]);
             t->page = -1;
             t->slot = slot;
             return true;
         }
-        cairn_host_pool_release(c->host, 1, &slot);
+        kvc_host_release(c, slot);
     }
     tail_drop(c, t);
     return true;
@@ -378,8 +377,7 @@ int cairn_kvcache_partial(cairn_kvcache *c, uint64_t ns, cairn_kv_hold *hold, si
         rc = cairn_kvcache_copy_page(c, device_page, *page);
     } else {
         double t0 = cairn_now();
-        rc = c->be->iface->upload(c->be, dev_addr(c, *page), cairn_host_pool_slot(c->host, host_slot),
-                                  c->L.page_bytes);
+        rc = kvc_page_to_device(c, *page, host_slot);
         if (rc == CAIRN_OK)
             kvc_note_upload(c, 1, cairn_now() - t0);
     }

@@ -121,8 +121,12 @@ int cairn_page_namespace_hash(const cairn_page_namespace *ns, cairn_page_hash *o
 typedef struct cairn_host_pool cairn_host_pool;
 
 /* floor(budget_bytes / page_bytes) slots of page_bytes each, in one
- * allocation (64-byte aligned). CAIRN_EINVAL when the budget holds no slot. */
-int cairn_host_pool_create(size_t page_bytes, size_t budget_bytes, cairn_host_pool **out);
+ * allocation (64-byte aligned). With a backend the memory is its transfer
+ * memory (cairn_backend_host_alloc: page-locked on CUDA, so page copies run
+ * on the copy engine without staging); when that cannot be had, plain
+ * memory, with a warning. CAIRN_EINVAL when the budget holds no slot. */
+int cairn_host_pool_create(cairn_backend *be, size_t page_bytes, size_t budget_bytes,
+                           cairn_host_pool **out);
 void cairn_host_pool_free(cairn_host_pool *p); /* NULL is a no-op */
 /* Memory of slot `slot`; NULL when out of range. Valid until the pool is freed. */
 void *cairn_host_pool_slot(const cairn_host_pool *p, int32_t slot);
@@ -821,6 +825,9 @@ typedef struct {
                                 host); every value in LMDB (disk)          */
     uint64_t bytes;          /* pages * page_bytes                          */
     uint64_t capacity_pages, free_pages; /* the pool (0 for disk)          */
+    uint64_t draining_pages; /* given back while a copy to or from them still
+                                runs (device, host): free once it ends, so
+                                pages + free + draining == capacity        */
     uint64_t hit_tokens, miss_tokens;
     uint64_t evicted_pages;  /* moved out by eviction (disk: deleted by the
                                 store's own LRU when the map fills)        */

@@ -165,6 +165,13 @@ struct cairn_kvcache {
     uint64_t tail_clock;
     struct kv_tail *tail_busy; /* being copied by partial(): not to be moved */
 
+    /* transfers in flight (transfer.c): the fence of the last copy that
+     * reads or writes each host slot, and the device pages and host slots
+     * released while their copy still runs, oldest first */
+    uint64_t *slot_fence; /* [host capacity]; 0 = nothing in flight */
+    struct kv_draining *drain_dev, *drain_host;
+    size_t n_drain_dev, cap_drain_dev, n_drain_host, cap_drain_host;
+
     cairn_kvcache_stats stats;
 };
 
@@ -191,6 +198,38 @@ int kvc_write_page(cairn_kvcache *c, cairn_radix_page *pg, const int32_t *tokens
                    const void *bytes);
 /* Evict the LRU candidate of `tier`; pages moved, 0 when nothing could. */
 size_t kvc_evict_one(cairn_kvcache *c, int tier);
+/* Make n host slots free (drained slots back, then eviction from tier 1);
+ * false when fewer could be had. */
+bool kvc_host_room(cairn_kvcache *c, int32_t n);
+
+/* ---- transfer.c: page copies between tier 0 and tier 1 ----------------- */
+
+/* A device page or host slot given back while a copy still uses it. */
+struct kv_draining {
+    int32_t id;
+    uint64_t fence;
+};
+
+int kvc_transfers_init(cairn_kvcache *c);
+/* Wait for every copy in flight and give back what drains (before free). */
+void kvc_transfers_finish(cairn_kvcache *c);
+/* Copy a device page into a host slot (eviction) / a host slot into a
+ * device page (promotion). Either way the slot's fence is the copy's: the
+ * host slot is not touched by the host until it passes. */
+int kvc_page_to_host(cairn_kvcache *c, int32_t host_slot, int32_t device_page);
+int kvc_page_to_device(cairn_kvcache *c, int32_t device_page, int32_t host_slot);
+/* Make a host slot's bytes safe to read or write on the host: wait for the
+ * copy in flight on it. CAIRN_EBACKEND when that copy failed. */
+int kvc_slot_settle(cairn_kvcache *c, int32_t slot);
+/* Give a host slot back to the pool, or set it aside until its copy ends. */
+void kvc_host_release(cairn_kvcache *c, int32_t slot);
+/* Give a device page back once the copy reading it (fence) has passed. */
+void kvc_device_release_after(cairn_kvcache *c, int32_t page, uint64_t fence);
+/* Give back the drained pages and slots whose copies have passed; with
+ * block, wait for the oldest device page (or host slot) first when there is
+ * one. Returns how many came back. */
+size_t kvc_reclaim_device(cairn_kvcache *c, bool block);
+size_t kvc_reclaim_host(cairn_kvcache *c, bool block);
 
 /* ---- share.c: tails --------------------------------------------------- */
 

@@ -244,6 +244,7 @@ static void cuda_destroy(cairn_backend *be)
         cudaSetDevice(ctx->device);
         if (ctx->stream)
             cudaStreamSynchronize(ctx->stream);
+        cuda_transfers_free(ctx);
         stage_release(ctx);
         if (ctx->scratch)
             cudaFree(ctx->scratch);
@@ -376,6 +377,7 @@ static void cuda_iface_init(void)
     cuda_iface.softmax = cuda_softmax;
     cuda_iface.kv_store = cuda_kv_store;
     cuda_iface.attention = cuda_attention;
+    cuda_transfer_iface(&cuda_iface);
 }
 
 extern "C" int cairn_backend_cuda_create(int device, cairn_backend **out)

@@ -12,6 +12,8 @@
  *                      warp-per-row GEMV kernels for decode, dequantize +
  *                      SGEMM for quantized prefill
  *   cuda_attention.cu  attention over the paged KV pool
+ *   cuda_transfer.cu   page transfers on a copy stream, fences, pinned
+ *                      host memory, device memory figures
  *
  * Execution model: every op is enqueued on the one stream the backend owns
  * and returns without waiting; download() and synchronize() wait. Host index
@@ -39,6 +41,9 @@
 
 #include "kernels/backend.h"
 
+/* The copy stream and fences of page transfers (cuda_transfer.cu). */
+typedef struct cuda_transfers cuda_transfers;
+
 typedef struct {
     int device;
     cudaStream_t stream;   /* every op and copy runs on it, in order      */
@@ -52,6 +57,7 @@ typedef struct {
     void *scratch;
     size_t scratch_cap;
     char name[256]; /* the device name, for logs */
+    cuda_transfers *xfer; /* NULL until the first transfer */
 } cuda_ctx;
 
 static inline cuda_ctx *cuda_ctx_of(cairn_backend *be)
@@ -120,6 +126,14 @@ int cuda_stage_copy(cuda_ctx *ctx, const void *src, size_t bytes, const void **d
 
 /* Device scratch of at least `bytes`, valid until the next call. */
 int cuda_scratch_reserve(cuda_ctx *ctx, size_t bytes, void **out);
+
+/* ---- transfers (cuda_transfer.cu) ----------------------------------------- */
+
+/* Set host_alloc, host_free, transfer, fence_wait and memory_info. */
+void cuda_transfer_iface(cairn_backend_iface *t);
+/* Wait for and free the copy stream and its events (destroy, before the
+ * compute stream goes). */
+void cuda_transfers_free(cuda_ctx *ctx);
 
 /* ---- ops ---------------------------------------------------------------- */
 

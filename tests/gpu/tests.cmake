@@ -8,7 +8,10 @@ if(CAIRN_HAVE_CUDA)
   cairn_add_test(gpu_model
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gpu_model.c
     LABELS gpu TIMEOUT 300)
-  set_tests_properties(gpu_ops gpu_model PROPERTIES SKIP_RETURN_CODE 77)
+  cairn_add_test(gpu_transfer
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gpu_transfer.c
+    LABELS gpu TIMEOUT 300)
+  set_tests_properties(gpu_ops gpu_model gpu_transfer PROPERTIES SKIP_RETURN_CODE 77)
 
   # The other weight types and model code paths, on tiny random models
   # written at test time: BF16 with Llama 3 rope_freqs, Q8_0 qwen2 (biases,
@@ -39,7 +42,8 @@ if(CAIRN_HAVE_CUDA)
   # runs everywhere, so the tests above stay sound between GPU runs.
   add_test(NAME gpu_ops_harness COMMAND gpu_ops)
   add_test(NAME gpu_model_harness COMMAND gpu_model ${CAIRN_MODEL})
-  set_tests_properties(gpu_ops_harness gpu_model_harness PROPERTIES
+  add_test(NAME gpu_transfer_harness COMMAND gpu_transfer)
+  set_tests_properties(gpu_ops_harness gpu_model_harness gpu_transfer_harness PROPERTIES
     ENVIRONMENT "CAIRN_GPU_TEST_BACKEND=cpu" LABELS kernels TIMEOUT 120)
 
   # bench/gpu/run.sh's driver: batched decode and prefill throughput (its

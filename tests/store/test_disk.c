@@ -728,8 +728,8 @@ static void test_host_pool(void **state)
 {
     (void)state;
     cairn_host_pool *p;
-    assert_int_equal(cairn_host_pool_create(100, 99, &p), CAIRN_EINVAL);
-    assert_int_equal(cairn_host_pool_create(100, 1050, &p), CAIRN_OK);
+    assert_int_equal(cairn_host_pool_create(NULL, 100, 99, &p), CAIRN_EINVAL);
+    assert_int_equal(cairn_host_pool_create(NULL, 100, 1050, &p), CAIRN_OK);
     assert_int_equal(cairn_host_pool_capacity(p), 10);
     int32_t s[11];
     assert_int_equal(cairn_host_pool_alloc(p, 11, s), CAIRN_EFULL);

@@ -74,6 +74,7 @@ static void check_accounting(cache *k, size_t held_by_callers)
     cairn_kvcache_get_stats(k->c, &st);
     cairn_page_pool *dev = cairn_kvcache_device_pool(k->c);
     assert_int_equal(rs.pages[CAIRN_TIER_DEVICE] + held_by_callers + st.tail_pages +
+                         st.tier[CAIRN_TIER_DEVICE].draining_pages +
                          (size_t)cairn_page_pool_available(dev),
                      (size_t)cairn_page_pool_capacity(dev));
 }

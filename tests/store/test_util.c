@@ -8,13 +8,29 @@
 #include <string.h>
 #include <unistd.h>
 
+/* A copy to host memory started by transfer() and not carried out yet. */
+typedef struct {
+    void *dst;
+    const void *src;
+    size_t bytes;
+    uint64_t fence;
+    int polls_left; /* non-blocking polls of its fence before it passes */
+} tb_pending;
+
 typedef struct {
     test_backend_counters counters;
+    /* deferred transfers (CAIRN_TEST_TRANSFER_DELAY): oldest first */
+    int delay;
+    tb_pending *pending;
+    size_t n_pending, cap_pending;
+    uint64_t next_fence, passed;
 } test_ctx;
 
 static void tb_destroy(cairn_backend *be)
 {
-    free(be->ctx);
+    test_ctx *ctx = be->ctx;
+    free(ctx->pending);
+    free(ctx);
     free(be);
 }
 
@@ -113,6 +129,93 @@ static int tb_attention(cairn_backend *be, const cairn_attn_args *a)
     return CAIRN_EUNSUPPORTED;
 }
 
+/* ---- deferred transfers ------------------------------------------------
+ * With CAIRN_TEST_TRANSFER_DELAY=N the backend has the transfer slots of a
+ * device, and is as late as a device may be: a copy to host memory is only
+ * carried out when its fence passes (after N polls of it, or a blocking
+ * wait), reading its source *then*. A store that reads a host slot before
+ * the fence (stale bytes), or hands the source page out again before it
+ * (someone else's bytes copied), gets wrong payloads, which the tests see.
+ * Copies to the device complete at once, after every earlier one, as the
+ * compute queue of a device waits for them. Fences pass in order. */
+
+static void tb_complete_upto(test_ctx *ctx, uint64_t fence)
+{
+    size_t k = 0;
+    while (k < ctx->n_pending && ctx->pending[k].fence <= fence) {
+        memcpy(ctx->pending[k].dst, ctx->pending[k].src, ctx->pending[k].bytes);
+        k++;
+    }
+    memmove(ctx->pending, ctx->pending + k, (ctx->n_pending - k) * sizeof *ctx->pending);
+    ctx->n_pending -= k;
+    if (fence > ctx->passed)
+        ctx->passed = fence;
+}
+
+static int tb_transfer(cairn_backend *be, void *dst, const void *src, size_t n, int to_host,
+                       uint64_t *fence)
+{
+    test_ctx *ctx = be->ctx;
+    uint64_t f = ++ctx->next_fence;
+    *fence = f;
+    if (!to_host) {
+        ctx->counters.uploaded += n;
+        tb_complete_upto(ctx, f - 1); /* the copy queue is in order */
+        memcpy(dst, src, n);
+        ctx->passed = f;
+        return CAIRN_OK;
+    }
+    ctx->counters.downloaded += n;
+    if (ctx->n_pending == ctx->cap_pending) {
+        size_t cap = ctx->cap_pending ? ctx->cap_pending * 2 : 64;
+        tb_pending *p = realloc(ctx->pending, cap * sizeof *p);
+        if (!p)
+            return CAIRN_ENOMEM;
+        ctx->pending = p;
+        ctx->cap_pending = cap;
+    }
+    ctx->pending[ctx->n_pending++] = (tb_pending){dst, src, n, f, ctx->delay};
+    return CAIRN_OK;
+}
+
+static int tb_fence_wait(cairn_backend *be, uint64_t fence, int block)
+{
+    test_ctx *ctx = be->ctx;
+    if (fence > ctx->next_fence)
+        return CAIRN_EINVAL;
+    if (fence <= ctx->passed)
+        return CAIRN_OK;
+    if (!block) {
+        for (size_t i = 0; i < ctx->n_pending; i++)
+            if (ctx->pending[i].fence == fence && --ctx->pending[i].polls_left > 0)
+                return CAIRN_EBUSY;
+    }
+    tb_complete_upto(ctx, fence);
+    return CAIRN_OK;
+}
+
+static const cairn_backend_iface test_iface_deferred = {
+    .name = "test-memory-deferred",
+    .destroy = tb_destroy,
+    .alloc = tb_alloc,
+    .free = tb_free,
+    .upload = tb_upload,
+    .download = tb_download,
+    .copy = tb_copy,
+    .synchronize = tb_sync,
+    .get_rows = tb_get_rows,
+    .matmul = tb_matmul,
+    .rmsnorm = tb_rmsnorm,
+    .rope = tb_rope,
+    .swiglu = tb_swiglu,
+    .add = tb_add,
+    .softmax = tb_softmax,
+    .kv_store = tb_kv_store,
+    .attention = tb_attention,
+    .transfer = tb_transfer,
+    .fence_wait = tb_fence_wait,
+};
+
 static const cairn_backend_iface test_iface = {
     .name = "test-memory",
     .destroy = tb_destroy,
@@ -144,6 +247,11 @@ cairn_backend *test_backend_create(void)
     }
     be->iface = &test_iface;
     be->ctx = ctx;
+    const char *delay = getenv("CAIRN_TEST_TRANSFER_DELAY");
+    if (delay && atoi(delay) > 0) {
+        ctx->delay = atoi(delay);
+        be->iface = &test_iface_deferred;
+    }
     return be;
 }
 

@@ -15,6 +15,9 @@ typedef struct {
     size_t uploaded, downloaded, live_allocs;
 } test_backend_counters;
 
+/* With CAIRN_TEST_TRANSFER_DELAY=N (N >= 1) in the environment the backend
+ * also has the transfer and fence slots, with copies to host memory
+ * carried out only when their fence passes (test_util.c says how late). */
 cairn_backend *test_backend_create(void);
 test_backend_counters *test_backend_counters_of(cairn_backend *be);
 
