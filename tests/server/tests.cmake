@@ -57,3 +57,14 @@ add_test(NAME server_shared_cache
   COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_shared_cache.py
           $<TARGET_FILE:cairn> ${CAIRN_MODEL})
 set_tests_properties(server_shared_cache PROPERTIES TIMEOUT 600 LABELS "server")
+
+# bench/gpu/serve_check.py, the serving check the GPU machine runs with
+# --device cuda, here in --quick mode with the CPU on both sides so that it
+# cannot rot before a GPU runs it: tiers (device, host, disk after a
+# restart), 32 concurrent chats, and the same greedy answers on both servers.
+# Standard-library Python only.
+add_test(NAME serve_check_cpu
+  COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/bench/gpu/serve_check.py
+          --cairn $<TARGET_FILE:cairn> --model ${CAIRN_MODEL} --device cpu
+          --reference-device cpu --out ${CMAKE_CURRENT_BINARY_DIR}/serve-check --quick)
+set_tests_properties(serve_check_cpu PROPERTIES TIMEOUT 120 LABELS "server")
