@@ -112,8 +112,9 @@ static const job *partial_source(const cairn_service *s, const job *j, size_t at
     return src;
 }
 
-size_t prefix_take_partial(cairn_service *s, job *j)
+size_t prefix_take_partial(cairn_service *s, job *j, int *tier)
 {
+    *tier = CAIRN_TIER_DEVICE;
     const size_t ps = (size_t)s->page_size, at = j->n_computed;
     if (!s->prefix_cache || (j->spec && cairn_spec_whole_pages(s->spec)) || at % ps != 0 || j->n_pages != at / ps ||
         j->seq.n < at + 2)
@@ -128,11 +129,13 @@ size_t prefix_take_partial(cairn_service *s, job *j)
     int32_t dst = -1;
     size_t k = 0;
     if (cairn_kvcache_partial(s->cache, j->req->tenant, j->hold, j->n_tree_pages,
-                              j->seq.v + at, n_next, &dst, &k) != CAIRN_OK)
+                              j->seq.v + at, n_next, &dst, &k, tier) != CAIRN_OK)
         k = 0;
     if (src && from_job > k && (dst >= 0 || cairn_kvcache_alloc(s->cache, 1, &dst) == CAIRN_OK) &&
-        cairn_kvcache_copy_page(s->cache, src->pages[at / ps], dst) == CAIRN_OK)
+        cairn_kvcache_copy_page(s->cache, src->pages[at / ps], dst) == CAIRN_OK) {
         k = from_job;
+        *tier = CAIRN_TIER_DEVICE; /* a running job's page */
+    }
     if (k == 0) {
         if (dst >= 0)
             cairn_kvcache_free_pages(s->cache, 1, &dst);

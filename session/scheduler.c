@@ -112,7 +112,8 @@ static void job_adopt(cairn_service *s, job *j, const cairn_kvcache_event *ev)
         j->n_tree_pages = j->n_pages = resident;
         j->n_computed = resident * (size_t)s->page_size;
     }
-    size_t partial = prefix_take_partial(s, j);
+    int partial_tier = CAIRN_TIER_DEVICE;
+    size_t partial = prefix_take_partial(s, j, &partial_tier);
     if (j->spec) {
         /* head rows of the matched pages are valid (model.h); pages[] must
          * exist even when empty, capacity is set before every use */
@@ -136,7 +137,7 @@ static void job_adopt(cairn_service *s, job *j, const cairn_kvcache_event *ev)
             j->cached_by_tier[2] -= shared;
             j->cached_by_tier[3] = shared;
         }
-        j->cached_by_tier[0] += (int64_t)partial; /* copied on the device */
+        j->cached_by_tier[partial_tier] += (int64_t)partial; /* the reused rows of a page */
         for (int t = 0; t < 4; t++)
             s->stats.cached_tokens_by_tier[t] += (uint64_t)j->cached_by_tier[t];
         s->stats.queries++;

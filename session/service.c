@@ -298,9 +298,11 @@ int cairn_service_start(const cairn_service_config *cfg, cairn_service **out, ch
     }
     s->thread_started = true;
     const cairn_service_config *c = &s->cfg;
-    cairn_log(CAIRN_LOG_INFO, "service: %s, KV %zu pages of %d tokens (%.1f MiB), context %d, "
+    char device[32];
+    cairn_device_name(cairn_runtime_device(s->rt), device, sizeof device);
+    cairn_log(CAIRN_LOG_INFO, "service: %s on %s, KV %zu pages of %d tokens (%.1f MiB), context %d, "
               "batch %d tokens / %d sequences, prefix cache %s; host tier %.1f MiB, disk tier %s",
-              cairn_model_hparams(s->model)->name, (size_t)(c->kv_bytes / s->kv.page_bytes),
+              cairn_model_hparams(s->model)->name, device, (size_t)(c->kv_bytes / s->kv.page_bytes),
               c->page_size, (double)c->kv_bytes / (1 << 20), s->n_ctx, c->max_batch_tokens,
               c->max_seqs, s->prefix_cache ? "on" : "off", (double)c->host_bytes / (1 << 20),
               c->cache_dir ? c->cache_dir : "off");

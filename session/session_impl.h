@@ -350,8 +350,9 @@ bool prefix_should_wait(const cairn_service *s, const job *j);
 void prefix_extend(cairn_service *s, job *j);
 /* At admission, after the whole-page match: the rows of the next page that
  * j shares with a cached page or a running job's, copied into a page of
- * j's own; how many tokens that saved (added to n_computed). */
-size_t prefix_take_partial(cairn_service *s, job *j);
+ * j's own; how many tokens that saved (added to n_computed), and in *tier the
+ * tier those rows came from (device: a page copy; host: an upload). */
+size_t prefix_take_partial(cairn_service *s, job *j, int *tier);
 
 /* ---- scheduler.c --------------------------------------------------------- */
 

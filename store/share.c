@@ -298,7 +298,8 @@ static int alloc_guarded(cairn_kvcache *c, cairn_radix_node *child, struct kv_ta
 }
 
 int cairn_kvcache_partial(cairn_kvcache *c, uint64_t ns, cairn_kv_hold *hold, size_t n_held,
-                          const int32_t *next, size_t n_next, int32_t *page, size_t *n_reused)
+                          const int32_t *next, size_t n_next, int32_t *page, size_t *n_reused,
+                          int *from_tier)
 {
     if (!c || !next || !n_reused || !page)
         return CAIRN_EINVAL;
@@ -383,6 +384,8 @@ int cairn_kvcache_partial(cairn_kvcache *c, uint64_t ns, cairn_kv_hold *hold, si
     }
     if (rc == CAIRN_OK) {
         *n_reused = best;
+        if (from_tier)
+            *from_tier = device_page >= 0 ? CAIRN_TIER_DEVICE : CAIRN_TIER_HOST;
     } else if (ours) {
         cairn_page_pool_release(c->dev, 1, page);
         *page = -1;

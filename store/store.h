@@ -657,10 +657,14 @@ int cairn_kvcache_extend(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, s
  * only because something was found, and the caller's from then on.
  * *n_reused receives how many rows of it are now valid for those tokens
  * (0: nothing found, *page untouched). Pages in tier 2 only are not
- * considered. Errors: CAIRN_EINVAL; CAIRN_EFULL (no page to copy into);
- * what the copy or upload returned (a page taken here is given back). */
+ * considered. *from_tier (may be NULL) receives where the rows came from:
+ * CAIRN_TIER_DEVICE (a page copy on the device) or CAIRN_TIER_HOST (a host
+ * slot uploaded), whenever *n_reused > 0. Errors: CAIRN_EINVAL;
+ * CAIRN_EFULL (no page to copy into); what the copy or upload returned (a
+ * page taken here is given back). */
 int cairn_kvcache_partial(cairn_kvcache *c, uint64_t ns, cairn_kv_hold *hold, size_t n_held,
-                          const int32_t *next, size_t n_next, int32_t *page, size_t *n_reused);
+                          const int32_t *next, size_t n_next, int32_t *page, size_t *n_reused,
+                          int *from_tier);
 
 /* Keep `page` (the caller's, holding the KV of the last n_tokens %
  * page_size tokens of tokens[0 .. n_tokens)) as a tail for partial(). Takes

@@ -160,15 +160,15 @@ static void test_partial_from_tree(void **state)
         assert_int_equal(cairn_kvcache_alloc(k.c, 1, &dst), CAIRN_OK);
         size_t got = 99;
         /* the hold's depth must be said right */
-        assert_int_equal(cairn_kvcache_partial(k.c, 0, m.node, 0, req + PS, PS, &dst, &got),
+        assert_int_equal(cairn_kvcache_partial(k.c, 0, m.node, 0, req + PS, PS, &dst, &got, NULL),
                          CAIRN_EINVAL);
-        assert_int_equal(cairn_kvcache_partial(k.c, 0, m.node, 1, req + PS, PS, &dst, &got),
+        assert_int_equal(cairn_kvcache_partial(k.c, 0, m.node, 1, req + PS, PS, &dst, &got, NULL),
                          CAIRN_OK);
         assert_int_equal(got, 5);
         assert_memory_equal(page_addr(&k, dst), want, k.L.page_bytes);
         /* another namespace sees nothing, and no page is taken for it */
         int32_t none = -1;
-        assert_int_equal(cairn_kvcache_partial(k.c, 5, NULL, 0, req, PS, &none, &got), CAIRN_OK);
+        assert_int_equal(cairn_kvcache_partial(k.c, 5, NULL, 0, req, PS, &none, &got, NULL), CAIRN_OK);
         assert_int_equal(got, 0);
         assert_int_equal(none, -1);
         cairn_kvcache_free_pages(k.c, 1, &dst);
@@ -230,7 +230,7 @@ static void test_tails(void **state)
     int32_t dst;
     assert_int_equal(cairn_kvcache_alloc(k.c, 1, &dst), CAIRN_OK);
     size_t got;
-    assert_int_equal(cairn_kvcache_partial(k.c, 0, m.node, 1, tok + PS, PS, &dst, &got), CAIRN_OK);
+    assert_int_equal(cairn_kvcache_partial(k.c, 0, m.node, 1, tok + PS, PS, &dst, &got, NULL), CAIRN_OK);
     assert_int_equal(got, 9);
     uint8_t *want = malloc(k.L.page_bytes);
     test_payload(tok, 2 * PS, want, k.L.page_bytes);
@@ -271,7 +271,7 @@ static void test_tail_in_host_ram(void **state)
     cairn_radix_match_result m;
     assert_int_equal(cairn_radix_match(cairn_kvcache_tree(k.c), 0, tok, 2 * PS, &m), CAIRN_OK);
     size_t got;
-    assert_int_equal(cairn_kvcache_partial(k.c, 0, m.node, 1, tok + PS, PS, &two[0], &got),
+    assert_int_equal(cairn_kvcache_partial(k.c, 0, m.node, 1, tok + PS, PS, &two[0], &got, NULL),
                      CAIRN_OK);
     assert_int_equal(got, 12);
     uint8_t *want = malloc(k.L.page_bytes);

@@ -522,7 +522,7 @@ static void op_partial(world *w)
     size_t k;
     /* the cache takes the page, only when it found something to copy */
     int32_t dst = -1;
-    int rc = cairn_kvcache_partial(w->c, 0, r.node, m, next, n_next, &dst, &k);
+    int rc = cairn_kvcache_partial(w->c, 0, r.node, m, next, n_next, &dst, &k, NULL);
     assert_true(rc == CAIRN_OK || rc == CAIRN_EFULL);
     assert_true(k < PS && k <= n_next);
     assert_int_equal(k > 0, dst >= 0);
