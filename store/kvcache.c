@@ -75,8 +75,9 @@ int cairn_kvcache_create(const cairn_kvcache_config *cfg, cairn_kvcache **out, c
     rc = cairn_radix_create(c->L.page_size, cfg->ns, &c->tree);
     if (rc)
         goto fail;
-    c->scratch = malloc(c->L.page_bytes);
-    if (!c->scratch) {
+    /* page-locked on a device: device pages bound for disk or Redis are
+     * downloaded through it */
+    if (cairn_backend_host_alloc(c->be, c->L.page_bytes, (void **)&c->scratch) != CAIRN_OK) {
         rc = CAIRN_ENOMEM;
         goto fail;
     }
@@ -120,7 +121,7 @@ void cairn_kvcache_free(cairn_kvcache *c)
     cairn_host_pool_free(c->host);
     cairn_page_pool_free(c->dev);
     free(c->slot_state);
-    free(c->scratch);
+    cairn_backend_host_free(c->be, c->scratch);
     free(c->promos);
     for (size_t i = 0; i < c->n_fetches; i++) {
         free(c->fetches[i]->tokens);
