@@ -133,6 +133,7 @@ static void blas_collect(blas_candidates *c)
     blas_add(c, CAIRN_CUDA_LIBDIR, BLAS_SONAME);
 #endif
     blas_add_glob(c, "/usr/local/cuda*/lib64");
+    blas_add_glob(c, "/usr/local/cuda*/lib");
     blas_add_glob(c, "/usr/local/cuda*/targets/x86_64-linux/lib");
     /* 5. Python wheels: system, /usr/local, the user's own, a virtualenv */
     blas_add_python(c, "/usr/lib");
