@@ -83,8 +83,9 @@ static void blas_add_glob(blas_candidates *c, const char *pattern)
     globfree(&g);
 }
 
-/* Python's nvidia wheels (nvidia-cublas for CUDA 12 and 13, the cu13
- * bundle PyTorch depends on) below one lib/python3.* prefix. */
+/* Python's nvidia wheels below one lib/ prefix (a glob): nvidia/cu13/lib is
+ * where the CUDA 13 wheels that PyTorch depends on put cuBLAS, and
+ * nvidia/cublas/lib the per-library layout of the older wheels. */
 static void blas_add_python(blas_candidates *c, const char *prefix)
 {
     static const char *const sub[] = {"nvidia/cu13/lib", "nvidia/cublas/lib"};
@@ -135,19 +136,23 @@ static void blas_collect(blas_candidates *c)
     blas_add_glob(c, "/usr/local/cuda*/lib64");
     blas_add_glob(c, "/usr/local/cuda*/lib");
     blas_add_glob(c, "/usr/local/cuda*/targets/x86_64-linux/lib");
-    /* 5. Python wheels: system, /usr/local, the user's own, a virtualenv */
+    /* 5. Python wheels: system, /usr/local, the user's site dir and pyenv
+     * versions, an active virtualenv or conda environment */
     blas_add_python(c, "/usr/lib");
     blas_add_python(c, "/usr/local/lib");
-    const char *home = getenv("HOME");
-    if (home && home[0]) {
+    static const struct {
+        const char *env, *suffix;
+    } prefixes[] = {
+        {"HOME", "/.local/lib"},
+        {"HOME", "/.pyenv/versions/*/lib"},
+        {"VIRTUAL_ENV", "/lib"},
+        {"CONDA_PREFIX", "/lib"},
+    };
+    for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++) {
+        const char *root = getenv(prefixes[i].env);
         char prefix[2048];
-        if (snprintf(prefix, sizeof prefix, "%s/.local/lib", home) < (int)sizeof prefix)
-            blas_add_python(c, prefix);
-    }
-    const char *venv = getenv("VIRTUAL_ENV");
-    if (venv && venv[0]) {
-        char prefix[2048];
-        if (snprintf(prefix, sizeof prefix, "%s/lib", venv) < (int)sizeof prefix)
+        if (root && root[0] &&
+            snprintf(prefix, sizeof prefix, "%s%s", root, prefixes[i].suffix) < (int)sizeof prefix)
             blas_add_python(c, prefix);
     }
     /* 6. an unversioned development symlink, last */

@@ -15,8 +15,9 @@
  *     row's largest magnitude, greedy tokens identical.
  *   loose (synthetic 16-bit or quantized models with random weights, whose
  *     logits are near-ties everywhere): logits within 5e-2 of the row's
- *     largest magnitude (16-bit weights in a prefill multiply activations
- *     rounded to 16 bits); no greedy comparison.
+ *     largest magnitude (room for 16-bit weights in a prefill of more than
+ *     64 tokens, which multiplies activations rounded to 16 bits; the 37
+ *     tokens here stay on the float GEMV); no greedy comparison.
  * The CPU backend is created with CAIRN_CPU_EXACT_MATMUL=1 (float
  * semantics for quantized weights, as the CUDA kernels).
  *

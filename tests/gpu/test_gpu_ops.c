@@ -9,7 +9,7 @@
  *     softmax, attention): 1e-5 relative, where "relative" is to the sum of
  *     magnitudes that went into the value (sum |w x| for a dot product), so
  *     the bound holds whatever the summation order;
- *   - F16/BF16 weights with more than 8 tokens (cuBLAS on activations
+ *   - F16/BF16 weights with more than 64 tokens (cuBLAS on activations
  *     rounded to 16 bits): 1e-2 relative (BF16 keeps 8 mantissa bits).
  * The CPU backend runs with CAIRN_CPU_EXACT_MATMUL=1 so its quantized matmul
  * has the float semantics the CUDA GEMV implements.
