@@ -253,7 +253,7 @@ static void check_matmul(kt_rng *r, cairn_type type, int T, int n_in, int n_out)
         const float *x_last = (const float *)X.g + (size_t)(T - 1) * n_in;
         assert_int_equal(gpu->iface->matmul(gpu, Y1.g, W.g, type, x_last, 1, n_in, n_out), CAIRN_OK);
         float *g1 = kt_host(gpu, Y1.g, Y1.bytes);
-        char inv[128];
+        char inv[192];
         snprintf(inv, sizeof inv, "%s: token %d alone vs in the batch", what, T - 1);
         KT_SAME_BYTES(g1, g + (size_t)(T - 1) * n_out, Y1.bytes, inv);
         free(g1);
