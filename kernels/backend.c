@@ -262,4 +262,9 @@ int cairn_backend_cuda_create(int device, cairn_backend **out)
     cairn_log(CAIRN_LOG_ERROR, "this cairn was built without CUDA (nvcc not found at build time)");
     return CAIRN_EUNSUPPORTED;
 }
+
+int cairn_backend_cuda_device_count(void)
+{
+    return 0;
+}
 #endif

@@ -237,7 +237,8 @@ typedef struct {
     int (*upload)(cairn_backend *be, void *dst, const void *host_src, size_t bytes);
     int (*download)(cairn_backend *be, void *host_dst, const void *src, size_t bytes);
     /* OPTIONAL. Backend memory to backend memory, ordered after the ops
-     * already issued. NULL pointers are CAIRN_EINVAL; 0 bytes is a no-op. */
+     * already issued. NULL pointers are CAIRN_EINVAL; 0 bytes is a no-op.
+     * No overlap unless dst == src: CUDA's returns CAIRN_EINVAL on one. */
     int (*copy)(cairn_backend *be, void *dst, const void *src, size_t bytes);
     /* OPTIONAL. Wait until every op issued so far has finished. */
     int (*synchronize)(cairn_backend *be);
@@ -320,6 +321,12 @@ int cairn_backend_cpu_threads(const cairn_backend *be);
 /* The CUDA backend on device `device`. CAIRN_EUNSUPPORTED when cairn was
  * built without CUDA or no such device exists. */
 int cairn_backend_cuda_create(int device, cairn_backend **out);
+
+/* CUDA devices the runtime sees: >= 0, 0 also when there is no driver or
+ * cairn was built without CUDA; CAIRN_EBACKEND (logged) when a driver is
+ * present but the runtime cannot use it. Tells "no GPU here" apart from "a
+ * GPU the backend failed to open" (the gpu tests skip only on the first). */
+int cairn_backend_cuda_device_count(void);
 
 /* Destroy any backend; NULL is a no-op. All memory allocated from it must
  * have been freed first. */

@@ -2,8 +2,9 @@
  * bench/gpu/gpu_bench.c — decode and prefill throughput of one model on one
  * backend, against the memory-bandwidth roofline measured on the same device.
  *
- *   gpu_bench MODEL [--device cuda|cpu] [--batches 1,8,32] [--gen N]
+ *   gpu_bench MODEL [--device cuda|cpu] [--batches 1,8,32,64] [--gen N]
  *             [--prompt N] [--context N] [--reps N] [--logits 0|1]
+ *             [--json PATH]
  *
  * Bandwidth: a device-to-device copy of 1 GiB through the backend's copy()
  * (cudaMemcpyAsync on CUDA), best of 5; a copy reads and writes every byte,
@@ -24,7 +25,17 @@
  * from the limit by nature (prefill is compute-bound), so the TFLOP/s
  * achieved (2 * matmul parameters * tokens / time) is printed as well.
  *
- * Prints one human-readable line per measurement and a final JSON line.
+ * Any weight type the backend takes is timed the same way: the roofline
+ * counts the bytes the file really holds, so a Q4_K model's is ~3.6x a BF16
+ * model's at the same shape; the "type" reported is the matmul weights'
+ * dominant type (by bytes).
+ *
+ * KV: each sequence gets pages for context + warm + gen tokens (the warm
+ * steps write KV too; one page short would spill into the next sequence's
+ * first page, or past the table for the last one).
+ *
+ * Prints one human-readable line per measurement and a final JSON line;
+ * --json PATH also writes that object, with every figure, to PATH.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,14 +45,32 @@
 #include "store/store.h"
 #include "tests/support/support.h"
 
+static void usage_to(FILE *f)
+{
+    fprintf(f,
+            "usage: gpu_bench MODEL [--device cuda|cpu] [--batches 1,8,32,64] [--gen N]\n"
+            "                 [--prompt N] [--context N] [--reps N] [--logits 0|1] [--json PATH]\n"
+            "  --batches  decode batch sizes, comma-separated (default 1,8,32,64; at most 8)\n"
+            "  --gen      timed decode steps per batch (default 32; 2 warm-up steps before)\n"
+            "  --prompt   prefill length in tokens (default 512)\n"
+            "  --context  tokens prefilled per sequence before decoding (default 128)\n"
+            "  --reps     prefill repetitions, best kept (default 3)\n"
+            "  --logits   1: download the logits every decode step (default 0)\n"
+            "  --json     also write every figure as one JSON object to PATH (copy bandwidth,\n"
+            "             prefill tok/s, decode tok/s per batch, roofline fractions, model,\n"
+            "             weight type)\n"
+            "Any weight type works (BF16, F16, Q8_0, Q4_K, ...); the roofline uses the file's\n"
+            "real weight bytes.\n");
+}
+
 static int usage(void)
 {
-    fprintf(stderr, "usage: gpu_bench MODEL [--device cuda|cpu] [--batches 1,8,32] [--gen N] "
-                    "[--prompt N] [--context N] [--reps N] [--logits 0|1]\n");
+    usage_to(stderr);
     return 2;
 }
 
 #define MAX_BATCHES 8
+#define WARM_STEPS 2 /* decode steps before the clock starts */
 
 static double measure_bandwidth(cairn_backend *be)
 {
@@ -68,8 +97,10 @@ static double measure_bandwidth(cairn_backend *be)
     return best < 1e30 ? 2.0 * (double)bytes / best : 0;
 }
 
-/* Bytes of every tensor that a forward step reads whole. */
-static int matmul_bytes(const char *path, const cairn_hparams *hp, double *bytes, double *params)
+/* Bytes of every tensor that a forward step reads whole, and the type that
+ * holds most of those bytes (*main_type). */
+static int matmul_bytes(const char *path, const cairn_hparams *hp, double *bytes, double *params,
+                        cairn_type *main_type)
 {
     cairn_gguf *g = NULL;
     char err[256];
@@ -80,17 +111,45 @@ static int matmul_bytes(const char *path, const cairn_hparams *hp, double *bytes
     }
     *bytes = 0;
     *params = 0;
+    double by_type[CAIRN_TYPE_COUNT_] = {0};
     for (int64_t i = 0; i < cairn_gguf_n_tensors(g); i++) {
         const cairn_gguf_tensor *t = cairn_gguf_tensor_at(g, i);
         const int is_embd = strcmp(t->name, "token_embd.weight") == 0;
         if (is_embd && !hp->tied_embeddings)
             continue;
         *bytes += (double)t->size;
-        if (t->n_dims == 2)
+        if (t->n_dims == 2) {
             *params += (double)t->ne[0] * (double)t->ne[1];
+            if ((int)t->type >= 0 && (int)t->type < CAIRN_TYPE_COUNT_)
+                by_type[t->type] += (double)t->size;
+        }
     }
+    *main_type = CAIRN_TYPE_F32;
+    for (int ti = 0; ti < CAIRN_TYPE_COUNT_; ti++)
+        if (by_type[ti] > by_type[*main_type])
+            *main_type = (cairn_type)ti;
     cairn_gguf_close(g);
     return CAIRN_OK;
+}
+
+/* s as the inside of a JSON string (quotes, backslashes and control bytes
+ * escaped), truncated to fit out. */
+static const char *json_str(const char *s, char *out, size_t cap)
+{
+    size_t n = 0;
+    for (; *s && n + 7 < cap; s++) {
+        const unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\') {
+            out[n++] = '\\';
+            out[n++] = (char)ch;
+        } else if (ch < 0x20) {
+            n += (size_t)snprintf(out + n, cap - n, "\\u%04x", ch);
+        } else {
+            out[n++] = (char)ch;
+        }
+    }
+    out[n] = '\0';
+    return out;
 }
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -103,15 +162,22 @@ int main(int argc, char **argv)
 {
     if (argc < 2)
         return usage();
-    const char *path = argv[1], *device = "cuda";
-    int batches[MAX_BATCHES] = {1, 8, 32}, n_batches = 3;
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage_to(stdout);
+            return 0;
+        }
+    const char *path = argv[1], *device = "cuda", *json_path = NULL;
+    int batches[MAX_BATCHES] = {1, 8, 32, 64}, n_batches = 4;
     int gen = 32, prompt = 512, context = 128, reps = 3, download_logits = 0;
     for (int i = 2; i < argc; i++) {
         const char *arg = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!val)
             return usage();
         i++;
-        if (strcmp(arg, "--device") == 0) {
+        if (strcmp(arg, "--json") == 0) {
+            json_path = val;
+        } else if (strcmp(arg, "--device") == 0) {
             device = val;
         } else if (strcmp(arg, "--batches") == 0) {
             n_batches = 0;
@@ -168,19 +234,22 @@ int main(int argc, char **argv)
     }
     const cairn_hparams *hp = cairn_model_hparams(m);
     double wbytes = 0, params = 0;
-    if (matmul_bytes(path, hp, &wbytes, &params) != CAIRN_OK)
+    cairn_type wtype = CAIRN_TYPE_F32;
+    if (matmul_bytes(path, hp, &wbytes, &params, &wtype) != CAIRN_OK)
         return 1;
+    const char *wtype_name = cairn_type_get(wtype) ? cairn_type_get(wtype)->name : "?";
     printf("model %s: dim %d, %d layers, %d/%d heads, ffn %d, vocab %d; %.2f GB of matmul "
-           "weights (%.2f B params); loaded in %.1f s\n",
+           "weights (%.2f B params, mostly %s); loaded in %.1f s\n",
            hp->name, hp->dim, hp->n_layer, hp->n_head, hp->n_kv_head, hp->ffn_dim, hp->n_vocab,
-           wbytes / 1e9, params / 1e9, cairn_now() - t0);
+           wbytes / 1e9, params / 1e9, wtype_name, cairn_now() - t0);
 
     /* KV: max_b sequences of context + gen tokens, or one of `prompt` */
     const int page_size = 16;
     cairn_kv_layout kv;
     if ((rc = cairn_model_kv_layout(m, page_size, CAIRN_TYPE_F16, &kv)) != CAIRN_OK)
         return 1;
-    const int seq_tokens = context + gen + 1;
+    /* decode writes KV indices context .. context + WARM_STEPS + gen - 1 */
+    const int seq_tokens = context + WARM_STEPS + gen;
     const int pages_per_seq = (seq_tokens + page_size - 1) / page_size;
     const int prompt_pages = (prompt + page_size - 1) / page_size;
     int n_pages = max_b * pages_per_seq;
@@ -193,7 +262,9 @@ int main(int argc, char **argv)
     }
     void *base = cairn_page_pool_base(pool);
     int32_t *table = malloc((size_t)n_pages * sizeof *table);
-    int32_t *tokens = malloc((size_t)(max_tokens + max_b) * sizeof *tokens);
+    /* context prefills start at tokens + s % 7: room for 7 more */
+    const int n_tok = max_tokens + max_b + 7;
+    int32_t *tokens = malloc((size_t)n_tok * sizeof *tokens);
     float *logits = malloc((size_t)max_b * hp->n_vocab * sizeof(float));
     cairn_seq_batch *sb = malloc((size_t)max_b * sizeof *sb);
     int32_t *next = malloc((size_t)max_b * sizeof *next);
@@ -201,7 +272,7 @@ int main(int argc, char **argv)
         return 1;
     for (int i = 0; i < n_pages; i++)
         table[i] = i;
-    for (int i = 0; i < max_tokens + max_b; i++)
+    for (int i = 0; i < n_tok; i++)
         tokens[i] = random_token(hp->n_vocab);
     int n_out;
 
@@ -240,7 +311,7 @@ int main(int argc, char **argv)
             }
             next[s] = random_token(hp->n_vocab);
         }
-        const int warm = 2;
+        const int warm = WARM_STEPS;
         double ts = 0;
         for (int step = 0; step < warm + gen; step++) {
             if (step == warm) {
@@ -270,13 +341,45 @@ int main(int argc, char **argv)
                B, dec_tps[bi], 1e3 * dt / gen, roof, dec_frac[bi]);
     }
 
-    printf("{\"device\": \"%s\", \"bandwidth_gbs\": %.1f, \"weight_gb\": %.3f, \"prefill_tps\": "
-           "%.1f, \"prefill_roofline_frac\": %.4f",
-           be->iface->name, bw / 1e9, wbytes / 1e9, pf_tps, pf_frac);
+    /* One JSON object with every figure: on stdout, and in --json PATH. */
+    char json[8192], jname[256], jpath[2048];
+    size_t jl = 0;
+#define JSON_ADD(...)                                                                              \
+    do {                                                                                           \
+        if (jl < sizeof json)                                                                      \
+            jl += (size_t)snprintf(json + jl, sizeof json - jl, __VA_ARGS__);                      \
+    } while (0)
+    JSON_ADD("{\"device\": \"%s\", \"model\": \"%s\", \"model_path\": \"%s\", \"type\": \"%s\", "
+             "\"n_layer\": %d, \"dim\": %d, \"weight_gb\": %.3f, \"params_b\": %.3f, "
+             "\"bandwidth_gbs\": %.1f, \"context\": %d, \"gen\": %d, \"logits\": %d, "
+             "\"prefill_tokens\": %d, \"prefill_tps\": %.1f, \"prefill_s\": %.4f, "
+             "\"prefill_roofline_frac\": %.4f, \"prefill_tflops\": %.2f, \"decode\": [",
+             be->iface->name, json_str(hp->name, jname, sizeof jname),
+             json_str(path, jpath, sizeof jpath), wtype_name, hp->n_layer, hp->dim, wbytes / 1e9,
+             params / 1e9, bw / 1e9, context, gen, download_logits, prompt, pf_tps, pf_best,
+             pf_frac, 2.0 * params * prompt / pf_best / 1e12);
     for (int bi = 0; bi < n_batches; bi++)
-        printf(", \"decode_b%d_tps\": %.1f, \"decode_b%d_roofline_frac\": %.4f", batches[bi],
-               dec_tps[bi], batches[bi], dec_frac[bi]);
-    printf("}\n");
+        JSON_ADD("%s{\"batch\": %d, \"tps\": %.1f, \"roofline_frac\": %.4f}", bi ? ", " : "",
+                 batches[bi], dec_tps[bi], dec_frac[bi]);
+    JSON_ADD("]");
+    /* the flat keys of earlier runs, so old parsers keep working */
+    for (int bi = 0; bi < n_batches; bi++)
+        JSON_ADD(", \"decode_b%d_tps\": %.1f, \"decode_b%d_roofline_frac\": %.4f", batches[bi],
+                 dec_tps[bi], batches[bi], dec_frac[bi]);
+    JSON_ADD("}");
+#undef JSON_ADD
+    if (jl >= sizeof json) {
+        fprintf(stderr, "gpu_bench: JSON summary too long\n");
+        return 1;
+    }
+    printf("%s\n", json);
+    if (json_path) {
+        FILE *f = fopen(json_path, "w");
+        if (!f || fprintf(f, "%s\n", json) < 0 || fclose(f) != 0) {
+            fprintf(stderr, "gpu_bench: cannot write %s\n", json_path);
+            return 1;
+        }
+    }
 
     free(table);
     free(tokens);

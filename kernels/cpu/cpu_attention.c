@@ -207,7 +207,11 @@ static void attention_range(void *p, int64_t begin, int64_t end, int thread)
                 s++;
             const cairn_attn_seq *seq = &a->seqs[s];
             const int i = (int)(row - job->row_start[s]);
-            const size_t q_off = ((size_t)row * a->n_head + (size_t)kvh * job->group) * hd;
+            /* q and out by the sequence's own q_start, as attend_one: the
+             * flattened row only finds the sequence (callers need not
+             * list sequences in row order). */
+            const size_t q_off =
+                ((size_t)(seq->q_start + i) * a->n_head + (size_t)kvh * job->group) * hd;
             const cpu_attn_group g = {
                 .L = L, .pool = a->kv_pool, .layer = a->layer,
                 .head_off = (size_t)kvh * hd * (L->dtype == CAIRN_TYPE_F32 ? 4 : 2),

@@ -14,10 +14,13 @@
  * no-op.
  */
 #include <dlfcn.h>
+#include <glob.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "kernels/cuda/cuda_impl.h"
 
@@ -40,24 +43,169 @@ static int blas_status = CAIRN_EUNSUPPORTED;
 #define CAIRN_STR2(x) #x
 #define CAIRN_STR(x) CAIRN_STR2(x)
 
+/* Where cuBLAS may live, in the order tried. The runtime is linked
+ * statically, so cuBLAS is the only CUDA library found at run time, and GPU
+ * images put it in different places: the toolkit (/usr/local/cuda*), the
+ * loader's path, or only inside a PyTorch wheel (site-packages/nvidia/...).
+ * The list is bounded; every entry is logged when none loads. */
+#define BLAS_MAX_CANDIDATES 96
+#define BLAS_SONAME "libcublas.so." CAIRN_STR(CUBLAS_VER_MAJOR)
+
+typedef struct {
+    char *path[BLAS_MAX_CANDIDATES];
+    int n;
+} blas_candidates;
+
+static void blas_add(blas_candidates *c, const char *dir, const char *file)
+{
+    if (c->n >= BLAS_MAX_CANDIDATES || (dir && !dir[0]))
+        return;
+    char buf[4096];
+    const int len = dir ? snprintf(buf, sizeof buf, "%s/%s", dir, file)
+                        : snprintf(buf, sizeof buf, "%s", file);
+    if (len <= 0 || (size_t)len >= sizeof buf)
+        return;
+    for (int i = 0; i < c->n; i++)
+        if (strcmp(c->path[i], buf) == 0)
+            return;
+    char *copy = strdup(buf);
+    if (copy)
+        c->path[c->n++] = copy;
+}
+
+/* The soname in every directory matching `pattern` (a glob). */
+static void blas_add_glob(blas_candidates *c, const char *pattern)
+{
+    glob_t g;
+    if (glob(pattern, GLOB_ONLYDIR, NULL, &g) == 0)
+        for (size_t i = 0; i < g.gl_pathc; i++)
+            blas_add(c, g.gl_pathv[i], BLAS_SONAME);
+    globfree(&g);
+}
+
+/* Python's nvidia wheels below one lib/ prefix (a glob): nvidia/cu13/lib is
+ * where the CUDA 13 wheels that PyTorch depends on put cuBLAS, and
+ * nvidia/cublas/lib the per-library layout of the older wheels. */
+static void blas_add_python(blas_candidates *c, const char *prefix)
+{
+    static const char *const sub[] = {"nvidia/cu13/lib", "nvidia/cublas/lib"};
+    static const char *const kind[] = {"site-packages", "dist-packages"};
+    for (size_t k = 0; k < 2; k++)
+        for (size_t s = 0; s < 2; s++) {
+            char pattern[2048];
+            if (snprintf(pattern, sizeof pattern, "%s/python3*/%s/%s", prefix, kind[k], sub[s]) <
+                (int)sizeof pattern)
+                blas_add_glob(c, pattern);
+        }
+}
+
+static void blas_collect(blas_candidates *c)
+{
+    /* 1. CAIRN_CUBLAS_PATH: the library itself, or its directory */
+    const char *forced = getenv("CAIRN_CUBLAS_PATH");
+    if (forced && forced[0]) {
+        struct stat st;
+        if (stat(forced, &st) == 0 && S_ISDIR(st.st_mode))
+            blas_add(c, forced, BLAS_SONAME);
+        else
+            blas_add(c, NULL, forced);
+    }
+    /* 2. the soname, as the loader resolves it (ld.so.cache, LD_LIBRARY_PATH) */
+    blas_add(c, NULL, BLAS_SONAME);
+    /* 3. each LD_LIBRARY_PATH entry by full path (also when set after start) */
+    const char *llp = getenv("LD_LIBRARY_PATH");
+    if (llp) {
+        char dir[2048];
+        for (const char *p = llp; *p;) {
+            const char *colon = strchr(p, ':');
+            const size_t len = colon ? (size_t)(colon - p) : strlen(p);
+            if (len > 0 && len < sizeof dir) {
+                memcpy(dir, p, len);
+                dir[len] = '\0';
+                blas_add(c, dir, BLAS_SONAME);
+            }
+            if (!colon)
+                break;
+            p = colon + 1;
+        }
+    }
+    /* 4. the toolkit cairn was built against, then any toolkit installed */
+#ifdef CAIRN_CUDA_LIBDIR
+    blas_add(c, CAIRN_CUDA_LIBDIR, BLAS_SONAME);
+#endif
+    blas_add_glob(c, "/usr/local/cuda*/lib64");
+    blas_add_glob(c, "/usr/local/cuda*/lib");
+    blas_add_glob(c, "/usr/local/cuda*/targets/x86_64-linux/lib");
+    /* 5. Python wheels: system, /usr/local, the user's site dir and pyenv
+     * versions, an active virtualenv or conda environment */
+    blas_add_python(c, "/usr/lib");
+    blas_add_python(c, "/usr/local/lib");
+    static const struct {
+        const char *env, *suffix;
+    } prefixes[] = {
+        {"HOME", "/.local/lib"},
+        {"HOME", "/.pyenv/versions/*/lib"},
+        {"VIRTUAL_ENV", "/lib"},
+        {"CONDA_PREFIX", "/lib"},
+    };
+    for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++) {
+        const char *root = getenv(prefixes[i].env);
+        char prefix[2048];
+        if (root && root[0] &&
+            snprintf(prefix, sizeof prefix, "%s%s", root, prefixes[i].suffix) < (int)sizeof prefix)
+            blas_add_python(c, prefix);
+    }
+    /* 6. an unversioned development symlink, last */
+    blas_add(c, NULL, "libcublas.so");
+}
+
 static void blas_load_once(void)
 {
-    /* the soname of the cuBLAS cairn was compiled against; then the
-     * toolkit's own directory (not always on the loader's path); then any */
-    static const char *const names[] = {
-        "libcublas.so." CAIRN_STR(CUBLAS_VER_MAJOR),
-#ifdef CAIRN_CUDA_LIBDIR
-        CAIRN_CUDA_LIBDIR "/libcublas.so." CAIRN_STR(CUBLAS_VER_MAJOR),
-#endif
-        "libcublas.so",
-    };
+    blas_candidates cand;
+    cand.n = 0;
+    blas_collect(&cand);
     void *lib = NULL;
-    for (size_t i = 0; !lib && i < sizeof names / sizeof names[0]; i++)
-        lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
-        cairn_log(CAIRN_LOG_ERROR, "cuda: cannot load cuBLAS (%s): %s", names[0], dlerror());
-        return;
+    int loaded = -1;
+    /* The error worth showing: that of a file that exists but would not
+     * load (a missing libcublasLt, say), else the first one. */
+    char why[512] = "";
+    int why_is_real_file = 0;
+    for (int i = 0; !lib && i < cand.n; i++) {
+        lib = dlopen(cand.path[i], RTLD_NOW | RTLD_LOCAL);
+        if (lib) {
+            loaded = i;
+            break;
+        }
+        const char *e = dlerror();
+        const int real_file = strchr(cand.path[i], '/') && access(cand.path[i], F_OK) == 0;
+        if (!why[0] || (real_file && !why_is_real_file)) {
+            snprintf(why, sizeof why, "%s", e ? e : "unknown error");
+            why_is_real_file = real_file;
+        }
     }
+    if (!lib) {
+        /* every place tried, so the fix (CAIRN_CUBLAS_PATH) is obvious */
+        size_t len = 0;
+        char tried[8192];
+        tried[0] = '\0';
+        for (int i = 0; i < cand.n && len + 1 < sizeof tried; i++) {
+            const int w = snprintf(tried + len, sizeof tried - len, "%s%s", i ? ", " : "",
+                                   cand.path[i]);
+            if (w < 0)
+                break;
+            len += (size_t)w;
+        }
+        cairn_log(CAIRN_LOG_ERROR,
+                  "cuda: cannot load cuBLAS (%s): %s; tried %d places: %s. Set "
+                  "CAIRN_CUBLAS_PATH to the library or its directory",
+                  BLAS_SONAME, why, cand.n, tried);
+    } else {
+        cairn_log(CAIRN_LOG_DEBUG, "cuda: cuBLAS loaded from %s", cand.path[loaded]);
+    }
+    for (int i = 0; i < cand.n; i++)
+        free(cand.path[i]);
+    if (!lib)
+        return;
     cuda_blas_api api;
 #define BLAS_SYM(field, symbol)                                                                    \
     api.field = (decltype(api.field))dlsym(lib, #symbol);                                          \
@@ -147,6 +295,20 @@ static void stage_release(cuda_ctx *ctx)
     ctx->stage_cap = ctx->stage_used = 0;
 }
 
+/* A failed allocation leaves the runtime's sticky last error set; clear it,
+ * or the next CUDA_LAUNCHED would report a kernel failure that did not
+ * happen. Out of memory is CAIRN_ENOMEM, anything else CAIRN_EBACKEND. */
+static int alloc_failed(const char *what, cudaError_t e, size_t bytes)
+{
+    cudaGetLastError();
+    if (e == cudaErrorMemoryAllocation) {
+        cairn_log(CAIRN_LOG_ERROR, "cuda: %s of %.1f MiB: out of memory", what,
+                  (double)bytes / (1 << 20));
+        return CAIRN_ENOMEM;
+    }
+    return cuda_fail(what, e);
+}
+
 static int stage_grow(cuda_ctx *ctx, size_t cap)
 {
     /* The old ring may still be read by queued copies: drain first. */
@@ -155,13 +317,13 @@ static int stage_grow(cuda_ctx *ctx, size_t cap)
     cudaError_t e = cudaHostAlloc((void **)&ctx->stage_host, cap, cudaHostAllocDefault);
     if (e != cudaSuccess) {
         ctx->stage_host = NULL;
-        return e == cudaErrorMemoryAllocation ? CAIRN_ENOMEM : cuda_fail("cudaHostAlloc", e);
+        return alloc_failed("cudaHostAlloc", e, cap);
     }
     e = cudaMalloc((void **)&ctx->stage_dev, cap);
     if (e != cudaSuccess) {
         ctx->stage_dev = NULL;
         stage_release(ctx);
-        return e == cudaErrorMemoryAllocation ? CAIRN_ENOMEM : cuda_fail("cudaMalloc", e);
+        return alloc_failed("cudaMalloc", e, cap);
     }
     ctx->stage_cap = cap;
     ctx->stage_used = 0;
@@ -225,7 +387,7 @@ int cuda_scratch_reserve(cuda_ctx *ctx, size_t bytes, void **out)
         cudaError_t e = cudaMalloc(&ctx->scratch, cap);
         if (e != cudaSuccess) {
             ctx->scratch = NULL;
-            return e == cudaErrorMemoryAllocation ? CAIRN_ENOMEM : cuda_fail("cudaMalloc", e);
+            return alloc_failed("cudaMalloc (matmul scratch)", e, cap);
         }
         ctx->scratch_cap = cap;
     }
@@ -271,15 +433,8 @@ static int cuda_alloc(cairn_backend *be, size_t bytes, void **out)
     const size_t rounded = (bytes + 63) / 64 * 64;
     void *mem = NULL;
     cudaError_t e = cudaMalloc(&mem, rounded);
-    if (e != cudaSuccess) {
-        if (e == cudaErrorMemoryAllocation) {
-            cudaGetLastError(); /* reset the last-error state for later checks */
-            cairn_log(CAIRN_LOG_ERROR, "cuda: out of device memory allocating %.1f MiB",
-                      (double)rounded / (1 << 20));
-            return CAIRN_ENOMEM;
-        }
-        return cuda_fail("cudaMalloc", e);
-    }
+    if (e != cudaSuccess)
+        return alloc_failed("cudaMalloc", e, rounded);
     cuda_ctx *ctx = cuda_ctx_of(be);
     e = cudaMemsetAsync(mem, 0, rounded, ctx->stream);
     if (e == cudaSuccess)
@@ -331,9 +486,18 @@ static int cuda_download(cairn_backend *be, void *host_dst, const void *src, siz
 
 static int cuda_copy(cairn_backend *be, void *dst, const void *src, size_t bytes)
 {
-    /* Device to device, ordered on the stream like any op. Overlapping
-     * ranges are not supported by cudaMemcpy; the engine copies whole rows
-     * between distinct pages. */
+    /* Device to device, ordered on the stream like any op. cudaMemcpyAsync
+     * is undefined on overlapping ranges (the CPU's copy is memmove), so an
+     * overlap is refused rather than copied wrongly; the engine copies whole
+     * pages between distinct pages. dst == src stays a no-op. */
+    if (dst && src && dst != src && bytes > 0) {
+        const uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
+        if (d < s + bytes && s < d + bytes) {
+            cairn_log(CAIRN_LOG_ERROR, "cuda: copy of %zu bytes between overlapping ranges",
+                      bytes);
+            return CAIRN_EINVAL;
+        }
+    }
     return cuda_copy_kind(be, dst, src, bytes, cudaMemcpyDeviceToDevice, 0);
 }
 
@@ -378,6 +542,27 @@ static void cuda_iface_init(void)
     cuda_iface.kv_store = cuda_kv_store;
     cuda_iface.attention = cuda_attention;
     cuda_transfer_iface(&cuda_iface);
+}
+
+extern "C" int cairn_backend_cuda_device_count(void)
+{
+    int count = 0;
+    const cudaError_t e = cudaGetDeviceCount(&count);
+    if (e == cudaSuccess)
+        return count;
+    cudaGetLastError();
+    if (e == cudaErrorNoDevice)
+        return 0;
+    if (e == cudaErrorInsufficientDriver) {
+        /* No driver at all is a machine without a GPU; a driver that is
+         * there but too old for this runtime is a broken GPU machine. */
+        void *driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+        if (!driver)
+            return 0;
+        dlclose(driver);
+    }
+    cairn_log(CAIRN_LOG_ERROR, "cuda: cudaGetDeviceCount failed: %s", cudaGetErrorString(e));
+    return CAIRN_EBACKEND;
 }
 
 extern "C" int cairn_backend_cuda_create(int device, cairn_backend **out)

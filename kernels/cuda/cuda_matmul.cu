@@ -6,22 +6,34 @@
  *
  *   F32, any T            cublasSgemm (full F32: the handle's math mode is
  *                         CUBLAS_DEFAULT_MATH, no TF32).
- *   F16/BF16, T <= 8      gemv16_kernel: a warp per 1, 2 or 4 output rows,
- *                         8 weights per 16-byte load, float activations,
- *                         every weight byte read once for all T tokens.
- *                         Same float semantics as the CPU (only the
- *                         summation order differs).
- *   F16/BF16, T > 8       activations rounded to the weight's 16-bit type,
+ *   F16/BF16, T <= 64     gemv16_kernel in groups of up to 8 tokens: a warp
+ *                         per 1, 2 or 4 output rows, 8 weights per 16-byte
+ *                         load, float activations, every weight byte read
+ *                         once per group. Same float semantics as the CPU
+ *                         (only the summation order differs).
+ *   F16/BF16, T > 64      activations rounded to the weight's 16-bit type,
  *                         cublasGemmEx with F32 accumulation (tensor cores).
  *                         Relative error ~1e-2 against the CPU (the
  *                         activation rounding); the prefill path.
- *   quantized, T <= 32    gemv_block32_kernel, in groups of up to 8 tokens:
+ *   quantized, T <= 64    gemv_block32_kernel, in groups of up to 8 tokens:
  *                         one warp per output row, a lane per 32-element
  *                         block dequantized on the fly with the CPU's exact
  *                         expressions (the CPU backend's "exact" semantics,
  *                         CAIRN_CPU_EXACT_MATMUL=1).
- *   quantized, T > 32     rows dequantized to F32 in chunks into scratch,
+ *   quantized, T > 64     rows dequantized to F32 in chunks into scratch,
  *                         then cublasSgemm per chunk.
+ *
+ * Batch invariance (the rule docs/cuda.md states): on the two GEMV paths a
+ * token's output is one fixed expression of its own activations and the
+ * weights, whatever T, the group it falls in, or the rows per warp: each
+ * lane runs an explicit __fmaf_rn chain over its blocks in a fixed order
+ * and the warp sum is a fixed butterfly. No contraction is left to nvcc
+ * (it could differ between template instantiations). So with 16-bit or
+ * quantized weights a sequence decoded in a batch of up to 64 tokens gets
+ * bit-identical logits to the same sequence decoded alone. The GEMV
+ * reads the weights once per 8 tokens, so decode at batch 64 pays 8 weight
+ * passes (the price of invariance; cuBLAS would read them once); F32
+ * weights go to cuBLAS at every T and agree only to ~1e-6.
  *
  * Row-major to cuBLAS: y (row-major [T][n_out]) is the column-major
  * n_out x T matrix C = Wᵀ·X where W's bytes, read column-major, are the
@@ -31,7 +43,8 @@
 #include "kernels/cuda/cuda_impl.h"
 
 #define GEMV_MAX_T 8        /* tokens per GEMV launch (registers per lane)  */
-#define GEMV_QUANT_MAX_T 32 /* above this, quantized weights go to SGEMM     */
+#define GEMV_16_MAX_T 64    /* above this, 16-bit weights go to cuBLAS GemmEx */
+#define GEMV_QUANT_MAX_T 64 /* above this, quantized weights go to SGEMM     */
 #define GEMV_WARPS 4        /* output rows per block                         */
 /* Dequantized-weight chunk for the quantized prefill path. */
 #define DEQUANT_CHUNK_BYTES ((size_t)256 << 20)
@@ -76,8 +89,8 @@ static __global__ void gemv_block32_kernel(float *y, const uint8_t *W, int type,
                 float s = 0.0f;
 #pragma unroll
                 for (int j = 0; j < 32; j++)
-                    s += w[j] * xb[j];
-                acc[t] += s;
+                    s = __fmaf_rn(w[j], xb[j], s); /* explicit: see "Batch invariance" */
+                acc[t] = __fadd_rn(acc[t], s);
             }
         }
     }
@@ -146,9 +159,19 @@ static __global__ void gemv16_kernel(float *y, const uint8_t *W, int bf16, const
                 const float4 *xv = (const float4 *)(x + (size_t)t * n_in) + 2 * (size_t)g;
                 const float4 a = xv[0], b = xv[1];
 #pragma unroll
-                for (int i = 0; i < R; i++)
-                    acc[i][t] += w[i][0] * a.x + w[i][1] * a.y + w[i][2] * a.z + w[i][3] * a.w +
-                                 w[i][4] * b.x + w[i][5] * b.y + w[i][6] * b.z + w[i][7] * b.w;
+                for (int i = 0; i < R; i++) {
+                    /* one explicit fma chain, the same in every instantiation */
+                    float s = acc[i][t];
+                    s = __fmaf_rn(w[i][0], a.x, s);
+                    s = __fmaf_rn(w[i][1], a.y, s);
+                    s = __fmaf_rn(w[i][2], a.z, s);
+                    s = __fmaf_rn(w[i][3], a.w, s);
+                    s = __fmaf_rn(w[i][4], b.x, s);
+                    s = __fmaf_rn(w[i][5], b.y, s);
+                    s = __fmaf_rn(w[i][6], b.z, s);
+                    s = __fmaf_rn(w[i][7], b.w, s);
+                    acc[i][t] = s;
+                }
             }
         }
     }
@@ -167,9 +190,11 @@ static __global__ void gemv16_kernel(float *y, const uint8_t *W, int bf16, const
 
 /* ---- conversions for the cuBLAS paths --------------------------------------- */
 
-/* Activations to the weight's 16-bit type. F16 saturates at ±65504 rather
- * than becoming inf (an outlier activation would otherwise poison the row
- * with NaNs); BF16 has float's range. */
+/* Activations to the weight's 16-bit type. A finite F16 value saturates at
+ * ±65504 rather than becoming inf (an outlier activation would otherwise
+ * poison the row with NaNs); NaN and ±inf pass through as themselves, so a
+ * NaN propagates as on the CPU and the GEMV path (fminf/fmaxf alone would
+ * turn it into -65504). BF16 has float's range. */
 static __global__ void to_16bit_kernel(void *dst, const float *src, size_t n, int bf16)
 {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
@@ -178,7 +203,8 @@ static __global__ void to_16bit_kernel(void *dst, const float *src, size_t n, in
         if (bf16)
             ((__nv_bfloat16 *)dst)[i] = __float2bfloat16_rn(v);
         else
-            ((__half *)dst)[i] = __float2half_rn(fminf(fmaxf(v, -65504.0f), 65504.0f));
+            ((__half *)dst)[i] =
+                __float2half_rn(isfinite(v) ? fminf(fmaxf(v, -65504.0f), 65504.0f) : v);
     }
 }
 
@@ -324,7 +350,7 @@ int cuda_matmul(cairn_backend *be, float *y, const void *W, cairn_type wtype, co
         /* the block-32 GEMV needs whole 32-element blocks; the vector one 8 */
         const int gemv_ok =
             n_in % 32 == 0 || (n_in % 8 == 0 && (uintptr_t)W % 16 == 0 && (uintptr_t)x % 16 == 0);
-        if (T <= GEMV_MAX_T && gemv_ok)
+        if (T <= GEMV_16_MAX_T && gemv_ok)
             return matmul_gemv(ctx, y, Wb, wtype, row_bytes, x, T, n_in, n_out);
         return matmul_gemm16(ctx, y, W, wtype, x, T, n_in, n_out);
     }

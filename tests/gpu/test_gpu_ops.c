@@ -9,12 +9,25 @@
  *     softmax, attention): 1e-5 relative, where "relative" is to the sum of
  *     magnitudes that went into the value (sum |w x| for a dot product), so
  *     the bound holds whatever the summation order;
- *   - F16/BF16 weights with more than 8 tokens (cuBLAS on activations
+ *   - F16/BF16 weights with more than 64 tokens (cuBLAS on activations
  *     rounded to 16 bits): 1e-2 relative (BF16 keeps 8 mantissa bits).
  * The CPU backend runs with CAIRN_CPU_EXACT_MATMUL=1 so its quantized matmul
  * has the float semantics the CUDA GEMV implements.
  *
- * Exits 77 (ctest: skipped) with a message when no CUDA device is present.
+ * Every op's output is poisoned with NaN (all bytes 0xff) before the op, so
+ * an element the op forgets to write fails its comparison instead of
+ * passing as a zero from alloc().
+ *
+ * Batch invariance: with 16-bit or quantized weights and T <= 64, a token's
+ * matmul output must be bit-identical whether it is computed alone or with
+ * the others (docs/cuda.md, "Matmul paths").
+ *
+ * Exits 77 (ctest: skipped) only when the CUDA runtime sees no device (and
+ * CAIRN_GPU_REQUIRED is not 1); a device whose backend does not come up is
+ * a failure (tests/gpu/gpu_probe.h). With CAIRN_GPU_TEST_BACKEND=cpu a
+ * scalar CPU backend stands in for the GPU; the cases that are huge by
+ * design (a matmul of 4096 x 16400, a KV pool above 4.5 GiB) then run at a
+ * reduced size, which each says, so the harness stays quick.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -26,9 +39,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tests/gpu/gpu_probe.h"
 #include "tests/support/support.h"
 
 static cairn_backend *cpu, *gpu;
+static int harness; /* the "GPU" is the scalar CPU backend */
 
 /* ---- helpers ------------------------------------------------------------- */
 
@@ -41,6 +56,16 @@ typedef struct {
 static pair_buf pair_new(const void *host, size_t bytes)
 {
     pair_buf p = {kt_dev(cpu, host, bytes), kt_dev(gpu, host, bytes), bytes};
+    return p;
+}
+
+/* An output buffer on both backends, every byte 0xff (a NaN as float). */
+static pair_buf pair_out(size_t bytes)
+{
+    uint8_t *nan = kt_xmalloc(bytes);
+    memset(nan, 0xff, bytes);
+    pair_buf p = pair_new(nan, bytes);
+    free(nan);
     return p;
 }
 
@@ -101,6 +126,16 @@ static void test_memory(void **state)
     for (size_t i = 0; i < 7; i++)
         assert_int_equal(back[i], 0);
     KT_SAME_BYTES(back + 7, src + 7, n - 7, "upload/copy/download");
+    /* overlapping ranges: CUDA's copy refuses them (cudaMemcpyAsync is
+     * undefined there), the CPU's is memmove; dst == src is a no-op */
+    if (harness) {
+        assert_int_equal(gpu->iface->copy(gpu, (uint8_t *)b + 1, b, 64), CAIRN_OK);
+    } else {
+        assert_int_equal(gpu->iface->copy(gpu, (uint8_t *)b + 1, b, 64), CAIRN_EINVAL);
+        assert_int_equal(gpu->iface->copy(gpu, b, (uint8_t *)b + 63, 64), CAIRN_EINVAL);
+    }
+    assert_int_equal(gpu->iface->copy(gpu, b, b, 64), CAIRN_OK);
+    assert_int_equal(gpu->iface->copy(gpu, (uint8_t *)b + 64, b, 64), CAIRN_OK); /* adjacent */
     /* edge rules */
     assert_int_equal(gpu->iface->copy(gpu, b, a, 0), CAIRN_OK);
     assert_int_equal(gpu->iface->upload(gpu, NULL, src, 4), CAIRN_EINVAL);
@@ -143,7 +178,7 @@ static void test_get_rows(void **state)
         for (int t = 0; t < T; t++)
             ids[t] = kt_below(&r, rows); /* repeats included */
         pair_buf tab = pair_new(table, cairn_type_row_bytes(type, D) * rows);
-        pair_buf out = pair_new(NULL, (size_t)T * D * sizeof(float));
+        pair_buf out = pair_out((size_t)T * D * sizeof(float));
         assert_int_equal(cpu->iface->get_rows(cpu, out.c, tab.c, type, D, ids, T), CAIRN_OK);
         assert_int_equal(gpu->iface->get_rows(gpu, out.g, tab.g, type, D, ids, T), CAIRN_OK);
         float *c, *g;
@@ -164,7 +199,7 @@ static void test_get_rows(void **state)
     float tab[3 * 37];
     kt_fill(&r, tab, 3 * 37, -5, 5);
     int32_t ids[2] = {2, 0};
-    pair_buf t2 = pair_new(tab, sizeof tab), o2 = pair_new(NULL, 2 * 37 * sizeof(float));
+    pair_buf t2 = pair_new(tab, sizeof tab), o2 = pair_out(2 * 37 * sizeof(float));
     assert_int_equal(gpu->iface->get_rows(gpu, o2.g, t2.g, CAIRN_TYPE_F32, 37, ids, 2), CAIRN_OK);
     float *g = kt_host(gpu, o2.g, o2.bytes);
     KT_SAME_BYTES(g, tab + 2 * 37, 37 * sizeof(float), "get_rows f32 odd width");
@@ -197,19 +232,34 @@ static void check_matmul(kt_rng *r, cairn_type type, int T, int n_in, int n_out)
         }
     pair_buf W = pair_new(w, cairn_type_row_bytes(type, n_in) * n_out);
     pair_buf X = pair_new(x, (size_t)T * n_in * sizeof(float));
-    pair_buf Y = pair_new(NULL, (size_t)T * n_out * sizeof(float));
+    pair_buf Y = pair_out((size_t)T * n_out * sizeof(float));
     assert_int_equal(cpu->iface->matmul(cpu, Y.c, W.c, type, X.c, T, n_in, n_out), CAIRN_OK);
     assert_int_equal(gpu->iface->matmul(gpu, Y.g, W.g, type, X.g, T, n_in, n_out), CAIRN_OK);
     float *c, *g;
     pair_fetch(&Y, &c, &g);
     /* 16-bit weights past the GEMV size go through cuBLAS on 16-bit
      * activations; everything else is float arithmetic */
-    const int rounded = (type == CAIRN_TYPE_F16 || type == CAIRN_TYPE_BF16) &&
-                        (T > 8 || (n_in % 32 != 0 && n_in % 8 != 0));
+    const int is16 = type == CAIRN_TYPE_F16 || type == CAIRN_TYPE_BF16;
+    const int gemv = type != CAIRN_TYPE_F32 && T <= 64 && (!is16 || n_in % 8 == 0);
+    const int rounded = is16 && !gemv;
     char what[96];
     snprintf(what, sizeof what, "matmul %s T=%d n_in=%d n_out=%d", cairn_type_get(type)->name, T,
              n_in, n_out);
     expect_close(g, c, mag, (size_t)T * n_out, rounded ? 1e-2 : 1e-5, 1e-6, what);
+    if (gemv && T > 1) {
+        /* batch invariance: the last token alone (it sits in the last,
+         * partial group of 8 when T % 8 != 0) gives the same bits */
+        pair_buf Y1 = pair_out((size_t)n_out * sizeof(float));
+        const float *x_last = (const float *)X.g + (size_t)(T - 1) * n_in;
+        assert_int_equal(gpu->iface->matmul(gpu, Y1.g, W.g, type, x_last, 1, n_in, n_out), CAIRN_OK);
+        float *g1 = kt_host(gpu, Y1.g, Y1.bytes);
+        char inv[192];
+        snprintf(inv, sizeof inv, "%s: token %d alone vs in the batch", what, T - 1);
+        KT_SAME_BYTES(g1, g + (size_t)(T - 1) * n_out, Y1.bytes, inv);
+        free(g1);
+        gpu->iface->free(gpu, Y1.g);
+        cpu->iface->free(cpu, Y1.c);
+    }
     free(c);
     free(g);
     pair_free(&W);
@@ -225,9 +275,10 @@ static void test_matmul(void **state)
 {
     (void)state;
     kt_rng r = kt_rng_for("matmul");
-    /* T = 1, 3, 8: one GEMV launch; 9, 33: grouped GEMV (quantized) or
-     * cuBLAS (16-bit); 40: dequantize + SGEMM (quantized) */
-    static const int Ts[] = {1, 3, 8, 9, 33, 40};
+    /* T = 1, 3, 8: one GEMV launch; 9, 33, 40, 64: grouped GEMV (16-bit
+     * and quantized); 65: cuBLAS on 16-bit activations (16-bit) or
+     * dequantize + SGEMM (quantized). F32 is SGEMM at every T. */
+    static const int Ts[] = {1, 3, 8, 9, 33, 40, 64, 65};
     for (size_t ti = 0; ti < N_TYPES; ti++)
         for (size_t k = 0; k < sizeof Ts / sizeof Ts[0]; k++)
             check_matmul(&r, all_types[ti], Ts[k], 512, 67);
@@ -243,6 +294,15 @@ static void test_matmul(void **state)
     check_matmul(&r, CAIRN_TYPE_BF16, 1, 64, 8195);
     /* an LM-head-like shape */
     check_matmul(&r, CAIRN_TYPE_Q6_K, 2, 256, 1000);
+    /* quantized rows of 4096: each lane loops over 4 blocks (128 per row);
+     * T 17 and 32 are 3 and 4 GEMV launches, 33 and 64 five and eight */
+    static const int Tq[] = {17, 32, 33, 64};
+    for (size_t k = 0; k < sizeof Tq / sizeof Tq[0]; k++) {
+        check_matmul(&r, CAIRN_TYPE_Q4_K, Tq[k], 4096, 67);
+        check_matmul(&r, CAIRN_TYPE_Q8_0, Tq[k], 4096, 37);
+    }
+    check_matmul(&r, CAIRN_TYPE_Q6_K, 17, 4096, 33);
+    check_matmul(&r, CAIRN_TYPE_BF16, 33, 4096, 67);
 
     /* edge rules */
     float x[64];
@@ -252,6 +312,219 @@ static void test_matmul(void **state)
     assert_int_equal(gpu->iface->matmul(gpu, X.g, X.g, CAIRN_TYPE_Q8_0, x, 1, 40, 1), CAIRN_EINVAL);
     assert_int_equal(gpu->iface->matmul(gpu, X.g, X.g, CAIRN_TYPE_I32, x, 1, 8, 1), CAIRN_EINVAL);
     pair_free(&X);
+}
+
+/* A Q4_K matrix too big to dequantize in one 256 MiB chunk: 4096 x 16400
+ * rows of F32 are 268.7 MB, so the quantized prefill path (T > 64) runs two
+ * chunks, the second writing y at column offset 16384. The weights are
+ * random Q4_K blocks made directly (random scales, mins and nibbles, small
+ * finite d and dmin) rather than quantized from floats, which would take
+ * far longer at this size; the CPU reference runs on a sample of rows
+ * (both chunks, both sides of the boundary, the last row). On the CPU
+ * harness the matrix is scaled down to 1640 rows (the chunking is the
+ * GPU's own business; the harness checks the test's logic). */
+static void test_matmul_two_chunks(void **state)
+{
+    (void)state;
+    kt_rng r = kt_rng_for("matmul_two_chunks");
+    const cairn_type type = CAIRN_TYPE_Q4_K;
+    const int n_in = 4096, T = 72, n_out = harness ? 1640 : 16400;
+    if (harness)
+        printf("matmul_two_chunks: CPU harness, %d rows instead of 16400\n", n_out);
+    const size_t rb = cairn_type_row_bytes(type, n_in), blk = 144;
+    uint8_t *w = kt_xmalloc(rb * n_out);
+    for (size_t i = 0; i < rb * n_out; i++)
+        w[i] = (uint8_t)kt_next(&r);
+    for (size_t b = 0; b < rb * n_out / blk; b++) {
+        const uint16_t d = cairn_fp32_to_fp16(kt_uniform(&r, 0.001f, 0.02f));
+        const uint16_t dmin = cairn_fp32_to_fp16(kt_uniform(&r, 0.001f, 0.02f));
+        memcpy(w + b * blk, &d, 2);
+        memcpy(w + b * blk + 2, &dmin, 2);
+    }
+    float *x = kt_xmalloc((size_t)T * n_in * sizeof(float));
+    kt_fill(&r, x, (size_t)T * n_in, -2.0f, 2.0f);
+
+    enum { N_SAMPLE = 24 };
+    int rows[N_SAMPLE] = {0, 1, n_out / 2, n_out - 1};
+    int ns = 4;
+    if (n_out > 16385) { /* the chunk boundary: 256 MiB / (4096 * 4) rows */
+        rows[ns++] = 16383;
+        rows[ns++] = 16384;
+    }
+    while (ns < N_SAMPLE)
+        rows[ns++] = kt_below(&r, n_out);
+    uint8_t *ws = kt_xmalloc(rb * N_SAMPLE);
+    float *wv = kt_xmalloc((size_t)n_in * sizeof(float));
+    float *mag = kt_xmalloc((size_t)T * N_SAMPLE * sizeof(float));
+    for (int k = 0; k < N_SAMPLE; k++) {
+        memcpy(ws + rb * k, w + rb * rows[k], rb);
+        assert_int_equal(cairn_dequantize_row(type, ws + rb * k, wv, n_in), CAIRN_OK);
+        for (int t = 0; t < T; t++) {
+            double m;
+            kt_ref_dot(wv, x + (size_t)t * n_in, n_in, NULL, &m);
+            mag[(size_t)t * N_SAMPLE + k] = (float)m;
+        }
+    }
+    void *Wg = kt_dev(gpu, w, rb * n_out);
+    free(w);
+    pair_buf X = pair_new(x, (size_t)T * n_in * sizeof(float));
+    pair_buf Ws = pair_new(ws, rb * N_SAMPLE);
+    pair_buf Ys = pair_out((size_t)T * N_SAMPLE * sizeof(float));
+    uint8_t *nan = kt_xmalloc((size_t)T * n_out * sizeof(float));
+    memset(nan, 0xff, (size_t)T * n_out * sizeof(float));
+    float *Yg = kt_dev(gpu, nan, (size_t)T * n_out * sizeof(float));
+    free(nan);
+    assert_int_equal(gpu->iface->matmul(gpu, Yg, Wg, type, X.g, T, n_in, n_out), CAIRN_OK);
+    assert_int_equal(cpu->iface->matmul(cpu, Ys.c, Ws.c, type, X.c, T, n_in, N_SAMPLE), CAIRN_OK);
+    float *g = kt_host(gpu, Yg, (size_t)T * n_out * sizeof(float));
+    float *c = kt_host(cpu, Ys.c, Ys.bytes);
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < N_SAMPLE; k++) {
+            char what[96];
+            snprintf(what, sizeof what, "matmul Q4_K %d x %d T=%d, row %d token %d", n_out, n_in,
+                     T, rows[k], t);
+            KT_CLOSE(g[(size_t)t * n_out + rows[k]], c[(size_t)t * N_SAMPLE + k],
+                     1e-5 * mag[(size_t)t * N_SAMPLE + k] + 1e-6, what, rows[k]);
+        }
+    for (size_t i = 0; i < (size_t)T * n_out; i++) /* every element written */
+        if (isnan(g[i]))
+            fail_msg("matmul Q4_K %d x %d: y[%zu] not written", n_out, n_in, i);
+    free(g);
+    free(c);
+    gpu->iface->free(gpu, Wg);
+    gpu->iface->free(gpu, Yg);
+    pair_free(&X);
+    pair_free(&Ws);
+    pair_free(&Ys);
+    free(ws);
+    free(wv);
+    free(mag);
+    free(x);
+}
+
+/* F16 weights on the cuBLAS path (T > 64) round activations to 16 bits; a
+ * NaN activation must stay NaN (it once became -65504) and an inf must not
+ * turn finite, as on the CPU and the GEMV path. */
+static void test_matmul_f16_nonfinite(void **state)
+{
+    (void)state;
+    kt_rng r = kt_rng_for("matmul_f16_nonfinite");
+    const int T = 70, n_in = 64, n_out = 5;
+    float *wv;
+    uint8_t *w = kt_random_weights(&r, CAIRN_TYPE_F16, n_out, n_in, 0.5f, 1.0f, &wv);
+    float *x = kt_xmalloc((size_t)T * n_in * sizeof(float));
+    kt_fill(&r, x, (size_t)T * n_in, 0.5f, 1.0f); /* all products positive */
+    x[3 * n_in + 7] = NAN;
+    x[5 * n_in + 9] = INFINITY;
+    x[6 * n_in + 1] = 1e6f; /* finite: saturates to 65504 in F16, stays finite */
+    pair_buf W = pair_new(w, cairn_type_row_bytes(CAIRN_TYPE_F16, n_in) * n_out);
+    pair_buf X = pair_new(x, (size_t)T * n_in * sizeof(float));
+    pair_buf Y = pair_out((size_t)T * n_out * sizeof(float));
+    assert_int_equal(gpu->iface->matmul(gpu, Y.g, W.g, CAIRN_TYPE_F16, X.g, T, n_in, n_out), CAIRN_OK);
+    float *g = kt_host(gpu, Y.g, Y.bytes);
+    for (int o = 0; o < n_out; o++) {
+        if (!isnan(g[3 * n_out + o]))
+            fail_msg("F16 matmul: NaN activation gave %g in row 3, output %d", g[3 * n_out + o], o);
+        if (!(isinf(g[5 * n_out + o]) && g[5 * n_out + o] > 0))
+            fail_msg("F16 matmul: +inf activation gave %g in row 5, output %d", g[5 * n_out + o], o);
+        if (!isfinite(g[6 * n_out + o]) || g[6 * n_out + o] < 65504.0f * 0.5f)
+            fail_msg("F16 matmul: a 1e6 activation gave %g in row 6, output %d", g[6 * n_out + o], o);
+        if (!isfinite(g[0 * n_out + o]))
+            fail_msg("F16 matmul: row 0 output %d is %g", o, g[o]);
+    }
+    free(g);
+    pair_free(&W);
+    pair_free(&X);
+    pair_free(&Y);
+    free(w);
+    free(wv);
+    free(x);
+}
+
+/* ---- the staging ring ------------------------------------------------------------ */
+
+/* More than the ring's first 4 MiB in one call (a 2048 x 2100 tree mask:
+ * the ring must grow), then far more than the ring across many calls issued
+ * without a wait in between (it must wrap, and no call may see another's
+ * index array). */
+static void test_staging(void **state)
+{
+    (void)state;
+    kt_rng r = kt_rng_for("staging");
+    {
+        cairn_kv_layout L;
+        assert_int_equal(cairn_kv_layout_init(&L, 1, 1, 16, 16, CAIRN_TYPE_F16), CAIRN_OK);
+        const int n_q = 2048, n_kv = 2100, n_head = 2, n_pages = (n_kv + 15) / 16;
+        int32_t *pages = kt_xmalloc((size_t)n_pages * 4), *slots = kt_xmalloc((size_t)n_kv * 4);
+        kt_permutation(&r, pages, n_pages);
+        for (int j = 0; j < n_kv; j++)
+            slots[j] = pages[j / 16] * 16 + j % 16;
+        const size_t kvn = (size_t)n_kv * 16, qn = (size_t)n_q * n_head * 16;
+        float *k = kt_xmalloc(kvn * 4), *v = kt_xmalloc(kvn * 4), *q = kt_xmalloc(qn * 4);
+        kt_fill(&r, k, kvn, -1, 1);
+        kt_fill(&r, v, kvn, -1, 1);
+        kt_fill(&r, q, qn, -1, 1);
+        uint8_t *mask = kt_xmalloc((size_t)n_q * n_kv);
+        for (size_t i = 0; i < (size_t)n_q * n_kv; i++)
+            mask[i] = (uint8_t)(kt_below(&r, 4) != 0);
+        pair_buf pool = pair_new(NULL, (size_t)n_pages * L.page_bytes);
+        pair_buf K = pair_new(k, kvn * 4), V = pair_new(v, kvn * 4), Q = pair_new(q, qn * 4);
+        pair_buf O = pair_out(qn * 4);
+        assert_int_equal(cpu->iface->kv_store(cpu, pool.c, &L, 0, K.c, V.c, slots, n_kv), CAIRN_OK);
+        assert_int_equal(gpu->iface->kv_store(gpu, pool.g, &L, 0, K.g, V.g, slots, n_kv), CAIRN_OK);
+        cairn_attn_seq seq = {0, n_q, n_kv, NULL, pages, mask};
+        cairn_attn_args a = {O.c, Q.c, pool.c, &L, 0, n_head, 0.25f, 1, &seq};
+        assert_int_equal(cpu->iface->attention(cpu, &a), CAIRN_OK);
+        a.out = O.g;
+        a.q = Q.g;
+        a.kv_pool = pool.g;
+        assert_int_equal(gpu->iface->attention(gpu, &a), CAIRN_OK);
+        float *c, *g;
+        pair_fetch(&O, &c, &g);
+        for (size_t i = 0; i < qn; i++)
+            KT_CLOSE(g[i], c[i], 2e-5, "attention with a 2048 x 2100 mask (4.3 MB staged)", i);
+        free(c);
+        free(g);
+        pair_free(&pool);
+        pair_free(&K);
+        pair_free(&V);
+        pair_free(&Q);
+        pair_free(&O);
+        free(pages);
+        free(slots);
+        free(k);
+        free(v);
+        free(q);
+        free(mask);
+    }
+    {
+        /* 96 get_rows calls of 65536 ids each: 24 MiB of ids through the
+         * ring, several wraps whatever size it has grown to */
+        enum { CALLS = 96, T = 65536, ROWS = 1000, D = 4 };
+        float tab[ROWS * D];
+        kt_fill(&r, tab, ROWS * D, -5, 5);
+        int32_t *ids = kt_xmalloc((size_t)CALLS * T * 4);
+        for (size_t i = 0; i < (size_t)CALLS * T; i++)
+            ids[i] = kt_below(&r, ROWS);
+        void *tg = kt_dev(gpu, tab, sizeof tab);
+        const size_t out_bytes = (size_t)CALLS * T * D * sizeof(float);
+        uint8_t *nan = kt_xmalloc(out_bytes);
+        memset(nan, 0xff, out_bytes);
+        float *og = kt_dev(gpu, nan, out_bytes);
+        free(nan);
+        for (int c = 0; c < CALLS; c++)
+            assert_int_equal(gpu->iface->get_rows(gpu, og + (size_t)c * T * D, tg, CAIRN_TYPE_F32,
+                                                  D, ids + (size_t)c * T, T),
+                             CAIRN_OK);
+        float *g = kt_host(gpu, og, out_bytes);
+        for (size_t i = 0; i < (size_t)CALLS * T; i++)
+            if (memcmp(g + i * D, tab + (size_t)ids[i] * D, D * sizeof(float)) != 0)
+                fail_msg("get_rows through a wrapping ring: call %zu, id %zu wrong", i / T, i % T);
+        free(g);
+        gpu->iface->free(gpu, tg);
+        gpu->iface->free(gpu, og);
+        free(ids);
+    }
 }
 
 /* ---- element-wise and per-row ops -------------------------------------------- */
@@ -267,7 +540,7 @@ static void test_rmsnorm(void **state)
         kt_fill(&r, x, (size_t)T * D, -3, 3);
         kt_fill(&r, w, (size_t)D, -2, 2);
         pair_buf X = pair_new(x, (size_t)T * D * 4), Wb = pair_new(w, (size_t)D * 4);
-        pair_buf O = pair_new(NULL, (size_t)T * D * 4);
+        pair_buf O = pair_out((size_t)T * D * 4);
         assert_int_equal(cpu->iface->rmsnorm(cpu, O.c, X.c, Wb.c, T, D, 1e-5f), CAIRN_OK);
         assert_int_equal(gpu->iface->rmsnorm(gpu, O.g, X.g, Wb.g, T, D, 1e-5f), CAIRN_OK);
         /* in place as well */
@@ -352,7 +625,7 @@ static void test_elementwise(void **state)
     kt_fill(&r, b, total, -3, 3);
     kt_fill(&r, bias, (size_t)n, -1, 1);
     pair_buf A = pair_new(a, total * 4), B = pair_new(b, total * 4), Bi = pair_new(bias, (size_t)n * 4);
-    pair_buf O = pair_new(NULL, total * 4);
+    pair_buf O = pair_out(total * 4);
     float *c, *g;
 
     assert_int_equal(cpu->iface->swiglu(cpu, O.c, A.c, B.c, total), CAIRN_OK);
@@ -425,37 +698,46 @@ static void test_softmax(void **state)
 
 /* ---- kv_store + attention ------------------------------------------------------ */
 
+/* Five sequences in one call, their rows laid out in q / out in a different
+ * order from the seqs array (so q_start is not the running sum of n_q):
+ *   0: a prefill of 37 rows over 37 KV (causal, tile kernel);
+ *   1: a decode row over 150 KV (row kernel);
+ *   2: a tree of 6 rows over 45 KV with a mask, one row seeing nothing;
+ *   3: a prefill of 20 rows after a cached prefix of 100 tokens: q_index
+ *      100 .. 119 over 120 KV (the tile kernel not starting at 0);
+ *   4: a single masked row over 30 KV (the row kernel with a mask). */
+enum { ATT_S = 5 };
+static const int att_n_kv[ATT_S] = {37, 150, 45, 120, 30}, att_n_q[ATT_S] = {37, 1, 6, 20, 1};
+/* first row of each sequence in q / out: 3 first, then 0, 2, 4, 1 */
+static const int att_q_start[ATT_S] = {20, 64, 57, 0, 63};
+#define ATT_ROWS 65
+
 static void check_attention(kt_rng *r, cairn_type dtype, int n_kv_head, int group, int head_dim,
                             int page_size, int alias_out)
 {
     cairn_kv_layout L;
     assert_int_equal(cairn_kv_layout_init(&L, 2, n_kv_head, head_dim, page_size, dtype), CAIRN_OK);
     const int n_head = n_kv_head * group, layer = 1;
-    const int n_pages = 64;
-    /* three sequences: a prefill of 37 rows over 37 KV (causal), a decode
-     * row over 150 KV, a tree of 6 rows over 45 KV with a mask (one row
-     * sees nothing) */
-    enum { S = 3 };
-    const int n_kv[S] = {37, 150, 45}, n_q[S] = {37, 1, 6};
-    int32_t perm[64];
+    int n_pages = 3; /* a few never used */
+    for (int s = 0; s < ATT_S; s++)
+        n_pages += (att_n_kv[s] + page_size - 1) / page_size;
+    int32_t *perm = kt_xmalloc((size_t)n_pages * sizeof(int32_t));
     kt_permutation(r, perm, n_pages); /* scattered pages, none shared */
-    int32_t *pages[S];
+    int32_t *pages[ATT_S];
     int used = 0;
-    for (int s = 0; s < S; s++) {
-        const int np = (n_kv[s] + page_size - 1) / page_size;
-        assert_true(used + np <= n_pages);
+    for (int s = 0; s < ATT_S; s++) {
         pages[s] = perm + used;
-        used += np;
+        used += (att_n_kv[s] + page_size - 1) / page_size;
     }
     /* Every KV entry of each sequence written with kv_store, in a few calls
      * of different sizes. */
     pair_buf pool = pair_new(NULL, (size_t)n_pages * L.page_bytes);
     const int width = n_kv_head * head_dim;
-    for (int s = 0; s < S; s++) {
-        for (int j0 = 0; j0 < n_kv[s];) {
+    for (int s = 0; s < ATT_S; s++) {
+        for (int j0 = 0; j0 < att_n_kv[s];) {
             int T = 1 + kt_below(r, 40);
-            if (T > n_kv[s] - j0)
-                T = n_kv[s] - j0;
+            if (T > att_n_kv[s] - j0)
+                T = att_n_kv[s] - j0;
             float *k = kt_xmalloc((size_t)T * width * 4), *v = kt_xmalloc((size_t)T * width * 4);
             kt_fill(r, k, (size_t)T * width, -1, 1);
             kt_fill(r, v, (size_t)T * width, -1, 1);
@@ -480,26 +762,29 @@ static void check_attention(kt_rng *r, cairn_type dtype, int n_kv_head, int grou
         free(g);
     }
 
-    int n_rows = 0;
-    for (int s = 0; s < S; s++)
-        n_rows += n_q[s];
-    const size_t qn = (size_t)n_rows * n_head * head_dim;
+    const size_t row_width = (size_t)n_head * head_dim, qn = (size_t)ATT_ROWS * row_width;
     float *q = kt_xmalloc(qn * 4);
     kt_fill(r, q, qn, -1.5f, 1.5f);
-    int32_t qidx0[37], qidx1[1] = {149};
+    int32_t qidx0[37], qidx1[1] = {149}, qidx3[20];
     for (int i = 0; i < 37; i++)
         qidx0[i] = i;
-    uint8_t *mask = kt_xmalloc((size_t)6 * 45);
+    for (int i = 0; i < 20; i++)
+        qidx3[i] = 100 + i;
+    uint8_t mask2[6 * 45], mask4[30];
     for (int i = 0; i < 6; i++)
         for (int j = 0; j < 45; j++)
-            mask[i * 45 + j] = i == 4 ? 0 : (j < 40 || kt_below(r, 2));
-    cairn_attn_seq seqs[S] = {
-        {0, 37, 37, qidx0, pages[0], NULL},
-        {37, 1, 150, qidx1, pages[1], NULL},
-        {38, 6, 45, NULL, pages[2], mask},
-    };
-    pair_buf Q = pair_new(q, qn * 4), O = pair_new(NULL, qn * 4);
-    cairn_attn_args a = {O.c, Q.c, pool.c, &L, layer, n_head, 1.0f / sqrtf((float)head_dim), S, seqs};
+            mask2[i * 45 + j] = i == 4 ? 0 : (j < 40 || kt_below(r, 2));
+    for (int j = 0; j < 30; j++)
+        mask4[j] = (uint8_t)(j % 3 != 1);
+    const int32_t *qidx[ATT_S] = {qidx0, qidx1, NULL, qidx3, NULL};
+    const uint8_t *masks[ATT_S] = {NULL, NULL, mask2, NULL, mask4};
+    cairn_attn_seq seqs[ATT_S];
+    for (int s = 0; s < ATT_S; s++)
+        seqs[s] = (cairn_attn_seq){att_q_start[s], att_n_q[s], att_n_kv[s], qidx[s], pages[s],
+                                   masks[s]};
+    pair_buf Q = pair_new(q, qn * 4), O = pair_out(qn * 4);
+    cairn_attn_args a = {O.c, Q.c, pool.c, &L, layer, n_head, 1.0f / sqrtf((float)head_dim),
+                         ATT_S, seqs};
     if (alias_out)
         a.out = Q.c;
     assert_int_equal(cpu->iface->attention(cpu, &a), CAIRN_OK);
@@ -517,14 +802,14 @@ static void check_attention(kt_rng *r, cairn_type dtype, int n_kv_head, int grou
     for (size_t i = 0; i < qn; i++)
         KT_CLOSE(g[i], c[i], 2e-5, what, i);
     /* the masked-out row is zeros */
-    for (int d = 0; d < n_head * head_dim; d++)
-        assert_true(g[(size_t)(38 + 4) * n_head * head_dim + d] == 0.0f);
+    for (size_t d = 0; d < row_width; d++)
+        assert_true(g[(size_t)(att_q_start[2] + 4) * row_width + d] == 0.0f);
     free(c);
     free(g);
 
-    /* edge rules: q_index beyond n_kv, negative page */
+    /* edge rules: q_index beyond n_kv */
     int32_t bad_q[1] = {150};
-    cairn_attn_seq bad = {37, 1, 150, bad_q, pages[1], NULL};
+    cairn_attn_seq bad = {att_q_start[1], 1, 150, bad_q, pages[1], NULL};
     a.n_seqs = 1;
     a.seqs = &bad;
     assert_int_equal(gpu->iface->attention(gpu, &a), CAIRN_EINVAL);
@@ -533,7 +818,7 @@ static void check_attention(kt_rng *r, cairn_type dtype, int n_kv_head, int grou
     pair_free(&O);
     pair_free(&pool);
     free(q);
-    free(mask);
+    free(perm);
 }
 
 static void test_attention(void **state)
@@ -545,25 +830,111 @@ static void test_attention(void **state)
     check_attention(&r, CAIRN_TYPE_F16, 1, 3, 40, 7, 1);   /* odd sizes, out == q */
     check_attention(&r, CAIRN_TYPE_F32, 4, 1, 256, 32, 0); /* no GQA, wide heads */
     check_attention(&r, CAIRN_TYPE_F16, 2, 2, 8, 4, 0);    /* stories260K's head */
+    check_attention(&r, CAIRN_TYPE_F16, 1, 2, 512, 16, 0); /* the widest head: 4 dims a thread */
+}
+
+/* A KV pool above 4.5 GiB, written and read at its last pages: every page
+ * and row offset must be computed in 64 bits. The GPU pool's pages are
+ * compared with a small CPU pool holding the same rows at renumbered pages,
+ * then attention (a decode row and a 20-row prefill) over the far pages.
+ * Skipped with a message when the device cannot allocate the pool; on the
+ * CPU harness the pool is 64 MiB (the offsets are the GPU's concern). */
+static void test_kv_pool_high_offsets(void **state)
+{
+    (void)state;
+    kt_rng r = kt_rng_for("kv_pool_high_offsets");
+    cairn_kv_layout L;
+    /* 128 KiB pages: 2 layers x K,V x 16 rows x 8 heads x 128 x F16 */
+    assert_int_equal(cairn_kv_layout_init(&L, 2, 8, 128, 16, CAIRN_TYPE_F16), CAIRN_OK);
+    const size_t want_bytes = harness ? (size_t)64 << 20 : (size_t)4700 << 20;
+    const int n_pages = (int)(want_bytes / L.page_bytes);
+    if (harness)
+        printf("kv_pool_high_offsets: CPU harness, a 64 MiB pool instead of 4.6 GiB\n");
+    void *big = NULL;
+    const int arc = gpu->iface->alloc(gpu, (size_t)n_pages * L.page_bytes, &big);
+    if (arc == CAIRN_ENOMEM) {
+        printf("SKIP kv_pool_high_offsets: the device cannot allocate %.1f GiB\n",
+               (double)n_pages * L.page_bytes / (1 << 30));
+        skip();
+    }
+    assert_int_equal(arc, CAIRN_OK);
+    enum { NP = 7, N_KV = 100, LAYER = 1 };
+    /* the sequence's pages: the pool's last ones, scattered */
+    int32_t far[NP], near[NP];
+    for (int i = 0; i < NP; i++) {
+        far[i] = n_pages - 1 - (i * 3) % NP - (i % 2) * NP;
+        near[i] = i;
+    }
+    const int width = L.n_kv_head * L.head_dim, n_head = 16;
+    float *k = kt_xmalloc((size_t)N_KV * width * 4), *v = kt_xmalloc((size_t)N_KV * width * 4);
+    kt_fill(&r, k, (size_t)N_KV * width, -1, 1);
+    kt_fill(&r, v, (size_t)N_KV * width, -1, 1);
+    int32_t sf[N_KV], sn[N_KV];
+    for (int j = 0; j < N_KV; j++) {
+        sf[j] = far[j / 16] * 16 + j % 16;
+        sn[j] = near[j / 16] * 16 + j % 16;
+    }
+    pair_buf K = pair_new(k, (size_t)N_KV * width * 4), V = pair_new(v, (size_t)N_KV * width * 4);
+    void *small = kt_dev(cpu, NULL, (size_t)NP * L.page_bytes);
+    assert_int_equal(gpu->iface->kv_store(gpu, big, &L, LAYER, K.g, V.g, sf, N_KV), CAIRN_OK);
+    assert_int_equal(cpu->iface->kv_store(cpu, small, &L, LAYER, K.c, V.c, sn, N_KV), CAIRN_OK);
+    uint8_t *page = kt_xmalloc(L.page_bytes);
+    for (int i = 0; i < NP; i++) {
+        assert_int_equal(gpu->iface->download(gpu, page, (uint8_t *)big + (size_t)far[i] * L.page_bytes,
+                                              L.page_bytes),
+                         CAIRN_OK);
+        char what[64];
+        snprintf(what, sizeof what, "kv_store at page %d of %d", far[i], n_pages);
+        KT_SAME_BYTES(page, (uint8_t *)small + (size_t)i * L.page_bytes, L.page_bytes, what);
+    }
+    const size_t qn = (size_t)21 * n_head * L.head_dim;
+    float *q = kt_xmalloc(qn * 4);
+    kt_fill(&r, q, qn, -1, 1);
+    int32_t qd[1] = {N_KV - 1}, qp[20];
+    for (int i = 0; i < 20; i++)
+        qp[i] = 60 + i;
+    cairn_attn_seq sg[2] = {{0, 1, N_KV, qd, far, NULL}, {1, 20, 80, qp, far, NULL}};
+    cairn_attn_seq sc[2] = {{0, 1, N_KV, qd, near, NULL}, {1, 20, 80, qp, near, NULL}};
+    pair_buf Q = pair_new(q, qn * 4), O = pair_out(qn * 4);
+    cairn_attn_args a = {O.c, Q.c, small, &L, LAYER, n_head, 0.088f, 2, sc};
+    assert_int_equal(cpu->iface->attention(cpu, &a), CAIRN_OK);
+    a = (cairn_attn_args){O.g, Q.g, big, &L, LAYER, n_head, 0.088f, 2, sg};
+    assert_int_equal(gpu->iface->attention(gpu, &a), CAIRN_OK);
+    float *c, *g;
+    pair_fetch(&O, &c, &g);
+    for (size_t i = 0; i < qn; i++)
+        KT_CLOSE(g[i], c[i], 2e-5, "attention over the last pages of a large pool", i);
+    free(c);
+    free(g);
+    pair_free(&Q);
+    pair_free(&O);
+    pair_free(&K);
+    pair_free(&V);
+    cpu->iface->free(cpu, small);
+    gpu->iface->free(gpu, big);
+    free(page);
+    free(q);
+    free(k);
+    free(v);
 }
 
 int main(void)
 {
-    cairn_backend *probe = NULL;
-    if (kt_open_device(&probe) != CAIRN_OK) {
-        printf("SKIP: no CUDA device available (cairn_backend_cuda_create failed); the gpu "
-               "tests run only on a machine with an NVIDIA GPU\n");
-        return 77;
-    }
-    gpu = probe;
+    const int open_rc = gpu_test_open(&gpu, "gpu_ops");
+    if (open_rc != 0)
+        return open_rc;
+    harness = gpu_test_is_harness();
     cpu = kt_cpu(2);
     kt_init_seed("gpu_ops");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_memory),     cmocka_unit_test(test_supports_type),
         cmocka_unit_test(test_get_rows),
-        cmocka_unit_test(test_matmul),     cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_matmul),     cmocka_unit_test(test_matmul_two_chunks),
+        cmocka_unit_test(test_matmul_f16_nonfinite),
+        cmocka_unit_test(test_staging),    cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_rope),       cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_softmax),    cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_kv_pool_high_offsets),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     cairn_backend_destroy(cpu);

@@ -14,6 +14,11 @@
  * of the exact result (the bound derived in test_cpu_attention.c, with
  * delta = (head_dim + 2) eps max_j S_j), so the two are within 2 tol_ref of
  * each other; the 1- and 3-thread vector results must agree bitwise.
+ *
+ * q_start: the same five query rows split into two sequences listed out of
+ * row order (the second sequence's rows come first in q / out), so q_start
+ * is not the running sum of n_q. Each row's computation is unchanged, so
+ * every backend must give the single-sequence result bit for bit.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -35,8 +40,8 @@ enum { N_LAYER = 2, LAYER = 1, N_KV_HEAD = 2, HEAD_DIM = 64, N_HEAD = 6, PAGE = 
 /* Fill a pool with N_KV random K/V rows for LAYER, run one attention call
  * and return the output [N_Q][N_HEAD * HEAD_DIM]. Same rng seed -> same
  * data on every backend. */
-static float *run(cairn_backend *be, cairn_type dtype, uint64_t seed, int masked, float *max_v,
-                  float *max_s)
+static float *run(cairn_backend *be, cairn_type dtype, uint64_t seed, int masked, int split,
+                  float *max_v, float *max_s)
 {
     kt_rng rng = {seed};
     cairn_kv_layout L;
@@ -80,10 +85,18 @@ static float *run(cairn_backend *be, cairn_type dtype, uint64_t seed, int masked
     float *dq = kt_dev(be, q, sizeof(float) * N_Q * qw);
     float *dout = kt_dev(be, NULL, sizeof(float) * N_Q * qw);
     assert_int_equal(be->iface->kv_store(be, pool, &L, LAYER, dk, dv, slots, N_KV), CAIRN_OK);
-    cairn_attn_seq seq = {.q_start = 0, .n_q = N_Q, .n_kv = N_KV, .q_index = q_index,
-                          .pages = pages, .mask = masked ? mask : NULL};
+    cairn_attn_seq seq[2] = {{.q_start = 0, .n_q = N_Q, .n_kv = N_KV, .q_index = q_index,
+                              .pages = pages, .mask = masked ? mask : NULL}};
+    if (split) {
+        /* rows 2..4 listed first, then rows 0..1: q_start 2, then 0 */
+        seq[0] = (cairn_attn_seq){.q_start = 2, .n_q = N_Q - 2, .n_kv = N_KV,
+                                  .q_index = q_index + 2, .pages = pages,
+                                  .mask = masked ? mask + 2 * N_KV : NULL};
+        seq[1] = (cairn_attn_seq){.q_start = 0, .n_q = 2, .n_kv = N_KV, .q_index = q_index,
+                                  .pages = pages, .mask = masked ? mask : NULL};
+    }
     cairn_attn_args a = {.out = dout, .q = dq, .kv_pool = pool, .kv = &L, .layer = LAYER,
-                         .n_head = N_HEAD, .scale = scale, .n_seqs = 1, .seqs = &seq};
+                         .n_head = N_HEAD, .scale = scale, .n_seqs = split ? 2 : 1, .seqs = seq};
     assert_int_equal(be->iface->attention(be, &a), CAIRN_OK);
     float *out = kt_host(be, dout, sizeof(float) * N_Q * qw);
     be->iface->free(be, dout);
@@ -110,9 +123,9 @@ static void test_vector_matches_scalar(void **state)
         for (int masked = 0; masked <= 1; masked++) {
             const uint64_t seed = kt_next(&seeds);
             float max_v, max_s;
-            float *want = run(scalar, dtypes[di], seed, masked, &max_v, &max_s);
-            float *got = run(vec1, dtypes[di], seed, masked, &max_v, &max_s);
-            float *got3 = run(vec3, dtypes[di], seed, masked, &max_v, &max_s);
+            float *want = run(scalar, dtypes[di], seed, masked, 0, &max_v, &max_s);
+            float *got = run(vec1, dtypes[di], seed, masked, 0, &max_v, &max_s);
+            float *got3 = run(vec3, dtypes[di], seed, masked, 0, &max_v, &max_s);
             char what[64];
             snprintf(what, sizeof what, "attention %s%s", cairn_type_get(dtypes[di])->name,
                      masked ? " masked" : "");
@@ -133,11 +146,40 @@ static void test_vector_matches_scalar(void **state)
     cairn_backend_destroy(vec3);
 }
 
+/* Sequences out of row order: every backend writes each row where its own
+ * q_start puts it (the vector kernel once used the flattened row). */
+static void test_q_start_not_cumulative(void **state)
+{
+    (void)state;
+    kt_rng seeds = kt_rng_for("attention_simd_q_start");
+    cairn_backend *be[3] = {kt_cpu_isa("scalar", 1, 0), kt_cpu_isa("avx512", 1, 0),
+                            kt_cpu_isa("avx512", 3, 0)};
+    const char *names[3] = {"scalar", "avx512 x1", "avx512 x3"};
+    const size_t bytes = (size_t)N_Q * N_HEAD * HEAD_DIM * sizeof(float);
+    for (int masked = 0; masked <= 1; masked++) {
+        const uint64_t seed = kt_next(&seeds);
+        for (int b = 0; b < 3; b++) {
+            float max_v, max_s;
+            float *one = run(be[b], CAIRN_TYPE_F16, seed, masked, 0, &max_v, &max_s);
+            float *split = run(be[b], CAIRN_TYPE_F16, seed, masked, 1, &max_v, &max_s);
+            char what[80];
+            snprintf(what, sizeof what, "%s%s: two sequences out of row order vs one",
+                     names[b], masked ? " masked" : "");
+            KT_SAME_BYTES(split, one, bytes, what);
+            free(one);
+            free(split);
+        }
+    }
+    for (int b = 0; b < 3; b++)
+        cairn_backend_destroy(be[b]);
+}
+
 int main(void)
 {
     kt_init_seed("kernels_cpu_attention_simd");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vector_matches_scalar),
+        cmocka_unit_test(test_q_start_not_cumulative),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
