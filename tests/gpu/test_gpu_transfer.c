@@ -14,8 +14,8 @@
  *   - host→device→host round trips of many pages are byte-exact;
  *   - page-locked memory comes zeroed; device memory figures are sane.
  *
- * Random inputs are seeded (rerun with CAIRN_TEST_SEED). Exits 77 (ctest:
- * skipped) when there is no CUDA device. With CAIRN_GPU_TEST_BACKEND=cpu the
+ * Random inputs are seeded (rerun with CAIRN_TEST_SEED). Skips, fails or
+ * runs as gpu_probe.h says (77 only when there is no CUDA device at all). With CAIRN_GPU_TEST_BACKEND=cpu the
  * CPU backend stands in, which has none of these slots: the wrappers'
  * synchronous fallbacks are then what is checked, and the harness with them.
  */
@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu_probe.h"
 #include "tests/support/support.h"
 
 static cairn_backend *cpu, *gpu;
@@ -270,13 +271,9 @@ static void test_round_trip(void **state)
 
 int main(void)
 {
-    cairn_backend *probe = NULL;
-    if (kt_open_device(&probe) != CAIRN_OK) {
-        printf("SKIP: no CUDA device available (cairn_backend_cuda_create failed); the gpu "
-               "tests run only on a machine with an NVIDIA GPU\n");
-        return 77;
-    }
-    gpu = probe;
+    const int open_rc = gpu_test_open(&gpu, "gpu_transfer");
+    if (open_rc != 0)
+        return open_rc;
     cpu = kt_cpu(2);
     kt_init_seed("gpu_transfer");
     const struct CMUnitTest tests[] = {
