@@ -393,7 +393,8 @@ int cuda_attention(cairn_backend *be, const cairn_attn_args *a)
             }
         }
     }
-    if ((rc = cuda_stage_send(ctx, host, dev, total)) != CAIRN_OK)
+    /* every layer of a step stages the same tables: sent once per step */
+    if ((rc = cuda_stage_commit(ctx, host, &dev, total)) != CAIRN_OK)
         return rc;
 
     const int f16 = L->dtype == CAIRN_TYPE_F16;

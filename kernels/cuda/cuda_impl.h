@@ -52,6 +52,17 @@ typedef struct {
     uint8_t *stage_host;
     uint8_t *stage_dev;
     size_t stage_cap, stage_used;
+    /* Regions sent in this epoch of the ring (it ends when the ring wraps
+     * or grows), so identical arrays are sent once: every layer of a step
+     * stages the same positions, slots and page tables. */
+    uint64_t stage_epoch;
+    struct {
+        const uint8_t *host;
+        uint8_t *dev;
+        size_t bytes;
+        uint64_t epoch;
+    } stage_sent[8];
+    unsigned stage_next_sent;
     /* Device scratch for matmul (activations converted to 16 bits, or a
      * chunk of dequantized weight rows); grown, never shrunk. */
     void *scratch;
@@ -121,6 +132,11 @@ int cuda_enter(cairn_backend *be);
 int cuda_stage_reserve(cuda_ctx *ctx, size_t bytes, uint8_t **host, uint8_t **dev);
 /* Enqueue the copy of a reserved region to the device. */
 int cuda_stage_send(cuda_ctx *ctx, uint8_t *host, uint8_t *dev, size_t bytes);
+/* Send a region just reserved and filled — unless the same bytes went to
+ * the device earlier in this epoch of the ring: then the region is given
+ * back and *dev becomes the earlier copy (ordered before every later op on
+ * the stream, and untouched until the ring wraps). */
+int cuda_stage_commit(cuda_ctx *ctx, uint8_t *host, uint8_t **dev, size_t bytes);
 /* Both at once for one host array: *dev receives its device copy. */
 int cuda_stage_copy(cuda_ctx *ctx, const void *src, size_t bytes, const void **dev);
 
