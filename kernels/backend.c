@@ -254,6 +254,22 @@ int cairn_backend_memory_info(cairn_backend *be, size_t *free_bytes, size_t *tot
     return be->iface->memory_info(be, free_bytes, total_bytes);
 }
 
+int cairn_backend_graph_begin(cairn_backend *be, uint64_t key)
+{
+    if (!be)
+        return CAIRN_EINVAL;
+    if (!be->iface->graph_begin)
+        return CAIRN_EUNSUPPORTED;
+    return be->iface->graph_begin(be, key);
+}
+
+int cairn_backend_graph_end(cairn_backend *be)
+{
+    if (!be || !be->iface->graph_end)
+        return CAIRN_EINVAL; /* there was no CAIRN_OK from graph_begin */
+    return be->iface->graph_end(be);
+}
+
 #ifndef CAIRN_HAVE_CUDA
 int cairn_backend_cuda_create(int device, cairn_backend **out)
 {
@@ -266,5 +282,12 @@ int cairn_backend_cuda_create(int device, cairn_backend **out)
 int cairn_backend_cuda_device_count(void)
 {
     return 0;
+}
+
+int cairn_backend_cuda_graph_stats(const cairn_backend *be, uint64_t *launched,
+                                   uint64_t *abandoned)
+{
+    (void)be, (void)launched, (void)abandoned;
+    return CAIRN_EUNSUPPORTED;
 }
 #endif

@@ -194,6 +194,8 @@ typedef struct cairn_backend cairn_backend;
  *                  fallback hands out has passed)
  *   memory_info    CAIRN_EUNSUPPORTED            memory is not the backend's
  *                                                to count (the CPU's is RAM)
+ *   graph_begin,   CAIRN_EUNSUPPORTED (the ops   launching ops costs nothing
+ *   graph_end      run as they are issued)       worth saving (the CPU)
  *
  * Required: name, destroy, alloc, free, upload, download, get_rows, matmul,
  * rmsnorm, rope, swiglu, add, add_bias, softmax, kv_store, attention.
@@ -300,7 +302,28 @@ typedef struct {
 
     /* OPTIONAL. Free and total bytes of backend memory now. */
     int (*memory_info)(cairn_backend *be, size_t *free_bytes, size_t *total_bytes);
+
+    /* OPTIONAL (see "Step graphs" below the table). graph_begin: CAIRN_OK
+     * when the ops issued from now on are recorded, not run, until
+     * graph_end; anything else means they run as usual. graph_end: run what
+     * was recorded, as one launch (CAIRN_OK), or CAIRN_EBUSY when the
+     * recording could not be used — then NONE of those ops has run, and the
+     * caller issues them again without a graph. */
+    int (*graph_begin)(cairn_backend *be, uint64_t key);
+    int (*graph_end)(cairn_backend *be);
 } cairn_backend_iface;
+
+/* Step graphs
+ * -----------
+ * A device launches each op separately, and between two launches it idles.
+ * A caller that issues the same kind of work over and over (a decode step:
+ * the same ops for the same batch size, only positions and page tables
+ * change) may bracket it: graph_begin(key) ... ops ... graph_end. The ops
+ * in between may only be ops of the table's compute part — no upload,
+ * download, alloc, free, synchronize or transfer — and must not depend on
+ * each other's results on the host. Results are exactly those of running
+ * the ops one by one; `key` (the caller's, e.g. the batch size) only says
+ * which earlier recording is worth updating instead of making anew. */
 
 struct cairn_backend {
     const cairn_backend_iface *iface;
@@ -327,6 +350,13 @@ int cairn_backend_cuda_create(int device, cairn_backend **out);
  * present but the runtime cannot use it. Tells "no GPU here" apart from "a
  * GPU the backend failed to open" (the gpu tests skip only on the first). */
 int cairn_backend_cuda_device_count(void);
+
+/* What a CUDA backend's step graphs did (kernels/cuda/cuda_graph.cu):
+ * steps launched as one graph, and captures given up (those steps ran op by
+ * op). CAIRN_EUNSUPPORTED for another backend, or graphs off (they are on
+ * with CAIRN_CUDA_GRAPHS=1 in the environment when the backend is made). */
+int cairn_backend_cuda_graph_stats(const cairn_backend *be, uint64_t *launched,
+                                   uint64_t *abandoned);
 
 /* Destroy any backend; NULL is a no-op. All memory allocated from it must
  * have been freed first. */
@@ -370,6 +400,14 @@ int cairn_backend_fence_wait(cairn_backend *be, uint64_t fence, int block);
 /* Free and total backend memory: CAIRN_EUNSUPPORTED when the backend does
  * not count its memory (the CPU: it is the process's RAM). */
 int cairn_backend_memory_info(cairn_backend *be, size_t *free_bytes, size_t *total_bytes);
+
+/* Start recording a step (CAIRN_OK), or CAIRN_EUNSUPPORTED / another status
+ * when the ops will just run (the caller goes on either way, and must only
+ * call cairn_backend_graph_end after CAIRN_OK). */
+int cairn_backend_graph_begin(cairn_backend *be, uint64_t key);
+/* Run the recorded step: CAIRN_OK, or CAIRN_EBUSY when none of it ran (issue
+ * the ops again without a graph); other statuses are device failures. */
+int cairn_backend_graph_end(cairn_backend *be);
 
 #ifdef __cplusplus
 }

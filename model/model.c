@@ -582,17 +582,13 @@ static int stage_batch(cairn_model *m, const cairn_kv_layout *kv, const cairn_se
     return CAIRN_OK;
 }
 
-/* features: NULL, or host [T][dim] for every token of the batch (not only
- * the wanted rows): what a server keeping an EAGLE head's KV needs. */
-static int forward(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
-                   const cairn_seq_batch *seqs, int n_seqs, float *logits, float *hidden,
-                   float *features, int *n_out)
+/* The ops of a forward over the staged batch (stage_batch): embeddings,
+ * layers, the wanted rows' logits. logits, hidden, features: host outputs
+ * downloaded here (each may be NULL; with logits NULL the last chunk's
+ * logits stay in m->logits). */
+static int forward_ops(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv, int n_seqs, int T,
+                       int n_o, float *logits, float *hidden, float *features)
 {
-    if (!m || !kv_pool || !kv || !seqs || !n_out)
-        return CAIRN_EINVAL;
-    int T, n_o;
-    TRY(stage_batch(m, kv, seqs, n_seqs, &T, &n_o));
-
     cairn_backend *be = m->be;
     const cairn_backend_iface *op = be->iface;
     const cairn_hparams *hp = &m->hp;
@@ -664,6 +660,54 @@ static int forward(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
         TRY(op->rmsnorm(be, m->out_rows, m->x, m->output_norm.data, T, dim, hp->rms_eps));
         TRY(op->download(be, features, m->out_rows, (size_t)T * dim * sizeof(float)));
     }
+    return CAIRN_OK;
+}
+
+/* A decode step — one new token a sequence, no tree mask, only logits out,
+ * all of them in one projection chunk — is the same ops every step for the
+ * same batch size: on a device it runs as one graph (kernels/backend.h,
+ * "Step graphs"), with exactly the results of running the ops one by one. */
+static bool is_decode_step(const cairn_seq_batch *seqs, int n_seqs, int n_o, const float *hidden,
+                           const float *features)
+{
+    if (hidden || features || n_o != n_seqs || n_o > LOGIT_CHUNK)
+        return false;
+    for (int s = 0; s < n_seqs; s++)
+        if (seqs[s].n_tokens != 1 || seqs[s].mask)
+            return false;
+    return true;
+}
+
+/* features: NULL, or host [T][dim] for every token of the batch (not only
+ * the wanted rows): what a server keeping an EAGLE head's KV needs. */
+static int forward(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
+                   const cairn_seq_batch *seqs, int n_seqs, float *logits, float *hidden,
+                   float *features, int *n_out)
+{
+    if (!m || !kv_pool || !kv || !seqs || !n_out)
+        return CAIRN_EINVAL;
+    int T, n_o;
+    TRY(stage_batch(m, kv, seqs, n_seqs, &T, &n_o));
+    cairn_backend *be = m->be;
+    if (is_decode_step(seqs, n_seqs, n_o, hidden, features) &&
+        cairn_backend_graph_begin(be, (uint64_t)T) == CAIRN_OK) {
+        /* recorded, then run as one launch; downloads come after */
+        const int rc = forward_ops(m, kv_pool, kv, n_seqs, T, n_o, NULL, NULL, NULL);
+        const int end = cairn_backend_graph_end(be);
+        if (rc == CAIRN_OK && end == CAIRN_OK) {
+            if (logits)
+                TRY(be->iface->download(be, logits, m->logits,
+                                        (size_t)n_o * m->hp.n_vocab * sizeof(float)));
+            TRY(cairn_backend_synchronize(be));
+            *n_out = n_o;
+            return CAIRN_OK;
+        }
+        if (end != CAIRN_OK && end != CAIRN_EBUSY)
+            return end; /* the device failed */
+        /* CAIRN_EBUSY: none of it ran; an op that failed while recording
+         * fails again below, with its own status */
+    }
+    TRY(forward_ops(m, kv_pool, kv, n_seqs, T, n_o, logits, hidden, features));
     TRY(cairn_backend_synchronize(be));
     *n_out = n_o;
     return CAIRN_OK;

@@ -220,6 +220,8 @@ static void blas_load_once(void)
     BLAS_SYM(sgemm, cublasSgemm_v2)
     BLAS_SYM(gemm_ex, cublasGemmEx)
 #undef BLAS_SYM
+    /* optional: only step graphs need it */
+    api.set_workspace = (decltype(api.set_workspace))dlsym(lib, "cublasSetWorkspace_v2");
     cuda_blas = api; /* the library stays loaded for the process's life */
     blas_status = CAIRN_OK;
 }
@@ -232,6 +234,8 @@ int cuda_blas_load(void)
 
 /* CAIRN_CUDA_SYNC=1: wait after every kernel (debugging; see cuda_impl.h). */
 static int debug_sync;
+
+int cuda_debug_sync(void) { return debug_sync; }
 
 int cuda_launched(const char *what)
 {
@@ -357,6 +361,22 @@ int cuda_stage_reserve(cuda_ctx *ctx, size_t bytes, uint8_t **host, uint8_t **de
     return CAIRN_OK;
 }
 
+int cuda_stage_rewind(cuda_ctx *ctx, size_t room)
+{
+    if (ctx->stage_cap - ctx->stage_used >= room)
+        return CAIRN_OK;
+    if (room > ctx->stage_cap) {
+        size_t cap = ctx->stage_cap ? ctx->stage_cap : STAGE_INITIAL_BYTES;
+        while (cap < room)
+            cap *= 2;
+        return stage_grow(ctx, cap);
+    }
+    CUDA_TRY(cudaStreamSynchronize(ctx->stream));
+    ctx->stage_used = 0;
+    ctx->stage_epoch++;
+    return CAIRN_OK;
+}
+
 int cuda_stage_send(cuda_ctx *ctx, uint8_t *host, uint8_t *dev, size_t bytes)
 {
     CUDA_TRY(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, ctx->stream));
@@ -442,6 +462,7 @@ static void cuda_destroy(cairn_backend *be)
         cudaSetDevice(ctx->device);
         if (ctx->stream)
             cudaStreamSynchronize(ctx->stream);
+        cuda_graphs_free(ctx);
         cuda_transfers_free(ctx);
         stage_release(ctx);
         if (ctx->scratch)
@@ -578,6 +599,7 @@ static void cuda_iface_init(void)
     cuda_iface.kv_store = cuda_kv_store;
     cuda_iface.attention = cuda_attention;
     cuda_transfer_iface(&cuda_iface);
+    cuda_graph_iface(&cuda_iface);
 }
 
 extern "C" int cairn_backend_cuda_device_count(void)
@@ -662,8 +684,8 @@ extern "C" int cairn_backend_cuda_create(int device, cairn_backend **out)
                CUBLAS_STATUS_SUCCESS) {
         /* DEFAULT_MATH: F32 GEMMs stay in full F32 (no TF32 down-conversion). */
         rc = cublas_fail("cublasSetMathMode", st);
-    } else {
-        rc = stage_grow(ctx, STAGE_INITIAL_BYTES);
+    } else if ((rc = stage_grow(ctx, STAGE_INITIAL_BYTES)) == CAIRN_OK) {
+        rc = cuda_graphs_init(ctx);
     }
     if (rc != CAIRN_OK) {
         cuda_destroy(be);

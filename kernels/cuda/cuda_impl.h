@@ -14,6 +14,7 @@
  *   cuda_attention.cu  attention over the paged KV pool
  *   cuda_transfer.cu   page transfers on a copy stream, fences, pinned
  *                      host memory, device memory figures
+ *   cuda_graph.cu      a decode step captured and launched as one graph
  *
  * Execution model: every op is enqueued on the one stream the backend owns
  * and returns without waiting; download() and synchronize() wait. Host index
@@ -43,6 +44,8 @@
 
 /* The copy stream and fences of page transfers (cuda_transfer.cu). */
 typedef struct cuda_transfers cuda_transfers;
+/* Decode steps captured as graphs (cuda_graph.cu). */
+typedef struct cuda_graphs cuda_graphs;
 
 typedef struct {
     int device;
@@ -69,6 +72,7 @@ typedef struct {
     size_t scratch_cap;
     char name[256]; /* the device name, for logs */
     cuda_transfers *xfer; /* NULL until the first transfer */
+    cuda_graphs *graphs;  /* NULL: steps run eagerly (CAIRN_CUDA_GRAPHS unset) */
 } cuda_ctx;
 
 static inline cuda_ctx *cuda_ctx_of(cairn_backend *be)
@@ -115,6 +119,7 @@ typedef struct {
     decltype(&cublasSetMathMode) set_math_mode;
     decltype(&cublasSgemm_v2) sgemm;
     cuda_gemm_ex_checked gemm_ex;
+    decltype(&cublasSetWorkspace_v2) set_workspace; /* NULL when absent (graphs stay off) */
 } cuda_blas_api;
 extern cuda_blas_api cuda_blas;
 /* Load it once (thread-safe); CAIRN_EUNSUPPORTED, logged, when the library
@@ -130,6 +135,11 @@ int cuda_enter(cairn_backend *be);
  * cuda_stage_send() has been called. Synchronizes the stream when the ring
  * wraps, and grows the ring when one request is larger than it. */
 int cuda_stage_reserve(cuda_ctx *ctx, size_t bytes, uint8_t **host, uint8_t **dev);
+/* Wait for the stream and start the ring over when fewer than `room`
+ * bytes are left (what a wrap does, done before a graph capture). */
+int cuda_stage_rewind(cuda_ctx *ctx, size_t room);
+/* CAIRN_CUDA_SYNC=1: every kernel is waited for (no graphs then). */
+int cuda_debug_sync(void);
 /* Enqueue the copy of a reserved region to the device. */
 int cuda_stage_send(cuda_ctx *ctx, uint8_t *host, uint8_t *dev, size_t bytes);
 /* Send a region just reserved and filled — unless the same bytes went to
@@ -144,6 +154,12 @@ int cuda_stage_copy(cuda_ctx *ctx, const void *src, size_t bytes, const void **d
 int cuda_scratch_reserve(cuda_ctx *ctx, size_t bytes, void **out);
 
 /* ---- transfers (cuda_transfer.cu) ----------------------------------------- */
+
+/* Set graph_begin and graph_end; make (with CAIRN_CUDA_GRAPHS=1) or free
+ * what they keep. */
+void cuda_graph_iface(cairn_backend_iface *t);
+int cuda_graphs_init(cuda_ctx *ctx);
+void cuda_graphs_free(cuda_ctx *ctx);
 
 /* Set host_alloc, host_free, transfer, fence_wait and memory_info. */
 void cuda_transfer_iface(cairn_backend_iface *t);

@@ -16,7 +16,10 @@ if(CAIRN_HAVE_CUDA)
   cairn_add_test(gpu_transfer
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gpu_transfer.c
     LABELS gpu TIMEOUT 300)
-  set_tests_properties(gpu_ops gpu_model gpu_transfer PROPERTIES SKIP_RETURN_CODE 77)
+  cairn_add_test(gpu_graph
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gpu_graph.c
+    LABELS gpu TIMEOUT 300 ARGS ${CAIRN_MODEL})
+  set_tests_properties(gpu_ops gpu_model gpu_transfer gpu_graph PROPERTIES SKIP_RETURN_CODE 77)
 
   # The other weight types and model code paths, on tiny random models
   # written at test time: BF16 with Llama 3 rope_freqs, Q8_0 qwen2 (biases,
@@ -39,6 +42,9 @@ if(CAIRN_HAVE_CUDA)
     set_tests_properties(gpu_synthetic_${tag} PROPERTIES
       FIXTURES_SETUP gpu_synthetic_${tag} LABELS gpu)
     add_test(NAME gpu_model_${tag} COMMAND gpu_model ${GPU_SYN}-${tag}.gguf loose)
+    add_test(NAME gpu_graph_${tag} COMMAND gpu_graph ${GPU_SYN}-${tag}.gguf)
+    set_tests_properties(gpu_graph_${tag} PROPERTIES
+      FIXTURES_REQUIRED gpu_synthetic_${tag} LABELS gpu TIMEOUT 300 SKIP_RETURN_CODE 77)
     set_tests_properties(gpu_model_${tag} PROPERTIES
       FIXTURES_REQUIRED gpu_synthetic_${tag} LABELS gpu TIMEOUT 300 SKIP_RETURN_CODE 77)
   endforeach()
@@ -48,7 +54,9 @@ if(CAIRN_HAVE_CUDA)
   add_test(NAME gpu_ops_harness COMMAND gpu_ops)
   add_test(NAME gpu_model_harness COMMAND gpu_model ${CAIRN_MODEL})
   add_test(NAME gpu_transfer_harness COMMAND gpu_transfer)
-  set_tests_properties(gpu_ops_harness gpu_model_harness gpu_transfer_harness PROPERTIES
+  add_test(NAME gpu_graph_harness COMMAND gpu_graph ${CAIRN_MODEL})
+  set_tests_properties(gpu_ops_harness gpu_model_harness gpu_transfer_harness gpu_graph_harness
+    PROPERTIES
     ENVIRONMENT "CAIRN_GPU_TEST_BACKEND=cpu" LABELS kernels TIMEOUT 120)
 
   # bench/gpu/run.sh's driver: batched decode and prefill throughput (its
