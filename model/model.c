@@ -82,6 +82,12 @@ struct cairn_model {
     int feature_layers[CAIRN_MAX_FEATURE_LAYERS], n_feature_layers;
     float *layer_states;      /* backend [n][max_batch_tokens][dim] */
     float *layer_states_host; /* the same on the host, for interleaving */
+
+    /* cairn_model_forward_keep: every wanted row's logits, left in backend
+     * memory for sampling there; [logits_keep_rows][n_vocab], grown to the
+     * largest n_out asked for (none until the first such call). */
+    float *logits_keep;
+    int logits_keep_rows;
 };
 
 /* ---- hyper-parameters -------------------------------------------------- */
@@ -498,6 +504,8 @@ void cairn_model_free(cairn_model *m)
         be->iface->free(be, m->weights_mem);
     if (m->layer_states)
         be->iface->free(be, m->layer_states);
+    if (m->logits_keep)
+        be->iface->free(be, m->logits_keep);
     free(m->layer_states_host);
     free(m->tokens);
     free(m->pos);
@@ -584,14 +592,38 @@ static int stage_batch(cairn_model *m, const cairn_kv_layout *kv, const cairn_se
 
 /* features: NULL, or host [T][dim] for every token of the batch (not only
  * the wanted rows): what a server keeping an EAGLE head's KV needs. */
+/* The keep buffer with room for n_o rows (its old rows are not kept). */
+static int reserve_logits_keep(cairn_model *m, int n_o)
+{
+    if (n_o <= m->logits_keep_rows)
+        return CAIRN_OK;
+    cairn_backend *be = m->be;
+    if (m->logits_keep)
+        be->iface->free(be, m->logits_keep);
+    m->logits_keep = NULL;
+    m->logits_keep_rows = 0;
+    /* whole chunks, so a batch that grows by a row or two does not
+     * reallocate every step */
+    const int rows = (n_o + LOGIT_CHUNK - 1) / LOGIT_CHUNK * LOGIT_CHUNK;
+    TRY(be->iface->alloc(be, (size_t)rows * m->hp.n_vocab * sizeof(float),
+                         (void **)&m->logits_keep));
+    m->logits_keep_rows = rows;
+    return CAIRN_OK;
+}
+
+/* keep: the logits go to m->logits_keep [n_o][n_vocab] in one projection
+ * and stay there (`logits` is then unused); else they are projected chunk
+ * by chunk through m->logits and downloaded into `logits` when it is set. */
 static int forward(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
                    const cairn_seq_batch *seqs, int n_seqs, float *logits, float *hidden,
-                   float *features, int *n_out)
+                   float *features, bool keep, int *n_out)
 {
     if (!m || !kv_pool || !kv || !seqs || !n_out)
         return CAIRN_EINVAL;
     int T, n_o;
     TRY(stage_batch(m, kv, seqs, n_seqs, &T, &n_o));
+    if (keep)
+        TRY(reserve_logits_keep(m, n_o));
 
     cairn_backend *be = m->be;
     const cairn_backend_iface *op = be->iface;
@@ -642,9 +674,12 @@ static int forward(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
             TRY(op->download(be, hidden, m->out_rows, (size_t)n_o * dim * sizeof(float)));
         for (int r = 0; r < n_o; r += LOGIT_CHUNK) {
             int rows = n_o - r < LOGIT_CHUNK ? n_o - r : LOGIT_CHUNK;
-            TRY(op->matmul(be, m->logits, m->output.data, m->output.type,
+            /* kept rows go through the same chunked projection, so they are
+             * the very values the download path would have returned */
+            float *dst = keep ? m->logits_keep + (size_t)r * hp->n_vocab : m->logits;
+            TRY(op->matmul(be, dst, m->output.data, m->output.type,
                            m->out_rows + (size_t)r * dim, rows, dim, hp->n_vocab));
-            if (logits)
+            if (logits && !keep)
                 TRY(op->download(be, logits + (size_t)r * hp->n_vocab, m->logits,
                                  (size_t)rows * hp->n_vocab * sizeof(float)));
         }
@@ -673,7 +708,7 @@ int cairn_model_forward(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv
                         const cairn_seq_batch *seqs, int n_seqs, float *logits, float *hidden,
                         int *n_out)
 {
-    return forward(m, kv_pool, kv, seqs, n_seqs, logits, hidden, NULL, n_out);
+    return forward(m, kv_pool, kv, seqs, n_seqs, logits, hidden, NULL, false, n_out);
 }
 
 int cairn_model_forward_features(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
@@ -682,7 +717,18 @@ int cairn_model_forward_features(cairn_model *m, void *kv_pool, const cairn_kv_l
 {
     if (!features)
         return CAIRN_EINVAL;
-    return forward(m, kv_pool, kv, seqs, n_seqs, logits, NULL, features, n_out);
+    return forward(m, kv_pool, kv, seqs, n_seqs, logits, NULL, features, false, n_out);
+}
+
+int cairn_model_forward_keep(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
+                             const cairn_seq_batch *seqs, int n_seqs, float *features,
+                             const float **logits, int *n_out)
+{
+    if (!logits)
+        return CAIRN_EINVAL;
+    TRY(forward(m, kv_pool, kv, seqs, n_seqs, NULL, NULL, features, true, n_out));
+    *logits = m->logits_keep; /* NULL when no row was wanted */
+    return CAIRN_OK;
 }
 
 int cairn_model_set_feature_layers(cairn_model *m, const int *layers, int n)
