@@ -72,9 +72,9 @@ typedef struct {
  * compares them equal and breaks the tie by id. */
 static __device__ __forceinline__ uint32_t fkey(float f)
 {
-    if (f == 0.0f)
-        f = 0.0f;
-    const uint32_t b = __float_as_uint(f);
+    uint32_t b = __float_as_uint(f);
+    if ((b & 0x7fffffffu) == 0)
+        b = 0; /* -0 -> +0 */
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
