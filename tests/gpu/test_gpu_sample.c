@@ -56,6 +56,15 @@
 
 enum { ROWS = 64, LP_ROW = 1 + CAIRN_SAMPLE_MAX_LOGPROBS, BIG_VOCAB = 151936 };
 
+/* Draws per setting (a build may lower them for a quick run, e.g. of the
+ * kernel under an emulator; the checks scale with them). */
+#ifndef GPU_SAMPLE_DRAWS
+#define GPU_SAMPLE_DRAWS 20000
+#endif
+#ifndef GPU_SAMPLE_DRAWS_FALLBACK_LARGE
+#define GPU_SAMPLE_DRAWS_FALLBACK_LARGE 640
+#endif
+
 static cairn_backend *dev;
 static int have_slot;
 static const char *model_path;
@@ -288,14 +297,14 @@ static void check_settings(int n, int draws)
 static void test_draws_small_vocab(void **state)
 {
     (void)state;
-    check_settings(1000, 20000);
+    check_settings(1000, GPU_SAMPLE_DRAWS);
 }
 
 static void test_draws_large_vocab(void **state)
 {
     (void)state;
     /* the CPU sampler in the fallback and the twins takes ~ms a draw here */
-    check_settings(BIG_VOCAB, have_slot ? 20000 : 640);
+    check_settings(BIG_VOCAB, have_slot ? GPU_SAMPLE_DRAWS : GPU_SAMPLE_DRAWS_FALLBACK_LARGE);
 }
 
 /* ---- greedy, logprobs, refusals ------------------------------------------------- */
