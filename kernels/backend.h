@@ -191,6 +191,7 @@ typedef struct {
 } cairn_sample_logprob;
 
 typedef struct {
+    int row;           /* the row of `logits` this draws from, >= 0        */
     /* the sampler's settings (cairn_sampling_params, already validated) */
     float temperature; /* <= 0: greedy (argmax, ties to the lowest id)    */
     int top_k;         /* <= 0 or >= n_vocab: off                          */
@@ -355,8 +356,9 @@ typedef struct {
     /* OPTIONAL. Free and total bytes of backend memory now. */
     int (*memory_info)(cairn_backend *be, size_t *free_bytes, size_t *total_bytes);
 
-    /* OPTIONAL. One token for each of n_rows rows of logits [n_rows][n_vocab]
-     * (backend memory, e.g. what cairn_model_forward_keep leaves there),
+    /* OPTIONAL. One token for each of rows[0 .. n_rows), row i drawn from
+     * row rows[i].row of logits [..][n_vocab] (backend memory, e.g. what
+     * cairn_model_forward_keep leaves there; a row may be drawn from twice),
      * drawn as the CPU sampler draws from the same row with the same
      * settings and draw u (cairn_sample_row): bias, penalties, the grammar
      * mask, NaN as -inf, then greedy, or top-k, top-p, min-p, temperature

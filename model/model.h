@@ -279,7 +279,8 @@ void cairn_sampler_skip_uniform(cairn_sampler *s);
  * cairn_sampler_sample's do, and nothing is accepted (the caller calls
  * cairn_sampler_accept for tokens it keeps). */
 typedef struct {
-    cairn_sampler *sampler;  /* the row's sampler (its n_vocab is the row's)    */
+    int row;                 /* the row of the logits it draws from           */
+    cairn_sampler *sampler;  /* the request's sampler (its n_vocab the rows')  */
     const uint32_t *allowed; /* optional grammar mask, n_vocab bits (bit t of
                                 word t/32), 1 = allowed: disallowed logits are
                                 -inf before sampling and logprobs (what
@@ -294,7 +295,8 @@ typedef struct cairn_sample_batch cairn_sample_batch;
 int cairn_sample_batch_create(cairn_backend *be, int n_vocab, int max_rows,
                               cairn_sample_batch **out);
 void cairn_sample_batch_free(cairn_sample_batch *b);
-/* Sample rows 0 .. n_rows-1 of `logits` (backend memory [n_rows][n_vocab]).
+/* Sample n_rows requests (reqs[i] from row reqs[i].row of `logits`,
+ * backend memory [..][n_vocab]; a step samples only the rows it needs).
  *   tokens  host [n_rows]
  *   status  host [n_rows]: CAIRN_OK, or what cairn_sampler_sample returns
  *           for that row (CAIRN_EINVAL: no finite maximum); tokens[r] is
@@ -303,8 +305,8 @@ void cairn_sample_batch_free(cairn_sample_batch *b);
  *           for rows with want_logprobs, as cairn_sampler_sample's chosen
  *           and top
  * Returns CAIRN_OK when every row has its status; CAIRN_EINVAL for bad
- * arguments (a sampler of another vocabulary, n_rows outside 1 ..
- * max_rows; nothing sampled), CAIRN_ENOMEM, or a backend failure: then no
+ * arguments (a sampler of another vocabulary, a negative row, n_rows
+ * outside 1 .. max_rows; nothing sampled), CAIRN_ENOMEM, or a backend failure: then no
  * status is valid (the device path advanced no generator; the fallback may
  * have sampled the rows before the failed download). */
 int cairn_sample_batch_run(cairn_sample_batch *b, const float *logits, int n_rows,

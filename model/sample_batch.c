@@ -85,7 +85,7 @@ static int run_on_host(cairn_sample_batch *b, const float *logits, int n_rows,
     const cairn_backend_iface *op = b->be->iface;
     const size_t row_bytes = (size_t)b->n_vocab * sizeof(float);
     for (int r = 0; r < n_rows; r++) {
-        int rc = op->download(b->be, b->row, logits + (size_t)r * b->n_vocab, row_bytes);
+        int rc = op->download(b->be, b->row, logits + (size_t)reqs[r].row * b->n_vocab, row_bytes);
         if (rc != CAIRN_OK)
             return rc; /* rows before r were sampled: their generators moved */
         const uint32_t *allowed = reqs[r].allowed;
@@ -126,7 +126,8 @@ int cairn_sample_batch_run(cairn_sample_batch *b, const float *logits, int n_row
         return CAIRN_EINVAL;
     size_t pen_need = 0;
     for (int r = 0; r < n_rows; r++) {
-        if (!reqs[r].sampler || cairn_sampler_n_vocab(reqs[r].sampler) != b->n_vocab)
+        if (!reqs[r].sampler || cairn_sampler_n_vocab(reqs[r].sampler) != b->n_vocab ||
+            reqs[r].row < 0)
             return CAIRN_EINVAL;
         const cairn_sampling_params *p = cairn_sampler_params(reqs[r].sampler);
         if (cairn_sampling_has_penalties(p))
@@ -146,6 +147,7 @@ int cairn_sample_batch_run(cairn_sample_batch *b, const float *logits, int n_row
         cairn_sample_penalty *pen = b->pen + pen_used;
         cairn_sample_bias *bias = b->bias + (size_t)r * CAIRN_MAX_LOGIT_BIAS;
         *row = (cairn_sample_row){
+            .row = reqs[r].row,
             .temperature = p->temperature,
             .top_k = p->top_k,
             .top_p = p->top_p,

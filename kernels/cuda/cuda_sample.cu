@@ -60,7 +60,7 @@ typedef struct {
     double u;
     float temperature, top_p, min_p, log_min_p;
     float repeat, frequency, presence;
-    int top_k, n_pen, n_bias, want_lp, n_lp;
+    int row, top_k, n_pen, n_bias, want_lp, n_lp;
     int has_allowed;
     size_t allowed_off, pen_off, bias_off; /* bytes from the block's start */
 } dev_row;
@@ -444,7 +444,7 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS)
     __shared__ row_shared sh;
     const int row_i = blockIdx.x, n = n_vocab;
     const dev_row *r = (const dev_row *)block + row_i;
-    const float *raw = logits + (size_t)row_i * n;
+    const float *raw = logits + (size_t)r->row * n;
     float *work = work_all + (size_t)row_i * n;
     const uint32_t *allowed =
         r->has_allowed ? (const uint32_t *)(block + r->allowed_off) : NULL;
@@ -581,7 +581,7 @@ int cuda_sample_rows(cairn_backend *be, const float *logits, int n_rows, int n_v
     size_t bytes = align16((size_t)n_rows * sizeof(dev_row));
     for (int i = 0; i < n_rows; i++) {
         const cairn_sample_row *r = &rows[i];
-        if (r->n_penalties < 0 || r->n_bias < 0 || (r->n_penalties > 0 && !r->penalties) ||
+        if (r->row < 0 || r->n_penalties < 0 || r->n_bias < 0 || (r->n_penalties > 0 && !r->penalties) ||
             (r->n_bias > 0 && !r->bias) || r->n_logprobs < 0 ||
             r->n_logprobs > CAIRN_SAMPLE_MAX_LOGPROBS || !(r->u >= 0.0 && r->u < 1.0) ||
             !(r->min_p >= 0.0f && r->min_p <= 1.0f) || !(r->top_p > 0.0f && r->top_p <= 1.0f) ||
@@ -616,6 +616,7 @@ int cuda_sample_rows(cairn_backend *be, const float *logits, int n_rows, int n_v
         dev_row d;
         memset(&d, 0, sizeof d);
         d.u = r->u;
+        d.row = r->row;
         d.temperature = r->temperature;
         d.top_p = r->top_p;
         d.min_p = r->min_p;

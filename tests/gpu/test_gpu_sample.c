@@ -206,7 +206,8 @@ static void check_setting(const setting *st, int n, int draws)
     assert_int_equal(cairn_sample_batch_create(dev, n, ROWS, &b), CAIRN_OK);
     cairn_sample_req reqs[ROWS];
     for (int r = 0; r < ROWS; r++)
-        reqs[r] = (cairn_sample_req){.sampler = on_dev[r], .allowed = st->mask ? bits : NULL};
+        reqs[r] = (cairn_sample_req){.row = r, .sampler = on_dev[r],
+                                     .allowed = st->mask ? bits : NULL};
     int32_t tok[ROWS];
     int status[ROWS];
     int disagree = 0, excluded = 0;
@@ -338,14 +339,16 @@ static void run_case(const batch_case *c, int *n_refused)
             cairn_sampler_accept(s[r], (int32_t)((r + 3 * i) % c->n));
             cairn_sampler_accept(twin[r], (int32_t)((r + 3 * i) % c->n));
         }
-        reqs[r] = (cairn_sample_req){.sampler = s[r], .allowed = c->allowed[r],
+        /* request r draws from the rows in reverse: not the identity */
+        reqs[r] = (cairn_sample_req){.row = c->rows - 1 - r, .sampler = s[r],
+                                     .allowed = c->allowed[r],
                                      .want_logprobs = c->want_lp};
     }
     cairn_sample_batch *b = NULL;
     assert_int_equal(cairn_sample_batch_create(dev, c->n, c->rows, &b), CAIRN_OK);
     assert_int_equal(cairn_sample_batch_run(b, d, c->rows, reqs, tok, status, lp), CAIRN_OK);
     for (int r = 0; r < c->rows; r++) {
-        memcpy(row, c->host + (size_t)r * c->n, (size_t)c->n * sizeof(float));
+        memcpy(row, c->host + (size_t)(c->rows - 1 - r) * c->n, (size_t)c->n * sizeof(float));
         mask_row(row, c->allowed[r], c->n);
         int32_t want = -1;
         const int rc = cairn_sampler_sample(twin[r], row, &want, c->want_lp ? &want_lp[0] : NULL,
@@ -503,8 +506,10 @@ static void test_refusals(void **state)
         host[5 * N + i] = i % 2 ? NAN : -INFINITY;
     }
     host[3 * N + 17] = INFINITY; /* a +inf */
-    allowed[4] = none;           /* masked to nothing */
-    /* rows 0 and 6 are ordinary and must still be sampled */
+    /* run_case's request r draws from row R-1-r: request 2 from ordinary
+     * row 4, masked to nothing; requests 0 and 6 (rows 6 and 0) are
+     * ordinary and must still be sampled */
+    allowed[2] = none;
     batch_case c = {.n = N, .rows = R, .host = host, .allowed = allowed, .p = p, .want_lp = true};
     int refused = 0;
     run_case(&c, &refused);
@@ -561,7 +566,7 @@ static void test_forward_keep(void **state)
     cairn_sampling_params gp = plain(0.0f);
     for (int r = 0; r < T; r++) {
         assert_int_equal(cairn_sampler_create(&gp, n, &s[r]), CAIRN_OK);
-        reqs[r] = (cairn_sample_req){.sampler = s[r]};
+        reqs[r] = (cairn_sample_req){.row = r, .sampler = s[r]};
     }
     cairn_sample_batch *b = NULL;
     assert_int_equal(cairn_sample_batch_create(dev, n, T, &b), CAIRN_OK);

@@ -135,7 +135,8 @@ static void check_against_host(int n_vocab)
             const bool with_mask = r % 3 == 1 || r == 9;
             if (with_mask)
                 fill_mask(&g, bits + (size_t)r * words, n_vocab, r, step);
-            reqs[r] = (cairn_sample_req){.sampler = mine[r],
+            /* request r draws from row 5r mod N_ROWS: not the identity */
+            reqs[r] = (cairn_sample_req){.row = (r * 5) % N_ROWS, .sampler = mine[r],
                                          .allowed = with_mask ? bits + (size_t)r * words : NULL,
                                          .want_logprobs = r % 2 == 0};
         }
@@ -145,7 +146,7 @@ static void check_against_host(int n_vocab)
         assert_int_equal(cairn_sample_batch_run(b, dev, N_ROWS, reqs, tokens, status, lp),
                          CAIRN_OK);
         for (int r = 0; r < N_ROWS; r++) {
-            memcpy(row, host + (size_t)r * n_vocab, (size_t)n_vocab * sizeof(float));
+            memcpy(row, host + (size_t)reqs[r].row * n_vocab, (size_t)n_vocab * sizeof(float));
             if (reqs[r].allowed) {
                 mask_row(row, reqs[r].allowed, n_vocab);
                 masked++;
@@ -226,6 +227,7 @@ static int rec_sample_rows(cairn_backend *be, const float *logits, int n_rows, i
         assert_int_equal(cpu_iface->download(be, row, logits + (size_t)r * n_vocab,
                                              (size_t)n_vocab * sizeof(float)),
                          CAIRN_OK);
+        assert_int_equal(rows[r].row, r);
         tokens[r] = r == rec_refuse ? -1 : support_argmax(row, n_vocab);
     }
     free(row);
@@ -270,7 +272,8 @@ static void test_slot_receives_sampler_state(void **state)
             bits[r][0] = (uint32_t)kt_next(&g);
             bits[r][1] = (uint32_t)kt_next(&g);
             reqs[r] = (cairn_sample_req){
-                .sampler = s[r], .allowed = r % 2 ? bits[r] : NULL, .want_logprobs = r % 3 == 0};
+                .row = r, .sampler = s[r], .allowed = r % 2 ? bits[r] : NULL,
+                .want_logprobs = r % 3 == 0};
         }
         assert_int_equal(cairn_sample_batch_run(b, dev, N_ROWS, reqs, tokens, status, NULL),
                          CAIRN_OK);
@@ -368,7 +371,7 @@ static void test_bad_calls(void **state)
     assert_int_equal(cairn_sampler_create(&p, 10, &s10), CAIRN_OK);
     assert_int_equal(cairn_sampler_create(&p, 11, &s11), CAIRN_OK);
     float *dev = kt_dev(be, NULL, 3 * 11 * sizeof(float));
-    cairn_sample_req reqs[3] = {{.sampler = s10}, {.sampler = s10}, {.sampler = s10}};
+    cairn_sample_req reqs[3] = {{.sampler = s10}, {.row = 1, .sampler = s10}, {.sampler = s10}};
     int32_t tok[3];
     int st[3];
     assert_int_equal(cairn_sample_batch_run(b, dev, 3, reqs, tok, st, NULL), CAIRN_EINVAL);
@@ -379,6 +382,9 @@ static void test_bad_calls(void **state)
     reqs[1].sampler = NULL;
     assert_int_equal(cairn_sample_batch_run(b, dev, 2, reqs, tok, st, NULL), CAIRN_EINVAL);
     reqs[1].sampler = s10;
+    reqs[1].row = -1;
+    assert_int_equal(cairn_sample_batch_run(b, dev, 2, reqs, tok, st, NULL), CAIRN_EINVAL);
+    reqs[1].row = 1;
     /* zeros everywhere: a valid row (all ties; greedy or not, a token) */
     assert_int_equal(cairn_sample_batch_run(b, dev, 2, reqs, tok, st, NULL), CAIRN_OK);
     assert_int_equal(st[0], CAIRN_OK);
