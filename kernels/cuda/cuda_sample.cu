@@ -511,8 +511,8 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS)
         const double x = r->u * total;
         if (top_k_on || top_p_on) {
             prefix hit;
-            picked = select_mass(work, n, cand, wt, x, true, &hit, &sh) ? hit.id
-                                                                        : last_of(work, n, cand, &sh);
+            const bool found = select_mass(work, n, cand, wt, x, true, &hit, &sh);
+            picked = found ? hit.id : last_of(work, n, cand, &sh); /* x at the very end */
         } else {
             picked = draw_id_order(work, n, cand, wt, x, &sh);
         }
@@ -581,8 +581,9 @@ int cuda_sample_rows(cairn_backend *be, const float *logits, int n_rows, int n_v
     size_t bytes = align16((size_t)n_rows * sizeof(dev_row));
     for (int i = 0; i < n_rows; i++) {
         const cairn_sample_row *r = &rows[i];
-        if (r->row < 0 || r->n_penalties < 0 || r->n_bias < 0 || (r->n_penalties > 0 && !r->penalties) ||
-            (r->n_bias > 0 && !r->bias) || r->n_logprobs < 0 ||
+        if (r->row < 0 || r->n_penalties < 0 || r->n_bias < 0 ||
+            (r->n_penalties > 0 && !r->penalties) || (r->n_bias > 0 && !r->bias) ||
+            r->n_logprobs < 0 ||
             r->n_logprobs > CAIRN_SAMPLE_MAX_LOGPROBS || !(r->u >= 0.0 && r->u < 1.0) ||
             !(r->min_p >= 0.0f && r->min_p <= 1.0f) || !(r->top_p > 0.0f && r->top_p <= 1.0f) ||
             !isfinite(r->temperature))
