@@ -165,11 +165,62 @@ int cairn_rope_args_check(const float *x, int T, int n_heads, int head_dim, cons
 
 typedef struct cairn_backend cairn_backend;
 
+/* ---- sampling on the device (the sample_rows slot) ----------------------
+ * One row of logits to one token, with the CPU sampler's semantics
+ * (model/sampler.c says them in full; model/sample_batch.c fills these rows
+ * from cairn_sampler state). Plain data: every pointer is host memory that
+ * only has to live through the call. */
+#define CAIRN_SAMPLE_MAX_LOGPROBS 20
+
+typedef struct {
+    int32_t token; /* in [0, n_vocab), each token at most once per row */
+    int32_t count; /* > 0: occurrences in the sampler's penalty window */
+    float bias;    /* the token's logit bias (0 without one): the penalty acts
+                      on the biased value, as on the CPU */
+} cairn_sample_penalty;
+
+typedef struct {
+    int32_t token; /* in [0, n_vocab); a token listed twice carries the same
+                      bias both times (the sampler's "last wins" resolved) */
+    float bias;
+} cairn_sample_bias;
+
+typedef struct {
+    int32_t token; /* -1 past a vocabulary smaller than n_logprobs */
+    float logprob;
+} cairn_sample_logprob;
+
+typedef struct {
+    int row;           /* the row of `logits` this draws from, >= 0        */
+    /* the sampler's settings (cairn_sampling_params, already validated) */
+    float temperature; /* <= 0: greedy (argmax, ties to the lowest id)    */
+    int top_k;         /* <= 0 or >= n_vocab: off                          */
+    float top_p;       /* (0, 1]; 1: off                                   */
+    float min_p;       /* [0, 1]; 0: off                                   */
+    float repeat_penalty, frequency_penalty, presence_penalty;
+    /* penalties[n_penalties]: applied only when n_penalties > 0, i.e. the
+     * sampler has penalties in effect (cairn_sampling_has_penalties) */
+    int n_penalties;
+    const cairn_sample_penalty *penalties;
+    int n_bias;
+    const cairn_sample_bias *bias;
+    /* Optional grammar mask, n_vocab bits (bit t = word t/32, bit t%32),
+     * 1 = allowed. A disallowed token's logit is -inf BEFORE anything else,
+     * logprobs included: what masking the row on the host and then calling
+     * the sampler does. NULL: every token allowed. */
+    const uint32_t *allowed;
+    int want_logprobs; /* nonzero: the chosen token's logprob, lp[0]      */
+    int n_logprobs;    /* 0 .. CAIRN_SAMPLE_MAX_LOGPROBS best alternatives  */
+    /* The draw, uniform in [0, 1), from the row's own generator (the host
+     * draws it exactly as cairn_sampler_sample would). Unused when greedy. */
+    double u;
+} cairn_sample_row;
+
 /* The table a backend implements.
  *
  * Required and optional slots
  * ---------------------------
- * Every slot must be set except the three marked OPTIONAL, which a new
+ * Every slot must be set except those marked OPTIONAL, which a new
  * backend may leave NULL. Code outside the backend never calls an optional
  * slot directly but its wrapper (below the table: cairn_backend_supports_type,
  * cairn_backend_synchronize, cairn_backend_copy), which runs the slot when
@@ -196,6 +247,11 @@ typedef struct cairn_backend cairn_backend;
  *                                                to count (the CPU's is RAM)
  *   graph_begin,   CAIRN_EUNSUPPORTED (the ops   launching ops costs nothing
  *   graph_end      run as they are issued)       worth saving (the CPU)
+ *   sample_rows    download the rows and run     always (the same tokens,
+ *                  the CPU sampler: written in   only a [rows][n_vocab]
+ *                  model/ (cairn_sample_batch_   download slower)
+ *                  run), the one layer that
+ *                  knows the sampler
  *
  * Required: name, destroy, alloc, free, upload, download, get_rows, matmul,
  * rmsnorm, rope, swiglu, add, add_bias, softmax, kv_store, attention.
@@ -311,6 +367,27 @@ typedef struct {
      * caller issues them again without a graph. */
     int (*graph_begin)(cairn_backend *be, uint64_t key);
     int (*graph_end)(cairn_backend *be);
+
+    /* OPTIONAL. One token for each of rows[0 .. n_rows), row i drawn from
+     * row rows[i].row of logits [..][n_vocab] (backend memory, e.g. what
+     * cairn_model_forward_keep leaves there; a row may be drawn from twice),
+     * drawn as the CPU sampler draws from the same row with the same
+     * settings and draw u (cairn_sample_row): bias, penalties, the grammar
+     * mask, NaN as -inf, then greedy, or top-k, top-p, min-p, temperature
+     * and the draw over the candidates in the CPU's cumulative order. Only
+     * the tokens and the logprobs asked for come back to the host:
+     *   tokens  host [n_rows]: the token, or -1 for a row the CPU sampler
+     *           refuses (no finite maximum after the mask: all NaN/-inf, or
+     *           any +inf);
+     *   lp      optional host [n_rows][1 + CAIRN_SAMPLE_MAX_LOGPROBS]: for a
+     *           row that asks, [0] the chosen token's logprob and [1 ..
+     *           n_logprobs] the best tokens of the raw (masked) row, best
+     *           first (ties to the lower id), as log-softmax of that row.
+     * Decisions equal the CPU's except where float rounding of a sum puts
+     * u or a top-p cut-off on the other side of a boundary (the backend
+     * states its tolerance). Returns when the results are on the host. */
+    int (*sample_rows)(cairn_backend *be, const float *logits, int n_rows, int n_vocab,
+                       const cairn_sample_row *rows, int32_t *tokens, cairn_sample_logprob *lp);
 } cairn_backend_iface;
 
 /* Step graphs

@@ -82,6 +82,12 @@ struct cairn_model {
     int feature_layers[CAIRN_MAX_FEATURE_LAYERS], n_feature_layers;
     float *layer_states;      /* backend [n][max_batch_tokens][dim] */
     float *layer_states_host; /* the same on the host, for interleaving */
+
+    /* cairn_model_forward_keep: every wanted row's logits, left in backend
+     * memory for sampling there; [logits_keep_rows][n_vocab], grown to the
+     * largest n_out asked for (none until the first such call). */
+    float *logits_keep;
+    int logits_keep_rows;
 };
 
 /* ---- hyper-parameters -------------------------------------------------- */
@@ -498,6 +504,8 @@ void cairn_model_free(cairn_model *m)
         be->iface->free(be, m->weights_mem);
     if (m->layer_states)
         be->iface->free(be, m->layer_states);
+    if (m->logits_keep)
+        be->iface->free(be, m->logits_keep);
     free(m->layer_states_host);
     free(m->tokens);
     free(m->pos);
@@ -582,12 +590,32 @@ static int stage_batch(cairn_model *m, const cairn_kv_layout *kv, const cairn_se
     return CAIRN_OK;
 }
 
+/* The keep buffer with room for n_o rows (its old rows are not kept). */
+static int reserve_logits_keep(cairn_model *m, int n_o)
+{
+    if (n_o <= m->logits_keep_rows)
+        return CAIRN_OK;
+    cairn_backend *be = m->be;
+    if (m->logits_keep)
+        be->iface->free(be, m->logits_keep);
+    m->logits_keep = NULL;
+    m->logits_keep_rows = 0;
+    /* whole chunks, so a batch that grows by a row or two does not
+     * reallocate every step */
+    const int rows = (n_o + LOGIT_CHUNK - 1) / LOGIT_CHUNK * LOGIT_CHUNK;
+    TRY(be->iface->alloc(be, (size_t)rows * m->hp.n_vocab * sizeof(float),
+                         (void **)&m->logits_keep));
+    m->logits_keep_rows = rows;
+    return CAIRN_OK;
+}
+
 /* The ops of a forward over the staged batch (stage_batch): embeddings,
  * layers, the wanted rows' logits. logits, hidden, features: host outputs
  * downloaded here (each may be NULL; with logits NULL the last chunk's
- * logits stay in m->logits). */
+ * logits stay in m->logits). keep: the logits go to m->logits_keep
+ * [n_o][n_vocab] and stay there (`logits` is then unused). */
 static int forward_ops(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv, int n_seqs, int T,
-                       int n_o, float *logits, float *hidden, float *features)
+                       int n_o, float *logits, float *hidden, float *features, bool keep)
 {
     cairn_backend *be = m->be;
     const cairn_backend_iface *op = be->iface;
@@ -638,9 +666,12 @@ static int forward_ops(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
             TRY(op->download(be, hidden, m->out_rows, (size_t)n_o * dim * sizeof(float)));
         for (int r = 0; r < n_o; r += LOGIT_CHUNK) {
             int rows = n_o - r < LOGIT_CHUNK ? n_o - r : LOGIT_CHUNK;
-            TRY(op->matmul(be, m->logits, m->output.data, m->output.type,
+            /* kept rows go through the same chunked projection, so they are
+             * the very values the download path would have returned */
+            float *dst = keep ? m->logits_keep + (size_t)r * hp->n_vocab : m->logits;
+            TRY(op->matmul(be, dst, m->output.data, m->output.type,
                            m->out_rows + (size_t)r * dim, rows, dim, hp->n_vocab));
-            if (logits)
+            if (logits && !keep)
                 TRY(op->download(be, logits + (size_t)r * hp->n_vocab, m->logits,
                                  (size_t)rows * hp->n_vocab * sizeof(float)));
         }
@@ -668,9 +699,11 @@ static int forward_ops(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
  * same batch size: on a device it runs as one graph (kernels/backend.h,
  * "Step graphs"), with exactly the results of running the ops one by one. */
 static bool is_decode_step(const cairn_seq_batch *seqs, int n_seqs, int n_o, const float *hidden,
-                           const float *features)
+                           const float *features, bool keep)
 {
-    if (hidden || features || n_o != n_seqs || n_o > LOGIT_CHUNK)
+    /* kept logits never leave the device; downloaded ones must fit the one
+     * chunk that is downloaded after the step */
+    if (hidden || features || n_o != n_seqs || (!keep && n_o > LOGIT_CHUNK))
         return false;
     for (int s = 0; s < n_seqs; s++)
         if (seqs[s].n_tokens != 1 || seqs[s].mask)
@@ -679,23 +712,26 @@ static bool is_decode_step(const cairn_seq_batch *seqs, int n_seqs, int n_o, con
 }
 
 /* features: NULL, or host [T][dim] for every token of the batch (not only
- * the wanted rows): what a server keeping an EAGLE head's KV needs. */
+ * the wanted rows): what a server keeping an EAGLE head's KV needs. keep:
+ * the logits stay in m->logits_keep (forward_ops). */
 static int forward(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
                    const cairn_seq_batch *seqs, int n_seqs, float *logits, float *hidden,
-                   float *features, int *n_out)
+                   float *features, bool keep, int *n_out)
 {
     if (!m || !kv_pool || !kv || !seqs || !n_out)
         return CAIRN_EINVAL;
     int T, n_o;
     TRY(stage_batch(m, kv, seqs, n_seqs, &T, &n_o));
+    if (keep)
+        TRY(reserve_logits_keep(m, n_o));
     cairn_backend *be = m->be;
-    if (is_decode_step(seqs, n_seqs, n_o, hidden, features) &&
-        cairn_backend_graph_begin(be, (uint64_t)T) == CAIRN_OK) {
+    if (is_decode_step(seqs, n_seqs, n_o, hidden, features, keep) &&
+        cairn_backend_graph_begin(be, (uint64_t)T * 2 + keep) == CAIRN_OK) {
         /* recorded, then run as one launch; downloads come after */
-        const int rc = forward_ops(m, kv_pool, kv, n_seqs, T, n_o, NULL, NULL, NULL);
+        const int rc = forward_ops(m, kv_pool, kv, n_seqs, T, n_o, NULL, NULL, NULL, keep);
         const int end = cairn_backend_graph_end(be);
         if (rc == CAIRN_OK && end == CAIRN_OK) {
-            if (logits)
+            if (logits && !keep)
                 TRY(be->iface->download(be, logits, m->logits,
                                         (size_t)n_o * m->hp.n_vocab * sizeof(float)));
             TRY(cairn_backend_synchronize(be));
@@ -707,7 +743,7 @@ static int forward(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
         /* CAIRN_EBUSY: none of it ran; an op that failed while recording
          * fails again below, with its own status */
     }
-    TRY(forward_ops(m, kv_pool, kv, n_seqs, T, n_o, logits, hidden, features));
+    TRY(forward_ops(m, kv_pool, kv, n_seqs, T, n_o, logits, hidden, features, keep));
     TRY(cairn_backend_synchronize(be));
     *n_out = n_o;
     return CAIRN_OK;
@@ -717,7 +753,7 @@ int cairn_model_forward(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv
                         const cairn_seq_batch *seqs, int n_seqs, float *logits, float *hidden,
                         int *n_out)
 {
-    return forward(m, kv_pool, kv, seqs, n_seqs, logits, hidden, NULL, n_out);
+    return forward(m, kv_pool, kv, seqs, n_seqs, logits, hidden, NULL, false, n_out);
 }
 
 int cairn_model_forward_features(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
@@ -726,7 +762,18 @@ int cairn_model_forward_features(cairn_model *m, void *kv_pool, const cairn_kv_l
 {
     if (!features)
         return CAIRN_EINVAL;
-    return forward(m, kv_pool, kv, seqs, n_seqs, logits, NULL, features, n_out);
+    return forward(m, kv_pool, kv, seqs, n_seqs, logits, NULL, features, false, n_out);
+}
+
+int cairn_model_forward_keep(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
+                             const cairn_seq_batch *seqs, int n_seqs, float *features,
+                             const float **logits, int *n_out)
+{
+    if (!logits)
+        return CAIRN_EINVAL;
+    TRY(forward(m, kv_pool, kv, seqs, n_seqs, NULL, NULL, features, true, n_out));
+    *logits = m->logits_keep; /* NULL when no row was wanted */
+    return CAIRN_OK;
 }
 
 int cairn_model_set_feature_layers(cairn_model *m, const int *layers, int n)

@@ -144,6 +144,16 @@ int cairn_model_forward_features(cairn_model *m, void *kv_pool, const cairn_kv_l
                                  const cairn_seq_batch *seqs, int n_seqs, float *logits,
                                  float *features, int *n_out);
 
+/* The forward with the logits left in backend memory: *logits receives the
+ * model's device buffer [n_out][n_vocab] (rows as cairn_model_forward's),
+ * valid until the next forward call on m; nothing [n_out][n_vocab] crosses
+ * to the host (cairn_sample_batch_run samples it where it is). features:
+ * NULL, or as cairn_model_forward_features's. The buffer grows to the
+ * largest n_out asked for (CAIRN_ENOMEM when the backend has no room). */
+int cairn_model_forward_keep(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
+                             const cairn_seq_batch *seqs, int n_seqs, float *features,
+                             const float **logits, int *n_out);
+
 #define CAIRN_MAX_FEATURE_LAYERS 4
 
 /* What cairn_model_forward_features returns from now on: with n > 0, the
@@ -238,6 +248,70 @@ int cairn_sampler_probs(cairn_sampler *s, const float *logits, float *probs);
 void cairn_sampler_accept(cairn_sampler *s, int32_t token);
 /* Forget accepted tokens and restart the generator from the seed. */
 void cairn_sampler_reset(cairn_sampler *s);
+
+/* ---- what a batched sampler reads ---------------------------------------
+ * cairn_sample_batch_run (below) hands a sampler's state to a backend that
+ * samples on the device; these export it without changing what
+ * cairn_sampler_sample does. */
+/* The settings the sampler was created with (owned by s). */
+const cairn_sampling_params *cairn_sampler_params(const cairn_sampler *s);
+int cairn_sampler_n_vocab(const cairn_sampler *s);
+/* The distinct tokens of the penalty window with their counts and logit
+ * biases into out[0 .. penalty_last_n); returns how many (0 when no
+ * penalty is in effect). */
+int cairn_sampler_window(cairn_sampler *s, cairn_sample_penalty *out);
+/* The logit-bias entries into out[0 .. n_logit_bias), each with the bias
+ * the sampler applies to its token; returns how many. */
+int cairn_sampler_bias_pairs(const cairn_sampler *s, cairn_sample_bias *out);
+/* The uniform draw in [0, 1) the next sampled (non-greedy, not refused)
+ * cairn_sampler_sample would make, without making it... */
+double cairn_sampler_peek_uniform(const cairn_sampler *s);
+/* ...and making it: the generator advances exactly as that call's would. */
+void cairn_sampler_skip_uniform(cairn_sampler *s);
+
+/* ---- sampling a batch of rows where the logits are ----------------------
+ * A decode step's logits [n_rows][n_vocab] stay in backend memory
+ * (cairn_model_forward_keep); each row is sampled by its own sampler. With
+ * a backend sample_rows slot (CUDA) the rows are sampled on the device and
+ * only tokens and asked-for logprobs come back; without one (the CPU) each
+ * row is downloaded and given to cairn_sampler_sample, which is exactly the
+ * host path, bit for bit. Either way the samplers' generators advance as
+ * cairn_sampler_sample's do, and nothing is accepted (the caller calls
+ * cairn_sampler_accept for tokens it keeps). */
+typedef struct {
+    int row;                 /* the row of the logits it draws from           */
+    cairn_sampler *sampler;  /* the request's sampler (its n_vocab the rows')  */
+    const uint32_t *allowed; /* optional grammar mask, n_vocab bits (bit t of
+                                word t/32), 1 = allowed: disallowed logits are
+                                -inf before sampling and logprobs (what
+                                cairn_grammar_matcher_mask on the row does)   */
+    bool want_logprobs;      /* lp[row][0] = the chosen token's, then the
+                                sampler's n_logprobs best                     */
+} cairn_sample_req;
+
+typedef struct cairn_sample_batch cairn_sample_batch;
+
+/* For rows of n_vocab logits on `be` (borrowed), at most max_rows a call. */
+int cairn_sample_batch_create(cairn_backend *be, int n_vocab, int max_rows,
+                              cairn_sample_batch **out);
+void cairn_sample_batch_free(cairn_sample_batch *b);
+/* Sample n_rows requests (reqs[i] from row reqs[i].row of `logits`,
+ * backend memory [..][n_vocab]; a step samples only the rows it needs).
+ *   tokens  host [n_rows]
+ *   status  host [n_rows]: CAIRN_OK, or what cairn_sampler_sample returns
+ *           for that row (CAIRN_EINVAL: no finite maximum); tokens[r] is
+ *           then -1 and the row's generator does not advance
+ *   lp      optional host [n_rows][1 + CAIRN_SAMPLE_MAX_LOGPROBS], written
+ *           for rows with want_logprobs, as cairn_sampler_sample's chosen
+ *           and top
+ * Returns CAIRN_OK when every row has its status; CAIRN_EINVAL for bad
+ * arguments (a sampler of another vocabulary, a negative row, n_rows
+ * outside 1 .. max_rows; nothing sampled), CAIRN_ENOMEM, or a backend failure: then no
+ * status is valid (the device path advanced no generator; the fallback may
+ * have sampled the rows before the failed download). */
+int cairn_sample_batch_run(cairn_sample_batch *b, const float *logits, int n_rows,
+                           const cairn_sample_req *reqs, int32_t *tokens, int *status,
+                           cairn_token_logprob *lp);
 
 /* ======================================================================== */
 /* EAGLE heads, and how a draft tree is verified                            */

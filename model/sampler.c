@@ -514,3 +514,64 @@ int cairn_sampler_probs(cairn_sampler *s, const float *logits, float *probs)
         probs[s->cand[i]] = (float)(s->weight[i] / total);
     return CAIRN_OK;
 }
+
+/* ---- what a batched sampler reads (model/sample_batch.c) ---------------- */
+
+const cairn_sampling_params *cairn_sampler_params(const cairn_sampler *s)
+{
+    return s ? &s->params : NULL;
+}
+
+int cairn_sampler_n_vocab(const cairn_sampler *s)
+{
+    return s ? s->n_vocab : 0;
+}
+
+int cairn_sampler_window(cairn_sampler *s, cairn_sample_penalty *out)
+{
+    if (!s || !out || !cairn_sampling_has_penalties(&s->params))
+        return 0;
+    const int cap = s->params.penalty_last_n;
+    int n = 0;
+    /* A token occurs count[t] times in the ring; its first occurrence
+     * emits it and flips count[t] negative so the others are skipped, and
+     * the second pass restores the counts. O(window), nothing allocated. */
+    for (int i = 0; i < s->window_len; i++) {
+        int32_t t = s->window[(s->window_head + i) % cap];
+        if (s->count[t] <= 0)
+            continue;
+        out[n].token = t;
+        out[n].count = s->count[t];
+        out[n].bias = s->bias ? s->bias[t] : 0.0f;
+        s->count[t] = -s->count[t];
+        n++;
+    }
+    for (int i = 0; i < n; i++)
+        s->count[out[i].token] = out[i].count;
+    return n;
+}
+
+int cairn_sampler_bias_pairs(const cairn_sampler *s, cairn_sample_bias *out)
+{
+    if (!s || !out || !s->bias)
+        return 0;
+    const int n = s->params.n_logit_bias;
+    for (int i = 0; i < n; i++) {
+        const int32_t t = s->params.logit_bias[i].token;
+        out[i].token = t;
+        out[i].bias = s->bias[t]; /* the last listed bias of t, for every entry of t */
+    }
+    return n;
+}
+
+double cairn_sampler_peek_uniform(const cairn_sampler *s)
+{
+    cairn_rng copy = s->rng; /* the draw cairn_sampler_sample would make next */
+    return cairn_rng_uniform(&copy);
+}
+
+void cairn_sampler_skip_uniform(cairn_sampler *s)
+{
+    if (s)
+        (void)cairn_rng_uniform(&s->rng);
+}

@@ -317,11 +317,9 @@ int job_spec_create(cairn_service *s, job *j)
 }
 
 
-/* Sample the next token of `j` from `logits`; returns true when the job is
- * finished (finish reason set). */
-bool job_take_token(cairn_service *s, job *j, float *logits)
+/* The time to the first token, or since the last one, as a token is taken. */
+static void job_note_token_time(cairn_service *s, job *j)
 {
-    int32_t tok;
     double now = cairn_now();
     if (j->t_last_token == 0) {
         svc_histogram_observe(&s->stats.ttft, now - j->req->submitted_at);
@@ -330,6 +328,14 @@ bool job_take_token(cairn_service *s, job *j, float *logits)
         svc_histogram_observe(&s->stats.inter_token, now - j->t_last_token);
     }
     j->t_last_token = now;
+}
+
+/* Sample the next token of `j` from `logits`; returns true when the job is
+ * finished (finish reason set). */
+bool job_take_token(cairn_service *s, job *j, float *logits)
+{
+    int32_t tok;
+    job_note_token_time(s, j);
     /* structured output: tokens that cannot continue the document go */
     if (j->matcher && cairn_grammar_matcher_mask(j->matcher, logits, s->n_vocab) != CAIRN_OK) {
         j->finish = "stop";
@@ -343,6 +349,47 @@ bool job_take_token(cairn_service *s, job *j, float *logits)
         return true;
     }
     return job_push_token(s, j, tok, want_lp ? lp : NULL, false);
+}
+
+/* The grammar's mask of j as a bitset (bits[ceil(n_vocab/32)], 1 =
+ * allowed), for sampling where the logits are: the matcher masks a row of
+ * zeros (`scratch`, n_vocab floats) exactly as job_take_token has it mask
+ * the logits, and what it left finite is allowed. False when no token is
+ * allowed (job_take_token's end: the caller finishes the job with
+ * job_take_masked_out). */
+bool job_grammar_bits(cairn_service *s, job *j, float *scratch, uint32_t *bits)
+{
+    memset(scratch, 0, (size_t)s->n_vocab * sizeof *scratch);
+    if (cairn_grammar_matcher_mask(j->matcher, scratch, s->n_vocab) != CAIRN_OK)
+        return false;
+    const int words = (s->n_vocab + 31) / 32;
+    memset(bits, 0, (size_t)words * sizeof *bits);
+    for (int t = 0; t < s->n_vocab; t++)
+        if (scratch[t] == 0.0f)
+            bits[t >> 5] |= 1u << (t & 31);
+    return true;
+}
+
+/* job_take_token's end for a job whose grammar allowed no token. */
+bool job_take_masked_out(cairn_service *s, job *j)
+{
+    job_note_token_time(s, j);
+    j->finish = "stop";
+    return true;
+}
+
+/* job_take_token for a token drawn by cairn_sample_batch_run with j's
+ * sampler (and grammar bits): `status` is its row's, lp its logprobs (NULL
+ * when not asked for). */
+bool job_take_sampled(cairn_service *s, job *j, int32_t tok, int status,
+                      const cairn_token_logprob *lp)
+{
+    job_note_token_time(s, j);
+    if (status != CAIRN_OK) {
+        j->finish = "stop";
+        return true;
+    }
+    return job_push_token(s, j, tok, j->req->gen.logprobs ? lp : NULL, false);
 }
 
 /* Append the chosen token `tok` to j (sampled here, or accepted by a

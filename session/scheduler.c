@@ -495,9 +495,102 @@ static int plan_batch(cairn_service *s, int *n_spec)
     return n;
 }
 
+/* ---- sampling where the logits are ----------------------------------------
+ * A step without speculative rows leaves its logits in backend memory
+ * (cairn_model_forward_keep) and samples the rows of finished prompts with
+ * cairn_sample_batch_run: on a device with the sample_rows slot only token
+ * ids (and asked-for logprobs) come back; elsewhere each row is downloaded
+ * and sampled on the host, exactly as job_take_token would. Grammar jobs
+ * hand over their matcher's mask as bits. Speculative steps keep the host
+ * rows the verifier reads. */
+struct sched_sampling {
+    cairn_sample_batch *batch;
+    cairn_sample_req *reqs;    /* [max_seqs]                                   */
+    int32_t *tokens;           /* [max_seqs]                                   */
+    int *status;               /* [max_seqs]                                   */
+    cairn_token_logprob *lp;   /* [max_seqs][1 + CAIRN_SAMPLE_MAX_LOGPROBS]    */
+    uint32_t *bits;            /* [max_seqs][words] grammar masks              */
+    float *scratch;            /* [n_vocab] the row a matcher masks            */
+    int *req_of;               /* [max_seqs] batch entry -> request, or one of: */
+    bool broken;               /* setting up failed: the host path for good    */
+};
+enum { NOT_SAMPLED = -1, MASKED_OUT = -2 };
+
+void sched_sampling_free(cairn_service *s)
+{
+    struct sched_sampling *x = s->sampling;
+    if (!x)
+        return;
+    cairn_sample_batch_free(x->batch);
+    free(x->reqs);
+    free(x->tokens);
+    free(x->status);
+    free(x->lp);
+    free(x->bits);
+    free(x->scratch);
+    free(x->req_of);
+    free(x);
+    s->sampling = NULL;
+}
+
+/* The sampling state, made on first use; NULL when it cannot be (the step
+ * then takes the host path). */
+static struct sched_sampling *sampling_ready(cairn_service *s)
+{
+    if (s->sampling)
+        return s->sampling->broken ? NULL : s->sampling;
+    struct sched_sampling *x = calloc(1, sizeof *x);
+    if (!x)
+        return NULL;
+    s->sampling = x;
+    const size_t n = (size_t)s->cfg.max_seqs, words = ((size_t)s->n_vocab + 31) / 32;
+    x->reqs = calloc(n, sizeof *x->reqs);
+    x->tokens = calloc(n, sizeof *x->tokens);
+    x->status = calloc(n, sizeof *x->status);
+    x->lp = calloc(n * (1 + CAIRN_SAMPLE_MAX_LOGPROBS), sizeof *x->lp);
+    x->bits = calloc(n * words, sizeof *x->bits);
+    x->scratch = calloc((size_t)s->n_vocab, sizeof *x->scratch);
+    x->req_of = calloc(n, sizeof *x->req_of);
+    if (!x->reqs || !x->tokens || !x->status || !x->lp || !x->bits || !x->scratch || !x->req_of ||
+        cairn_sample_batch_create(cairn_model_backend(s->model), s->n_vocab, (int)n, &x->batch) !=
+            CAIRN_OK) {
+        x->broken = true;
+        return NULL;
+    }
+    return x;
+}
+
+/* Draw the tokens of the plain batch entries whose prompt this step
+ * finishes from the kept logits (row b for entry b). x->req_of[b] says
+ * what became of entry b. */
+static int sample_kept(cairn_service *s, struct sched_sampling *x, int n, const float *kept)
+{
+    const size_t words = ((size_t)s->n_vocab + 31) / 32;
+    int n_req = 0;
+    for (int b = 0; b < n; b++) {
+        job *j = s->batch_jobs[b];
+        x->req_of[b] = NOT_SAMPLED;
+        if (j->n_computed + (size_t)s->batch[b].n_tokens < j->seq.n)
+            continue; /* the prompt goes on: its row is not wanted */
+        uint32_t *bits = x->bits + (size_t)n_req * words;
+        if (j->matcher && !job_grammar_bits(s, j, x->scratch, bits)) {
+            x->req_of[b] = MASKED_OUT;
+            continue;
+        }
+        x->reqs[n_req] = (cairn_sample_req){.row = b, .sampler = j->sampler,
+                                            .allowed = j->matcher ? bits : NULL,
+                                            .want_logprobs = j->req->gen.logprobs};
+        x->req_of[b] = n_req++;
+    }
+    if (n_req == 0)
+        return CAIRN_OK;
+    return cairn_sample_batch_run(x->batch, kept, n_req, x->reqs, x->tokens, x->status, x->lp);
+}
+
 /* The forward pass over the planned batch; feeds the cache the measured
- * prefill rate. */
-static int run_forward(cairn_service *s, int n)
+ * prefill rate. kept: NULL, or where the logits left in backend memory go
+ * (cairn_model_forward_keep) instead of s->logits. */
+static int run_forward(cairn_service *s, int n, const float **kept)
 {
     int n_out = 0, n_tokens = 0;
     for (int b = 0; b < n; b++)
@@ -505,10 +598,12 @@ static int run_forward(cairn_service *s, int n)
     double t0 = cairn_now();
     void *kv = cairn_kvcache_kv_base(s->cache);
     /* with a method that reads features, every token's: it runs over all */
-    int rc = s->features ? cairn_model_forward_features(s->model, kv, &s->kv, s->batch, n, s->logits,
-                                                     s->features, &n_out)
-                      : cairn_model_forward(s->model, kv, &s->kv, s->batch, n, s->logits, NULL,
-                                            &n_out);
+    int rc = kept ? cairn_model_forward_keep(s->model, kv, &s->kv, s->batch, n, s->features, kept,
+                                             &n_out)
+             : s->features ? cairn_model_forward_features(s->model, kv, &s->kv, s->batch, n,
+                                                          s->logits, s->features, &n_out)
+                           : cairn_model_forward(s->model, kv, &s->kv, s->batch, n, s->logits,
+                                                 NULL, &n_out);
     /* Steps with real prefill measure how fast tokens are computed; the
      * cache weighs that against load times to decide what to load. */
     double dt = cairn_now() - t0;
@@ -528,7 +623,13 @@ void sched_step(cairn_service *s)
     n_spec = draft_speculative(s, n, n_spec);
     if (n + n_spec == 0)
         return;
-    int rc = run_forward(s, n + n_spec);
+    /* without speculative rows (whose verifier reads host rows) the logits
+     * stay where they are computed and are sampled there */
+    struct sched_sampling *x = n_spec == 0 ? sampling_ready(s) : NULL;
+    const float *kept = NULL;
+    int rc = run_forward(s, n + n_spec, x ? &kept : NULL);
+    if (rc == CAIRN_OK && x)
+        rc = sample_kept(s, x, n, kept);
     if (rc != CAIRN_OK) {
         for (int b = 0; b < n + n_spec; b++) {
             job *j = s->batch_jobs[b];
@@ -547,8 +648,16 @@ void sched_step(cairn_service *s)
         job *j = s->batch_jobs[b];
         const int n_tok = s->batch[b].n_tokens;
         j->n_computed += (size_t)n_tok;
-        bool done = j->n_computed >= j->seq.n &&
-                    job_take_token(s, j, s->logits + row * s->n_vocab);
+        bool done;
+        if (!x)
+            done = j->n_computed >= j->seq.n && job_take_token(s, j, s->logits + row * s->n_vocab);
+        else if (x->req_of[b] == MASKED_OUT)
+            done = job_take_masked_out(s, j);
+        else if (x->req_of[b] >= 0)
+            done = job_take_sampled(s, j, x->tokens[x->req_of[b]], x->status[x->req_of[b]],
+                                    x->lp + (size_t)x->req_of[b] * (1 + CAIRN_SAMPLE_MAX_LOGPROBS));
+        else
+            done = false;
         row++;
         /* the methods over the same tokens, now that the next one is known,
          * before the pages can go to the tree */

@@ -356,6 +356,7 @@ void cairn_service_stop(cairn_service *s)
     free(s->batch);
     free(s->batch_jobs);
     free(s->logits);
+    sched_sampling_free(s);
     cairn_kvcache_free(s->cache);
     if (s->spec)
         cairn_log(CAIRN_LOG_INFO, "service: %llu speculative steps gave %llu tokens (%.2f per "

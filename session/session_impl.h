@@ -235,6 +235,8 @@ struct cairn_service {
     cairn_seq_batch *batch;
     job **batch_jobs;
     float *logits;             /* [max_seqs][n_vocab] */
+    struct sched_sampling *sampling; /* plain steps' sampling where the logits
+                                        are (scheduler.c); NULL until the first */
     cairn_service_stats stats;
 };
 
@@ -315,6 +317,13 @@ int job_spec_create(cairn_service *s, job *j);
 int job_spec_advance(cairn_service *s, job *j, const float *features, int n);
 /* Sample j's next token from its logits row; true when j is finished. */
 bool job_take_token(cairn_service *s, job *j, float *logits);
+/* The same, in three parts, for tokens sampled where the logits are
+ * (scheduler.c, model/sample_batch.c): j's grammar mask as bits (false:
+ * nothing allowed, finish with job_take_masked_out), then the drawn token. */
+bool job_grammar_bits(cairn_service *s, job *j, float *scratch, uint32_t *bits);
+bool job_take_masked_out(cairn_service *s, job *j);
+bool job_take_sampled(cairn_service *s, job *j, int32_t tok, int status,
+                      const cairn_token_logprob *lp);
 /* Append a chosen token (sampled, or accepted by a speculative step); true
  * when j is finished. */
 /* drawn_by_spec: a speculative step drew it (the matcher and the sampler
@@ -371,5 +380,7 @@ void sched_poll_cache(cairn_service *s);
 void sched_admit(cairn_service *s);
 /* One forward pass over every running job (and speculative steps). */
 void sched_step(cairn_service *s);
+/* Free the state of sampling where the logits are (service stop). */
+void sched_sampling_free(cairn_service *s);
 
 #endif /* CAIRN_SESSION_IMPL_H */

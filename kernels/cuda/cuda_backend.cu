@@ -600,6 +600,7 @@ static void cuda_iface_init(void)
     cuda_iface.attention = cuda_attention;
     cuda_transfer_iface(&cuda_iface);
     cuda_graph_iface(&cuda_iface);
+    cuda_iface.sample_rows = cuda_sample_rows;
 }
 
 extern "C" int cairn_backend_cuda_device_count(void)

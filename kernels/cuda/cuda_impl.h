@@ -15,6 +15,7 @@
  *   cuda_transfer.cu   page transfers on a copy stream, fences, pinned
  *                      host memory, device memory figures
  *   cuda_graph.cu      a decode step captured and launched as one graph
+ *   cuda_sample.cu     sample_rows: tokens drawn on the device
  *
  * Execution model: every op is enqueued on the one stream the backend owns
  * and returns without waiting; download() and synchronize() wait. Host index
@@ -184,6 +185,9 @@ int cuda_softmax(cairn_backend *be, float *x, int T, int n);
 int cuda_kv_store(cairn_backend *be, void *kv_pool, const cairn_kv_layout *L, int layer,
                   const float *k, const float *v, const int32_t *slots, int T);
 int cuda_attention(cairn_backend *be, const cairn_attn_args *args);
+/* The sample_rows slot (cuda_sample.cu). */
+int cuda_sample_rows(cairn_backend *be, const float *logits, int n_rows, int n_vocab,
+                     const cairn_sample_row *rows, int32_t *tokens, cairn_sample_logprob *lp);
 
 /* ---- shared helpers ------------------------------------------------------ */
 

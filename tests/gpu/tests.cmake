@@ -20,6 +20,12 @@ if(CAIRN_HAVE_CUDA)
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gpu_graph.c
     LABELS gpu TIMEOUT 300 ARGS ${CAIRN_MODEL})
   set_tests_properties(gpu_ops gpu_model gpu_transfer gpu_graph PROPERTIES SKIP_RETURN_CODE 77)
+  # sampling on the device (sample_rows) against the CPU sampler
+  cairn_add_test(gpu_sample
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gpu_sample.c
+    ARGS ${CAIRN_MODEL}
+    LABELS gpu TIMEOUT 600)
+  set_tests_properties(gpu_sample PROPERTIES SKIP_RETURN_CODE 77)
 
   # The other weight types and model code paths, on tiny random models
   # written at test time: BF16 with Llama 3 rope_freqs, Q8_0 qwen2 (biases,
@@ -54,6 +60,9 @@ if(CAIRN_HAVE_CUDA)
   add_test(NAME gpu_ops_harness COMMAND gpu_ops)
   add_test(NAME gpu_model_harness COMMAND gpu_model ${CAIRN_MODEL})
   add_test(NAME gpu_transfer_harness COMMAND gpu_transfer)
+  add_test(NAME gpu_sample_harness COMMAND gpu_sample ${CAIRN_MODEL})
+  set_tests_properties(gpu_sample_harness PROPERTIES
+    ENVIRONMENT "CAIRN_GPU_TEST_BACKEND=cpu" LABELS kernels TIMEOUT 300)
   add_test(NAME gpu_graph_harness COMMAND gpu_graph ${CAIRN_MODEL})
   set_tests_properties(gpu_ops_harness gpu_model_harness gpu_transfer_harness gpu_graph_harness
     PROPERTIES
