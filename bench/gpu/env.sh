@@ -119,5 +119,10 @@ unset cairn_env_so cairn_env_d
 if { ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null; } | grep -q "[[:space:]]libcuda.so.1[[:space:]]"; then
     cairn_env_note "libcuda.so.1 (driver): found by the dynamic linker"
 else
-    cairn_env_note "libcuda.so.1 (driver): not in the linker cache (no CUDA device will start)"
+    cairn_env_d=""
+    for cairn_env_so in $(echo "${LD_LIBRARY_PATH:-}" | tr : " "); do
+        [ -e "$cairn_env_so/libcuda.so.1" ] && { cairn_env_d="$cairn_env_so"; break; }
+    done
+    cairn_env_note "libcuda.so.1 (driver): ${cairn_env_d:-not found by the linker nor on LD_LIBRARY_PATH (no CUDA device will start)}"
+    unset cairn_env_so cairn_env_d
 fi

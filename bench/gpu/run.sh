@@ -12,12 +12,15 @@
 #      (dim 4096, LAYERS layers, 32 heads, 8 KV heads, ffn 14336, vocab
 #      128256, Llama 3 rope_freqs) with tools/gen_synthetic_model.py, one BF16
 #      (16 GB at 32 layers) and one Q4_K (4.2 GB), unless already there;
-#   4. gpu_bench on each: device copy bandwidth, then prefill and decode
-#      throughput at each batch, each with its fraction of the
-#      memory-bandwidth roofline (bench/gpu/gpu_bench.c explains the
-#      arithmetic); the figures also go to bench-bf16.json / bench-q4_k.json;
-#   5. bench/gpu/serve_check.py, when the tree has it: the server's answers
-#      on CUDA against the CPU reference;
+#   4. gpu_bench on each (Q4_K first: it is written in under a minute, and
+#      is measured while the BF16 one is still being written): device copy
+#      bandwidth, then prefill and decode throughput at each batch, each with
+#      its fraction of the memory-bandwidth roofline (bench/gpu/gpu_bench.c
+#      explains the arithmetic); the figures also go to bench-q4_k.json /
+#      bench-bf16.json;
+#   5. bench/gpu/serve_check.py, when the tree has it (before the BF16
+#      benchmark, for the same reason): the server's answers on CUDA against
+#      the CPU reference;
 #   6. one summary table, printed last: each step, ok/FAILED, its seconds and
 #      its key figures.
 #
@@ -301,28 +304,29 @@ run_bench() { # tag
         record "bench $tag" ok "$(took)" "$(bench_figures "$log")"
     fi
 }
-if [ "$CUDA" = OFF ]; then
-    record bench skipped 0 "CUDA=OFF"
-else
-    for tag in bf16 q4_k; do
-        [ -n "${W_PATH[$tag]:-}" ] || continue
-        if ! wait_model "$tag"; then
-            record "bench $tag" skipped 0 "no model"
-        elif [ ! -x "$BENCH" ]; then
-            record "bench $tag" skipped 0 "gpu_bench was not built"
-        else
-            run_bench "$tag"
-        fi
-    done
-fi
+bench_model() { # tag: wait for its model, then benchmark it
+    local tag="$1"
+    [ -n "${W_PATH[$tag]:-}" ] || return 0
+    if ! wait_model "$tag"; then
+        record "bench $tag" skipped 0 "no model"
+    elif [ ! -x "$BENCH" ]; then
+        record "bench $tag" skipped 0 "gpu_bench was not built"
+    else
+        run_bench "$tag"
+    fi
+}
 
-# ---- 5. the server on CUDA against the CPU -----------------------------------------
+# ---- 5. the server on CUDA against the CPU -------------------------------------
 SERVE_CHECK="$ROOT/bench/gpu/serve_check.py"
-if [ ! -f "$SERVE_CHECK" ]; then
-    record serve_check absent 0 "bench/gpu/serve_check.py is not in this tree"
-elif [ "$CUDA" = OFF ] || [ "$built" != 1 ]; then
-    record serve_check skipped 0 "$([ "$CUDA" = OFF ] && echo CUDA=OFF || echo "no build")"
-else
+serve_check() {
+    local rc last
+    if [ ! -f "$SERVE_CHECK" ]; then
+        record serve_check absent 0 "bench/gpu/serve_check.py is not in this tree"
+        return
+    elif [ "$CUDA" = OFF ] || [ "$built" != 1 ]; then
+        record serve_check skipped 0 "$([ "$CUDA" = OFF ] && echo CUDA=OFF || echo "no build")"
+        return
+    fi
     begin serve_check
     timeout "$(limit 180)" python3 "$SERVE_CHECK" --cairn "$BUILD_DIR/cairn" \
         --model "$ROOT/models/stories260K.gguf" --device cuda --reference-device cpu \
@@ -335,5 +339,16 @@ else
     else
         record serve_check ok "$(took)" "$last"
     fi
+}
+
+# The Q4_K model is written in well under a minute, the BF16 one takes
+# minutes: Q4_K's benchmark and the server check run while BF16 is written.
+if [ "$CUDA" = OFF ]; then
+    record bench skipped 0 "CUDA=OFF"
+    serve_check
+else
+    bench_model q4_k
+    serve_check
+    bench_model bf16
 fi
 # on_exit prints the summary and exits with $status
