@@ -247,8 +247,11 @@ BENCH="$BUILD_DIR/tests/gpu_bench"
 # gpu_bench learned --json PATH later than it learned to print a JSON line;
 # both kinds work: without --json, the last JSON line of its output is kept.
 bench_json_arg=0
-if [ -x "$BENCH" ] && { "$BENCH" 2>&1 | grep -q -- '--json' || grep -aq -- '--json' "$BENCH"; }; then
-    bench_json_arg=1
+if [ -x "$BENCH" ]; then
+    bench_usage="$("$BENCH" 2>&1 || true)"   # no arguments: the usage line
+    if grep -q -- '--json' <<<"$bench_usage" || grep -aq -- '--json' "$BENCH"; then
+        bench_json_arg=1
+    fi
 fi
 wait_model() { # tag -> 0 when the model is there; records the writer's step
     local tag="$1" path="${W_PATH[$1]}" pid="${W_PID[$1]:-}" waited t0 rc=0
