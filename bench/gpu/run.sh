@@ -57,7 +57,7 @@ if [ "$CUDA" = OFF ]; then
     CTEST_JOBS="${CTEST_JOBS:-$JOBS}"
     ALLOW_SKIPS="${ALLOW_SKIPS:-1}"
 else
-    TARGETS="${TARGETS:-cairn gpu_ops gpu_model gpu_bench}"
+    TARGETS="${TARGETS:-cairn gpu_ops gpu_model gpu_transfer gpu_graph gpu_sample gpu_bench}"
     CTEST_ARGS="${CTEST_ARGS:--L gpu}"
     CTEST_JOBS="${CTEST_JOBS:-1}"
     ALLOW_SKIPS="${ALLOW_SKIPS:-0}"
@@ -289,14 +289,17 @@ bench_figures() { # log -> "copy X GB/s; prefill P tok/s (f); decode bB T (f), .
     dec=$(sed -n 's/^decode batch *\([0-9]*\): *\([0-9.]*\) tok\/s.*; \([0-9.]*\) of roofline.*/b\1 \2 (\3)/p' "$log" | tr '\n' ',' | sed 's/,$//; s/,/, /g')
     echo "copy ${bw:-?} GB/s; tok/s (fraction of roofline): prefill ${pf:-?}; decode ${dec:-?}"
 }
-run_bench() { # tag
-    local tag="$1" model="${W_PATH[$1]}" json="$LOG_DIR/bench-$1.json" log="$LOG_DIR/bench-$1.log" rc
+run_bench() { # tag [graphs]: with "graphs", decode steps run as CUDA graphs
+    local model="${W_PATH[$1]}" tag="$1${2:+-$2}" rc
+    local json="$LOG_DIR/bench-$tag.json" log="$LOG_DIR/bench-$tag.log"
+    local graphs=0
+    [ "${2:-}" = graphs ] && graphs=1
     local args=("$model" --device cuda --batches "$BATCHES" --gen "$GEN" --prompt "$PROMPT"
                 --context "$CONTEXT" --reps 3)
     [ "$bench_json_arg" = 1 ] && args+=(--json "$json")
     begin "bench $tag"
     stamp "gpu_bench $tag: prefill $PROMPT tokens; decode batches $BATCHES, $GEN steps after $CONTEXT tokens"
-    timeout "$(limit 240)" "$BENCH" "${args[@]}" 2>&1 | tee "$log"
+    CAIRN_CUDA_GRAPHS=$graphs timeout "$(limit 240)" "$BENCH" "${args[@]}" 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]}
     [ "$bench_json_arg" = 1 ] || grep '^{' "$log" | tail -1 > "$json"
     [ -s "$json" ] || rm -f "$json"
@@ -307,7 +310,7 @@ run_bench() { # tag
         record "bench $tag" ok "$(took)" "$(bench_figures "$log")"
     fi
 }
-bench_model() { # tag: wait for its model, then benchmark it
+bench_model() { # tag [graphs]: wait for its model, then benchmark it (again with graphs)
     local tag="$1"
     [ -n "${W_PATH[$tag]:-}" ] || return 0
     if ! wait_model "$tag"; then
@@ -316,7 +319,11 @@ bench_model() { # tag: wait for its model, then benchmark it
         record "bench $tag" skipped 0 "gpu_bench was not built"
     else
         run_bench "$tag"
+        # the same with decode steps as CUDA graphs (off by default until
+        # this says they are equal, gpu_graph, and faster)
+        [ "${2:-}" = graphs ] && [ "$(limit)" -gt 90 ] && run_bench "$tag" graphs
     fi
+    return 0
 }
 
 # ---- 5. the server on CUDA against the CPU -------------------------------------
@@ -350,7 +357,7 @@ if [ "$CUDA" = OFF ]; then
     record bench skipped 0 "CUDA=OFF"
     serve_check
 else
-    bench_model q4_k
+    bench_model q4_k graphs
     serve_check
     bench_model bf16
 fi
