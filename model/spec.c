@@ -965,9 +965,20 @@ int cairn_spec_seq_step(cairn_spec_seq *s, int32_t *out, int cap, int *n_out)
     if (s->feature_dim && !s->tree_feat &&
         !(s->tree_feat = malloc(rows * (size_t)s->feature_dim * sizeof(float))))
         return CAIRN_ENOMEM;
+    /* The methods read features in cairn_model_forward_features' layout
+     * ([T][feature_dim]: EAGLE's final normed state, or EAGLE-3's states
+     * entering its three layers), what a server's batch passes to
+     * cairn_spec_seq_verified. cairn_model_forward's `hidden` is always the
+     * final normed state, [n_out][dim]: for an EAGLE-3 head it would be the
+     * wrong state and fill only a third of each row, the rest left as
+     * whatever malloc returned. */
     int n_o = 0;
-    TRY(cairn_model_forward(s->spec->target, s->kv_pool, s->kv, &sb, 1, s->tree_logits,
-                            s->feature_dim ? s->tree_feat : NULL, &n_o));
+    if (s->feature_dim)
+        TRY(cairn_model_forward_features(s->spec->target, s->kv_pool, s->kv, &sb, 1,
+                                         s->tree_logits, s->tree_feat, &n_o));
+    else
+        TRY(cairn_model_forward(s->spec->target, s->kv_pool, s->kv, &sb, 1, s->tree_logits,
+                                NULL, &n_o));
     if (n_o != sb.n_tokens)
         return CAIRN_EBACKEND;
     return cairn_spec_seq_verified(s, s->tree_logits, s->tree_feat, out, n_out);
