@@ -194,27 +194,6 @@ static int tb_fence_wait(cairn_backend *be, uint64_t fence, int block)
     return CAIRN_OK;
 }
 
-static const cairn_backend_iface test_iface_deferred = {
-    .name = "test-memory-deferred",
-    .destroy = tb_destroy,
-    .alloc = tb_alloc,
-    .free = tb_free,
-    .upload = tb_upload,
-    .download = tb_download,
-    .copy = tb_copy,
-    .synchronize = tb_sync,
-    .get_rows = tb_get_rows,
-    .matmul = tb_matmul,
-    .rmsnorm = tb_rmsnorm,
-    .rope = tb_rope,
-    .swiglu = tb_swiglu,
-    .add = tb_add,
-    .softmax = tb_softmax,
-    .kv_store = tb_kv_store,
-    .attention = tb_attention,
-    .transfer = tb_transfer,
-    .fence_wait = tb_fence_wait,
-};
 
 static const cairn_backend_iface test_iface = {
     .name = "test-memory",
@@ -249,8 +228,14 @@ cairn_backend *test_backend_create(void)
     be->ctx = ctx;
     const char *delay = getenv("CAIRN_TEST_TRANSFER_DELAY");
     if (delay && atoi(delay) > 0) {
+        /* the same table with a device's transfer slots */
+        static cairn_backend_iface deferred;
+        deferred = test_iface;
+        deferred.name = "test-memory-deferred";
+        deferred.transfer = tb_transfer;
+        deferred.fence_wait = tb_fence_wait;
         ctx->delay = atoi(delay);
-        be->iface = &test_iface_deferred;
+        be->iface = &deferred;
     }
     return be;
 }
