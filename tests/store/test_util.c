@@ -146,7 +146,8 @@ static void tb_complete_upto(test_ctx *ctx, uint64_t fence)
         memcpy(ctx->pending[k].dst, ctx->pending[k].src, ctx->pending[k].bytes);
         k++;
     }
-    memmove(ctx->pending, ctx->pending + k, (ctx->n_pending - k) * sizeof *ctx->pending);
+    if (k > 0 && k < ctx->n_pending) /* (no pointer arithmetic on an empty queue) */
+        memmove(ctx->pending, ctx->pending + k, (ctx->n_pending - k) * sizeof *ctx->pending);
     ctx->n_pending -= k;
     if (fence > ctx->passed)
         ctx->passed = fence;
