@@ -317,9 +317,9 @@ bool kvc_host_room(cairn_kvcache *c, int32_t n)
 {
     /* slots whose copy has ended first, then one still being copied (free
      * within microseconds), then eviction to disk */
-    kvc_reclaim_host(c, false);
+    kvc_reclaim(c, CAIRN_TIER_HOST, false);
     while (cairn_host_pool_available(c->host) < n)
-        if (kvc_reclaim_host(c, true) == 0 && kvc_evict_one(c, CAIRN_TIER_HOST) == 0)
+        if (kvc_reclaim(c, CAIRN_TIER_HOST, true) == 0 && kvc_evict_one(c, CAIRN_TIER_HOST) == 0)
             return false;
     return true;
 }
@@ -356,13 +356,12 @@ static size_t evict_node(cairn_kvcache *c, int tier, cairn_radix_node *node)
             cairn_host_pool_alloc(c->host, 1, &slot);
             /* The copy runs on the copy queue; the device page comes back
              * when it has been read (transfer.c). */
-            int rc = kvc_page_to_host(c, slot, pg[i].device_page);
+            int rc = kvc_move_to_host(c, slot, pg[i].device_page);
             if (rc) {
                 kvc_host_release(c, slot);
                 return drop_node(c, tier, node);
             }
             c->slot_state[slot] = SLOT_IDLE;
-            kvc_device_release_after(c, pg[i].device_page, c->slot_fence[slot]);
             pg[i].device_page = -1;
             pg[i].host_slot = slot;
         }
@@ -416,9 +415,9 @@ int cairn_kvcache_alloc(cairn_kvcache *c, int32_t n, int32_t *pages)
     /* Pages whose copy to host RAM has ended come back first; then a page
      * still being copied (it is free within microseconds), then tails (each
      * worth less than a page of recompute), then eviction. */
-    kvc_reclaim_device(c, false);
+    kvc_reclaim(c, CAIRN_TIER_DEVICE, false);
     while (cairn_page_pool_available(c->dev) < n)
-        if (kvc_reclaim_device(c, true) == 0 && !kvc_drop_lru_tail(c) &&
+        if (kvc_reclaim(c, CAIRN_TIER_DEVICE, true) == 0 && !kvc_drop_lru_tail(c) &&
             kvc_evict_one(c, CAIRN_TIER_DEVICE) == 0)
             return CAIRN_EFULL;
     return cairn_page_pool_alloc(c->dev, n, pages);
@@ -446,8 +445,8 @@ void cairn_kvcache_get_stats(const cairn_kvcache *c, cairn_kvcache_stats *out)
     }
     out->tier[CAIRN_TIER_DEVICE].capacity_pages = (uint64_t)cairn_page_pool_capacity(c->dev);
     out->tier[CAIRN_TIER_DEVICE].free_pages = (uint64_t)cairn_page_pool_available(c->dev);
-    out->tier[CAIRN_TIER_DEVICE].draining_pages = c->n_drain_dev;
-    out->tier[CAIRN_TIER_HOST].draining_pages = c->n_drain_host;
+    out->tier[CAIRN_TIER_DEVICE].draining_pages = c->drain[CAIRN_TIER_DEVICE].n;
+    out->tier[CAIRN_TIER_HOST].draining_pages = c->drain[CAIRN_TIER_HOST].n;
     if (c->host) {
         out->tier[CAIRN_TIER_HOST].capacity_pages = (uint64_t)cairn_host_pool_capacity(c->host);
         out->tier[CAIRN_TIER_HOST].free_pages = (uint64_t)cairn_host_pool_available(c->host);

@@ -181,9 +181,8 @@ bool kvc_drop_lru_tail(cairn_kvcache *c)
     int32_t slot;
     if (c->host && cairn_host_pool_available(c->host) > 0 &&
         cairn_host_pool_alloc(c->host, 1, &slot) == CAIRN_OK) {
-        if (kvc_page_to_host(c, slot, t->page) == CAIRN_OK) {
+        if (kvc_move_to_host(c, slot, t->page) == CAIRN_OK) {
             c->slot_state[slot] = SLOT_IDLE;
-            kvc_device_release_after(c, t->page, c->slot_fence[slot]);
             t->page = -1;
             t->slot = slot;
             return true;

@@ -169,8 +169,10 @@ struct cairn_kvcache {
      * reads or writes each host slot, and the device pages and host slots
      * released while their copy still runs, oldest first */
     uint64_t *slot_fence; /* [host capacity]; 0 = nothing in flight */
-    struct kv_draining *drain_dev, *drain_host;
-    size_t n_drain_dev, cap_drain_dev, n_drain_host, cap_drain_host;
+    struct kv_drain {
+        struct kv_draining *v;
+        size_t n, cap;
+    } drain[2]; /* [CAIRN_TIER_DEVICE]: device pages, [CAIRN_TIER_HOST]: slots */
 
     cairn_kvcache_stats stats;
 };
@@ -213,23 +215,22 @@ struct kv_draining {
 int kvc_transfers_init(cairn_kvcache *c);
 /* Wait for every copy in flight and give back what drains (before free). */
 void kvc_transfers_finish(cairn_kvcache *c);
-/* Copy a device page into a host slot (eviction) / a host slot into a
+/* Move a device page into a host slot (eviction): the copy is started and
+ * the device page given back, to be handed out again once the copy has
+ * read it; on failure the page stays the caller's. Copy a host slot into a
  * device page (promotion). Either way the slot's fence is the copy's: the
  * host slot is not touched by the host until it passes. */
-int kvc_page_to_host(cairn_kvcache *c, int32_t host_slot, int32_t device_page);
+int kvc_move_to_host(cairn_kvcache *c, int32_t host_slot, int32_t device_page);
 int kvc_page_to_device(cairn_kvcache *c, int32_t device_page, int32_t host_slot);
 /* Make a host slot's bytes safe to read or write on the host: wait for the
  * copy in flight on it. CAIRN_EBACKEND when that copy failed. */
 int kvc_slot_settle(cairn_kvcache *c, int32_t slot);
 /* Give a host slot back to the pool, or set it aside until its copy ends. */
 void kvc_host_release(cairn_kvcache *c, int32_t slot);
-/* Give a device page back once the copy reading it (fence) has passed. */
-void kvc_device_release_after(cairn_kvcache *c, int32_t page, uint64_t fence);
-/* Give back the drained pages and slots whose copies have passed; with
- * block, wait for the oldest device page (or host slot) first when there is
- * one. Returns how many came back. */
-size_t kvc_reclaim_device(cairn_kvcache *c, bool block);
-size_t kvc_reclaim_host(cairn_kvcache *c, bool block);
+/* Give back the drained device pages (tier CAIRN_TIER_DEVICE) or host slots
+ * (CAIRN_TIER_HOST) whose copies have passed; with block, wait for the
+ * oldest first when there is one. Returns how many came back. */
+size_t kvc_reclaim(cairn_kvcache *c, int tier, bool block);
 
 /* ---- share.c: tails --------------------------------------------------- */
 

@@ -10,14 +10,14 @@
  * read, written nor handed out again.
  *
  *     evict:    device page ──copy (fence f)──▶ host slot
- *               the page goes to drain_dev until f passes, then to the
+ *               the page goes to drain[DEVICE] until f passes, then to the
  *               free pages; the slot, which the node now owns, carries
  *               slot_fence = f and is settled before the host reads it
  *               (a disk write, a record, the shared tier)
  *     promote:  host slot ──copy (fence g)──▶ device page
  *               the page is the node's at once (ops issued later wait for
  *               the copy on the device); the slot carries g and is given
- *               back through drain_host, so no disk read lands in it while
+ *               back through drain[HOST], so no disk read lands in it while
  *               the copy still reads it
  *
  * Fences pass in the order they were issued, and entries join the drain
@@ -43,29 +43,39 @@ int kvc_transfers_init(cairn_kvcache *c)
     return c->slot_fence ? CAIRN_OK : CAIRN_ENOMEM;
 }
 
-static int push_draining(struct kv_draining **list, size_t *n, size_t *cap, int32_t id,
-                         uint64_t fence)
+/* Back to its pool for good: a device page, or a host slot (whose fence
+ * is then forgotten). */
+static void give_back(cairn_kvcache *c, int tier, int32_t id)
 {
-    if (*n == *cap) {
-        size_t nc = *cap ? *cap * 2 : 64;
-        struct kv_draining *l = realloc(*list, nc * sizeof *l);
-        if (!l)
-            return CAIRN_ENOMEM;
-        *list = l;
-        *cap = nc;
+    if (tier == CAIRN_TIER_DEVICE) {
+        cairn_page_pool_release(c->dev, 1, &id);
+    } else {
+        c->slot_fence[id] = 0;
+        cairn_host_pool_release(c->host, 1, &id);
     }
-    (*list)[(*n)++] = (struct kv_draining){id, fence};
-    return CAIRN_OK;
 }
 
-/* The first k entries have passed: drop them from the front. */
-static void pop_front(struct kv_draining *list, size_t *n, size_t k)
+/* Give `id` back now when `fence` has passed, else set it aside on its
+ * tier's drain list (oldest first, as fences pass). */
+static void release_after(cairn_kvcache *c, int tier, int32_t id, uint64_t fence)
 {
-    if (k == 0)
+    struct kv_drain *d = &c->drain[tier];
+    if (fence && cairn_backend_fence_wait(c->be, fence, 0) == CAIRN_EBUSY) {
+        if (d->n == d->cap) {
+            size_t cap = d->cap ? d->cap * 2 : 64;
+            struct kv_draining *v = realloc(d->v, cap * sizeof *v);
+            if (!v) {
+                cairn_backend_fence_wait(c->be, fence, 1); /* no room to wait later */
+                give_back(c, tier, id);
+                return;
+            }
+            d->v = v;
+            d->cap = cap;
+        }
+        d->v[d->n++] = (struct kv_draining){id, fence};
         return;
-    for (size_t i = k; i < *n; i++)
-        list[i - k] = list[i];
-    *n -= k;
+    }
+    give_back(c, tier, id);
 }
 
 int kvc_slot_settle(cairn_kvcache *c, int32_t slot)
@@ -80,14 +90,16 @@ int kvc_slot_settle(cairn_kvcache *c, int32_t slot)
     return rc == CAIRN_OK ? CAIRN_OK : CAIRN_EBACKEND;
 }
 
-int kvc_page_to_host(cairn_kvcache *c, int32_t host_slot, int32_t device_page)
+int kvc_move_to_host(cairn_kvcache *c, int32_t host_slot, int32_t device_page)
 {
     uint64_t fence = 0;
     int rc = cairn_backend_transfer(c->be, cairn_host_pool_slot(c->host, host_slot),
                                     dev_addr(c, device_page), c->L.page_bytes, 1, &fence);
-    if (rc == CAIRN_OK)
-        c->slot_fence[host_slot] = fence;
-    return rc;
+    if (rc != CAIRN_OK)
+        return rc;
+    c->slot_fence[host_slot] = fence;
+    release_after(c, CAIRN_TIER_DEVICE, device_page, fence);
+    return CAIRN_OK;
 }
 
 int kvc_page_to_device(cairn_kvcache *c, int32_t device_page, int32_t host_slot)
@@ -108,75 +120,40 @@ void kvc_host_release(cairn_kvcache *c, int32_t slot)
 {
     if (slot < 0)
         return;
-    uint64_t f = c->slot_fence ? c->slot_fence[slot] : 0;
-    if (f && cairn_backend_fence_wait(c->be, f, 0) == CAIRN_EBUSY) {
-        if (push_draining(&c->drain_host, &c->n_drain_host, &c->cap_drain_host, slot, f) ==
-            CAIRN_OK)
-            return;
-        cairn_backend_fence_wait(c->be, f, 1); /* no room to wait later: wait now */
-    }
-    if (c->slot_fence)
-        c->slot_fence[slot] = 0;
-    cairn_host_pool_release(c->host, 1, &slot);
-}
-
-void kvc_device_release_after(cairn_kvcache *c, int32_t page, uint64_t fence)
-{
-    if (page < 0)
-        return;
-    if (fence && cairn_backend_fence_wait(c->be, fence, 0) == CAIRN_EBUSY) {
-        if (push_draining(&c->drain_dev, &c->n_drain_dev, &c->cap_drain_dev, page, fence) ==
-            CAIRN_OK)
-            return;
-        cairn_backend_fence_wait(c->be, fence, 1);
-    }
-    cairn_page_pool_release(c->dev, 1, &page);
-}
-
-size_t kvc_reclaim_device(cairn_kvcache *c, bool block)
-{
-    size_t k = 0;
-    while (k < c->n_drain_dev) {
-        int rc = cairn_backend_fence_wait(c->be, c->drain_dev[k].fence, block && k == 0);
-        if (rc == CAIRN_EBUSY)
-            break;
-        /* passed, or failed: either way the copy no longer reads the page */
-        cairn_page_pool_release(c->dev, 1, &c->drain_dev[k].id);
-        k++;
-    }
-    pop_front(c->drain_dev, &c->n_drain_dev, k);
-    return k;
-}
-
-size_t kvc_reclaim_host(cairn_kvcache *c, bool block)
-{
-    size_t k = 0;
-    while (k < c->n_drain_host) {
-        int rc = cairn_backend_fence_wait(c->be, c->drain_host[k].fence, block && k == 0);
-        if (rc == CAIRN_EBUSY)
-            break;
-        int32_t slot = c->drain_host[k].id;
-        c->slot_fence[slot] = 0;
+    if (!c->slot_fence) { /* after kvc_transfers_finish: nothing in flight */
         cairn_host_pool_release(c->host, 1, &slot);
-        k++;
+        return;
     }
-    pop_front(c->drain_host, &c->n_drain_host, k);
+    release_after(c, CAIRN_TIER_HOST, slot, c->slot_fence[slot]);
+}
+
+size_t kvc_reclaim(cairn_kvcache *c, int tier, bool block)
+{
+    struct kv_drain *d = &c->drain[tier];
+    size_t k = 0;
+    /* passed, or failed: either way the copy no longer uses the page or slot */
+    while (k < d->n &&
+           cairn_backend_fence_wait(c->be, d->v[k].fence, block && k == 0) != CAIRN_EBUSY)
+        give_back(c, tier, d->v[k++].id);
+    if (k > 0) {
+        for (size_t i = k; i < d->n; i++)
+            d->v[i - k] = d->v[i];
+        d->n -= k;
+    }
     return k;
 }
 
 void kvc_transfers_finish(cairn_kvcache *c)
 {
-    while (c->n_drain_dev)
-        kvc_reclaim_device(c, true);
-    while (c->n_drain_host)
-        kvc_reclaim_host(c, true);
+    for (int tier = CAIRN_TIER_DEVICE; tier <= CAIRN_TIER_HOST; tier++) {
+        while (c->drain[tier].n)
+            kvc_reclaim(c, tier, true);
+        free(c->drain[tier].v);
+        c->drain[tier] = (struct kv_drain){0};
+    }
     if (c->slot_fence && c->host)
         for (int32_t s = 0; s < cairn_host_pool_capacity(c->host); s++)
             kvc_slot_settle(c, s);
-    free(c->drain_dev);
-    free(c->drain_host);
     free(c->slot_fence);
-    c->drain_dev = c->drain_host = NULL;
     c->slot_fence = NULL;
-    c->n_drain_dev = c->n_drain_host = 0;
 }
