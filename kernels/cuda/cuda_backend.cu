@@ -335,45 +335,35 @@ static int stage_grow(cuda_ctx *ctx, size_t cap)
     return CAIRN_OK;
 }
 
-int cuda_stage_reserve(cuda_ctx *ctx, size_t bytes, uint8_t **host, uint8_t **dev)
-{
-    const size_t need = (bytes + 15) / 16 * 16;
-    if (need == 0 || need < bytes)
-        return CAIRN_EINVAL;
-    if (need > ctx->stage_cap) {
-        size_t cap = ctx->stage_cap ? ctx->stage_cap : STAGE_INITIAL_BYTES;
-        while (cap < need)
-            cap *= 2;
-        int rc = stage_grow(ctx, cap);
-        if (rc != CAIRN_OK)
-            return rc;
-    }
-    if (ctx->stage_used + need > ctx->stage_cap) {
-        /* Wrap: everything queued so far (including the copies out of the
-         * region about to be reused) must have finished. */
-        CUDA_TRY(cudaStreamSynchronize(ctx->stream));
-        ctx->stage_used = 0;
-        ctx->stage_epoch++; /* regions sent before are about to be reused */
-    }
-    *host = ctx->stage_host + ctx->stage_used;
-    *dev = ctx->stage_dev + ctx->stage_used;
-    ctx->stage_used += need;
-    return CAIRN_OK;
-}
-
-int cuda_stage_rewind(cuda_ctx *ctx, size_t room)
+int cuda_stage_room(cuda_ctx *ctx, size_t room)
 {
     if (ctx->stage_cap - ctx->stage_used >= room)
         return CAIRN_OK;
-    if (room > ctx->stage_cap) {
+    if (room > ctx->stage_cap) { /* a new ring, empty */
         size_t cap = ctx->stage_cap ? ctx->stage_cap : STAGE_INITIAL_BYTES;
         while (cap < room)
             cap *= 2;
         return stage_grow(ctx, cap);
     }
+    /* Wrap: everything queued so far (including the copies out of the
+     * region about to be reused) must have finished. */
     CUDA_TRY(cudaStreamSynchronize(ctx->stream));
     ctx->stage_used = 0;
-    ctx->stage_epoch++;
+    ctx->stage_epoch++; /* regions sent before are about to be reused */
+    return CAIRN_OK;
+}
+
+int cuda_stage_reserve(cuda_ctx *ctx, size_t bytes, uint8_t **host, uint8_t **dev)
+{
+    const size_t need = (bytes + 15) / 16 * 16;
+    if (need == 0 || need < bytes)
+        return CAIRN_EINVAL;
+    int rc = cuda_stage_room(ctx, need);
+    if (rc != CAIRN_OK)
+        return rc;
+    *host = ctx->stage_host + ctx->stage_used;
+    *dev = ctx->stage_dev + ctx->stage_used;
+    ctx->stage_used += need;
     return CAIRN_OK;
 }
 

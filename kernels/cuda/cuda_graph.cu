@@ -129,9 +129,8 @@ static int cuda_graph_begin(cairn_backend *be, uint64_t key)
     if (rc != CAIRN_OK)
         return rc;
     /* Room in the ring, so staging cannot wrap (a wait) inside the capture:
-     * rewinding now is the wrap, done before instead of during it. */
-    if (ctx->stage_cap - ctx->stage_used < GRAPH_STAGE_ROOM &&
-        (rc = cuda_stage_rewind(ctx, GRAPH_STAGE_ROOM)) != CAIRN_OK)
+     * wrapping now, before it, instead of during it (cuda_stage_room). */
+    if ((rc = cuda_stage_room(ctx, GRAPH_STAGE_ROOM)) != CAIRN_OK)
         return rc;
     CUDA_TRY(cudaStreamBeginCapture(ctx->stream, cudaStreamCaptureModeThreadLocal));
     g->capturing = true;

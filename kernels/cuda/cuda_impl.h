@@ -136,9 +136,11 @@ int cuda_enter(cairn_backend *be);
  * cuda_stage_send() has been called. Synchronizes the stream when the ring
  * wraps, and grows the ring when one request is larger than it. */
 int cuda_stage_reserve(cuda_ctx *ctx, size_t bytes, uint8_t **host, uint8_t **dev);
-/* Wait for the stream and start the ring over when fewer than `room`
- * bytes are left (what a wrap does, done before a graph capture). */
-int cuda_stage_rewind(cuda_ctx *ctx, size_t room);
+/* At least `room` contiguous bytes free in the ring: when fewer are left
+ * it wraps (waits for the stream and starts over), or grows when it is
+ * smaller than `room`. cuda_stage_reserve's first step; a graph capture
+ * calls it beforehand, since it may not wait inside. */
+int cuda_stage_room(cuda_ctx *ctx, size_t room);
 /* CAIRN_CUDA_SYNC=1: every kernel is waited for (no graphs then). */
 int cuda_debug_sync(void);
 /* Enqueue the copy of a reserved region to the device. */
