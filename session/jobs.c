@@ -317,15 +317,15 @@ int job_spec_create(cairn_service *s, job *j)
 }
 
 
-/* The time to the first token, or since the last one, as a token is taken. */
-static void job_note_token_time(cairn_service *s, job *j)
+void job_note_tokens_time(cairn_service *s, job *j, int n)
 {
     double now = cairn_now();
     if (j->t_last_token == 0) {
         svc_histogram_observe(&s->stats.ttft, now - j->req->submitted_at);
         j->t_first_token = now;
     } else {
-        svc_histogram_observe(&s->stats.inter_token, now - j->t_last_token);
+        for (int t = 0; t < n; t++) /* the step's time, shared by its tokens */
+            svc_histogram_observe(&s->stats.inter_token, (now - j->t_last_token) / n);
     }
     j->t_last_token = now;
 }
@@ -335,7 +335,7 @@ static void job_note_token_time(cairn_service *s, job *j)
 bool job_take_token(cairn_service *s, job *j, float *logits)
 {
     int32_t tok;
-    job_note_token_time(s, j);
+    job_note_tokens_time(s, j, 1);
     /* structured output: tokens that cannot continue the document go */
     if (j->matcher && cairn_grammar_matcher_mask(j->matcher, logits, s->n_vocab) != CAIRN_OK) {
         j->finish = "stop";
@@ -373,7 +373,7 @@ bool job_grammar_bits(cairn_service *s, job *j, float *scratch, uint32_t *bits)
 /* job_take_token's end for a job whose grammar allowed no token. */
 bool job_take_masked_out(cairn_service *s, job *j)
 {
-    job_note_token_time(s, j);
+    job_note_tokens_time(s, j, 1);
     j->finish = "stop";
     return true;
 }
@@ -384,7 +384,7 @@ bool job_take_masked_out(cairn_service *s, job *j)
 bool job_take_sampled(cairn_service *s, job *j, int32_t tok, int status,
                       const cairn_token_logprob *lp)
 {
-    job_note_token_time(s, j);
+    job_note_tokens_time(s, j, 1);
     if (status != CAIRN_OK) {
         j->finish = "stop";
         return true;

@@ -346,14 +346,7 @@ static void finish_speculative(cairn_service *s, job *j, float *logits, const fl
     s->spec_tokens += (uint64_t)n_out;
     j->spec_forwards++;
     j->spec_tokens += n_out;
-    double now = cairn_now();
-    if (j->t_last_token == 0) {
-        svc_histogram_observe(&s->stats.ttft, now - j->req->submitted_at);
-        j->t_first_token = now;
-    } else
-        for (int t = 0; t < n_out; t++) /* the step's time, shared by its tokens */
-            svc_histogram_observe(&s->stats.inter_token, (now - j->t_last_token) / n_out);
-    j->t_last_token = now;
+    job_note_tokens_time(s, j, n_out);
     bool done = false;
     const cairn_token_logprob *lps = j->req->gen.logprobs ? cairn_spec_seq_logprobs(j->spec)
                                                           : NULL;

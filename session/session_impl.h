@@ -315,6 +315,9 @@ cairn_spec_params draft_override(cairn_spec_params base, const cairn_spec_params
 int job_spec_create(cairn_service *s, job *j);
 /* The head over the n tokens j's last forward computed. */
 int job_spec_advance(cairn_service *s, job *j, const float *features, int n);
+/* The time to j's first token, or since its last one, as n tokens (one
+ * step's) are taken: TTFT, or n inter-token samples of an n-th each. */
+void job_note_tokens_time(cairn_service *s, job *j, int n);
 /* Sample j's next token from its logits row; true when j is finished. */
 bool job_take_token(cairn_service *s, job *j, float *logits);
 /* The same, in three parts, for tokens sampled where the logits are
