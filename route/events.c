@@ -6,9 +6,20 @@
  *   connect ─▶ XREAD COUNT 1000 BLOCK 1000 STREAMS P events <last id>
  *                 (from 0-0 at start: a restarted router rebuilds its index
  *                 from the whole stream, then follows it) ─▶ apply each entry
- *           ◀─ every few seconds, and after a reconnect: the stream's last
- *              id; when it is below ours (Redis lost or flushed the stream)
- *              the index is cleared and read again from 0-0
+ *           ◀─ every few seconds, and after a reconnect: is the stream the
+ *              one we were reading?  Two signs say it is not (Redis lost or
+ *              flushed it): the router's own marker key is gone, or the
+ *              stream's last id is below ours.  Then the index is cleared
+ *              and read again from 0-0.
+ *
+ * Why a marker: the last id alone misses a flush that a replica writes
+ * behind at once (a new stream's ids come from the clock, so they are above
+ * ours again within a millisecond).  The marker "P router:<pid>-<random>"
+ * is set with SET ... GET, one atomic step, with an expiry so routers that
+ * go away leave nothing behind; a missing marker (a flush, a Redis restarted
+ * without its data) is a reset.  A router stalled past the expiry rebuilds
+ * once for nothing, which is safe.  A Redis that refuses the write (a
+ * read-only user) leaves the last-id check alone.
  *
  *   hello    the replica's addresses, namespace root and page size; what
  *            the index held for it is forgotten (it starts afresh)
@@ -30,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef struct {
     uint64_t ms, seq;
@@ -222,6 +234,26 @@ static bool last_entry(redisContext *c, const char *key, stream_id *out)
     return ok;
 }
 
+enum { MARKER_TTL_S = 600 };
+
+typedef enum { MARKER_PRESENT, MARKER_MISSING, MARKER_UNUSABLE, MARKER_IO_ERROR } marker_state;
+
+/* Sets the marker and says whether it was there before. */
+static marker_state touch_marker(redisContext *c, const char *marker)
+{
+    redisReply *rep = redisCommand(c, "SET %s 1 EX %d GET", marker, (int)MARKER_TTL_S);
+    if (!rep)
+        return MARKER_IO_ERROR;
+    marker_state st = rep->type == REDIS_REPLY_STRING ? MARKER_PRESENT
+                      : rep->type == REDIS_REPLY_NIL  ? MARKER_MISSING
+                                                      : MARKER_UNUSABLE;
+    if (st == MARKER_UNUSABLE)
+        cairn_log(CAIRN_LOG_DEBUG, "route: Redis refused the marker key (%s); flushes are seen "
+                  "by the stream's last id only", rep->type == REDIS_REPLY_ERROR ? rep->str : "?");
+    freeReplyObject(rep);
+    return st;
+}
+
 static void sleep_s(double s)
 {
     struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
@@ -237,6 +269,11 @@ static void *events_main(void *arg)
     redisContext *c = NULL;
     double last_check = 0;
     bool logged_down = false;
+    char marker[600];
+    uint64_t nonce = ((uint64_t)getpid() << 32) ^ (uint64_t)(cairn_now() * 1e6);
+    snprintf(marker, sizeof marker, "%srouter:%d-%016" PRIx64, r->prefix, (int)getpid(), nonce);
+    bool marker_set = false;  /* set by us, so its absence means a reset */
+    bool marker_usable = true;
     while (!__atomic_load_n(&r->events_stop, __ATOMIC_ACQUIRE)) {
         if (!c) {
             c = connect_redis(r->cfg.redis_url);
@@ -260,9 +297,21 @@ static void *events_main(void *arg)
                 c = NULL;
                 continue;
             }
+            bool lost_marker = false;
+            if (marker_usable) {
+                marker_state st = touch_marker(c, marker);
+                if (st == MARKER_IO_ERROR) {
+                    redisFree(c);
+                    c = NULL;
+                    continue;
+                }
+                marker_usable = st != MARKER_UNUSABLE;
+                lost_marker = marker_set && st == MARKER_MISSING;
+                marker_set = marker_usable;
+            }
             last_check = cairn_now();
-            if (id_less(tail, parse_id(last))) {
-                /* the stream is behind us: Redis lost or flushed it */
+            if (lost_marker || id_less(tail, parse_id(last))) {
+                /* the stream is not the one we read: Redis lost or flushed it */
                 cairn_log(CAIRN_LOG_WARN, "route: the event stream was reset; rebuilding");
                 route_index_clear(r->index);
                 __atomic_add_fetch(&r->counters.stream_resets, 1, __ATOMIC_RELAXED);
