@@ -2,12 +2,20 @@
  * kernels/cpu/cpu_attention.c — writing K/V into the paged pool and attention
  * over it.
  *
- * Attention is computed per (query row, query head) item, two-pass: first
- * every visible score s_j = scale * q·k_j and their maximum, then
- * softmax weights exp(s_j - max) and the weighted sum of V. Each item is
- * independent, so the work is split over all items of all sequences at once
- * (a decode step of many sequences and a long prefill both keep every thread
- * busy).
+ * Two kernels:
+ *   - the vector kernel (AVX-512; cpu_impl.h "The vector attention kernel"):
+ *     one pass over the keys with a running maximum, in 16-key tiles and
+ *     512-key chunks at fixed key positions. A work item is a block of query
+ *     rows of one sequence times the query heads of one KV head, so K/V are
+ *     read once per block. When a call has few such items and long contexts
+ *     (decode), its chunks become items of their own and a second pass
+ *     folds them per row; the arithmetic is the same either way.
+ *   - the scalar reference (and AVX2 helpers), per (query row, query head):
+ *     two-pass, first every visible score s_j = scale * q·k_j and their
+ *     maximum, then softmax weights exp(s_j - max) and the weighted sum of V.
+ * Items are independent, so the work is split over all items of all
+ * sequences at once (a decode step of many sequences and a long prefill both
+ * keep every thread busy).
  *
  * Rules beyond kernels/backend.h:
  *   - A query row that sees no KV entry at all (an all-zero mask row) gets an
@@ -94,7 +102,6 @@ typedef struct {
     int group;                /* query heads per KV head */
     cpu_dot_kv_fn dot;        /* vector q·k and acc += w·v, or NULL for the scalar ones */
     cpu_axpy_kv_fn axpy;
-    cpu_attend_group_fn attend_group; /* when set, items are (row, KV head) */
 } attn_job;
 
 /* Dot product of a float query with one K row of the pool. */
@@ -187,7 +194,7 @@ static void attention_range(void *p, int64_t begin, int64_t end, int thread)
     float *scratch = cpu_scratch_of(job->ctx, thread);
     /* Find the sequence of the first item: the last one starting at or
      * before its row (binary search over the row starts). */
-    int64_t row = begin / (job->attend_group ? a->kv->n_kv_head : a->n_head);
+    int64_t row = begin / a->n_head;
     int lo = 0, hi = a->n_seqs - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
@@ -197,34 +204,6 @@ static void attention_range(void *p, int64_t begin, int64_t end, int thread)
             hi = mid - 1;
     }
     int s = lo;
-    if (job->attend_group) {
-        const cairn_kv_layout *L = a->kv;
-        const int hd = L->head_dim;
-        for (int64_t item = begin; item < end; item++) {
-            row = item / L->n_kv_head;
-            const int kvh = (int)(item % L->n_kv_head);
-            while (row >= job->row_start[s + 1])
-                s++;
-            const cairn_attn_seq *seq = &a->seqs[s];
-            const int i = (int)(row - job->row_start[s]);
-            /* q and out by the sequence's own q_start, as attend_one: the
-             * flattened row only finds the sequence (callers need not
-             * list sequences in row order). */
-            const size_t q_off =
-                ((size_t)(seq->q_start + i) * a->n_head + (size_t)kvh * job->group) * hd;
-            const cpu_attn_group g = {
-                .L = L, .pool = a->kv_pool, .layer = a->layer,
-                .head_off = (size_t)kvh * hd * (L->dtype == CAIRN_TYPE_F32 ? 4 : 2),
-                .pages = seq->pages,
-                .n_scan = seq->mask ? seq->n_kv : seq->q_index[i] + 1,
-                .mask = seq->mask ? seq->mask + (size_t)i * seq->n_kv : NULL,
-                .scale = a->scale, .group = job->group,
-                .q = a->q + q_off, .out = a->out + q_off, .scratch = scratch,
-            };
-            job->attend_group(&g);
-        }
-        return;
-    }
     for (int64_t item = begin; item < end; item++) {
         row = item / a->n_head;
         const int h = (int)(item % a->n_head);
@@ -232,6 +211,283 @@ static void attention_range(void *p, int64_t begin, int64_t end, int thread)
             s++;
         attend_one(job, &a->seqs[s], (int)(row - job->row_start[s]), h, scratch);
     }
+}
+
+/* ---- the vector kernel's driver ------------------------------------------- */
+
+/* Query rows per item: whole lane groups of 16 vectors (rows x heads of
+ * one KV head), at least 64 vectors, so each converted K/V tile serves many
+ * vectors without the item's states outgrowing L2. */
+static int rows_per_item(int group)
+{
+    int rows = 1;
+    while (rows * group % 16 != 0 && rows < 16)
+        rows *= 2;
+    while (rows * group < 64)
+        rows *= 2;
+    return rows;
+}
+
+typedef struct {
+    cpu_ctx *ctx;
+    const cairn_attn_args *a;
+    cpu_attend_chunk_fn chunk_fn;
+    const int64_t *block_start; /* [n_seqs + 1] first row block of each sequence */
+    int rows;                   /* rows per block */
+    int max_chunks;             /* chunks of the longest sequence */
+    float *partial;             /* split: [items][max_chunks][item_floats] states */
+    size_t item_floats;         /* one item's states: lane groups * state floats */
+    size_t qt_floats;           /* one item's transposed queries */
+} flash_job;
+
+/* Fold one chunk's partial states into the running ones, in key order:
+ * the same function (and so the same arithmetic) whether the chunks ran in
+ * one item or as items of their own. Per lane, scalar libm exp, no
+ * contraction (ISO C), so a lane's result is its vector's alone. */
+static void attn_fold(float *run, const float *part, int n_groups, int hd)
+{
+    const size_t stride = cpu_attn_state_floats(hd);
+    for (int g = 0; g < n_groups; g++, run += stride, part += stride) {
+        float *rm = run + (size_t)hd * 16, *rl = rm + 16;
+        const float *pm = part + (size_t)hd * 16, *pl = pm + 16;
+        for (int lane = 0; lane < 16; lane++) {
+            if (pm[lane] == -INFINITY)
+                continue; /* the chunk showed this vector nothing */
+            const float m = pm[lane] > rm[lane] ? pm[lane] : rm[lane];
+            const float alpha = expf(rm[lane] - m), beta = expf(pm[lane] - m);
+            rl[lane] = rl[lane] * alpha + pl[lane] * beta;
+            for (int d = 0; d < hd; d++)
+                run[(size_t)d * 16 + lane] =
+                    run[(size_t)d * 16 + lane] * alpha + part[(size_t)d * 16 + lane] * beta;
+            rm[lane] = m;
+        }
+    }
+}
+
+static void attn_state_clear(float *st, int n_groups, int hd)
+{
+    const size_t stride = cpu_attn_state_floats(hd);
+    for (int g = 0; g < n_groups; g++, st += stride) {
+        memset(st, 0, sizeof(float) * (size_t)hd * 16);
+        for (int lane = 0; lane < 16; lane++) {
+            st[(size_t)hd * 16 + lane] = -INFINITY;
+            st[(size_t)hd * 16 + 16 + lane] = 0.0f;
+        }
+    }
+}
+
+/* The sequence of row block `block`. */
+static int block_seq(const flash_job *job, int64_t block)
+{
+    int lo = 0, hi = job->a->n_seqs - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (job->block_start[mid] <= block)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+/* Per-thread scratch of the driver, in this order: the K/V tile, the
+ * transposed queries, two item states (a chunk's and the running fold), the
+ * rows' n_scan. */
+typedef struct {
+    float *kv_tile, *q_t, *part, *run;
+    int32_t *n_scan;
+} flash_scratch;
+
+static flash_scratch scratch_of(const flash_job *job, int thread)
+{
+    flash_scratch f;
+    f.kv_tile = cpu_scratch_of(job->ctx, thread);
+    f.q_t = f.kv_tile + 2 * (size_t)CPU_ATTN_TILE * job->a->kv->head_dim;
+    f.part = f.q_t + job->qt_floats;
+    f.run = f.part + job->item_floats;
+    f.n_scan = (int32_t *)(f.run + job->item_floats);
+    return f;
+}
+
+static size_t flash_scratch_floats(const flash_job *job)
+{
+    return 2 * (size_t)CPU_ATTN_TILE * job->a->kv->head_dim + job->qt_floats +
+           2 * job->item_floats + (size_t)(job->rows + 15) / 16 * 16;
+}
+
+/* The item of (row block, KV head) `item`. */
+static void flash_item(const flash_job *job, int64_t item, const flash_scratch *f, cpu_attn_item *it)
+{
+    const cairn_attn_args *a = job->a;
+    const cairn_kv_layout *L = a->kv;
+    const int64_t block = item / L->n_kv_head;
+    const int kvh = (int)(item % L->n_kv_head);
+    const int s = block_seq(job, block);
+    const cairn_attn_seq *seq = &a->seqs[s];
+    const int r0 = (int)(block - job->block_start[s]) * job->rows;
+    const int n_rows = seq->n_q - r0 < job->rows ? seq->n_q - r0 : job->rows;
+    const int group = a->n_head / L->n_kv_head;
+    for (int r = 0; r < n_rows; r++)
+        f->n_scan[r] = seq->mask ? seq->n_kv : seq->q_index[r0 + r] + 1;
+    *it = (cpu_attn_item){
+        .L = L, .pool = a->kv_pool, .layer = a->layer,
+        .head_off = (size_t)kvh * L->head_dim * (L->dtype == CAIRN_TYPE_F32 ? 4 : 2),
+        .pages = seq->pages, .scale = a->scale, .group = group, .n_rows = n_rows,
+        .q = a->q + ((size_t)(seq->q_start + r0) * a->n_head + (size_t)kvh * group) * L->head_dim,
+        .row_stride = (size_t)a->n_head * L->head_dim,
+        .n_scan = f->n_scan,
+        .mask = seq->mask ? seq->mask + (size_t)r0 * seq->n_kv : NULL,
+        .mask_stride = (size_t)seq->n_kv,
+        .kv_tile = f->kv_tile, .q_t = f->q_t,
+    };
+}
+
+static int item_groups(const cpu_attn_item *it)
+{
+    return cpu_attn_lane_groups(it->n_rows * it->group);
+}
+
+/* out = acc / l for every vector of the item (zeros where nothing was
+ * visible: m still -inf). */
+static void flash_write(const flash_job *job, const cpu_attn_item *it, const float *st)
+{
+    const int hd = job->a->kv->head_dim;
+    const size_t stride = cpu_attn_state_floats(hd);
+    float *out = job->a->out + (it->q - job->a->q);
+    const int n_vec = it->n_rows * it->group;
+    for (int v = 0; v < n_vec; v++) {
+        const float *g = st + (size_t)(v / 16) * stride;
+        const int lane = v % 16;
+        const float m = g[(size_t)hd * 16 + lane], l = g[(size_t)hd * 16 + 16 + lane];
+        const float inv = m == -INFINITY ? 0.0f : 1.0f / l;
+        float *o = out + (size_t)(v / it->group) * it->row_stride + (size_t)(v % it->group) * hd;
+        for (int d = 0; d < hd; d++)
+            o[d] = g[(size_t)d * 16 + lane] * inv;
+    }
+}
+
+static int item_chunks(const cpu_attn_item *it)
+{
+    int max_scan = 0;
+    for (int r = 0; r < it->n_rows; r++)
+        max_scan = it->n_scan[r] > max_scan ? it->n_scan[r] : max_scan;
+    return (max_scan + CPU_ATTN_CHUNK - 1) / CPU_ATTN_CHUNK;
+}
+
+/* Whole items: every chunk of a (row block, KV head), folded as it goes. */
+static void flash_whole_range(void *p, int64_t begin, int64_t end, int thread)
+{
+    const flash_job *job = p;
+    const int hd = job->a->kv->head_dim;
+    const flash_scratch f = scratch_of(job, thread);
+    for (int64_t item = begin; item < end; item++) {
+        cpu_attn_item it;
+        flash_item(job, item, &f, &it);
+        const int n_groups = item_groups(&it);
+        attn_state_clear(f.run, n_groups, hd);
+        const int chunks = item_chunks(&it);
+        for (int c = 0; c < chunks; c++) {
+            job->chunk_fn(&it, c, f.part);
+            attn_fold(f.run, f.part, n_groups, hd);
+        }
+        flash_write(job, &it, f.run);
+    }
+}
+
+/* Split, pass 1: one chunk of one (row block, KV head) into job->partial. */
+static void flash_chunk_range(void *p, int64_t begin, int64_t end, int thread)
+{
+    const flash_job *job = p;
+    const flash_scratch f = scratch_of(job, thread);
+    for (int64_t w = begin; w < end; w++) {
+        cpu_attn_item it;
+        flash_item(job, w / job->max_chunks, &f, &it);
+        const int c = (int)(w % job->max_chunks);
+        float *part = job->partial + (size_t)w * job->item_floats;
+        if (c < item_chunks(&it))
+            job->chunk_fn(&it, c, part);
+        else
+            attn_state_clear(part, item_groups(&it), job->a->kv->head_dim);
+    }
+}
+
+/* Split, pass 2: fold each item's chunks in order and write its rows. */
+static void flash_fold_range(void *p, int64_t begin, int64_t end, int thread)
+{
+    const flash_job *job = p;
+    const int hd = job->a->kv->head_dim;
+    const flash_scratch f = scratch_of(job, thread);
+    for (int64_t item = begin; item < end; item++) {
+        cpu_attn_item it;
+        flash_item(job, item, &f, &it);
+        const int n_groups = item_groups(&it);
+        attn_state_clear(f.run, n_groups, hd);
+        for (int c = 0; c < job->max_chunks; c++)
+            attn_fold(f.run, job->partial + ((size_t)item * job->max_chunks + c) * job->item_floats,
+                      n_groups, hd);
+        flash_write(job, &it, f.run);
+    }
+}
+
+static int grow_seq_table(cpu_ctx *ctx, int n_seqs)
+{
+    if (ctx->seq_row_cap < n_seqs + 1) {
+        int64_t *grown = realloc(ctx->seq_row_start, sizeof(int64_t) * (size_t)(n_seqs + 1));
+        if (!grown)
+            return CAIRN_ENOMEM;
+        ctx->seq_row_start = grown;
+        ctx->seq_row_cap = n_seqs + 1;
+    }
+    return CAIRN_OK;
+}
+
+static int flash_attention(cpu_ctx *ctx, const cairn_attn_args *a, cpu_attend_chunk_fn chunk_fn,
+                           int max_kv)
+{
+    const cairn_kv_layout *L = a->kv;
+    const int group = a->n_head / L->n_kv_head, hd = L->head_dim;
+    const int rows = rows_per_item(group);
+    int rc = grow_seq_table(ctx, a->n_seqs);
+    if (rc != CAIRN_OK)
+        return rc;
+    int64_t n_blocks = 0;
+    for (int s = 0; s < a->n_seqs; s++) {
+        ctx->seq_row_start[s] = n_blocks;
+        n_blocks += (a->seqs[s].n_q + rows - 1) / rows;
+    }
+    ctx->seq_row_start[a->n_seqs] = n_blocks;
+    const int n_groups = cpu_attn_lane_groups(rows * group);
+    flash_job job = {
+        .ctx = ctx, .a = a, .chunk_fn = chunk_fn, .block_start = ctx->seq_row_start,
+        .rows = rows,
+        .max_chunks = (max_kv + CPU_ATTN_CHUNK - 1) / CPU_ATTN_CHUNK,
+        .item_floats = (size_t)n_groups * cpu_attn_state_floats(hd),
+        .qt_floats = (size_t)n_groups * 16 * hd,
+    };
+    rc = cpu_scratch_reserve(ctx, flash_scratch_floats(&job));
+    if (rc != CAIRN_OK)
+        return rc;
+    const int64_t n_items = n_blocks * L->n_kv_head;
+    /* Few items over long contexts (decode): give every chunk to a thread of
+     * its own, or the call would run on n_items threads at most. */
+    const int split = job.max_chunks > 1 && n_items < 4 * (int64_t)ctx->n_threads;
+    if (!split) {
+        cpu_pool_parallel_for(ctx->pool, n_items, 1, flash_whole_range, &job);
+        return CAIRN_OK;
+    }
+    const size_t need = (size_t)n_items * job.max_chunks * job.item_floats;
+    if (ctx->attn_partial_cap < need) {
+        void *mem = NULL;
+        if (posix_memalign(&mem, 64, need * sizeof(float)) != 0)
+            return CAIRN_ENOMEM;
+        free(ctx->attn_partial);
+        ctx->attn_partial = mem;
+        ctx->attn_partial_cap = need;
+    }
+    job.partial = ctx->attn_partial;
+    cpu_pool_parallel_for(ctx->pool, n_items * job.max_chunks, 1, flash_chunk_range, &job);
+    cpu_pool_parallel_for(ctx->pool, n_items, 1, flash_fold_range, &job);
+    return CAIRN_OK;
 }
 
 int cpu_attention(cairn_backend *be, const cairn_attn_args *a)
@@ -242,23 +498,17 @@ int cpu_attention(cairn_backend *be, const cairn_attn_args *a)
     const cairn_kv_layout *L = a->kv;
 
     cpu_ctx *ctx = cpu_ctx_of(be);
+    cpu_attend_chunk_fn chunk_fn = cpu_x86_attend_chunk(ctx->isa, L);
+    if (chunk_fn)
+        return flash_attention(ctx, a, chunk_fn, max_kv);
     /* Scratch per thread: scores [max_kv] plus query copy and accumulator,
      * each padded to whole cache lines as attend_one lays them out. */
     size_t scratch = (size_t)(max_kv + 15) / 16 * 16 + 2 * ((size_t)(L->head_dim + 15) / 16 * 16);
-    const int group = a->n_head / L->n_kv_head;
-    cpu_attend_group_fn attend_group = cpu_x86_attend_group(ctx->isa, L, group);
-    if (attend_group)
-        scratch = (size_t)group * ((size_t)(max_kv + 15) / 16 * 16 + 2 * (size_t)L->head_dim);
     int rc = cpu_scratch_reserve(ctx, scratch);
+    if (rc == CAIRN_OK)
+        rc = grow_seq_table(ctx, a->n_seqs);
     if (rc != CAIRN_OK)
         return rc;
-    if (ctx->seq_row_cap < a->n_seqs + 1) {
-        int64_t *grown = realloc(ctx->seq_row_start, sizeof(int64_t) * (size_t)(a->n_seqs + 1));
-        if (!grown)
-            return CAIRN_ENOMEM;
-        ctx->seq_row_start = grown;
-        ctx->seq_row_cap = a->n_seqs + 1;
-    }
     int64_t n_rows = 0;
     for (int s = 0; s < a->n_seqs; s++) {
         ctx->seq_row_start[s] = n_rows;
@@ -271,12 +521,10 @@ int cpu_attention(cairn_backend *be, const cairn_attn_args *a)
         .group = a->n_head / L->n_kv_head,
         .dot = cpu_x86_dot_kv(ctx->isa, L->dtype),
         .axpy = cpu_x86_axpy_kv(ctx->isa, L->dtype),
-        .attend_group = attend_group,
     };
-    /* An item costs about 2 * n_kv * head_dim multiply-adds per head. */
-    const int heads_per_item = attend_group ? group : 1;
-    int64_t work_per_item = 2 * (int64_t)max_kv * L->head_dim * heads_per_item;
-    cpu_pool_parallel_for(ctx->pool, n_rows * (a->n_head / heads_per_item),
-                          1 + 16384 / work_per_item, attention_range, &job);
+    /* An item costs about 2 * n_kv * head_dim multiply-adds. */
+    int64_t work_per_item = 2 * (int64_t)max_kv * L->head_dim;
+    cpu_pool_parallel_for(ctx->pool, n_rows * a->n_head, 1 + 16384 / work_per_item,
+                          attention_range, &job);
     return CAIRN_OK;
 }

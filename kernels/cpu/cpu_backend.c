@@ -50,6 +50,7 @@ static void cpu_destroy(cairn_backend *be)
         cpu_pool_destroy(ctx->pool);
         free(ctx->scratch);
         free(ctx->seq_row_start);
+        free(ctx->attn_partial);
         free(ctx->act_q);
         free(ctx->act_d);
         free(ctx->act_s);

@@ -105,6 +105,10 @@ typedef struct {
      * of each sequence, [n_seqs + 1], grown like scratch. */
     int64_t *seq_row_start;
     int seq_row_cap;
+    /* Attention's partial states when a call's chunks run as separate work
+     * items (cpu_attention.c), grown like scratch. */
+    float *attn_partial;
+    size_t attn_partial_cap; /* floats */
 } cpu_ctx;
 
 static inline cpu_ctx *cpu_ctx_of(cairn_backend *be)
@@ -238,28 +242,69 @@ typedef void (*cpu_axpy_kv_fn)(float *acc, float w, const void *v, int n);
 cpu_dot_kv_fn cpu_x86_dot_kv(cpu_isa isa, cairn_type dtype);
 cpu_axpy_kv_fn cpu_x86_axpy_kv(cpu_isa isa, cairn_type dtype);
 
-/* One query row of the `group` query heads that share one KV head, over
- * the first n_scan KV entries of a sequence (masked ones skipped): the same
- * two-pass softmax as the scalar attend_one, but each K and V row is
- * converted once for the whole group and the loop walks pages directly. */
+/* The vector attention kernel: flash-style, one pass over the keys with a
+ * running maximum, in tiles and chunks at fixed absolute key positions.
+ *
+ *   keys  0        512       1024              n_scan
+ *         |tile|tile|...     |                   |      tile  = 16 keys
+ *         |---- chunk 0 -----|---- chunk 1 ----|-|      chunk = 512 keys
+ *
+ * A work item is the query vectors of n_rows consecutive rows of one
+ * sequence times the `group` query heads that share one KV head (a prefill
+ * block, or one decode row). Each K/V tile is converted to F32 once per item
+ * and used by every vector of it, so a long prefill reads its KV once per
+ * block of rows instead of once per row. Within a chunk each vector keeps
+ * (m, l, acc): the largest score so far, the sum of exp(s - m), and the
+ * weighted sum of V rows, rescaled when m grows. A chunk starts afresh;
+ * chunks are folded in key order by the driver (cpu_attention.c).
+ *
+ * Why this shape: a vector's arithmetic depends only on its query, its keys
+ * and these fixed boundaries — never on which rows share its item, on the
+ * thread count, or on whether its chunks ran in one item (prefill) or as
+ * items of their own folded afterwards (decode at long context, where one
+ * row per sequence would otherwise leave threads idle). So the same request
+ * gives the same bits whatever batch, chunking or thread count it runs in. */
+enum { CPU_ATTN_TILE = 16, CPU_ATTN_CHUNK = 512 };
+
 typedef struct {
     const cairn_kv_layout *L;
     const uint8_t *pool;
     int layer;
-    size_t head_off;       /* byte offset of the KV head inside a row        */
-    const int32_t *pages;
-    int n_scan;
-    const uint8_t *mask;   /* [n_scan] or NULL                               */
+    size_t head_off;        /* byte offset of the KV head inside a row         */
+    const int32_t *pages;   /* the sequence's page table                        */
     float scale;
-    int group;             /* query heads in the group                       */
-    const float *q;        /* [group][head_dim]                              */
-    float *out;            /* [group][head_dim], may alias q                 */
-    float *scratch;        /* group * (pad16(n_scan) + 2 * head_dim) floats  */
-} cpu_attn_group;
-typedef void (*cpu_attend_group_fn)(const cpu_attn_group *g);
+    int group;              /* query heads per KV head                          */
+    int n_rows;             /* query rows in the item                           */
+    const float *q;         /* row r, head h of the group: q + r * row_stride
+                               + h * head_dim                                   */
+    size_t row_stride;      /* floats from one query row to the next            */
+    const int32_t *n_scan;  /* [n_rows] keys 0 .. n_scan[r]-1 may be visible    */
+    const uint8_t *mask;    /* [n_rows][mask_stride], 1 = visible, or NULL      */
+    size_t mask_stride;
+    float *kv_tile;         /* scratch, 64-byte aligned: 2 * 16 * head_dim      */
+    float *q_t;             /* scratch, 64-byte aligned: lane groups * 16 * hd  */
+} cpu_attn_item;
+
+/* Vectors are kept 16 to a lane group (vector v = r * group + h in group
+ * v / 16, lane v % 16). A group's partial state, cpu_attn_state_floats
+ * floats: acc[head_dim][16], then m[16] (largest score) and l[16] (sum of
+ * weights). */
+static inline size_t cpu_attn_state_floats(int head_dim)
+{
+    return ((size_t)head_dim + 2) * 16;
+}
+static inline int cpu_attn_lane_groups(int n_vectors)
+{
+    return (n_vectors + 15) / 16;
+}
+/* The partial states of every lane group of the item over the keys
+ * [chunk * CPU_ATTN_CHUNK, (chunk + 1) * CPU_ATTN_CHUNK) it may see, into
+ * partial[lane groups][cpu_attn_state_floats]: written from scratch; a lane
+ * the chunk shows nothing keeps m = -inf, l = 0, acc = 0. */
+typedef void (*cpu_attend_chunk_fn)(const cpu_attn_item *it, int chunk, float *partial);
 /* NULL when the level or the shape (head_dim not a multiple of 16, or over
- * 256) has no such kernel. */
-cpu_attend_group_fn cpu_x86_attend_group(cpu_isa isa, const cairn_kv_layout *L, int group);
+ * 256, or a KV type other than F16/F32) has no such kernel. */
+cpu_attend_chunk_fn cpu_x86_attend_chunk(cpu_isa isa, const cairn_kv_layout *L);
 
 /* ---- element-wise helpers (cpu_x86_attention.c) ----------------------- */
 

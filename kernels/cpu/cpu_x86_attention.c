@@ -129,171 +129,181 @@ INLINE T512 __m512 exp_512(__m512 x)
     return _mm512_scalef_ps(p, n);
 }
 
-/* A K or V row of `hd` elements (F16 or F32) as floats into v[hd/16]. */
-INLINE T512 void load_kv_row(const uint8_t *p, int hd, int f16, __m512 *v)
+/* `n` K or V rows of the tile starting at key j0 as F32 into t[16][hd];
+ * rows n..15 are zeroed so the unused scores are finite. */
+INLINE T512 void load_tile(const cpu_attn_item *it, size_t kv_off, int j0, int n, int f16, int hd,
+                           float *t)
 {
-#pragma GCC unroll 16
-    for (int i = 0; i < hd / 16; i++)
-        v[i] = f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32 * (size_t)i)))
-                   : _mm512_loadu_ps((const float *)(p + 64 * (size_t)i));
+    const cairn_kv_layout *L = it->L;
+    const int ps = L->page_size;
+    for (int r = 0; r < n; r++) {
+        const int j = j0 + r;
+        const uint8_t *p = it->pool + (size_t)it->pages[j / ps] * L->page_bytes + kv_off +
+                           (size_t)(j % ps) * L->row_bytes;
+        float *dst = t + (size_t)r * hd;
+        for (int i = 0; i < hd; i += 16)
+            _mm512_store_ps(dst + i,
+                            f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 2 * (size_t)i)))
+                                : _mm512_loadu_ps((const float *)p + i));
+    }
+    if (n < CPU_ATTN_TILE)
+        memset(t + (size_t)n * hd, 0, sizeof(float) * (size_t)(CPU_ATTN_TILE - n) * hd);
 }
 
-/* HD and GC: the head size and group size when known at compile time (0:
- * read them from g). With both known, the loops unroll, K/V rows and — when
- * they fit, GC * HD / 16 <= 16 registers — the output accumulators stay in
- * registers; the arithmetic per element is the same either way. */
-INLINE T512 void attend_group_512(const cpu_attn_group *g, const int f16, const int HD,
-                                  const int GC)
+/* The kernel keeps one query vector per lane: a lane group is 16 vectors of
+ * the item (vector v = row * group + head sits in group v / 16, lane v % 16),
+ * its state acc[head_dim][16], m[16], l[16] (cpu_attn_state_floats). For a
+ * tile of 16 keys t it computes, all lanes at once,
+ *
+ *   S[t]  = sum_d qs[d] * K[t][d]          qs = scale * q, d in order
+ *   m'    = max(m, S[0], ..., S[15])       invisible keys score -inf
+ *   alpha = m' == m ? 1 : e^(m - m')
+ *   P[t]  = visible ? e^(S[t] - m') : 0
+ *   l     = l * alpha + P[0] + ... + P[15]
+ *   acc[d] = acc[d] * alpha + P[0] V[0][d] + ... (only visible lanes change)
+ *
+ * with every key's K/V element broadcast from the F32 tile: no horizontal
+ * sums at all, two FMAs per key and dimension per 16 vectors. Each lane's
+ * arithmetic is that of its vector alone, in a fixed order, so which lane
+ * or item a vector lands in changes nothing.
+ *
+ * HD: the head size when known at compile time (0: from the layout). */
+INLINE T512 void attend_chunk_512(const cpu_attn_item *it, int chunk, float *partial, const int f16,
+                                  const int HD)
 {
-    const cairn_kv_layout *L = g->L;
-    const int hd = HD ? HD : L->head_dim, ps = L->page_size, G = GC ? GC : g->group;
-    const size_t k_off = cairn_kv_offset(L, g->layer, 0, 0) + g->head_off;
-    const size_t v_off = cairn_kv_offset(L, g->layer, 1, 0) + g->head_off;
-    float *scores = g->scratch;                           /* [G][n_pad]  */
-    const size_t n_pad = ((size_t)g->n_scan + 15) / 16 * 16;
-    float *q = scores + (size_t)G * n_pad;                /* [G][hd]     */
-    float *acc = q + (size_t)G * hd;                      /* [G][hd]     */
-    memcpy(q, g->q, sizeof(float) * (size_t)G * hd);
-    float max[64];
-    for (int h = 0; h < G; h++)
-        max[h] = -INFINITY;
-    int any = 0;
-    __m512 kv[16];
-
-    /* Pass 1: each visible K row is converted once and scored against
-     * every query head of the group. */
-    for (int j = 0, page_i = 0, row = 0; j < g->n_scan; j++) {
-        if (g->mask && !g->mask[j]) {
-            for (int h = 0; h < G; h++)
-                scores[(size_t)h * n_pad + j] = -INFINITY; /* weight 0 below */
-        } else {
-            const uint8_t *k = g->pool + (size_t)g->pages[page_i] * L->page_bytes + k_off +
-                               (size_t)row * L->row_bytes;
-            load_kv_row(k, hd, f16, kv);
-#pragma GCC unroll 4
-            for (int h = 0; h < G; h++) {
-                const float *qh = q + (size_t)h * hd;
-                __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qh), kv[0]);
-#pragma GCC unroll 16
-                for (int i = 1; i < hd / 16; i++)
-                    a = _mm512_fmadd_ps(_mm512_loadu_ps(qh + 16 * i), kv[i], a);
-                const float s = _mm512_reduce_add_ps(a) * g->scale;
-                scores[(size_t)h * n_pad + j] = s;
-                max[h] = s > max[h] ? s : max[h];
-            }
-            any = 1;
-        }
-        if (++row == ps) {
-            row = 0;
-            page_i++;
+    const cairn_kv_layout *L = it->L;
+    const int hd = HD ? HD : L->head_dim, G = it->group;
+    const size_t stride = cpu_attn_state_floats(hd);
+    const int n_vec = it->n_rows * G, n_groups = (n_vec + 15) / 16;
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY), one = _mm512_set1_ps(1.0f);
+    for (int g = 0; g < n_groups; g++) {
+        float *st = partial + (size_t)g * stride;
+        memset(st, 0, sizeof(float) * (size_t)hd * 16);
+        _mm512_store_ps(st + (size_t)hd * 16, neg_inf);
+        _mm512_store_ps(st + (size_t)hd * 16 + 16, _mm512_setzero_ps());
+        float *qt = it->q_t + (size_t)g * hd * 16; /* [hd][16] */
+        for (int lane = 0; lane < 16; lane++) {
+            const int v = g * 16 + lane;
+            const float *q = v < n_vec ? it->q + (size_t)(v / G) * it->row_stride + (size_t)(v % G) * hd
+                                       : NULL;
+            for (int d = 0; d < hd; d++)
+                qt[(size_t)d * 16 + lane] = q ? q[d] * it->scale : 0.0f;
         }
     }
+    int max_scan = 0;
+    for (int r = 0; r < it->n_rows; r++)
+        max_scan = it->n_scan[r] > max_scan ? it->n_scan[r] : max_scan;
+    const int j_begin = chunk * CPU_ATTN_CHUNK;
+    const int j_end = max_scan < j_begin + CPU_ATTN_CHUNK ? max_scan : j_begin + CPU_ATTN_CHUNK;
+    const size_t k_off = cairn_kv_offset(L, it->layer, 0, 0) + it->head_off;
+    const size_t v_off = cairn_kv_offset(L, it->layer, 1, 0) + it->head_off;
+    float *kt = it->kv_tile;                     /* [16][hd] */
+    float *vt = kt + (size_t)CPU_ATTN_TILE * hd; /* [16][hd] */
+    float pbuf[CPU_ATTN_TILE * 16] __attribute__((aligned(64)));
+    int32_t lane_n[16] __attribute__((aligned(64)));
 
-    /* Pass 2: softmax weights, 16 at a time (masked entries hold -inf and
-     * get 0; so do the padding lanes), then the weighted sum of V rows. */
-    float sum[64];
-    for (int h = 0; h < G; h++)
-        sum[h] = 0.0f;
-    const int in_regs = GC && HD && GC * HD / 16 <= 16;
-    __m512 ar[16];
-    if (in_regs) {
-#pragma GCC unroll 16
-        for (int i = 0; i < G * hd / 16; i++)
-            ar[i] = _mm512_setzero_ps();
-    } else {
-        memset(acc, 0, sizeof(float) * (size_t)G * hd);
-    }
-    if (any) {
-        for (int h = 0; h < G; h++) {
-            float *sh = scores + (size_t)h * n_pad;
-            const __m512 mh = _mm512_set1_ps(max[h]);
-            __m512 sv = _mm512_setzero_ps();
-            for (int j = 0; j < g->n_scan; j += 16) {
-                const __mmask16 m = g->n_scan - j >= 16 ? 0xffff
-                                  : (__mmask16)((1u << (g->n_scan - j)) - 1);
-                const __m512 w = _mm512_maskz_mov_ps(
-                    m, exp_512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sh + j), mh)));
-                _mm512_storeu_ps(sh + j, w);
-                sv = _mm512_add_ps(sv, w);
+    for (int j0 = j_begin; j0 < j_end; j0 += CPU_ATTN_TILE) {
+        const int tn = j_end - j0 < CPU_ATTN_TILE ? j_end - j0 : CPU_ATTN_TILE;
+        load_tile(it, k_off, j0, tn, f16, hd, kt);
+        load_tile(it, v_off, j0, tn, f16, hd, vt);
+        for (int g = 0; g < n_groups; g++) {
+            /* keys j0 .. j0 + lane_n - 1 of the tile lie inside each lane's row */
+            int any = 0;
+            for (int lane = 0; lane < 16; lane++) {
+                const int v = g * 16 + lane;
+                int n = v < n_vec ? it->n_scan[v / G] - j0 : 0;
+                n = n < 0 ? 0 : n > tn ? tn : n;
+                lane_n[lane] = n;
+                any |= n;
             }
-            sum[h] = _mm512_reduce_add_ps(sv);
-        }
-        for (int j = 0, page_i = 0, row = 0; j < g->n_scan; j++) {
-            if (!g->mask || g->mask[j]) {
-                const uint8_t *v = g->pool + (size_t)g->pages[page_i] * L->page_bytes + v_off +
-                                   (size_t)row * L->row_bytes;
-                load_kv_row(v, hd, f16, kv);
-#pragma GCC unroll 4
-                for (int h = 0; h < G; h++) {
-                    const __m512 wv = _mm512_set1_ps(scores[(size_t)h * n_pad + j]);
-                    if (in_regs) {
+            if (!any)
+                continue;
+            const __m512i ln = _mm512_load_si512(lane_n);
+            __mmask16 vis[CPU_ATTN_TILE];
+            for (int t = 0; t < tn; t++) {
+                vis[t] = _mm512_cmp_epi32_mask(_mm512_set1_epi32(t), ln, _MM_CMPINT_LT);
+                if (it->mask)
+                    for (int lane = 0; lane < 16; lane++)
+                        if ((vis[t] >> lane & 1) &&
+                            !it->mask[(size_t)((g * 16 + lane) / G) * it->mask_stride + j0 + t])
+                            vis[t] &= (__mmask16)~(1u << lane);
+            }
+            float *st = partial + (size_t)g * stride;
+            const float *qt = it->q_t + (size_t)g * hd * 16;
+
+            /* scores: 16 accumulators, one per key */
+            __m512 S[CPU_ATTN_TILE];
 #pragma GCC unroll 16
-                        for (int i = 0; i < hd / 16; i++)
-                            ar[h * (hd / 16) + i] = _mm512_fmadd_ps(wv, kv[i], ar[h * (hd / 16) + i]);
-                    } else {
-                        float *ah = acc + (size_t)h * hd;
-                        for (int i = 0; i < hd / 16; i++)
-                            _mm512_storeu_ps(ah + 16 * i, _mm512_fmadd_ps(wv, kv[i],
-                                                                          _mm512_loadu_ps(ah + 16 * i)));
-                    }
+            for (int t = 0; t < CPU_ATTN_TILE; t++)
+                S[t] = _mm512_setzero_ps();
+            for (int d = 0; d < hd; d++) {
+                const __m512 qd = _mm512_load_ps(qt + (size_t)d * 16);
+#pragma GCC unroll 16
+                for (int t = 0; t < CPU_ATTN_TILE; t++)
+                    S[t] = _mm512_fmadd_ps(_mm512_set1_ps(kt[(size_t)t * hd + d]), qd, S[t]);
+            }
+            /* the running maximum, what the state is worth under it, the weights */
+            __m512 tmax = neg_inf;
+            for (int t = 0; t < tn; t++) {
+                S[t] = _mm512_mask_mov_ps(neg_inf, vis[t], S[t]);
+                tmax = _mm512_max_ps(tmax, S[t]);
+            }
+            const __m512 m_old = _mm512_load_ps(st + (size_t)hd * 16);
+            const __m512 m_new = _mm512_max_ps(m_old, tmax);
+            const __mmask16 same = _mm512_cmp_ps_mask(m_new, m_old, _CMP_EQ_OQ);
+            const __m512 alpha = _mm512_mask_mov_ps(exp_512(_mm512_sub_ps(m_old, m_new)), same, one);
+            __m512 l = _mm512_mul_ps(_mm512_load_ps(st + (size_t)hd * 16 + 16), alpha);
+            for (int t = 0; t < tn; t++) {
+                const __m512 w = _mm512_maskz_mov_ps(vis[t], exp_512(_mm512_sub_ps(S[t], m_new)));
+                _mm512_store_ps(pbuf + 16 * t, w);
+                l = _mm512_add_ps(l, w);
+            }
+            _mm512_store_ps(st + (size_t)hd * 16, m_new);
+            _mm512_store_ps(st + (size_t)hd * 16 + 16, l);
+
+            /* acc = acc * alpha + sum_t P[t] V[t], 16 dimensions at a time */
+            for (int d0 = 0; d0 < hd; d0 += 16) {
+                __m512 acc[16];
+#pragma GCC unroll 16
+                for (int i = 0; i < 16; i++)
+                    acc[i] = _mm512_mul_ps(_mm512_load_ps(st + (size_t)(d0 + i) * 16), alpha);
+                for (int t = 0; t < tn; t++) {
+                    const __m512 w = _mm512_load_ps(pbuf + 16 * t);
+                    const float *vr = vt + (size_t)t * hd + d0;
+#pragma GCC unroll 16
+                    for (int i = 0; i < 16; i++)
+                        acc[i] = _mm512_mask3_fmadd_ps(w, _mm512_set1_ps(vr[i]), acc[i], vis[t]);
                 }
-            }
-            if (++row == ps) {
-                row = 0;
-                page_i++;
+#pragma GCC unroll 16
+                for (int i = 0; i < 16; i++)
+                    _mm512_store_ps(st + (size_t)(d0 + i) * 16, acc[i]);
             }
         }
     }
-    if (in_regs) {
-#pragma GCC unroll 16
-        for (int i = 0; i < G * hd / 16; i++)
-            _mm512_storeu_ps(acc + 16 * i, ar[i]);
-    }
-    for (int h = 0; h < G; h++) {
-        const float inv = sum[h] > 0.0f ? 1.0f / sum[h] : 0.0f;
-        const __m512 iv = _mm512_set1_ps(inv);
-        for (int i = 0; i < hd / 16; i++)
-            _mm512_storeu_ps(g->out + (size_t)h * hd + 16 * i,
-                             _mm512_mul_ps(_mm512_loadu_ps(acc + (size_t)h * hd + 16 * i), iv));
-    }
 }
 
-#define ATTEND_FN(NAME, F16, HD, GC)                                                               \
-    static T512 void NAME(const cpu_attn_group *g) { attend_group_512(g, F16, HD, GC); }
-ATTEND_FN(attend_f16_any, 1, 0, 0)
-ATTEND_FN(attend_f32_any, 0, 0, 0)
-ATTEND_FN(attend_f16_64x1, 1, 64, 1)
-ATTEND_FN(attend_f16_64x2, 1, 64, 2)
-ATTEND_FN(attend_f16_64x3, 1, 64, 3)
-ATTEND_FN(attend_f16_64x4, 1, 64, 4)
-ATTEND_FN(attend_f16_128x1, 1, 128, 1)
-ATTEND_FN(attend_f16_128x2, 1, 128, 2)
-ATTEND_FN(attend_f32_64x1, 0, 64, 1)
-ATTEND_FN(attend_f32_64x2, 0, 64, 2)
-ATTEND_FN(attend_f32_64x3, 0, 64, 3)
-ATTEND_FN(attend_f32_64x4, 0, 64, 4)
-ATTEND_FN(attend_f32_128x1, 0, 128, 1)
-ATTEND_FN(attend_f32_128x2, 0, 128, 2)
+#define ATTEND_FN(NAME, F16, HD)                                                                   \
+    static T512 void NAME(const cpu_attn_item *it, int chunk, float *partial)                     \
+    {                                                                                              \
+        attend_chunk_512(it, chunk, partial, F16, HD);                                             \
+    }
+ATTEND_FN(attend_f16_any, 1, 0)
+ATTEND_FN(attend_f32_any, 0, 0)
+ATTEND_FN(attend_f16_64, 1, 64)
+ATTEND_FN(attend_f32_64, 0, 64)
+ATTEND_FN(attend_f16_128, 1, 128)
+ATTEND_FN(attend_f32_128, 0, 128)
 
-cpu_attend_group_fn cpu_x86_attend_group(cpu_isa isa, const cairn_kv_layout *L, int group)
+cpu_attend_chunk_fn cpu_x86_attend_chunk(cpu_isa isa, const cairn_kv_layout *L)
 {
-    if (isa < CPU_ISA_AVX512 || L->head_dim % 16 != 0 || L->head_dim > 256 || group > 64)
+    if (isa < CPU_ISA_AVX512 || L->head_dim % 16 != 0 || L->head_dim > 256 ||
+        (L->dtype != CAIRN_TYPE_F16 && L->dtype != CAIRN_TYPE_F32))
         return NULL;
     const int f16 = L->dtype == CAIRN_TYPE_F16;
-    if (L->head_dim == 64 && group >= 1 && group <= 4) {
-        static const cpu_attend_group_fn h64[2][4] = {
-            {attend_f32_64x1, attend_f32_64x2, attend_f32_64x3, attend_f32_64x4},
-            {attend_f16_64x1, attend_f16_64x2, attend_f16_64x3, attend_f16_64x4},
-        };
-        return h64[f16][group - 1];
-    }
-    if (L->head_dim == 128 && group >= 1 && group <= 2) {
-        static const cpu_attend_group_fn h128[2][2] = {
-            {attend_f32_128x1, attend_f32_128x2},
-            {attend_f16_128x1, attend_f16_128x2},
-        };
-        return h128[f16][group - 1];
-    }
+    if (L->head_dim == 64)
+        return f16 ? attend_f16_64 : attend_f32_64;
+    if (L->head_dim == 128)
+        return f16 ? attend_f16_128 : attend_f32_128;
     return f16 ? attend_f16_any : attend_f32_any;
 }
 
@@ -378,9 +388,9 @@ cpu_axpy_kv_fn cpu_x86_axpy_kv(cpu_isa isa, cairn_type dtype)
     (void)isa, (void)dtype;
     return NULL;
 }
-cpu_attend_group_fn cpu_x86_attend_group(cpu_isa isa, const cairn_kv_layout *L, int group)
+cpu_attend_chunk_fn cpu_x86_attend_chunk(cpu_isa isa, const cairn_kv_layout *L)
 {
-    (void)isa, (void)L, (void)group;
+    (void)isa, (void)L;
     return NULL;
 }
 int cpu_x86_f32_to_f16(cpu_isa isa, uint16_t *dst, const float *src, int n)
