@@ -105,7 +105,7 @@ class Tokenize(unittest.TestCase):
 
 class Help(unittest.TestCase):
     def test_help_everywhere(self):
-        for cmd in ([], ["run"], ["tokenize"], ["perplexity"]):
+        for cmd in ([], ["run"], ["tokenize"], ["perplexity"], ["bench"]):
             r = cairn(*cmd, "--help")
             self.assertEqual(r.returncode, 0, cmd)
             self.assertIn(b"usage", r.stdout)
