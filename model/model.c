@@ -67,6 +67,7 @@ struct cairn_model {
     uint8_t fingerprint[16];
 
     void *weights_mem; /* one backend allocation for all tensors */
+    size_t token_weight_bytes; /* cairn_model_token_weight_bytes */
     weight tok_embd, output_norm, output;
     const float *rope_freqs; /* optional, backend memory */
     layer_weights *layers;
@@ -381,6 +382,10 @@ static int upload_weights(cairn_model *m, const cairn_gguf *g, const tensor_bind
             *b[i].dst = (weight){dst, t->type};
         else
             m->rope_freqs = (const float *)dst;
+        /* a token looks up one row of an embedding table that is not also
+         * the output head; every other tensor is read whole */
+        bool one_row = i < n && b[i].dst == &m->tok_embd && !m->hp.tied_embeddings;
+        m->token_weight_bytes += one_row ? t->size / (uint64_t)t->ne[1] : t->size;
         /* name, type, shape, data: any change to the weights changes it */
         uint32_t type = (uint32_t)t->type;
         XXH3_128bits_update(hs, t->name, strlen(t->name) + 1);
@@ -519,6 +524,8 @@ void cairn_model_free(cairn_model *m)
 
 const cairn_hparams *cairn_model_hparams(const cairn_model *m) { return &m->hp; }
 cairn_backend *cairn_model_backend(const cairn_model *m) { return m->be; }
+
+size_t cairn_model_token_weight_bytes(const cairn_model *m) { return m->token_weight_bytes; }
 
 void cairn_model_limits(const cairn_model *m, int *max_batch_tokens, int *max_seqs)
 {

@@ -101,6 +101,13 @@ const cairn_hparams *cairn_model_hparams(const cairn_model *m);
 void cairn_model_limits(const cairn_model *m, int *max_batch_tokens, int *max_seqs);
 cairn_backend *cairn_model_backend(const cairn_model *m);
 
+/* Bytes of weights one token's forward pass reads: every matrix, norm and
+ * bias of the layers and the head, plus one row of the token-embedding table
+ * (the whole table when it is also the output head, tied). What a decode
+ * step streams before it reads any KV; `cairn bench` counts it against the
+ * machine's read bandwidth. */
+size_t cairn_model_token_weight_bytes(const cairn_model *m);
+
 /* 128-bit fingerprint of the weights (XXH3-128 over every tensor's name,
  * type, shape and data). Part of the KV page-hash namespace. */
 void cairn_model_fingerprint(const cairn_model *m, uint8_t out[16]);

@@ -3,6 +3,7 @@
 
 usage: test_cli.py CAIRN_BIN MODEL REF_SCRIPT TEXT_FILE [unittest args...]
 """
+import json
 import math
 import os
 import re
@@ -104,11 +105,99 @@ class Tokenize(unittest.TestCase):
 
 class Help(unittest.TestCase):
     def test_help_everywhere(self):
-        for cmd in ([], ["run"], ["tokenize"], ["perplexity"]):
+        for cmd in ([], ["run"], ["tokenize"], ["perplexity"], ["bench"]):
             r = cairn(*cmd, "--help")
             self.assertEqual(r.returncode, 0, cmd)
             self.assertIn(b"usage", r.stdout)
         self.assertEqual(cairn("frobnicate").returncode, 2)
+
+
+def bench_json(*args):
+    r = cairn("bench", "-m", MODEL, *args, "--json")
+    return r, (json.loads(r.stdout.decode().strip().splitlines()[-1]) if r.returncode == 0 else None)
+
+
+def gguf_reader():
+    try:
+        import gguf
+    except ImportError:
+        raise unittest.SkipTest("the 'gguf' Python package is needed (scripts/setup.sh --test)")
+    return gguf.GGUFReader(MODEL)
+
+
+class Bench(unittest.TestCase):
+    """`cairn bench -d`: context before the measured tests, and what one
+    decode step reads counted against the measured read bandwidth."""
+
+    def test_depth_bytes_per_token_and_bandwidth(self):
+        r, j = bench_json("-p", "16", "-n", "8", "-d", "32", "-r", "1")
+        self.assertEqual(r.returncode, 0, r.stderr.decode())
+        self.assertEqual((j["depth"], j["n_prompt"], j["n_gen"]), (32, 16, 8))
+        self.assertGreater(j["pp"], 0)
+        self.assertGreater(j["tg"], 0)
+
+        # The weights one token reads: every tensor of the file but the
+        # embedding table, of which one row (the file has its own output
+        # head, so the table is not read whole).
+        reader = gguf_reader()
+        sizes = {t.name: int(t.n_bytes) for t in reader.tensors}
+        self.assertIn("output.weight", sizes)
+        embd = sizes["token_embd.weight"]
+        n_vocab = [int(t.shape[1]) for t in reader.tensors if t.name == "token_embd.weight"][0]
+        self.assertEqual(n_vocab, j["n_vocab"])
+        non_embd = sum(sizes.values()) - embd
+        self.assertEqual(j["weight_bytes_per_token"], non_embd + embd // n_vocab)
+
+        # K and V of every layer at the tg run's mean context: the token at
+        # index 32 + i sees 33 + i keys, i = 0..7, a mean of 36.5; F16 KV.
+        arch = "llama"
+        n_kv_head = int(reader.fields[arch + ".attention.head_count_kv"].parts[-1][0])
+        n_head = int(reader.fields[arch + ".attention.head_count"].parts[-1][0])
+        head_dim = j["n_params_dim"] // n_head
+        self.assertEqual(j["kv_mean_ctx"], 36.5)
+        self.assertEqual(j["kv_bytes_per_token"], j["n_layer"] * 2 * n_kv_head * head_dim * 2 * 36.5)
+        bpt = j["bytes_per_token"]
+        self.assertEqual(bpt, j["weight_bytes_per_token"] + j["kv_bytes_per_token"])
+        # The rule in one line: more than the non-embedding weights, less
+        # than the whole file plus the KV.
+        self.assertGreater(bpt, non_embd)
+        self.assertLess(bpt, j["model_bytes"] + j["kv_bytes_per_token"])
+
+        self.assertAlmostEqual(j["tg_gbps"], bpt * j["tg"] / 1e9, delta=j["tg_gbps"] * 1e-4)
+        self.assertGreater(j["read_bw_gbps"], 0)
+        self.assertGreaterEqual(j["read_bw_buffer_bytes"], 1 << 30)
+        self.assertAlmostEqual(j["bw_fraction"], j["tg_gbps"] / j["read_bw_gbps"],
+                               delta=j["bw_fraction"] * 1e-4)
+
+    def test_table_names_the_depth(self):
+        r = cairn("bench", "-m", MODEL, "-p", "16", "-n", "8", "-d", "32", "-r", "1",
+                  "--no-bandwidth")
+        self.assertEqual(r.returncode, 0, r.stderr.decode())
+        out = r.stdout.decode()
+        self.assertIn(" pp16 @ d32 ", out)
+        self.assertIn(" tg8 @ d32 ", out)
+        self.assertIn("read bandwidth: not measured (--no-bandwidth)", out)
+        r, j = bench_json("-p", "16", "-n", "8", "-r", "1", "--no-bandwidth")
+        self.assertEqual(r.returncode, 0, r.stderr.decode())
+        self.assertEqual(j["depth"], 0)
+        self.assertIsNone(j["read_bw_gbps"])
+        self.assertIsNone(j["bw_fraction"])
+        self.assertEqual(j["kv_mean_ctx"], 4.5)
+
+    def test_depth_up_to_the_trained_context(self):
+        n_ctx = int(gguf_reader().fields["llama.context_length"].parts[-1][0])
+        # depth + the longest test exactly fills the trained context: runs
+        r, j = bench_json("-p", "16", "-n", "8", "-d", str(n_ctx - 16), "-r", "1",
+                          "--no-bandwidth")
+        self.assertEqual(r.returncode, 0, r.stderr.decode())
+        self.assertEqual(j["depth"], n_ctx - 16)
+        # one position more: refused with the reason, not a crash
+        r = cairn("bench", "-m", MODEL, "-p", "16", "-n", "8", "-d", str(n_ctx - 15), "-r", "1",
+                  "--json")
+        self.assertEqual(r.returncode, 1, r.stderr.decode())
+        self.assertIn("more than the model's trained context of %d" % n_ctx, r.stderr.decode())
+        self.assertEqual(r.stdout, b"")
+        self.assertEqual(cairn("bench", "-m", MODEL, "-d", "-1").returncode, 2)
 
 
 class Perplexity(unittest.TestCase):
