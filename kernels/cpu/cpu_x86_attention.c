@@ -150,6 +150,24 @@ INLINE T512 void load_tile(const cpu_attn_item *it, size_t kv_off, int j0, int n
         memset(t + (size_t)n * hd, 0, sizeof(float) * (size_t)(CPU_ATTN_TILE - n) * hd);
 }
 
+/* Asks for the K and V rows of the tile at j0 to come into cache. */
+INLINE T512 void prefetch_tile(const cpu_attn_item *it, size_t k_off, size_t v_off, int j0, int n,
+                               int f16, int hd)
+{
+    const cairn_kv_layout *L = it->L;
+    const int ps = L->page_size;
+    const size_t row = (size_t)hd * (f16 ? 2 : 4);
+    for (int r = 0; r < n; r++) {
+        const int j = j0 + r;
+        const uint8_t *base = it->pool + (size_t)it->pages[j / ps] * L->page_bytes +
+                              (size_t)(j % ps) * L->row_bytes;
+        for (size_t b = 0; b < row; b += 64) {
+            _mm_prefetch((const char *)(base + k_off + b), _MM_HINT_T0);
+            _mm_prefetch((const char *)(base + v_off + b), _MM_HINT_T0);
+        }
+    }
+}
+
 /* The kernel keeps one query vector per lane: a lane group is 16 vectors of
  * the item (vector v = row * group + head sits in group v / 16, lane v % 16),
  * its state acc[head_dim][16], m[16], l[16] (cpu_attn_state_floats). For a
@@ -206,6 +224,11 @@ INLINE T512 void attend_chunk_512(const cpu_attn_item *it, int chunk, float *par
         const int tn = j_end - j0 < CPU_ATTN_TILE ? j_end - j0 : CPU_ATTN_TILE;
         load_tile(it, k_off, j0, tn, f16, hd, kt);
         load_tile(it, v_off, j0, tn, f16, hd, vt);
+        if (j0 + CPU_ATTN_TILE < j_end) /* the next tile's rows, while this one is worked on */
+            prefetch_tile(it, k_off, v_off, j0 + CPU_ATTN_TILE,
+                          j_end - j0 - CPU_ATTN_TILE < CPU_ATTN_TILE ? j_end - j0 - CPU_ATTN_TILE
+                                                                     : CPU_ATTN_TILE,
+                          f16, hd);
         for (int g = 0; g < n_groups; g++) {
             /* keys j0 .. j0 + lane_n - 1 of the tile lie inside each lane's row */
             int any = 0;
