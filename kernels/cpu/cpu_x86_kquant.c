@@ -194,9 +194,34 @@ T512 static void pack_panel_k(const uint8_t *W, size_t rb, cairn_type t, int nb,
         int64_t n = r_end - (r + 16 * p);
         valid[p] = n >= 16 ? 0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
     }
+    /* The scale and min of every block of a super-block, per row: decoded
+     * once per super-block (the 12 packed bytes hold all 8), not once per
+     * block, which made the scalar decoding the most of a decode step. */
+    float sA[QP_ROWS][8], sB[QP_ROWS][8];
     for (int b = 0; b < nb; b++) {
         uint8_t *out = pk + (size_t)b * KP_BLOCK_BYTES;
         const int sb = b / 8, j = b % 8;
+        if (j == 0)
+            for (int i = 0; i < QP_ROWS; i++) {
+                if (r + i >= r_end)
+                    break;
+                const uint8_t *blk = W + (size_t)(r + i) * rb + (size_t)sb * bs;
+                if (t == CAIRN_TYPE_Q6_K) {
+                    const float dd = half_to_float(blk + 208);
+                    for (int k = 0; k < 8; k++) {
+                        sA[i][k] = dd * (float)(int8_t)blk[192 + 2 * k];
+                        sB[i][k] = dd * (float)(int8_t)blk[192 + 2 * k + 1];
+                    }
+                } else {
+                    uint8_t sc[8], mn[8];
+                    cpu_kq_scales(blk + 4, sc, mn);
+                    const float dd = half_to_float(blk), dmin = half_to_float(blk + 2);
+                    for (int k = 0; k < 8; k++) {
+                        sA[i][k] = dd * (float)sc[k];
+                        sB[i][k] = dmin * (float)mn[k];
+                    }
+                }
+            }
         for (int p = 0; p < 2; p++) {
             const __mmask16 m = valid[p];
             const uint8_t *base = W + (size_t)(r + 16 * p) * rb + (size_t)sb * bs;
@@ -239,21 +264,9 @@ T512 static void pack_panel_k(const uint8_t *W, size_t rb, cairn_type t, int nb,
             }
             float *A = (float *)(out + 1024 + 64 * p), *B = (float *)(out + 1152 + 64 * p);
             for (int i = 0; i < 16; i++) {
-                if (!(m >> i & 1)) {
-                    A[i] = B[i] = 0.0f;
-                    continue;
-                }
-                const uint8_t *blk = base + (size_t)i * rb;
-                if (t == CAIRN_TYPE_Q6_K) {
-                    const float dd = half_to_float(blk + 208);
-                    A[i] = dd * (float)(int8_t)blk[192 + 2 * j];
-                    B[i] = dd * (float)(int8_t)blk[192 + 2 * j + 1];
-                } else {
-                    uint8_t sc[8], mn[8];
-                    cpu_kq_scales(blk + 4, sc, mn);
-                    A[i] = half_to_float(blk) * (float)sc[j];
-                    B[i] = half_to_float(blk + 2) * (float)mn[j];
-                }
+                const int on = m >> i & 1;
+                A[i] = on ? sA[16 * p + i][j] : 0.0f;
+                B[i] = on ? sB[16 * p + i][j] : 0.0f;
             }
         }
     }
