@@ -69,6 +69,53 @@ INLINE T256 float hsum256(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
+/* In-register transpose of a 16 x 16 matrix of 32-bit elements: v[i] holds
+ * row i on entry; on return v[k] holds element k of every row, row i in
+ * lane i. The panel packers use it instead of gathers: each row's codes
+ * are read with plain contiguous loads (a stream the hardware prefetcher
+ * follows) and turned into [16 rows][4 codes] groups here, at 64 shuffles
+ * per 16 x 64 bytes where 16 gathers cost several times that. */
+INLINE T512 void transpose16_epi32(__m512i v[16])
+{
+    __m512i x[16];
+    /* pairs of rows, then quads: x[4R + e] lane L = rows 4R..4R+3 at
+     * element 4L + e */
+    for (int R = 0; R < 4; R++) {
+        const __m512i lo01 = _mm512_unpacklo_epi32(v[4 * R], v[4 * R + 1]);
+        const __m512i hi01 = _mm512_unpackhi_epi32(v[4 * R], v[4 * R + 1]);
+        const __m512i lo23 = _mm512_unpacklo_epi32(v[4 * R + 2], v[4 * R + 3]);
+        const __m512i hi23 = _mm512_unpackhi_epi32(v[4 * R + 2], v[4 * R + 3]);
+        x[4 * R + 0] = _mm512_unpacklo_epi64(lo01, lo23);
+        x[4 * R + 1] = _mm512_unpackhi_epi64(lo01, lo23);
+        x[4 * R + 2] = _mm512_unpacklo_epi64(hi01, hi23);
+        x[4 * R + 3] = _mm512_unpackhi_epi64(hi01, hi23);
+    }
+    /* then the 4 x 4 transpose of 128-bit lanes */
+    for (int e = 0; e < 4; e++) {
+        const __m512i a = _mm512_shuffle_i32x4(x[e], x[4 + e], 0x44);
+        const __m512i b = _mm512_shuffle_i32x4(x[e], x[4 + e], 0xee);
+        const __m512i c = _mm512_shuffle_i32x4(x[8 + e], x[12 + e], 0x44);
+        const __m512i d = _mm512_shuffle_i32x4(x[8 + e], x[12 + e], 0xee);
+        v[e] = _mm512_shuffle_i32x4(a, c, 0x88);
+        v[4 + e] = _mm512_shuffle_i32x4(a, c, 0xdd);
+        v[8 + e] = _mm512_shuffle_i32x4(b, d, 0x88);
+        v[12 + e] = _mm512_shuffle_i32x4(b, d, 0xdd);
+    }
+}
+
+/* The 64 bytes at `off` of each of 16 rows rb apart (rows whose bit in m
+ * is clear read as zeros and are not touched), transposed: v[k] = bytes
+ * 4k..4k+3 of rows 0..15. The caller guarantees the bytes lie inside
+ * every row that m names. */
+INLINE T512 void load_columns16(const uint8_t *base, size_t rb, __mmask16 m, size_t off,
+                                __m512i v[16])
+{
+    for (int i = 0; i < 16; i++)
+        v[i] = (m >> i & 1) ? _mm512_loadu_si512(base + (size_t)i * rb + off)
+                            : _mm512_setzero_si512();
+    transpose16_epi32(v);
+}
+
 /* The quantized families behind cpu_x86_matmul_q8act, which has checked
  * isa >= CPU_ISA_AVX2 and the weight type: each picks its kernel from the
  * level and T and computes y[t][r] for r in [r0, r1), t in [0, T), with

@@ -180,93 +180,149 @@ KROW_TYPED(krow_256_q6k, krow_256, T256, CAIRN_TYPE_Q6_K)
  * with s_lo, the sum of a block's first 16 activation codes, formed in the
  * tile. A block of the panel is KP_BLOCK_BYTES (cpu_x86_impl.h). */
 
+/* The codes of one super-block of 16 rows (half p of the panel) into the 8
+ * blocks' code groups: each run of 64 code bytes is read row by row and
+ * transposed (load_columns16), so column k is bytes 4k..4k+3 of the run
+ * for all 16 rows. Per block j (32 elements) the groups g = 0..7 are:
+ *   Q4_K  qs at 16 + 32 (j/2) + 4g, low nibble for even j, high for odd
+ *   Q5_K  as Q4_K from qs at 48, plus bit j of qh at 16 + 4g as bit 4
+ *   Q6_K  ql at 64 h + 32 (k&1) + 4g (h = j/4, k = j%4; low nibble for
+ *         k < 2), plus bits 2k, 2k+1 of qh at 128 + 32 h + 4g as bits 4, 5
+ * — the same bytes pack_panel_k's layout has always held. */
+INLINE T512 void pack_codes_k(const uint8_t *base, size_t rb, cairn_type t, __mmask16 m,
+                              uint8_t *out /* block 0 of the super-block, half p */)
+{
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    __m512i c0[16], c1[16];
+    if (t == CAIRN_TYPE_Q4_K) {
+        for (int w = 0; w < 2; w++) { /* qs bytes 64w..64w+63: blocks 4w..4w+3 */
+            load_columns16(base, rb, m, 16 + 64 * (size_t)w, c0);
+            for (int k = 0; k < 16; k++) {
+                const int j = 4 * w + 2 * (k / 8), g = k % 8;
+                _mm512_store_si512(out + (size_t)j * KP_BLOCK_BYTES + 64 * g,
+                                   _mm512_and_si512(c0[k], low4));
+                _mm512_store_si512(out + (size_t)(j + 1) * KP_BLOCK_BYTES + 64 * g,
+                                   _mm512_and_si512(_mm512_srli_epi16(c0[k], 4), low4));
+            }
+        }
+        return;
+    }
+    if (t == CAIRN_TYPE_Q5_K) {
+        /* bytes 16..79: qh (columns 0-7) and qs pair 0 (8-15); then qs
+         * pairs 1-2 (80..143) and 2-3 (112..175, pair 2 read twice) */
+        __m512i qh[8];
+        load_columns16(base, rb, m, 16, c0);
+        for (int g = 0; g < 8; g++)
+            qh[g] = c0[g];
+        for (int pair = 0; pair < 4; pair++) {
+            const __m512i *src;
+            int col;
+            if (pair == 0) {
+                src = c0, col = 8;
+            } else if (pair == 1) {
+                load_columns16(base, rb, m, 80, c1);
+                src = c1, col = 0;
+            } else if (pair == 2) {
+                src = c1, col = 8;
+            } else {
+                load_columns16(base, rb, m, 112, c0);
+                src = c0, col = 8;
+            }
+            for (int g = 0; g < 8; g++) {
+                const __m512i raw = src[col + g];
+                for (int odd = 0; odd < 2; odd++) {
+                    const int j = 2 * pair + odd;
+                    const __m512i c = odd ? _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4)
+                                          : _mm512_and_si512(raw, low4);
+                    const __m512i hb = j <= 4 ? _mm512_slli_epi32(qh[g], 4 - j)
+                                              : _mm512_srli_epi32(qh[g], j - 4);
+                    _mm512_store_si512(
+                        out + (size_t)j * KP_BLOCK_BYTES + 64 * g,
+                        _mm512_or_si512(c, _mm512_and_si512(hb, _mm512_set1_epi8(0x10))));
+                }
+            }
+        }
+        return;
+    }
+    /* Q6_K: c0 = ql 0..63 (h = 0), c1 = ql 64..127 (h = 1), then qh */
+    __m512i qh[16];
+    load_columns16(base, rb, m, 0, c0);
+    load_columns16(base, rb, m, 64, c1);
+    load_columns16(base, rb, m, 128, qh);
+    for (int j = 0; j < 8; j++) {
+        const int h = j / 4, k = j % 4;
+        for (int g = 0; g < 8; g++) {
+            const __m512i ql = (h ? c1 : c0)[8 * (k & 1) + g];
+            const __m512i q2 = qh[8 * h + g];
+            __m512i c = k < 2 ? _mm512_and_si512(ql, low4)
+                              : _mm512_and_si512(_mm512_srli_epi16(ql, 4), low4);
+            /* bits 2k, 2k+1 to bits 4, 5 (32-bit shifts: the mask keeps
+             * only bits that stayed in their byte) */
+            const __m512i hb = 2 * k <= 4 ? _mm512_slli_epi32(q2, 4 - 2 * k)
+                                          : _mm512_srli_epi32(q2, 2 * k - 4);
+            c = _mm512_or_si512(c, _mm512_and_si512(hb, _mm512_set1_epi8(0x30)));
+            _mm512_store_si512(out + (size_t)j * KP_BLOCK_BYTES + 64 * g, c);
+        }
+    }
+}
+
 T512 static void pack_panel_k(const uint8_t *W, size_t rb, cairn_type t, int nb, int64_t r,
                               int64_t r_end, uint8_t *pk)
 {
     const size_t bs = t == CAIRN_TYPE_Q4_K ? 144 : t == CAIRN_TYPE_Q5_K ? 176 : 210;
-    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
-                                                             12, 13, 14, 15),
-                                           _mm512_set1_epi32((int)rb));
-    const __m512i low4 = _mm512_set1_epi8(0x0f);
-    const __m512i zero = _mm512_setzero_si512();
     __mmask16 valid[2];
     for (int p = 0; p < 2; p++) {
         int64_t n = r_end - (r + 16 * p);
         valid[p] = n >= 16 ? 0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
     }
-    /* The scale and min of every block of a super-block, per row: decoded
-     * once per super-block (the 12 packed bytes hold all 8), not once per
-     * block, which made the scalar decoding the most of a decode step. */
-    float sA[QP_ROWS][8], sB[QP_ROWS][8];
-    for (int b = 0; b < nb; b++) {
-        uint8_t *out = pk + (size_t)b * KP_BLOCK_BYTES;
-        const int sb = b / 8, j = b % 8;
-        if (j == 0)
-            for (int i = 0; i < QP_ROWS; i++) {
-                if (r + i >= r_end)
-                    break;
-                const uint8_t *blk = W + (size_t)(r + i) * rb + (size_t)sb * bs;
-                if (t == CAIRN_TYPE_Q6_K) {
-                    const float dd = half_to_float(blk + 208);
-                    for (int k = 0; k < 8; k++) {
-                        sA[i][k] = dd * (float)(int8_t)blk[192 + 2 * k];
-                        sB[i][k] = dd * (float)(int8_t)blk[192 + 2 * k + 1];
-                    }
-                } else {
-                    uint8_t sc[8], mn[8];
-                    cpu_kq_scales(blk + 4, sc, mn);
-                    const float dd = half_to_float(blk), dmin = half_to_float(blk + 2);
-                    for (int k = 0; k < 8; k++) {
-                        sA[i][k] = dd * (float)sc[k];
-                        sB[i][k] = dmin * (float)mn[k];
-                    }
-                }
-            }
+    for (int sb = 0; sb < nb / 8; sb++) {
+        uint8_t *out = pk + (size_t)sb * 8 * KP_BLOCK_BYTES;
         for (int p = 0; p < 2; p++) {
             const __mmask16 m = valid[p];
             const uint8_t *base = W + (size_t)(r + 16 * p) * rb + (size_t)sb * bs;
-            uint8_t *codes = out + (size_t)p * 512;
-            for (int g = 0; g < 8; g++) {
-                __m512i c;
-                if (t == CAIRN_TYPE_Q6_K) {
-                    const int h = j / 4, k = j % 4;
-                    const __m512i ql = m ? _mm512_mask_i32gather_epi32(
-                                               zero, m, idx, base + 64 * h + 32 * (k & 1) + 4 * g, 1)
-                                         : zero;
-                    const __m512i qh =
-                        m ? _mm512_mask_i32gather_epi32(zero, m, idx, base + 128 + 32 * h + 4 * g, 1)
-                          : zero;
-                    c = k < 2 ? _mm512_and_si512(ql, low4)
-                              : _mm512_and_si512(_mm512_srli_epi16(ql, 4), low4);
-                    /* bits 2k, 2k+1 to bits 4, 5 (32-bit shifts: the mask
-                     * keeps only bits that stayed in their byte) */
-                    const __m512i hb = 2 * k <= 4 ? _mm512_slli_epi32(qh, 4 - 2 * k)
-                                                  : _mm512_srli_epi32(qh, 2 * k - 4);
-                    c = _mm512_or_si512(c, _mm512_and_si512(hb, _mm512_set1_epi8(0x30)));
-                } else {
-                    const size_t qs = t == CAIRN_TYPE_Q4_K ? 16 : 48;
-                    const __m512i raw =
-                        m ? _mm512_mask_i32gather_epi32(zero, m, idx,
-                                                        base + qs + 32 * (j / 2) + 4 * g, 1)
-                          : zero;
-                    c = (j & 1) ? _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4)
-                                : _mm512_and_si512(raw, low4);
-                    if (t == CAIRN_TYPE_Q5_K) {
-                        const __m512i qh =
-                            m ? _mm512_mask_i32gather_epi32(zero, m, idx, base + 16 + 4 * g, 1)
-                              : zero;
-                        const __m512i hb = j <= 4 ? _mm512_slli_epi32(qh, 4 - j)
-                                                  : _mm512_srli_epi32(qh, j - 4);
-                        c = _mm512_or_si512(c, _mm512_and_si512(hb, _mm512_set1_epi8(0x10)));
-                    }
-                }
-                _mm512_store_si512(codes + 64 * g, c);
-            }
-            float *A = (float *)(out + 1024 + 64 * p), *B = (float *)(out + 1152 + 64 * p);
+            pack_codes_k(base, rb, t, m, out + (size_t)p * 512);
+            /* The scale and min of each block: one vector per row, decoded
+             * once per super-block (its 12 or 16 scale bytes hold all 8
+             * blocks'), then transposed so column j of the Q4_K/Q5_K row
+             * [A_0..A_7, B_0..B_7] (of the Q6_K row [A_0, B_0, A_1, ...]) is
+             * block j's A (B) for all 16 rows. */
+            __m512i v[16];
             for (int i = 0; i < 16; i++) {
-                const int on = m >> i & 1;
-                A[i] = on ? sA[16 * p + i][j] : 0.0f;
-                B[i] = on ? sB[16 * p + i][j] : 0.0f;
+                if (!(m >> i & 1)) {
+                    v[i] = _mm512_setzero_si512();
+                    continue;
+                }
+                const uint8_t *blk = base + (size_t)i * rb;
+                __m512 f;
+                if (t == CAIRN_TYPE_Q6_K) {
+                    const __m512i sc = _mm512_cvtepi8_epi32(
+                        _mm_loadu_si128((const __m128i *)(blk + 192)));
+                    f = _mm512_mul_ps(_mm512_set1_ps(half_to_float(blk + 208)),
+                                      _mm512_cvtepi32_ps(sc));
+                } else {
+                    /* the packing of cpu_kq_scales, four bytes at a time */
+                    uint32_t w0, w1, w2;
+                    memcpy(&w0, blk + 4, 4);
+                    memcpy(&w1, blk + 8, 4);
+                    memcpy(&w2, blk + 12, 4);
+                    const uint32_t sc_lo = w0 & 0x3f3f3f3fu, mn_lo = w1 & 0x3f3f3f3fu;
+                    const uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | ((w0 >> 2) & 0x30303030u);
+                    const uint32_t mn_hi = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 2) & 0x30303030u);
+                    const __m512i bytes = _mm512_cvtepu8_epi32(
+                        _mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)mn_lo, (int)mn_hi));
+                    const __m512 dd = _mm512_mask_blend_ps(0xff00,
+                                                           _mm512_set1_ps(half_to_float(blk)),
+                                                           _mm512_set1_ps(half_to_float(blk + 2)));
+                    f = _mm512_mul_ps(dd, _mm512_cvtepi32_ps(bytes));
+                }
+                v[i] = _mm512_castps_si512(f);
+            }
+            transpose16_epi32(v);
+            for (int j = 0; j < 8; j++) {
+                uint8_t *blk_out = out + (size_t)j * KP_BLOCK_BYTES + 64 * p;
+                const int six = t == CAIRN_TYPE_Q6_K;
+                _mm512_store_si512(blk_out + 1024, v[six ? 2 * j : j]);
+                _mm512_store_si512(blk_out + 1152, v[six ? 2 * j + 1 : 8 + j]);
             }
         }
     }
