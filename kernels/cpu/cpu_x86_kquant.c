@@ -436,6 +436,181 @@ static __attribute__((noinline)) T512 void kgemm_tile_any(const uint8_t *pk, int
 #undef KG_CASE
 }
 
+/* ---- Q4_K, one token (decode, AVX-512) ---------------------------------- */
+
+/* Decode streams the weights once and is bound by how fast a core turns
+ * them into sums, so it skips the panel (written and read back through L2)
+ * and computes 16 rows at a time straight from their bytes, with the
+ * panel's arithmetic per output (16 rows in the lanes, one FMA pair per
+ * block in block order, kgemm_tile's expression), hence bitwise its result.
+ *
+ * Per row and super-block the 128 code bytes are two loads; their low and
+ * high nibbles are blocks (0, 2), (1, 3), (4, 6), (5, 7), 32 codes each,
+ * multiplied by the activations of the same two blocks side by side
+ * (vpdpbusd): 8 partial sums per block. The exact block sums of 16 rows
+ * are then gathered into lanes by a tree of unpacks and adds
+ * (reduce4_rows, reduce16_finish). The blocks' scales and mins come as in pack_panel_k. */
+
+/* Rows 4g..4g+3's partial sums p0..p3 ([8 partials of block A | 8 of
+ * block B] each) to one vector: per 128-bit lane, the 4 rows' sums of that
+ * lane's 4 partials (lanes 0, 1: block A's two halves; 2, 3: block B's). */
+INLINE T512 __m512i reduce4_rows(__m512i p0, __m512i p1, __m512i p2, __m512i p3)
+{
+    const __m512i s01 =
+        _mm512_add_epi32(_mm512_unpacklo_epi32(p0, p1), _mm512_unpackhi_epi32(p0, p1));
+    const __m512i s23 =
+        _mm512_add_epi32(_mm512_unpacklo_epi32(p2, p3), _mm512_unpackhi_epi32(p2, p3));
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
+}
+
+/* Four reduce4_rows results (rows 0-3, 4-7, 8-11, 12-15) to block A's and
+ * block B's exact sums of rows 0..15, row i in lane i. */
+INLINE T512 void reduce16_finish(const __m512i q[4], __m512i *ya, __m512i *yb)
+{
+    const __m512i z01 = _mm512_add_epi32(_mm512_shuffle_i32x4(q[0], q[1], 0x88),
+                                         _mm512_shuffle_i32x4(q[0], q[1], 0xdd));
+    const __m512i z23 = _mm512_add_epi32(_mm512_shuffle_i32x4(q[2], q[3], 0x88),
+                                         _mm512_shuffle_i32x4(q[2], q[3], 0xdd));
+    /* z01 = [A rows 0-3, B rows 0-3, A rows 4-7, B rows 4-7] */
+    *ya = _mm512_shuffle_i32x4(z01, z23, 0x88);
+    *yb = _mm512_shuffle_i32x4(z01, z23, 0xdd);
+}
+
+/* The first 16 bytes (d, dmin, the 12 scale bytes) of a super-block of
+ * each of 16 rows (those past `rows` read as zeros), as A_j = d sc_j and
+ * B_j = dmin m_j (j = 0..7) for rows 0..15 in the lanes: the header is
+ * transposed to 4 column vectors (16 x 4 dwords: 4 rows per register,
+ * then two unpack levels) and decoded 16 rows at once, with cpu_kq_scales'
+ * bit layout and pack_panel_k's products. */
+INLINE T512 void q4k_scales16(const uint8_t *base, size_t rb, int rows, __m512 A[8], __m512 B[8])
+{
+    __m512i v[4];
+#define Q4K_HDR(i)                                                                                 \
+    ((i) < rows ? _mm_loadu_si128((const __m128i *)(base + (size_t)(i) * rb)) : _mm_setzero_si128())
+#pragma GCC unroll 4
+    for (int a = 0; a < 4; a++) { /* lane L of v[a]: row 4L + a */
+        v[a] = _mm512_castsi128_si512(Q4K_HDR(a));
+        v[a] = _mm512_inserti32x4(v[a], Q4K_HDR(4 + a), 1);
+        v[a] = _mm512_inserti32x4(v[a], Q4K_HDR(8 + a), 2);
+        v[a] = _mm512_inserti32x4(v[a], Q4K_HDR(12 + a), 3);
+    }
+#undef Q4K_HDR
+    const __m512i lo01 = _mm512_unpacklo_epi32(v[0], v[1]), hi01 = _mm512_unpackhi_epi32(v[0], v[1]);
+    const __m512i lo23 = _mm512_unpacklo_epi32(v[2], v[3]), hi23 = _mm512_unpackhi_epi32(v[2], v[3]);
+    const __m512i x0 = _mm512_unpacklo_epi64(lo01, lo23); /* d | dmin << 16 */
+    const __m512i w0 = _mm512_unpackhi_epi64(lo01, lo23);
+    const __m512i w1 = _mm512_unpacklo_epi64(hi01, hi23);
+    const __m512i w2 = _mm512_unpackhi_epi64(hi01, hi23);
+    const __m512 dd = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_and_si512(x0, _mm512_set1_epi32(0xffff))));
+    const __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(x0, 16)));
+    const __m512i m6 = _mm512_set1_epi32(0x3f3f3f3f), m4 = _mm512_set1_epi32(0x0f0f0f0f);
+    const __m512i top = _mm512_set1_epi32(0x30303030), byte = _mm512_set1_epi32(0xff);
+    const __m512i sc_lo = _mm512_and_si512(w0, m6), mn_lo = _mm512_and_si512(w1, m6);
+    const __m512i sc_hi = _mm512_or_si512(_mm512_and_si512(w2, m4),
+                                          _mm512_and_si512(_mm512_srli_epi32(w0, 2), top));
+    const __m512i mn_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w2, 4), m4),
+                                          _mm512_and_si512(_mm512_srli_epi32(w1, 2), top));
+    for (int j = 0; j < 4; j++) {
+        A[j] = _mm512_mul_ps(dd, _mm512_cvtepi32_ps(
+                                     _mm512_and_si512(_mm512_srli_epi32(sc_lo, 8 * j), byte)));
+        A[4 + j] = _mm512_mul_ps(dd, _mm512_cvtepi32_ps(
+                                         _mm512_and_si512(_mm512_srli_epi32(sc_hi, 8 * j), byte)));
+        B[j] = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(
+                                       _mm512_and_si512(_mm512_srli_epi32(mn_lo, 8 * j), byte)));
+        B[4 + j] = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(
+                                           _mm512_and_si512(_mm512_srli_epi32(mn_hi, 8 * j), byte)));
+    }
+}
+
+/* 16 rows from `base` (rows >= `rows` are zero and not read); FULL: rows
+ * is 16, so the compiler drops every row test. */
+INLINE T512 __m512 gemv_q4k_rows(const uint8_t *base, size_t rb, const int8_t *q, const float *d,
+                                 const int32_t *s, int nsb, int rows, const int full)
+{
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    __m512 facc = _mm512_setzero_ps();
+    for (int sb = 0; sb < nsb; sb++) {
+        const int8_t *qs = q + 256 * (size_t)sb;
+        const uint8_t *sbase = base + (size_t)sb * 144;
+        /* activations of blocks (0, 2), (1, 3), (4, 6), (5, 7) side by side */
+        __m512i a[4];
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            const int blk = (k & 1) + 4 * (k >> 1);
+            a[k] = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(qs + 32 * blk))),
+                _mm256_loadu_si256((const __m256i *)(qs + 32 * blk + 64)), 1);
+        }
+        /* code sums: the low and high nibbles of the first and second 64
+         * code bytes, 4 rows at a time */
+        __m512i isum[8];
+#pragma GCC unroll 2
+        for (int half = 0; half < 2; half++) {
+            __m512i qlo[4], qhi[4];
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) {
+                __m512i plo[4], phi[4];
+#pragma GCC unroll 4
+                for (int e = 0; e < 4; e++) {
+                    const int i = 4 * g + e;
+                    if (!full && i >= rows) {
+                        plo[e] = phi[e] = _mm512_setzero_si512();
+                        continue;
+                    }
+                    const uint8_t *blk = sbase + (size_t)i * rb;
+                    if (half == 0)
+                        _mm_prefetch((const char *)(blk + 3 * 144), _MM_HINT_T0);
+                    else {
+                        _mm_prefetch((const char *)(blk + 3 * 144 + 64), _MM_HINT_T0);
+                        _mm_prefetch((const char *)(blk + 3 * 144 + 128), _MM_HINT_T0);
+                    }
+                    const __m512i l = _mm512_loadu_si512(blk + 16 + 64 * half);
+                    plo[e] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(l, low4),
+                                                 a[2 * half]);
+                    phi[e] = _mm512_dpbusd_epi32(_mm512_setzero_si512(),
+                                                 _mm512_and_si512(_mm512_srli_epi16(l, 4), low4),
+                                                 a[2 * half + 1]);
+                }
+                qlo[g] = reduce4_rows(plo[0], plo[1], plo[2], plo[3]);
+                qhi[g] = reduce4_rows(phi[0], phi[1], phi[2], phi[3]);
+            }
+            /* low nibbles: blocks (4 half, 4 half + 2); high nibbles:
+             * blocks (4 half + 1, 4 half + 3) */
+            reduce16_finish(qlo, &isum[4 * half], &isum[4 * half + 2]);
+            reduce16_finish(qhi, &isum[4 * half + 1], &isum[4 * half + 3]);
+        }
+        __m512 A[8], B[8];
+        q4k_scales16(sbase, rb, full ? 16 : rows, A, B);
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            const int b = 8 * sb + j;
+            const float dab = d[b];
+            const __m512 da = _mm512_set1_ps(dab);
+            const __m512 das = _mm512_set1_ps(-dab * (float)s[b]);
+            facc = _mm512_fmadd_ps(
+                B[j], das,
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j]), _mm512_mul_ps(A[j], da), facc));
+        }
+    }
+    return facc;
+}
+
+static T512 void gemv_q4k(float *y, const uint8_t *W, size_t rb, const int8_t *q, const float *d,
+                          const int32_t *s, int n_in, int64_t r0, int64_t r1)
+{
+    const int nsb = n_in / 256;
+    for (int64_t r = r0; r < r1; r += 16) {
+        const uint8_t *base = W + (size_t)r * rb;
+        if (r1 - r >= 16) {
+            _mm512_storeu_ps(y + r, gemv_q4k_rows(base, rb, q, d, s, nsb, 16, 1));
+        } else {
+            const int rows = (int)(r1 - r);
+            _mm512_mask_storeu_ps(y + r, (__mmask16)((1u << rows) - 1),
+                                  gemv_q4k_rows(base, rb, q, d, s, nsb, rows, 0));
+        }
+    }
+}
+
 static T512 void matmul_kgemm(cairn_type wtype, float *y, const uint8_t *W, size_t row_bytes,
                               const int8_t *q, const float *d, const int32_t *s, int T, int n_in,
                               int n_out, int64_t r0, int64_t r1, void *pack)
@@ -467,6 +642,10 @@ void cpu_x86_matmul_kq(cpu_isa isa, float *y, const uint8_t *W, cairn_type wtype
                        int n_in, int n_out, int64_t r0, int64_t r1, void *pack)
 {
     const int nb = n_in / 32;
+    if (isa >= CPU_ISA_AVX512 && T == 1 && wtype == CAIRN_TYPE_Q4_K) {
+        gemv_q4k(y, W, row_bytes, q, d, s, n_in, r0, r1);
+        return;
+    }
     if (isa >= CPU_ISA_AVX512) { /* every batch size: see cpu_x86_impl.h */
         matmul_kgemm(wtype, y, W, row_bytes, q, d, s, T, n_in, n_out, r0, r1, pack);
         return;
