@@ -116,6 +116,35 @@ INLINE T512 void load_columns16(const uint8_t *base, size_t rb, __mmask16 m, siz
     transpose16_epi32(v);
 }
 
+/* The decode (T = 1) kernels' reduction: each row's vpdpbusd leaves a
+ * block's exact code sum spread over several int32 lanes; these trees of
+ * unpacks and adds bring 16 rows' sums into the lanes of one register per
+ * block, row i in lane i (integer sums, so the order is immaterial). */
+/* Rows 4g..4g+3's partial sums p0..p3 ([8 partials of block A | 8 of
+ * block B] each) to one vector: per 128-bit lane, the 4 rows' sums of that
+ * lane's 4 partials (lanes 0, 1: block A's two halves; 2, 3: block B's). */
+INLINE T512 __m512i reduce4_rows(__m512i p0, __m512i p1, __m512i p2, __m512i p3)
+{
+    const __m512i s01 =
+        _mm512_add_epi32(_mm512_unpacklo_epi32(p0, p1), _mm512_unpackhi_epi32(p0, p1));
+    const __m512i s23 =
+        _mm512_add_epi32(_mm512_unpacklo_epi32(p2, p3), _mm512_unpackhi_epi32(p2, p3));
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
+}
+
+/* Four reduce4_rows results (rows 0-3, 4-7, 8-11, 12-15) to block A's and
+ * block B's exact sums of rows 0..15, row i in lane i. */
+INLINE T512 void reduce16_finish(const __m512i q[4], __m512i *ya, __m512i *yb)
+{
+    const __m512i z01 = _mm512_add_epi32(_mm512_shuffle_i32x4(q[0], q[1], 0x88),
+                                         _mm512_shuffle_i32x4(q[0], q[1], 0xdd));
+    const __m512i z23 = _mm512_add_epi32(_mm512_shuffle_i32x4(q[2], q[3], 0x88),
+                                         _mm512_shuffle_i32x4(q[2], q[3], 0xdd));
+    /* z01 = [A rows 0-3, B rows 0-3, A rows 4-7, B rows 4-7] */
+    *ya = _mm512_shuffle_i32x4(z01, z23, 0x88);
+    *yb = _mm512_shuffle_i32x4(z01, z23, 0xdd);
+}
+
 /* The quantized families behind cpu_x86_matmul_q8act, which has checked
  * isa >= CPU_ISA_AVX2 and the weight type: each picks its kernel from the
  * level and T and computes y[t][r] for r in [r0, r1), t in [0, T), with
