@@ -283,7 +283,7 @@ static __attribute__((noinline)) T512 void qgemm_tile_any(const uint8_t *pk, int
 #undef QG_CASE
 }
 
-/* ---- Q4_0 and Q8_0, one token (decode, AVX-512) ---------------------------- */
+/* ---- Q4_0, Q5_0 and Q8_0, one token (decode, AVX-512) ---------------------------- */
 
 /* Decode streams the weights once and is bound by how fast a core turns
  * them into sums; the panel (written and read back through L2, its codes
@@ -295,6 +295,8 @@ static __attribute__((noinline)) T512 void qgemm_tile_any(const uint8_t *pk, int
  *         low nibbles times elements 0-15 and high nibbles times 16-31 of
  *         the same blocks (activations regrouped once per 4 blocks) leave
  *         4 partial sums per block in its 128-bit lane;
+ *         Q5_0 the same, with each code's bit 4 added from its qh by a
+ *         byte mask;
  *   Q8_0  per row, the codes of 2 blocks (+128, unsigned) times the
  *         activations as they lie: 8 partial sums per block.
  * reduce4_rows / reduce16_finish (or a lane transpose) bring 16 rows' exact
@@ -303,10 +305,11 @@ static __attribute__((noinline)) T512 void qgemm_tile_any(const uint8_t *pk, int
 INLINE T512 __m512 gemv_q8_rows(const uint8_t *base, size_t rb, cairn_type t, const int8_t *q,
                                 const float *d, const int32_t *s, int nb, int rows, const int full)
 {
-    const int q4 = t == CAIRN_TYPE_Q4_0;
-    const size_t bs = q4 ? 18 : 34;
-    const int per = q4 ? 4 : 2; /* blocks per register of a row */
-    const int zero = q4 ? Q4_ZERO : Q8_ZERO;
+    const int q5 = t == CAIRN_TYPE_Q5_0, q4 = t == CAIRN_TYPE_Q4_0 || q5; /* nibble codes */
+    const size_t bs = t == CAIRN_TYPE_Q4_0 ? 18 : q5 ? 22 : 34;
+    const size_t qs = q5 ? 6 : 2; /* code bytes within a block */
+    const int per = q4 ? 4 : 2;   /* blocks per register of a row */
+    const int zero = t == CAIRN_TYPE_Q4_0 ? Q4_ZERO : q5 ? Q5_ZERO : Q8_ZERO;
     const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
                                                              12, 13, 14, 15),
                                            _mm512_set1_epi32((int)rb));
@@ -348,7 +351,7 @@ INLINE T512 __m512 gemv_q8_rows(const uint8_t *base, size_t rb, cairn_type t, co
                     p[e] = _mm512_setzero_si512();
                     continue;
                 }
-                const uint8_t *row = base + (size_t)i * rb + (size_t)b0 * bs + 2;
+                const uint8_t *row = base + (size_t)i * rb + (size_t)b0 * bs + qs;
                 _mm_prefetch((const char *)(row + 4 * per * bs), _MM_HINT_T0);
                 _mm_prefetch((const char *)(row + 4 * per * bs + 64), _MM_HINT_T0);
                 __m512i v;
@@ -362,9 +365,34 @@ INLINE T512 __m512 gemv_q8_rows(const uint8_t *base, size_t rb, cairn_type t, co
                     if (nblk > 3)
                         v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(row + 3 * bs)),
                                                3);
+                    __m512i clo = _mm512_and_si512(v, low4);
+                    __m512i chi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+                    if (q5) {
+                        /* bit 4 of code e of block k: bit e of its qh, which
+                         * as byte masks is bits 0-15 (low nibbles) and 16-31
+                         * (high) of each block's qh, lane k */
+                        uint32_t h0, h1 = 0, h2 = 0, h3 = 0;
+                        memcpy(&h0, row - 4, 4);
+                        if (nblk > 1)
+                            memcpy(&h1, row - 4 + bs, 4);
+                        if (nblk > 2)
+                            memcpy(&h2, row - 4 + 2 * bs, 4);
+                        if (nblk > 3)
+                            memcpy(&h3, row - 4 + 3 * bs, 4);
+                        const uint64_t A = h0 | (uint64_t)h1 << 32;
+                        const uint64_t B = h2 | (uint64_t)h3 << 32;
+                        const uint64_t mlo = (A & 0xffffu) | ((A >> 16) & 0xffff0000u) |
+                                             ((B & 0xffffu) << 32) |
+                                             ((B << 16) & 0xffff000000000000u);
+                        const uint64_t mhi = ((A >> 16) & 0xffffu) | ((A >> 32) & 0xffff0000u) |
+                                             (((B >> 16) & 0xffffu) << 32) |
+                                             (B & 0xffff000000000000u);
+                        const __m512i bit4 = _mm512_set1_epi8(0x10);
+                        clo = _mm512_mask_add_epi8(clo, (__mmask64)mlo, clo, bit4);
+                        chi = _mm512_mask_add_epi8(chi, (__mmask64)mhi, chi, bit4);
+                    }
                     p[e] = _mm512_dpbusd_epi32(
-                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(v, low4), alo),
-                        _mm512_and_si512(_mm512_srli_epi16(v, 4), low4), ahi);
+                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), clo, alo), chi, ahi);
                 } else {
                     v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)row));
                     if (nblk > 1)
@@ -423,6 +451,7 @@ INLINE T512 __m512 gemv_q8_rows(const uint8_t *base, size_t rb, cairn_type t, co
     }
 GEMV_Q8_TYPED(gemv_q4_0, CAIRN_TYPE_Q4_0)
 GEMV_Q8_TYPED(gemv_q8_0, CAIRN_TYPE_Q8_0)
+GEMV_Q8_TYPED(gemv_q5_0, CAIRN_TYPE_Q5_0)
 
 /* ---- dispatch ----------------------------------------------------------- */
 
@@ -431,8 +460,10 @@ void cpu_x86_matmul_q8(cpu_isa isa, float *y, const uint8_t *W, cairn_type wtype
                        int n_in, int n_out, int64_t r0, int64_t r1, void *pack)
 {
     const int nb = n_in / 32;
-    if (isa >= CPU_ISA_AVX512 && T == 1 && wtype != CAIRN_TYPE_Q5_0) {
-        (wtype == CAIRN_TYPE_Q4_0 ? gemv_q4_0 : gemv_q8_0)(y, W, row_bytes, q, d, s, nb, r0, r1);
+    if (isa >= CPU_ISA_AVX512 && T == 1) {
+        (wtype == CAIRN_TYPE_Q4_0   ? gemv_q4_0
+         : wtype == CAIRN_TYPE_Q5_0 ? gemv_q5_0
+                                    : gemv_q8_0)(y, W, row_bytes, q, d, s, nb, r0, r1);
         return;
     }
     if (isa >= CPU_ISA_AVX512) {
