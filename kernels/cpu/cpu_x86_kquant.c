@@ -570,6 +570,130 @@ INLINE T512 __m512 gemv_q4k_rows(const uint8_t *base, size_t rb, const int8_t *q
     return facc;
 }
 
+/* Q6_K, 16 rows: per row and half h of a super-block, the 64 ql bytes
+ * (low nibbles: blocks 4h, 4h+1; high: 4h+2, 4h+3) with bits 4, 5 from the
+ * 32 qh bytes (shifted per block by a per-half vpsllvw / vpsrlvw), times
+ * the activations of those two blocks as they lie: 4 partial sums per
+ * 16-element sub-block, one sub-block per 128-bit lane, which reduce4_rows
+ * and a lane transpose bring into rows. Then kgemm_tile's two FMAs per
+ * block (sub-block sums less 32 times their activation code sums, times
+ * d sc_u d_a). */
+INLINE T512 __m512 gemv_q6k_rows(const uint8_t *base, size_t rb, const int8_t *q, const float *d,
+                                 int nsb, int rows, const int full)
+{
+    const __m512i low4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    /* blocks k = 0, 1 of a half: bits (0, 1), (2, 3) up to (4, 5); k = 2, 3:
+     * bits (4, 5) stay, (6, 7) down */
+    const __m512i cnt_lo = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i cnt_hi = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    __m512 facc = _mm512_setzero_ps();
+    for (int sb = 0; sb < nsb; sb++) {
+        const int8_t *qs = q + 256 * (size_t)sb;
+        const uint8_t *sbase = base + (size_t)sb * 210;
+        int32_t zs[16]; /* 32 x the code sum of each 16-element sub-block */
+        for (int u = 0; u < 16; u++) {
+            const __m128i sad = _mm_sad_epu8(
+                _mm_xor_si128(_mm_loadu_si128((const __m128i *)(qs + 16 * u)), _mm_set1_epi8((char)0x80)),
+                _mm_setzero_si128());
+            zs[u] = 32 * (_mm_cvtsi128_si32(sad) + _mm_extract_epi16(sad, 4) - 16 * 128);
+        }
+        __m512i isum[16];
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+#pragma GCC unroll 2
+            for (int pair = 0; pair < 2; pair++) {
+                const __m512i a = _mm512_loadu_si512(qs + 128 * h + 64 * pair);
+                __m512i qr[4];
+#pragma GCC unroll 4
+                for (int g = 0; g < 4; g++) {
+                    __m512i p[4];
+#pragma GCC unroll 4
+                    for (int e = 0; e < 4; e++) {
+                        const int i = 4 * g + e;
+                        if (!full && i >= rows) {
+                            p[e] = _mm512_setzero_si512();
+                            continue;
+                        }
+                        const uint8_t *blk = sbase + (size_t)i * rb;
+                        if (pair == 0)
+                            _mm_prefetch((const char *)(blk + 2 * 210 + 64 * h), _MM_HINT_T0);
+                        else if (h == 1)
+                            _mm_prefetch((const char *)(blk + 2 * 210 + 128), _MM_HINT_T0);
+                        else
+                            _mm_prefetch((const char *)(blk + 2 * 210 + 192), _MM_HINT_T0);
+                        const __m512i l = _mm512_loadu_si512(blk + 64 * h);
+                        const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
+                        const __m512i qq = _mm512_inserti64x4(_mm512_castsi256_si512(qh), qh, 1);
+                        __m512i c, hb;
+                        if (pair == 0) {
+                            c = _mm512_and_si512(l, low4);
+                            hb = _mm512_sllv_epi16(qq, cnt_lo);
+                        } else {
+                            c = _mm512_and_si512(_mm512_srli_epi16(l, 4), low4);
+                            hb = _mm512_srlv_epi16(qq, cnt_hi);
+                        }
+                        c = _mm512_or_si512(c, _mm512_and_si512(hb, m30));
+                        p[e] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c, a);
+                    }
+                    qr[g] = reduce4_rows(p[0], p[1], p[2], p[3]);
+                }
+                /* lane L of qr[g]: sub-block L of blocks (A, A + 1), A =
+                 * 4h + 2 pair, i.e. sub-blocks 2A .. 2A + 3, rows 4g.. */
+                const __m512i ta = _mm512_shuffle_i32x4(qr[0], qr[1], 0x44);
+                const __m512i tb = _mm512_shuffle_i32x4(qr[0], qr[1], 0xee);
+                const __m512i tc = _mm512_shuffle_i32x4(qr[2], qr[3], 0x44);
+                const __m512i td = _mm512_shuffle_i32x4(qr[2], qr[3], 0xee);
+                const int u0 = 2 * (4 * h + 2 * pair);
+                isum[u0] = _mm512_shuffle_i32x4(ta, tc, 0x88);
+                isum[u0 + 1] = _mm512_shuffle_i32x4(ta, tc, 0xdd);
+                isum[u0 + 2] = _mm512_shuffle_i32x4(tb, td, 0x88);
+                isum[u0 + 3] = _mm512_shuffle_i32x4(tb, td, 0xdd);
+            }
+        }
+        /* d sc_u of rows 0..15 per sub-block u (A_j = u 2j, B_j = u 2j+1) */
+        __m512i sc[16];
+        for (int i = 0; i < 16; i++) {
+            if (!full && i >= rows) {
+                sc[i] = _mm512_setzero_si512();
+                continue;
+            }
+            const uint8_t *blk = sbase + (size_t)i * rb;
+            const __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 192)));
+            sc[i] = _mm512_castps_si512(
+                _mm512_mul_ps(_mm512_set1_ps(half_to_float(blk + 208)), _mm512_cvtepi32_ps(v)));
+        }
+        transpose16_epi32(sc);
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            const __m512 da = _mm512_set1_ps(d[8 * sb + j]);
+#pragma GCC unroll 2
+            for (int part = 0; part < 2; part++) {
+                const int u = 2 * j + part;
+                const __m512i is = _mm512_add_epi32(_mm512_set1_epi32(-zs[u]), isum[u]);
+                facc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is),
+                                       _mm512_mul_ps(_mm512_castsi512_ps(sc[u]), da), facc);
+            }
+        }
+    }
+    return facc;
+}
+
+static T512 void gemv_q6k(float *y, const uint8_t *W, size_t rb, const int8_t *q, const float *d,
+                          int n_in, int64_t r0, int64_t r1)
+{
+    const int nsb = n_in / 256;
+    for (int64_t r = r0; r < r1; r += 16) {
+        const uint8_t *base = W + (size_t)r * rb;
+        if (r1 - r >= 16) {
+            _mm512_storeu_ps(y + r, gemv_q6k_rows(base, rb, q, d, nsb, 16, 1));
+        } else {
+            const int rows = (int)(r1 - r);
+            _mm512_mask_storeu_ps(y + r, (__mmask16)((1u << rows) - 1),
+                                  gemv_q6k_rows(base, rb, q, d, nsb, rows, 0));
+        }
+    }
+}
+
 static T512 void gemv_q4k(float *y, const uint8_t *W, size_t rb, const int8_t *q, const float *d,
                           const int32_t *s, int n_in, int64_t r0, int64_t r1)
 {
@@ -619,6 +743,10 @@ void cpu_x86_matmul_kq(cpu_isa isa, float *y, const uint8_t *W, cairn_type wtype
     const int nb = n_in / 32;
     if (isa >= CPU_ISA_AVX512 && T == 1 && wtype == CAIRN_TYPE_Q4_K) {
         gemv_q4k(y, W, row_bytes, q, d, s, n_in, r0, r1);
+        return;
+    }
+    if (isa >= CPU_ISA_AVX512 && T == 1 && wtype == CAIRN_TYPE_Q6_K) {
+        gemv_q6k(y, W, row_bytes, q, d, n_in, r0, r1);
         return;
     }
     if (isa >= CPU_ISA_AVX512) { /* every batch size: see cpu_x86_impl.h */
