@@ -44,13 +44,17 @@
 #define QP_ROWS 32
 #define QP_BLOCK_BYTES (2 * 8 * 64 + 2 * 64)
 #define KP_BLOCK_BYTES (2 * 8 * 64 + 4 * 64)
-/* Tokens per GEMM tile. On AVX-512 the panel GEMM serves every batch size,
- * decode included: a token's row is then the same sequence of operations
- * (integer block sums, one FMA per block in block order, 16 rows a lane)
- * whether it is computed alone, among other requests' tokens or in any
- * prompt chunk, so batching never changes a result. (Row-at-a-time decode
- * kernels summed in another order and were used below 4 tokens: a request
- * decoded alone and in a batch differed in the last bits.) */
+/* Tokens per GEMM tile. On AVX-512 every batch size computes each output
+ * with the panel GEMM's sequence of operations (integer block sums, one
+ * FMA per block in block order, 16 rows a lane), whether the token is
+ * alone, among other requests' tokens or in any prompt chunk, so batching
+ * never changes a result. A single token (decode) takes its own kernels
+ * (gemv_* in cpu_x86_quant.c and cpu_x86_kquant.c), which skip the panel
+ * and form the same block sums another way (exact integers), then do the
+ * same float operations per lane: bitwise the panel's result. (Row-at-a-
+ * time decode kernels with float sums in another order were used below 4
+ * tokens once: a request decoded alone and in a batch differed in the last
+ * bits.) */
 #define QG_TOKENS 6
 
 static inline float half_to_float(const uint8_t *p)

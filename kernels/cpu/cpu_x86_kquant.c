@@ -9,10 +9,12 @@
  * K-quants have 32-element sub-blocks (16 for Q6_K's scales) with their own
  * 6- or 8-bit scales inside 256-element super-blocks, so they share the
  * activation blocks of Q8_0 (cpu_x86_quant.c). AVX2: a row at a time, a
- * super-block per step (krow_256). AVX-512, every batch size (decode too:
- * cpu_x86_impl.h says why): the panel GEMM of cpu_x86_quant.c with a
- * K-quant panel (pack_panel_k: the same code layout plus per-block scale
- * and min, or two half-block scales for Q6_K).
+ * super-block per step (krow_256). AVX-512, two tokens and more: the panel
+ * GEMM of cpu_x86_quant.c with a K-quant panel (pack_panel_k: the same
+ * code layout plus per-block scale and min, or two half-block scales for
+ * Q6_K); one token (decode), Q4_K and Q6_K: gemv_q4k / gemv_q6k, the
+ * panel's arithmetic per output without the panel (cpu_x86_impl.h at
+ * QG_TOKENS); Q5_K decode still takes the panel.
  */
 #include <string.h>
 
@@ -749,7 +751,7 @@ void cpu_x86_matmul_kq(cpu_isa isa, float *y, const uint8_t *W, cairn_type wtype
         gemv_q6k(y, W, row_bytes, q, d, n_in, r0, r1);
         return;
     }
-    if (isa >= CPU_ISA_AVX512) { /* every batch size: see cpu_x86_impl.h */
+    if (isa >= CPU_ISA_AVX512) { /* the panel: see cpu_x86_impl.h */
         matmul_kgemm(wtype, y, W, row_bytes, q, d, s, T, n_in, n_out, r0, r1, pack);
         return;
     }

@@ -18,12 +18,13 @@
  *   - AVX2: a row at a time, one block per 256-bit register, against up to
  *     4 tokens per call; each token's arithmetic is the same whatever the
  *     call's token count.
- *   - AVX-512, every batch size (decode too: cpu_x86_impl.h says why):
- *     outer-product GEMM. A panel of 32 rows is repacked (once per panel,
+ *   - AVX-512, two tokens and more: outer-product GEMM. A panel of 32 rows is repacked (once per panel,
  *     reused for every token) so that a 512-bit register holds 4
  *     consecutive codes of 16 rows; vpdpbusd with 4 activation codes
  *     broadcast then advances 16 outputs at once, with no horizontal sums.
  *     The per-block float scaling happens once per block for 16 outputs.
+ *   - AVX-512, one token (decode): gemv_q8_rows, the same arithmetic per
+ *     output without the panel (cpu_x86_impl.h at QG_TOKENS says why).
  * Both keep a fixed per-element order (integer block sums, then one FMA per
  * block in block order), so results depend neither on how rows are split
  * between threads nor on how many tokens share the call.
