@@ -46,7 +46,7 @@ struct cpu_pool {
     cpu_range_fn fn;
     void *arg;
     int64_t n_items;
-    int64_t chunk;
+    int64_t chunk; /* the smallest chunk handed out */
     atomic_int_fast64_t next_item;
 };
 
@@ -57,18 +57,30 @@ static inline void cpu_relax(void)
 #endif
 }
 
-/* Take chunks until the job's items are exhausted. */
+/* Take chunks until the job's items are exhausted. Chunks are guided: each
+ * is a share of what is left (1 / (4 n_threads) of it, at least the job's
+ * minimum), so they start large (few trips to the shared counter, long
+ * contiguous runs of weight rows for the prefetchers) and shrink towards
+ * the end, where the threads then finish within a small chunk of each
+ * other instead of one waiting for the other's last quarter. Which thread
+ * runs an item never changes its result. */
 static void run_chunks(cpu_pool *pool, int thread)
 {
+    const int64_t n = pool->n_items, min_chunk = pool->chunk;
+    const int64_t share = 4 * (int64_t)pool->n_threads;
+    int64_t begin = atomic_load_explicit(&pool->next_item, memory_order_relaxed);
     for (;;) {
-        int64_t begin = atomic_fetch_add_explicit(&pool->next_item, pool->chunk,
-                                                  memory_order_relaxed);
-        if (begin >= pool->n_items)
+        if (begin >= n)
             return;
-        int64_t end = begin + pool->chunk;
-        if (end > pool->n_items)
-            end = pool->n_items;
+        int64_t chunk = (n - begin) / share;
+        if (chunk < min_chunk)
+            chunk = min_chunk;
+        const int64_t end = n - begin < chunk ? n : begin + chunk;
+        if (!atomic_compare_exchange_weak_explicit(&pool->next_item, &begin, end,
+                                                   memory_order_relaxed, memory_order_relaxed))
+            continue; /* begin now holds the counter's current value */
         pool->fn(pool->arg, begin, end, thread);
+        begin = atomic_load_explicit(&pool->next_item, memory_order_relaxed);
     }
 }
 
@@ -187,15 +199,16 @@ void cpu_pool_parallel_for(cpu_pool *pool, int64_t n_items, int64_t min_chunk, c
         return;
     if (min_chunk < 1)
         min_chunk = 1;
-    /* About four chunks per thread: enough to even out uneven items without
-     * making the shared counter a point of contention. */
-    int64_t chunk = n_items / ((int64_t)pool->n_threads * 4);
-    if (chunk < min_chunk)
-        chunk = min_chunk;
-    if (pool->n_threads == 1 || chunk >= n_items) {
+    /* Worth splitting only if the first guided chunk (run_chunks) leaves
+     * items for another thread. */
+    int64_t first = n_items / ((int64_t)pool->n_threads * 4);
+    if (first < min_chunk)
+        first = min_chunk;
+    if (pool->n_threads == 1 || first >= n_items) {
         fn(arg, 0, n_items, 0);
         return;
     }
+    const int64_t chunk = min_chunk; /* run_chunks' smallest chunk */
 
     pool->fn = fn;
     pool->arg = arg;

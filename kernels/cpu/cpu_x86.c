@@ -128,8 +128,9 @@ size_t cpu_x86_pack_bytes(int n_in)
 
 int cpu_x86_q8act_rows_per_item(cpu_isa isa, int T)
 {
-    (void)T;
-    return isa >= CPU_ISA_AVX512 ? QP_ROWS : 16;
+    /* decode (T = 1) kernels work in groups of 16 rows: finer items let the
+     * threads finish together (cpu_pool.c's guided chunks) */
+    return isa >= CPU_ISA_AVX512 && T > 1 ? QP_ROWS : 16;
 }
 
 int cpu_x86_matmul_q8act(cpu_isa isa, float *y, const uint8_t *W, cairn_type wtype,

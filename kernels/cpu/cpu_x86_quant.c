@@ -18,12 +18,13 @@
  *   - AVX2: a row at a time, one block per 256-bit register, against up to
  *     4 tokens per call; each token's arithmetic is the same whatever the
  *     call's token count.
- *   - AVX-512, every batch size (decode too: cpu_x86_impl.h says why):
- *     outer-product GEMM. A panel of 32 rows is repacked (once per panel,
+ *   - AVX-512, two tokens and more: outer-product GEMM. A panel of 32 rows is repacked (once per panel,
  *     reused for every token) so that a 512-bit register holds 4
  *     consecutive codes of 16 rows; vpdpbusd with 4 activation codes
  *     broadcast then advances 16 outputs at once, with no horizontal sums.
  *     The per-block float scaling happens once per block for 16 outputs.
+ *   - AVX-512, one token (decode): gemv_q8_rows, the same arithmetic per
+ *     output without the panel (cpu_x86_impl.h at QG_TOKENS says why).
  * Both keep a fixed per-element order (integer block sums, then one FMA per
  * block in block order), so results depend neither on how rows are split
  * between threads nor on how many tokens share the call.
@@ -283,6 +284,176 @@ static __attribute__((noinline)) T512 void qgemm_tile_any(const uint8_t *pk, int
 #undef QG_CASE
 }
 
+/* ---- Q4_0, Q5_0 and Q8_0, one token (decode, AVX-512) ---------------------------- */
+
+/* Decode streams the weights once and is bound by how fast a core turns
+ * them into sums; the panel (written and read back through L2, its codes
+ * gathered) is skipped. 16 rows are computed straight from their bytes with
+ * the panel's arithmetic per output (16 rows in the lanes, one FMA per
+ * block in block order, qgemm_tile's expression), so the result is bitwise
+ * the batched one:
+ *   Q4_0  per row, the code bytes of 4 blocks side by side in one register;
+ *         low nibbles times elements 0-15 and high nibbles times 16-31 of
+ *         the same blocks (activations regrouped once per 4 blocks) leave
+ *         4 partial sums per block in its 128-bit lane;
+ *         Q5_0 the same, with each code's bit 4 added from its qh by a
+ *         byte mask;
+ *   Q8_0  per row, the codes of 2 blocks (+128, unsigned) times the
+ *         activations as they lie: 8 partial sums per block.
+ * reduce4_rows / reduce16_finish (or a lane transpose) bring 16 rows' exact
+ * block sums into lanes; the zero point comes off as in the panel (-Z s).
+ * The weight scales, one per row and block, are gathered. */
+INLINE T512 __m512 gemv_q8_rows(const uint8_t *base, size_t rb, cairn_type t, const int8_t *q,
+                                const float *d, const int32_t *s, int nb, int rows, const int full)
+{
+    const int q5 = t == CAIRN_TYPE_Q5_0, q4 = t == CAIRN_TYPE_Q4_0 || q5; /* nibble codes */
+    const size_t bs = t == CAIRN_TYPE_Q4_0 ? 18 : q5 ? 22 : 34;
+    const size_t qs = q5 ? 6 : 2; /* code bytes within a block */
+    const int per = q4 ? 4 : 2;   /* blocks per register of a row */
+    const int zero = t == CAIRN_TYPE_Q4_0 ? Q4_ZERO : q5 ? Q5_ZERO : Q8_ZERO;
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
+                                                             12, 13, 14, 15),
+                                           _mm512_set1_epi32((int)rb));
+    const __mmask16 m = full ? 0xffff : (__mmask16)((1u << rows) - 1);
+    const __m512i low4 = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8((char)0x80);
+    __m512 facc = _mm512_setzero_ps();
+    for (int b0 = 0; b0 < nb; b0 += per) {
+        const int nblk = nb - b0 < per ? nb - b0 : per;
+        const int8_t *qb = q + 32 * (size_t)b0;
+        __m512i alo, ahi = _mm512_setzero_si512();
+        if (q4) {
+            /* elements 0-15 and 16-31 of each of the 4 blocks */
+            alo = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)qb));
+            ahi = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(qb + 16)));
+            if (nblk > 1) {
+                alo = _mm512_inserti32x4(alo, _mm_loadu_si128((const __m128i *)(qb + 32)), 1);
+                ahi = _mm512_inserti32x4(ahi, _mm_loadu_si128((const __m128i *)(qb + 48)), 1);
+            }
+            if (nblk > 2) {
+                alo = _mm512_inserti32x4(alo, _mm_loadu_si128((const __m128i *)(qb + 64)), 2);
+                ahi = _mm512_inserti32x4(ahi, _mm_loadu_si128((const __m128i *)(qb + 80)), 2);
+            }
+            if (nblk > 3) {
+                alo = _mm512_inserti32x4(alo, _mm_loadu_si128((const __m128i *)(qb + 96)), 3);
+                ahi = _mm512_inserti32x4(ahi, _mm_loadu_si128((const __m128i *)(qb + 112)), 3);
+            }
+        } else {
+            alo = nblk > 1 ? _mm512_loadu_si512(qb)
+                           : _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)qb));
+        }
+        __m512i qr[4];
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++) {
+            __m512i p[4];
+#pragma GCC unroll 4
+            for (int e = 0; e < 4; e++) {
+                const int i = 4 * g + e;
+                if (!full && i >= rows) {
+                    p[e] = _mm512_setzero_si512();
+                    continue;
+                }
+                const uint8_t *row = base + (size_t)i * rb + (size_t)b0 * bs + qs;
+                _mm_prefetch((const char *)(row + 4 * per * bs), _MM_HINT_T0);
+                _mm_prefetch((const char *)(row + 4 * per * bs + 64), _MM_HINT_T0);
+                __m512i v;
+                if (q4) {
+                    v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)row));
+                    if (nblk > 1)
+                        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(row + bs)), 1);
+                    if (nblk > 2)
+                        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(row + 2 * bs)),
+                                               2);
+                    if (nblk > 3)
+                        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(row + 3 * bs)),
+                                               3);
+                    __m512i clo = _mm512_and_si512(v, low4);
+                    __m512i chi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+                    if (q5) {
+                        /* bit 4 of code e of block k: bit e of its qh, which
+                         * as byte masks is bits 0-15 (low nibbles) and 16-31
+                         * (high) of each block's qh, lane k */
+                        uint32_t h0, h1 = 0, h2 = 0, h3 = 0;
+                        memcpy(&h0, row - 4, 4);
+                        if (nblk > 1)
+                            memcpy(&h1, row - 4 + bs, 4);
+                        if (nblk > 2)
+                            memcpy(&h2, row - 4 + 2 * bs, 4);
+                        if (nblk > 3)
+                            memcpy(&h3, row - 4 + 3 * bs, 4);
+                        const uint64_t A = h0 | (uint64_t)h1 << 32;
+                        const uint64_t B = h2 | (uint64_t)h3 << 32;
+                        const uint64_t mlo = (A & 0xffffu) | ((A >> 16) & 0xffff0000u) |
+                                             ((B & 0xffffu) << 32) |
+                                             ((B << 16) & 0xffff000000000000u);
+                        const uint64_t mhi = ((A >> 16) & 0xffffu) | ((A >> 32) & 0xffff0000u) |
+                                             (((B >> 16) & 0xffffu) << 32) |
+                                             (B & 0xffff000000000000u);
+                        const __m512i bit4 = _mm512_set1_epi8(0x10);
+                        clo = _mm512_mask_add_epi8(clo, (__mmask64)mlo, clo, bit4);
+                        chi = _mm512_mask_add_epi8(chi, (__mmask64)mhi, chi, bit4);
+                    }
+                    p[e] = _mm512_dpbusd_epi32(
+                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), clo, alo), chi, ahi);
+                } else {
+                    v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)row));
+                    if (nblk > 1)
+                        v = _mm512_inserti64x4(v, _mm256_loadu_si256((const __m256i *)(row + bs)),
+                                               1);
+                    p[e] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(v, flip),
+                                               alo);
+                }
+            }
+            qr[g] = reduce4_rows(p[0], p[1], p[2], p[3]);
+        }
+        __m512i isum[4];
+        if (q4) {
+            /* qr[g] lane k = block b0 + k of rows 4g..4g+3: transpose lanes */
+            const __m512i a = _mm512_shuffle_i32x4(qr[0], qr[1], 0x44);
+            const __m512i b = _mm512_shuffle_i32x4(qr[0], qr[1], 0xee);
+            const __m512i c = _mm512_shuffle_i32x4(qr[2], qr[3], 0x44);
+            const __m512i dd = _mm512_shuffle_i32x4(qr[2], qr[3], 0xee);
+            isum[0] = _mm512_shuffle_i32x4(a, c, 0x88);
+            isum[1] = _mm512_shuffle_i32x4(a, c, 0xdd);
+            isum[2] = _mm512_shuffle_i32x4(b, dd, 0x88);
+            isum[3] = _mm512_shuffle_i32x4(b, dd, 0xdd);
+        } else {
+            reduce16_finish(qr, &isum[0], &isum[1]);
+        }
+        for (int k = 0; k < nblk; k++) {
+            const int b = b0 + k;
+            const __m512i dh = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx,
+                                                           base + (size_t)b * bs, 1);
+            const __m512 dw = _mm512_cvtph_ps(
+                _mm512_cvtepi32_epi16(_mm512_and_si512(dh, _mm512_set1_epi32(0xffff))));
+            const __m512i is = _mm512_add_epi32(_mm512_set1_epi32(-zero * s[b]), isum[k]);
+            facc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(d[b])),
+                                   facc);
+        }
+    }
+    return facc;
+}
+
+#define GEMV_Q8_TYPED(NAME, TYPE)                                                                  \
+    static __attribute__((noinline)) T512 void NAME(float *y, const uint8_t *W, size_t rb,        \
+                                                    const int8_t *q, const float *d,               \
+                                                    const int32_t *s, int nb, int64_t r0,          \
+                                                    int64_t r1)                                    \
+    {                                                                                              \
+        for (int64_t r = r0; r < r1; r += 16) {                                                    \
+            const uint8_t *base = W + (size_t)r * rb;                                              \
+            if (r1 - r >= 16) {                                                                    \
+                _mm512_storeu_ps(y + r, gemv_q8_rows(base, rb, TYPE, q, d, s, nb, 16, 1));         \
+            } else {                                                                               \
+                const int rows = (int)(r1 - r);                                                    \
+                _mm512_mask_storeu_ps(y + r, (__mmask16)((1u << rows) - 1),                        \
+                                      gemv_q8_rows(base, rb, TYPE, q, d, s, nb, rows, 0));         \
+            }                                                                                      \
+        }                                                                                          \
+    }
+GEMV_Q8_TYPED(gemv_q4_0, CAIRN_TYPE_Q4_0)
+GEMV_Q8_TYPED(gemv_q8_0, CAIRN_TYPE_Q8_0)
+GEMV_Q8_TYPED(gemv_q5_0, CAIRN_TYPE_Q5_0)
+
 /* ---- dispatch ----------------------------------------------------------- */
 
 void cpu_x86_matmul_q8(cpu_isa isa, float *y, const uint8_t *W, cairn_type wtype,
@@ -290,6 +461,12 @@ void cpu_x86_matmul_q8(cpu_isa isa, float *y, const uint8_t *W, cairn_type wtype
                        int n_in, int n_out, int64_t r0, int64_t r1, void *pack)
 {
     const int nb = n_in / 32;
+    if (isa >= CPU_ISA_AVX512 && T == 1) {
+        (wtype == CAIRN_TYPE_Q4_0   ? gemv_q4_0
+         : wtype == CAIRN_TYPE_Q5_0 ? gemv_q5_0
+                                    : gemv_q8_0)(y, W, row_bytes, q, d, s, nb, r0, r1);
+        return;
+    }
     if (isa >= CPU_ISA_AVX512) {
         const int zero = wtype == CAIRN_TYPE_Q4_0 ? Q4_ZERO
                        : wtype == CAIRN_TYPE_Q5_0 ? Q5_ZERO
