@@ -499,7 +499,8 @@ int cpu_attention(cairn_backend *be, const cairn_attn_args *a)
 
     cpu_ctx *ctx = cpu_ctx_of(be);
     cpu_attend_chunk_fn chunk_fn = cpu_x86_attend_chunk(ctx->isa, L);
-    if (chunk_fn)
+    const int group = a->n_head / L->n_kv_head;
+    if (chunk_fn && cpu_attn_lane_groups(rows_per_item(group) * group) <= CPU_ATTN_LANE_GROUPS_MAX)
         return flash_attention(ctx, a, chunk_fn, max_kv);
     /* Scratch per thread: scores [max_kv] plus query copy and accumulator,
      * each padded to whole cache lines as attend_one lays them out. */
@@ -518,7 +519,7 @@ int cpu_attention(cairn_backend *be, const cairn_attn_args *a)
 
     attn_job job = {
         .ctx = ctx, .a = a, .row_start = ctx->seq_row_start,
-        .group = a->n_head / L->n_kv_head,
+        .group = group,
         .dot = cpu_x86_dot_kv(ctx->isa, L->dtype),
         .axpy = cpu_x86_axpy_kv(ctx->isa, L->dtype),
     };

@@ -265,6 +265,9 @@ cpu_axpy_kv_fn cpu_x86_axpy_kv(cpu_isa isa, cairn_type dtype);
  * row per sequence would otherwise leave threads idle). So the same request
  * gives the same bits whatever batch, chunking or thread count it runs in. */
 enum { CPU_ATTN_TILE = 16, CPU_ATTN_CHUNK = 512 };
+/* Most lane groups in one item (rows_per_item in cpu_attention.c keeps
+ * items at 64 vectors, 128 at most): a bound for the kernel's stack tables. */
+enum { CPU_ATTN_LANE_GROUPS_MAX = 16 };
 
 typedef struct {
     const cairn_kv_layout *L;

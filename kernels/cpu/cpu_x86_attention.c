@@ -218,7 +218,14 @@ INLINE T512 void attend_chunk_512(const cpu_attn_item *it, int chunk, float *par
     float *kt = it->kv_tile;                     /* [16][hd] */
     float *vt = kt + (size_t)CPU_ATTN_TILE * hd; /* [16][hd] */
     float pbuf[CPU_ATTN_TILE * 16] __attribute__((aligned(64)));
-    int32_t lane_n[16] __attribute__((aligned(64)));
+    /* each lane's n_scan (0 for lanes past the last vector), once per chunk:
+     * the tile loop then needs no division by the group size */
+    int32_t lane_scan[CPU_ATTN_LANE_GROUPS_MAX][16] __attribute__((aligned(64)));
+    for (int g = 0; g < n_groups; g++)
+        for (int lane = 0; lane < 16; lane++) {
+            const int v = g * 16 + lane;
+            lane_scan[g][lane] = v < n_vec ? it->n_scan[v / G] : 0;
+        }
 
     for (int j0 = j_begin; j0 < j_end; j0 += CPU_ATTN_TILE) {
         const int tn = j_end - j0 < CPU_ATTN_TILE ? j_end - j0 : CPU_ATTN_TILE;
@@ -230,18 +237,13 @@ INLINE T512 void attend_chunk_512(const cpu_attn_item *it, int chunk, float *par
                                                                      : CPU_ATTN_TILE,
                           f16, hd);
         for (int g = 0; g < n_groups; g++) {
-            /* keys j0 .. j0 + lane_n - 1 of the tile lie inside each lane's row */
-            int any = 0;
-            for (int lane = 0; lane < 16; lane++) {
-                const int v = g * 16 + lane;
-                int n = v < n_vec ? it->n_scan[v / G] - j0 : 0;
-                n = n < 0 ? 0 : n > tn ? tn : n;
-                lane_n[lane] = n;
-                any |= n;
-            }
-            if (!any)
+            /* keys j0 .. j0 + ln - 1 of the tile lie inside each lane's row */
+            const __m512i ln = _mm512_max_epi32(
+                _mm512_setzero_si512(),
+                _mm512_min_epi32(_mm512_sub_epi32(_mm512_load_si512(lane_scan[g]), _mm512_set1_epi32(j0)),
+                                 _mm512_set1_epi32(tn)));
+            if (!_mm512_test_epi32_mask(ln, ln))
                 continue;
-            const __m512i ln = _mm512_load_si512(lane_n);
             __mmask16 vis[CPU_ATTN_TILE];
             for (int t = 0; t < tn; t++) {
                 vis[t] = _mm512_cmp_epi32_mask(_mm512_set1_epi32(t), ln, _MM_CMPINT_LT);
