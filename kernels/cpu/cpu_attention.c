@@ -264,18 +264,6 @@ static void attn_fold(float *run, const float *part, int n_groups, int hd)
     }
 }
 
-static void attn_state_clear(float *st, int n_groups, int hd)
-{
-    const size_t stride = cpu_attn_state_floats(hd);
-    for (int g = 0; g < n_groups; g++, st += stride) {
-        memset(st, 0, sizeof(float) * (size_t)hd * 16);
-        for (int lane = 0; lane < 16; lane++) {
-            st[(size_t)hd * 16 + lane] = -INFINITY;
-            st[(size_t)hd * 16 + 16 + lane] = 0.0f;
-        }
-    }
-}
-
 /* The sequence of row block `block`. */
 static int block_seq(const flash_job *job, int64_t block)
 {
@@ -384,7 +372,7 @@ static void flash_whole_range(void *p, int64_t begin, int64_t end, int thread)
         cpu_attn_item it;
         flash_item(job, item, &f, &it);
         const int n_groups = item_groups(&it);
-        attn_state_clear(f.run, n_groups, hd);
+        cpu_attn_state_clear(f.run, n_groups, hd);
         const int chunks = item_chunks(&it);
         for (int c = 0; c < chunks; c++) {
             job->chunk_fn(&it, c, f.part);
@@ -407,7 +395,7 @@ static void flash_chunk_range(void *p, int64_t begin, int64_t end, int thread)
         if (c < item_chunks(&it))
             job->chunk_fn(&it, c, part);
         else
-            attn_state_clear(part, item_groups(&it), job->a->kv->head_dim);
+            cpu_attn_state_clear(part, item_groups(&it), job->a->kv->head_dim);
     }
 }
 
@@ -421,7 +409,7 @@ static void flash_fold_range(void *p, int64_t begin, int64_t end, int thread)
         cpu_attn_item it;
         flash_item(job, item, &f, &it);
         const int n_groups = item_groups(&it);
-        attn_state_clear(f.run, n_groups, hd);
+        cpu_attn_state_clear(f.run, n_groups, hd);
         for (int c = 0; c < job->max_chunks; c++)
             attn_fold(f.run, job->partial + ((size_t)item * job->max_chunks + c) * job->item_floats,
                       n_groups, hd);

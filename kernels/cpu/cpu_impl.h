@@ -29,8 +29,10 @@
 #ifndef CAIRN_KERNELS_CPU_IMPL_H
 #define CAIRN_KERNELS_CPU_IMPL_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kernels/backend.h"
 
@@ -295,6 +297,18 @@ typedef struct {
 static inline size_t cpu_attn_state_floats(int head_dim)
 {
     return ((size_t)head_dim + 2) * 16;
+}
+/* n_groups lane-group states with nothing seen yet: acc = 0, m = -inf, l = 0. */
+static inline void cpu_attn_state_clear(float *st, int n_groups, int head_dim)
+{
+    const size_t stride = cpu_attn_state_floats(head_dim);
+    for (int g = 0; g < n_groups; g++, st += stride) {
+        memset(st, 0, sizeof(float) * (size_t)head_dim * 16);
+        for (int lane = 0; lane < 16; lane++) {
+            st[(size_t)head_dim * 16 + lane] = -INFINITY; /* m */
+            st[(size_t)head_dim * 16 + 16 + lane] = 0.0f; /* l */
+        }
+    }
 }
 static inline int cpu_attn_lane_groups(int n_vectors)
 {

@@ -194,11 +194,8 @@ INLINE T512 void attend_chunk_512(const cpu_attn_item *it, int chunk, float *par
     const size_t stride = cpu_attn_state_floats(hd);
     const int n_vec = it->n_rows * G, n_groups = (n_vec + 15) / 16;
     const __m512 neg_inf = _mm512_set1_ps(-INFINITY), one = _mm512_set1_ps(1.0f);
+    cpu_attn_state_clear(partial, n_groups, hd);
     for (int g = 0; g < n_groups; g++) {
-        float *st = partial + (size_t)g * stride;
-        memset(st, 0, sizeof(float) * (size_t)hd * 16);
-        _mm512_store_ps(st + (size_t)hd * 16, neg_inf);
-        _mm512_store_ps(st + (size_t)hd * 16 + 16, _mm512_setzero_ps());
         float *qt = it->q_t + (size_t)g * hd * 16; /* [hd][16] */
         for (int lane = 0; lane < 16; lane++) {
             const int v = g * 16 + lane;
