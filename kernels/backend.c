@@ -9,22 +9,89 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include <strings.h>
 #include <stdlib.h>
+
+size_t cairn_kv_head_bytes(cairn_type dtype, int head_dim)
+{
+    if (head_dim <= 0)
+        return 0;
+    switch (dtype) {
+    case CAIRN_TYPE_F32:
+        return (size_t)head_dim * 4;
+    case CAIRN_TYPE_F16:
+    case CAIRN_TYPE_BF16:
+        return (size_t)head_dim * 2;
+    case CAIRN_TYPE_Q8_0:
+    case CAIRN_TYPE_Q4_0: {
+        const cairn_type_traits *t = cairn_type_get(dtype);
+        if (head_dim % t->block_elems)
+            return 0;
+        return (size_t)(head_dim / t->block_elems) * (size_t)t->block_bytes;
+    }
+    default:
+        return 0;
+    }
+}
+
+int cairn_kv_type_supported(cairn_type dtype)
+{
+    return cairn_kv_head_bytes(dtype, 256) != 0;
+}
+
+static const struct {
+    const char *name;
+    cairn_type type;
+} KV_TYPE_NAMES[] = {
+    {"f32", CAIRN_TYPE_F32},   {"f16", CAIRN_TYPE_F16},   {"bf16", CAIRN_TYPE_BF16},
+    {"q8_0", CAIRN_TYPE_Q8_0}, {"q4_0", CAIRN_TYPE_Q4_0},
+};
+
+int cairn_kv_type_parse(const char *name, cairn_type *out)
+{
+    if (!name || !out)
+        return CAIRN_EINVAL;
+    for (size_t i = 0; i < sizeof KV_TYPE_NAMES / sizeof KV_TYPE_NAMES[0]; i++)
+        if (strcasecmp(name, KV_TYPE_NAMES[i].name) == 0) {
+            *out = KV_TYPE_NAMES[i].type;
+            return CAIRN_OK;
+        }
+    return CAIRN_EINVAL;
+}
+
+const char *cairn_kv_type_name(cairn_type dtype)
+{
+    for (size_t i = 0; i < sizeof KV_TYPE_NAMES / sizeof KV_TYPE_NAMES[0]; i++)
+        if (KV_TYPE_NAMES[i].type == dtype)
+            return KV_TYPE_NAMES[i].name;
+    return "?";
+}
+
+/* The rotation cairn_kv_layout_init gives a type: the quantized ones rotate
+ * by the largest power of two that divides head_dim (at least their block
+ * of 32, which head_dim is a multiple of). */
+static int default_rotation(cairn_type dtype, int head_dim)
+{
+    if (dtype != CAIRN_TYPE_Q8_0 && dtype != CAIRN_TYPE_Q4_0)
+        return 0;
+    return head_dim & -head_dim;
+}
 
 int cairn_kv_layout_init(cairn_kv_layout *out, int n_layer, int n_kv_head, int head_dim,
                          int page_size, cairn_type dtype)
 {
     if (!out || n_layer <= 0 || n_kv_head <= 0 || head_dim <= 0 || page_size <= 0)
         return CAIRN_EINVAL;
-    if (dtype != CAIRN_TYPE_F32 && dtype != CAIRN_TYPE_F16)
+    const size_t head_bytes = cairn_kv_head_bytes(dtype, head_dim);
+    if (!head_bytes)
         return CAIRN_EINVAL;
-    size_t elem = dtype == CAIRN_TYPE_F32 ? 4 : 2;
     out->n_layer = n_layer;
     out->n_kv_head = n_kv_head;
     out->head_dim = head_dim;
     out->page_size = page_size;
     out->dtype = dtype;
-    out->row_bytes = (size_t)n_kv_head * (size_t)head_dim * elem;
+    out->rotation = default_rotation(dtype, head_dim);
+    out->row_bytes = (size_t)n_kv_head * head_bytes;
     /* K and V for every layer, page_size rows each. */
     out->page_bytes = (size_t)n_layer * 2 * (size_t)page_size * out->row_bytes;
     out->layer_base = 0;
@@ -35,16 +102,16 @@ int cairn_kv_layout_valid(const cairn_kv_layout *L)
 {
     if (!L || L->n_layer <= 0 || L->n_kv_head <= 0 || L->head_dim <= 0 || L->page_size <= 0)
         return 0;
-    size_t elem;
-    if (L->dtype == CAIRN_TYPE_F32)
-        elem = 4;
-    else if (L->dtype == CAIRN_TYPE_F16)
-        elem = 2;
-    else
+    const size_t head_bytes = cairn_kv_head_bytes(L->dtype, L->head_dim);
+    if (!head_bytes)
+        return 0;
+    /* 0, or a power of two dividing head_dim */
+    const int R = L->rotation;
+    if (R < 0 || (R && ((R & (R - 1)) || L->head_dim % R)))
         return 0;
     const size_t own = (size_t)L->n_layer * 2 * (size_t)L->page_size * L->row_bytes;
-    return L->row_bytes == (size_t)L->n_kv_head * (size_t)L->head_dim * elem &&
-           L->layer_base <= L->page_bytes && own <= L->page_bytes - L->layer_base;
+    return L->row_bytes == (size_t)L->n_kv_head * head_bytes && L->layer_base <= L->page_bytes &&
+           own <= L->page_bytes - L->layer_base;
 }
 
 int cairn_kv_layout_place(cairn_kv_layout *page, const cairn_kv_layout *part,
@@ -61,11 +128,11 @@ int cairn_kv_layout_place(cairn_kv_layout *page, const cairn_kv_layout *part,
 }
 
 /* One sequence's share of an attention call is usable. */
-static int attn_seq_valid(const cairn_attn_seq *seq, int page_size)
+static int attn_seq_valid(const cairn_attn_seq *seq, int page_size, int window)
 {
     if (seq->q_start < 0 || seq->n_q <= 0 || seq->n_kv <= 0 || !seq->pages)
         return 0;
-    if (!seq->mask) {
+    if (!seq->mask || window > 0) {
         if (!seq->q_index)
             return 0;
         for (int i = 0; i < seq->n_q; i++)
@@ -86,11 +153,11 @@ int cairn_attn_args_check(const cairn_attn_args *a, int *max_kv)
     const cairn_kv_layout *L = a->kv;
     if (!cairn_kv_layout_valid(L) || a->layer < 0 || a->layer >= L->n_layer)
         return CAIRN_EINVAL;
-    if (a->n_head <= 0 || a->n_head % L->n_kv_head != 0 || !isfinite(a->scale))
+    if (a->n_head <= 0 || a->n_head % L->n_kv_head != 0 || !isfinite(a->scale) || a->window < 0)
         return CAIRN_EINVAL;
     int longest = 0;
     for (int s = 0; s < a->n_seqs; s++) {
-        if (!attn_seq_valid(&a->seqs[s], L->page_size))
+        if (!attn_seq_valid(&a->seqs[s], L->page_size, a->window))
             return CAIRN_EINVAL;
         if (a->seqs[s].n_kv > longest)
             longest = a->seqs[s].n_kv;

@@ -74,7 +74,11 @@ typedef struct {
     int n_kv_head;     /* KV heads per layer                                   */
     int head_dim;      /* elements per head                                    */
     int page_size;     /* tokens per page                                      */
-    cairn_type dtype;  /* CAIRN_TYPE_F32 or CAIRN_TYPE_F16                      */
+    cairn_type dtype;  /* F32, F16, BF16, Q8_0 or Q4_0 (see "KV types" below)   */
+    int rotation;      /* 0, or R: K and V rows are stored rotated, each run of R
+                          consecutive elements of a head by the orthonormal
+                          Walsh-Hadamard matrix H_R (R a power of two dividing
+                          head_dim); see "KV types"                             */
     size_t row_bytes;  /* bytes of one token's K (or V) in one layer           */
     size_t page_bytes; /* bytes of a whole page                                */
     size_t layer_base; /* byte offset of layer 0 inside a page: 0, except for a
@@ -82,10 +86,51 @@ typedef struct {
                           same pages (a draft model's, an EAGLE head's)         */
 } cairn_kv_layout;
 
+/* KV types
+ * --------
+ * A K or V row (one token, one layer: n_kv_head heads of head_dim) is stored
+ * as `dtype`:
+ *
+ *   F32, F16, BF16   head_dim plain elements per head
+ *   Q8_0, Q4_0       head_dim / 32 blocks per head, in the block layouts of
+ *                    common/common.h (a half scale, then 32 int8 or 32
+ *                    packed 4-bit values); head_dim must be a multiple of 32
+ *
+ * so row_bytes = n_kv_head * head_dim / block_elems * block_bytes, and a
+ * head's blocks never straddle another head's. The quantized types store
+ * each head rotated (rotation = R > 0): x' = H_R x on every run of R
+ * elements, H_R the orthonormal Walsh-Hadamard matrix (H_R = H_Rᵀ =
+ * H_R⁻¹). A rotation spreads an outlier channel over R elements, so one
+ * large value no longer sets the scale of its block and flattens the rest
+ * to zero. Attention undoes it for free: q·k = (H q)·(H k), so the query is
+ * rotated once per row and head (it stays in float, never quantized), and
+ * Σ p_j H v_j = H (Σ p_j v_j), so the output is rotated back once.
+ * cairn_kv_layout_init picks R = the largest power of two dividing head_dim
+ * (64 for head_dim 64, 32 for 96) for Q8_0 and Q4_0, and 0 for the others.
+ *
+ * The dtype and rotation are part of the page namespace
+ * (store/namespace.c), so pages of different formats never mix in any
+ * tier or on disk. */
+
 /* Fill *out from the four shape numbers. CAIRN_EINVAL when a number is not
- * positive or dtype is neither F32 nor F16. */
+ * positive, dtype is not one of the KV types above, or a quantized dtype
+ * meets a head_dim that is not a multiple of 32. */
 int cairn_kv_layout_init(cairn_kv_layout *out, int n_layer, int n_kv_head, int head_dim,
                          int page_size, cairn_type dtype);
+
+/* Nonzero when `dtype` is a KV type (above). */
+int cairn_kv_type_supported(cairn_type dtype);
+
+/* Bytes of one head's K (or V) row of head_dim elements stored as dtype;
+ * 0 when that cannot be stored (not a KV type, or head_dim not a multiple of
+ * the type's block). */
+size_t cairn_kv_head_bytes(cairn_type dtype, int head_dim);
+
+/* The KV type named by `name` ("f32", "f16", "bf16", "q8_0", "q4_0", any
+ * case): CAIRN_OK and *out, else CAIRN_EINVAL. cairn_kv_type_name is the
+ * inverse ("?" for a type that is not a KV type). */
+int cairn_kv_type_parse(const char *name, cairn_type *out);
+const char *cairn_kv_type_name(cairn_type dtype);
 
 /* Make room for `part` (a layout of its own, layer_base 0) after everything
  * `page` holds: *placed = part at layer_base = page's old page_bytes, and
@@ -118,6 +163,12 @@ typedef struct {
                                When set it replaces the causal rule.            */
 } cairn_attn_seq;
 
+/* Sliding windows. With window = W > 0 a query whose KV index is i sees
+ * only keys j with i - W < j (besides the causal or mask rule), i.e. its
+ * own key and the W - 1 before it: a sliding-window layer (Mistral,
+ * Gemma's local layers). The window needs every row's index, so q_index is
+ * required then, with a mask too. */
+
 typedef struct {
     float *out;               /* [n_rows][n_head * head_dim]                     */
     const float *q;           /* [n_rows][n_head * head_dim], RoPE applied        */
@@ -128,6 +179,8 @@ typedef struct {
     float scale;              /* usually 1/sqrt(head_dim)                         */
     int n_seqs;
     const cairn_attn_seq *seqs; /* host array [n_seqs]                            */
+    int window;               /* 0: every key the rule allows; > 0: sliding
+                                 window of that many keys (above)               */
 } cairn_attn_args;
 
 /* Argument checks every backend makes, in one place. A KV layout that is
@@ -254,7 +307,8 @@ typedef struct {
  *                  knows the sampler
  *
  * Required: name, destroy, alloc, free, upload, download, get_rows, matmul,
- * rmsnorm, rope, swiglu, add, add_bias, softmax, kv_store, attention.
+ * rmsnorm, rope, swiglu, geglu, scale, add, add_bias, softmax, kv_store,
+ * attention.
  *
  * Transfers and fences
  * --------------------
@@ -320,6 +374,14 @@ typedef struct {
     /* out[n] = silu(gate[n]) * up[n]. out may equal gate. */
     int (*swiglu)(cairn_backend *be, float *out, const float *gate, const float *up, size_t n);
 
+    /* out[n] = gelu(gate[n]) * up[n], GELU in its tanh form
+     * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x³))) (Gemma's GeGLU). out may
+     * equal gate. */
+    int (*geglu)(cairn_backend *be, float *out, const float *gate, const float *up, size_t n);
+
+    /* x[n] *= s (Gemma's embedding scale). */
+    int (*scale)(cairn_backend *be, float *x, float s, size_t n);
+
     /* y[n] = a[n] + b[n]. y may equal a. */
     int (*add)(cairn_backend *be, float *y, const float *a, const float *b, size_t n);
 
@@ -330,8 +392,10 @@ typedef struct {
     int (*softmax)(cairn_backend *be, float *x, int T, int n);
 
     /* Write K and V rows of T new tokens of `layer` into the pool at
-     * slots[T] (host). k, v: [T][n_kv_head * head_dim] floats, converted to
-     * the layout's dtype. */
+     * slots[T] (host). k, v: [T][n_kv_head * head_dim] floats, rotated and
+     * converted to the layout's dtype ("KV types"; quantized blocks as
+     * common/quant.c quantizes them, so every backend stores the same
+     * bytes up to float rounding of the rotation). */
     int (*kv_store)(cairn_backend *be, void *kv_pool, const cairn_kv_layout *L, int layer,
                     const float *k, const float *v, const int32_t *slots, int T);
 

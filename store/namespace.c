@@ -44,6 +44,13 @@ int cairn_page_namespace_hash(const cairn_page_namespace *ns, cairn_page_hash *o
     add_u64(&st, (uint64_t)L->page_bytes);
     add_u64(&st, ns->tenant_salt ? 1 : 0);
     add_bytes(&st, ns->tenant_salt, ns->salt_bytes);
+    /* Rotated KV (the quantized types) hashes its rotation as a tagged field
+     * at the end, so the namespaces of unrotated layouts stay what they were
+     * and stores written before it keep their pages. */
+    if (L->rotation) {
+        add_bytes(&st, "rotation", 8);
+        add_u64(&st, (uint64_t)L->rotation);
+    }
     XXH128_hash_t h = XXH3_128bits_digest(&st);
     *out = (cairn_page_hash){.lo = h.low64, .hi = h.high64};
     return CAIRN_OK;

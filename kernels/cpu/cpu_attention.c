@@ -86,6 +86,8 @@ int cpu_kv_store(cairn_backend *be, void *kv_pool, const cairn_kv_layout *L, int
 {
     if (!be || cairn_kv_store_args_check(kv_pool, L, layer, k, v, slots, T) != CAIRN_OK)
         return CAIRN_EINVAL;
+    if ((L->dtype != CAIRN_TYPE_F32 && L->dtype != CAIRN_TYPE_F16) || L->rotation)
+        return CAIRN_EUNSUPPORTED; /* TODO(issue 19): the other KV types */
     kv_store_job job = {.pool = kv_pool, .L = L, .layer = layer, .k = k, .v = v, .slots = slots,
                         .isa = cpu_ctx_of(be)->isa};
     int64_t min_chunk = 1 + 16384 / ((int64_t)L->n_kv_head * L->head_dim);
@@ -484,6 +486,8 @@ int cpu_attention(cairn_backend *be, const cairn_attn_args *a)
     if (!be || cairn_attn_args_check(a, &max_kv) != CAIRN_OK)
         return CAIRN_EINVAL;
     const cairn_kv_layout *L = a->kv;
+    if ((L->dtype != CAIRN_TYPE_F32 && L->dtype != CAIRN_TYPE_F16) || L->rotation || a->window)
+        return CAIRN_EUNSUPPORTED; /* TODO(issue 19): the other KV types, windows */
 
     cpu_ctx *ctx = cpu_ctx_of(be);
     cpu_attend_chunk_fn chunk_fn = cpu_x86_attend_chunk(ctx->isa, L);

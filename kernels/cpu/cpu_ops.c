@@ -160,6 +160,17 @@ static void swiglu_range(void *p, int64_t begin, int64_t end, int thread)
     }
 }
 
+static void geglu_range(void *p, int64_t begin, int64_t end, int thread)
+{
+    (void)thread;
+    const binary_job *job = p;
+    const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
+    for (int64_t i = begin; i < end; i++) {
+        const float g = job->a[i];
+        job->out[i] = 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g))) * job->b[i];
+    }
+}
+
 static void add_range(void *p, int64_t begin, int64_t end, int thread)
 {
     (void)thread;
@@ -183,9 +194,36 @@ int cpu_swiglu(cairn_backend *be, float *out, const float *gate, const float *up
     return run_binary(be, out, gate, up, n, swiglu_range);
 }
 
+int cpu_geglu(cairn_backend *be, float *out, const float *gate, const float *up, size_t n)
+{
+    return run_binary(be, out, gate, up, n, geglu_range);
+}
+
 int cpu_add(cairn_backend *be, float *y, const float *a, const float *b, size_t n)
 {
     return run_binary(be, y, a, b, n, add_range);
+}
+
+typedef struct {
+    float *x;
+    float s;
+} scale_job;
+
+static void scale_range(void *p, int64_t begin, int64_t end, int thread)
+{
+    (void)thread;
+    const scale_job *job = p;
+    for (int64_t i = begin; i < end; i++)
+        job->x[i] *= job->s;
+}
+
+int cpu_scale(cairn_backend *be, float *x, float s, size_t n)
+{
+    if (!be || !x || n == 0 || n > (size_t)INT64_MAX || !isfinite(s))
+        return CAIRN_EINVAL;
+    scale_job job = {.x = x, .s = s};
+    cpu_pool_parallel_for(cpu_ctx_of(be)->pool, (int64_t)n, CPU_ELEMWISE_CHUNK, scale_range, &job);
+    return CAIRN_OK;
 }
 
 typedef struct {

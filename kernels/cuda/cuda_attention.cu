@@ -312,6 +312,8 @@ int cuda_attention(cairn_backend *be, const cairn_attn_args *a)
     if (!be || cairn_attn_args_check(a, NULL) != CAIRN_OK)
         return CAIRN_EINVAL;
     const cairn_kv_layout *L = a->kv;
+    if ((L->dtype != CAIRN_TYPE_F32 && L->dtype != CAIRN_TYPE_F16) || L->rotation || a->window)
+        return CAIRN_EUNSUPPORTED; /* TODO(issue 19): the other KV types, windows */
     if (L->head_dim > ATTN_THREADS * ATTN_MAX_DIMS_PER_THREAD) {
         cairn_log(CAIRN_LOG_ERROR, "cuda attention: head_dim %d is above the supported %d",
                   L->head_dim, ATTN_THREADS * ATTN_MAX_DIMS_PER_THREAD);

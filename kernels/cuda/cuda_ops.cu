@@ -205,6 +205,23 @@ static __global__ void swiglu_kernel(float *out, const float *g, const float *u,
     }
 }
 
+static __global__ void geglu_kernel(float *out, const float *g, const float *u, size_t n)
+{
+    const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const float gi = g[i];
+        out[i] = 0.5f * gi * (1.0f + tanhf(c * (gi + 0.044715f * gi * gi * gi))) * u[i];
+    }
+}
+
+static __global__ void scale_kernel(float *x, float s, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] *= s;
+}
+
 static __global__ void add_kernel(float *y, const float *a, const float *b, size_t n)
 {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
@@ -234,6 +251,30 @@ int cuda_swiglu(cairn_backend *be, float *out, const float *gate, const float *u
         return rc;
     swiglu_kernel<<<grid_for(n), OPS_THREADS, 0, cuda_ctx_of(be)->stream>>>(out, gate, up, n);
     CUDA_LAUNCHED("swiglu");
+    return CAIRN_OK;
+}
+
+int cuda_geglu(cairn_backend *be, float *out, const float *gate, const float *up, size_t n)
+{
+    if (!binary_args_ok(be, out, gate, up, n))
+        return CAIRN_EINVAL;
+    int rc = cuda_enter(be);
+    if (rc != CAIRN_OK)
+        return rc;
+    geglu_kernel<<<grid_for(n), OPS_THREADS, 0, cuda_ctx_of(be)->stream>>>(out, gate, up, n);
+    CUDA_LAUNCHED("geglu");
+    return CAIRN_OK;
+}
+
+int cuda_scale(cairn_backend *be, float *x, float s, size_t n)
+{
+    if (!be || !x || n == 0 || n > (size_t)INT64_MAX || !isfinite(s))
+        return CAIRN_EINVAL;
+    int rc = cuda_enter(be);
+    if (rc != CAIRN_OK)
+        return rc;
+    scale_kernel<<<grid_for(n), OPS_THREADS, 0, cuda_ctx_of(be)->stream>>>(x, s, n);
+    CUDA_LAUNCHED("scale");
     return CAIRN_OK;
 }
 
@@ -335,6 +376,8 @@ int cuda_kv_store(cairn_backend *be, void *kv_pool, const cairn_kv_layout *L, in
 {
     if (!be || cairn_kv_store_args_check(kv_pool, L, layer, k, v, slots, T) != CAIRN_OK)
         return CAIRN_EINVAL;
+    if ((L->dtype != CAIRN_TYPE_F32 && L->dtype != CAIRN_TYPE_F16) || L->rotation)
+        return CAIRN_EUNSUPPORTED; /* TODO(issue 19): the other KV types */
     int rc = cuda_enter(be);
     if (rc != CAIRN_OK)
         return rc;

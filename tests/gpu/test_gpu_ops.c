@@ -473,7 +473,7 @@ static void test_staging(void **state)
         assert_int_equal(cpu->iface->kv_store(cpu, pool.c, &L, 0, K.c, V.c, slots, n_kv), CAIRN_OK);
         assert_int_equal(gpu->iface->kv_store(gpu, pool.g, &L, 0, K.g, V.g, slots, n_kv), CAIRN_OK);
         cairn_attn_seq seq = {0, n_q, n_kv, NULL, pages, mask};
-        cairn_attn_args a = {O.c, Q.c, pool.c, &L, 0, n_head, 0.25f, 1, &seq};
+        cairn_attn_args a = {O.c, Q.c, pool.c, &L, 0, n_head, 0.25f, 1, &seq, 0};
         assert_int_equal(cpu->iface->attention(cpu, &a), CAIRN_OK);
         a.out = O.g;
         a.q = Q.g;
@@ -784,7 +784,7 @@ static void check_attention(kt_rng *r, cairn_type dtype, int n_kv_head, int grou
                                    masks[s]};
     pair_buf Q = pair_new(q, qn * 4), O = pair_out(qn * 4);
     cairn_attn_args a = {O.c, Q.c, pool.c, &L, layer, n_head, 1.0f / sqrtf((float)head_dim),
-                         ATT_S, seqs};
+                         ATT_S, seqs, 0};
     if (alias_out)
         a.out = Q.c;
     assert_int_equal(cpu->iface->attention(cpu, &a), CAIRN_OK);
@@ -896,9 +896,9 @@ static void test_kv_pool_high_offsets(void **state)
     cairn_attn_seq sg[2] = {{0, 1, N_KV, qd, far, NULL}, {1, 20, 80, qp, far, NULL}};
     cairn_attn_seq sc[2] = {{0, 1, N_KV, qd, near, NULL}, {1, 20, 80, qp, near, NULL}};
     pair_buf Q = pair_new(q, qn * 4), O = pair_out(qn * 4);
-    cairn_attn_args a = {O.c, Q.c, small, &L, LAYER, n_head, 0.088f, 2, sc};
+    cairn_attn_args a = {O.c, Q.c, small, &L, LAYER, n_head, 0.088f, 2, sc, 0};
     assert_int_equal(cpu->iface->attention(cpu, &a), CAIRN_OK);
-    a = (cairn_attn_args){O.g, Q.g, big, &L, LAYER, n_head, 0.088f, 2, sg};
+    a = (cairn_attn_args){O.g, Q.g, big, &L, LAYER, n_head, 0.088f, 2, sg, 0};
     assert_int_equal(gpu->iface->attention(gpu, &a), CAIRN_OK);
     float *c, *g;
     pair_fetch(&O, &c, &g);

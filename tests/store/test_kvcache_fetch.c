@@ -836,6 +836,10 @@ static void test_namespace_isolation(void **state)
     L_bf16.dtype = CAIRN_TYPE_BF16;
     assert_false(cairn_page_hash_equal(base, ns_of("model-A", &L_bf16)));
     assert_true(cairn_page_hash_equal(base, ns_of("model-A", &L)));
+    /* Only the rotation differs: another namespace too. */
+    cairn_kv_layout L_rot = L;
+    L_rot.rotation = 32;
+    assert_false(cairn_page_hash_equal(base, ns_of("model-A", &L_rot)));
 
     char dir[512];
     test_make_dir(dir, sizeof dir, "namespace");
