@@ -69,7 +69,7 @@ int cli_model_opts_parse(cli_model_opts *o, int opt, const char *arg);
     "                         at most 4096)\n"                                                    \
     "  -b, --batch-size N     most tokens per forward call (default 512)\n"                        \
     "      --page-size N      tokens per KV page (default 16)\n"                                   \
-    "      --kv-type T        KV cache type: f16 (default) or f32\n"                               \
+    "      --kv-type T        KV cache type: f16 (default), bf16, f32, q8_0 or q4_0\n"              \
     "      --device D         cpu, cuda, cuda:N or auto (default auto: the first CUDA GPU\n"       \
     "                         when built with CUDA and one is present, else the CPU)\n"
 

@@ -79,12 +79,9 @@ int cli_model_opts_parse(cli_model_opts *o, int opt, const char *arg)
         return cli_parse_int(arg, "--batch-size", 1, 1 << 16, &o->batch);
     case 1001: return cli_parse_int(arg, "--page-size", 1, 4096, &o->page_size);
     case 1002:
-        if (strcmp(arg, "f16") == 0)
-            o->kv_type = CAIRN_TYPE_F16;
-        else if (strcmp(arg, "f32") == 0)
-            o->kv_type = CAIRN_TYPE_F32;
-        else {
-            fprintf(stderr, "cairn: --kv-type must be f16 or f32, got '%s'\n", arg);
+        if (cairn_kv_type_parse(arg, &o->kv_type) != CAIRN_OK) {
+            fprintf(stderr, "cairn: --kv-type must be f16, bf16, f32, q8_0 or q4_0, got '%s'\n",
+                    arg);
             return -1;
         }
         return 1;
@@ -125,6 +122,9 @@ int cli_runtime_open(cli_runtime *rt, const cli_model_opts *o, const cairn_runti
     rt->n_ctx = o->n_ctx > 0 ? o->n_ctx : (hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
     rt->batch = o->batch;
     if ((rc = cairn_model_kv_layout(rt->model, o->page_size, o->kv_type, &rt->kv)) != CAIRN_OK) {
+        fprintf(stderr, "cairn: a KV cache of type %s does not fit this model (head_dim %d; "
+                        "q8_0 and q4_0 need a multiple of 32)\n",
+                cairn_kv_type_name(o->kv_type), hp->head_dim);
         cli_runtime_close(rt);
         return rc;
     }
@@ -147,7 +147,7 @@ int cli_runtime_open(cli_runtime *rt, const cli_model_opts *o, const cairn_runti
               "(%d threads); KV %s, %d pages of %d tokens",
               hp->name, hp->arch, hp->dim, hp->n_layer, hp->n_head, hp->n_kv_head, hp->n_vocab,
               cairn_now() - t0, rt->be->iface->name, cairn_runtime_threads(rt->rt),
-              o->kv_type == CAIRN_TYPE_F16 ? "f16" : "f32", n_pages, o->page_size);
+              cairn_kv_type_name(o->kv_type), n_pages, o->page_size);
     return CAIRN_OK;
 }
 

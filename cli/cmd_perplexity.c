@@ -11,6 +11,13 @@
  *     negative log-likelihood of token j+1 under the logits at j;
  *   - PPL = exp(mean NLL) over all scored tokens, printed cumulatively per
  *     chunk to stderr and finally as the last line of stdout: `PPL = <value>`.
+ *
+ * With --kl-ref TYPE the same chunks also run on a second runtime whose KV
+ * cache is of TYPE (f16, say), and every position of every chunk compares
+ * the two distributions: the mean KL divergence KL(ref || this) and how
+ * often both put the same token first. That isolates what a KV type costs
+ * from what the weights cost, position by position, as llama-perplexity's
+ * --kl-divergence does against saved logits.
  */
 #include "cli/cli.h"
 
@@ -24,8 +31,35 @@ static const char help[] =
     "Perplexity over non-overlapping chunks of CTX tokens, scoring the second half\n"
     "of each chunk (the llama-perplexity method). Last line of stdout: PPL = <value>.\n\n"
     "  -f, --file FILE          text to score\n"
-    "      --chunks N           score at most N chunks (default: all)\n" CLI_MODEL_HELP
+    "      --chunks N           score at most N chunks (default: all)\n"
+    "      --kl-ref TYPE        also run with KV type TYPE and print the KL divergence\n"
+    "                           and top-1 agreement against it over every position\n" CLI_MODEL_HELP
     "  -h, --help               this help\n";
+
+/* KL(p || q) of the softmaxes of two logit rows, in double, and whether
+ * their first choices agree (ties to the lower id). */
+static double row_kl(const float *p_logits, const float *q_logits, int n_vocab, int *same_top)
+{
+    int pa = 0, qa = 0;
+    for (int i = 1; i < n_vocab; i++) {
+        pa = p_logits[i] > p_logits[pa] ? i : pa;
+        qa = q_logits[i] > q_logits[qa] ? i : qa;
+    }
+    *same_top = pa == qa;
+    double ps = 0, qs = 0;
+    for (int i = 0; i < n_vocab; i++) {
+        ps += exp((double)(p_logits[i] - p_logits[pa]));
+        qs += exp((double)(q_logits[i] - q_logits[qa]));
+    }
+    const double lps = log(ps), lqs = log(qs);
+    double kl = 0;
+    for (int i = 0; i < n_vocab; i++) {
+        const double lp = (double)(p_logits[i] - p_logits[pa]) - lps;
+        const double lq = (double)(q_logits[i] - q_logits[qa]) - lqs;
+        kl += exp(lp) * (lp - lq);
+    }
+    return kl > 0 ? kl : 0;
+}
 
 /* -log softmax(logits)[target], in double like the reference tool. */
 static double token_nll(const float *logits, int n_vocab, int target)
@@ -45,10 +79,13 @@ int cmd_perplexity(int argc, char **argv)
     cli_model_opts_defaults(&mo);
     const char *path = NULL;
     int max_chunks = -1;
+    bool kl = false;
+    cairn_type kl_type = CAIRN_TYPE_F16;
     static const struct option longopts[] = {
         CLI_MODEL_LONGOPTS,
         {"file", required_argument, 0, 'f'},
         {"chunks", required_argument, 0, 3000},
+        {"kl-ref", required_argument, 0, 3001},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -63,6 +100,14 @@ int cmd_perplexity(int argc, char **argv)
         switch (opt) {
         case 'f': path = optarg; break;
         case 3000: max_chunks = atoi(optarg); break;
+        case 3001:
+            if (cairn_kv_type_parse(optarg, &kl_type) != CAIRN_OK) {
+                fprintf(stderr, "cairn perplexity: --kl-ref must be a KV type (f16, bf16, f32, "
+                                "q8_0, q4_0), got '%s'\n", optarg);
+                return 2;
+            }
+            kl = true;
+            break;
         default: return cli_help_or_usage(opt, help);
         }
     }
@@ -80,8 +125,15 @@ int cmd_perplexity(int argc, char **argv)
         fprintf(stderr, "cairn perplexity: cannot read '%s'\n", path);
         return 1;
     }
-    cli_runtime rt;
+    cli_runtime rt, ref;
     if (cli_runtime_open(&rt, &mo, NULL) != CAIRN_OK) {
+        free(text);
+        return 1;
+    }
+    cli_model_opts ref_mo = mo;
+    ref_mo.kv_type = kl_type;
+    if (kl && cli_runtime_open(&ref, &ref_mo, NULL) != CAIRN_OK) {
+        cli_runtime_close(&rt);
         free(text);
         return 1;
     }
@@ -90,7 +142,7 @@ int cmd_perplexity(int argc, char **argv)
     const bool add_bos = cairn_vocab_add_bos(vocab);
     int32_t *tokens = NULL;
     size_t n_tokens = 0;
-    float *logits = NULL;
+    float *logits = NULL, *ref_logits = NULL;
     int rc = cli_tokenize_alloc(vocab, text, len, add_bos ? CAIRN_TOK_ADD_BOS : 0, &tokens,
                                 &n_tokens);
     if (rc != CAIRN_OK)
@@ -106,15 +158,17 @@ int cmd_perplexity(int argc, char **argv)
         n_chunk = max_chunks;
     const int first = n_ctx / 2;
     logits = malloc((size_t)n_ctx * n_vocab * sizeof(float));
-    if (!logits) {
+    if (kl)
+        ref_logits = malloc((size_t)n_ctx * n_vocab * sizeof(float));
+    if (!logits || (kl && !ref_logits)) {
         rc = CAIRN_ENOMEM;
         goto done;
     }
     cairn_log(CAIRN_LOG_INFO, "perplexity: %zu tokens, %d chunks of %d, scoring the last %d of "
               "each", n_tokens, n_chunk, n_ctx, n_ctx - first - 1);
 
-    double nll = 0, nll2 = 0;
-    long count = 0;
+    double nll = 0, nll2 = 0, ref_nll = 0, kl_sum = 0;
+    long count = 0, kl_rows = 0, kl_same = 0;
     double t0 = cairn_now();
     for (int c = 0; c < n_chunk; c++) {
         int32_t *chunk = tokens + (size_t)c * n_ctx;
@@ -122,9 +176,20 @@ int cmd_perplexity(int argc, char **argv)
         if (add_bos)
             chunk[0] = cairn_vocab_bos(vocab);
         rc = cli_eval(&rt, chunk, n_ctx, 0, true, logits);
+        if (rc == CAIRN_OK && kl)
+            rc = cli_eval(&ref, chunk, n_ctx, 0, true, ref_logits);
         chunk[0] = saved;
         if (rc != CAIRN_OK)
             goto done;
+        for (int j = 0; kl && j < n_ctx; j++) {
+            int same;
+            kl_sum += row_kl(ref_logits + (size_t)j * n_vocab, logits + (size_t)j * n_vocab,
+                             n_vocab, &same);
+            kl_same += same;
+            kl_rows++;
+        }
+        for (int j = first; kl && j < n_ctx - 1; j++)
+            ref_nll += token_nll(ref_logits + (size_t)j * n_vocab, n_vocab, chunk[j + 1]);
         for (int j = first; j < n_ctx - 1; j++) {
             double v = token_nll(logits + (size_t)j * n_vocab, n_vocab, chunk[j + 1]);
             nll += v;
@@ -139,8 +204,19 @@ int cmd_perplexity(int argc, char **argv)
     double err = var > 0 && count > 1 ? ppl * sqrt(var / (count - 1)) : 0;
     cairn_log(CAIRN_LOG_INFO, "perplexity: %ld tokens scored in %.2f s; PPL = %.6f +/- %.5f",
               count, cairn_now() - t0, ppl, err);
+    if (kl) {
+        const double ref_ppl = exp(ref_nll / count);
+        printf("KV %s vs %s: PPL %.4f vs %.4f (%+.2f%%), mean KL %.6f, top-1 agreement %.2f%% "
+               "over %ld positions\n",
+               cairn_kv_type_name(mo.kv_type), cairn_kv_type_name(kl_type), ppl, ref_ppl,
+               100.0 * (ppl / ref_ppl - 1.0), kl_sum / kl_rows, 100.0 * kl_same / kl_rows,
+               kl_rows);
+    }
     printf("PPL = %.4f\n", ppl);
 done:
+    free(ref_logits);
+    if (kl)
+        cli_runtime_close(&ref);
     free(logits);
     free(tokens);
     free(text);

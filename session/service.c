@@ -104,8 +104,8 @@ static int settle_config(cairn_service *s, char *err, size_t err_len)
     cairn_service_config *c = &s->cfg;
     if (c->page_size <= 0)
         c->page_size = 16;
-    if (c->kv_type != CAIRN_TYPE_F32 && c->kv_type != CAIRN_TYPE_F16)
-        return failf(err, err_len, CAIRN_EINVAL, "kv_type must be F16 or F32");
+    if (!cairn_kv_type_supported(c->kv_type))
+        return failf(err, err_len, CAIRN_EINVAL, "kv_type must be f16, bf16, f32, q8_0 or q4_0");
     if (c->prefill_chunk <= 0)
         c->prefill_chunk = 256;
     if (c->max_sessions == 0)
@@ -139,11 +139,18 @@ static int settle_config(cairn_service *s, char *err, size_t err_len)
 static int setup_layout(cairn_service *s, char *err, size_t err_len)
 {
     cairn_service_config *c = &s->cfg;
+    int rc = s->spec ? cairn_spec_kv_layout(s->spec, c->page_size, c->kv_type, &s->kv)
+                     : cairn_model_kv_layout(s->model, c->page_size, c->kv_type, &s->kv);
+    if (rc) {
+        char msg[160];
+        snprintf(msg, sizeof msg,
+                 "a KV cache of type %s does not fit this model (head_dim %d; q8_0 and q4_0 "
+                 "need a multiple of 32)",
+                 cairn_kv_type_name(c->kv_type), cairn_model_hparams(s->model)->head_dim);
+        return failf(err, err_len, rc, msg);
+    }
     if (!s->spec)
-        return cairn_model_kv_layout(s->model, c->page_size, c->kv_type, &s->kv);
-    int rc = cairn_spec_kv_layout(s->spec, c->page_size, c->kv_type, &s->kv);
-    if (rc)
-        return rc;
+        return CAIRN_OK;
     const cairn_spec_params d = draft_override(cairn_spec_defaults(), &c->draft);
     s->draft = d;
     s->draft_max_batch = c->draft_max_batch == 0 ? 4 : c->draft_max_batch < 0 ? 0
@@ -409,6 +416,7 @@ const cairn_chat_template *cairn_service_chat_template(const cairn_service *s)
 cairn_runtime *cairn_service_runtime(const cairn_service *s) { return s->rt; }
 const cairn_hparams *cairn_service_hparams(const cairn_service *s) { return cairn_model_hparams(s->model); }
 int cairn_service_page_size(const cairn_service *s) { return s->page_size; }
+const char *cairn_service_kv_type(const cairn_service *s) { return cairn_kv_type_name(s->kv.dtype); }
 int cairn_service_n_ctx(const cairn_service *s) { return s->n_ctx; }
 
 int cairn_service_announce(cairn_service *s, const char *replica, const char *http,

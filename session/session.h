@@ -346,7 +346,8 @@ typedef struct {
                                the service decodes speculatively (see above). */
     size_t kv_bytes;        /* tier-0 KV budget                              */
     int page_size;          /* tokens per page (default 16)                  */
-    cairn_type kv_type;     /* CAIRN_TYPE_F16 or CAIRN_TYPE_F32 (= 0)         */
+    cairn_type kv_type;     /* a KV type (kernels/backend.h): F32 (= 0), F16,
+                               BF16, Q8_0 or Q4_0                             */
     int n_ctx;              /* most tokens in one sequence (default: model's) */
     int max_batch_tokens;   /* tokens per forward step (default: what the
                                runtime's model was loaded for; never more)   */
@@ -398,6 +399,9 @@ const cairn_hparams *cairn_service_hparams(const cairn_service *s);
 /* The runtime the service was started on. */
 cairn_runtime *cairn_service_runtime(const cairn_service *s);
 int cairn_service_page_size(const cairn_service *s);
+/* The name of the KV type its pages are stored in ("f16", "q8_0", ...:
+ * kernels/backend.h "KV types"); static storage. */
+const char *cairn_service_kv_type(const cairn_service *s);
 /* With a shared tier: publish this replica's "hello" (store.h, tier 3) with
  * its id and addresses. Any thread; CAIRN_OK and nothing without one. */
 int cairn_service_announce(cairn_service *s, const char *replica, const char *http,

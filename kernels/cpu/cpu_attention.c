@@ -64,6 +64,53 @@ static void store_row(uint8_t *dst, const float *src, int n, cairn_type dtype, c
     }
 }
 
+/* x[n] <- H_R x on each run of R elements (R a power of two): the
+ * orthonormal Walsh-Hadamard transform of the rotated KV types
+ * (kernels/backend.h "KV types"). H_R is symmetric and its own inverse, so
+ * the same call rotates K and V on the way in, the query before scoring and
+ * the output back. */
+static void hadamard_runs(float *x, int n, int R)
+{
+    const float norm = 1.0f / sqrtf((float)R);
+    for (int base = 0; base < n; base += R) {
+        float *r = x + base;
+        for (int len = 1; len < R; len *= 2)
+            for (int i = 0; i < R; i += 2 * len)
+                for (int j = i; j < i + len; j++) {
+                    const float a = r[j], b = r[j + len];
+                    r[j] = a + b;
+                    r[j + len] = a - b;
+                }
+        for (int j = 0; j < R; j++)
+            r[j] *= norm;
+    }
+}
+
+/* The widest head the block types take here (a stack buffer per head). */
+#define KV_HEAD_MAX 1024
+
+/* A row of n_kv_head heads in a block type or rotated: each head rotated,
+ * then quantized with the reference quantizer (common/quant.c). */
+static void store_row_heads(uint8_t *dst, const float *src, const cairn_kv_layout *L)
+{
+    const int hd = L->head_dim;
+    const size_t head_bytes = cairn_kv_head_bytes(L->dtype, hd);
+    float head[KV_HEAD_MAX];
+    for (int h = 0; h < L->n_kv_head; h++) {
+        memcpy(head, src + (size_t)h * hd, (size_t)hd * sizeof(float));
+        if (L->rotation)
+            hadamard_runs(head, hd, L->rotation);
+        cairn_quantize_row(L->dtype, head, dst + (size_t)h * head_bytes, hd);
+    }
+}
+
+/* The F32/F16 unrotated layouts take the plain row copies below; every
+ * other KV type goes through store_row_heads and the scalar attention. */
+static int kv_plain(const cairn_kv_layout *L)
+{
+    return (L->dtype == CAIRN_TYPE_F32 || L->dtype == CAIRN_TYPE_F16) && !L->rotation;
+}
+
 static void kv_store_range(void *p, int64_t begin, int64_t end, int thread)
 {
     (void)thread;
@@ -76,6 +123,11 @@ static void kv_store_range(void *p, int64_t begin, int64_t end, int thread)
         const int row = slot % L->page_size;
         uint8_t *k_dst = (uint8_t *)kv_row_addr(job->pool, L, job->layer, 0, page, row);
         uint8_t *v_dst = (uint8_t *)kv_row_addr(job->pool, L, job->layer, 1, page, row);
+        if (!kv_plain(L)) {
+            store_row_heads(k_dst, job->k + (size_t)t * (size_t)width, L);
+            store_row_heads(v_dst, job->v + (size_t)t * (size_t)width, L);
+            continue;
+        }
         store_row(k_dst, job->k + (size_t)t * (size_t)width, width, L->dtype, job->isa);
         store_row(v_dst, job->v + (size_t)t * (size_t)width, width, L->dtype, job->isa);
     }
@@ -86,8 +138,8 @@ int cpu_kv_store(cairn_backend *be, void *kv_pool, const cairn_kv_layout *L, int
 {
     if (!be || cairn_kv_store_args_check(kv_pool, L, layer, k, v, slots, T) != CAIRN_OK)
         return CAIRN_EINVAL;
-    if ((L->dtype != CAIRN_TYPE_F32 && L->dtype != CAIRN_TYPE_F16) || L->rotation)
-        return CAIRN_EUNSUPPORTED; /* TODO(issue 19): the other KV types */
+    if (!kv_plain(L) && L->head_dim > KV_HEAD_MAX)
+        return CAIRN_EUNSUPPORTED;
     kv_store_job job = {.pool = kv_pool, .L = L, .layer = layer, .k = k, .v = v, .slots = slots,
                         .isa = cpu_ctx_of(be)->isa};
     int64_t min_chunk = 1 + 16384 / ((int64_t)L->n_kv_head * L->head_dim);
@@ -106,11 +158,40 @@ typedef struct {
     cpu_axpy_kv_fn axpy;
 } attn_job;
 
+/* Element d of a head stored as a block type: Q8_0 blocks of 34 bytes (a
+ * half scale, 32 int8), Q4_0 blocks of 18 (a half scale, 16 bytes of
+ * nibbles: elements 0..15 low, 16..31 high), BF16 plain. */
+static inline float kv_block_elem(const uint8_t *row, int d, cairn_type dtype)
+{
+    if (dtype == CAIRN_TYPE_BF16) {
+        uint16_t b;
+        memcpy(&b, row + 2 * (size_t)d, 2);
+        return cairn_bf16_to_fp32(b);
+    }
+    const int blk = d / 32, j = d % 32;
+    uint16_t s;
+    if (dtype == CAIRN_TYPE_Q8_0) {
+        const uint8_t *b = row + (size_t)blk * 34;
+        memcpy(&s, b, 2);
+        return cpu_half_to_float(s) * (float)(int8_t)b[2 + j];
+    }
+    const uint8_t *b = row + (size_t)blk * 18;
+    memcpy(&s, b, 2);
+    const int code = j < 16 ? (b[2 + j] & 0x0f) : (b[2 + j - 16] >> 4);
+    return cpu_half_to_float(s) * (float)(code - 8);
+}
+
 /* Dot product of a float query with one K row of the pool. */
 static inline float dot_q_k(const float *q, const uint8_t *k, int n, cairn_type dtype)
 {
     if (dtype == CAIRN_TYPE_F32)
         return cpu_dot_f32(q, (const float *)k, n);
+    if (dtype != CAIRN_TYPE_F16) {
+        float sum = 0.0f;
+        for (int d = 0; d < n; d++)
+            sum += q[d] * kv_block_elem(k, d, dtype);
+        return sum;
+    }
     const uint16_t *kh = (const uint16_t *)k;
     float sum = 0.0f;
     for (int d = 0; d < n; d++)
@@ -125,6 +206,9 @@ static inline void axpy_v(float *acc, float w, const uint8_t *v, int n, cairn_ty
         const float *vf = (const float *)v;
         for (int d = 0; d < n; d++)
             acc[d] += w * vf[d];
+    } else if (dtype != CAIRN_TYPE_F16) {
+        for (int d = 0; d < n; d++)
+            acc[d] += w * kv_block_elem(v, d, dtype);
     } else {
         const uint16_t *vh = (const uint16_t *)v;
         for (int d = 0; d < n; d++)
@@ -141,22 +225,28 @@ static void attend_one(const attn_job *job, const cairn_attn_seq *seq, int i, in
     const int hd = L->head_dim;
     const int ps = L->page_size;
     const int kv_head = h / job->group;
-    const size_t head_off = (size_t)kv_head * (size_t)hd * (L->dtype == CAIRN_TYPE_F32 ? 4 : 2);
+    const size_t head_off = (size_t)kv_head * cairn_kv_head_bytes(L->dtype, hd);
     const size_t q_off = ((size_t)(seq->q_start + i) * (size_t)a->n_head + (size_t)h) * (size_t)hd;
     const uint8_t *pool = a->kv_pool;
     const uint8_t *mask = seq->mask ? seq->mask + (size_t)i * (size_t)seq->n_kv : NULL;
     /* Without a mask the query sees the causal prefix 0 .. q_index[i]. */
     const int n_scan = mask ? seq->n_kv : seq->q_index[i] + 1;
+    /* A sliding window starts the scan at the window's first key. */
+    const int j0 = a->window > 0 && seq->q_index[i] - a->window + 1 > 0
+                       ? seq->q_index[i] - a->window + 1
+                       : 0;
 
     float *scores = scratch;                       /* [n_kv]     */
     float *q = scratch + ((seq->n_kv + 15) / 16 * 16); /* [head_dim] */
     float *acc = q + ((hd + 15) / 16 * 16);        /* [head_dim] */
     memcpy(q, a->q + q_off, (size_t)hd * sizeof(float));
+    if (L->rotation) /* q·k = (H q)·(H k): the pool holds H k */
+        hadamard_runs(q, hd, L->rotation);
 
     /* Pass 1: scores of the visible entries and their maximum. */
     float max = -INFINITY;
     int any_visible = 0;
-    for (int j = 0; j < n_scan; j++) {
+    for (int j = j0; j < n_scan; j++) {
         if (mask && !mask[j])
             continue;
         const uint8_t *k = kv_row_addr(pool, L, a->layer, 0, seq->pages[j / ps], j % ps) + head_off;
@@ -171,7 +261,7 @@ static void attend_one(const attn_job *job, const cairn_attn_seq *seq, int i, in
         acc[d] = 0.0f;
     float sum = 0.0f;
     if (any_visible) {
-        for (int j = 0; j < n_scan; j++) {
+        for (int j = j0; j < n_scan; j++) {
             if (mask && !mask[j])
                 continue;
             const float w = expf(scores[j] - max);
@@ -184,6 +274,8 @@ static void attend_one(const attn_job *job, const cairn_attn_seq *seq, int i, in
         }
     }
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    if (L->rotation) /* Σ p_j H v_j = H Σ p_j v_j: back to the model's basis */
+        hadamard_runs(acc, hd, L->rotation);
     float *out = a->out + q_off;
     for (int d = 0; d < hd; d++)
         out[d] = acc[d] * inv;
@@ -486,12 +578,18 @@ int cpu_attention(cairn_backend *be, const cairn_attn_args *a)
     if (!be || cairn_attn_args_check(a, &max_kv) != CAIRN_OK)
         return CAIRN_EINVAL;
     const cairn_kv_layout *L = a->kv;
-    if ((L->dtype != CAIRN_TYPE_F32 && L->dtype != CAIRN_TYPE_F16) || L->rotation || a->window)
-        return CAIRN_EUNSUPPORTED; /* TODO(issue 19): the other KV types, windows */
+    if (!kv_plain(L) && L->head_dim > KV_HEAD_MAX)
+        return CAIRN_EUNSUPPORTED;
 
     cpu_ctx *ctx = cpu_ctx_of(be);
     cpu_attend_chunk_fn chunk_fn = cpu_x86_attend_chunk(ctx->isa, L);
     const int group = a->n_head / L->n_kv_head;
+    /* The flash kernel reads F32/F16 pages without a window; the other KV
+     * types and sliding windows take the two-pass kernel below (scalar for
+     * the block types). */
+    if (!kv_plain(L) || a->window > 0)
+        chunk_fn = NULL;
+    const int plain_rows = L->dtype == CAIRN_TYPE_F32 || L->dtype == CAIRN_TYPE_F16;
     if (chunk_fn && cpu_attn_lane_groups(rows_per_item(group) * group) <= CPU_ATTN_LANE_GROUPS_MAX)
         return flash_attention(ctx, a, chunk_fn, max_kv);
     /* Scratch per thread: scores [max_kv] plus query copy and accumulator,
@@ -512,8 +610,10 @@ int cpu_attention(cairn_backend *be, const cairn_attn_args *a)
     attn_job job = {
         .ctx = ctx, .a = a, .row_start = ctx->seq_row_start,
         .group = group,
-        .dot = cpu_x86_dot_kv(ctx->isa, L->dtype),
-        .axpy = cpu_x86_axpy_kv(ctx->isa, L->dtype),
+        /* vector kernels for the F32/F16 rows; the block types' rows are
+         * decoded element by element (dot_q_k, axpy_v) */
+        .dot = plain_rows ? cpu_x86_dot_kv(ctx->isa, L->dtype) : NULL,
+        .axpy = plain_rows ? cpu_x86_axpy_kv(ctx->isa, L->dtype) : NULL,
     };
     /* An item costs about 2 * n_kv * head_dim multiply-adds. */
     int64_t work_per_item = 2 * (int64_t)max_kv * L->head_dim;

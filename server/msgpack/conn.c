@@ -229,6 +229,7 @@ static void answer_locally(rpc_conn *rc, const cairn_rpc_call *call)
             .hparams = cairn_service_hparams(s->svc),
             .n_ctx = s->api.n_ctx,
             .page_size = cairn_service_page_size(s->svc),
+            .kv_type = cairn_service_kv_type(s->svc),
             .limits = s->cfg.limits,
         };
         rc_pack = cairn_rpc_pack_server_info(&sb, call->msgid, &info);

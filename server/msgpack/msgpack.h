@@ -282,6 +282,7 @@ typedef struct {
     const cairn_hparams *hparams;
     int n_ctx;
     int page_size;
+    const char *kv_type; /* "f16", "q8_0", ... */
     cairn_mp_limits limits;
 } cairn_rpc_server_info;
 

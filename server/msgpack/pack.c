@@ -340,7 +340,7 @@ int cairn_rpc_pack_server_info(msgpack_sbuffer *sb, uint32_t msgid,
 {
     PACKER(pk, s, sb);
     pack_result_head(&pk, msgid);
-    msgpack_pack_map(&pk, 4);
+    msgpack_pack_map(&pk, 5);
     pack_cstr(&pk, "version");
     pack_cstr(&pk, info->version);
     pack_cstr(&pk, "model");
@@ -355,6 +355,8 @@ int cairn_rpc_pack_server_info(msgpack_sbuffer *sb, uint32_t msgid,
     msgpack_pack_int(&pk, info->hparams ? info->hparams->n_vocab : 0);
     pack_cstr(&pk, "page_size");
     msgpack_pack_int(&pk, info->page_size);
+    pack_cstr(&pk, "kv_type");
+    pack_cstr(&pk, info->kv_type ? info->kv_type : "");
     pack_cstr(&pk, "limits");
     msgpack_pack_map(&pk, 8);
 #define LIM(name, v) pack_cstr(&pk, name), msgpack_pack_uint64(&pk, v)

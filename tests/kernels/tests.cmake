@@ -34,3 +34,8 @@ add_test(NAME kernels_kquants_real
           $<TARGET_FILE:kquants_dequant> ${CAIRN_CHAT_MODEL})
 set_tests_properties(kernels_kquants_real PROPERTIES
   TIMEOUT 120 SKIP_RETURN_CODE 77 LABELS kernels)
+# The KV types (BF16, Q8_0, Q4_0 with their rotation) and sliding windows:
+# attention over what kv_store stored against a double reference.
+cairn_add_test(kernels_cpu_kv_types
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_cpu_kv_types.c
+  LABELS kernels TIMEOUT 120)
