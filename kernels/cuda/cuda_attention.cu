@@ -27,6 +27,19 @@
  * lane per key (scores) and a lane per output dimension (accumulation).
  * The same visibility rule (causal by q_index, or the mask) applies per row.
  *
+ * KV types: both kernels are instantiated per KV dtype (F32, F16, BF16,
+ * Q8_0, Q4_0) and read the pages as stored, each element dequantized where
+ * it is loaded (cu_kv_elem, the CPU's expressions). With rotation = R the
+ * keys and values are H_R times the real ones, so the query is rotated once
+ * into that domain (q.k = (Hq).(Hk)), the output accumulates there, and is
+ * rotated back once at the end (H_R is its own inverse); the softmax itself
+ * never sees the rotation.
+ *
+ * Sliding window (args->window = W > 0): a row with KV index i sees only
+ * keys j > i - W. The scan starts at the first such key (the row kernel)
+ * or the lowest over the tile's rows (the tiled kernel), so a windowed
+ * decode step reads O(W) keys, not the whole context.
+ *
  * Not done yet: splitting one long decode row over several blocks
  * (FlashDecoding), K/V read once per KV head for the whole GQA group, and
  * tensor cores for the tiled kernel (docs/cuda.md).
@@ -55,12 +68,14 @@ typedef struct {
     int q_start, n_q, n_kv;
     int has_mask;
     int64_t pages_off; /* int32 offset into the staged int32 area        */
-    int64_t qidx_off;  /* int32 offset, -1 when absent                    */
+    int64_t qidx_off;  /* int32 offset, -1 when absent (a mask, no window) */
     int64_t mask_off;  /* byte offset into the staged mask area, -1 none  */
 } attn_seq_desc;
 
+template <int KT>
 static __global__ void attention_kernel(float *out, const float *q, const uint8_t *pool, int layer,
-                                        int n_kv_head, int head_dim, int page_size, int f16,
+                                        int n_kv_head, int head_dim, int page_size,
+                                        size_t head_bytes, int rotation, int window,
                                         size_t row_bytes, size_t page_bytes, int n_head,
                                         float scale, const attn_seq_desc *descs,
                                         const int32_t *row_info, const int32_t *ints,
@@ -79,12 +94,19 @@ static __global__ void attention_kernel(float *out, const float *q, const uint8_
     const int32_t *pages = ints + sd.pages_off;
     const uint8_t *mask = sd.has_mask ? masks + sd.mask_off + (size_t)i * sd.n_kv : NULL;
     const int n_scan = mask ? sd.n_kv : ints[sd.qidx_off + i] + 1;
-    const size_t elem = f16 ? 2 : 4;
-    const size_t head_off = (size_t)kvh * head_dim * elem;
+    /* first key inside the window: the scan starts there (O(window) reads) */
+    int j_lo = 0;
+    if (window > 0) {
+        const int lo = ints[sd.qidx_off + i] - window + 1;
+        j_lo = lo > 0 ? lo : 0;
+    }
+    const size_t head_off = (size_t)kvh * head_bytes;
 
     for (int d = threadIdx.x; d < head_dim; d += ATTN_THREADS)
         s_q[d] = q[q_off + d];
     __syncthreads();
+    if (rotation > 0) /* into the keys' rotated domain */
+        cu_fwht_runs<false>(s_q, head_dim, rotation, threadIdx.x, ATTN_THREADS);
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     float acc[ATTN_MAX_DIMS_PER_THREAD];
@@ -93,7 +115,7 @@ static __global__ void attention_kernel(float *out, const float *q, const uint8_
         acc[k] = 0.0f;
     float m = -INFINITY, l = 0.0f;
 
-    for (int j0 = 0; j0 < n_scan; j0 += ATTN_TILE) {
+    for (int j0 = j_lo; j0 < n_scan; j0 += ATTN_TILE) {
         const int tile = n_scan - j0 < ATTN_TILE ? n_scan - j0 : ATTN_TILE;
         /* 1. scores */
         for (int jj = warp; jj < tile; jj += ATTN_THREADS / 32) {
@@ -106,8 +128,7 @@ static __global__ void attention_kernel(float *out, const float *q, const uint8_
                     head_off;
                 float dot = 0.0f;
                 for (int d = lane; d < head_dim; d += 32) {
-                    const float kd =
-                        f16 ? __half2float(((const __half *)k)[d]) : ((const float *)k)[d];
+                    const float kd = cu_kv_elem<KT>(k, d);
                     dot += s_q[d] * kd;
                 }
                 for (int o = 16; o > 0; o >>= 1)
@@ -156,7 +177,7 @@ static __global__ void attention_kernel(float *out, const float *q, const uint8_
                     pool + (size_t)pages[j / page_size] * page_bytes +
                     (((size_t)layer * 2 + 1) * page_size + (size_t)(j % page_size)) * row_bytes +
                     head_off;
-                const float vd = f16 ? __half2float(((const __half *)v)[d]) : ((const float *)v)[d];
+                const float vd = cu_kv_elem<KT>(v, d);
                 a += p * vd;
             }
             acc[k] = a;
@@ -167,6 +188,21 @@ static __global__ void attention_kernel(float *out, const float *q, const uint8_
     /* out may alias q: this block read its query row into shared memory
      * before any block wrote, and no other block reads this (row, head). */
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    if (rotation > 0) {
+        /* back from the rotated domain, through s_q: its last readers (the
+         * scores) are behind the loop's barriers */
+#pragma unroll
+        for (int k = 0; k < ATTN_MAX_DIMS_PER_THREAD; k++) {
+            const int d = threadIdx.x + k * ATTN_THREADS;
+            if (d < head_dim)
+                s_q[d] = acc[k] * inv;
+        }
+        __syncthreads();
+        cu_fwht_runs<false>(s_q, head_dim, rotation, threadIdx.x, ATTN_THREADS);
+        for (int d = threadIdx.x; d < head_dim; d += ATTN_THREADS)
+            out[q_off + d] = s_q[d];
+        return;
+    }
 #pragma unroll
     for (int k = 0; k < ATTN_MAX_DIMS_PER_THREAD; k++) {
         const int d = threadIdx.x + k * ATTN_THREADS;
@@ -180,14 +216,11 @@ typedef struct {
     int seq, i0, n;
 } attn_qtile;
 
-static __device__ __forceinline__ float kv_elem(const uint8_t *row, int d, int f16)
-{
-    return f16 ? __half2float(((const __half *)row)[d]) : ((const float *)row)[d];
-}
-
+template <int KT>
 static __global__ void attention_tile_kernel(float *out, const float *q, const uint8_t *pool,
                                              int layer, int n_kv_head, int head_dim, int page_size,
-                                             int f16, size_t row_bytes, size_t page_bytes,
+                                             size_t head_bytes, int rotation, int window,
+                                             size_t row_bytes, size_t page_bytes,
                                              int n_head, float scale, const attn_seq_desc *descs,
                                              const attn_qtile *tiles, const int32_t *ints,
                                              const uint8_t *masks)
@@ -201,9 +234,9 @@ static __global__ void attention_tile_kernel(float *out, const float *q, const u
     const attn_qtile tl = tiles[blockIdx.x];
     const attn_seq_desc sd = descs[tl.seq];
     const int h = blockIdx.y, kvh = h / (n_head / n_kv_head);
-    const size_t head_off = (size_t)kvh * hd * (f16 ? 2 : 4);
+    const size_t head_off = (size_t)kvh * head_bytes;
     const int32_t *pages = ints + sd.pages_off;
-    const int32_t *qidx = sd.has_mask ? NULL : ints + sd.qidx_off;
+    const int32_t *qidx = sd.qidx_off >= 0 ? ints + sd.qidx_off : NULL;
     const uint8_t *mask = sd.has_mask ? masks + sd.mask_off : NULL;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
@@ -211,12 +244,21 @@ static __global__ void attention_tile_kernel(float *out, const float *q, const u
         const int r = idx / hd, d = idx % hd;
         sQ[idx] = r < tl.n ? q[((size_t)(sd.q_start + tl.i0 + r) * n_head + h) * hd + d] : 0.0f;
     }
-    /* keys any row of the tile may see (the same value in every thread) */
-    int scan_max = 0;
+    if (rotation > 0) { /* the rows into the keys' rotated domain */
+        __syncthreads();
+        cu_fwht_runs<false>(sQ, ATTN_TILE_Q * hd, rotation, threadIdx.x, blockDim.x);
+    }
+    /* keys any row of the tile may see, [scan_min, scan_max) (the same
+     * values in every thread); with a window, keys below every row's
+     * window are never loaded */
+    int scan_max = 0, scan_min = INT32_MAX;
     for (int r = 0; r < tl.n; r++) {
         const int n_scan = mask ? sd.n_kv : qidx[tl.i0 + r] + 1;
         scan_max = n_scan > scan_max ? n_scan : scan_max;
+        const int lo = window > 0 ? qidx[tl.i0 + r] - window + 1 : 0;
+        scan_min = lo < scan_min ? lo : scan_min;
     }
+    scan_min = scan_min > 0 ? scan_min : 0;
 
     float m[ATTN_TILE_ROWS_PER_WARP], l[ATTN_TILE_ROWS_PER_WARP];
     float acc[ATTN_TILE_ROWS_PER_WARP][ATTN_TILE_MAX_HD / 32];
@@ -229,7 +271,7 @@ static __global__ void attention_tile_kernel(float *out, const float *q, const u
             acc[k][kk] = 0.0f;
     }
 
-    for (int j0 = 0; j0 < scan_max; j0 += ATTN_TILE_K) {
+    for (int j0 = scan_min; j0 < scan_max; j0 += ATTN_TILE_K) {
         const int tile = scan_max - j0 < ATTN_TILE_K ? scan_max - j0 : ATTN_TILE_K;
         __syncthreads(); /* the previous step's readers of sK/sV (and sQ's writers) are done */
         for (int idx = threadIdx.x; idx < tile * hd; idx += blockDim.x) {
@@ -238,8 +280,8 @@ static __global__ void attention_tile_kernel(float *out, const float *q, const u
                 pool + (size_t)pages[j / page_size] * page_bytes +
                 ((size_t)layer * 2 * page_size + (size_t)(j % page_size)) * row_bytes + head_off;
             const uint8_t *v = k + (size_t)page_size * row_bytes; /* V follows K in the layer */
-            sK[jj * kstride + d] = kv_elem(k, d, f16);
-            sV[jj * hd + d] = kv_elem(v, d, f16);
+            sK[jj * kstride + d] = cu_kv_elem<KT>(k, d);
+            sV[jj * hd + d] = cu_kv_elem<KT>(v, d);
         }
         __syncthreads();
 #pragma unroll
@@ -250,8 +292,9 @@ static __global__ void attention_tile_kernel(float *out, const float *q, const u
             const int i = tl.i0 + r;
             const int j = j0 + lane;
             const int n_scan = mask ? sd.n_kv : qidx[i] + 1;
-            const bool visible =
-                lane < tile && j < n_scan && (!mask || mask[(size_t)i * sd.n_kv + j]);
+            const int j_lo = window > 0 ? qidx[i] - window + 1 : 0;
+            const bool visible = lane < tile && j >= j_lo && j < n_scan &&
+                                 (!mask || mask[(size_t)i * sd.n_kv + j]);
             float s = -INFINITY;
             if (visible) {
                 float dot = 0.0f;
@@ -291,6 +334,34 @@ static __global__ void attention_tile_kernel(float *out, const float *q, const u
 
     /* out may alias q: every block read its own rows of q (and only those)
      * into sQ before the loop, and writes only those rows here. */
+    if (rotation > 0) {
+        /* back from the rotated domain through this warp's own rows of sQ
+         * (no other warp reads them), so a warp barrier is enough */
+        float *sw = sQ + (size_t)warp * ATTN_TILE_ROWS_PER_WARP * hd;
+        __syncwarp();
+#pragma unroll
+        for (int k = 0; k < ATTN_TILE_ROWS_PER_WARP; k++) {
+            const int r = warp * ATTN_TILE_ROWS_PER_WARP + k;
+            const float inv = r < tl.n && l[k] > 0.0f ? 1.0f / l[k] : 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < ATTN_TILE_MAX_HD / 32; kk++) {
+                const int d = lane + 32 * kk;
+                if (d < hd)
+                    sw[k * hd + d] = acc[k][kk] * inv;
+            }
+        }
+        __syncwarp();
+        cu_fwht_runs<true>(sw, ATTN_TILE_ROWS_PER_WARP * hd, rotation, lane, 32);
+        for (int k = 0; k < ATTN_TILE_ROWS_PER_WARP; k++) {
+            const int r = warp * ATTN_TILE_ROWS_PER_WARP + k;
+            if (r >= tl.n)
+                continue;
+            float *o = out + ((size_t)(sd.q_start + tl.i0 + r) * n_head + h) * hd;
+            for (int d = lane; d < hd; d += 32)
+                o[d] = sw[k * hd + d];
+        }
+        return;
+    }
 #pragma unroll
     for (int k = 0; k < ATTN_TILE_ROWS_PER_WARP; k++) {
         const int r = warp * ATTN_TILE_ROWS_PER_WARP + k;
@@ -312,8 +383,9 @@ int cuda_attention(cairn_backend *be, const cairn_attn_args *a)
     if (!be || cairn_attn_args_check(a, NULL) != CAIRN_OK)
         return CAIRN_EINVAL;
     const cairn_kv_layout *L = a->kv;
-    if ((L->dtype != CAIRN_TYPE_F32 && L->dtype != CAIRN_TYPE_F16) || L->rotation || a->window)
-        return CAIRN_EUNSUPPORTED; /* TODO(issue 19): the other KV types, windows */
+    const size_t head_bytes = cairn_kv_head_bytes(L->dtype, L->head_dim);
+    if (head_bytes == 0)
+        return CAIRN_EINVAL;
     if (L->head_dim > ATTN_THREADS * ATTN_MAX_DIMS_PER_THREAD) {
         cairn_log(CAIRN_LOG_ERROR, "cuda attention: head_dim %d is above the supported %d",
                   L->head_dim, ATTN_THREADS * ATTN_MAX_DIMS_PER_THREAD);
@@ -333,7 +405,7 @@ int cuda_attention(cairn_backend *be, const cairn_attn_args *a)
         n_ints += (seq->n_kv + L->page_size - 1) / L->page_size;
         if (seq->mask)
             n_mask_bytes += (int64_t)seq->n_q * seq->n_kv;
-        else
+        if (!seq->mask || a->window > 0) /* the window needs every row's index */
             n_ints += seq->n_q;
     }
     if (n_rows > INT32_MAX || n_tiles > INT32_MAX)
@@ -375,6 +447,11 @@ int cuda_attention(cairn_backend *be, const cairn_attn_args *a)
             d->mask_off = mo;
             memcpy(masks + mo, seq->mask, (size_t)seq->n_q * seq->n_kv);
             mo += (int64_t)seq->n_q * seq->n_kv;
+            if (a->window > 0) {
+                d->qidx_off = io;
+                memcpy(ints + io, seq->q_index, (size_t)seq->n_q * sizeof(int32_t));
+                io += seq->n_q;
+            }
         } else {
             d->has_mask = 0;
             d->mask_off = -1;
@@ -399,14 +476,23 @@ int cuda_attention(cairn_backend *be, const cairn_attn_args *a)
     if ((rc = cuda_stage_commit(ctx, host, &dev, total)) != CAIRN_OK)
         return rc;
 
-    const int f16 = L->dtype == CAIRN_TYPE_F16;
+    const uint8_t *pool = (const uint8_t *)a->kv_pool + L->layer_base;
+    const int R = L->rotation, W = a->window;
     if (n_rows > 0) {
         dim3 grid((unsigned)n_rows, (unsigned)a->n_head);
-        attention_kernel<<<grid, ATTN_THREADS, 0, ctx->stream>>>(
-            a->out, a->q, (const uint8_t *)a->kv_pool + L->layer_base, a->layer, L->n_kv_head, L->head_dim,
-            L->page_size, f16, L->row_bytes, L->page_bytes, a->n_head, a->scale,
-            (const attn_seq_desc *)dev, (const int32_t *)(dev + off_rows),
-            (const int32_t *)(dev + off_ints), dev + off_masks);
+#define ATTN_ROW_LAUNCH(KT)                                                                        \
+    attention_kernel<KT><<<grid, ATTN_THREADS, 0, ctx->stream>>>(                                  \
+        a->out, a->q, pool, a->layer, L->n_kv_head, L->head_dim, L->page_size, head_bytes, R, W,   \
+        L->row_bytes, L->page_bytes, a->n_head, a->scale, (const attn_seq_desc *)dev,             \
+        (const int32_t *)(dev + off_rows), (const int32_t *)(dev + off_ints), dev + off_masks)
+        switch (L->dtype) {
+        case CAIRN_TYPE_F32: ATTN_ROW_LAUNCH(CAIRN_TYPE_F32); break;
+        case CAIRN_TYPE_F16: ATTN_ROW_LAUNCH(CAIRN_TYPE_F16); break;
+        case CAIRN_TYPE_BF16: ATTN_ROW_LAUNCH(CAIRN_TYPE_BF16); break;
+        case CAIRN_TYPE_Q8_0: ATTN_ROW_LAUNCH(CAIRN_TYPE_Q8_0); break;
+        default: ATTN_ROW_LAUNCH(CAIRN_TYPE_Q4_0); break; /* head_bytes took only KV types */
+        }
+#undef ATTN_ROW_LAUNCH
         CUDA_LAUNCHED("attention");
     }
     if (n_tiles > 0) {
@@ -414,12 +500,20 @@ int cuda_attention(cairn_backend *be, const cairn_attn_args *a)
         const size_t smem =
             (size_t)(ATTN_TILE_Q * hd + ATTN_TILE_K * (hd + 1) + ATTN_TILE_K * hd) * sizeof(float);
         dim3 grid((unsigned)n_tiles, (unsigned)a->n_head);
-        attention_tile_kernel<<<grid, 32 * ATTN_TILE_Q / ATTN_TILE_ROWS_PER_WARP, smem,
-                                ctx->stream>>>(
-            a->out, a->q, (const uint8_t *)a->kv_pool + L->layer_base, a->layer, L->n_kv_head, hd, L->page_size,
-            f16, L->row_bytes, L->page_bytes, a->n_head, a->scale, (const attn_seq_desc *)dev,
-            (const attn_qtile *)(dev + off_tiles), (const int32_t *)(dev + off_ints),
-            dev + off_masks);
+        const unsigned threads = 32 * ATTN_TILE_Q / ATTN_TILE_ROWS_PER_WARP;
+#define ATTN_TILE_LAUNCH(KT)                                                                       \
+    attention_tile_kernel<KT><<<grid, threads, smem, ctx->stream>>>(                               \
+        a->out, a->q, pool, a->layer, L->n_kv_head, hd, L->page_size, head_bytes, R, W,            \
+        L->row_bytes, L->page_bytes, a->n_head, a->scale, (const attn_seq_desc *)dev,             \
+        (const attn_qtile *)(dev + off_tiles), (const int32_t *)(dev + off_ints), dev + off_masks)
+        switch (L->dtype) {
+        case CAIRN_TYPE_F32: ATTN_TILE_LAUNCH(CAIRN_TYPE_F32); break;
+        case CAIRN_TYPE_F16: ATTN_TILE_LAUNCH(CAIRN_TYPE_F16); break;
+        case CAIRN_TYPE_BF16: ATTN_TILE_LAUNCH(CAIRN_TYPE_BF16); break;
+        case CAIRN_TYPE_Q8_0: ATTN_TILE_LAUNCH(CAIRN_TYPE_Q8_0); break;
+        default: ATTN_TILE_LAUNCH(CAIRN_TYPE_Q4_0); break;
+        }
+#undef ATTN_TILE_LAUNCH
         CUDA_LAUNCHED("attention_tile");
     }
     return CAIRN_OK;

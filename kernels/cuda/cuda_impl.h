@@ -329,4 +329,57 @@ __device__ __forceinline__ void cu_dequant_block32(const uint8_t *row, int type,
     }
 }
 
+/* ---- KV cache rows ("KV types" in kernels/backend.h) ---------------------- */
+
+/* Element d of one head's K or V row stored as KT, with the float
+ * expressions of cairn_dequantize_row (so F32/F16 read exactly as before). */
+template <int KT> __device__ __forceinline__ float cu_kv_elem(const uint8_t *head, int d)
+{
+    if (KT == CAIRN_TYPE_F32)
+        return ((const float *)head)[d];
+    if (KT == CAIRN_TYPE_F16)
+        return __half2float(((const __half *)head)[d]);
+    if (KT == CAIRN_TYPE_BF16)
+        return __uint_as_float((unsigned)((const unsigned short *)head)[d] << 16);
+    if (KT == CAIRN_TYPE_Q8_0) {
+        const uint8_t *blk = head + 34 * (d >> 5);
+        return __fmul_rn(cu_half_at(blk), (float)(int8_t)blk[2 + (d & 31)]);
+    }
+    /* Q4_0: elements 0..15 of a block in the low nibbles, 16..31 in the high */
+    const uint8_t *blk = head + 18 * (d >> 5);
+    const int e = d & 31;
+    const int byte = blk[2 + (e & 15)];
+    return __fmul_rn(cu_half_at(blk), (float)((e < 16 ? byte & 0x0f : byte >> 4) - 8));
+}
+
+/* In place, x[0 .. n) := H_R x on every run of R consecutive elements (R a
+ * power of two dividing n; H_R orthonormal, so applying it twice gives x
+ * back). Thread t of nt takes butterflies t, t + nt, ...; the caller's
+ * threads must all call it, with x written and visible (a barrier before).
+ * WARP: the callers are one warp (x private to it), else the whole block.
+ * Ends with a barrier, so x can be read right after. */
+template <bool WARP> __device__ __forceinline__ void cu_fwht_runs(float *x, int n, int R, int t, int nt)
+{
+    for (int len = 1; len < R; len <<= 1) {
+        for (int p = t; p < n / 2; p += nt) {
+            /* butterfly p pairs i and i + len inside a run of 2 * len */
+            const int i = (p / len) * 2 * len + p % len;
+            const float a = x[i], b = x[i + len];
+            x[i] = a + b;
+            x[i + len] = a - b;
+        }
+        if (WARP)
+            __syncwarp();
+        else
+            __syncthreads();
+    }
+    const float s = 1.0f / sqrtf((float)R);
+    for (int i = t; i < n; i += nt)
+        x[i] *= s;
+    if (WARP)
+        __syncwarp();
+    else
+        __syncthreads();
+}
+
 #endif /* CAIRN_KERNELS_CUDA_IMPL_H */

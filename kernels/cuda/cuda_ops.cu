@@ -371,13 +371,113 @@ static __global__ void kv_store_kernel(uint8_t *pool, int layer, int n_kv_head, 
     }
 }
 
+/* The other KV types, and any rotation. Block (t, kvh, kv): one head of
+ * token t's K (kv 0) or V (1) row.
+ *   sx [head_dim]  the head in float, rotated in place by H_R when
+ *                  rotation = R > 0 (block-wide butterflies), then
+ *   F32/F16/BF16   each thread converts elements d = tid, tid + 128, ...;
+ *   Q8_0/Q4_0      warp w quantizes blocks w, w + 4, ... of 32 elements, a
+ *                  lane per element, in common/quant.c's expressions
+ *                  (cairn_quantize_row): the scale and the codes are the
+ *                  CPU's up to float rounding of the rotation.
+ * Quantized blocks are 2-byte aligned (34, 18 bytes): written bytewise. */
+template <int KT>
+static __global__ void kv_store_head_kernel(uint8_t *pool, int layer, int head_dim, int rotation,
+                                            int page_size, size_t head_bytes, size_t row_bytes,
+                                            size_t page_bytes, const float *k, const float *v,
+                                            const int32_t *slots)
+{
+    extern __shared__ float sx[];
+    const int t = blockIdx.x, kvh = blockIdx.y, kv = blockIdx.z;
+    const int width = gridDim.y * head_dim;
+    const int32_t slot = slots[t];
+    const size_t page = (size_t)(slot / page_size);
+    const int row = slot % page_size;
+    uint8_t *dst = pool + page * page_bytes +
+                   (((size_t)layer * 2 + (size_t)kv) * (size_t)page_size + (size_t)row) * row_bytes +
+                   (size_t)kvh * head_bytes;
+    const float *src = (kv ? v : k) + (size_t)t * width + (size_t)kvh * head_dim;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x)
+        sx[d] = src[d];
+    __syncthreads();
+    if (rotation > 0)
+        cu_fwht_runs<false>(sx, head_dim, rotation, threadIdx.x, blockDim.x);
+
+    if (KT == CAIRN_TYPE_F32 || KT == CAIRN_TYPE_F16 || KT == CAIRN_TYPE_BF16) {
+        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+            if (KT == CAIRN_TYPE_F32) {
+                ((float *)dst)[d] = sx[d];
+            } else if (KT == CAIRN_TYPE_F16) {
+                ((__half *)dst)[d] = __float2half_rn(sx[d]);
+            } else {
+                /* cairn_fp32_to_bf16: nearest even, a NaN kept (quieted) */
+                const unsigned x = __float_as_uint(sx[d]);
+                const unsigned short b =
+                    (x & 0x7fffffffu) > 0x7f800000u
+                        ? (unsigned short)((x >> 16) | 0x40)
+                        : (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+                ((unsigned short *)dst)[d] = b;
+            }
+        }
+        return;
+    }
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
+    for (int b = warp; b < head_dim / 32; b += n_warps) { /* uniform over the warp */
+        const float x = sx[32 * b + lane];
+        if (KT == CAIRN_TYPE_Q8_0) {
+            uint8_t *blk = dst + 34 * (size_t)b;
+            float amax = fabsf(x);
+            for (int o = 16; o > 0; o >>= 1)
+                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+            const float d = __fdiv_rn(amax, 127.0f);
+            const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+            if (lane == 0) {
+                const unsigned short h = __half_as_ushort(__float2half_rn(d));
+                blk[0] = (uint8_t)(h & 0xff);
+                blk[1] = (uint8_t)(h >> 8);
+            }
+            blk[2 + lane] = (uint8_t)(int8_t)roundf(__fmul_rn(x, id));
+        } else { /* Q4_0 */
+            uint8_t *blk = dst + 18 * (size_t)b;
+            /* the value of largest magnitude, the first one on ties (the
+             * CPU's strict > scan from element 0) */
+            float ax = fabsf(x);
+            int at = lane;
+            for (int o = 16; o > 0; o >>= 1) {
+                const float ax_o = __shfl_xor_sync(0xffffffffu, ax, o);
+                const int at_o = __shfl_xor_sync(0xffffffffu, at, o);
+                if (ax_o > ax || (ax_o == ax && at_o < at)) {
+                    ax = ax_o;
+                    at = at_o;
+                }
+            }
+            float vmax = __shfl_sync(0xffffffffu, x, at);
+            if (ax == 0.0f)
+                vmax = 0.0f; /* the CPU starts from +0: an all-zero block gets d = -0 */
+            const float d = __fdiv_rn(vmax, -8.0f);
+            const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+            int q = (int)__fadd_rn(__fmul_rn(x, id), 8.5f);
+            q = q < 0 ? 0 : q > 15 ? 15 : q;
+            const int hi = __shfl_down_sync(0xffffffffu, q, 16);
+            if (lane == 0) {
+                const unsigned short h = __half_as_ushort(__float2half_rn(d));
+                blk[0] = (uint8_t)(h & 0xff);
+                blk[1] = (uint8_t)(h >> 8);
+            }
+            if (lane < 16)
+                blk[2 + lane] = (uint8_t)(q | (hi << 4));
+        }
+    }
+}
+
 int cuda_kv_store(cairn_backend *be, void *kv_pool, const cairn_kv_layout *L, int layer,
                   const float *k, const float *v, const int32_t *slots, int T)
 {
     if (!be || cairn_kv_store_args_check(kv_pool, L, layer, k, v, slots, T) != CAIRN_OK)
         return CAIRN_EINVAL;
-    if ((L->dtype != CAIRN_TYPE_F32 && L->dtype != CAIRN_TYPE_F16) || L->rotation)
-        return CAIRN_EUNSUPPORTED; /* TODO(issue 19): the other KV types */
+    const size_t head_bytes = cairn_kv_head_bytes(L->dtype, L->head_dim);
+    if (head_bytes == 0 || L->n_kv_head > 65535)
+        return CAIRN_EINVAL;
     int rc = cuda_enter(be);
     if (rc != CAIRN_OK)
         return rc;
@@ -385,10 +485,30 @@ int cuda_kv_store(cairn_backend *be, void *kv_pool, const cairn_kv_layout *L, in
     const void *d_slots;
     if ((rc = cuda_stage_copy(ctx, slots, (size_t)T * sizeof(int32_t), &d_slots)) != CAIRN_OK)
         return rc;
-    dim3 grid((unsigned)T, 2);
-    kv_store_kernel<<<grid, 128, 0, ctx->stream>>>(
-        (uint8_t *)kv_pool + L->layer_base, layer, L->n_kv_head, L->head_dim, L->page_size,
-        L->dtype == CAIRN_TYPE_F16, L->row_bytes, L->page_bytes, k, v, (const int32_t *)d_slots);
+    uint8_t *pool = (uint8_t *)kv_pool + L->layer_base;
+    if ((L->dtype == CAIRN_TYPE_F32 || L->dtype == CAIRN_TYPE_F16) && !L->rotation) {
+        dim3 grid((unsigned)T, 2);
+        kv_store_kernel<<<grid, 128, 0, ctx->stream>>>(
+            pool, layer, L->n_kv_head, L->head_dim, L->page_size, L->dtype == CAIRN_TYPE_F16,
+            L->row_bytes, L->page_bytes, k, v, (const int32_t *)d_slots);
+        CUDA_LAUNCHED("kv_store");
+        return CAIRN_OK;
+    }
+    dim3 grid((unsigned)T, (unsigned)L->n_kv_head, 2);
+    const size_t smem = (size_t)L->head_dim * sizeof(float);
+#define KV_STORE_LAUNCH(KT)                                                                        \
+    kv_store_head_kernel<KT><<<grid, 128, smem, ctx->stream>>>(                                    \
+        pool, layer, L->head_dim, L->rotation, L->page_size, head_bytes, L->row_bytes,             \
+        L->page_bytes, k, v, (const int32_t *)d_slots)
+    switch (L->dtype) {
+    case CAIRN_TYPE_F32: KV_STORE_LAUNCH(CAIRN_TYPE_F32); break;
+    case CAIRN_TYPE_F16: KV_STORE_LAUNCH(CAIRN_TYPE_F16); break;
+    case CAIRN_TYPE_BF16: KV_STORE_LAUNCH(CAIRN_TYPE_BF16); break;
+    case CAIRN_TYPE_Q8_0: KV_STORE_LAUNCH(CAIRN_TYPE_Q8_0); break;
+    case CAIRN_TYPE_Q4_0: KV_STORE_LAUNCH(CAIRN_TYPE_Q4_0); break;
+    default: return CAIRN_EINVAL; /* cairn_kv_head_bytes took only KV types */
+    }
+#undef KV_STORE_LAUNCH
     CUDA_LAUNCHED("kv_store");
     return CAIRN_OK;
 }
