@@ -68,3 +68,10 @@ add_test(NAME serve_check_cpu
           --cairn $<TARGET_FILE:cairn> --model ${CAIRN_MODEL} --device cpu
           --reference-device cpu --out ${CMAKE_CURRENT_BINARY_DIR}/serve-check --quick)
 set_tests_properties(serve_check_cpu PROPERTIES TIMEOUT 120 LABELS "server")
+
+# The KV types (q8_0, q4_0, bf16) through a server on the real model:
+# restart from disk, namespaces per type, server.info; skipped without it.
+add_test(NAME server_kv_types
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_kv_types.py
+          $<TARGET_FILE:cairn> ${CAIRN_MODEL} ${CAIRN_CHAT_MODEL})
+set_tests_properties(server_kv_types PROPERTIES TIMEOUT 900 LABELS "server;realmodel")
