@@ -5,6 +5,15 @@
  * Tolerances (each check says which):
  *   - get_rows and kv_store: bit-exact (the kernels use the CPU's float
  *     expressions; F16 conversion is round-to-nearest-even on both);
+ *   - kv_store with a rotation (H_R in float, its rounding the kernel's
+ *     own): F32 pages within 1e-6 of a host H_R; quantized pages at most
+ *     1 byte in 1000 different from the CPU's (a code on a rounding
+ *     boundary), every element dequantized within 1 (Q8_0) or 2 (Q4_0,
+ *     where the sign of the scale may flip) steps of its block's scale;
+ *   - attention over each KV type: the GPU reads the CPU's pool bytes, so
+ *     only the softmax's float rounding differs (2e-5; 5e-5 with a
+ *     rotation, which adds two float Hadamard transforms);
+ *   - geglu: 1e-5 relative (tanhf); scale: bit-exact;
  *   - float paths (F32 matmul, GEMV on any type, rmsnorm, rope, swiglu,
  *     softmax, attention): 1e-5 relative, where "relative" is to the sum of
  *     magnitudes that went into the value (sum |w x| for a dot product), so
@@ -660,6 +669,33 @@ static void test_elementwise(void **state)
     free(c);
     free(g);
 
+    /* geglu, then in place (out == gate) */
+    assert_int_equal(cpu->iface->geglu(cpu, O.c, A.c, B.c, total), CAIRN_OK);
+    assert_int_equal(gpu->iface->geglu(gpu, O.g, A.g, B.g, total), CAIRN_OK);
+    pair_fetch(&O, &c, &g);
+    expect_close(g, c, NULL, total, 1e-5, 1e-6, "geglu");
+    free(c);
+    free(g);
+    assert_int_equal(cpu->iface->geglu(cpu, A.c, A.c, B.c, total), CAIRN_OK);
+    assert_int_equal(gpu->iface->geglu(gpu, A.g, A.g, B.g, total), CAIRN_OK);
+    pair_fetch(&A, &c, &g);
+    expect_close(g, c, NULL, total, 1e-5, 1e-6, "geglu in place");
+    free(c);
+    free(g);
+
+    /* scale: one product per element on both sides (on B, whose copies are
+     * still the same bytes; A's went through float ops that may round
+     * differently) */
+    assert_int_equal(cpu->iface->scale(cpu, B.c, 33.941125f, total), CAIRN_OK);
+    assert_int_equal(gpu->iface->scale(gpu, B.g, 33.941125f, total), CAIRN_OK);
+    pair_fetch(&B, &c, &g);
+    KT_SAME_BYTES(g, c, total * 4, "scale");
+    free(c);
+    free(g);
+    assert_int_equal(gpu->iface->scale(gpu, A.g, 2.0f, 0), CAIRN_EINVAL);
+    assert_int_equal(gpu->iface->scale(gpu, A.g, NAN, total), CAIRN_EINVAL);
+    assert_int_equal(gpu->iface->geglu(gpu, O.g, A.g, B.g, 0), CAIRN_EINVAL);
+
     assert_int_equal(gpu->iface->add(gpu, O.g, A.g, B.g, 0), CAIRN_EINVAL);
     assert_int_equal(gpu->iface->add_bias(gpu, A.g, Bi.g, 0, n), CAIRN_EINVAL);
     pair_free(&A);
@@ -712,11 +748,65 @@ static const int att_n_kv[ATT_S] = {37, 150, 45, 120, 30}, att_n_q[ATT_S] = {37,
 static const int att_q_start[ATT_S] = {20, 64, 57, 0, 63};
 #define ATT_ROWS 65
 
+/* The largest magnitude of a block's scale in either pool (Q8_0/Q4_0
+ * blocks start with their half scale). */
+static float block_scale_max(const uint8_t *a, const uint8_t *b, size_t blk)
+{
+    const float da = cairn_fp16_to_fp32((uint16_t)(a[blk] | (a[blk + 1] << 8)));
+    const float db = cairn_fp16_to_fp32((uint16_t)(b[blk] | (b[blk + 1] << 8)));
+    return fmaxf(fabsf(da), fabsf(db));
+}
+
+/* Two KV pools written from the same inputs by kv_store: for a rotation or
+ * a quantized type they may differ where a rotated value rounds to the
+ * other side of a code boundary (see the tolerances above). */
+static void expect_kv_pools_close(const uint8_t *g, const uint8_t *c, size_t bytes,
+                                  const cairn_kv_layout *L, const char *what)
+{
+    const cairn_type t = L->dtype;
+    if (t != CAIRN_TYPE_Q8_0 && t != CAIRN_TYPE_Q4_0) {
+        /* plain elements: the whole pool is one run of them */
+        const size_t esz = t == CAIRN_TYPE_F32 ? 4 : 2, n = bytes / esz;
+        float *fg = kt_xmalloc(n * 4), *fc = kt_xmalloc(n * 4);
+        assert_int_equal(cairn_dequantize_row(t, g, fg, (int64_t)n), CAIRN_OK);
+        assert_int_equal(cairn_dequantize_row(t, c, fc, (int64_t)n), CAIRN_OK);
+        /* one rounding step of the stored type, on values of at most
+         * sqrt(R) (inputs in [-1, 1]) */
+        const float ulp = t == CAIRN_TYPE_F32 ? 1e-6f : t == CAIRN_TYPE_F16 ? 1e-3f : 8e-3f;
+        for (size_t i = 0; i < n; i++)
+            KT_CLOSE(fg[i], fc[i], ulp * fmaxf(1.0f, fabsf(fc[i])), what, i);
+        free(fg);
+        free(fc);
+        return;
+    }
+    const size_t bb = t == CAIRN_TYPE_Q8_0 ? 34 : 18, nb = bytes / bb;
+    size_t differ = 0;
+    for (size_t i = 0; i < bytes; i++)
+        differ += g[i] != c[i];
+    if (differ > bytes / 1000 + 4)
+        fail_msg("seed %llu: %s: %zu of %zu bytes differ", (unsigned long long)kt_seed, what,
+                 differ, bytes);
+    float vg[32], vc[32];
+    const float steps = t == CAIRN_TYPE_Q8_0 ? 1.01f : 2.01f;
+    for (size_t b = 0; b < nb; b++) {
+        assert_int_equal(cairn_dequantize_row(t, g + b * bb, vg, 32), CAIRN_OK);
+        assert_int_equal(cairn_dequantize_row(t, c + b * bb, vc, 32), CAIRN_OK);
+        const float tol = steps * block_scale_max(g, c, b * bb) + 1e-7f;
+        for (int j = 0; j < 32; j++)
+            KT_CLOSE(vg[j], vc[j], tol, what, (long long)(b * 32 + (size_t)j));
+    }
+}
+
+/* rotation: -1 keeps the layout's default (cairn_kv_layout_init's), else
+ * it is set; window: the sliding window (0 = none). */
 static void check_attention(kt_rng *r, cairn_type dtype, int n_kv_head, int group, int head_dim,
-                            int page_size, int alias_out)
+                            int page_size, int alias_out, int rotation, int window)
 {
     cairn_kv_layout L;
     assert_int_equal(cairn_kv_layout_init(&L, 2, n_kv_head, head_dim, page_size, dtype), CAIRN_OK);
+    if (rotation >= 0)
+        L.rotation = rotation;
+    assert_true(cairn_kv_layout_valid(&L));
     const int n_head = n_kv_head * group, layer = 1;
     int n_pages = 3; /* a few never used */
     for (int s = 0; s < ATT_S; s++)
@@ -757,7 +847,17 @@ static void check_attention(kt_rng *r, cairn_type dtype, int n_kv_head, int grou
     }
     {
         uint8_t *c = kt_host(cpu, pool.c, pool.bytes), *g = kt_host(gpu, pool.g, pool.bytes);
-        KT_SAME_BYTES(g, c, pool.bytes, "kv_store pool");
+        if ((dtype == CAIRN_TYPE_F32 || dtype == CAIRN_TYPE_F16 || dtype == CAIRN_TYPE_BF16) &&
+            L.rotation == 0) {
+            KT_SAME_BYTES(g, c, pool.bytes, "kv_store pool");
+        } else {
+            char what[96];
+            snprintf(what, sizeof what, "kv_store pool %s rotation %d", cairn_kv_type_name(dtype),
+                     L.rotation);
+            expect_kv_pools_close(g, c, pool.bytes, &L, what);
+            /* attention below reads the very same bytes on both sides */
+            assert_int_equal(gpu->iface->upload(gpu, pool.g, c, pool.bytes), CAIRN_OK);
+        }
         free(c);
         free(g);
     }
@@ -776,7 +876,12 @@ static void check_attention(kt_rng *r, cairn_type dtype, int n_kv_head, int grou
             mask2[i * 45 + j] = i == 4 ? 0 : (j < 40 || kt_below(r, 2));
     for (int j = 0; j < 30; j++)
         mask4[j] = (uint8_t)(j % 3 != 1);
-    const int32_t *qidx[ATT_S] = {qidx0, qidx1, NULL, qidx3, NULL};
+    /* the masked sequences' KV indices: only a window reads them */
+    int32_t qidx2[6], qidx4[1] = {29};
+    for (int i = 0; i < 6; i++)
+        qidx2[i] = 39 + i;
+    const int32_t *qidx[ATT_S] = {qidx0, qidx1, window > 0 ? qidx2 : NULL, qidx3,
+                                  window > 0 ? qidx4 : NULL};
     const uint8_t *masks[ATT_S] = {NULL, NULL, mask2, NULL, mask4};
     cairn_attn_seq seqs[ATT_S];
     for (int s = 0; s < ATT_S; s++)
@@ -784,7 +889,7 @@ static void check_attention(kt_rng *r, cairn_type dtype, int n_kv_head, int grou
                                    masks[s]};
     pair_buf Q = pair_new(q, qn * 4), O = pair_out(qn * 4);
     cairn_attn_args a = {O.c, Q.c, pool.c, &L, layer, n_head, 1.0f / sqrtf((float)head_dim),
-                         ATT_S, seqs, 0};
+                         ATT_S, seqs, window};
     if (alias_out)
         a.out = Q.c;
     assert_int_equal(cpu->iface->attention(cpu, &a), CAIRN_OK);
@@ -795,12 +900,14 @@ static void check_attention(kt_rng *r, cairn_type dtype, int n_kv_head, int grou
     float *c, *g;
     pair_fetch(alias_out ? &Q : &O, &c, &g);
     char what[96];
-    snprintf(what, sizeof what, "attention %s kvh %d group %d hd %d ps %d alias %d",
-             dtype == CAIRN_TYPE_F16 ? "f16" : "f32", n_kv_head, group, head_dim, page_size,
+    snprintf(what, sizeof what, "attention %s rot %d win %d kvh %d group %d hd %d ps %d alias %d",
+             cairn_kv_type_name(dtype), L.rotation, window, n_kv_head, group, head_dim, page_size,
              alias_out);
-    /* outputs are convex combinations of V entries in [-1, 1] */
+    /* outputs are convex combinations of V entries in [-1, 1] (quantized:
+     * about that), rotated back */
+    const double tol = L.rotation ? 5e-5 : 2e-5;
     for (size_t i = 0; i < qn; i++)
-        KT_CLOSE(g[i], c[i], 2e-5, what, i);
+        KT_CLOSE(g[i], c[i], tol, what, i);
     /* the masked-out row is zeros */
     for (size_t d = 0; d < row_width; d++)
         assert_true(g[(size_t)(att_q_start[2] + 4) * row_width + d] == 0.0f);
@@ -825,12 +932,122 @@ static void test_attention(void **state)
 {
     (void)state;
     kt_rng r = kt_rng_for("attention");
-    check_attention(&r, CAIRN_TYPE_F32, 2, 2, 64, 16, 0);
-    check_attention(&r, CAIRN_TYPE_F16, 2, 4, 128, 16, 0);
-    check_attention(&r, CAIRN_TYPE_F16, 1, 3, 40, 7, 1);   /* odd sizes, out == q */
-    check_attention(&r, CAIRN_TYPE_F32, 4, 1, 256, 32, 0); /* no GQA, wide heads */
-    check_attention(&r, CAIRN_TYPE_F16, 2, 2, 8, 4, 0);    /* stories260K's head */
-    check_attention(&r, CAIRN_TYPE_F16, 1, 2, 512, 16, 0); /* the widest head: 4 dims a thread */
+    check_attention(&r, CAIRN_TYPE_F32, 2, 2, 64, 16, 0, -1, 0);
+    check_attention(&r, CAIRN_TYPE_F16, 2, 4, 128, 16, 0, -1, 0);
+    check_attention(&r, CAIRN_TYPE_F16, 1, 3, 40, 7, 1, -1, 0);   /* odd sizes, out == q */
+    check_attention(&r, CAIRN_TYPE_F32, 4, 1, 256, 32, 0, -1, 0); /* no GQA, wide heads */
+    check_attention(&r, CAIRN_TYPE_F16, 2, 2, 8, 4, 0, -1, 0);    /* stories260K's head */
+    check_attention(&r, CAIRN_TYPE_F16, 1, 2, 512, 16, 0, -1, 0); /* the widest head: 4 dims a thread */
+}
+
+/* Each KV type in the layout's default rotation (none for the plain types,
+ * the largest power of two dividing head_dim for Q8_0/Q4_0), a rotation on
+ * a plain type and a shorter one on a quantized type; both kernels (the
+ * sequences above have prefills, decode rows and masks) and head sizes on
+ * either side of the tiled kernel's limit (128). */
+static void test_attention_kv_types(void **state)
+{
+    (void)state;
+    kt_rng r = kt_rng_for("attention kv types");
+    check_attention(&r, CAIRN_TYPE_BF16, 2, 2, 64, 16, 0, -1, 0);
+    check_attention(&r, CAIRN_TYPE_Q8_0, 2, 2, 64, 16, 0, -1, 0);  /* R = 64 */
+    check_attention(&r, CAIRN_TYPE_Q4_0, 2, 4, 128, 16, 0, -1, 0); /* R = 128 */
+    check_attention(&r, CAIRN_TYPE_Q8_0, 1, 3, 96, 7, 1, -1, 0);   /* R = 32, out == q */
+    check_attention(&r, CAIRN_TYPE_Q4_0, 2, 2, 256, 32, 0, -1, 0); /* row kernel only */
+    check_attention(&r, CAIRN_TYPE_Q8_0, 2, 2, 64, 16, 0, 0, 0);   /* unrotated */
+    check_attention(&r, CAIRN_TYPE_Q4_0, 2, 2, 64, 16, 0, 8, 0);   /* R shorter than a block */
+    check_attention(&r, CAIRN_TYPE_F32, 2, 2, 64, 16, 0, 16, 0);   /* a rotated plain type */
+    check_attention(&r, CAIRN_TYPE_F16, 1, 2, 512, 16, 0, 512, 0); /* the widest head and run */
+}
+
+/* Sliding windows: 1 (a row sees only its own key), windows shorter than a
+ * key tile and than the prefill rows, one that cuts into the cached prefix
+ * of sequence 3, and one longer than every sequence (as no window), over
+ * several KV types; the masked sequences take the window besides the mask. */
+static void test_attention_windows(void **state)
+{
+    (void)state;
+    kt_rng r = kt_rng_for("attention windows");
+    check_attention(&r, CAIRN_TYPE_F32, 2, 2, 64, 16, 0, -1, 1);
+    check_attention(&r, CAIRN_TYPE_F16, 2, 4, 128, 16, 0, -1, 7);
+    check_attention(&r, CAIRN_TYPE_F16, 1, 3, 40, 7, 1, -1, 40);
+    check_attention(&r, CAIRN_TYPE_Q8_0, 2, 2, 64, 16, 0, -1, 33);
+    check_attention(&r, CAIRN_TYPE_Q4_0, 2, 2, 256, 32, 0, -1, 100);
+    check_attention(&r, CAIRN_TYPE_BF16, 2, 2, 64, 16, 0, -1, 1000);
+}
+
+/* kv_store's rotation on its own, against the definition rather than the
+ * CPU backend: H_R[a][b] = (-1)^popcount(a & b) / sqrt(R), applied on the
+ * host in double to each run of R elements; F32 pages must hold that
+ * within float rounding, and Q8_0/Q4_0 pages the blocks common/quant.c
+ * makes of the host-rotated values (up to the boundary cases above). */
+static void check_kv_rotation(kt_rng *r, cairn_type dtype, int n_kv_head, int head_dim, int R)
+{
+    cairn_kv_layout L;
+    const int page_size = 4, T = 6;
+    assert_int_equal(cairn_kv_layout_init(&L, 1, n_kv_head, head_dim, page_size, dtype), CAIRN_OK);
+    L.rotation = R;
+    assert_true(cairn_kv_layout_valid(&L));
+    const int n_pages = 3, width = n_kv_head * head_dim;
+    float *k = kt_xmalloc((size_t)T * width * 4), *v = kt_xmalloc((size_t)T * width * 4);
+    kt_fill(r, k, (size_t)T * width, -1, 1);
+    kt_fill(r, v, (size_t)T * width, -1, 1);
+    for (int t = 0; t < T; t++) /* an outlier channel, what the rotation is for */
+        k[(size_t)t * width + 3] = 20.0f;
+    int32_t slots[6] = {9, 2, 3, 0, 11, 5};
+    pair_buf K = pair_new(k, (size_t)T * width * 4), V = pair_new(v, (size_t)T * width * 4);
+    void *pool = kt_dev(gpu, NULL, (size_t)n_pages * L.page_bytes);
+    assert_int_equal(gpu->iface->kv_store(gpu, pool, &L, 0, K.g, V.g, slots, T), CAIRN_OK);
+    uint8_t *got = kt_host(gpu, pool, (size_t)n_pages * L.page_bytes);
+    uint8_t *want = kt_xmalloc(L.row_bytes);
+    float *rot = kt_xmalloc((size_t)width * 4);
+    char what[96];
+    snprintf(what, sizeof what, "kv_store %s rotation %d vs the host's H_R",
+             cairn_kv_type_name(dtype), R);
+    for (int t = 0; t < T; t++) {
+        for (int kv = 0; kv < 2; kv++) {
+            const float *x = (kv ? v : k) + (size_t)t * width;
+            for (int e = 0; e < width; e += R)
+                for (int a = 0; a < R; a++) {
+                    double sum = 0;
+                    for (int b = 0; b < R; b++)
+                        sum += (__builtin_popcount((unsigned)(a & b)) & 1 ? -1.0 : 1.0) * x[e + b];
+                    rot[e + a] = (float)(sum / sqrt((double)R));
+                }
+            const uint8_t *row = got + cairn_kv_offset(&L, 0, kv, slots[t] % page_size) +
+                                 (size_t)(slots[t] / page_size) * L.page_bytes;
+            if (dtype == CAIRN_TYPE_F32) {
+                const float *f = (const float *)row;
+                for (int e = 0; e < width; e++)
+                    KT_CLOSE(f[e], rot[e], 1e-5 * (1.0 + fabs(rot[e])), what, e);
+            } else {
+                /* a head's blocks are the row's blocks in order */
+                assert_int_equal(cairn_quantize_row(dtype, rot, want, width), CAIRN_OK);
+                expect_kv_pools_close(row, want, L.row_bytes, &L, what);
+            }
+        }
+    }
+    gpu->iface->free(gpu, pool);
+    pair_free(&K);
+    pair_free(&V);
+    free(got);
+    free(want);
+    free(rot);
+    free(k);
+    free(v);
+}
+
+static void test_kv_rotation(void **state)
+{
+    (void)state;
+    kt_rng r = kt_rng_for("kv rotation");
+    check_kv_rotation(&r, CAIRN_TYPE_F32, 2, 64, 64);
+    check_kv_rotation(&r, CAIRN_TYPE_F32, 3, 96, 32);
+    check_kv_rotation(&r, CAIRN_TYPE_F32, 1, 128, 4);
+    check_kv_rotation(&r, CAIRN_TYPE_Q8_0, 2, 64, 64);
+    check_kv_rotation(&r, CAIRN_TYPE_Q8_0, 3, 96, 32);
+    check_kv_rotation(&r, CAIRN_TYPE_Q4_0, 2, 128, 128);
+    check_kv_rotation(&r, CAIRN_TYPE_Q4_0, 1, 64, 16);
 }
 
 /* A KV pool above 4.5 GiB, written and read at its last pages: every page
@@ -934,6 +1151,8 @@ int main(void)
         cmocka_unit_test(test_staging),    cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_rope),       cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_softmax),    cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_kv_types), cmocka_unit_test(test_attention_windows),
+        cmocka_unit_test(test_kv_rotation),
         cmocka_unit_test(test_kv_pool_high_offsets),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
