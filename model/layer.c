@@ -41,6 +41,12 @@ int cairn_layer_forward(cairn_backend *be, const cairn_layer_weights *w,
         TRY(op->rmsnorm(be, a->k, a->k, w->k_norm.data, T * s->n_kv_head, hd, s->rms_eps));
     TRY(op->rope(be, a->q, T, s->n_head, hd, pos, &s->rope));
     TRY(op->rope(be, a->k, T, s->n_kv_head, hd, pos, &s->rope));
+    /* Quantized KV stores k - c: the same shift of every key moves every
+     * score of a query by the same q·c, which softmax ignores, while the
+     * large constant channels (Qwen's key bias) no longer set the block
+     * scales. Exact in the maths; only the rounding of the blocks improves. */
+    if (w->k_center.data && (kv->dtype == CAIRN_TYPE_Q8_0 || kv->dtype == CAIRN_TYPE_Q4_0))
+        TRY(op->add_bias(be, a->k, w->k_center.data, T, kv_dim));
     TRY(op->kv_store(be, kv_pool, kv, layer, a->k, a->v, slots, T));
     cairn_attn_args args = *attn;
     args.out = a->attn;

@@ -37,6 +37,10 @@ typedef struct {
     cairn_layer_weight q_norm, k_norm; /* [head_dim] F32 RMSNorm weights applied to
                                       every head of q and k before RoPE (qwen3),
                                       or data NULL                             */
+    cairn_layer_weight k_center;   /* [kv_dim] F32 or data NULL: minus the part of
+                                      every key that RoPE leaves (almost) in
+                                      place, added to k before a quantized KV
+                                      type stores it (model.c, k_centers)     */
     cairn_layer_weight wo;         /* [dim][q_dim]                               */
     cairn_layer_weight ffn_norm;   /* [dim] F32                                  */
     cairn_layer_weight w_gate, w_up, w_down; /* [ffn][dim], [ffn][dim], [dim][ffn] */

@@ -67,6 +67,7 @@ struct cairn_model {
     uint8_t fingerprint[16];
 
     void *weights_mem; /* one backend allocation for all tensors */
+    float *k_centers;  /* backend [n_layer][kv_dim], or NULL (k_centers) */
     size_t token_weight_bytes; /* cairn_model_token_weight_bytes */
     weight tok_embd, output_norm, output;
     const float *rope_freqs; /* optional, backend memory */
@@ -336,6 +337,44 @@ out:
     return CAIRN_OK;
 }
 
+/* The key centres of a model with key biases (qwen2): minus, per layer and
+ * channel, the part of the bias that RoPE keeps in place. RoPE turns a
+ * channel pair by pos * theta_i; for the pairs whose theta_i turns less than
+ * half a radian over 1024 positions (and for channels RoPE does not touch)
+ * the bias b is close to constant across positions, and those are the
+ * outlier channels of Qwen2.5's keys. The rule depends on the weights alone,
+ * so every request and every tier stores the same bytes. */
+static int k_centers(cairn_model *m)
+{
+    const cairn_hparams *hp = &m->hp;
+    const int hd = hp->head_dim, kv_dim = hp->n_kv_head * hd, half = hp->n_rot / 2;
+    if (!m->arch->qkv_bias)
+        return CAIRN_OK;
+    cairn_backend *be = m->be;
+    float *host = malloc((size_t)hp->n_layer * kv_dim * sizeof(float));
+    int rc = host ? be->iface->alloc(be, (size_t)hp->n_layer * kv_dim * sizeof(float),
+                                     (void **)&m->k_centers)
+                  : CAIRN_ENOMEM;
+    for (int l = 0; rc == CAIRN_OK && l < hp->n_layer; l++) {
+        float *c = host + (size_t)l * kv_dim;
+        rc = be->iface->download(be, c, m->layers[l].bk.data, (size_t)kv_dim * sizeof(float));
+        for (int i = 0; rc == CAIRN_OK && i < kv_dim; i++) {
+            const int d = i % hd;
+            /* the pair d belongs to: NEOX pairs d and d + n_rot/2, NORMAL 2i and 2i+1 */
+            const int pair = hp->rope_mode == CAIRN_ROPE_NEOX ? d % (half ? half : 1) : d / 2;
+            const double theta = pow(hp->rope_freq_base, -2.0 * pair / hp->n_rot);
+            const int still = d >= hp->n_rot || theta * 1024.0 < 0.5;
+            c[i] = still ? -c[i] : 0.0f;
+        }
+    }
+    if (rc == CAIRN_OK)
+        rc = be->iface->upload(be, m->k_centers, host, (size_t)hp->n_layer * kv_dim * sizeof(float));
+    for (int l = 0; rc == CAIRN_OK && l < hp->n_layer; l++)
+        m->layers[l].k_center = (weight){m->k_centers + (size_t)l * kv_dim, CAIRN_TYPE_F32};
+    free(host);
+    return rc;
+}
+
 /* Upload every bound tensor into one backend allocation (each 64-byte
  * aligned) and fingerprint the weights as they go. */
 static int upload_weights(cairn_model *m, const cairn_gguf *g, const tensor_binding *b, int n,
@@ -468,6 +507,10 @@ int cairn_model_load_gguf(const cairn_gguf *g, const char *name, cairn_backend *
         goto fail;
     if ((rc = upload_weights(m, g, bindings, n_bindings, err, err_len)))
         goto fail;
+    if ((rc = k_centers(m))) {
+        cairn_errorf(err, err_len, rc, "cannot place the key centres");
+        goto fail;
+    }
     if ((rc = alloc_scratch(m))) {
         cairn_errorf(err, err_len, rc, "cannot allocate activation buffers for %d tokens",
              p.max_batch_tokens);
@@ -507,6 +550,8 @@ void cairn_model_free(cairn_model *m)
             be->iface->free(be, bufs[i]);
     if (m->weights_mem)
         be->iface->free(be, m->weights_mem);
+    if (m->k_centers)
+        be->iface->free(be, m->k_centers);
     if (m->layer_states)
         be->iface->free(be, m->layer_states);
     if (m->logits_keep)
