@@ -158,39 +158,15 @@ typedef struct {
     cpu_axpy_kv_fn axpy;
 } attn_job;
 
-/* Element d of a head stored as a block type: Q8_0 blocks of 34 bytes (a
- * half scale, 32 int8), Q4_0 blocks of 18 (a half scale, 16 bytes of
- * nibbles: elements 0..15 low, 16..31 high), BF16 plain. */
-static inline float kv_block_elem(const uint8_t *row, int d, cairn_type dtype)
-{
-    if (dtype == CAIRN_TYPE_BF16) {
-        uint16_t b;
-        memcpy(&b, row + 2 * (size_t)d, 2);
-        return cairn_bf16_to_fp32(b);
-    }
-    const int blk = d / 32, j = d % 32;
-    uint16_t s;
-    if (dtype == CAIRN_TYPE_Q8_0) {
-        const uint8_t *b = row + (size_t)blk * 34;
-        memcpy(&s, b, 2);
-        return cpu_half_to_float(s) * (float)(int8_t)b[2 + j];
-    }
-    const uint8_t *b = row + (size_t)blk * 18;
-    memcpy(&s, b, 2);
-    const int code = j < 16 ? (b[2 + j] & 0x0f) : (b[2 + j - 16] >> 4);
-    return cpu_half_to_float(s) * (float)(code - 8);
-}
-
 /* Dot product of a float query with one K row of the pool. */
 static inline float dot_q_k(const float *q, const uint8_t *k, int n, cairn_type dtype)
 {
     if (dtype == CAIRN_TYPE_F32)
         return cpu_dot_f32(q, (const float *)k, n);
-    if (dtype != CAIRN_TYPE_F16) {
-        float sum = 0.0f;
-        for (int d = 0; d < n; d++)
-            sum += q[d] * kv_block_elem(k, d, dtype);
-        return sum;
+    if (dtype != CAIRN_TYPE_F16) { /* BF16, Q8_0, Q4_0: the reference decoder */
+        float row[KV_HEAD_MAX];
+        cairn_dequantize_row(dtype, k, row, n);
+        return cpu_dot_f32(q, row, n);
     }
     const uint16_t *kh = (const uint16_t *)k;
     float sum = 0.0f;
@@ -207,8 +183,10 @@ static inline void axpy_v(float *acc, float w, const uint8_t *v, int n, cairn_ty
         for (int d = 0; d < n; d++)
             acc[d] += w * vf[d];
     } else if (dtype != CAIRN_TYPE_F16) {
+        float row[KV_HEAD_MAX];
+        cairn_dequantize_row(dtype, v, row, n);
         for (int d = 0; d < n; d++)
-            acc[d] += w * kv_block_elem(v, d, dtype);
+            acc[d] += w * row[d];
     } else {
         const uint16_t *vh = (const uint16_t *)v;
         for (int d = 0; d < n; d++)
@@ -611,7 +589,7 @@ int cpu_attention(cairn_backend *be, const cairn_attn_args *a)
         .ctx = ctx, .a = a, .row_start = ctx->seq_row_start,
         .group = group,
         /* vector kernels for the F32/F16 rows; the block types' rows are
-         * decoded element by element (dot_q_k, axpy_v) */
+         * decoded by the reference dequantizer (dot_q_k, axpy_v) */
         .dot = plain_rows ? cpu_x86_dot_kv(ctx->isa, L->dtype) : NULL,
         .axpy = plain_rows ? cpu_x86_axpy_kv(ctx->isa, L->dtype) : NULL,
     };
