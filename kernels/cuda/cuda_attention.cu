@@ -485,13 +485,7 @@ int cuda_attention(cairn_backend *be, const cairn_attn_args *a)
         a->out, a->q, pool, a->layer, L->n_kv_head, L->head_dim, L->page_size, head_bytes, R, W,   \
         L->row_bytes, L->page_bytes, a->n_head, a->scale, (const attn_seq_desc *)dev,             \
         (const int32_t *)(dev + off_rows), (const int32_t *)(dev + off_ints), dev + off_masks)
-        switch (L->dtype) {
-        case CAIRN_TYPE_F32: ATTN_ROW_LAUNCH(CAIRN_TYPE_F32); break;
-        case CAIRN_TYPE_F16: ATTN_ROW_LAUNCH(CAIRN_TYPE_F16); break;
-        case CAIRN_TYPE_BF16: ATTN_ROW_LAUNCH(CAIRN_TYPE_BF16); break;
-        case CAIRN_TYPE_Q8_0: ATTN_ROW_LAUNCH(CAIRN_TYPE_Q8_0); break;
-        default: ATTN_ROW_LAUNCH(CAIRN_TYPE_Q4_0); break; /* head_bytes took only KV types */
-        }
+        CUDA_KV_TYPE_DISPATCH(L->dtype, ATTN_ROW_LAUNCH)
 #undef ATTN_ROW_LAUNCH
         CUDA_LAUNCHED("attention");
     }
@@ -506,13 +500,7 @@ int cuda_attention(cairn_backend *be, const cairn_attn_args *a)
         a->out, a->q, pool, a->layer, L->n_kv_head, hd, L->page_size, head_bytes, R, W,            \
         L->row_bytes, L->page_bytes, a->n_head, a->scale, (const attn_seq_desc *)dev,             \
         (const attn_qtile *)(dev + off_tiles), (const int32_t *)(dev + off_ints), dev + off_masks)
-        switch (L->dtype) {
-        case CAIRN_TYPE_F32: ATTN_TILE_LAUNCH(CAIRN_TYPE_F32); break;
-        case CAIRN_TYPE_F16: ATTN_TILE_LAUNCH(CAIRN_TYPE_F16); break;
-        case CAIRN_TYPE_BF16: ATTN_TILE_LAUNCH(CAIRN_TYPE_BF16); break;
-        case CAIRN_TYPE_Q8_0: ATTN_TILE_LAUNCH(CAIRN_TYPE_Q8_0); break;
-        default: ATTN_TILE_LAUNCH(CAIRN_TYPE_Q4_0); break;
-        }
+        CUDA_KV_TYPE_DISPATCH(L->dtype, ATTN_TILE_LAUNCH)
 #undef ATTN_TILE_LAUNCH
         CUDA_LAUNCHED("attention_tile");
     }

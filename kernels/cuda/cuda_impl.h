@@ -331,6 +331,20 @@ __device__ __forceinline__ void cu_dequant_block32(const uint8_t *row, int type,
 
 /* ---- KV cache rows ("KV types" in kernels/backend.h) ---------------------- */
 
+/* The kernels over KV pages are instantiated once per KV type: LAUNCH(KT)
+ * runs with KT the compile-time constant of `dtype`. A dtype that is not a
+ * KV type cannot pass the layout checks (cairn_kv_layout_valid), so the
+ * default only guards. */
+#define CUDA_KV_TYPE_DISPATCH(dtype, LAUNCH)                                                       \
+    switch (dtype) {                                                                               \
+    case CAIRN_TYPE_F32: LAUNCH(CAIRN_TYPE_F32); break;                                            \
+    case CAIRN_TYPE_F16: LAUNCH(CAIRN_TYPE_F16); break;                                            \
+    case CAIRN_TYPE_BF16: LAUNCH(CAIRN_TYPE_BF16); break;                                          \
+    case CAIRN_TYPE_Q8_0: LAUNCH(CAIRN_TYPE_Q8_0); break;                                          \
+    case CAIRN_TYPE_Q4_0: LAUNCH(CAIRN_TYPE_Q4_0); break;                                          \
+    default: return CAIRN_EINVAL;                                                                  \
+    }
+
 /* Element d of one head's K or V row stored as KT, with the float
  * expressions of cairn_dequantize_row (so F32/F16 read exactly as before). */
 template <int KT> __device__ __forceinline__ float cu_kv_elem(const uint8_t *head, int d)

@@ -237,33 +237,31 @@ static __global__ void add_bias_kernel(float *x, const float *bias, int T, int n
         x[i] += bias[i % (size_t)n];
 }
 
-static int binary_args_ok(cairn_backend *be, float *out, const float *a, const float *b, size_t n)
+typedef void (*binary_kernel_fn)(float *, const float *, const float *, size_t);
+
+/* out[n] = f(a[n], b[n]) on the compute stream: the argument checks and the
+ * launch the element-wise ops share. */
+static int binary_launch(cairn_backend *be, binary_kernel_fn kernel, const char *what, float *out,
+                         const float *a, const float *b, size_t n)
 {
-    return be && out && a && b && n > 0 && n <= (size_t)INT64_MAX;
+    if (!be || !out || !a || !b || n == 0 || n > (size_t)INT64_MAX)
+        return CAIRN_EINVAL;
+    int rc = cuda_enter(be);
+    if (rc != CAIRN_OK)
+        return rc;
+    kernel<<<grid_for(n), OPS_THREADS, 0, cuda_ctx_of(be)->stream>>>(out, a, b, n);
+    CUDA_LAUNCHED(what);
+    return CAIRN_OK;
 }
 
 int cuda_swiglu(cairn_backend *be, float *out, const float *gate, const float *up, size_t n)
 {
-    if (!binary_args_ok(be, out, gate, up, n))
-        return CAIRN_EINVAL;
-    int rc = cuda_enter(be);
-    if (rc != CAIRN_OK)
-        return rc;
-    swiglu_kernel<<<grid_for(n), OPS_THREADS, 0, cuda_ctx_of(be)->stream>>>(out, gate, up, n);
-    CUDA_LAUNCHED("swiglu");
-    return CAIRN_OK;
+    return binary_launch(be, swiglu_kernel, "swiglu", out, gate, up, n);
 }
 
 int cuda_geglu(cairn_backend *be, float *out, const float *gate, const float *up, size_t n)
 {
-    if (!binary_args_ok(be, out, gate, up, n))
-        return CAIRN_EINVAL;
-    int rc = cuda_enter(be);
-    if (rc != CAIRN_OK)
-        return rc;
-    geglu_kernel<<<grid_for(n), OPS_THREADS, 0, cuda_ctx_of(be)->stream>>>(out, gate, up, n);
-    CUDA_LAUNCHED("geglu");
-    return CAIRN_OK;
+    return binary_launch(be, geglu_kernel, "geglu", out, gate, up, n);
 }
 
 int cuda_scale(cairn_backend *be, float *x, float s, size_t n)
@@ -280,14 +278,7 @@ int cuda_scale(cairn_backend *be, float *x, float s, size_t n)
 
 int cuda_add(cairn_backend *be, float *y, const float *a, const float *b, size_t n)
 {
-    if (!binary_args_ok(be, y, a, b, n))
-        return CAIRN_EINVAL;
-    int rc = cuda_enter(be);
-    if (rc != CAIRN_OK)
-        return rc;
-    add_kernel<<<grid_for(n), OPS_THREADS, 0, cuda_ctx_of(be)->stream>>>(y, a, b, n);
-    CUDA_LAUNCHED("add");
-    return CAIRN_OK;
+    return binary_launch(be, add_kernel, "add", y, a, b, n);
 }
 
 int cuda_add_bias(cairn_backend *be, float *x, const float *bias, int T, int n)
@@ -500,14 +491,7 @@ int cuda_kv_store(cairn_backend *be, void *kv_pool, const cairn_kv_layout *L, in
     kv_store_head_kernel<KT><<<grid, 128, smem, ctx->stream>>>(                                    \
         pool, layer, L->head_dim, L->rotation, L->page_size, head_bytes, L->row_bytes,             \
         L->page_bytes, k, v, (const int32_t *)d_slots)
-    switch (L->dtype) {
-    case CAIRN_TYPE_F32: KV_STORE_LAUNCH(CAIRN_TYPE_F32); break;
-    case CAIRN_TYPE_F16: KV_STORE_LAUNCH(CAIRN_TYPE_F16); break;
-    case CAIRN_TYPE_BF16: KV_STORE_LAUNCH(CAIRN_TYPE_BF16); break;
-    case CAIRN_TYPE_Q8_0: KV_STORE_LAUNCH(CAIRN_TYPE_Q8_0); break;
-    case CAIRN_TYPE_Q4_0: KV_STORE_LAUNCH(CAIRN_TYPE_Q4_0); break;
-    default: return CAIRN_EINVAL; /* cairn_kv_head_bytes took only KV types */
-    }
+    CUDA_KV_TYPE_DISPATCH(L->dtype, KV_STORE_LAUNCH)
 #undef KV_STORE_LAUNCH
     CUDA_LAUNCHED("kv_store");
     return CAIRN_OK;
