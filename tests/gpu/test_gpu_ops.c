@@ -100,6 +100,26 @@ static void expect_close(const float *got, const float *want, const float *mag, 
     }
 }
 
+/* A buffer pair's n floats: the GPU's within rtol·|cpu| + atol of the CPU's,
+ * or (pair_same) the same bytes. */
+static void pair_close(const pair_buf *p, size_t n, double rtol, double atol, const char *what)
+{
+    float *c, *g;
+    pair_fetch(p, &c, &g);
+    expect_close(g, c, NULL, n, rtol, atol, what);
+    free(c);
+    free(g);
+}
+
+static void pair_same(const pair_buf *p, size_t n, const char *what)
+{
+    float *c, *g;
+    pair_fetch(p, &c, &g);
+    KT_SAME_BYTES(g, c, n * 4, what);
+    free(c);
+    free(g);
+}
+
 static const cairn_type all_types[] = {
     CAIRN_TYPE_F32,  CAIRN_TYPE_F16,  CAIRN_TYPE_BF16, CAIRN_TYPE_Q8_0, CAIRN_TYPE_Q4_0,
     CAIRN_TYPE_Q5_0, CAIRN_TYPE_Q4_K, CAIRN_TYPE_Q5_K, CAIRN_TYPE_Q6_K,
@@ -635,63 +655,41 @@ static void test_elementwise(void **state)
     kt_fill(&r, bias, (size_t)n, -1, 1);
     pair_buf A = pair_new(a, total * 4), B = pair_new(b, total * 4), Bi = pair_new(bias, (size_t)n * 4);
     pair_buf O = pair_out(total * 4);
-    float *c, *g;
 
     assert_int_equal(cpu->iface->swiglu(cpu, O.c, A.c, B.c, total), CAIRN_OK);
     assert_int_equal(gpu->iface->swiglu(gpu, O.g, A.g, B.g, total), CAIRN_OK);
-    pair_fetch(&O, &c, &g);
-    expect_close(g, c, NULL, total, 1e-5, 1e-6, "swiglu");
-    free(c);
-    free(g);
+    pair_close(&O, total, 1e-5, 1e-6, "swiglu");
 
     assert_int_equal(cpu->iface->add(cpu, O.c, A.c, B.c, total), CAIRN_OK);
     assert_int_equal(gpu->iface->add(gpu, O.g, A.g, B.g, total), CAIRN_OK);
-    pair_fetch(&O, &c, &g);
-    KT_SAME_BYTES(g, c, total * 4, "add");
-    free(c);
-    free(g);
+    pair_same(&O, total, "add");
 
     /* in place: y == a */
     assert_int_equal(cpu->iface->add(cpu, A.c, A.c, B.c, total), CAIRN_OK);
     assert_int_equal(gpu->iface->add(gpu, A.g, A.g, B.g, total), CAIRN_OK);
     assert_int_equal(cpu->iface->add_bias(cpu, A.c, Bi.c, T, n), CAIRN_OK);
     assert_int_equal(gpu->iface->add_bias(gpu, A.g, Bi.g, T, n), CAIRN_OK);
-    pair_fetch(&A, &c, &g);
-    KT_SAME_BYTES(g, c, total * 4, "add in place + add_bias");
-    free(c);
-    free(g);
+    pair_same(&A, total, "add in place + add_bias");
 
     /* swiglu in place (out == gate) */
     assert_int_equal(cpu->iface->swiglu(cpu, A.c, A.c, B.c, total), CAIRN_OK);
     assert_int_equal(gpu->iface->swiglu(gpu, A.g, A.g, B.g, total), CAIRN_OK);
-    pair_fetch(&A, &c, &g);
-    expect_close(g, c, NULL, total, 1e-5, 1e-6, "swiglu in place");
-    free(c);
-    free(g);
+    pair_close(&A, total, 1e-5, 1e-6, "swiglu in place");
 
     /* geglu, then in place (out == gate) */
     assert_int_equal(cpu->iface->geglu(cpu, O.c, A.c, B.c, total), CAIRN_OK);
     assert_int_equal(gpu->iface->geglu(gpu, O.g, A.g, B.g, total), CAIRN_OK);
-    pair_fetch(&O, &c, &g);
-    expect_close(g, c, NULL, total, 1e-5, 1e-6, "geglu");
-    free(c);
-    free(g);
+    pair_close(&O, total, 1e-5, 1e-6, "geglu");
     assert_int_equal(cpu->iface->geglu(cpu, A.c, A.c, B.c, total), CAIRN_OK);
     assert_int_equal(gpu->iface->geglu(gpu, A.g, A.g, B.g, total), CAIRN_OK);
-    pair_fetch(&A, &c, &g);
-    expect_close(g, c, NULL, total, 1e-5, 1e-6, "geglu in place");
-    free(c);
-    free(g);
+    pair_close(&A, total, 1e-5, 1e-6, "geglu in place");
 
     /* scale: one product per element on both sides (on B, whose copies are
      * still the same bytes; A's went through float ops that may round
      * differently) */
     assert_int_equal(cpu->iface->scale(cpu, B.c, 33.941125f, total), CAIRN_OK);
     assert_int_equal(gpu->iface->scale(gpu, B.g, 33.941125f, total), CAIRN_OK);
-    pair_fetch(&B, &c, &g);
-    KT_SAME_BYTES(g, c, total * 4, "scale");
-    free(c);
-    free(g);
+    pair_same(&B, total, "scale");
     assert_int_equal(gpu->iface->scale(gpu, A.g, 2.0f, 0), CAIRN_EINVAL);
     assert_int_equal(gpu->iface->scale(gpu, A.g, NAN, total), CAIRN_EINVAL);
     assert_int_equal(gpu->iface->geglu(gpu, O.g, A.g, B.g, 0), CAIRN_EINVAL);
