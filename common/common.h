@@ -141,7 +141,21 @@ typedef enum {
     CAIRN_TYPE_I64 = 27,
     CAIRN_TYPE_F64 = 28,
     CAIRN_TYPE_BF16 = 30,
-    CAIRN_TYPE_COUNT_ = 40 /* upper bound on ids, not a type */
+    /* cairn's own layouts for the weights of checkpoint folders (ckpt/),
+     * repacked at load and never read from a GGUF file (traits.own):
+     *
+     *   Q4_Z      AWQ and GPTQ int4. Blocks of 32: { f16 d; u8 z; u8 pad;
+     *             u8 qs[16] }, w[j] = d * (q[j] - z) with q[j] the low nibble
+     *             of qs[j] for j < 16 and the high nibble of qs[j - 16]
+     *             after (Q4_0's order). Every block of a checkpoint's group
+     *             carries that group's scale and zero, exactly.
+     *   F8_E4M3   FP8 e4m3fn (bias 7, no infinities, 0x7f/0xff NaN). Blocks
+     *             of 32: { f32 d; u8 q[32] }, w[j] = d * e4m3(q[j]); the
+     *             checkpoint's per-tensor, per-channel or per-block scale
+     *             copied into each block it covers. */
+    CAIRN_TYPE_Q4_Z = 64,
+    CAIRN_TYPE_F8_E4M3 = 65,
+    CAIRN_TYPE_COUNT_ = 66 /* upper bound on ids, not a type */
 } cairn_type;
 
 typedef struct {
@@ -149,6 +163,7 @@ typedef struct {
     int block_elems;     /* elements per block (1 for plain types)           */
     int block_bytes;     /* bytes per block                                  */
     bool compute;        /* true when cairn's kernels can multiply with it   */
+    bool own;            /* cairn's own layout: refused in a GGUF file       */
 } cairn_type_traits;
 
 /* Traits of `type`, or NULL when the id is unknown to cairn (so a GGUF file
@@ -183,6 +198,13 @@ static inline float cairn_bf16_to_fp32(uint16_t h)
     return v.f;
 }
 uint16_t cairn_fp32_to_bf16(float f); /* round to nearest even, NaN kept */
+
+/* FP8 e4m3fn (1 sign, 4 exponent bits of bias 7, 3 mantissa bits; no
+ * infinities; 0x7f and 0xff are NaN; largest finite 448, smallest subnormal
+ * 2^-9). Decoding is exact. Encoding rounds to nearest even and saturates to
+ * +-448 (what FP8 checkpoint writers do); NaN stays NaN. */
+float cairn_e4m3_to_fp32(uint8_t v);
+uint8_t cairn_fp32_to_e4m3(float f);
 
 /* ---- random numbers ---------------------------------------------------- */
 

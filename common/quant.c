@@ -8,6 +8,8 @@
  *   Q4_K  x = (d * sc) * q - (dmin * m)      (per 32-element sub-block)
  *   Q5_K  the same with 5-bit q
  *   Q6_K  x = (d * sc) * (q - 32)            (per 16-element sub-block)
+ *   Q4_Z  x = d * (q - z)                    (cairn's AWQ/GPTQ layout)
+ *   F8_E4M3  x = d * e4m3(q)                 (d a float per block of 32)
  * with d, dmin read from fp16 and each parenthesised product rounded to float
  * once, so the kernels and the tests have one exact value to agree on.
  *
@@ -354,6 +356,28 @@ int cairn_dequantize_row(int type, const void *src, float *dst, int64_t n)
             }
         }
         return CAIRN_OK;
+    case CAIRN_TYPE_Q4_Z:
+        if (n % 32)
+            return CAIRN_EINVAL;
+        for (int64_t b = 0; b < n / 32; b++, s += 20) {
+            const float d = cairn_fp16_to_fp32(rd16(s));
+            const int z = s[2];
+            for (int j = 0; j < 16; j++) {
+                dst[b * 32 + j] = d * (float)((s[4 + j] & 0x0f) - z);
+                dst[b * 32 + j + 16] = d * (float)((s[4 + j] >> 4) - z);
+            }
+        }
+        return CAIRN_OK;
+    case CAIRN_TYPE_F8_E4M3:
+        if (n % 32)
+            return CAIRN_EINVAL;
+        for (int64_t b = 0; b < n / 32; b++, s += 36) {
+            float d;
+            memcpy(&d, s, 4);
+            for (int j = 0; j < 32; j++)
+                dst[b * 32 + j] = d * cairn_e4m3_to_fp32(s[4 + j]);
+        }
+        return CAIRN_OK;
     default:
         /* Q5_0 and the K-quants (below) */
         return kquant_dequantize_row(type, src, dst, n);
@@ -414,6 +438,47 @@ int cairn_quantize_row(int type, const float *src, void *dst, int64_t n)
                 hi = hi < 0 ? 0 : hi > 15 ? 15 : hi;
                 d8[2 + j] = (uint8_t)(lo | (hi << 4));
             }
+        }
+        return CAIRN_OK;
+    case CAIRN_TYPE_Q4_Z:
+        if (n % 32)
+            return CAIRN_EINVAL;
+        for (int64_t b = 0; b < n / 32; b++, d8 += 20) {
+            /* min/max fit: the 16 codes span [min, max], zero z the code of 0 */
+            const float *x = src + b * 32;
+            float lo = x[0], hi = x[0];
+            for (int j = 1; j < 32; j++) {
+                lo = fminf(lo, x[j]);
+                hi = fmaxf(hi, x[j]);
+            }
+            lo = fminf(lo, 0.0f);
+            hi = fmaxf(hi, 0.0f);
+            const uint16_t dh = cairn_fp32_to_fp16((hi - lo) / 15.0f);
+            const float d = cairn_fp16_to_fp32(dh), id = d != 0 ? 1.0f / d : 0.0f;
+            const int z = clampi((int)lrintf(-lo * id), 0, 15);
+            wr16(d8, dh);
+            d8[2] = (uint8_t)z;
+            d8[3] = 0;
+            for (int j = 0; j < 16; j++) {
+                const int a = clampi((int)lrintf(x[j] * id) + z, 0, 15);
+                const int c = clampi((int)lrintf(x[j + 16] * id) + z, 0, 15);
+                d8[4 + j] = (uint8_t)(a | (c << 4));
+            }
+        }
+        return CAIRN_OK;
+    case CAIRN_TYPE_F8_E4M3:
+        if (n % 32)
+            return CAIRN_EINVAL;
+        for (int64_t b = 0; b < n / 32; b++, d8 += 36) {
+            /* the block's largest magnitude maps to 448, e4m3's largest */
+            const float *x = src + b * 32;
+            float amax = 0;
+            for (int j = 0; j < 32; j++)
+                amax = fmaxf(amax, fabsf(x[j]));
+            const float d = amax / 448.0f, id = d != 0 ? 1.0f / d : 0.0f;
+            memcpy(d8, &d, 4);
+            for (int j = 0; j < 32; j++)
+                d8[4 + j] = cairn_fp32_to_e4m3(x[j] * id);
         }
         return CAIRN_OK;
     default:

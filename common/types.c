@@ -33,6 +33,8 @@ static const cairn_type_traits type_table[CAIRN_TYPE_COUNT_] = {
     [CAIRN_TYPE_I64] = {"I64", 1, 8, false},
     [CAIRN_TYPE_F64] = {"F64", 1, 8, false},
     [CAIRN_TYPE_BF16] = {"BF16", 1, 2, true},
+    [CAIRN_TYPE_Q4_Z] = {"Q4_Z", 32, 20, false, true},
+    [CAIRN_TYPE_F8_E4M3] = {"F8_E4M3", 32, 36, false, true},
 };
 
 const cairn_type_traits *cairn_type_get(int type)
@@ -114,4 +116,42 @@ uint16_t cairn_fp32_to_bf16(float f)
         return (uint16_t)((x >> 16) | 0x40); /* quiet nan */
     x += 0x7fff + ((x >> 16) & 1);
     return (uint16_t)(x >> 16);
+}
+
+/* ---- FP8 e4m3fn ------------------------------------------------------------ */
+
+float cairn_e4m3_to_fp32(uint8_t v)
+{
+    const int sign = v >> 7, e = (v >> 3) & 15, m = v & 7;
+    float x;
+    if (e == 15 && m == 7)
+        x = NAN;
+    else if (e == 0)
+        x = ldexpf((float)m, -9); /* subnormal: m * 2^-3 * 2^-6 */
+    else
+        x = ldexpf((float)(8 + m), e - 10); /* (1 + m/8) * 2^(e-7) */
+    return sign ? -x : x;
+}
+
+uint8_t cairn_fp32_to_e4m3(float f)
+{
+    if (isnan(f))
+        return 0x7f;
+    const uint8_t sign = signbit(f) ? 0x80 : 0;
+    float a = fabsf(f);
+    if (a >= 448.0f)
+        return sign | 0x7e; /* saturate */
+    /* the nearest of the 127 finite magnitudes, ties to the even code: the
+     * codes are ordered by value, so a binary search over them is exact */
+    int lo = 0, hi = 0x7e;
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (cairn_e4m3_to_fp32((uint8_t)mid) <= a)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    const float dl = a - cairn_e4m3_to_fp32((uint8_t)lo), dh = cairn_e4m3_to_fp32((uint8_t)hi) - a;
+    const int code = dl < dh ? lo : dh < dl ? hi : (lo % 2 == 0 ? lo : hi);
+    return sign | (uint8_t)code;
 }

@@ -382,6 +382,13 @@ typedef struct {
     /* x[n] *= s (Gemma's embedding scale). */
     int (*scale)(cairn_backend *be, float *x, float s, size_t n);
 
+    /* out[t][j] = x[t][idx[j]] for T rows of n: the input of a matmul whose
+     * weight columns were reordered at load (GPTQ's act-order). idx[n] is
+     * backend memory (uploaded with the weights, as constant as they are),
+     * every entry in [0, n); out must not overlap x. */
+    int (*gather_cols)(cairn_backend *be, float *out, const float *x, const int32_t *idx, int T,
+                       int n);
+
     /* y[n] = a[n] + b[n]. y may equal a. */
     int (*add)(cairn_backend *be, float *y, const float *a, const float *b, size_t n);
 

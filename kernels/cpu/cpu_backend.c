@@ -139,6 +139,7 @@ static const cairn_backend_iface cpu_iface = {
     .swiglu = cpu_swiglu,
     .geglu = cpu_geglu,
     .scale = cpu_scale,
+    .gather_cols = cpu_gather_cols,
     .add = cpu_add,
     .add_bias = cpu_add_bias,
     .softmax = cpu_softmax,

@@ -18,7 +18,7 @@
  *                    (Q8_0/Q4_0/Q5_0), _kquant (Q4_K/Q5_K/Q6_K), _attention
  *                    (attention and element-wise helpers); what they share
  *                    is in cpu_x86_impl.h
- *   cpu_ops.c        rmsnorm, rope, swiglu, geglu, add, scale, softmax
+ *   cpu_ops.c        rmsnorm, rope, swiglu, geglu, add, scale, gather_cols, softmax
  *   cpu_attention.c  kv_store and attention over paged KV
  *
  * Determinism: every parallel op splits its work into independent items
@@ -140,6 +140,8 @@ int cpu_rope(cairn_backend *be, float *x, int T, int n_heads, int head_dim, cons
 int cpu_swiglu(cairn_backend *be, float *out, const float *gate, const float *up, size_t n);
 int cpu_geglu(cairn_backend *be, float *out, const float *gate, const float *up, size_t n);
 int cpu_scale(cairn_backend *be, float *x, float s, size_t n);
+int cpu_gather_cols(cairn_backend *be, float *out, const float *x, const int32_t *idx, int T,
+                    int n);
 int cpu_add(cairn_backend *be, float *y, const float *a, const float *b, size_t n);
 int cpu_add_bias(cairn_backend *be, float *x, const float *bias, int T, int n);
 int cpu_softmax(cairn_backend *be, float *x, int T, int n);

@@ -227,6 +227,38 @@ int cpu_scale(cairn_backend *be, float *x, float s, size_t n)
 }
 
 typedef struct {
+    float *out;
+    const float *x;
+    const int32_t *idx;
+    int n;
+} gather_job;
+
+static void gather_range(void *p, int64_t begin, int64_t end, int thread)
+{
+    (void)thread;
+    const gather_job *job = p;
+    for (int64_t t = begin; t < end; t++) {
+        const float *x = job->x + t * job->n;
+        float *out = job->out + t * job->n;
+        for (int j = 0; j < job->n; j++)
+            out[j] = x[job->idx[j]];
+    }
+}
+
+int cpu_gather_cols(cairn_backend *be, float *out, const float *x, const int32_t *idx, int T,
+                    int n)
+{
+    if (!be || !out || !x || !idx || T <= 0 || n <= 0)
+        return CAIRN_EINVAL;
+    for (int j = 0; j < n; j++)
+        if (idx[j] < 0 || idx[j] >= n)
+            return CAIRN_EINVAL;
+    gather_job job = {.out = out, .x = x, .idx = idx, .n = n};
+    cpu_pool_parallel_for(cpu_ctx_of(be)->pool, T, 1, gather_range, &job);
+    return CAIRN_OK;
+}
+
+typedef struct {
     float *x;          /* [T][n] */
     const float *bias; /* [n]    */
     int n;

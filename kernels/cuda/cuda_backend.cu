@@ -584,6 +584,7 @@ static void cuda_iface_init(void)
     cuda_iface.rope = cuda_rope;
     cuda_iface.swiglu = cuda_swiglu;
     cuda_iface.geglu = cuda_geglu;
+    cuda_iface.gather_cols = cuda_gather_cols;
     cuda_iface.scale = cuda_scale;
     cuda_iface.add = cuda_add;
     cuda_iface.add_bias = cuda_add_bias;

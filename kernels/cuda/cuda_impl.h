@@ -6,7 +6,7 @@
  * ---------
  *   cuda_backend.cu    create/destroy, device memory, the staging ring for
  *                      host index arrays, the function table
- *   cuda_ops.cu        get_rows, rmsnorm, rope, swiglu, geglu, scale, add, add_bias,
+ *   cuda_ops.cu        get_rows, rmsnorm, rope, swiglu, geglu, scale, gather_cols, add, add_bias,
  *                      softmax, kv_store
  *   cuda_matmul.cu     matmul: cuBLAS for F32 and (prefill) F16/BF16,
  *                      warp-per-row GEMV kernels for decode, dequantize +
@@ -182,6 +182,8 @@ int cuda_rope(cairn_backend *be, float *x, int T, int n_heads, int head_dim, con
               const cairn_rope_params *p);
 int cuda_swiglu(cairn_backend *be, float *out, const float *gate, const float *up, size_t n);
 int cuda_geglu(cairn_backend *be, float *out, const float *gate, const float *up, size_t n);
+int cuda_gather_cols(cairn_backend *be, float *out, const float *x, const int32_t *idx, int T,
+                     int n);
 int cuda_scale(cairn_backend *be, float *x, float s, size_t n);
 int cuda_add(cairn_backend *be, float *y, const float *a, const float *b, size_t n);
 int cuda_add_bias(cairn_backend *be, float *x, const float *bias, int T, int n);

@@ -222,6 +222,17 @@ static __global__ void scale_kernel(float *x, float s, size_t n)
         x[i] *= s;
 }
 
+static __global__ void gather_cols_kernel(float *out, const float *x, const int32_t *idx, int T,
+                                          int n)
+{
+    const size_t total = (size_t)T * n;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const size_t row = i / (size_t)n;
+        out[i] = x[row * n + idx[i % (size_t)n]];
+    }
+}
+
 static __global__ void add_kernel(float *y, const float *a, const float *b, size_t n)
 {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
@@ -273,6 +284,23 @@ int cuda_scale(cairn_backend *be, float *x, float s, size_t n)
         return rc;
     scale_kernel<<<grid_for(n), OPS_THREADS, 0, cuda_ctx_of(be)->stream>>>(x, s, n);
     CUDA_LAUNCHED("scale");
+    return CAIRN_OK;
+}
+
+/* idx is device memory uploaded with the weights; its range was checked on
+ * the host before upload (the model binds only checked permutations). */
+int cuda_gather_cols(cairn_backend *be, float *out, const float *x, const int32_t *idx, int T,
+                     int n)
+{
+    if (!be || !out || !x || !idx || T <= 0 || n <= 0)
+        return CAIRN_EINVAL;
+    int rc = cuda_enter(be);
+    if (rc != CAIRN_OK)
+        return rc;
+    const size_t total = (size_t)T * n;
+    gather_cols_kernel<<<grid_for(total), OPS_THREADS, 0, cuda_ctx_of(be)->stream>>>(out, x, idx,
+                                                                                   T, n);
+    CUDA_LAUNCHED("gather_cols");
     return CAIRN_OK;
 }
 
