@@ -33,8 +33,8 @@ static const cairn_type_traits type_table[CAIRN_TYPE_COUNT_] = {
     [CAIRN_TYPE_I64] = {"I64", 1, 8, false},
     [CAIRN_TYPE_F64] = {"F64", 1, 8, false},
     [CAIRN_TYPE_BF16] = {"BF16", 1, 2, true},
-    [CAIRN_TYPE_Q4_Z] = {"Q4_Z", 32, 20, false, true},
-    [CAIRN_TYPE_F8_E4M3] = {"F8_E4M3", 32, 36, false, true},
+    [CAIRN_TYPE_Q4_Z] = {"Q4_Z", 32, 20, true, true},
+    [CAIRN_TYPE_F8_E4M3] = {"F8_E4M3", 32, 36, true, true},
 };
 
 const cairn_type_traits *cairn_type_get(int type)

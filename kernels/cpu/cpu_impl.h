@@ -14,8 +14,8 @@
  *                    contains them; chosen at run time by CPUID. cpu_x86.c
  *                    (level detection, activation quantization, the
  *                    quantized matmul's dispatch), then one file per kernel
- *                    family: _float (F32/F16/BF16 weights), _quant
- *                    (Q8_0/Q4_0/Q5_0), _kquant (Q4_K/Q5_K/Q6_K), _attention
+ *                    family: _float (F32/F16/BF16/F8_E4M3 weights), _quant
+ *                    (Q8_0/Q4_0/Q5_0/Q4_Z), _kquant (Q4_K/Q5_K/Q6_K), _attention
  *                    (attention and element-wise helpers); what they share
  *                    is in cpu_x86_impl.h
  *   cpu_ops.c        rmsnorm, rope, swiglu, geglu, add, scale, gather_cols, softmax
@@ -83,12 +83,12 @@ typedef struct {
     cpu_pool *pool;
     int n_threads;
     cpu_isa isa;
-    /* Quantized weights (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K): when 0 (the
+    /* Quantized weights (Q8_0, Q4_0, Q5_0, Q4_Z, Q4_K, Q5_K, Q6_K): when 0 (the
      * default) activations are quantized to 8 bits per 32-element block on
      * the fly and multiplied in integers, as llama.cpp does (see
      * cpu_q8act_type); when 1 (CAIRN_CPU_EXACT_MATMUL=1 at creation) every
      * weight type uses the float reference semantics (weights dequantized,
-     * float activations). F32/F16/BF16 weights are always exact. */
+     * float activations). F32/F16/BF16/F8_E4M3 weights are always exact. */
     int quantize_activations;
     /* Activations quantized for the current matmul: [T][n_in] int8 codes,
      * [T][n_in/32] float scales and [T][n_in/32] int32 code sums; grown
@@ -152,8 +152,8 @@ int cpu_attention(cairn_backend *be, const cairn_attn_args *args);
 /* ---- shared helpers ---------------------------------------------------- */
 
 /* True when the kernels can multiply or look up rows of `type`
- * (F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K); also the backend's
- * supports_type slot. */
+ * (F32, F16, BF16, F8_E4M3, Q8_0, Q4_0, Q5_0, Q4_Z, Q4_K, Q5_K, Q6_K); also
+ * the backend's supports_type slot. */
 int cpu_type_supported(cairn_type type);
 
 /* True for the weight types multiplied against int8-quantized activations
@@ -162,6 +162,7 @@ int cpu_type_supported(cairn_type type);
  * activation blocks, and the product is defined per activation block b
  * (scale d_a, codes q_a, code sum s_a) as
  *   Q8_0, Q4_0, Q5_0  d_w d_a sum_i (c_i - Z) q_a[i]      (Z = 0, 8, 16)
+ *   Q4_Z              d_w d_a (sum_i c_i q_a[i] - z s_a)   (z the block's u8)
  *   Q4_K, Q5_K        d_a ((d sc_j) sum_i c_i q_a[i] - (dmin m_j) s_a)
  *   Q6_K              (d d_a) (sc_2j sum_{i<16} (c_i - 32) q_a[i]
  *                              + sc_2j+1 sum_{i>=16} (c_i - 32) q_a[i])
@@ -201,6 +202,26 @@ static inline float cpu_half_to_float(uint16_t h)
     return v.f;
 }
 
+/* Exact FP8 e4m3fn -> float (same values as cairn_e4m3_to_fp32), inline
+ * for the F8_E4M3 weight kernels. The subnormal codes (exponent field 0)
+ * are formed as m * 2^-9, a normal float, never as a float denormal, so
+ * the result does not depend on denormals-are-zero; 0x7f/0xff are NaN. */
+static inline float cpu_e4m3_to_float(uint8_t v)
+{
+    union { uint32_t u; float f; } r;
+    const uint32_t em = v & 0x7fu;
+    if (em < 8) {
+        r.f = (float)em * 0x1p-9f;
+    } else if (em == 0x7f) {
+        r.u = 0x7fc00000u;
+    } else {
+        /* (1 + m/8) 2^(e-7): exponent field e + 120, m in the top 3 bits */
+        r.u = (em << 20) + (120u << 23);
+    }
+    r.u |= (uint32_t)(v & 0x80u) << 24;
+    return r.f;
+}
+
 /* ---- matmul kernels (cpu_x86*.c) ------------------------------------- */
 
 /* One 32-element block of activations quantized to int8: d = max|x| / 127,
@@ -215,9 +236,9 @@ void cpu_quantize_act_block_ref(const float *x, int8_t *q, float *d, int32_t *su
  * depend on the thread count. */
 int cpu_x86_quantize_act(cpu_isa isa, const float *x, int n, int8_t *q, float *d, int32_t *s);
 
-/* y[t][r] for r in [r0, r1), t in [0, T): float weights (F32, F16, BF16)
- * against float x, dot-product form; every element's arithmetic is the same
- * for any T, so a token's result does not depend on its batch. */
+/* y[t][r] for r in [r0, r1), t in [0, T): float weights (F32, F16, BF16,
+ * F8_E4M3) against float x, dot-product form; every element's arithmetic is
+ * the same for any T, so a token's result does not depend on its batch. */
 int cpu_x86_matmul_float(cpu_isa isa, float *y, const uint8_t *W, cairn_type wtype,
                          size_t row_bytes, const float *x, int T, int n_in, int n_out, int64_t r0,
                          int64_t r1, float *panel);

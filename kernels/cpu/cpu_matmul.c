@@ -1,15 +1,15 @@
 /*
  * kernels/cpu/cpu_matmul.c — embedding lookup and matrix multiplication with
  * weights kept in GGUF block layout (F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K,
- * Q5_K, Q6_K).
+ * Q5_K, Q6_K) or cairn's checkpoint layouts (Q4_Z, F8_E4M3).
  *
  * Three paths, chosen per call:
  *   - quantized weights (unless the backend was created exact): the
  *     activations are quantized to int8 per 32-element block and multiplied
  *     in integers (cpu_x86_quant.c, cpu_x86_kquant.c, or q8act_dot_ref
  *     below on the scalar level).
- *   - F32/F16/BF16 weights on AVX2/AVX-512: vector dot-product tiles
- *     (cpu_x86_float.c), exact float semantics.
+ *   - F32/F16/BF16/F8_E4M3 weights on AVX2/AVX-512: vector dot-product
+ *     tiles (cpu_x86_float.c), exact float semantics.
  *   - Otherwise the reference: each weight row is expanded to floats with
  *     cairn_dequantize_row (the definition of every format) and multiplied
  *     with each token's activations by a single-precision dot product.
@@ -37,6 +37,8 @@ int cpu_type_supported(cairn_type type)
     case CAIRN_TYPE_Q4_K:
     case CAIRN_TYPE_Q5_K:
     case CAIRN_TYPE_Q6_K:
+    case CAIRN_TYPE_Q4_Z:
+    case CAIRN_TYPE_F8_E4M3:
         return 1;
     default:
         return 0;
@@ -45,8 +47,10 @@ int cpu_type_supported(cairn_type type)
 
 int cpu_q8act_type(cairn_type type)
 {
+    /* F8_E4M3 is a float format (a float scale times an exact e4m3 value):
+     * it takes the float path, like F16 */
     return cpu_type_supported(type) && type != CAIRN_TYPE_F32 && type != CAIRN_TYPE_F16 &&
-           type != CAIRN_TYPE_BF16;
+           type != CAIRN_TYPE_BF16 && type != CAIRN_TYPE_F8_E4M3;
 }
 
 float cpu_dot_f32(const float *a, const float *b, int64_t n)
@@ -126,6 +130,19 @@ typedef struct {
     int rows_per_item;   /* output rows per parallel-for item */
 } matmul_job;
 
+/* A row of F8_E4M3 weights as floats: w = d * e4m3(q), the expression of
+ * cairn_dequantize_row with the exact inline decoder instead of ldexpf
+ * (the scalar level's F8 matmul runs through here). */
+static void expand_f8_row(const uint8_t *src, float *w, int n)
+{
+    for (int b = 0; b < n / 32; b++, src += 36) {
+        float d;
+        memcpy(&d, src, 4);
+        for (int j = 0; j < 32; j++)
+            w[32 * b + j] = d * cpu_e4m3_to_float(src[4 + j]);
+    }
+}
+
 /* The reference: expand the weight row to floats, one float dot per token. */
 static void matmul_range(void *p, int64_t begin, int64_t end, int thread)
 {
@@ -136,6 +153,9 @@ static void matmul_range(void *p, int64_t begin, int64_t end, int thread)
         const float *w;
         if (job->wtype == CAIRN_TYPE_F32) {
             w = src;
+        } else if (job->wtype == CAIRN_TYPE_F8_E4M3) {
+            expand_f8_row(src, expanded, job->n_in);
+            w = expanded;
         } else {
             (void)cairn_dequantize_row(job->wtype, src, expanded, job->n_in);
             w = expanded;
@@ -169,6 +189,14 @@ static void matmul_float_range(void *p, int64_t begin, int64_t end, int thread)
  * row of `wtype` (layouts in common/common.h). */
 static void block_codes(const uint8_t *row, cairn_type wtype, int b, int codes[32])
 {
+    if (wtype == CAIRN_TYPE_Q4_Z) {
+        const uint8_t *nib = row + (size_t)b * 20 + 4;
+        for (int j = 0; j < 16; j++) {
+            codes[j] = nib[j] & 0x0f;
+            codes[j + 16] = nib[j] >> 4;
+        }
+        return;
+    }
     if (wtype == CAIRN_TYPE_Q8_0 || wtype == CAIRN_TYPE_Q4_0 || wtype == CAIRN_TYPE_Q5_0) {
         const size_t bs = wtype == CAIRN_TYPE_Q8_0 ? 34 : wtype == CAIRN_TYPE_Q4_0 ? 18 : 22;
         const uint8_t *blk = row + (size_t)b * bs;
@@ -232,6 +260,17 @@ static float q8act_dot_ref(const uint8_t *row, cairn_type wtype, const int8_t *q
             const size_t bs = wtype == CAIRN_TYPE_Q8_0 ? 34 : wtype == CAIRN_TYPE_Q4_0 ? 18 : 22;
             const uint8_t *blk = row + (size_t)b * bs;
             const int zero = wtype == CAIRN_TYPE_Q8_0 ? 0 : wtype == CAIRN_TYPE_Q4_0 ? 8 : 16;
+            int32_t isum = 0;
+            for (int j = 0; j < 32; j++)
+                isum += (codes[j] - zero) * qb[j];
+            const uint16_t h = (uint16_t)(blk[0] | (blk[1] << 8));
+            sum += (float)isum * (cpu_half_to_float(h) * d[b]);
+        } else if (wtype == CAIRN_TYPE_Q4_Z) {
+            /* the zero is the block's own byte (any u8: GPTQ's v1 format
+             * stores 16 for a symmetric group); the sum stays exact in int32
+             * (|c - z| <= 255, |q_a| <= 127, 32 terms) */
+            const uint8_t *blk = row + (size_t)b * 20;
+            const int zero = blk[2];
             int32_t isum = 0;
             for (int j = 0; j < 32; j++)
                 isum += (codes[j] - zero) * qb[j];

@@ -8,8 +8,10 @@
  * family whole in its file (its kernels, their inline helpers and the plain
  * C loop that drives them), so the intrinsics and the target attributes
  * they need stay together:
- *   cpu_x86_float.c      F32/F16/BF16 weights: dot-product tiles and panels
- *   cpu_x86_quant.c      Q8_0/Q4_0/Q5_0 weights: row kernels and panel GEMM
+ *   cpu_x86_float.c      F32/F16/BF16/F8_E4M3 weights: dot-product tiles
+ *                        and panels
+ *   cpu_x86_quant.c      Q8_0/Q4_0/Q5_0/Q4_Z weights: row kernels and panel
+ *                        GEMM
  *   cpu_x86_kquant.c     Q4_K/Q5_K/Q6_K weights: row kernels and panel GEMM
  *   cpu_x86_attention.c  attention over paged KV, F32->F16, SwiGLU
  *   cpu_x86_impl.h       what they share (target attributes, panel
@@ -123,7 +125,9 @@ int cpu_x86_quantize_act(cpu_isa isa, const float *x, int n, int8_t *q, float *d
 
 size_t cpu_x86_pack_bytes(int n_in)
 {
-    return (size_t)(n_in / 32) * (KP_BLOCK_BYTES > QP_BLOCK_BYTES ? KP_BLOCK_BYTES : QP_BLOCK_BYTES);
+    /* the largest of the panels' block sizes (QP <= QZ) */
+    const size_t qp = QZ_BLOCK_BYTES > QP_BLOCK_BYTES ? QZ_BLOCK_BYTES : QP_BLOCK_BYTES;
+    return (size_t)(n_in / 32) * (KP_BLOCK_BYTES > qp ? KP_BLOCK_BYTES : qp);
 }
 
 int cpu_x86_q8act_rows_per_item(cpu_isa isa, int T)

@@ -1,7 +1,8 @@
 /*
  * kernels/cpu/cpu_x86_float.c — AVX2 and AVX-512 matmul kernels for float
- * weights (F32, F16, BF16) against float activations: cpu_x86_matmul_float
- * and the tiles, row streams and panels behind it. One file because the
+ * weights (F32, F16, BF16, and F8_E4M3: a float scale per 32 times an exact
+ * e4m3 value) against float activations: cpu_x86_matmul_float and the
+ * tiles, row streams and panels behind it. One file because the
  * kernels share their weight loaders and the per-element arithmetic that
  * makes them agree bitwise; every function carries its target attribute
  * (cpu_x86_impl.h).
@@ -25,11 +26,77 @@
 
 #if CPU_X86_KERNELS
 
+/* ---- F8_E4M3: exact decoding --------------------------------------------- */
+
+/* F8_E4M3 weights are w = d * e4m3(q) (cairn_dequantize_row): the exact
+ * e4m3 value as a float, then one rounded product with the block's scale,
+ * so every kernel sees the reference's weights bit for bit. The value is
+ * built from the code's bits (em = the code without its sign):
+ *   em >= 8   exponent field e >= 1: (1 + m/8) 2^(e-7) has the float bits
+ *             (em << 20) + (120 << 23) (exponent e + 120, m on top);
+ *   em < 8    subnormal m 2^-9: the integer m converted and scaled by 2^-9,
+ *             a normal float (never a float denormal, which a core with
+ *             denormals-are-zero would read as 0);
+ *   em = 127  NaN;
+ * then the sign bit is copied from the code. */
+INLINE T512 __m512 e4m3x16(__m128i codes, __m512 d)
+{
+    const __m512i x = _mm512_cvtepu8_epi32(codes);
+    const __m512i em = _mm512_and_si512(x, _mm512_set1_epi32(0x7f));
+    const __m512 nrm = _mm512_castsi512_ps(
+        _mm512_add_epi32(_mm512_slli_epi32(em, 20), _mm512_set1_epi32(120 << 23)));
+    const __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(em), _mm512_set1_ps(0x1p-9f));
+    __m512 mag = _mm512_mask_blend_ps(_mm512_cmplt_epi32_mask(em, _mm512_set1_epi32(8)), nrm, sub);
+    mag = _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(em, _mm512_set1_epi32(0x7f)), mag,
+                               _mm512_set1_ps(NAN));
+    /* sign | mag: the sign is bit 7 of the code, moved to bit 31 */
+    const __m512 v = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(
+        _mm512_castps_si512(mag), _mm512_slli_epi32(x, 24), _mm512_set1_epi32((int)0x80000000u),
+        0xf8)); /* a | (b & c) */
+    return _mm512_mul_ps(d, v);
+}
+
+INLINE T256 __m256 e4m3x8(__m128i codes, __m256 d)
+{
+    const __m256i x = _mm256_cvtepu8_epi32(codes);
+    const __m256i em = _mm256_and_si256(x, _mm256_set1_epi32(0x7f));
+    const __m256 nrm = _mm256_castsi256_ps(
+        _mm256_add_epi32(_mm256_slli_epi32(em, 20), _mm256_set1_epi32(120 << 23)));
+    const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(em), _mm256_set1_ps(0x1p-9f));
+    __m256 mag = _mm256_blendv_ps(
+        nrm, sub, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(8), em)));
+    mag = _mm256_blendv_ps(mag, _mm256_set1_ps(NAN),
+                           _mm256_castsi256_ps(_mm256_cmpeq_epi32(em, _mm256_set1_epi32(0x7f))));
+    const __m256 sign = _mm256_castsi256_ps(
+        _mm256_and_si256(_mm256_slli_epi32(x, 24), _mm256_set1_epi32((int)0x80000000u)));
+    return _mm256_mul_ps(d, _mm256_or_ps(mag, sign));
+}
+
+/* Byte offset of element k in an F8_E4M3 row (blocks of 36 bytes: the
+ * scale, then 32 codes). */
+static inline size_t f8_off(int k)
+{
+    return (size_t)(k / 32) * 36 + 4 + (size_t)(k % 32);
+}
+
+static inline float f8_scale(const uint8_t *row, int k)
+{
+    float d;
+    memcpy(&d, row + (size_t)(k / 32) * 36, 4);
+    return d;
+}
+
 /* ---- float weights: dot-product tiles ------------------------------------ */
 
-/* 16 weights of a row from element k, as floats; lanes outside `m` are 0. */
+/* 16 weights of a row from element k, as floats; lanes outside `m` are 0.
+ * F8_E4M3: k is a multiple of 16 (its rows are whole 32-element blocks),
+ * so the 16 lie in one block. */
 INLINE T512 __m512 load_w16(const uint8_t *row, int k, cairn_type t, __mmask16 m)
 {
+    if (t == CAIRN_TYPE_F8_E4M3)
+        return _mm512_maskz_mov_ps(
+            m, e4m3x16(_mm_loadu_si128((const __m128i *)(row + f8_off(k))),
+                       _mm512_set1_ps(f8_scale(row, k))));
     if (t == CAIRN_TYPE_F32)
         return _mm512_maskz_loadu_ps(m, row + 4 * (size_t)k);
     __m256i h = _mm256_maskz_loadu_epi16(m, row + 2 * (size_t)k);
@@ -113,10 +180,14 @@ INLINE T512 void ftile_512(const uint8_t *W, size_t rb, cairn_type t, const floa
 FTILE_TYPED(ftile_512_f32, CAIRN_TYPE_F32)
 FTILE_TYPED(ftile_512_f16, CAIRN_TYPE_F16)
 FTILE_TYPED(ftile_512_bf16, CAIRN_TYPE_BF16)
+FTILE_TYPED(ftile_512_f8, CAIRN_TYPE_F8_E4M3)
 
 /* AVX2: 8 lanes, tiles of up to 4 rows x 2 tokens (16 ymm registers). */
 INLINE T256 __m256 load_w8(const uint8_t *row, int k, cairn_type t)
 {
+    if (t == CAIRN_TYPE_F8_E4M3) /* k a multiple of 8: the 8 lie in one block */
+        return e4m3x8(_mm_loadl_epi64((const __m128i *)(row + f8_off(k))),
+                      _mm256_set1_ps(f8_scale(row, k)));
     if (t == CAIRN_TYPE_F32)
         return _mm256_loadu_ps((const float *)(row + 4 * (size_t)k));
     __m128i h = _mm_loadu_si128((const __m128i *)(row + 2 * (size_t)k));
@@ -128,6 +199,8 @@ INLINE T256 __m256 load_w8(const uint8_t *row, int k, cairn_type t)
 /* Weight element k of a row as a float (the scalar tail of the AVX2 tile). */
 static inline float w_at(const uint8_t *row, int k, cairn_type t)
 {
+    if (t == CAIRN_TYPE_F8_E4M3)
+        return f8_scale(row, k) * cpu_e4m3_to_float(row[f8_off(k)]);
     if (t == CAIRN_TYPE_F32) {
         float f;
         memcpy(&f, row + 4 * (size_t)k, 4);
@@ -190,6 +263,7 @@ INLINE T256 void ftile_256(const uint8_t *W, size_t rb, cairn_type t, const floa
 FTILE256_TYPED(ftile_256_f32, CAIRN_TYPE_F32)
 FTILE256_TYPED(ftile_256_f16, CAIRN_TYPE_F16)
 FTILE256_TYPED(ftile_256_bf16, CAIRN_TYPE_BF16)
+FTILE256_TYPED(ftile_256_f8, CAIRN_TYPE_F8_E4M3)
 
 typedef void (*ftile_fn)(const uint8_t *W, size_t rb, const float *x, int n_in, int R, int C,
                          float *y, int n_out);
@@ -215,9 +289,13 @@ INLINE T512 void frow_512(const uint8_t *W, size_t rb, cairn_type t, const float
     int k = 0;
     for (; k + 16 <= n_in; k += 16) {
         const __m512 xv = _mm512_loadu_ps(x + k);
-        if (((size_t)k * es) % 64 == 0)
+        /* a line of the next rows per 64 bytes of weights; F8_E4M3 blocks
+         * are 36 bytes, so one prefetch per block covers every line */
+        if (t == CAIRN_TYPE_F8_E4M3 ? k % 32 == 0 : ((size_t)k * es) % 64 == 0) {
+            const size_t off = t == CAIRN_TYPE_F8_E4M3 ? (size_t)(k / 32) * 36 : (size_t)k * es;
             for (int r = 0; r < n_next; r++)
-                _mm_prefetch((const char *)(next + (size_t)r * rb + (size_t)k * es), _MM_HINT_T0);
+                _mm_prefetch((const char *)(next + (size_t)r * rb + off), _MM_HINT_T0);
+        }
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++)
             acc[r] = _mm512_fmadd_ps(load_w16(W + (size_t)r * rb, k, t, 0xffff), xv, acc[r]);
@@ -248,6 +326,7 @@ INLINE T512 void frow_512(const uint8_t *W, size_t rb, cairn_type t, const float
 FROW_TYPED(frow_512_f32, CAIRN_TYPE_F32)
 FROW_TYPED(frow_512_f16, CAIRN_TYPE_F16)
 FROW_TYPED(frow_512_bf16, CAIRN_TYPE_BF16)
+FROW_TYPED(frow_512_f8, CAIRN_TYPE_F8_E4M3)
 
 static T512 void matmul_float_decode(float *y, const uint8_t *W, cairn_type wtype,
                                      size_t row_bytes, const float *x, int n_in, int64_t r0,
@@ -256,6 +335,7 @@ static T512 void matmul_float_decode(float *y, const uint8_t *W, cairn_type wtyp
     void (*fn)(const uint8_t *, size_t, const float *, int, int, float *, const uint8_t *, int) =
         wtype == CAIRN_TYPE_F32 ? frow_512_f32
       : wtype == CAIRN_TYPE_F16 ? frow_512_f16
+      : wtype == CAIRN_TYPE_F8_E4M3 ? frow_512_f8
       : frow_512_bf16;
     for (int64_t r = r0; r < r1; r += FR_ROWS) {
         const int R = r1 - r < FR_ROWS ? (int)(r1 - r) : FR_ROWS;
@@ -344,7 +424,8 @@ static __attribute__((noinline)) T512 void fptile_512_any(const float *w, size_t
 #undef FP_CASE
 }
 
-/* Rows [r, r + rows) of F16/BF16 weights as F32 into pk [rows][n_in]. */
+/* Rows [r, r + rows) of F16/BF16/F8_E4M3 weights as F32 into pk
+ * [rows][n_in]. */
 static T512 void convert_panel(const uint8_t *W, size_t rb, cairn_type t, int n_in, int64_t r,
                                int rows, float *pk)
 {
@@ -356,9 +437,12 @@ static T512 void convert_panel(const uint8_t *W, size_t rb, cairn_type t, int n_
             for (; k + 16 <= n_in; k += 16)
                 _mm512_storeu_ps(out + k, _mm512_cvtph_ps(_mm256_loadu_si256(
                                               (const __m256i *)(row + 2 * (size_t)k))));
-        } else {
+        } else if (t == CAIRN_TYPE_BF16) {
             for (; k + 16 <= n_in; k += 16)
                 _mm512_storeu_ps(out + k, load_w16(row, k, CAIRN_TYPE_BF16, 0xffff));
+        } else {
+            for (; k + 16 <= n_in; k += 16)
+                _mm512_storeu_ps(out + k, load_w16(row, k, CAIRN_TYPE_F8_E4M3, 0xffff));
         }
         if (k < n_in) {
             const __mmask16 m = (__mmask16)((1u << (n_in - k)) - 1);
@@ -418,17 +502,20 @@ int cpu_x86_matmul_float(cpu_isa isa, float *y, const uint8_t *W, cairn_type wty
     if (isa >= CPU_ISA_AVX512) {
         fn = wtype == CAIRN_TYPE_F32 ? ftile_512_f32
            : wtype == CAIRN_TYPE_F16 ? ftile_512_f16
+           : wtype == CAIRN_TYPE_F8_E4M3 ? ftile_512_f8
            : ftile_512_bf16;
         max_c = 4;
     } else if (isa >= CPU_ISA_AVX2) {
         fn = wtype == CAIRN_TYPE_F32 ? ftile_256_f32
            : wtype == CAIRN_TYPE_F16 ? ftile_256_f16
+           : wtype == CAIRN_TYPE_F8_E4M3 ? ftile_256_f8
            : ftile_256_bf16;
         max_c = 2;
     } else {
         return 0;
     }
-    if (wtype != CAIRN_TYPE_F32 && wtype != CAIRN_TYPE_F16 && wtype != CAIRN_TYPE_BF16)
+    if (wtype != CAIRN_TYPE_F32 && wtype != CAIRN_TYPE_F16 && wtype != CAIRN_TYPE_BF16 &&
+        wtype != CAIRN_TYPE_F8_E4M3)
         return 0;
     if (isa >= CPU_ISA_AVX512 && T >= FP_MIN_T) {
         matmul_float_panels(y, W, wtype, row_bytes, x, T, n_in, n_out, r0, r1, panel);

@@ -39,10 +39,12 @@
 
 /* Panel of the quantized GEMM: 32 rows (2 x 16); per block 2 x 8 groups of
  * [16 rows][4 codes] then 2 x 16 float weight scales (Q8_0/Q4_0/Q5_0,
- * cpu_x86_quant.c), or then 4 x 16 floats (the K-quants' scales and mins,
- * layout at pack_panel_k in cpu_x86_kquant.c). */
+ * cpu_x86_quant.c), for Q4_Z then also 2 x 16 int32 zeros, or then 4 x 16
+ * floats (the K-quants' scales and mins, layout at pack_panel_k in
+ * cpu_x86_kquant.c). */
 #define QP_ROWS 32
 #define QP_BLOCK_BYTES (2 * 8 * 64 + 2 * 64)
+#define QZ_BLOCK_BYTES (2 * 8 * 64 + 4 * 64)
 #define KP_BLOCK_BYTES (2 * 8 * 64 + 4 * 64)
 /* Tokens per GEMM tile. On AVX-512 every batch size computes each output
  * with the panel GEMM's sequence of operations (integer block sums, one
@@ -153,7 +155,7 @@ INLINE T512 void reduce16_finish(const __m512i q[4], __m512i *ya, __m512i *yb)
  * isa >= CPU_ISA_AVX2 and the weight type: each picks its kernel from the
  * level and T and computes y[t][r] for r in [r0, r1), t in [0, T), with
  * the arguments of cpu_x86_matmul_q8act. */
-/* Q8_0, Q4_0, Q5_0 (cpu_x86_quant.c). */
+/* Q8_0, Q4_0, Q5_0, Q4_Z (cpu_x86_quant.c). */
 void cpu_x86_matmul_q8(cpu_isa isa, float *y, const uint8_t *W, cairn_type wtype,
                        size_t row_bytes, const int8_t *q, const float *d, const int32_t *s, int T,
                        int n_in, int n_out, int64_t r0, int64_t r1, void *pack);

@@ -1,6 +1,6 @@
 /*
  * kernels/cpu/cpu_x86_quant.c — AVX2 and AVX-512 (VNNI) matmul kernels for
- * the block-quantized weights Q8_0, Q4_0 and Q5_0 against activations
+ * the block-quantized weights Q8_0, Q4_0, Q5_0 and Q4_Z against activations
  * quantized to int8 (cpu_x86_quantize_act): the AVX2 row kernels, the
  * AVX-512 panel GEMM, and cpu_x86_matmul_q8, which chooses between them
  * for cpu_x86_matmul_q8act. One file because the kernels share the code
@@ -12,12 +12,14 @@
  * The integer inner sums use VNNI's vpdpbusd, which multiplies unsigned by
  * signed bytes. Weights are therefore made unsigned by a zero point Z
  * (Q4_0 codes are already q+8 with Z = 8, Q5_0 q+16 with Z = 16; Q8_0
- * codes get +128 with Z = 128)
+ * codes get +128 with Z = 128; Q4_Z codes are unsigned with the block's own
+ * zero z as Z, a per-row vector in the 16-row kernels)
  * and the result is corrected by -Z * sum_i q_a[i], which the activation
  * quantizer precomputes per block.
  *   - AVX2: a row at a time, one block per 256-bit register, against up to
  *     4 tokens per call; each token's arithmetic is the same whatever the
- *     call's token count.
+ *     call's token count. (Q4_Z: 8 blocks' sums reduced to exact block
+ *     sums first, at qrow_256_z.)
  *   - AVX-512, two tokens and more: outer-product GEMM. A panel of 32 rows is repacked (once per panel,
  *     reused for every token) so that a 512-bit register holds 4
  *     consecutive codes of 16 rows; vpdpbusd with 4 activation codes
@@ -126,6 +128,104 @@ QROW_TYPED(qrow_256_q4, qrow_256, T256, CAIRN_TYPE_Q4_0)
 QROW_TYPED(qrow_256_q8, qrow_256, T256, CAIRN_TYPE_Q8_0)
 QROW_TYPED(qrow_256_q5, qrow_256, T256, CAIRN_TYPE_Q5_0)
 
+/* Q4_Z on plain AVX2. Its zero point is the block's own byte (up to 255),
+ * so the correction -z s can be far larger than the block's product (codes
+ * all equal to z: the weights are 0, the two terms cancel). It must meet
+ * the code sums as one exact integer per block, as in the scalar reference
+ * and the AVX-512 kernels, not in one of the lanes that qrow_256 scales and
+ * rounds separately (harmless for Q4_0/Q5_0's constant zeros 8 and 16,
+ * not for z = 255 or for codes that cancel). So the 8-lane partial sums of
+ * 8 blocks are reduced together by a tree of horizontal adds into one
+ * register, lane k the exact code sum of block k; there the correction
+ * comes off and the block's scale d_w d_a multiplies: one FMA per 8
+ * blocks, lane k accumulating blocks k, k + 8, ... */
+INLINE T256 void qrow_256_z(const uint8_t *row, const int8_t *q, const float *d,
+                            const int32_t *s, int n_in, const int C, float *y, int n_out)
+{
+    const int nb = n_in / 32;
+    const __m128i low4 = _mm_set1_epi8(0x0f);
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    __m256 acc[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++)
+        acc[c] = _mm256_setzero_ps();
+    for (int b0 = 0; b0 < nb; b0 += 8) {
+        const int nblk = nb - b0 < 8 ? nb - b0 : 8;
+        __m256i w[8];
+        int32_t zb[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        float dwb[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            if (k >= nblk) {
+                w[k] = _mm256_setzero_si256();
+                continue;
+            }
+            const uint8_t *blk = row + (size_t)(b0 + k) * 20;
+            const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + 4));
+            w[k] = _mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_and_si128(raw, low4)),
+                _mm_and_si128(_mm_srli_epi16(raw, 4), low4), 1);
+            zb[k] = blk[2];
+            dwb[k] = half_to_float(blk);
+        }
+        const __m256i zv = _mm256_loadu_si256((const __m256i *)zb);
+        const __m256 dwv = _mm256_loadu_ps(dwb);
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            const size_t ab = (size_t)c * nb + b0;
+            const int8_t *qb = q + (size_t)c * n_in + 32 * (size_t)b0;
+            __m256i v[8];
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++)
+                v[k] = k < nblk ? _mm256_madd_epi16(
+                                      _mm256_maddubs_epi16(
+                                          w[k], _mm256_loadu_si256((const __m256i *)(qb + 32 * k))),
+                                      ones16)
+                                : _mm256_setzero_si256();
+            /* hadd(a, b) per 128-bit lane: [a0+a1, a2+a3, b0+b1, b2+b3] */
+            const __m256i g0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]),
+                                                 _mm256_hadd_epi32(v[2], v[3]));
+            const __m256i g1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]),
+                                                 _mm256_hadd_epi32(v[6], v[7]));
+            /* g0 = [blocks 0-3, elements of the low halves | 0-3, high
+             * halves], g1 the same for blocks 4-7 */
+            const __m256i bsum = _mm256_add_epi32(_mm256_permute2x128_si256(g0, g1, 0x20),
+                                                  _mm256_permute2x128_si256(g0, g1, 0x31));
+            __m256i sv;
+            __m256 dv;
+            if (nblk == 8) {
+                sv = _mm256_loadu_si256((const __m256i *)(s + ab));
+                dv = _mm256_loadu_ps(d + ab);
+            } else { /* the row's last blocks: read no further than them */
+                int32_t st[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                float dt[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                memcpy(st, s + ab, sizeof(int32_t) * (size_t)nblk);
+                memcpy(dt, d + ab, sizeof(float) * (size_t)nblk);
+                sv = _mm256_loadu_si256((const __m256i *)st);
+                dv = _mm256_loadu_ps(dt);
+            }
+            /* exact: |z s| <= 255 * 32 * 127 */
+            const __m256i is = _mm256_sub_epi32(bsum, _mm256_mullo_epi32(zv, sv));
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(dwv, dv), acc[c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++)
+        y[(size_t)c * n_out] = hsum256(acc[c]);
+}
+
+static __attribute__((noinline)) T256 void qrow_256_qz(const uint8_t *row, const int8_t *q,
+                                                       const float *d, const int32_t *s, int n_in,
+                                                       int C, float *y, int n_out)
+{
+    switch (C) {
+    case 1: qrow_256_z(row, q, d, s, n_in, 1, y, n_out); break;
+    case 2: qrow_256_z(row, q, d, s, n_in, 2, y, n_out); break;
+    case 3: qrow_256_z(row, q, d, s, n_in, 3, y, n_out); break;
+    default: qrow_256_z(row, q, d, s, n_in, 4, y, n_out); break;
+    }
+}
+
 typedef void (*qrow_fn)(const uint8_t *row, const int8_t *q, const float *d, const int32_t *s,
                         int n_in, int C, float *y, int n_out);
 
@@ -133,12 +233,15 @@ typedef void (*qrow_fn)(const uint8_t *row, const int8_t *q, const float *d, con
 
 /* Repack rows [r, r + 32) (rows from r_end on are zero) into `pk`: for each
  * block, for each 16-row half, 8 groups of [16 rows][4 unsigned codes], then
- * the two halves' 16 float scales. Gathers read 4 code bytes of 16 rows at
- * once. */
+ * the two halves' 16 float scales, and for Q4_Z then the two halves' 16
+ * negated zeros (int32; QZ_BLOCK_BYTES a block instead of QP_BLOCK_BYTES).
+ * Gathers read 4 code bytes of 16 rows at once. */
 T512 static void pack_panel(const uint8_t *W, size_t rb, cairn_type t, int nb, int64_t r,
                             int64_t r_end, uint8_t *pk)
 {
-    const size_t bs = t == CAIRN_TYPE_Q4_0 ? 18 : t == CAIRN_TYPE_Q5_0 ? 22 : 34;
+    const int qz = t == CAIRN_TYPE_Q4_Z;
+    const size_t bs = t == CAIRN_TYPE_Q4_0 ? 18 : t == CAIRN_TYPE_Q5_0 ? 22 : qz ? 20 : 34;
+    const size_t pbs = qz ? QZ_BLOCK_BYTES : QP_BLOCK_BYTES;
     const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
                                                              12, 13, 14, 15),
                                            _mm512_set1_epi32((int)rb));
@@ -151,16 +254,17 @@ T512 static void pack_panel(const uint8_t *W, size_t rb, cairn_type t, int nb, i
         valid[p] = n >= 16 ? 0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
     }
     for (int b = 0; b < nb; b++) {
-        uint8_t *out = pk + (size_t)b * QP_BLOCK_BYTES;
+        uint8_t *out = pk + (size_t)b * pbs;
         for (int p = 0; p < 2; p++) {
             const uint8_t *base = W + (size_t)(r + 16 * p) * rb + (size_t)b * bs;
             const __mmask16 m = valid[p];
             uint8_t *codes = out + (size_t)p * 512;
             const __m512i zero = _mm512_setzero_si512();
-            if (t == CAIRN_TYPE_Q4_0) {
+            if (t == CAIRN_TYPE_Q4_0 || qz) {
+                const size_t qs = qz ? 4 : 2;
                 for (int g = 0; g < 4; g++) {
-                    __m512i raw = m ? _mm512_mask_i32gather_epi32(zero, m, idx, base + 2 + 4 * g, 1)
-                                    : zero;
+                    __m512i raw =
+                        m ? _mm512_mask_i32gather_epi32(zero, m, idx, base + qs + 4 * g, 1) : zero;
                     _mm512_store_si512(codes + 64 * g, _mm512_and_si512(raw, low4));
                     _mm512_store_si512(codes + 64 * (g + 4),
                                        _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4));
@@ -207,16 +311,23 @@ T512 static void pack_panel(const uint8_t *W, size_t rb, cairn_type t, int nb, i
             __m512i dh = m ? _mm512_mask_i32gather_epi32(zero, m, idx, base, 1) : zero;
             __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_and_si512(dh, low16)));
             _mm512_store_ps((float *)(out + 1024 + 64 * p), dw);
+            if (qz) /* -z, byte 2 of the block; rows that do not exist get 0 */
+                _mm512_store_si512(out + 1152 + 64 * p,
+                                   _mm512_sub_epi32(zero, _mm512_and_si512(_mm512_srli_epi32(dh, 16),
+                                                                           _mm512_set1_epi32(0xff))));
         }
     }
 }
 
 /* Tokens [t0, t0 + C) against a packed panel: P = 1 or 2 halves of 16 rows
- * are computed (the second half is skipped when no row of it exists). */
+ * are computed (the second half is skipped when no row of it exists). With
+ * ZL (Q4_Z) the zero point is per row and block, read from the panel, and
+ * `zero` is unused. */
 INLINE T512 void qgemm_tile(const uint8_t *pk, int nb, const int8_t *q, const float *d,
-                            const int32_t *s, int n_in, int zero, const int P, const int C,
-                            float *y, int n_out, __mmask16 m0, __mmask16 m1)
+                            const int32_t *s, int n_in, int zero, const int ZL, const int P,
+                            const int C, float *y, int n_out, __mmask16 m0, __mmask16 m1)
 {
+    const size_t pbs = ZL ? QZ_BLOCK_BYTES : QP_BLOCK_BYTES;
     __m512 facc[2][QG_TOKENS];
 #pragma GCC unroll 2
     for (int p = 0; p < P; p++)
@@ -224,14 +335,27 @@ INLINE T512 void qgemm_tile(const uint8_t *pk, int nb, const int8_t *q, const fl
         for (int c = 0; c < C; c++)
             facc[p][c] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        const uint8_t *pb = pk + (size_t)b * QP_BLOCK_BYTES;
+        const uint8_t *pb = pk + (size_t)b * pbs;
         __m512i iacc[2][QG_TOKENS];
+        if (ZL) {
+            /* -z s exactly: |z s| <= 255 * 32 * 127 */
+            const __m512i nz0 = _mm512_load_si512(pb + 1152);
+            const __m512i nz1 = P > 1 ? _mm512_load_si512(pb + 1216) : nz0;
 #pragma GCC unroll 6
-        for (int c = 0; c < C; c++) {
-            const __m512i init = _mm512_set1_epi32(-zero * s[(size_t)c * nb + b]);
+            for (int c = 0; c < C; c++) {
+                const __m512i sv = _mm512_set1_epi32(s[(size_t)c * nb + b]);
+                iacc[0][c] = _mm512_mullo_epi32(nz0, sv);
+                if (P > 1)
+                    iacc[1][c] = _mm512_mullo_epi32(nz1, sv);
+            }
+        } else {
+#pragma GCC unroll 6
+            for (int c = 0; c < C; c++) {
+                const __m512i init = _mm512_set1_epi32(-zero * s[(size_t)c * nb + b]);
 #pragma GCC unroll 2
-            for (int p = 0; p < P; p++)
-                iacc[p][c] = init;
+                for (int p = 0; p < P; p++)
+                    iacc[p][c] = init;
+            }
         }
         const int8_t *qb = q + 32 * (size_t)b;
 #pragma GCC unroll 8
@@ -268,21 +392,26 @@ INLINE T512 void qgemm_tile(const uint8_t *pk, int nb, const int8_t *q, const fl
     }
 }
 
-static __attribute__((noinline)) T512 void qgemm_tile_any(const uint8_t *pk, int nb,
-                                                          const int8_t *q, const float *d,
-                                                          const int32_t *s, int n_in, int zero,
-                                                          int P, int C, float *y, int n_out,
-                                                          __mmask16 m0, __mmask16 m1)
-{
-#define QG_CASE(PP, CC)                                                                            \
-    case PP * 8 + CC: qgemm_tile(pk, nb, q, d, s, n_in, zero, PP, CC, y, n_out, m0, m1); break;
-    switch (P * 8 + C) {
-        QG_CASE(1, 1) QG_CASE(1, 2) QG_CASE(1, 3) QG_CASE(1, 4) QG_CASE(1, 5) QG_CASE(1, 6)
-        QG_CASE(2, 1) QG_CASE(2, 2) QG_CASE(2, 3) QG_CASE(2, 4) QG_CASE(2, 5)
-    default: qgemm_tile(pk, nb, q, d, s, n_in, zero, 2, 6, y, n_out, m0, m1); break;
+/* One instantiation per zero-point kind (ZL 0: the type's constant Z,
+ * ZL 1: Q4_Z's per-row zeros). */
+#define QGEMM_TILE_ANY(NAME, ZL)                                                                   \
+    static __attribute__((noinline)) T512 void NAME(const uint8_t *pk, int nb, const int8_t *q,  \
+                                                    const float *d, const int32_t *s, int n_in,   \
+                                                    int zero, int P, int C, float *y, int n_out,  \
+                                                    __mmask16 m0, __mmask16 m1)                   \
+    {                                                                                              \
+        switch (P * 8 + C) {                                                                       \
+            QG_CASE(ZL, 1, 1) QG_CASE(ZL, 1, 2) QG_CASE(ZL, 1, 3) QG_CASE(ZL, 1, 4)                \
+            QG_CASE(ZL, 1, 5) QG_CASE(ZL, 1, 6) QG_CASE(ZL, 2, 1) QG_CASE(ZL, 2, 2)                \
+            QG_CASE(ZL, 2, 3) QG_CASE(ZL, 2, 4) QG_CASE(ZL, 2, 5)                                  \
+        default: qgemm_tile(pk, nb, q, d, s, n_in, zero, ZL, 2, 6, y, n_out, m0, m1); break;       \
+        }                                                                                          \
     }
+#define QG_CASE(ZL, PP, CC)                                                                        \
+    case PP * 8 + CC: qgemm_tile(pk, nb, q, d, s, n_in, zero, ZL, PP, CC, y, n_out, m0, m1); break;
+QGEMM_TILE_ANY(qgemm_tile_any, 0)
+QGEMM_TILE_ANY(qgemm_tile_any_z, 1)
 #undef QG_CASE
-}
 
 /* ---- Q4_0, Q5_0 and Q8_0, one token (decode, AVX-512) ---------------------------- */
 
@@ -306,9 +435,10 @@ static __attribute__((noinline)) T512 void qgemm_tile_any(const uint8_t *pk, int
 INLINE T512 __m512 gemv_q8_rows(const uint8_t *base, size_t rb, cairn_type t, const int8_t *q,
                                 const float *d, const int32_t *s, int nb, int rows, const int full)
 {
-    const int q5 = t == CAIRN_TYPE_Q5_0, q4 = t == CAIRN_TYPE_Q4_0 || q5; /* nibble codes */
-    const size_t bs = t == CAIRN_TYPE_Q4_0 ? 18 : q5 ? 22 : 34;
-    const size_t qs = q5 ? 6 : 2; /* code bytes within a block */
+    const int q5 = t == CAIRN_TYPE_Q5_0, qz = t == CAIRN_TYPE_Q4_Z;
+    const int q4 = t == CAIRN_TYPE_Q4_0 || q5 || qz; /* nibble codes */
+    const size_t bs = t == CAIRN_TYPE_Q4_0 ? 18 : q5 ? 22 : qz ? 20 : 34;
+    const size_t qs = q5 ? 6 : qz ? 4 : 2; /* code bytes within a block */
     const int per = q4 ? 4 : 2;   /* blocks per register of a row */
     const int zero = t == CAIRN_TYPE_Q4_0 ? Q4_ZERO : q5 ? Q5_ZERO : Q8_ZERO;
     const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
@@ -425,7 +555,15 @@ INLINE T512 __m512 gemv_q8_rows(const uint8_t *base, size_t rb, cairn_type t, co
                                                            base + (size_t)b * bs, 1);
             const __m512 dw = _mm512_cvtph_ps(
                 _mm512_cvtepi32_epi16(_mm512_and_si512(dh, _mm512_set1_epi32(0xffff))));
-            const __m512i is = _mm512_add_epi32(_mm512_set1_epi32(-zero * s[b]), isum[k]);
+            /* Q4_Z: each row's own zero, byte 2 of the gathered word; the
+             * panel's -z s, the same exact integer */
+            const __m512i corr =
+                qz ? _mm512_mullo_epi32(_mm512_sub_epi32(_mm512_setzero_si512(),
+                                                         _mm512_and_si512(_mm512_srli_epi32(dh, 16),
+                                                                          _mm512_set1_epi32(0xff))),
+                                        _mm512_set1_epi32(s[b]))
+                   : _mm512_set1_epi32(-zero * s[b]);
+            const __m512i is = _mm512_add_epi32(corr, isum[k]);
             facc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(d[b])),
                                    facc);
         }
@@ -453,6 +591,7 @@ INLINE T512 __m512 gemv_q8_rows(const uint8_t *base, size_t rb, cairn_type t, co
 GEMV_Q8_TYPED(gemv_q4_0, CAIRN_TYPE_Q4_0)
 GEMV_Q8_TYPED(gemv_q8_0, CAIRN_TYPE_Q8_0)
 GEMV_Q8_TYPED(gemv_q5_0, CAIRN_TYPE_Q5_0)
+GEMV_Q8_TYPED(gemv_q4_z, CAIRN_TYPE_Q4_Z)
 
 /* ---- dispatch ----------------------------------------------------------- */
 
@@ -464,6 +603,7 @@ void cpu_x86_matmul_q8(cpu_isa isa, float *y, const uint8_t *W, cairn_type wtype
     if (isa >= CPU_ISA_AVX512 && T == 1) {
         (wtype == CAIRN_TYPE_Q4_0   ? gemv_q4_0
          : wtype == CAIRN_TYPE_Q5_0 ? gemv_q5_0
+         : wtype == CAIRN_TYPE_Q4_Z ? gemv_q4_z
                                     : gemv_q8_0)(y, W, row_bytes, q, d, s, nb, r0, r1);
         return;
     }
@@ -481,15 +621,16 @@ void cpu_x86_matmul_q8(cpu_isa isa, float *y, const uint8_t *W, cairn_type wtype
                                : 0;
             for (int t = 0; t < T; t += QG_TOKENS) {
                 const int C = T - t < QG_TOKENS ? T - t : QG_TOKENS;
-                qgemm_tile_any(pack, nb, q + (size_t)t * n_in, d + (size_t)t * nb,
-                               s + (size_t)t * nb, n_in, zero, P, C, y + (size_t)t * n_out + r,
-                               n_out, m0, m1);
+                (wtype == CAIRN_TYPE_Q4_Z ? qgemm_tile_any_z : qgemm_tile_any)(
+                    pack, nb, q + (size_t)t * n_in, d + (size_t)t * nb, s + (size_t)t * nb, n_in,
+                    zero, P, C, y + (size_t)t * n_out + r, n_out, m0, m1);
             }
         }
         return;
     }
     qrow_fn fn = wtype == CAIRN_TYPE_Q4_0 ? qrow_256_q4
                : wtype == CAIRN_TYPE_Q5_0 ? qrow_256_q5
+               : wtype == CAIRN_TYPE_Q4_Z ? qrow_256_qz
                : qrow_256_q8;
     for (int64_t r = r0; r < r1; r++)
         for (int t = 0; t < T; t += 4) {
