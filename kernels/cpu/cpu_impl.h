@@ -243,9 +243,9 @@ int cpu_x86_matmul_float(cpu_isa isa, float *y, const uint8_t *W, cairn_type wty
                          size_t row_bytes, const float *x, int T, int n_in, int n_out, int64_t r0,
                          int64_t r1, float *panel);
 /* Per-thread scratch (floats) the float kernel needs as `panel` for a batch
- * of T tokens (weights converted to F32 a panel at a time), and the rows per
+ * of T tokens of `wtype` weights (converted to F32 a panel at a time), and the rows per
  * work item it wants (its panel height, so items never split a panel). */
-size_t cpu_x86_float_panel_floats(cpu_isa isa, int T, int n_in);
+size_t cpu_x86_float_panel_floats(cpu_isa isa, cairn_type wtype, int T, int n_in);
 int cpu_x86_float_rows_per_item(cpu_isa isa, int T);
 
 /* y[t][r] for r in [r0, r1): weights of a cpu_q8act_type against

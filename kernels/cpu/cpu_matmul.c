@@ -405,7 +405,7 @@ int cpu_matmul(cairn_backend *be, float *y, const void *W, cairn_type wtype, con
         return CAIRN_OK;
     }
     if (!quantized && ctx->isa >= CPU_ISA_AVX2) {
-        const size_t panel = cpu_x86_float_panel_floats(ctx->isa, T, n_in);
+        const size_t panel = cpu_x86_float_panel_floats(ctx->isa, wtype, T, n_in);
         if (panel > 0 && (rc = cpu_scratch_reserve(ctx, panel)) != CAIRN_OK)
             return rc;
         job.rows_per_item = cpu_x86_float_rows_per_item(ctx->isa, T);

@@ -30,29 +30,42 @@
 
 /* F8_E4M3 weights are w = d * e4m3(q) (cairn_dequantize_row): the exact
  * e4m3 value as a float, then one rounded product with the block's scale,
- * so every kernel sees the reference's weights bit for bit. The value is
- * built from the code's bits (em = the code without its sign):
- *   em >= 8   exponent field e >= 1: (1 + m/8) 2^(e-7) has the float bits
- *             (em << 20) + (120 << 23) (exponent e + 120, m on top);
- *   em < 8    subnormal m 2^-9: the integer m converted and scaled by 2^-9,
- *             a normal float (never a float denormal, which a core with
- *             denormals-are-zero would read as 0);
- *   em = 127  NaN;
- * then the sign bit is copied from the code. */
+ * so every kernel sees the reference's weights bit for bit. Never through a
+ * float denormal (which a core with denormals-are-zero would read as 0):
+ *
+ *   AVX-512: a code is s eeee mmm and its value (M + m) S, with S =
+ *     +-2^(max(e,1) - 10) and M = 8 for e >= 1 (the implicit bit), 0 for
+ *     the subnormals. S and M S come from 32-entry tables indexed by the
+ *     top 5 bits (sign and exponent), m as a float from a 16-entry table
+ *     indexed by the low 4 (which hold m), and fma(m, S, M S) is exact
+ *     (the value has 4 significant bits, every operand is normal).
+ *   AVX2: from the bits (em = the code without its sign): em >= 8 is
+ *     (1 + m/8) 2^(e-7), float bits (em << 20) + (120 << 23); em < 8 the
+ *     integer m converted and scaled by 2^-9; then the sign bit.
+ * 0x7f and 0xff (em = 127) are NaN at both. */
 INLINE T512 __m512 e4m3x16(__m128i codes, __m512 d)
 {
+#define E4M3_S(e) ((e) == 0 ? 0x1p-9f : (float)(1 << (e)) * 0x1p-10f)
+#define E4M3_ROW(sg, F)                                                                            \
+    _mm512_setr_ps(sg F(0), sg F(1), sg F(2), sg F(3), sg F(4), sg F(5), sg F(6), sg F(7),        \
+                   sg F(8), sg F(9), sg F(10), sg F(11), sg F(12), sg F(13), sg F(14), sg F(15))
+#define E4M3_MS(e) ((e) == 0 ? 0.0f : 8.0f * E4M3_S(e))
+    const __m512 s_pos = E4M3_ROW(+, E4M3_S), s_neg = E4M3_ROW(-, E4M3_S);
+    const __m512 o_pos = E4M3_ROW(+, E4M3_MS), o_neg = E4M3_ROW(-, E4M3_MS);
+#undef E4M3_S
+#undef E4M3_ROW
+#undef E4M3_MS
+    const __m512 mtab = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
     const __m512i x = _mm512_cvtepu8_epi32(codes);
-    const __m512i em = _mm512_and_si512(x, _mm512_set1_epi32(0x7f));
-    const __m512 nrm = _mm512_castsi512_ps(
-        _mm512_add_epi32(_mm512_slli_epi32(em, 20), _mm512_set1_epi32(120 << 23)));
-    const __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(em), _mm512_set1_ps(0x1p-9f));
-    __m512 mag = _mm512_mask_blend_ps(_mm512_cmplt_epi32_mask(em, _mm512_set1_epi32(8)), nrm, sub);
-    mag = _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(em, _mm512_set1_epi32(0x7f)), mag,
-                               _mm512_set1_ps(NAN));
-    /* sign | mag: the sign is bit 7 of the code, moved to bit 31 */
-    const __m512 v = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(
-        _mm512_castps_si512(mag), _mm512_slli_epi32(x, 24), _mm512_set1_epi32((int)0x80000000u),
-        0xf8)); /* a | (b & c) */
+    const __m512i se = _mm512_srli_epi32(x, 3); /* sign and exponent: 5 bits */
+    const __m512 S = _mm512_permutex2var_ps(s_pos, se, s_neg);
+    const __m512 MS = _mm512_permutex2var_ps(o_pos, se, o_neg);
+    const __m512 m = _mm512_permutexvar_ps(x, mtab); /* index: the low 4 bits */
+    /* code 0x80: fma(0, -2^-9, -0) = -0, as the reference's -0.0f */
+    __m512 v = _mm512_fmadd_ps(m, S, MS);
+    const __mmask16 nan =
+        _mm_cmpeq_epi8_mask(_mm_or_si128(codes, _mm_set1_epi8((char)0x80)), _mm_set1_epi8(-1));
+    v = _mm512_mask_mov_ps(v, nan, _mm512_set1_ps(NAN));
     return _mm512_mul_ps(d, v);
 }
 
@@ -268,6 +281,18 @@ FTILE256_TYPED(ftile_256_f8, CAIRN_TYPE_F8_E4M3)
 typedef void (*ftile_fn)(const uint8_t *W, size_t rb, const float *x, int n_in, int R, int C,
                          float *y, int n_out);
 
+/* Rows [r, r + rows) of F8_E4M3 weights as F32 into pk [rows][n_in], with
+ * AVX2's decoder (n_in a multiple of 32). */
+static T256 void convert_rows_256(const uint8_t *W, size_t rb, int n_in, int64_t r, int rows,
+                                  float *pk)
+{
+    for (int i = 0; i < rows; i++) {
+        const uint8_t *row = W + (size_t)(r + i) * rb;
+        for (int k = 0; k < n_in; k += 8)
+            _mm256_storeu_ps(pk + (size_t)i * n_in + k, load_w8(row, k, CAIRN_TYPE_F8_E4M3));
+    }
+}
+
 /* ---- float weights, one token (decode, AVX-512) ------------------------------ */
 
 /* Decode is a stream over the weights. Eight rows at a time keep eight
@@ -481,9 +506,20 @@ static T512 void matmul_float_panels(float *y, const uint8_t *W, cairn_type wtyp
     }
 }
 
-size_t cpu_x86_float_panel_floats(cpu_isa isa, int T, int n_in)
+/* Tokens per tile of the dot-product tiles (ftile_512, ftile_256). */
+static int tile_tokens(cpu_isa isa)
 {
-    return isa >= CPU_ISA_AVX512 && T >= FP_MIN_T ? (size_t)FP_ROWS * (size_t)n_in : 0;
+    return isa >= CPU_ISA_AVX512 ? 4 : 2;
+}
+
+size_t cpu_x86_float_panel_floats(cpu_isa isa, cairn_type wtype, int T, int n_in)
+{
+    if (isa >= CPU_ISA_AVX512 && T >= FP_MIN_T)
+        return (size_t)FP_ROWS * (size_t)n_in;
+    /* F8_E4M3 in more than one token tile: its 4 rows decoded once */
+    if (isa >= CPU_ISA_AVX2 && wtype == CAIRN_TYPE_F8_E4M3 && T > tile_tokens(isa))
+        return 4 * (size_t)n_in;
+    return 0;
 }
 
 int cpu_x86_float_rows_per_item(cpu_isa isa, int T)
@@ -504,13 +540,13 @@ int cpu_x86_matmul_float(cpu_isa isa, float *y, const uint8_t *W, cairn_type wty
            : wtype == CAIRN_TYPE_F16 ? ftile_512_f16
            : wtype == CAIRN_TYPE_F8_E4M3 ? ftile_512_f8
            : ftile_512_bf16;
-        max_c = 4;
+        max_c = tile_tokens(isa);
     } else if (isa >= CPU_ISA_AVX2) {
         fn = wtype == CAIRN_TYPE_F32 ? ftile_256_f32
            : wtype == CAIRN_TYPE_F16 ? ftile_256_f16
            : wtype == CAIRN_TYPE_F8_E4M3 ? ftile_256_f8
            : ftile_256_bf16;
-        max_c = 2;
+        max_c = tile_tokens(isa);
     } else {
         return 0;
     }
@@ -525,12 +561,29 @@ int cpu_x86_matmul_float(cpu_isa isa, float *y, const uint8_t *W, cairn_type wty
         matmul_float_decode(y, W, wtype, row_bytes, x, n_in, r0, r1);
         return 1;
     }
+    /* F8_E4M3 over several token tiles: the 4 rows are decoded to F32 once
+     * (the same floats load_w8/load_w16 give) and the F32 tile runs on
+     * them, the same arithmetic as the F8 tile without decoding per tile */
+    const int f8_rows = wtype == CAIRN_TYPE_F8_E4M3 && T > max_c;
     for (int64_t r = r0; r < r1; r += 4) {
         const int R = r1 - r < 4 ? (int)(r1 - r) : 4;
+        const uint8_t *w = W + (size_t)r * row_bytes;
+        size_t rb = row_bytes;
+        ftile_fn f = fn;
+        if (f8_rows) {
+            if (isa >= CPU_ISA_AVX512) {
+                convert_panel(W, row_bytes, wtype, n_in, r, R, panel);
+                f = ftile_512_f32;
+            } else {
+                convert_rows_256(W, row_bytes, n_in, r, R, panel);
+                f = ftile_256_f32;
+            }
+            w = (const uint8_t *)panel;
+            rb = sizeof(float) * (size_t)n_in;
+        }
         for (int t = 0; t < T; t += max_c) {
             const int C = T - t < max_c ? T - t : max_c;
-            fn(W + (size_t)r * row_bytes, row_bytes, x + (size_t)t * n_in, n_in, R, C,
-               y + (size_t)t * n_out + r, n_out);
+            f(w, rb, x + (size_t)t * n_in, n_in, R, C, y + (size_t)t * n_out + r, n_out);
         }
     }
     return 1;
@@ -546,9 +599,9 @@ int cpu_x86_matmul_float(cpu_isa isa, float *y, const uint8_t *W, cairn_type wty
     (void)n_out, (void)r0, (void)r1, (void)panel;
     return 0;
 }
-size_t cpu_x86_float_panel_floats(cpu_isa isa, int T, int n_in)
+size_t cpu_x86_float_panel_floats(cpu_isa isa, cairn_type wtype, int T, int n_in)
 {
-    (void)isa, (void)T, (void)n_in;
+    (void)isa, (void)wtype, (void)T, (void)n_in;
     return 0;
 }
 int cpu_x86_float_rows_per_item(cpu_isa isa, int T)
