@@ -15,7 +15,9 @@
  *   - one token (decode, AVX-512): 8 rows at a time with the next 8 rows
  *     prefetched — a stream over the weights;
  *   - 2-5 tokens, and AVX2: tiles of up to 4 rows x 4 (2) tokens, each
- *     weight vector converted once per tile;
+ *     weight vector converted once per tile (F8_E4M3, whose decoding
+ *     costs more, over more than one tile: the 4 rows decoded to F32
+ *     once, then F32 tiles);
  *   - 6 and more tokens (prefill, AVX-512): weights converted to F32 once
  *     per 16-row panel and 128-token block, 4 x 6 register tiles.
  */
@@ -38,7 +40,7 @@
  *     the subnormals. S and M S come from 32-entry tables indexed by the
  *     top 5 bits (sign and exponent), m as a float from a 16-entry table
  *     indexed by the low 4 (which hold m), and fma(m, S, M S) is exact
- *     (the value has 4 significant bits, every operand is normal).
+ *     (the value has 4 significant bits; every operand is 0 or normal).
  *   AVX2: from the bits (em = the code without its sign): em >= 8 is
  *     (1 + m/8) 2^(e-7), float bits (em << 20) + (120 << 23); em < 8 the
  *     integer m converted and scaled by 2^-9; then the sign bit.

@@ -311,10 +311,11 @@ T512 static void pack_panel(const uint8_t *W, size_t rb, cairn_type t, int nb, i
             __m512i dh = m ? _mm512_mask_i32gather_epi32(zero, m, idx, base, 1) : zero;
             __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_and_si512(dh, low16)));
             _mm512_store_ps((float *)(out + 1024 + 64 * p), dw);
-            if (qz) /* -z, byte 2 of the block; rows that do not exist get 0 */
-                _mm512_store_si512(out + 1152 + 64 * p,
-                                   _mm512_sub_epi32(zero, _mm512_and_si512(_mm512_srli_epi32(dh, 16),
-                                                                           _mm512_set1_epi32(0xff))));
+            if (qz) { /* -z, byte 2 of the block; rows that do not exist get 0 */
+                const __m512i z =
+                    _mm512_and_si512(_mm512_srli_epi32(dh, 16), _mm512_set1_epi32(0xff));
+                _mm512_store_si512(out + 1152 + 64 * p, _mm512_sub_epi32(zero, z));
+            }
         }
     }
 }

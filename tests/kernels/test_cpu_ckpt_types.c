@@ -280,7 +280,9 @@ static uint8_t *f8_weights(kt_rng *rng, int n_out, int n_in)
             continue;
         for (int b = 0; b < n_in / 32; b++) {
             uint8_t *blk = W + (size_t)r * rb + (size_t)b * 36;
-            const float d = r % 4 == 1 ? 0x1p-80f : r % 4 == 2 ? 0x1p90f : kt_uniform(rng, 1e-3f, 2.0f);
+            const float d = r % 4 == 1   ? 0x1p-80f
+                          : r % 4 == 2 ? 0x1p90f
+                                       : kt_uniform(rng, 1e-3f, 2.0f);
             memcpy(blk, &d, 4);
             for (int j = 0; j < 32; j++) {
                 int c;
