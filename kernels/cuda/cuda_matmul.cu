@@ -55,8 +55,9 @@
  *       widened after; n_in a multiple of 16 and 16-byte aligned
  *       operands (T padded to 16 if the heuristic asks); a fixed 32 MiB
  *       workspace, so a graph can capture the call; an algorithm from
- *       cublasLtMatmulAlgoGetHeuristic, and (a) when it finds none). Scales: cuBLASLt's FP8 scales are a scalar
- *       per matrix (A_SCALE_POINTER) or, in cuBLAS 12.9 and later, an f32
+ *       cublasLtMatmulAlgoGetHeuristic, and (a) when it finds none).
+ *       Scales: cuBLASLt's FP8 scales are a scalar per matrix
+ *       (A_SCALE_POINTER) or, in cuBLAS 12.9 and later, an f32
  *       per row or column (A/B_SCALE_MODE = OUTER_VEC_32F) or per 1x128 /
  *       128x128 block (VEC128_32F, BLK128x128_32F; the modes sm_90 takes
  *       are for the heuristic to confirm on the GPU). A scale per 32
