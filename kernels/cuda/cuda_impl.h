@@ -234,23 +234,24 @@ template <int NW> __device__ __forceinline__ void cu_words_at(const uint8_t *p, 
 
 /* FP8 e4m3fn code (the low 8 bits of v) to float: cairn_e4m3_to_fp32's
  * value, assembled from bits so that nothing depends on how denormals are
- * treated (-ftz, or a future flag change). Every e4m3 value is a normal
- * float (the smallest, 2^-9, is far above float's 2^-126):
- *   e != 0:   (1 + m/8) 2^(e-7)   -> exponent field e + 120, mantissa m << 20
- *   e == 0:   m 2^-9              -> (float)m, exact, with 9 taken off its
- *                                    exponent field in integer arithmetic
- *                                    (m = 0: +-0)
- *   0x7f/0xff: NaN, sign kept (the CPU's NAN and -NAN)
- * and the sign bit moved to bit 31. */
+ * treated (-ftz, or a future flag change): every e4m3 value is a normal
+ * float (the smallest, 2^-9, is far above float's 2^-126).
+ *   e != 0:    (1 + m/8) 2^(e-7): exponent field e + 120, mantissa m << 20
+ *   e == 0:    m 2^-9 = (1 + m/8) 2^-6 - 2^-6, the code read as if e were
+ *              1 minus 2^-6: an exact subtraction of normal floats, +0 for
+ *              m = 0 (and no int-to-float conversion, a slow instruction)
+ *   0x7f/0xff: NaN (the CPU's NAN and -NAN)
+ * and the sign bit goes to bit 31. */
 __device__ __forceinline__ float cu_e4m3_to_float(unsigned v)
 {
     const unsigned a = v & 0x7fu; /* e:m, the magnitude's 7 bits */
-    unsigned bits = (a << 20) + (120u << 23);
+    const unsigned bits = (a << 20) + (120u << 23);
+    float x = __uint_as_float(bits);
     if (a < 8u)
-        bits = a != 0 ? __float_as_uint((float)a) - (9u << 23) : 0u;
+        x = __fsub_rn(__uint_as_float(bits + (1u << 23)), 0x1p-6f);
     if (a == 0x7fu)
-        bits = 0x7fc00000u;
-    return __uint_as_float(bits | ((v & 0x80u) << 24));
+        x = __uint_as_float(0x7fc00000u);
+    return __uint_as_float(__float_as_uint(x) | ((v & 0x80u) << 24));
 }
 
 /* 6-bit scale and min of sub-block j of a Q4_K/Q5_K super-block. */
