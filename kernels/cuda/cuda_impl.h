@@ -216,8 +216,9 @@ __device__ __forceinline__ float cu_half_at(const uint8_t *p)
 /* Bytes [0, 4 NW) of p as little-endian words. Q4_Z and F8_E4M3 blocks are
  * 20 and 36 bytes, so in a 4-byte aligned row (every weight the backend
  * allocates) each block is 4-byte aligned too: then one 32-bit load per
- * word instead of four byte loads. The test is per call but the same for
- * every block of a row, so the warp does not diverge on it. */
+ * word instead of four byte loads. Rows are whole words long, so the test
+ * comes out the same for every block of a matrix and no warp diverges on
+ * it. */
 template <int NW> __device__ __forceinline__ void cu_words_at(const uint8_t *p, unsigned *w)
 {
     if (((uintptr_t)p & 3u) == 0) {
