@@ -275,6 +275,8 @@ int cuda_type_supported(cairn_type type)
     case CAIRN_TYPE_Q4_K:
     case CAIRN_TYPE_Q5_K:
     case CAIRN_TYPE_Q6_K:
+    case CAIRN_TYPE_Q4_Z:
+    case CAIRN_TYPE_F8_E4M3:
         return 1;
     default:
         return 0;

@@ -198,8 +198,8 @@ int cuda_sample_rows(cairn_backend *be, const float *logits, int n_rows, int n_v
 /* ---- shared helpers ------------------------------------------------------ */
 
 /* The weight/table types the kernels read: F32, F16, BF16, Q8_0, Q4_0, Q5_0,
- * Q4_K, Q5_K, Q6_K (the CPU backend's set); also the backend's
- * supports_type slot. */
+ * Q4_K, Q5_K, Q6_K, and cairn's checkpoint layouts Q4_Z and F8_E4M3 (the
+ * CPU backend's set); also the backend's supports_type slot. */
 int cuda_type_supported(cairn_type type);
 /* Bytes of a row of n elements, 0 when n is not whole blocks. */
 size_t cuda_row_bytes(cairn_type type, int64_t n);
@@ -211,6 +211,48 @@ __device__ __forceinline__ float cu_half_at(const uint8_t *p)
     /* byte reads: quantized blocks are only 2-byte aligned (34, 18, 22, 210) */
     const unsigned short h = (unsigned short)(p[0] | (p[1] << 8));
     return __half2float(__ushort_as_half(h));
+}
+
+/* Bytes [0, 4 NW) of p as little-endian words. Q4_Z and F8_E4M3 blocks are
+ * 20 and 36 bytes, so in a 4-byte aligned row (every weight the backend
+ * allocates) each block is 4-byte aligned too: then one 32-bit load per
+ * word instead of four byte loads. Rows are whole words long, so the test
+ * comes out the same for every block of a matrix and no warp diverges on
+ * it. */
+template <int NW> __device__ __forceinline__ void cu_words_at(const uint8_t *p, unsigned *w)
+{
+    if (((uintptr_t)p & 3u) == 0) {
+#pragma unroll
+        for (int k = 0; k < NW; k++)
+            w[k] = ((const unsigned *)p)[k];
+    } else {
+#pragma unroll
+        for (int k = 0; k < NW; k++)
+            w[k] = (unsigned)p[4 * k] | ((unsigned)p[4 * k + 1] << 8) |
+                   ((unsigned)p[4 * k + 2] << 16) | ((unsigned)p[4 * k + 3] << 24);
+    }
+}
+
+/* FP8 e4m3fn code (the low 8 bits of v) to float: cairn_e4m3_to_fp32's
+ * value, assembled from bits so that nothing depends on how denormals are
+ * treated (-ftz, or a future flag change): every e4m3 value is a normal
+ * float (the smallest, 2^-9, is far above float's 2^-126).
+ *   e != 0:    (1 + m/8) 2^(e-7): exponent field e + 120, mantissa m << 20
+ *   e == 0:    m 2^-9 = (1 + m/8) 2^-6 - 2^-6, the code read as if e were
+ *              1 minus 2^-6: an exact subtraction of normal floats, +0 for
+ *              m = 0 (and no int-to-float conversion, a slow instruction)
+ *   0x7f/0xff: NaN (the CPU's NAN and -NAN)
+ * and the sign bit goes to bit 31. */
+__device__ __forceinline__ float cu_e4m3_to_float(unsigned v)
+{
+    const unsigned a = v & 0x7fu; /* e:m, the magnitude's 7 bits */
+    const unsigned bits = (a << 20) + (120u << 23);
+    float x = __uint_as_float(bits);
+    if (a < 8u)
+        x = __fsub_rn(__uint_as_float(bits + (1u << 23)), 0x1p-6f);
+    if (a == 0x7fu)
+        x = __uint_as_float(0x7fc00000u);
+    return __uint_as_float(__float_as_uint(x) | ((v & 0x80u) << 24));
 }
 
 /* 6-bit scale and min of sub-block j of a Q4_K/Q5_K super-block. */
@@ -268,6 +310,32 @@ __device__ __forceinline__ void cu_dequant_block32(const uint8_t *row, int type,
             v[j] = __fmul_rn(d, (float)((blk[2 + j] & 0x0f) - 8));
             v[j + 16] = __fmul_rn(d, (float)((blk[2 + j] >> 4) - 8));
         }
+        return;
+    }
+    case CAIRN_TYPE_Q4_Z: {
+        /* { f16 d; u8 z; u8 pad; u8 qs[16] }: word 0 holds d and z, words
+         * 1..4 the nibbles, Q4_0's order (element j low nibble of byte j,
+         * j + 16 its high nibble). (q - z) is an exact small integer. */
+        unsigned w[5];
+        cu_words_at<5>(row + 20 * (size_t)b, w);
+        const float d = __half2float(__ushort_as_half((unsigned short)(w[0] & 0xffffu)));
+        const int z = (int)((w[0] >> 16) & 0xffu);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const int q = (int)((w[1 + j / 4] >> (8 * (j % 4))) & 0xffu);
+            v[j] = __fmul_rn(d, (float)((q & 0x0f) - z));
+            v[j + 16] = __fmul_rn(d, (float)((q >> 4) - z));
+        }
+        return;
+    }
+    case CAIRN_TYPE_F8_E4M3: {
+        /* { f32 d; u8 q[32] }: word 0 is d's bits, words 1..8 the codes */
+        unsigned w[9];
+        cu_words_at<9>(row + 36 * (size_t)b, w);
+        const float d = __uint_as_float(w[0]);
+#pragma unroll
+        for (int j = 0; j < 32; j++)
+            v[j] = __fmul_rn(d, cu_e4m3_to_float(w[1 + j / 4] >> (8 * (j % 4))));
         return;
     }
     case CAIRN_TYPE_Q5_0: {

@@ -15,7 +15,9 @@
  *                         cublasGemmEx with F32 accumulation (tensor cores).
  *                         Relative error ~1e-2 against the CPU (the
  *                         activation rounding); the prefill path.
- *   quantized, T <= 64    gemv_block32_kernel, in groups of up to 8 tokens:
+ *   quantized, T <= 64    (Q8_0, Q4_0, Q5_0, the K-quants, and the
+ *                         checkpoint layouts Q4_Z and F8_E4M3)
+ *                         gemv_block32_kernel, in groups of up to 8 tokens:
  *                         one warp per output row, a lane per 32-element
  *                         block dequantized on the fly with the CPU's exact
  *                         expressions (the CPU backend's "exact" semantics,
@@ -34,6 +36,64 @@
  * reads the weights once per 8 tokens, so decode at batch 64 pays 8 weight
  * passes (the price of invariance; cuBLAS would read them once); F32
  * weights go to cuBLAS at every T and agree only to ~1e-6.
+ *
+ * Planned: FP8 prefill on Hopper tensor cores (not written: it needs a GPU
+ * to be checked on). Today F8_E4M3 prefill is the quantized path above,
+ * dequantize to F32 + SGEMM on CUDA cores. Two steps, the first for every
+ * quantized type:
+ *
+ *   (a) dequantize to BF16 + cublasGemmEx. dequant_rows_kernel writes BF16
+ *       (d * e4m3(q) in float as now, then __float2bfloat16_rn), the
+ *       activations go through to_16bit_kernel, and the GEMM is
+ *       matmul_gemm16's: CUDA_R_16BF A and B, CUBLAS_COMPUTE_32F, F32 out.
+ *       No new library; the same 1e-2-relative tolerance as 16-bit prefill
+ *       (the weights are rounded to BF16 too, unless d is a power of two).
+ *   (b) FP8 through cuBLASLt (dlopen'ed like cuBLAS; cublasLtMatmul with
+ *       CUBLAS_COMPUTE_32F, scale type CUDA_R_32F, A = W and B = x both
+ *       CUDA_R_8F_E4M3, TRANSA = T and TRANSB = N, the only FP8 layout
+ *       Hopper takes and the one this file already uses; D in F32, or BF16
+ *       widened after; n_in a multiple of 16 and 16-byte aligned
+ *       operands (T padded to 16 if the heuristic asks); a fixed 32 MiB
+ *       workspace, so a graph can capture the call; an algorithm from
+ *       cublasLtMatmulAlgoGetHeuristic, and (a) when it finds none).
+ *       Scales: cuBLASLt's FP8 scales are a scalar per matrix
+ *       (A_SCALE_POINTER) or, in cuBLAS 12.9 and later, an f32
+ *       per row or column (A/B_SCALE_MODE = OUTER_VEC_32F) or per 1x128 /
+ *       128x128 block (VEC128_32F, BLK128x128_32F; the modes sm_90 takes
+ *       are for the heuristic to confirm on the GPU). A scale per 32
+ *       elements along K (this layout's d; VEC32_UE8M0 is power-of-two
+ *       and Blackwell-only) fits none of them, since it cannot be taken
+ *       out of the tensor core's K sum. But the layout copies the
+ *       checkpoint's scale into every block it covers, so a checkpoint
+ *       scaled per tensor, per channel or per 128x128 block has one d per
+ *       row or per 128x128 tile. So: a one-time repack per weight (a side
+ *       buffer keyed by the weight pointer, or better a layout chosen when
+ *       the weights are loaded) into the plain [n_out][n_in] e4m3 codes
+ *       plus f32 scales, A in OUTER_VEC_32F (one d per row) or
+ *       BLK128x128_32F; a weight whose d really varies every 32 elements
+ *       (cairn's own quantizer, per-block amax) stays on (a). The
+ *       activations are quantized per call to e4m3 with one f32 scale per
+ *       token (B in OUTER_VEC_32F, or VEC128_32F per 1x128 for accuracy).
+ *       That costs precision (e4m3 keeps 3 mantissa bits: up to 2^-4
+ *       relative per activation), so the check against the CPU needs its
+ *       own, wider tolerance, and the path should be opt-in at first.
+ *
+ *   Estimate, 4096 x 4096 F8_E4M3 weight, T = 512, H200 (4.8 TB/s; dense
+ *   peaks ~67 TFLOPS F32, ~989 BF16, ~1979 FP8): 2 * 4096 * 4096 * 512 =
+ *   17.2 GFLOP; weights 18.9 MB (36 bytes per 32), x 8.4 MB, y 8.4 MB (F32).
+ *     now   dequantize writes 67 MB of F32, SGEMM reads it: ~170 MB
+ *           (35 us) but 17.2 GFLOP on CUDA cores, ~0.3 ms: compute-bound.
+ *     (a)   33.5 MB of BF16 written and read, x as BF16 4.2 MB: ~110 MB
+ *           (23 us) and ~20 us of tensor-core time at ~800 TFLOPS; 155
+ *           FLOP per byte against a ridge of ~206, so about balanced:
+ *           ~50 us with the two conversion kernels, ~6x today.
+ *     (b)   with the repack done at load: codes 16.8 MB, x quantized
+ *           (8.4 MB read, 2.1 MB written), y 8.4 MB: ~38 MB (8 us) and
+ *           ~10 us at ~1.5 PFLOPS; ~20 us with the activation kernel.
+ *           Repacked per call instead it adds ~36 MB and one more kernel,
+ *           and is memory-bound (the FP8 ridge is ~410 FLOP per byte).
+ *   So (a) first (it helps Q4_Z and every quantized type too), (b) when a
+ *   GPU run can measure it and check its accuracy.
  *
  * Row-major to cuBLAS: y (row-major [T][n_out]) is the column-major
  * n_out x T matrix C = Wᵀ·X where W's bytes, read column-major, are the

@@ -4,7 +4,8 @@
  *
  * Tolerances (each check says which):
  *   - get_rows and kv_store: bit-exact (the kernels use the CPU's float
- *     expressions; F16 conversion is round-to-nearest-even on both);
+ *     expressions; F16 conversion is round-to-nearest-even on both), but
+ *     for the payload of a NaN (F8_E4M3's NaN codes: any NaN will do);
  *   - kv_store with a rotation (H_R in float, its rounding the kernel's
  *     own): F32 pages within 1e-6 of a host H_R; quantized pages at most
  *     1 byte in 1000 different from the CPU's (a code on a rounding
@@ -122,7 +123,8 @@ static void pair_same(const pair_buf *p, size_t n, const char *what)
 
 static const cairn_type all_types[] = {
     CAIRN_TYPE_F32,  CAIRN_TYPE_F16,  CAIRN_TYPE_BF16, CAIRN_TYPE_Q8_0, CAIRN_TYPE_Q4_0,
-    CAIRN_TYPE_Q5_0, CAIRN_TYPE_Q4_K, CAIRN_TYPE_Q5_K, CAIRN_TYPE_Q6_K,
+    CAIRN_TYPE_Q5_0, CAIRN_TYPE_Q4_K, CAIRN_TYPE_Q5_K, CAIRN_TYPE_Q6_K, CAIRN_TYPE_Q4_Z,
+    CAIRN_TYPE_F8_E4M3,
 };
 #define N_TYPES (sizeof all_types / sizeof all_types[0])
 
@@ -243,6 +245,186 @@ static void test_get_rows(void **state)
     pair_free(&o2);
 }
 
+/* ---- the checkpoint layouts' every code ----------------------------------------- */
+
+/* n floats: the same bits, except that where want is a NaN got only has to
+ * be one (the GPU's multiply returns its canonical NaN, not the operand's
+ * payload and sign as x86 does). */
+static void same_bits_or_nan(const float *got, const float *want, size_t n, const char *what)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(want[i]) ? !isnan(got[i]) : memcmp(got + i, want + i, 4) != 0)
+            fail_msg("seed %llu: %s [%zu]: got %a, want %a", (unsigned long long)kt_seed, what, i,
+                     (double)got[i], (double)want[i]);
+    }
+}
+
+/* get_rows of a table of `rows` rows of D elements of `type` (host bytes
+ * `table`): the backend under test against the CPU backend and against
+ * cairn_dequantize_row, and once more with the table 2 bytes past a 4-byte
+ * boundary (the kernels' byte-load path for blocks they otherwise read a
+ * word at a time), which must give the very same bits. */
+static void check_get_rows_table(cairn_type type, const uint8_t *table, int rows, int D,
+                                 const char *what)
+{
+    const size_t rb = cairn_type_row_bytes(type, D), bytes = rb * rows;
+    int32_t ids[16];
+    assert_true(rows <= 16);
+    for (int t = 0; t < rows; t++)
+        ids[t] = rows - 1 - t;
+    float *ref = kt_xmalloc((size_t)rows * D * sizeof(float));
+    for (int t = 0; t < rows; t++)
+        assert_int_equal(cairn_dequantize_row(type, table + (size_t)ids[t] * rb,
+                                              ref + (size_t)t * D, D),
+                         CAIRN_OK);
+    uint8_t *shifted = kt_xmalloc(bytes + 2);
+    shifted[0] = shifted[1] = 0x5a;
+    memcpy(shifted + 2, table, bytes);
+    pair_buf tab = pair_new(table, bytes);
+    pair_buf tab2 = pair_new(shifted, bytes + 2);
+    pair_buf out = pair_out((size_t)rows * D * sizeof(float));
+    pair_buf out2 = pair_out((size_t)rows * D * sizeof(float));
+    assert_int_equal(cpu->iface->get_rows(cpu, out.c, tab.c, type, D, ids, rows), CAIRN_OK);
+    assert_int_equal(gpu->iface->get_rows(gpu, out.g, tab.g, type, D, ids, rows), CAIRN_OK);
+    assert_int_equal(gpu->iface->get_rows(gpu, out2.g, (uint8_t *)tab2.g + 2, type, D, ids, rows),
+                     CAIRN_OK);
+    float *c, *g;
+    pair_fetch(&out, &c, &g);
+    float *g2 = kt_host(gpu, out2.g, out2.bytes);
+    char msg[96];
+    snprintf(msg, sizeof msg, "%s: against the CPU backend", what);
+    same_bits_or_nan(g, c, (size_t)rows * D, msg);
+    snprintf(msg, sizeof msg, "%s: against cairn_dequantize_row", what);
+    same_bits_or_nan(g, ref, (size_t)rows * D, msg);
+    snprintf(msg, sizeof msg, "%s: table at a 2-byte offset", what);
+    KT_SAME_BYTES(g2, g, out.bytes, msg);
+    free(c);
+    free(g);
+    free(g2);
+    free(ref);
+    free(shifted);
+    pair_free(&tab);
+    pair_free(&tab2);
+    pair_free(&out);
+    pair_free(&out2);
+}
+
+/* Blocks made by hand rather than quantized from floats, so that every
+ * code occurs, with scales at the edges of their types:
+ *   F8_E4M3: each row holds the 256 codes in order (8 blocks), the NaN
+ *     codes 0x7f/0xff and the subnormals 0x01..0x07 included, one scale per
+ *     row: 1 (the output is the e4m3 table itself, checked against
+ *     cairn_e4m3_to_fp32 too), -0.3712, 2^-120 and 2^-130 (products that
+ *     are float subnormals: nothing may flush them), 3e38 (products that
+ *     overflow to inf);
+ *   Q4_Z: row r has zero r (0..15) and 16 blocks whose 16 bytes are
+ *     16b .. 16b + 15, so every byte value, both nibbles, meets every zero;
+ *     the f16 scales include subnormals, the largest finite and negatives. */
+static void test_get_rows_ckpt_codes(void **state)
+{
+    (void)state;
+    {
+        enum { ROWS = 5, D = 256 };
+        static const float scales[ROWS] = {1.0f, -0.3712f, 0x1p-120f, 0x1p-130f, 3e38f};
+        uint8_t table[ROWS * (D / 32) * 36];
+        uint8_t *p = table;
+        for (int row = 0; row < ROWS; row++)
+            for (int b = 0; b < D / 32; b++, p += 36) {
+                memcpy(p, &scales[row], 4);
+                for (int j = 0; j < 32; j++)
+                    p[4 + j] = (uint8_t)(32 * b + j);
+            }
+        check_get_rows_table(CAIRN_TYPE_F8_E4M3, table, ROWS, D, "get_rows F8_E4M3 codes");
+        /* with d = 1 (row 0) the row is the e4m3 table */
+        pair_buf tab = pair_new(table, sizeof table);
+        pair_buf out = pair_out(D * sizeof(float));
+        const int32_t id0[1] = {0};
+        assert_int_equal(gpu->iface->get_rows(gpu, out.g, tab.g, CAIRN_TYPE_F8_E4M3, D, id0, 1),
+                         CAIRN_OK);
+        float *g = kt_host(gpu, out.g, out.bytes), want[D];
+        for (int c = 0; c < D; c++)
+            want[c] = cairn_e4m3_to_fp32((uint8_t)c);
+        same_bits_or_nan(g, want, D, "get_rows F8_E4M3, d = 1: the e4m3 table");
+        for (int c = 0; c < D; c++) /* a NaN code is the only non-finite value */
+            if (!isfinite(g[c]) != ((c & 0x7f) == 0x7f))
+                fail_msg("e4m3 code 0x%02x decoded to %a", c, (double)g[c]);
+        free(g);
+        pair_free(&tab);
+        pair_free(&out);
+    }
+    {
+        enum { ROWS = 16, D = 512 };
+        static const uint16_t dh[D / 32] = {
+            0x3c00, 0xbc00, 0x0001, 0x03ff, 0x8001, 0x7bff, 0xfbff, 0x0400,
+            0x3555, 0xb666, 0x1234, 0x2e66, 0x4900, 0xc100, 0x0000, 0x5bcd,
+        };
+        uint8_t table[ROWS * (D / 32) * 20];
+        uint8_t *p = table;
+        for (int row = 0; row < ROWS; row++)
+            for (int b = 0; b < D / 32; b++, p += 20) {
+                p[0] = (uint8_t)(dh[b] & 0xff);
+                p[1] = (uint8_t)(dh[b] >> 8);
+                p[2] = (uint8_t)row; /* the zero */
+                p[3] = (uint8_t)(0xa5 ^ b); /* padding: must be ignored */
+                for (int j = 0; j < 16; j++)
+                    p[4 + j] = (uint8_t)(16 * b + j);
+            }
+        check_get_rows_table(CAIRN_TYPE_Q4_Z, table, ROWS, D, "get_rows Q4_Z codes");
+    }
+}
+
+/* Quantized weights 2 bytes past a 4-byte boundary: the GEMV (T = 3) and
+ * the dequantize + SGEMM path (T = 70) read them a byte at a time, and
+ * must give the same bits as from the aligned copy. */
+static void test_matmul_ckpt_unaligned(void **state)
+{
+    (void)state;
+    kt_rng r = kt_rng_for("matmul_ckpt_unaligned");
+    static const cairn_type types[] = {CAIRN_TYPE_Q4_Z, CAIRN_TYPE_F8_E4M3};
+    static const int Ts[] = {3, 70};
+    const int n_in = 256, n_out = 37;
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const cairn_type type = types[ti];
+        const size_t bytes = cairn_type_row_bytes(type, n_in) * n_out;
+        uint8_t *w = kt_random_weights(&r, type, n_out, n_in, -1.0f, 1.0f, NULL);
+        uint8_t *shifted = kt_xmalloc(bytes + 2);
+        shifted[0] = shifted[1] = 0;
+        memcpy(shifted + 2, w, bytes);
+        void *Wa = kt_dev(gpu, w, bytes), *Wu = kt_dev(gpu, shifted, bytes + 2);
+        for (size_t k = 0; k < sizeof Ts / sizeof Ts[0]; k++) {
+            const int T = Ts[k];
+            float *x = kt_xmalloc((size_t)T * n_in * sizeof(float));
+            kt_fill(&r, x, (size_t)T * n_in, -2.0f, 2.0f);
+            void *X = kt_dev(gpu, x, (size_t)T * n_in * sizeof(float));
+            pair_buf Y = pair_out((size_t)T * n_out * sizeof(float));
+            pair_buf Y2 = pair_out(Y.bytes);
+            assert_int_equal(gpu->iface->matmul(gpu, Y.g, Wa, type, X, T, n_in, n_out), CAIRN_OK);
+            assert_int_equal(
+                gpu->iface->matmul(gpu, Y2.g, (uint8_t *)Wu + 2, type, X, T, n_in, n_out),
+                CAIRN_OK);
+            float *ya = kt_host(gpu, Y.g, Y.bytes), *yu = kt_host(gpu, Y2.g, Y2.bytes);
+            for (size_t i = 0; i < (size_t)T * n_out; i++)
+                if (isnan(ya[i]))
+                    fail_msg("matmul %s T=%d: y[%zu] not written", cairn_type_get(type)->name, T,
+                             i);
+            char what[96];
+            snprintf(what, sizeof what, "matmul %s T=%d: weights at a 2-byte offset",
+                     cairn_type_get(type)->name, T);
+            KT_SAME_BYTES(yu, ya, Y.bytes, what);
+            free(ya);
+            free(yu);
+            free(x);
+            gpu->iface->free(gpu, X);
+            pair_free(&Y);
+            pair_free(&Y2);
+        }
+        gpu->iface->free(gpu, Wa);
+        gpu->iface->free(gpu, Wu);
+        free(w);
+        free(shifted);
+    }
+}
+
 /* ---- matmul ------------------------------------------------------------------ */
 
 static void check_matmul(kt_rng *r, cairn_type type, int T, int n_in, int n_out)
@@ -332,6 +514,13 @@ static void test_matmul(void **state)
     }
     check_matmul(&r, CAIRN_TYPE_Q6_K, 17, 4096, 33);
     check_matmul(&r, CAIRN_TYPE_BF16, 33, 4096, 67);
+    /* the checkpoint layouts (AWQ/GPTQ int4 as Q4_Z, FP8 as F8_E4M3) in
+     * rows of 4096: T 1 and 5 are the GEMV, 100 dequantize + SGEMM */
+    static const int Tc[] = {1, 5, 100};
+    for (size_t k = 0; k < sizeof Tc / sizeof Tc[0]; k++) {
+        check_matmul(&r, CAIRN_TYPE_Q4_Z, Tc[k], 4096, 67);
+        check_matmul(&r, CAIRN_TYPE_F8_E4M3, Tc[k], 4096, 37);
+    }
 
     /* edge rules */
     float x[64];
@@ -1143,7 +1332,8 @@ int main(void)
     kt_init_seed("gpu_ops");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_memory),     cmocka_unit_test(test_supports_type),
-        cmocka_unit_test(test_get_rows),
+        cmocka_unit_test(test_get_rows),   cmocka_unit_test(test_get_rows_ckpt_codes),
+        cmocka_unit_test(test_matmul_ckpt_unaligned),
         cmocka_unit_test(test_matmul),     cmocka_unit_test(test_matmul_two_chunks),
         cmocka_unit_test(test_matmul_f16_nonfinite),
         cmocka_unit_test(test_staging),    cmocka_unit_test(test_rmsnorm),
