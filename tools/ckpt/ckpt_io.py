@@ -77,7 +77,9 @@ def f32_to_e4m3(x):
     # r is now exactly representable: find its code in the sorted positive table.
     code = np.searchsorted(E4M3_POS[:127].astype(np.float64), r).astype(np.uint8)
     assert np.array_equal(E4M3_POS[code].astype(np.float64), r)
-    sign = (np.signbit(x) & (code != 0)).astype(np.uint8) << 7
+    # The sign is kept on zeros too (-0.0 and negatives that round to zero give 0x80), as a
+    # hardware/torch float8 conversion does.
+    sign = np.signbit(x).astype(np.uint8) << 7
     return (code | sign).astype(np.uint8)
 
 

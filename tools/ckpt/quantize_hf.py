@@ -40,7 +40,8 @@ gptq.py, exllama/exllamav2, AutoGPTQ qlinear_cuda_old):
       w[o, i] = (q[i, o] - z[g_idx[i], o]) * s[g_idx[i], o]
   G = in/g, or 1 for group_size -1 (one group over the whole input).
   sym: s = max(|min|, |max|) * 2 / 15, z = 8; asym: s = (max - min) / 15, z = round(-min / s)
-  (GPTQ's Quantizer.find_params, with min <= 0 <= max forced as it does).
+  (GPTQ's Quantizer.find_params, with min <= 0 <= max forced as it does; one deviation: for an
+  all-non-negative group under sym, find_params keeps min = 0 and so clips at 7 * s, we centre).
   desc_act (act-order): GPTQ quantizes input columns in descending Hessian-diagonal order and
   forms groups in that order; the checkpoint keeps qweight in the original order and records
   g_idx[i] = rank(i) // g. Without activations we order by descending column norm ||W[:, i]||
@@ -170,8 +171,10 @@ def quant_gptq(w, g, sym, desc_act):
     mx = np.maximum(wp.max(axis=1), 0.0)
     mn = np.minimum(wp.min(axis=1), 0.0)
     if sym:
+        # GPTQ's find_params leaves min at 0 for an all-non-negative group, which then clips
+        # everything above 7 * s; we always centre the range (same result when min < 0).
         mx = np.maximum(np.abs(mn), mx)
-        mn = np.where(mn < 0, -mx, mn)
+        mn = -mx
     both0 = (mn == 0) & (mx == 0)
     mn, mx = np.where(both0, -1.0, mn), np.where(both0, 1.0, mx)
     s = f16((mx - mn) / 15.0)
