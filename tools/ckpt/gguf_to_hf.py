@@ -73,6 +73,14 @@ def field(r, key, default=None):
     return f.contents()
 
 
+def token_id(r, key):
+    """a tokenizer.ggml.*_token_id, or None when absent or out of range (GGUF writers store
+    0xFFFFFFFF for 'none', e.g. the padding id of llama2.c conversions)"""
+    v = field(r, key)
+    n = len(r.fields["tokenizer.ggml.tokens"].data) if "tokenizer.ggml.tokens" in r.fields else 0
+    return int(v) if v is not None and 0 <= int(v) < n else None
+
+
 def f32_repr(x):
     """GGUF stores eps/theta as float32; HF configs carry the short decimal (1e-06, not
     9.99999997e-07). The shortest decimal that rounds to the same float32 is that value."""
@@ -150,8 +158,8 @@ def make_config(r, arch, vocab_rows, tied):
         "use_cache": True,
         "transformers_version": "4.43.1",
     }
-    bos = field(r, "tokenizer.ggml.bos_token_id")
-    eos = field(r, "tokenizer.ggml.eos_token_id")
+    bos = token_id(r, "tokenizer.ggml.bos_token_id")
+    eos = token_id(r, "tokenizer.ggml.eos_token_id")
     if bos is not None:
         cfg["bos_token_id"] = int(bos)
     if eos is not None:
@@ -228,7 +236,7 @@ def make_tokenizer_json(r):
 
 def make_tokenizer_config(r, arch):
     toks, types = tokens_and_types(r)
-    name = lambda k: (toks[int(field(r, k))] if field(r, k) is not None else None)  # noqa: E731
+    name = lambda k: (toks[token_id(r, k)] if token_id(r, k) is not None else None)  # noqa: E731
     dec = {}
     for i, ty in enumerate(types):
         if ty in (3, 4):
@@ -241,8 +249,8 @@ def make_tokenizer_config(r, arch):
         "add_prefix_space": False,
         "added_tokens_decoder": dec,
         "additional_special_tokens": [toks[i] for i, ty in enumerate(types) if ty == 3
-                                      and i != field(r, "tokenizer.ggml.eos_token_id")
-                                      and i != field(r, "tokenizer.ggml.padding_token_id")],
+                                      and i != token_id(r, "tokenizer.ggml.eos_token_id")
+                                      and i != token_id(r, "tokenizer.ggml.padding_token_id")],
         "bos_token": name("tokenizer.ggml.bos_token_id"),
         "eos_token": name("tokenizer.ggml.eos_token_id"),
         "pad_token": name("tokenizer.ggml.padding_token_id"),
@@ -260,9 +268,9 @@ def make_tokenizer_config(r, arch):
 
 
 def make_generation_config(r):
-    bos = field(r, "tokenizer.ggml.bos_token_id")
-    eos = field(r, "tokenizer.ggml.eos_token_id")
-    pad = field(r, "tokenizer.ggml.padding_token_id")
+    bos = token_id(r, "tokenizer.ggml.bos_token_id")
+    eos = token_id(r, "tokenizer.ggml.eos_token_id")
+    pad = token_id(r, "tokenizer.ggml.padding_token_id")
     gc = {"bos_token_id": bos, "pad_token_id": pad if pad is not None else eos}
     if field(r, "tokenizer.ggml.pre") == "qwen2" and pad is not None and pad != eos:
         # Qwen2.5-(Coder-)Instruct: stop on <|im_end|> or <|endoftext|>, sampling defaults as shipped.
