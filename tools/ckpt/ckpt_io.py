@@ -154,16 +154,20 @@ def write_folder(folder, tensors, shards=1):
     if shards <= 1:
         write_safetensors(os.path.join(folder, "model.safetensors"), tensors)
         return
+    if len(tensors) < shards:
+        raise ValueError(f"{len(tensors)} tensors cannot fill {shards} shards")
     total = sum(t[3].nbytes for t in tensors)
     groups = [[] for _ in range(shards)]
-    acc = 0
-    for t in tensors:
-        # Shard i takes the tensors whose start falls in its 1/shards of the bytes.
-        i = min(shards - 1, acc * shards // max(total, 1))
+    acc, i = 0, 0
+    for k, t in enumerate(tensors):
+        # Move on when this tensor starts past shard i's 1/shards of the bytes, or when every
+        # remaining tensor is needed to give each later shard one (so there are exactly `shards`).
+        target = acc * shards // max(total, 1)
+        if groups[i] and i < shards - 1 and (target > i or len(tensors) - k <= shards - 1 - i):
+            i += 1
         groups[i].append(t)
         acc += t[3].nbytes
-    groups = [g for g in groups if g]
-    n = len(groups)
+    n = shards
     wm = {}
     for i, g in enumerate(groups):
         fn = f"model-{i + 1:05d}-of-{n:05d}.safetensors"

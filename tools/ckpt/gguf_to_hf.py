@@ -307,7 +307,7 @@ def write_f16_gguf(r, arch, weights, path):
         if v.ndim >= 2:
             h = v.astype(np.float16)
             a = np.abs(v)
-            sub += int(np.count_nonzero((a < 2.0 ** -14) & (a > 0)))
+            sub += int(np.count_nonzero(h.astype(np.float32) != v))
             big += int(np.count_nonzero(a > 65504))
             w.add_tensor(gname, h)
         else:
@@ -316,8 +316,8 @@ def write_f16_gguf(r, arch, weights, path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    print(f"{path}: F16 copy; {sub} nonzero values below 2^-14 (F16 subnormal, may round), "
-          f"{big} above 65504")
+    print(f"{path}: F16 copy; {sub} values not exact in F16 (BF16 values below 2^-17 lose bits "
+          f"as F16 subnormals), {big} of them above 65504")
 
 
 def main():

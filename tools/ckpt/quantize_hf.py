@@ -25,10 +25,12 @@ AWQ GEMM (AutoAWQ "gemm" version; readers: AutoAWQ, vLLM awq.py / awq_triton.py)
   Zero point per AutoAWQ's pseudo_quantize_tensor: s = (max - min) / 15, z = clamp(-round(min / s), 0, 15).
   Source: AutoAWQ's pack (order_map [0, 2, 4, 6, 1, 3, 5, 7], qweight_col << (i * bits)) and the
   unpack_awq / reverse_awq_order helpers found with the search tool (LLMQuant packing_utils.py,
-  lmdeploy awq kernels), which shift by 0, 4, ..., 28 and then index with AWQ_REVERSE_ORDER.
+  lmdeploy's AWQ kernels), which shift by 0, 4, ..., 28 and then index with AWQ_REVERSE_ORDER.
 
 GPTQ (checkpoint_format "gptq", i.e. GPTQ v1 as AutoGPTQ / GPTQModel write it; readers: vLLM
-gptq.py, exllama/exllamav2, AutoGPTQ qlinear_cuda_old):
+gptq.py, exllama/exllamav2, AutoGPTQ qlinear_cuda_old. Source: AutoGPTQ's QuantLinear.pack,
+row-by-row `qweight[row] |= intweight[j] << (bits * (j - i))` and `zeros -= 1` before packing
+qzeros, found with the search tool):
   qweight int32 [in/8, out]: packed along in, sequential nibbles, low bits first:
       word [r, o] = sum_k q[8r + k, o] << 4k (q in the ORIGINAL input order, even with desc_act).
   qzeros  int32 [G, out/8]: packed along out, sequential nibbles, storing zero - 1: the v1
