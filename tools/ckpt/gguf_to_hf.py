@@ -15,7 +15,8 @@ HF's order (NEOX RoPE), so nothing is permuted there.
 Written files: model.safetensors (or N shards model-0000i-of-0000N.safetensors with
 model.safetensors.index.json), config.json, generation_config.json, tokenizer.json,
 tokenizer_config.json. tokenizer.json is built from the GGUF vocabulary for byte-level BPE
-("gpt2") vocabularies only; other vocabularies get no tokenizer.json (a warning says so).
+("gpt2") and SentencePiece ("llama") vocabularies; others get none (a warning says so).
+--tokenizer-only writes just tokenizer.json (for vocabulary-only GGUFs).
 
 --f16-gguf writes a GGUF with exactly the same weights for comparison runs: 2-D tensors as F16
 converted from the BF16 values (exact except magnitudes below 2^-14, where F16 is subnormal, or
@@ -193,11 +194,55 @@ def tokens_and_types(r):
     return toks, types
 
 
+def make_spm_tokenizer_json(r):
+    """SentencePiece ("llama") vocabulary -> the BPE-with-byte-fallback tokenizer.json that HF's
+    Llama converter writes (legacy form: normalizer prepends U+2581 and replaces spaces by it).
+    Merges follow the converter's rule: every split of a piece into two vocabulary pieces is a
+    merge, ordered by the merged piece's score (descending, stable), splits of one piece by the
+    ids of their halves."""
+    toks, types = tokens_and_types(r)
+    sf = r.fields.get("tokenizer.ggml.scores")
+    scores = list(sf.contents()) if sf is not None else [-float(i) for i in range(len(toks))]
+    vocab = {s: i for i, s in enumerate(toks) if types[i] != 5}
+    merges = []
+    for piece, pid in vocab.items():
+        local = [(piece[:k], piece[k:]) for k in range(1, len(piece))
+                 if piece[:k] in vocab and piece[k:] in vocab]
+        local.sort(key=lambda lr: (vocab[lr[0]], vocab[lr[1]]))
+        merges += [(scores[pid], lr) for lr in local]
+    merges.sort(key=lambda m: -m[0])            # stable: ties keep vocabulary order
+    unk = token_id(r, "tokenizer.ggml.unknown_token_id")
+    added = [{"id": i, "content": s, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True}
+             for i, s in enumerate(toks) if types[i] in (2, 3)]
+    added += [{"id": i, "content": s, "single_word": False, "lstrip": False, "rstrip": False,
+               "normalized": False, "special": False} for i, s in enumerate(toks) if types[i] == 4]
+    added.sort(key=lambda a: a["id"])
+    return {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+        "normalizer": {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": "\u2581"},
+            {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
+        "pre_tokenizer": None,
+        "post_processor": None,
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+            {"type": "ByteFallback"}, {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        "model": {"type": "BPE", "dropout": None, "unk_token": toks[unk] if unk is not None else None,
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None, "fuse_unk": True,
+                  "byte_fallback": True, "ignore_merges": False, "vocab": vocab,
+                  "merges": [f"{lr[0]} {lr[1]}" for _, lr in merges]},
+    }
+
+
 def make_tokenizer_json(r):
     model = field(r, "tokenizer.ggml.model")
+    if model == "llama":
+        return make_spm_tokenizer_json(r)
     if model != "gpt2":
         print(f"warning: tokenizer.ggml.model={model}: no tokenizer.json written (byte-level BPE "
-              "only)", file=sys.stderr)
+              "and SentencePiece only)", file=sys.stderr)
         return None
     pre = field(r, "tokenizer.ggml.pre", "default")
     toks, types = tokens_and_types(r)
@@ -259,7 +304,9 @@ def make_tokenizer_config(r, arch):
         "errors": "replace",
         "model_max_length": int(field(r, f"{arch}.context_length")),
         "split_special_tokens": False,
-        "tokenizer_class": "Qwen2Tokenizer" if arch in ("qwen2", "qwen3") else "PreTrainedTokenizerFast",
+        "tokenizer_class": ("Qwen2Tokenizer" if arch in ("qwen2", "qwen3") else
+                            "LlamaTokenizerFast" if field(r, "tokenizer.ggml.model") == "llama" else
+                            "PreTrainedTokenizerFast"),
     }
     tmpl = field(r, "tokenizer.chat_template")
     if tmpl is not None:
@@ -326,10 +373,19 @@ def main():
     ap.add_argument("outdir")
     ap.add_argument("--shards", type=int, default=1)
     ap.add_argument("--f16-gguf")
+    ap.add_argument("--tokenizer-only", action="store_true",
+                    help="write only tokenizer.json (works on vocabulary-only GGUFs)")
     a = ap.parse_args()
     t0 = time.time()
     r = GGUFReader(a.gguf)
     arch = field(r, "general.architecture")
+    if a.tokenizer_only:
+        os.makedirs(a.outdir, exist_ok=True)
+        tj = make_tokenizer_json(r)
+        if tj is None:
+            raise SystemExit("no tokenizer.json for this vocabulary")
+        ckpt_io.write_json(os.path.join(a.outdir, "tokenizer.json"), tj)
+        return
     ws = load_weights(r, arch)
     t1 = time.time()
     names = {hn for _, hn, _ in ws}
