@@ -31,7 +31,6 @@ a reader must reject each with an error, never crash or read out of bounds.
 """
 
 import argparse
-import copy
 import json
 import os
 import shutil
