@@ -11,6 +11,7 @@
  * NUL-terminated.
  */
 #include "gguf/gguf.h"
+#include "gguf/gguf_impl.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -69,6 +70,11 @@ struct cairn_gguf {
     cairn_gguf_tensor *tensors;
     name_index *t_sorted;  /* tensor names sorted                          */
     char *name_block;   /* storage for tensor names                            */
+    /* built in memory (cairn_gguf_builder): the image is ours to free, the
+     * tensor data lies elsewhere, and these blocks are released at close */
+    void *owned_image;
+    cairn_gguf_keep *keep;
+    int n_keep;
 };
 
 /* ---- error reporting ---------------------------------------------------- */
@@ -80,6 +86,10 @@ typedef struct {
     char *err;
     size_t err_len;
     char ctx[192]; /* what is being read, for messages: "tensor info 3 name"  */
+    /* an image from cairn_gguf_builder: tensor i's bytes at ext_data[i], not in
+     * the image; cairn's own types allowed */
+    const void *const *ext_data;
+    uint64_t ext_size; /* the extent their offsets were laid out in */
 } reader;
 
 static int fail(reader *r, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -169,7 +179,7 @@ static char *dup_bytes(const uint8_t *s, uint64_t len)
 /* ---- values ------------------------------------------------------------- */
 
 /* Size in bytes of a scalar value type; 0 for string/array/unknown. */
-static size_t scalar_size(uint32_t t)
+size_t gguf_scalar_size(uint32_t t)
 {
     switch (t) {
     case CAIRN_GGUF_UINT8:
@@ -223,7 +233,7 @@ static int skip_array(reader *r, int depth)
     if (n > GGUF_MAX_ARRAY_COUNT)
         return fail(r, CAIRN_EFORMAT, "%s: nested array count %llu exceeds the limit", r->ctx,
                     (unsigned long long)n);
-    size_t es = scalar_size(et);
+    size_t es = gguf_scalar_size(et);
     if (es) {
         if (n > remaining(r) / es)
             return fail(r, CAIRN_EFORMAT,
@@ -251,7 +261,7 @@ static int skip_array(reader *r, int depth)
 static int read_value(reader *r, gguf_kv *kv)
 {
     int rc;
-    size_t es = scalar_size(kv->type);
+    size_t es = gguf_scalar_size(kv->type);
     if (es) {
         if ((rc = need(r, es, "value")))
             return rc;
@@ -283,7 +293,7 @@ static int read_value(reader *r, gguf_kv *kv)
     if (kv->n > GGUF_MAX_ARRAY_COUNT)
         return fail(r, CAIRN_EFORMAT, "%s: array count %llu exceeds the limit of %llu", r->ctx,
                     (unsigned long long)kv->n, (unsigned long long)GGUF_MAX_ARRAY_COUNT);
-    es = scalar_size(et);
+    es = gguf_scalar_size(et);
     if (es) {
         if (kv->n > remaining(r) / es)
             return fail(r, CAIRN_EFORMAT,
@@ -534,6 +544,9 @@ static int read_tensor_type(reader *r, cairn_gguf_tensor *t, const cairn_type_tr
                         r->ctx, type);
         return fail(r, CAIRN_EFORMAT, "%s has unknown tensor type %u", r->ctx, type);
     }
+    if ((*tr)->own && !r->ext_data)
+        return fail(r, CAIRN_EFORMAT, "%s has tensor type %s, which is cairn's own in-memory "
+                    "layout and never valid in a file", r->ctx, (*tr)->name);
     t->type = (cairn_type)type;
     return CAIRN_OK;
 }
@@ -597,7 +610,9 @@ static int locate_data_section(cairn_gguf *g, reader *r, uint64_t n_tensors, uin
     size_t pad = (g->alignment - hdr_end % g->alignment) % g->alignment;
     g->data_start = hdr_end + pad;
     *data_size = 0;
-    if (n_tensors > 0) {
+    if (r->ext_data) {
+        *data_size = r->ext_size;
+    } else if (n_tensors > 0) {
         if (pad > remaining(r)) {
             set_ctx(r, "data section");
             return fail(r, CAIRN_EFORMAT,
@@ -631,7 +646,7 @@ static int place_tensors(cairn_gguf *g, reader *r, uint64_t n_tensors, const uin
                         "(data section has %llu bytes)",
                         (unsigned long long)i, t->name, (unsigned long long)t->offset,
                         (unsigned long long)t->size, (unsigned long long)data_size);
-        t->data = r->p + g->data_start + t->offset;
+        t->data = r->ext_data ? r->ext_data[i] : r->p + g->data_start + t->offset;
         ext[i] = (extent){t->offset, t->size, (int64_t)i};
     }
     return CAIRN_OK;
@@ -712,8 +727,8 @@ out:
 
 /* ---- open/close --------------------------------------------------------- */
 
-static int open_image(const void *data, size_t size, void *map, cairn_gguf **out, char *err,
-                      size_t err_len)
+static int open_image_with(const void *data, size_t size, void *map, const void *const *ext_data,
+                           uint64_t ext_size, cairn_gguf **out, char *err, size_t err_len)
 {
     cairn_gguf *g = calloc(1, sizeof *g);
     if (!g) {
@@ -723,7 +738,13 @@ static int open_image(const void *data, size_t size, void *map, cairn_gguf **out
     g->base = data;
     g->size = size;
     g->map = map;
-    reader r = {.p = data, .size = size, .pos = 0, .err = err, .err_len = err_len};
+    reader r = {.p = data,
+                .size = size,
+                .pos = 0,
+                .err = err,
+                .err_len = err_len,
+                .ext_data = ext_data,
+                .ext_size = ext_size};
     int rc = parse(g, &r);
     if (rc != CAIRN_OK) {
         g->map = NULL; /* the caller unmaps on failure */
@@ -732,6 +753,25 @@ static int open_image(const void *data, size_t size, void *map, cairn_gguf **out
         return rc;
     }
     *out = g;
+    return CAIRN_OK;
+}
+
+static int open_image(const void *data, size_t size, void *map, cairn_gguf **out, char *err,
+                      size_t err_len)
+{
+    return open_image_with(data, size, map, NULL, 0, out, err, err_len);
+}
+
+int gguf_open_built(void *image, size_t size, const void *const *tensor_data,
+                    uint64_t data_extent, cairn_gguf_keep *keep, int n_keep, cairn_gguf **out,
+                    char *err, size_t err_len)
+{
+    int rc = open_image_with(image, size, NULL, tensor_data, data_extent, out, err, err_len);
+    if (rc != CAIRN_OK)
+        return rc;
+    (*out)->owned_image = image;
+    (*out)->keep = keep;
+    (*out)->n_keep = n_keep;
     return CAIRN_OK;
 }
 
@@ -796,6 +836,10 @@ void cairn_gguf_close(cairn_gguf *g)
         return;
     if (g->map)
         munmap(g->map, g->size);
+    for (int i = 0; i < g->n_keep; i++)
+        g->keep[i].release(g->keep[i].ptr, g->keep[i].size);
+    free(g->keep);
+    free(g->owned_image);
     free_contents(g);
     free(g);
 }

@@ -125,6 +125,70 @@ int64_t cairn_gguf_n_tensors(const cairn_gguf *g);
 const cairn_gguf_tensor *cairn_gguf_tensor_at(const cairn_gguf *g, int64_t i);
 const cairn_gguf_tensor *cairn_gguf_find_tensor(const cairn_gguf *g, const char *name);
 
+
+/* ======================================================================== */
+/* Building a GGUF in memory                                                */
+/* ======================================================================== */
+/*
+ * A cairn_gguf can also be assembled in memory, which is how a model that
+ * arrives in another format (a Hugging Face checkpoint folder, ckpt/) is
+ * handed to the loaders that read GGUF: the model, the vocabulary and the
+ * chat template see the same keys and tensor names whatever the file was.
+ *
+ *     builder ──set_*──▶ metadata      ──finish──▶ cairn_gguf (metadata
+ *             ──add_tensor──▶ name, type, shape, data pointer      image +
+ *             ──keep──▶ blocks the data lives in                  pointers)
+ *
+ * finish() writes the metadata and tensor infos as a GGUF v3 image and opens
+ * it with the same parser and checks as a file, so a builder cannot produce
+ * a handle a file could not. The tensor bytes are not copied: each tensor's
+ * data pointer is the one given to add_tensor. Blocks handed to keep() (a
+ * mapping, a repacked buffer) are released by cairn_gguf_close, after which
+ * the pointers into them are gone. cairn's own types (traits.own) are
+ * allowed here and only here.
+ *
+ * Errors: CAIRN_EINVAL (bad argument: empty or over-long key, bad shape),
+ * CAIRN_ENOMEM; both are sticky: once a call failed, finish() fails with
+ * that status, so a sequence of calls is checked once at the end. A builder
+ * is used by one thread.
+ */
+typedef struct cairn_gguf_builder cairn_gguf_builder;
+
+/* A block the built handle owns: release(ptr, size) at cairn_gguf_close. */
+typedef struct {
+    void *ptr;
+    size_t size;
+    void (*release)(void *ptr, size_t size);
+} cairn_gguf_keep;
+
+int cairn_gguf_builder_new(cairn_gguf_builder **out);
+/* Frees a builder that was not finished, releasing the blocks kept so far. */
+void cairn_gguf_builder_free(cairn_gguf_builder *b);
+
+int cairn_gguf_builder_set_str(cairn_gguf_builder *b, const char *key, const char *str);
+int cairn_gguf_builder_set_u32(cairn_gguf_builder *b, const char *key, uint32_t v);
+int cairn_gguf_builder_set_i32(cairn_gguf_builder *b, const char *key, int32_t v);
+int cairn_gguf_builder_set_f32(cairn_gguf_builder *b, const char *key, float v);
+int cairn_gguf_builder_set_bool(cairn_gguf_builder *b, const char *key, bool v);
+/* An array of n strings (lens[i] bytes each; lens NULL: NUL-terminated). */
+int cairn_gguf_builder_set_arr_str(cairn_gguf_builder *b, const char *key, const char *const *strs,
+                                   const size_t *lens, uint64_t n);
+/* An array of n scalars of elem_type (packed little-endian, as stored). */
+int cairn_gguf_builder_set_arr(cairn_gguf_builder *b, const char *key, cairn_gguf_vtype elem_type,
+                               const void *data, uint64_t n);
+
+/* A tensor of `type` and shape ne[n_dims] (ne[0] fastest), whose bytes are
+ * at `data` (not copied; must stay valid until the built handle is closed:
+ * give the block it lies in to keep()). */
+int cairn_gguf_builder_add_tensor(cairn_gguf_builder *b, const char *name, cairn_type type,
+                                  int n_dims, const int64_t *ne, const void *data);
+/* Hand a block to the handle-to-be (released with it, or by builder_free). */
+int cairn_gguf_builder_keep(cairn_gguf_builder *b, cairn_gguf_keep block);
+
+/* Build and open. Consumes the builder whatever the result: on failure the
+ * kept blocks are released and *out is untouched. */
+int cairn_gguf_builder_finish(cairn_gguf_builder *b, cairn_gguf **out, char *err, size_t err_len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -772,6 +772,120 @@ static void test_crafted(void **state)
     EXPECT_FAIL(b, CAIRN_EFORMAT, "truncated: tensor info 0 name runs past end of file");
 }
 
+/* ---- built in memory (cairn_gguf_builder) ---------------------------------- */
+
+static int released;
+static void count_release(void *ptr, size_t size)
+{
+    (void)size;
+    free(ptr);
+    released++;
+}
+
+static void test_builder_roundtrip(void **state)
+{
+    (void)state;
+    cairn_gguf_builder *b = NULL;
+    assert_int_equal(cairn_gguf_builder_new(&b), CAIRN_OK);
+    float *w = malloc(4 * 3 * sizeof *w);
+    for (int i = 0; i < 12; i++)
+        w[i] = (float)i;
+    uint8_t *q = calloc(2, 20); /* two Q4_Z blocks: cairn's own type, allowed here */
+    released = 0;
+    assert_int_equal(cairn_gguf_builder_keep(b, (cairn_gguf_keep){w, 48, count_release}), CAIRN_OK);
+    assert_int_equal(cairn_gguf_builder_keep(b, (cairn_gguf_keep){q, 40, count_release}), CAIRN_OK);
+    const char *strs[] = {"a", "bc", ""};
+    const int32_t ints[] = {1, -2, 3};
+    cairn_gguf_builder_set_str(b, "general.architecture", "qwen2");
+    cairn_gguf_builder_set_u32(b, "qwen2.block_count", 7);
+    cairn_gguf_builder_set_f32(b, "qwen2.rope.freq_base", 1e6f);
+    cairn_gguf_builder_set_bool(b, "tokenizer.ggml.add_bos_token", true);
+    cairn_gguf_builder_set_arr_str(b, "tokenizer.ggml.tokens", strs, NULL, 3);
+    cairn_gguf_builder_set_arr(b, "tokenizer.ggml.token_type", CAIRN_GGUF_INT32, ints, 3);
+    const int64_t ne[2] = {4, 3}, qne[2] = {32, 2};
+    assert_int_equal(cairn_gguf_builder_add_tensor(b, "w", CAIRN_TYPE_F32, 2, ne, w), CAIRN_OK);
+    assert_int_equal(cairn_gguf_builder_add_tensor(b, "q", CAIRN_TYPE_Q4_Z, 2, qne, q), CAIRN_OK);
+    cairn_gguf *g = NULL;
+    char err[256];
+    assert_int_equal(cairn_gguf_builder_finish(b, &g, err, sizeof err), CAIRN_OK);
+    const char *s;
+    size_t len;
+    uint32_t u;
+    float f;
+    bool flag;
+    assert_int_equal(cairn_gguf_get_str(g, "general.architecture", &s, &len), CAIRN_OK);
+    assert_string_equal(s, "qwen2");
+    assert_int_equal(cairn_gguf_get_u32(g, "qwen2.block_count", &u), CAIRN_OK);
+    assert_int_equal(u, 7);
+    assert_int_equal(cairn_gguf_get_f32(g, "qwen2.rope.freq_base", &f), CAIRN_OK);
+    assert_true(f == 1e6f);
+    assert_int_equal(cairn_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &flag), CAIRN_OK);
+    assert_true(flag);
+    assert_int_equal(cairn_gguf_get_arr_str(g, "tokenizer.ggml.tokens", 1, &s, &len), CAIRN_OK);
+    assert_string_equal(s, "bc");
+    assert_int_equal(cairn_gguf_get_arr_str(g, "tokenizer.ggml.tokens", 2, &s, &len), CAIRN_OK);
+    assert_int_equal(len, 0);
+    const cairn_gguf_tensor *t = cairn_gguf_find_tensor(g, "w");
+    assert_non_null(t);
+    assert_ptr_equal(t->data, w); /* not copied */
+    assert_int_equal(t->size, 48);
+    assert_int_equal(t->ne[1], 3);
+    t = cairn_gguf_find_tensor(g, "q");
+    assert_non_null(t);
+    assert_int_equal(t->type, CAIRN_TYPE_Q4_Z);
+    assert_int_equal(t->size, 40);
+    assert_int_equal(released, 0);
+    cairn_gguf_close(g);
+    assert_int_equal(released, 2); /* the kept blocks go with the handle */
+}
+
+static void test_builder_errors(void **state)
+{
+    (void)state;
+    /* a bad call is sticky: finish reports it and releases what was kept */
+    cairn_gguf_builder *b = NULL;
+    assert_int_equal(cairn_gguf_builder_new(&b), CAIRN_OK);
+    released = 0;
+    assert_int_equal(cairn_gguf_builder_keep(b, (cairn_gguf_keep){malloc(8), 8, count_release}),
+                     CAIRN_OK);
+    float x[32] = {0};
+    const int64_t bad[1] = {33}; /* not whole Q4_Z blocks */
+    assert_int_equal(cairn_gguf_builder_add_tensor(b, "x", CAIRN_TYPE_Q4_Z, 1, bad, x),
+                     CAIRN_EINVAL);
+    assert_int_equal(cairn_gguf_builder_set_u32(b, "later", 1), CAIRN_EINVAL);
+    cairn_gguf *g = NULL;
+    char err[256] = "";
+    assert_int_equal(cairn_gguf_builder_finish(b, &g, err, sizeof err), CAIRN_EINVAL);
+    assert_null(g);
+    assert_int_equal(released, 1);
+    assert_true(strlen(err) > 0);
+
+    /* duplicate names are refused by the parser, as in a file */
+    assert_int_equal(cairn_gguf_builder_new(&b), CAIRN_OK);
+    const int64_t ne[1] = {32};
+    cairn_gguf_builder_add_tensor(b, "x", CAIRN_TYPE_F32, 1, ne, x);
+    cairn_gguf_builder_add_tensor(b, "x", CAIRN_TYPE_F32, 1, ne, x);
+    assert_int_equal(cairn_gguf_builder_finish(b, &g, err, sizeof err), CAIRN_EFORMAT);
+    assert_non_null(strstr(err, "duplicate"));
+}
+
+/* cairn's own in-memory types are never valid in a file */
+static void test_own_types_refused_in_files(void **state)
+{
+    (void)state;
+    gw_buf b = {0};
+    gw_header(&b, 3, 1, 0);
+    const uint64_t ne[2] = {32, 1};
+    gw_tensor_info(&b, "q", 2, ne, CAIRN_TYPE_Q4_Z, 0);
+    gw_pad(&b, 32);
+    gw_fill(&b, 0, 20);
+    cairn_gguf *g = NULL;
+    char err[256] = "";
+    assert_int_equal(cairn_gguf_open_memory(b.p, b.n, &g, err, sizeof err), CAIRN_EFORMAT);
+    assert_non_null(strstr(err, "own"));
+    free(b.p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -779,6 +893,8 @@ int main(void)
         cmocka_unit_test(test_written_roundtrip),  cmocka_unit_test(test_no_tensors),
         cmocka_unit_test(test_truncation_written), cmocka_unit_test(test_truncation_stories),
         cmocka_unit_test(test_corruption),         cmocka_unit_test(test_crafted),
+        cmocka_unit_test(test_builder_roundtrip),  cmocka_unit_test(test_builder_errors),
+        cmocka_unit_test(test_own_types_refused_in_files),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
