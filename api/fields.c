@@ -398,5 +398,8 @@ cairn_gen_params cairn_api_gen_defaults(const cairn_api *api, cairn_api_op op)
         g.sampling.min_p = 0;
         g.max_tokens = op == CAIRN_API_CHAT ? api->n_ctx : 16; /* chat: until the context ends */
     }
+    /* the model's own recommendation, where its checkpoint ships one */
+    if (api->runtime)
+        cairn_runtime_sampling_defaults(api->runtime, &g.sampling);
     return g;
 }

@@ -63,7 +63,8 @@ int cli_model_opts_parse(cli_model_opts *o, int opt, const char *arg);
         {"device", required_argument, 0, 1003}
 #define CLI_MODEL_SHORTOPTS "m:t:c:b:"
 #define CLI_MODEL_HELP                                                                             \
-    "  -m, --model FILE       GGUF model (default " CLI_DEFAULT_MODEL ")\n"                       \
+    "  -m, --model PATH       GGUF file or Hugging Face checkpoint folder (default "             \
+    CLI_DEFAULT_MODEL ")\n"                                                                     \
     "  -t, --threads N        CPU threads (default: all cores)\n"                                  \
     "  -c, --ctx-size N       context to reserve KV pages for (default: the model's; `run`\n"      \
     "                         at most 4096)\n"                                                    \

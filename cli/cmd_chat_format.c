@@ -4,6 +4,7 @@
  * can be compared byte for byte with a reference rendering. Needs only the
  * GGUF metadata; weights are never loaded.
  */
+#include "ckpt/ckpt.h"
 #include "cli/cli.h"
 
 #include <errno.h>
@@ -18,7 +19,7 @@ static const char help[] =
     "Formats a conversation with the model's chat template (tokenizer.chat_template)\n"
     "and prints the text to stdout exactly, without a trailing newline. A leading\n"
     "BOS the template writes is left out (tokenization adds it).\n\n"
-    "  -m, --model FILE            GGUF file (only metadata is read)\n"
+    "  -m, --model PATH            GGUF file or checkpoint folder (only metadata is used)\n"
     "      --messages FILE         JSON array of OpenAI-style messages: {role, content,\n"
     "                              tool_calls?, tool_call_id?, name?} (\"-\" = stdin)\n"
     "      --tools FILE            JSON array of OpenAI tools [{type, function}]\n"
@@ -109,7 +110,7 @@ int cmd_chat_format(int argc, char **argv)
     char **calls_text = NULL, *tools_text = NULL, *out = NULL;
     size_t n = 0;
 
-    int rc = cairn_gguf_open(model_path, &g, err, sizeof err);
+    int rc = cairn_ckpt_open(model_path, &g, err, sizeof err);
     if (rc == CAIRN_OK)
         rc = cairn_vocab_load(g, &v, err, sizeof err);
     if (rc == CAIRN_OK)

@@ -17,11 +17,14 @@
  * the two distributions: the mean KL divergence KL(ref || this) and how
  * often both put the same token first. That isolates what a KV type costs
  * from what the weights cost, position by position, as llama-perplexity's
- * --kl-divergence does against saved logits.
+ * --kl-divergence does against saved logits. --kl-model MODEL does the same
+ * against another build of the same model (the BF16 checkpoint an AWQ,
+ * GPTQ or FP8 folder was made from, say): same vocabulary, other weights.
  */
 #include "cli/cli.h"
 
 #include <getopt.h>
+#include <stdio.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +36,10 @@ static const char help[] =
     "  -f, --file FILE          text to score\n"
     "      --chunks N           score at most N chunks (default: all)\n"
     "      --kl-ref TYPE        also run with KV type TYPE and print the KL divergence\n"
-    "                           and top-1 agreement against it over every position\n" CLI_MODEL_HELP
+    "                           and top-1 agreement against it over every position\n"
+    "      --kl-model MODEL     the same against another build of the model (same\n"
+    "                           vocabulary; with --kl-ref, that model with that KV type)\n"
+    CLI_MODEL_HELP
     "  -h, --help               this help\n";
 
 /* KL(p || q) of the softmaxes of two logit rows, in double, and whether
@@ -81,11 +87,14 @@ int cmd_perplexity(int argc, char **argv)
     int max_chunks = -1;
     bool kl = false;
     cairn_type kl_type = CAIRN_TYPE_F16;
+    bool kl_type_given = false;
+    const char *kl_model = NULL;
     static const struct option longopts[] = {
         CLI_MODEL_LONGOPTS,
         {"file", required_argument, 0, 'f'},
         {"chunks", required_argument, 0, 3000},
         {"kl-ref", required_argument, 0, 3001},
+        {"kl-model", required_argument, 0, 3002},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -106,6 +115,10 @@ int cmd_perplexity(int argc, char **argv)
                                 "q8_0, q4_0), got '%s'\n", optarg);
                 return 2;
             }
+            kl = kl_type_given = true;
+            break;
+        case 3002:
+            kl_model = optarg;
             kl = true;
             break;
         default: return cli_help_or_usage(opt, help);
@@ -131,7 +144,9 @@ int cmd_perplexity(int argc, char **argv)
         return 1;
     }
     cli_model_opts ref_mo = mo;
-    ref_mo.kv_type = kl_type;
+    ref_mo.kv_type = kl_type_given ? kl_type : mo.kv_type;
+    if (kl_model)
+        ref_mo.model_path = kl_model;
     if (kl && cli_runtime_open(&ref, &ref_mo, NULL) != CAIRN_OK) {
         cli_runtime_close(&rt);
         free(text);
@@ -139,6 +154,14 @@ int cmd_perplexity(int argc, char **argv)
     }
     const cairn_vocab *vocab = rt.vocab;
     const int n_vocab = cairn_model_hparams(rt.model)->n_vocab;
+    if (kl && cairn_model_hparams(ref.model)->n_vocab != n_vocab) {
+        fprintf(stderr, "cairn perplexity: --kl-model has %d logits per position, this model %d: "
+                "not the same vocabulary\n", cairn_model_hparams(ref.model)->n_vocab, n_vocab);
+        cli_runtime_close(&ref);
+        cli_runtime_close(&rt);
+        free(text);
+        return 1;
+    }
     const bool add_bos = cairn_vocab_add_bos(vocab);
     int32_t *tokens = NULL;
     size_t n_tokens = 0;
@@ -206,9 +229,16 @@ int cmd_perplexity(int argc, char **argv)
               count, cairn_now() - t0, ppl, err);
     if (kl) {
         const double ref_ppl = exp(ref_nll / count);
-        printf("KV %s vs %s: PPL %.4f vs %.4f (%+.2f%%), mean KL %.6f, top-1 agreement %.2f%% "
+        char ref_name[512];
+        if (kl_model)
+            snprintf(ref_name, sizeof ref_name, "%s KV %s", kl_model,
+                     cairn_kv_type_name(ref_mo.kv_type));
+        else
+            snprintf(ref_name, sizeof ref_name, "%s", cairn_kv_type_name(ref_mo.kv_type));
+        printf("%s%s vs %s: PPL %.4f vs %.4f (%+.2f%%), mean KL %.6f, top-1 agreement %.2f%% "
                "over %ld positions\n",
-               cairn_kv_type_name(mo.kv_type), cairn_kv_type_name(kl_type), ppl, ref_ppl,
+               kl_model ? "" : "KV ", kl_model ? mo.model_path : cairn_kv_type_name(mo.kv_type),
+               ref_name, ppl, ref_ppl,
                100.0 * (ppl / ref_ppl - 1.0), kl_sum / kl_rows, 100.0 * kl_same / kl_rows,
                kl_rows);
     }

@@ -3,6 +3,7 @@
  * stdout, space-separated on one line. Needs only the vocabulary, so it works
  * on vocab-only GGUF files and never loads weights.
  */
+#include "ckpt/ckpt.h"
 #include "cli/cli.h"
 
 #include <getopt.h>
@@ -11,7 +12,7 @@
 static const char help[] =
     "usage: cairn tokenize -m MODEL [--no-bos] [--parse-special] < text\n\n"
     "Reads UTF-8 text from stdin and prints its token ids, space-separated, on one line.\n\n"
-    "  -m, --model FILE     GGUF file with a vocabulary (weights are not needed)\n"
+    "  -m, --model PATH     GGUF file or checkpoint folder with a vocabulary\n"
     "      --no-bos         do not prepend BOS even if the model asks for it\n"
     "      --parse-special  recognise special-token text such as <s> or <|im_start|>\n"
     "  -h, --help           this help\n";
@@ -44,7 +45,7 @@ int cmd_tokenize(int argc, char **argv)
     char err[512] = "";
     cairn_gguf *g = NULL;
     cairn_vocab *v = NULL;
-    int rc = cairn_gguf_open(model_path, &g, err, sizeof err);
+    int rc = cairn_ckpt_open(model_path, &g, err, sizeof err);
     if (rc == CAIRN_OK)
         rc = cairn_vocab_load(g, &v, err, sizeof err);
     cairn_gguf_close(g);

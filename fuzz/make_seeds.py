@@ -260,11 +260,100 @@ def disk_value_seeds():
     write("disk_value", "short", bytes([0x0f, 0, 0]) + b"CKVP")
 
 
+# ---- Hugging Face checkpoint folders ------------------------------------------
+# fuzz_ckpt rebuilds a tiny valid folder from fuzz/data/ckpt/ and replaces one
+# of its files (byte 0 of the input picks which) with the rest of the input.
+CKPT_FILES = ["model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json"]
+CKPT_DATA = os.path.join(HERE, "data", "ckpt")
+
+
+def safetensors(tensors):
+    """tensors: [(name, dtype, shape, bytes)] -> a .safetensors image."""
+    header, blobs, at = {"__metadata__": {"format": "pt"}}, [], 0
+    for name, dtype, shape, data in tensors:
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [at, at + len(data)]}
+        blobs.append(data)
+        at += len(data)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * ((-len(h)) % 8)
+    return struct.pack("<Q", len(h)) + h + b"".join(blobs)
+
+
+def bf16_bytes(n, seed):
+    """n BF16 values in about [-0.1, 0.1), deterministic."""
+    out, x = bytearray(), seed
+    for _ in range(n):
+        x = (x * 1103515245 + 12345) & 0x7fffffff
+        f = ((x >> 8) / float(1 << 23) - 0.5) * 0.2
+        out += struct.pack("<f", f)[2:]
+    return bytes(out)
+
+
+def ckpt_seeds():
+    dim, ffn, heads, kv, hd, vocab = 32, 64, 2, 1, 16, 260
+    sym = byte_level_symbols()
+    tokens = {sym[b]: b for b in range(256)}
+    merges = ["Ġ t", "h e"]
+    for m in merges:
+        tokens[m.replace(" ", "")] = len(tokens)
+    qwen2_split = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}"
+                   "\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+    tok = {"version": "1.0", "added_tokens": [{"id": 258, "content": "<|endoftext|>",
+                                               "special": True}],
+           "normalizer": {"type": "NFC"},
+           "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+               {"type": "Split", "pattern": {"Regex": qwen2_split}, "behavior": "Isolated",
+                "invert": False},
+               {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                "use_regex": False}]},
+           "decoder": {"type": "ByteLevel"},
+           "model": {"type": "BPE", "vocab": tokens, "merges": merges, "byte_fallback": False}}
+    config = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": dim,
+              "intermediate_size": ffn, "num_hidden_layers": 1, "num_attention_heads": heads,
+              "num_key_value_heads": kv, "vocab_size": vocab, "max_position_embeddings": 128,
+              "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": True,
+              "hidden_act": "silu", "torch_dtype": "bfloat16"}
+    tcfg = {"eos_token": "<|endoftext|>", "add_bos_token": False,
+            "chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}"}
+    L = "model.layers.0."
+    shapes = [("model.embed_tokens.weight", (vocab, dim)), ("model.norm.weight", (dim,)),
+              (L + "input_layernorm.weight", (dim,)), (L + "post_attention_layernorm.weight", (dim,)),
+              (L + "self_attn.q_proj.weight", (heads * hd, dim)),
+              (L + "self_attn.q_proj.bias", (heads * hd,)),
+              (L + "self_attn.k_proj.weight", (kv * hd, dim)), (L + "self_attn.k_proj.bias", (kv * hd,)),
+              (L + "self_attn.v_proj.weight", (kv * hd, dim)), (L + "self_attn.v_proj.bias", (kv * hd,)),
+              (L + "self_attn.o_proj.weight", (dim, heads * hd)),
+              (L + "mlp.gate_proj.weight", (ffn, dim)), (L + "mlp.up_proj.weight", (ffn, dim)),
+              (L + "mlp.down_proj.weight", (dim, ffn))]
+    tensors = []
+    for i, (name, shape) in enumerate(shapes):
+        n = 1
+        for d in shape:
+            n *= d
+        tensors.append((name, "BF16", shape, bf16_bytes(n, i + 1)))
+    files = {"model.safetensors": safetensors(tensors),
+             "config.json": json.dumps(config, indent=1).encode(),
+             "tokenizer.json": json.dumps(tok, ensure_ascii=False).encode(),
+             "tokenizer_config.json": json.dumps(tcfg).encode()}
+    os.makedirs(CKPT_DATA, exist_ok=True)
+    for name, data in files.items():
+        with open(os.path.join(CKPT_DATA, name), "wb") as f:
+            f.write(data)
+        write("ckpt", "base_" + name, bytes([CKPT_FILES.index(name)]) + data)
+    # a few near misses to start from
+    write("ckpt", "st_short_header", bytes([0]) + files["model.safetensors"][:40])
+    write("ckpt", "cfg_awq", bytes([1]) + json.dumps(dict(config, quantization_config={
+        "quant_method": "awq", "bits": 4, "group_size": 32, "version": "gemm"})).encode())
+    write("ckpt", "cfg_fp8_block", bytes([1]) + json.dumps(dict(config, quantization_config={
+        "quant_method": "fp8", "weight_block_size": [16, 32]})).encode())
+
+
 if __name__ == "__main__":
     rpc_seeds()
     http_body_seeds()
     gguf_seeds()
     tokenizer_seeds()
     disk_value_seeds()
+    ckpt_seeds()
     total = sum(len(files) for _, _, files in os.walk(OUT))
     print("wrote %d seeds under %s" % (total, OUT), file=sys.stderr)

@@ -6,7 +6,7 @@
 # that did it is kept under $FUZZ_BUILD_DIR/artifacts/<target>/ and the log next to it.
 #
 #   FUZZ_SECONDS   seconds per target (default 60)
-#   FUZZ_TARGETS   which targets (default: rpc http_body gguf tokenizer disk_value)
+#   FUZZ_TARGETS   which targets (default: rpc http_body gguf tokenizer disk_value ckpt)
 #   FUZZ_BUILD_DIR build directory (default build-fuzz)
 #   FUZZ_CC        the clang to use (default clang)
 #   JOBS           build parallelism (default: nproc)
@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 seconds=${FUZZ_SECONDS:-60}
-targets=${FUZZ_TARGETS:-"rpc http_body gguf tokenizer disk_value"}
+targets=${FUZZ_TARGETS:-"rpc http_body gguf tokenizer disk_value ckpt"}
 build=${FUZZ_BUILD_DIR:-build-fuzz}
 jobs=${JOBS:-$(nproc)}
 cc=${FUZZ_CC:-clang}

@@ -189,7 +189,7 @@ static int load_head(cairn_eagle *e, const cairn_gguf *g, const char *path, char
         if (!x)
             continue; /* an absent bias: data stays NULL */
         rc = be->iface->upload(be, dst, x->data, x->size);
-        *spec[i].w = (head_weight){dst, x->type};
+        *spec[i].w = (head_weight){dst, x->type, NULL};
         dst += (x->size + 63) & ~(size_t)63;
         uint32_t type = (uint32_t)x->type;
         XXH3_128bits_update(hs, x->name, strlen(x->name) + 1);

@@ -186,7 +186,7 @@ static int load_head(cairn_eagle3 *e, const cairn_gguf *g, const char *path, cha
     for (int i = 0; i < n_spec && rc == CAIRN_OK; i++) {
         const cairn_gguf_tensor *x = spec[i].t;
         rc = be->iface->upload(be, dst, x->data, x->size);
-        *spec[i].w = (cairn_layer_weight){dst, x->type};
+        *spec[i].w = (cairn_layer_weight){dst, x->type, NULL};
         dst += (x->size + 63) & ~(size_t)63;
         uint32_t type = (uint32_t)x->type;
         XXH3_128bits_update(hs, x->name, strlen(x->name) + 1);

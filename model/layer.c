@@ -7,6 +7,20 @@
  */
 #include "model/layer_impl.h"
 
+/* y[T][n_out] = x[T][n_in] · Wᵀ, through the gathered input when W's
+ * columns were reordered at load. */
+static int linear(cairn_backend *be, float *y, const cairn_layer_weight *w, const float *x,
+                  float *gathered, int T, int n_in, int n_out)
+{
+    if (w->perm) {
+        if (!gathered)
+            return CAIRN_EINVAL;
+        TRY(be->iface->gather_cols(be, gathered, x, w->perm, T, n_in));
+        x = gathered;
+    }
+    return be->iface->matmul(be, y, w->data, w->type, x, T, n_in, n_out);
+}
+
 int cairn_layer_forward(cairn_backend *be, const cairn_layer_weights *w,
                         const cairn_layer_shape *s, const cairn_layer_acts *a, int T,
                         const int32_t *pos, const int32_t *slots, void *kv_pool,
@@ -26,9 +40,9 @@ int cairn_layer_forward(cairn_backend *be, const cairn_layer_weights *w,
         TRY(op->rmsnorm(be, a->h, a->x, w->attn_norm.data, T, dim, s->rms_eps)); /* [T][dim] */
         h = a->h;
     }
-    TRY(op->matmul(be, a->q, w->wq.data, w->wq.type, h, T, in_dim, q_dim));  /* [T][q_dim]  */
-    TRY(op->matmul(be, a->k, w->wk.data, w->wk.type, h, T, in_dim, kv_dim)); /* [T][kv_dim] */
-    TRY(op->matmul(be, a->v, w->wv.data, w->wv.type, h, T, in_dim, kv_dim)); /* [T][kv_dim] */
+    TRY(linear(be, a->q, &w->wq, h, a->gathered, T, in_dim, q_dim));  /* [T][q_dim]  */
+    TRY(linear(be, a->k, &w->wk, h, a->gathered, T, in_dim, kv_dim)); /* [T][kv_dim] */
+    TRY(linear(be, a->v, &w->wv, h, a->gathered, T, in_dim, kv_dim)); /* [T][kv_dim] */
     if (w->bq.data)
         TRY(op->add_bias(be, a->q, w->bq.data, T, q_dim));
     if (w->bk.data)
@@ -55,15 +69,15 @@ int cairn_layer_forward(cairn_backend *be, const cairn_layer_weights *w,
     args.kv = kv;
     args.layer = layer;
     TRY(op->attention(be, &args));                                          /* [T][q_dim] */
-    TRY(op->matmul(be, a->h, w->wo.data, w->wo.type, a->attn, T, q_dim, dim)); /* [T][dim] */
+    TRY(linear(be, a->h, &w->wo, a->attn, a->gathered, T, q_dim, dim)); /* [T][dim] */
     TRY(op->add(be, a->x, a->x, a->h, (size_t)T * dim));
 
     /* feed-forward block */
     TRY(op->rmsnorm(be, a->h, a->x, w->ffn_norm.data, T, dim, s->rms_eps));
-    TRY(op->matmul(be, a->gate, w->w_gate.data, w->w_gate.type, a->h, T, dim, ffn)); /* [T][ffn] */
-    TRY(op->matmul(be, a->up, w->w_up.data, w->w_up.type, a->h, T, dim, ffn));       /* [T][ffn] */
+    TRY(linear(be, a->gate, &w->w_gate, a->h, a->gathered, T, dim, ffn)); /* [T][ffn] */
+    TRY(linear(be, a->up, &w->w_up, a->h, a->gathered, T, dim, ffn));     /* [T][ffn] */
     TRY(op->swiglu(be, a->gate, a->gate, a->up, (size_t)T * ffn));
-    TRY(op->matmul(be, a->h, w->w_down.data, w->w_down.type, a->gate, T, ffn, dim)); /* [T][dim] */
+    TRY(linear(be, a->h, &w->w_down, a->gate, a->gathered, T, ffn, dim)); /* [T][dim] */
     TRY(op->add(be, a->x, a->x, a->h, (size_t)T * dim));
     return CAIRN_OK;
 }

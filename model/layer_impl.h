@@ -28,6 +28,10 @@
 typedef struct {
     const void *data; /* backend memory; NULL: absent */
     cairn_type type;
+    /* backend I32 [n_in] or NULL: the matmul reads its input in this order
+     * (in[j] = x[perm[j]]), for weights whose columns were sorted at load
+     * (GPTQ act-order, ckpt/ckpt.h) */
+    const int32_t *perm;
 } cairn_layer_weight;
 
 typedef struct {
@@ -63,6 +67,9 @@ typedef struct {
      * (EAGLE-3's [normed embedding ; normed feature], 2*dim wide). */
     const float *attn_in;
     int attn_in_dim;
+    /* [T][max(dim, q_dim, ffn_dim)]: a matmul input gathered for a weight
+     * with a perm; NULL when no weight has one */
+    float *gathered;
 } cairn_layer_acts;
 
 /* One layer for T rows at RoPE positions pos[T] (host), their K/V stored at

@@ -136,7 +136,7 @@ static int load_heads(cairn_medusa *m, const cairn_gguf *g, const char *path, ch
         if (tensors[n_t])
             dest[n_t++] = &m->output[i];
         else /* a head without an LM head of its own reads the target's */
-            m->output[i] = (cairn_layer_weight){m->shared.output, m->shared.output_type};
+            m->output[i] = (cairn_layer_weight){m->shared.output, m->shared.output_type, NULL};
     }
     for (int i = 0; i < n_t; i++)
         total += (tensors[i]->size + 63) & ~(size_t)63;
@@ -152,7 +152,7 @@ static int load_heads(cairn_medusa *m, const cairn_gguf *g, const char *path, ch
     for (int i = 0; i < n_t && rc == CAIRN_OK; i++) {
         const cairn_gguf_tensor *x = tensors[i];
         rc = be->iface->upload(be, dst, x->data, x->size);
-        *dest[i] = (cairn_layer_weight){dst, x->type};
+        *dest[i] = (cairn_layer_weight){dst, x->type, NULL};
         dst += (x->size + 63) & ~(size_t)63;
         uint32_t type = (uint32_t)x->type;
         XXH3_128bits_update(hs, x->name, strlen(x->name) + 1);

@@ -29,6 +29,8 @@
 #include "model/model.h"
 #include "model/layer_impl.h"
 
+#include "ckpt/ckpt.h"
+
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -75,6 +77,8 @@ struct cairn_model {
 
     /* activations, backend memory, sized for max_batch_tokens rows */
     float *x, *h, *q, *k, *v, *attn, *ffn_gate, *ffn_up, *out_rows, *logits;
+    bool has_perms;  /* a weight reads its input reordered (layer_weight.perm) */
+    float *gathered; /* [max_batch_tokens][max matmul input], when has_perms */
     /* host staging, sized for max_batch_tokens / max_seqs */
     int32_t *tokens, *pos, *slots, *q_index, *out_index;
     cairn_attn_seq *attn_seqs;
@@ -256,7 +260,39 @@ static int find_tensor(const cairn_gguf *g, const char *name, int64_t ne0, int64
 typedef struct {
     const cairn_gguf_tensor *src;
     weight *dst;
+    bool perm; /* src is dst's input order (I32), not its data */
 } tensor_binding;
+
+/* "<base>.input_perm" of a matmul weight "<base>.weight": I32 [n_in], a
+ * permutation of the input columns (GPTQ act-order, from ckpt/). Checked
+ * here on the host, since the gather op trusts it. *t NULL when absent. */
+static int find_perm(const cairn_gguf *g, const char *weight_name, int64_t n_in,
+                     const cairn_gguf_tensor **t, char *err, size_t err_len)
+{
+    char name[128];
+    const size_t base = strlen(weight_name) - strlen(".weight");
+    snprintf(name, sizeof name, "%.*s.input_perm", (int)base, weight_name);
+    *t = cairn_gguf_find_tensor(g, name);
+    if (!*t)
+        return CAIRN_OK;
+    const cairn_gguf_tensor *x = *t;
+    if (x->type != CAIRN_TYPE_I32 || x->n_dims != 1 || x->ne[0] != n_in)
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT, "tensor '%s' is not I32 [%lld]", name,
+                            (long long)n_in);
+    uint8_t *seen = calloc((size_t)n_in, 1);
+    if (!seen)
+        return CAIRN_ENOMEM;
+    int rc = CAIRN_OK;
+    for (int64_t j = 0; j < n_in && rc == CAIRN_OK; j++) {
+        int32_t v;
+        memcpy(&v, (const uint8_t *)x->data + 4 * j, 4);
+        if (v < 0 || v >= n_in || seen[v]++)
+            rc = cairn_errorf(err, err_len, CAIRN_EFORMAT, "tensor '%s' is not a permutation",
+                              name);
+    }
+    free(seen);
+    return rc;
+}
 
 static int bind_weights(cairn_model *m, const cairn_gguf *g, tensor_binding **out, int *n_out,
                         char *err, size_t err_len)
@@ -264,7 +300,7 @@ static int bind_weights(cairn_model *m, const cairn_gguf *g, tensor_binding **ou
     const cairn_hparams *hp = &m->hp;
     int64_t dim = hp->dim, hd = hp->head_dim, ffn = hp->ffn_dim;
     int64_t q_dim = hp->n_head * hd, kv_dim = hp->n_kv_head * hd;
-    int cap = 4 + 14 * hp->n_layer;
+    int cap = 4 + 21 * hp->n_layer; /* 14 tensors and up to 7 input orders */
     tensor_binding *b = calloc((size_t)cap, sizeof *b);
     if (!b)
         return CAIRN_ENOMEM;
@@ -281,15 +317,24 @@ static int bind_weights(cairn_model *m, const cairn_gguf *g, tensor_binding **ou
     if ((rc = find_tensor(g, "token_embd.weight", dim, hp->n_vocab, false, false, &t, err,
                           err_len)))
         goto out;
-    b[n++] = (tensor_binding){t, &m->tok_embd};
+    b[n++] = (tensor_binding){t, &m->tok_embd, false};
     if ((rc = find_tensor(g, "output_norm.weight", dim, 1, true, false, &t, err, err_len)))
         goto out;
-    b[n++] = (tensor_binding){t, &m->output_norm};
+    b[n++] = (tensor_binding){t, &m->output_norm, false};
     if ((rc = find_tensor(g, "output.weight", dim, hp->n_vocab, false, true, &t, err, err_len)))
         goto out;
     m->hp.tied_embeddings = t == NULL;
     if (t)
-        b[n++] = (tensor_binding){t, &m->output};
+        b[n++] = (tensor_binding){t, &m->output, false};
+    const cairn_gguf_tensor *perm;
+    if ((rc = find_perm(g, "output.weight", dim, &perm, err, err_len)))
+        goto out;
+    if (perm) {
+        rc = cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                          "an input order for output.weight (an act-order quantized LM head) is "
+                          "not supported");
+        goto out;
+    }
 
     for (int l = 0; l < hp->n_layer; l++) {
         layer_weights *L = &m->layers[l];
@@ -323,7 +368,13 @@ static int bind_weights(cairn_model *m, const cairn_gguf *g, tensor_binding **ou
             if ((rc = find_tensor(g, name, spec[i].ne0, spec[i].ne1, spec[i].f32, false, &t, err,
                                   err_len)))
                 goto out;
-            b[n++] = (tensor_binding){t, spec[i].w};
+            b[n++] = (tensor_binding){t, spec[i].w, false};
+            if (!spec[i].f32) {
+                if ((rc = find_perm(g, name, spec[i].ne0, &t, err, err_len)))
+                    goto out;
+                if (t) /* after its weight: binding the weight resets perm */
+                    b[n++] = (tensor_binding){t, spec[i].w, true};
+            }
         }
     }
     rc = CAIRN_OK;
@@ -370,7 +421,7 @@ static int k_centers(cairn_model *m)
     if (rc == CAIRN_OK)
         rc = be->iface->upload(be, m->k_centers, host, (size_t)hp->n_layer * kv_dim * sizeof(float));
     for (int l = 0; rc == CAIRN_OK && l < hp->n_layer; l++)
-        m->layers[l].k_center = (weight){m->k_centers + (size_t)l * kv_dim, CAIRN_TYPE_F32};
+        m->layers[l].k_center = (weight){m->k_centers + (size_t)l * kv_dim, CAIRN_TYPE_F32, NULL};
     free(host);
     return rc;
 }
@@ -393,7 +444,7 @@ static int upload_weights(cairn_model *m, const cairn_gguf *g, const tensor_bind
      * backend may implement fewer. */
     for (int i = 0; i < n; i++) {
         const cairn_gguf_tensor *t = b[i].src;
-        if (!cairn_backend_supports_type(be, t->type)) {
+        if (!b[i].perm && !cairn_backend_supports_type(be, t->type)) { /* perms: index data */
             const cairn_type_traits *tr = cairn_type_get(t->type);
             return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
                                 "tensor '%s' has type %s, which backend %s does not support",
@@ -417,8 +468,11 @@ static int upload_weights(cairn_model *m, const cairn_gguf *g, const tensor_bind
             XXH3_freeState(hs);
             return cairn_errorf(err, err_len, rc, "uploading '%s' failed", t->name);
         }
-        if (i < n)
-            *b[i].dst = (weight){dst, t->type};
+        if (i < n && b[i].perm) {
+            b[i].dst->perm = (const int32_t *)dst;
+            m->has_perms = true;
+        } else if (i < n)
+            *b[i].dst = (weight){dst, t->type, NULL};
         else
             m->rope_freqs = (const float *)dst;
         /* a token looks up one row of an embedding table that is not also
@@ -460,6 +514,13 @@ static int alloc_scratch(cairn_model *m)
     };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         int rc = m->be->iface->alloc(m->be, bufs[i].n * sizeof(float), (void **)bufs[i].p);
+        if (rc != CAIRN_OK)
+            return rc;
+    }
+    if (m->has_perms) {
+        size_t widest = (size_t)hp->dim > q_dim ? (size_t)hp->dim : q_dim;
+        widest = widest > (size_t)hp->ffn_dim ? widest : (size_t)hp->ffn_dim;
+        int rc = m->be->iface->alloc(m->be, T * widest * sizeof(float), (void **)&m->gathered);
         if (rc != CAIRN_OK)
             return rc;
     }
@@ -531,7 +592,7 @@ int cairn_model_load(const char *path, cairn_backend *be, const cairn_model_para
     if (!path || !be || !out)
         return cairn_errorf(err, err_len, CAIRN_EINVAL, "cairn_model_load: missing argument");
     cairn_gguf *g = NULL;
-    int rc = cairn_gguf_open(path, &g, err, err_len);
+    int rc = cairn_ckpt_open(path, &g, err, err_len);
     if (rc == CAIRN_OK)
         rc = cairn_model_load_gguf(g, path, be, params, out, err, err_len);
     cairn_gguf_close(g);
@@ -544,7 +605,7 @@ void cairn_model_free(cairn_model *m)
         return;
     cairn_backend *be = m->be;
     float *bufs[] = {m->x, m->h, m->q, m->k, m->v, m->attn, m->ffn_gate, m->ffn_up,
-                     m->out_rows, m->logits};
+                     m->out_rows, m->logits, m->gathered};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             be->iface->free(be, bufs[i]);
@@ -686,7 +747,7 @@ static int forward_ops(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
     };
     const cairn_layer_acts acts = {
         .x = m->x, .h = m->h, .q = m->q, .attn = m->attn, .k = m->k, .v = m->v,
-        .gate = m->ffn_gate, .up = m->ffn_up,
+        .gate = m->ffn_gate, .up = m->ffn_up, .gathered = m->gathered,
     };
     const cairn_attn_args attn = {
         .n_head = hp->n_head, .scale = 1.0f / sqrtf((float)hd), .n_seqs = n_seqs,

@@ -3,6 +3,7 @@
  * vocabulary and template, no weights), the listeners, signals, and the
  * router's own /router/health and /router/metrics.
  */
+#include "ckpt/ckpt.h"
 #include "route/route_impl.h"
 
 #include "gguf/gguf.h"
@@ -37,7 +38,7 @@ void route_config_default(route_config *cfg)
 
 static int load_model_text(cairn_router *r, char *err, size_t err_len)
 {
-    int rc = cairn_gguf_open(r->cfg.model_path, &r->gguf, err, err_len);
+    int rc = cairn_ckpt_open(r->cfg.model_path, &r->gguf, err, err_len);
     if (rc == CAIRN_OK)
         rc = cairn_vocab_load(r->gguf, &r->vocab, err, err_len);
     if (rc == CAIRN_OK && (rc = cairn_chat_template_from_gguf(r->gguf, r->vocab, &r->chat)))

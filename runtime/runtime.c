@@ -2,9 +2,11 @@
  * runtime/runtime.c — backend choice and the one open of a model file (see
  * runtime.h).
  */
+#include "ckpt/ckpt.h"
 #include "runtime/runtime.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +27,9 @@ struct cairn_runtime {
     cairn_model *draft_model;
     int32_t turn_end[16];
     size_t n_turn_end;
+    /* the model's recommended sampling (a checkpoint's generation_config) */
+    float gen_value[5];
+    bool gen_given[5];
     pthread_mutex_t grammar_mu; /* guards the lazy build below */
     cairn_grammar_vocab *grammar_vocab;
 };
@@ -99,12 +104,41 @@ static int open_backend(cairn_runtime *rt, const cairn_runtime_config *cfg, char
     return CAIRN_OK;
 }
 
+/* The sampling fields a model may recommend, in cairn_runtime.gen_value order. */
+static const char *const GEN_KEYS[5] = {"temperature", "top_p", "top_k", "min_p",
+                                        "repetition_penalty"};
+
+void cairn_runtime_sampling_defaults(const cairn_runtime *rt, cairn_sampling_params *p)
+{
+    if (!rt || !p)
+        return;
+    const float *v = rt->gen_value;
+    if (rt->gen_given[0])
+        p->temperature = v[0];
+    if (rt->gen_given[1] && v[1] <= 1)
+        p->top_p = v[1];
+    if (rt->gen_given[2] && v[2] < 1e6f)
+        p->top_k = (int)v[2];
+    if (rt->gen_given[3] && v[3] <= 1)
+        p->min_p = v[3];
+    if (rt->gen_given[4] && v[4] > 0)
+        p->repeat_penalty = v[4];
+}
+
+bool cairn_runtime_has_sampling_defaults(const cairn_runtime *rt)
+{
+    for (int i = 0; rt && i < 5; i++)
+        if (rt->gen_given[i])
+            return true;
+    return false;
+}
+
 /* The model, its vocabulary and its chat template from one open file. */
 static int open_model(cairn_runtime *rt, const cairn_runtime_config *cfg, char *err,
                       size_t err_len)
 {
     cairn_gguf *g = NULL;
-    int rc = cairn_gguf_open(cfg->model_path, &g, err, err_len);
+    int rc = cairn_ckpt_open(cfg->model_path, &g, err, err_len);
     if (rc != CAIRN_OK)
         return rc;
     cairn_model_params mp = {.max_batch_tokens = cfg->max_batch_tokens > 0
@@ -121,6 +155,12 @@ static int open_model(cairn_runtime *rt, const cairn_runtime_config *cfg, char *
     if (rc == CAIRN_OK && (rc = cairn_chat_template_from_gguf(g, rt->vocab, &rt->chat)))
         cairn_errorf(err, err_len, rc, "%s: cannot read the chat template: %s", cfg->model_path,
                      cairn_strerror(rc));
+    for (int i = 0; rc == CAIRN_OK && i < 5; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "cairn.generation.%s", GEN_KEYS[i]);
+        rt->gen_given[i] = cairn_gguf_get_f32(g, key, &rt->gen_value[i]) == CAIRN_OK &&
+                           isfinite(rt->gen_value[i]) && rt->gen_value[i] >= 0;
+    }
     cairn_gguf_close(g);
     if (rc != CAIRN_OK)
         return rc;
@@ -141,7 +181,7 @@ static int open_draft_model(cairn_runtime *rt, const cairn_runtime_config *cfg, 
         return cairn_errorf(err, err_len, CAIRN_EINVAL, "--spec: one draft model at most");
     cairn_gguf *g = NULL;
     char why[400] = "";
-    int rc = cairn_gguf_open(path, &g, why, sizeof why);
+    int rc = cairn_ckpt_open(path, &g, why, sizeof why);
     if (rc != CAIRN_OK)
         return cairn_errorf(err, err_len, rc, "cannot open the draft model %s: %s", path, why);
     int max_batch, max_seqs;

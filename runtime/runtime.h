@@ -112,6 +112,14 @@ const cairn_chat_template *cairn_runtime_chat_template(const cairn_runtime *rt);
 /* The speculative decoding methods (NULL without any). */
 cairn_spec *cairn_runtime_spec(const cairn_runtime *rt);
 const char *cairn_runtime_model_path(const cairn_runtime *rt);
+
+/* The sampling a model recommends (a checkpoint folder's
+ * generation_config.json: temperature, top_p, top_k, min_p,
+ * repetition_penalty), written over *p field by field where the model gives
+ * one; a GGUF gives none and leaves *p as it was. Request decoding applies it
+ * to the fields a request leaves out, as vLLM and SGLang do. */
+void cairn_runtime_sampling_defaults(const cairn_runtime *rt, cairn_sampling_params *p);
+bool cairn_runtime_has_sampling_defaults(const cairn_runtime *rt);
 /* CPU threads in use (0 on another backend). */
 int cairn_runtime_threads(const cairn_runtime *rt);
 /* Free and total memory of the device the model runs on, now (what sizes a

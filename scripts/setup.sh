@@ -37,9 +37,10 @@ if [ $want_test -eq 1 ]; then
     # jsonschema checks its structured output; anthropic and openai-agents
     # (the Agents SDK) drive the Messages and Responses routes.
     # redis (redis-py) reads and damages what the replicas put in the shared
-    # cache tier's Redis.
-    pypkgs=(numpy gguf msgpack jinja2 openai jsonschema anthropic openai-agents redis)
-    if ! $py -c "import numpy, gguf, msgpack, jinja2, openai, jsonschema, anthropic, agents, redis" \
+    # cache tier's Redis. tokenizers (Hugging Face's) is the reference for
+    # the tokenizer.json the checkpoint tests write and cairn reads.
+    pypkgs=(numpy gguf msgpack jinja2 openai jsonschema anthropic openai-agents redis tokenizers)
+    if ! $py -c "import numpy, gguf, msgpack, jinja2, openai, jsonschema, anthropic, agents, redis, tokenizers" \
         2>/dev/null; then
         echo "setup: installing Python packages: ${pypkgs[*]}" >&2
         $py -m pip install -q "${pypkgs[@]}" 2>/dev/null ||

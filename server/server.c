@@ -470,10 +470,16 @@ static int start_engine(cairn_server *s, char *err, size_t err_len)
     if (name) {
         snprintf(s->model_id, sizeof s->model_id, "%s", name);
     } else {
-        const char *base = strrchr(path, '/');
-        base = base ? base + 1 : path;
-        size_t n = strlen(base);
-        if (n > 5 && strcmp(base + n - 5, ".gguf") == 0)
+        /* the file's or the folder's name ("./Qwen2.5-7B-Instruct-AWQ/") */
+        size_t end = strlen(path);
+        while (end > 1 && path[end - 1] == '/')
+            end--;
+        const char *base = path;
+        for (size_t i = 0; i < end; i++)
+            if (path[i] == '/' && i + 1 < end)
+                base = path + i + 1;
+        size_t n = (size_t)(path + end - base);
+        if (n > 5 && strncmp(base + n - 5, ".gguf", 5) == 0)
             n -= 5;
         snprintf(s->model_id, sizeof s->model_id, "%.*s", (int)n, base);
     }

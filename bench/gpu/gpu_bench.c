@@ -37,6 +37,7 @@
  * Prints one human-readable line per measurement and a final JSON line;
  * --json PATH also writes that object, with every figure, to PATH.
  */
+#include "ckpt/ckpt.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,7 +105,7 @@ static int matmul_bytes(const char *path, const cairn_hparams *hp, double *bytes
 {
     cairn_gguf *g = NULL;
     char err[256];
-    int rc = cairn_gguf_open(path, &g, err, sizeof err);
+    int rc = cairn_ckpt_open(path, &g, err, sizeof err);
     if (rc != CAIRN_OK) {
         fprintf(stderr, "gpu_bench: %s\n", err);
         return rc;

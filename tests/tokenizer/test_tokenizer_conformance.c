@@ -16,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "ckpt/ckpt.h"
 #include "text/text.h"
 
 static char *read_file(const char *path, size_t *size)
@@ -81,7 +82,7 @@ int main(int argc, char **argv)
 
     char err[512] = "";
     cairn_gguf *g = NULL;
-    if (cairn_gguf_open(vocab_file, &g, err, sizeof err)) {
+    if (cairn_ckpt_open(vocab_file, &g, err, sizeof err)) {
         fprintf(stderr, "FAIL: %s\n", err);
         return 1;
     }

@@ -1,0 +1,356 @@
+/*
+ * ckpt/config.c — config.json: the architecture, the shapes and the
+ * quantization_config, turned into the `<arch>.*` keys a converted GGUF has.
+ * A field that would change the maths in a way cairn does not implement
+ * (another activation, biases on llama, YaRN, sliding windows in use) is
+ * refused by name rather than ignored.
+ */
+#include "ckpt/ckpt_impl.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const struct {
+    const char *hf;   /* config.json "architectures"[0] */
+    const char *arch; /* cairn's (GGUF's) name */
+} ARCHES[] = {
+    {"LlamaForCausalLM", "llama"},
+    {"MistralForCausalLM", "llama"},
+    {"Qwen2ForCausalLM", "qwen2"},
+    {"Qwen3ForCausalLM", "qwen3"},
+};
+
+/* An integer field: *out when present; CAIRN_ENOTFOUND when absent, and an
+ * error for a present field of the wrong kind or out of [lo, hi]. */
+static int get_int(json_t *o, const char *key, int64_t lo, int64_t hi, int64_t *out, char *err,
+                   size_t err_len)
+{
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v))
+        return CAIRN_ENOTFOUND;
+    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT,
+                            "config.json: %s must be an integer in [%lld, %lld]", key,
+                            (long long)lo, (long long)hi);
+    *out = json_integer_value(v);
+    return CAIRN_OK;
+}
+
+static int need_int(json_t *o, const char *key, int64_t lo, int64_t hi, int *out, char *err,
+                    size_t err_len)
+{
+    int64_t v;
+    int rc = get_int(o, key, lo, hi, &v, err, err_len);
+    if (rc == CAIRN_ENOTFOUND)
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT, "config.json: no %s", key);
+    if (rc == CAIRN_OK)
+        *out = (int)v;
+    return rc;
+}
+
+static int opt_int(json_t *o, const char *key, int64_t lo, int64_t hi, int dflt, int *out,
+                   char *err, size_t err_len)
+{
+    int64_t v;
+    int rc = get_int(o, key, lo, hi, &v, err, err_len);
+    *out = rc == CAIRN_OK ? (int)v : dflt;
+    return rc == CAIRN_ENOTFOUND ? CAIRN_OK : rc;
+}
+
+static int opt_num(json_t *o, const char *key, double dflt, double *out, char *err, size_t err_len)
+{
+    json_t *v = json_object_get(o, key);
+    *out = dflt;
+    if (!v || json_is_null(v))
+        return CAIRN_OK;
+    if (!json_is_number(v))
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT, "config.json: %s must be a number", key);
+    *out = json_number_value(v);
+    return CAIRN_OK;
+}
+
+static bool opt_bool(json_t *o, const char *key, bool dflt)
+{
+    json_t *v = json_object_get(o, key);
+    return json_is_boolean(v) ? json_is_true(v) : dflt;
+}
+
+static const char *opt_str(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    return json_is_string(v) ? json_string_value(v) : NULL;
+}
+
+static int read_rope_scaling(json_t *root, ckpt_config *cfg, cairn_gguf_builder *b,
+                             const char *arch, char *err, size_t err_len)
+{
+    json_t *rs = json_object_get(root, "rope_scaling");
+    if (!rs || json_is_null(rs))
+        return CAIRN_OK;
+    if (!json_is_object(rs))
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT, "config.json: rope_scaling is not an object");
+    const char *type = opt_str(rs, "rope_type");
+    if (!type)
+        type = opt_str(rs, "type");
+    if (!type || strcmp(type, "default") == 0)
+        return CAIRN_OK;
+    double factor;
+    int rc = opt_num(rs, "factor", 1.0, &factor, err, err_len);
+    if (rc)
+        return rc;
+    if (!(factor > 0))
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT, "config.json: rope_scaling.factor must be > 0");
+    char key[96];
+    if (strcmp(type, "linear") == 0) {
+        snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+        cairn_gguf_builder_set_str(b, key, "linear");
+        snprintf(key, sizeof key, "%s.rope.scaling.factor", arch);
+        return cairn_gguf_builder_set_f32(b, key, (float)factor);
+    }
+    if (strcmp(type, "llama3") == 0) {
+        double lo, hi;
+        int orig;
+        if ((rc = opt_num(rs, "low_freq_factor", 1.0, &lo, err, err_len)) ||
+            (rc = opt_num(rs, "high_freq_factor", 4.0, &hi, err, err_len)) ||
+            (rc = opt_int(rs, "original_max_position_embeddings", 1, 1 << 24, 8192, &orig, err,
+                          err_len)))
+            return rc;
+        if (!(hi > lo) || !(lo > 0))
+            return cairn_errorf(err, err_len, CAIRN_EFORMAT,
+                                "config.json: rope_scaling needs high_freq_factor > low_freq_factor > 0");
+        cfg->llama3_rope = true;
+        cfg->rope_factor = (float)factor;
+        cfg->rope_low_freq = (float)lo;
+        cfg->rope_high_freq = (float)hi;
+        cfg->rope_orig_ctx = orig;
+        return CAIRN_OK;
+    }
+    return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                        "config.json: rope_scaling type '%s' is not supported (supported: "
+                        "linear, llama3)", type);
+}
+
+/* An FP8 block shape [rows, cols] (weight_block_size, block_structure)
+ * into cfg; the columns must be whole multiples of F8_E4M3's 32-blocks. */
+static int read_fp8_block(json_t *bs, const char *field, ckpt_config *cfg, char *err,
+                          size_t err_len)
+{
+    if (!json_is_array(bs) || json_array_size(bs) != 2 ||
+        !json_is_integer(json_array_get(bs, 0)) || !json_is_integer(json_array_get(bs, 1)))
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT, "config.json: %s must be [rows, cols]",
+                            field);
+    const json_int_t rows = json_integer_value(json_array_get(bs, 0));
+    const json_int_t cols = json_integer_value(json_array_get(bs, 1));
+    if (rows <= 0 || cols <= 0 || rows > (1 << 20) || cols > (1 << 20) || cols % 32 != 0)
+        return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                            "config.json: FP8 blocks of %lldx%lld are not supported (columns a "
+                            "multiple of 32)", (long long)rows, (long long)cols);
+    cfg->fp8_block = true;
+    cfg->fp8_block_rows = (int)rows;
+    cfg->fp8_block_cols = (int)cols;
+    return CAIRN_OK;
+}
+
+/* compressed-tensors: the weights' scheme of its one config group. */
+static int read_compressed_tensors(json_t *q, ckpt_config *cfg, char *err, size_t err_len)
+{
+    const char *format = opt_str(q, "format");
+    json_t *groups = json_object_get(q, "config_groups");
+    if (!json_is_object(groups) || json_object_size(groups) != 1)
+        return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                            "config.json: compressed-tensors with %zu config groups (cairn reads "
+                            "one)", json_is_object(groups) ? json_object_size(groups) : 0);
+    const char *gname;
+    json_t *g;
+    json_t *w = NULL;
+    json_object_foreach(groups, gname, g) w = json_object_get(g, "weights");
+    const char *type = opt_str(w, "type"), *strategy = opt_str(w, "strategy");
+    int64_t bits = 0;
+    get_int(w, "num_bits", 1, 64, &bits, err, err_len);
+    if (!format || strcmp(format, "float-quantized") != 0 || !type || strcmp(type, "float") != 0 ||
+        bits != 8)
+        return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                            "config.json: compressed-tensors format '%s' with %s weights of %lld "
+                            "bits is not supported (supported: float-quantized FP8)",
+                            format ? format : "?", type ? type : "?", (long long)bits);
+    cfg->quant = QM_FP8;
+    if (strategy && strcmp(strategy, "block") == 0)
+        return read_fp8_block(json_object_get(w, "block_structure"), "block_structure", cfg, err,
+                              err_len);
+    if (strategy && strcmp(strategy, "tensor") != 0 && strcmp(strategy, "channel") != 0)
+        return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                            "config.json: FP8 weight strategy '%s' is not supported (supported: "
+                            "tensor, channel, block)", strategy);
+    return CAIRN_OK;
+}
+
+static int read_quantization(json_t *root, ckpt_config *cfg, char *err, size_t err_len)
+{
+    json_t *q = json_object_get(root, "quantization_config");
+    if (!q || json_is_null(q))
+        return CAIRN_OK;
+    const char *method = opt_str(q, "quant_method");
+    if (!json_is_object(q) || !method)
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT,
+                            "config.json: quantization_config without quant_method");
+    int rc;
+    if (strcmp(method, "awq") == 0 || strcmp(method, "gptq") == 0) {
+        const bool awq = method[0] == 'a';
+        cfg->quant = awq ? QM_AWQ : QM_GPTQ;
+        if ((rc = need_int(q, awq ? (json_object_get(q, "w_bit") ? "w_bit" : "bits") : "bits", 1,
+                           16, &cfg->bits, err, err_len)) ||
+            (rc = need_int(q, awq && json_object_get(q, "q_group_size") ? "q_group_size"
+                                                                         : "group_size",
+                           -1, 1 << 20, &cfg->group_size, err, err_len)))
+            return rc;
+        if (cfg->bits != 4)
+            return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                                "config.json: %s with %d bits is not supported (4 bits only)",
+                                method, cfg->bits);
+        if (cfg->group_size == 0 || (cfg->group_size != -1 && cfg->group_size % 32 != 0))
+            return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                                "config.json: group_size %d is not supported (a multiple of 32, "
+                                "or -1 for whole rows)", cfg->group_size);
+        if (awq) {
+            const char *version = opt_str(q, "version");
+            if (version && strcasecmp(version, "gemm") != 0)
+                return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                                    "config.json: AWQ version '%s' is not supported (gemm only)",
+                                    version);
+            cfg->awq_zero_point = opt_bool(q, "zero_point", true);
+            if (!cfg->awq_zero_point)
+                return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                                    "config.json: AWQ without zero points is not supported (the "
+                                    "GEMM layout carries qzeros)");
+        } else {
+            cfg->sym = opt_bool(q, "sym", true);
+            cfg->desc_act = opt_bool(q, "desc_act", false);
+            const char *fmt = opt_str(q, "checkpoint_format");
+            if (fmt && strcmp(fmt, "gptq") != 0 && strcmp(fmt, "gptq_v2") != 0)
+                return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                                    "config.json: GPTQ checkpoint_format '%s' is not supported "
+                                    "(gptq, gptq_v2)", fmt);
+            cfg->gptq_v1_zeros = !fmt || strcmp(fmt, "gptq") == 0;
+        }
+        return CAIRN_OK;
+    }
+    if (strcmp(method, "fp8") == 0 || strcmp(method, "fbgemm_fp8") == 0) {
+        cfg->quant = QM_FP8;
+        json_t *bs = json_object_get(q, "weight_block_size");
+        if (bs && !json_is_null(bs))
+            return read_fp8_block(bs, "weight_block_size", cfg, err, err_len);
+        return CAIRN_OK;
+    }
+    if (strcmp(method, "compressed-tensors") == 0)
+        return read_compressed_tensors(q, cfg, err, err_len);
+    return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                        "config.json: quant_method '%s' is not supported (supported: awq, gptq, "
+                        "fp8, fbgemm_fp8, compressed-tensors FP8)", method);
+}
+
+int ckpt_config_read(const char *dir, ckpt_config *cfg, cairn_gguf_builder *b, char *err,
+                     size_t err_len)
+{
+    memset(cfg, 0, sizeof *cfg);
+    json_t *root = NULL;
+    int rc = ckpt_read_json(dir, "config.json", false, &root, err, err_len);
+    if (rc)
+        return rc;
+    json_t *archs = json_object_get(root, "architectures");
+    const char *hf = json_is_array(archs) ? json_string_value(json_array_get(archs, 0)) : NULL;
+    for (size_t i = 0; hf && i < sizeof ARCHES / sizeof ARCHES[0]; i++)
+        if (strcmp(hf, ARCHES[i].hf) == 0)
+            cfg->arch = ARCHES[i].arch;
+    if (!cfg->arch) {
+        rc = cairn_errorf(err, err_len, hf ? CAIRN_EUNSUPPORTED : CAIRN_EFORMAT,
+                          hf ? "config.json: architecture '%s' is not supported (supported: "
+                               "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+                               "Qwen3ForCausalLM)"
+                             : "config.json: no architectures list%s",
+                          hf ? hf : "");
+        goto out;
+    }
+    const char *A = cfg->arch;
+    cfg->llama_rope = strcmp(A, "llama") == 0;
+    if ((rc = need_int(root, "hidden_size", 1, 1 << 16, &cfg->dim, err, err_len)) ||
+        (rc = need_int(root, "intermediate_size", 1, 1 << 20, &cfg->ffn, err, err_len)) ||
+        (rc = need_int(root, "num_hidden_layers", 1, 1024, &cfg->n_layer, err, err_len)) ||
+        (rc = need_int(root, "num_attention_heads", 1, 1024, &cfg->n_head, err, err_len)) ||
+        (rc = need_int(root, "vocab_size", 1, 1 << 24, &cfg->n_vocab, err, err_len)) ||
+        (rc = opt_int(root, "num_key_value_heads", 1, 1024, cfg->n_head, &cfg->n_kv, err,
+                      err_len)) ||
+        (rc = opt_int(root, "max_position_embeddings", 1, 1 << 24, 2048, &cfg->n_ctx, err,
+                      err_len)))
+        goto out;
+    if (cfg->dim % cfg->n_head && !json_object_get(root, "head_dim")) {
+        rc = cairn_errorf(err, err_len, CAIRN_EFORMAT,
+                          "config.json: hidden_size %d is not a multiple of %d heads", cfg->dim,
+                          cfg->n_head);
+        goto out;
+    }
+    if ((rc = opt_int(root, "head_dim", 1, 1024, cfg->dim / cfg->n_head, &cfg->head_dim, err,
+                      err_len)))
+        goto out;
+    double eps, theta, partial;
+    if ((rc = opt_num(root, "rms_norm_eps", 1e-6, &eps, err, err_len)) ||
+        (rc = opt_num(root, "rope_theta", 10000.0, &theta, err, err_len)) ||
+        (rc = opt_num(root, "partial_rotary_factor", 1.0, &partial, err, err_len)))
+        goto out;
+    cfg->rope_theta = (float)theta;
+    cfg->tied = opt_bool(root, "tie_word_embeddings", false);
+    const char *act = opt_str(root, "hidden_act");
+    if (!act)
+        act = opt_str(root, "hidden_activation");
+    if (act && strcmp(act, "silu") != 0) {
+        rc = cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                          "config.json: hidden_act '%s' is not supported (silu)", act);
+        goto out;
+    }
+    if (cfg->llama_rope && (opt_bool(root, "attention_bias", false) || opt_bool(root, "mlp_bias", false))) {
+        rc = cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                          "config.json: llama with attention_bias or mlp_bias is not supported");
+        goto out;
+    }
+    if (opt_bool(root, "use_sliding_window", false)) {
+        rc = cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                          "config.json: use_sliding_window is true; cairn runs %s with full "
+                          "attention only", A);
+        goto out;
+    }
+    const int n_rot = (int)(cfg->head_dim * partial + 0.5);
+    if (n_rot <= 0 || n_rot > cfg->head_dim || n_rot % 2) {
+        rc = cairn_errorf(err, err_len, CAIRN_EFORMAT,
+                          "config.json: partial_rotary_factor %g gives %d rotary dimensions",
+                          partial, n_rot);
+        goto out;
+    }
+
+    char key[96];
+#define ARCH_KEY(suffix) (snprintf(key, sizeof key, "%s." suffix, A), key)
+    cairn_gguf_builder_set_str(b, "general.architecture", A);
+    const char *name = opt_str(root, "_name_or_path");
+    const char *base = strrchr(dir, '/');
+    base = base && base[1] ? base + 1 : dir;
+    cairn_gguf_builder_set_str(b, "general.name", name && name[0] ? name : base);
+    cairn_gguf_builder_set_u32(b, ARCH_KEY("context_length"), (uint32_t)cfg->n_ctx);
+    cairn_gguf_builder_set_u32(b, ARCH_KEY("embedding_length"), (uint32_t)cfg->dim);
+    cairn_gguf_builder_set_u32(b, ARCH_KEY("block_count"), (uint32_t)cfg->n_layer);
+    cairn_gguf_builder_set_u32(b, ARCH_KEY("feed_forward_length"), (uint32_t)cfg->ffn);
+    cairn_gguf_builder_set_u32(b, ARCH_KEY("attention.head_count"), (uint32_t)cfg->n_head);
+    cairn_gguf_builder_set_u32(b, ARCH_KEY("attention.head_count_kv"), (uint32_t)cfg->n_kv);
+    cairn_gguf_builder_set_u32(b, ARCH_KEY("attention.key_length"), (uint32_t)cfg->head_dim);
+    cairn_gguf_builder_set_u32(b, ARCH_KEY("attention.value_length"), (uint32_t)cfg->head_dim);
+    cairn_gguf_builder_set_u32(b, ARCH_KEY("rope.dimension_count"), (uint32_t)n_rot);
+    cairn_gguf_builder_set_f32(b, ARCH_KEY("attention.layer_norm_rms_epsilon"), (float)eps);
+    cairn_gguf_builder_set_f32(b, ARCH_KEY("rope.freq_base"), (float)theta);
+#undef ARCH_KEY
+    if ((rc = read_rope_scaling(root, cfg, b, A, err, err_len)) ||
+        (rc = read_quantization(root, cfg, err, err_len)))
+        goto out;
+    static const char *const methods[] = {"none", "awq", "gptq", "fp8"};
+    cairn_gguf_builder_set_str(b, "cairn.source.format", "safetensors");
+    rc = cairn_gguf_builder_set_str(b, "cairn.source.quantization", methods[cfg->quant]);
+out:
+    json_decref(root);
+    return rc;
+}

@@ -1,0 +1,437 @@
+/*
+ * ckpt/tokenizer_json.c — a Hugging Face tokenizer.json (and
+ * tokenizer_config.json, generation_config.json) as the tokenizer.ggml.*
+ * keys of a converted GGUF:
+ *
+ *   model.vocab + added_tokens   -> tokens[id], token_type[id]
+ *                                   (normal 1, control 3 for special added
+ *                                   tokens, user-defined 4 for the others,
+ *                                   unused 5 for ids the file leaves empty
+ *                                   up to the embedding's rows, "[PAD<id>]")
+ *   model.merges                 -> merges ("a b"; the list-of-pairs form too)
+ *   pre_tokenizer's split regex  -> tokenizer.ggml.pre, by recognising the
+ *                                   published regexes (Qwen2, Llama 3,
+ *                                   GPT-2): a regex cairn does not know is
+ *                                   refused, since a wrong split would give
+ *                                   other ids without any error
+ *   tokenizer_config.json        -> bos/eos/padding ids, add_bos_token,
+ *                                   chat_template
+ *   generation_config.json       -> a second stop id (eot) when it lists one,
+ *                                   and the recommended sampling settings
+ *                                   (cairn.generation.temperature, top_p,
+ *                                   top_k, min_p, repetition_penalty)
+ *
+ * Only byte-level BPE is read (Qwen2/2.5/3, Llama 3): a SentencePiece-style
+ * tokenizer.json (byte_fallback, Llama 2/Mistral) or another model type is
+ * refused by name. The NFC normalizer Qwen ships is accepted and not
+ * applied, as the GGUF converters do: text already in NFC (nearly all) is
+ * tokenized identically.
+ */
+#include "ckpt/ckpt_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TT_NORMAL 1
+#define TT_CONTROL 3
+#define TT_USER_DEFINED 4
+#define TT_UNUSED 5
+
+/* The split regexes as tokenizer.json spells them, and the GGUF
+ * pre-tokenizer names cairn implements them under (text/tokenizer_pre.c). */
+static const struct {
+    const char *regex;
+    const char *pre;
+} KNOWN_SPLITS[] = {
+    {"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+"
+     "[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+     "qwen2"},
+    {"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+"
+     "[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+     "llama-bpe"},
+};
+
+static const char *str_of(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    return json_is_string(v) ? json_string_value(v) : NULL;
+}
+
+/* Which pre-tokenizer: the Split regexes of the pre_tokenizer (alone or in
+ * a Sequence), or ByteLevel's own GPT-2 regex. */
+static int detect_pre(json_t *pt, const char **pre, char *err, size_t err_len)
+{
+    json_t *list = json_object_get(pt, "pretokenizers");
+    json_t *one = json_array();
+    if (!one)
+        return CAIRN_ENOMEM;
+    if (!json_is_array(list)) {
+        json_array_append(one, pt);
+        list = one;
+    }
+    const char *regex = NULL;
+    bool byte_level = false, byte_level_regex = false;
+    int n_split = 0;
+    size_t i;
+    json_t *p;
+    int rc = CAIRN_OK;
+    json_array_foreach(list, i, p)
+    {
+        const char *type = str_of(p, "type");
+        if (!type)
+            continue;
+        if (strcmp(type, "Split") == 0) {
+            json_t *pat = json_object_get(p, "pattern");
+            regex = str_of(pat, "Regex");
+            n_split++;
+        } else if (strcmp(type, "ByteLevel") == 0) {
+            byte_level = true;
+            json_t *ur = json_object_get(p, "use_regex");
+            byte_level_regex = !json_is_boolean(ur) || json_is_true(ur);
+        } else {
+            rc = cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                              "tokenizer.json: pre-tokenizer '%s' is not supported", type);
+        }
+    }
+    json_decref(one);
+    if (rc)
+        return rc;
+    if (!byte_level)
+        return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                            "tokenizer.json: not a byte-level BPE tokenizer (no ByteLevel "
+                            "pre-tokenizer)");
+    if (n_split == 0 && byte_level_regex) {
+        *pre = "gpt2";
+        return CAIRN_OK;
+    }
+    if (n_split == 1 && regex && !byte_level_regex)
+        for (size_t k = 0; k < sizeof KNOWN_SPLITS / sizeof KNOWN_SPLITS[0]; k++)
+            if (strcmp(regex, KNOWN_SPLITS[k].regex) == 0) {
+                *pre = KNOWN_SPLITS[k].pre;
+                return CAIRN_OK;
+            }
+    return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                        "tokenizer.json: the pre-tokenizer's split regex is not one cairn knows "
+                        "(Qwen2, Llama 3, GPT-2); refusing rather than splitting text differently");
+}
+
+/* Whether a post_processor (a TemplateProcessing, alone or in a Sequence)
+ * starts a single sequence with the special token `first`. */
+static bool post_processor_adds(json_t *pp, const char *first)
+{
+    const char *type = str_of(pp, "type");
+    if (!type || !first)
+        return false;
+    if (strcmp(type, "Sequence") == 0) {
+        size_t i;
+        json_t *p;
+        json_t *list = json_object_get(pp, "processors");
+        json_array_foreach(list, i, p)
+        {
+            if (post_processor_adds(p, first))
+                return true;
+        }
+        return false;
+    }
+    if (strcmp(type, "TemplateProcessing") != 0)
+        return false;
+    json_t *head = json_array_get(json_object_get(pp, "single"), 0);
+    const char *id = str_of(json_object_get(head, "SpecialToken"), "id");
+    return id && strcmp(id, first) == 0;
+}
+
+/* A special token named in tokenizer_config.json: a string or an
+ * AddedToken object {"content": ...}. */
+static const char *token_text(json_t *v)
+{
+    if (json_is_string(v))
+        return json_string_value(v);
+    return json_is_object(v) ? str_of(v, "content") : NULL;
+}
+
+static int64_t id_of(json_t *vocab, json_t *added_by_text, const char *text)
+{
+    if (!text)
+        return -1;
+    json_t *v = json_object_get(added_by_text, text);
+    if (!v)
+        v = json_object_get(vocab, text);
+    return json_is_integer(v) ? json_integer_value(v) : -1;
+}
+
+/* The id of a *_token_id field of config/generation config (an integer, or
+ * the first of a list); -1 when absent. */
+static int64_t cfg_id(json_t *o, const char *key, int which)
+{
+    json_t *v = json_object_get(o, key);
+    if (json_is_array(v))
+        v = json_array_get(v, (size_t)which);
+    else if (which > 0)
+        v = NULL;
+    return json_is_integer(v) ? json_integer_value(v) : -1;
+}
+
+int ckpt_tokenizer_read(const char *dir, int n_vocab, cairn_gguf_builder *b, char *err,
+                        size_t err_len)
+{
+    json_t *tok = NULL, *tcfg = NULL, *gen = NULL, *cfg = NULL, *added_by_text = NULL;
+    char **texts = NULL;
+    int32_t *types = NULL;
+    const char **merges = NULL;
+    char *merge_block = NULL;
+    int64_t n = 0;
+    int rc = ckpt_read_json(dir, "tokenizer.json", false, &tok, err, err_len);
+    if (rc)
+        return rc;
+    if ((rc = ckpt_read_json(dir, "tokenizer_config.json", true, &tcfg, err, err_len)) &&
+        rc != CAIRN_ENOTFOUND)
+        goto out;
+    if ((rc = ckpt_read_json(dir, "generation_config.json", true, &gen, err, err_len)) &&
+        rc != CAIRN_ENOTFOUND)
+        goto out;
+    if ((rc = ckpt_read_json(dir, "config.json", false, &cfg, err, err_len)))
+        goto out;
+
+    json_t *model = json_object_get(tok, "model");
+    const char *mtype = str_of(model, "type");
+    json_t *vocab = json_object_get(model, "vocab"), *mlist = json_object_get(model, "merges");
+    if (!mtype || strcmp(mtype, "BPE") != 0 || !json_is_object(vocab) || !json_is_array(mlist)) {
+        rc = cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                          "tokenizer.json: model type '%s' is not supported (byte-level BPE "
+                          "with vocab and merges)", mtype ? mtype : "?");
+        goto out;
+    }
+    if (json_is_true(json_object_get(model, "byte_fallback"))) {
+        rc = cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                          "tokenizer.json: a SentencePiece-style BPE (byte_fallback) is not "
+                          "supported yet; byte-level BPE only");
+        goto out;
+    }
+    json_t *norm = json_object_get(tok, "normalizer");
+    const char *ntype = norm && !json_is_null(norm) ? str_of(norm, "type") : NULL;
+    if (norm && !json_is_null(norm) && (!ntype || strcmp(ntype, "NFC") != 0)) {
+        rc = cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                          "tokenizer.json: normalizer '%s' is not supported", ntype ? ntype : "?");
+        goto out;
+    }
+    const char *pre = NULL;
+    if ((rc = detect_pre(json_object_get(tok, "pre_tokenizer"), &pre, err, err_len)))
+        goto out;
+
+    /* ids: the vocabulary's, the added tokens', up to the embedding rows */
+    json_t *added = json_object_get(tok, "added_tokens");
+    n = n_vocab;
+    const char *key;
+    json_t *v;
+    json_object_foreach(vocab, key, v)
+    {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+            json_integer_value(v) >= n_vocab) {
+            rc = cairn_errorf(err, err_len, CAIRN_EFORMAT,
+                              "tokenizer.json: token '%s' has id %lld outside the model's %d "
+                              "embedding rows", key, (long long)json_integer_value(v), n_vocab);
+            goto out;
+        }
+    }
+    texts = calloc((size_t)n, sizeof *texts);
+    types = calloc((size_t)n, sizeof *types);
+    added_by_text = json_object();
+    if (!texts || !types || !added_by_text) {
+        rc = CAIRN_ENOMEM;
+        goto out;
+    }
+    json_object_foreach(vocab, key, v)
+    {
+        const int64_t id = json_integer_value(v);
+        if (texts[id]) {
+            rc = cairn_errorf(err, err_len, CAIRN_EFORMAT, "tokenizer.json: id %lld used twice",
+                              (long long)id);
+            goto out;
+        }
+        if (!(texts[id] = strdup(key))) {
+            rc = CAIRN_ENOMEM;
+            goto out;
+        }
+        types[id] = TT_NORMAL;
+    }
+    size_t i;
+    json_array_foreach(added, i, v)
+    {
+        json_t *jid = json_object_get(v, "id");
+        const char *content = str_of(v, "content");
+        if (!json_is_integer(jid) || !content || json_integer_value(jid) < 0 ||
+            json_integer_value(jid) >= n_vocab) {
+            rc = cairn_errorf(err, err_len, CAIRN_EFORMAT,
+                              "tokenizer.json: added token %zu has no content or an id outside "
+                              "the model's %d rows", i, n_vocab);
+            goto out;
+        }
+        const int64_t id = json_integer_value(jid);
+        if (texts[id] && strcmp(texts[id], content) != 0) {
+            rc = cairn_errorf(err, err_len, CAIRN_EFORMAT,
+                              "tokenizer.json: added token '%s' reuses id %lld of '%s'", content,
+                              (long long)id, texts[id]);
+            goto out;
+        }
+        if (!texts[id] && !(texts[id] = strdup(content))) {
+            rc = CAIRN_ENOMEM;
+            goto out;
+        }
+        types[id] = json_is_true(json_object_get(v, "special")) ? TT_CONTROL : TT_USER_DEFINED;
+        json_object_set_new(added_by_text, content, json_integer(id));
+    }
+    for (int64_t id = 0; id < n; id++) {
+        if (texts[id])
+            continue;
+        char pad[32];
+        snprintf(pad, sizeof pad, "[PAD%lld]", (long long)id);
+        if (!(texts[id] = strdup(pad))) {
+            rc = CAIRN_ENOMEM;
+            goto out;
+        }
+        types[id] = TT_UNUSED;
+    }
+
+    /* merges: "a b", or ["a", "b"] (tokenizers >= 0.20) */
+    const size_t n_merges = json_array_size(mlist);
+    size_t block = 0;
+    json_array_foreach(mlist, i, v)
+    {
+        if (json_is_string(v))
+            block += json_string_length(v) + 1;
+        else if (json_is_array(v) && json_array_size(v) == 2 &&
+                 json_is_string(json_array_get(v, 0)) && json_is_string(json_array_get(v, 1)))
+            block += json_string_length(json_array_get(v, 0)) +
+                     json_string_length(json_array_get(v, 1)) + 2;
+        else {
+            rc = cairn_errorf(err, err_len, CAIRN_EFORMAT, "tokenizer.json: merge %zu is malformed",
+                              i);
+            goto out;
+        }
+    }
+    merges = calloc(n_merges ? n_merges : 1, sizeof *merges);
+    merge_block = malloc(block ? block : 1);
+    if (!merges || !merge_block) {
+        rc = CAIRN_ENOMEM;
+        goto out;
+    }
+    size_t at = 0;
+    json_array_foreach(mlist, i, v)
+    {
+        merges[i] = merge_block + at;
+        if (json_is_string(v)) {
+            memcpy(merge_block + at, json_string_value(v), json_string_length(v) + 1);
+            at += json_string_length(v) + 1;
+        } else {
+            at += (size_t)sprintf(merge_block + at, "%s %s", json_string_value(json_array_get(v, 0)),
+                                  json_string_value(json_array_get(v, 1))) + 1;
+        }
+    }
+
+    cairn_gguf_builder_set_str(b, "tokenizer.ggml.model", "gpt2");
+    cairn_gguf_builder_set_str(b, "tokenizer.ggml.pre", pre);
+    cairn_gguf_builder_set_arr_str(b, "tokenizer.ggml.tokens", (const char *const *)texts, NULL,
+                                   (uint64_t)n);
+    cairn_gguf_builder_set_arr(b, "tokenizer.ggml.token_type", CAIRN_GGUF_INT32, types,
+                               (uint64_t)n);
+    cairn_gguf_builder_set_arr_str(b, "tokenizer.ggml.merges", merges, NULL, n_merges);
+
+    /* special ids: tokenizer_config's names first, then the config files' ids */
+    int64_t bos = id_of(vocab, added_by_text, token_text(json_object_get(tcfg, "bos_token")));
+    int64_t eos = id_of(vocab, added_by_text, token_text(json_object_get(tcfg, "eos_token")));
+    int64_t pad = id_of(vocab, added_by_text, token_text(json_object_get(tcfg, "pad_token")));
+    int64_t unk = id_of(vocab, added_by_text, token_text(json_object_get(tcfg, "unk_token")));
+    if (bos < 0)
+        bos = cfg_id(gen, "bos_token_id", 0) >= 0 ? cfg_id(gen, "bos_token_id", 0)
+                                                   : cfg_id(cfg, "bos_token_id", 0);
+    if (eos < 0)
+        eos = cfg_id(gen, "eos_token_id", 0) >= 0 ? cfg_id(gen, "eos_token_id", 0)
+                                                   : cfg_id(cfg, "eos_token_id", 0);
+    /* a second stop id (Qwen's generation_config: [<|im_end|>, <|endoftext|>]) */
+    int64_t eot = -1;
+    for (int k = 0; k < 4 && eot < 0; k++) {
+        const int64_t id = cfg_id(gen, "eos_token_id", k);
+        if (id >= 0 && id != eos)
+            eot = id;
+    }
+    const struct {
+        const char *key;
+        int64_t id;
+    } ids[] = {{"tokenizer.ggml.bos_token_id", bos},
+               {"tokenizer.ggml.eos_token_id", eos},
+               {"tokenizer.ggml.eot_token_id", eot},
+               {"tokenizer.ggml.padding_token_id", pad},
+               {"tokenizer.ggml.unknown_token_id", unk}};
+    for (size_t k = 0; k < sizeof ids / sizeof ids[0]; k++)
+        if (ids[k].id >= 0 && ids[k].id < n)
+            cairn_gguf_builder_set_u32(b, ids[k].key, (uint32_t)ids[k].id);
+    /* generation_config's recommended sampling: what vLLM and SGLang use for
+     * the fields a request leaves out (cairn_runtime_sampling_defaults) */
+    static const char *const gen_keys[] = {"temperature", "top_p", "top_k", "min_p",
+                                           "repetition_penalty"};
+    for (size_t k = 0; gen && k < sizeof gen_keys / sizeof gen_keys[0]; k++) {
+        json_t *g = json_object_get(gen, gen_keys[k]);
+        char key[64];
+        snprintf(key, sizeof key, "cairn.generation.%s", gen_keys[k]);
+        if (json_is_number(g) && json_number_value(g) >= 0 && json_number_value(g) < 1e6)
+            cairn_gguf_builder_set_f32(b, key, (float)json_number_value(g));
+    }
+    /* BOS: tokenizer_config's add_bos_token, else whether the post-processor
+     * puts the BOS token first (Llama 3 ships only that) */
+    json_t *add_bos = json_object_get(tcfg, "add_bos_token");
+    const bool bos_first = json_is_boolean(add_bos)
+                               ? json_is_true(add_bos)
+                               : bos >= 0 && post_processor_adds(json_object_get(tok,
+                                                                                 "post_processor"),
+                                                                 texts[bos]);
+    cairn_gguf_builder_set_bool(b, "tokenizer.ggml.add_bos_token", bos_first);
+
+    /* the chat template: a string, or a list of {name, template} */
+    json_t *tmpl = json_object_get(tcfg, "chat_template");
+    const char *chat = json_is_string(tmpl) ? json_string_value(tmpl) : NULL;
+    if (json_is_array(tmpl)) {
+        json_array_foreach(tmpl, i, v)
+        {
+            const char *name = str_of(v, "name");
+            if (!chat || (name && strcmp(name, "default") == 0))
+                chat = str_of(v, "template");
+        }
+    }
+    if (!chat) {
+        /* newer checkpoints ship it beside: chat_template.jinja */
+        char path[4096];
+        snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
+        FILE *f = fopen(path, "rb");
+        if (f) {
+            cairn_strbuf s = {0};
+            char buf[4096];
+            size_t got;
+            while ((got = fread(buf, 1, sizeof buf, f)) > 0 && s.len < (1u << 20))
+                cairn_strbuf_add(&s, buf, got);
+            fclose(f);
+            if (s.data)
+                cairn_gguf_builder_set_str(b, "tokenizer.chat_template", s.data);
+            cairn_strbuf_free(&s);
+        }
+    } else {
+        cairn_gguf_builder_set_str(b, "tokenizer.chat_template", chat);
+    }
+    rc = CAIRN_OK;
+out:
+    if (rc == CAIRN_ENOMEM)
+        cairn_errorf(err, err_len, rc, "out of memory reading tokenizer.json");
+    if (texts)
+        for (int64_t id = 0; id < n; id++)
+            free(texts[id]);
+    free(texts);
+    free(types);
+    free(merges);
+    free(merge_block);
+    json_decref(added_by_text);
+    json_decref(tok);
+    json_decref(tcfg);
+    json_decref(gen);
+    json_decref(cfg);
+    return rc;
+}

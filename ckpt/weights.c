@@ -1,0 +1,531 @@
+/*
+ * ckpt/weights.c — a checkpoint's tensors under their GGUF names, in the
+ * types cairn multiplies with.
+ *
+ *   model.embed_tokens.weight                 token_embd.weight
+ *   model.layers.L.input_layernorm.weight     blk.L.attn_norm.weight   (F32)
+ *   model.layers.L.self_attn.{q,k,v,o}_proj   blk.L.attn_{q,k,v,output}
+ *   model.layers.L.self_attn.{q,k}_norm       blk.L.attn_{q,k}_norm    (F32)
+ *   model.layers.L.post_attention_layernorm   blk.L.ffn_norm           (F32)
+ *   model.layers.L.mlp.{gate,up,down}_proj    blk.L.ffn_{gate,up,down}
+ *   model.norm.weight                         output_norm.weight       (F32)
+ *   lm_head.weight                            output.weight (absent when tied)
+ *
+ * A linear layer is one of
+ *   <p>.weight                     BF16/F16/F32 [out][in]: used in place
+ *   <p>.weight + weight_scale(_inv) F8_E4M3: -> F8_E4M3 blocks (repacked)
+ *   <p>.qweight/qzeros/scales      AWQ: qweight I32 [in][out/8] with the
+ *                                  eight nibbles of a word holding columns
+ *                                  0,2,4,6,1,3,5,7 of its group of eight;
+ *                                  qzeros [in/g][out/8] alike; scales F16
+ *                                  [in/g][out]; w = (q - z) * s  -> Q4_Z
+ *   <p>.qweight/qzeros/scales/g_idx GPTQ: qweight I32 [in/8][out] with
+ *                                  nibble k of a word the input 8r+k;
+ *                                  qzeros [groups][out/8] sequential, plus
+ *                                  one in the v1 format; scales F16
+ *                                  [groups][out]; g_idx I32 [in] the group
+ *                                  of each input; w = (q - z) * s  -> Q4_Z
+ * The Q4_Z and F8_E4M3 rows are [out][in/32] blocks, each carrying the
+ * scale (and zero) of the group it lies in: exact, since the groups are
+ * whole multiples of 32 inputs. GPTQ's act-order (a g_idx that is not
+ * i / g) sorts the inputs by group (stably) and records the order as
+ * "<name>.input_perm" (I32 [in]): the model gathers its input in that order
+ * before the matmul.
+ *
+ * HF llama keeps each head's q/k rows as [first halves][second halves]
+ * (rotate_half RoPE); GGUF's llama pairs adjacent rows. The rows are
+ * reordered here, as the GGUF converters do, for every format: a row of
+ * any cairn type is self-contained.
+ */
+#include "ckpt/ckpt_impl.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct {
+    const st_set *st;
+    const ckpt_config *cfg;
+    cairn_gguf_builder *b;
+    char *err;
+    size_t err_len;
+    size_t repacked_bytes;
+} loader;
+
+static void free_block(void *ptr, size_t size)
+{
+    (void)size;
+    free(ptr);
+}
+
+/* A block of n bytes the built handle will own; NULL (and *rc set) on
+ * failure. */
+static void *owned(loader *L, size_t n, int *rc)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        *rc = cairn_errorf(L->err, L->err_len, CAIRN_ENOMEM, "out of memory (%.1f MiB)",
+                           (double)n / (1 << 20));
+        return NULL;
+    }
+    if ((*rc = cairn_gguf_builder_keep(L->b, (cairn_gguf_keep){p, n, free_block})))
+        return NULL;
+    L->repacked_bytes += n;
+    return p;
+}
+
+static const st_tensor *need(loader *L, const char *name, int *rc)
+{
+    const st_tensor *t = st_find(L->st, name);
+    if (!t)
+        *rc = cairn_errorf(L->err, L->err_len, CAIRN_EFORMAT, "missing tensor '%s'", name);
+    return t;
+}
+
+/* Check t is [d0] (d1 == 0) or [d0][d1]. */
+static int check_shape(loader *L, const st_tensor *t, int64_t d0, int64_t d1)
+{
+    const int nd = d1 ? 2 : 1;
+    if (t->n_dims != nd || t->shape[0] != d0 || (nd == 2 && t->shape[1] != d1)) {
+        char got[96] = "";
+        size_t at = 0;
+        for (int d = 0; d < t->n_dims; d++)
+            at += (size_t)snprintf(got + at, sizeof got - at, "%s%lld", d ? ", " : "",
+                                   (long long)t->shape[d]);
+        return cairn_errorf(L->err, L->err_len, CAIRN_EFORMAT,
+                            "tensor '%s' (%s) has shape [%s], config.json implies [%lld%s%.0lld]",
+                            t->name, t->file, got, (long long)d0, nd == 2 ? ", " : "",
+                            (long long)d1);
+    }
+    return CAIRN_OK;
+}
+
+/* Element e of a float tensor (F32, F16, BF16), whatever its alignment. */
+static float float_at(const st_tensor *t, int64_t e)
+{
+    const uint8_t *p = t->data + (size_t)e * st_dtype_size(t->dtype);
+    uint16_t h;
+    float f;
+    switch (t->dtype) {
+    case ST_F32:
+        memcpy(&f, p, 4);
+        return f;
+    case ST_F16:
+        memcpy(&h, p, 2);
+        return cairn_fp16_to_fp32(h);
+    case ST_BF16:
+        memcpy(&h, p, 2);
+        return cairn_bf16_to_fp32(h);
+    default:
+        return NAN;
+    }
+}
+
+static bool is_float(st_dtype t) { return t == ST_F32 || t == ST_F16 || t == ST_BF16; }
+
+static uint32_t u32_at(const st_tensor *t, int64_t e)
+{
+    uint32_t v;
+    memcpy(&v, t->data + (size_t)e * 4, 4);
+    return v;
+}
+
+static uint16_t u16_at(const st_tensor *t, int64_t e)
+{
+    uint16_t v;
+    memcpy(&v, t->data + (size_t)e * 2, 2);
+    return v;
+}
+
+/* A 1-D float tensor (norm weight, bias) as F32 under `gname`. */
+static int add_vector(loader *L, const char *hf, const char *gname, int64_t n)
+{
+    int rc = CAIRN_OK;
+    const st_tensor *t = need(L, hf, &rc);
+    if (!t)
+        return rc;
+    if ((rc = check_shape(L, t, n, 0)))
+        return rc;
+    if (!is_float(t->dtype))
+        return cairn_errorf(L->err, L->err_len, CAIRN_EUNSUPPORTED, "tensor '%s' has dtype %s",
+                            hf, st_dtype_name(t->dtype));
+    float *v = owned(L, (size_t)n * sizeof(float), &rc);
+    if (!v)
+        return rc;
+    for (int64_t i = 0; i < n; i++)
+        v[i] = float_at(t, i);
+    const int64_t ne[1] = {n};
+    return cairn_gguf_builder_add_tensor(L->b, gname, CAIRN_TYPE_F32, 1, ne, v);
+}
+
+/* The source row of destination row r: HF llama's rotate-half order of
+ * each head's rows to GGUF's adjacent pairs (rope_heads > 0), else r. */
+static int64_t src_row(int64_t r, int rope_heads, int hd)
+{
+    if (rope_heads <= 0)
+        return r;
+    const int64_t h = r / hd, i = r % hd, half = hd / 2;
+    return h * hd + (i % 2) * half + i / 2;
+}
+
+static int add_float_linear(loader *L, const st_tensor *t, const char *gname, int64_t n_out,
+                            int64_t n_in, int rope_heads)
+{
+    int rc = check_shape(L, t, n_out, n_in);
+    if (rc)
+        return rc;
+    const cairn_type type = t->dtype == ST_BF16 ? CAIRN_TYPE_BF16
+                            : t->dtype == ST_F16 ? CAIRN_TYPE_F16
+                                                 : CAIRN_TYPE_F32;
+    const int64_t ne[2] = {n_in, n_out};
+    if (rope_heads <= 0)
+        return cairn_gguf_builder_add_tensor(L->b, gname, type, 2, ne, t->data);
+    const size_t row = (size_t)n_in * st_dtype_size(t->dtype);
+    uint8_t *w = owned(L, row * (size_t)n_out, &rc);
+    if (!w)
+        return rc;
+    for (int64_t r = 0; r < n_out; r++)
+        memcpy(w + (size_t)r * row, t->data + (size_t)src_row(r, rope_heads, L->cfg->head_dim) * row,
+               row);
+    return cairn_gguf_builder_add_tensor(L->b, gname, type, 2, ne, w);
+}
+
+/* ---- FP8 ------------------------------------------------------------------- */
+
+static int add_fp8_linear(loader *L, const char *hf, const st_tensor *t, const char *gname,
+                          int64_t n_out, int64_t n_in, int rope_heads)
+{
+    int rc = check_shape(L, t, n_out, n_in);
+    if (rc)
+        return rc;
+    if (n_in % 32)
+        return cairn_errorf(L->err, L->err_len, CAIRN_EUNSUPPORTED,
+                            "tensor '%s': FP8 rows of %lld are not a multiple of 32", t->name,
+                            (long long)n_in);
+    char name[512];
+    const ckpt_config *c = L->cfg;
+    snprintf(name, sizeof name, "%s.%s", hf, c->fp8_block ? "weight_scale_inv" : "weight_scale");
+    const st_tensor *s = need(L, name, &rc);
+    if (!s)
+        return rc;
+    if (!is_float(s->dtype))
+        return cairn_errorf(L->err, L->err_len, CAIRN_EFORMAT, "tensor '%s' has dtype %s", name,
+                            st_dtype_name(s->dtype));
+    /* which scale covers (row, column): per tensor, per row, or per block */
+    int64_t br = 0, bc = 0, n_bc = 1;
+    if (c->fp8_block) {
+        br = c->fp8_block_rows;
+        bc = c->fp8_block_cols;
+        n_bc = (n_in + bc - 1) / bc;
+        if ((rc = check_shape(L, s, (n_out + br - 1) / br, n_bc)))
+            return rc;
+    } else if (s->n_elems != 1 && s->n_elems != n_out) {
+        return cairn_errorf(L->err, L->err_len, CAIRN_EFORMAT,
+                            "tensor '%s' has %lld scales; expected 1 (per tensor) or %lld (per "
+                            "output channel)", name, (long long)s->n_elems, (long long)n_out);
+    }
+    const int64_t nb = n_in / 32;
+    uint8_t *w = owned(L, (size_t)(n_out * nb * 36), &rc);
+    if (!w)
+        return rc;
+    for (int64_t r = 0; r < n_out; r++) {
+        const int64_t sr = src_row(r, rope_heads, c->head_dim);
+        const uint8_t *q = t->data + (size_t)(sr * n_in);
+        for (int64_t blk = 0; blk < nb; blk++) {
+            const int64_t col = blk * 32;
+            float d = c->fp8_block        ? float_at(s, (sr / br) * n_bc + col / bc)
+                      : s->n_elems == 1 ? float_at(s, 0)
+                                        : float_at(s, sr);
+            if (!isfinite(d))
+                return cairn_errorf(L->err, L->err_len, CAIRN_EFORMAT,
+                                    "tensor '%s' has a scale that is not finite", name);
+            uint8_t *dst = w + (size_t)((r * nb + blk) * 36);
+            memcpy(dst, &d, 4);
+            memcpy(dst + 4, q + col, 32);
+            for (int j = 0; j < 32; j++)
+                if ((q[col + j] & 0x7f) == 0x7f)
+                    return cairn_errorf(L->err, L->err_len, CAIRN_EFORMAT,
+                                        "tensor '%s' holds a NaN at [%lld, %lld]", t->name,
+                                        (long long)sr, (long long)(col + j));
+        }
+    }
+    const int64_t ne[2] = {n_in, n_out};
+    return cairn_gguf_builder_add_tensor(L->b, gname, CAIRN_TYPE_F8_E4M3, 2, ne, w);
+}
+
+/* ---- AWQ and GPTQ ------------------------------------------------------------ */
+
+/* AWQ's nibble for column j of a group of eight: its packing order
+ * 0,2,4,6,1,3,5,7 inverted. */
+static const int AWQ_NIBBLE[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+static int add_int4_linear(loader *L, const char *hf, const char *gname, int64_t n_out,
+                           int64_t n_in, int rope_heads)
+{
+    const ckpt_config *c = L->cfg;
+    const bool awq = c->quant == QM_AWQ;
+    const int64_t g = c->group_size == -1 ? n_in : c->group_size;
+    if (n_in % 32 || n_out % 8 || (awq && n_in % g))
+        return cairn_errorf(L->err, L->err_len, CAIRN_EUNSUPPORTED,
+                            "'%s': a [%lld, %lld] layer does not fit 4-bit groups of %lld", hf,
+                            (long long)n_out, (long long)n_in, (long long)g);
+    const int64_t n_groups = (n_in + g - 1) / g;
+    char name[512];
+    int rc = CAIRN_OK;
+    snprintf(name, sizeof name, "%s.qweight", hf);
+    const st_tensor *qw = need(L, name, &rc);
+    snprintf(name, sizeof name, "%s.qzeros", hf);
+    const st_tensor *qz = qw ? need(L, name, &rc) : NULL;
+    snprintf(name, sizeof name, "%s.scales", hf);
+    const st_tensor *sc = qz ? need(L, name, &rc) : NULL;
+    if (!sc)
+        return rc;
+    if (qw->dtype != ST_I32 || qz->dtype != ST_I32 || sc->dtype != ST_F16)
+        return cairn_errorf(L->err, L->err_len, CAIRN_EFORMAT,
+                            "'%s': qweight/qzeros must be I32 and scales F16 (got %s, %s, %s)", hf,
+                            st_dtype_name(qw->dtype), st_dtype_name(qz->dtype),
+                            st_dtype_name(sc->dtype));
+    if ((rc = check_shape(L, qw, awq ? n_in : n_in / 8, awq ? n_out / 8 : n_out)) ||
+        (rc = check_shape(L, qz, n_groups, n_out / 8)) ||
+        (rc = check_shape(L, sc, n_groups, n_out)))
+        return rc;
+
+    /* GPTQ's groups: g_idx, or i / g when absent */
+    int32_t *gidx = malloc((size_t)n_in * sizeof *gidx);
+    int32_t *perm = NULL;
+    if (!gidx)
+        return cairn_errorf(L->err, L->err_len, CAIRN_ENOMEM, "out of memory");
+    bool ordered = true;
+    snprintf(name, sizeof name, "%s.g_idx", hf);
+    const st_tensor *gi = awq ? NULL : st_find(L->st, name);
+    if (gi && (gi->dtype != ST_I32 || (rc = check_shape(L, gi, n_in, 0)))) {
+        free(gidx);
+        return rc ? rc
+                  : cairn_errorf(L->err, L->err_len, CAIRN_EFORMAT, "tensor '%s' must be I32",
+                                 name);
+    }
+    for (int64_t i = 0; i < n_in; i++) {
+        gidx[i] = gi ? (int32_t)u32_at(gi, i) : (int32_t)(i / g);
+        if (gidx[i] < 0 || gidx[i] >= n_groups) {
+            free(gidx);
+            return cairn_errorf(L->err, L->err_len, CAIRN_EFORMAT,
+                                "tensor '%s': input %lld is in group %d of %lld", name, (long long)i,
+                                gidx[i], (long long)n_groups);
+        }
+        ordered = ordered && gidx[i] == (int32_t)(i / g);
+    }
+    /* act-order: the inputs sorted by group (counting sort, stable) */
+    if (!ordered) {
+        int64_t *start = calloc((size_t)n_groups + 1, sizeof *start);
+        perm = malloc((size_t)n_in * sizeof *perm);
+        if (!start || !perm) {
+            free(start);
+            free(perm);
+            free(gidx);
+            return cairn_errorf(L->err, L->err_len, CAIRN_ENOMEM, "out of memory");
+        }
+        for (int64_t i = 0; i < n_in; i++)
+            start[gidx[i] + 1]++;
+        for (int64_t k = 0; k < n_groups; k++)
+            start[k + 1] += start[k];
+        for (int64_t i = 0; i < n_in; i++)
+            perm[start[gidx[i]]++] = (int32_t)i;
+        free(start);
+        for (int64_t j = 0; j < n_in; j += 32)
+            for (int64_t k = 1; k < 32; k++)
+                if (gidx[perm[j + k]] != gidx[perm[j]]) {
+                    free(perm);
+                    free(gidx);
+                    return cairn_errorf(L->err, L->err_len, CAIRN_EUNSUPPORTED,
+                                        "'%s': act-order groups are not whole multiples of 32 "
+                                        "inputs", hf);
+                }
+    }
+
+    const int64_t nb = n_in / 32;
+    uint8_t *w = owned(L, (size_t)(n_out * nb * 20), &rc);
+    if (!w) {
+        free(perm);
+        free(gidx);
+        return rc;
+    }
+    /* the weight code of (input i, output o) and the zero of (group k, o) */
+#define QCODE(i, o)                                                                                \
+    (awq ? (int)((u32_at(qw, (i) * (n_out / 8) + (o) / 8) >> (4 * AWQ_NIBBLE[(o) % 8])) & 15)      \
+         : (int)((u32_at(qw, ((i) / 8) * n_out + (o)) >> (4 * ((i) % 8))) & 15))
+#define QZERO(k, o)                                                                                \
+    (awq ? (int)((u32_at(qz, (k) * (n_out / 8) + (o) / 8) >> (4 * AWQ_NIBBLE[(o) % 8])) & 15)      \
+         : (int)((u32_at(qz, (k) * (n_out / 8) + (o) / 8) >> (4 * ((o) % 8))) & 15) +              \
+               (c->gptq_v1_zeros ? 1 : 0))
+    /* input-block-major, so the rows of qweight a block reads stay in cache */
+    for (int64_t blk = 0; blk < nb; blk++) {
+        for (int64_t r = 0; r < n_out; r++) {
+            const int64_t o = src_row(r, rope_heads, c->head_dim);
+            const int64_t first = perm ? perm[blk * 32] : blk * 32;
+            const int k = gidx[first];
+            uint8_t *dst = w + (size_t)((r * nb + blk) * 20);
+            const uint16_t d = u16_at(sc, (int64_t)k * n_out + o);
+            memcpy(dst, &d, 2);
+            dst[2] = (uint8_t)QZERO(k, o);
+            dst[3] = 0;
+            for (int j = 0; j < 16; j++) {
+                const int64_t i0 = perm ? perm[blk * 32 + j] : blk * 32 + j;
+                const int64_t i1 = perm ? perm[blk * 32 + j + 16] : blk * 32 + j + 16;
+                dst[4 + j] = (uint8_t)(QCODE(i0, o) | (QCODE(i1, o) << 4));
+            }
+        }
+    }
+#undef QCODE
+#undef QZERO
+    free(gidx);
+    const int64_t ne[2] = {n_in, n_out};
+    rc = cairn_gguf_builder_add_tensor(L->b, gname, CAIRN_TYPE_Q4_Z, 2, ne, w);
+    if (rc == CAIRN_OK && perm) {
+        int32_t *kept = owned(L, (size_t)n_in * sizeof *kept, &rc);
+        if (kept) {
+            memcpy(kept, perm, (size_t)n_in * sizeof *kept);
+            char pname[256];
+            snprintf(pname, sizeof pname, "%.*s.input_perm",
+                     (int)(strlen(gname) - strlen(".weight")), gname);
+            const int64_t pne[1] = {n_in};
+            rc = cairn_gguf_builder_add_tensor(L->b, pname, CAIRN_TYPE_I32, 1, pne, kept);
+        }
+    }
+    free(perm);
+    return rc;
+}
+
+/* One linear layer "<hf>" ([n_out][n_in]) under "<gname>" in whatever
+ * format the checkpoint stores it. */
+static int add_linear(loader *L, const char *hf, const char *gname, int64_t n_out, int64_t n_in,
+                      int rope_heads)
+{
+    char name[512];
+    snprintf(name, sizeof name, "%s.weight", hf);
+    const st_tensor *t = st_find(L->st, name);
+    if (t && is_float(t->dtype))
+        return add_float_linear(L, t, gname, n_out, n_in, rope_heads);
+    if (t && t->dtype == ST_F8_E4M3 && L->cfg->quant == QM_FP8)
+        return add_fp8_linear(L, hf, t, gname, n_out, n_in, rope_heads);
+    if (t)
+        return cairn_errorf(L->err, L->err_len, CAIRN_EUNSUPPORTED,
+                            "tensor '%s' has dtype %s%s", name, st_dtype_name(t->dtype),
+                            t->dtype == ST_F8_E4M3 ? " but config.json declares no FP8 quantization"
+                                                   : "");
+    if (L->cfg->quant == QM_AWQ || L->cfg->quant == QM_GPTQ)
+        return add_int4_linear(L, hf, gname, n_out, n_in, rope_heads);
+    return cairn_errorf(L->err, L->err_len, CAIRN_EFORMAT, "missing tensor '%s'", name);
+}
+
+/* Llama 3's RoPE scaling as GGUF's rope_freqs tensor: one divisor per
+ * frequency, 1 for the fast ones, `factor` for the slow ones, and a smooth
+ * blend between the two wavelengths. */
+static int add_llama3_rope_freqs(loader *L)
+{
+    const ckpt_config *c = L->cfg;
+    const int half = c->head_dim / 2;
+    int rc = CAIRN_OK;
+    float *f = owned(L, (size_t)half * sizeof *f, &rc);
+    if (!f)
+        return rc;
+    const double lo_wavelen = c->rope_orig_ctx / c->rope_low_freq;
+    const double hi_wavelen = c->rope_orig_ctx / c->rope_high_freq;
+    for (int i = 0; i < half; i++) {
+        const double freq = 1.0 / pow(c->rope_theta, 2.0 * i / c->head_dim);
+        const double wavelen = 2 * M_PI / freq;
+        if (wavelen < hi_wavelen)
+            f[i] = 1.0f;
+        else if (wavelen > lo_wavelen)
+            f[i] = c->rope_factor;
+        else {
+            const double smooth = (c->rope_orig_ctx / wavelen - c->rope_low_freq) /
+                                  (c->rope_high_freq - c->rope_low_freq);
+            f[i] = (float)(1.0 / ((1 - smooth) / c->rope_factor + smooth));
+        }
+    }
+    const int64_t ne[1] = {half};
+    return cairn_gguf_builder_add_tensor(L->b, "rope_freqs.weight", CAIRN_TYPE_F32, 1, ne, f);
+}
+
+int ckpt_weights_add(const st_set *s, const ckpt_config *cfg, cairn_gguf_builder *b, char *err,
+                     size_t err_len)
+{
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    loader L = {s, cfg, b, err, err_len, 0};
+    const int64_t dim = cfg->dim, hd = cfg->head_dim, ffn = cfg->ffn;
+    const int64_t q_dim = (int64_t)cfg->n_head * hd, kv_dim = (int64_t)cfg->n_kv * hd;
+    const int llama = cfg->llama_rope;
+    int rc = CAIRN_OK;
+
+    /* the embedding table stays a float table: it is looked up, not multiplied */
+    const st_tensor *emb = need(&L, "model.embed_tokens.weight", &rc);
+    if (!emb)
+        return rc;
+    if (!is_float(emb->dtype))
+        return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                            "model.embed_tokens.weight has dtype %s (a float type expected)",
+                            st_dtype_name(emb->dtype));
+    if ((rc = add_float_linear(&L, emb, "token_embd.weight", cfg->n_vocab, dim, 0)) ||
+        (rc = add_vector(&L, "model.norm.weight", "output_norm.weight", dim)))
+        return rc;
+    if (st_find(s, "lm_head.weight") || st_find(s, "lm_head.qweight")) {
+        if ((rc = add_linear(&L, "lm_head", "output.weight", cfg->n_vocab, dim, 0)))
+            return rc;
+    } else if (!cfg->tied) {
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT,
+                            "no lm_head.weight, and config.json does not tie it to the embeddings");
+    }
+    if (cfg->llama3_rope && (rc = add_llama3_rope_freqs(&L)))
+        return rc;
+
+    for (int l = 0; l < cfg->n_layer && rc == CAIRN_OK; l++) {
+        char hf[160], g[96];
+        const struct {
+            const char *hf, *gguf;
+            int64_t n_out, n_in;
+            int rope_heads;
+        } lin[] = {
+            {"self_attn.q_proj", "attn_q", q_dim, dim, llama ? cfg->n_head : 0},
+            {"self_attn.k_proj", "attn_k", kv_dim, dim, llama ? cfg->n_kv : 0},
+            {"self_attn.v_proj", "attn_v", kv_dim, dim, 0},
+            {"self_attn.o_proj", "attn_output", dim, q_dim, 0},
+            {"mlp.gate_proj", "ffn_gate", ffn, dim, 0},
+            {"mlp.up_proj", "ffn_up", ffn, dim, 0},
+            {"mlp.down_proj", "ffn_down", dim, ffn, 0},
+        };
+        for (size_t i = 0; i < sizeof lin / sizeof lin[0] && rc == CAIRN_OK; i++) {
+            snprintf(hf, sizeof hf, "model.layers.%d.%s", l, lin[i].hf);
+            snprintf(g, sizeof g, "blk.%d.%s.weight", l, lin[i].gguf);
+            rc = add_linear(&L, hf, g, lin[i].n_out, lin[i].n_in, lin[i].rope_heads);
+        }
+        const struct {
+            const char *hf, *gguf;
+            int64_t n;
+            bool wanted;
+        } vec[] = {
+            {"input_layernorm.weight", "attn_norm.weight", dim, true},
+            {"post_attention_layernorm.weight", "ffn_norm.weight", dim, true},
+            {"self_attn.q_proj.bias", "attn_q.bias", q_dim, strcmp(cfg->arch, "qwen2") == 0},
+            {"self_attn.k_proj.bias", "attn_k.bias", kv_dim, strcmp(cfg->arch, "qwen2") == 0},
+            {"self_attn.v_proj.bias", "attn_v.bias", kv_dim, strcmp(cfg->arch, "qwen2") == 0},
+            {"self_attn.q_norm.weight", "attn_q_norm.weight", hd, strcmp(cfg->arch, "qwen3") == 0},
+            {"self_attn.k_norm.weight", "attn_k_norm.weight", hd, strcmp(cfg->arch, "qwen3") == 0},
+        };
+        for (size_t i = 0; i < sizeof vec / sizeof vec[0] && rc == CAIRN_OK; i++) {
+            if (!vec[i].wanted)
+                continue;
+            snprintf(hf, sizeof hf, "model.layers.%d.%s", l, vec[i].hf);
+            snprintf(g, sizeof g, "blk.%d.%s", l, vec[i].gguf);
+            rc = add_vector(&L, hf, g, vec[i].n);
+        }
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (rc == CAIRN_OK && L.repacked_bytes > ((size_t)64 << 20))
+        cairn_log(CAIRN_LOG_INFO, "ckpt: repacked %.1f MiB of weights in %.2f s",
+                  (double)L.repacked_bytes / (1 << 20),
+                  (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9);
+    return rc;
+}
