@@ -29,6 +29,7 @@
 #include "cli/cli.h"
 #include "cli/cli_spec.h"
 
+#include <dirent.h>
 #include <getopt.h>
 #include <math.h>
 #include <pthread.h>
@@ -362,6 +363,7 @@ typedef struct {
     /* what one decode step reads, in bytes: the weights a token touches and
      * the K/V rows of every layer at the tg run's mean context */
     double weight_bytes, kv_bytes, mean_ctx;
+    double load_s;        /* opening the model: read, repack, upload */
     double read_bw;       /* bytes/s; 0 = not measured */
     size_t read_bw_bytes; /* the probe's buffer */
 } bench_results;
@@ -491,9 +493,10 @@ static void print_bench_json(const bench_opts *o, const cairn_hparams *hp, int t
     printf("{\"pp\": %.3f, \"tg\": %.3f, \"pp_sd\": %.3f, \"tg_sd\": %.3f, "
            "\"n_prompt\": %d, \"n_gen\": %d, \"depth\": %d, \"reps\": %d, \"threads\": %d, "
            "\"model\": \"%s\", \"model_bytes\": %lld, \"n_params_dim\": %d, "
-           "\"n_layer\": %d, \"n_vocab\": %d",
+           "\"n_layer\": %d, \"n_vocab\": %d, \"load_s\": %.3f",
            res->pp.mean, res->tg.mean, res->pp.sd, res->tg.sd, o->n_prompt, o->n_gen, o->depth,
-           o->reps, threads, hp->name, model_bytes, hp->dim, hp->n_layer, hp->n_vocab);
+           o->reps, threads, hp->name, model_bytes, hp->dim, hp->n_layer, hp->n_vocab,
+           res->load_s);
     const double bpt = res->weight_bytes + res->kv_bytes;
     const double achieved = bpt * res->tg.mean;
     printf(", \"bytes_per_token\": %.0f, \"weight_bytes_per_token\": %.0f, "
@@ -563,6 +566,31 @@ static void print_bench_table(const bench_opts *o, const cairn_hparams *hp, int 
                res->read_bw / 1e9, threads, res->read_bw_bytes / 1073741824.0, BW_PASSES);
     else
         printf("read bandwidth: not measured%s\n", o->no_bandwidth ? " (--no-bandwidth)" : "");
+    printf("load: %.2f s (open, repack, upload)\n", res->load_s);
+}
+
+/* The bytes of the model on disk: the GGUF file, or a checkpoint folder's
+ * .safetensors files; -1 when unknown. */
+static long long model_file_bytes(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return -1;
+    if (!S_ISDIR(st.st_mode))
+        return (long long)st.st_size;
+    DIR *d = opendir(path);
+    long long total = 0;
+    for (struct dirent *e; d && (e = readdir(d));) {
+        const size_t len = strlen(e->d_name);
+        char file[4096];
+        if (len > 12 && strcmp(e->d_name + len - 12, ".safetensors") == 0 &&
+            snprintf(file, sizeof file, "%s/%s", path, e->d_name) < (int)sizeof file &&
+            stat(file, &st) == 0)
+            total += (long long)st.st_size;
+    }
+    if (d)
+        closedir(d);
+    return d ? total : -1;
 }
 
 /* Load the model, run the tests, print the results: the exit status. */
@@ -570,8 +598,10 @@ static int run_bench(const bench_opts *o)
 {
     cli_runtime rt;
     const cairn_runtime_config cfg = cli_spec_runtime_config(&o->model, &o->draft);
+    const double t_load = cairn_now();
     if (cli_runtime_open(&rt, &o->model, &cfg) != CAIRN_OK)
         return 1;
+    const double load_s = cairn_now() - t_load;
     const cairn_hparams *hp = cairn_model_hparams(rt.model);
     const int need = o->depth + (o->n_prompt > o->n_gen ? o->n_prompt : o->n_gen);
     if (need > hp->n_ctx_train) {
@@ -585,7 +615,7 @@ static int run_bench(const bench_opts *o)
         return 1;
     }
     bench_buffers b = {0};
-    bench_results res = {0};
+    bench_results res = {.load_s = load_s};
     const int threads = cairn_backend_cpu_threads(rt.be);
     int rc = bench_buffers_alloc(&b, &rt, o);
     if (rc == CAIRN_OK)
@@ -604,8 +634,7 @@ static int run_bench(const bench_opts *o)
         }
     }
     if (rc == CAIRN_OK) {
-        struct stat st;
-        long long model_bytes = stat(o->model.model_path, &st) == 0 ? (long long)st.st_size : -1;
+        const long long model_bytes = model_file_bytes(o->model.model_path);
         if (o->json)
             print_bench_json(o, hp, threads, model_bytes, &res);
         else
