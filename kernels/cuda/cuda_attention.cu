@@ -40,12 +40,54 @@
  * or the lowest over the tile's rows (the tiled kernel), so a windowed
  * decode step reads O(W) keys, not the whole context.
  *
- * Not done yet: splitting one long decode row over several blocks
- * (FlashDecoding), K/V read once per KV head for the whole GQA group, and
- * tensor cores for the tiled kernel (docs/cuda.md).
+ * Split-KV decode (FlashDecoding). The row kernel puts one block on a
+ * (row, head): at batch 1 an 8B model (32 heads) fills 32 of 132 SMs, and
+ * each block walks the whole context alone. A decode row (one query row,
+ * no mask) with more than ATTN_SPLIT_MIN_KEYS = 1024 visible keys is
+ * instead cut into chunks of ATTN_SPLIT_CHUNK = 256 keys:
+ *   pass 1, one block per (row, chunk, KV head, slice of <= 8 query heads
+ *     of its GQA group): the online softmax above over the chunk for all
+ *     heads of the slice at once (each K/V element loaded once per slice,
+ *     not once per query head), writing (m, l, unnormalized acc[head_dim])
+ *     per (row, head, chunk) to scratch;
+ *   pass 2, one block per (row, head): M = max m_c, then in chunk order
+ *     0, 1, 2, ...: L += exp(m_c - M) l_c, acc += exp(m_c - M) acc_c;
+ *     out = acc / L, rotated back.
+ * Chunk size, from bytes per block: a 256-key chunk of an F16 head_dim 128
+ * head is 256 x 2 x 256 B = 128 KiB of K+V; its partials are 4 heads x 130
+ * floats = 2 KiB written and read again, ~3% on top. At the H200's 4.8
+ * TB/s over 132 SMs (36 B/ns an SM) the chunk is ~3.6 us of an SM's share
+ * of HBM, well above a block's start-up; and 4k keys x 8 KV heads already
+ * give 128 blocks (one wave), 16k keys 512. Smaller chunks double the
+ * partial traffic for no more parallelism at those lengths; larger ones
+ * leave SMs idle at 4k. Threshold: at <= 1024 keys a layer's whole K+V
+ * (1024 x 8 x 512 B = 4 MiB for the 8B model) is ~1 us of HBM, about the
+ * cost of the second launch, so short rows keep the single-pass kernel.
+ * Scratch: the backend's device scratch (cuda_scratch_reserve, grown only
+ * when too small, never freed per call), at most ATTN_SPLIT_SCRATCH_MAX =
+ * 64 MiB per launch group; more split rows than that run as several groups
+ * one after the other in the same scratch.
+ *
+ * Batch rule: a row's output depends only on its own sequence (its
+ * context, q_index, the window) and the shape, never on the batch, the
+ * number of rows in the call, or which other sequences are present. So
+ * which kernel a row takes and its chunking are a pure function of its
+ * visible key count and (n_head, head_dim) (attn_split_chunks), never of
+ * the batch size or the SM count; how rows are grouped into launches and
+ * where their partials lie changes no value. Same row alone or in a batch:
+ * same bits. The one exception: if the scratch cannot be allocated (out
+ * of device memory) the long rows fall back to the row kernel, logged.
+ * Masked rows (trees), prefills and rows whose partials alone would pass
+ * the scratch bound (~1M keys at 32 heads of 128) stay on the other
+ * kernels.
+ *
+ * Not done yet: tensor cores for the tiled kernel, and the split path's
+ * K/V loads are per element (cu_kv_elem), not vectorized (docs/cuda.md,
+ * bench/gpu/NOTES.md).
  *
  * Host arrays (page tables, q_index, masks) are staged into one region:
- *   seq_desc[n_seqs] | (seq, i)[rows] | tiles[n_tiles] | pages... |
+ *   seq_desc[n_seqs] | (seq, i)[rows] | tiles[n_tiles] |
+ *   split_row[n_split] | (split row, chunk)[n_chunks] | pages... |
  *   q_index... | masks...
  */
 #include <math.h>
@@ -63,6 +105,15 @@
 #define ATTN_TILE_ROWS_PER_WARP 4
 #define ATTN_TILE_MAX_HD 128 /* shared memory: (16*hd + 32*(hd+1) + 32*hd) floats < 48 KB */
 #define ATTN_TILE_MIN_ROWS 2 /* sequences with fewer query rows use the row kernel */
+
+/* split-KV decode (see the header comment for the arithmetic) */
+#define ATTN_SPLIT_CHUNK 256     /* keys per block of pass 1                          */
+#define ATTN_SPLIT_MIN_KEYS 1024 /* a row with more visible keys than this is split    */
+#define ATTN_SPLIT_G 8           /* query heads of a GQA group per block (a slice)     */
+#define ATTN_SPLIT_TILE 64       /* keys scored per step inside a chunk                */
+/* Partials of one launch group at most; a row that alone needs more (over
+ * ~1M keys at 32 heads of 128) stays on the row kernel. */
+#define ATTN_SPLIT_SCRATCH_MAX ((size_t)64 << 20)
 
 typedef struct {
     int q_start, n_q, n_kv;
@@ -208,6 +259,260 @@ static __global__ void attention_kernel(float *out, const float *q, const uint8_
         const int d = threadIdx.x + k * ATTN_THREADS;
         if (d < head_dim)
             out[q_off + d] = acc[k] * inv;
+    }
+}
+
+/* ---- split-KV decode (FlashDecoding) -------------------------------------- */
+
+/* A decode row taken by the split path: its visible keys [j_lo, j_hi) in
+ * n_chunks chunks of ATTN_SPLIT_CHUNK; its partials are records
+ * part_base .. part_base + n_chunks - 1 (per head) of its launch group. */
+typedef struct {
+    int q_row;   /* row of q / out                               */
+    int j_lo;    /* first visible key (the window's), 0 without  */
+    int j_hi;    /* one past the last visible key: q_index + 1   */
+    int n_chunks;
+    int64_t pages_off; /* int32 offset into the staged int32 area */
+    int64_t part_base; /* chunk records before this row's, in its group */
+} attn_split_row;
+
+/* Pass 1. One block per (chunk c of split row r, KV head kvh, slice of up
+ * to ATTN_SPLIT_G of its query heads): blockIdx.x indexes the (r, c) table
+ * `chunks`, blockIdx.y = kvh * n_slices + slice. The block scores every key
+ * of the chunk against all gn query heads of the slice at once, so each K
+ * and V element is loaded once for the slice, not once per query head:
+ *   1. each warp takes a key (lanes split head_dim), loads K[d] once and
+ *      adds it into gn dot products; a warp sum each;
+ *   2. thread g < gn: tile maximum of head g, new m_g, correction
+ *      exp(m_old - m_new) (0 while nothing was seen);
+ *   3. every thread turns its share of the gn x tile scores into p;
+ *   4. thread g < gn: l_g = l_g * corr_g + sum_j p_gj in key order; every
+ *      thread owns head_dim / ATTN_THREADS dimensions d for all gn heads,
+ *      loads V[d] once per key and adds p_gj V[d] to each head's acc.
+ * It writes, per head, the record (m, l, acc[head_dim]) — acc not divided
+ * by l, in the rotated domain when there is a rotation — to
+ *   part[((part_base + c) * n_head + h) * (head_dim + 2)].
+ * Every key of a chunk is visible (plain causal rows only), so each chunk
+ * has a finite m unless a score itself overflows. */
+template <int KT>
+static __global__ void attention_split_kernel(float *part, const float *q, const uint8_t *pool,
+                                              int layer, int head_dim, int page_size,
+                                              size_t head_bytes, int rotation, size_t row_bytes,
+                                              size_t page_bytes, int n_head, int group,
+                                              int n_slices, float scale,
+                                              const attn_split_row *srows, const int32_t *chunks,
+                                              const int32_t *ints)
+{
+    __shared__ float s_q[ATTN_SPLIT_G * 512];
+    __shared__ float s_p[ATTN_SPLIT_G][ATTN_SPLIT_TILE];
+    __shared__ float s_m[ATTN_SPLIT_G], s_l[ATTN_SPLIT_G], s_corr[ATTN_SPLIT_G];
+
+    const attn_split_row sr = srows[chunks[2 * blockIdx.x]];
+    const int c = chunks[2 * blockIdx.x + 1];
+    const int kvh = blockIdx.y / n_slices, slice = blockIdx.y % n_slices;
+    const int h0 = kvh * group + slice * ATTN_SPLIT_G;
+    const int gn = group - slice * ATTN_SPLIT_G < ATTN_SPLIT_G ? group - slice * ATTN_SPLIT_G
+                                                               : ATTN_SPLIT_G;
+    const int hd = head_dim;
+    const int j_begin = sr.j_lo + c * ATTN_SPLIT_CHUNK;
+    const int j_end = sr.j_hi - j_begin < ATTN_SPLIT_CHUNK ? sr.j_hi : j_begin + ATTN_SPLIT_CHUNK;
+    const int32_t *pages = ints + sr.pages_off;
+    const size_t head_off = (size_t)kvh * head_bytes;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+    /* the slice's query heads h0 .. h0 + gn - 1 are consecutive in q */
+    const float *qr = q + ((size_t)sr.q_row * n_head + h0) * hd;
+    for (int idx = threadIdx.x; idx < gn * hd; idx += ATTN_THREADS)
+        s_q[idx] = qr[idx];
+    if (threadIdx.x < ATTN_SPLIT_G) {
+        s_m[threadIdx.x] = -INFINITY;
+        s_l[threadIdx.x] = 0.0f;
+    }
+    __syncthreads();
+    if (rotation > 0) /* runs of R divide head_dim: no run straddles two heads */
+        cu_fwht_runs<false>(s_q, gn * hd, rotation, threadIdx.x, ATTN_THREADS);
+
+    float acc[ATTN_MAX_DIMS_PER_THREAD][ATTN_SPLIT_G];
+#pragma unroll
+    for (int k = 0; k < ATTN_MAX_DIMS_PER_THREAD; k++)
+#pragma unroll
+        for (int g = 0; g < ATTN_SPLIT_G; g++)
+            acc[k][g] = 0.0f;
+
+    for (int j0 = j_begin; j0 < j_end; j0 += ATTN_SPLIT_TILE) {
+        const int tile = j_end - j0 < ATTN_SPLIT_TILE ? j_end - j0 : ATTN_SPLIT_TILE;
+        /* 1. scores of the tile's keys for the gn heads */
+        for (int jj = warp; jj < tile; jj += ATTN_THREADS / 32) {
+            const int j = j0 + jj;
+            const uint8_t *k = pool + (size_t)pages[j / page_size] * page_bytes +
+                               (((size_t)layer * 2) * page_size + (size_t)(j % page_size)) * row_bytes +
+                               head_off;
+            float dot[ATTN_SPLIT_G];
+#pragma unroll
+            for (int g = 0; g < ATTN_SPLIT_G; g++)
+                dot[g] = 0.0f;
+            for (int d = lane; d < hd; d += 32) {
+                const float kd = cu_kv_elem<KT>(k, d);
+#pragma unroll
+                for (int g = 0; g < ATTN_SPLIT_G; g++)
+                    if (g < gn)
+                        dot[g] += s_q[g * hd + d] * kd;
+            }
+#pragma unroll
+            for (int g = 0; g < ATTN_SPLIT_G; g++) {
+                if (g >= gn)
+                    break; /* uniform over the block */
+                float s = dot[g];
+                for (int o = 16; o > 0; o >>= 1)
+                    s += __shfl_xor_sync(0xffffffffu, s, o);
+                if (lane == 0)
+                    s_p[g][jj] = s * scale;
+            }
+        }
+        __syncthreads();
+        /* 2. per head: new maximum and the correction of what came before */
+        if (threadIdx.x < gn) {
+            const int g = threadIdx.x;
+            float tmax = -INFINITY;
+            for (int jj = 0; jj < tile; jj++)
+                tmax = fmaxf(tmax, s_p[g][jj]);
+            const float m_old = s_m[g], m_new = fmaxf(m_old, tmax);
+            s_corr[g] = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+            s_m[g] = m_new;
+        }
+        __syncthreads();
+        /* 3. p = exp(s - m) (0 for a -inf score, also while m is -inf) */
+        for (int idx = threadIdx.x; idx < gn * ATTN_SPLIT_TILE; idx += ATTN_THREADS) {
+            const int g = idx / ATTN_SPLIT_TILE, jj = idx % ATTN_SPLIT_TILE;
+            if (jj < tile) {
+                const float s = s_p[g][jj];
+                s_p[g][jj] = s == -INFINITY ? 0.0f : expf(s - s_m[g]);
+            }
+        }
+        __syncthreads();
+        /* 4. l in key order (one thread a head), and p V into acc */
+        if (threadIdx.x < gn) {
+            const int g = threadIdx.x;
+            float p_sum = 0.0f;
+            for (int jj = 0; jj < tile; jj++)
+                p_sum += s_p[g][jj];
+            s_l[g] = s_l[g] * s_corr[g] + p_sum;
+        }
+        float corr[ATTN_SPLIT_G];
+#pragma unroll
+        for (int g = 0; g < ATTN_SPLIT_G; g++)
+            corr[g] = g < gn ? s_corr[g] : 0.0f;
+#pragma unroll
+        for (int k = 0; k < ATTN_MAX_DIMS_PER_THREAD; k++) {
+            const int d = threadIdx.x + k * ATTN_THREADS;
+            if (d >= hd)
+                break;
+#pragma unroll
+            for (int g = 0; g < ATTN_SPLIT_G; g++)
+                acc[k][g] *= corr[g];
+            for (int jj = 0; jj < tile; jj++) {
+                const int j = j0 + jj;
+                const uint8_t *v =
+                    pool + (size_t)pages[j / page_size] * page_bytes +
+                    (((size_t)layer * 2 + 1) * page_size + (size_t)(j % page_size)) * row_bytes +
+                    head_off;
+                const float vd = cu_kv_elem<KT>(v, d);
+#pragma unroll
+                for (int g = 0; g < ATTN_SPLIT_G; g++)
+                    if (g < gn)
+                        acc[k][g] += s_p[g][jj] * vd;
+            }
+        }
+        __syncthreads(); /* s_p, s_corr are rewritten by the next tile */
+    }
+
+    /* s_m[g] and s_l[g] were last written by thread g itself */
+    const size_t rec = (size_t)hd + 2;
+    float *base = part + ((size_t)(sr.part_base + c) * n_head + h0) * rec;
+    if (threadIdx.x < gn) {
+        base[(size_t)threadIdx.x * rec] = s_m[threadIdx.x];
+        base[(size_t)threadIdx.x * rec + 1] = s_l[threadIdx.x];
+    }
+#pragma unroll
+    for (int k = 0; k < ATTN_MAX_DIMS_PER_THREAD; k++) {
+        const int d = threadIdx.x + k * ATTN_THREADS;
+        if (d >= hd)
+            break;
+#pragma unroll
+        for (int g = 0; g < ATTN_SPLIT_G; g++)
+            if (g < gn)
+                base[(size_t)g * rec + 2 + d] = acc[k][g];
+    }
+}
+
+/* Pass 2. One block per (split row, query head): the chunks' records merged
+ * in chunk order 0, 1, 2, ...:
+ *   M = max_c m_c (a block reduction; max is exact, so any order gives the
+ *       same value), w_c = exp(m_c - M),
+ *   L = sum_c w_c l_c,  out[d] = (sum_c w_c acc_c[d]) / L,
+ * each thread summing in that order for its own d (and computing the same
+ * L as every other thread). Rotated back through shared memory at the end.
+ * out may alias q: pass 1 (earlier on the stream) read this row's q. */
+static __global__ void attention_combine_kernel(float *out, const float *part, int head_dim,
+                                                int n_head, int rotation,
+                                                const attn_split_row *srows)
+{
+    __shared__ float s_o[512];
+    __shared__ float s_wmax[ATTN_THREADS / 32];
+    const attn_split_row sr = srows[blockIdx.x];
+    const int h = blockIdx.y, hd = head_dim;
+    const size_t rec = (size_t)hd + 2, stride = (size_t)n_head * rec;
+    const float *r0 = part + ((size_t)sr.part_base * n_head + h) * rec;
+
+    float M = -INFINITY;
+    for (int c = threadIdx.x; c < sr.n_chunks; c += ATTN_THREADS)
+        M = fmaxf(M, r0[(size_t)c * stride]);
+    for (int o = 16; o > 0; o >>= 1)
+        M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    if (threadIdx.x % 32 == 0)
+        s_wmax[threadIdx.x / 32] = M;
+    __syncthreads();
+    M = s_wmax[0];
+    for (int w = 1; w < ATTN_THREADS / 32; w++)
+        M = fmaxf(M, s_wmax[w]);
+
+    float a[ATTN_MAX_DIMS_PER_THREAD];
+#pragma unroll
+    for (int k = 0; k < ATTN_MAX_DIMS_PER_THREAD; k++)
+        a[k] = 0.0f;
+    float L = 0.0f;
+    for (int c = 0; c < sr.n_chunks; c++) {
+        const float *r = r0 + (size_t)c * stride;
+        const float mc = r[0];
+        const float w = mc == -INFINITY ? 0.0f : expf(mc - M);
+        L += w * r[1];
+#pragma unroll
+        for (int k = 0; k < ATTN_MAX_DIMS_PER_THREAD; k++) {
+            const int d = threadIdx.x + k * ATTN_THREADS;
+            if (d < hd)
+                a[k] += w * r[2 + d];
+        }
+    }
+    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+    float *o = out + ((size_t)sr.q_row * n_head + h) * hd;
+    if (rotation > 0) {
+#pragma unroll
+        for (int k = 0; k < ATTN_MAX_DIMS_PER_THREAD; k++) {
+            const int d = threadIdx.x + k * ATTN_THREADS;
+            if (d < hd)
+                s_o[d] = a[k] * inv;
+        }
+        __syncthreads();
+        cu_fwht_runs<false>(s_o, hd, rotation, threadIdx.x, ATTN_THREADS);
+        for (int d = threadIdx.x; d < hd; d += ATTN_THREADS)
+            o[d] = s_o[d];
+        return;
+    }
+#pragma unroll
+    for (int k = 0; k < ATTN_MAX_DIMS_PER_THREAD; k++) {
+        const int d = threadIdx.x + k * ATTN_THREADS;
+        if (d < hd)
+            o[d] = a[k] * inv;
     }
 }
 
@@ -378,6 +683,64 @@ static __global__ void attention_tile_kernel(float *out, const float *q, const u
     }
 }
 
+/* Bytes of the partials of a split row of n_chunks chunks. */
+static size_t attn_split_bytes(int n_chunks, int n_head, int head_dim)
+{
+    return (size_t)n_chunks * (size_t)n_head * ((size_t)head_dim + 2) * sizeof(float);
+}
+
+/* The number of chunks when `seq` takes the split path, else 0; *j_lo its
+ * first visible key. A pure function of this sequence (one unmasked query
+ * row, its q_index, the window) and of the shape (n_head, head_dim) — never
+ * of the other sequences, the row count or the device — so a row gets the
+ * same kernels, and the same bits, alone or in any batch. */
+static int attn_split_chunks(const cairn_attn_seq *seq, int window, int n_head, int head_dim,
+                             int *j_lo)
+{
+    if (seq->n_q != 1 || seq->mask)
+        return 0; /* prefills (tiled kernel), trees (masks): the other kernels */
+    const int qi = seq->q_index[0];
+    int lo = 0;
+    if (window > 0) {
+        lo = qi - window + 1;
+        lo = lo > 0 ? lo : 0;
+    }
+    const int visible = qi + 1 - lo;
+    if (visible <= ATTN_SPLIT_MIN_KEYS)
+        return 0;
+    const int n_chunks = (visible + ATTN_SPLIT_CHUNK - 1) / ATTN_SPLIT_CHUNK;
+    if (attn_split_bytes(n_chunks, n_head, head_dim) > ATTN_SPLIT_SCRATCH_MAX)
+        return 0;
+    *j_lo = lo;
+    return n_chunks;
+}
+
+/* Both passes for the split rows r_lo .. r_hi - 1, whose chunks are
+ * c_lo .. c_hi - 1 of the chunk table and whose partials start at part. */
+static int attn_split_launch(cuda_ctx *ctx, const cairn_attn_args *a, const uint8_t *pool,
+                             size_t head_bytes, float *part, const attn_split_row *srows,
+                             const int32_t *chunks, const int32_t *ints, int64_t r_lo,
+                             int64_t r_hi, int64_t c_lo, int64_t c_hi)
+{
+    const cairn_kv_layout *L = a->kv;
+    const int group = a->n_head / L->n_kv_head;
+    const int n_slices = (group + ATTN_SPLIT_G - 1) / ATTN_SPLIT_G;
+    const dim3 grid1((unsigned)(c_hi - c_lo), (unsigned)(L->n_kv_head * n_slices));
+    const int32_t *ch = chunks + 2 * c_lo;
+#define ATTN_SPLIT_LAUNCH(KT)                                                                      \
+    attention_split_kernel<KT><<<grid1, ATTN_THREADS, 0, ctx->stream>>>(                           \
+        part, a->q, pool, a->layer, L->head_dim, L->page_size, head_bytes, L->rotation,            \
+        L->row_bytes, L->page_bytes, a->n_head, group, n_slices, a->scale, srows, ch, ints)
+    CUDA_KV_TYPE_DISPATCH(L->dtype, ATTN_SPLIT_LAUNCH)
+#undef ATTN_SPLIT_LAUNCH
+    CUDA_LAUNCHED("attention_split");
+    const dim3 grid2((unsigned)(r_hi - r_lo), (unsigned)a->n_head);
+    attention_combine_kernel<<<grid2, ATTN_THREADS, 0, ctx->stream>>>(
+        a->out, part, L->head_dim, a->n_head, L->rotation, srows + r_lo);
+    CUDA_LAUNCHED("attention_combine");
+    return CAIRN_OK;
+}
+
 int cuda_attention(cairn_backend *be, const cairn_attn_args *a)
 {
     if (!be || cairn_attn_args_check(a, NULL) != CAIRN_OK)
@@ -391,16 +754,66 @@ int cuda_attention(cairn_backend *be, const cairn_attn_args *a)
                   L->head_dim, ATTN_THREADS * ATTN_MAX_DIMS_PER_THREAD);
         return CAIRN_EUNSUPPORTED;
     }
+    int rc = cuda_enter(be);
+    if (rc != CAIRN_OK)
+        return rc;
+    cuda_ctx *ctx = cuda_ctx_of(be);
+    const int hd = L->head_dim, W = a->window;
+
+    /* Split decode rows (attn_split_chunks) and the scratch their partials
+     * need: rows are taken in sequence order into launch groups of at most
+     * ATTN_SPLIT_SCRATCH_MAX bytes, which run one after the other in the
+     * same scratch. The grouping depends on the batch, the values do not. */
+    int64_t n_split = 0, n_chunks = 0;
+    size_t group_bytes = 0, scratch_bytes = 0;
+    for (int s = 0; s < a->n_seqs; s++) {
+        int j_lo;
+        const int nc = attn_split_chunks(&a->seqs[s], W, a->n_head, hd, &j_lo);
+        if (nc == 0)
+            continue;
+        const size_t b = attn_split_bytes(nc, a->n_head, hd);
+        if (group_bytes + b > ATTN_SPLIT_SCRATCH_MAX)
+            group_bytes = 0;
+        group_bytes += b;
+        scratch_bytes = group_bytes > scratch_bytes ? group_bytes : scratch_bytes;
+        n_split++;
+        n_chunks += nc;
+    }
+    if (n_chunks > INT32_MAX)
+        return CAIRN_EINVAL;
+    int use_split = n_split > 0;
+    void *part = NULL;
+    if (use_split) {
+        /* the matmul scratch: grown (after the stream drains) only when too
+         * small, so no allocation in the steady state; everything that
+         * uses it later is ordered after both passes on the stream */
+        rc = cuda_scratch_reserve(ctx, scratch_bytes, &part);
+        if (rc == CAIRN_ENOMEM) {
+            /* the one exception to the batch rule: out of device memory,
+             * these rows fall back to the row kernel (other bits, same
+             * answer within rounding) rather than fail the step */
+            cairn_log(CAIRN_LOG_WARN,
+                      "cuda attention: no %.1f MiB for split-KV partials; the row kernel "
+                      "takes the long decode rows",
+                      (double)scratch_bytes / (1 << 20));
+            use_split = 0;
+            n_split = n_chunks = 0;
+        } else if (rc != CAIRN_OK) {
+            return rc;
+        }
+    }
+
     /* Sizes of the staged pieces. Sequences with several query rows go to
-     * the tiled kernel (when the head fits its shared memory), the others
-     * row by row. */
-    const int tiled_hd = L->head_dim <= ATTN_TILE_MAX_HD;
+     * the tiled kernel (when the head fits its shared memory), long decode
+     * rows to the split path, the others row by row. */
+    const int tiled_hd = hd <= ATTN_TILE_MAX_HD;
     int64_t n_rows = 0, n_tiles = 0, n_ints = 0, n_mask_bytes = 0;
     for (int s = 0; s < a->n_seqs; s++) {
         const cairn_attn_seq *seq = &a->seqs[s];
+        int j_lo;
         if (tiled_hd && seq->n_q >= ATTN_TILE_MIN_ROWS)
             n_tiles += (seq->n_q + ATTN_TILE_Q - 1) / ATTN_TILE_Q;
-        else
+        else if (!(use_split && attn_split_chunks(seq, W, a->n_head, hd, &j_lo) > 0))
             n_rows += seq->n_q;
         n_ints += (seq->n_kv + L->page_size - 1) / L->page_size;
         if (seq->mask)
@@ -410,17 +823,16 @@ int cuda_attention(cairn_backend *be, const cairn_attn_args *a)
     }
     if (n_rows > INT32_MAX || n_tiles > INT32_MAX)
         return CAIRN_EINVAL;
-    int rc = cuda_enter(be);
-    if (rc != CAIRN_OK)
-        return rc;
-    cuda_ctx *ctx = cuda_ctx_of(be);
 
     const size_t desc_bytes = ((size_t)a->n_seqs * sizeof(attn_seq_desc) + 15) / 16 * 16;
     const size_t rows_bytes = ((size_t)n_rows * 2 * sizeof(int32_t) + 15) / 16 * 16;
     const size_t tiles_bytes = ((size_t)n_tiles * sizeof(attn_qtile) + 15) / 16 * 16;
+    const size_t srows_bytes = ((size_t)n_split * sizeof(attn_split_row) + 15) / 16 * 16;
+    const size_t chunks_bytes = ((size_t)n_chunks * 2 * sizeof(int32_t) + 15) / 16 * 16;
     const size_t ints_bytes = ((size_t)n_ints * sizeof(int32_t) + 15) / 16 * 16;
     const size_t off_rows = desc_bytes, off_tiles = off_rows + rows_bytes;
-    const size_t off_ints = off_tiles + tiles_bytes, off_masks = off_ints + ints_bytes;
+    const size_t off_srows = off_tiles + tiles_bytes, off_chunks = off_srows + srows_bytes;
+    const size_t off_ints = off_chunks + chunks_bytes, off_masks = off_ints + ints_bytes;
     const size_t total = off_masks + (size_t)n_mask_bytes;
     uint8_t *host, *dev;
     if ((rc = cuda_stage_reserve(ctx, total, &host, &dev)) != CAIRN_OK)
@@ -430,7 +842,10 @@ int cuda_attention(cairn_backend *be, const cairn_attn_args *a)
     attn_qtile *tiles = (attn_qtile *)(host + off_tiles);
     int32_t *ints = (int32_t *)(host + off_ints);
     uint8_t *masks = host + off_masks;
-    int64_t row = 0, tile = 0, io = 0, mo = 0;
+    attn_split_row *srows = (attn_split_row *)(host + off_srows);
+    int32_t *chunk_tab = (int32_t *)(host + off_chunks);
+    int64_t row = 0, tile = 0, io = 0, mo = 0, sr = 0, ci = 0, group_chunks = 0;
+    group_bytes = 0;
     for (int s = 0; s < a->n_seqs; s++) {
         const cairn_attn_seq *seq = &a->seqs[s];
         attn_seq_desc *d = &descs[s];
@@ -459,7 +874,32 @@ int cuda_attention(cairn_backend *be, const cairn_attn_args *a)
             memcpy(ints + io, seq->q_index, (size_t)seq->n_q * sizeof(int32_t));
             io += seq->n_q;
         }
-        if (tiled_hd && seq->n_q >= ATTN_TILE_MIN_ROWS) {
+        int j_lo = 0;
+        const int nc = tiled_hd && seq->n_q >= ATTN_TILE_MIN_ROWS
+                           ? 0
+                           : (use_split ? attn_split_chunks(seq, W, a->n_head, hd, &j_lo) : 0);
+        if (nc > 0) {
+            /* the same grouping as the sizing loop above */
+            const size_t b = attn_split_bytes(nc, a->n_head, hd);
+            if (group_bytes + b > ATTN_SPLIT_SCRATCH_MAX) {
+                group_bytes = 0;
+                group_chunks = 0;
+            }
+            group_bytes += b;
+            attn_split_row *r = &srows[sr];
+            r->q_row = seq->q_start;
+            r->j_lo = j_lo;
+            r->j_hi = seq->q_index[0] + 1;
+            r->n_chunks = nc;
+            r->pages_off = d->pages_off;
+            r->part_base = group_chunks;
+            group_chunks += nc;
+            for (int c = 0; c < nc; c++, ci++) {
+                chunk_tab[2 * ci] = (int32_t)sr;
+                chunk_tab[2 * ci + 1] = c;
+            }
+            sr++;
+        } else if (tiled_hd && seq->n_q >= ATTN_TILE_MIN_ROWS) {
             for (int i0 = 0; i0 < seq->n_q; i0 += ATTN_TILE_Q, tile++) {
                 tiles[tile].seq = s;
                 tiles[tile].i0 = i0;
@@ -477,7 +917,38 @@ int cuda_attention(cairn_backend *be, const cairn_attn_args *a)
         return rc;
 
     const uint8_t *pool = (const uint8_t *)a->kv_pool + L->layer_base;
-    const int R = L->rotation, W = a->window;
+    const int R = L->rotation;
+    if (n_split > 0) {
+        /* launch group by group, the same grouping again */
+        int64_t r = 0, r_lo = 0, c = 0, c_lo = 0;
+        group_bytes = 0;
+        for (int s = 0; s <= a->n_seqs; s++) {
+            int j_lo, nc = 0;
+            if (s < a->n_seqs) {
+                nc = attn_split_chunks(&a->seqs[s], W, a->n_head, hd, &j_lo);
+                if (nc == 0)
+                    continue;
+            }
+            const size_t b = s < a->n_seqs ? attn_split_bytes(nc, a->n_head, hd) : 0;
+            if (s == a->n_seqs || group_bytes + b > ATTN_SPLIT_SCRATCH_MAX) {
+                if (r > r_lo &&
+                    (rc = attn_split_launch(ctx, a, pool, head_bytes, (float *)part,
+                                            (const attn_split_row *)(dev + off_srows),
+                                            (const int32_t *)(dev + off_chunks),
+                                            (const int32_t *)(dev + off_ints), r_lo, r, c_lo,
+                                            c)) != CAIRN_OK)
+                    return rc;
+                r_lo = r;
+                c_lo = c;
+                group_bytes = 0;
+            }
+            if (s == a->n_seqs)
+                break;
+            group_bytes += b;
+            r++;
+            c += nc;
+        }
+    }
     if (n_rows > 0) {
         dim3 grid((unsigned)n_rows, (unsigned)a->n_head);
 #define ATTN_ROW_LAUNCH(KT)                                                                        \
@@ -490,7 +961,6 @@ int cuda_attention(cairn_backend *be, const cairn_attn_args *a)
         CUDA_LAUNCHED("attention");
     }
     if (n_tiles > 0) {
-        const int hd = L->head_dim;
         const size_t smem =
             (size_t)(ATTN_TILE_Q * hd + ATTN_TILE_K * (hd + 1) + ATTN_TILE_K * hd) * sizeof(float);
         dim3 grid((unsigned)n_tiles, (unsigned)a->n_head);
