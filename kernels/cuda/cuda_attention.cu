@@ -114,6 +114,8 @@
 /* Partials of one launch group at most; a row that alone needs more (over
  * ~1M keys at 32 heads of 128) stays on the row kernel. */
 #define ATTN_SPLIT_SCRATCH_MAX ((size_t)64 << 20)
+static_assert(ATTN_SPLIT_TILE <= ATTN_THREADS, "a thread per key of a tile resolves its offset");
+static_assert(ATTN_SPLIT_G <= ATTN_THREADS, "a thread per head keeps m and l");
 
 typedef struct {
     int q_start, n_q, n_kv;
@@ -281,6 +283,8 @@ typedef struct {
  * `chunks`, blockIdx.y = kvh * n_slices + slice. The block scores every key
  * of the chunk against all gn query heads of the slice at once, so each K
  * and V element is loaded once for the slice, not once per query head:
+ *   0. thread jj < tile resolves key jj's page and byte offset into shared
+ *      memory (one divide and page-table load per key, not per element);
  *   1. each warp takes a key (lanes split head_dim), loads K[d] once and
  *      adds it into gn dot products; a warp sum each;
  *   2. thread g < gn: tile maximum of head g, new m_g, correction
@@ -306,6 +310,7 @@ static __global__ void attention_split_kernel(float *part, const float *q, const
     __shared__ float s_q[ATTN_SPLIT_G * 512];
     __shared__ float s_p[ATTN_SPLIT_G][ATTN_SPLIT_TILE];
     __shared__ float s_m[ATTN_SPLIT_G], s_l[ATTN_SPLIT_G], s_corr[ATTN_SPLIT_G];
+    __shared__ size_t s_koff[ATTN_SPLIT_TILE]; /* byte offset of each key's K head */
 
     const attn_split_row sr = srows[chunks[2 * blockIdx.x]];
     const int c = chunks[2 * blockIdx.x + 1];
@@ -318,6 +323,7 @@ static __global__ void attention_split_kernel(float *part, const float *q, const
     const int j_end = sr.j_hi - j_begin < ATTN_SPLIT_CHUNK ? sr.j_hi : j_begin + ATTN_SPLIT_CHUNK;
     const int32_t *pages = ints + sr.pages_off;
     const size_t head_off = (size_t)kvh * head_bytes;
+    const size_t v_off = (size_t)page_size * row_bytes; /* V follows K in the layer */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
     /* the slice's query heads h0 .. h0 + gn - 1 are consecutive in q */
@@ -341,16 +347,25 @@ static __global__ void attention_split_kernel(float *part, const float *q, const
 
     for (int j0 = j_begin; j0 < j_end; j0 += ATTN_SPLIT_TILE) {
         const int tile = j_end - j0 < ATTN_SPLIT_TILE ? j_end - j0 : ATTN_SPLIT_TILE;
-        /* 1. scores of the tile's keys for the gn heads */
+        /* 0. each key's page id and offset once (no divide or dependent
+         * page-table load per element below); V is page_size rows on */
+        if (threadIdx.x < tile) {
+            const int j = j0 + threadIdx.x;
+            s_koff[threadIdx.x] =
+                (size_t)pages[j / page_size] * page_bytes +
+                (((size_t)layer * 2) * page_size + (size_t)(j % page_size)) * row_bytes + head_off;
+        }
+        __syncthreads();
+        /* 1. scores of the tile's keys for the gn heads (unrolled so that two
+         * keys' loads are in flight per warp, not one) */
+#pragma unroll 2
         for (int jj = warp; jj < tile; jj += ATTN_THREADS / 32) {
-            const int j = j0 + jj;
-            const uint8_t *k = pool + (size_t)pages[j / page_size] * page_bytes +
-                               (((size_t)layer * 2) * page_size + (size_t)(j % page_size)) * row_bytes +
-                               head_off;
+            const uint8_t *k = pool + s_koff[jj];
             float dot[ATTN_SPLIT_G];
 #pragma unroll
             for (int g = 0; g < ATTN_SPLIT_G; g++)
                 dot[g] = 0.0f;
+#pragma unroll 4
             for (int d = lane; d < hd; d += 32) {
                 const float kd = cu_kv_elem<KT>(k, d);
 #pragma unroll
@@ -410,12 +425,11 @@ static __global__ void attention_split_kernel(float *part, const float *q, const
 #pragma unroll
             for (int g = 0; g < ATTN_SPLIT_G; g++)
                 acc[k][g] *= corr[g];
+            /* no branch on p (every key of a chunk is visible): unrolled,
+             * eight keys' V loads are in flight per thread */
+#pragma unroll 8
             for (int jj = 0; jj < tile; jj++) {
-                const int j = j0 + jj;
-                const uint8_t *v =
-                    pool + (size_t)pages[j / page_size] * page_bytes +
-                    (((size_t)layer * 2 + 1) * page_size + (size_t)(j % page_size)) * row_bytes +
-                    head_off;
+                const uint8_t *v = pool + s_koff[jj] + v_off;
                 const float vd = cu_kv_elem<KT>(v, d);
 #pragma unroll
                 for (int g = 0; g < ATTN_SPLIT_G; g++)
@@ -423,7 +437,7 @@ static __global__ void attention_split_kernel(float *part, const float *q, const
                         acc[k][g] += s_p[g][jj] * vd;
             }
         }
-        __syncthreads(); /* s_p, s_corr are rewritten by the next tile */
+        __syncthreads(); /* s_p, s_corr, s_koff are rewritten by the next tile */
     }
 
     /* s_m[g] and s_l[g] were last written by thread g itself */

@@ -1163,6 +1163,188 @@ static void test_attention_windows(void **state)
     check_attention(&r, CAIRN_TYPE_BF16, 2, 2, 64, 16, 0, -1, 1000);
 }
 
+/* ---- split-KV decode ---------------------------------------------------------- */
+
+/* Decode rows with more than 1024 visible keys take the CUDA backend's
+ * split path (kernels/cuda/cuda_attention.cu: 256-key chunks over every
+ * query head of a GQA slice, merged in chunk order by a second kernel).
+ * Four sequences in one call:
+ *   0: a decode row over 4100 KV (17 chunks, the last of 4 keys), the row
+ *      the batch checks follow;
+ *   1: a decode row over 1500 KV (6 chunks, also split);
+ *   2: a decode row over 200 KV (the row kernel);
+ *   3: a prefill of 24 rows ending at 3001 KV (the tiled kernel, or the row
+ *      kernel for heads above 128).
+ * Compared with the CPU at the attention tolerance above. Then the batch
+ * rule: sequence 0 alone (q_start 0, its own buffers), and with two others
+ * of different lengths in another order, must give the very bits it gave
+ * in the four-sequence call. */
+enum { SPL_S = 4, SPL_ROWS = 27 };
+static const int spl_n_kv[SPL_S] = {4100, 1500, 200, 3001}, spl_n_q[SPL_S] = {1, 1, 1, 24};
+static const int spl_q_start[SPL_S] = {26, 0, 25, 1};
+
+/* The GPU's attention of `n` sequences (their q rows at q_start in q, n_rows
+ * rows) over pool_g: the output rows, on the host (out over q with alias). */
+static float *split_run_gpu(const cairn_kv_layout *L, int n_head, void *pool_g, const float *q,
+                            int n_rows, const cairn_attn_seq *seqs, int n, int window,
+                            int alias_out)
+{
+    const size_t bytes = (size_t)n_rows * n_head * L->head_dim * 4;
+    void *Q = kt_dev(gpu, q, bytes), *O = NULL;
+    if (!alias_out) {
+        uint8_t *nan = kt_xmalloc(bytes);
+        memset(nan, 0xff, bytes);
+        O = kt_dev(gpu, nan, bytes);
+        free(nan);
+    }
+    cairn_attn_args a = {alias_out ? Q : O, Q, pool_g, L, 1, n_head,
+                         1.0f / sqrtf((float)L->head_dim), n, seqs, window};
+    assert_int_equal(gpu->iface->attention(gpu, &a), CAIRN_OK);
+    float *out = kt_host(gpu, alias_out ? Q : O, bytes);
+    gpu->iface->free(gpu, Q);
+    if (O)
+        gpu->iface->free(gpu, O);
+    return out;
+}
+
+static void check_attention_split(kt_rng *r, cairn_type dtype, int n_kv_head, int group,
+                                  int head_dim, int page_size, int window, int alias_out)
+{
+    cairn_kv_layout L;
+    assert_int_equal(cairn_kv_layout_init(&L, 2, n_kv_head, head_dim, page_size, dtype), CAIRN_OK);
+    const int n_head = n_kv_head * group, layer = 1;
+    int n_pages = 2;
+    for (int s = 0; s < SPL_S; s++)
+        n_pages += (spl_n_kv[s] + page_size - 1) / page_size;
+    int32_t *perm = kt_xmalloc((size_t)n_pages * sizeof(int32_t));
+    kt_permutation(r, perm, n_pages); /* scattered pages, none shared */
+    int32_t *pages[SPL_S];
+    int used = 0;
+    for (int s = 0; s < SPL_S; s++) {
+        pages[s] = perm + used;
+        used += (spl_n_kv[s] + page_size - 1) / page_size;
+    }
+    /* the KV written by the CPU's kv_store, and the same bytes sent to the
+     * GPU's pool (kv_store itself is compared above) */
+    const size_t pool_bytes = (size_t)n_pages * L.page_bytes;
+    void *pool_c = kt_dev(cpu, NULL, pool_bytes), *pool_g = kt_dev(gpu, NULL, pool_bytes);
+    const int width = n_kv_head * head_dim;
+    for (int s = 0; s < SPL_S; s++) {
+        for (int j0 = 0; j0 < spl_n_kv[s]; j0 += 512) {
+            const int T = spl_n_kv[s] - j0 < 512 ? spl_n_kv[s] - j0 : 512;
+            float *k = kt_xmalloc((size_t)T * width * 4), *v = kt_xmalloc((size_t)T * width * 4);
+            kt_fill(r, k, (size_t)T * width, -1, 1);
+            kt_fill(r, v, (size_t)T * width, -1, 1);
+            int32_t *slots = kt_xmalloc((size_t)T * 4);
+            for (int t = 0; t < T; t++)
+                slots[t] = pages[s][(j0 + t) / page_size] * page_size + (j0 + t) % page_size;
+            void *K = kt_dev(cpu, k, (size_t)T * width * 4), *V = kt_dev(cpu, v, (size_t)T * width * 4);
+            assert_int_equal(cpu->iface->kv_store(cpu, pool_c, &L, layer, K, V, slots, T), CAIRN_OK);
+            cpu->iface->free(cpu, K);
+            cpu->iface->free(cpu, V);
+            free(k);
+            free(v);
+            free(slots);
+        }
+    }
+    {
+        uint8_t *c = kt_host(cpu, pool_c, pool_bytes);
+        assert_int_equal(gpu->iface->upload(gpu, pool_g, c, pool_bytes), CAIRN_OK);
+        free(c);
+    }
+
+    const size_t row_width = (size_t)n_head * head_dim, qn = (size_t)SPL_ROWS * row_width;
+    float *q = kt_xmalloc(qn * 4);
+    /* a wider spread than the other cases: sharper softmaxes, whose
+     * maximum moves from chunk to chunk */
+    kt_fill(r, q, qn, -4.0f, 4.0f);
+    int32_t qi0[1] = {spl_n_kv[0] - 1}, qi1[1] = {spl_n_kv[1] - 1}, qi2[1] = {spl_n_kv[2] - 1};
+    int32_t qi3[24];
+    for (int i = 0; i < 24; i++)
+        qi3[i] = spl_n_kv[3] - 24 + i;
+    const int32_t *qidx[SPL_S] = {qi0, qi1, qi2, qi3};
+    cairn_attn_seq seqs[SPL_S];
+    for (int s = 0; s < SPL_S; s++)
+        seqs[s] = (cairn_attn_seq){spl_q_start[s], spl_n_q[s], spl_n_kv[s], qidx[s], pages[s], NULL};
+
+    /* the CPU reference */
+    void *Qc = kt_dev(cpu, q, qn * 4), *Oc = NULL;
+    if (!alias_out) {
+        uint8_t *nan = kt_xmalloc(qn * 4);
+        memset(nan, 0xff, qn * 4);
+        Oc = kt_dev(cpu, nan, qn * 4);
+        free(nan);
+    }
+    cairn_attn_args a = {alias_out ? Qc : Oc, Qc, pool_c, &L, layer, n_head,
+                         1.0f / sqrtf((float)head_dim), SPL_S, seqs, window};
+    assert_int_equal(cpu->iface->attention(cpu, &a), CAIRN_OK);
+    float *c = kt_host(cpu, alias_out ? Qc : Oc, qn * 4);
+    float *g = split_run_gpu(&L, n_head, pool_g, q, SPL_ROWS, seqs, SPL_S, window, alias_out);
+    char what[112];
+    snprintf(what, sizeof what, "split attention %s rot %d win %d kvh %d group %d hd %d ps %d alias %d",
+             cairn_kv_type_name(dtype), L.rotation, window, n_kv_head, group, head_dim, page_size,
+             alias_out);
+    const double tol = L.rotation ? 5e-5 : 2e-5;
+    for (size_t i = 0; i < qn; i++)
+        KT_CLOSE(g[i], c[i], tol, what, i);
+
+    /* the batch rule, for sequence 0's row */
+    const float *row0 = g + (size_t)spl_q_start[0] * row_width;
+    cairn_attn_seq alone = seqs[0];
+    alone.q_start = 0;
+    float *g1 = split_run_gpu(&L, n_head, pool_g, q + (size_t)spl_q_start[0] * row_width, 1,
+                              &alone, 1, window, alias_out);
+    snprintf(what, sizeof what, "split attention %s win %d: a row alone vs in a batch of 4",
+             cairn_kv_type_name(dtype), window);
+    KT_SAME_BYTES(g1, row0, row_width * 4, what);
+    /* rows: 0 = sequence 2's, 1 = sequence 0's, 2 = sequence 1's */
+    float *q3 = kt_xmalloc(3 * row_width * 4);
+    memcpy(q3, q + (size_t)spl_q_start[2] * row_width, row_width * 4);
+    memcpy(q3 + row_width, q + (size_t)spl_q_start[0] * row_width, row_width * 4);
+    memcpy(q3 + 2 * row_width, q + (size_t)spl_q_start[1] * row_width, row_width * 4);
+    cairn_attn_seq three[3] = {seqs[2], seqs[0], seqs[1]};
+    for (int s = 0; s < 3; s++)
+        three[s].q_start = s;
+    float *g3 = split_run_gpu(&L, n_head, pool_g, q3, 3, three, 3, window, alias_out);
+    snprintf(what, sizeof what, "split attention %s win %d: a row with 2 others vs in a batch of 4",
+             cairn_kv_type_name(dtype), window);
+    KT_SAME_BYTES(g3 + row_width, row0, row_width * 4, what);
+
+    free(g3);
+    free(q3);
+    free(g1);
+    free(g);
+    free(c);
+    cpu->iface->free(cpu, Qc);
+    if (Oc)
+        cpu->iface->free(cpu, Oc);
+    cpu->iface->free(cpu, pool_c);
+    gpu->iface->free(gpu, pool_g);
+    free(q);
+    free(perm);
+}
+
+/* Each KV type at GQA 4:1 (the layout's default rotation: none for the
+ * plain types, R = 128 or 64 for Q8_0/Q4_0), the Llama-3-8B head, pages
+ * that are not a power of two, a group of 12 (a slice of 8 query heads and
+ * one of 4), the widest head, windows (one starting mid-chunk and mid-page,
+ * one just above the threshold: 1025 keys, the last chunk a single key),
+ * and out over q. */
+static void test_attention_split(void **state)
+{
+    (void)state;
+    kt_rng r = kt_rng_for("attention split");
+    check_attention_split(&r, CAIRN_TYPE_F32, 2, 4, 64, 64, 0, 0);
+    check_attention_split(&r, CAIRN_TYPE_F16, 2, 4, 128, 16, 0, 0);
+    check_attention_split(&r, CAIRN_TYPE_BF16, 2, 4, 64, 48, 0, 0);
+    check_attention_split(&r, CAIRN_TYPE_Q8_0, 2, 4, 128, 64, 0, 0);
+    check_attention_split(&r, CAIRN_TYPE_Q4_0, 2, 4, 64, 32, 0, 0);
+    check_attention_split(&r, CAIRN_TYPE_F16, 1, 12, 64, 100, 0, 1);
+    check_attention_split(&r, CAIRN_TYPE_F16, 1, 2, 512, 16, 0, 0);
+    check_attention_split(&r, CAIRN_TYPE_Q8_0, 2, 4, 96, 64, 2000, 0);
+    check_attention_split(&r, CAIRN_TYPE_F16, 2, 4, 64, 64, 1025, 1);
+}
+
 /* kv_store's rotation on its own, against the definition rather than the
  * CPU backend: H_R[a][b] = (-1)^popcount(a & b) / sqrt(R), applied on the
  * host in double to each run of R elements; F32 pages must hold that
@@ -1340,6 +1522,7 @@ int main(void)
         cmocka_unit_test(test_rope),       cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_softmax),    cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_kv_types), cmocka_unit_test(test_attention_windows),
+        cmocka_unit_test(test_attention_split),
         cmocka_unit_test(test_kv_rotation),
         cmocka_unit_test(test_kv_pool_high_offsets),
     };
