@@ -801,7 +801,16 @@ int cuda_attention(cairn_backend *be, const cairn_attn_args *a)
         /* the matmul scratch: grown (after the stream drains) only when too
          * small, so no allocation in the steady state; everything that
          * uses it later is ordered after both passes on the stream */
-        rc = cuda_scratch_reserve(ctx, scratch_bytes, &part);
+        /* asked for in powers of two (1 MiB up to the 64 MiB bound), so
+         * that contexts growing step by step grow it a handful of times,
+         * not every few hundred steps (each growth drains the stream and
+         * abandons a graph capture) */
+        size_t want = (size_t)1 << 20;
+        while (want < scratch_bytes)
+            want <<= 1;
+        rc = cuda_scratch_reserve(ctx, want, &part);
+        if (rc == CAIRN_ENOMEM && want > scratch_bytes)
+            rc = cuda_scratch_reserve(ctx, scratch_bytes, &part);
         if (rc == CAIRN_ENOMEM) {
             /* the one exception to the batch rule: out of device memory,
              * these rows fall back to the row kernel (other bits, same
