@@ -91,6 +91,7 @@
  *   q_index... | masks...
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cuda/cuda_impl.h"
@@ -495,6 +496,9 @@ static __global__ void attention_combine_kernel(float *out, const float *part, i
     for (int k = 0; k < ATTN_MAX_DIMS_PER_THREAD; k++)
         a[k] = 0.0f;
     float L = 0.0f;
+    /* unrolled: eight chunks' loads in flight (the records were just
+     * written, so mostly L2 hits); the sums still run in chunk order */
+#pragma unroll 8
     for (int c = 0; c < sr.n_chunks; c++) {
         const float *r = r0 + (size_t)c * stride;
         const float mc = r[0];
@@ -703,6 +707,21 @@ static size_t attn_split_bytes(int n_chunks, int n_head, int head_dim)
     return (size_t)n_chunks * (size_t)n_head * ((size_t)head_dim + 2) * sizeof(float);
 }
 
+/* CAIRN_CUDA_SPLIT_ATTN=0 in the environment turns the split path off (every
+ * decode row on the row kernel), for measuring one against the other; read
+ * once. Process-wide, so it cannot make a row depend on its batch. */
+static int attn_split_enabled(void)
+{
+    static int enabled = -1;
+    int v = __atomic_load_n(&enabled, __ATOMIC_RELAXED);
+    if (v < 0) {
+        const char *e = getenv("CAIRN_CUDA_SPLIT_ATTN");
+        v = !(e && strcmp(e, "0") == 0);
+        __atomic_store_n(&enabled, v, __ATOMIC_RELAXED);
+    }
+    return v;
+}
+
 /* The number of chunks when `seq` takes the split path, else 0; *j_lo its
  * first visible key. A pure function of this sequence (one unmasked query
  * row, its q_index, the window) and of the shape (n_head, head_dim) — never
@@ -711,7 +730,7 @@ static size_t attn_split_bytes(int n_chunks, int n_head, int head_dim)
 static int attn_split_chunks(const cairn_attn_seq *seq, int window, int n_head, int head_dim,
                              int *j_lo)
 {
-    if (seq->n_q != 1 || seq->mask)
+    if (seq->n_q != 1 || seq->mask || !attn_split_enabled())
         return 0; /* prefills (tiled kernel), trees (masks): the other kernels */
     const int qi = seq->q_index[0];
     int lo = 0;
