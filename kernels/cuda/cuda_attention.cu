@@ -58,9 +58,10 @@
  * floats = 2 KiB written and read again, ~3% on top. At the H200's 4.8
  * TB/s over 132 SMs (36 B/ns an SM) the chunk is ~3.6 us of an SM's share
  * of HBM, well above a block's start-up; and 4k keys x 8 KV heads already
- * give 128 blocks (one wave), 16k keys 512. Smaller chunks double the
- * partial traffic for no more parallelism at those lengths; larger ones
- * leave SMs idle at 4k. Threshold: at <= 1024 keys a layer's whole K+V
+ * give 128 blocks (one wave), 16k keys 512. 128-key chunks would give a
+ * 4k row two blocks an SM at batch 1 but double the partial traffic and
+ * the combine's loop for every length; 512 would leave three quarters of
+ * the SMs idle at 4k (bench/gpu/NOTES.md: measure 128/256/512). Threshold: at <= 1024 keys a layer's whole K+V
  * (1024 x 8 x 512 B = 4 MiB for the 8B model) is ~1 us of HBM, about the
  * cost of the second launch, so short rows keep the single-pass kernel.
  * Scratch: the backend's device scratch (cuda_scratch_reserve, grown only
@@ -77,6 +78,8 @@
  * where their partials lie changes no value. Same row alone or in a batch:
  * same bits. The one exception: if the scratch cannot be allocated (out
  * of device memory) the long rows fall back to the row kernel, logged.
+ * CAIRN_CUDA_SPLIT_ATTN=0 (process-wide, read once) turns the path off,
+ * for measuring one kernel against the other.
  * Masked rows (trees), prefills and rows whose partials alone would pass
  * the scratch bound (~1M keys at 32 heads of 128) stay on the other
  * kernels.
