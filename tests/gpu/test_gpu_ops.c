@@ -30,7 +30,9 @@
  *
  * Batch invariance: with 16-bit or quantized weights and T <= 64, a token's
  * matmul output must be bit-identical whether it is computed alone or with
- * the others (docs/cuda.md, "Matmul paths").
+ * the others (docs/cuda.md, "Matmul paths"); a long decode row's attention
+ * (the split-KV path) must be bit-identical alone and beside other
+ * sequences (test_attention_split).
  *
  * Exits 77 (ctest: skipped) only when the CUDA runtime sees no device (and
  * CAIRN_GPU_REQUIRED is not 1); a device whose backend does not come up is
