@@ -34,6 +34,9 @@
  *                   with act-order (desc_act) the input columns are sorted
  *                   by group and the matmul input is gathered in that order
  *                   (an I32 tensor "<name>.input_perm", backend gather_cols).
+ *   compressed-tensors int4 ("pack-quantized", llm-compressor's W4A16):
+ *                   weight_packed/weight_scale/weight_zero_point(/g_idx),
+ *                   per group or per channel, sym or asym -> Q4_Z as GPTQ.
  *   FP8 e4m3        per-tensor, per-channel or 128x128-block scales
  *                   (compressed-tensors, fbgemm_fp8, "fp8" with
  *                   weight_block_size) -> F8_E4M3 with an f32 scale per 32,

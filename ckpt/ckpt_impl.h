@@ -60,7 +60,8 @@ int ckpt_read_json(const char *dir, const char *name, bool optional, json_t **ou
 
 /* ---- config.json ------------------------------------------------------------- */
 
-typedef enum { QM_NONE, QM_AWQ, QM_GPTQ, QM_FP8 } ckpt_quant_method;
+/* QM_CT_INT4: compressed-tensors "pack-quantized" 4-bit integers */
+typedef enum { QM_NONE, QM_AWQ, QM_GPTQ, QM_FP8, QM_CT_INT4 } ckpt_quant_method;
 
 typedef struct {
     const char *arch;      /* cairn's name: llama, qwen2, qwen3 */

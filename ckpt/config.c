@@ -167,11 +167,35 @@ static int read_compressed_tensors(json_t *q, ckpt_config *cfg, char *err, size_
     const char *type = opt_str(w, "type"), *strategy = opt_str(w, "strategy");
     int64_t bits = 0;
     get_int(w, "num_bits", 1, 64, &bits, err, err_len);
+    if (format && strcmp(format, "pack-quantized") == 0 && type && strcmp(type, "int") == 0 &&
+        bits == 4) {
+        /* W4A16 (llm-compressor): int4 per group or per output channel */
+        cfg->quant = QM_CT_INT4;
+        cfg->bits = 4;
+        cfg->sym = opt_bool(w, "symmetric", true);
+        if (strategy && strcmp(strategy, "channel") == 0) {
+            cfg->group_size = -1;
+        } else if (strategy && strcmp(strategy, "group") == 0) {
+            int rc = need_int(w, "group_size", 32, 1 << 20, &cfg->group_size, err, err_len);
+            if (rc)
+                return rc;
+            if (cfg->group_size % 32)
+                return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                                    "config.json: group_size %d is not supported (a multiple of 32)",
+                                    cfg->group_size);
+        } else {
+            return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                                "config.json: int4 strategy '%s' is not supported (group, channel)",
+                                strategy ? strategy : "?");
+        }
+        return CAIRN_OK;
+    }
     if (!format || strcmp(format, "float-quantized") != 0 || !type || strcmp(type, "float") != 0 ||
         bits != 8)
         return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
                             "config.json: compressed-tensors format '%s' with %s weights of %lld "
-                            "bits is not supported (supported: float-quantized FP8)",
+                            "bits is not supported (supported: float-quantized FP8, pack-quantized "
+                            "int4)",
                             format ? format : "?", type ? type : "?", (long long)bits);
     cfg->quant = QM_FP8;
     if (strategy && strcmp(strategy, "block") == 0)
@@ -347,7 +371,7 @@ int ckpt_config_read(const char *dir, ckpt_config *cfg, cairn_gguf_builder *b, c
     if ((rc = read_rope_scaling(root, cfg, b, A, err, err_len)) ||
         (rc = read_quantization(root, cfg, err, err_len)))
         goto out;
-    static const char *const methods[] = {"none", "awq", "gptq", "fp8"};
+    static const char *const methods[] = {"none", "awq", "gptq", "fp8", "compressed-tensors int4"};
     cairn_gguf_builder_set_str(b, "cairn.source.format", "safetensors");
     rc = cairn_gguf_builder_set_str(b, "cairn.source.quantization", methods[cfg->quant]);
 out:

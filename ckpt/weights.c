@@ -25,6 +25,16 @@
  *                                  one in the v1 format; scales F16
  *                                  [groups][out]; g_idx I32 [in] the group
  *                                  of each input; w = (q - z) * s  -> Q4_Z
+ *   <p>.weight_packed/weight_scale/weight_zero_point(/weight_g_idx)
+ *                                  compressed-tensors pack-quantized (what
+ *                                  llm-compressor's W4A16 writes): codes
+ *                                  I32 [out][in/8], nibble k the input 8c+k,
+ *                                  stored q + 8; scales [out][groups] in the
+ *                                  model's float type (BF16 -> f16 exactly
+ *                                  for scales in [2^-17, 65504]); zero
+ *                                  points I32 [out/8][groups] packed along
+ *                                  out, stored zp + 8, absent when
+ *                                  symmetric; w = (q - zp) * s   -> Q4_Z
  * The Q4_Z and F8_E4M3 rows are [out][in/32] blocks, each carrying the
  * scale (and zero) of the group it lies in: exact, since the groups are
  * whole multiples of 32 inputs. GPTQ's act-order (a g_idx that is not
@@ -261,127 +271,214 @@ static int add_fp8_linear(loader *L, const char *hf, const st_tensor *t, const c
  * 0,2,4,6,1,3,5,7 inverted. */
 static const int AWQ_NIBBLE[8] = {0, 4, 1, 5, 2, 6, 3, 7};
 
+/* The three 4-bit layouts, read through one accessor: the code of (input
+ * i, output o), the zero and the f16 scale bits of (group k, output o). */
+typedef enum { I4_AWQ, I4_GPTQ, I4_PACKED } int4_layout;
+
+typedef struct {
+    int4_layout layout;
+    const st_tensor *qw, *qz, *sc; /* qz NULL: symmetric (zero 8) */
+    int64_t n_in, n_out;
+    bool v1_zeros;                 /* GPTQ v1: zeros stored minus one */
+} int4_src;
+
+static inline int nibble(uint32_t word, int k) { return (int)((word >> (4 * k)) & 15); }
+
+static int int4_code(const int4_src *s, int64_t i, int64_t o)
+{
+    switch (s->layout) {
+    case I4_AWQ: /* qweight [in][out/8], interleaved */
+        return nibble(u32_at(s->qw, i * (s->n_out / 8) + o / 8), AWQ_NIBBLE[o % 8]);
+    case I4_GPTQ: /* qweight [in/8][out] */
+        return nibble(u32_at(s->qw, (i / 8) * s->n_out + o), (int)(i % 8));
+    default: /* weight_packed [out][in/8], stored q + 8 */
+        return nibble(u32_at(s->qw, o * (s->n_in / 8) + i / 8), (int)(i % 8));
+    }
+}
+
+static int int4_zero(const int4_src *s, int64_t k, int64_t o, int64_t n_groups)
+{
+    if (!s->qz)
+        return 8;
+    switch (s->layout) {
+    case I4_AWQ:
+        return nibble(u32_at(s->qz, k * (s->n_out / 8) + o / 8), AWQ_NIBBLE[o % 8]);
+    case I4_GPTQ:
+        return nibble(u32_at(s->qz, k * (s->n_out / 8) + o / 8), (int)(o % 8)) +
+               (s->v1_zeros ? 1 : 0);
+    default: /* weight_zero_point [out/8][groups], packed along out, stored zp + 8 */
+        return nibble(u32_at(s->qz, (o / 8) * n_groups + k), (int)(o % 8));
+    }
+}
+
+/* The f16 bits of the scale; *exact false when a BF16 scale does not fit. */
+static uint16_t int4_scale(const int4_src *s, int64_t k, int64_t o, int64_t n_groups,
+                           bool *exact)
+{
+    if (s->layout != I4_PACKED)
+        return u16_at(s->sc, k * s->n_out + o); /* scales F16 [groups][out] */
+    const float f = float_at(s->sc, o * n_groups + k); /* weight_scale [out][groups] */
+    const uint16_t h = cairn_fp32_to_fp16(f);
+    *exact = *exact && cairn_fp16_to_fp32(h) == f;
+    return h;
+}
+
+/* Bind the tensors of one 4-bit layer and check their dtypes and shapes. */
+static int int4_bind(loader *L, const char *hf, int64_t n_out, int64_t n_in, int64_t n_groups,
+                     int4_src *s)
+{
+    const ckpt_config *c = L->cfg;
+    const bool packed = c->quant == QM_CT_INT4, awq = c->quant == QM_AWQ;
+    *s = (int4_src){.layout = packed ? I4_PACKED : awq ? I4_AWQ : I4_GPTQ,
+                    .n_in = n_in,
+                    .n_out = n_out,
+                    .v1_zeros = c->gptq_v1_zeros};
+    char name[512];
+    int rc = CAIRN_OK;
+    snprintf(name, sizeof name, "%s.%s", hf, packed ? "weight_packed" : "qweight");
+    if (!(s->qw = need(L, name, &rc)))
+        return rc;
+    snprintf(name, sizeof name, "%s.%s", hf, packed ? "weight_scale" : "scales");
+    if (!(s->sc = need(L, name, &rc)))
+        return rc;
+    snprintf(name, sizeof name, "%s.%s", hf, packed ? "weight_zero_point" : "qzeros");
+    s->qz = st_find(L->st, name);
+    if (!s->qz && !(packed && c->sym))
+        return cairn_errorf(L->err, L->err_len, CAIRN_EFORMAT, "missing tensor '%s'", name);
+    if (s->qw->dtype != ST_I32 || (s->qz && s->qz->dtype != ST_I32) ||
+        (packed ? !is_float(s->sc->dtype) : s->sc->dtype != ST_F16))
+        return cairn_errorf(L->err, L->err_len, CAIRN_EFORMAT,
+                            "'%s': 4-bit codes and zeros must be I32 and scales %s (got %s, %s, %s)",
+                            hf, packed ? "a float type" : "F16", st_dtype_name(s->qw->dtype),
+                            s->qz ? st_dtype_name(s->qz->dtype) : "-", st_dtype_name(s->sc->dtype));
+    if (packed) {
+        if ((rc = check_shape(L, s->qw, n_out, n_in / 8)) ||
+            (rc = check_shape(L, s->sc, n_out, n_groups)) ||
+            (s->qz && (rc = check_shape(L, s->qz, n_out / 8, n_groups))))
+            return rc;
+        snprintf(name, sizeof name, "%s.weight_shape", hf);
+        const st_tensor *ws = st_find(L->st, name);
+        int64_t shape[2];
+        if (ws && (ws->dtype != ST_I64 || ws->n_elems != 2 ||
+                   (memcpy(shape, ws->data, 16), shape[0] != n_out || shape[1] != n_in)))
+            return cairn_errorf(L->err, L->err_len, CAIRN_EFORMAT,
+                                "tensor '%s' disagrees with config.json's [%lld, %lld]", name,
+                                (long long)n_out, (long long)n_in);
+        return CAIRN_OK;
+    }
+    if ((rc = check_shape(L, s->qw, awq ? n_in : n_in / 8, awq ? n_out / 8 : n_out)) ||
+        (rc = check_shape(L, s->qz, n_groups, n_out / 8)) ||
+        (rc = check_shape(L, s->sc, n_groups, n_out)))
+        return rc;
+    return CAIRN_OK;
+}
+
+/* The group of every input (g_idx, or i / g when absent) and, when that is
+ * not i / g (act-order), the inputs sorted by group (*perm, stable). */
+static int input_groups(loader *L, const char *gidx_name, int64_t n_in, int64_t g,
+                        int64_t n_groups, int32_t **gidx_out, int32_t **perm_out)
+{
+    const st_tensor *gi = gidx_name ? st_find(L->st, gidx_name) : NULL;
+    int rc = CAIRN_OK;
+    if (gi && (gi->dtype != ST_I32 || (rc = check_shape(L, gi, n_in, 0))))
+        return rc ? rc
+                  : cairn_errorf(L->err, L->err_len, CAIRN_EFORMAT, "tensor '%s' must be I32",
+                                 gidx_name);
+    int32_t *gidx = malloc((size_t)n_in * sizeof *gidx);
+    if (!gidx)
+        return cairn_errorf(L->err, L->err_len, CAIRN_ENOMEM, "out of memory");
+    bool ordered = true;
+    for (int64_t i = 0; i < n_in; i++) {
+        gidx[i] = gi ? (int32_t)u32_at(gi, i) : (int32_t)(i / g);
+        if (gidx[i] < 0 || gidx[i] >= n_groups) {
+            rc = cairn_errorf(L->err, L->err_len, CAIRN_EFORMAT,
+                              "tensor '%s': input %lld is in group %d of %lld", gidx_name,
+                              (long long)i, gidx[i], (long long)n_groups);
+            free(gidx);
+            return rc;
+        }
+        ordered = ordered && gidx[i] == (int32_t)(i / g);
+    }
+    *gidx_out = gidx;
+    *perm_out = NULL;
+    if (ordered)
+        return CAIRN_OK;
+    /* counting sort by group: stable, so the order is a function of g_idx */
+    int64_t *start = calloc((size_t)n_groups + 1, sizeof *start);
+    int32_t *perm = malloc((size_t)n_in * sizeof *perm);
+    if (!start || !perm) {
+        free(start);
+        free(perm);
+        return cairn_errorf(L->err, L->err_len, CAIRN_ENOMEM, "out of memory");
+    }
+    for (int64_t i = 0; i < n_in; i++)
+        start[gidx[i] + 1]++;
+    for (int64_t k = 0; k < n_groups; k++)
+        start[k + 1] += start[k];
+    for (int64_t i = 0; i < n_in; i++)
+        perm[start[gidx[i]]++] = (int32_t)i;
+    free(start);
+    for (int64_t j = 0; j < n_in; j += 32)
+        for (int64_t k = 1; k < 32; k++)
+            if (gidx[perm[j + k]] != gidx[perm[j]]) {
+                free(perm);
+                return cairn_errorf(L->err, L->err_len, CAIRN_EUNSUPPORTED,
+                                    "'%s': act-order groups are not whole multiples of 32 inputs",
+                                    gidx_name);
+            }
+    *perm_out = perm;
+    return CAIRN_OK;
+}
+
 static int add_int4_linear(loader *L, const char *hf, const char *gname, int64_t n_out,
                            int64_t n_in, int rope_heads)
 {
     const ckpt_config *c = L->cfg;
-    const bool awq = c->quant == QM_AWQ;
     const int64_t g = c->group_size == -1 ? n_in : c->group_size;
-    if (n_in % 32 || n_out % 8 || (awq && n_in % g))
+    if (n_in % 32 || n_out % 8 || (c->quant == QM_AWQ && n_in % g))
         return cairn_errorf(L->err, L->err_len, CAIRN_EUNSUPPORTED,
                             "'%s': a [%lld, %lld] layer does not fit 4-bit groups of %lld", hf,
                             (long long)n_out, (long long)n_in, (long long)g);
     const int64_t n_groups = (n_in + g - 1) / g;
-    char name[512];
-    int rc = CAIRN_OK;
-    snprintf(name, sizeof name, "%s.qweight", hf);
-    const st_tensor *qw = need(L, name, &rc);
-    snprintf(name, sizeof name, "%s.qzeros", hf);
-    const st_tensor *qz = qw ? need(L, name, &rc) : NULL;
-    snprintf(name, sizeof name, "%s.scales", hf);
-    const st_tensor *sc = qz ? need(L, name, &rc) : NULL;
-    if (!sc)
+    int4_src src;
+    int rc = int4_bind(L, hf, n_out, n_in, n_groups, &src);
+    if (rc)
         return rc;
-    if (qw->dtype != ST_I32 || qz->dtype != ST_I32 || sc->dtype != ST_F16)
-        return cairn_errorf(L->err, L->err_len, CAIRN_EFORMAT,
-                            "'%s': qweight/qzeros must be I32 and scales F16 (got %s, %s, %s)", hf,
-                            st_dtype_name(qw->dtype), st_dtype_name(qz->dtype),
-                            st_dtype_name(sc->dtype));
-    if ((rc = check_shape(L, qw, awq ? n_in : n_in / 8, awq ? n_out / 8 : n_out)) ||
-        (rc = check_shape(L, qz, n_groups, n_out / 8)) ||
-        (rc = check_shape(L, sc, n_groups, n_out)))
+    char gidx_name[512];
+    snprintf(gidx_name, sizeof gidx_name, "%s.%s", hf,
+             c->quant == QM_CT_INT4 ? "weight_g_idx" : "g_idx");
+    int32_t *gidx = NULL, *perm = NULL;
+    if ((rc = input_groups(L, c->quant == QM_AWQ ? NULL : gidx_name, n_in, g, n_groups, &gidx,
+                           &perm)))
         return rc;
-
-    /* GPTQ's groups: g_idx, or i / g when absent */
-    int32_t *gidx = malloc((size_t)n_in * sizeof *gidx);
-    int32_t *perm = NULL;
-    if (!gidx)
-        return cairn_errorf(L->err, L->err_len, CAIRN_ENOMEM, "out of memory");
-    bool ordered = true;
-    snprintf(name, sizeof name, "%s.g_idx", hf);
-    const st_tensor *gi = awq ? NULL : st_find(L->st, name);
-    if (gi && (gi->dtype != ST_I32 || (rc = check_shape(L, gi, n_in, 0)))) {
-        free(gidx);
-        return rc ? rc
-                  : cairn_errorf(L->err, L->err_len, CAIRN_EFORMAT, "tensor '%s' must be I32",
-                                 name);
-    }
-    for (int64_t i = 0; i < n_in; i++) {
-        gidx[i] = gi ? (int32_t)u32_at(gi, i) : (int32_t)(i / g);
-        if (gidx[i] < 0 || gidx[i] >= n_groups) {
-            free(gidx);
-            return cairn_errorf(L->err, L->err_len, CAIRN_EFORMAT,
-                                "tensor '%s': input %lld is in group %d of %lld", name, (long long)i,
-                                gidx[i], (long long)n_groups);
-        }
-        ordered = ordered && gidx[i] == (int32_t)(i / g);
-    }
-    /* act-order: the inputs sorted by group (counting sort, stable) */
-    if (!ordered) {
-        int64_t *start = calloc((size_t)n_groups + 1, sizeof *start);
-        perm = malloc((size_t)n_in * sizeof *perm);
-        if (!start || !perm) {
-            free(start);
-            free(perm);
-            free(gidx);
-            return cairn_errorf(L->err, L->err_len, CAIRN_ENOMEM, "out of memory");
-        }
-        for (int64_t i = 0; i < n_in; i++)
-            start[gidx[i] + 1]++;
-        for (int64_t k = 0; k < n_groups; k++)
-            start[k + 1] += start[k];
-        for (int64_t i = 0; i < n_in; i++)
-            perm[start[gidx[i]]++] = (int32_t)i;
-        free(start);
-        for (int64_t j = 0; j < n_in; j += 32)
-            for (int64_t k = 1; k < 32; k++)
-                if (gidx[perm[j + k]] != gidx[perm[j]]) {
-                    free(perm);
-                    free(gidx);
-                    return cairn_errorf(L->err, L->err_len, CAIRN_EUNSUPPORTED,
-                                        "'%s': act-order groups are not whole multiples of 32 "
-                                        "inputs", hf);
-                }
-    }
 
     const int64_t nb = n_in / 32;
     uint8_t *w = owned(L, (size_t)(n_out * nb * 20), &rc);
-    if (!w) {
-        free(perm);
-        free(gidx);
-        return rc;
-    }
-    /* the weight code of (input i, output o) and the zero of (group k, o) */
-#define QCODE(i, o)                                                                                \
-    (awq ? (int)((u32_at(qw, (i) * (n_out / 8) + (o) / 8) >> (4 * AWQ_NIBBLE[(o) % 8])) & 15)      \
-         : (int)((u32_at(qw, ((i) / 8) * n_out + (o)) >> (4 * ((i) % 8))) & 15))
-#define QZERO(k, o)                                                                                \
-    (awq ? (int)((u32_at(qz, (k) * (n_out / 8) + (o) / 8) >> (4 * AWQ_NIBBLE[(o) % 8])) & 15)      \
-         : (int)((u32_at(qz, (k) * (n_out / 8) + (o) / 8) >> (4 * ((o) % 8))) & 15) +              \
-               (c->gptq_v1_zeros ? 1 : 0))
-    /* input-block-major, so the rows of qweight a block reads stay in cache */
-    for (int64_t blk = 0; blk < nb; blk++) {
+    bool exact = true;
+    /* input-block-major, so the rows of the codes a block reads stay in cache */
+    for (int64_t blk = 0; w && blk < nb; blk++) {
         for (int64_t r = 0; r < n_out; r++) {
             const int64_t o = src_row(r, rope_heads, c->head_dim);
-            const int64_t first = perm ? perm[blk * 32] : blk * 32;
-            const int k = gidx[first];
+            const int k = gidx[perm ? perm[blk * 32] : blk * 32];
             uint8_t *dst = w + (size_t)((r * nb + blk) * 20);
-            const uint16_t d = u16_at(sc, (int64_t)k * n_out + o);
+            const uint16_t d = int4_scale(&src, k, o, n_groups, &exact);
             memcpy(dst, &d, 2);
-            dst[2] = (uint8_t)QZERO(k, o);
+            dst[2] = (uint8_t)int4_zero(&src, k, o, n_groups);
             dst[3] = 0;
             for (int j = 0; j < 16; j++) {
                 const int64_t i0 = perm ? perm[blk * 32 + j] : blk * 32 + j;
                 const int64_t i1 = perm ? perm[blk * 32 + j + 16] : blk * 32 + j + 16;
-                dst[4 + j] = (uint8_t)(QCODE(i0, o) | (QCODE(i1, o) << 4));
+                dst[4 + j] = (uint8_t)(int4_code(&src, i0, o) | (int4_code(&src, i1, o) << 4));
             }
         }
     }
-#undef QCODE
-#undef QZERO
     free(gidx);
+    if (w && !exact)
+        cairn_log(CAIRN_LOG_WARN, "ckpt: '%s': some BF16 scales are rounded to F16 (below 2^-17 "
+                  "or above 65504)", hf);
     const int64_t ne[2] = {n_in, n_out};
-    rc = cairn_gguf_builder_add_tensor(L->b, gname, CAIRN_TYPE_Q4_Z, 2, ne, w);
+    if (w)
+        rc = cairn_gguf_builder_add_tensor(L->b, gname, CAIRN_TYPE_Q4_Z, 2, ne, w);
     if (rc == CAIRN_OK && perm) {
         int32_t *kept = owned(L, (size_t)n_in * sizeof *kept, &rc);
         if (kept) {
@@ -414,7 +511,7 @@ static int add_linear(loader *L, const char *hf, const char *gname, int64_t n_ou
                             "tensor '%s' has dtype %s%s", name, st_dtype_name(t->dtype),
                             t->dtype == ST_F8_E4M3 ? " but config.json declares no FP8 quantization"
                                                    : "");
-    if (L->cfg->quant == QM_AWQ || L->cfg->quant == QM_GPTQ)
+    if (L->cfg->quant == QM_AWQ || L->cfg->quant == QM_GPTQ || L->cfg->quant == QM_CT_INT4)
         return add_int4_linear(L, hf, gname, n_out, n_in, rope_heads);
     return cairn_errorf(L->err, L->err_len, CAIRN_EFORMAT, "missing tensor '%s'", name);
 }

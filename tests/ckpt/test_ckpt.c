@@ -3,7 +3,8 @@
  * folders tools/ckpt/make_synthetic.py writes (CAIRN_CKPT_SYNTH):
  *
  *   - every quantized folder (AWQ, GPTQ with act-order and asymmetric
- *     zeros, whole-row groups, FP8 per tensor / channel / block): each
+ *     zeros, whole-row groups, compressed-tensors int4 likewise, FP8 per
+ *     tensor / channel / block): each
  *     repacked linear weight, decoded by cairn_dequantize_row and put back in
  *     the checkpoint's input order, equals the Python tool's own dequantized
  *     reference (ref/NAME.dequant.safetensors) bit for bit;
@@ -150,6 +151,7 @@ static void test_quantized_exact(void **state)
     } folders[] = {
         {"awq-g64", CAIRN_TYPE_Q4_Z},          {"gptq-g32", CAIRN_TYPE_Q4_Z},
         {"gptq-gall", CAIRN_TYPE_Q4_Z},        {"gptq-actorder-asym", CAIRN_TYPE_Q4_Z},
+        {"ct-int4-g32", CAIRN_TYPE_Q4_Z},      {"ct-int4-actorder-asym", CAIRN_TYPE_Q4_Z},
         {"fp8-tensor", CAIRN_TYPE_F8_E4M3},    {"fp8-tensor-scalar", CAIRN_TYPE_F8_E4M3},
         {"fp8-channel", CAIRN_TYPE_F8_E4M3},   {"fp8-block", CAIRN_TYPE_F8_E4M3},
     };
@@ -174,10 +176,11 @@ static void test_models_load_and_fingerprint(void **state)
     cairn_backend *be = NULL;
     assert_int_equal(cairn_backend_cpu_create(1, &be), CAIRN_OK);
     static const char *const names[] = {"bf16", "bf16-shards3", "awq-g64", "gptq-actorder-asym",
-                                        "fp8-block"};
-    uint8_t fp[5][16], again[16];
+                                        "fp8-block", "ct-int4-g32"};
+    enum { N = sizeof names / sizeof names[0] };
+    uint8_t fp[N][16], again[16];
     char err[512];
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < N; i++) {
         cairn_model *m = load(be, names[i], err, sizeof err);
         if (!m)
             fail_msg("%s: %s", names[i], err);
@@ -190,9 +193,22 @@ static void test_models_load_and_fingerprint(void **state)
     cairn_model_fingerprint(m, again);
     cairn_model_free(m);
     assert_memory_equal(fp[0], again, 16);
-    for (int i = 0; i < 5; i++)
-        for (int j = i + 1; j < 5; j++)
+    for (int i = 0; i < N; i++)
+        for (int j = i + 1; j < N; j++)
             assert_memory_not_equal(fp[i], fp[j], 16);
+    /* the same quantized weights in two layouts (GPTQ and compressed-tensors,
+     * both act-order asymmetric from one quantizer) are one model: one
+     * fingerprint, so they share cached prefixes */
+    m = load(be, "gptq-actorder-asym", err, sizeof err);
+    assert_non_null(m);
+    cairn_model_fingerprint(m, fp[0]);
+    cairn_model_free(m);
+    m = load(be, "ct-int4-actorder-asym", err, sizeof err);
+    if (!m)
+        fail_msg("ct-int4-actorder-asym: %s", err);
+    cairn_model_fingerprint(m, again);
+    cairn_model_free(m);
+    assert_memory_equal(fp[0], again, 16);
     cairn_backend_destroy(be);
 }
 

@@ -17,6 +17,8 @@ OUTDIR/<name>/ (see OUTDIR/MANIFEST.json):
   gptq-g32             GPTQ 4-bit, group 32, symmetric
   gptq-gall            GPTQ 4-bit, group_size -1 (one group: scales [1, out]), symmetric
   awq-g64              AWQ GEMM 4-bit, group 64
+  ct-int4-g32          compressed-tensors pack-quantized (llm-compressor W4A16), group 32, symmetric
+  ct-int4-actorder-asym  the same, asymmetric zero points, act-order (weight_g_idx)
   fp8-tensor           compressed-tensors FP8, per-tensor weight_scale [1]
   fp8-tensor-scalar    the same with weight_scale shape [] (AutoFP8 style)
   fp8-channel          compressed-tensors FP8, per-channel weight_scale [out, 1] float32
@@ -162,6 +164,8 @@ QUANT = [
     ("gptq-g32", dict(method="gptq", group_size=32, sym=True, desc_act=False)),
     ("gptq-gall", dict(method="gptq", group_size=-1, sym=True, desc_act=False)),
     ("awq-g64", dict(method="awq", group_size=64)),
+    ("ct-int4-g32", dict(method="ct-int4", group_size=32, sym=True, desc_act=False)),
+    ("ct-int4-actorder-asym", dict(method="ct-int4", group_size=32, sym=False, desc_act=True)),
     ("fp8-tensor", dict(method="fp8", fp8_scheme="tensor")),
     ("fp8-tensor-scalar", dict(method="fp8", fp8_scheme="tensor", scalar_scale=True)),
     ("fp8-channel", dict(method="fp8", fp8_scheme="channel")),

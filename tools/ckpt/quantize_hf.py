@@ -199,6 +199,41 @@ def gptq_tensors(prefix, c):
             (prefix + ".g_idx", "I32", None, c["g_idx"])]
 
 
+def ct_int4_tensors(prefix, c, shape):
+    """compressed-tensors pack-quantized (llm-compressor W4A16): weight_packed I32 [out, in/8]
+    (nibble k of word [o, j] holds input 8j + k, stored as the unsigned code q, i.e. the signed
+    value + 8), weight_scale [out, G] (F16 here: the model's dtype; llm-compressor writes BF16
+    for a BF16 model), weight_zero_point I32 [out/8, G] packed along out (signed zero + 8 = z),
+    only when asymmetric, weight_g_idx I32 [in] with act-order, weight_shape I64 [2].
+    Layout from compressed_tensors/compressors/pack_quantized (pack_to_int32: value + offset,
+    sequential nibbles low first; zero points with packed_dim=0)."""
+    ts = [(prefix + ".weight_packed", "I32", None, pack_last(np.ascontiguousarray(c["q"].T))),
+          (prefix + ".weight_scale", "F16", None, np.ascontiguousarray(c["s"].T)),
+          (prefix + ".weight_shape", "I64", None, np.array(shape, dtype=np.int64))]
+    if not c["sym"]:
+        zt = np.ascontiguousarray(c["z"].T)                   # [out, G]
+        ts.append((prefix + ".weight_zero_point", "I32", None,
+                   np.ascontiguousarray(pack_last(np.ascontiguousarray(zt.T)).T)))
+    if c["actorder"]:
+        ts.append((prefix + ".weight_g_idx", "I32", None, c["g_idx"]))
+    return ts
+
+
+def unpack_ct_int4(t, prefix):
+    q = np.ascontiguousarray(unpack_last(t[prefix + ".weight_packed"][2]).T)   # [in, out]
+    s = np.ascontiguousarray(np.array(t[prefix + ".weight_scale"][2]).T)       # [G, out]
+    if prefix + ".weight_zero_point" in t:
+        zp = np.array(t[prefix + ".weight_zero_point"][2])                    # [out/8, G]
+        z = unpack_last(np.ascontiguousarray(zp.T))                           # [G, out]
+    else:
+        z = np.full(s.shape, 8, dtype=np.uint8)
+    in_f = q.shape[0]
+    gs = in_f // s.shape[0] if s.shape[0] > 1 else in_f
+    gi = (np.array(t[prefix + ".weight_g_idx"][2]) if prefix + ".weight_g_idx" in t
+          else (np.arange(in_f) // gs).astype(np.int32))
+    return {"q": q, "z": z, "s": s, "g_idx": gi}
+
+
 def unpack_gptq(t, prefix):
     qw, qz = t[prefix + ".qweight"][2], t[prefix + ".qzeros"][2]
     q = np.ascontiguousarray(unpack_last(np.ascontiguousarray(qw.T)).T)      # [in, out]
@@ -271,6 +306,17 @@ def dequant_fp8(c):
 # ---- configs ----
 
 def quant_config(a):
+    if a.method == "ct-int4":
+        wargs = {"actorder": "group" if a.desc_act else None, "block_structure": None,
+                 "dynamic": False, "group_size": None if a.group_size == -1 else a.group_size,
+                 "num_bits": 4, "observer": "minmax", "observer_kwargs": {},
+                 "strategy": "channel" if a.group_size == -1 else "group",
+                 "symmetric": a.sym, "type": "int"}
+        return {"config_groups": {"group_0": {"input_activations": None,
+                                              "output_activations": None,
+                                              "targets": ["Linear"], "weights": wargs}},
+                "format": "pack-quantized", "ignore": ["lm_head"], "kv_cache_scheme": None,
+                "quant_method": "compressed-tensors", "quantization_status": "compressed"}
     if a.method == "awq":
         return {"bits": 4, "group_size": a.group_size, "modules_to_not_convert": None,
                 "quant_method": "awq", "version": "gemm", "zero_point": True}
@@ -297,8 +343,10 @@ def quant_config(a):
 def quantize_one(a, w):
     if a.method == "awq":
         return quant_awq(w, a.group_size)
-    if a.method == "gptq":
-        return quant_gptq(w, a.group_size, a.sym, a.desc_act)
+    if a.method in ("gptq", "ct-int4"):
+        c = quant_gptq(w, a.group_size, a.sym, a.desc_act)
+        c["sym"], c["actorder"] = a.sym, a.desc_act
+        return c
     return quant_fp8(w, a.fp8_scheme, a.scale_dtype)
 
 
@@ -307,9 +355,11 @@ def tensors_of(a, prefix, c):
         ts = awq_tensors(prefix, c)
     elif a.method == "gptq":
         ts = gptq_tensors(prefix, c)
+    elif a.method == "ct-int4":
+        ts = ct_int4_tensors(prefix, c, [c["q"].shape[1], c["q"].shape[0]])
     else:
         ts = fp8_tensors(prefix, c, a.scale_dtype, a.scalar_scale)
-    dts = {"I32": np.int32, "F16": np.float16}
+    dts = {"I32": np.int32, "F16": np.float16, "I64": np.int64}
     out = []
     for n, d, _, arr in ts:
         if d in dts:
@@ -323,11 +373,14 @@ def unpack_of(a, t, prefix):
         return unpack_awq(t, prefix)
     if a.method == "gptq":
         return unpack_gptq(t, prefix)
+    if a.method == "ct-int4":
+        return unpack_ct_int4(t, prefix)
     return unpack_fp8(t, prefix, a.fp8_scheme)
 
 
 def dequant_of(a, c):
-    return {"awq": dequant_awq, "gptq": dequant_gptq, "fp8": dequant_fp8}[a.method](c)
+    return {"awq": dequant_awq, "gptq": dequant_gptq, "ct-int4": dequant_gptq,
+            "fp8": dequant_fp8}[a.method](c)
 
 
 def same_bits(x, y):
@@ -398,7 +451,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("src")
     ap.add_argument("outdir")
-    ap.add_argument("--method", required=True, choices=["awq", "gptq", "fp8"])
+    ap.add_argument("--method", required=True, choices=["awq", "gptq", "ct-int4", "fp8"])
     ap.add_argument("--group-size", type=int, default=128, help="AWQ/GPTQ group size (GPTQ: -1 = one group)")
     ap.add_argument("--sym", dest="sym", action="store_true", default=True, help="GPTQ symmetric (default)")
     ap.add_argument("--asym", dest="sym", action="store_false", help="GPTQ asymmetric zero points")
