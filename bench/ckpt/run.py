@@ -45,8 +45,7 @@ def main():
     a = ap.parse_args()
     rows = [("GGUF Q4_K_M", a.gguf), ("GGUF F16", os.path.join(a.ckpt, "qwen-f16.gguf"))]
     for name, folder in [("BF16 folder", "qwen-bf16"), ("AWQ g128", "qwen-awq"),
-                         ("GPTQ g128 act-order asym", "qwen-gptq"), ("FP8 per channel", "qwen-fp8"),
-                         ("FP8 128x128 blocks", "qwen-fp8-block")]:
+                         ("GPTQ g128 act-order asym", "qwen-gptq"), ("FP8 per channel", "qwen-fp8")]:
         rows.append((name, os.path.join(a.ckpt, folder)))
     missing = [m for _, m in rows if not os.path.exists(m)]
     if missing:
