@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 
 /* config.json and friends are small; a tokenizer.json is a few MB. */
 #define CKPT_MAX_JSON (256u << 20)
@@ -55,16 +54,22 @@ int ckpt_read_json(const char *dir, const char *name, bool optional, json_t **ou
     return CAIRN_OK;
 }
 
-static double now_s(void)
+const char *const cairn_ckpt_generation_keys[CAIRN_CKPT_N_GENERATION] = {
+    "temperature", "top_p", "top_k", "min_p", "repetition_penalty"};
+
+int64_t ckpt_json_id(json_t *o, const char *key, int which)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+    json_t *v = json_object_get(o, key);
+    if (json_is_array(v))
+        v = json_array_get(v, (size_t)which);
+    else if (which > 0)
+        v = NULL;
+    return json_is_integer(v) ? json_integer_value(v) : -1;
 }
 
 static int open_folder(const char *dir, cairn_gguf **out, char *err, size_t err_len)
 {
-    const double t0 = now_s();
+    const double t0 = cairn_now();
     cairn_gguf_builder *b = NULL;
     st_set *st = NULL;
     ckpt_config cfg;
@@ -72,7 +77,7 @@ static int open_folder(const char *dir, cairn_gguf **out, char *err, size_t err_
     if (rc == CAIRN_OK)
         rc = ckpt_config_read(dir, &cfg, b, err, err_len);
     if (rc == CAIRN_OK)
-        rc = ckpt_tokenizer_read(dir, cfg.n_vocab, b, err, err_len);
+        rc = ckpt_tokenizer_read(dir, &cfg, b, err, err_len);
     if (rc == CAIRN_OK)
         rc = st_open_dir(dir, &st, err, err_len);
     if (rc == CAIRN_OK)
@@ -89,7 +94,7 @@ static int open_folder(const char *dir, cairn_gguf **out, char *err, size_t err_
     }
     rc = cairn_gguf_builder_finish(b, out, err, err_len);
     if (rc == CAIRN_OK)
-        cairn_log(CAIRN_LOG_INFO, "ckpt: %s read as %s in %.2f s", dir, cfg.arch, now_s() - t0);
+        cairn_log(CAIRN_LOG_INFO, "ckpt: %s read as %s in %.2f s", dir, cfg.arch, cairn_now() - t0);
     return rc;
 }
 

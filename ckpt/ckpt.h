@@ -61,6 +61,12 @@
 extern "C" {
 #endif
 
+/* The sampling settings a folder's generation_config.json recommends are
+ * F32 keys "cairn.generation.<name>" of the handle, for these names (absent
+ * when the folder gives none; a GGUF file never has them). */
+#define CAIRN_CKPT_N_GENERATION 5
+extern const char *const cairn_ckpt_generation_keys[CAIRN_CKPT_N_GENERATION];
+
 /* True when `path` is a directory holding config.json. */
 bool cairn_ckpt_is_folder(const char *path);
 

@@ -58,6 +58,10 @@ int st_keep_maps(st_set *s, cairn_gguf_builder *b);
 int ckpt_read_json(const char *dir, const char *name, bool optional, json_t **out, char *err,
                    size_t err_len);
 
+/* A token id field (bos_token_id, eos_token_id): an integer, or element
+ * `which` of a list of them; -1 when absent or not an integer. */
+int64_t ckpt_json_id(json_t *o, const char *key, int which);
+
 /* ---- config.json ------------------------------------------------------------- */
 
 /* QM_CT_INT4: compressed-tensors "pack-quantized" 4-bit integers */
@@ -66,12 +70,13 @@ typedef enum { QM_NONE, QM_AWQ, QM_GPTQ, QM_FP8, QM_CT_INT4 } ckpt_quant_method;
 typedef struct {
     const char *arch;      /* cairn's name: llama, qwen2, qwen3 */
     int n_layer, dim, ffn, n_head, n_kv, head_dim, n_vocab, n_ctx;
+    int64_t bos_id, eos_id; /* bos_token_id, eos_token_id (the first of a list); -1: none */
     bool tied;             /* tie_word_embeddings */
     bool llama_rope;       /* HF llama's rotate-half q/k rows: permute to GGUF's order */
     /* quantization_config */
     ckpt_quant_method quant;
-    int bits, group_size;  /* AWQ/GPTQ; group_size -1: a whole row */
-    bool sym, desc_act, gptq_v1_zeros, awq_zero_point;
+    int group_size;        /* 4-bit groups; -1: a whole row (act-order: from g_idx) */
+    bool sym, gptq_v1_zeros;
     bool fp8_block;        /* FP8 with weight_block_size (weight_scale_inv) */
     int fp8_block_rows, fp8_block_cols;
     /* llama3 rope scaling, when given */
@@ -89,8 +94,9 @@ int ckpt_config_read(const char *dir, ckpt_config *cfg, cairn_gguf_builder *b, c
 /* ---- tokenizer --------------------------------------------------------------- */
 
 /* tokenizer.json (+ tokenizer_config.json, generation_config.json) into the
- * builder's tokenizer.ggml.* keys for n_vocab ids. */
-int ckpt_tokenizer_read(const char *dir, int n_vocab, cairn_gguf_builder *b, char *err,
+ * builder's tokenizer.ggml.* keys for cfg->n_vocab ids; cfg's bos/eos ids
+ * are the fallback when tokenizer_config.json names none. */
+int ckpt_tokenizer_read(const char *dir, const ckpt_config *cfg, cairn_gguf_builder *b, char *err,
                         size_t err_len);
 
 /* ---- weights ----------------------------------------------------------------- */

@@ -171,7 +171,6 @@ static int read_compressed_tensors(json_t *q, ckpt_config *cfg, char *err, size_
         bits == 4) {
         /* W4A16 (llm-compressor): int4 per group or per output channel */
         cfg->quant = QM_CT_INT4;
-        cfg->bits = 4;
         cfg->sym = opt_bool(w, "symmetric", true);
         if (strategy && strcmp(strategy, "channel") == 0) {
             cfg->group_size = -1;
@@ -221,16 +220,17 @@ static int read_quantization(json_t *root, ckpt_config *cfg, char *err, size_t e
     if (strcmp(method, "awq") == 0 || strcmp(method, "gptq") == 0) {
         const bool awq = method[0] == 'a';
         cfg->quant = awq ? QM_AWQ : QM_GPTQ;
+        int bits = 0;
         if ((rc = need_int(q, awq ? (json_object_get(q, "w_bit") ? "w_bit" : "bits") : "bits", 1,
-                           16, &cfg->bits, err, err_len)) ||
+                           16, &bits, err, err_len)) ||
             (rc = need_int(q, awq && json_object_get(q, "q_group_size") ? "q_group_size"
                                                                          : "group_size",
                            -1, 1 << 20, &cfg->group_size, err, err_len)))
             return rc;
-        if (cfg->bits != 4)
+        if (bits != 4)
             return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
                                 "config.json: %s with %d bits is not supported (4 bits only)",
-                                method, cfg->bits);
+                                method, bits);
         if (cfg->group_size == 0 || (cfg->group_size != -1 && cfg->group_size % 32 != 0))
             return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
                                 "config.json: group_size %d is not supported (a multiple of 32, "
@@ -241,14 +241,12 @@ static int read_quantization(json_t *root, ckpt_config *cfg, char *err, size_t e
                 return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
                                     "config.json: AWQ version '%s' is not supported (gemm only)",
                                     version);
-            cfg->awq_zero_point = opt_bool(q, "zero_point", true);
-            if (!cfg->awq_zero_point)
+            if (!opt_bool(q, "zero_point", true))
                 return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
                                     "config.json: AWQ without zero points is not supported (the "
                                     "GEMM layout carries qzeros)");
         } else {
-            cfg->sym = opt_bool(q, "sym", true);
-            cfg->desc_act = opt_bool(q, "desc_act", false);
+            cfg->sym = opt_bool(q, "sym", true); /* act-order shows in g_idx itself */
             const char *fmt = opt_str(q, "checkpoint_format");
             if (fmt && strcmp(fmt, "gptq") != 0 && strcmp(fmt, "gptq_v2") != 0)
                 return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
@@ -322,6 +320,8 @@ int ckpt_config_read(const char *dir, ckpt_config *cfg, cairn_gguf_builder *b, c
         goto out;
     cfg->rope_theta = (float)theta;
     cfg->tied = opt_bool(root, "tie_word_embeddings", false);
+    cfg->bos_id = ckpt_json_id(root, "bos_token_id", 0);
+    cfg->eos_id = ckpt_json_id(root, "eos_token_id", 0);
     const char *act = opt_str(root, "hidden_act");
     if (!act)
         act = opt_str(root, "hidden_activation");

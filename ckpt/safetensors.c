@@ -323,15 +323,18 @@ static int open_index(st_set *s, const char *dir, json_t *index, char *err, size
         rc = open_file(s, dir, file, err, err_len);
     }
     json_decref(seen);
-    if (rc)
-        return rc;
-    /* every name the index promises must be in the shard it names */
-    json_object_foreach(map, key, v)
+    return rc;
+}
+
+/* Every name the index promises must be in the shard it names (after the
+ * tensors are sorted, so st_find can look them up). */
+static int check_index(const st_set *s, json_t *index, char *err, size_t err_len)
+{
+    const char *key;
+    json_t *v;
+    json_object_foreach(json_object_get(index, "weight_map"), key, v)
     {
-        const st_tensor *t = NULL;
-        for (int i = 0; i < s->n_tensors && !t; i++)
-            if (strcmp(s->tensors[i].name, key) == 0)
-                t = &s->tensors[i];
+        const st_tensor *t = st_find(s, key);
         if (!t || strcmp(t->file, json_string_value(v)) != 0)
             return cairn_errorf(err, err_len, CAIRN_EFORMAT,
                                 "model.safetensors.index.json names '%s' in %s, which does not "
@@ -349,7 +352,6 @@ int st_open_dir(const char *dir, st_set **out, char *err, size_t err_len)
     int rc = ckpt_read_json(dir, "model.safetensors.index.json", true, &index, err, err_len);
     if (rc == CAIRN_OK) {
         rc = open_index(s, dir, index, err, err_len);
-        json_decref(index);
     } else if (rc == CAIRN_ENOTFOUND) {
         /* model.safetensors, else the folder's one .safetensors file */
         char path[4096];
@@ -388,6 +390,9 @@ int st_open_dir(const char *dir, st_set **out, char *err, size_t err_len)
                 break;
             }
     }
+    if (rc == CAIRN_OK && index)
+        rc = check_index(s, index, err, err_len);
+    json_decref(index);
     if (rc) {
         if (rc == CAIRN_ENOMEM)
             cairn_errorf(err, err_len, rc, "out of memory reading the safetensors headers");

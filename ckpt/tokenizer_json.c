@@ -160,22 +160,11 @@ static int64_t id_of(json_t *vocab, json_t *added_by_text, const char *text)
     return json_is_integer(v) ? json_integer_value(v) : -1;
 }
 
-/* The id of a *_token_id field of config/generation config (an integer, or
- * the first of a list); -1 when absent. */
-static int64_t cfg_id(json_t *o, const char *key, int which)
-{
-    json_t *v = json_object_get(o, key);
-    if (json_is_array(v))
-        v = json_array_get(v, (size_t)which);
-    else if (which > 0)
-        v = NULL;
-    return json_is_integer(v) ? json_integer_value(v) : -1;
-}
-
-int ckpt_tokenizer_read(const char *dir, int n_vocab, cairn_gguf_builder *b, char *err,
+int ckpt_tokenizer_read(const char *dir, const ckpt_config *cfg, cairn_gguf_builder *b, char *err,
                         size_t err_len)
 {
-    json_t *tok = NULL, *tcfg = NULL, *gen = NULL, *cfg = NULL, *added_by_text = NULL;
+    const int n_vocab = cfg->n_vocab;
+    json_t *tok = NULL, *tcfg = NULL, *gen = NULL, *added_by_text = NULL;
     char **texts = NULL;
     int32_t *types = NULL;
     const char **merges = NULL;
@@ -189,8 +178,6 @@ int ckpt_tokenizer_read(const char *dir, int n_vocab, cairn_gguf_builder *b, cha
         goto out;
     if ((rc = ckpt_read_json(dir, "generation_config.json", true, &gen, err, err_len)) &&
         rc != CAIRN_ENOTFOUND)
-        goto out;
-    if ((rc = ckpt_read_json(dir, "config.json", false, &cfg, err, err_len)))
         goto out;
 
     json_t *model = json_object_get(tok, "model");
@@ -343,15 +330,15 @@ int ckpt_tokenizer_read(const char *dir, int n_vocab, cairn_gguf_builder *b, cha
     int64_t pad = id_of(vocab, added_by_text, token_text(json_object_get(tcfg, "pad_token")));
     int64_t unk = id_of(vocab, added_by_text, token_text(json_object_get(tcfg, "unk_token")));
     if (bos < 0)
-        bos = cfg_id(gen, "bos_token_id", 0) >= 0 ? cfg_id(gen, "bos_token_id", 0)
-                                                   : cfg_id(cfg, "bos_token_id", 0);
+        bos = ckpt_json_id(gen, "bos_token_id", 0) >= 0 ? ckpt_json_id(gen, "bos_token_id", 0)
+                                                         : cfg->bos_id;
     if (eos < 0)
-        eos = cfg_id(gen, "eos_token_id", 0) >= 0 ? cfg_id(gen, "eos_token_id", 0)
-                                                   : cfg_id(cfg, "eos_token_id", 0);
+        eos = ckpt_json_id(gen, "eos_token_id", 0) >= 0 ? ckpt_json_id(gen, "eos_token_id", 0)
+                                                         : cfg->eos_id;
     /* a second stop id (Qwen's generation_config: [<|im_end|>, <|endoftext|>]) */
     int64_t eot = -1;
     for (int k = 0; k < 4 && eot < 0; k++) {
-        const int64_t id = cfg_id(gen, "eos_token_id", k);
+        const int64_t id = ckpt_json_id(gen, "eos_token_id", k);
         if (id >= 0 && id != eos)
             eot = id;
     }
@@ -368,12 +355,10 @@ int ckpt_tokenizer_read(const char *dir, int n_vocab, cairn_gguf_builder *b, cha
             cairn_gguf_builder_set_u32(b, ids[k].key, (uint32_t)ids[k].id);
     /* generation_config's recommended sampling: what vLLM and SGLang use for
      * the fields a request leaves out (cairn_runtime_sampling_defaults) */
-    static const char *const gen_keys[] = {"temperature", "top_p", "top_k", "min_p",
-                                           "repetition_penalty"};
-    for (size_t k = 0; gen && k < sizeof gen_keys / sizeof gen_keys[0]; k++) {
-        json_t *g = json_object_get(gen, gen_keys[k]);
+    for (int k = 0; gen && k < CAIRN_CKPT_N_GENERATION; k++) {
+        json_t *g = json_object_get(gen, cairn_ckpt_generation_keys[k]);
         char key[64];
-        snprintf(key, sizeof key, "cairn.generation.%s", gen_keys[k]);
+        snprintf(key, sizeof key, "cairn.generation.%s", cairn_ckpt_generation_keys[k]);
         if (json_is_number(g) && json_number_value(g) >= 0 && json_number_value(g) < 1e6)
             cairn_gguf_builder_set_f32(b, key, (float)json_number_value(g));
     }
@@ -432,6 +417,5 @@ out:
     json_decref(tok);
     json_decref(tcfg);
     json_decref(gen);
-    json_decref(cfg);
     return rc;
 }

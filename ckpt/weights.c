@@ -53,7 +53,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 typedef struct {
     const st_set *st;
@@ -112,28 +111,24 @@ static int check_shape(loader *L, const st_tensor *t, int64_t d0, int64_t d1)
     return CAIRN_OK;
 }
 
-/* Element e of a float tensor (F32, F16, BF16), whatever its alignment. */
-static float float_at(const st_tensor *t, int64_t e)
+static bool is_float(st_dtype t) { return t == ST_F32 || t == ST_F16 || t == ST_BF16; }
+
+/* cairn's type of a float dtype (is_float). */
+static cairn_type float_type(st_dtype t)
 {
-    const uint8_t *p = t->data + (size_t)e * st_dtype_size(t->dtype);
-    uint16_t h;
-    float f;
-    switch (t->dtype) {
-    case ST_F32:
-        memcpy(&f, p, 4);
-        return f;
-    case ST_F16:
-        memcpy(&h, p, 2);
-        return cairn_fp16_to_fp32(h);
-    case ST_BF16:
-        memcpy(&h, p, 2);
-        return cairn_bf16_to_fp32(h);
-    default:
-        return NAN;
-    }
+    return t == ST_BF16 ? CAIRN_TYPE_BF16 : t == ST_F16 ? CAIRN_TYPE_F16 : CAIRN_TYPE_F32;
 }
 
-static bool is_float(st_dtype t) { return t == ST_F32 || t == ST_F16 || t == ST_BF16; }
+/* Element e of a float tensor, whatever its alignment (the reference
+ * decoder reads bytes); NaN for another dtype. */
+static float float_at(const st_tensor *t, int64_t e)
+{
+    float f = NAN;
+    if (is_float(t->dtype))
+        cairn_dequantize_row(float_type(t->dtype), t->data + (size_t)e * st_dtype_size(t->dtype),
+                             &f, 1);
+    return f;
+}
 
 static uint32_t u32_at(const st_tensor *t, int64_t e)
 {
@@ -164,40 +159,38 @@ static int add_vector(loader *L, const char *hf, const char *gname, int64_t n)
     float *v = owned(L, (size_t)n * sizeof(float), &rc);
     if (!v)
         return rc;
-    for (int64_t i = 0; i < n; i++)
-        v[i] = float_at(t, i);
+    cairn_dequantize_row(float_type(t->dtype), t->data, v, n);
     const int64_t ne[1] = {n};
     return cairn_gguf_builder_add_tensor(L->b, gname, CAIRN_TYPE_F32, 1, ne, v);
 }
 
-/* The source row of destination row r: HF llama's rotate-half order of
- * each head's rows to GGUF's adjacent pairs (rope_heads > 0), else r. */
-static int64_t src_row(int64_t r, int rope_heads, int hd)
+/* The source row of destination row r: with rope_rows, HF llama's
+ * rotate-half order of each head's rows (hd of them) to GGUF's adjacent
+ * pairs, else r. */
+static int64_t src_row(int64_t r, bool rope_rows, int hd)
 {
-    if (rope_heads <= 0)
+    if (!rope_rows)
         return r;
     const int64_t h = r / hd, i = r % hd, half = hd / 2;
     return h * hd + (i % 2) * half + i / 2;
 }
 
 static int add_float_linear(loader *L, const st_tensor *t, const char *gname, int64_t n_out,
-                            int64_t n_in, int rope_heads)
+                            int64_t n_in, bool rope_rows)
 {
     int rc = check_shape(L, t, n_out, n_in);
     if (rc)
         return rc;
-    const cairn_type type = t->dtype == ST_BF16 ? CAIRN_TYPE_BF16
-                            : t->dtype == ST_F16 ? CAIRN_TYPE_F16
-                                                 : CAIRN_TYPE_F32;
+    const cairn_type type = float_type(t->dtype);
     const int64_t ne[2] = {n_in, n_out};
-    if (rope_heads <= 0)
+    if (!rope_rows)
         return cairn_gguf_builder_add_tensor(L->b, gname, type, 2, ne, t->data);
     const size_t row = (size_t)n_in * st_dtype_size(t->dtype);
     uint8_t *w = owned(L, row * (size_t)n_out, &rc);
     if (!w)
         return rc;
     for (int64_t r = 0; r < n_out; r++)
-        memcpy(w + (size_t)r * row, t->data + (size_t)src_row(r, rope_heads, L->cfg->head_dim) * row,
+        memcpy(w + (size_t)r * row, t->data + (size_t)src_row(r, rope_rows, L->cfg->head_dim) * row,
                row);
     return cairn_gguf_builder_add_tensor(L->b, gname, type, 2, ne, w);
 }
@@ -205,7 +198,7 @@ static int add_float_linear(loader *L, const st_tensor *t, const char *gname, in
 /* ---- FP8 ------------------------------------------------------------------- */
 
 static int add_fp8_linear(loader *L, const char *hf, const st_tensor *t, const char *gname,
-                          int64_t n_out, int64_t n_in, int rope_heads)
+                          int64_t n_out, int64_t n_in, bool rope_rows)
 {
     int rc = check_shape(L, t, n_out, n_in);
     if (rc)
@@ -241,7 +234,7 @@ static int add_fp8_linear(loader *L, const char *hf, const st_tensor *t, const c
     if (!w)
         return rc;
     for (int64_t r = 0; r < n_out; r++) {
-        const int64_t sr = src_row(r, rope_heads, c->head_dim);
+        const int64_t sr = src_row(r, rope_rows, c->head_dim);
         const uint8_t *q = t->data + (size_t)(sr * n_in);
         for (int64_t blk = 0; blk < nb; blk++) {
             const int64_t col = blk * 32;
@@ -431,7 +424,7 @@ static int input_groups(loader *L, const char *gidx_name, int64_t n_in, int64_t 
 }
 
 static int add_int4_linear(loader *L, const char *hf, const char *gname, int64_t n_out,
-                           int64_t n_in, int rope_heads)
+                           int64_t n_in, bool rope_rows)
 {
     const ckpt_config *c = L->cfg;
     const int64_t g = c->group_size == -1 ? n_in : c->group_size;
@@ -458,7 +451,7 @@ static int add_int4_linear(loader *L, const char *hf, const char *gname, int64_t
     /* input-block-major, so the rows of the codes a block reads stay in cache */
     for (int64_t blk = 0; w && blk < nb; blk++) {
         for (int64_t r = 0; r < n_out; r++) {
-            const int64_t o = src_row(r, rope_heads, c->head_dim);
+            const int64_t o = src_row(r, rope_rows, c->head_dim);
             const int k = gidx[perm ? perm[blk * 32] : blk * 32];
             uint8_t *dst = w + (size_t)((r * nb + blk) * 20);
             const uint16_t d = int4_scale(&src, k, o, n_groups, &exact);
@@ -497,22 +490,22 @@ static int add_int4_linear(loader *L, const char *hf, const char *gname, int64_t
 /* One linear layer "<hf>" ([n_out][n_in]) under "<gname>" in whatever
  * format the checkpoint stores it. */
 static int add_linear(loader *L, const char *hf, const char *gname, int64_t n_out, int64_t n_in,
-                      int rope_heads)
+                      bool rope_rows)
 {
     char name[512];
     snprintf(name, sizeof name, "%s.weight", hf);
     const st_tensor *t = st_find(L->st, name);
     if (t && is_float(t->dtype))
-        return add_float_linear(L, t, gname, n_out, n_in, rope_heads);
+        return add_float_linear(L, t, gname, n_out, n_in, rope_rows);
     if (t && t->dtype == ST_F8_E4M3 && L->cfg->quant == QM_FP8)
-        return add_fp8_linear(L, hf, t, gname, n_out, n_in, rope_heads);
+        return add_fp8_linear(L, hf, t, gname, n_out, n_in, rope_rows);
     if (t)
         return cairn_errorf(L->err, L->err_len, CAIRN_EUNSUPPORTED,
                             "tensor '%s' has dtype %s%s", name, st_dtype_name(t->dtype),
                             t->dtype == ST_F8_E4M3 ? " but config.json declares no FP8 quantization"
                                                    : "");
     if (L->cfg->quant == QM_AWQ || L->cfg->quant == QM_GPTQ || L->cfg->quant == QM_CT_INT4)
-        return add_int4_linear(L, hf, gname, n_out, n_in, rope_heads);
+        return add_int4_linear(L, hf, gname, n_out, n_in, rope_rows);
     return cairn_errorf(L->err, L->err_len, CAIRN_EFORMAT, "missing tensor '%s'", name);
 }
 
@@ -549,8 +542,7 @@ static int add_llama3_rope_freqs(loader *L)
 int ckpt_weights_add(const st_set *s, const ckpt_config *cfg, cairn_gguf_builder *b, char *err,
                      size_t err_len)
 {
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const double t0 = cairn_now();
     loader L = {s, cfg, b, err, err_len, 0};
     const int64_t dim = cfg->dim, hd = cfg->head_dim, ffn = cfg->ffn;
     const int64_t q_dim = (int64_t)cfg->n_head * hd, kv_dim = (int64_t)cfg->n_kv * hd;
@@ -583,20 +575,20 @@ int ckpt_weights_add(const st_set *s, const ckpt_config *cfg, cairn_gguf_builder
         const struct {
             const char *hf, *gguf;
             int64_t n_out, n_in;
-            int rope_heads;
+            bool rope_rows; /* HF llama's q/k: rows reordered to GGUF's RoPE pairs */
         } lin[] = {
-            {"self_attn.q_proj", "attn_q", q_dim, dim, llama ? cfg->n_head : 0},
-            {"self_attn.k_proj", "attn_k", kv_dim, dim, llama ? cfg->n_kv : 0},
-            {"self_attn.v_proj", "attn_v", kv_dim, dim, 0},
-            {"self_attn.o_proj", "attn_output", dim, q_dim, 0},
-            {"mlp.gate_proj", "ffn_gate", ffn, dim, 0},
-            {"mlp.up_proj", "ffn_up", ffn, dim, 0},
-            {"mlp.down_proj", "ffn_down", dim, ffn, 0},
+            {"self_attn.q_proj", "attn_q", q_dim, dim, llama},
+            {"self_attn.k_proj", "attn_k", kv_dim, dim, llama},
+            {"self_attn.v_proj", "attn_v", kv_dim, dim, false},
+            {"self_attn.o_proj", "attn_output", dim, q_dim, false},
+            {"mlp.gate_proj", "ffn_gate", ffn, dim, false},
+            {"mlp.up_proj", "ffn_up", ffn, dim, false},
+            {"mlp.down_proj", "ffn_down", dim, ffn, false},
         };
         for (size_t i = 0; i < sizeof lin / sizeof lin[0] && rc == CAIRN_OK; i++) {
             snprintf(hf, sizeof hf, "model.layers.%d.%s", l, lin[i].hf);
             snprintf(g, sizeof g, "blk.%d.%s.weight", l, lin[i].gguf);
-            rc = add_linear(&L, hf, g, lin[i].n_out, lin[i].n_in, lin[i].rope_heads);
+            rc = add_linear(&L, hf, g, lin[i].n_out, lin[i].n_in, lin[i].rope_rows);
         }
         const struct {
             const char *hf, *gguf;
@@ -619,10 +611,8 @@ int ckpt_weights_add(const st_set *s, const ckpt_config *cfg, cairn_gguf_builder
             rc = add_vector(&L, hf, g, vec[i].n);
         }
     }
-    clock_gettime(CLOCK_MONOTONIC, &t1);
     if (rc == CAIRN_OK && L.repacked_bytes > ((size_t)64 << 20))
         cairn_log(CAIRN_LOG_INFO, "ckpt: repacked %.1f MiB of weights in %.2f s",
-                  (double)L.repacked_bytes / (1 << 20),
-                  (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9);
+                  (double)L.repacked_bytes / (1 << 20), cairn_now() - t0);
     return rc;
 }

@@ -24,8 +24,8 @@
 #include "cli/cli.h"
 
 #include <getopt.h>
-#include <stdio.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 

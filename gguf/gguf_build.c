@@ -98,41 +98,36 @@ int cairn_gguf_builder_set_str(cairn_gguf_builder *b, const char *key, const cha
     return end_kv(b);
 }
 
-int cairn_gguf_builder_set_u32(cairn_gguf_builder *b, const char *key, uint32_t v)
+/* One scalar pair: the value's bytes as stored (little-endian). */
+static int set_scalar(cairn_gguf_builder *b, const char *key, cairn_gguf_vtype type,
+                      const void *v)
 {
-    int rc = begin_kv(b, key, CAIRN_GGUF_UINT32);
+    int rc = begin_kv(b, key, type);
     if (rc)
         return rc;
-    put_u32(b, v);
+    put(b, v, gguf_scalar_size((uint32_t)type));
     return end_kv(b);
+}
+
+int cairn_gguf_builder_set_u32(cairn_gguf_builder *b, const char *key, uint32_t v)
+{
+    return set_scalar(b, key, CAIRN_GGUF_UINT32, &v);
 }
 
 int cairn_gguf_builder_set_i32(cairn_gguf_builder *b, const char *key, int32_t v)
 {
-    int rc = begin_kv(b, key, CAIRN_GGUF_INT32);
-    if (rc)
-        return rc;
-    put(b, &v, 4);
-    return end_kv(b);
+    return set_scalar(b, key, CAIRN_GGUF_INT32, &v);
 }
 
 int cairn_gguf_builder_set_f32(cairn_gguf_builder *b, const char *key, float v)
 {
-    int rc = begin_kv(b, key, CAIRN_GGUF_FLOAT32);
-    if (rc)
-        return rc;
-    put(b, &v, 4);
-    return end_kv(b);
+    return set_scalar(b, key, CAIRN_GGUF_FLOAT32, &v);
 }
 
 int cairn_gguf_builder_set_bool(cairn_gguf_builder *b, const char *key, bool v)
 {
-    int rc = begin_kv(b, key, CAIRN_GGUF_BOOL);
-    if (rc)
-        return rc;
     const uint8_t byte = v ? 1 : 0;
-    put(b, &byte, 1);
-    return end_kv(b);
+    return set_scalar(b, key, CAIRN_GGUF_BOOL, &byte);
 }
 
 int cairn_gguf_builder_set_arr_str(cairn_gguf_builder *b, const char *key, const char *const *strs,

@@ -28,8 +28,8 @@ struct cairn_runtime {
     int32_t turn_end[16];
     size_t n_turn_end;
     /* the model's recommended sampling (a checkpoint's generation_config) */
-    float gen_value[5];
-    bool gen_given[5];
+    float gen_value[CAIRN_CKPT_N_GENERATION]; /* cairn_ckpt_generation_keys' order */
+    bool gen_given[CAIRN_CKPT_N_GENERATION];
     pthread_mutex_t grammar_mu; /* guards the lazy build below */
     cairn_grammar_vocab *grammar_vocab;
 };
@@ -104,10 +104,6 @@ static int open_backend(cairn_runtime *rt, const cairn_runtime_config *cfg, char
     return CAIRN_OK;
 }
 
-/* The sampling fields a model may recommend, in cairn_runtime.gen_value order. */
-static const char *const GEN_KEYS[5] = {"temperature", "top_p", "top_k", "min_p",
-                                        "repetition_penalty"};
-
 void cairn_runtime_sampling_defaults(const cairn_runtime *rt, cairn_sampling_params *p)
 {
     if (!rt || !p)
@@ -123,14 +119,6 @@ void cairn_runtime_sampling_defaults(const cairn_runtime *rt, cairn_sampling_par
         p->min_p = v[3];
     if (rt->gen_given[4] && v[4] > 0)
         p->repeat_penalty = v[4];
-}
-
-bool cairn_runtime_has_sampling_defaults(const cairn_runtime *rt)
-{
-    for (int i = 0; rt && i < 5; i++)
-        if (rt->gen_given[i])
-            return true;
-    return false;
 }
 
 /* The model, its vocabulary and its chat template from one open file. */
@@ -155,9 +143,9 @@ static int open_model(cairn_runtime *rt, const cairn_runtime_config *cfg, char *
     if (rc == CAIRN_OK && (rc = cairn_chat_template_from_gguf(g, rt->vocab, &rt->chat)))
         cairn_errorf(err, err_len, rc, "%s: cannot read the chat template: %s", cfg->model_path,
                      cairn_strerror(rc));
-    for (int i = 0; rc == CAIRN_OK && i < 5; i++) {
+    for (int i = 0; rc == CAIRN_OK && i < CAIRN_CKPT_N_GENERATION; i++) {
         char key[64];
-        snprintf(key, sizeof key, "cairn.generation.%s", GEN_KEYS[i]);
+        snprintf(key, sizeof key, "cairn.generation.%s", cairn_ckpt_generation_keys[i]);
         rt->gen_given[i] = cairn_gguf_get_f32(g, key, &rt->gen_value[i]) == CAIRN_OK &&
                            isfinite(rt->gen_value[i]) && rt->gen_value[i] >= 0;
     }

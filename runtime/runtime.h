@@ -119,7 +119,6 @@ const char *cairn_runtime_model_path(const cairn_runtime *rt);
  * one; a GGUF gives none and leaves *p as it was. Request decoding applies it
  * to the fields a request leaves out, as vLLM and SGLang do. */
 void cairn_runtime_sampling_defaults(const cairn_runtime *rt, cairn_sampling_params *p);
-bool cairn_runtime_has_sampling_defaults(const cairn_runtime *rt);
 /* CPU threads in use (0 on another backend). */
 int cairn_runtime_threads(const cairn_runtime *rt);
 /* Free and total memory of the device the model runs on, now (what sizes a
