@@ -213,6 +213,51 @@ int cairn_backend_supports_type(const cairn_backend *be, cairn_type t)
     return tr && tr->compute;
 }
 
+int cairn_backend_weight_layout(const cairn_backend *be, cairn_type type, int n_in, int n_out,
+                                size_t *bytes, cairn_type *as)
+{
+    if (!be || !bytes || !as || n_in <= 0 || n_out <= 0 || !cairn_backend_supports_type(be, type))
+        return CAIRN_EINVAL;
+    if (be->iface->weight_layout)
+        return be->iface->weight_layout(be, type, n_in, n_out, bytes, as);
+    const size_t rb = cairn_type_row_bytes((int)type, n_in);
+    if (rb == 0)
+        return CAIRN_EINVAL;
+    *bytes = rb * (size_t)n_out;
+    *as = type;
+    return CAIRN_OK;
+}
+
+int cairn_backend_upload_weight(cairn_backend *be, void *dst, const void *host_src,
+                                cairn_type type, int n_in, int n_out)
+{
+    if (!be || !dst || !host_src || n_in <= 0 || n_out <= 0 ||
+        !cairn_backend_supports_type(be, type))
+        return CAIRN_EINVAL;
+    if (be->iface->upload_weight)
+        return be->iface->upload_weight(be, dst, host_src, type, n_in, n_out);
+    const size_t rb = cairn_type_row_bytes((int)type, n_in);
+    if (rb == 0)
+        return CAIRN_EINVAL;
+    return be->iface->upload(be, dst, host_src, rb * (size_t)n_out);
+}
+
+int cairn_backend_matmul_multi(cairn_backend *be, const float *x, int T, int n_in, int n,
+                               const cairn_matmul_part *parts)
+{
+    if (!be || n < 1 || !parts)
+        return CAIRN_EINVAL;
+    if (be->iface->matmul_multi)
+        return be->iface->matmul_multi(be, x, T, n_in, n, parts);
+    for (int i = 0; i < n; i++) {
+        int rc = be->iface->matmul(be, parts[i].y, parts[i].W, parts[i].wtype, x, T, n_in,
+                                   parts[i].n_out);
+        if (rc != CAIRN_OK)
+            return rc;
+    }
+    return CAIRN_OK;
+}
+
 int cairn_backend_synchronize(cairn_backend *be)
 {
     if (!be)

@@ -216,6 +216,35 @@ typedef struct {
 int cairn_rope_args_check(const float *x, int T, int n_heads, int head_dim, const int32_t *pos,
                           const cairn_rope_params *p);
 
+/* Weight layouts
+ * --------------
+ * matmul and get_rows take weights in GGUF's row layout. A backend may also
+ * keep a weight matrix in a layout of its own that its kernels stream
+ * faster (the CPU backend interleaves groups of 16 rows; kernels/cpu/
+ * cpu_impl.h, "Packed weights"). Such a weight is uploaded through
+ * cairn_backend_upload_weight and afterwards passed to matmul and get_rows
+ * with the type cairn_backend_weight_layout named, which carries
+ * CAIRN_TYPE_PACKED when the layout is the backend's own:
+ *
+ *     cairn_backend_weight_layout(be, Q4_0, n_in, n_out, &bytes, &as);
+ *     alloc(bytes) -> W;  cairn_backend_upload_weight(be, W, host, Q4_0, n_in, n_out);
+ *     matmul(be, y, W, as, x, T, n_in, n_out);   get_rows(be, out, W, as, n_in, ids, T);
+ *
+ * A packed weight is a whole matrix: it is only ever passed whole (never a
+ * range of its rows), with the n_in it was packed for, and only to the
+ * backend that packed it. Packing keeps every value exactly, so results
+ * equal those of the GGUF layout. */
+#define CAIRN_TYPE_PACKED 0x1000
+
+/* One matrix of a matmul_multi call: y[T][n_out] = x[T][n_in] · Wᵀ, W of
+ * type `wtype` (GGUF layout or the backend's own, as for matmul). */
+typedef struct {
+    float *y;
+    const void *W;
+    cairn_type wtype;
+    int n_out;
+} cairn_matmul_part;
+
 typedef struct cairn_backend cairn_backend;
 
 /* ---- sampling on the device (the sample_rows slot) ----------------------
@@ -300,6 +329,10 @@ typedef struct {
  *                                                to count (the CPU's is RAM)
  *   graph_begin,   CAIRN_EUNSUPPORTED (the ops   launching ops costs nothing
  *   graph_end      run as they are issued)       worth saving (the CPU)
+ *   matmul_multi   one matmul call per part     always (the same results)
+ *   weight_layout, GGUF's layout: the row bytes   the backend's kernels read
+ *   upload_weight  times n_out, the type as is,  GGUF's layout as fast as any
+ *                  and upload()                  other
  *   sample_rows    download the rows and run     always (the same tokens,
  *                  the CPU sampler: written in   only a [rows][n_vocab]
  *                  model/ (cairn_sample_batch_   download slower)
@@ -343,6 +376,19 @@ typedef struct {
      * type). Must not fail or touch the device. */
     int (*supports_type)(const cairn_backend *be, cairn_type t);
 
+    /* OPTIONAL (both or neither; see "Weight layouts"). weight_layout: the
+     * bytes of backend memory a matmul weight [n_out][n_in] of `type` takes
+     * in the layout this backend reads best, and *as, the type matmul and
+     * get_rows then take it as (type itself, or type | CAIRN_TYPE_PACKED);
+     * CAIRN_EINVAL for a type it does not support or a shape that is not a
+     * whole number of blocks. upload_weight: write the host GGUF-layout
+     * matrix at host_src into dst (alloc'ed with those bytes) in that
+     * layout; the host memory may be reused when it returns. */
+    int (*weight_layout)(const cairn_backend *be, cairn_type type, int n_in, int n_out,
+                         size_t *bytes, cairn_type *as);
+    int (*upload_weight)(cairn_backend *be, void *dst, const void *host_src, cairn_type type,
+                         int n_in, int n_out);
+
     /* Memory. alloc returns zeroed memory aligned to at least 64 bytes. */
     int (*alloc)(cairn_backend *be, size_t bytes, void **out);
     void (*free)(cairn_backend *be, void *ptr);
@@ -362,6 +408,14 @@ typedef struct {
     /* y[T][n_out] = x[T][n_in] · W[n_out][n_in]ᵀ, W of type `wtype`. */
     int (*matmul)(cairn_backend *be, float *y, const void *W, cairn_type wtype,
                   const float *x, int T, int n_in, int n_out);
+
+    /* OPTIONAL. y_i = x · W_iᵀ for n matrices that read the same x[T][n_in]
+     * (a layer's q, k and v; gate and up): one pass that prepares x once
+     * and shares the rows of all of them among the backend's workers.
+     * Exactly the results of n matmul calls; no y_i may alias x or another
+     * y_j. */
+    int (*matmul_multi)(cairn_backend *be, const float *x, int T, int n_in, int n,
+                        const cairn_matmul_part *parts);
 
     /* out[T][D] = x / sqrt(mean(x²) + eps) * w[D]. out may equal x. */
     int (*rmsnorm)(cairn_backend *be, float *out, const float *x, const float *w,
@@ -518,6 +572,22 @@ void cairn_backend_destroy(cairn_backend *be);
 /* Nonzero when get_rows and matmul accept rows of type `t`; 0 for a NULL
  * backend and for ids cairn does not know. */
 int cairn_backend_supports_type(const cairn_backend *be, cairn_type t);
+
+/* The layout of a matmul weight on this backend (the weight_layout slot,
+ * else GGUF's: cairn_type_row_bytes(type, n_in) * n_out bytes, *as = type)
+ * and its upload (upload_weight, else upload()). CAIRN_EINVAL for a NULL
+ * backend or pointer, a type the backend does not support, or a shape that
+ * is not a whole number of blocks. */
+int cairn_backend_weight_layout(const cairn_backend *be, cairn_type type, int n_in, int n_out,
+                                size_t *bytes, cairn_type *as);
+int cairn_backend_upload_weight(cairn_backend *be, void *dst, const void *host_src,
+                                cairn_type type, int n_in, int n_out);
+
+/* y_i = x · W_iᵀ for the n parts (the matmul_multi slot, else one matmul
+ * per part, in order). CAIRN_EINVAL for a NULL backend or n < 1; otherwise
+ * what the slot or matmul returns. */
+int cairn_backend_matmul_multi(cairn_backend *be, const float *x, int T, int n_in, int n,
+                               const cairn_matmul_part *parts);
 
 /* Wait for every op issued so far. CAIRN_EINVAL for a NULL backend. */
 int cairn_backend_synchronize(cairn_backend *be);

@@ -21,6 +21,25 @@ static int linear(cairn_backend *be, float *y, const cairn_layer_weight *w, cons
     return be->iface->matmul(be, y, w->data, w->type, x, T, n_in, n_out);
 }
 
+/* Several linears of the same input in one backend call (q, k, v; gate,
+ * up), which quantizes the input once and splits all their rows among the
+ * workers; one by one when a weight reads its input reordered. */
+static int linears(cairn_backend *be, const float *x, float *gathered, int T, int n_in, int n,
+                   const cairn_layer_weight *const w[], float *const y[], const int n_out[])
+{
+    cairn_matmul_part parts[3];
+    int fused = n <= 3;
+    for (int i = 0; i < n && fused; i++) {
+        fused = !w[i]->perm;
+        parts[i] = (cairn_matmul_part){y[i], w[i]->data, w[i]->type, n_out[i]};
+    }
+    if (fused)
+        return cairn_backend_matmul_multi(be, x, T, n_in, n, parts);
+    for (int i = 0; i < n; i++)
+        TRY(linear(be, y[i], w[i], x, gathered, T, n_in, n_out[i]));
+    return CAIRN_OK;
+}
+
 int cairn_layer_forward(cairn_backend *be, const cairn_layer_weights *w,
                         const cairn_layer_shape *s, const cairn_layer_acts *a, int T,
                         const int32_t *pos, const int32_t *slots, void *kv_pool,
@@ -40,9 +59,12 @@ int cairn_layer_forward(cairn_backend *be, const cairn_layer_weights *w,
         TRY(op->rmsnorm(be, a->h, a->x, w->attn_norm.data, T, dim, s->rms_eps)); /* [T][dim] */
         h = a->h;
     }
-    TRY(linear(be, a->q, &w->wq, h, a->gathered, T, in_dim, q_dim));  /* [T][q_dim]  */
-    TRY(linear(be, a->k, &w->wk, h, a->gathered, T, in_dim, kv_dim)); /* [T][kv_dim] */
-    TRY(linear(be, a->v, &w->wv, h, a->gathered, T, in_dim, kv_dim)); /* [T][kv_dim] */
+    { /* q [T][q_dim], k and v [T][kv_dim] */
+        const cairn_layer_weight *const ws[] = {&w->wq, &w->wk, &w->wv};
+        float *const ys[] = {a->q, a->k, a->v};
+        const int outs[] = {q_dim, kv_dim, kv_dim};
+        TRY(linears(be, h, a->gathered, T, in_dim, 3, ws, ys, outs));
+    }
     if (w->bq.data)
         TRY(op->add_bias(be, a->q, w->bq.data, T, q_dim));
     if (w->bk.data)
@@ -74,8 +96,12 @@ int cairn_layer_forward(cairn_backend *be, const cairn_layer_weights *w,
 
     /* feed-forward block */
     TRY(op->rmsnorm(be, a->h, a->x, w->ffn_norm.data, T, dim, s->rms_eps));
-    TRY(linear(be, a->gate, &w->w_gate, a->h, a->gathered, T, dim, ffn)); /* [T][ffn] */
-    TRY(linear(be, a->up, &w->w_up, a->h, a->gathered, T, dim, ffn));     /* [T][ffn] */
+    { /* gate, up [T][ffn] */
+        const cairn_layer_weight *const ws[] = {&w->w_gate, &w->w_up};
+        float *const ys[] = {a->gate, a->up};
+        const int outs[] = {ffn, ffn};
+        TRY(linears(be, a->h, a->gathered, T, dim, 2, ws, ys, outs));
+    }
     TRY(op->swiglu(be, a->gate, a->gate, a->up, (size_t)T * ffn));
     TRY(linear(be, a->h, &w->w_down, a->gate, a->gathered, T, ffn, dim)); /* [T][dim] */
     TRY(op->add(be, a->x, a->x, a->h, (size_t)T * dim));

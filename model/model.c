@@ -426,20 +426,27 @@ static int k_centers(cairn_model *m)
     return rc;
 }
 
+/* Whether binding b is a matrix that matmul reads (every 2-D weight, and the
+ * token embeddings only when they are also the output head): those are
+ * uploaded in the backend's own layout (kernels/backend.h, "Weight
+ * layouts"); norms, biases, input orders and an embedding table that only
+ * get_rows reads keep GGUF's. */
+static bool is_matmul_weight(const cairn_model *m, const tensor_binding *b)
+{
+    return !b->perm && b->src->n_dims >= 2 && b->src->ne[1] > 1 &&
+           (b->dst != &m->tok_embd || m->hp.tied_embeddings);
+}
+
 /* Upload every bound tensor into one backend allocation (each 64-byte
- * aligned) and fingerprint the weights as they go. */
+ * aligned) and fingerprint the weights as they go. The fingerprint hashes
+ * the GGUF bytes, whatever layout the backend keeps them in. */
 static int upload_weights(cairn_model *m, const cairn_gguf *g, const tensor_binding *b, int n,
                           char *err, size_t err_len)
 {
     cairn_backend *be = m->be;
-    size_t total = 0;
-    for (int i = 0; i < n; i++)
-        total += (b[i].src->size + 63) & ~(size_t)63;
     const cairn_gguf_tensor *freqs = cairn_gguf_find_tensor(g, "rope_freqs.weight");
     if (freqs && (freqs->type != CAIRN_TYPE_F32 || freqs->ne[0] != m->hp.n_rot / 2))
         return cairn_errorf(err, err_len, CAIRN_EFORMAT, "tensor 'rope_freqs.weight' is malformed");
-    if (freqs)
-        total += (freqs->size + 63) & ~(size_t)63;
     /* find_tensor checked that cairn can compute with each type; this
      * backend may implement fewer. */
     for (int i = 0; i < n; i++) {
@@ -451,28 +458,60 @@ static int upload_weights(cairn_model *m, const cairn_gguf *g, const tensor_bind
                                 t->name, tr ? tr->name : "?", be->iface->name);
         }
     }
-
-    int rc = be->iface->alloc(be, total, &m->weights_mem);
-    if (rc != CAIRN_OK)
-        return cairn_errorf(err, err_len, rc, "cannot allocate %.1f MiB for weights on backend %s",
-                    (double)total / (1 << 20), be->iface->name);
-
-    XXH3_state_t *hs = XXH3_createState();
-    if (!hs)
+    /* each tensor's bytes and type in backend memory */
+    size_t *bytes = malloc(((size_t)n + 1) * sizeof *bytes);
+    cairn_type *as = malloc(((size_t)n + 1) * sizeof *as);
+    if (!bytes || !as) {
+        free(bytes);
+        free(as);
         return CAIRN_ENOMEM;
+    }
+    size_t total = 0;
+    int rc = CAIRN_OK;
+    for (int i = 0; i < n && rc == CAIRN_OK; i++) {
+        const cairn_gguf_tensor *t = b[i].src;
+        bytes[i] = t->size;
+        as[i] = t->type;
+        if (is_matmul_weight(m, &b[i]) &&
+            (rc = cairn_backend_weight_layout(be, t->type, (int)t->ne[0], (int)t->ne[1], &bytes[i],
+                                              &as[i])) != CAIRN_OK)
+            rc = cairn_errorf(err, err_len, rc, "tensor '%s': no layout on backend %s", t->name,
+                              be->iface->name);
+        total += (bytes[i] + 63) & ~(size_t)63;
+    }
+    if (freqs)
+        total += (freqs->size + 63) & ~(size_t)63;
+    if (rc == CAIRN_OK && (rc = be->iface->alloc(be, total, &m->weights_mem)) != CAIRN_OK)
+        rc = cairn_errorf(err, err_len, rc, "cannot allocate %.1f MiB for weights on backend %s",
+                          (double)total / (1 << 20), be->iface->name);
+    XXH3_state_t *hs = rc == CAIRN_OK ? XXH3_createState() : NULL;
+    if (rc == CAIRN_OK && !hs)
+        rc = CAIRN_ENOMEM;
+    if (rc != CAIRN_OK) {
+        free(bytes);
+        free(as);
+        return rc;
+    }
     XXH3_128bits_reset(hs);
     uint8_t *dst = m->weights_mem;
     for (int i = 0; i < n + (freqs != NULL); i++) {
         const cairn_gguf_tensor *t = i < n ? b[i].src : freqs;
-        if ((rc = be->iface->upload(be, dst, t->data, t->size)) != CAIRN_OK) {
+        if (i < n && is_matmul_weight(m, &b[i]))
+            rc = cairn_backend_upload_weight(be, dst, t->data, t->type, (int)t->ne[0],
+                                             (int)t->ne[1]);
+        else
+            rc = be->iface->upload(be, dst, t->data, t->size);
+        if (rc != CAIRN_OK) {
             XXH3_freeState(hs);
+            free(bytes);
+            free(as);
             return cairn_errorf(err, err_len, rc, "uploading '%s' failed", t->name);
         }
         if (i < n && b[i].perm) {
             b[i].dst->perm = (const int32_t *)dst;
             m->has_perms = true;
         } else if (i < n)
-            *b[i].dst = (weight){dst, t->type, NULL};
+            *b[i].dst = (weight){dst, as[i], NULL};
         else
             m->rope_freqs = (const float *)dst;
         /* a token looks up one row of an embedding table that is not also
@@ -485,8 +524,10 @@ static int upload_weights(cairn_model *m, const cairn_gguf *g, const tensor_bind
         XXH3_128bits_update(hs, &type, sizeof type);
         XXH3_128bits_update(hs, t->ne, sizeof t->ne);
         XXH3_128bits_update(hs, t->data, t->size);
-        dst += (t->size + 63) & ~(size_t)63;
+        dst += ((i < n ? bytes[i] : t->size) + 63) & ~(size_t)63;
     }
+    free(bytes);
+    free(as);
     XXH128_hash_t h = XXH3_128bits_digest(hs);
     XXH3_freeState(hs);
     XXH128_canonical_t c;

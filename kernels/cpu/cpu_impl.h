@@ -79,6 +79,23 @@ const char *cpu_isa_name(cpu_isa isa);
 
 /* ---- backend context --------------------------------------------------- */
 
+/* Knobs of the quantized kernels that do not change a single bit of their
+ * results, only their speed, which differs between microarchitectures:
+ * chosen per machine by a short measurement (cpu_tune.c). */
+typedef struct {
+    int prefetch;    /* bytes ahead of the weight stream prefetched into L2;
+                        0: none (the hardware prefetchers alone)          */
+    int pair_tokens; /* AVX-512: up to this many tokens, two groups (32
+                        rows) share each activation broadcast             */
+} cpu_quant_tuning;
+
+
+/* A big allocation of the backend, mapped on its own (cpu_backend.c). */
+typedef struct {
+    void *base;
+    size_t len;
+} cpu_map;
+
 typedef struct {
     cpu_pool *pool;
     int n_threads;
@@ -90,6 +107,8 @@ typedef struct {
      * weight type uses the float reference semantics (weights dequantized,
      * float activations). F32/F16/BF16/F8_E4M3 weights are always exact. */
     int quantize_activations;
+    /* Speed knobs of the quantized kernels (cpu_x86_gemm_groups). */
+    cpu_quant_tuning tune;
     /* Activations quantized for the current matmul: [T][n_in] int8 codes,
      * [T][n_in/32] float scales and [T][n_in/32] int32 code sums; grown
      * (never shrunk) like scratch. */
@@ -111,6 +130,9 @@ typedef struct {
      * items (cpu_attention.c), grown like scratch. */
     float *attn_partial;
     size_t attn_partial_cap; /* floats */
+    /* The allocations that are mappings of their own (cpu_alloc). */
+    cpu_map *maps;
+    int n_maps, maps_cap;
 } cpu_ctx;
 
 static inline cpu_ctx *cpu_ctx_of(cairn_backend *be)
@@ -133,6 +155,8 @@ int cpu_get_rows(cairn_backend *be, float *out, const void *table, cairn_type ty
                  const int32_t *ids, int T);
 int cpu_matmul(cairn_backend *be, float *y, const void *W, cairn_type wtype, const float *x,
                int T, int n_in, int n_out);
+int cpu_matmul_multi(cairn_backend *be, const float *x, int T, int n_in, int n,
+                     const cairn_matmul_part *parts);
 int cpu_rmsnorm(cairn_backend *be, float *out, const float *x, const float *w, int T, int D,
                 float eps);
 int cpu_rope(cairn_backend *be, float *x, int T, int n_heads, int head_dim, const int32_t *pos,
@@ -159,15 +183,21 @@ int cpu_type_supported(cairn_type type);
 /* True for the weight types multiplied against int8-quantized activations
  * (unless the backend is exact). Every one of them splits a row into
  * 32-element blocks (sub-blocks for the K-quants) that line up with the
- * activation blocks, and the product is defined per activation block b
- * (scale d_a, codes q_a, code sum s_a) as
- *   Q8_0, Q4_0, Q5_0  d_w d_a sum_i (c_i - Z) q_a[i]      (Z = 0, 8, 16)
- *   Q4_Z              d_w d_a (sum_i c_i q_a[i] - z s_a)   (z the block's u8)
- *   Q4_K, Q5_K        d_a ((d sc_j) sum_i c_i q_a[i] - (dmin m_j) s_a)
- *   Q6_K              (d d_a) (sc_2j sum_{i<16} (c_i - 32) q_a[i]
- *                              + sc_2j+1 sum_{i>=16} (c_i - 32) q_a[i])
- * with every integer sum exact; the scalar kernel in cpu_matmul.c is the
- * reference, the vector kernels differ only in the order of float additions. */
+ * activation blocks (scale d_a, codes q_a, code sum s_a). Every kernel and
+ * the scalar reference (cpu_matmul.c) compute an output as one float
+ * accumulator `acc`, starting at 0, updated per block b in block order by
+ * exactly these operations (fma: one rounding; I, I_lo, I_hi: exact integer
+ * sums; products in brackets rounded once, d and dmin exact as floats):
+ *   Q8_0, Q4_0, Q5_0  acc = fma(I, [d_w d_a], acc),  I = sum_i (c_i - Z) q_a[i]
+ *                     (Z = 0 for Q8_0's signed codes, 8, 16)
+ *   Q4_Z              the same with Z = z, the block's own u8
+ *   Q4_K, Q5_K        acc = fma(I, [[d sc_j] d_a], acc);
+ *                     acc = fma([dmin m_j], [-d_a s_a], acc),  I = sum_i c_i q_a[i]
+ *   Q6_K              acc = fma(I_lo, [[d sc_2j] d_a], acc);
+ *                     acc = fma(I_hi, [[d sc_2j+1] d_a], acc),
+ *                     I_lo = sum_{i<16} (c_i - 32) q_a[i], I_hi the rest
+ * so the AVX-512 kernels, the AVX2 kernels and the scalar reference agree
+ * bit for bit, whatever the batch, tile or thread split. */
 int cpu_q8act_type(cairn_type type);
 
 /* The 8 six-bit scales and mins of a Q4_K/Q5_K super-block (12 packed
@@ -248,17 +278,102 @@ int cpu_x86_matmul_float(cpu_isa isa, float *y, const uint8_t *W, cairn_type wty
 size_t cpu_x86_float_panel_floats(cpu_isa isa, cairn_type wtype, int T, int n_in);
 int cpu_x86_float_rows_per_item(cpu_isa isa, int T);
 
-/* y[t][r] for r in [r0, r1): weights of a cpu_q8act_type against
+/* ---- packed weights (cpu_pack.c, kernels in cpu_x86_quant.c) ---------
+ *
+ * Decode reads every weight byte once per token, so the weights' layout
+ * sets its speed. In GGUF's a row is contiguous, and a kernel that forms
+ * 16 outputs at once must follow 16 streams `row_bytes` apart and gather
+ * each block's scale from each of them. The quantized types are therefore
+ * repacked at load (the upload_weight slot, cpu_upload_weight) into groups
+ * of CPU_PACK_ROWS = 16 rows, each one contiguous stream that holds, block
+ * by block, the codes of the 16 rows side by side as the outer-product
+ * kernels consume them:
+ *
+ *   matrix  | group 0: rows 0-15 | group 1: rows 16-31 | ... |   (rows past
+ *             n_out are zero rows; group_bytes each, a multiple of 64)
+ *   group   | main[0] | main[1] | ... | main[nsb-1] | side[0] | ... | pad |
+ *             (one main and one side region per super-block: 32 elements,
+ *             or 256 for the K-quants)
+ *
+ * A "column vector" is 64 bytes whose dword i is 4 consecutive bytes of
+ * row i; vector k of a run takes GGUF bytes 4k..4k+3 of the super-block.
+ * Per super-block (offsets in bytes, rows in lanes, f16 scales as 16
+ * consecutive halves):
+ *
+ *   Q8_0  main 512: 8 vectors of the codes, each byte XOR 0x80 (unsigned
+ *                   c + 128)                      side 32: d
+ *   Q4_0  main 256: 4 vectors of the 16 nibble bytes          side 32: d
+ *   Q5_0  main 320: Q4_0's 4 vectors, then 8 u64 masks: mask m, bit 4i + e
+ *                   = bit 4m + e of row i's qh (the fifth bit of the code
+ *                   in byte e, lane i of the low (m < 4) or high (m >= 4)
+ *                   nibbles of vector m % 4)      side 32: d
+ *   Q4_Z  main 256: as Q4_0                       side 48: d, then z (u8)
+ *   Q4_K  main 2304: 32 vectors of qs (pair p = blocks 2p, 2p+1 at 512 p),
+ *                   d, dmin, 3 vectors of the 12 scale bytes   side 0
+ *   Q5_K  main 2816: 32 vectors of qs, 8 of qh, d, dmin, 3 of scales
+ *   Q6_K  main 3328: 32 vectors of ql (chunk c = bytes 32c.. at 512 c), 16
+ *                   of qh (chunk h at 2048 + 512 h), the 16 int8 scales as
+ *                   16 columns of a byte per row (scale k at 3072 + 16 k)
+ *                                                 side 32: d
+ *
+ * Packing moves bytes and nothing else (Q4_Z's pad byte is dropped, and
+ * reads back as 0), so cpu_unpack_row restores a GGUF row exactly:
+ * get_rows and the scalar level read packed weights through it. Sizes
+ * stay GGUF's (Q4_0: 288 bytes = 16 rows x 18 per block) up to the
+ * padding of the last group and the 64-byte rounding. */
+#define CPU_PACK_ROWS 16
+
+typedef struct {
+    cairn_type type;     /* the GGUF type (Q8_0, Q4_0, Q5_0, Q4_Z, Q4_K, Q5_K, Q6_K) */
+    int sb_elems;        /* elements per super-block: 32, or 256 (K-quants)  */
+    int nsb;             /* super-blocks per row                              */
+    size_t main_bytes;   /* main region of a super-block of a group           */
+    size_t side_bytes;   /* its side region                                   */
+    size_t side_off;     /* offset of the side regions in a group             */
+    size_t group_bytes;  /* bytes of one group of 16 rows                     */
+    size_t row_bytes;    /* bytes of one GGUF row                             */
+} cpu_pack_geom;
+
+/* The geometry of `type` with n_in columns: 1, or 0 when the type has no
+ * packed layout or n_in is not a whole number of super-blocks. */
+int cpu_pack_geom_init(cpu_pack_geom *g, cairn_type type, int n_in);
+/* Bytes of a packed [n_out][n_in] matrix; 0 when it cannot be packed. */
+size_t cpu_packed_bytes(cairn_type type, int n_in, int n_out);
+/* Pack `rows` (<= 16) GGUF rows, row i at src + i * row_stride, into one
+ * group of g->group_bytes (64-byte aligned); the rest are zero rows. */
+void cpu_pack_group(const cpu_pack_geom *g, const uint8_t *src, size_t row_stride, int rows,
+                    uint8_t *group);
+/* Row `lane` of a packed group back in GGUF layout (g->row_bytes). */
+void cpu_unpack_row(const cpu_pack_geom *g, const uint8_t *group, int lane, uint8_t *row);
+
+/* A packed weight's type as matmul and get_rows take it, and back. */
+static inline cairn_type cpu_packed_type(cairn_type t)
+{
+    return (cairn_type)((int)t | CAIRN_TYPE_PACKED);
+}
+static inline int cpu_is_packed(cairn_type t)
+{
+    return ((int)t & CAIRN_TYPE_PACKED) != 0;
+}
+static inline cairn_type cpu_unpacked_type(cairn_type t)
+{
+    return (cairn_type)((int)t & ~CAIRN_TYPE_PACKED);
+}
+
+/* The weight_layout and upload_weight slots (kernels/backend.h). */
+int cpu_weight_layout(const cairn_backend *be, cairn_type type, int n_in, int n_out,
+                      size_t *bytes, cairn_type *as);
+int cpu_upload_weight(cairn_backend *be, void *dst, const void *host_src, cairn_type type,
+                      int n_in, int n_out);
+
+
+/* y[t][0 .. rows) for t in [0, T) (y rows n_out apart) from the packed
+ * groups at grp (ceil(rows / 16) of them, group_bytes apart) against
  * activations quantized by cpu_x86_quantize_act (q [T][n_in], d and s
- * [T][n_in/32]). `pack` is per-thread scratch of cpu_x86_pack_bytes(n_in)
- * bytes, 64-byte aligned. */
-int cpu_x86_matmul_q8act(cpu_isa isa, float *y, const uint8_t *W, cairn_type wtype,
-                         size_t row_bytes, const int8_t *q, const float *d, const int32_t *s,
-                         int T, int n_in, int n_out, int64_t r0, int64_t r1, void *pack);
-size_t cpu_x86_pack_bytes(int n_in);
-/* Rows per work item the quantized kernels want for a batch of T tokens
- * (their panel height), so items never split a panel. */
-int cpu_x86_q8act_rows_per_item(cpu_isa isa, int T);
+ * [T][n_in/32]). 0 when the level has no kernel. */
+int cpu_x86_gemm_groups(cpu_isa isa, const cpu_pack_geom *g, const uint8_t *grp, int rows,
+                        const int8_t *q, const float *d, const int32_t *s, int T, int n_in,
+                        float *y, int n_out, const cpu_quant_tuning *tune);
 
 /* ---- attention helpers (cpu_x86_attention.c) -------------------------- */
 

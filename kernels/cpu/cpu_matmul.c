@@ -6,8 +6,11 @@
  * Three paths, chosen per call:
  *   - quantized weights (unless the backend was created exact): the
  *     activations are quantized to int8 per 32-element block and multiplied
- *     in integers (cpu_x86_quant.c, cpu_x86_kquant.c, or q8act_dot_ref
- *     below on the scalar level).
+ *     in integers, 16 rows (one packed group, cpu_impl.h "Packed weights")
+ *     per work item: the group comes straight from a weight that
+ *     upload_weight packed, or is packed from GGUF rows into thread scratch
+ *     first; cpu_x86_quant.c computes it, or q8act_dot_ref below on the
+ *     scalar level, all three to the same bits.
  *   - F32/F16/BF16/F8_E4M3 weights on AVX2/AVX-512: vector dot-product
  *     tiles (cpu_x86_float.c), exact float semantics.
  *   - Otherwise the reference: each weight row is expanded to floats with
@@ -69,6 +72,14 @@ float cpu_dot_f32(const float *a, const float *b, int64_t n)
     return sum;
 }
 
+/* The f16 at p as a float. */
+static inline float half_to_float(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return cpu_half_to_float(h);
+}
+
 /* Number of elements of `type` in a row must be a whole number of blocks. */
 static int row_shape_ok(cairn_type type, int64_t n)
 {
@@ -79,22 +90,33 @@ static int row_shape_ok(cairn_type type, int64_t n)
 /* ---- get_rows ---------------------------------------------------------- */
 
 typedef struct {
+    cpu_ctx *ctx;
     float *out;          /* [T][D] */
     const uint8_t *table;
-    cairn_type type;
+    cairn_type type;     /* the GGUF type */
     int D;
     size_t row_bytes;
     const int32_t *ids;  /* [T] */
+    int packed;          /* table in the packed layout (geom) */
+    cpu_pack_geom geom;
 } get_rows_job;
 
 static void get_rows_range(void *p, int64_t begin, int64_t end, int thread)
 {
-    (void)thread;
     const get_rows_job *job = p;
     for (int64_t t = begin; t < end; t++) {
-        const uint8_t *row = job->table + (size_t)job->ids[t] * job->row_bytes;
+        const int64_t id = job->ids[t];
+        float *out = job->out + (size_t)t * (size_t)job->D;
+        const uint8_t *row = job->table + (size_t)id * job->row_bytes;
+        if (job->packed) { /* the row back in GGUF layout, in thread scratch */
+            uint8_t *gguf = (uint8_t *)cpu_scratch_of(job->ctx, thread);
+            cpu_unpack_row(&job->geom,
+                           job->table + (size_t)(id / CPU_PACK_ROWS) * job->geom.group_bytes,
+                           (int)(id % CPU_PACK_ROWS), gguf);
+            row = gguf;
+        }
         /* Cannot fail: the type and D were validated before the job ran. */
-        (void)cairn_dequantize_row(job->type, row, job->out + (size_t)t * (size_t)job->D, job->D);
+        (void)cairn_dequantize_row(job->type, row, out, job->D);
     }
 }
 
@@ -103,16 +125,25 @@ int cpu_get_rows(cairn_backend *be, float *out, const void *table, cairn_type ty
 {
     if (!be || !out || !table || !ids || D <= 0 || T <= 0)
         return CAIRN_EINVAL;
+    const int packed = cpu_is_packed(type);
+    type = cpu_unpacked_type(type);
     if (!cpu_type_supported(type) || !row_shape_ok(type, D))
         return CAIRN_EINVAL;
     for (int t = 0; t < T; t++)
         if (ids[t] < 0)
             return CAIRN_EINVAL;
-    get_rows_job job = {
-        .out = out, .table = table, .type = type, .D = D,
-        .row_bytes = cairn_type_row_bytes(type, D), .ids = ids,
-    };
     cpu_ctx *ctx = cpu_ctx_of(be);
+    get_rows_job job = {
+        .ctx = ctx, .out = out, .table = table, .type = type, .D = D,
+        .row_bytes = cairn_type_row_bytes(type, D), .ids = ids, .packed = packed,
+    };
+    if (packed) {
+        if (!cpu_pack_geom_init(&job.geom, type, D))
+            return CAIRN_EINVAL;
+        int rc = cpu_scratch_reserve(ctx, job.geom.row_bytes / sizeof(float) + 1);
+        if (rc != CAIRN_OK)
+            return rc;
+    }
     cpu_pool_parallel_for(ctx->pool, T, 1 + CPU_MIN_CHUNK_WORK / D, get_rows_range, &job);
     return CAIRN_OK;
 }
@@ -122,13 +153,26 @@ int cpu_get_rows(cairn_backend *be, float *out, const void *table, cairn_type ty
 typedef struct {
     cpu_ctx *ctx;
     float *y;            /* [T][n_out] */
-    const uint8_t *W;    /* [n_out] rows of row_bytes */
-    cairn_type wtype;
+    const uint8_t *W;    /* [n_out] rows of row_bytes, or packed groups (geom) */
+    cairn_type wtype;    /* the GGUF type */
+    int packed;          /* W is in the packed layout */
+    cpu_pack_geom geom;  /* when W is packed, or packed on the fly */
     const float *x;      /* [T][n_in] */
     int T, n_in, n_out;
     size_t row_bytes;
     int rows_per_item;   /* output rows per parallel-for item */
 } matmul_job;
+
+/* Row r of the job's weights in GGUF layout: in place, or unpacked into
+ * `buf` (row_bytes) from its packed group. */
+static const uint8_t *gguf_row(const matmul_job *job, int64_t r, uint8_t *buf)
+{
+    if (!job->packed)
+        return job->W + (size_t)r * job->row_bytes;
+    cpu_unpack_row(&job->geom, job->W + (size_t)(r / CPU_PACK_ROWS) * job->geom.group_bytes,
+                   (int)(r % CPU_PACK_ROWS), buf);
+    return buf;
+}
 
 /* A row of F8_E4M3 weights as floats: w = d * e4m3(q), the expression of
  * cairn_dequantize_row with the exact inline decoder instead of ldexpf
@@ -143,13 +187,15 @@ static void expand_f8_row(const uint8_t *src, float *w, int n)
     }
 }
 
-/* The reference: expand the weight row to floats, one float dot per token. */
+/* The reference: expand the weight row to floats, one float dot per token.
+ * Scratch: [n_in] floats, then a GGUF row for packed weights. */
 static void matmul_range(void *p, int64_t begin, int64_t end, int thread)
 {
     const matmul_job *job = p;
     float *expanded = cpu_scratch_of(job->ctx, thread); /* [n_in] */
+    uint8_t *row_buf = (uint8_t *)(expanded + job->n_in);
     for (int64_t r = begin; r < end; r++) {
-        const void *src = job->W + (size_t)r * job->row_bytes;
+        const void *src = gguf_row(job, r, row_buf);
         const float *w;
         if (job->wtype == CAIRN_TYPE_F32) {
             w = src;
@@ -237,10 +283,9 @@ static void block_codes(const uint8_t *row, cairn_type wtype, int b, int codes[3
     }
 }
 
-/* Scalar kernel of the quantized-activation semantics (cpu_q8act_type in
- * cpu_impl.h): per block, exact integer sums of weight codes times
- * activation codes, scaled in float. The vector kernels compute the same
- * quantity (in another order of float additions).
+/* Scalar kernel of the quantized-activation semantics: the expression of
+ * cpu_q8act_type (cpu_impl.h) with fmaf for each fma, so the vector
+ * kernels' results are this function's bit for bit.
  *
  * Kept out of GCC's auto-vectorizer: GCC 12.2 with AVX-512 VNNI turns this
  * mixed-sign byte dot product into a wrong vpdpbusd sequence (it returned
@@ -251,31 +296,29 @@ __attribute__((optimize("no-tree-vectorize")))
 static float q8act_dot_ref(const uint8_t *row, cairn_type wtype, const int8_t *q, const float *d,
                            const int32_t *s, int n_in)
 {
-    float sum = 0.0f;
+    float acc = 0.0f;
     for (int b = 0; b < n_in / 32; b++) {
         int codes[32];
         block_codes(row, wtype, b, codes);
         const int8_t *qb = q + 32 * (size_t)b;
-        if (wtype == CAIRN_TYPE_Q8_0 || wtype == CAIRN_TYPE_Q4_0 || wtype == CAIRN_TYPE_Q5_0) {
-            const size_t bs = wtype == CAIRN_TYPE_Q8_0 ? 34 : wtype == CAIRN_TYPE_Q4_0 ? 18 : 22;
+        if (wtype == CAIRN_TYPE_Q8_0 || wtype == CAIRN_TYPE_Q4_0 || wtype == CAIRN_TYPE_Q5_0 ||
+            wtype == CAIRN_TYPE_Q4_Z) {
+            const size_t bs = wtype == CAIRN_TYPE_Q8_0   ? 34
+                            : wtype == CAIRN_TYPE_Q4_0   ? 18
+                            : wtype == CAIRN_TYPE_Q5_0   ? 22
+                                                         : 20;
             const uint8_t *blk = row + (size_t)b * bs;
-            const int zero = wtype == CAIRN_TYPE_Q8_0 ? 0 : wtype == CAIRN_TYPE_Q4_0 ? 8 : 16;
+            /* Q4_Z: the zero is the block's own byte (any u8: GPTQ's v1
+             * format stores 16 for a symmetric group); the sum stays exact
+             * in int32 (|c - z| <= 255, |q_a| <= 127, 32 terms) */
+            const int zero = wtype == CAIRN_TYPE_Q8_0   ? 0
+                           : wtype == CAIRN_TYPE_Q4_0   ? 8
+                           : wtype == CAIRN_TYPE_Q5_0   ? 16
+                                                        : blk[2];
             int32_t isum = 0;
             for (int j = 0; j < 32; j++)
                 isum += (codes[j] - zero) * qb[j];
-            const uint16_t h = (uint16_t)(blk[0] | (blk[1] << 8));
-            sum += (float)isum * (cpu_half_to_float(h) * d[b]);
-        } else if (wtype == CAIRN_TYPE_Q4_Z) {
-            /* the zero is the block's own byte (any u8: GPTQ's v1 format
-             * stores 16 for a symmetric group); the sum stays exact in int32
-             * (|c - z| <= 255, |q_a| <= 127, 32 terms) */
-            const uint8_t *blk = row + (size_t)b * 20;
-            const int zero = blk[2];
-            int32_t isum = 0;
-            for (int j = 0; j < 32; j++)
-                isum += (codes[j] - zero) * qb[j];
-            const uint16_t h = (uint16_t)(blk[0] | (blk[1] << 8));
-            sum += (float)isum * (cpu_half_to_float(h) * d[b]);
+            acc = fmaf((float)isum, half_to_float(blk) * d[b], acc);
         } else if (wtype == CAIRN_TYPE_Q6_K) {
             const uint8_t *blk = row + (size_t)(b / 8) * 210;
             const int8_t *sc = (const int8_t *)(blk + 192) + 2 * (b % 8);
@@ -284,8 +327,9 @@ static float q8act_dot_ref(const uint8_t *row, cairn_type wtype, const int8_t *q
                 lo += (codes[j] - 32) * qb[j];
                 hi += (codes[j + 16] - 32) * qb[j + 16];
             }
-            const uint16_t h = (uint16_t)(blk[208] | (blk[209] << 8));
-            sum += (float)(sc[0] * lo + sc[1] * hi) * (cpu_half_to_float(h) * d[b]);
+            const float dd = half_to_float(blk + 208);
+            acc = fmaf((float)lo, (dd * (float)sc[0]) * d[b], acc);
+            acc = fmaf((float)hi, (dd * (float)sc[1]) * d[b], acc);
         } else { /* Q4_K, Q5_K */
             const uint8_t *blk = row + (size_t)(b / 8) * (wtype == CAIRN_TYPE_Q4_K ? 144 : 176);
             uint8_t sc[8], mn[8];
@@ -293,32 +337,57 @@ static float q8act_dot_ref(const uint8_t *row, cairn_type wtype, const int8_t *q
             int32_t isum = 0;
             for (int j = 0; j < 32; j++)
                 isum += codes[j] * qb[j];
-            const float dd = cpu_half_to_float((uint16_t)(blk[0] | (blk[1] << 8)));
-            const float dmin = cpu_half_to_float((uint16_t)(blk[2] | (blk[3] << 8)));
-            sum += d[b] * ((dd * (float)sc[b % 8]) * (float)isum -
-                           (dmin * (float)mn[b % 8]) * (float)s[b]);
+            const float dd = half_to_float(blk), dmin = half_to_float(blk + 2);
+            acc = fmaf((float)isum, (dd * (float)sc[b % 8]) * d[b], acc);
+            acc = fmaf(dmin * (float)mn[b % 8], -d[b] * (float)s[b], acc);
         }
     }
-    return sum;
+    return acc;
 }
 
+/* Items of 16 rows: one packed group each, computed two at a time where
+ * the item range allows (the kernels give the same bits either way).
+ * Scratch per thread: two groups (packed here from GGUF rows when the
+ * weight is not packed) and a GGUF row (the scalar level's view of a
+ * packed one). */
 static void matmul_q8act_range(void *p, int64_t begin, int64_t end, int thread)
 {
     const matmul_job *job = p;
     cpu_ctx *ctx = job->ctx;
-    int64_t r0, r1;
-    item_rows(job, begin, end, &r0, &r1);
-    if (cpu_x86_matmul_q8act(ctx->isa, job->y, job->W, job->wtype, job->row_bytes, ctx->act_q,
-                             ctx->act_d, ctx->act_s, job->T, job->n_in, job->n_out, r0, r1,
-                             cpu_scratch_of(ctx, thread)))
-        return;
     const int nb = job->n_in / 32;
-    for (int64_t r = r0; r < r1; r++)
-        for (int t = 0; t < job->T; t++)
-            job->y[(size_t)t * job->n_out + (size_t)r] =
-                q8act_dot_ref(job->W + (size_t)r * job->row_bytes, job->wtype,
-                              ctx->act_q + (size_t)t * job->n_in, ctx->act_d + (size_t)t * nb,
-                              ctx->act_s + (size_t)t * nb, job->n_in);
+    uint8_t *scratch = (uint8_t *)cpu_scratch_of(ctx, thread);
+    for (int64_t grp = begin; grp < end;) {
+        const int64_t r = grp * CPU_PACK_ROWS;
+        const int64_t n_grp = end - grp >= 2 ? 2 : 1;
+        const int64_t rows64 = job->n_out - r < n_grp * CPU_PACK_ROWS ? job->n_out - r
+                                                                      : n_grp * CPU_PACK_ROWS;
+        const int rows = (int)rows64;
+        if (ctx->isa >= CPU_ISA_AVX2) {
+            const uint8_t *group = job->W + (size_t)grp * job->geom.group_bytes;
+            if (!job->packed) {
+                for (int i = 0; i < rows; i += CPU_PACK_ROWS)
+                    cpu_pack_group(&job->geom, job->W + (size_t)(r + i) * job->row_bytes,
+                                   job->row_bytes, rows - i < 16 ? rows - i : 16,
+                                   scratch + (size_t)(i / 16) * job->geom.group_bytes);
+                group = scratch;
+            }
+            if (cpu_x86_gemm_groups(ctx->isa, &job->geom, group, rows, ctx->act_q, ctx->act_d,
+                                    ctx->act_s, job->T, job->n_in, job->y + r, job->n_out,
+                                    &ctx->tune)) {
+                grp += n_grp;
+                continue;
+            }
+        }
+        for (int i = 0; i < rows; i++) {
+            const uint8_t *row = gguf_row(job, r + i, scratch);
+            for (int t = 0; t < job->T; t++)
+                job->y[(size_t)t * job->n_out + (size_t)(r + i)] =
+                    q8act_dot_ref(row, job->wtype, ctx->act_q + (size_t)t * job->n_in,
+                                  ctx->act_d + (size_t)t * nb, ctx->act_s + (size_t)t * nb,
+                                  job->n_in);
+        }
+        grp += n_grp;
+    }
 }
 
 static void quantize_act_range(void *p, int64_t begin, int64_t end, int thread)
@@ -368,44 +437,81 @@ static int reserve_act(cpu_ctx *ctx, int T, int n_in)
     return CAIRN_OK;
 }
 
-int cpu_matmul(cairn_backend *be, float *y, const void *W, cairn_type wtype, const float *x,
-               int T, int n_in, int n_out)
+/* Check one matmul's arguments and fill *job (GGUF type, packed flag, the
+ * packed geometry where the type has one). */
+static int job_init(matmul_job *job, cpu_ctx *ctx, float *y, const void *W, cairn_type wtype,
+                    const float *x, int T, int n_in, int n_out)
 {
-    if (!be || !y || !W || !x || T <= 0 || n_in <= 0 || n_out <= 0)
+    if (!y || !W || !x || T <= 0 || n_in <= 0 || n_out <= 0)
         return CAIRN_EINVAL;
+    const int packed = cpu_is_packed(wtype);
+    wtype = cpu_unpacked_type(wtype);
     if (!cpu_type_supported(wtype) || !row_shape_ok(wtype, n_in))
         return CAIRN_EINVAL;
     /* y is written while x is still being read. */
     if ((const float *)y == x)
         return CAIRN_EINVAL;
-    cpu_ctx *ctx = cpu_ctx_of(be);
-    matmul_job job = {
-        .ctx = ctx, .y = y, .W = W, .wtype = wtype, .x = x,
+    *job = (matmul_job){
+        .ctx = ctx, .y = y, .W = W, .wtype = wtype, .packed = packed, .x = x,
         .T = T, .n_in = n_in, .n_out = n_out,
         .row_bytes = cairn_type_row_bytes(wtype, n_in),
         .rows_per_item = 1,
     };
-    const int64_t work_per_row = (int64_t)n_in * T;
-    const int quantized = cpu_q8act_type(wtype);
+    const int has_geom = cpu_pack_geom_init(&job->geom, wtype, n_in);
+    if (packed && !has_geom)
+        return CAIRN_EINVAL; /* no such packed layout */
+    if (cpu_q8act_type(wtype) && !has_geom)
+        return CAIRN_EINVAL;
+    return CAIRN_OK;
+}
+
+/* The quantized path's preparation, shared by the parts of a multi call:
+ * the activations quantized once, and scratch for two groups or a row of
+ * the widest part. */
+static int q8act_prepare(cpu_ctx *ctx, const matmul_job *jobs, int n)
+{
+    const matmul_job *job = &jobs[0];
     int rc;
+    if ((rc = reserve_act(ctx, job->T, job->n_in)) != CAIRN_OK)
+        return rc;
+    size_t scratch = 0;
+    for (int i = 0; i < n; i++) {
+        const size_t need = 2 * jobs[i].geom.group_bytes > jobs[i].row_bytes
+                                ? 2 * jobs[i].geom.group_bytes
+                                : jobs[i].row_bytes;
+        scratch = need > scratch ? need : scratch;
+    }
+    if ((rc = cpu_scratch_reserve(ctx, scratch / sizeof(float) + 16)) != CAIRN_OK)
+        return rc;
+    cpu_pool_parallel_for(ctx->pool, job->T, 1 + CPU_MIN_CHUNK_WORK / job->n_in,
+                          quantize_act_range, (void *)job);
+    return CAIRN_OK;
+}
+
+int cpu_matmul(cairn_backend *be, float *y, const void *W, cairn_type wtype, const float *x,
+               int T, int n_in, int n_out)
+{
+    if (!be)
+        return CAIRN_EINVAL;
+    cpu_ctx *ctx = cpu_ctx_of(be);
+    matmul_job job;
+    int rc = job_init(&job, ctx, y, W, wtype, x, T, n_in, n_out);
+    if (rc != CAIRN_OK)
+        return rc;
+    const int64_t work_per_row = (int64_t)n_in * T;
+    const int quantized = cpu_q8act_type(job.wtype);
 
     if (quantized && ctx->quantize_activations) {
-        if ((rc = reserve_act(ctx, T, n_in)) != CAIRN_OK)
+        if ((rc = q8act_prepare(ctx, &job, 1)) != CAIRN_OK)
             return rc;
-        if ((rc = cpu_scratch_reserve(ctx, cpu_x86_pack_bytes(n_in) / sizeof(float) + 16)) !=
-            CAIRN_OK)
-            return rc;
-        cpu_pool_parallel_for(ctx->pool, T, 1 + CPU_MIN_CHUNK_WORK / n_in, quantize_act_range,
-                              &job);
-        job.rows_per_item = cpu_x86_q8act_rows_per_item(ctx->isa, T);
-        const int64_t n_items = (n_out + job.rows_per_item - 1) / job.rows_per_item;
+        const int64_t n_items = (n_out + CPU_PACK_ROWS - 1) / CPU_PACK_ROWS;
         cpu_pool_parallel_for(ctx->pool, n_items,
-                              1 + CPU_MIN_CHUNK_WORK / (work_per_row * job.rows_per_item),
+                              1 + CPU_MIN_CHUNK_WORK / (work_per_row * CPU_PACK_ROWS),
                               matmul_q8act_range, &job);
         return CAIRN_OK;
     }
     if (!quantized && ctx->isa >= CPU_ISA_AVX2) {
-        const size_t panel = cpu_x86_float_panel_floats(ctx->isa, wtype, T, n_in);
+        const size_t panel = cpu_x86_float_panel_floats(ctx->isa, job.wtype, T, n_in);
         if (panel > 0 && (rc = cpu_scratch_reserve(ctx, panel)) != CAIRN_OK)
             return rc;
         job.rows_per_item = cpu_x86_float_rows_per_item(ctx->isa, T);
@@ -416,12 +522,75 @@ int cpu_matmul(cairn_backend *be, float *y, const void *W, cairn_type wtype, con
         return CAIRN_OK;
     }
 
-    if (wtype != CAIRN_TYPE_F32) {
-        rc = cpu_scratch_reserve(ctx, (size_t)n_in);
+    if (job.wtype != CAIRN_TYPE_F32 || job.packed) {
+        rc = cpu_scratch_reserve(ctx, (size_t)n_in + job.row_bytes / sizeof(float) + 1);
         if (rc != CAIRN_OK)
             return rc;
     }
     cpu_pool_parallel_for(ctx->pool, n_out, 1 + CPU_MIN_CHUNK_WORK / work_per_row, matmul_range,
                           &job);
+    return CAIRN_OK;
+}
+
+/* ---- matmul_multi ------------------------------------------------------- */
+
+#define CPU_MULTI_MAX 4
+
+typedef struct {
+    matmul_job jobs[CPU_MULTI_MAX];
+    int n;
+    int64_t first[CPU_MULTI_MAX + 1]; /* item ranges: part i has [first[i], first[i+1]) */
+} multi_job;
+
+/* Items of all parts, one after the other: each range is cut at the parts'
+ * boundaries and handed to the part's own range function, so every output
+ * is computed exactly as its matmul call would. */
+static void multi_range(void *p, int64_t begin, int64_t end, int thread)
+{
+    const multi_job *mj = p;
+    for (int i = 0; i < mj->n; i++) {
+        const int64_t b = begin > mj->first[i] ? begin : mj->first[i];
+        const int64_t e = end < mj->first[i + 1] ? end : mj->first[i + 1];
+        if (b < e)
+            matmul_q8act_range((void *)&mj->jobs[i], b - mj->first[i], e - mj->first[i], thread);
+    }
+}
+
+int cpu_matmul_multi(cairn_backend *be, const float *x, int T, int n_in, int n,
+                     const cairn_matmul_part *parts)
+{
+    if (!be || !parts || n < 1)
+        return CAIRN_EINVAL;
+    cpu_ctx *ctx = cpu_ctx_of(be);
+    multi_job mj = {.n = n};
+    int fused = n <= CPU_MULTI_MAX && ctx->quantize_activations;
+    for (int i = 0; fused && i < n; i++) {
+        int rc = job_init(&mj.jobs[i], ctx, parts[i].y, parts[i].W, parts[i].wtype, x, T, n_in,
+                          parts[i].n_out);
+        if (rc != CAIRN_OK)
+            return rc;
+        fused = cpu_q8act_type(mj.jobs[i].wtype);
+        for (int j = 0; j < i; j++)
+            if (parts[j].y == parts[i].y)
+                return CAIRN_EINVAL;
+    }
+    if (!fused) { /* float or exact weights: one call each */
+        for (int i = 0; i < n; i++) {
+            int rc = cpu_matmul(be, parts[i].y, parts[i].W, parts[i].wtype, x, T, n_in,
+                                parts[i].n_out);
+            if (rc != CAIRN_OK)
+                return rc;
+        }
+        return CAIRN_OK;
+    }
+    int rc = q8act_prepare(ctx, mj.jobs, n);
+    if (rc != CAIRN_OK)
+        return rc;
+    mj.first[0] = 0;
+    for (int i = 0; i < n; i++)
+        mj.first[i + 1] = mj.first[i] + (parts[i].n_out + CPU_PACK_ROWS - 1) / CPU_PACK_ROWS;
+    const int64_t work_per_item = (int64_t)n_in * T * CPU_PACK_ROWS;
+    cpu_pool_parallel_for(ctx->pool, mj.first[n], 1 + CPU_MIN_CHUNK_WORK / work_per_item,
+                          multi_range, &mj);
     return CAIRN_OK;
 }

@@ -1,8 +1,6 @@
 /*
  * kernels/cpu/cpu_x86.c — the x86 SIMD side of the CPU backend: choosing
- * the instruction-set level, quantizing activations to int8, and the entry
- * point of the quantized matmul, which hands each weight type to its kernel
- * family.
+ * the instruction-set level and quantizing activations to int8.
  *
  * The AVX2 and AVX-512 kernels themselves live in one file per family, each
  * family whole in its file (its kernels, their inline helpers and the plain
@@ -10,12 +8,11 @@
  * they need stay together:
  *   cpu_x86_float.c      F32/F16/BF16/F8_E4M3 weights: dot-product tiles
  *                        and panels
- *   cpu_x86_quant.c      Q8_0/Q4_0/Q5_0/Q4_Z weights: row kernels and panel
- *                        GEMM
- *   cpu_x86_kquant.c     Q4_K/Q5_K/Q6_K weights: row kernels and panel GEMM
+ *   cpu_x86_quant.c      every quantized type (Q8_0/Q4_0/Q5_0/Q4_Z and the
+ *                        K-quants), in the packed layout (cpu_pack.c)
  *   cpu_x86_attention.c  attention over paged KV, F32->F16, SwiGLU
- *   cpu_x86_impl.h       what they share (target attributes, panel
- *                        geometry, helpers); included by these files only
+ *   cpu_x86_impl.h       what they share (target attributes, helpers);
+ *                        included by these files only
  *
  * Every kernel carries a target attribute (T512/T256, cpu_x86_impl.h)
  * instead of relying on the build's -march, so the same binary runs
@@ -121,58 +118,11 @@ int cpu_x86_quantize_act(cpu_isa isa, const float *x, int n, int8_t *q, float *d
     return 0;
 }
 
-/* ---- quantized weights: dispatch ---------------------------------------- */
-
-size_t cpu_x86_pack_bytes(int n_in)
-{
-    /* the largest of the panels' block sizes (QP <= QZ) */
-    const size_t qp = QZ_BLOCK_BYTES > QP_BLOCK_BYTES ? QZ_BLOCK_BYTES : QP_BLOCK_BYTES;
-    return (size_t)(n_in / 32) * (KP_BLOCK_BYTES > qp ? KP_BLOCK_BYTES : qp);
-}
-
-int cpu_x86_q8act_rows_per_item(cpu_isa isa, int T)
-{
-    /* decode (T = 1) kernels work in groups of 16 rows: finer items let the
-     * threads finish together (cpu_pool.c's guided chunks) */
-    return isa >= CPU_ISA_AVX512 && T > 1 ? QP_ROWS : 16;
-}
-
-int cpu_x86_matmul_q8act(cpu_isa isa, float *y, const uint8_t *W, cairn_type wtype,
-                         size_t row_bytes, const int8_t *q, const float *d, const int32_t *s,
-                         int T, int n_in, int n_out, int64_t r0, int64_t r1, void *pack)
-{
-    if (isa < CPU_ISA_AVX2 || !cpu_q8act_type(wtype))
-        return 0;
-    if (wtype == CAIRN_TYPE_Q4_K || wtype == CAIRN_TYPE_Q5_K || wtype == CAIRN_TYPE_Q6_K)
-        cpu_x86_matmul_kq(isa, y, W, wtype, row_bytes, q, d, s, T, n_in, n_out, r0, r1, pack);
-    else
-        cpu_x86_matmul_q8(isa, y, W, wtype, row_bytes, q, d, s, T, n_in, n_out, r0, r1, pack);
-    return 1;
-}
-
 #else /* not x86-64: the scalar reference kernels do everything */
 
 int cpu_x86_quantize_act(cpu_isa isa, const float *x, int n, int8_t *q, float *d, int32_t *s)
 {
     (void)isa, (void)x, (void)n, (void)q, (void)d, (void)s;
     return 0;
-}
-int cpu_x86_matmul_q8act(cpu_isa isa, float *y, const uint8_t *W, cairn_type wtype,
-                         size_t row_bytes, const int8_t *q, const float *d, const int32_t *s,
-                         int T, int n_in, int n_out, int64_t r0, int64_t r1, void *pack)
-{
-    (void)isa, (void)y, (void)W, (void)wtype, (void)row_bytes, (void)q, (void)d, (void)s;
-    (void)T, (void)n_in, (void)n_out, (void)r0, (void)r1, (void)pack;
-    return 0;
-}
-size_t cpu_x86_pack_bytes(int n_in)
-{
-    (void)n_in;
-    return 0;
-}
-int cpu_x86_q8act_rows_per_item(cpu_isa isa, int T)
-{
-    (void)isa, (void)T;
-    return 16;
 }
 #endif

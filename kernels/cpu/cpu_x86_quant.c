@@ -1,35 +1,34 @@
 /*
- * kernels/cpu/cpu_x86_quant.c — AVX2 and AVX-512 (VNNI) matmul kernels for
- * the block-quantized weights Q8_0, Q4_0, Q5_0 and Q4_Z against activations
- * quantized to int8 (cpu_x86_quantize_act): the AVX2 row kernels, the
- * AVX-512 panel GEMM, and cpu_x86_matmul_q8, which chooses between them
- * for cpu_x86_matmul_q8act. One file because the kernels share the code
- * layouts and zero points; every function carries its target attribute
- * (cpu_x86_impl.h).
+ * kernels/cpu/cpu_x86_quant.c — the AVX-512 (VNNI) and AVX2 matmul kernels
+ * of every quantized weight type (Q8_0, Q4_0, Q5_0, Q4_Z, Q4_K, Q5_K,
+ * Q6_K) against activations quantized to int8 (cpu_x86_quantize_act). They
+ * read weights in the packed layout (cpu_impl.h, "Packed weights"): a
+ * group of 16 rows whose codes lie as column vectors, dword i of a 64-byte
+ * vector holding 4 consecutive codes of row i. One function per ISA level,
+ * cpu_x86_gemm_group, computes a group for any number of tokens.
  *
- * Per 32-element block (scale d_a, codes q_a):
- *     y = sum_b d_w[b] * d_a[b] * sum_i w_b[i] * q_a[b][i]
- * The integer inner sums use VNNI's vpdpbusd, which multiplies unsigned by
- * signed bytes. Weights are therefore made unsigned by a zero point Z
- * (Q4_0 codes are already q+8 with Z = 8, Q5_0 q+16 with Z = 16; Q8_0
- * codes get +128 with Z = 128; Q4_Z codes are unsigned with the block's own
- * zero z as Z, a per-row vector in the 16-row kernels)
- * and the result is corrected by -Z * sum_i q_a[i], which the activation
- * quantizer precomputes per block.
- *   - AVX2: a row at a time, one block per 256-bit register, against up to
- *     4 tokens per call; each token's arithmetic is the same whatever the
- *     call's token count. (Q4_Z: 8 blocks' sums reduced to exact block
- *     sums first, at qrow_256_z.)
- *   - AVX-512, two tokens and more: outer-product GEMM. A panel of 32 rows is repacked (once per panel,
- *     reused for every token) so that a 512-bit register holds 4
- *     consecutive codes of 16 rows; vpdpbusd with 4 activation codes
- *     broadcast then advances 16 outputs at once, with no horizontal sums.
- *     The per-block float scaling happens once per block for 16 outputs.
- *   - AVX-512, one token (decode): gemv_q8_rows, the same arithmetic per
- *     output without the panel (cpu_x86_impl.h at QG_TOKENS says why).
- * Both keep a fixed per-element order (integer block sums, then one FMA per
- * block in block order), so results depend neither on how rows are split
- * between threads nor on how many tokens share the call.
+ * Outer-product form: a code vector times 4 activation bytes broadcast
+ * advances the block sums of all 16 rows at once (vpdpbusd; on AVX2
+ * vpmaddubsw + vpmaddwd over 8 rows), so no horizontal sum is ever needed
+ * and each weight byte is loaded once per tile of tokens:
+ *
+ *                  activations of token c, block b: a0 a1 ... a31
+ *                      |4 bytes|4 bytes| ...
+ *     code vector k:  [row 0: c4k..c4k+3][row 1: ...] ... [row 15: ...]
+ *         vpdpbusd(acc, vector k, broadcast(a4k..a4k+3))  -> 16 row sums
+ *
+ * Per output element (row r, token t) every level computes exactly
+ *
+ *     iacc_b = sum_i c_i q_i - Z s_b                (exact, in int32)
+ *     acc    = fma((float)iacc_b, d_w d_a, acc)     for b = 0, 1, ... in order
+ *
+ * with the type's zero Z and scales (cpu_impl.h at cpu_q8act_type gives
+ * the expression of each type), starting from acc = 0. Integer sums are
+ * exact in any order and every float operation is the same single
+ * rounding on every level, so the AVX-512 kernel, the AVX2 kernel and the
+ * scalar reference (cpu_matmul.c) give the same bits for any batch size,
+ * token tile or thread count: a token's result never depends on what else
+ * is in the batch or on which kernel ran.
  */
 #include <string.h>
 
@@ -37,355 +36,278 @@
 
 #if CPU_X86_KERNELS
 
-/* ---- quantized weights: row-at-a-time (AVX2) ------------------------------- */
-
-/* Zero point of each weight format's unsigned codes (see the top). */
+/* Zero points of the unsigned codes (the packed Q8_0 codes are c + 128). */
 #define Q4_ZERO 8
 #define Q5_ZERO 16
 #define Q8_ZERO 128
 
+/* Tokens per pass over a group: as many accumulators as the registers
+ * hold beside the 8 code vectors. */
+#define TILE_512 8
 
-/* Decode on plain AVX2, one block per 256-bit register; u8 x s8 products
- * are summed in pairs into int16 (maddubs) and then into int32. Q4_0 codes (< 16) cannot saturate the
- * pair sums; Q8_0 uses |w| and sign(a, w) instead (pair sums <= 2 * 128 *
- * 127 < 32768), which needs no zero point. */
-INLINE T256 void qrow_256(const uint8_t *row, cairn_type t, const int8_t *q, const float *d,
-                          const int32_t *s, int n_in, const int C, float *y, int n_out)
+#define TILE_256 4
+
+static inline int is_kquant(cairn_type t)
 {
-    const int nb = n_in / 32;
-    const size_t bs = t == CAIRN_TYPE_Q4_0 ? 18 : t == CAIRN_TYPE_Q5_0 ? 22 : 34;
-    const __m128i low4 = _mm_set1_epi8(0x0f);
-    /* Q5_0: byte e of a register picks bit e of qh (bytes 0-7 from its first
-     * byte, and so on), then tests it */
-    const __m256i qh_spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2,
-                                               2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    const __m256i qh_bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
-    const __m256i ones16 = _mm256_set1_epi16(1);
-    /* Two accumulators per token (even and odd blocks) so consecutive
-     * blocks' FMAs do not wait for each other. */
-    __m256 acc[4][2];
-#pragma GCC unroll 4
-    for (int c = 0; c < C; c++)
-        acc[c][0] = acc[c][1] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = row + (size_t)b * bs;
-        const float dw = half_to_float(blk);
-        __m256i w;
-        if (t == CAIRN_TYPE_Q4_0 || t == CAIRN_TYPE_Q5_0) {
-            const __m128i raw =
-                _mm_loadu_si128((const __m128i *)(blk + (t == CAIRN_TYPE_Q4_0 ? 2 : 6)));
-            const __m128i lo = _mm_and_si128(raw, low4);
-            const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);
-            w = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
-            if (t == CAIRN_TYPE_Q5_0) {
-                int32_t qh;
-                memcpy(&qh, blk + 2, 4);
-                const __m256i bits =
-                    _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(qh), qh_spread), qh_bit);
-                w = _mm256_or_si256(w, _mm256_and_si256(_mm256_cmpeq_epi8(bits, qh_bit),
-                                                        _mm256_set1_epi8(0x10)));
-            }
-        } else {
-            w = _mm256_loadu_si256((const __m256i *)(blk + 2));
-        }
-#pragma GCC unroll 4
-        for (int c = 0; c < C; c++) {
-            const size_t ab = (size_t)c * nb + b;
-            const __m256i a = _mm256_loadu_si256((const __m256i *)(q + (size_t)c * n_in + 32 * b));
-            __m256i pairs, init;
-            if (t == CAIRN_TYPE_Q4_0 || t == CAIRN_TYPE_Q5_0) {
-                /* codes < 32: pair sums <= 2 * 31 * 128, no saturation */
-                pairs = _mm256_maddubs_epi16(w, a);
-                init = _mm256_set_epi32(0, 0, 0, 0, 0, 0, 0,
-                                        -(t == CAIRN_TYPE_Q4_0 ? Q4_ZERO : Q5_ZERO) * s[ab]);
-            } else {
-                pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(a, w));
-                init = _mm256_setzero_si256();
-            }
-            const __m256i isum = _mm256_add_epi32(init, _mm256_madd_epi16(pairs, ones16));
-            acc[c][b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dw * d[ab]),
-                                            acc[c][b & 1]);
-        }
-    }
-#pragma GCC unroll 4
-    for (int c = 0; c < C; c++)
-        y[(size_t)c * n_out] = hsum256(_mm256_add_ps(acc[c][0], acc[c][1]));
+    return t == CAIRN_TYPE_Q4_K || t == CAIRN_TYPE_Q5_K || t == CAIRN_TYPE_Q6_K;
 }
 
-#define QROW_TYPED(NAME, BODY, ATTR, TYPE)                                                         \
-    static __attribute__((noinline)) ATTR void NAME(const uint8_t *row, const int8_t *q,          \
-                                                    const float *d, const int32_t *s, int n_in,   \
-                                                    int C, float *y, int n_out)                   \
-    {                                                                                              \
-        switch (C) {                                                                               \
-        case 1: BODY(row, TYPE, q, d, s, n_in, 1, y, n_out); break;                                \
-        case 2: BODY(row, TYPE, q, d, s, n_in, 2, y, n_out); break;                                \
-        case 3: BODY(row, TYPE, q, d, s, n_in, 3, y, n_out); break;                                \
-        default: BODY(row, TYPE, q, d, s, n_in, 4, y, n_out); break;                               \
-        }                                                                                          \
-    }
-QROW_TYPED(qrow_256_q4, qrow_256, T256, CAIRN_TYPE_Q4_0)
-QROW_TYPED(qrow_256_q8, qrow_256, T256, CAIRN_TYPE_Q8_0)
-QROW_TYPED(qrow_256_q5, qrow_256, T256, CAIRN_TYPE_Q5_0)
-
-/* Q4_Z on plain AVX2. Its zero point is the block's own byte (up to 255),
- * so the correction -z s can be far larger than the block's product (codes
- * all equal to z: the weights are 0, the two terms cancel). It must meet
- * the code sums as one exact integer per block, as in the scalar reference
- * and the AVX-512 kernels, not in one of the lanes that qrow_256 scales and
- * rounds separately (harmless for Q4_0/Q5_0's constant zeros 8 and 16,
- * not for z = 255 or for codes that cancel). So the 8-lane partial sums of
- * 8 blocks are reduced together by a tree of horizontal adds into one
- * register, lane k the exact code sum of block k; there the correction
- * comes off and the block's scale d_w d_a multiplies: one FMA per 8
- * blocks, lane k accumulating blocks k, k + 8, ... */
-INLINE T256 void qrow_256_z(const uint8_t *row, const int8_t *q, const float *d,
-                            const int32_t *s, int n_in, const int C, float *y, int n_out)
+/* Sum of activation codes 0..15 of a block (Q6_K's first half). */
+static inline int32_t sum16(const int8_t *q)
 {
-    const int nb = n_in / 32;
-    const __m128i low4 = _mm_set1_epi8(0x0f);
-    const __m256i ones16 = _mm256_set1_epi16(1);
-    __m256 acc[4];
+    int32_t s = 0;
+    for (int i = 0; i < 16; i++)
+        s += q[i];
+    return s;
+}
+
+/* ---- AVX-512 ---------------------------------------------------------------- */
+
+/* The 8 code vectors of block b of a group, unsigned: w[k] holds codes
+ * 4k..4k+3 of the block for the 16 rows (k < 4 the low nibbles of the
+ * nibble types, k >= 4 their high nibbles, i.e. codes 16 + 4(k - 4)...). */
+INLINE T512 void codes_512(const cpu_pack_geom *g, const uint8_t *grp, cairn_type t, int b,
+                           const int j, __m512i w[8])
+{
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    if (t == CAIRN_TYPE_Q8_0) {
+        const uint8_t *m = grp + (size_t)b * g->main_bytes;
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++)
+            w[k] = _mm512_load_si512(m + 64 * k);
+        return;
+    }
+    if (!is_kquant(t)) { /* Q4_0, Q5_0, Q4_Z */
+        const uint8_t *m = grp + (size_t)b * g->main_bytes;
 #pragma GCC unroll 4
-    for (int c = 0; c < C; c++)
-        acc[c] = _mm256_setzero_ps();
-    for (int b0 = 0; b0 < nb; b0 += 8) {
-        const int nblk = nb - b0 < 8 ? nb - b0 : 8;
-        __m256i w[8];
-        int32_t zb[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        float dwb[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int k = 0; k < 4; k++) {
+            const __m512i v = _mm512_load_si512(m + 64 * k);
+            w[k] = _mm512_and_si512(v, low4);
+            /* Q4_0, Q4_Z: the high nibbles stay in place, 16 times their
+             * code (one AND instead of a shift and an AND); the caller
+             * divides their exact sum by 16 */
+            w[k + 4] = t == CAIRN_TYPE_Q5_0 ? _mm512_and_si512(_mm512_srli_epi16(v, 4), low4)
+                                             : _mm512_xor_si512(v, w[k]);
+        }
+        if (t == CAIRN_TYPE_Q5_0) {
+            const __m512i bit4 = _mm512_set1_epi8(0x10);
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {
+                uint64_t mk;
+                memcpy(&mk, m + 256 + 8 * k, 8);
+                w[k] = _mm512_mask_add_epi8(w[k], (__mmask64)mk, w[k], bit4);
+            }
+        }
+        return;
+    }
+    const int sb = b / 8;
+    const uint8_t *m = grp + (size_t)sb * g->main_bytes;
+    if (t == CAIRN_TYPE_Q6_K) {
+        const int h = j / 4, k4 = j % 4;
+        const uint8_t *ql = m + 512 * (2 * h + (k4 & 1)), *qh = m + 2048 + 512 * h;
+        const __m512i bits45 = _mm512_set1_epi8(0x30);
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) {
-            if (k >= nblk) {
-                w[k] = _mm256_setzero_si256();
-                continue;
-            }
-            const uint8_t *blk = row + (size_t)(b0 + k) * 20;
-            const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + 4));
-            w[k] = _mm256_inserti128_si256(
-                _mm256_castsi128_si256(_mm_and_si128(raw, low4)),
-                _mm_and_si128(_mm_srli_epi16(raw, 4), low4), 1);
-            zb[k] = blk[2];
-            dwb[k] = half_to_float(blk);
+            const __m512i l = _mm512_load_si512(ql + 64 * k);
+            const __m512i lo = k4 < 2 ? _mm512_and_si512(l, low4)
+                                      : _mm512_and_si512(_mm512_srli_epi16(l, 4), low4);
+            const __m512i hv = _mm512_load_si512(qh + 64 * k);
+            /* bits 2k4, 2k4+1 of each byte to bits 4, 5 (16-bit shifts: the
+             * mask keeps only bits that stayed in their byte) */
+            const __m512i hb = k4 == 0 ? _mm512_slli_epi16(hv, 4)
+                             : k4 == 1 ? _mm512_slli_epi16(hv, 2)
+                             : k4 == 2 ? hv
+                                       : _mm512_srli_epi16(hv, 2);
+            w[k] = _mm512_ternarylogic_epi32(lo, hb, bits45, 0xf8); /* lo | (hb & 0x30) */
         }
-        const __m256i zv = _mm256_loadu_si256((const __m256i *)zb);
-        const __m256 dwv = _mm256_loadu_ps(dwb);
-#pragma GCC unroll 4
-        for (int c = 0; c < C; c++) {
-            const size_t ab = (size_t)c * nb + b0;
-            const int8_t *qb = q + (size_t)c * n_in + 32 * (size_t)b0;
-            __m256i v[8];
+        return;
+    }
+    /* Q4_K, Q5_K: pair j/2 of the 128 code bytes, low nibbles for even j;
+     * Q4_K's odd blocks keep their high nibbles in place (16 times the
+     * code, hi16_block; the caller divides the exact sum by 16) */
 #pragma GCC unroll 8
-            for (int k = 0; k < 8; k++)
-                v[k] = k < nblk ? _mm256_madd_epi16(
-                                      _mm256_maddubs_epi16(
-                                          w[k], _mm256_loadu_si256((const __m256i *)(qb + 32 * k))),
-                                      ones16)
-                                : _mm256_setzero_si256();
-            /* hadd(a, b) per 128-bit lane: [a0+a1, a2+a3, b0+b1, b2+b3] */
-            const __m256i g0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]),
-                                                 _mm256_hadd_epi32(v[2], v[3]));
-            const __m256i g1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]),
-                                                 _mm256_hadd_epi32(v[6], v[7]));
-            /* g0 = [blocks 0-3, elements of the low halves | 0-3, high
-             * halves], g1 the same for blocks 4-7 */
-            const __m256i bsum = _mm256_add_epi32(_mm256_permute2x128_si256(g0, g1, 0x20),
-                                                  _mm256_permute2x128_si256(g0, g1, 0x31));
-            __m256i sv;
-            __m256 dv;
-            if (nblk == 8) {
-                sv = _mm256_loadu_si256((const __m256i *)(s + ab));
-                dv = _mm256_loadu_ps(d + ab);
-            } else { /* the row's last blocks: read no further than them */
-                int32_t st[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-                float dt[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-                memcpy(st, s + ab, sizeof(int32_t) * (size_t)nblk);
-                memcpy(dt, d + ab, sizeof(float) * (size_t)nblk);
-                sv = _mm256_loadu_si256((const __m256i *)st);
-                dv = _mm256_loadu_ps(dt);
-            }
-            /* exact: |z s| <= 255 * 32 * 127 */
-            const __m256i is = _mm256_sub_epi32(bsum, _mm256_mullo_epi32(zv, sv));
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(dwv, dv), acc[c]);
-        }
-    }
-#pragma GCC unroll 4
-    for (int c = 0; c < C; c++)
-        y[(size_t)c * n_out] = hsum256(acc[c]);
-}
-
-static __attribute__((noinline)) T256 void qrow_256_qz(const uint8_t *row, const int8_t *q,
-                                                       const float *d, const int32_t *s, int n_in,
-                                                       int C, float *y, int n_out)
-{
-    switch (C) {
-    case 1: qrow_256_z(row, q, d, s, n_in, 1, y, n_out); break;
-    case 2: qrow_256_z(row, q, d, s, n_in, 2, y, n_out); break;
-    case 3: qrow_256_z(row, q, d, s, n_in, 3, y, n_out); break;
-    default: qrow_256_z(row, q, d, s, n_in, 4, y, n_out); break;
-    }
-}
-
-typedef void (*qrow_fn)(const uint8_t *row, const int8_t *q, const float *d, const int32_t *s,
-                        int n_in, int C, float *y, int n_out);
-
-/* ---- quantized weights: panel GEMM (AVX-512 VNNI) ------------------------- */
-
-/* Repack rows [r, r + 32) (rows from r_end on are zero) into `pk`: for each
- * block, for each 16-row half, 8 groups of [16 rows][4 unsigned codes], then
- * the two halves' 16 float scales, and for Q4_Z then the two halves' 16
- * negated zeros (int32; QZ_BLOCK_BYTES a block instead of QP_BLOCK_BYTES).
- * Gathers read 4 code bytes of 16 rows at once. */
-T512 static void pack_panel(const uint8_t *W, size_t rb, cairn_type t, int nb, int64_t r,
-                            int64_t r_end, uint8_t *pk)
-{
-    const int qz = t == CAIRN_TYPE_Q4_Z;
-    const size_t bs = t == CAIRN_TYPE_Q4_0 ? 18 : t == CAIRN_TYPE_Q5_0 ? 22 : qz ? 20 : 34;
-    const size_t pbs = qz ? QZ_BLOCK_BYTES : QP_BLOCK_BYTES;
-    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
-                                                             12, 13, 14, 15),
-                                           _mm512_set1_epi32((int)rb));
-    const __m512i low4 = _mm512_set1_epi8(0x0f);
-    const __m512i flip = _mm512_set1_epi8((char)0x80);
-    const __m512i low16 = _mm512_set1_epi32(0xffff);
-    __mmask16 valid[2];
-    for (int p = 0; p < 2; p++) {
-        int64_t n = r_end - (r + 16 * p);
-        valid[p] = n >= 16 ? 0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
-    }
-    for (int b = 0; b < nb; b++) {
-        uint8_t *out = pk + (size_t)b * pbs;
-        for (int p = 0; p < 2; p++) {
-            const uint8_t *base = W + (size_t)(r + 16 * p) * rb + (size_t)b * bs;
-            const __mmask16 m = valid[p];
-            uint8_t *codes = out + (size_t)p * 512;
-            const __m512i zero = _mm512_setzero_si512();
-            if (t == CAIRN_TYPE_Q4_0 || qz) {
-                const size_t qs = qz ? 4 : 2;
-                for (int g = 0; g < 4; g++) {
-                    __m512i raw =
-                        m ? _mm512_mask_i32gather_epi32(zero, m, idx, base + qs + 4 * g, 1) : zero;
-                    _mm512_store_si512(codes + 64 * g, _mm512_and_si512(raw, low4));
-                    _mm512_store_si512(codes + 64 * (g + 4),
-                                       _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4));
-                }
-            } else if (t == CAIRN_TYPE_Q5_0) {
-                /* as Q4_0, plus bit 4 of element e from bit e of each row's
-                 * qh: 4 bits (elements 4g..4g+3) are spread to bit 0 of
-                 * bytes 0-3 by one multiply (bit k moves by 7k, no two
-                 * partial products overlap), then moved to bit 4. */
-                const __m512i qhv =
-                    m ? _mm512_mask_i32gather_epi32(zero, m, idx, base + 2, 1) : zero;
-                const __m512i spread = _mm512_set1_epi32(0x00204081);
-                const __m512i bit0s = _mm512_set1_epi32(0x01010101);
-                const __m512i nib4 = _mm512_set1_epi32(0xf);
-                for (int g = 0; g < 4; g++) {
-                    __m512i raw = m ? _mm512_mask_i32gather_epi32(zero, m, idx, base + 6 + 4 * g, 1)
-                                    : zero;
-                    const __m512i hlo = _mm512_slli_epi32(
-                        _mm512_and_si512(_mm512_mullo_epi32(_mm512_and_si512(
-                                                                _mm512_srli_epi32(qhv, 4 * g), nib4),
-                                                            spread),
-                                         bit0s),
-                        4);
-                    const __m512i hhi = _mm512_slli_epi32(
-                        _mm512_and_si512(
-                            _mm512_mullo_epi32(
-                                _mm512_and_si512(_mm512_srli_epi32(qhv, 16 + 4 * g), nib4), spread),
-                            bit0s),
-                        4);
-                    _mm512_store_si512(codes + 64 * g,
-                                       _mm512_or_si512(_mm512_and_si512(raw, low4), hlo));
-                    _mm512_store_si512(
-                        codes + 64 * (g + 4),
-                        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(raw, 4), low4), hhi));
-                }
-            } else {
-                for (int g = 0; g < 8; g++) {
-                    __m512i raw = m ? _mm512_mask_i32gather_epi32(zero, m, idx, base + 2 + 4 * g, 1)
-                                    : zero;
-                    /* rows that do not exist get code 128 = value 0 */
-                    _mm512_store_si512(codes + 64 * g, _mm512_xor_si512(raw, flip));
-                }
-            }
-            __m512i dh = m ? _mm512_mask_i32gather_epi32(zero, m, idx, base, 1) : zero;
-            __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_and_si512(dh, low16)));
-            _mm512_store_ps((float *)(out + 1024 + 64 * p), dw);
-            if (qz) { /* -z, byte 2 of the block; rows that do not exist get 0 */
-                const __m512i z =
-                    _mm512_and_si512(_mm512_srli_epi32(dh, 16), _mm512_set1_epi32(0xff));
-                _mm512_store_si512(out + 1152 + 64 * p, _mm512_sub_epi32(zero, z));
-            }
+    for (int k = 0; k < 8; k++) {
+        const __m512i v = _mm512_load_si512(m + 512 * (j / 2) + 64 * k);
+        w[k] = !(j & 1)                ? _mm512_and_si512(v, low4)
+             : t == CAIRN_TYPE_Q4_K ? _mm512_andnot_si512(low4, v)
+                                    : _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        if (t == CAIRN_TYPE_Q5_K) {
+            /* bit j of qh's byte to bit 4 */
+            const __m512i hv = _mm512_load_si512(m + 2048 + 64 * k);
+            const __m512i hb = j <= 4 ? _mm512_slli_epi16(hv, 4 - j) : _mm512_srli_epi16(hv, j - 4);
+            w[k] = _mm512_ternarylogic_epi32(w[k], hb, _mm512_set1_epi8(0x10), 0xf8);
         }
     }
 }
 
-/* Tokens [t0, t0 + C) against a packed panel: P = 1 or 2 halves of 16 rows
- * are computed (the second half is skipped when no row of it exists). With
- * ZL (Q4_Z) the zero point is per row and block, read from the panel, and
- * `zero` is unused. */
-INLINE T512 void qgemm_tile(const uint8_t *pk, int nb, const int8_t *q, const float *d,
-                            const int32_t *s, int n_in, int zero, const int ZL, const int P,
-                            const int C, float *y, int n_out, __mmask16 m0, __mmask16 m1)
+/* The 6-bit scales (sc) and mins (mn) of a Q4_K/Q5_K super-block of the
+ * 16 rows, from the three dword columns of its 12 packed bytes: lane i of
+ * sc[0] holds sc_0..sc_3 of row i as bytes, sc[1] sc_4..sc_7, and the
+ * same for mn (cpu_kq_scales' unpacking, 16 rows at once). */
+INLINE T512 void kq_scales_512(const uint8_t *col, __m512i sc[2], __m512i mn[2])
 {
-    const size_t pbs = ZL ? QZ_BLOCK_BYTES : QP_BLOCK_BYTES;
-    __m512 facc[2][QG_TOKENS];
+    const __m512i w0 = _mm512_load_si512(col), w1 = _mm512_load_si512(col + 64);
+    const __m512i w2 = _mm512_load_si512(col + 128);
+    const __m512i m6 = _mm512_set1_epi32(0x3f3f3f3f), m4 = _mm512_set1_epi32(0x0f0f0f0f);
+    const __m512i hi2 = _mm512_set1_epi32(0x30303030);
+    sc[0] = _mm512_and_si512(w0, m6);
+    mn[0] = _mm512_and_si512(w1, m6);
+    /* (w2 & 0x0f) | ((w0 >> 2) & 0x30), per byte */
+    sc[1] = _mm512_ternarylogic_epi32(_mm512_and_si512(w2, m4), _mm512_srli_epi32(w0, 2), hi2,
+                                      0xf8);
+    mn[1] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi32(w2, 4), m4),
+                                      _mm512_srli_epi32(w1, 2), hi2, 0xf8);
+}
+
+/* Byte j % 4 of each lane of v[j / 4], as floats. */
+INLINE T512 __m512 byte_lane_512(const __m512i v[2], int j)
+{
+    const __m512i x = _mm512_srli_epi32(v[j / 4], 8 * (j % 4));
+    return _mm512_cvtepi32_ps(_mm512_and_si512(x, _mm512_set1_epi32(0xff)));
+}
+
+/* The weight scales of block b of a group, 16 rows in the lanes: A (and B
+ * for the K-quants' mins and Q6_K's second half; nz = -z for Q4_Z), with
+ * the super-block state (d, dmin, the 6-bit scales) refreshed at its first
+ * block. */
+typedef struct {
+    __m512i sc[2], mn[2];
+    __m512 d, dmin;
+} kq_state_512;
+
+INLINE T512 void scales_512(const cpu_pack_geom *g, const uint8_t *grp, cairn_type t, int b,
+                            const int j, kq_state_512 *st, __m512 *A, __m512 *B, __m512i *nz)
+{
+    const uint8_t *side = grp + g->side_off;
+    if (!is_kquant(t)) {
+        const uint8_t *sd = side + (size_t)b * g->side_bytes;
+        *A = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sd));
+        if (t == CAIRN_TYPE_Q4_Z)
+            *nz = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                   _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sd + 32))));
+        return;
+    }
+    const int sbi = b / 8;
+    const uint8_t *mb = grp + (size_t)sbi * g->main_bytes;
+    if (t == CAIRN_TYPE_Q6_K) {
+        if (j == 0)
+            st->d = _mm512_cvtph_ps(
+                _mm256_loadu_si256((const __m256i *)(side + (size_t)sbi * g->side_bytes)));
+        const int8_t *scv = (const int8_t *)(mb + 3072);
+        *A = _mm512_mul_ps(st->d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                      _mm_load_si128((const __m128i *)(scv + 32 * j)))));
+        *B = _mm512_mul_ps(st->d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                      _mm_load_si128((const __m128i *)(scv + 32 * j + 16)))));
+        return;
+    }
+    const size_t hd = t == CAIRN_TYPE_Q4_K ? 2048 : 2560;
+    if (j == 0) {
+        st->d = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(mb + hd)));
+        st->dmin = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(mb + hd + 32)));
+        kq_scales_512(mb + hd + 64, st->sc, st->mn);
+    }
+    *A = _mm512_mul_ps(st->d, byte_lane_512(st->sc, j));
+    *B = _mm512_mul_ps(st->dmin, byte_lane_512(st->mn, j));
+}
+
+/* Tokens [0, C) of P (1 or 2) consecutive groups: y[c][16p .. 16p + 16)
+ * (lanes outside m[p] not stored). Two groups share every activation
+ * broadcast, which halves the loads per weight byte of a lone token. */
+INLINE T512 void group_512(const cpu_pack_geom *g, const uint8_t *grp, cairn_type t,
+                           const int8_t *q, const float *d, const int32_t *s, int n_in, const int P,
+                           const int C, float *y, int n_out, __mmask16 m0, __mmask16 m1, int pf)
+{
+    const int nb = n_in / 32;
+    const int zero = t == CAIRN_TYPE_Q4_0 ? Q4_ZERO : t == CAIRN_TYPE_Q5_0 ? Q5_ZERO : Q8_ZERO;
+    /* bytes of the group stream per block, for the prefetch */
+    const size_t step = g->main_bytes / (size_t)(is_kquant(t) ? 8 : 1);
+    __m512 facc[2][TILE_512];
 #pragma GCC unroll 2
     for (int p = 0; p < P; p++)
-#pragma GCC unroll 6
+#pragma GCC unroll 8
         for (int c = 0; c < C; c++)
             facc[p][c] = _mm512_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *pb = pk + (size_t)b * pbs;
-        __m512i iacc[2][QG_TOKENS];
-        if (ZL) {
-            /* -z s exactly: |z s| <= 255 * 32 * 127 */
-            const __m512i nz0 = _mm512_load_si512(pb + 1152);
-            const __m512i nz1 = P > 1 ? _mm512_load_si512(pb + 1216) : nz0;
-#pragma GCC unroll 6
-            for (int c = 0; c < C; c++) {
-                const __m512i sv = _mm512_set1_epi32(s[(size_t)c * nb + b]);
-                iacc[0][c] = _mm512_mullo_epi32(nz0, sv);
-                if (P > 1)
-                    iacc[1][c] = _mm512_mullo_epi32(nz1, sv);
-            }
-        } else {
-#pragma GCC unroll 6
-            for (int c = 0; c < C; c++) {
-                const __m512i init = _mm512_set1_epi32(-zero * s[(size_t)c * nb + b]);
-#pragma GCC unroll 2
-                for (int p = 0; p < P; p++)
-                    iacc[p][c] = init;
-            }
-        }
-        const int8_t *qb = q + 32 * (size_t)b;
+    kq_state_512 st[2];
+    memset(st, 0, sizeof st);
+    /* blocks per super-block: unrolled, so every K-quant block index,
+     * shift and offset below is a constant */
+    const int bps = is_kquant(t) ? 8 : 1;
+    for (int b0 = 0; b0 < nb; b0 += bps)
 #pragma GCC unroll 8
-        for (int g = 0; g < 8; g++) {
-            const __m512i w0 = _mm512_load_si512(pb + 64 * g);
-            const __m512i w1 = P > 1 ? _mm512_load_si512(pb + 512 + 64 * g) : w0;
-#pragma GCC unroll 6
-            for (int c = 0; c < C; c++) {
-                int32_t a4;
-                memcpy(&a4, qb + (size_t)c * n_in + 4 * g, 4);
-                const __m512i a = _mm512_set1_epi32(a4);
-                iacc[0][c] = _mm512_dpbusd_epi32(iacc[0][c], w0, a);
-                if (P > 1)
-                    iacc[1][c] = _mm512_dpbusd_epi32(iacc[1][c], w1, a);
+    for (int b = b0; b < b0 + bps; b++) {
+        __m512i w[2][8], nz[2];
+        __m512 A[2], B[2];
+#pragma GCC unroll 2
+        for (int p = 0; p < P; p++) {
+            const uint8_t *gp = grp + (size_t)p * g->group_bytes;
+            if (pf > 0) {
+                const char *ahead = (const char *)gp + (size_t)b * step + pf;
+                for (size_t off = 0; off < step; off += 64)
+                    _mm_prefetch(ahead + off, _MM_HINT_T1);
             }
+            codes_512(g, gp, t, b, b - b0, w[p]);
+            B[p] = _mm512_setzero_ps();
+            nz[p] = _mm512_setzero_si512();
+            scales_512(g, gp, t, b, b - b0, &st[p], &A[p], &B[p], &nz[p]);
         }
-        const __m512 dw0 = _mm512_load_ps((const float *)(pb + 1024));
-        const __m512 dw1 = P > 1 ? _mm512_load_ps((const float *)(pb + 1088)) : dw0;
-#pragma GCC unroll 6
+#pragma GCC unroll 8
         for (int c = 0; c < C; c++) {
-            const __m512 da = _mm512_set1_ps(d[(size_t)c * nb + b]);
-            facc[0][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[0][c]), _mm512_mul_ps(dw0, da),
-                                         facc[0][c]);
-            if (P > 1)
-                facc[1][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[1][c]),
-                                             _mm512_mul_ps(dw1, da), facc[1][c]);
+            const int8_t *qb = q + (size_t)c * n_in + 32 * (size_t)b;
+            const float da = d[(size_t)c * nb + b];
+            const int32_t sa = s[(size_t)c * nb + b];
+            const __m512 vda = _mm512_set1_ps(da);
+            __m512i a4[8];
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++)
+                a4[k] = _mm512_broadcastd_epi32(_mm_loadu_si32(qb + 4 * k));
+            if (t == CAIRN_TYPE_Q6_K) {
+                /* two 16-code halves with their own scales; zero 32 */
+                const int32_t lo_sum = sum16(qb);
+#pragma GCC unroll 2
+                for (int p = 0; p < P; p++) {
+                    __m512i lo = _mm512_set1_epi32(-32 * lo_sum);
+                    __m512i hi = _mm512_set1_epi32(-32 * (sa - lo_sum));
+#pragma GCC unroll 4
+                    for (int k = 0; k < 4; k++) {
+                        lo = _mm512_dpbusd_epi32(lo, w[p][k], a4[k]);
+                        hi = _mm512_dpbusd_epi32(hi, w[p][k + 4], a4[k + 4]);
+                    }
+                    facc[p][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), _mm512_mul_ps(A[p], vda),
+                                                 facc[p][c]);
+                    facc[p][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_mul_ps(B[p], vda),
+                                                 facc[p][c]);
+                }
+                continue;
+            }
+#pragma GCC unroll 2
+            for (int p = 0; p < P; p++) {
+                /* two chains of 4, so a lone token's block is not one long
+                 * dependency; the integer sum is the same */
+                __m512i i0, i1 = _mm512_setzero_si512();
+                if (t == CAIRN_TYPE_Q4_Z)
+                    i0 = _mm512_mullo_epi32(nz[p], _mm512_set1_epi32(sa));
+                else if (is_kquant(t))
+                    i0 = _mm512_setzero_si512();
+                else
+                    i0 = _mm512_set1_epi32(-zero * sa);
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
+                    i0 = _mm512_dpbusd_epi32(i0, w[p][k], a4[k]);
+                    i1 = _mm512_dpbusd_epi32(i1, w[p][k + 4], a4[k + 4]);
+                }
+                if (t == CAIRN_TYPE_Q4_0 || t == CAIRN_TYPE_Q4_Z) /* 16 x the high nibbles' sum */
+                    i1 = _mm512_srai_epi32(i1, 4);
+                __m512i isum_i = _mm512_add_epi32(i0, i1);
+                if (t == CAIRN_TYPE_Q4_K && ((b - b0) & 1)) /* 16 x the block's sum */
+                    isum_i = _mm512_srai_epi32(isum_i, 4);
+                const __m512 isum = _mm512_cvtepi32_ps(isum_i);
+                facc[p][c] = _mm512_fmadd_ps(isum, _mm512_mul_ps(A[p], vda), facc[p][c]);
+                if (t == CAIRN_TYPE_Q4_K || t == CAIRN_TYPE_Q5_K)
+                    facc[p][c] = _mm512_fmadd_ps(B[p], _mm512_set1_ps(-da * (float)sa), facc[p][c]);
+            }
         }
     }
-#pragma GCC unroll 6
+#pragma GCC unroll 8
     for (int c = 0; c < C; c++) {
         _mm512_mask_storeu_ps(y + (size_t)c * n_out, m0, facc[0][c]);
         if (P > 1)
@@ -393,252 +315,368 @@ INLINE T512 void qgemm_tile(const uint8_t *pk, int nb, const int8_t *q, const fl
     }
 }
 
-/* One instantiation per zero-point kind (ZL 0: the type's constant Z,
- * ZL 1: Q4_Z's per-row zeros). */
-#define QGEMM_TILE_ANY(NAME, ZL)                                                                   \
-    static __attribute__((noinline)) T512 void NAME(const uint8_t *pk, int nb, const int8_t *q,  \
-                                                    const float *d, const int32_t *s, int n_in,   \
-                                                    int zero, int P, int C, float *y, int n_out,  \
-                                                    __mmask16 m0, __mmask16 m1)                   \
+/* One instantiation per type, so its decoding is resolved at compile
+ * time; P = 2 with up to 4 tokens, P = 1 with up to 8. */
+#define GROUP_512_TYPED(NAME, TYPE)                                                                \
+    static __attribute__((noinline)) T512 void NAME(                                               \
+        const cpu_pack_geom *g, const uint8_t *grp, const int8_t *q, const float *d,               \
+        const int32_t *s, int n_in, int P, int C, float *y, int n_out, __mmask16 m0,               \
+        __mmask16 m1, int pf)                                                                      \
     {                                                                                              \
-        switch (P * 8 + C) {                                                                       \
-            QG_CASE(ZL, 1, 1) QG_CASE(ZL, 1, 2) QG_CASE(ZL, 1, 3) QG_CASE(ZL, 1, 4)                \
-            QG_CASE(ZL, 1, 5) QG_CASE(ZL, 1, 6) QG_CASE(ZL, 2, 1) QG_CASE(ZL, 2, 2)                \
-            QG_CASE(ZL, 2, 3) QG_CASE(ZL, 2, 4) QG_CASE(ZL, 2, 5)                                  \
-        default: qgemm_tile(pk, nb, q, d, s, n_in, zero, ZL, 2, 6, y, n_out, m0, m1); break;       \
+        switch (P * 16 + C) {                                                                      \
+        case 16 + 1: group_512(g, grp, TYPE, q, d, s, n_in, 1, 1, y, n_out, m0, m1, pf); break;    \
+        case 16 + 2: group_512(g, grp, TYPE, q, d, s, n_in, 1, 2, y, n_out, m0, m1, pf); break;    \
+        case 16 + 3: group_512(g, grp, TYPE, q, d, s, n_in, 1, 3, y, n_out, m0, m1, pf); break;    \
+        case 16 + 4: group_512(g, grp, TYPE, q, d, s, n_in, 1, 4, y, n_out, m0, m1, pf); break;    \
+        case 16 + 5: group_512(g, grp, TYPE, q, d, s, n_in, 1, 5, y, n_out, m0, m1, pf); break;    \
+        case 16 + 6: group_512(g, grp, TYPE, q, d, s, n_in, 1, 6, y, n_out, m0, m1, pf); break;    \
+        case 16 + 7: group_512(g, grp, TYPE, q, d, s, n_in, 1, 7, y, n_out, m0, m1, pf); break;    \
+        case 16 + 8: group_512(g, grp, TYPE, q, d, s, n_in, 1, 8, y, n_out, m0, m1, pf); break;    \
+        case 32 + 1: group_512(g, grp, TYPE, q, d, s, n_in, 2, 1, y, n_out, m0, m1, pf); break;    \
+        case 32 + 2: group_512(g, grp, TYPE, q, d, s, n_in, 2, 2, y, n_out, m0, m1, pf); break;    \
+        case 32 + 3: group_512(g, grp, TYPE, q, d, s, n_in, 2, 3, y, n_out, m0, m1, pf); break;    \
+        default: group_512(g, grp, TYPE, q, d, s, n_in, 2, 4, y, n_out, m0, m1, pf); break;        \
         }                                                                                          \
     }
-#define QG_CASE(ZL, PP, CC)                                                                        \
-    case PP * 8 + CC: qgemm_tile(pk, nb, q, d, s, n_in, zero, ZL, PP, CC, y, n_out, m0, m1); break;
-QGEMM_TILE_ANY(qgemm_tile_any, 0)
-QGEMM_TILE_ANY(qgemm_tile_any_z, 1)
-#undef QG_CASE
+GROUP_512_TYPED(group_512_q8_0, CAIRN_TYPE_Q8_0)
+GROUP_512_TYPED(group_512_q4_0, CAIRN_TYPE_Q4_0)
+GROUP_512_TYPED(group_512_q5_0, CAIRN_TYPE_Q5_0)
+GROUP_512_TYPED(group_512_q4_z, CAIRN_TYPE_Q4_Z)
+GROUP_512_TYPED(group_512_q4_k, CAIRN_TYPE_Q4_K)
+GROUP_512_TYPED(group_512_q5_k, CAIRN_TYPE_Q5_K)
+GROUP_512_TYPED(group_512_q6_k, CAIRN_TYPE_Q6_K)
 
-/* ---- Q4_0, Q5_0 and Q8_0, one token (decode, AVX-512) ---------------------------- */
+/* ---- AVX2 -------------------------------------------------------------------- */
 
-/* Decode streams the weights once and is bound by how fast a core turns
- * them into sums; the panel (written and read back through L2, its codes
- * gathered) is skipped. 16 rows are computed straight from their bytes with
- * the panel's arithmetic per output (16 rows in the lanes, one FMA per
- * block in block order, qgemm_tile's expression), so the result is bitwise
- * the batched one:
- *   Q4_0  per row, the code bytes of 4 blocks side by side in one register;
- *         low nibbles times elements 0-15 and high nibbles times 16-31 of
- *         the same blocks (activations regrouped once per 4 blocks) leave
- *         4 partial sums per block in its 128-bit lane;
- *         Q5_0 the same, with each code's bit 4 added from its qh by a
- *         byte mask;
- *   Q8_0  per row, the codes of 2 blocks (+128, unsigned) times the
- *         activations as they lie: 8 partial sums per block.
- * reduce4_rows / reduce16_finish (or a lane transpose) bring 16 rows' exact
- * block sums into lanes; the zero point comes off as in the panel (-Z s).
- * The weight scales, one per row and block, are gathered. */
-INLINE T512 __m512 gemv_q8_rows(const uint8_t *base, size_t rb, cairn_type t, const int8_t *q,
-                                const float *d, const int32_t *s, int nb, int rows, const int full)
+/* AVX2 has no vpdpbusd: u8 x s8 pairs are summed into int16 by vpmaddubsw
+ * and into int32 by vpmaddwd. A group is computed as two halves of 8 rows
+ * (the low and high 32 bytes of every 64-byte column vector). Products of
+ * codes below 16 (32, 64) with activations in [-127, 127] leave pair sums
+ * small enough that 8 (4, 2) of them add up in int16 without saturating
+ * before one vpmaddwd; Q8_0's codes are multiplied as signed values
+ * (|w| x sign(a, w)), whose pair sums fit only one at a time. The integer
+ * block sums come out the same as vpdpbusd's, hence the same floats. */
+
+INLINE T256 __m256i load_half(const uint8_t *p, int h)
 {
-    const int q5 = t == CAIRN_TYPE_Q5_0, qz = t == CAIRN_TYPE_Q4_Z;
-    const int q4 = t == CAIRN_TYPE_Q4_0 || q5 || qz; /* nibble codes */
-    const size_t bs = t == CAIRN_TYPE_Q4_0 ? 18 : q5 ? 22 : qz ? 20 : 34;
-    const size_t qs = q5 ? 6 : qz ? 4 : 2; /* code bytes within a block */
-    const int per = q4 ? 4 : 2;   /* blocks per register of a row */
-    const int zero = t == CAIRN_TYPE_Q4_0 ? Q4_ZERO : q5 ? Q5_ZERO : Q8_ZERO;
-    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
-                                                             12, 13, 14, 15),
-                                           _mm512_set1_epi32((int)rb));
-    const __mmask16 m = full ? 0xffff : (__mmask16)((1u << rows) - 1);
-    const __m512i low4 = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8((char)0x80);
-    __m512 facc = _mm512_setzero_ps();
-    for (int b0 = 0; b0 < nb; b0 += per) {
-        const int nblk = nb - b0 < per ? nb - b0 : per;
-        const int8_t *qb = q + 32 * (size_t)b0;
-        __m512i alo, ahi = _mm512_setzero_si512();
-        if (q4) {
-            /* elements 0-15 and 16-31 of each of the 4 blocks */
-            alo = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)qb));
-            ahi = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(qb + 16)));
-            if (nblk > 1) {
-                alo = _mm512_inserti32x4(alo, _mm_loadu_si128((const __m128i *)(qb + 32)), 1);
-                ahi = _mm512_inserti32x4(ahi, _mm_loadu_si128((const __m128i *)(qb + 48)), 1);
-            }
-            if (nblk > 2) {
-                alo = _mm512_inserti32x4(alo, _mm_loadu_si128((const __m128i *)(qb + 64)), 2);
-                ahi = _mm512_inserti32x4(ahi, _mm_loadu_si128((const __m128i *)(qb + 80)), 2);
-            }
-            if (nblk > 3) {
-                alo = _mm512_inserti32x4(alo, _mm_loadu_si128((const __m128i *)(qb + 96)), 3);
-                ahi = _mm512_inserti32x4(ahi, _mm_loadu_si128((const __m128i *)(qb + 112)), 3);
-            }
-        } else {
-            alo = nblk > 1 ? _mm512_loadu_si512(qb)
-                           : _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)qb));
-        }
-        __m512i qr[4];
-#pragma GCC unroll 4
-        for (int g = 0; g < 4; g++) {
-            __m512i p[4];
-#pragma GCC unroll 4
-            for (int e = 0; e < 4; e++) {
-                const int i = 4 * g + e;
-                if (!full && i >= rows) {
-                    p[e] = _mm512_setzero_si512();
-                    continue;
-                }
-                const uint8_t *row = base + (size_t)i * rb + (size_t)b0 * bs + qs;
-                _mm_prefetch((const char *)(row + 4 * per * bs), _MM_HINT_T0);
-                _mm_prefetch((const char *)(row + 4 * per * bs + 64), _MM_HINT_T0);
-                __m512i v;
-                if (q4) {
-                    v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)row));
-                    if (nblk > 1)
-                        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(row + bs)), 1);
-                    if (nblk > 2)
-                        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(row + 2 * bs)),
-                                               2);
-                    if (nblk > 3)
-                        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(row + 3 * bs)),
-                                               3);
-                    __m512i clo = _mm512_and_si512(v, low4);
-                    __m512i chi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-                    if (q5) {
-                        /* bit 4 of code e of block k: bit e of its qh, which
-                         * as byte masks is bits 0-15 (low nibbles) and 16-31
-                         * (high) of each block's qh, lane k */
-                        uint32_t h0, h1 = 0, h2 = 0, h3 = 0;
-                        memcpy(&h0, row - 4, 4);
-                        if (nblk > 1)
-                            memcpy(&h1, row - 4 + bs, 4);
-                        if (nblk > 2)
-                            memcpy(&h2, row - 4 + 2 * bs, 4);
-                        if (nblk > 3)
-                            memcpy(&h3, row - 4 + 3 * bs, 4);
-                        const uint64_t A = h0 | (uint64_t)h1 << 32;
-                        const uint64_t B = h2 | (uint64_t)h3 << 32;
-                        const uint64_t mlo = (A & 0xffffu) | ((A >> 16) & 0xffff0000u) |
-                                             ((B & 0xffffu) << 32) |
-                                             ((B << 16) & 0xffff000000000000u);
-                        const uint64_t mhi = ((A >> 16) & 0xffffu) | ((A >> 32) & 0xffff0000u) |
-                                             (((B >> 16) & 0xffffu) << 32) |
-                                             (B & 0xffff000000000000u);
-                        const __m512i bit4 = _mm512_set1_epi8(0x10);
-                        clo = _mm512_mask_add_epi8(clo, (__mmask64)mlo, clo, bit4);
-                        chi = _mm512_mask_add_epi8(chi, (__mmask64)mhi, chi, bit4);
-                    }
-                    p[e] = _mm512_dpbusd_epi32(
-                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), clo, alo), chi, ahi);
-                } else {
-                    v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)row));
-                    if (nblk > 1)
-                        v = _mm512_inserti64x4(v, _mm256_loadu_si256((const __m256i *)(row + bs)),
-                                               1);
-                    p[e] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(v, flip),
-                                               alo);
-                }
-            }
-            qr[g] = reduce4_rows(p[0], p[1], p[2], p[3]);
-        }
-        __m512i isum[4];
-        if (q4) {
-            /* qr[g] lane k = block b0 + k of rows 4g..4g+3: transpose lanes */
-            const __m512i a = _mm512_shuffle_i32x4(qr[0], qr[1], 0x44);
-            const __m512i b = _mm512_shuffle_i32x4(qr[0], qr[1], 0xee);
-            const __m512i c = _mm512_shuffle_i32x4(qr[2], qr[3], 0x44);
-            const __m512i dd = _mm512_shuffle_i32x4(qr[2], qr[3], 0xee);
-            isum[0] = _mm512_shuffle_i32x4(a, c, 0x88);
-            isum[1] = _mm512_shuffle_i32x4(a, c, 0xdd);
-            isum[2] = _mm512_shuffle_i32x4(b, dd, 0x88);
-            isum[3] = _mm512_shuffle_i32x4(b, dd, 0xdd);
-        } else {
-            reduce16_finish(qr, &isum[0], &isum[1]);
-        }
-        for (int k = 0; k < nblk; k++) {
-            const int b = b0 + k;
-            const __m512i dh = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx,
-                                                           base + (size_t)b * bs, 1);
-            const __m512 dw = _mm512_cvtph_ps(
-                _mm512_cvtepi32_epi16(_mm512_and_si512(dh, _mm512_set1_epi32(0xffff))));
-            /* Q4_Z: each row's own zero, byte 2 of the gathered word; the
-             * panel's -z s, the same exact integer */
-            const __m512i corr =
-                qz ? _mm512_mullo_epi32(_mm512_sub_epi32(_mm512_setzero_si512(),
-                                                         _mm512_and_si512(_mm512_srli_epi32(dh, 16),
-                                                                          _mm512_set1_epi32(0xff))),
-                                        _mm512_set1_epi32(s[b]))
-                   : _mm512_set1_epi32(-zero * s[b]);
-            const __m512i is = _mm512_add_epi32(corr, isum[k]);
-            facc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(d[b])),
-                                   facc);
-        }
-    }
-    return facc;
+    return _mm256_load_si256((const __m256i *)(p + 32 * h));
 }
 
-#define GEMV_Q8_TYPED(NAME, TYPE)                                                                  \
-    static __attribute__((noinline)) T512 void NAME(float *y, const uint8_t *W, size_t rb,        \
-                                                    const int8_t *q, const float *d,               \
-                                                    const int32_t *s, int nb, int64_t r0,          \
-                                                    int64_t r1)                                    \
-    {                                                                                              \
-        for (int64_t r = r0; r < r1; r += 16) {                                                    \
-            const uint8_t *base = W + (size_t)r * rb;                                              \
-            if (r1 - r >= 16) {                                                                    \
-                _mm512_storeu_ps(y + r, gemv_q8_rows(base, rb, TYPE, q, d, s, nb, 16, 1));         \
-            } else {                                                                               \
-                const int rows = (int)(r1 - r);                                                    \
-                _mm512_mask_storeu_ps(y + r, (__mmask16)((1u << rows) - 1),                        \
-                                      gemv_q8_rows(base, rb, TYPE, q, d, s, nb, rows, 0));         \
-            }                                                                                      \
-        }                                                                                          \
+/* Q5_0: 32 bits of a lane mask (bit 4i + e for rows 8h..8h+7) to bytes
+ * of 0x10 where set. */
+INLINE T256 __m256i q5_bits_256(uint32_t bits)
+{
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2,
+                                            2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i select = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    const __m256i x = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread),
+                                       select);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(x, select), _mm256_set1_epi8(0x10));
+}
+
+/* codes_512's vectors for rows 8h..8h+7. */
+INLINE T256 void codes_256(const cpu_pack_geom *g, const uint8_t *grp, cairn_type t, int b,
+                           const int j, int h, __m256i w[8])
+{
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    if (t == CAIRN_TYPE_Q8_0) {
+        const uint8_t *m = grp + (size_t)b * g->main_bytes;
+        const __m256i flip = _mm256_set1_epi8((char)0x80);
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) /* back to the signed code */
+            w[k] = _mm256_xor_si256(load_half(m + 64 * k, h), flip);
+        return;
     }
-GEMV_Q8_TYPED(gemv_q4_0, CAIRN_TYPE_Q4_0)
-GEMV_Q8_TYPED(gemv_q8_0, CAIRN_TYPE_Q8_0)
-GEMV_Q8_TYPED(gemv_q5_0, CAIRN_TYPE_Q5_0)
-GEMV_Q8_TYPED(gemv_q4_z, CAIRN_TYPE_Q4_Z)
+    if (!is_kquant(t)) {
+        const uint8_t *m = grp + (size_t)b * g->main_bytes;
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            const __m256i v = load_half(m + 64 * k, h);
+            w[k] = _mm256_and_si256(v, low4);
+            w[k + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        }
+        if (t == CAIRN_TYPE_Q5_0) {
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {
+                uint64_t mk;
+                memcpy(&mk, m + 256 + 8 * k, 8);
+                w[k] = _mm256_or_si256(w[k], q5_bits_256((uint32_t)(mk >> (32 * h))));
+            }
+        }
+        return;
+    }
+    const int sb = b / 8;
+    const uint8_t *m = grp + (size_t)sb * g->main_bytes;
+    if (t == CAIRN_TYPE_Q6_K) {
+        const int hh = j / 4, k4 = j % 4;
+        const uint8_t *ql = m + 512 * (2 * hh + (k4 & 1)), *qh = m + 2048 + 512 * hh;
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            const __m256i l = load_half(ql + 64 * k, h);
+            const __m256i lo = k4 < 2 ? _mm256_and_si256(l, low4)
+                                      : _mm256_and_si256(_mm256_srli_epi16(l, 4), low4);
+            const __m256i hv = load_half(qh + 64 * k, h);
+            const __m256i hb = k4 == 0 ? _mm256_slli_epi16(hv, 4)
+                             : k4 == 1 ? _mm256_slli_epi16(hv, 2)
+                             : k4 == 2 ? hv
+                                       : _mm256_srli_epi16(hv, 2);
+            w[k] = _mm256_or_si256(lo, _mm256_and_si256(hb, _mm256_set1_epi8(0x30)));
+        }
+        return;
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        const __m256i v = load_half(m + 512 * (j / 2) + 64 * k, h);
+        w[k] = (j & 1) ? _mm256_and_si256(_mm256_srli_epi16(v, 4), low4)
+                       : _mm256_and_si256(v, low4);
+        if (t == CAIRN_TYPE_Q5_K) {
+            const __m256i hv = load_half(m + 2048 + 64 * k, h);
+            const __m256i hb = j <= 4 ? _mm256_slli_epi16(hv, 4 - j) : _mm256_srli_epi16(hv, j - 4);
+            w[k] = _mm256_or_si256(w[k], _mm256_and_si256(hb, _mm256_set1_epi8(0x10)));
+        }
+    }
+}
 
-/* ---- dispatch ----------------------------------------------------------- */
+/* Exact sum over code vectors [k0, k1) of w[k] x activation bytes 4k..4k+3:
+ * int16 runs of `run` vpmaddubsw, each run widened by one vpmaddwd. */
+INLINE T256 __m256i dot_256(const __m256i w[8], const int8_t *qb, int k0, int k1, int run,
+                            int signed_codes)
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i acc = _mm256_setzero_si256(), p16 = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int k = k0; k < k1; k++) {
+        const __m256i a = _mm256_broadcastd_epi32(_mm_loadu_si32(qb + 4 * k));
+        const __m256i p = signed_codes
+                              ? _mm256_maddubs_epi16(_mm256_abs_epi8(w[k]), _mm256_sign_epi8(a, w[k]))
+                              : _mm256_maddubs_epi16(w[k], a);
+        p16 = (k - k0) % run == 0 ? p : _mm256_add_epi16(p16, p);
+        if ((k - k0) % run == run - 1 || k == k1 - 1)
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p16, ones));
+    }
+    return acc;
+}
 
-void cpu_x86_matmul_q8(cpu_isa isa, float *y, const uint8_t *W, cairn_type wtype,
-                       size_t row_bytes, const int8_t *q, const float *d, const int32_t *s, int T,
-                       int n_in, int n_out, int64_t r0, int64_t r1, void *pack)
+/* kq_scales_512 for 8 rows. */
+INLINE T256 void kq_scales_256(const uint8_t *col, int h, __m256i sc[2], __m256i mn[2])
+{
+    const __m256i w0 = load_half(col, h), w1 = load_half(col + 64, h);
+    const __m256i w2 = load_half(col + 128, h);
+    const __m256i m6 = _mm256_set1_epi32(0x3f3f3f3f), m4 = _mm256_set1_epi32(0x0f0f0f0f);
+    const __m256i hi2 = _mm256_set1_epi32(0x30303030);
+    sc[0] = _mm256_and_si256(w0, m6);
+    mn[0] = _mm256_and_si256(w1, m6);
+    sc[1] = _mm256_or_si256(_mm256_and_si256(w2, m4),
+                            _mm256_and_si256(_mm256_srli_epi32(w0, 2), hi2));
+    mn[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w2, 4), m4),
+                            _mm256_and_si256(_mm256_srli_epi32(w1, 2), hi2));
+}
+
+INLINE T256 __m256 byte_lane_256(const __m256i v[2], int j)
+{
+    const __m256i x = _mm256_srli_epi32(v[j / 4], 8 * (j % 4));
+    return _mm256_cvtepi32_ps(_mm256_and_si256(x, _mm256_set1_epi32(0xff)));
+}
+
+/* group_512 for rows 8h..8h+7 and C <= TILE_256 tokens; `rows` of the 8
+ * are stored. */
+INLINE T256 void group_256(const cpu_pack_geom *g, const uint8_t *grp, cairn_type t, int h,
+                           const int8_t *q, const float *d, const int32_t *s, int n_in, const int C,
+                           float *y, int n_out, int rows)
 {
     const int nb = n_in / 32;
-    if (isa >= CPU_ISA_AVX512 && T == 1) {
-        (wtype == CAIRN_TYPE_Q4_0   ? gemv_q4_0
-         : wtype == CAIRN_TYPE_Q5_0 ? gemv_q5_0
-         : wtype == CAIRN_TYPE_Q4_Z ? gemv_q4_z
-                                    : gemv_q8_0)(y, W, row_bytes, q, d, s, nb, r0, r1);
-        return;
-    }
-    if (isa >= CPU_ISA_AVX512) {
-        const int zero = wtype == CAIRN_TYPE_Q4_0 ? Q4_ZERO
-                       : wtype == CAIRN_TYPE_Q5_0 ? Q5_ZERO
-                       : Q8_ZERO;
-        for (int64_t r = r0; r < r1; r += QP_ROWS) {
-            const int64_t rows = r1 - r < QP_ROWS ? r1 - r : QP_ROWS;
-            pack_panel(W, row_bytes, wtype, nb, r, r + rows, pack);
-            const int P = rows > 16 ? 2 : 1;
-            const __mmask16 m0 = rows >= 16 ? 0xffff : (__mmask16)((1u << rows) - 1);
-            const __mmask16 m1 = rows >= 32 ? 0xffff
-                               : rows > 16 ? (__mmask16)((1u << (rows - 16)) - 1)
-                               : 0;
-            for (int t = 0; t < T; t += QG_TOKENS) {
-                const int C = T - t < QG_TOKENS ? T - t : QG_TOKENS;
-                (wtype == CAIRN_TYPE_Q4_Z ? qgemm_tile_any_z : qgemm_tile_any)(
-                    pack, nb, q + (size_t)t * n_in, d + (size_t)t * nb, s + (size_t)t * nb, n_in,
-                    zero, P, C, y + (size_t)t * n_out + r, n_out, m0, m1);
+    const int zero = t == CAIRN_TYPE_Q4_0 ? Q4_ZERO : t == CAIRN_TYPE_Q5_0 ? Q5_ZERO : 0;
+    /* int16 run lengths (see above) */
+    const int run = t == CAIRN_TYPE_Q8_0                             ? 1
+                  : t == CAIRN_TYPE_Q6_K                             ? 2
+                  : t == CAIRN_TYPE_Q5_0 || t == CAIRN_TYPE_Q5_K ? 4
+                                                                     : 8;
+    const uint8_t *side = grp + g->side_off;
+    __m256 facc[TILE_256];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++)
+        facc[c] = _mm256_setzero_ps();
+    __m256i sc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, mn[2] = {sc[0], sc[1]};
+    __m256 dsb = _mm256_setzero_ps(), dmin = _mm256_setzero_ps();
+    const int bps = is_kquant(t) ? 8 : 1; /* unrolled: constant K-quant offsets */
+    for (int b0 = 0; b0 < nb; b0 += bps)
+#pragma GCC unroll 8
+    for (int b = b0; b < b0 + bps; b++) {
+        const int j = b - b0;
+        __m256i w[8];
+        codes_256(g, grp, t, b, j, h, w);
+        __m256 A, B = _mm256_setzero_ps();
+        __m256i nz = _mm256_setzero_si256();
+        if (!is_kquant(t)) {
+            const uint8_t *sd = side + (size_t)b * g->side_bytes;
+            A = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sd + 16 * h)));
+            if (t == CAIRN_TYPE_Q4_Z) {
+                int64_t z8;
+                memcpy(&z8, sd + 32 + 8 * h, 8);
+                nz = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                      _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(z8)));
+            }
+        } else {
+            const int sbi = b / 8;
+            const uint8_t *mb = grp + (size_t)sbi * g->main_bytes;
+            if (t == CAIRN_TYPE_Q6_K) {
+                if (j == 0)
+                    dsb = _mm256_cvtph_ps(_mm_loadu_si128(
+                        (const __m128i *)(side + (size_t)sbi * g->side_bytes + 16 * h)));
+                const int8_t *scv = (const int8_t *)(mb + 3072) + 8 * h;
+                int64_t s0, s1;
+                memcpy(&s0, scv + 32 * j, 8);
+                memcpy(&s1, scv + 32 * j + 16, 8);
+                A = _mm256_mul_ps(dsb, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(s0))));
+                B = _mm256_mul_ps(dsb, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(s1))));
+            } else {
+                const size_t hd = t == CAIRN_TYPE_Q4_K ? 2048 : 2560;
+                if (j == 0) {
+                    dsb = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(mb + hd + 16 * h)));
+                    dmin = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(mb + hd + 32 + 16 * h)));
+                    kq_scales_256(mb + hd + 64, h, sc, mn);
+                }
+                A = _mm256_mul_ps(dsb, byte_lane_256(sc, j));
+                B = _mm256_mul_ps(dmin, byte_lane_256(mn, j));
             }
         }
-        return;
-    }
-    qrow_fn fn = wtype == CAIRN_TYPE_Q4_0 ? qrow_256_q4
-               : wtype == CAIRN_TYPE_Q5_0 ? qrow_256_q5
-               : wtype == CAIRN_TYPE_Q4_Z ? qrow_256_qz
-               : qrow_256_q8;
-    for (int64_t r = r0; r < r1; r++)
-        for (int t = 0; t < T; t += 4) {
-            const int C = T - t < 4 ? T - t : 4;
-            fn(W + (size_t)r * row_bytes, q + (size_t)t * n_in, d + (size_t)t * nb,
-               s + (size_t)t * nb, n_in, C, y + (size_t)t * n_out + r, n_out);
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            const int8_t *qb = q + (size_t)c * n_in + 32 * (size_t)b;
+            const float da = d[(size_t)c * nb + b];
+            const int32_t sa = s[(size_t)c * nb + b];
+            const __m256 vda = _mm256_set1_ps(da);
+            if (t == CAIRN_TYPE_Q6_K) {
+                const int32_t lo_sum = sum16(qb);
+                const __m256i lo = _mm256_add_epi32(_mm256_set1_epi32(-32 * lo_sum),
+                                                    dot_256(w, qb, 0, 4, run, 0));
+                const __m256i hi = _mm256_add_epi32(_mm256_set1_epi32(-32 * (sa - lo_sum)),
+                                                    dot_256(w, qb, 4, 8, run, 0));
+                facc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(A, vda), facc[c]);
+                facc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(B, vda), facc[c]);
+                continue;
+            }
+            __m256i isum = dot_256(w, qb, 0, 8, run, t == CAIRN_TYPE_Q8_0);
+            if (t == CAIRN_TYPE_Q4_Z)
+                isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(nz, _mm256_set1_epi32(sa)));
+            else if (zero)
+                isum = _mm256_add_epi32(isum, _mm256_set1_epi32(-zero * sa));
+            facc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(A, vda), facc[c]);
+            if (t == CAIRN_TYPE_Q4_K || t == CAIRN_TYPE_Q5_K)
+                facc[c] = _mm256_fmadd_ps(B, _mm256_set1_ps(-da * (float)sa), facc[c]);
         }
+    }
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(rows), lanes);
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++)
+        _mm256_maskstore_ps(y + (size_t)c * n_out, keep, facc[c]);
 }
 
-#endif /* CPU_X86_KERNELS */
+#define GROUP_CASES4(FN, TYPE, C, ...)                                                             \
+    switch (C) {                                                                                   \
+    case 1: FN(__VA_ARGS__, TYPE, 1); break;                                                       \
+    case 2: FN(__VA_ARGS__, TYPE, 2); break;                                                       \
+    case 3: FN(__VA_ARGS__, TYPE, 3); break;                                                       \
+    default: FN(__VA_ARGS__, TYPE, 4); break;                                                      \
+    }
+#define CALL_256(g, grp, h, q, d, s, n_in, y, n_out, rows, TYPE, C)                                \
+    group_256(g, grp, TYPE, h, q, d, s, n_in, C, y, n_out, rows)
+
+#define GROUP_256_TYPED(NAME, TYPE)                                                                \
+    static __attribute__((noinline)) T256 void NAME(const cpu_pack_geom *g, const uint8_t *grp,   \
+                                                    int h, const int8_t *q, const float *d,        \
+                                                    const int32_t *s, int n_in, int C, float *y,   \
+                                                    int n_out, int rows)                           \
+    {                                                                                              \
+        GROUP_CASES4(CALL_256, TYPE, C, g, grp, h, q, d, s, n_in, y, n_out, rows)                  \
+    }
+GROUP_256_TYPED(group_256_q8_0, CAIRN_TYPE_Q8_0)
+GROUP_256_TYPED(group_256_q4_0, CAIRN_TYPE_Q4_0)
+GROUP_256_TYPED(group_256_q5_0, CAIRN_TYPE_Q5_0)
+GROUP_256_TYPED(group_256_q4_z, CAIRN_TYPE_Q4_Z)
+GROUP_256_TYPED(group_256_q4_k, CAIRN_TYPE_Q4_K)
+GROUP_256_TYPED(group_256_q5_k, CAIRN_TYPE_Q5_K)
+GROUP_256_TYPED(group_256_q6_k, CAIRN_TYPE_Q6_K)
+
+/* ---- dispatch ------------------------------------------------------------------ */
+
+typedef void (*group512_fn)(const cpu_pack_geom *g, const uint8_t *grp, const int8_t *q,
+                            const float *d, const int32_t *s, int n_in, int P, int C, float *y,
+                            int n_out, __mmask16 m0, __mmask16 m1, int pf);
+typedef void (*group256_fn)(const cpu_pack_geom *g, const uint8_t *grp, int h, const int8_t *q,
+                            const float *d, const int32_t *s, int n_in, int C, float *y, int n_out,
+                            int rows);
+
+static __mmask16 lane_mask(int rows)
+{
+    return rows >= 16 ? 0xffff : rows <= 0 ? 0 : (__mmask16)((1u << rows) - 1);
+}
+
+int cpu_x86_gemm_groups(cpu_isa isa, const cpu_pack_geom *g, const uint8_t *grp, int rows,
+                        const int8_t *q, const float *d, const int32_t *s, int T, int n_in,
+                        float *y, int n_out, const cpu_quant_tuning *tune)
+{
+    const int nb = n_in / 32;
+    const cairn_type t = g->type;
+    if (isa >= CPU_ISA_AVX512) {
+        const group512_fn fn = t == CAIRN_TYPE_Q8_0   ? group_512_q8_0
+                             : t == CAIRN_TYPE_Q4_0   ? group_512_q4_0
+                             : t == CAIRN_TYPE_Q5_0   ? group_512_q5_0
+                             : t == CAIRN_TYPE_Q4_Z   ? group_512_q4_z
+                             : t == CAIRN_TYPE_Q4_K   ? group_512_q4_k
+                             : t == CAIRN_TYPE_Q5_K   ? group_512_q5_k
+                                                      : group_512_q6_k;
+        for (int r = 0; r < rows; r += 32) {
+            const int left = rows - r;
+            /* two groups at once for up to tune->pair_tokens tokens */
+            const int pair = left > 16 && T <= tune->pair_tokens && !is_kquant(t);
+            const int P = pair ? 2 : 1, tile = pair ? 4 : TILE_512;
+            const uint8_t *gp = grp + (size_t)(r / 16) * g->group_bytes;
+            for (int h = 0; h < 2 && 16 * h < left; h += P) {
+                for (int t0 = 0; t0 < T; t0 += tile) {
+                    const int C = T - t0 < tile ? T - t0 : tile;
+                    fn(g, gp + (size_t)h * g->group_bytes, q + (size_t)t0 * n_in,
+                       d + (size_t)t0 * nb, s + (size_t)t0 * nb, n_in, P, C,
+                       y + (size_t)t0 * n_out + r + 16 * h, n_out, lane_mask(left - 16 * h),
+                       lane_mask(left - 16 * h - 16), tune->prefetch);
+                }
+            }
+        }
+        return 1;
+    }
+    if (isa >= CPU_ISA_AVX2) {
+        const group256_fn fn = t == CAIRN_TYPE_Q8_0   ? group_256_q8_0
+                             : t == CAIRN_TYPE_Q4_0   ? group_256_q4_0
+                             : t == CAIRN_TYPE_Q5_0   ? group_256_q5_0
+                             : t == CAIRN_TYPE_Q4_Z   ? group_256_q4_z
+                             : t == CAIRN_TYPE_Q4_K   ? group_256_q4_k
+                             : t == CAIRN_TYPE_Q5_K   ? group_256_q5_k
+                                                      : group_256_q6_k;
+        for (int r = 0; r < rows; r += 16) {
+            const uint8_t *gp = grp + (size_t)(r / 16) * g->group_bytes;
+            const int left = rows - r < 16 ? rows - r : 16;
+            for (int h = 0; h < 2 && 8 * h < left; h++)
+                for (int t0 = 0; t0 < T; t0 += TILE_256) {
+                    const int C = T - t0 < TILE_256 ? T - t0 : TILE_256;
+                    fn(g, gp, h, q + (size_t)t0 * n_in, d + (size_t)t0 * nb, s + (size_t)t0 * nb,
+                       n_in, C, y + (size_t)t0 * n_out + r + 8 * h, n_out, left - 8 * h);
+                }
+        }
+        return 1;
+    }
+    return 0;
+}
+
+#else /* not x86-64 */
+
+int cpu_x86_gemm_groups(cpu_isa isa, const cpu_pack_geom *g, const uint8_t *grp, int rows,
+                        const int8_t *q, const float *d, const int32_t *s, int T, int n_in,
+                        float *y, int n_out, const cpu_quant_tuning *tune)
+{
+    (void)isa, (void)g, (void)grp, (void)rows, (void)q, (void)d, (void)s, (void)T, (void)n_in;
+    (void)y, (void)n_out, (void)tune;
+    return 0;
+}
+
+#endif

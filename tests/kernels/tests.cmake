@@ -13,6 +13,11 @@ cairn_add_test(kernels_cpu_attention
 cairn_add_test(kernels_cpu_matmul
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_cpu_matmul.c
   LABELS kernels TIMEOUT 300)
+# The packed weight layout: lossless, and every ISA level to the same bits
+# at every batch size.
+cairn_add_test(kernels_cpu_packed
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_cpu_packed.c
+  LABELS kernels TIMEOUT 300)
 # The checkpoint weight types (Q4_Z, F8_E4M3) and the e4m3 conversions,
 # at every instruction-set level.
 cairn_add_test(kernels_cpu_ckpt_types

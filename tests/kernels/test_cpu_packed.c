@@ -1,0 +1,246 @@
+/*
+ * tests/kernels/test_cpu_packed.c — the CPU backend's packed weight layout
+ * (kernels/cpu/cpu_impl.h, "Packed weights") and the rule that makes every
+ * quantized kernel interchangeable: for Q8_0, Q4_0, Q5_0, Q4_Z, Q4_K, Q5_K
+ * and Q6_K,
+ *
+ *   - packing loses nothing: weight_layout names a packed type, and
+ *     get_rows on the packed matrix gives back every row exactly as
+ *     cairn_dequantize_row decodes the GGUF row (so every byte went where
+ *     the unpacker looks for it), for row counts that leave a partial last
+ *     group;
+ *   - the scalar reference, the AVX2 kernels and the AVX-512 kernels give
+ *     the same bits (cpu_impl.h at cpu_q8act_type states the one expression
+ *     they all compute), on packed weights and on GGUF rows, with 1 and 3
+ *     threads, for every batch size from 1 to 17 and 40 (every token tile
+ *     and group pairing, partial ones included);
+ *   - a token's row computed alone is the bytes of the same token in any
+ *     batch: the reason decode, multi-row verification and prefill agree.
+ *
+ * The weight bytes are random (every code, every qh bit, every 6-bit scale
+ * and min, every Q4_Z zero), with the f16 scales set to finite values.
+ * What the kernels compute is checked against a double-precision reference
+ * elsewhere (test_cpu_matmul.c, test_kquants.c, test_cpu_ckpt_types.c);
+ * here the scalar level is the reference and every vector level must equal
+ * it exactly. On a machine without AVX-512 (or AVX2) the CAIRN_CPU_ISA cap
+ * cannot raise the level, so those rows rerun the level below.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/backend.h"
+#include "tests/support/support.h"
+
+static const cairn_type types[] = {
+    CAIRN_TYPE_Q8_0, CAIRN_TYPE_Q4_0, CAIRN_TYPE_Q5_0, CAIRN_TYPE_Q4_Z,
+    CAIRN_TYPE_Q4_K, CAIRN_TYPE_Q5_K, CAIRN_TYPE_Q6_K,
+};
+#define N_TYPES (sizeof types / sizeof types[0])
+
+static const char *const levels[] = {"scalar", "avx2", "avx512"};
+#define N_LEVELS 3
+
+static void put_half(uint8_t *p, float v)
+{
+    const uint16_t h = cairn_fp32_to_fp16(v);
+    memcpy(p, &h, 2);
+}
+
+/* rows x n of `type` as random bytes with finite scales: every code and
+ * bit pattern occurs, and the values stay small enough that no sum
+ * overflows a float. */
+static uint8_t *random_rows(kt_rng *r, cairn_type type, int rows, int n)
+{
+    const cairn_type_traits *tr = cairn_type_get(type);
+    const size_t rb = cairn_type_row_bytes(type, n);
+    uint8_t *W = kt_xmalloc(rb * (size_t)rows);
+    for (size_t i = 0; i < rb * (size_t)rows; i++)
+        W[i] = (uint8_t)kt_next(r);
+    const int nblk = (int)(rb * (size_t)rows / (size_t)tr->block_bytes);
+    for (int b = 0; b < nblk; b++) {
+        uint8_t *blk = W + (size_t)b * (size_t)tr->block_bytes;
+        switch (type) {
+        case CAIRN_TYPE_Q6_K:
+            put_half(blk + 208, kt_uniform(r, -0.01f, 0.01f));
+            break;
+        case CAIRN_TYPE_Q4_K:
+        case CAIRN_TYPE_Q5_K:
+            put_half(blk, kt_uniform(r, -0.01f, 0.01f));
+            put_half(blk + 2, kt_uniform(r, -0.01f, 0.01f));
+            break;
+        case CAIRN_TYPE_Q4_Z:
+            put_half(blk, kt_uniform(r, -0.1f, 0.1f));
+            blk[3] = 0; /* the pad byte, which packing does not keep */
+            break;
+        default:
+            put_half(blk, kt_uniform(r, -0.1f, 0.1f));
+            break;
+        }
+    }
+    return W;
+}
+
+/* The matrix in the backend's layout: backend memory and the type to pass. */
+static void *packed_weight(cairn_backend *be, cairn_type type, const uint8_t *W, int n_in,
+                           int n_out, cairn_type *as)
+{
+    size_t bytes;
+    assert_int_equal(cairn_backend_weight_layout(be, type, n_in, n_out, &bytes, as), CAIRN_OK);
+    void *dev = NULL;
+    assert_int_equal(be->iface->alloc(be, bytes, &dev), CAIRN_OK);
+    assert_int_equal(cairn_backend_upload_weight(be, dev, W, type, n_in, n_out), CAIRN_OK);
+    return dev;
+}
+
+static void test_roundtrip(void **state)
+{
+    (void)state;
+    kt_rng r = kt_rng_for("roundtrip");
+    cairn_backend *be = kt_cpu(2);
+    const int shapes[][2] = {{512, 37}, {256, 16}, {768, 1}, {1024, 50}};
+    for (size_t ti = 0; ti < N_TYPES; ti++)
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            const cairn_type type = types[ti];
+            const int n_in = shapes[si][0], n_out = shapes[si][1];
+            uint8_t *W = random_rows(&r, type, n_out, n_in);
+            cairn_type as;
+            void *dev = packed_weight(be, type, W, n_in, n_out, &as);
+            char what[96];
+            snprintf(what, sizeof what, "get_rows %s packed n_in=%d n_out=%d",
+                     cairn_type_get(type)->name, n_in, n_out);
+            assert_true(((int)as & CAIRN_TYPE_PACKED) && ((int)as & ~CAIRN_TYPE_PACKED) == (int)type);
+            int32_t *ids = kt_xmalloc(sizeof(int32_t) * (size_t)n_out);
+            for (int i = 0; i < n_out; i++)
+                ids[i] = n_out - 1 - i; /* every row, in reverse */
+            float *out = kt_dev(be, NULL, sizeof(float) * (size_t)n_out * (size_t)n_in);
+            assert_int_equal(be->iface->get_rows(be, out, dev, as, n_in, ids, n_out), CAIRN_OK);
+            float *got = kt_host(be, out, sizeof(float) * (size_t)n_out * (size_t)n_in);
+            float *want = kt_xmalloc(sizeof(float) * (size_t)n_in);
+            const size_t rb = cairn_type_row_bytes(type, n_in);
+            for (int i = 0; i < n_out; i++) {
+                assert_int_equal(cairn_dequantize_row(type, W + (size_t)ids[i] * rb, want, n_in),
+                                 CAIRN_OK);
+                KT_SAME_BYTES(got + (size_t)i * n_in, want, sizeof(float) * (size_t)n_in, what);
+            }
+            free(want);
+            free(got);
+            free(ids);
+            be->iface->free(be, out);
+            be->iface->free(be, dev);
+            free(W);
+        }
+    cairn_backend_destroy(be);
+}
+
+/* y = x W^T on a `level` backend with `threads` threads, the weights packed
+ * or in GGUF rows. */
+static float *run(const char *level, int threads, int packed, cairn_type type, const uint8_t *W,
+                  const float *x, int T, int n_in, int n_out)
+{
+    cairn_backend *be = kt_cpu_isa(level, threads, 0);
+    float *y;
+    if (packed) {
+        cairn_type as;
+        void *dev = packed_weight(be, type, W, n_in, n_out, &as);
+        float *dx = kt_dev(be, x, sizeof(float) * (size_t)T * (size_t)n_in);
+        float *dy = kt_dev(be, NULL, sizeof(float) * (size_t)T * (size_t)n_out);
+        assert_int_equal(be->iface->matmul(be, dy, dev, as, dx, T, n_in, n_out), CAIRN_OK);
+        y = kt_host(be, dy, sizeof(float) * (size_t)T * (size_t)n_out);
+        be->iface->free(be, dy);
+        be->iface->free(be, dx);
+        be->iface->free(be, dev);
+    } else {
+        y = kt_run_matmul(be, type, W, cairn_type_row_bytes(type, n_in), x, T, n_in, n_out);
+    }
+    cairn_backend_destroy(be);
+    return y;
+}
+
+static void test_levels_agree(void **state)
+{
+    (void)state;
+    kt_rng r = kt_rng_for("levels");
+    const int batch[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17, 40};
+    const int n_outs[] = {37, 64};
+    for (size_t ti = 0; ti < N_TYPES; ti++)
+        for (size_t oi = 0; oi < sizeof n_outs / sizeof n_outs[0]; oi++) {
+            const cairn_type type = types[ti];
+            const int n_in = 512, n_out = n_outs[oi], Tmax = 40;
+            uint8_t *W = random_rows(&r, type, n_out, n_in);
+            float *x = kt_xmalloc(sizeof(float) * (size_t)Tmax * n_in);
+            kt_fill(&r, x, (size_t)Tmax * n_in, -2.0f, 2.0f);
+            /* the reference: the scalar level, one token at a time */
+            float *alone = kt_xmalloc(sizeof(float) * (size_t)Tmax * n_out);
+            for (int t = 0; t < Tmax; t++) {
+                float *y = run("scalar", 1, 0, type, W, x + (size_t)t * n_in, 1, n_in, n_out);
+                memcpy(alone + (size_t)t * n_out, y, sizeof(float) * (size_t)n_out);
+                free(y);
+            }
+            for (size_t bi = 0; bi < sizeof batch / sizeof batch[0]; bi++)
+                for (int lv = 0; lv < N_LEVELS; lv++)
+                    for (int packed = 0; packed <= 1; packed++)
+                        for (int threads = 1; threads <= 3; threads += 2) {
+                            const int T = batch[bi];
+                            /* the last T tokens, so each T starts elsewhere */
+                            const float *xt = x + (size_t)(Tmax - T) * n_in;
+                            float *y = run(levels[lv], threads, packed, type, W, xt, T, n_in,
+                                           n_out);
+                            char what[128];
+                            snprintf(what, sizeof what, "%s %s %s T=%d n_out=%d threads=%d",
+                                     cairn_type_get(type)->name, levels[lv],
+                                     packed ? "packed" : "gguf", T, n_out, threads);
+                            KT_SAME_BYTES(y, alone + (size_t)(Tmax - T) * n_out,
+                                          sizeof(float) * (size_t)T * n_out, what);
+                            free(y);
+                        }
+            free(alone);
+            free(x);
+            free(W);
+        }
+}
+
+/* A packed weight is refused where its layout does not exist, and the
+ * layout slot refuses what it cannot hold. */
+static void test_refusals(void **state)
+{
+    (void)state;
+    cairn_backend *be = kt_cpu(1);
+    size_t bytes;
+    cairn_type as;
+    /* not a whole number of super-blocks */
+    assert_int_equal(cairn_backend_weight_layout(be, CAIRN_TYPE_Q4_K, 96, 4, &bytes, &as),
+                     CAIRN_EINVAL);
+    /* float types keep GGUF's layout */
+    assert_int_equal(cairn_backend_weight_layout(be, CAIRN_TYPE_F16, 64, 4, &bytes, &as),
+                     CAIRN_OK);
+    assert_int_equal(as, CAIRN_TYPE_F16);
+    assert_int_equal(bytes, (size_t)64 * 2 * 4);
+    /* F16 has no packed layout: matmul refuses it marked packed */
+    float *x = kt_dev(be, NULL, sizeof(float) * 64), *y = kt_dev(be, NULL, sizeof(float) * 4);
+    void *w = kt_dev(be, NULL, 64 * 2 * 4);
+    assert_int_equal(be->iface->matmul(be, y, w, (cairn_type)(CAIRN_TYPE_F16 | CAIRN_TYPE_PACKED),
+                                       x, 1, 64, 4),
+                     CAIRN_EINVAL);
+    be->iface->free(be, w);
+    be->iface->free(be, y);
+    be->iface->free(be, x);
+    cairn_backend_destroy(be);
+}
+
+int main(void)
+{
+    kt_init_seed("kernels_cpu_packed");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_roundtrip),
+        cmocka_unit_test(test_levels_agree),
+        cmocka_unit_test(test_refusals),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
