@@ -55,6 +55,8 @@ static void cpu_destroy(cairn_backend *be)
         free(ctx->act_q);
         free(ctx->act_d);
         free(ctx->act_s);
+        free(ctx->act_s_lo);
+        free(ctx->act_corr);
         for (int i = 0; i < ctx->n_maps; i++) /* what the caller did not free */
             munmap(ctx->maps[i].base, ctx->maps[i].len);
         free(ctx->maps);

@@ -79,6 +79,9 @@ const char *cpu_isa_name(cpu_isa isa);
 
 /* ---- backend context --------------------------------------------------- */
 
+/* Most matrices one matmul_multi call runs in one pass. */
+#define CPU_MULTI_MAX 4
+
 /* Knobs of the quantized kernels that do not change a single bit of their
  * results, only their speed, which differs between microarchitectures:
  * chosen per machine by a short measurement (cpu_tune.c). */
@@ -109,13 +112,15 @@ typedef struct {
     int quantize_activations;
     /* Speed knobs of the quantized kernels (cpu_x86_gemm_groups). */
     cpu_quant_tuning tune;
-    /* Activations quantized for the current matmul: [T][n_in] int8 codes,
-     * [T][n_in/32] float scales and [T][n_in/32] int32 code sums; grown
-     * (never shrunk) like scratch. */
+    /* Activations quantized for the current matmul (cpu_act's layout, room
+     * for act_cap entries of 32 codes; grown, never shrunk, like scratch):
+     * codes, scales, sums, half sums, and CPU_MULTI_MAX sets of the three
+     * correction arrays (one per part of a matmul_multi call). */
     int8_t *act_q;
     float *act_d;
-    int32_t *act_s;
-    size_t act_q_cap, act_b_cap;
+    int32_t *act_s, *act_s_lo;
+    int32_t *act_corr; /* [CPU_MULTI_MAX][3][act_cap]: zi, zi2, zf (as float) */
+    size_t act_cap;
     /* Per-thread scratch: n_threads slices of scratch_stride floats each,
      * grown (never shrunk) by cpu_scratch_reserve on the owning thread
      * before a parallel-for; slices start on 64-byte boundaries so threads
@@ -255,16 +260,45 @@ static inline float cpu_e4m3_to_float(uint8_t v)
 /* ---- matmul kernels (cpu_x86*.c) ------------------------------------- */
 
 /* One 32-element block of activations quantized to int8: d = max|x| / 127,
- * q = round(x / d), and the sum of the codes (for the weights' zero-point
- * correction). Scalar version, the reference for the vector ones. */
-void cpu_quantize_act_block_ref(const float *x, int8_t *q, float *d, int32_t *sum);
+ * q = round(x / d), the sum of the codes (for the weights' zero-point
+ * correction) and the sum of the first 16 (Q6_K's half blocks). Scalar
+ * version, the reference for the vector ones. */
+void cpu_quantize_act_block_ref(const float *x, int8_t *q, float *d, int32_t *sum,
+                                int32_t *sum_lo);
 
 /* Vector versions of the matmul pieces; each returns 0 when it cannot handle
  * the case (then the caller falls back to the next level). All of them
  * compute every output element with the same sequence of operations whatever
  * the row/token ranges and the tile an element falls in, so results do not
- * depend on the thread count. */
-int cpu_x86_quantize_act(cpu_isa isa, const float *x, int n, int8_t *q, float *d, int32_t *s);
+ * depend on the thread count. cpu_x86_quantize_act: the n / 32 blocks of x,
+ * block b's codes at q + b q_stride and its d, s and s_lo at index b stride. */
+int cpu_x86_quantize_act(cpu_isa isa, const float *x, int n, int8_t *q, size_t q_stride,
+                         float *d, int32_t *s, int32_t *s_lo, size_t stride);
+
+/* The quantized activations of one matmul call, in tiles of CPU_ACT_TILE
+ * tokens so that a kernel reading up to 8 tokens of a tile follows one
+ * stream with constant offsets: entry (t, b) — token t, block b — is
+ *   e = (t / 8 * nb + b) * 8 + t % 8,   codes q[32 e .. 32 e + 32),
+ * scale d[e], code sums s[e] and s_lo[e] (the first 16), and the weight
+ * type's correction terms, computed once per call (cpu_matmul.c):
+ *   zi[e]  Q8_0, Q4_0, Q5_0: -Z s;  Q4_Z: s (times the row's -z);
+ *          Q6_K: -32 s_lo
+ *   zi2[e] Q6_K: -32 (s - s_lo)
+ *   zf[e]  Q4_K, Q5_K: [-d s] (the float of the min term)  */
+#define CPU_ACT_TILE 8
+typedef struct {
+    const int8_t *q;
+    const float *d;
+    const int32_t *s, *s_lo, *zi, *zi2;
+    const float *zf;
+    int nb;
+} cpu_act;
+
+static inline size_t cpu_act_index(int nb, int t, int b)
+{
+    return ((size_t)(t / CPU_ACT_TILE) * (size_t)nb + (size_t)b) * CPU_ACT_TILE +
+           (size_t)(t % CPU_ACT_TILE);
+}
 
 /* y[t][r] for r in [r0, r1), t in [0, T): float weights (F32, F16, BF16,
  * F8_E4M3) against float x, dot-product form; every element's arithmetic is
@@ -368,12 +402,12 @@ int cpu_upload_weight(cairn_backend *be, void *dst, const void *host_src, cairn_
 
 
 /* y[t][0 .. rows) for t in [0, T) (y rows n_out apart) from the packed
- * groups at grp (ceil(rows / 16) of them, group_bytes apart) against
- * activations quantized by cpu_x86_quantize_act (q [T][n_in], d and s
- * [T][n_in/32]). 0 when the level has no kernel. */
+ * groups at grp (ceil(rows / 16) of them, group_bytes apart) against the
+ * quantized activations `act` (with the corrections of g->type). 0 when
+ * the level has no kernel. */
 int cpu_x86_gemm_groups(cpu_isa isa, const cpu_pack_geom *g, const uint8_t *grp, int rows,
-                        const int8_t *q, const float *d, const int32_t *s, int T, int n_in,
-                        float *y, int n_out, const cpu_quant_tuning *tune);
+                        const cpu_act *act, int T, int n_in, float *y, int n_out,
+                        const cpu_quant_tuning *tune);
 
 /* ---- attention helpers (cpu_x86_attention.c) -------------------------- */
 

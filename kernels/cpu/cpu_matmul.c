@@ -161,6 +161,7 @@ typedef struct {
     int T, n_in, n_out;
     size_t row_bytes;
     int rows_per_item;   /* output rows per parallel-for item */
+    cpu_act act;         /* quantized path: the activations and this type's corrections */
 } matmul_job;
 
 /* Row r of the job's weights in GGUF layout: in place, or unpacked into
@@ -293,14 +294,17 @@ static void block_codes(const uint8_t *row, cairn_type wtype, int b, int codes[3
 #if defined(__GNUC__) && !defined(__clang__)
 __attribute__((optimize("no-tree-vectorize")))
 #endif
-static float q8act_dot_ref(const uint8_t *row, cairn_type wtype, const int8_t *q, const float *d,
-                           const int32_t *s, int n_in)
+static float q8act_dot_ref(const uint8_t *row, cairn_type wtype, const cpu_act *act, int t,
+                           int n_in)
 {
     float acc = 0.0f;
     for (int b = 0; b < n_in / 32; b++) {
         int codes[32];
         block_codes(row, wtype, b, codes);
-        const int8_t *qb = q + 32 * (size_t)b;
+        const size_t e = cpu_act_index(act->nb, t, b);
+        const int8_t *qb = act->q + 32 * e;
+        const float da = act->d[e];
+        const int32_t sa = act->s[e];
         if (wtype == CAIRN_TYPE_Q8_0 || wtype == CAIRN_TYPE_Q4_0 || wtype == CAIRN_TYPE_Q5_0 ||
             wtype == CAIRN_TYPE_Q4_Z) {
             const size_t bs = wtype == CAIRN_TYPE_Q8_0   ? 34
@@ -318,7 +322,7 @@ static float q8act_dot_ref(const uint8_t *row, cairn_type wtype, const int8_t *q
             int32_t isum = 0;
             for (int j = 0; j < 32; j++)
                 isum += (codes[j] - zero) * qb[j];
-            acc = fmaf((float)isum, half_to_float(blk) * d[b], acc);
+            acc = fmaf((float)isum, half_to_float(blk) * da, acc);
         } else if (wtype == CAIRN_TYPE_Q6_K) {
             const uint8_t *blk = row + (size_t)(b / 8) * 210;
             const int8_t *sc = (const int8_t *)(blk + 192) + 2 * (b % 8);
@@ -328,8 +332,8 @@ static float q8act_dot_ref(const uint8_t *row, cairn_type wtype, const int8_t *q
                 hi += (codes[j + 16] - 32) * qb[j + 16];
             }
             const float dd = half_to_float(blk + 208);
-            acc = fmaf((float)lo, (dd * (float)sc[0]) * d[b], acc);
-            acc = fmaf((float)hi, (dd * (float)sc[1]) * d[b], acc);
+            acc = fmaf((float)lo, (dd * (float)sc[0]) * da, acc);
+            acc = fmaf((float)hi, (dd * (float)sc[1]) * da, acc);
         } else { /* Q4_K, Q5_K */
             const uint8_t *blk = row + (size_t)(b / 8) * (wtype == CAIRN_TYPE_Q4_K ? 144 : 176);
             uint8_t sc[8], mn[8];
@@ -338,8 +342,8 @@ static float q8act_dot_ref(const uint8_t *row, cairn_type wtype, const int8_t *q
             for (int j = 0; j < 32; j++)
                 isum += codes[j] * qb[j];
             const float dd = half_to_float(blk), dmin = half_to_float(blk + 2);
-            acc = fmaf((float)isum, (dd * (float)sc[b % 8]) * d[b], acc);
-            acc = fmaf(dmin * (float)mn[b % 8], -d[b] * (float)s[b], acc);
+            acc = fmaf((float)isum, (dd * (float)sc[b % 8]) * da, acc);
+            acc = fmaf(dmin * (float)mn[b % 8], -da * (float)sa, acc);
         }
     }
     return acc;
@@ -354,7 +358,6 @@ static void matmul_q8act_range(void *p, int64_t begin, int64_t end, int thread)
 {
     const matmul_job *job = p;
     cpu_ctx *ctx = job->ctx;
-    const int nb = job->n_in / 32;
     uint8_t *scratch = (uint8_t *)cpu_scratch_of(ctx, thread);
     for (int64_t grp = begin; grp < end;) {
         const int64_t r = grp * CPU_PACK_ROWS;
@@ -371,9 +374,8 @@ static void matmul_q8act_range(void *p, int64_t begin, int64_t end, int thread)
                                    scratch + (size_t)(i / 16) * job->geom.group_bytes);
                 group = scratch;
             }
-            if (cpu_x86_gemm_groups(ctx->isa, &job->geom, group, rows, ctx->act_q, ctx->act_d,
-                                    ctx->act_s, job->T, job->n_in, job->y + r, job->n_out,
-                                    &ctx->tune)) {
+            if (cpu_x86_gemm_groups(ctx->isa, &job->geom, group, rows, &job->act, job->T,
+                                    job->n_in, job->y + r, job->n_out, &ctx->tune)) {
                 grp += n_grp;
                 continue;
             }
@@ -382,9 +384,7 @@ static void matmul_q8act_range(void *p, int64_t begin, int64_t end, int thread)
             const uint8_t *row = gguf_row(job, r + i, scratch);
             for (int t = 0; t < job->T; t++)
                 job->y[(size_t)t * job->n_out + (size_t)(r + i)] =
-                    q8act_dot_ref(row, job->wtype, ctx->act_q + (size_t)t * job->n_in,
-                                  ctx->act_d + (size_t)t * nb, ctx->act_s + (size_t)t * nb,
-                                  job->n_in);
+                    q8act_dot_ref(row, job->wtype, &job->act, t, job->n_in);
         }
         grp += n_grp;
     }
@@ -398,43 +398,78 @@ static void quantize_act_range(void *p, int64_t begin, int64_t end, int thread)
     const int nb = job->n_in / 32;
     for (int64_t t = begin; t < end; t++) {
         const float *x = job->x + (size_t)t * job->n_in;
-        int8_t *q = ctx->act_q + (size_t)t * job->n_in;
-        float *d = ctx->act_d + (size_t)t * nb;
-        int32_t *s = ctx->act_s + (size_t)t * nb;
-        if (cpu_x86_quantize_act(ctx->isa, x, job->n_in, q, d, s))
+        const size_t e0 = cpu_act_index(nb, (int)t, 0);
+        int8_t *q = ctx->act_q + 32 * e0;
+        float *d = ctx->act_d + e0;
+        int32_t *s = ctx->act_s + e0, *s_lo = ctx->act_s_lo + e0;
+        if (cpu_x86_quantize_act(ctx->isa, x, job->n_in, q, 32 * CPU_ACT_TILE, d, s, s_lo,
+                                 CPU_ACT_TILE))
             continue;
-        for (int b = 0; b < nb; b++)
-            cpu_quantize_act_block_ref(x + 32 * b, q + 32 * b, d + b, s + b);
+        for (int b = 0; b < nb; b++) {
+            const size_t o = (size_t)b * CPU_ACT_TILE;
+            cpu_quantize_act_block_ref(x + 32 * b, q + 32 * o, d + o, s + o, s_lo + o);
+        }
     }
 }
 
-/* Grow the quantized-activation buffers to T tokens of n_in. */
+/* Room for the quantized activations of T tokens of n_in (whole tiles). */
 static int reserve_act(cpu_ctx *ctx, int T, int n_in)
 {
-    const size_t codes = (size_t)T * (size_t)n_in, blocks = codes / 32;
-    if (codes > ctx->act_q_cap) {
-        void *mem = NULL;
-        if (posix_memalign(&mem, 64, codes + 64) != 0)
-            return CAIRN_ENOMEM;
-        free(ctx->act_q);
-        ctx->act_q = mem;
-        ctx->act_q_cap = codes;
+    const size_t entries =
+        (size_t)((T + CPU_ACT_TILE - 1) / CPU_ACT_TILE) * CPU_ACT_TILE * (size_t)(n_in / 32);
+    if (entries <= ctx->act_cap)
+        return CAIRN_OK;
+    void *q = NULL;
+    if (posix_memalign(&q, 64, 32 * entries) != 0)
+        return CAIRN_ENOMEM;
+    float *d = malloc(entries * sizeof(float));
+    int32_t *s = malloc(entries * sizeof(int32_t)), *s_lo = malloc(entries * sizeof(int32_t));
+    int32_t *corr = malloc((size_t)CPU_MULTI_MAX * 3 * entries * sizeof(int32_t));
+    if (!d || !s || !s_lo || !corr) {
+        free(q), free(d), free(s), free(s_lo), free(corr);
+        return CAIRN_ENOMEM;
     }
-    if (blocks > ctx->act_b_cap) {
-        float *d = malloc(blocks * sizeof(float));
-        int32_t *s = malloc(blocks * sizeof(int32_t));
-        if (!d || !s) {
-            free(d);
-            free(s);
-            return CAIRN_ENOMEM;
-        }
-        free(ctx->act_d);
-        free(ctx->act_s);
-        ctx->act_d = d;
-        ctx->act_s = s;
-        ctx->act_b_cap = blocks;
-    }
+    free(ctx->act_q), free(ctx->act_d), free(ctx->act_s), free(ctx->act_s_lo);
+    free(ctx->act_corr);
+    ctx->act_q = q;
+    ctx->act_d = d;
+    ctx->act_s = s;
+    ctx->act_s_lo = s_lo;
+    ctx->act_corr = corr;
+    ctx->act_cap = entries;
     return CAIRN_OK;
+}
+
+/* The job's view of the quantized activations, with the corrections of
+ * its weight type in correction set `slot` (cpu_act in cpu_impl.h): a
+ * pass over the call's T x nb entries, on the calling thread. */
+static void act_bind(matmul_job *job, int slot)
+{
+    cpu_ctx *ctx = job->ctx;
+    const int nb = job->n_in / 32;
+    int32_t *zi = ctx->act_corr + (size_t)slot * 3 * ctx->act_cap;
+    int32_t *zi2 = zi + ctx->act_cap;
+    float *zf = (float *)(zi2 + ctx->act_cap);
+    job->act = (cpu_act){.q = ctx->act_q, .d = ctx->act_d, .s = ctx->act_s,
+                         .s_lo = ctx->act_s_lo, .zi = zi, .zi2 = zi2, .zf = zf, .nb = nb};
+    const cairn_type t = job->wtype;
+    const int zero = t == CAIRN_TYPE_Q4_0 ? 8 : t == CAIRN_TYPE_Q5_0 ? 16 : 128;
+    for (int tok = 0; tok < job->T; tok++) {
+        const size_t e0 = cpu_act_index(nb, tok, 0);
+        for (int b = 0; b < nb; b++) {
+            const size_t e = e0 + (size_t)b * CPU_ACT_TILE;
+            const int32_t sa = ctx->act_s[e];
+            if (t == CAIRN_TYPE_Q4_K || t == CAIRN_TYPE_Q5_K)
+                zf[e] = -ctx->act_d[e] * (float)sa;
+            else if (t == CAIRN_TYPE_Q6_K) {
+                zi[e] = -32 * ctx->act_s_lo[e];
+                zi2[e] = -32 * (sa - ctx->act_s_lo[e]);
+            } else if (t == CAIRN_TYPE_Q4_Z)
+                zi[e] = sa;
+            else
+                zi[e] = -zero * sa;
+        }
+    }
 }
 
 /* Check one matmul's arguments and fill *job (GGUF type, packed flag, the
@@ -468,7 +503,7 @@ static int job_init(matmul_job *job, cpu_ctx *ctx, float *y, const void *W, cair
 /* The quantized path's preparation, shared by the parts of a multi call:
  * the activations quantized once, and scratch for two groups or a row of
  * the widest part. */
-static int q8act_prepare(cpu_ctx *ctx, const matmul_job *jobs, int n)
+static int q8act_prepare(cpu_ctx *ctx, matmul_job *jobs, int n)
 {
     const matmul_job *job = &jobs[0];
     int rc;
@@ -485,6 +520,8 @@ static int q8act_prepare(cpu_ctx *ctx, const matmul_job *jobs, int n)
         return rc;
     cpu_pool_parallel_for(ctx->pool, job->T, 1 + CPU_MIN_CHUNK_WORK / job->n_in,
                           quantize_act_range, (void *)job);
+    for (int i = 0; i < n; i++)
+        act_bind(&jobs[i], i);
     return CAIRN_OK;
 }
 
@@ -533,8 +570,6 @@ int cpu_matmul(cairn_backend *be, float *y, const void *W, cairn_type wtype, con
 }
 
 /* ---- matmul_multi ------------------------------------------------------- */
-
-#define CPU_MULTI_MAX 4
 
 typedef struct {
     matmul_job jobs[CPU_MULTI_MAX];

@@ -68,7 +68,7 @@ cpu_isa cpu_isa_detect(void)
     return best;
 }
 
-void cpu_quantize_act_block_ref(const float *x, int8_t *q, float *d, int32_t *sum)
+void cpu_quantize_act_block_ref(const float *x, int8_t *q, float *d, int32_t *sum, int32_t *sum_lo)
 {
     float amax = 0.0f;
     for (int i = 0; i < 32; i++)
@@ -81,6 +81,8 @@ void cpu_quantize_act_block_ref(const float *x, int8_t *q, float *d, int32_t *su
         const int v = (int)nearbyintf(x[i] * inv);
         q[i] = (int8_t)v;
         s += v;
+        if (i == 15)
+            *sum_lo = s;
     }
     *d = scale;
     *sum = s;
@@ -90,7 +92,8 @@ void cpu_quantize_act_block_ref(const float *x, int8_t *q, float *d, int32_t *su
 
 /* ---- activation quantization ------------------------------------------- */
 
-T512 static void quantize_act_512(const float *x, int n, int8_t *q, float *d, int32_t *s)
+T512 static void quantize_act_512(const float *x, int n, int8_t *q, size_t q_stride, float *d,
+                                  int32_t *s, int32_t *s_lo, size_t stride)
 {
     for (int b = 0; b < n / 32; b++) {
         __m512 x0 = _mm512_loadu_ps(x + 32 * b);
@@ -102,17 +105,21 @@ T512 static void quantize_act_512(const float *x, int n, int8_t *q, float *d, in
         const __m512 vinv = _mm512_set1_ps(inv);
         __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, vinv));
         __m512i i1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, vinv));
-        _mm_storeu_si128((__m128i *)(q + 32 * b), _mm512_cvtepi32_epi8(i0));
-        _mm_storeu_si128((__m128i *)(q + 32 * b + 16), _mm512_cvtepi32_epi8(i1));
-        d[b] = scale;
-        s[b] = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+        int8_t *qb = q + (size_t)b * q_stride;
+        _mm_storeu_si128((__m128i *)qb, _mm512_cvtepi32_epi8(i0));
+        _mm_storeu_si128((__m128i *)(qb + 16), _mm512_cvtepi32_epi8(i1));
+        const int32_t lo = _mm512_reduce_add_epi32(i0);
+        d[(size_t)b * stride] = scale;
+        s_lo[(size_t)b * stride] = lo;
+        s[(size_t)b * stride] = lo + _mm512_reduce_add_epi32(i1);
     }
 }
 
-int cpu_x86_quantize_act(cpu_isa isa, const float *x, int n, int8_t *q, float *d, int32_t *s)
+int cpu_x86_quantize_act(cpu_isa isa, const float *x, int n, int8_t *q, size_t q_stride,
+                         float *d, int32_t *s, int32_t *s_lo, size_t stride)
 {
     if (isa >= CPU_ISA_AVX512) {
-        quantize_act_512(x, n, q, d, s);
+        quantize_act_512(x, n, q, q_stride, d, s, s_lo, stride);
         return 1;
     }
     return 0;
@@ -120,9 +127,11 @@ int cpu_x86_quantize_act(cpu_isa isa, const float *x, int n, int8_t *q, float *d
 
 #else /* not x86-64: the scalar reference kernels do everything */
 
-int cpu_x86_quantize_act(cpu_isa isa, const float *x, int n, int8_t *q, float *d, int32_t *s)
+int cpu_x86_quantize_act(cpu_isa isa, const float *x, int n, int8_t *q, size_t q_stride,
+                         float *d, int32_t *s, int32_t *s_lo, size_t stride)
 {
-    (void)isa, (void)x, (void)n, (void)q, (void)d, (void)s;
+    (void)isa, (void)x, (void)n, (void)q, (void)q_stride, (void)d, (void)s, (void)s_lo;
+    (void)stride;
     return 0;
 }
 #endif

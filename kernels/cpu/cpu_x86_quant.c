@@ -36,11 +36,6 @@
 
 #if CPU_X86_KERNELS
 
-/* Zero points of the unsigned codes (the packed Q8_0 codes are c + 128). */
-#define Q4_ZERO 8
-#define Q5_ZERO 16
-#define Q8_ZERO 128
-
 /* Tokens per pass over a group: as many accumulators as the registers
  * hold beside the 8 code vectors. */
 #define TILE_512 8
@@ -52,22 +47,13 @@ static inline int is_kquant(cairn_type t)
     return t == CAIRN_TYPE_Q4_K || t == CAIRN_TYPE_Q5_K || t == CAIRN_TYPE_Q6_K;
 }
 
-/* Sum of activation codes 0..15 of a block (Q6_K's first half). */
-static inline int32_t sum16(const int8_t *q)
-{
-    int32_t s = 0;
-    for (int i = 0; i < 16; i++)
-        s += q[i];
-    return s;
-}
-
 /* ---- AVX-512 ---------------------------------------------------------------- */
 
 /* The 8 code vectors of block b of a group, unsigned: w[k] holds codes
  * 4k..4k+3 of the block for the 16 rows (k < 4 the low nibbles of the
  * nibble types, k >= 4 their high nibbles, i.e. codes 16 + 4(k - 4)...). */
 INLINE T512 void codes_512(const cpu_pack_geom *g, const uint8_t *grp, cairn_type t, int b,
-                           const int j, __m512i w[8])
+                           const int j, const int hi16, __m512i w[8])
 {
     const __m512i low4 = _mm512_set1_epi8(0x0f);
     if (t == CAIRN_TYPE_Q8_0) {
@@ -83,11 +69,13 @@ INLINE T512 void codes_512(const cpu_pack_geom *g, const uint8_t *grp, cairn_typ
         for (int k = 0; k < 4; k++) {
             const __m512i v = _mm512_load_si512(m + 64 * k);
             w[k] = _mm512_and_si512(v, low4);
-            /* Q4_0, Q4_Z: the high nibbles stay in place, 16 times their
-             * code (one AND instead of a shift and an AND); the caller
-             * divides their exact sum by 16 */
-            w[k + 4] = t == CAIRN_TYPE_Q5_0 ? _mm512_and_si512(_mm512_srli_epi16(v, 4), low4)
-                                             : _mm512_xor_si512(v, w[k]);
+            /* Q4_0, Q4_Z with hi16: the high nibbles stay in place, 16
+             * times their code (one XOR instead of a shift and an AND),
+             * and the caller divides their exact sum by 16 per token:
+             * worth it for one or two tokens */
+            w[k + 4] = t != CAIRN_TYPE_Q5_0 && hi16
+                           ? _mm512_xor_si512(v, w[k])
+                           : _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
         }
         if (t == CAIRN_TYPE_Q5_0) {
             const __m512i bit4 = _mm512_set1_epi8(0x10);
@@ -123,13 +111,13 @@ INLINE T512 void codes_512(const cpu_pack_geom *g, const uint8_t *grp, cairn_typ
         return;
     }
     /* Q4_K, Q5_K: pair j/2 of the 128 code bytes, low nibbles for even j;
-     * Q4_K's odd blocks keep their high nibbles in place (16 times the
-     * code, hi16_block; the caller divides the exact sum by 16) */
+     * with hi16, Q4_K's odd blocks keep their high nibbles in place (16
+     * times the code; the caller divides the exact sum by 16) */
 #pragma GCC unroll 8
     for (int k = 0; k < 8; k++) {
         const __m512i v = _mm512_load_si512(m + 512 * (j / 2) + 64 * k);
         w[k] = !(j & 1)                ? _mm512_and_si512(v, low4)
-             : t == CAIRN_TYPE_Q4_K ? _mm512_andnot_si512(low4, v)
+             : t == CAIRN_TYPE_Q4_K && hi16 ? _mm512_andnot_si512(low4, v)
                                     : _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
         if (t == CAIRN_TYPE_Q5_K) {
             /* bit j of qh's byte to bit 4 */
@@ -214,11 +202,19 @@ INLINE T512 void scales_512(const cpu_pack_geom *g, const uint8_t *grp, cairn_ty
  * (lanes outside m[p] not stored). Two groups share every activation
  * broadcast, which halves the loads per weight byte of a lone token. */
 INLINE T512 void group_512(const cpu_pack_geom *g, const uint8_t *grp, cairn_type t,
-                           const int8_t *q, const float *d, const int32_t *s, int n_in, const int P,
-                           const int C, float *y, int n_out, __mmask16 m0, __mmask16 m1, int pf)
+                           const cpu_act *act, int t0, int n_in, const int P, const int C, float *y,
+                           int n_out, __mmask16 m0, __mmask16 m1, int pf)
 {
     const int nb = n_in / 32;
-    const int zero = t == CAIRN_TYPE_Q4_0 ? Q4_ZERO : t == CAIRN_TYPE_Q5_0 ? Q5_ZERO : Q8_ZERO;
+    /* entry (token t0 + c, block b) of the activations is base + 8 b + c */
+    const size_t base = cpu_act_index(nb, t0, 0);
+    const int8_t *qt = act->q + 32 * base;
+    const float *dt = act->d + base, *zft = act->zf + base;
+    const int32_t *zit = act->zi + base, *zi2t = act->zi2 + base;
+    /* one or two tokens: high nibbles at 16 times their value (codes_512),
+     * and two dpbusd chains per block so a lone token is not one long
+     * dependency (more tokens hide the latency; the sums are the same) */
+    const int hi16 = C <= 2, split = C == 1;
     /* bytes of the group stream per block, for the prefetch */
     const size_t step = g->main_bytes / (size_t)(is_kquant(t) ? 8 : 1);
     __m512 facc[2][TILE_512];
@@ -245,28 +241,26 @@ INLINE T512 void group_512(const cpu_pack_geom *g, const uint8_t *grp, cairn_typ
                 for (size_t off = 0; off < step; off += 64)
                     _mm_prefetch(ahead + off, _MM_HINT_T1);
             }
-            codes_512(g, gp, t, b, b - b0, w[p]);
+            codes_512(g, gp, t, b, b - b0, hi16, w[p]);
             B[p] = _mm512_setzero_ps();
             nz[p] = _mm512_setzero_si512();
             scales_512(g, gp, t, b, b - b0, &st[p], &A[p], &B[p], &nz[p]);
         }
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) {
-            const int8_t *qb = q + (size_t)c * n_in + 32 * (size_t)b;
-            const float da = d[(size_t)c * nb + b];
-            const int32_t sa = s[(size_t)c * nb + b];
-            const __m512 vda = _mm512_set1_ps(da);
+            const size_t e = 8 * (size_t)b + (size_t)c;
+            const int8_t *qb = qt + 32 * e;
+            const __m512 vda = _mm512_set1_ps(dt[e]);
             __m512i a4[8];
 #pragma GCC unroll 8
             for (int k = 0; k < 8; k++)
                 a4[k] = _mm512_broadcastd_epi32(_mm_loadu_si32(qb + 4 * k));
             if (t == CAIRN_TYPE_Q6_K) {
                 /* two 16-code halves with their own scales; zero 32 */
-                const int32_t lo_sum = sum16(qb);
 #pragma GCC unroll 2
                 for (int p = 0; p < P; p++) {
-                    __m512i lo = _mm512_set1_epi32(-32 * lo_sum);
-                    __m512i hi = _mm512_set1_epi32(-32 * (sa - lo_sum));
+                    __m512i lo = _mm512_set1_epi32(zit[e]);
+                    __m512i hi = _mm512_set1_epi32(zi2t[e]);
 #pragma GCC unroll 4
                     for (int k = 0; k < 4; k++) {
                         lo = _mm512_dpbusd_epi32(lo, w[p][k], a4[k]);
@@ -285,25 +279,34 @@ INLINE T512 void group_512(const cpu_pack_geom *g, const uint8_t *grp, cairn_typ
                  * dependency; the integer sum is the same */
                 __m512i i0, i1 = _mm512_setzero_si512();
                 if (t == CAIRN_TYPE_Q4_Z)
-                    i0 = _mm512_mullo_epi32(nz[p], _mm512_set1_epi32(sa));
+                    i0 = _mm512_mullo_epi32(nz[p], _mm512_set1_epi32(zit[e]));
                 else if (is_kquant(t))
                     i0 = _mm512_setzero_si512();
                 else
-                    i0 = _mm512_set1_epi32(-zero * sa);
+                    i0 = _mm512_set1_epi32(zit[e]);
+                const int lo_hi = hi16 && (t == CAIRN_TYPE_Q4_0 || t == CAIRN_TYPE_Q4_Z);
+                __m512i isum_i;
+                if (split || lo_hi) {
 #pragma GCC unroll 4
-                for (int k = 0; k < 4; k++) {
-                    i0 = _mm512_dpbusd_epi32(i0, w[p][k], a4[k]);
-                    i1 = _mm512_dpbusd_epi32(i1, w[p][k + 4], a4[k + 4]);
+                    for (int k = 0; k < 4; k++) {
+                        i0 = _mm512_dpbusd_epi32(i0, w[p][k], a4[k]);
+                        i1 = _mm512_dpbusd_epi32(i1, w[p][k + 4], a4[k + 4]);
+                    }
+                    if (lo_hi) /* 16 x the high nibbles' sum */
+                        i1 = _mm512_srai_epi32(i1, 4);
+                    isum_i = _mm512_add_epi32(i0, i1);
+                } else {
+#pragma GCC unroll 8
+                    for (int k = 0; k < 8; k++)
+                        i0 = _mm512_dpbusd_epi32(i0, w[p][k], a4[k]);
+                    isum_i = i0;
                 }
-                if (t == CAIRN_TYPE_Q4_0 || t == CAIRN_TYPE_Q4_Z) /* 16 x the high nibbles' sum */
-                    i1 = _mm512_srai_epi32(i1, 4);
-                __m512i isum_i = _mm512_add_epi32(i0, i1);
-                if (t == CAIRN_TYPE_Q4_K && ((b - b0) & 1)) /* 16 x the block's sum */
+                if (t == CAIRN_TYPE_Q4_K && hi16 && ((b - b0) & 1)) /* 16 x the block's sum */
                     isum_i = _mm512_srai_epi32(isum_i, 4);
                 const __m512 isum = _mm512_cvtepi32_ps(isum_i);
                 facc[p][c] = _mm512_fmadd_ps(isum, _mm512_mul_ps(A[p], vda), facc[p][c]);
                 if (t == CAIRN_TYPE_Q4_K || t == CAIRN_TYPE_Q5_K)
-                    facc[p][c] = _mm512_fmadd_ps(B[p], _mm512_set1_ps(-da * (float)sa), facc[p][c]);
+                    facc[p][c] = _mm512_fmadd_ps(B[p], _mm512_set1_ps(zft[e]), facc[p][c]);
             }
         }
     }
@@ -319,23 +322,22 @@ INLINE T512 void group_512(const cpu_pack_geom *g, const uint8_t *grp, cairn_typ
  * time; P = 2 with up to 4 tokens, P = 1 with up to 8. */
 #define GROUP_512_TYPED(NAME, TYPE)                                                                \
     static __attribute__((noinline)) T512 void NAME(                                               \
-        const cpu_pack_geom *g, const uint8_t *grp, const int8_t *q, const float *d,               \
-        const int32_t *s, int n_in, int P, int C, float *y, int n_out, __mmask16 m0,               \
-        __mmask16 m1, int pf)                                                                      \
+        const cpu_pack_geom *g, const uint8_t *grp, const cpu_act *act, int t0, int n_in, int P,   \
+        int C, float *y, int n_out, __mmask16 m0, __mmask16 m1, int pf)                            \
     {                                                                                              \
         switch (P * 16 + C) {                                                                      \
-        case 16 + 1: group_512(g, grp, TYPE, q, d, s, n_in, 1, 1, y, n_out, m0, m1, pf); break;    \
-        case 16 + 2: group_512(g, grp, TYPE, q, d, s, n_in, 1, 2, y, n_out, m0, m1, pf); break;    \
-        case 16 + 3: group_512(g, grp, TYPE, q, d, s, n_in, 1, 3, y, n_out, m0, m1, pf); break;    \
-        case 16 + 4: group_512(g, grp, TYPE, q, d, s, n_in, 1, 4, y, n_out, m0, m1, pf); break;    \
-        case 16 + 5: group_512(g, grp, TYPE, q, d, s, n_in, 1, 5, y, n_out, m0, m1, pf); break;    \
-        case 16 + 6: group_512(g, grp, TYPE, q, d, s, n_in, 1, 6, y, n_out, m0, m1, pf); break;    \
-        case 16 + 7: group_512(g, grp, TYPE, q, d, s, n_in, 1, 7, y, n_out, m0, m1, pf); break;    \
-        case 16 + 8: group_512(g, grp, TYPE, q, d, s, n_in, 1, 8, y, n_out, m0, m1, pf); break;    \
-        case 32 + 1: group_512(g, grp, TYPE, q, d, s, n_in, 2, 1, y, n_out, m0, m1, pf); break;    \
-        case 32 + 2: group_512(g, grp, TYPE, q, d, s, n_in, 2, 2, y, n_out, m0, m1, pf); break;    \
-        case 32 + 3: group_512(g, grp, TYPE, q, d, s, n_in, 2, 3, y, n_out, m0, m1, pf); break;    \
-        default: group_512(g, grp, TYPE, q, d, s, n_in, 2, 4, y, n_out, m0, m1, pf); break;        \
+        case 16 + 1: group_512(g, grp, TYPE, act, t0, n_in, 1, 1, y, n_out, m0, m1, pf); break;    \
+        case 16 + 2: group_512(g, grp, TYPE, act, t0, n_in, 1, 2, y, n_out, m0, m1, pf); break;    \
+        case 16 + 3: group_512(g, grp, TYPE, act, t0, n_in, 1, 3, y, n_out, m0, m1, pf); break;    \
+        case 16 + 4: group_512(g, grp, TYPE, act, t0, n_in, 1, 4, y, n_out, m0, m1, pf); break;    \
+        case 16 + 5: group_512(g, grp, TYPE, act, t0, n_in, 1, 5, y, n_out, m0, m1, pf); break;    \
+        case 16 + 6: group_512(g, grp, TYPE, act, t0, n_in, 1, 6, y, n_out, m0, m1, pf); break;    \
+        case 16 + 7: group_512(g, grp, TYPE, act, t0, n_in, 1, 7, y, n_out, m0, m1, pf); break;    \
+        case 16 + 8: group_512(g, grp, TYPE, act, t0, n_in, 1, 8, y, n_out, m0, m1, pf); break;    \
+        case 32 + 1: group_512(g, grp, TYPE, act, t0, n_in, 2, 1, y, n_out, m0, m1, pf); break;    \
+        case 32 + 2: group_512(g, grp, TYPE, act, t0, n_in, 2, 2, y, n_out, m0, m1, pf); break;    \
+        case 32 + 3: group_512(g, grp, TYPE, act, t0, n_in, 2, 3, y, n_out, m0, m1, pf); break;    \
+        default: group_512(g, grp, TYPE, act, t0, n_in, 2, 4, y, n_out, m0, m1, pf); break;        \
         }                                                                                          \
     }
 GROUP_512_TYPED(group_512_q8_0, CAIRN_TYPE_Q8_0)
@@ -481,11 +483,14 @@ INLINE T256 __m256 byte_lane_256(const __m256i v[2], int j)
 /* group_512 for rows 8h..8h+7 and C <= TILE_256 tokens; `rows` of the 8
  * are stored. */
 INLINE T256 void group_256(const cpu_pack_geom *g, const uint8_t *grp, cairn_type t, int h,
-                           const int8_t *q, const float *d, const int32_t *s, int n_in, const int C,
-                           float *y, int n_out, int rows)
+                           const cpu_act *act, int t0, int n_in, const int C, float *y, int n_out,
+                           int rows)
 {
     const int nb = n_in / 32;
-    const int zero = t == CAIRN_TYPE_Q4_0 ? Q4_ZERO : t == CAIRN_TYPE_Q5_0 ? Q5_ZERO : 0;
+    const size_t base = cpu_act_index(nb, t0, 0); /* as in group_512 */
+    const int8_t *qt = act->q + 32 * base;
+    const float *dt = act->d + base, *zft = act->zf + base;
+    const int32_t *zit = act->zi + base, *zi2t = act->zi2 + base;
     /* int16 run lengths (see above) */
     const int run = t == CAIRN_TYPE_Q8_0                             ? 1
                   : t == CAIRN_TYPE_Q6_K                             ? 2
@@ -542,28 +547,27 @@ INLINE T256 void group_256(const cpu_pack_geom *g, const uint8_t *grp, cairn_typ
         }
 #pragma GCC unroll 4
         for (int c = 0; c < C; c++) {
-            const int8_t *qb = q + (size_t)c * n_in + 32 * (size_t)b;
-            const float da = d[(size_t)c * nb + b];
-            const int32_t sa = s[(size_t)c * nb + b];
-            const __m256 vda = _mm256_set1_ps(da);
+            const size_t e = 8 * (size_t)b + (size_t)c;
+            const int8_t *qb = qt + 32 * e;
+            const __m256 vda = _mm256_set1_ps(dt[e]);
             if (t == CAIRN_TYPE_Q6_K) {
-                const int32_t lo_sum = sum16(qb);
-                const __m256i lo = _mm256_add_epi32(_mm256_set1_epi32(-32 * lo_sum),
+                const __m256i lo = _mm256_add_epi32(_mm256_set1_epi32(zit[e]),
                                                     dot_256(w, qb, 0, 4, run, 0));
-                const __m256i hi = _mm256_add_epi32(_mm256_set1_epi32(-32 * (sa - lo_sum)),
+                const __m256i hi = _mm256_add_epi32(_mm256_set1_epi32(zi2t[e]),
                                                     dot_256(w, qb, 4, 8, run, 0));
                 facc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(A, vda), facc[c]);
                 facc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(B, vda), facc[c]);
                 continue;
             }
+            /* Q8_0's codes are signed here: no zero point to take out */
             __m256i isum = dot_256(w, qb, 0, 8, run, t == CAIRN_TYPE_Q8_0);
             if (t == CAIRN_TYPE_Q4_Z)
-                isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(nz, _mm256_set1_epi32(sa)));
-            else if (zero)
-                isum = _mm256_add_epi32(isum, _mm256_set1_epi32(-zero * sa));
+                isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(nz, _mm256_set1_epi32(zit[e])));
+            else if (t == CAIRN_TYPE_Q4_0 || t == CAIRN_TYPE_Q5_0)
+                isum = _mm256_add_epi32(isum, _mm256_set1_epi32(zit[e]));
             facc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(A, vda), facc[c]);
             if (t == CAIRN_TYPE_Q4_K || t == CAIRN_TYPE_Q5_K)
-                facc[c] = _mm256_fmadd_ps(B, _mm256_set1_ps(-da * (float)sa), facc[c]);
+                facc[c] = _mm256_fmadd_ps(B, _mm256_set1_ps(zft[e]), facc[c]);
         }
     }
     const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -580,16 +584,15 @@ INLINE T256 void group_256(const cpu_pack_geom *g, const uint8_t *grp, cairn_typ
     case 3: FN(__VA_ARGS__, TYPE, 3); break;                                                       \
     default: FN(__VA_ARGS__, TYPE, 4); break;                                                      \
     }
-#define CALL_256(g, grp, h, q, d, s, n_in, y, n_out, rows, TYPE, C)                                \
-    group_256(g, grp, TYPE, h, q, d, s, n_in, C, y, n_out, rows)
+#define CALL_256(g, grp, h, act, t0, n_in, y, n_out, rows, TYPE, C)                               \
+    group_256(g, grp, TYPE, h, act, t0, n_in, C, y, n_out, rows)
 
 #define GROUP_256_TYPED(NAME, TYPE)                                                                \
     static __attribute__((noinline)) T256 void NAME(const cpu_pack_geom *g, const uint8_t *grp,   \
-                                                    int h, const int8_t *q, const float *d,        \
-                                                    const int32_t *s, int n_in, int C, float *y,   \
-                                                    int n_out, int rows)                           \
+                                                    int h, const cpu_act *act, int t0, int n_in,   \
+                                                    int C, float *y, int n_out, int rows)          \
     {                                                                                              \
-        GROUP_CASES4(CALL_256, TYPE, C, g, grp, h, q, d, s, n_in, y, n_out, rows)                  \
+        GROUP_CASES4(CALL_256, TYPE, C, g, grp, h, act, t0, n_in, y, n_out, rows)                  \
     }
 GROUP_256_TYPED(group_256_q8_0, CAIRN_TYPE_Q8_0)
 GROUP_256_TYPED(group_256_q4_0, CAIRN_TYPE_Q4_0)
@@ -601,12 +604,11 @@ GROUP_256_TYPED(group_256_q6_k, CAIRN_TYPE_Q6_K)
 
 /* ---- dispatch ------------------------------------------------------------------ */
 
-typedef void (*group512_fn)(const cpu_pack_geom *g, const uint8_t *grp, const int8_t *q,
-                            const float *d, const int32_t *s, int n_in, int P, int C, float *y,
-                            int n_out, __mmask16 m0, __mmask16 m1, int pf);
-typedef void (*group256_fn)(const cpu_pack_geom *g, const uint8_t *grp, int h, const int8_t *q,
-                            const float *d, const int32_t *s, int n_in, int C, float *y, int n_out,
-                            int rows);
+typedef void (*group512_fn)(const cpu_pack_geom *g, const uint8_t *grp, const cpu_act *act,
+                            int t0, int n_in, int P, int C, float *y, int n_out, __mmask16 m0,
+                            __mmask16 m1, int pf);
+typedef void (*group256_fn)(const cpu_pack_geom *g, const uint8_t *grp, int h, const cpu_act *act,
+                            int t0, int n_in, int C, float *y, int n_out, int rows);
 
 static __mmask16 lane_mask(int rows)
 {
@@ -614,10 +616,9 @@ static __mmask16 lane_mask(int rows)
 }
 
 int cpu_x86_gemm_groups(cpu_isa isa, const cpu_pack_geom *g, const uint8_t *grp, int rows,
-                        const int8_t *q, const float *d, const int32_t *s, int T, int n_in,
-                        float *y, int n_out, const cpu_quant_tuning *tune)
+                        const cpu_act *act, int T, int n_in, float *y, int n_out,
+                        const cpu_quant_tuning *tune)
 {
-    const int nb = n_in / 32;
     const cairn_type t = g->type;
     if (isa >= CPU_ISA_AVX512) {
         const group512_fn fn = t == CAIRN_TYPE_Q8_0   ? group_512_q8_0
@@ -636,8 +637,7 @@ int cpu_x86_gemm_groups(cpu_isa isa, const cpu_pack_geom *g, const uint8_t *grp,
             for (int h = 0; h < 2 && 16 * h < left; h += P) {
                 for (int t0 = 0; t0 < T; t0 += tile) {
                     const int C = T - t0 < tile ? T - t0 : tile;
-                    fn(g, gp + (size_t)h * g->group_bytes, q + (size_t)t0 * n_in,
-                       d + (size_t)t0 * nb, s + (size_t)t0 * nb, n_in, P, C,
+                    fn(g, gp + (size_t)h * g->group_bytes, act, t0, n_in, P, C,
                        y + (size_t)t0 * n_out + r + 16 * h, n_out, lane_mask(left - 16 * h),
                        lane_mask(left - 16 * h - 16), tune->prefetch);
                 }
@@ -659,8 +659,8 @@ int cpu_x86_gemm_groups(cpu_isa isa, const cpu_pack_geom *g, const uint8_t *grp,
             for (int h = 0; h < 2 && 8 * h < left; h++)
                 for (int t0 = 0; t0 < T; t0 += TILE_256) {
                     const int C = T - t0 < TILE_256 ? T - t0 : TILE_256;
-                    fn(g, gp, h, q + (size_t)t0 * n_in, d + (size_t)t0 * nb, s + (size_t)t0 * nb,
-                       n_in, C, y + (size_t)t0 * n_out + r + 8 * h, n_out, left - 8 * h);
+                    fn(g, gp, h, act, t0, n_in, C, y + (size_t)t0 * n_out + r + 8 * h, n_out,
+                       left - 8 * h);
                 }
         }
         return 1;
@@ -671,11 +671,11 @@ int cpu_x86_gemm_groups(cpu_isa isa, const cpu_pack_geom *g, const uint8_t *grp,
 #else /* not x86-64 */
 
 int cpu_x86_gemm_groups(cpu_isa isa, const cpu_pack_geom *g, const uint8_t *grp, int rows,
-                        const int8_t *q, const float *d, const int32_t *s, int T, int n_in,
-                        float *y, int n_out, const cpu_quant_tuning *tune)
+                        const cpu_act *act, int T, int n_in, float *y, int n_out,
+                        const cpu_quant_tuning *tune)
 {
-    (void)isa, (void)g, (void)grp, (void)rows, (void)q, (void)d, (void)s, (void)T, (void)n_in;
-    (void)y, (void)n_out, (void)tune;
+    (void)isa, (void)g, (void)grp, (void)rows, (void)act, (void)T, (void)n_in, (void)y;
+    (void)n_out, (void)tune;
     return 0;
 }
 
