@@ -47,6 +47,10 @@ static const char help[] =
     "  -d, --depth N            tokens of context in the KV cache before each test, like\n"
     "                           llama-bench's -d (default 0); filled once, untimed (pp and\n"
     "                           tg only, not the --spec comparison)\n"
+    "      --rows LIST          the cost of one forward of T rows (each with its logits, as\n"
+    "                           speculative verification and batched decode compute them)\n"
+    "                           for each T of a comma-separated list (1..64), in one-row\n"
+    "                           steps: its time over the time of a forward of one row\n"
     "      --no-bandwidth       skip measuring the read bandwidth (about a second)\n"
     "      --json               print one JSON line instead of a table\n"
     "  tg is also given as bytes read per token (weights + KV at the tg run's mean context),\n"
@@ -248,7 +252,11 @@ static int measure_read_bandwidth(int threads, double *bytes_per_s, size_t *buff
 
 /* ---- options -------------------------------------------------------------- */
 
-enum { OPT_JSON = 4000, OPT_TEXT, OPT_NO_BANDWIDTH };
+enum { OPT_JSON = 4000, OPT_TEXT, OPT_NO_BANDWIDTH, OPT_ROWS };
+
+/* Most entries of --rows, and the largest. */
+#define ROWS_MAX 16
+#define ROWS_LIMIT 64
 
 typedef struct {
     cli_model_opts model;
@@ -257,7 +265,35 @@ typedef struct {
     int depth; /* tokens of context before each pp / tg test */
     bool json, no_bandwidth;
     const char *text; /* the --draft comparison's prompt */
+    int rows[ROWS_MAX + 1]; /* --rows, with 1 added first when not given */
+    int n_rows;
 } bench_opts;
+
+/* --rows "1,2,4,8": 1 with o->rows set (1 first, once), -1 after saying
+ * what is wrong. */
+static int parse_rows_opt(bench_opts *o, const char *arg)
+{
+    o->n_rows = 0;
+    o->rows[o->n_rows++] = 1;
+    for (const char *p = arg; *p;) {
+        char *end;
+        const long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > ROWS_LIMIT || (*end && *end != ',')) {
+            fprintf(stderr, "cairn bench: --rows wants counts from 1 to %d separated by commas, "
+                            "not '%s'\n", ROWS_LIMIT, arg);
+            return -1;
+        }
+        if (v != 1) {
+            if (o->n_rows > ROWS_MAX) {
+                fprintf(stderr, "cairn bench: --rows takes at most %d counts\n", ROWS_MAX);
+                return -1;
+            }
+            o->rows[o->n_rows++] = (int)v;
+        }
+        p = *end ? end + 1 : end;
+    }
+    return 1;
+}
 
 /* -p, -n, -r and -d: 1 with the count set, -1 after saying what it needs. */
 static int parse_count_opt(int opt, const char *arg, int *out)
@@ -284,6 +320,7 @@ static int parse_bench_opt(bench_opts *o, int opt, const char *arg)
     case OPT_JSON: o->json = true; return 1;
     case OPT_NO_BANDWIDTH: o->no_bandwidth = true; return 1;
     case OPT_TEXT: o->text = arg; return 1;
+    case OPT_ROWS: return parse_rows_opt(o, arg);
     default: return 0;
     }
 }
@@ -300,6 +337,7 @@ static int parse_bench_opts(bench_opts *o, int argc, char **argv)
         {"no-bandwidth", no_argument, 0, OPT_NO_BANDWIDTH},
         {"json", no_argument, 0, OPT_JSON},
         {"text", required_argument, 0, OPT_TEXT},
+        {"rows", required_argument, 0, OPT_ROWS},
         {"help", no_argument, 0, 'h'},
         CLI_DRAFT_LONGOPTS,
         {0, 0, 0, 0},
@@ -335,10 +373,13 @@ static int prepare_bench(bench_opts *o)
 {
     cli_model_opts *mo = &o->model;
     const int n_prompt = o->n_prompt, n_gen = o->n_gen;
-    if (n_prompt == 0 && n_gen == 0) {
+    if (n_prompt == 0 && n_gen == 0 && o->n_rows == 0) {
         fprintf(stderr, "cairn bench: nothing to do (-p 0 and -n 0)\n");
         return 2;
     }
+    int max_rows = 0;
+    for (int i = 0; i < o->n_rows; i++)
+        max_rows = o->rows[i] > max_rows ? o->rows[i] : max_rows;
     /* Like llama-bench's default micro-batch: a 512-token prompt is one call. */
     if (!mo->batch_given)
         mo->batch = n_prompt > 0 && n_prompt < 512 ? n_prompt : 512;
@@ -347,6 +388,10 @@ static int prepare_bench(bench_opts *o)
         need_ctx = need_ctx > n_gen + 512 ? need_ctx : n_gen + 512;
     if (cli_draft_opts_active(&o->draft) && mo->batch < o->draft.params.n_draft + 1)
         mo->batch = o->draft.params.n_draft + 1;
+    if (need_ctx < o->depth + max_rows)
+        need_ctx = o->depth + max_rows;
+    if (mo->batch < max_rows)
+        mo->batch = max_rows;
     if (mo->n_ctx < need_ctx)
         mo->n_ctx = need_ctx;
     if (o->json)
@@ -364,8 +409,10 @@ typedef struct {
      * the K/V rows of every layer at the tg run's mean context */
     double weight_bytes, kv_bytes, mean_ctx;
     double load_s;        /* opening the model: read, repack, upload */
+    double rows_s[ROWS_MAX + 1]; /* --rows: seconds per forward of o->rows[i] rows */
     double read_bw;       /* bytes/s; 0 = not measured */
     size_t read_bw_bytes; /* the probe's buffer */
+    char kernels[256];    /* the CPU backend's kernels, or "" */
 } bench_results;
 
 /* The buffers every test shares: random token ids (the depth's context,
@@ -387,9 +434,13 @@ static int bench_buffers_alloc(bench_buffers *b, const cli_runtime *rt, const be
 {
     const int n_vocab = cairn_model_hparams(rt->model)->n_vocab;
     int n_tok = o->depth + (o->n_prompt > o->n_gen ? o->n_prompt : o->n_gen);
+    for (int i = 0; i < o->n_rows; i++)
+        n_tok = o->depth + o->rows[i] > n_tok ? o->depth + o->rows[i] : n_tok;
     b->tokens = malloc((size_t)n_tok * sizeof *b->tokens);
     b->logits = malloc((size_t)n_vocab * sizeof *b->logits);
     b->rates = malloc((size_t)o->reps * sizeof *b->rates);
+    if (o->n_rows > 0 && o->reps < 1)
+        return CAIRN_EINVAL;
     if (!b->tokens || !b->logits || !b->rates)
         return CAIRN_ENOMEM;
     uint64_t state = 0x9e3779b97f4a7c15ull;
@@ -428,6 +479,34 @@ static int bench_pp_tg(cli_runtime *rt, const bench_opts *o, bench_buffers *b, b
         if (rc == CAIRN_OK)
             res->tg = stats_of(b->rates, o->reps);
     }
+    return rc;
+}
+
+/* --rows: one forward of T rows with every row's logits at KV indices D..,
+ * an untimed warm-up and then the mean of the repetitions, for each T. */
+static int bench_rows(cli_runtime *rt, const bench_opts *o, const bench_buffers *b,
+                      bench_results *res)
+{
+    const int n_vocab = cairn_model_hparams(rt->model)->n_vocab;
+    int max_rows = 0;
+    for (int i = 0; i < o->n_rows; i++)
+        max_rows = o->rows[i] > max_rows ? o->rows[i] : max_rows;
+    float *logits = malloc((size_t)max_rows * (size_t)n_vocab * sizeof *logits);
+    int rc = logits ? CAIRN_OK : CAIRN_ENOMEM;
+    if (rc == CAIRN_OK && o->depth > 0 && o->n_prompt == 0 && o->n_gen == 0)
+        rc = cli_eval(rt, b->tokens, o->depth, 0, false, logits); /* the context */
+    for (int i = 0; rc == CAIRN_OK && i < o->n_rows; i++) {
+        const int T = o->rows[i];
+        rc = cli_eval(rt, b->tokens + o->depth, T, o->depth, true, logits);
+        double total = 0;
+        for (int r = 0; rc == CAIRN_OK && r < o->reps; r++) {
+            const double t0 = cairn_now();
+            rc = cli_eval(rt, b->tokens + o->depth, T, o->depth, true, logits);
+            total += cairn_now() - t0;
+        }
+        res->rows_s[i] = total / o->reps;
+    }
+    free(logits);
     return rc;
 }
 
@@ -493,10 +572,10 @@ static void print_bench_json(const bench_opts *o, const cairn_hparams *hp, int t
     printf("{\"pp\": %.3f, \"tg\": %.3f, \"pp_sd\": %.3f, \"tg_sd\": %.3f, "
            "\"n_prompt\": %d, \"n_gen\": %d, \"depth\": %d, \"reps\": %d, \"threads\": %d, "
            "\"model\": \"%s\", \"model_bytes\": %lld, \"n_params_dim\": %d, "
-           "\"n_layer\": %d, \"n_vocab\": %d, \"load_s\": %.3f",
+           "\"n_layer\": %d, \"n_vocab\": %d, \"load_s\": %.3f, \"kernels\": \"%s\"",
            res->pp.mean, res->tg.mean, res->pp.sd, res->tg.sd, o->n_prompt, o->n_gen, o->depth,
            o->reps, threads, hp->name, model_bytes, hp->dim, hp->n_layer, hp->n_vocab,
-           res->load_s);
+           res->load_s, res->kernels);
     const double bpt = res->weight_bytes + res->kv_bytes;
     const double achieved = bpt * res->tg.mean;
     printf(", \"bytes_per_token\": %.0f, \"weight_bytes_per_token\": %.0f, "
@@ -506,6 +585,13 @@ static void print_bench_json(const bench_opts *o, const cairn_hparams *hp, int t
     print_json_number("read_bw_gbps", res->read_bw / 1e9, res->read_bw > 0);
     print_json_number("read_bw_buffer_bytes", (double)res->read_bw_bytes, res->read_bw > 0);
     print_json_number("bw_fraction", achieved / res->read_bw, res->read_bw > 0 && o->n_gen > 0);
+    if (o->n_rows > 0) {
+        printf(", \"rows\": [");
+        for (int i = 0; i < o->n_rows; i++)
+            printf("%s{\"rows\": %d, \"ms\": %.4f, \"steps\": %.4f}", i ? ", " : "",
+                   o->rows[i], res->rows_s[i] * 1e3, res->rows_s[i] / res->rows_s[0]);
+        printf("]");
+    }
     if (cli_draft_opts_active(&o->draft))
         printf(", \"text_plain\": %.3f, \"text_plain_sd\": %.3f, \"text_eagle\": %.3f, "
                "\"text_eagle_sd\": %.3f, \"tau\": %.3f, \"draft_depth\": %d, "
@@ -559,6 +645,14 @@ static void print_bench_table(const bench_opts *o, const cairn_hparams *hp, int 
                "tau %.2f\n", hp->name, threads, name, res->text_eagle.mean,
                res->text_eagle.sd, res->method, dp->depth, dp->top_k, dp->n_draft, res->tau);
     }
+    if (o->n_rows > 0) {
+        printf("\n| rows | ms / forward | one-row steps | rows/s |\n"
+               "| ---: | -----------: | ------------: | -----: |\n");
+        for (int i = 0; i < o->n_rows; i++)
+            printf("| %4d | %12.2f | %13.2f | %6.1f |\n", o->rows[i], res->rows_s[i] * 1e3,
+                   res->rows_s[i] / res->rows_s[0], o->rows[i] / res->rows_s[i]);
+        printf("(each forward at depth %d computes every row's logits)\n", o->depth);
+    }
     printf("\nbytes/token: weights %.2f MB + KV %.2f MB (mean context %.1f)\n",
            res->weight_bytes / 1e6, res->kv_bytes / 1e6, res->mean_ctx);
     if (res->read_bw > 0)
@@ -567,6 +661,8 @@ static void print_bench_table(const bench_opts *o, const cairn_hparams *hp, int 
     else
         printf("read bandwidth: not measured%s\n", o->no_bandwidth ? " (--no-bandwidth)" : "");
     printf("load: %.2f s (open, repack, upload)\n", res->load_s);
+    if (res->kernels[0])
+        printf("kernels: %s\n", res->kernels);
 }
 
 /* The bytes of the model on disk: the GGUF file, or a checkpoint folder's
@@ -617,9 +713,13 @@ static int run_bench(const bench_opts *o)
     bench_buffers b = {0};
     bench_results res = {.load_s = load_s};
     const int threads = cairn_backend_cpu_threads(rt.be);
+    if (cairn_backend_cpu_describe(rt.be, res.kernels, sizeof res.kernels) != CAIRN_OK)
+        res.kernels[0] = 0;
     int rc = bench_buffers_alloc(&b, &rt, o);
     if (rc == CAIRN_OK)
         rc = bench_pp_tg(&rt, o, &b, &res);
+    if (rc == CAIRN_OK && o->n_rows > 0)
+        rc = bench_rows(&rt, o, &b, &res);
     if (rc == CAIRN_OK && cli_draft_opts_active(&o->draft) && o->n_gen > 0)
         rc = bench_draft_text(&rt, o, &b, &res);
     bench_bytes_per_token(&rt, o, &res);

@@ -543,6 +543,21 @@ int cairn_backend_cpu_create(int n_threads, cairn_backend **out);
  * a backend that is not the CPU one. */
 int cairn_backend_cpu_threads(const cairn_backend *be);
 
+/* Measure, on this machine, the CPU backend's kernel knobs that change
+ * speed and never a result (prefetch distance, two groups per pass;
+ * kernels/cpu/cpu_tune.c), or take them from the cache file of an earlier
+ * measurement on the same CPU model, thread count and ISA level. About 0.3 s
+ * the first time (a 128 MiB synthetic matrix, freed again); the runtime
+ * calls it once after creating the backend. CAIRN_CPU_TUNE=0 skips it.
+ * CAIRN_EINVAL for NULL or another backend, CAIRN_ENOMEM without memory
+ * (the defaults stay). */
+int cairn_backend_cpu_tune(cairn_backend *be);
+
+/* One line naming the kernels the CPU backend runs (ISA level, layouts,
+ * knobs) into out[cap]: what `cairn bench` prints. CAIRN_EINVAL for NULL or
+ * another backend. */
+int cairn_backend_cpu_describe(const cairn_backend *be, char *out, size_t cap);
+
 /* The CUDA backend on device `device`. CAIRN_EUNSUPPORTED when cairn was
  * built without CUDA or no such device exists. */
 int cairn_backend_cuda_create(int device, cairn_backend **out);

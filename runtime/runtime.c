@@ -101,6 +101,9 @@ static int open_backend(cairn_runtime *rt, const cairn_runtime_config *cfg, char
         return cairn_errorf(err, err_len, rc, "cannot start the CPU backend: %s",
                             cairn_strerror(rc));
     rt->device = (cairn_device){CAIRN_DEVICE_CPU, 0};
+    /* the kernels' speed knobs, measured once per machine (bit-identical
+     * results whatever they are, so a failure only costs speed) */
+    (void)cairn_backend_cpu_tune(rt->be);
     return CAIRN_OK;
 }
 

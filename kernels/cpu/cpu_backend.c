@@ -225,8 +225,7 @@ int cairn_backend_cpu_create(int n_threads, cairn_backend **out)
     ctx->isa = cpu_isa_detect();
     const char *exact = getenv("CAIRN_CPU_EXACT_MATMUL");
     ctx->quantize_activations = !(exact && strcmp(exact, "1") == 0);
-    ctx->tune.prefetch = 8192;
-    ctx->tune.pair_tokens = 4;
+    cpu_tune_defaults(&ctx->tune);
     const char *pf = getenv("CAIRN_CPU_PREFETCH"), *pair = getenv("CAIRN_CPU_PAIR_TOKENS");
     if (pf && *pf)
         ctx->tune.prefetch = atoi(pf);

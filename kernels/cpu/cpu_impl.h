@@ -92,6 +92,9 @@ typedef struct {
                         rows) share each activation broadcast             */
 } cpu_quant_tuning;
 
+/* The knobs before (or without) a measurement (cpu_tune.c). */
+void cpu_tune_defaults(cpu_quant_tuning *t);
+
 
 /* A big allocation of the backend, mapped on its own (cpu_backend.c). */
 typedef struct {
