@@ -57,6 +57,7 @@ static void cpu_destroy(cairn_backend *be)
         free(ctx->act_s);
         free(ctx->act_s_lo);
         free(ctx->act_corr);
+        free(ctx->act_bf16);
         for (int i = 0; i < ctx->n_maps; i++) /* what the caller did not free */
             munmap(ctx->maps[i].base, ctx->maps[i].len);
         free(ctx->maps);
@@ -226,6 +227,7 @@ int cairn_backend_cpu_create(int n_threads, cairn_backend **out)
     const char *exact = getenv("CAIRN_CPU_EXACT_MATMUL");
     ctx->quantize_activations = !(exact && strcmp(exact, "1") == 0);
     cpu_tune_defaults(&ctx->tune);
+    ctx->bf16_dot = ctx->quantize_activations && cpu_has_bf16(ctx->isa);
     const char *pf = getenv("CAIRN_CPU_PREFETCH"), *pair = getenv("CAIRN_CPU_PAIR_TOKENS");
     if (pf && *pf)
         ctx->tune.prefetch = atoi(pf);

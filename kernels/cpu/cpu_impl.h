@@ -76,6 +76,10 @@ typedef enum {
 /* The best level this CPU supports, capped by CAIRN_CPU_ISA. */
 cpu_isa cpu_isa_detect(void);
 const char *cpu_isa_name(cpu_isa isa);
+/* Whether the CPU has AVX512_BF16 and the level is AVX-512 (the BF16
+ * weights' dot-product kernels); CAIRN_CPU_BF16=0 says no, for tests and
+ * comparisons. */
+int cpu_has_bf16(cpu_isa isa);
 
 /* ---- backend context --------------------------------------------------- */
 
@@ -113,6 +117,12 @@ typedef struct {
      * weight type uses the float reference semantics (weights dequantized,
      * float activations). F32/F16/BF16/F8_E4M3 weights are always exact. */
     int quantize_activations;
+    /* BF16 weights: 1 when they multiply activations rounded to bf16 with
+     * vdpbf16ps (AVX512_BF16, not exact mode; cpu_x86_float.c), 0 when
+     * they multiply float activations exactly. */
+    int bf16_dot;
+    uint16_t *act_bf16; /* [T][n_in] activations as bf16, grown like scratch */
+    size_t act_bf16_cap;
     /* Speed knobs of the quantized kernels (cpu_x86_gemm_groups). */
     cpu_quant_tuning tune;
     /* Activations quantized for the current matmul (cpu_act's layout, room
@@ -352,6 +362,8 @@ int cpu_x86_float_rows_per_item(cpu_isa isa, int T);
  *                   of qh (chunk h at 2048 + 512 h), the 16 int8 scales as
  *                   16 columns of a byte per row (scale k at 3072 + 16 k)
  *                                                 side 32: d
+ *   F16, BF16 (packed only where the AVX-512 kernels run) main 1024 per 32
+ *                   elements: 16 vectors, vector p = elements 2p, 2p+1
  *
  * Packing moves bytes and nothing else (Q4_Z's pad byte is dropped, and
  * reads back as 0), so cpu_unpack_row restores a GGUF row exactly:
@@ -396,6 +408,16 @@ static inline cairn_type cpu_unpacked_type(cairn_type t)
 {
     return (cairn_type)((int)t & ~CAIRN_TYPE_PACKED);
 }
+
+/* y[t][0 .. rows) from packed F16/BF16 groups (cpu_x86_float.c states the
+ * arithmetic): with xb [T][n_in] (BF16 weights only) the bf16 dot products
+ * against those activations, else float FMAs against x [T][n_in]. 0 when
+ * the level has no kernel. */
+int cpu_x86_gemm_float_groups(cpu_isa isa, cairn_type wtype, size_t group_bytes,
+                              const uint8_t *grp, int rows, const float *x, const uint16_t *xb,
+                              int T, int n_in, float *y, int n_out, const cpu_quant_tuning *tune);
+/* x[n] to bf16, rounding to nearest even (AVX512_BF16; 0 without it). */
+int cpu_x86_to_bf16(const float *x, uint16_t *out, size_t n);
 
 /* The weight_layout and upload_weight slots (kernels/backend.h). */
 int cpu_weight_layout(const cairn_backend *be, cairn_type type, int n_in, int n_out,

@@ -390,6 +390,52 @@ static void matmul_q8act_range(void *p, int64_t begin, int64_t end, int thread)
     }
 }
 
+/* Packed F16/BF16 weights (AVX-512): items of 16 rows, two at a time like
+ * the quantized ones; job->act.q holds the bf16 activations in bf16 mode. */
+static void matmul_float_packed_range(void *p, int64_t begin, int64_t end, int thread)
+{
+    (void)thread;
+    const matmul_job *job = p;
+    cpu_ctx *ctx = job->ctx;
+    const uint16_t *xb = job->wtype == CAIRN_TYPE_BF16 && ctx->bf16_dot ? ctx->act_bf16 : NULL;
+    for (int64_t grp = begin; grp < end; grp += 2) {
+        const int64_t r = grp * CPU_PACK_ROWS;
+        const int64_t n_grp = end - grp >= 2 ? 2 : 1;
+        const int64_t rows = job->n_out - r < n_grp * CPU_PACK_ROWS ? job->n_out - r
+                                                                    : n_grp * CPU_PACK_ROWS;
+        (void)cpu_x86_gemm_float_groups(ctx->isa, job->wtype, job->geom.group_bytes,
+                                        job->W + (size_t)grp * job->geom.group_bytes, (int)rows,
+                                        job->x, xb, job->T, job->n_in, job->y + r, job->n_out,
+                                        &ctx->tune);
+    }
+}
+
+static void bf16_range(void *p, int64_t begin, int64_t end, int thread)
+{
+    (void)thread;
+    const matmul_job *job = p;
+    const size_t n = (size_t)job->n_in;
+    (void)cpu_x86_to_bf16(job->x + (size_t)begin * n, job->ctx->act_bf16 + (size_t)begin * n,
+                          (size_t)(end - begin) * n);
+}
+
+/* The call's activations as bf16 in ctx->act_bf16 (the BF16 kernels' mode). */
+static int bf16_prepare(matmul_job *job)
+{
+    cpu_ctx *ctx = job->ctx;
+    const size_t need = (size_t)job->T * (size_t)job->n_in;
+    if (need > ctx->act_bf16_cap) {
+        uint16_t *b = malloc(need * sizeof *b);
+        if (!b)
+            return CAIRN_ENOMEM;
+        free(ctx->act_bf16);
+        ctx->act_bf16 = b;
+        ctx->act_bf16_cap = need;
+    }
+    cpu_pool_parallel_for(ctx->pool, job->T, 1 + CPU_MIN_CHUNK_WORK / job->n_in, bf16_range, job);
+    return CAIRN_OK;
+}
+
 static void quantize_act_range(void *p, int64_t begin, int64_t end, int thread)
 {
     (void)thread;
@@ -547,6 +593,18 @@ int cpu_matmul(cairn_backend *be, float *y, const void *W, cairn_type wtype, con
                               matmul_q8act_range, &job);
         return CAIRN_OK;
     }
+    if (!quantized && job.packed) {
+        /* packed F16/BF16: only an AVX-512 backend packs them */
+        if (ctx->isa < CPU_ISA_AVX512)
+            return CAIRN_EINVAL;
+        if (job.wtype == CAIRN_TYPE_BF16 && ctx->bf16_dot && (rc = bf16_prepare(&job)) != CAIRN_OK)
+            return rc;
+        const int64_t n_items = (n_out + CPU_PACK_ROWS - 1) / CPU_PACK_ROWS;
+        cpu_pool_parallel_for(ctx->pool, n_items,
+                              1 + CPU_MIN_CHUNK_WORK / (work_per_row * CPU_PACK_ROWS),
+                              matmul_float_packed_range, &job);
+        return CAIRN_OK;
+    }
     if (!quantized && ctx->isa >= CPU_ISA_AVX2) {
         const size_t panel = cpu_x86_float_panel_floats(ctx->isa, job.wtype, T, n_in);
         if (panel > 0 && (rc = cpu_scratch_reserve(ctx, panel)) != CAIRN_OK)
@@ -574,6 +632,7 @@ int cpu_matmul(cairn_backend *be, float *y, const void *W, cairn_type wtype, con
 typedef struct {
     matmul_job jobs[CPU_MULTI_MAX];
     int n;
+    cpu_range_fn range; /* every part's: quantized, or packed float */
     int64_t first[CPU_MULTI_MAX + 1]; /* item ranges: part i has [first[i], first[i+1]) */
 } multi_job;
 
@@ -587,7 +646,7 @@ static void multi_range(void *p, int64_t begin, int64_t end, int thread)
         const int64_t b = begin > mj->first[i] ? begin : mj->first[i];
         const int64_t e = end < mj->first[i + 1] ? end : mj->first[i + 1];
         if (b < e)
-            matmul_q8act_range((void *)&mj->jobs[i], b - mj->first[i], e - mj->first[i], thread);
+            mj->range((void *)&mj->jobs[i], b - mj->first[i], e - mj->first[i], thread);
     }
 }
 
@@ -598,18 +657,23 @@ int cpu_matmul_multi(cairn_backend *be, const float *x, int T, int n_in, int n,
         return CAIRN_EINVAL;
     cpu_ctx *ctx = cpu_ctx_of(be);
     multi_job mj = {.n = n};
-    int fused = n <= CPU_MULTI_MAX && ctx->quantize_activations;
-    for (int i = 0; fused && i < n; i++) {
+    /* one pass when every part takes the same path: all quantized (the
+     * activations quantized once), or all packed F16/BF16 (converted to
+     * bf16 once where the BF16 kernels want it) */
+    int n_q8 = 0, n_pf = 0;
+    for (int i = 0; i < n && n <= CPU_MULTI_MAX; i++) {
         int rc = job_init(&mj.jobs[i], ctx, parts[i].y, parts[i].W, parts[i].wtype, x, T, n_in,
                           parts[i].n_out);
         if (rc != CAIRN_OK)
             return rc;
-        fused = cpu_q8act_type(mj.jobs[i].wtype);
+        n_q8 += cpu_q8act_type(mj.jobs[i].wtype) && ctx->quantize_activations;
+        n_pf += mj.jobs[i].packed && !cpu_q8act_type(mj.jobs[i].wtype) &&
+                ctx->isa >= CPU_ISA_AVX512;
         for (int j = 0; j < i; j++)
             if (parts[j].y == parts[i].y)
                 return CAIRN_EINVAL;
     }
-    if (!fused) { /* float or exact weights: one call each */
+    if (n > CPU_MULTI_MAX || (n_q8 != n && n_pf != n)) { /* one call each */
         for (int i = 0; i < n; i++) {
             int rc = cpu_matmul(be, parts[i].y, parts[i].W, parts[i].wtype, x, T, n_in,
                                 parts[i].n_out);
@@ -618,7 +682,18 @@ int cpu_matmul_multi(cairn_backend *be, const float *x, int T, int n_in, int n,
         }
         return CAIRN_OK;
     }
-    int rc = q8act_prepare(ctx, mj.jobs, n);
+    int rc = CAIRN_OK;
+    if (n_q8 == n) {
+        mj.range = matmul_q8act_range;
+        rc = q8act_prepare(ctx, mj.jobs, n);
+    } else {
+        mj.range = matmul_float_packed_range;
+        for (int i = 0; i < n && rc == CAIRN_OK; i++)
+            if (mj.jobs[i].wtype == CAIRN_TYPE_BF16 && ctx->bf16_dot) {
+                rc = bf16_prepare(&mj.jobs[i]);
+                break;
+            }
+    }
     if (rc != CAIRN_OK)
         return rc;
     mj.first[0] = 0;

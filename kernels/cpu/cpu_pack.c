@@ -57,6 +57,10 @@ static const pack_format formats[] = {
      {{0, 48, 4, 32, 0, 0}, {2048, 16, 4, 8, 0, 0}, {2560, 0, 2, 1, 0, 0},
       {2592, 2, 2, 1, 0, 0}, {2624, 4, 4, 3, 0, 0}},
      0},
+    /* F16, BF16: elements 2p, 2p+1 of the 16 rows as column vector p of each
+     * 32-element block */
+    {CAIRN_TYPE_F16, 32, 64, 1024, 0, 1, {{0, 0, 4, 16, 0, 0}}, 0},
+    {CAIRN_TYPE_BF16, 32, 64, 1024, 0, 1, {{0, 0, 4, 16, 0, 0}}, 0},
     {CAIRN_TYPE_Q6_K, 256, 210, 3328, 32, 4,
      {{0, 0, 4, 32, 0, 0}, {2048, 128, 4, 16, 0, 0}, {3072, 192, 1, 16, 0, 0},
       {0, 208, 2, 1, 1, 0}},
@@ -201,13 +205,21 @@ void cpu_unpack_row(const cpu_pack_geom *g, const uint8_t *group, int lane, uint
 
 /* ---- the backend slots ---------------------------------------------------- */
 
+/* Whether this backend keeps `type` packed: the quantized types always (every
+ * level has kernels for them), F16 and BF16 where the AVX-512 kernels run. */
+static int packs(const cpu_ctx *ctx, cairn_type type)
+{
+    if (type == CAIRN_TYPE_F16 || type == CAIRN_TYPE_BF16)
+        return ctx->isa >= CPU_ISA_AVX512;
+    return cpu_q8act_type(type);
+}
+
 int cpu_weight_layout(const cairn_backend *be, cairn_type type, int n_in, int n_out,
                       size_t *bytes, cairn_type *as)
 {
-    (void)be;
-    if (!bytes || !as || n_in <= 0 || n_out <= 0 || !cpu_type_supported(type))
+    if (!be || !bytes || !as || n_in <= 0 || n_out <= 0 || !cpu_type_supported(type))
         return CAIRN_EINVAL;
-    const size_t packed = cpu_packed_bytes(type, n_in, n_out);
+    const size_t packed = packs(be->ctx, type) ? cpu_packed_bytes(type, n_in, n_out) : 0;
     if (packed > 0) {
         *bytes = packed;
         *as = cpu_packed_type(type);
@@ -246,7 +258,7 @@ int cpu_upload_weight(cairn_backend *be, void *dst, const void *host_src, cairn_
     if (!be || !dst || !host_src || n_in <= 0 || n_out <= 0 || !cpu_type_supported(type))
         return CAIRN_EINVAL;
     pack_job job = {.dst = dst, .src = host_src, .n_out = n_out};
-    if (!cpu_pack_geom_init(&job.g, type, n_in)) {
+    if (!packs(be->ctx, type) || !cpu_pack_geom_init(&job.g, type, n_in)) {
         const size_t rb = cairn_type_row_bytes(type, n_in);
         if (rb == 0)
             return CAIRN_EINVAL;

@@ -68,6 +68,18 @@ cpu_isa cpu_isa_detect(void)
     return best;
 }
 
+int cpu_has_bf16(cpu_isa isa)
+{
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    const char *off = getenv("CAIRN_CPU_BF16");
+    return isa >= CPU_ISA_AVX512 && __builtin_cpu_supports("avx512bf16") &&
+           !(off && strcmp(off, "0") == 0);
+#else
+    (void)isa;
+    return 0;
+#endif
+}
+
 void cpu_quantize_act_block_ref(const float *x, int8_t *q, float *d, int32_t *sum, int32_t *sum_lo)
 {
     float amax = 0.0f;

@@ -591,6 +591,168 @@ int cpu_x86_matmul_float(cpu_isa isa, float *y, const uint8_t *W, cairn_type wty
     return 1;
 }
 
+/* ---- packed F16 / BF16 (AVX-512): outer product over 16-row groups -------- */
+
+/* A packed group (cpu_impl.h, "Packed weights") holds, per 32-element
+ * block, 16 column vectors: dword i of vector p is elements 2p and 2p+1 of
+ * row i. Each output keeps two accumulators, and per element k (in k order)
+ *   F16, and BF16 in float mode:  acc[k % 2] = fma(w_k, x_k, acc[k % 2])
+ *   BF16 in bf16 mode:            acc[p % 2] = vdpbf16ps(acc[p % 2],
+ *                                     (w_2p, w_2p+1), (b_2p, b_2p+1))
+ * with b = x rounded to bf16 (nearest even) once per call; y = acc[0] +
+ * acc[1]. Every batch size and token tile computes exactly this, so a row's
+ * result never depends on its batch. Two accumulators keep a lone token's
+ * chain of dependent adds short; more tokens per pass keep the units busy
+ * (C of them, 2C registers). */
+#define TILE_F 8
+
+#define TBF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
+
+INLINE T512 void fgroup_512(const uint8_t *grp, cairn_type t, const float *x, int n_in,
+                            const int C, float *y, int n_out, __mmask16 m, int pf)
+{
+    __m512 acc[TILE_F][2];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; c++)
+        acc[c][0] = acc[c][1] = _mm512_setzero_ps();
+    const __m512i hi16 = _mm512_set1_epi32((int)0xffff0000u);
+    for (int b = 0; b < n_in / 32; b++) {
+        const uint8_t *mb = grp + (size_t)b * 1024;
+        if (pf > 0)
+            for (int off = 0; off < 1024; off += 64)
+                _mm_prefetch((const char *)mb + pf + off, _MM_HINT_T1);
+#pragma GCC unroll 16
+        for (int p = 0; p < 16; p++) {
+            const __m512i v = _mm512_load_si512(mb + 64 * p);
+            __m512 even, odd;
+            if (t == CAIRN_TYPE_F16) {
+                even = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v));
+                odd = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16)));
+            } else {
+                even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+                odd = _mm512_castsi512_ps(_mm512_and_si512(v, hi16));
+            }
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++) {
+                const float *xk = x + (size_t)c * n_in + 32 * (size_t)b + 2 * p;
+                acc[c][0] = _mm512_fmadd_ps(even, _mm512_set1_ps(xk[0]), acc[c][0]);
+                acc[c][1] = _mm512_fmadd_ps(odd, _mm512_set1_ps(xk[1]), acc[c][1]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < C; c++)
+        _mm512_mask_storeu_ps(y + (size_t)c * n_out, m, _mm512_add_ps(acc[c][0], acc[c][1]));
+}
+
+/* bf16 mode: xb [C][n_in] bf16 activations (rows n_in apart). */
+INLINE TBF16 void bgroup_512(const uint8_t *grp, const uint16_t *xb, int n_in, const int C,
+                             float *y, int n_out, __mmask16 m, int pf)
+{
+    __m512 acc[TILE_F][2];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; c++)
+        acc[c][0] = acc[c][1] = _mm512_setzero_ps();
+    for (int b = 0; b < n_in / 32; b++) {
+        const uint8_t *mb = grp + (size_t)b * 1024;
+        if (pf > 0)
+            for (int off = 0; off < 1024; off += 64)
+                _mm_prefetch((const char *)mb + pf + off, _MM_HINT_T1);
+#pragma GCC unroll 16
+        for (int p = 0; p < 16; p++) {
+            const __m512bh w = (__m512bh)_mm512_load_si512(mb + 64 * p);
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++) {
+                const uint16_t *xk = xb + (size_t)c * n_in + 32 * (size_t)b + 2 * p;
+                const __m512bh a = (__m512bh)_mm512_broadcastd_epi32(_mm_loadu_si32(xk));
+                acc[c][p & 1] = _mm512_dpbf16_ps(acc[c][p & 1], w, a);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < C; c++)
+        _mm512_mask_storeu_ps(y + (size_t)c * n_out, m, _mm512_add_ps(acc[c][0], acc[c][1]));
+}
+
+#define FGROUP_TYPED(NAME, TYPE)                                                                   \
+    static __attribute__((noinline)) T512 void NAME(const uint8_t *grp, const float *x, int n_in,  \
+                                                    int C, float *y, int n_out, __mmask16 m,       \
+                                                    int pf)                                        \
+    {                                                                                              \
+        switch (C) {                                                                               \
+        case 1: fgroup_512(grp, TYPE, x, n_in, 1, y, n_out, m, pf); break;                         \
+        case 2: fgroup_512(grp, TYPE, x, n_in, 2, y, n_out, m, pf); break;                         \
+        case 3: fgroup_512(grp, TYPE, x, n_in, 3, y, n_out, m, pf); break;                         \
+        case 4: fgroup_512(grp, TYPE, x, n_in, 4, y, n_out, m, pf); break;                         \
+        case 5: fgroup_512(grp, TYPE, x, n_in, 5, y, n_out, m, pf); break;                         \
+        case 6: fgroup_512(grp, TYPE, x, n_in, 6, y, n_out, m, pf); break;                         \
+        case 7: fgroup_512(grp, TYPE, x, n_in, 7, y, n_out, m, pf); break;                         \
+        default: fgroup_512(grp, TYPE, x, n_in, 8, y, n_out, m, pf); break;                        \
+        }                                                                                          \
+    }
+FGROUP_TYPED(fgroup_512_f16, CAIRN_TYPE_F16)
+FGROUP_TYPED(fgroup_512_bf16, CAIRN_TYPE_BF16)
+
+static __attribute__((noinline)) TBF16 void bgroup_512_any(const uint8_t *grp,
+                                                            const uint16_t *xb, int n_in, int C,
+                                                            float *y, int n_out, __mmask16 m,
+                                                            int pf)
+{
+    switch (C) {
+    case 1: bgroup_512(grp, xb, n_in, 1, y, n_out, m, pf); break;
+    case 2: bgroup_512(grp, xb, n_in, 2, y, n_out, m, pf); break;
+    case 3: bgroup_512(grp, xb, n_in, 3, y, n_out, m, pf); break;
+    case 4: bgroup_512(grp, xb, n_in, 4, y, n_out, m, pf); break;
+    case 5: bgroup_512(grp, xb, n_in, 5, y, n_out, m, pf); break;
+    case 6: bgroup_512(grp, xb, n_in, 6, y, n_out, m, pf); break;
+    case 7: bgroup_512(grp, xb, n_in, 7, y, n_out, m, pf); break;
+    default: bgroup_512(grp, xb, n_in, 8, y, n_out, m, pf); break;
+    }
+}
+
+int cpu_x86_gemm_float_groups(cpu_isa isa, cairn_type wtype, size_t group_bytes,
+                              const uint8_t *grp, int rows, const float *x, const uint16_t *xb,
+                              int T, int n_in, float *y, int n_out, const cpu_quant_tuning *tune)
+{
+    if (isa < CPU_ISA_AVX512 || (wtype != CAIRN_TYPE_F16 && wtype != CAIRN_TYPE_BF16))
+        return 0;
+    for (int r = 0; r < rows; r += 16) {
+        const uint8_t *gp = grp + (size_t)(r / 16) * group_bytes;
+        const int left = rows - r;
+        const __mmask16 m = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+        for (int t0 = 0; t0 < T; t0 += TILE_F) {
+            const int C = T - t0 < TILE_F ? T - t0 : TILE_F;
+            float *yt = y + (size_t)t0 * n_out + r;
+            if (xb)
+                bgroup_512_any(gp, xb + (size_t)t0 * n_in, n_in, C, yt, n_out, m,
+                               tune->prefetch);
+            else
+                (wtype == CAIRN_TYPE_F16 ? fgroup_512_f16 : fgroup_512_bf16)(
+                    gp, x + (size_t)t0 * n_in, n_in, C, yt, n_out, m, tune->prefetch);
+        }
+    }
+    return 1;
+}
+
+static TBF16 void to_bf16_512(const float *x, uint16_t *out, size_t n)
+{
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(x + i));
+        _mm512_storeu_si512(out + i, (__m512i)v);
+    }
+    for (; i < n; i++) {
+        const __m256bh v = _mm512_cvtneps_pbh(_mm512_set1_ps(x[i]));
+        out[i] = (uint16_t)_mm256_extract_epi16((__m256i)v, 0);
+    }
+}
+
+int cpu_x86_to_bf16(const float *x, uint16_t *out, size_t n)
+{
+    to_bf16_512(x, out, n);
+    return 1;
+}
+
 #else /* not x86-64: the scalar reference kernels do everything */
 
 int cpu_x86_matmul_float(cpu_isa isa, float *y, const uint8_t *W, cairn_type wtype,
@@ -610,5 +772,18 @@ int cpu_x86_float_rows_per_item(cpu_isa isa, int T)
 {
     (void)isa, (void)T;
     return 4;
+}
+int cpu_x86_gemm_float_groups(cpu_isa isa, cairn_type wtype, size_t group_bytes,
+                              const uint8_t *grp, int rows, const float *x, const uint16_t *xb,
+                              int T, int n_in, float *y, int n_out, const cpu_quant_tuning *tune)
+{
+    (void)isa, (void)wtype, (void)group_bytes, (void)grp, (void)rows, (void)x, (void)xb, (void)T;
+    (void)n_in, (void)y, (void)n_out, (void)tune;
+    return 0;
+}
+int cpu_x86_to_bf16(const float *x, uint16_t *out, size_t n)
+{
+    (void)x, (void)out, (void)n;
+    return 0;
 }
 #endif

@@ -105,9 +105,12 @@ static void test_roundtrip(void **state)
     kt_rng r = kt_rng_for("roundtrip");
     cairn_backend *be = kt_cpu(2);
     const int shapes[][2] = {{512, 37}, {256, 16}, {768, 1}, {1024, 50}};
-    for (size_t ti = 0; ti < N_TYPES; ti++)
+    /* the quantized types, and F16/BF16 (packed where AVX-512 runs) */
+    for (size_t ti = 0; ti < N_TYPES + 2; ti++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
-            const cairn_type type = types[ti];
+            const cairn_type type = ti < N_TYPES ? types[ti]
+                                  : ti == N_TYPES ? CAIRN_TYPE_F16
+                                                  : CAIRN_TYPE_BF16;
             const int n_in = shapes[si][0], n_out = shapes[si][1];
             uint8_t *W = random_rows(&r, type, n_out, n_in);
             cairn_type as;
@@ -115,7 +118,9 @@ static void test_roundtrip(void **state)
             char what[96];
             snprintf(what, sizeof what, "get_rows %s packed n_in=%d n_out=%d",
                      cairn_type_get(type)->name, n_in, n_out);
-            assert_true(((int)as & CAIRN_TYPE_PACKED) && ((int)as & ~CAIRN_TYPE_PACKED) == (int)type);
+            if (ti < N_TYPES)
+                assert_true((int)as & CAIRN_TYPE_PACKED);
+            assert_int_equal((int)as & ~CAIRN_TYPE_PACKED, (int)type);
             int32_t *ids = kt_xmalloc(sizeof(int32_t) * (size_t)n_out);
             for (int i = 0; i < n_out; i++)
                 ids[i] = n_out - 1 - i; /* every row, in reverse */
@@ -206,6 +211,136 @@ static void test_levels_agree(void **state)
         }
 }
 
+/* x rounded to bf16, nearest even (the activations the bf16 kernels use). */
+static float round_bf16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    u &= 0xffff0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* F16 and BF16 packed on an AVX-512 backend: within float rounding of the
+ * double reference (for BF16 in bf16 mode, of the activations rounded to
+ * bf16), and every token's row the same bytes alone and in any batch, with
+ * 1 or 3 threads. BF16 runs in both modes (CAIRN_CPU_BF16=0: float FMAs). */
+static void test_float_packed(void **state)
+{
+    (void)state;
+    kt_rng r = kt_rng_for("float_packed");
+    const cairn_type ftypes[] = {CAIRN_TYPE_F16, CAIRN_TYPE_BF16, CAIRN_TYPE_BF16};
+    const int batch[] = {1, 2, 3, 5, 8, 9, 17};
+    const int n_in = 256, n_out = 37, Tmax = 17;
+    for (int fi = 0; fi < 3; fi++) {
+        const cairn_type type = ftypes[fi];
+        if (fi == 2)
+            setenv("CAIRN_CPU_BF16", "0", 1);
+        float *Wd;
+        uint8_t *W = kt_random_weights(&r, type, n_out, n_in, -1, 1, &Wd);
+        float *x = kt_xmalloc(sizeof(float) * (size_t)Tmax * n_in);
+        kt_fill(&r, x, (size_t)Tmax * n_in, -2.0f, 2.0f);
+        cairn_backend *probe = kt_cpu_isa("avx512", 1, 0);
+        size_t bytes;
+        cairn_type as;
+        assert_int_equal(cairn_backend_weight_layout(probe, type, n_in, n_out, &bytes, &as),
+                         CAIRN_OK);
+        cairn_backend_destroy(probe);
+        const int packed = ((int)as & CAIRN_TYPE_PACKED) != 0;
+        /* the bf16 mode exists on CPUs with AVX512_BF16, unless turned off */
+        const int bf16 = type == CAIRN_TYPE_BF16 && fi == 1 && packed &&
+                         __builtin_cpu_supports("avx512bf16");
+        float *xr = kt_xmalloc(sizeof(float) * (size_t)Tmax * n_in);
+        for (int i = 0; i < Tmax * n_in; i++)
+            xr[i] = bf16 ? round_bf16(x[i]) : x[i];
+        float *alone = kt_xmalloc(sizeof(float) * (size_t)Tmax * n_out);
+        for (int t = 0; t < Tmax; t++) {
+            float *y = run("avx512", 1, 1, type, W, x + (size_t)t * n_in, 1, n_in, n_out);
+            memcpy(alone + (size_t)t * n_out, y, sizeof(float) * (size_t)n_out);
+            free(y);
+        }
+        char what[128];
+        snprintf(what, sizeof what, "%s %s packed=%d", cairn_type_get(type)->name,
+                 bf16 ? "bf16-dot" : "float", packed);
+        kt_expect_matmul(alone, Wd, NULL, xr, Tmax, n_in, n_out, what);
+        for (size_t bi = 0; bi < sizeof batch / sizeof batch[0]; bi++)
+            for (int threads = 1; threads <= 3; threads += 2) {
+                const int T = batch[bi];
+                const float *xt = x + (size_t)(Tmax - T) * n_in;
+                float *y = run("avx512", threads, 1, type, W, xt, T, n_in, n_out);
+                snprintf(what, sizeof what, "%s %s T=%d threads=%d", cairn_type_get(type)->name,
+                         bf16 ? "bf16-dot" : "float", T, threads);
+                KT_SAME_BYTES(y, alone + (size_t)(Tmax - T) * n_out,
+                              sizeof(float) * (size_t)T * n_out, what);
+                free(y);
+            }
+        unsetenv("CAIRN_CPU_BF16");
+        free(alone);
+        free(xr);
+        free(x);
+        free(Wd);
+        free(W);
+    }
+}
+
+/* matmul_multi: parts of mixed quantized types (q/k/v of a Q4_K_M file),
+ * packed floats, and a mix of both (one call per part then), give the
+ * bytes of one matmul call per part, at several batch sizes and with 1
+ * and 3 threads. */
+static void test_multi(void **state)
+{
+    (void)state;
+    kt_rng r = kt_rng_for("multi");
+    const cairn_type sets[][3] = {
+        {CAIRN_TYPE_Q5_0, CAIRN_TYPE_Q5_0, CAIRN_TYPE_Q8_0},
+        {CAIRN_TYPE_Q4_K, CAIRN_TYPE_Q6_K, CAIRN_TYPE_Q4_0},
+        {CAIRN_TYPE_BF16, CAIRN_TYPE_BF16, CAIRN_TYPE_F16},
+        {CAIRN_TYPE_BF16, CAIRN_TYPE_Q8_0, CAIRN_TYPE_F32},
+    };
+    const int n_in = 512, n_outs[3] = {64, 37, 16};
+    for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++)
+        for (int T = 1; T <= 9; T += 4)
+            for (int threads = 1; threads <= 3; threads += 2) {
+                cairn_backend *be = kt_cpu(threads);
+                float *x = kt_xmalloc(sizeof(float) * (size_t)T * n_in);
+                kt_fill(&r, x, (size_t)T * n_in, -2.0f, 2.0f);
+                float *dx = kt_dev(be, x, sizeof(float) * (size_t)T * n_in);
+                cairn_matmul_part parts[3];
+                float *single[3];
+                void *dev[3];
+                for (int i = 0; i < 3; i++) {
+                    uint8_t *W = kt_random_weights(&r, sets[si][i], n_outs[i], n_in, -1, 1, NULL);
+                    cairn_type as;
+                    dev[i] = packed_weight(be, sets[si][i], W, n_in, n_outs[i], &as);
+                    float *dy = kt_dev(be, NULL, sizeof(float) * (size_t)T * n_outs[i]);
+                    assert_int_equal(be->iface->matmul(be, dy, dev[i], as, dx, T, n_in, n_outs[i]),
+                                     CAIRN_OK);
+                    single[i] = kt_host(be, dy, sizeof(float) * (size_t)T * n_outs[i]);
+                    be->iface->free(be, dy);
+                    parts[i] = (cairn_matmul_part){
+                        kt_dev(be, NULL, sizeof(float) * (size_t)T * n_outs[i]), dev[i], as,
+                        n_outs[i]};
+                    free(W);
+                }
+                assert_int_equal(cairn_backend_matmul_multi(be, dx, T, n_in, 3, parts), CAIRN_OK);
+                for (int i = 0; i < 3; i++) {
+                    float *got = kt_host(be, parts[i].y, sizeof(float) * (size_t)T * n_outs[i]);
+                    char what[96];
+                    snprintf(what, sizeof what, "multi set %zu part %d T=%d threads=%d", si, i, T,
+                             threads);
+                    KT_SAME_BYTES(got, single[i], sizeof(float) * (size_t)T * n_outs[i], what);
+                    free(got);
+                    free(single[i]);
+                    be->iface->free(be, parts[i].y);
+                    be->iface->free(be, dev[i]);
+                }
+                be->iface->free(be, dx);
+                free(x);
+                cairn_backend_destroy(be);
+            }
+}
+
 /* A packed weight is refused where its layout does not exist, and the
  * layout slot refuses what it cannot hold. */
 static void test_refusals(void **state)
@@ -217,15 +352,25 @@ static void test_refusals(void **state)
     /* not a whole number of super-blocks */
     assert_int_equal(cairn_backend_weight_layout(be, CAIRN_TYPE_Q4_K, 96, 4, &bytes, &as),
                      CAIRN_EINVAL);
-    /* float types keep GGUF's layout */
+    /* F32 keeps GGUF's layout */
+    assert_int_equal(cairn_backend_weight_layout(be, CAIRN_TYPE_F32, 64, 4, &bytes, &as),
+                     CAIRN_OK);
+    assert_int_equal(as, CAIRN_TYPE_F32);
+    assert_int_equal(bytes, (size_t)64 * 4 * 4);
+    cairn_backend_destroy(be);
+    /* a scalar backend keeps F16 in GGUF's layout, and refuses it marked
+     * packed (it has no kernel for that layout) */
+    be = kt_cpu_isa("scalar", 1, 0);
     assert_int_equal(cairn_backend_weight_layout(be, CAIRN_TYPE_F16, 64, 4, &bytes, &as),
                      CAIRN_OK);
     assert_int_equal(as, CAIRN_TYPE_F16);
-    assert_int_equal(bytes, (size_t)64 * 2 * 4);
-    /* F16 has no packed layout: matmul refuses it marked packed */
     float *x = kt_dev(be, NULL, sizeof(float) * 64), *y = kt_dev(be, NULL, sizeof(float) * 4);
-    void *w = kt_dev(be, NULL, 64 * 2 * 4);
+    void *w = kt_dev(be, NULL, 64 * 2 * 16);
     assert_int_equal(be->iface->matmul(be, y, w, (cairn_type)(CAIRN_TYPE_F16 | CAIRN_TYPE_PACKED),
+                                       x, 1, 64, 4),
+                     CAIRN_EINVAL);
+    /* F32 has no packed layout anywhere */
+    assert_int_equal(be->iface->matmul(be, y, w, (cairn_type)(CAIRN_TYPE_F32 | CAIRN_TYPE_PACKED),
                                        x, 1, 64, 4),
                      CAIRN_EINVAL);
     be->iface->free(be, w);
@@ -240,6 +385,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip),
         cmocka_unit_test(test_levels_agree),
+        cmocka_unit_test(test_float_packed),
+        cmocka_unit_test(test_multi),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
