@@ -29,6 +29,14 @@ the repository; give --ctx at least the largest depth plus the test, since
 cairn bench refuses a depth past the trained context). Without --llama (or
 $LLAMA_CPP_BUILD) and --ik only cairn is run.
 
+--suite DIR runs the models of the decode issue's table instead of a list:
+the synthetic 1B Q4_0 and 110M Q4_0/Q8_0/F16 (written into DIR by
+tools/gen_synthetic_model.py when missing) and the real Qwen2.5-Coder 0.5B
+and 1.5B Q4_K_M (scripts/get-model, into models/). The table is preceded by
+the CPU it ran on (model name and the vector extensions that choose cairn's
+kernels), since the same build is twice as fast on one x86 server as on
+another.
+
 On CPUs that report AMX but whose kernel/hypervisor cannot run it, a
 -march=native llama.cpp dies with SIGILL in its AMX matmul; pass --no-amx to
 run the peers' llama-bench under bench/cpu/no_amx_shim.c (built here on the
@@ -141,9 +149,51 @@ class Peer:
         return pp, tg
 
 
+ROOT = os.path.dirname(os.path.dirname(HERE))
+SUITE_SYNTH = [("1b", "q4_0"), ("110m", "q4_0"), ("110m", "q8_0"), ("110m", "f16")]
+SUITE_REAL = ["qwen2.5-coder-0.5b-instruct-q4_k_m", "qwen2.5-coder-1.5b-instruct-q4_k_m"]
+
+
+def suite_models(d):
+    """The issue's models: synthetic ones written into d, real ones fetched."""
+    os.makedirs(d, exist_ok=True)
+    out = []
+    for shape, typ in SUITE_SYNTH:
+        path = os.path.join(d, "s%s-%s.gguf" % (shape, typ))
+        if not os.path.exists(path):
+            run_checked([sys.executable, os.path.join(ROOT, "tools", "gen_synthetic_model.py"),
+                         "--shape", shape, "--type", typ, "--ctx", "32768", "-o", path])
+        out.append(path)
+    for name in SUITE_REAL:
+        run_checked([os.path.join(ROOT, "scripts", "get-model"), name])
+        out.append(os.path.join(ROOT, "models", name + ".gguf"))
+    return out
+
+
+def cpu_line():
+    """The CPU's model name and the vector extensions cairn's kernels choose by."""
+    name, flags = "?", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                if k.strip() == "model name" and name == "?":
+                    name = v.strip()
+                elif k.strip() == "flags" and not flags:
+                    flags = set(v.split())
+    except OSError:
+        pass
+    want = ["avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
+            "avx512vbmi", "avx_vnni", "amx_tile"]
+    return "%s (%d logical CPUs; %s)" % (name, os.cpu_count() or 0,
+                                          " ".join(f for f in want if f in flags) or "no AVX2")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("models", nargs="+")
+    ap.add_argument("models", nargs="*")
+    ap.add_argument("--suite", metavar="DIR", default=None,
+                    help="the decode issue's models (synthetic ones written into DIR)")
     ap.add_argument("--cairn", default=os.path.join(os.getcwd(), "build", "cairn"))
     ap.add_argument("--llama", default=os.environ.get("LLAMA_CPP_BUILD"),
                     help="llama.cpp build dir (containing bin/llama-bench)")
@@ -161,6 +211,10 @@ def main():
     ap.add_argument("-r", "--reps", type=int, default=3, help="repetitions inside each run")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds per model")
     a = ap.parse_args()
+    if a.suite:
+        a.models = suite_models(a.suite) + a.models
+    if not a.models:
+        sys.exit("no models (give paths, or --suite DIR)")
     try:
         depths = [int(x) for x in a.depth.split(",") if x.strip()]
     except ValueError:
@@ -170,6 +224,7 @@ def main():
     show_depth = depths != [0]
 
     rows = []
+    kernels = None
     # 1-minute load average after each round: on a small machine another
     # busy process shows up here and explains an outlier.
     load_start, loads = os.getloadavg()[0], []
@@ -192,6 +247,7 @@ def main():
                 for dp in depths:
                     cell = res[dp]
                     j = run_cairn(a.cairn, model, a, dp)
+                    kernels = j.get("kernels") or kernels
                     cell["cairn"][0].append(j["pp"]); cell["cairn"][1].append(j["tg"])
                     cell["bpt"].append(j["bytes_per_token"])
                     if j.get("read_bw_gbps"):
@@ -217,6 +273,7 @@ def main():
                     row["tg"][p.label] = med(cell[p.label][1])
                 rows.append(row)
 
+    print("\nCPU: " + cpu_line())
     print_table(a, rows, peers, show_depth)
     bws = [r["bw"] for r in rows if r["bw"]]
     print("\n%d threads, medians of %d alternating rounds (each %d reps); read bandwidth %s "
@@ -224,6 +281,8 @@ def main():
               a.threads, a.rounds, a.reps,
               "%.1f GB/s" % (statistics.median(bws) / 1e9) if bws else "not measured",
               ", ".join("%.1f" % (b / 1e9) for b in bws) if bws else "-"))
+    if kernels:
+        print("cairn ran: %s" % kernels)
     for p in peers:
         print("%s ran with: %s" % (p.label, "; ".join(
             "d%d: %s" % (dp, p.describe(dp)) for dp in depths)))

@@ -6,18 +6,21 @@
  * ---------
  *   cpu_pool.c       a persistent worker pool and its parallel-for
  *   cpu_backend.c    create/destroy, memory ops, the function table
- *   cpu_matmul.c     get_rows and matmul (weights in GGUF block layout):
- *                    argument checks, the choice of kernel, and the scalar
- *                    reference kernels
+ *   cpu_matmul.c     get_rows, matmul and matmul_multi (weights in GGUF
+ *                    block layout or packed): argument checks, the choice of
+ *                    kernel, and the scalar reference kernels
+ *   cpu_pack.c       the packed weight layout (below) and the weight_layout
+ *                    and upload_weight slots
+ *   cpu_tune.c       the kernels' speed knobs, measured once per machine
  *   cpu_x86*.c       AVX2 and AVX-512 (VNNI) kernels, compiled with function
  *                    target attributes so a build without -march=native still
  *                    contains them; chosen at run time by CPUID. cpu_x86.c
- *                    (level detection, activation quantization, the
- *                    quantized matmul's dispatch), then one file per kernel
- *                    family: _float (F32/F16/BF16/F8_E4M3 weights), _quant
- *                    (Q8_0/Q4_0/Q5_0/Q4_Z), _kquant (Q4_K/Q5_K/Q6_K), _attention
- *                    (attention and element-wise helpers); what they share
- *                    is in cpu_x86_impl.h
+ *                    (level detection, activation quantization), then one
+ *                    file per kernel family: _float (F32/F16/BF16/F8_E4M3
+ *                    weights, GGUF rows and packed groups), _quant (every
+ *                    quantized type, packed groups), _attention (attention
+ *                    and element-wise helpers); what they share is in
+ *                    cpu_x86_impl.h
  *   cpu_ops.c        rmsnorm, rope, swiglu, geglu, add, scale, gather_cols, softmax
  *   cpu_attention.c  kv_store and attention over paged KV
  *
