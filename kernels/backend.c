@@ -258,6 +258,13 @@ int cairn_backend_matmul_multi(cairn_backend *be, const float *x, int T, int n_i
     return CAIRN_OK;
 }
 
+int cairn_backend_matmul_invariant_rows(const cairn_backend *be, cairn_type wtype)
+{
+    if (!be || !be->iface->matmul_invariant_rows)
+        return 0;
+    return be->iface->matmul_invariant_rows(be, wtype);
+}
+
 int cairn_backend_synchronize(cairn_backend *be)
 {
     if (!be)

@@ -330,6 +330,8 @@ typedef struct {
  *   graph_begin,   CAIRN_EUNSUPPORTED (the ops   launching ops costs nothing
  *   graph_end      run as they are issued)       worth saving (the CPU)
  *   matmul_multi   one matmul call per part     always (the same results)
+ *   matmul_        0: every row of a matmul is   a row's result never depends
+ *   invariant_rows independent of T              on T or the other rows (CPU)
  *   weight_layout, GGUF's layout: the row bytes   the backend's kernels read
  *   upload_weight  times n_out, the type as is,  GGUF's layout as fast as any
  *                  and upload()                  other
@@ -416,6 +418,16 @@ typedef struct {
      * y_j. */
     int (*matmul_multi)(cairn_backend *be, const float *x, int T, int n_in, int n,
                         const cairn_matmul_part *parts);
+
+    /* OPTIONAL. How far a row of matmul's result is independent of the
+     * other rows: the largest T for which every row of y comes out the
+     * same bits whatever the other T - 1 rows hold and whatever T is (up
+     * to that bound); 0 when that holds for any T; -1 when it holds for no
+     * T (a library kernel chosen per shape). Must not fail or touch the
+     * device. The model keeps the rows that must not depend on their
+     * batch (decode and verification rows) in calls of at most this many
+     * rows ("Batch invariance" below). */
+    int (*matmul_invariant_rows)(const cairn_backend *be, cairn_type wtype);
 
     /* out[T][D] = x / sqrt(mean(x²) + eps) * w[D]. out may equal x. */
     int (*rmsnorm)(cairn_backend *be, float *out, const float *x, const float *w,
@@ -527,6 +539,22 @@ typedef struct {
  * the ops one by one; `key` (the caller's, e.g. the batch size) only says
  * which earlier recording is worth updating instead of making anew. */
 
+/* Batch invariance
+ * ----------------
+ * A request's tokens must not depend on what else shares its step. The
+ * scheduler puts decode rows, verification rows and prefill chunks in one
+ * forward, so a matmul's T is the whole step's. A backend whose matmul
+ * picks its kernel by T (CUDA: a GEMV up to 64 rows, a library GEMM above)
+ * says up to which T a row is on its own (matmul_invariant_rows); the
+ * model then stages the rows that must not move (single-token and
+ * verification sequences) first and multiplies them in calls of at most
+ * that many rows, the prefill rows after them in one call:
+ *
+ *     rows   [ decode, verify: exact ........ | prefill chunks ........ ]
+ *     calls  [ <= L rows ][ <= L rows ][ ... ][ one call, any kernel    ]
+ *
+ * so a decode row's logits are the bits it gets alone. */
+
 struct cairn_backend {
     const cairn_backend_iface *iface;
     void *ctx; /* owned by the backend */
@@ -603,6 +631,10 @@ int cairn_backend_upload_weight(cairn_backend *be, void *dst, const void *host_s
  * what the slot or matmul returns. */
 int cairn_backend_matmul_multi(cairn_backend *be, const float *x, int T, int n_in, int n,
                                const cairn_matmul_part *parts);
+
+/* The matmul_invariant_rows slot for weights of `wtype`, else 0 (every row
+ * independent of the batch, as on the CPU). */
+int cairn_backend_matmul_invariant_rows(const cairn_backend *be, cairn_type wtype);
 
 /* Wait for every op issued so far. CAIRN_EINVAL for a NULL backend. */
 int cairn_backend_synchronize(cairn_backend *be);

@@ -7,10 +7,21 @@
  */
 #include "model/layer_impl.h"
 
+/* Where the matmul call that starts at row r0 of T ends (kernels/backend.h,
+ * "Batch invariance"): the first `exact` rows go in calls of at most L rows,
+ * so that each comes out the bits it would alone; the rows after them in
+ * one call. L <= 0 (any T is invariant, or none is) or T <= L: one call. */
+static int call_end(int r0, int T, int exact, int L)
+{
+    if (L <= 0 || T <= L || r0 >= exact)
+        return T;
+    return exact - r0 < L ? exact : r0 + L;
+}
+
 /* y[T][n_out] = x[T][n_in] · Wᵀ, through the gathered input when W's
  * columns were reordered at load. */
 static int linear(cairn_backend *be, float *y, const cairn_layer_weight *w, const float *x,
-                  float *gathered, int T, int n_in, int n_out)
+                  float *gathered, int T, int exact, int n_in, int n_out)
 {
     if (w->perm) {
         if (!gathered)
@@ -18,25 +29,41 @@ static int linear(cairn_backend *be, float *y, const cairn_layer_weight *w, cons
         TRY(be->iface->gather_cols(be, gathered, x, w->perm, T, n_in));
         x = gathered;
     }
-    return be->iface->matmul(be, y, w->data, w->type, x, T, n_in, n_out);
+    const int L = cairn_backend_matmul_invariant_rows(be, w->type);
+    for (int r0 = 0, r1; r0 < T; r0 = r1) {
+        r1 = call_end(r0, T, exact, L);
+        TRY(be->iface->matmul(be, y + (size_t)r0 * n_out, w->data, w->type,
+                              x + (size_t)r0 * n_in, r1 - r0, n_in, n_out));
+    }
+    return CAIRN_OK;
 }
 
 /* Several linears of the same input in one backend call (q, k, v; gate,
  * up), which quantizes the input once and splits all their rows among the
  * workers; one by one when a weight reads its input reordered. */
-static int linears(cairn_backend *be, const float *x, float *gathered, int T, int n_in, int n,
-                   const cairn_layer_weight *const w[], float *const y[], const int n_out[])
+static int linears(cairn_backend *be, const float *x, float *gathered, int T, int exact, int n_in,
+                   int n, const cairn_layer_weight *const w[], float *const y[], const int n_out[])
 {
-    cairn_matmul_part parts[3];
-    int fused = n <= 3;
+    int fused = n <= 3, L = 0;
     for (int i = 0; i < n && fused; i++) {
         fused = !w[i]->perm;
-        parts[i] = (cairn_matmul_part){y[i], w[i]->data, w[i]->type, n_out[i]};
+        const int Li = cairn_backend_matmul_invariant_rows(be, w[i]->type);
+        if (Li > 0 && (L == 0 || Li < L))
+            L = Li;
     }
-    if (fused)
-        return cairn_backend_matmul_multi(be, x, T, n_in, n, parts);
-    for (int i = 0; i < n; i++)
-        TRY(linear(be, y[i], w[i], x, gathered, T, n_in, n_out[i]));
+    if (!fused) {
+        for (int i = 0; i < n; i++)
+            TRY(linear(be, y[i], w[i], x, gathered, T, exact, n_in, n_out[i]));
+        return CAIRN_OK;
+    }
+    for (int r0 = 0, r1; r0 < T; r0 = r1) {
+        r1 = call_end(r0, T, exact, L);
+        cairn_matmul_part parts[3];
+        for (int i = 0; i < n; i++)
+            parts[i] = (cairn_matmul_part){y[i] + (size_t)r0 * n_out[i], w[i]->data, w[i]->type,
+                                           n_out[i]};
+        TRY(cairn_backend_matmul_multi(be, x + (size_t)r0 * n_in, r1 - r0, n_in, n, parts));
+    }
     return CAIRN_OK;
 }
 
@@ -63,7 +90,7 @@ int cairn_layer_forward(cairn_backend *be, const cairn_layer_weights *w,
         const cairn_layer_weight *const ws[] = {&w->wq, &w->wk, &w->wv};
         float *const ys[] = {a->q, a->k, a->v};
         const int outs[] = {q_dim, kv_dim, kv_dim};
-        TRY(linears(be, h, a->gathered, T, in_dim, 3, ws, ys, outs));
+        TRY(linears(be, h, a->gathered, T, a->exact_rows, in_dim, 3, ws, ys, outs));
     }
     if (w->bq.data)
         TRY(op->add_bias(be, a->q, w->bq.data, T, q_dim));
@@ -91,7 +118,7 @@ int cairn_layer_forward(cairn_backend *be, const cairn_layer_weights *w,
     args.kv = kv;
     args.layer = layer;
     TRY(op->attention(be, &args));                                          /* [T][q_dim] */
-    TRY(linear(be, a->h, &w->wo, a->attn, a->gathered, T, q_dim, dim)); /* [T][dim] */
+    TRY(linear(be, a->h, &w->wo, a->attn, a->gathered, T, a->exact_rows, q_dim, dim)); /* [T][dim] */
     TRY(op->add(be, a->x, a->x, a->h, (size_t)T * dim));
 
     /* feed-forward block */
@@ -100,10 +127,10 @@ int cairn_layer_forward(cairn_backend *be, const cairn_layer_weights *w,
         const cairn_layer_weight *const ws[] = {&w->w_gate, &w->w_up};
         float *const ys[] = {a->gate, a->up};
         const int outs[] = {ffn, ffn};
-        TRY(linears(be, a->h, a->gathered, T, dim, 2, ws, ys, outs));
+        TRY(linears(be, a->h, a->gathered, T, a->exact_rows, dim, 2, ws, ys, outs));
     }
     TRY(op->swiglu(be, a->gate, a->gate, a->up, (size_t)T * ffn));
-    TRY(linear(be, a->h, &w->w_down, a->gate, a->gathered, T, ffn, dim)); /* [T][dim] */
+    TRY(linear(be, a->h, &w->w_down, a->gate, a->gathered, T, a->exact_rows, ffn, dim)); /* [T][dim] */
     TRY(op->add(be, a->x, a->x, a->h, (size_t)T * dim));
     return CAIRN_OK;
 }

@@ -70,6 +70,10 @@ typedef struct {
     /* [T][max(dim, q_dim, ffn_dim)]: a matmul input gathered for a weight
      * with a perm; NULL when no weight has one */
     float *gathered;
+    /* The leading rows that must come out as they would alone (decode and
+     * verification rows; kernels/backend.h, "Batch invariance"): their
+     * matmuls run in calls the backend keeps row-invariant. 0: none. */
+    int exact_rows;
 } cairn_layer_acts;
 
 /* One layer for T rows at RoPE positions pos[T] (host), their K/V stored at

@@ -82,6 +82,15 @@ struct cairn_model {
     /* host staging, sized for max_batch_tokens / max_seqs */
     int32_t *tokens, *pos, *slots, *q_index, *out_index;
     cairn_attn_seq *attn_seqs;
+    /* Batch invariance (kernels/backend.h): when the backend's matmul keeps
+     * a row to itself only up to exact_max rows (> 0), stage_batch puts the
+     * sequences that must not depend on their batch first (exact_rows of
+     * them) and caller_row maps a staged row back to the caller's order
+     * (for the per-token features); exact_max <= 0: the caller's order. */
+    int exact_max, exact_rows;
+    bool reordered;
+    int32_t *caller_row; /* [max_batch_tokens] */
+    int32_t *seq_out;    /* [max_seqs] a sequence's first logits row, staging */
 
     /* cairn_model_set_feature_layers: the layers whose input state
      * forward_features returns (none: the final normed state) */
@@ -538,6 +547,25 @@ static int upload_weights(cairn_model *m, const cairn_gguf *g, const tensor_bind
     return CAIRN_OK;
 }
 
+/* The most rows a layer matmul keeps each row to itself for (the
+ * smallest positive bound over the layer weights' types; kernels/backend.h,
+ * "Batch invariance"), or 0 when every T does (or none: then staging order
+ * cannot help). */
+static int exact_rows_bound(const cairn_model *m)
+{
+    const layer_weights *lw = &m->layers[0];
+    const weight *ws[] = {&lw->wq, &lw->wk, &lw->wv, &lw->wo, &lw->w_gate, &lw->w_up, &lw->w_down};
+    int bound = 0;
+    for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
+        if (!ws[i]->data)
+            continue;
+        const int L = cairn_backend_matmul_invariant_rows(m->be, ws[i]->type);
+        if (L > 0 && (bound == 0 || L < bound))
+            bound = L;
+    }
+    return bound;
+}
+
 static int alloc_scratch(cairn_model *m)
 {
     const cairn_hparams *hp = &m->hp;
@@ -570,8 +598,11 @@ static int alloc_scratch(cairn_model *m)
     m->slots = malloc(T * sizeof(int32_t));
     m->q_index = malloc(T * sizeof(int32_t));
     m->out_index = malloc(T * sizeof(int32_t));
+    m->caller_row = malloc(T * sizeof(int32_t));
+    m->seq_out = malloc((size_t)m->params.max_seqs * sizeof(int32_t));
     m->attn_seqs = malloc((size_t)m->params.max_seqs * sizeof *m->attn_seqs);
-    if (!m->tokens || !m->pos || !m->slots || !m->q_index || !m->out_index || !m->attn_seqs)
+    if (!m->tokens || !m->pos || !m->slots || !m->q_index || !m->out_index || !m->caller_row || !m->seq_out ||
+        !m->attn_seqs)
         return CAIRN_ENOMEM;
     return CAIRN_OK;
 }
@@ -613,6 +644,7 @@ int cairn_model_load_gguf(const cairn_gguf *g, const char *name, cairn_backend *
         cairn_errorf(err, err_len, rc, "cannot place the key centres");
         goto fail;
     }
+    m->exact_max = exact_rows_bound(m);
     if ((rc = alloc_scratch(m))) {
         cairn_errorf(err, err_len, rc, "cannot allocate activation buffers for %d tokens",
              p.max_batch_tokens);
@@ -664,6 +696,8 @@ void cairn_model_free(cairn_model *m)
     free(m->slots);
     free(m->q_index);
     free(m->out_index);
+    free(m->caller_row);
+    free(m->seq_out);
     free(m->attn_seqs);
     free(m->layers);
     free(m);
@@ -696,6 +730,21 @@ int cairn_model_kv_layout(const cairn_model *m, int page_size, cairn_type dtype,
 
 /* Flatten the sequences into rows, check them, and fill the host staging
  * arrays. Returns the number of rows (T) and of output rows via out-params. */
+/* A sequence whose rows must come out the bits they would alone, whatever
+ * shares the step: a decode token, a verification tree (mask), or rows that
+ * all want their logits (a verified chain), up to the backend's bound. */
+static bool seq_exact(const cairn_seq_batch *sb, int exact_max)
+{
+    if (sb->n_tokens == 1 || sb->mask)
+        return true;
+    if (!sb->want || sb->n_tokens > exact_max)
+        return false;
+    for (int i = 0; i < sb->n_tokens; i++)
+        if (!sb->want[i])
+            return false;
+    return true;
+}
+
 static int stage_batch(cairn_model *m, const cairn_kv_layout *kv, const cairn_seq_batch *seqs,
                        int n_seqs, int *T_out, int *n_out)
 {
@@ -705,39 +754,71 @@ static int stage_batch(cairn_model *m, const cairn_kv_layout *kv, const cairn_se
     if (kv->n_layer < hp->n_layer || kv->n_kv_head != hp->n_kv_head ||
         kv->head_dim != hp->head_dim)
         return CAIRN_EINVAL;
-    int T = 0, n_o = 0;
+    /* the logits rows come out in the caller's sequence order whatever
+     * order the rows are staged in: each sequence's first output row */
+    int n_o = 0, n_in = 0;
     for (int s = 0; s < n_seqs; s++) {
         const cairn_seq_batch *sb = &seqs[s];
         if (sb->n_tokens <= 0 || !sb->tokens || !sb->pages || sb->kv_start < 0)
             return CAIRN_EINVAL;
-        if (sb->n_tokens > m->params.max_batch_tokens - T)
+        if (sb->n_tokens > m->params.max_batch_tokens - n_in)
             return CAIRN_ERANGE;
-        int n_kv = sb->kv_start + sb->n_tokens;
-        if (n_kv > hp->n_ctx_train * 64) /* far beyond any sane context */
-            return CAIRN_ERANGE;
-        cairn_attn_seq *as = &m->attn_seqs[s];
-        as->q_start = T;
-        as->n_q = sb->n_tokens;
-        as->n_kv = n_kv;
-        as->q_index = m->q_index + T;
-        as->pages = sb->pages;
-        as->mask = sb->mask;
-        for (int i = 0; i < sb->n_tokens; i++, T++) {
-            int32_t tok = sb->tokens[i];
-            if (tok < 0 || tok >= hp->n_vocab)
-                return CAIRN_EINVAL;
-            int32_t kv_index = sb->kv_start + i;
-            m->tokens[T] = tok;
-            m->pos[T] = sb->pos ? sb->pos[i] : kv_index;
-            if (m->pos[T] < 0)
-                return CAIRN_EINVAL;
-            m->q_index[T] = kv_index;
-            m->slots[T] = sb->pages[kv_index / kv->page_size] * kv->page_size +
-                          kv_index % kv->page_size;
-            bool want = sb->want ? sb->want[i] != 0 : i == sb->n_tokens - 1;
-            if (want)
-                m->out_index[n_o++] = T;
+        n_in += sb->n_tokens;
+        m->seq_out[s] = n_o;
+        if (sb->want) {
+            for (int i = 0; i < sb->n_tokens; i++)
+                n_o += sb->want[i] != 0;
+        } else {
+            n_o++;
         }
+    }
+    /* pass 0: the exact sequences, pass 1: the others (one pass in the
+     * caller's order when the backend's rows never depend on their batch) */
+    const int passes = m->exact_max > 0 ? 2 : 1;
+    int T = 0, caller_start = 0;
+    m->exact_rows = 0;
+    m->reordered = false;
+    for (int pass = 0; pass < passes; pass++) {
+        caller_start = 0;
+        for (int s = 0; s < n_seqs; s++) {
+            const cairn_seq_batch *sb = &seqs[s];
+            const int first_row = caller_start;
+            caller_start += sb->n_tokens;
+            if (passes == 2 && seq_exact(sb, m->exact_max) != (pass == 0))
+                continue;
+            if (T != first_row)
+                m->reordered = true;
+            int n_kv = sb->kv_start + sb->n_tokens;
+            if (n_kv > hp->n_ctx_train * 64) /* far beyond any sane context */
+                return CAIRN_ERANGE;
+            cairn_attn_seq *as = &m->attn_seqs[s];
+            int o = m->seq_out[s];
+            as->q_start = T;
+            as->n_q = sb->n_tokens;
+            as->n_kv = n_kv;
+            as->q_index = m->q_index + T;
+            as->pages = sb->pages;
+            as->mask = sb->mask;
+            for (int i = 0; i < sb->n_tokens; i++, T++) {
+                int32_t tok = sb->tokens[i];
+                if (tok < 0 || tok >= hp->n_vocab)
+                    return CAIRN_EINVAL;
+                int32_t kv_index = sb->kv_start + i;
+                m->tokens[T] = tok;
+                m->pos[T] = sb->pos ? sb->pos[i] : kv_index;
+                if (m->pos[T] < 0)
+                    return CAIRN_EINVAL;
+                m->q_index[T] = kv_index;
+                m->slots[T] = sb->pages[kv_index / kv->page_size] * kv->page_size +
+                              kv_index % kv->page_size;
+                m->caller_row[T] = first_row + i;
+                bool want = sb->want ? sb->want[i] != 0 : i == sb->n_tokens - 1;
+                if (want)
+                    m->out_index[o++] = T;
+            }
+        }
+        if (pass == 0 && passes == 2)
+            m->exact_rows = T;
     }
     *T_out = T;
     *n_out = n_o;
@@ -789,6 +870,7 @@ static int forward_ops(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
     const cairn_layer_acts acts = {
         .x = m->x, .h = m->h, .q = m->q, .attn = m->attn, .k = m->k, .v = m->v,
         .gate = m->ffn_gate, .up = m->ffn_up, .gathered = m->gathered,
+        .exact_rows = m->exact_rows,
     };
     const cairn_attn_args attn = {
         .n_head = hp->n_head, .scale = 1.0f / sqrtf((float)hd), .n_seqs = n_seqs,
@@ -818,8 +900,11 @@ static int forward_ops(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
                         hp->rms_eps)); /* [n_o][dim] */
         if (hidden)
             TRY(op->download(be, hidden, m->out_rows, (size_t)n_o * dim * sizeof(float)));
-        for (int r = 0; r < n_o; r += LOGIT_CHUNK) {
-            int rows = n_o - r < LOGIT_CHUNK ? n_o - r : LOGIT_CHUNK;
+        /* chunks the backend keeps each row to itself in (batch invariance) */
+        const int chunk = m->exact_max > 0 && m->exact_max < LOGIT_CHUNK ? m->exact_max
+                                                                         : LOGIT_CHUNK;
+        for (int r = 0; r < n_o; r += chunk) {
+            int rows = n_o - r < chunk ? n_o - r : chunk;
             /* kept rows go through the same chunked projection, so they are
              * the very values the download path would have returned */
             float *dst = keep ? m->logits_keep + (size_t)r * hp->n_vocab : m->logits;
@@ -836,14 +921,23 @@ static int forward_ops(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
             TRY(op->download(be, m->layer_states_host + i * block, m->layer_states + i * block,
                              (size_t)T * dim * sizeof(float)));
         TRY(cairn_backend_synchronize(be));
-        for (int t = 0; t < T; t++)
+        for (int t = 0; t < T; t++) /* staged row t is the caller's row caller_row[t] */
             for (int i = 0; i < n; i++)
-                memcpy(features + ((size_t)t * n + i) * dim,
+                memcpy(features + ((size_t)m->caller_row[t] * n + i) * dim,
                        m->layer_states_host + i * block + (size_t)t * dim,
                        (size_t)dim * sizeof(float));
     } else if (features) { /* the output norm over every row; out_rows holds T rows */
         TRY(op->rmsnorm(be, m->out_rows, m->x, m->output_norm.data, T, dim, hp->rms_eps));
-        TRY(op->download(be, features, m->out_rows, (size_t)T * dim * sizeof(float)));
+        if (!m->reordered) {
+            TRY(op->download(be, features, m->out_rows, (size_t)T * dim * sizeof(float)));
+        } else { /* each sequence's rows are contiguous in both orders */
+            for (int s = 0; s < n_seqs; s++) {
+                const cairn_attn_seq *as = &m->attn_seqs[s];
+                TRY(op->download(be, features + (size_t)m->caller_row[as->q_start] * dim,
+                                 m->out_rows + (size_t)as->q_start * dim,
+                                 (size_t)as->n_q * dim * sizeof(float)));
+            }
+        }
     }
     return CAIRN_OK;
 }

@@ -73,25 +73,39 @@
  * context, q_index, the window) and the shape, never on the batch, the
  * number of rows in the call, or which other sequences are present. So
  * which kernel a row takes and its chunking are a pure function of its
- * visible key count and (n_head, head_dim) (attn_split_chunks), never of
+ * visible key count and (n_head, head_dim) (attn_split_count), never of
  * the batch size or the SM count; how rows are grouped into launches and
  * where their partials lie changes no value. Same row alone or in a batch:
  * same bits. The one exception: if the scratch cannot be allocated (out
  * of device memory) the long rows fall back to the row kernel, logged.
  * CAIRN_CUDA_SPLIT_ATTN=0 (process-wide, read once) turns the path off,
  * for measuring one kernel against the other.
- * Masked rows (trees), prefills and rows whose partials alone would pass
- * the scratch bound (~1M keys at 32 heads of 128) stay on the other
- * kernels.
+ * Prefills and rows whose partials alone would pass the scratch bound
+ * (~1M keys at 32 heads of 128) stay on the other kernels.
+ *
+ * Verification rows (a sequence with a mask: a speculative tree or chain)
+ * must give the bits the same token gets as a plain decode row, or
+ * speculation would not be lossless at near-ties. A decode row's sums
+ * depend on how its visible keys fall into tiles and chunks, counted from
+ * its first visible key; a tree row's visible keys are its prefix and its
+ * ancestors, which sit at tree slots, not at the consecutive indices the
+ * accepted tokens would have had. So a masked row is staged as the list of
+ * its visible keys in index order (the leading run [j_lo, j_lo + n_run) as
+ * two numbers, the keys after it listed) and goes to the row kernel or the
+ * split path by its visible count, exactly as a decode row, which walks
+ * the same positions 0, 1, 2, ... of that list: the same tiles, chunks and
+ * order of additions, hence the same bits (tests/gpu/test_gpu_ops.c,
+ * test_attention_verify_rows). The tiled kernel keeps the prefills.
  *
  * Not done yet: tensor cores for the tiled kernel, and the split path's
  * K/V loads are per element (cu_kv_elem), not vectorized (docs/cuda.md,
  * bench/gpu/NOTES.md).
  *
- * Host arrays (page tables, q_index, masks) are staged into one region:
- *   seq_desc[n_seqs] | (seq, i)[rows] | tiles[n_tiles] |
+ * Host arrays (page tables, q_index, listed keys) are staged into one
+ * region:
+ *   seq_desc[n_seqs] | row_info[rows] | tiles[n_tiles] |
  *   split_row[n_split] | (split row, chunk)[n_chunks] | pages... |
- *   q_index... | masks...
+ *   q_index... and listed keys...
  */
 #include <math.h>
 #include <stdlib.h>
@@ -121,6 +135,19 @@
 static_assert(ATTN_SPLIT_TILE <= ATTN_THREADS, "a thread per key of a tile resolves its offset");
 static_assert(ATTN_SPLIT_G <= ATTN_THREADS, "a thread per head keeps m and l");
 
+/* A row of the row kernel: (sequence, row within it), then for a listed
+ * (masked) row its visible keys as positions 0 .. n_vis - 1: the run
+ * j_lo .. j_lo + n_run - 1, then n_vis - n_run keys listed at tail_off in
+ * the staged ints (-1: none); j_lo = -1 for an unlisted row (its keys come
+ * from its q_index and the window). */
+#define ATTN_ROW_INFO 6
+
+/* The key at position p of a listed row. */
+static __device__ __forceinline__ int listed_key(int p, int j_lo, int n_run, const int32_t *tail)
+{
+    return p < n_run ? j_lo + p : tail[p - n_run];
+}
+
 typedef struct {
     int q_start, n_q, n_kv;
     int has_mask;
@@ -143,17 +170,24 @@ static __global__ void attention_kernel(float *out, const float *q, const uint8_
 
     const int row = blockIdx.x, h = blockIdx.y;
     /* (sequence, row within it) of this flattened query row */
-    const attn_seq_desc sd = descs[row_info[2 * row]];
-    const int i = row_info[2 * row + 1];
+    const int32_t *ri = row_info + (size_t)ATTN_ROW_INFO * row;
+    const attn_seq_desc sd = descs[ri[0]];
+    const int i = ri[1];
     const int group = n_head / n_kv_head;
     const int kvh = h / group;
     const size_t q_off = ((size_t)(sd.q_start + i) * n_head + h) * head_dim;
     const int32_t *pages = ints + sd.pages_off;
-    const uint8_t *mask = sd.has_mask ? masks + sd.mask_off + (size_t)i * sd.n_kv : NULL;
-    const int n_scan = mask ? sd.n_kv : ints[sd.qidx_off + i] + 1;
+    /* a listed row scans positions 0 .. n_vis - 1 of its visible keys
+     * (listed_key); an unlisted one the keys j_lo .. n_scan - 1 themselves */
+    const int listed = ri[2] >= 0;
+    const int run_lo = ri[2], n_run = ri[3];
+    const int32_t *tail = listed && ri[5] >= 0 ? ints + ri[5] : NULL;
+    const uint8_t *mask =
+        !listed && sd.has_mask ? masks + sd.mask_off + (size_t)i * sd.n_kv : NULL;
+    const int n_scan = listed ? ri[4] : mask ? sd.n_kv : ints[sd.qidx_off + i] + 1;
     /* first key inside the window: the scan starts there (O(window) reads) */
     int j_lo = 0;
-    if (window > 0) {
+    if (window > 0 && !listed) {
         const int lo = ints[sd.qidx_off + i] - window + 1;
         j_lo = lo > 0 ? lo : 0;
     }
@@ -176,7 +210,7 @@ static __global__ void attention_kernel(float *out, const float *q, const uint8_
         const int tile = n_scan - j0 < ATTN_TILE ? n_scan - j0 : ATTN_TILE;
         /* 1. scores */
         for (int jj = warp; jj < tile; jj += ATTN_THREADS / 32) {
-            const int j = j0 + jj;
+            const int j = listed ? listed_key(j0 + jj, run_lo, n_run, tail) : j0 + jj;
             float s = -INFINITY;
             if (!mask || mask[j]) {
                 const uint8_t *k =
@@ -229,7 +263,7 @@ static __global__ void attention_kernel(float *out, const float *q, const uint8_
                 const float p = s_p[jj];
                 if (p == 0.0f)
                     continue; /* masked (or underflowed to nothing) */
-                const int j = j0 + jj;
+                const int j = listed ? listed_key(j0 + jj, run_lo, n_run, tail) : j0 + jj;
                 const uint8_t *v =
                     pool + (size_t)pages[j / page_size] * page_bytes +
                     (((size_t)layer * 2 + 1) * page_size + (size_t)(j % page_size)) * row_bytes +
@@ -270,15 +304,19 @@ static __global__ void attention_kernel(float *out, const float *q, const uint8_
 
 /* ---- split-KV decode (FlashDecoding) -------------------------------------- */
 
-/* A decode row taken by the split path: its visible keys [j_lo, j_hi) in
- * n_chunks chunks of ATTN_SPLIT_CHUNK; its partials are records
+/* A row taken by the split path: its n_vis visible keys, as positions
+ * 0 .. n_vis - 1 (the run j_lo .. j_lo + n_run - 1, then the keys listed
+ * at tail_off; a decode row is all run), in n_chunks chunks of
+ * ATTN_SPLIT_CHUNK positions; its partials are records
  * part_base .. part_base + n_chunks - 1 (per head) of its launch group. */
 typedef struct {
-    int q_row;   /* row of q / out                               */
-    int j_lo;    /* first visible key (the window's), 0 without  */
-    int j_hi;    /* one past the last visible key: q_index + 1   */
+    int q_row;   /* row of q / out                                   */
+    int j_lo;    /* first visible key (the window's), 0 without      */
+    int n_run;   /* visible keys j_lo .. j_lo + n_run - 1            */
+    int n_vis;   /* n_run + the listed keys                          */
     int n_chunks;
-    int64_t pages_off; /* int32 offset into the staged int32 area */
+    int64_t pages_off; /* int32 offset into the staged int32 area     */
+    int64_t tail_off;  /* int32 offset of the listed keys, -1: none   */
     int64_t part_base; /* chunk records before this row's, in its group */
 } attn_split_row;
 
@@ -323,8 +361,10 @@ static __global__ void attention_split_kernel(float *part, const float *q, const
     const int gn = group - slice * ATTN_SPLIT_G < ATTN_SPLIT_G ? group - slice * ATTN_SPLIT_G
                                                                : ATTN_SPLIT_G;
     const int hd = head_dim;
-    const int j_begin = sr.j_lo + c * ATTN_SPLIT_CHUNK;
-    const int j_end = sr.j_hi - j_begin < ATTN_SPLIT_CHUNK ? sr.j_hi : j_begin + ATTN_SPLIT_CHUNK;
+    /* positions of the row's visible keys (listed_key), not key indices */
+    const int j_begin = c * ATTN_SPLIT_CHUNK;
+    const int j_end = sr.n_vis - j_begin < ATTN_SPLIT_CHUNK ? sr.n_vis : j_begin + ATTN_SPLIT_CHUNK;
+    const int32_t *tail = sr.tail_off >= 0 ? ints + sr.tail_off : NULL;
     const int32_t *pages = ints + sr.pages_off;
     const size_t head_off = (size_t)kvh * head_bytes;
     const size_t v_off = (size_t)page_size * row_bytes; /* V follows K in the layer */
@@ -354,7 +394,7 @@ static __global__ void attention_split_kernel(float *part, const float *q, const
         /* 0. each key's page id and offset once (no divide or dependent
          * page-table load per element below); V is page_size rows on */
         if (threadIdx.x < tile) {
-            const int j = j0 + threadIdx.x;
+            const int j = listed_key(j0 + threadIdx.x, sr.j_lo, sr.n_run, tail);
             s_koff[threadIdx.x] =
                 (size_t)pages[j / page_size] * page_bytes +
                 (((size_t)layer * 2) * page_size + (size_t)(j % page_size)) * row_bytes + head_off;
@@ -725,30 +765,64 @@ static int attn_split_enabled(void)
     return v;
 }
 
-/* The number of chunks when `seq` takes the split path, else 0; *j_lo its
- * first visible key. A pure function of this sequence (one unmasked query
- * row, its q_index, the window) and of the shape (n_head, head_dim) — never
- * of the other sequences, the row count or the device — so a row gets the
- * same kernels, and the same bits, alone or in any batch. */
-static int attn_split_chunks(const cairn_attn_seq *seq, int window, int n_head, int head_dim,
-                             int *j_lo)
+/* The number of chunks a row of `visible` keys is split into, else 0 (the
+ * row kernel). A pure function of the row's visible key count and the shape
+ * (n_head, head_dim) — never of the other sequences, the row count or the
+ * device — so a row gets the same kernels, and the same bits, alone or in
+ * any batch, as a decode row or a verification row. */
+static int attn_split_count(int visible, int n_head, int head_dim)
 {
-    if (seq->n_q != 1 || seq->mask || !attn_split_enabled())
-        return 0; /* prefills (tiled kernel), trees (masks): the other kernels */
+    if (visible <= ATTN_SPLIT_MIN_KEYS || !attn_split_enabled())
+        return 0;
+    const int n_chunks = (visible + ATTN_SPLIT_CHUNK - 1) / ATTN_SPLIT_CHUNK;
+    if (attn_split_bytes(n_chunks, n_head, head_dim) > ATTN_SPLIT_SCRATCH_MAX)
+        return 0;
+    return n_chunks;
+}
+
+/* The visible keys of an unlisted decode row (one query row, no mask):
+ * [*j_lo, q_index + 1) after the window. */
+static int decode_row_keys(const cairn_attn_seq *seq, int window, int *j_lo)
+{
     const int qi = seq->q_index[0];
     int lo = 0;
     if (window > 0) {
         lo = qi - window + 1;
         lo = lo > 0 ? lo : 0;
     }
-    const int visible = qi + 1 - lo;
-    if (visible <= ATTN_SPLIT_MIN_KEYS)
-        return 0;
-    const int n_chunks = (visible + ATTN_SPLIT_CHUNK - 1) / ATTN_SPLIT_CHUNK;
-    if (attn_split_bytes(n_chunks, n_head, head_dim) > ATTN_SPLIT_SCRATCH_MAX)
-        return 0;
     *j_lo = lo;
-    return n_chunks;
+    return qi + 1 - lo;
+}
+
+/* The visible keys of row i of a masked sequence, in index order: the run
+ * [*j_lo, *j_lo + *n_run) from the first visible key, then the others
+ * (written to tail when it is not NULL). Returns their number. A key is
+ * visible when the mask says so and, with a window, j > q_index - window. */
+static int masked_row_keys(const cairn_attn_seq *seq, int i, int window, int *j_lo, int *n_run,
+                           int32_t *tail)
+{
+    const uint8_t *mask = seq->mask + (size_t)i * seq->n_kv;
+    int lo = 0;
+    if (window > 0) {
+        lo = seq->q_index[i] - window + 1;
+        lo = lo > 0 ? lo : 0;
+    }
+    int j = lo;
+    while (j < seq->n_kv && !mask[j])
+        j++;
+    *j_lo = j;
+    const int run_start = j;
+    while (j < seq->n_kv && mask[j])
+        j++;
+    *n_run = j - run_start;
+    int n = *n_run;
+    for (; j < seq->n_kv; j++)
+        if (mask[j]) {
+            if (tail)
+                tail[n - *n_run] = j;
+            n++;
+        }
+    return n;
 }
 
 /* Both passes for the split rows r_lo .. r_hi - 1, whose chunks are
@@ -796,26 +870,52 @@ int cuda_attention(cairn_backend *be, const cairn_attn_args *a)
     cuda_ctx *ctx = cuda_ctx_of(be);
     const int hd = L->head_dim, W = a->window;
 
-    /* Split decode rows (attn_split_chunks) and the scratch their partials
-     * need: rows are taken in sequence order into launch groups of at most
-     * ATTN_SPLIT_SCRATCH_MAX bytes, which run one after the other in the
-     * same scratch. The grouping depends on the batch, the values do not. */
-    int64_t n_split = 0, n_chunks = 0;
+    /* Where each row goes: a prefill (several query rows, no mask) to the
+     * tiled kernel when the head fits its shared memory; a decode row
+     * (one query row, no mask) and every row of a masked sequence (listed
+     * by its visible keys) to the split path when it has enough visible
+     * keys (attn_split_count), else to the row kernel.
+     * Pass 1 sizes: split rows are taken in order into launch groups of at
+     * most ATTN_SPLIT_SCRATCH_MAX bytes of partials, which run one after
+     * the other in the same scratch. The grouping depends on the batch,
+     * the values do not. */
+    const int tiled_hd = hd <= ATTN_TILE_MAX_HD;
+    int64_t n_split = 0, n_chunks = 0, n_rows = 0, n_tiles = 0, n_ints = 0;
     size_t group_bytes = 0, scratch_bytes = 0;
     for (int s = 0; s < a->n_seqs; s++) {
-        int j_lo;
-        const int nc = attn_split_chunks(&a->seqs[s], W, a->n_head, hd, &j_lo);
-        if (nc == 0)
+        const cairn_attn_seq *seq = &a->seqs[s];
+        n_ints += (seq->n_kv + L->page_size - 1) / L->page_size;
+        if (!seq->mask && tiled_hd && seq->n_q >= ATTN_TILE_MIN_ROWS) {
+            n_tiles += (seq->n_q + ATTN_TILE_Q - 1) / ATTN_TILE_Q;
+            n_ints += seq->n_q;
             continue;
-        const size_t b = attn_split_bytes(nc, a->n_head, hd);
-        if (group_bytes + b > ATTN_SPLIT_SCRATCH_MAX)
-            group_bytes = 0;
-        group_bytes += b;
-        scratch_bytes = group_bytes > scratch_bytes ? group_bytes : scratch_bytes;
-        n_split++;
-        n_chunks += nc;
+        }
+        if (!seq->mask)
+            n_ints += seq->n_q;
+        for (int i = 0; i < seq->n_q; i++) {
+            int j_lo, n_run, visible, nc = 0;
+            if (seq->mask) {
+                visible = masked_row_keys(seq, i, W, &j_lo, &n_run, NULL);
+                n_ints += visible - n_run;
+            } else {
+                visible = seq->n_q == 1 ? decode_row_keys(seq, W, &j_lo) : 0;
+            }
+            nc = attn_split_count(visible, a->n_head, hd);
+            if (nc == 0) {
+                n_rows++;
+                continue;
+            }
+            const size_t b = attn_split_bytes(nc, a->n_head, hd);
+            if (group_bytes + b > ATTN_SPLIT_SCRATCH_MAX)
+                group_bytes = 0;
+            group_bytes += b;
+            scratch_bytes = group_bytes > scratch_bytes ? group_bytes : scratch_bytes;
+            n_split++;
+            n_chunks += nc;
+        }
     }
-    if (n_chunks > INT32_MAX)
+    if (n_chunks > INT32_MAX || n_rows + n_split > INT32_MAX || n_tiles > INT32_MAX ||
+        n_ints > INT32_MAX)
         return CAIRN_EINVAL;
     int use_split = n_split > 0;
     void *part = NULL;
@@ -839,46 +939,26 @@ int cuda_attention(cairn_backend *be, const cairn_attn_args *a)
              * answer within rounding) rather than fail the step */
             cairn_log(CAIRN_LOG_WARN,
                       "cuda attention: no %.1f MiB for split-KV partials; the row kernel "
-                      "takes the long decode rows",
+                      "takes the long rows",
                       (double)scratch_bytes / (1 << 20));
             use_split = 0;
+            n_rows += n_split;
             n_split = n_chunks = 0;
         } else if (rc != CAIRN_OK) {
             return rc;
         }
     }
 
-    /* Sizes of the staged pieces. Sequences with several query rows go to
-     * the tiled kernel (when the head fits its shared memory), long decode
-     * rows to the split path, the others row by row. */
-    const int tiled_hd = hd <= ATTN_TILE_MAX_HD;
-    int64_t n_rows = 0, n_tiles = 0, n_ints = 0, n_mask_bytes = 0;
-    for (int s = 0; s < a->n_seqs; s++) {
-        const cairn_attn_seq *seq = &a->seqs[s];
-        int j_lo;
-        if (tiled_hd && seq->n_q >= ATTN_TILE_MIN_ROWS)
-            n_tiles += (seq->n_q + ATTN_TILE_Q - 1) / ATTN_TILE_Q;
-        else if (!(use_split && attn_split_chunks(seq, W, a->n_head, hd, &j_lo) > 0))
-            n_rows += seq->n_q;
-        n_ints += (seq->n_kv + L->page_size - 1) / L->page_size;
-        if (seq->mask)
-            n_mask_bytes += (int64_t)seq->n_q * seq->n_kv;
-        if (!seq->mask || a->window > 0) /* the window needs every row's index */
-            n_ints += seq->n_q;
-    }
-    if (n_rows > INT32_MAX || n_tiles > INT32_MAX)
-        return CAIRN_EINVAL;
-
     const size_t desc_bytes = ((size_t)a->n_seqs * sizeof(attn_seq_desc) + 15) / 16 * 16;
-    const size_t rows_bytes = ((size_t)n_rows * 2 * sizeof(int32_t) + 15) / 16 * 16;
+    const size_t rows_bytes = ((size_t)n_rows * ATTN_ROW_INFO * sizeof(int32_t) + 15) / 16 * 16;
     const size_t tiles_bytes = ((size_t)n_tiles * sizeof(attn_qtile) + 15) / 16 * 16;
     const size_t srows_bytes = ((size_t)n_split * sizeof(attn_split_row) + 15) / 16 * 16;
     const size_t chunks_bytes = ((size_t)n_chunks * 2 * sizeof(int32_t) + 15) / 16 * 16;
     const size_t ints_bytes = ((size_t)n_ints * sizeof(int32_t) + 15) / 16 * 16;
     const size_t off_rows = desc_bytes, off_tiles = off_rows + rows_bytes;
     const size_t off_srows = off_tiles + tiles_bytes, off_chunks = off_srows + srows_bytes;
-    const size_t off_ints = off_chunks + chunks_bytes, off_masks = off_ints + ints_bytes;
-    const size_t total = off_masks + (size_t)n_mask_bytes;
+    const size_t off_ints = off_chunks + chunks_bytes;
+    const size_t total = off_ints + ints_bytes;
     uint8_t *host, *dev;
     if ((rc = cuda_stage_reserve(ctx, total, &host, &dev)) != CAIRN_OK)
         return rc;
@@ -886,75 +966,86 @@ int cuda_attention(cairn_backend *be, const cairn_attn_args *a)
     int32_t *row_info = (int32_t *)(host + off_rows);
     attn_qtile *tiles = (attn_qtile *)(host + off_tiles);
     int32_t *ints = (int32_t *)(host + off_ints);
-    uint8_t *masks = host + off_masks;
     attn_split_row *srows = (attn_split_row *)(host + off_srows);
     int32_t *chunk_tab = (int32_t *)(host + off_chunks);
-    int64_t row = 0, tile = 0, io = 0, mo = 0, sr = 0, ci = 0, group_chunks = 0;
+    int64_t row = 0, tile = 0, io = 0, sr = 0, ci = 0, group_chunks = 0;
     group_bytes = 0;
+    /* Pass 2 stages, in the same order: no mask is staged (masked rows are
+     * listed), every sequence's q_index is (windows, decode rows). */
     for (int s = 0; s < a->n_seqs; s++) {
         const cairn_attn_seq *seq = &a->seqs[s];
         attn_seq_desc *d = &descs[s];
         d->q_start = seq->q_start;
         d->n_q = seq->n_q;
         d->n_kv = seq->n_kv;
+        d->has_mask = 0;
+        d->mask_off = -1;
+        d->qidx_off = -1;
         const int n_pages = (seq->n_kv + L->page_size - 1) / L->page_size;
         d->pages_off = io;
         memcpy(ints + io, seq->pages, (size_t)n_pages * sizeof(int32_t));
         io += n_pages;
-        if (seq->mask) {
-            d->has_mask = 1;
-            d->qidx_off = -1;
-            d->mask_off = mo;
-            memcpy(masks + mo, seq->mask, (size_t)seq->n_q * seq->n_kv);
-            mo += (int64_t)seq->n_q * seq->n_kv;
-            if (a->window > 0) {
-                d->qidx_off = io;
-                memcpy(ints + io, seq->q_index, (size_t)seq->n_q * sizeof(int32_t));
-                io += seq->n_q;
-            }
-        } else {
-            d->has_mask = 0;
-            d->mask_off = -1;
+        if (!seq->mask) {
             d->qidx_off = io;
             memcpy(ints + io, seq->q_index, (size_t)seq->n_q * sizeof(int32_t));
             io += seq->n_q;
         }
-        int j_lo = 0;
-        const int nc = tiled_hd && seq->n_q >= ATTN_TILE_MIN_ROWS
-                           ? 0
-                           : (use_split ? attn_split_chunks(seq, W, a->n_head, hd, &j_lo) : 0);
-        if (nc > 0) {
-            /* the same grouping as the sizing loop above */
-            const size_t b = attn_split_bytes(nc, a->n_head, hd);
-            if (group_bytes + b > ATTN_SPLIT_SCRATCH_MAX) {
-                group_bytes = 0;
-                group_chunks = 0;
-            }
-            group_bytes += b;
-            attn_split_row *r = &srows[sr];
-            r->q_row = seq->q_start;
-            r->j_lo = j_lo;
-            r->j_hi = seq->q_index[0] + 1;
-            r->n_chunks = nc;
-            r->pages_off = d->pages_off;
-            r->part_base = group_chunks;
-            group_chunks += nc;
-            for (int c = 0; c < nc; c++, ci++) {
-                chunk_tab[2 * ci] = (int32_t)sr;
-                chunk_tab[2 * ci + 1] = c;
-            }
-            sr++;
-        } else if (tiled_hd && seq->n_q >= ATTN_TILE_MIN_ROWS) {
+        if (!seq->mask && tiled_hd && seq->n_q >= ATTN_TILE_MIN_ROWS) {
             for (int i0 = 0; i0 < seq->n_q; i0 += ATTN_TILE_Q, tile++) {
                 tiles[tile].seq = s;
                 tiles[tile].i0 = i0;
                 tiles[tile].n = seq->n_q - i0 < ATTN_TILE_Q ? seq->n_q - i0 : ATTN_TILE_Q;
             }
-        } else {
-            for (int i = 0; i < seq->n_q; i++, row++) {
-                row_info[2 * row] = s;
-                row_info[2 * row + 1] = i;
+            continue;
+        }
+        for (int i = 0; i < seq->n_q; i++) {
+            int j_lo = -1, n_run = 0, visible = 0;
+            int64_t tail_off = -1;
+            if (seq->mask) {
+                visible = masked_row_keys(seq, i, W, &j_lo, &n_run, ints + io);
+                if (visible > n_run) {
+                    tail_off = io;
+                    io += visible - n_run;
+                }
+            } else if (seq->n_q == 1) {
+                visible = decode_row_keys(seq, W, &j_lo);
+                n_run = visible;
             }
+            const int nc = use_split ? attn_split_count(visible, a->n_head, hd) : 0;
+            if (nc > 0) {
+                /* the same grouping as the sizing pass */
+                const size_t b = attn_split_bytes(nc, a->n_head, hd);
+                if (group_bytes + b > ATTN_SPLIT_SCRATCH_MAX) {
+                    group_bytes = 0;
+                    group_chunks = 0;
+                }
+                group_bytes += b;
+                attn_split_row *r = &srows[sr];
+                r->q_row = seq->q_start + i;
+                r->j_lo = j_lo;
+                r->n_run = n_run;
+                r->n_vis = visible;
+                r->n_chunks = nc;
+                r->pages_off = d->pages_off;
+                r->tail_off = tail_off;
+                r->part_base = group_chunks;
+                group_chunks += nc;
+                for (int c = 0; c < nc; c++, ci++) {
+                    chunk_tab[2 * ci] = (int32_t)sr;
+                    chunk_tab[2 * ci + 1] = c;
+                }
+                sr++;
+                continue;
+            }
+            int32_t *ri = row_info + (size_t)ATTN_ROW_INFO * row++;
+            ri[0] = s;
+            ri[1] = i;
+            /* a decode row keeps its own path (q_index, window); a masked
+             * row is listed */
+            ri[2] = seq->mask ? j_lo : -1;
+            ri[3] = n_run;
+            ri[4] = visible;
+            ri[5] = (int32_t)tail_off;
         }
     }
     /* every layer of a step stages the same tables: sent once per step */
@@ -964,18 +1055,13 @@ int cuda_attention(cairn_backend *be, const cairn_attn_args *a)
     const uint8_t *pool = (const uint8_t *)a->kv_pool + L->layer_base;
     const int R = L->rotation;
     if (n_split > 0) {
-        /* launch group by group, the same grouping again */
-        int64_t r = 0, r_lo = 0, c = 0, c_lo = 0;
+        /* launch group by group, the same grouping again (from the host
+         * copy of the split rows) */
+        int64_t r_lo = 0, c_lo = 0, c = 0;
         group_bytes = 0;
-        for (int s = 0; s <= a->n_seqs; s++) {
-            int j_lo, nc = 0;
-            if (s < a->n_seqs) {
-                nc = attn_split_chunks(&a->seqs[s], W, a->n_head, hd, &j_lo);
-                if (nc == 0)
-                    continue;
-            }
-            const size_t b = s < a->n_seqs ? attn_split_bytes(nc, a->n_head, hd) : 0;
-            if (s == a->n_seqs || group_bytes + b > ATTN_SPLIT_SCRATCH_MAX) {
+        for (int64_t r = 0; r <= n_split; r++) {
+            const size_t b = r < n_split ? attn_split_bytes(srows[r].n_chunks, a->n_head, hd) : 0;
+            if (r == n_split || group_bytes + b > ATTN_SPLIT_SCRATCH_MAX) {
                 if (r > r_lo &&
                     (rc = attn_split_launch(ctx, a, pool, head_bytes, (float *)part,
                                             (const attn_split_row *)(dev + off_srows),
@@ -987,11 +1073,10 @@ int cuda_attention(cairn_backend *be, const cairn_attn_args *a)
                 c_lo = c;
                 group_bytes = 0;
             }
-            if (s == a->n_seqs)
+            if (r == n_split)
                 break;
             group_bytes += b;
-            r++;
-            c += nc;
+            c += srows[r].n_chunks;
         }
     }
     if (n_rows > 0) {
@@ -1000,7 +1085,7 @@ int cuda_attention(cairn_backend *be, const cairn_attn_args *a)
     attention_kernel<KT><<<grid, ATTN_THREADS, 0, ctx->stream>>>(                                  \
         a->out, a->q, pool, a->layer, L->n_kv_head, L->head_dim, L->page_size, head_bytes, R, W,   \
         L->row_bytes, L->page_bytes, a->n_head, a->scale, (const attn_seq_desc *)dev,             \
-        (const int32_t *)(dev + off_rows), (const int32_t *)(dev + off_ints), dev + off_masks)
+        (const int32_t *)(dev + off_rows), (const int32_t *)(dev + off_ints), NULL)
         CUDA_KV_TYPE_DISPATCH(L->dtype, ATTN_ROW_LAUNCH)
 #undef ATTN_ROW_LAUNCH
         CUDA_LAUNCHED("attention");
@@ -1014,7 +1099,7 @@ int cuda_attention(cairn_backend *be, const cairn_attn_args *a)
     attention_tile_kernel<KT><<<grid, threads, smem, ctx->stream>>>(                               \
         a->out, a->q, pool, a->layer, L->n_kv_head, hd, L->page_size, head_bytes, R, W,            \
         L->row_bytes, L->page_bytes, a->n_head, a->scale, (const attn_seq_desc *)dev,             \
-        (const attn_qtile *)(dev + off_tiles), (const int32_t *)(dev + off_ints), dev + off_masks)
+        (const attn_qtile *)(dev + off_tiles), (const int32_t *)(dev + off_ints), NULL)
         CUDA_KV_TYPE_DISPATCH(L->dtype, ATTN_TILE_LAUNCH)
 #undef ATTN_TILE_LAUNCH
         CUDA_LAUNCHED("attention_tile");

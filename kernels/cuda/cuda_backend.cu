@@ -582,6 +582,7 @@ static void cuda_iface_init(void)
     cuda_iface.synchronize = cuda_synchronize;
     cuda_iface.get_rows = cuda_get_rows;
     cuda_iface.matmul = cuda_matmul;
+    cuda_iface.matmul_invariant_rows = cuda_matmul_invariant_rows;
     cuda_iface.rmsnorm = cuda_rmsnorm;
     cuda_iface.rope = cuda_rope;
     cuda_iface.swiglu = cuda_swiglu;

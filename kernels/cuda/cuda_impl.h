@@ -176,6 +176,7 @@ int cuda_get_rows(cairn_backend *be, float *out, const void *table, cairn_type t
                   const int32_t *ids, int T);
 int cuda_matmul(cairn_backend *be, float *y, const void *W, cairn_type wtype, const float *x, int T,
                 int n_in, int n_out);
+int cuda_matmul_invariant_rows(const cairn_backend *be, cairn_type wtype);
 int cuda_rmsnorm(cairn_backend *be, float *out, const float *x, const float *w, int T, int D,
                  float eps);
 int cuda_rope(cairn_backend *be, float *x, int T, int n_heads, int head_dim, const int32_t *pos,

@@ -387,6 +387,22 @@ static int matmul_dequant_sgemm(cuda_ctx *ctx, float *y, const uint8_t *W, cairn
     return CAIRN_OK;
 }
 
+/* The T up to which matmul keeps a row to itself (backend.h, "Batch
+ * invariance"): the GEMVs run one fmaf chain per output whatever T is, up
+ * to their bound; F32 weights always go to cuBLAS, whose kernel depends on
+ * the shape. (16-bit weights whose rows are not whole 32-element blocks
+ * need 16-byte aligned x for their GEMV; every model's widths are whole
+ * blocks.) */
+int cuda_matmul_invariant_rows(const cairn_backend *be, cairn_type wtype)
+{
+    (void)be;
+    if (wtype == CAIRN_TYPE_F32)
+        return -1;
+    if (wtype == CAIRN_TYPE_F16 || wtype == CAIRN_TYPE_BF16)
+        return GEMV_16_MAX_T;
+    return GEMV_QUANT_MAX_T;
+}
+
 int cuda_matmul(cairn_backend *be, float *y, const void *W, cairn_type wtype, const float *x, int T,
                 int n_in, int n_out)
 {

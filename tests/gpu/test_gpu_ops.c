@@ -1352,6 +1352,134 @@ static void test_attention_split(void **state)
  * host in double to each run of R elements; F32 pages must hold that
  * within float rounding, and Q8_0/Q4_0 pages the blocks common/quant.c
  * makes of the host-rotated values (up to the boundary cases above). */
+/* ---- verification rows give a decode row's bits ---------------------------------- */
+
+/* A speculative tree of VT_N nodes after a prefix of P keys: node x's
+ * parent, and its path from the root (x last). */
+#define VT_N 6
+static const int vt_parent[VT_N] = {-1, 0, 0, 1, 2, 3};
+
+static int vt_path(int x, int path[VT_N])
+{
+    int n = 0, rev[VT_N];
+    for (int y = x; y >= 0; y = vt_parent[y])
+        rev[n++] = y;
+    for (int i = 0; i < n; i++)
+        path[i] = rev[n - 1 - i];
+    return n;
+}
+
+/* Writes keys/values [T][width] at KV indices 0..T-1 of a sequence. */
+static void vt_store(const cairn_kv_layout *L, void *pool_c, int layer, const int32_t *pages,
+                     const float *k, const float *v, int T)
+{
+    const size_t width = (size_t)L->n_kv_head * L->head_dim;
+    int32_t *slots = kt_xmalloc((size_t)T * 4);
+    for (int t = 0; t < T; t++)
+        slots[t] = pages[t / L->page_size] * L->page_size + t % L->page_size;
+    void *K = kt_dev(cpu, k, (size_t)T * width * 4), *V = kt_dev(cpu, v, (size_t)T * width * 4);
+    assert_int_equal(cpu->iface->kv_store(cpu, pool_c, L, layer, K, V, slots, T), CAIRN_OK);
+    cpu->iface->free(cpu, K);
+    cpu->iface->free(cpu, V);
+    free(slots);
+}
+
+/* Every row of a verification tree (a masked sequence: its prefix, its
+ * ancestors and itself visible, the ancestors at tree slots) against the
+ * same query decoded plainly over a cache that holds the accepted path at
+ * consecutive indices: the same bits (speculation is lossless only so),
+ * with P keys before the tree on the row kernel (P < 1024) and on the split
+ * path (P > 1024). */
+static void check_verify_rows(kt_rng *r, cairn_type dtype, int P, int window)
+{
+    cairn_kv_layout L;
+    const int n_kv_head = 2, group = 4, head_dim = 64, page_size = 16, layer = 1;
+    assert_int_equal(cairn_kv_layout_init(&L, 2, n_kv_head, head_dim, page_size, dtype), CAIRN_OK);
+    const int n_head = n_kv_head * group, n_tree = P + VT_N;
+    const int tree_pages = (n_tree + page_size - 1) / page_size;
+    const int path_pages = (P + VT_N + page_size - 1) / page_size;
+    const int n_pages = tree_pages + VT_N * path_pages;
+    int32_t *perm = kt_xmalloc((size_t)n_pages * sizeof(int32_t));
+    kt_permutation(r, perm, n_pages);
+    const size_t pool_bytes = (size_t)n_pages * L.page_bytes;
+    void *pool_c = kt_dev(cpu, NULL, pool_bytes), *pool_g = kt_dev(gpu, NULL, pool_bytes);
+    const size_t width = (size_t)n_kv_head * head_dim;
+    float *k = kt_xmalloc((size_t)n_tree * width * 4), *v = kt_xmalloc((size_t)n_tree * width * 4);
+    kt_fill(r, k, (size_t)n_tree * width, -1, 1);
+    kt_fill(r, v, (size_t)n_tree * width, -1, 1);
+    vt_store(&L, pool_c, layer, perm, k, v, n_tree);
+    /* sequence 1 + x: the prefix, then node x's path at consecutive indices */
+    float *kp = kt_xmalloc((size_t)(P + VT_N) * width * 4);
+    float *vp = kt_xmalloc((size_t)(P + VT_N) * width * 4);
+    int path[VT_N][VT_N], depth[VT_N];
+    for (int x = 0; x < VT_N; x++) {
+        depth[x] = vt_path(x, path[x]);
+        memcpy(kp, k, (size_t)P * width * 4);
+        memcpy(vp, v, (size_t)P * width * 4);
+        for (int i = 0; i < depth[x]; i++) {
+            memcpy(kp + (size_t)(P + i) * width, k + (size_t)(P + path[x][i]) * width, width * 4);
+            memcpy(vp + (size_t)(P + i) * width, v + (size_t)(P + path[x][i]) * width, width * 4);
+        }
+        vt_store(&L, pool_c, layer, perm + tree_pages + x * path_pages, kp, vp, P + depth[x]);
+    }
+    {
+        uint8_t *c = kt_host(cpu, pool_c, pool_bytes);
+        assert_int_equal(gpu->iface->upload(gpu, pool_g, c, pool_bytes), CAIRN_OK);
+        free(c);
+    }
+    const size_t row_width = (size_t)n_head * head_dim;
+    float *q = kt_xmalloc((size_t)VT_N * row_width * 4);
+    kt_fill(r, q, (size_t)VT_N * row_width, -4.0f, 4.0f);
+    /* the tree: all VT_N rows in one masked sequence */
+    uint8_t *mask = kt_xmalloc((size_t)VT_N * n_tree);
+    int32_t qidx[VT_N];
+    for (int x = 0; x < VT_N; x++) {
+        memset(mask + (size_t)x * n_tree, 1, (size_t)P);
+        for (int i = 0; i < depth[x]; i++)
+            mask[(size_t)x * n_tree + P + path[x][i]] = 1;
+        qidx[x] = P + x;
+    }
+    cairn_attn_seq tree = {0, VT_N, n_tree, qidx, perm, mask};
+    float *gt = split_run_gpu(&L, n_head, pool_g, q, VT_N, &tree, 1, window, 0);
+    for (int x = 0; x < VT_N; x++) {
+        int32_t qi[1] = {P + depth[x] - 1};
+        cairn_attn_seq plain = {0, 1, P + depth[x], qi, perm + tree_pages + x * path_pages, NULL};
+        float *gp = split_run_gpu(&L, n_head, pool_g, q + (size_t)x * row_width, 1, &plain, 1,
+                                  window, 0);
+        char what[128];
+        snprintf(what, sizeof what,
+                 "%s, %d keys before the tree, window %d: tree row %d (depth %d) vs the same "
+                 "token decoded",
+                 cairn_kv_type_name(dtype), P, window, x, depth[x]);
+        KT_SAME_BYTES(gt + (size_t)x * row_width, gp, row_width * 4, what);
+        free(gp);
+    }
+    free(gt);
+    free(q);
+    free(mask);
+    free(kp);
+    free(vp);
+    free(k);
+    free(v);
+    cpu->iface->free(cpu, pool_c);
+    gpu->iface->free(gpu, pool_g);
+    free(perm);
+}
+
+static void test_attention_verify_rows(void **state)
+{
+    (void)state;
+    kt_rng r = kt_rng_for("attention verify rows");
+    check_verify_rows(&r, CAIRN_TYPE_F16, 100, 0);  /* the row kernel */
+    check_verify_rows(&r, CAIRN_TYPE_F16, 58, 0);   /* the tree across a 64-key tile */
+    check_verify_rows(&r, CAIRN_TYPE_Q8_0, 1500, 0); /* the split path, rotated keys */
+    check_verify_rows(&r, CAIRN_TYPE_F16, 1100, 0);  /* the split path's last chunk short */
+    /* No windows: a tree row's window is counted from its slot (q_index),
+     * a decoded token's from its position, on the CPU as here; sliding-
+     * window models are refused today, and their speculation must count
+     * from the position when they come. */
+}
+
 static void check_kv_rotation(kt_rng *r, cairn_type dtype, int n_kv_head, int head_dim, int R)
 {
     cairn_kv_layout L;
@@ -1525,6 +1653,7 @@ int main(void)
         cmocka_unit_test(test_softmax),    cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_kv_types), cmocka_unit_test(test_attention_windows),
         cmocka_unit_test(test_attention_split),
+        cmocka_unit_test(test_attention_verify_rows),
         cmocka_unit_test(test_kv_rotation),
         cmocka_unit_test(test_kv_pool_high_offsets),
     };
