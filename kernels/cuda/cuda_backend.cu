@@ -30,6 +30,7 @@
 
 int cuda_fail(const char *what, cudaError_t err)
 {
+    cudaGetLastError(); /* reported here: not a later kernel's failure */
     cairn_log(CAIRN_LOG_ERROR, "cuda: %s failed: %s", what, cudaGetErrorString(err));
     return CAIRN_EBACKEND;
 }
@@ -239,6 +240,8 @@ int cuda_debug_sync(void) { return debug_sync; }
 
 int cuda_launched(const char *what)
 {
+    /* Only this launch's error can be here: cuda_enter cleared what came
+     * before the op, and every call since was checked where it was made. */
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess && debug_sync)
         e = cudaDeviceSynchronize();
@@ -260,6 +263,15 @@ int cuda_enter(cairn_backend *be)
     if (!be || !be->ctx)
         return CAIRN_EINVAL;
     CUDA_TRY(cudaSetDevice(cuda_ctx_of(be)->device));
+    /* The runtime keeps the last unsuccessful return of any call as the
+     * thread's last error, and CUDA_LAUNCHED reads it to learn whether a
+     * launch failed. Whatever is there now was already returned to its own
+     * caller or deliberately let go (a fence poll's cudaErrorNotReady, a
+     * free during teardown): left in place, it would fail this op's first
+     * kernel ("kernel get_rows failed: device not ready"). Cleared at every
+     * entry, a kernel is blamed only for its own launch. A sticky error (a
+     * context that faulted) survives this and fails the next call anyway. */
+    cudaGetLastError();
     return CAIRN_OK;
 }
 
