@@ -14,7 +14,9 @@
  *   - host→device→host round trips of many pages are byte-exact;
  *   - page-locked memory comes zeroed; device memory figures are sane;
  *   - a kernel op issued right after a poll that found a copy still running
- *     succeeds (the poll leaves no error behind).
+ *     succeeds (the poll leaves no error behind);
+ *   - on a GPU the backend has the slots at all (else the fallbacks would
+ *     pass all of the above).
  *
  * Random inputs are seeded (rerun with CAIRN_TEST_SEED). Skips, fails or
  * runs as gpu_probe.h says (77 only when there is no CUDA device at all). With CAIRN_GPU_TEST_BACKEND=cpu the
@@ -271,6 +273,20 @@ static void test_round_trip(void **state)
     gpu->iface->free(gpu, dev);
 }
 
+/* On a GPU the copy slots must be the backend's own: without them the
+ * wrappers' synchronous fallbacks would pass every check in this file. */
+static void test_slots_present(void **state)
+{
+    (void)state;
+    if (gpu_test_is_harness())
+        return; /* the CPU backend has none: the fallbacks are what runs */
+    assert_non_null(gpu->iface->host_alloc);
+    assert_non_null(gpu->iface->host_free);
+    assert_non_null(gpu->iface->transfer);
+    assert_non_null(gpu->iface->fence_wait);
+    assert_non_null(gpu->iface->memory_info);
+}
+
 /* A non-blocking poll that finds the copy still running, and then at once a
  * kernel: the poll's "not ready" must not become the kernel's failure (the
  * CUDA runtime records it as the thread's last error, which a launch check
@@ -345,6 +361,7 @@ int main(void)
     cpu = kt_cpu(2);
     kt_init_seed("gpu_transfer");
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_slots_present),
         cmocka_unit_test(test_host_memory),
         cmocka_unit_test(test_kernel_after_busy_poll),
         cmocka_unit_test(test_page_to_host_after_ops),
