@@ -396,10 +396,9 @@ int cairn_backend_cuda_device_count(void)
     return 0;
 }
 
-int cairn_backend_cuda_graph_stats(const cairn_backend *be, uint64_t *launched,
-                                   uint64_t *abandoned)
+int cairn_backend_cuda_graph_stats(const cairn_backend *be, cairn_cuda_graph_stats *out)
 {
-    (void)be, (void)launched, (void)abandoned;
+    (void)be, (void)out;
     return CAIRN_EUNSUPPORTED;
 }
 #endif

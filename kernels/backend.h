@@ -568,12 +568,19 @@ int cairn_backend_cuda_create(int device, cairn_backend **out);
  * GPU the backend failed to open" (the gpu tests skip only on the first). */
 int cairn_backend_cuda_device_count(void);
 
-/* What a CUDA backend's step graphs did (kernels/cuda/cuda_graph.cu):
- * steps launched as one graph, and captures given up (those steps ran op by
- * op). CAIRN_EUNSUPPORTED for another backend, or graphs off (they are on
- * with CAIRN_CUDA_GRAPHS=1 in the environment when the backend is made). */
-int cairn_backend_cuda_graph_stats(const cairn_backend *be, uint64_t *launched,
-                                   uint64_t *abandoned);
+/* What a CUDA backend's step graphs did (kernels/cuda/cuda_graph.cu). */
+typedef struct {
+    uint64_t launched;     /* steps launched as one graph                    */
+    uint64_t updated;      /* of those, run by an exec updated in place       */
+    uint64_t instantiated; /* execs made anew (a new key, or a step whose
+                              shape differed from its key's last one)        */
+    uint64_t abandoned;    /* captures given up (those steps ran op by op)   */
+} cairn_cuda_graph_stats;
+
+/* *out for a CUDA backend's graphs. CAIRN_EUNSUPPORTED for another backend,
+ * or graphs off (they are on with CAIRN_CUDA_GRAPHS=1 in the environment
+ * when the backend is made). */
+int cairn_backend_cuda_graph_stats(const cairn_backend *be, cairn_cuda_graph_stats *out);
 
 /* Destroy any backend; NULL is a no-op. All memory allocated from it must
  * have been freed first. */

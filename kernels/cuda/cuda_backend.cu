@@ -345,7 +345,7 @@ static int stage_grow(cuda_ctx *ctx, size_t cap)
     }
     ctx->stage_cap = cap;
     ctx->stage_used = 0;
-    ctx->stage_epoch++; /* a new ring: nothing sent before is in it */
+    cuda_stage_table_new_epoch(&ctx->stage_sent); /* a new ring: nothing sent before is in it */
     return CAIRN_OK;
 }
 
@@ -363,7 +363,7 @@ int cuda_stage_room(cuda_ctx *ctx, size_t room)
      * region about to be reused) must have finished. */
     CUDA_TRY(cudaStreamSynchronize(ctx->stream));
     ctx->stage_used = 0;
-    ctx->stage_epoch++; /* regions sent before are about to be reused */
+    cuda_stage_table_new_epoch(&ctx->stage_sent); /* regions sent before are about to be reused */
     return CAIRN_OK;
 }
 
@@ -387,37 +387,21 @@ int cuda_stage_send(cuda_ctx *ctx, uint8_t *host, uint8_t *dev, size_t bytes)
     return CAIRN_OK;
 }
 
-/* Regions above this are sent as they are: comparing them would cost
- * more than the copy saves (masks of long trees). */
-#define STAGE_DEDUPE_MAX_BYTES ((size_t)256 << 10)
-
 int cuda_stage_commit(cuda_ctx *ctx, uint8_t *host, uint8_t **dev, size_t bytes)
 {
-    const size_t n_sent = sizeof ctx->stage_sent / sizeof ctx->stage_sent[0];
-    if (bytes <= STAGE_DEDUPE_MAX_BYTES) {
-        for (size_t i = 0; i < n_sent; i++) {
-            const size_t k = (ctx->stage_next_sent + n_sent - 1 - i) % n_sent; /* newest first */
-            if (ctx->stage_sent[k].epoch != ctx->stage_epoch || ctx->stage_sent[k].bytes != bytes ||
-                !ctx->stage_sent[k].host || memcmp(ctx->stage_sent[k].host, host, bytes) != 0)
-                continue;
-            /* the region just reserved goes back when it is the ring's last */
-            const size_t need = (bytes + 15) / 16 * 16;
-            if (host + need == ctx->stage_host + ctx->stage_used)
-                ctx->stage_used -= need;
-            *dev = ctx->stage_sent[k].dev;
-            return CAIRN_OK;
-        }
+    uint8_t *earlier = cuda_stage_table_find(&ctx->stage_sent, host, bytes);
+    if (earlier) {
+        /* the region just reserved goes back when it is the ring's last */
+        const size_t need = (bytes + 15) / 16 * 16;
+        if (host + need == ctx->stage_host + ctx->stage_used)
+            ctx->stage_used -= need;
+        *dev = earlier;
+        return CAIRN_OK;
     }
     int rc = cuda_stage_send(ctx, host, *dev, bytes);
     if (rc != CAIRN_OK)
         return rc;
-    if (bytes <= STAGE_DEDUPE_MAX_BYTES) {
-        const size_t k = ctx->stage_next_sent++ % n_sent;
-        ctx->stage_sent[k].host = host;
-        ctx->stage_sent[k].dev = *dev;
-        ctx->stage_sent[k].bytes = bytes;
-        ctx->stage_sent[k].epoch = ctx->stage_epoch;
-    }
+    cuda_stage_table_sent(&ctx->stage_sent, host, *dev, bytes);
     return CAIRN_OK;
 }
 

@@ -132,6 +132,10 @@ static int cuda_graph_begin(cairn_backend *be, uint64_t key)
      * wrapping now, before it, instead of during it (cuda_stage_room). */
     if ((rc = cuda_stage_room(ctx, GRAPH_STAGE_ROOM)) != CAIRN_OK)
         return rc;
+    /* Only arrays sent inside this capture may stand in for later ones
+     * inside it, so every step of a key records the same nodes and its exec
+     * is updated in place, not instantiated anew (cuda_stage_table.h). */
+    cuda_stage_table_capture_begin(&ctx->stage_sent);
     CUDA_TRY(cudaStreamBeginCapture(ctx->stream, cudaStreamCaptureModeThreadLocal));
     g->capturing = true;
     g->key = key;
@@ -168,7 +172,7 @@ static int cuda_graph_end(cairn_backend *be)
         g->abandoned++;
         /* index arrays "sent" inside it never reached the device: none of
          * them may stand in for a later one */
-        ctx->stage_epoch++;
+        cuda_stage_table_new_epoch(&ctx->stage_sent);
         cairn_log(CAIRN_LOG_DEBUG, "cuda graphs: capture abandoned (%s); the step runs eagerly",
                   cudaGetErrorString(e));
         return CAIRN_EBUSY;
@@ -194,7 +198,7 @@ static int cuda_graph_end(cairn_backend *be)
             g->keys[i].exec = NULL;
             cudaGraphDestroy(graph);
             g->abandoned++;
-            ctx->stage_epoch++; /* as above: its copies never ran */
+            cuda_stage_table_new_epoch(&ctx->stage_sent); /* as above: its copies never ran */
             cairn_log(CAIRN_LOG_WARN, "cuda graphs: cannot instantiate a step (%s); it runs eagerly",
                       cudaGetErrorString(e));
             return CAIRN_EBUSY;
@@ -209,16 +213,18 @@ static int cuda_graph_end(cairn_backend *be)
     return CAIRN_OK;
 }
 
-extern "C" int cairn_backend_cuda_graph_stats(const cairn_backend *be, uint64_t *launched,
-                                              uint64_t *abandoned)
+extern "C" int cairn_backend_cuda_graph_stats(const cairn_backend *be,
+                                              cairn_cuda_graph_stats *out)
 {
-    if (!be || !launched || !abandoned || !be->iface || strcmp(be->iface->name, "cuda") != 0)
+    if (!be || !out || !be->iface || strcmp(be->iface->name, "cuda") != 0)
         return CAIRN_EUNSUPPORTED;
     const cuda_graphs *g = ((const cuda_ctx *)be->ctx)->graphs;
     if (!g)
         return CAIRN_EUNSUPPORTED;
-    *launched = g->launched;
-    *abandoned = g->abandoned;
+    out->launched = g->launched;
+    out->updated = g->updated;
+    out->instantiated = g->instantiated;
+    out->abandoned = g->abandoned;
     return CAIRN_OK;
 }
 
