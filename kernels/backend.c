@@ -382,6 +382,13 @@ int cairn_backend_graph_end(cairn_backend *be)
     return be->iface->graph_end(be);
 }
 
+int cairn_backend_graph_abandon(cairn_backend *be)
+{
+    if (!be || !be->iface->graph_abandon)
+        return CAIRN_EINVAL; /* there was no CAIRN_OK from graph_begin */
+    return be->iface->graph_abandon(be);
+}
+
 #ifndef CAIRN_HAVE_CUDA
 int cairn_backend_cuda_create(int device, cairn_backend **out)
 {

@@ -328,7 +328,8 @@ typedef struct {
  *   memory_info    CAIRN_EUNSUPPORTED            memory is not the backend's
  *                                                to count (the CPU's is RAM)
  *   graph_begin,   CAIRN_EUNSUPPORTED (the ops   launching ops costs nothing
- *   graph_end      run as they are issued)       worth saving (the CPU)
+ *   graph_end,     run as they are issued)       worth saving (the CPU)
+ *   graph_abandon
  *   matmul_multi   one matmul call per part     always (the same results)
  *   weight_layout, GGUF's layout: the row bytes   the backend's kernels read
  *   upload_weight  times n_out, the type as is,  GGUF's layout as fast as any
@@ -489,9 +490,16 @@ typedef struct {
      * graph_end; anything else means they run as usual. graph_end: run what
      * was recorded, as one launch (CAIRN_OK), or CAIRN_EBUSY when the
      * recording could not be used — then NONE of those ops has run, and the
-     * caller issues them again without a graph. */
+     * caller issues them again without a graph. graph_abandon (set with
+     * the other two): an op failed while recording; drop the recording,
+     * running none of it: CAIRN_OK when the recording itself was intact
+     * (the op failed on its own, and running it again would fail again),
+     * CAIRN_EBUSY when it had already been broken (the failure may come
+     * from recording, as graph_end's CAIRN_EBUSY: issue the ops again
+     * without a graph). */
     int (*graph_begin)(cairn_backend *be, uint64_t key);
     int (*graph_end)(cairn_backend *be);
+    int (*graph_abandon)(cairn_backend *be);
 
     /* OPTIONAL. One token for each of rows[0 .. n_rows), row i drawn from
      * row rows[i].row of logits [..][n_vocab] (backend memory, e.g. what
@@ -648,6 +656,11 @@ int cairn_backend_graph_begin(cairn_backend *be, uint64_t key);
 /* Run the recorded step: CAIRN_OK, or CAIRN_EBUSY when none of it ran (issue
  * the ops again without a graph); other statuses are device failures. */
 int cairn_backend_graph_end(cairn_backend *be);
+/* Instead of cairn_backend_graph_end, after an op failed while recording:
+ * nothing recorded runs. CAIRN_OK: report the op's failure; CAIRN_EBUSY:
+ * the recording had broken, so issue the ops again without a graph (the
+ * graph_abandon slot). CAIRN_EINVAL when there was no recording. */
+int cairn_backend_graph_abandon(cairn_backend *be);
 
 #ifdef __cplusplus
 }

@@ -24,7 +24,11 @@
  * room before capture starts so it cannot wrap inside it, and an op that
  * would have to wait anyway (the scratch growing, a download) invalidates
  * the capture; graph_end then says CAIRN_EBUSY, nothing of the step has
- * run, and the caller runs it again without a graph.
+ * run, and the caller runs it again without a graph. An op that fails
+ * while recording makes the caller call graph_abandon instead of graph_end:
+ * nothing recorded runs (half a step would otherwise run here and again
+ * without a graph), and an intact capture tells the caller the failure was
+ * the op's own.
  *
  * Off unless CAIRN_CUDA_GRAPHS=1 (read at backend creation): this path has
  * not run on a GPU yet; tests/gpu/test_gpu_graph.c checks graph == eager
@@ -213,6 +217,34 @@ static int cuda_graph_end(cairn_backend *be)
     return CAIRN_OK;
 }
 
+static int cuda_graph_abandon(cairn_backend *be)
+{
+    cuda_ctx *ctx = cuda_ctx_of(be);
+    cuda_graphs *g = ctx->graphs;
+    if (!g || !g->capturing)
+        return CAIRN_EINVAL;
+    g->capturing = false;
+    cudaGraph_t graph = NULL;
+    const cudaError_t e = cudaStreamEndCapture(ctx->stream, &graph);
+    if (e != cudaSuccess)
+        cudaGetLastError();
+    if (graph)
+        cudaGraphDestroy(graph);
+    g->abandoned++;
+    cuda_stage_table_new_epoch(&ctx->stage_sent); /* its copies never ran */
+    /* A capture the runtime had already given up was broken by what the
+     * failing op tried (a wait, an allocation): without a capture it may
+     * succeed, so say CAIRN_EBUSY as graph_end does. An intact capture
+     * means the op failed on its own (a bad argument): CAIRN_OK, and the
+     * caller reports that failure. */
+    if (e != cudaSuccess || !graph) {
+        cairn_log(CAIRN_LOG_DEBUG, "cuda graphs: capture broken by a failing op (%s); the step "
+                                   "runs eagerly", cudaGetErrorString(e));
+        return CAIRN_EBUSY;
+    }
+    return CAIRN_OK;
+}
+
 extern "C" int cairn_backend_cuda_graph_stats(const cairn_backend *be,
                                               cairn_cuda_graph_stats *out)
 {
@@ -232,4 +264,5 @@ void cuda_graph_iface(cairn_backend_iface *t)
 {
     t->graph_begin = cuda_graph_begin;
     t->graph_end = cuda_graph_end;
+    t->graph_abandon = cuda_graph_abandon;
 }
