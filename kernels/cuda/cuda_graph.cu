@@ -212,7 +212,12 @@ static int cuda_graph_end(cairn_backend *be)
     }
     g->keys[i].last_use = ++g->clock;
     cudaGraphDestroy(graph); /* the exec keeps what it needs */
-    CUDA_TRY(cudaGraphLaunch(g->keys[i].exec, ctx->stream));
+    e = cudaGraphLaunch(g->keys[i].exec, ctx->stream);
+    if (e != cudaSuccess) {
+        /* as above: the copies recorded in it may never have run */
+        cuda_stage_table_new_epoch(&ctx->stage_sent);
+        return cuda_fail("cudaGraphLaunch", e);
+    }
     g->launched++;
     return CAIRN_OK;
 }
