@@ -408,4 +408,10 @@ int cairn_backend_cuda_graph_stats(const cairn_backend *be, cairn_cuda_graph_sta
     (void)be, (void)out;
     return CAIRN_EUNSUPPORTED;
 }
+
+int cairn_backend_cuda_launches(const cairn_backend *be, const char *kernel, uint64_t *n)
+{
+    (void)be, (void)kernel, (void)n;
+    return CAIRN_EUNSUPPORTED;
+}
 #endif

@@ -590,6 +590,12 @@ typedef struct {
  * when the backend is made). */
 int cairn_backend_cuda_graph_stats(const cairn_backend *be, cairn_cuda_graph_stats *out);
 
+/* Kernels launched so far under the name `kernel` (the name a launch
+ * failure would be logged with, e.g. "attention_split"), by every CUDA
+ * backend of the process together: what tests use to show which path ran.
+ * CAIRN_EUNSUPPORTED when `be` is not a CUDA backend. */
+int cairn_backend_cuda_launches(const cairn_backend *be, const char *kernel, uint64_t *n);
+
 /* Destroy any backend; NULL is a no-op. All memory allocated from it must
  * have been freed first. */
 void cairn_backend_destroy(cairn_backend *be);

@@ -238,8 +238,62 @@ static int debug_sync;
 
 int cuda_debug_sync(void) { return debug_sync; }
 
+/* Kernel launches by name, for tests that must show which path ran
+ * (cairn_backend_cuda_launches). Keyed by the string literal each
+ * CUDA_LAUNCHED site passes, so the common case is a few pointer compares;
+ * a name first seen takes the lock once. Process-wide: every CUDA backend
+ * of the process together. */
+enum { LAUNCH_SITES = 128 };
+static struct {
+    const char *what; /* NULL: free; set once, never changed */
+    uint64_t n;
+} launch_counts[LAUNCH_SITES];
+static pthread_mutex_t launch_counts_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void count_launch(const char *what)
+{
+    for (int i = 0; i < LAUNCH_SITES; i++) {
+        const char *w = __atomic_load_n(&launch_counts[i].what, __ATOMIC_ACQUIRE);
+        if (w == what) {
+            __atomic_fetch_add(&launch_counts[i].n, 1, __ATOMIC_RELAXED);
+            return;
+        }
+        if (!w)
+            break;
+    }
+    pthread_mutex_lock(&launch_counts_lock);
+    for (int i = 0; i < LAUNCH_SITES; i++) {
+        const char *w = launch_counts[i].what;
+        if (w == what || !w) {
+            __atomic_fetch_add(&launch_counts[i].n, 1, __ATOMIC_RELAXED);
+            if (!w)
+                __atomic_store_n(&launch_counts[i].what, what, __ATOMIC_RELEASE);
+            break;
+        }
+    } /* a full table counts no more sites: only tests read it */
+    pthread_mutex_unlock(&launch_counts_lock);
+}
+
+extern "C" int cairn_backend_cuda_launches(const cairn_backend *be, const char *kernel,
+                                           uint64_t *n)
+{
+    if (!be || !kernel || !n || !be->iface || strcmp(be->iface->name, "cuda") != 0)
+        return CAIRN_EUNSUPPORTED;
+    uint64_t sum = 0;
+    for (int i = 0; i < LAUNCH_SITES; i++) {
+        const char *w = __atomic_load_n(&launch_counts[i].what, __ATOMIC_ACQUIRE);
+        if (!w)
+            break;
+        if (strcmp(w, kernel) == 0)
+            sum += __atomic_load_n(&launch_counts[i].n, __ATOMIC_RELAXED);
+    }
+    *n = sum;
+    return CAIRN_OK;
+}
+
 int cuda_launched(const char *what)
 {
+    count_launch(what);
     /* Only this launch's error can be here: cuda_enter cleared what came
      * before the op, and every call since was checked where it was made. */
     cudaError_t e = cudaGetLastError();
