@@ -504,13 +504,16 @@ static void cuda_destroy(cairn_backend *be)
         cudaSetDevice(ctx->device);
         if (ctx->stream)
             cudaStreamSynchronize(ctx->stream);
+        /* cuBLAS first: the graphs own the workspace it was given, which
+         * must outlive the handle that may use it */
+        if (ctx->cublas)
+            cuda_blas.destroy(ctx->cublas);
+        ctx->cublas = NULL;
         cuda_graphs_free(ctx);
         cuda_transfers_free(ctx);
         stage_release(ctx);
         if (ctx->scratch)
             cudaFree(ctx->scratch);
-        if (ctx->cublas)
-            cuda_blas.destroy(ctx->cublas);
         if (ctx->stream)
             cudaStreamDestroy(ctx->stream);
         free(ctx);
