@@ -593,6 +593,7 @@ int cairn_backend_cuda_graph_stats(const cairn_backend *be, cairn_cuda_graph_sta
 /* Kernels launched so far under the name `kernel` (the name a launch
  * failure would be logged with, e.g. "attention_split"), by every CUDA
  * backend of the process together: what tests use to show which path ran.
+ * A launch recorded into a step graph counts once, when it is recorded.
  * CAIRN_EUNSUPPORTED when `be` is not a CUDA backend. */
 int cairn_backend_cuda_launches(const cairn_backend *be, const char *kernel, uint64_t *n);
 
