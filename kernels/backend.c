@@ -389,6 +389,13 @@ int cairn_backend_graph_end(cairn_backend *be)
     return be->iface->graph_end(be);
 }
 
+int cairn_backend_graph_abandon(cairn_backend *be)
+{
+    if (!be || !be->iface->graph_abandon)
+        return CAIRN_EINVAL; /* there was no CAIRN_OK from graph_begin */
+    return be->iface->graph_abandon(be);
+}
+
 #ifndef CAIRN_HAVE_CUDA
 int cairn_backend_cuda_create(int device, cairn_backend **out)
 {
@@ -403,10 +410,15 @@ int cairn_backend_cuda_device_count(void)
     return 0;
 }
 
-int cairn_backend_cuda_graph_stats(const cairn_backend *be, uint64_t *launched,
-                                   uint64_t *abandoned)
+int cairn_backend_cuda_graph_stats(const cairn_backend *be, cairn_cuda_graph_stats *out)
 {
-    (void)be, (void)launched, (void)abandoned;
+    (void)be, (void)out;
+    return CAIRN_EUNSUPPORTED;
+}
+
+int cairn_backend_cuda_launches(const cairn_backend *be, const char *kernel, uint64_t *n)
+{
+    (void)be, (void)kernel, (void)n;
     return CAIRN_EUNSUPPORTED;
 }
 #endif

@@ -328,7 +328,8 @@ typedef struct {
  *   memory_info    CAIRN_EUNSUPPORTED            memory is not the backend's
  *                                                to count (the CPU's is RAM)
  *   graph_begin,   CAIRN_EUNSUPPORTED (the ops   launching ops costs nothing
- *   graph_end      run as they are issued)       worth saving (the CPU)
+ *   graph_end,     run as they are issued)       worth saving (the CPU)
+ *   graph_abandon
  *   matmul_multi   one matmul call per part     always (the same results)
  *   matmul_        0: every row of a matmul is   a row's result never depends
  *   invariant_rows independent of T              on T or the other rows (CPU)
@@ -501,9 +502,16 @@ typedef struct {
      * graph_end; anything else means they run as usual. graph_end: run what
      * was recorded, as one launch (CAIRN_OK), or CAIRN_EBUSY when the
      * recording could not be used — then NONE of those ops has run, and the
-     * caller issues them again without a graph. */
+     * caller issues them again without a graph. graph_abandon (set with
+     * the other two): an op failed while recording; drop the recording,
+     * running none of it: CAIRN_OK when the recording itself was intact
+     * (the op failed on its own, and running it again would fail again),
+     * CAIRN_EBUSY when it had already been broken (the failure may come
+     * from recording, as graph_end's CAIRN_EBUSY: issue the ops again
+     * without a graph). */
     int (*graph_begin)(cairn_backend *be, uint64_t key);
     int (*graph_end)(cairn_backend *be);
+    int (*graph_abandon)(cairn_backend *be);
 
     /* OPTIONAL. One token for each of rows[0 .. n_rows), row i drawn from
      * row rows[i].row of logits [..][n_vocab] (backend memory, e.g. what
@@ -596,12 +604,26 @@ int cairn_backend_cuda_create(int device, cairn_backend **out);
  * GPU the backend failed to open" (the gpu tests skip only on the first). */
 int cairn_backend_cuda_device_count(void);
 
-/* What a CUDA backend's step graphs did (kernels/cuda/cuda_graph.cu):
- * steps launched as one graph, and captures given up (those steps ran op by
- * op). CAIRN_EUNSUPPORTED for another backend, or graphs off (they are on
- * with CAIRN_CUDA_GRAPHS=1 in the environment when the backend is made). */
-int cairn_backend_cuda_graph_stats(const cairn_backend *be, uint64_t *launched,
-                                   uint64_t *abandoned);
+/* What a CUDA backend's step graphs did (kernels/cuda/cuda_graph.cu). */
+typedef struct {
+    uint64_t launched;     /* steps launched as one graph                    */
+    uint64_t updated;      /* of those, run by an exec updated in place       */
+    uint64_t instantiated; /* execs made anew (a new key, or a step whose
+                              shape differed from its key's last one)        */
+    uint64_t abandoned;    /* captures given up (those steps ran op by op)   */
+} cairn_cuda_graph_stats;
+
+/* *out for a CUDA backend's graphs. CAIRN_EUNSUPPORTED for another backend,
+ * or graphs off (they are on with CAIRN_CUDA_GRAPHS=1 in the environment
+ * when the backend is made). */
+int cairn_backend_cuda_graph_stats(const cairn_backend *be, cairn_cuda_graph_stats *out);
+
+/* Kernels launched so far under the name `kernel` (the name a launch
+ * failure would be logged with, e.g. "attention_split"), by every CUDA
+ * backend of the process together: what tests use to show which path ran.
+ * A launch recorded into a step graph counts once, when it is recorded.
+ * CAIRN_EUNSUPPORTED when `be` is not a CUDA backend. */
+int cairn_backend_cuda_launches(const cairn_backend *be, const char *kernel, uint64_t *n);
 
 /* Destroy any backend; NULL is a no-op. All memory allocated from it must
  * have been freed first. */
@@ -673,6 +695,11 @@ int cairn_backend_graph_begin(cairn_backend *be, uint64_t key);
 /* Run the recorded step: CAIRN_OK, or CAIRN_EBUSY when none of it ran (issue
  * the ops again without a graph); other statuses are device failures. */
 int cairn_backend_graph_end(cairn_backend *be);
+/* Instead of cairn_backend_graph_end, after an op failed while recording:
+ * nothing recorded runs. CAIRN_OK: report the op's failure; CAIRN_EBUSY:
+ * the recording had broken, so issue the ops again without a graph (the
+ * graph_abandon slot). CAIRN_EINVAL when there was no recording. */
+int cairn_backend_graph_abandon(cairn_backend *be);
 
 #ifdef __cplusplus
 }

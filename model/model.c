@@ -977,19 +977,27 @@ static int forward(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
         cairn_backend_graph_begin(be, (uint64_t)T * 2 + keep) == CAIRN_OK) {
         /* recorded, then run as one launch; downloads come after */
         const int rc = forward_ops(m, kv_pool, kv, n_seqs, T, n_o, NULL, NULL, NULL, keep);
-        const int end = cairn_backend_graph_end(be);
-        if (rc == CAIRN_OK && end == CAIRN_OK) {
-            if (logits && !keep)
-                TRY(be->iface->download(be, logits, m->logits,
-                                        (size_t)n_o * m->hp.n_vocab * sizeof(float)));
-            TRY(cairn_backend_synchronize(be));
-            *n_out = n_o;
-            return CAIRN_OK;
+        if (rc != CAIRN_OK) {
+            /* none of the recorded ops may run: launched, the ops before the
+             * failure would run once here and again below */
+            if (cairn_backend_graph_abandon(be) == CAIRN_OK)
+                return rc; /* the op failed on its own: its status, first hand */
+            /* the recording had broken (an op that must wait, say): the
+             * step runs without a graph below */
+        } else {
+            const int end = cairn_backend_graph_end(be);
+            if (end == CAIRN_OK) {
+                if (logits && !keep)
+                    TRY(be->iface->download(be, logits, m->logits,
+                                            (size_t)n_o * m->hp.n_vocab * sizeof(float)));
+                TRY(cairn_backend_synchronize(be));
+                *n_out = n_o;
+                return CAIRN_OK;
+            }
+            if (end != CAIRN_EBUSY)
+                return end; /* the device failed */
+            /* CAIRN_EBUSY: none of it ran; it runs without a graph below */
         }
-        if (end != CAIRN_OK && end != CAIRN_EBUSY)
-            return end; /* the device failed */
-        /* CAIRN_EBUSY: none of it ran; an op that failed while recording
-         * fails again below, with its own status */
     }
     TRY(forward_ops(m, kv_pool, kv, n_seqs, T, n_o, logits, hidden, features, keep));
     TRY(cairn_backend_synchronize(be));

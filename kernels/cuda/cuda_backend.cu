@@ -30,6 +30,7 @@
 
 int cuda_fail(const char *what, cudaError_t err)
 {
+    cudaGetLastError(); /* reported here: not a later kernel's failure */
     cairn_log(CAIRN_LOG_ERROR, "cuda: %s failed: %s", what, cudaGetErrorString(err));
     return CAIRN_EBACKEND;
 }
@@ -237,8 +238,64 @@ static int debug_sync;
 
 int cuda_debug_sync(void) { return debug_sync; }
 
+/* Kernel launches by name, for tests that must show which path ran
+ * (cairn_backend_cuda_launches). Keyed by the string literal each
+ * CUDA_LAUNCHED site passes, so the common case is a few pointer compares;
+ * a name first seen takes the lock once. Process-wide: every CUDA backend
+ * of the process together. */
+enum { LAUNCH_SITES = 128 };
+static struct {
+    const char *what; /* NULL: free; set once, never changed */
+    uint64_t n;
+} launch_counts[LAUNCH_SITES];
+static pthread_mutex_t launch_counts_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void count_launch(const char *what)
+{
+    for (int i = 0; i < LAUNCH_SITES; i++) {
+        const char *w = __atomic_load_n(&launch_counts[i].what, __ATOMIC_ACQUIRE);
+        if (w == what) {
+            __atomic_fetch_add(&launch_counts[i].n, 1, __ATOMIC_RELAXED);
+            return;
+        }
+        if (!w)
+            break;
+    }
+    pthread_mutex_lock(&launch_counts_lock);
+    for (int i = 0; i < LAUNCH_SITES; i++) {
+        const char *w = launch_counts[i].what;
+        if (w == what || !w) {
+            __atomic_fetch_add(&launch_counts[i].n, 1, __ATOMIC_RELAXED);
+            if (!w)
+                __atomic_store_n(&launch_counts[i].what, what, __ATOMIC_RELEASE);
+            break;
+        }
+    } /* a full table counts no more sites: only tests read it */
+    pthread_mutex_unlock(&launch_counts_lock);
+}
+
+extern "C" int cairn_backend_cuda_launches(const cairn_backend *be, const char *kernel,
+                                           uint64_t *n)
+{
+    if (!be || !kernel || !n || !be->iface || strcmp(be->iface->name, "cuda") != 0)
+        return CAIRN_EUNSUPPORTED;
+    uint64_t sum = 0;
+    for (int i = 0; i < LAUNCH_SITES; i++) {
+        const char *w = __atomic_load_n(&launch_counts[i].what, __ATOMIC_ACQUIRE);
+        if (!w)
+            break;
+        if (strcmp(w, kernel) == 0)
+            sum += __atomic_load_n(&launch_counts[i].n, __ATOMIC_RELAXED);
+    }
+    *n = sum;
+    return CAIRN_OK;
+}
+
 int cuda_launched(const char *what)
 {
+    count_launch(what);
+    /* Only this launch's error can be here: cuda_enter cleared what came
+     * before the op, and every call since was checked where it was made. */
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess && debug_sync)
         e = cudaDeviceSynchronize();
@@ -260,6 +317,15 @@ int cuda_enter(cairn_backend *be)
     if (!be || !be->ctx)
         return CAIRN_EINVAL;
     CUDA_TRY(cudaSetDevice(cuda_ctx_of(be)->device));
+    /* The runtime keeps the last unsuccessful return of any call as the
+     * thread's last error, and CUDA_LAUNCHED reads it to learn whether a
+     * launch failed. Whatever is there now was already returned to its own
+     * caller or deliberately let go (a fence poll's cudaErrorNotReady, a
+     * free during teardown): left in place, it would fail this op's first
+     * kernel ("kernel get_rows failed: device not ready"). Cleared at every
+     * entry, a kernel is blamed only for its own launch. A sticky error (a
+     * context that faulted) survives this and fails the next call anyway. */
+    cudaGetLastError();
     return CAIRN_OK;
 }
 
@@ -333,7 +399,7 @@ static int stage_grow(cuda_ctx *ctx, size_t cap)
     }
     ctx->stage_cap = cap;
     ctx->stage_used = 0;
-    ctx->stage_epoch++; /* a new ring: nothing sent before is in it */
+    cuda_stage_table_new_epoch(&ctx->stage_sent); /* a new ring: nothing sent before is in it */
     return CAIRN_OK;
 }
 
@@ -351,7 +417,7 @@ int cuda_stage_room(cuda_ctx *ctx, size_t room)
      * region about to be reused) must have finished. */
     CUDA_TRY(cudaStreamSynchronize(ctx->stream));
     ctx->stage_used = 0;
-    ctx->stage_epoch++; /* regions sent before are about to be reused */
+    cuda_stage_table_new_epoch(&ctx->stage_sent); /* regions sent before are about to be reused */
     return CAIRN_OK;
 }
 
@@ -375,37 +441,21 @@ int cuda_stage_send(cuda_ctx *ctx, uint8_t *host, uint8_t *dev, size_t bytes)
     return CAIRN_OK;
 }
 
-/* Regions above this are sent as they are: comparing them would cost
- * more than the copy saves (masks of long trees). */
-#define STAGE_DEDUPE_MAX_BYTES ((size_t)256 << 10)
-
 int cuda_stage_commit(cuda_ctx *ctx, uint8_t *host, uint8_t **dev, size_t bytes)
 {
-    const size_t n_sent = sizeof ctx->stage_sent / sizeof ctx->stage_sent[0];
-    if (bytes <= STAGE_DEDUPE_MAX_BYTES) {
-        for (size_t i = 0; i < n_sent; i++) {
-            const size_t k = (ctx->stage_next_sent + n_sent - 1 - i) % n_sent; /* newest first */
-            if (ctx->stage_sent[k].epoch != ctx->stage_epoch || ctx->stage_sent[k].bytes != bytes ||
-                !ctx->stage_sent[k].host || memcmp(ctx->stage_sent[k].host, host, bytes) != 0)
-                continue;
-            /* the region just reserved goes back when it is the ring's last */
-            const size_t need = (bytes + 15) / 16 * 16;
-            if (host + need == ctx->stage_host + ctx->stage_used)
-                ctx->stage_used -= need;
-            *dev = ctx->stage_sent[k].dev;
-            return CAIRN_OK;
-        }
+    uint8_t *earlier = cuda_stage_table_find(&ctx->stage_sent, host, bytes);
+    if (earlier) {
+        /* the region just reserved goes back when it is the ring's last */
+        const size_t need = (bytes + 15) / 16 * 16;
+        if (host + need == ctx->stage_host + ctx->stage_used)
+            ctx->stage_used -= need;
+        *dev = earlier;
+        return CAIRN_OK;
     }
     int rc = cuda_stage_send(ctx, host, *dev, bytes);
     if (rc != CAIRN_OK)
         return rc;
-    if (bytes <= STAGE_DEDUPE_MAX_BYTES) {
-        const size_t k = ctx->stage_next_sent++ % n_sent;
-        ctx->stage_sent[k].host = host;
-        ctx->stage_sent[k].dev = *dev;
-        ctx->stage_sent[k].bytes = bytes;
-        ctx->stage_sent[k].epoch = ctx->stage_epoch;
-    }
+    cuda_stage_table_sent(&ctx->stage_sent, host, *dev, bytes);
     return CAIRN_OK;
 }
 
@@ -454,13 +504,16 @@ static void cuda_destroy(cairn_backend *be)
         cudaSetDevice(ctx->device);
         if (ctx->stream)
             cudaStreamSynchronize(ctx->stream);
+        /* cuBLAS first: the graphs own the workspace it was given, which
+         * must outlive the handle that may use it */
+        if (ctx->cublas)
+            cuda_blas.destroy(ctx->cublas);
+        ctx->cublas = NULL;
         cuda_graphs_free(ctx);
         cuda_transfers_free(ctx);
         stage_release(ctx);
         if (ctx->scratch)
             cudaFree(ctx->scratch);
-        if (ctx->cublas)
-            cuda_blas.destroy(ctx->cublas);
         if (ctx->stream)
             cudaStreamDestroy(ctx->stream);
         free(ctx);

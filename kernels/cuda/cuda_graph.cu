@@ -24,7 +24,11 @@
  * room before capture starts so it cannot wrap inside it, and an op that
  * would have to wait anyway (the scratch growing, a download) invalidates
  * the capture; graph_end then says CAIRN_EBUSY, nothing of the step has
- * run, and the caller runs it again without a graph.
+ * run, and the caller runs it again without a graph. An op that fails
+ * while recording makes the caller call graph_abandon instead of graph_end:
+ * nothing recorded runs (half a step would otherwise run here and again
+ * without a graph), and an intact capture tells the caller the failure was
+ * the op's own.
  *
  * Off unless CAIRN_CUDA_GRAPHS=1 (read at backend creation): this path has
  * not run on a GPU yet; tests/gpu/test_gpu_graph.c checks graph == eager
@@ -132,6 +136,10 @@ static int cuda_graph_begin(cairn_backend *be, uint64_t key)
      * wrapping now, before it, instead of during it (cuda_stage_room). */
     if ((rc = cuda_stage_room(ctx, GRAPH_STAGE_ROOM)) != CAIRN_OK)
         return rc;
+    /* Only arrays sent inside this capture may stand in for later ones
+     * inside it, so every step of a key records the same nodes and its exec
+     * is updated in place, not instantiated anew (cuda_stage_table.h). */
+    cuda_stage_table_capture_begin(&ctx->stage_sent);
     CUDA_TRY(cudaStreamBeginCapture(ctx->stream, cudaStreamCaptureModeThreadLocal));
     g->capturing = true;
     g->key = key;
@@ -168,7 +176,7 @@ static int cuda_graph_end(cairn_backend *be)
         g->abandoned++;
         /* index arrays "sent" inside it never reached the device: none of
          * them may stand in for a later one */
-        ctx->stage_epoch++;
+        cuda_stage_table_new_epoch(&ctx->stage_sent);
         cairn_log(CAIRN_LOG_DEBUG, "cuda graphs: capture abandoned (%s); the step runs eagerly",
                   cudaGetErrorString(e));
         return CAIRN_EBUSY;
@@ -194,7 +202,7 @@ static int cuda_graph_end(cairn_backend *be)
             g->keys[i].exec = NULL;
             cudaGraphDestroy(graph);
             g->abandoned++;
-            ctx->stage_epoch++; /* as above: its copies never ran */
+            cuda_stage_table_new_epoch(&ctx->stage_sent); /* as above: its copies never ran */
             cairn_log(CAIRN_LOG_WARN, "cuda graphs: cannot instantiate a step (%s); it runs eagerly",
                       cudaGetErrorString(e));
             return CAIRN_EBUSY;
@@ -204,21 +212,56 @@ static int cuda_graph_end(cairn_backend *be)
     }
     g->keys[i].last_use = ++g->clock;
     cudaGraphDestroy(graph); /* the exec keeps what it needs */
-    CUDA_TRY(cudaGraphLaunch(g->keys[i].exec, ctx->stream));
+    e = cudaGraphLaunch(g->keys[i].exec, ctx->stream);
+    if (e != cudaSuccess) {
+        /* as above: the copies recorded in it may never have run */
+        cuda_stage_table_new_epoch(&ctx->stage_sent);
+        return cuda_fail("cudaGraphLaunch", e);
+    }
     g->launched++;
     return CAIRN_OK;
 }
 
-extern "C" int cairn_backend_cuda_graph_stats(const cairn_backend *be, uint64_t *launched,
-                                              uint64_t *abandoned)
+static int cuda_graph_abandon(cairn_backend *be)
 {
-    if (!be || !launched || !abandoned || !be->iface || strcmp(be->iface->name, "cuda") != 0)
+    cuda_ctx *ctx = cuda_ctx_of(be);
+    cuda_graphs *g = ctx->graphs;
+    if (!g || !g->capturing)
+        return CAIRN_EINVAL;
+    g->capturing = false;
+    cudaGraph_t graph = NULL;
+    const cudaError_t e = cudaStreamEndCapture(ctx->stream, &graph);
+    if (e != cudaSuccess)
+        cudaGetLastError();
+    if (graph)
+        cudaGraphDestroy(graph);
+    g->abandoned++;
+    cuda_stage_table_new_epoch(&ctx->stage_sent); /* its copies never ran */
+    /* A capture the runtime had already given up was broken by what the
+     * failing op tried (a wait, an allocation): without a capture it may
+     * succeed, so say CAIRN_EBUSY as graph_end does. An intact capture
+     * means the op failed on its own (a bad argument): CAIRN_OK, and the
+     * caller reports that failure. */
+    if (e != cudaSuccess || !graph) {
+        cairn_log(CAIRN_LOG_DEBUG, "cuda graphs: capture broken by a failing op (%s); the step "
+                                   "runs eagerly", cudaGetErrorString(e));
+        return CAIRN_EBUSY;
+    }
+    return CAIRN_OK;
+}
+
+extern "C" int cairn_backend_cuda_graph_stats(const cairn_backend *be,
+                                              cairn_cuda_graph_stats *out)
+{
+    if (!be || !out || !be->iface || strcmp(be->iface->name, "cuda") != 0)
         return CAIRN_EUNSUPPORTED;
     const cuda_graphs *g = ((const cuda_ctx *)be->ctx)->graphs;
     if (!g)
         return CAIRN_EUNSUPPORTED;
-    *launched = g->launched;
-    *abandoned = g->abandoned;
+    out->launched = g->launched;
+    out->updated = g->updated;
+    out->instantiated = g->instantiated;
+    out->abandoned = g->abandoned;
     return CAIRN_OK;
 }
 
@@ -226,4 +269,5 @@ void cuda_graph_iface(cairn_backend_iface *t)
 {
     t->graph_begin = cuda_graph_begin;
     t->graph_end = cuda_graph_end;
+    t->graph_abandon = cuda_graph_abandon;
 }

@@ -42,6 +42,7 @@
 #include <stdint.h>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/cuda_stage_table.h"
 
 /* The copy stream and fences of page transfers (cuda_transfer.cu). */
 typedef struct cuda_transfers cuda_transfers;
@@ -57,16 +58,10 @@ typedef struct {
     uint8_t *stage_dev;
     size_t stage_cap, stage_used;
     /* Regions sent in this epoch of the ring (it ends when the ring wraps
-     * or grows), so identical arrays are sent once: every layer of a step
-     * stages the same positions, slots and page tables. */
-    uint64_t stage_epoch;
-    struct {
-        const uint8_t *host;
-        uint8_t *dev;
-        size_t bytes;
-        uint64_t epoch;
-    } stage_sent[8];
-    unsigned stage_next_sent;
+     * or grows, and at each step graph's start), so identical arrays are
+     * sent once: every layer of a step stages the same positions, slots and
+     * page tables. */
+    cuda_stage_table stage_sent;
     /* Device scratch for matmul (activations converted to 16 bits, or a
      * chunk of dequantized weight rows); grown, never shrunk. */
     void *scratch;

@@ -437,6 +437,15 @@ static __device__ float penalize(const dev_row *r, float logit, int count)
     return logit > FLT_MAX ? FLT_MAX : logit;
 }
 
+/* Registers: with 1,024 threads ptxas aims at two blocks an SM and so at
+ * 32 registers, and spills 60 B (ptxas -v, sm_90: 32 B stack; the values
+ * the temperature branch keeps across its block reductions). The kernel
+ * needs 46 to spill nothing, and any count above 32 leaves room for one
+ * block an SM only (__launch_bounds__(SAMPLE_THREADS, 1) gives 64 and no
+ * spills). Kept as it is until a GPU measures the two: the spills are a
+ * few L1-resident words per thread against passes over the whole row,
+ * while the second block an SM is what a batch of more rows than SMs
+ * runs on. */
 static __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample_rows_kernel(const float *logits, float *work_all, int n_vocab, const uint8_t *block,
                        int32_t *tokens, cairn_sample_logprob *lp_out)

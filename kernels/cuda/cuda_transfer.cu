@@ -158,8 +158,13 @@ static int cuda_fence_wait(cairn_backend *be, uint64_t fence, int block)
         return rc;
     cudaEvent_t ev = x->ring[fence % FENCE_RING];
     cudaError_t e = block ? cudaEventSynchronize(ev) : cudaEventQuery(ev);
-    if (e == cudaErrorNotReady)
+    if (e == cudaErrorNotReady) {
+        /* not a failure, but the runtime records it as the thread's last
+         * error all the same: clear it, or the next kernel launch would be
+         * reported as failed with "device not ready" */
+        cudaGetLastError();
         return CAIRN_EBUSY;
+    }
     if (e != cudaSuccess)
         return cuda_fail(block ? "cudaEventSynchronize (transfer)" : "cudaEventQuery (transfer)", e);
     x->passed = fence; /* in order: everything below it is done too */

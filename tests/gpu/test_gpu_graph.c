@@ -9,9 +9,10 @@
  * model on each, the same prompts prefilled, then greedy decode steps at
  * batch 1, 4 and 9 (the batch size changes the graph; page boundaries
  * change the page tables inside it): every step's logits must be equal to
- * the bit, and the graphed backend must really have launched graphs and
+ * the bit, and the graphed backend must really have launched graphs,
  * given up none (a test that passes because graphs silently stayed off
- * proves nothing).
+ * proves nothing), and updated each batch size's graph in place instead of
+ * making it anew every step.
  *
  * usage: test_gpu_graph MODEL (or CAIRN_MODEL). Skips, fails or runs as
  * tests/gpu/gpu_probe.h says. With CAIRN_GPU_TEST_BACKEND=cpu both backends
@@ -126,17 +127,28 @@ static void test_graph_equals_eager(void **state)
     check_graph_equals_eager(4, 40);
     check_graph_equals_eager(9, 24);
     check_graph_equals_eager(1, 8); /* back to batch 1: its graph is reused */
-    uint64_t launched = 0, abandoned = 0;
-    const int rc = cairn_backend_cuda_graph_stats(graphed, &launched, &abandoned);
+    cairn_cuda_graph_stats st;
+    const int rc = cairn_backend_cuda_graph_stats(graphed, &st);
     if (gpu_test_is_harness()) {
         assert_int_equal(rc, CAIRN_EUNSUPPORTED); /* the CPU has no graphs */
         return;
     }
     assert_int_equal(rc, CAIRN_OK);
-    printf("graphs: %llu steps launched as graphs, %llu captures given up\n",
-           (unsigned long long)launched, (unsigned long long)abandoned);
-    assert_true(launched >= 48 + 40 + 24 + 8);
-    assert_int_equal(abandoned, 0);
+    printf("graphs: %llu steps launched as graphs (%llu updated in place, %llu instantiated), "
+           "%llu captures given up\n",
+           (unsigned long long)st.launched, (unsigned long long)st.updated,
+           (unsigned long long)st.instantiated, (unsigned long long)st.abandoned);
+    assert_true(st.launched >= 48 + 40 + 24 + 8);
+    assert_int_equal(st.abandoned, 0);
+    assert_int_equal(st.updated + st.instantiated, st.launched);
+    /* Three batch sizes, so three graphs to make; every other step must
+     * update its batch size's graph in place. Two more are allowed for a
+     * step whose arrays happen to coincide (a token id equal to a
+     * position: one copy fewer, another shape). A step graph made anew
+     * each step would measure instantiation, not launches. */
+    if (st.instantiated > 3 + 2)
+        fail_msg("%llu of %llu steps instantiated a graph; at most 5 expected (3 batch sizes)",
+                 (unsigned long long)st.instantiated, (unsigned long long)st.launched);
 }
 
 static int load(cairn_backend *be, cairn_model **out)

@@ -1336,15 +1336,41 @@ static void test_attention_split(void **state)
 {
     (void)state;
     kt_rng r = kt_rng_for("attention split");
-    check_attention_split(&r, CAIRN_TYPE_F32, 2, 4, 64, 64, 0, 0);
-    check_attention_split(&r, CAIRN_TYPE_F16, 2, 4, 128, 16, 0, 0);
-    check_attention_split(&r, CAIRN_TYPE_BF16, 2, 4, 64, 48, 0, 0);
-    check_attention_split(&r, CAIRN_TYPE_Q8_0, 2, 4, 128, 64, 0, 0);
-    check_attention_split(&r, CAIRN_TYPE_Q4_0, 2, 4, 64, 32, 0, 0);
-    check_attention_split(&r, CAIRN_TYPE_F16, 1, 12, 64, 100, 0, 1);
-    check_attention_split(&r, CAIRN_TYPE_F16, 1, 2, 512, 16, 0, 0);
-    check_attention_split(&r, CAIRN_TYPE_Q8_0, 2, 4, 96, 64, 2000, 0);
-    check_attention_split(&r, CAIRN_TYPE_F16, 2, 4, 64, 64, 1025, 1);
+    /* On a GPU this must run the split path, or it proves nothing about it:
+     * the path off in the environment, or its scratch refused (the logged
+     * fallback), would send every row to the row kernel and still pass. So
+     * each case must launch the split kernel: once per GPU call below (the
+     * batch, the row alone, the row with two others), each with a row of
+     * more than 1,024 visible keys. */
+    const char *off = getenv("CAIRN_CUDA_SPLIT_ATTN");
+    if (!harness && off && strcmp(off, "0") == 0)
+        fail_msg("CAIRN_CUDA_SPLIT_ATTN=0 is set: the split path is off and this test would "
+                 "check the row kernel instead; unset it");
+#define SPLIT_CASE(...)                                                                            \
+    do {                                                                                           \
+        uint64_t before_ = 0, after_ = 0;                                                          \
+        const int have_ = cairn_backend_cuda_launches(gpu, "attention_split", &before_);           \
+        check_attention_split(&r, __VA_ARGS__);                                                    \
+        if (!harness) {                                                                            \
+            assert_int_equal(have_, CAIRN_OK);                                                     \
+            assert_int_equal(cairn_backend_cuda_launches(gpu, "attention_split", &after_),         \
+                             CAIRN_OK);                                                            \
+            if (after_ - before_ < 3)                                                              \
+                fail_msg("split attention (%s): %llu split launches for 3 calls; the row "         \
+                         "kernel took the long rows",                                              \
+                         #__VA_ARGS__, (unsigned long long)(after_ - before_));                    \
+        }                                                                                          \
+    } while (0)
+    SPLIT_CASE(CAIRN_TYPE_F32, 2, 4, 64, 64, 0, 0);
+    SPLIT_CASE(CAIRN_TYPE_F16, 2, 4, 128, 16, 0, 0);
+    SPLIT_CASE(CAIRN_TYPE_BF16, 2, 4, 64, 48, 0, 0);
+    SPLIT_CASE(CAIRN_TYPE_Q8_0, 2, 4, 128, 64, 0, 0);
+    SPLIT_CASE(CAIRN_TYPE_Q4_0, 2, 4, 64, 32, 0, 0);
+    SPLIT_CASE(CAIRN_TYPE_F16, 1, 12, 64, 100, 0, 1);
+    SPLIT_CASE(CAIRN_TYPE_F16, 1, 2, 512, 16, 0, 0);
+    SPLIT_CASE(CAIRN_TYPE_Q8_0, 2, 4, 96, 64, 2000, 0);
+    SPLIT_CASE(CAIRN_TYPE_F16, 2, 4, 64, 64, 1025, 1);
+#undef SPLIT_CASE
 }
 
 /* kv_store's rotation on its own, against the definition rather than the

@@ -12,7 +12,11 @@
  *     before an earlier one, and more copies than the fence ring holds
  *     (1,024) keep every fence meaningful;
  *   - host→device→host round trips of many pages are byte-exact;
- *   - page-locked memory comes zeroed; device memory figures are sane.
+ *   - page-locked memory comes zeroed; device memory figures are sane;
+ *   - a kernel op issued right after a poll that found a copy still running
+ *     succeeds (the poll leaves no error behind);
+ *   - on a GPU the backend has the slots at all (else the fallbacks would
+ *     pass all of the above).
  *
  * Random inputs are seeded (rerun with CAIRN_TEST_SEED). Skips, fails or
  * runs as gpu_probe.h says (77 only when there is no CUDA device at all). With CAIRN_GPU_TEST_BACKEND=cpu the
@@ -269,6 +273,86 @@ static void test_round_trip(void **state)
     gpu->iface->free(gpu, dev);
 }
 
+/* On a GPU the copy slots must be the backend's own: without them the
+ * wrappers' synchronous fallbacks would pass every check in this file. */
+static void test_slots_present(void **state)
+{
+    (void)state;
+    if (gpu_test_is_harness())
+        return; /* the CPU backend has none: the fallbacks are what runs */
+    assert_non_null(gpu->iface->host_alloc);
+    assert_non_null(gpu->iface->host_free);
+    assert_non_null(gpu->iface->transfer);
+    assert_non_null(gpu->iface->fence_wait);
+    assert_non_null(gpu->iface->memory_info);
+}
+
+/* A non-blocking poll that finds the copy still running, and then at once a
+ * kernel: the poll's "not ready" must not become the kernel's failure (the
+ * CUDA runtime records it as the thread's last error, which a launch check
+ * reads). The store polls right after every eviction, so this is the next
+ * forward after an eviction to host. */
+static void test_kernel_after_busy_poll(void **state)
+{
+    (void)state;
+    if (!gpu->iface->fence_wait) {
+        printf("(harness: fences pass at once, no poll is ever busy)\n");
+        return;
+    }
+    kt_rng r = kt_rng_for("busy poll");
+    cairn_kv_layout L;
+    assert_int_equal(cairn_kv_layout_init(&L, 1, 2, 64, 16, CAIRN_TYPE_F16), CAIRN_OK);
+    const int T = 16;
+    const size_t width = (size_t)L.n_kv_head * L.head_dim;
+    float *k = kt_xmalloc(sizeof(float) * T * width), *v = kt_xmalloc(sizeof(float) * T * width);
+    kt_fill(&r, k, (size_t)T * width, -2, 2);
+    kt_fill(&r, v, (size_t)T * width, -2, 2);
+    int32_t slots[16];
+    kt_permutation(&r, slots, T);
+    float *k_g = kt_dev(gpu, k, sizeof(float) * T * width);
+    float *v_g = kt_dev(gpu, v, sizeof(float) * T * width);
+    float *k_c = kt_dev(cpu, k, sizeof(float) * T * width);
+    float *v_c = kt_dev(cpu, v, sizeof(float) * T * width);
+    void *pool_g = kt_dev(gpu, NULL, L.page_bytes), *pool_c = kt_dev(cpu, NULL, L.page_bytes);
+    assert_int_equal(cpu->iface->kv_store(cpu, pool_c, &L, 0, k_c, v_c, slots, T), CAIRN_OK);
+
+    /* 64 MiB out to pinned memory takes milliseconds; the poll comes
+     * microseconds after it was queued */
+    const size_t big = (size_t)64 << 20;
+    uint8_t *dev = kt_dev(gpu, NULL, big), *host = NULL;
+    assert_int_equal(cairn_backend_host_alloc(gpu, big, (void **)&host), CAIRN_OK);
+    int busy = 0;
+    for (int attempt = 0; attempt < 16 && !busy; attempt++) {
+        uint64_t f = 0;
+        assert_int_equal(cairn_backend_transfer(gpu, host, dev, big, 1, &f), CAIRN_OK);
+        const int rc = cairn_backend_fence_wait(gpu, f, 0);
+        assert_true(rc == CAIRN_OK || rc == CAIRN_EBUSY);
+        if (rc == CAIRN_EBUSY) {
+            busy = 1;
+            /* the very next call into the backend launches a kernel */
+            assert_int_equal(gpu->iface->kv_store(gpu, pool_g, &L, 0, k_g, v_g, slots, T),
+                             CAIRN_OK);
+        }
+        assert_int_equal(cairn_backend_fence_wait(gpu, f, 1), CAIRN_OK);
+    }
+    if (!busy)
+        fail_msg("16 copies of 64 MiB, and every poll right after found the copy done");
+    uint8_t *got = kt_host(gpu, pool_g, L.page_bytes), *want = kt_host(cpu, pool_c, L.page_bytes);
+    KT_SAME_BYTES(got, want, L.page_bytes, "kv_store right after a busy fence poll");
+    free(got);
+    free(want);
+    cairn_backend_host_free(gpu, host);
+    gpu->iface->free(gpu, dev);
+    gpu->iface->free(gpu, pool_g);
+    gpu->iface->free(gpu, k_g);
+    gpu->iface->free(gpu, v_g);
+    cpu->iface->free(cpu, pool_c);
+    cpu->iface->free(cpu, k_c);
+    cpu->iface->free(cpu, v_c);
+    free(k);
+    free(v);
+}
+
 int main(void)
 {
     const int open_rc = gpu_test_open(&gpu, "gpu_transfer");
@@ -277,7 +361,9 @@ int main(void)
     cpu = kt_cpu(2);
     kt_init_seed("gpu_transfer");
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_slots_present),
         cmocka_unit_test(test_host_memory),
+        cmocka_unit_test(test_kernel_after_busy_poll),
         cmocka_unit_test(test_page_to_host_after_ops),
         cmocka_unit_test(test_page_to_device_before_ops),
         cmocka_unit_test(test_fences_in_order),

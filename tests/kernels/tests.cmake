@@ -49,3 +49,9 @@ set_tests_properties(kernels_kquants_real PROPERTIES
 cairn_add_test(kernels_cpu_kv_types
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_cpu_kv_types.c
   LABELS kernels TIMEOUT 120)
+# The CUDA backend's staging table (host C, built everywhere): a captured
+# decode step records the same copies every step, so its graph is updated
+# in place rather than made anew.
+cairn_add_test(kernels_graph_staging
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_stage_table.c
+  LABELS kernels TIMEOUT 60)

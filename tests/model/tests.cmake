@@ -27,3 +27,10 @@ foreach(arch qwen2 qwen3 llama3)
   set_tests_properties(engine_forward_${arch} PROPERTIES FIXTURES_REQUIRED synthetic_models
     LABELS engine TIMEOUT 300)
 endforeach()
+
+# A decode step whose op fails while it is recorded as a step graph: the
+# recording is dropped, not launched, and the first failure is reported
+# (a CPU backend with fake graph slots).
+cairn_add_test(engine_graph_abandon
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_graph_abandon.c
+  LABELS engine TIMEOUT 60)

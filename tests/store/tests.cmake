@@ -75,3 +75,9 @@ add_executable(bench_radix_store ${PROJECT_SOURCE_DIR}/bench/radix_store/bench_r
   ${CAIRN_STORE_TEST_UTIL})
 target_include_directories(bench_radix_store PRIVATE ${CMAKE_CURRENT_LIST_DIR})
 target_link_libraries(bench_radix_store PRIVATE cairn_lib)
+
+# A page copy still running at the store's first poll, on the CPU backend
+# with a fake copy queue: the page drains, and ops after it still work.
+cairn_add_test(store_transfer_busy
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_transfer_busy.c
+  LABELS store TIMEOUT 60)
