@@ -26,8 +26,10 @@ case "$CHROOT" in "$ROOT"|"$ROOT"/*) echo "kit_dryrun: CHROOT must be outside th
 [ -d "$ROOT/.gpu-kit/sysroot" ] || { echo "kit_dryrun: no kit: run bench/gpu/kit.sh first" >&2; exit 1; }
 
 if [ ! -x "$CHROOT/usr/bin/cmake" ]; then
+    # (a machine may have only one of the two files: grep's status 2 for the
+    # missing one must not end the script under set -e and pipefail)
     mirror="$(grep -h -m1 -E '^(URIs:|deb )' /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null |
-              grep -o 'https\?://[^ ]*debian[^ ]*' | grep -v security | head -1)"
+              grep -o 'https\?://[^ ]*debian[^ ]*' | grep -v security | head -1 || true)"
     echo "kit_dryrun: debootstrap bookworm into $CHROOT from ${mirror:=http://deb.debian.org/debian}"
     debootstrap --variant=minbase --include=build-essential,cmake,python3,python3-numpy \
         bookworm "$CHROOT" "$mirror"

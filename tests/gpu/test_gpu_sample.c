@@ -6,8 +6,9 @@
  *               the same row (argmax, ties to the lowest id), with penalties,
  *               bias and masks too: bit-equal, always;
  *   draws       for fixed seeds and fixed logits rows (vocabularies of 1000
- *               and 151936), N draws per setting (temperature, top-k, top-p,
- *               min-p, the defaults, penalties, logit bias, a grammar mask):
+ *               and 151936), a number of draws per setting (temperature,
+ *               top-k, top-p, min-p, the defaults, penalties, logit bias, a
+ *               grammar mask; see "Draws" below):
  *                 - the device's token histogram against the CPU sampler's
  *                   distribution (cairn_sampler_probs) by chi-squared at the
  *                   0.999 quantile (tests/support), tokens with fewer than 5
@@ -34,11 +35,43 @@
  *               cairn_model_forward_keep leaves on the device are the bytes
  *               cairn_model_forward downloads, and sampling them there
  *               gives the CPU's greedy tokens.
- * The seeds and logits are fixed, so each check is deterministic. Without
- * a CUDA device it exits 77; under CAIRN_GPU_TEST_BACKEND=cpu the backend
- * has no slot and the fallback (the CPU sampler itself) runs, which checks
- * this file's logic (and uses fewer draws at 151936, where the CPU sampler
- * is slow).
+ * The seeds and logits are fixed, so each check is deterministic.
+ *
+ * Opening the backend follows tests/gpu/gpu_probe.h: exit 77 only when the
+ * runtime sees no device (a failure with CAIRN_GPU_REQUIRED=1), a device
+ * whose backend does not come up is a failure, and so is a CUDA backend
+ * without the sample_rows slot (the fallback would pass every check here
+ * and prove nothing about the device). Under CAIRN_GPU_TEST_BACKEND=cpu the
+ * backend has no slot and the fallback (the CPU sampler itself) runs, which
+ * checks this file's logic.
+ *
+ * Draws: CAIRN_GPU_SAMPLE_DRAWS (a run-time setting, so a GPU run can size
+ * it to its time) is the number per setting at the 151936-token vocabulary:
+ * 2048 by default on a device, 384 on the CPU harness. Each device draw has
+ * its twin draw on the CPU, and at 151936 tokens that costs 0.3 to 2 ms, and
+ * ~30 ms for "bias" (its top-p 0.98 is past the sampler's first 256
+ * candidates, so it sorts the whole row): ~40 ms a round of the 9 settings,
+ * so 2048 draws cost about a minute on one core (75 s on the 2-core build
+ * machine) and 20000 would cost ten.
+ * The 1000-token vocabulary always takes 20000 draws (a few seconds: a twin
+ * draw costs ~10 us there). What 2048 draws still prove:
+ *   - same-u agreement, <= 0.1%: 2 of 2048 disagreements pass. A real
+ *     difference of semantics moves at least ~0.5% of the decisions (even
+ *     an off-by-one at top-k 40 moves 2-5%: the extra token holds only
+ *     ~0.13%, but it rescales every cumulative boundary); at 0.5% (10.2
+ *     expected) 2 or fewer happen with probability 0.2%, at 1% with 3e-7.
+ *     The benign ~1e-10 per draw gives 3 with probability ~1e-21. The same
+ *     arithmetic holds for the excluded tokens;
+ *   - chi-squared at the 0.999 quantile, whatever the count (pooling to 5
+ *     expected keeps the statistic's distribution; fewer draws pool more,
+ *     i.e. fewer degrees of freedom). With noncentrality
+ *     draws * sum(dp^2 / p), a top token of mass 0.45 moved by 11-19%
+ *     relative (the rest proportionally) is found with 90% power at 2048
+ *     draws and the 1-40 degrees of freedom these rows then have (1 for
+ *     "mask" and "everything", whose mass sits on two tokens; 40 for
+ *     "bias"), by 5-6% at 20000. It is the coarse check of the two (the
+ *     same-u check is the sharp one); the 1000-token vocabulary keeps it at
+ *     full power.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -52,22 +85,24 @@
 
 #include "model/model.h"
 #include "store/store.h"
+#include "tests/gpu/gpu_probe.h"
 #include "tests/support/support.h"
 
 enum { ROWS = 64, LP_ROW = 1 + CAIRN_SAMPLE_MAX_LOGPROBS, BIG_VOCAB = 151936 };
 
-/* Draws per setting (a build may lower them for a quick run, e.g. of the
- * kernel under an emulator; the checks scale with them). */
-#ifndef GPU_SAMPLE_DRAWS
-#define GPU_SAMPLE_DRAWS 20000
-#endif
-#ifndef GPU_SAMPLE_DRAWS_FALLBACK_LARGE
-#define GPU_SAMPLE_DRAWS_FALLBACK_LARGE 384
-#endif
+/* Draws per setting (the header's "Draws" says why these counts; the
+ * checks scale with them). */
+enum {
+    DRAWS_SMALL = 20000,       /* at 1000 tokens, always                   */
+    DRAWS_LARGE = 2048,        /* at 151936, on a device                   */
+    DRAWS_LARGE_HARNESS = 384, /* at 151936, on the CPU harness (both sides
+                                  run the CPU sampler there)               */
+};
 
 static cairn_backend *dev;
 static int have_slot;
 static const char *model_path;
+static int draws_large; /* per setting at BIG_VOCAB */
 
 /* A fixed stream (not the run's seed: the distribution checks must be
  * deterministic). */
@@ -298,14 +333,14 @@ static void check_settings(int n, int draws)
 static void test_draws_small_vocab(void **state)
 {
     (void)state;
-    check_settings(1000, GPU_SAMPLE_DRAWS);
+    check_settings(1000, DRAWS_SMALL);
 }
 
 static void test_draws_large_vocab(void **state)
 {
     (void)state;
     /* the CPU sampler in the fallback and the twins takes ~ms a draw here */
-    check_settings(BIG_VOCAB, have_slot ? GPU_SAMPLE_DRAWS : GPU_SAMPLE_DRAWS_FALLBACK_LARGE);
+    check_settings(BIG_VOCAB, draws_large);
 }
 
 /* ---- greedy, logprobs, refusals ------------------------------------------------- */
@@ -585,17 +620,50 @@ static void test_forward_keep(void **state)
     cairn_model_free(m);
 }
 
+/* CAIRN_GPU_SAMPLE_DRAWS, else the default for this backend. A value that
+ * is not a positive number is refused, not silently replaced: a run that
+ * asked for a census must not quietly do a check. */
+static int read_draws(int fallback)
+{
+    const char *v = getenv("CAIRN_GPU_SAMPLE_DRAWS");
+    if (!v || !*v)
+        return fallback;
+    char *end = NULL;
+    const long n = strtol(v, &end, 10);
+    if (*end || n < 1 || n > 10000000) {
+        printf("FAIL gpu_sample: CAIRN_GPU_SAMPLE_DRAWS=%s is not a number of draws "
+               "(1..10000000)\n",
+               v);
+        return -1;
+    }
+    return (int)n;
+}
+
 int main(int argc, char **argv)
 {
     model_path = argc > 1 ? argv[1] : getenv("CAIRN_MODEL");
-    if (kt_open_device(&dev) != CAIRN_OK) {
-        printf("SKIP: no CUDA device available (cairn_backend_cuda_create failed); the gpu "
-               "tests run only on a machine with an NVIDIA GPU\n");
-        return 77;
-    }
+    const int rc = gpu_test_open(&dev, "gpu_sample");
+    if (rc != 0)
+        return rc;
     have_slot = dev->iface->sample_rows != NULL;
     printf("backend %s: %s\n", dev->iface->name,
            have_slot ? "sample_rows on the device" : "no sample_rows slot: the fallback runs");
+    if (!gpu_test_is_harness() && !have_slot) {
+        /* the fallback is the CPU sampler: every check below would pass
+         * against itself and say nothing about the device */
+        printf("FAIL gpu_sample: the %s backend on a real GPU has no sample_rows slot\n",
+               dev->iface->name);
+        cairn_backend_destroy(dev);
+        return 1;
+    }
+    draws_large = read_draws(have_slot ? DRAWS_LARGE : DRAWS_LARGE_HARNESS);
+    if (draws_large < 0) {
+        cairn_backend_destroy(dev);
+        return 1;
+    }
+    printf("draws per setting: %d at n_vocab 1000, %d at n_vocab %d%s\n", DRAWS_SMALL,
+           draws_large, BIG_VOCAB,
+           getenv("CAIRN_GPU_SAMPLE_DRAWS") ? " (CAIRN_GPU_SAMPLE_DRAWS)" : "");
     kt_init_seed("gpu_sample");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy),
