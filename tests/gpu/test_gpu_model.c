@@ -20,10 +20,12 @@
  *   strict (default; the bundled F32 stories260K): logits within 1e-4 of the
  *     row's largest magnitude, greedy tokens identical.
  *   loose (synthetic 16-bit or quantized models with random weights, whose
- *     logits are near-ties everywhere): logits within 5e-2 of the row's
- *     largest magnitude (room for 16-bit weights in a prefill of more than
- *     64 tokens, which multiplies activations rounded to 16 bits; the 37
- *     tokens here stay on the float GEMV); no greedy comparison.
+ *     logits are near-ties everywhere): logits within LOOSE_RTOL = 1e-3 of
+ *     the row's largest magnitude, no greedy comparison. The 37 tokens here
+ *     stay on the GEMV, float arithmetic on both sides (the CPU in exact
+ *     mode, BF16 without vdpbf16ps), so only the order of additions
+ *     differs: ten times the strict bound for the deeper random models,
+ *     not the 5e-2 of 16-bit activations, which no path here takes.
  * The CPU backend is created with CAIRN_CPU_EXACT_MATMUL=1 (float
  * semantics for quantized weights, as the CUDA kernels).
  *
@@ -59,6 +61,7 @@ static cairn_type layer_wtype;
 static int exact_bound;
 
 #define MAX_TOKENS 64
+#define LOOSE_RTOL 1e-3
 #define PAGE_SIZE 16
 #define PAGES_PER_SEQ 8 /* 128 tokens */
 #define N_SEQ 64        /* the largest batch tested */
@@ -151,7 +154,7 @@ static void check_prompt_logits(cairn_type dtype)
     sbg.pages = cg.table[0];
     forward(m_cpu, &cc, &sbc, 1, lc);
     forward(m_gpu, &cg, &sbg, 1, lg);
-    expect_rows_close(lg, lc, 37, loose ? 5e-2 : 1e-4,
+    expect_rows_close(lg, lc, 37, loose ? LOOSE_RTOL : 1e-4,
                       dtype == CAIRN_TYPE_F16 ? "prompt logits (f16 KV)" : "prompt logits (f32 KV)");
     /* then the same 37 tokens as a prefill of 30 and 7 single decode steps */
     kv_cache cg2;
@@ -162,7 +165,7 @@ static void check_prompt_logits(cairn_type dtype)
         sbg = (cairn_seq_batch){.tokens = toks + i, .n_tokens = 1, .kv_start = i,
                                 .pages = cg2.table[0]};
         forward(m_gpu, &cg2, &sbg, 1, lg);
-        expect_rows_close(lg, lc + (size_t)i * n_vocab, 1, loose ? 5e-2 : 1e-4,
+        expect_rows_close(lg, lc + (size_t)i * n_vocab, 1, loose ? LOOSE_RTOL : 1e-4,
                           "incremental decode vs cpu prompt");
     }
     kv_close(&cc);
