@@ -108,17 +108,13 @@ static void qwen_tool_call(outbuf *b, const json_t *call)
     ob_str(b, "}\n</tool_call>");
 }
 
-static const char qwen_default_system[] =
-    "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
-
 /* ChatML; with `qwen` the Qwen2.5 default system prompt, tools block and
  * tool-call/tool-response format. */
 static void fmt_chatml(const cairn_chat_template *t, const conv *c, outbuf *b, bool qwen)
 {
     const msg *m = c->m;
     bool first_system = c->n > 0 && m[0].role == R_SYSTEM && !c->cont;
-    const char *system = first_system ? m[0].content : t->qwen_default ? qwen_default_system
-                                                                         : NULL;
+    const char *system = first_system ? m[0].content : t->qwen_default ? t->qwen_system : NULL;
     if (qwen && !c->cont) {
         if (c->tools && json_array_size(c->tools) > 0) {
             ob_special(b, "<|im_start|>");

@@ -89,6 +89,7 @@ struct cairn_chat_template {
     bool qwen_default;   /* Qwen2.5: a default system prompt when none is
                             given (Qwen3 and other ChatML tool templates have
                             none: no system turn, or only the tools block)  */
+    char qwen_system[256]; /* that prompt, as the template's source writes it */
 };
 
 /* ---- conversation ---------------------------------------------------------- */

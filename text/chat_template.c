@@ -312,7 +312,18 @@ int cairn_chat_template_from_string(const char *src, const cairn_vocab *v,
     t->mistral_tight = t->family == CAIRN_CHAT_LLAMA2 && !t->llama2_sys &&
                        (strstr(src, "[INST]\"") || strstr(src, "[INST]'"));
     t->phi3_eos = t->family == CAIRN_CHAT_PHI3 && strstr(src, "eos_token");
-    t->qwen_default = t->family == CAIRN_CHAT_QWEN2 && strstr(src, "You are Qwen, created by");
+    /* Qwen2.5's default system prompt, taken from the template itself (a
+     * variant may word it otherwise): from "You are Qwen, created by" to the
+     * end of its string literal or of the system turn */
+    const char *qd = t->family == CAIRN_CHAT_QWEN2 ? strstr(src, "You are Qwen, created by") : NULL;
+    if (qd) {
+        size_t n = strcspn(qd, "'\"<\\");
+        if (n < sizeof t->qwen_system) {
+            memcpy(t->qwen_system, qd, n);
+            t->qwen_system[n] = '\0';
+            t->qwen_default = true;
+        }
+    }
     *out = t;
     return CAIRN_OK;
 }

@@ -344,5 +344,34 @@ class RealQwen(ChatFormat, unittest.TestCase):
                                 {"role": "user", "content": "ok"}], None, True)
 
 
+@unittest.skipUnless(os.path.exists(CHAT_MODEL),
+                     f"real chat model absent ({CHAT_MODEL or 'CAIRN_CHAT_MODEL unset'}); "
+                     "fetch it with scripts/get-model")
+class QwenOtherDefaultPrompt(ChatFormat, unittest.TestCase):
+    """The real Qwen2.5 template with its default system sentence worded
+    otherwise (as fine-tunes do): cairn must render the template's own
+    sentence, never a copy of the stock one."""
+    family = "qwen2"
+
+    @classmethod
+    def setUpClass(cls):
+        r = gguf.GGUFReader(CHAT_MODEL)
+        f = r.fields["tokenizer.chat_template"]
+        stock = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+        real = bytes(f.parts[f.data[0]]).decode("utf-8")
+        assert stock in real, "the real template's default prompt moved"
+        cls.source = real.replace(stock, "You are Qwen, created by Alibaba Cloud. "
+                                         "You answer in one short paragraph.")
+        cls.bos, cls.eos = "<|endoftext|>", "<|im_end|>"
+        cls.model = os.path.join(_tmpdir.name, "qwen_other_default.gguf")
+        write_vocab_gguf(cls.model, cls.source,
+                         ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], cls.bos, cls.eos,
+                         add_bos=False)
+
+    def test_default_prompt_is_the_templates(self):
+        self.check(NO_SYSTEM, None, True)
+        self.check(TOOL_CONVERSATION[1:], [WEATHER_TOOL], True)
+
+
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    harness.main()
