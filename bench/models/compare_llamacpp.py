@@ -13,9 +13,10 @@ Three tables:
      text, or the step where the two part. There cairn prints its
      two best candidates (`cairn run --show-top 2`); a small gap between them
      is a near-tie, which rounding differences between two correct
-     implementations can tip either way (llama.cpp quantizes activations to
-     8 bits for the K-quant and Q5_0 dot products; cairn's default does the
-     same for Q8_0/Q4_0 but keeps F32 activations for the K-quants).
+     implementations can tip either way (both quantize activations to 8
+     bits for the quantized dot products, but to different blocks: cairn
+     per 32 values for every type, llama.cpp per 256 for the K-quants;
+     kernels/cpu/cpu_impl.h).
   2. Perplexity over a text (default tests/data/text/stories.txt) with the
      llama-perplexity method (non-overlapping chunks of -c tokens, second
      half scored): both figures and their relative difference.

@@ -399,17 +399,18 @@ class PersistedSessions(PersistCase):
         self.assertEqual(got.usage.prompt_tokens, want.usage.prompt_tokens)
         self.assertEqual(got.tokens, want.tokens)
 
-    def test_persist_needs_a_cache_dir_or_is_refused_cleanly(self):
-        # without a disk tier, persist: true is either refused with an error
-        # response or accepted; the server keeps serving either way
+    def test_persist_without_a_cache_dir_is_unsupported(self):
+        # docs/protocol.md: persist: true needs serve --cache-dir, else
+        # `unsupported` (accepting it would lose the session on a restart
+        # the client was promised it survives); the server keeps serving
         srv = self.start(cache_dir=False)
         c = self.client(srv)
-        try:
-            sid = c.session_open(text="Sam had a red ball.", persist=True)["session_id"]
-            self.assertEqual(c.session_info(sid)["n_tokens"], len(tok("Sam had a red ball.", True)))
-        except cairn_client.CairnError as e:
-            self.assertIn(e.type, ("unsupported", "invalid_request"))
+        with self.assertRaises(cairn_client.CairnError) as ctx:
+            c.session_open(text="Sam had a red ball.", persist=True)
+        self.assertEqual(ctx.exception.type, "unsupported")
         self.assertEqual(c.info()["page_size"], self.P)
+        sid = c.session_open(text="Sam had a red ball.")["session_id"]
+        self.assertEqual(c.session_info(sid)["n_tokens"], len(tok("Sam had a red ball.", True)))
 
 
 # --------------------------------------------------------------------------
@@ -748,4 +749,4 @@ class RecordsOfAnotherConfiguration(PersistCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    harness.main()
