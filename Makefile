@@ -18,7 +18,7 @@ FUZZ_BUILD_DIR ?= build-fuzz
 SAN_BUILD_DIR ?= build-san
 TSAN_BUILD_DIR ?= build-tsan
 
-.PHONY: all build setup setup-test run generate test clean fuzz sanitize tsan
+.PHONY: all build setup setup-test run generate test test-quick clean fuzz sanitize tsan
 
 all: build
 
@@ -43,8 +43,18 @@ run: build
 generate: build
 	./$(BUILD_DIR)/cairn run -m models/stories260K.gguf -p "$(PROMPT)" -n 128
 
+# Every test; at the end, the tests that did not run here and why
+# (tests/support/skip_report.py).
 test: setup-test build
-	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS); rc=$$?; \
+	  python3 ../tests/support/skip_report.py . ; exit $$rc
+
+# The edit-build-test loop: the unit tests, no servers, real models or
+# speculative sampling runs (a couple of minutes); CI runs everything.
+QUICK_EXCLUDE ?= realmodel|server|http|hardening|route|ckpt|eagle|medusa|gpu|cli|chat|protocol
+test-quick: build
+	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) -LE '$(QUICK_EXCLUDE)'; rc=$$?; \
+	  python3 ../tests/support/skip_report.py . ; exit $$rc
 
 fuzz: setup-test
 	FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_BUILD_DIR=$(FUZZ_BUILD_DIR) JOBS=$(JOBS) fuzz/run_fuzz.sh

@@ -829,8 +829,7 @@ static int teardown_real(void **state)
 #define NEED_REAL_MODEL()                                                                          \
     do {                                                                                           \
         if (!chat_vocab) {                                                                         \
-            fprintf(stderr, "skipped: real chat model absent (CAIRN_CHAT_MODEL)\n");              \
-            skip();                                                                                \
+            KT_SKIP("real chat model absent (CAIRN_CHAT_MODEL)");                                  \
         }                                                                                          \
     } while (0)
 
@@ -1145,5 +1144,5 @@ int main(void)
         cmocka_unit_test(test_phi3_message_cannot_forge),
         cmocka_unit_test(test_inst_markers),
     };
-    return cmocka_run_group_tests(tests, setup_real, teardown_real);
+    return kt_exit_code(cmocka_run_group_tests(tests, setup_real, teardown_real));
 }

@@ -144,7 +144,7 @@ static void test_quantized_exact(void **state)
 {
     (void)state;
     if (!synth_dir())
-        skip();
+        KT_SKIP("CAIRN_CKPT_SYNTH (the synthetic checkpoint folders) is not set");
     static const struct {
         const char *name;
         cairn_type type;
@@ -172,7 +172,7 @@ static void test_models_load_and_fingerprint(void **state)
 {
     (void)state;
     if (!synth_dir())
-        skip();
+        KT_SKIP("CAIRN_CKPT_SYNTH (the synthetic checkpoint folders) is not set");
     cairn_backend *be = NULL;
     assert_int_equal(cairn_backend_cpu_create(1, &be), CAIRN_OK);
     static const char *const names[] = {"bf16", "bf16-shards3", "awq-g64", "gptq-actorder-asym",
@@ -216,7 +216,7 @@ static void test_broken_folders_refused(void **state)
 {
     (void)state;
     if (!synth_dir())
-        skip();
+        KT_SKIP("CAIRN_CKPT_SYNTH (the synthetic checkpoint folders) is not set");
     char path[1024];
     snprintf(path, sizeof path, "%s/bad/MANIFEST.json", synth_dir());
     json_t *manifest = json_load_file(path, 0, NULL);
@@ -258,7 +258,7 @@ static void test_llama_rows_in_gguf_order(void **state)
     (void)state;
     const char *model = getenv("CAIRN_MODEL");
     if (!synth_dir() || !model)
-        skip();
+        KT_SKIP("CAIRN_CKPT_SYNTH or CAIRN_MODEL is not set");
     char dir[1024], err[512] = "";
     snprintf(dir, sizeof dir, "%s/../llama-stories", synth_dir());
     cairn_gguf *folder = NULL, *file = NULL;
@@ -303,7 +303,7 @@ static void test_gguf_file_still_opens(void **state)
     (void)state;
     const char *model = getenv("CAIRN_MODEL");
     if (!model)
-        skip();
+        KT_SKIP("CAIRN_MODEL is not set");
     cairn_gguf *g = NULL;
     char err[256];
     assert_int_equal(cairn_ckpt_open(model, &g, err, sizeof err), CAIRN_OK);
@@ -322,5 +322,5 @@ int main(void)
         cmocka_unit_test(test_llama_rows_in_gguf_order),
         cmocka_unit_test(test_gguf_file_still_opens),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return kt_exit_code(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -150,4 +150,4 @@ class Checkpoints(harness.ServerCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    harness.main()

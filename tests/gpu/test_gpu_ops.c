@@ -1595,9 +1595,8 @@ static void test_kv_pool_high_offsets(void **state)
     void *big = NULL;
     const int arc = gpu->iface->alloc(gpu, (size_t)n_pages * L.page_bytes, &big);
     if (arc == CAIRN_ENOMEM) {
-        printf("SKIP kv_pool_high_offsets: the device cannot allocate %.1f GiB\n",
-               (double)n_pages * L.page_bytes / (1 << 30));
-        skip();
+        KT_SKIP("kv_pool_high_offsets: the device cannot allocate %.1f GiB",
+                (double)n_pages * L.page_bytes / (1 << 30));
     }
     assert_int_equal(arc, CAIRN_OK);
     enum { NP = 7, N_KV = 100, LAYER = 1 };
@@ -1686,5 +1685,5 @@ int main(void)
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     cairn_backend_destroy(cpu);
     cairn_backend_destroy(gpu);
-    return failed;
+    return kt_exit_code(failed);
 }

@@ -755,8 +755,7 @@ static void test_tokens_real_vocab(void **state)
     const char *path = getenv("CAIRN_CHAT_MODEL");
     FILE *f = path ? fopen(path, "rb") : NULL;
     if (!f) {
-        print_message("skipped: CAIRN_CHAT_MODEL (%s) is absent\n", path ? path : "unset");
-        skip();
+        KT_SKIP("CAIRN_CHAT_MODEL (%s) is absent", path ? path : "unset");
     }
     fclose(f);
     cairn_vocab *v = load_vocab(path);
@@ -966,5 +965,5 @@ int main(void)
         cmocka_unit_test(test_protocol_response_format),
         cmocka_unit_test(test_service_sampled_generation),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return kt_exit_code(cmocka_run_group_tests(tests, NULL, NULL));
 }

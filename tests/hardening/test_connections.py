@@ -333,4 +333,4 @@ class InflightCap(Case):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    harness.main()

@@ -520,4 +520,4 @@ class KillDuringWriteStorm(Case):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    harness.main()

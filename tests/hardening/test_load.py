@@ -274,4 +274,4 @@ class Load(harness.ServerCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    harness.main()

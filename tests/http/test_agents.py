@@ -146,4 +146,4 @@ if __name__ == "__main__":
                                                   os.path.exists(os.environ["CAIRN_CHAT_MODEL"])):
         print("skipped: CAIRN_CHAT_MODEL (the real instruct model) is not present")
         sys.exit(77)
-    unittest.main()
+    harness.main()

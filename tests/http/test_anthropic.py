@@ -334,4 +334,4 @@ class Auth(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    harness.main()

@@ -209,4 +209,4 @@ class ToolCallRoundTrip(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    harness.main()

@@ -339,4 +339,4 @@ class PublicBind(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    harness.main()

@@ -658,4 +658,4 @@ class OpenAIFacade(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    harness.main()

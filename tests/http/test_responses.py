@@ -313,4 +313,4 @@ class Restart(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    harness.main()

@@ -226,7 +226,7 @@ static void test_model_fallback(void **state)
 {
     (void)state;
     if (!model_path())
-        skip();
+        KT_SKIP("no model (CAIRN_MODEL) to load");
     int nv0 = 0, nv1 = 0;
     float *a = prompt_logits(cpu, &nv0), *b = prompt_logits(&bare, &nv1);
     assert_int_equal(nv0, nv1);
@@ -239,7 +239,7 @@ static void test_model_refuses_type(void **state)
 {
     (void)state;
     if (!model_path())
-        skip();
+        KT_SKIP("no model (CAIRN_MODEL) to load");
     cairn_backend_iface picky_iface = *cpu->iface;
     picky_iface.name = "picky";
     picky_iface.supports_type = no_f32;
@@ -266,5 +266,5 @@ int main(void)
         cmocka_unit_test(test_model_refuses_type),
     };
     kt_init_seed("backend_slots");
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return kt_exit_code(cmocka_run_group_tests(tests, setup, teardown));
 }

@@ -43,7 +43,7 @@ add_test(NAME kernels_kquants_real
   COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_kquants_real.py
           $<TARGET_FILE:kquants_dequant> ${CAIRN_CHAT_MODEL})
 set_tests_properties(kernels_kquants_real PROPERTIES
-  TIMEOUT 120 SKIP_RETURN_CODE 77 LABELS kernels)
+  TIMEOUT 120 SKIP_RETURN_CODE 77 LABELS "kernels;realmodel")
 # The KV types (BF16, Q8_0, Q4_0 with their rotation) and sliding windows:
 # attention over what kv_store stored against a double reference.
 cairn_add_test(kernels_cpu_kv_types

@@ -3,7 +3,7 @@
 cairn_add_test(engine_forward
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_forward.c
   ARGS ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/ref/llama_ref.py
-  TIMEOUT 300)
+  LABELS engine TIMEOUT 300)
 
 # The same comparison on the other code paths: a qwen2 model (q/k/v biases,
 # NEOX RoPE), a qwen3 one (per-head q/k RMSNorm, heads wider than dim /
@@ -19,7 +19,7 @@ add_test(NAME engine_synthetic_qwen3
   COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tools/gen_synthetic_model.py --shape tiny
           --type F32 --arch qwen3 --head-dim 48 -o ${CMAKE_CURRENT_BINARY_DIR}/synthetic-qwen3.gguf)
 set_tests_properties(engine_synthetic_qwen2 engine_synthetic_qwen3 engine_synthetic_llama3
-  PROPERTIES FIXTURES_SETUP synthetic_models LABELS engine)
+  PROPERTIES FIXTURES_SETUP synthetic_models LABELS engine TIMEOUT 300)
 foreach(arch qwen2 qwen3 llama3)
   add_test(NAME engine_forward_${arch}
     COMMAND engine_forward ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/ref/llama_ref.py

@@ -727,4 +727,4 @@ class TenantRouterTest(harness.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    harness.main()

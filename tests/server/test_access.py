@@ -403,4 +403,4 @@ class TenantIdAcrossRestarts(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    harness.main()

@@ -162,4 +162,4 @@ class Drain(harness.ServerCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    harness.main()

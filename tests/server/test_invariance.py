@@ -139,4 +139,4 @@ if __name__ == "__main__":
     if "InvarianceRealModel" in sys.argv[1:] and not (REAL and os.path.exists(REAL)):
         print("skipped: the real model is not here (scripts/get-model fetches it)")
         sys.exit(77)  # ctest's SKIP_RETURN_CODE
-    unittest.main(verbosity=2)
+    harness.main()

@@ -93,4 +93,4 @@ class Refusal(harness.ServerCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    harness.main()

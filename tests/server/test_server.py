@@ -825,4 +825,4 @@ class UnixSocket(ServerCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    harness.main()

@@ -51,6 +51,30 @@ WORDS = STORIES.split()
 
 
 # ---- the command line ------------------------------------------------------
+def main(**kwargs):
+    """unittest.main for the test files, with skips made visible to ctest:
+    a failure exits 1; otherwise, when any test was skipped, the skipped
+    tests and their reasons are printed and the process exits 77, which
+    ctest reports as "not run" (SKIP_RETURN_CODE, tests/CMakeLists.txt),
+    never as a pass."""
+    kwargs.setdefault("verbosity", 2)
+    prog = unittest.main(exit=False, **kwargs)
+    result = prog.result
+    if not result.wasSuccessful():
+        sys.exit(1)
+    if result.skipped:
+        print("\nSKIPPED (%d of %d; ctest reports this test as not run):"
+              % (len(result.skipped), result.testsRun))
+        for test, reason in result.skipped:
+            print("  %s: %s" % (test.id(), reason))
+        sys.stdout.flush()
+        sys.exit(77)
+    if result.testsRun == 0:
+        print("no test ran")
+        sys.exit(1)
+    sys.exit(0)
+
+
 def take_argv(*names, usage=None):
     """The first len(names) command-line arguments (CAIRN_BIN, MODEL, ...),
     removed from sys.argv so that the rest goes to unittest (a test case to
