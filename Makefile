@@ -47,14 +47,14 @@ generate: build
 # (tests/support/skip_report.py).
 test: setup-test build
 	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS); rc=$$?; \
-	  python3 ../tests/support/skip_report.py . ; exit $$rc
+	  python3 $(CURDIR)/tests/support/skip_report.py . ; exit $$rc
 
 # The edit-build-test loop: the unit tests, no servers, real models or
 # speculative sampling runs (a couple of minutes); CI runs everything.
 QUICK_EXCLUDE ?= realmodel|server|http|hardening|route|ckpt|eagle|medusa|gpu|cli|chat|protocol
 test-quick: build
 	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) -LE '$(QUICK_EXCLUDE)'; rc=$$?; \
-	  python3 ../tests/support/skip_report.py . ; exit $$rc
+	  python3 $(CURDIR)/tests/support/skip_report.py . ; exit $$rc
 
 fuzz: setup-test
 	FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_BUILD_DIR=$(FUZZ_BUILD_DIR) JOBS=$(JOBS) fuzz/run_fuzz.sh
