@@ -8,6 +8,9 @@
  *     repacked linear weight, decoded by cairn_dequantize_row and put back in
  *     the checkpoint's input order, equals the Python tool's own dequantized
  *     reference (ref/NAME.dequant.safetensors) bit for bit;
+ *   - the same for the committed folders of tests/data/ckpt/indep
+ *     (CAIRN_CKPT_INDEP), whose tensors other packages packed (vLLM,
+ *     compressed-tensors) and whose references those packages' readers gave;
  *   - the BF16 folders (one file, three shards) and the F16 outlier load;
  *   - every broken folder is refused with a message, never a crash (the
  *     ASan job runs this too);
@@ -81,13 +84,13 @@ static const struct {
     {"mlp.down_proj", "ffn_down"},
 };
 
-/* Every linear weight of folder `name` against its reference; returns how
- * many weights were compared. */
-static int check_quantized(const char *name, cairn_type want_type)
+/* Every linear weight of folder base/name against base/ref/name.dequant.safetensors;
+ * returns how many weights were compared. */
+static int check_quantized_in(const char *base, const char *name, cairn_type want_type)
 {
     char dir[1024], ref[1024], err[512] = "";
-    snprintf(dir, sizeof dir, "%s/%s", synth_dir(), name);
-    snprintf(ref, sizeof ref, "%s/ref/%s.dequant.safetensors", synth_dir(), name);
+    snprintf(dir, sizeof dir, "%s/%s", base, name);
+    snprintf(ref, sizeof ref, "%s/ref/%s.dequant.safetensors", base, name);
     cairn_gguf *g = NULL;
     int rc = cairn_ckpt_open(dir, &g, err, sizeof err);
     if (rc != CAIRN_OK)
@@ -140,6 +143,11 @@ static int check_quantized(const char *name, cairn_type want_type)
     return compared;
 }
 
+static int check_quantized(const char *name, cairn_type want_type)
+{
+    return check_quantized_in(synth_dir(), name, want_type);
+}
+
 static void test_quantized_exact(void **state)
 {
     (void)state;
@@ -157,6 +165,25 @@ static void test_quantized_exact(void **state)
     };
     for (size_t i = 0; i < sizeof folders / sizeof folders[0]; i++)
         assert_true(check_quantized(folders[i].name, folders[i].type) >= 14);
+}
+
+/* Folders whose quantized tensors were packed by code the project did not
+ * write (vLLM's awq_pack / gptq_pack, compressed-tensors' compressor), with
+ * references from those packages' own readers (vLLM's AWQ dequantization
+ * kernel, compressed-tensors' unpack + dequantize): committed under
+ * tests/data/ckpt/indep by tools/ckpt/make_indep_fixture.py, PROVENANCE.md
+ * there. Unlike the synthetic folders, reader and packer cannot share one
+ * misreading of a format here. */
+static void test_independent_writers_exact(void **state)
+{
+    (void)state;
+    const char *base = getenv("CAIRN_CKPT_INDEP");
+    if (!base || !base[0])
+        fail_msg("CAIRN_CKPT_INDEP (tests/data/ckpt/indep) is not set");
+    static const char *const names[] = {"awq-g32", "gptq-actorder-asym-g32",
+                                        "ct-int4-actorder-asym-g32"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        assert_int_equal(check_quantized_in(base, names[i], CAIRN_TYPE_Q4_Z), 7);
 }
 
 static cairn_model *load(cairn_backend *be, const char *name, char *err, size_t err_len)
@@ -317,6 +344,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_quantized_exact),
+        cmocka_unit_test(test_independent_writers_exact),
         cmocka_unit_test(test_models_load_and_fingerprint),
         cmocka_unit_test(test_broken_folders_refused),
         cmocka_unit_test(test_llama_rows_in_gguf_order),

@@ -12,6 +12,9 @@ set_tests_properties(ckpt_material_synthetic PROPERTIES FIXTURES_SETUP ckpt_synt
 
 cairn_add_test(ckpt_reader SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_ckpt.c LABELS ckpt TIMEOUT 300)
 set_property(TEST ckpt_reader APPEND PROPERTY ENVIRONMENT "CAIRN_CKPT_SYNTH=${CAIRN_CKPT_DIR}/synth")
+# Folders packed by vLLM / compressed-tensors, committed (tests/data/ckpt/indep/PROVENANCE.md).
+set_property(TEST ckpt_reader APPEND PROPERTY ENVIRONMENT
+  "CAIRN_CKPT_INDEP=${PROJECT_SOURCE_DIR}/tests/data/ckpt/indep")
 set_tests_properties(ckpt_reader PROPERTIES FIXTURES_REQUIRED ckpt_synthetic)
 
 add_test(NAME ckpt_material_real
