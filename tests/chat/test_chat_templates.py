@@ -6,7 +6,10 @@ usage: test_chat_templates.py CAIRN_BIN [unittest args...]
 For the real instruct model (CAIRN_CHAT_MODEL; skipped with a message when the
 file is absent) the template is the GGUF's own tokenizer.chat_template. For the
 other families, vocab-only GGUFs are written here whose template is one of
-tests/chat/templates/*.jinja (representative templates of each family). Each
+tests/chat/templates/real/*.jinja (verbatim templates as the models ship them: Qwen2.5,
+Qwen3, Phi-3.5, Mistral Nemo; see PROVENANCE.md there) or, for families whose published
+template could not be vendored, tests/chat/templates/*.jinja (restatements written for
+these tests). Each
 conversation is rendered with jinja2 exactly as transformers does
 (ImmutableSandboxedEnvironment(trim_blocks, lstrip_blocks), tojson =
 json.dumps(ensure_ascii=False)), and cairn's output must be byte-identical —
@@ -271,6 +274,60 @@ class Llama31Tools(synthetic_case("llama31")):
             with self.subTest(generation_prompt=gen):
                 self.check(LLAMA_TOOL_CONVERSATION, [WEATHER_TOOL, TIME_TOOL], gen)
         self.check(LLAMA_TOOL_CONVERSATION[1:], [WEATHER_TOOL], True)
+
+
+# Real templates as the models ship them (tests/chat/templates/real/, PROVENANCE.md there):
+# name: (file, family, specials, bos, eos, add_bos, tool conversations)
+QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def no_none_content(messages):
+    """Qwen3's template tests `'</think>' in content`, which fails on None (in transformers
+    too): the same conversation with assistant tool-call turns' content as ""."""
+    return [dict(m, content="") if m.get("content") is None else m for m in messages]
+
+
+REAL = {
+    "qwen25": ("Qwen-Qwen2.5-7B-Instruct.jinja", "qwen2", QWEN_SPECIALS, "<|endoftext|>",
+               "<|im_end|>", False, [TOOL_CONVERSATION, TOOL_CONVERSATION[1:]]),
+    "qwen3": ("Qwen-Qwen3-0.6B.jinja", "qwen2", QWEN_SPECIALS, "<|endoftext|>", "<|im_end|>",
+              False, [no_none_content(TOOL_CONVERSATION), no_none_content(TOOL_CONVERSATION[1:])]),
+    "phi35": ("microsoft-Phi-3.5-mini-instruct.jinja", "phi3",
+              ["<s>", "<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"],
+              "<s>", "<|endoftext|>", True, []),
+    "mistral_nemo": ("mistralai-Mistral-Nemo-Instruct-2407.jinja", "llama2",
+                     ["<s>", "</s>", "[INST]", "[/INST]"], "<s>", "</s>", True, []),
+}
+
+
+def real_case(key):
+    fname, family, specials, bos, eos, add_bos, tool_convs = REAL[key]
+    with open(os.path.join(HERE, "templates", "real", fname), encoding="utf-8") as f:
+        source = f.read()
+    path = os.path.join(_tmpdir.name, "real_" + key + ".gguf")
+    write_vocab_gguf(path, source, specials, bos, eos, add_bos=add_bos)
+
+    def test_tools(self):
+        for conv in tool_convs:
+            for tools in ([WEATHER_TOOL, TIME_TOOL], [WEATHER_TOOL]):
+                for gen in (True, False):
+                    with self.subTest(n_messages=len(conv), n_tools=len(tools),
+                                      generation_prompt=gen):
+                        self.check(conv, tools, gen)
+        if tool_convs:
+            self.check(tool_convs[0], None, True)  # tool turns without a tools list
+            self.check(SYSTEM_USER, [], True)      # an empty tools list is no tools
+            self.check(NO_SYSTEM + [{"role": "system", "content": "Now be brief."},
+                                    {"role": "user", "content": "ok"}], None, True)
+
+    attrs = {"model": path, "source": source, "bos": bos, "eos": eos, "family": family}
+    if tool_convs:
+        attrs["test_tools"] = test_tools
+    return type(f"Real_{key}", (ChatFormat, unittest.TestCase), attrs)
+
+
+for _key in REAL:
+    globals()[f"Real_{_key}"] = real_case(_key)
 
 
 class Generic(unittest.TestCase):
