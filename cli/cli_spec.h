@@ -36,7 +36,10 @@ cairn_runtime_config cli_spec_runtime_config(const cli_model_opts *m, const cli_
         {"spec-fixed", no_argument, 0, CLI_DRAFT_OPT_BASE + 7}
 #define CLI_DRAFT_HELP                                                                             \
     "      --spec LIST          speculative decoding, same output (lossless): comma-separated\n"  \
-    "                           methods that draft together: ngram (prompt lookup),\n"            \
+    "                           methods that draft together: suffix[:TOKENS] (copies from\n"     \
+    "                           the request and the tenant's earlier requests, a corpus of\n"   \
+    "                           TOKENS tokens, default 1048576, 0 = the request only; ngram\n"  \
+    "                           is the same),\n"                                                 \
     "                           draft:MODEL.gguf (a smaller model, same vocabulary),\n"           \
     "                           eagle:HEAD.gguf (an EAGLE head), medusa:HEADS.gguf (Medusa\n"   \
     "                           heads), eagle3:HEAD.gguf (an EAGLE-3 head; not beside\n"        \
@@ -45,8 +48,9 @@ cairn_runtime_config cli_spec_runtime_config(const cli_model_opts *m, const cli_
     "      --draft-depth N      EAGLE draft tree depth (default 5)\n"                              \
     "      --draft-topk K       children per expanded EAGLE draft node (default 8)\n"              \
     "      --draft-n N          most draft tokens verified per step (default 32)\n"                \
-    "      --spec-chain N       longest chain ngram / a draft model guesses (default 12)\n"        \
-    "      --spec-ngram MIN:MAX n-gram lengths tried, longest first (default 2:4)\n"              \
+    "      --spec-chain N       most rows suffix / a draft model guesses (default 12)\n"          \
+    "      --spec-ngram MIN:MAX suffix: shortest match, and the match length from which\n"      \
+    "                           all occurrences are weighed together (default 2:4)\n"         \
     "      --spec-fixed         always draft the most, never pause speculation that\n"             \
     "                           does not pay (for measurements)\n"
 

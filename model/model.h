@@ -398,20 +398,31 @@ void cairn_eagle_fingerprint(const cairn_eagle *e, uint8_t out[16]);
  * the accepted path is kept — the verification, acceptance and KV moves
  * above, whatever proposed the tree:
  *
- *   ngram   prompt lookup: the longest recent n-gram (n = ngram_max down to
- *           ngram_min) ending at the pending token is found earlier in the
- *           sequence (prompt, session history, documents, generated text);
- *           what followed it is the guess. No weights, no KV.
+ *   suffix  suffix speculation over what the engine has seen: the last
+ *           tokens (at least ngram_min of them) are matched in the sequence
+ *           itself (prompt, session history, documents, generated text)
+ *           and in a corpus of earlier requests of the same tenant (their
+ *           new prompt tokens and their outputs); what followed the
+ *           matches, weighted by how often and after how long a match,
+ *           becomes a tree of guesses no deeper than twice the longest
+ *           match (model/spec_suffix.c). No weights, no KV. Tenants never
+ *           see each other's text; the corpus is a bounded ring. "ngram",
+ *           its old name, names it too.
  *   draft   a small model with the target's vocabulary guesses a chain
  *           greedily; its KV is extra layers in the same pages (so it is
  *           prefix-cached with them), kept current over every token.
  *   eagle   an EAGLE head (above): a dynamic tree of depth x top_k.
  *
- * Draft length adapts per sequence (a chain grows while its guesses are
- * accepted, shrinks to what was), and a sequence whose measured speed with
+ * Draft length adapts per sequence and step: the rows proposed are the
+ * number with the most expected tokens per second, from the measured
+ * acceptance of this sequence's guesses and the measured cost of verifying
+ * T rows on this machine (a price list the spec's sequences share, filled
+ * as steps of each size run). A sequence whose measured speed with
  * speculation — tokens per step over the step's measured cost — falls
- * below its measured plain decoding speed stops speculating for a while,
- * then tries again (fixed_length turns both off, for measurements).
+ * below its measured plain decoding speed stops speculating for a while
+ * (doubling while it keeps failing), then tries again (fixed_length turns
+ * both off, for measurements). A draft model's own KV catches up in
+ * page-sized forwards while speculation is paused, not token by token.
  *
  * Output: exactly the tokens of plain decoding, greedy or sampled with a
  * seed (cairn_spec_seq_use_sampler below says how).
@@ -423,10 +434,11 @@ typedef struct {
     int n_draft;   /* most draft rows verified per step, all methods
                       together, 1..255; default 32; the target must take
                       1 + n_draft tokens per forward                          */
-    int ngram_min; /* n-gram lookup: shortest match, 1..16; default 2         */
-    int ngram_max; /* longest match tried first, ngram_min..16; default 4
-                      (both 0: the defaults)                                  */
-    int chain_max; /* longest chain a chain drafter (ngram, draft model)
+    int ngram_min; /* suffix: shortest match, 1..16; default 2                */
+    int ngram_max; /* suffix: occurrences whose match is at least
+                      min(longest found, ngram_max) long are weighed,
+                      ngram_min..16; default 4 (both 0: the defaults)        */
+    int chain_max; /* longest chain a chain drafter (suffix, draft model)
                       proposes, 1..16; default 12 (0: that, or n_draft when
                       smaller)                                                */
     bool fixed_length; /* draft the most every step and never turn off       */
@@ -446,14 +458,21 @@ void cairn_spec_free(cairn_spec *s);
  * A draft model must have the target's vocabulary size (its texts are
  * runtime/'s check) and its own page geometry. CAIRN_EINVAL with a message
  * otherwise. */
+/* Suffix speculation with a corpus of `corpus_tokens` tokens of earlier
+ * requests (16 bytes each, plus an index of 4 bytes per token; allocated
+ * when the first request ends); 0 = the request's own context only; < 0 =
+ * CAIRN_SPEC_CORPUS_DEFAULT. */
+#define CAIRN_SPEC_CORPUS_DEFAULT ((int64_t)1 << 20)
+int cairn_spec_add_suffix(cairn_spec *s, int64_t corpus_tokens);
+/* The same with the default corpus (the method's old name). */
 int cairn_spec_add_ngram(cairn_spec *s);
 int cairn_spec_add_eagle(cairn_spec *s, cairn_eagle *head);
 int cairn_spec_add_draft_model(cairn_spec *s, cairn_model *draft, char *err, size_t err_len);
-/* "ngram", "ngram+eagle", ... (owned by s). */
+/* "suffix", "suffix+eagle", ... (owned by s). */
 const char *cairn_spec_describe(const cairn_spec *s);
 int cairn_spec_count(const cairn_spec *s);
 /* Its methods by bit: 1 << index in the order they were added; the names
- * "ngram", "draft", "eagle" map to bits with cairn_spec_method_mask (0 when
+ * "suffix" (or "ngram"), "draft", "eagle" map to bits with cairn_spec_method_mask (0 when
  * the spec has no such method). */
 uint32_t cairn_spec_method_mask(const cairn_spec *s, const char *name);
 
@@ -615,7 +634,16 @@ bool cairn_spec_seq_wants_step(cairn_spec_seq *s);
 
 /* Tokens whose target KV is in the pages (the pending token excluded). */
 int cairn_spec_seq_n_past(const cairn_spec_seq *s);
-/* The methods that propose for this sequence, "ngram+eagle" (owned by s). */
+/* Whose request this is (0 = no tenants): methods that learn across
+ * requests (suffix) match only the same tenant's earlier text. Set before
+ * the sequence begins. */
+void cairn_spec_seq_set_tenant(cairn_spec_seq *s, uint64_t tenant);
+/* Make the methods' own KV rows final for every token with target KV: a
+ * draft model catches up lazily, in page-sized forwards; call this before a
+ * partial page is handed to the prefix cache. Whole pages are always final
+ * when cairn_spec_seq_advance / _verified return. */
+int cairn_spec_seq_sync(cairn_spec_seq *s);
+/* The methods that propose for this sequence, "suffix+eagle" (owned by s). */
 const char *cairn_spec_seq_describe(const cairn_spec_seq *s);
 void cairn_spec_seq_stats(const cairn_spec_seq *s, cairn_spec_stats *out);
 

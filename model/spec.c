@@ -38,6 +38,10 @@ struct cairn_spec {
      * else the pause a new sequence starts with (the controller's memory
      * across sequences; the decoders of one spec run on one thread). */
     int prior_pause;
+    /* What verifying T rows (the root and T-1 guesses) cost on this machine
+     * as measured, seconds (EMAs; 0 = not measured yet): the price list
+     * every sequence's controller sizes its drafts by (control_update). */
+    double verify_cost[SPEC_MAX_DRAFT + 2];
 };
 
 /* ======================================================================== */
@@ -67,9 +71,14 @@ int cairn_spec_create(cairn_model *target, cairn_spec **out)
 
 void cairn_spec_free(cairn_spec *s)
 {
+    if (!s)
+        return;
     /* an EAGLE-3 head set the target's features to its layers' states */
-    if (s && cairn_spec_method_mask(s, "eagle3"))
+    if (cairn_spec_method_mask(s, "eagle3"))
         cairn_model_set_feature_layers(s->target, NULL, 0);
+    for (int i = 0; i < s->n; i++)
+        if (s->drafters[i].ops->method_free)
+            s->drafters[i].ops->method_free(s->drafters[i].method);
     free(s);
 }
 
@@ -93,7 +102,21 @@ int spec_add_drafter(cairn_spec *s, const spec_drafter_ops *ops, void *method)
 
 cairn_model *spec_target(const cairn_spec *s) { return s->target; }
 
-int cairn_spec_add_ngram(cairn_spec *s) { return spec_add(s, &spec_ngram_ops, s); }
+int cairn_spec_add_suffix(cairn_spec *s, int64_t corpus_tokens)
+{
+    if (!s)
+        return CAIRN_EINVAL;
+    if (corpus_tokens < 0)
+        corpus_tokens = CAIRN_SPEC_CORPUS_DEFAULT;
+    spec_suffix *c;
+    TRY(spec_suffix_create(corpus_tokens, &c));
+    const int rc = spec_add(s, &spec_suffix_ops, c);
+    if (rc != CAIRN_OK)
+        spec_suffix_free(c);
+    return rc;
+}
+
+int cairn_spec_add_ngram(cairn_spec *s) { return cairn_spec_add_suffix(s, -1); }
 
 int cairn_spec_add_eagle(cairn_spec *s, cairn_eagle *head)
 {
@@ -129,6 +152,8 @@ uint32_t cairn_spec_method_mask(const cairn_spec *s, const char *name)
 {
     if (!s || !name)
         return 0;
+    if (strcmp(name, "ngram") == 0) /* what suffix speculation was called */
+        name = "suffix";
     for (int i = 0; i < s->n; i++)
         if (strcmp(s->drafters[i].ops->name, name) == 0)
             return 1u << i;
@@ -275,11 +300,13 @@ typedef struct {
     int pause_left;      /* plain steps to go before trying again            */
     int pause_len;       /* the next pause's length (doubles while it fails) */
     int since_plain;     /* speculative steps since plain_cost was measured  */
-    int chain;           /* current chain budget of the chain drafters       */
+    int chain;           /* rows the chain drafters may propose this step    */
     double accepted, rejected; /* guesses kept, and steps that rejected one
                                   (decaying counts): a guess is kept with
                                   probability about kept / (kept + rejected) */
-    double row_cost;     /* what one more row adds to a step (seconds)       */
+    double draft_row;    /* what drafting costs per proposed row (seconds):
+                            nearly nothing for suffix lookup, a forward of
+                            its own per row for a draft model               */
 } spec_control;
 
 struct cairn_spec_seq {
@@ -324,6 +351,11 @@ struct cairn_spec_seq {
     spec_control ctl;
     double t_step;         /* when the step being verified began           */
     int drafted_cap;       /* out[] room of the drafted step; 0 = none      */
+    double t_drafting;     /* seconds the drafted step spent proposing      */
+    uint64_t tenant;       /* whose request (cairn_spec_seq_set_tenant)      */
+    int first_new;         /* n_past when first begun or adopted: tokens
+                              from there on are new to the cache (-1 until
+                              then)                                        */
     cairn_spec_stats stats;
 };
 
@@ -334,7 +366,7 @@ static spec_view seq_view(const cairn_spec_seq *s, int method)
         .kv_pool = s->kv_pool, .kv = s->kv, .pages = s->pages, .capacity = s->capacity,
         .shared = s->shared, .feature_dim = s->feature_dim,
         .own_kv = s->own_kv[method].n_layer > 0 ? &s->own_kv[method] : NULL,
-        .chain_len = s->ctl.chain,
+        .chain_len = s->ctl.chain, .tenant = s->tenant,
     };
 }
 
@@ -383,6 +415,7 @@ int cairn_spec_seq_create(cairn_spec *spec, const cairn_spec_params *dp,
     q->ctl.chain = d.fixed_length ? d.chain_max : (d.chain_max < 4 ? d.chain_max : 4);
     q->ctl.pause_len = 16;
     q->ctl.pause_left = spec->prior_pause;
+    q->first_new = -1;
     if (spec->prior_pause > 16)
         q->ctl.pause_len = spec->prior_pause;
 
@@ -423,6 +456,15 @@ void cairn_spec_seq_free(cairn_spec_seq *s)
 {
     if (!s)
         return;
+    /* what it brought joins the methods that learn across requests (a
+     * failure there loses a guess source, never an output) */
+    for (int i = 0; s->first_new >= 0 && s->tokens && i < s->spec->n; i++) {
+        const spec_drafter_ops *ops = s->spec->drafters[i].ops;
+        if (ops->retire && s->states[i]) {
+            const spec_view v = seq_view(s, i);
+            (void)ops->retire(s->states[i], &v, s->first_new);
+        }
+    }
     for (int i = 0; i < s->spec->n; i++)
         if (s->states[i] && s->spec->drafters[i].ops->seq_free)
             s->spec->drafters[i].ops->seq_free(s->states[i]);
@@ -444,6 +486,28 @@ void cairn_spec_seq_free(cairn_spec_seq *s)
 }
 
 int cairn_spec_seq_n_past(const cairn_spec_seq *s) { return s ? s->n_past : 0; }
+
+void cairn_spec_seq_set_tenant(cairn_spec_seq *s, uint64_t tenant)
+{
+    if (s)
+        s->tenant = tenant;
+}
+
+int cairn_spec_seq_sync(cairn_spec_seq *s)
+{
+    if (!s)
+        return CAIRN_EINVAL;
+    if (!s->kv_pool)
+        return CAIRN_OK; /* never begun: no rows to make final */
+    for (int i = 0; i < s->spec->n; i++) {
+        const spec_drafter_ops *ops = s->spec->drafters[i].ops;
+        if (ops->sync) {
+            const spec_view v = seq_view(s, i);
+            TRY(ops->sync(s->states[i], &v));
+        }
+    }
+    return CAIRN_OK;
+}
 const char *cairn_spec_seq_describe(const cairn_spec_seq *s) { return s ? s->describe : ""; }
 
 void cairn_spec_seq_stats(const cairn_spec_seq *s, cairn_spec_stats *out)
@@ -561,6 +625,8 @@ int cairn_spec_seq_begin(cairn_spec_seq *s, void *kv_pool, const cairn_kv_layout
     memcpy(s->tokens, prompt, (size_t)n * sizeof(int32_t));
     s->n_past = 0;
     s->n_known = n;
+    if (s->first_new < 0)
+        s->first_new = 0;
     memset(&s->stats, 0, sizeof s->stats);
     TRY(reset_methods(s));
     if (s->sampler == s->own) { /* penalties see the prompt, as plain decoding's do */
@@ -624,22 +690,49 @@ static bool control_wants_draft(cairn_spec_seq *s)
     return true;
 }
 
-/* After a step: `drafted` rows were verified (0 = a plain step), `tokens`
- * emitted, in `cost` seconds; `accepted_depth` draft tokens accepted. */
-/* The chain length with the most tokens per second: a guess is kept with
- * probability a (each after the one before), a step with L guesses costs
- * plain_cost + L * row_cost, so it gives (1 - a^(L+1)) / (1 - a) tokens in
- * that time. On a machine where rows are nearly free (memory-bound decode)
- * chains grow to what is accepted; where every row costs (compute-bound
- * kernels) they stay short. */
-static int best_chain(const spec_control *c, int chain_max)
+/* What verifying T rows costs, from the spec's price list: the measured
+ * figure; between two measured sizes, the line through them; above the
+ * largest, its slope carried on, but at least ROW_PRIOR of a plain step per
+ * row (so that sizes never tried look cheap enough to be tried once, and
+ * are then priced by what they cost). T = 1 is a plain step. */
+#define ROW_PRIOR 0.03
+static double verify_estimate(const cairn_spec *sp, double plain, int T)
 {
+    if (T <= 1)
+        return plain;
+    if (sp->verify_cost[T] > 0)
+        return sp->verify_cost[T];
+    int lo = T - 1;
+    while (lo > 1 && sp->verify_cost[lo] <= 0)
+        lo--;
+    const double c_lo = lo == 1 ? plain : sp->verify_cost[lo];
+    int hi = T + 1;
+    while (hi <= SPEC_MAX_DRAFT + 1 && sp->verify_cost[hi] <= 0)
+        hi++;
+    if (hi <= SPEC_MAX_DRAFT + 1)
+        return c_lo + (sp->verify_cost[hi] - c_lo) * (T - lo) / (hi - lo);
+    double slope = ROW_PRIOR * plain;
+    if (lo > 1 && (c_lo - plain) / (lo - 1) > slope)
+        slope = (c_lo - plain) / (lo - 1);
+    return c_lo + slope * (T - lo);
+}
+
+/* The number of guesses with the most tokens per second: a guess is kept
+ * with probability a (each after the one before), so L guesses give
+ * (1 - a^(L+1)) / (1 - a) tokens, for what verifying 1 + L rows costs on
+ * this machine plus drafting L rows. Where rows are nearly free
+ * (memory-bound decode, a few rows) drafts grow to what is accepted; where
+ * each row costs (compute-bound kernels, many rows) they stay short. */
+static int best_chain(const cairn_spec_seq *s, int chain_max)
+{
+    const spec_control *c = &s->ctl;
     const double a = (c->accepted + 1) / (c->accepted + c->rejected + 2);
     int best = 1;
     double best_rate = 0;
     for (int L = 1; L <= chain_max; L++) {
         const double tokens = a > 0.999 ? L + 1 : (1 - pow(a, L + 1)) / (1 - a);
-        const double rate = tokens / (c->plain_cost + c->row_cost * L);
+        const double cost = verify_estimate(s->spec, c->plain_cost, 1 + L) + c->draft_row * L;
+        const double rate = tokens / cost;
         if (rate > best_rate) {
             best_rate = rate;
             best = L;
@@ -648,8 +741,12 @@ static int best_chain(const spec_control *c, int chain_max)
     return best;
 }
 
+/* After a step: `drafted` rows were verified beside the root (0 = a plain
+ * step), `tokens` emitted, in `cost` seconds of which `drafting` went to
+ * proposing; `accepted_depth` draft tokens accepted of a tree `tree_depth`
+ * deep. */
 static void control_update(cairn_spec_seq *s, int drafted, int tokens, int accepted_depth,
-                           int tree_depth, double cost)
+                           int tree_depth, double cost, double drafting)
 {
     spec_control *c = &s->ctl;
     if (s->dp.fixed_length)
@@ -662,14 +759,16 @@ static void control_update(cairn_spec_seq *s, int drafted, int tokens, int accep
         return;
     }
     c->since_plain++;
-    /* what guesses are worth and what rows cost, then the chain length */
+    /* what guesses are worth, what rows cost, then the next draft's size */
     c->accepted = 0.9 * c->accepted + accepted_depth;
     c->rejected = 0.9 * c->rejected + (accepted_depth < tree_depth ? 1 : 0);
+    const double verify = cost - drafting > 0 ? cost - drafting : 0;
+    double *price = &s->spec->verify_cost[1 + drafted];
+    *price = ema(*price, verify, 0.3);
+    c->draft_row = ema(c->draft_row, drafting / drafted, 0.3);
     if (c->plain_cost > 0) {
-        const double extra = (cost - c->plain_cost) / drafted;
-        c->row_cost = ema(c->row_cost, extra > 0 ? extra : 0, 0.3);
-        c->chain = best_chain(c, s->dp.chain_max);
-    } else if (accepted_depth >= c->chain) { /* no cost known yet: grow */
+        c->chain = best_chain(s, s->dp.chain_max);
+    } else if (accepted_depth >= c->chain) { /* no plain cost known yet: grow */
         c->chain = c->chain + 2 <= s->dp.chain_max ? c->chain + 2 : s->dp.chain_max;
     }
     /* the speed since speculation (re)started: sums over a window of at
@@ -838,7 +937,8 @@ int cairn_spec_seq_draft(cairn_spec_seq *s, int cap, cairn_seq_batch *sb)
         keep++;
     }
     t->n = keep;
-    s->stats.t_draft += cairn_now() - t0;
+    s->t_drafting = cairn_now() - t0;
+    s->stats.t_draft += s->t_drafting;
 
     /* root and tree: the rows of one target forward */
     const int T = t->n, n_kv = s->n_past + T;
@@ -946,7 +1046,7 @@ int cairn_spec_seq_verified(cairn_spec_seq *s, float *logits, const float *featu
     for (int r = 1; r < T; r++)
         if (t->depth[r] > tree_depth)
             tree_depth = t->depth[r];
-    control_update(s, T - 1, n, n_path - 1, tree_depth, cairn_now() - s->t_step);
+    control_update(s, T - 1, n, n_path - 1, tree_depth, cairn_now() - s->t_step, s->t_drafting);
     s->begun = true;
     return CAIRN_OK;
 }
@@ -1010,6 +1110,8 @@ int cairn_spec_seq_adopt(cairn_spec_seq *s, void *kv_pool, const cairn_kv_layout
     memcpy(s->tokens, tokens, (size_t)n_tokens * sizeof *tokens);
     s->n_known = n_tokens;
     s->n_past = n_past;
+    if (s->first_new < 0)
+        s->first_new = n_past;
     TRY(reset_methods(s));
     s->begun = s->n_known > s->n_past && s->n_past > 0 && !cairn_spec_needs_features(s->spec);
     return CAIRN_OK;

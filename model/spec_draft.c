@@ -10,7 +10,15 @@
  *
  *   index      0 .. done-1          done .. n_past      n_past+1 .. +L-1
  *   draft KV   final                caught up at the    the chain's own
- *                                   next proposal       rows (scratch)
+ *                                   next proposal, or   rows (scratch)
+ *                                   when a page fills
+ *
+ * Catching up lazily is what makes a paused draft model cheap: while the
+ * controller has speculation paused, the draft model runs once per page
+ * (a forward of page_size rows, about what two or three single-token
+ * forwards cost with the multi-row kernels), not once per token; whole
+ * pages are final whenever the caller has them back, so they can be shared,
+ * and cairn_spec_seq_sync finishes a partial page before it is.
  *
  * A chain's rows sit at the indices its tokens get when accepted (row i at
  * n_past + i), so after a step the rows of the accepted prefix of the chain
@@ -113,10 +121,26 @@ static int catch_up(dmodel_state *d, const spec_view *v, int upto, bool logits)
     return CAIRN_OK;
 }
 
+/* The last page boundary at or below n_past: rows below it must be final
+ * when the caller gets the pages back. */
+static int whole_pages(const spec_view *v)
+{
+    return v->n_past / v->kv->page_size * v->kv->page_size;
+}
+
 static int dmodel_advance(void *state, const spec_view *v, int from, const float *features, int n)
 {
     (void)from, (void)features, (void)n;
     dmodel_state *d = state;
+    d->n_chain = 0;
+    return catch_up(d, v, whole_pages(v), false);
+}
+
+static int dmodel_sync(void *state, const spec_view *v)
+{
+    dmodel_state *d = state;
+    if (d->done > v->n_past)
+        d->done = v->n_past; /* the pending row of a chain is scratch */
     d->n_chain = 0;
     return catch_up(d, v, v->n_past, false);
 }
@@ -192,7 +216,7 @@ static int dmodel_accepted(void *state, const spec_view *v, const spec_tree *t, 
     }
     d->n_chain = 0;
     /* shared pages must be complete when the caller has them back */
-    return v->shared ? catch_up(d, v, v->n_past, false) : CAIRN_OK;
+    return v->shared ? catch_up(d, v, whole_pages(v), false) : CAIRN_OK;
 }
 
 const spec_drafter_ops spec_dmodel_ops = {
@@ -204,6 +228,7 @@ const spec_drafter_ops spec_dmodel_ops = {
     .advance = dmodel_advance,
     .propose = dmodel_propose,
     .accepted = dmodel_accepted,
+    .sync = dmodel_sync,
     .kv_part = dmodel_kv_part,
     .fingerprint = dmodel_fingerprint,
 };

@@ -61,8 +61,11 @@ typedef struct {
     bool shared;               /* adopted: pages shared by a prefix cache   */
     int feature_dim;           /* floats per feature row (0: none kept)     */
     const cairn_kv_layout *own_kv; /* this drafter's placed KV part, or NULL */
-    int chain_len;             /* longest chain a chain drafter should
-                                  propose this step (the controller's)     */
+    int chain_len;             /* most rows a chain drafter should propose
+                                  this step (the controller's)             */
+    uint64_t tenant;           /* whose request (cairn_spec_seq_set_tenant):
+                                  a drafter that learns across requests
+                                  keeps tenants apart                      */
 } spec_view;
 
 typedef struct {
@@ -104,6 +107,17 @@ typedef struct {
     /* XXH3-128 of its weights for the page namespace (optional: methods
      * without KV of their own leave pages unchanged). */
     void (*fingerprint)(void *method, uint8_t out[16]);
+    /* Its own KV rows of every token below v->n_past final now (a method
+     * that catches up lazily, in page-sized batches, is told before the
+     * caller hands a partial page to others). Optional. */
+    int (*sync)(void *state, const spec_view *v);
+    /* The sequence ends (cairn_spec_seq_free): tokens[first_new ..
+     * n_known) are what it brought that the cache had not seen (its
+     * uncached prompt and its output). Optional. */
+    int (*retire)(void *state, const spec_view *v, int first_new);
+    /* Frees a method object the spec owns (the suffix corpus); NULL for
+     * borrowed ones (models and heads the caller loaded). */
+    void (*method_free)(void *method);
 } spec_drafter_ops;
 
 /* One method of a cairn_spec: its table and object. */
@@ -129,8 +143,16 @@ static inline bool spec_page_last(const spec_view *v, int index)
 int spec_add_drafter(cairn_spec *s, const spec_drafter_ops *ops, void *method);
 cairn_model *spec_target(const cairn_spec *s);
 
+/* The suffix corpus (model/spec_suffix.c): a ring of `cap` tokens of
+ * earlier requests, by tenant, with its match index (0 = own context only). */
+typedef struct spec_suffix spec_suffix;
+int spec_suffix_create(int64_t cap, spec_suffix **out);
+void spec_suffix_free(spec_suffix *c);
+int spec_suffix_add(spec_suffix *c, uint64_t tenant, const int32_t *tokens, int n);
+int64_t spec_suffix_tokens(const spec_suffix *c);
+
 /* The drafters model/ has. */
-extern const spec_drafter_ops spec_ngram_ops;  /* model/spec_ngram.c  */
+extern const spec_drafter_ops spec_suffix_ops; /* model/spec_suffix.c */
 extern const spec_drafter_ops spec_eagle_ops;  /* model/eagle.c       */
 extern const spec_drafter_ops spec_dmodel_ops; /* model/spec_draft.c  */
 extern const spec_drafter_ops spec_medusa_ops; /* model/spec_medusa.c */

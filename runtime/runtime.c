@@ -268,9 +268,23 @@ static int open_spec(cairn_runtime *rt, const cairn_runtime_config *cfg, char *e
         memcpy(item, list, len);
         item[len] = '\0';
         list += len + (end ? 1 : 0);
-        if (strcmp(item, "ngram") == 0) {
-            if ((rc = cairn_spec_add_ngram(rt->spec)) != CAIRN_OK)
-                return cairn_errorf(err, err_len, rc, "--spec: ngram given twice");
+        if (strcmp(item, "ngram") == 0 || strcmp(item, "suffix") == 0 ||
+            strncmp(item, "suffix:", 7) == 0) {
+            long long corpus = -1; /* the default */
+            if (item[6] == ':') {
+                char *e;
+                errno = 0;
+                corpus = strtoll(item + 7, &e, 10);
+                if (errno || e == item + 7 || *e || corpus < 0 || corpus > (1ll << 31))
+                    return cairn_errorf(err, err_len, CAIRN_EINVAL,
+                                        "--spec: suffix:TOKENS wants the corpus size in tokens, "
+                                        "0 .. 2147483648 (0: the request's own context only), "
+                                        "not '%s'", item + 7);
+            }
+            if ((rc = cairn_spec_add_suffix(rt->spec, corpus)) != CAIRN_OK)
+                return cairn_errorf(err, err_len, rc,
+                                    rc == CAIRN_ENOMEM ? "--spec: out of memory"
+                                                       : "--spec: suffix (ngram) given twice");
         } else if (strncmp(item, "draft:", 6) == 0 && item[6]) {
             rc = open_draft_model(rt, cfg, item + 6, err, err_len);
         } else if (strncmp(item, "eagle:", 6) == 0 && item[6]) {
@@ -281,7 +295,7 @@ static int open_spec(cairn_runtime *rt, const cairn_runtime_config *cfg, char *e
             rc = open_eagle3(rt, item + 7, err, err_len);
         } else {
             return cairn_errorf(err, err_len, CAIRN_EINVAL,
-                                "--spec: unknown method '%s' (expected ngram, draft:MODEL.gguf, "
+                                "--spec: unknown method '%s' (expected suffix[:TOKENS] (or ngram), draft:MODEL.gguf, "
                                 "eagle:HEAD.gguf, medusa:HEADS.gguf or eagle3:HEAD.gguf, "
                                 "comma-separated)", item);
         }

@@ -80,7 +80,9 @@ typedef struct {
     int max_seqs;            /* sequences one forward may carry (0: 64)       */
     const char *draft_path;  /* EAGLE head (NULL: none), as spec "eagle:PATH" */
     /* Speculative decoding methods, comma-separated, in the order they add
-     * to a draft tree: "ngram" (prompt lookup), "draft:MODEL.gguf" (a draft
+     * to a draft tree: "suffix" or "suffix:TOKENS" (suffix speculation over
+     * the request and a corpus of TOKENS tokens of the tenant's earlier
+     * requests; "ngram" is the same), "draft:MODEL.gguf" (a draft
      * model with the target's vocabulary, token for token, else refused),
      * "eagle:HEAD.gguf", "medusa:HEADS.gguf" (Medusa heads), "eagle3:HEAD.gguf"
      * (an EAGLE-3 head, not beside eagle or medusa). NULL or "": none (besides

@@ -60,7 +60,7 @@ cairn_kv_hold *job_release_pages(cairn_service *s, job *j)
      * next turn reuses it (not with an EAGLE head: see prefix.c). */
     int32_t tail = -1;
     if (s->prefix_cache && !(j->spec && cairn_spec_whole_pages(s->spec)) && j->n_computed % (size_t)s->page_size &&
-        n_full < n_pages && n_full >= j->n_tree_pages) {
+        n_full < n_pages && n_full >= j->n_tree_pages && job_spec_sync(s, j) == CAIRN_OK) {
         tail = j->pages[n_full];
         j->pages[n_full] = j->pages[n_pages - 1];
         n_pages--;
@@ -305,6 +305,7 @@ int job_spec_create(cairn_service *s, job *j)
     int rc = cairn_spec_seq_create(s->spec, &dp, &g->sampling, g->spec_methods, &j->spec);
     if (rc != CAIRN_OK)
         return rc;
+    cairn_spec_seq_set_tenant(j->spec, j->req->tenant);
     j->vocab = s->vocab;
     cairn_spec_seq_use_sampler(j->spec, j->sampler);
     const cairn_spec_hooks hooks = {.ctx = j, .filter = spec_hook_filter,
@@ -473,6 +474,14 @@ int job_capacity(const cairn_service *s, const job *j)
 
 /* The methods over the n tokens j's last forward computed (features[n][dim]
  * when a method reads them, else NULL). */
+int job_spec_sync(cairn_service *s, job *j)
+{
+    if (!j->spec || (size_t)cairn_spec_seq_n_past(j->spec) != j->n_computed)
+        return j->spec ? CAIRN_EINVAL : CAIRN_OK; /* its method rows are not known good */
+    int rc = cairn_spec_seq_set_pages(j->spec, j->pages, job_capacity(s, j));
+    return rc == CAIRN_OK ? cairn_spec_seq_sync(j->spec) : rc;
+}
+
 int job_spec_advance(cairn_service *s, job *j, const float *features, int n)
 {
     int rc = cairn_spec_seq_set_pages(j->spec, j->pages, job_capacity(s, j));

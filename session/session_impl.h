@@ -315,6 +315,10 @@ cairn_spec_params draft_override(cairn_spec_params base, const cairn_spec_params
 int job_spec_create(cairn_service *s, job *j);
 /* The head over the n tokens j's last forward computed. */
 int job_spec_advance(cairn_service *s, job *j, const float *features, int n);
+/* The job's method KV final up to its computed tokens (a draft model's
+ * partial page), before that page is shared; CAIRN_EINVAL when the job's
+ * speculative sequence is not at its computed tokens. */
+int job_spec_sync(cairn_service *s, job *j);
 /* The time to j's first token, or since its last one, as n tokens (one
  * step's) are taken: TTFT, or n inter-token samples of an n-th each. */
 void job_note_tokens_time(cairn_service *s, job *j, int n);

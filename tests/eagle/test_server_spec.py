@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""n-gram lookup and draft models inside `cairn serve --spec`, through the
-real executable, the Python client (msgpack) and the HTTP API.
+"""Suffix speculation and draft models inside `cairn serve --spec`, through
+the real executable, the Python client (msgpack) and the HTTP API.
 
 argv: CAIRN_BIN MODEL HEAD PYTHON TOOLS_DIR
 
@@ -9,12 +9,18 @@ each check here compares a request with speculation to the same request
 with `speculative: false` on the same server, token for token:
 
 - greedy, seeded sampling, penalties, logprobs and a JSON-schema grammar,
-  with --spec ngram (drafting every step: --spec-fixed) and with the
-  adaptive controller, from one client and from concurrent ones;
+  with --spec ngram (the old name of suffix; drafting every step:
+  --spec-fixed) and with the adaptive controller, from one client and from
+  concurrent ones;
 - usage reports the method and tau over msgpack and HTTP; a request may
-  name the methods that propose (`speculative: "ngram"`), and naming one
-  the server does not run is a clear error;
-- n-gram lookup keeps nothing in the pages: a prefix cached by a server
+  name the methods that propose (`speculative: "suffix"`, or "ngram"), and
+  naming one the server does not run is a clear error;
+- suffix speculation learns from earlier requests of the same tenant only:
+  a greedy request sent again by its tenant drafts its whole answer from
+  the first one's output (tau up), another tenant's identical request
+  drafts exactly what a first request did (same tau: it saw nothing), and
+  with `suffix:0` (no corpus) the repeat gains nothing;
+- suffix lookup keeps nothing in the pages: a prefix cached by a server
   without it is found by one with it after a restart (same namespace);
 - a draft model (the target itself here, so every guess is taken) keeps its
   KV in the pages: greedy and sampled identical, sessions forked and
@@ -69,6 +75,19 @@ def same_both_ways(c, what, **kw):
     return on
 
 
+# sessions forked and truncated mid-page: each branch continues as a
+# plain server's would (method KV of shared and copied pages)
+def branches(cl, **kw):
+    sid = cl.session_open(text=STORY + STORY[:37])["session_id"]
+    a = cl.session_generate(sid, max_tokens=24, temperature=0, **kw)
+    fork = cl.session_fork(sid)
+    b = cl.session_generate(fork, text=" Lily said", max_tokens=24, temperature=0.8, seed=2,
+                            **kw)
+    cl.session_truncate(sid, cl.session_info(sid)["n_tokens"] - 13)
+    d = cl.session_generate(sid, text=" and", max_tokens=24, temperature=0, **kw)
+    return [a.tokens, b.tokens, d.tokens]
+
+
 def http_post(srv, path, body):
     req = urllib.request.Request(srv.http_url + path, data=json.dumps(body).encode(),
                                  method="POST", headers={"Content-Type": "application/json"})
@@ -77,6 +96,8 @@ def http_post(srv, path, body):
 
 
 servers = harness.Scratch("cairn-spec2-")
+ALICE = "alice-token-for-the-spec-test-5d1e9b"
+BOB = "bob-token-for-the-spec-test-0a7c43e2"
 cache = servers.path("cache")
 base = ["-m", model, "-t", "1", "--cache-dir", cache, "--tier-loads", "always"]
 
@@ -96,7 +117,7 @@ try:
     check(all(t >= 1 for t in taus) and max(taus) > 1.3,
           "usage.speculative reports tau (%s)" % ", ".join("%.2f" % t for t in taus))
     check(all(c.generate(prompt=p, max_tokens=8, temperature=0).usage.speculative.get("method")
-              == "ngram" for p in PROMPTS[:1]), "usage.speculative names the method")
+              == "suffix" for p in PROMPTS[:1]), "usage.speculative names the method")
     for seed in (1, 2, 3):
         same_both_ways(c, "sampled, seed %d" % seed, prompt=PROMPTS[seed % 3], max_tokens=N,
                        temperature=0.9, top_k=40, top_p=0.95, seed=seed)
@@ -114,8 +135,10 @@ try:
         ok = False
     check(ok and g.finish_reason == "stop", "the grammar request gives a JSON object")
     # per-request methods
-    r = c.generate(prompt=PROMPTS[0], max_tokens=N, temperature=0, speculative="ngram")
-    check(r.usage.speculative.get("method") == "ngram", "speculative: \"ngram\" speculates")
+    for name in ("suffix", "ngram"):
+        r = c.generate(prompt=PROMPTS[0], max_tokens=N, temperature=0, speculative=name)
+        check(r.usage.speculative.get("method") == "suffix",
+              "speculative: \"%s\" speculates (suffix)" % name)
     for bad in ("eagle", "draft", ["ngram", "medusa"], 3):
         try:
             c.generate(prompt="hi", max_tokens=4, speculative=bad)
@@ -127,7 +150,7 @@ try:
     on = http_post(srv, "/v1/completions", body)
     off = http_post(srv, "/v1/completions", dict(body, speculative=False))
     spec = on.get("usage", {}).get("speculative", {})
-    check(on["choices"][0]["text"] == off["choices"][0]["text"] and spec.get("method") == "ngram"
+    check(on["choices"][0]["text"] == off["choices"][0]["text"] and spec.get("method") == "suffix"
           and spec.get("steps", 0) > 0 and "speculative" not in off.get("usage", {}),
           "HTTP: same text, usage.speculative %s" % spec)
 
@@ -158,9 +181,48 @@ try:
           % len(results))
     srv.stop()
 
+    # ---- 1b. the corpus: earlier requests of the same tenant only --------
+    fd = os.open(servers.path("tenants"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("alice %s\nbob %s\n" % (ALICE, BOB))
+    ASK = "The sun was"  # copies nothing from itself
+    taus = {}
+    for corpus in ("suffix", "suffix:0"):
+        srv = start("--spec", corpus, "--spec-fixed", "--tenants", servers.path("tenants"))
+        alice = srv.client(timeout=SHORT_HANG_GUARD_S, auth_token=ALICE)
+        bob = srv.client(timeout=SHORT_HANG_GUARD_S, auth_token=BOB)
+        first = alice.generate(prompt=ASK, max_tokens=N, temperature=0)
+        again = alice.generate(prompt=ASK, max_tokens=N, temperature=0)
+        other = bob.generate(prompt=ASK, max_tokens=N, temperature=0)
+        taus[corpus] = [r.usage.speculative.get("tau", 0) for r in (first, again, other)]
+        check(first.tokens == again.tokens == other.tokens and len(first.tokens) == N,
+              "%s: the three requests give the same %d tokens" % (corpus, len(first.tokens)))
+        srv.stop()
+    t1, t2, t3 = taus["suffix"]
+    check(t2 > 2 * t1 and t2 > 4, "suffix: the tenant's repeat drafts from its first answer "
+          "(tau %.2f, first %.2f)" % (t2, t1))
+    check(t3 == t1, "suffix: another tenant's identical request sees none of it (tau %.2f, "
+          "a first request's %.2f)" % (t3, t1))
+    check(taus["suffix:0"] == [t1, t1, t1], "suffix:0: no corpus, no gain from a repeat (%s)"
+          % taus["suffix:0"])
+
     # ---- 2. the adaptive controller: same tokens whatever it decides ------
     srv = start("--spec", "ngram")
     c = srv.client(timeout=SHORT_HANG_GUARD_S)
+    check(branches(c) == branches(c, speculative=False),
+          "suffix: session, fork and truncate branches == plain")
+    # stop strings from the middle of the plain answer: a step that accepted
+    # tokens past one must end where plain decoding ends
+    for i in (0, 1):
+        text = c.generate(prompt=PROMPTS[i], max_tokens=N, temperature=0,
+                          speculative=False).text
+        at = next(k for k in range(len(text) // 2, len(text) - 3)
+                  if text.find(text[k:k + 3]) == k)  # its first occurrence
+        stop = text[at:at + 3]
+        r = same_both_ways(c, "suffix, stop %r" % stop, prompt=PROMPTS[i], max_tokens=N,
+                           temperature=0, stop=[stop])
+        check(r.finish_reason == "stop" and 4 < len(r.tokens) < N,
+              "suffix: the stop %r ended the answer after %d tokens" % (stop, len(r.tokens)))
     for i, p in enumerate(PROMPTS[:3]):
         same_both_ways(c, "adaptive, greedy %d" % i, prompt=p, max_tokens=2 * N, temperature=0)
         same_both_ways(c, "adaptive, sampled %d" % i, prompt=p, max_tokens=N, temperature=0.8,
@@ -200,21 +262,26 @@ try:
             "The bird flew away and Max sat down under the tree to rest in the shade. ")
     first = c.generate(prompt=ONLY, max_tokens=N, temperature=0)
 
-    # sessions forked and truncated mid-page: each branch continues as a
-    # plain server's would (draft-model KV of shared and copied pages)
-    def branches(cl, **kw):
-        sid = cl.session_open(text=STORY + STORY[:37])["session_id"]
-        a = cl.session_generate(sid, max_tokens=24, temperature=0, **kw)
-        fork = cl.session_fork(sid)
-        b = cl.session_generate(fork, text=" Lily said", max_tokens=24, temperature=0.8, seed=2,
-                                **kw)
-        cl.session_truncate(sid, cl.session_info(sid)["n_tokens"] - 13)
-        d = cl.session_generate(sid, text=" and", max_tokens=24, temperature=0, **kw)
-        return [a.tokens, b.tokens, d.tokens]
-
     with_spec = branches(c)
     without = branches(c, speculative=False)
     check(with_spec == without, "draft model: fork and truncate branches == plain")
+    # a request that never speculates leaves draft rows that caught up a
+    # page at a time (and its partial last page synced when cached); a
+    # request continuing from its pages drafts with them: the target as its
+    # own draft takes every guess only if every one of those rows is right
+    LAZY = ("Sue had a little cat named Tom. Tom liked to sleep in the sun by the window "
+            "and play with a ball of red wool in the kitchen. ")
+    p_tok = c.tokenize(LAZY)
+    lazy = c.generate(tokens=p_tok, max_tokens=45, temperature=0, speculative=False)
+    cont = c.generate(tokens=p_tok + lazy.tokens, max_tokens=40, temperature=0)
+    plain_cont = c.generate(tokens=p_tok + lazy.tokens, max_tokens=40, temperature=0,
+                            speculative=False)
+    spec = cont.usage.speculative
+    check(cont.usage.cached_tokens >= len(p_tok) + len(lazy.tokens) - 16 and
+          cont.tokens == plain_cont.tokens and spec.get("drafted") == spec.get("accepted") and
+          spec.get("tau", 0) > 6,
+          "draft model: rows caught up lazily and synced are right (%d cached, %s)"
+          % (cont.usage.cached_tokens, spec))
     srv.stop()
     srv = start("--spec", "draft:" + model)
     c = srv.client(timeout=SHORT_HANG_GUARD_S)
@@ -222,6 +289,8 @@ try:
     check(r.usage.cached_tokens >= 32 and r.tokens == first.tokens,
           "draft model: its pages found again after a restart (%d cached)"
           % r.usage.cached_tokens)
+    # adaptive (pauses and lazy catch-up as it decides): branches as plain
+    check(branches(c) == without, "draft model, adaptive: fork and truncate branches == plain")
     srv.stop()
     srv = start()
     c = srv.client(timeout=SHORT_HANG_GUARD_S)
