@@ -1,9 +1,12 @@
-"""The four chat workloads of bench_spec.py: what a user sends, written for
-this benchmark (no text here is taken from elsewhere).
+"""The chat workloads of bench_spec.py: what a user sends, written for this
+benchmark (no text here is taken from elsewhere).
 
-Three of them make the model copy from its prompt, which is where drafting
-from the context (n-gram lookup) has something to find; the story copies
-nothing, so it shows what each method costs when its drafts miss.
+rag and code make the model copy from its prompt, which is where drafting
+from the context has something to find; agent_loop (ten requests, each
+resending the history with the last tool call and its result) and repeat4
+(one prompt sent as four fresh conversations) give it earlier turns and
+earlier requests to copy; the story copies nothing, so it shows what each
+method costs when its drafts miss.
 """
 import json
 
@@ -127,73 +130,110 @@ CODE_REQUEST = (
     "function's parameters and return value. Change nothing else. Reply with the complete "
     "updated module in one Python code block and no explanation.")
 
-# A support agent one tool round into a conversation, then asked to report
-# what the second tool returned: the answer repeats its fields.
+# The agent loop: an inventory agent with three tools and a task of ten
+# calls (get, then update, for each of five records), one call a turn. The
+# script (bench_spec.py) plays the agent framework: it appends the
+# assistant's call and the tool's result (agent_tool_result below, a pure
+# function of the call) and resends the whole history. Every update copies
+# a field of the record the call before fetched, and every call is shaped
+# like the ones before it: what an agent's turns give speculation to copy.
 AGENT_TOOLS = [
     {"type": "function", "function": {
-        "name": "lookup_order",
-        "description": "Look up an order of the bookshop by its number.",
+        "name": "get_record",
+        "description": "Fetch one stock record of the warehouse by its id.",
         "parameters": {"type": "object", "properties": {
-            "order_id": {"type": "string", "description": "the order number"}},
-            "required": ["order_id"]}}},
+            "record_id": {"type": "integer", "description": "the record's id, 1 to 99"}},
+            "required": ["record_id"]}}},
     {"type": "function", "function": {
-        "name": "track_parcels",
-        "description": "Tracking events of the parcels of an order.",
+        "name": "update_record",
+        "description": "Set the review status and note of a stock record.",
         "parameters": {"type": "object", "properties": {
-            "order_id": {"type": "string"}}, "required": ["order_id"]}}},
+            "record_id": {"type": "integer"},
+            "status": {"type": "string", "description": "the new status"},
+            "note": {"type": "string", "description": "the note to store with the record"}},
+            "required": ["record_id", "status", "note"]}}},
+    {"type": "function", "function": {
+        "name": "send_report",
+        "description": "Send the finished review to the warehouse manager.",
+        "parameters": {"type": "object", "properties": {
+            "text": {"type": "string"}}, "required": ["text"]}}},
 ]
 
-ORDER_RESULT = {
-    "order_id": "B-20417", "placed": "2026-11-18", "customer": "R. Okonkwo",
-    "status": "partly shipped",
-    "lines": [
-        {"title": "A Field Guide to Mosses of the Northern Coast", "qty": 1, "price": 24.50,
-         "parcel": "P1"},
-        {"title": "Knots for Sailors and Climbers", "qty": 2, "price": 11.00, "parcel": "P1"},
-        {"title": "The Slow Kitchen: Forty Winter Soups", "qty": 1, "price": 31.00,
-         "parcel": "P2"},
-        {"title": "Night Sky Atlas, 3rd edition", "qty": 1, "price": 42.75, "parcel": "P3"},
-    ],
-    "shipping_address": "14 Orchard Lane, Upper Brindle, BR4 7QT",
-}
+AGENT_LOOP_TURNS = 10
 
-TRACKING_RESULT = {
-    "order_id": "B-20417",
-    "parcels": [
-        {"parcel": "P1", "carrier": "Brindle Post", "tracking": "BP-7734-2291-06",
-         "events": [
-             {"at": "2026-11-19 16:02", "where": "Bexford depot", "what": "collected"},
-             {"at": "2026-11-20 08:41", "where": "Upper Brindle", "what": "out for delivery"},
-             {"at": "2026-11-20 13:15", "where": "14 Orchard Lane", "what": "delivered, left with neighbour at number 12"}]},
-        {"parcel": "P2", "carrier": "Swiftline", "tracking": "SWL0049188374",
-         "events": [
-             {"at": "2026-11-21 10:30", "where": "Carrow hub", "what": "collected"},
-             {"at": "2026-11-23 07:55", "where": "Carrow hub", "what": "delayed: address could not be verified"}]},
-        {"parcel": "P3", "carrier": None, "tracking": None,
-         "events": [], "note": "awaiting stock from publisher, expected to ship 2026-12-04"},
-    ],
-}
-
-AGENT_MESSAGES = [
+AGENT_LOOP_MESSAGES = [
     {"role": "system", "content":
-        "You are the customer support assistant of Quayside Books. Use the tools to look "
-        "things up; never guess order details. Answer in plain text."},
-    {"role": "user", "content": "Hi, my order B-20417 hasn't all arrived. What's going on?"},
-    {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {
-            "name": "lookup_order", "arguments": json.dumps({"order_id": "B-20417"})}}]},
-    {"role": "tool", "tool_call_id": "call_1", "content": json.dumps(ORDER_RESULT, indent=1)},
-    {"role": "assistant", "content":
-        "Your order B-20417 is partly shipped: it was split into three parcels (P1, P2 and "
-        "P3). Would you like me to check where each parcel is?"},
+        "You are the stock review agent of the Harbourside warehouse. You act only through "
+        "the tools, one call at a time: each reply is the single next tool call and nothing "
+        "else. After each call, wait: the next message brings its result, and you cannot "
+        "know it before. Never write two calls in one reply."},
     {"role": "user", "content":
-        "Yes please. For every parcel tell me the carrier, the tracking number, which books "
-        "are in it, and its latest tracking event word for word."},
-    {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "call_2", "type": "function", "function": {
-            "name": "track_parcels", "arguments": json.dumps({"order_id": "B-20417"})}}]},
-    {"role": "tool", "tool_call_id": "call_2", "content": json.dumps(TRACKING_RESULT, indent=1)},
+        "Review stock records 1 to 5, in order. For each record, first call get_record with "
+        "its record_id; then, once you have its result, call update_record with the same "
+        "record_id, status \"reviewed\", and note set to the record's summary, copied "
+        "exactly from the result. When all five records are updated, call send_report with a "
+        "one-line summary. Make the first call now."},
 ]
+
+_ITEMS = ["galvanised wall brackets", "oak dowels 8 mm", "nitrile gloves, large",
+          "stainless hinge pins", "brass cabinet knobs", "cedar shingles", "copper pipe elbows",
+          "jute twine 3-ply", "rubber door stops", "linseed oil 1 l"]
+_PLACES = ["aisle 3, bay 12", "aisle 7, bay 2", "mezzanine shelf B", "cold store rack 4",
+           "aisle 1, bay 9", "yard cage 2", "aisle 5, bay 6"]
+
+
+def agent_record(n):
+    """Stock record n: made up, deterministic."""
+    qty = (n * 37) % 120 + 4
+    reorder = (n * 13) % 40 + 10
+    item = _ITEMS[(n - 1) % len(_ITEMS)]
+    place = _PLACES[(n * 3) % len(_PLACES)]
+    state = "below its reorder level" if qty <= reorder else "above its reorder level"
+    return {"record_id": n, "sku": "HW-%05d" % (4100 + n * 7), "item": item,
+            "quantity": qty, "reorder_level": reorder, "location": place,
+            "last_counted": "2026-11-%02d" % (3 + n * 4 % 25),
+            "summary": "%d x %s at %s, %s (%d); last counted 2026-11-%02d." % (
+                qty, item, place, state, reorder, 3 + n * 4 % 25)}
+
+
+def agent_tool_result(name, arguments):
+    """The tool's answer to a call: JSON text, a pure function of the call
+    (name, arguments as the JSON text the server returned), so every engine
+    and method that made the same call gets the same result."""
+    try:
+        args = json.loads(arguments) if isinstance(arguments, str) else dict(arguments or {})
+        if not isinstance(args, dict):
+            raise ValueError
+    except ValueError:
+        return json.dumps({"error": "arguments are not a JSON object"})
+    rid = args.get("record_id")
+    if isinstance(rid, str) and rid.strip().isdigit():
+        rid = int(rid)
+    if name in ("get_record", "update_record") and not (isinstance(rid, int) and 1 <= rid <= 99):
+        return json.dumps({"error": "no record with record_id %r" % (rid,)})
+    # next_step: the hint an agent-facing tool gives (it keeps a small model
+    # on the task's order instead of inventing results)
+    if name == "get_record":
+        return json.dumps(dict(agent_record(rid), next_step=(
+            "call update_record with record_id %d, status \"reviewed\" and note set to this "
+            "summary" % rid)))
+    if name == "update_record":
+        return json.dumps({"ok": True, "record_id": rid, "status": args.get("status"),
+                           "note_stored": len(str(args.get("note") or "")) > 0,
+                           "updated_at": "2026-12-02T10:%02d:00Z" % (rid * 7 % 60),
+                           "next_step": "call get_record with record_id %d" % (rid + 1)
+                           if rid < 5 else "call send_report"})
+    if name == "send_report":
+        return json.dumps({"ok": True, "sent_to": "warehouse manager"})
+    return json.dumps({"error": "unknown tool %r" % (name,)})
+
+
+# The same task in four fresh sessions: four separate requests with the same
+# prompt, as four users (or four runs of one script) would send it.
+REPEAT_TASK = (
+    "Write a Python function `merge_intervals(intervals)` that takes a list of (start, end) "
+    "pairs and returns the sorted list of merged, non-overlapping intervals. Give it type "
+    "hints and a docstring with an example, then three pytest tests for it.")
 
 STORY_MESSAGES = [
     {"role": "user", "content":
@@ -208,8 +248,16 @@ WORKLOADS = {
                           "Document:\n\n" + RAG_DOCUMENT + "\n" + RAG_QUESTION}]},
     "code": {"what": "code edit (rename + type hints)",
              "messages": [{"role": "user", "content": CODE_REQUEST}]},
-    "agent": {"what": "agent turn after tool results",
-              "messages": AGENT_MESSAGES, "tools": AGENT_TOOLS},
+    # multi-request: AGENT_LOOP_TURNS requests, each resending the history
+    "agent_loop": {"what": "agent loop, %d turns of JSON tool calls" % AGENT_LOOP_TURNS,
+                   "messages": AGENT_LOOP_MESSAGES, "tools": AGENT_TOOLS,
+                   # the model must call a tool, one a reply (it writes all ten
+                   # at once, made-up results included, when left to "auto")
+                   "tool_choice": "required", "parallel_tool_calls": False,
+                   "loop": AGENT_LOOP_TURNS},
+    # multi-request: the same prompt as `repeat` fresh conversations
+    "repeat4": {"what": "the same task in 4 fresh sessions",
+                "messages": [{"role": "user", "content": REPEAT_TASK}], "repeat": 4},
     "story": {"what": "free story (nothing to copy)", "messages": STORY_MESSAGES},
 }
 
