@@ -1144,5 +1144,6 @@ int main(void)
         cmocka_unit_test(test_phi3_message_cannot_forge),
         cmocka_unit_test(test_inst_markers),
     };
+    kt_select_tests(); /* CAIRN_TEST_ONLY / CAIRN_TEST_EXCEPT (tests.cmake) */
     return kt_exit_code(cmocka_run_group_tests(tests, setup_real, teardown_real));
 }

@@ -351,9 +351,14 @@ static void test_greedy_bundled(void **state)
     (void)state;
     double tau[N_SHAPES];
     greedy_case(getenv("CAIRN_MODEL"), shipped_head, 16, 64, shapes, N_SHAPES, tau);
-    /* The shipped head must actually draft well: with the default shape it
-     * accepts well over one token per step on this model (goal 3). */
-    assert_true(tau[3] > 2.0);
+    /* The shipped head must actually draft well at the default shape (goal
+     * 3): measured 3.55 (greedy, deterministic; AVX2 and AVX-512 alike). The
+     * floor sits just under it: a head fed half-initialised features made
+     * 1.1-1.45 against 3.08 in tests/eagle3 (test_spec_eagle3.c), which a
+     * loose floor did not catch. */
+    if (!(tau[3] > 3.2))
+        fail_msg("shipped EAGLE head: tau %.2f at the default shape, want > 3.2 (3.55 measured)",
+                 tau[3]);
     /* the controller pauses a head that does not pay (none does on a model
      * this small) for long stretches: the head must keep its features in
      * bounds meanwhile, and the tokens stay the same */

@@ -1685,5 +1685,5 @@ int main(void)
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     cairn_backend_destroy(cpu);
     cairn_backend_destroy(gpu);
-    return kt_exit_code(failed);
+    return gpu_test_finish(kt_exit_code(failed), "gpu_ops");
 }

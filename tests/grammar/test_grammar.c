@@ -965,5 +965,6 @@ int main(void)
         cmocka_unit_test(test_protocol_response_format),
         cmocka_unit_test(test_service_sampled_generation),
     };
+    kt_select_tests(); /* CAIRN_TEST_ONLY / CAIRN_TEST_EXCEPT (tests.cmake) */
     return kt_exit_code(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -6,6 +6,12 @@ cairn_add_test(test_grammar
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_grammar.c
   LABELS grammar
   TIMEOUT 240)
+# The mask on the real vocabulary is test_grammar_realmodel (label
+# realmodel, skipped, 77, when the model is absent); test_grammar the rest.
+set_property(TEST test_grammar APPEND PROPERTY ENVIRONMENT "CAIRN_TEST_EXCEPT=test_tokens_real_vocab")
+add_test(NAME test_grammar_realmodel COMMAND test_grammar)
+set_tests_properties(test_grammar_realmodel PROPERTIES TIMEOUT 240 LABELS "grammar;realmodel"
+  ENVIRONMENT "${CAIRN_TEST_ENV};CAIRN_TEST_ONLY=test_tokens_real_vocab")
 # End to end through `cairn run --json-schema` at temperature 1, validated
 # with Python's jsonschema.
 add_test(NAME grammar_cli_jsonschema

@@ -87,9 +87,10 @@ class DisconnectMidStream(Case):
         st = harness.wait_idle(c)
         self.assertEqual((st["running"], st["waiting"]), (0, 0))
         generated = st["generated_tokens"] - before
-        # cancelled, not run to the end
-        self.assertLess(generated, 16 * max_tokens)
-        # the half-closed ones see the server close after it cancelled them
+        # cancelled, not run to the end: the half-closed ones can still read,
+        # and see the server close after it cancelled them, with no final
+        # answer for either stream (one that ran to its end would have one).
+        # No bound on the tokens generated: that would depend on the speed.
         for k, s in enumerate(socks):
             if k % 4 == 2:
                 got, closed = harness.read_until_closed(s)
@@ -206,7 +207,9 @@ class NeverReads(Case):
         st = harness.wait_idle(c)
         self.assertEqual((st["running"], st["waiting"]), (0, 0))
         generated = st["generated_tokens"] - before
-        self.assertLess(generated, 32 * max_tokens, "the streams ran to the end")
+        # dropped, not run to the end: no final answer on either client, and
+        # the log names both (16 full-context streams write far more than
+        # MAX_OUTPUT plus a socket buffer, whatever the speed)
         read = []
         for s in socks:
             got, closed = harness.read_until_closed(s)

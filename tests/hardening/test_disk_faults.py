@@ -15,6 +15,7 @@ output -- damaged pages are recomputed, damaged session records are dropped.
 Greedy everywhere; expected outputs come from a fresh server without any
 cache (harness.Reference). No timing thresholds.
 """
+import errno
 import os
 import random
 import re
@@ -92,21 +93,19 @@ class Case(harness.ServerCase):
 # --------------------------------------------------------------------------
 class UnusableCacheDir(Case):
     """A cache directory that cannot be created or written: the server
-    refuses to start with a message, or serves without the disk tier (and
-    refuses persist). Never a crash; and a store that was there is not
-    destroyed by the failed attempt."""
+    refuses to start, exit status 1 and one line `cairn serve: cannot ...:
+    <reason>` (docs/security.md, "Disk faults"), never a crash; and a store
+    that was there is not destroyed by the failed attempt."""
 
-    def check_start(self, cache_dir, what):
+    def check_start(self, cache_dir, what, reason):
         srv, log = self.start_or_refusal("--cache-dir", cache_dir)
-        if srv is None:
-            self.assertIn("cairn serve:", log, f"{what}: refused without saying why")
-            return "refused: " + next(l for l in log.splitlines() if "cairn serve:" in l)
-        self.check_serves(srv)
-        c = self.client(srv)
-        with self.assertRaises((cairn_client.Unsupported, cairn_client.CairnError)):
-            c.session_open(text="Tom had a ball.", persist=True)
-        srv.kill()
-        return "served without the disk tier"
+        if srv is not None:
+            self.fail(f"{what}: served with an unusable cache dir:\n" + srv.log())
+        self.assertRegex(log, r"exited with status 1\b", f"{what}: {log}")
+        lines = [l for l in log.splitlines() if "cairn serve:" in l]
+        self.assertTrue(lines, f"{what}: refused without saying why:\n{log}")
+        self.assertRegex(lines[0], r"cairn serve: cannot .*: " + re.escape(reason), what)
+        return "refused: " + lines[0]
 
     def test_cache_dir_is_a_file_or_under_one(self):
         f = os.path.join(self.tmp, "a-file")
@@ -114,20 +113,24 @@ class UnusableCacheDir(Case):
             fh.write("not a directory\n")
         for path, what in ((f, "a regular file"), (os.path.join(f, "cache"), "under a file")):
             with self.subTest(cache_dir=what):
-                print(f"\ncache dir {what}: {self.check_start(path, what)}", file=sys.stderr)
+                print(f"\ncache dir {what}: {self.check_start(path, what, 'Not a directory')}",
+                      file=sys.stderr)
         with open(f) as fh:
             self.assertEqual(fh.read(), "not a directory\n", "the file was touched")
 
     def make_read_only(self, path):
         """Make `path` unwritable, also for root when possible: the
         immutable attribute (chattr +i) works for root; chmod does not.
-        Returns an undo function, or skips."""
+        Returns an undo function, or skips. self.read_only_error is the
+        error then expected: EPERM for an immutable file, EACCES for chmod."""
         if subprocess.run(["chattr", "+i", path], capture_output=True).returncode == 0:
+            self.read_only_error = os.strerror(errno.EPERM)
             self.on_cleanup(lambda: subprocess.run(["chattr", "-i", path], capture_output=True))
             return lambda: subprocess.run(["chattr", "-i", path], check=True, capture_output=True)
         if os.geteuid() != 0:
             mode = stat.S_IMODE(os.stat(path).st_mode)
             os.chmod(path, 0o500 if os.path.isdir(path) else 0o400)
+            self.read_only_error = os.strerror(errno.EACCES)
             self.on_cleanup(lambda: os.chmod(path, mode))
             return lambda: os.chmod(path, mode)
         self.skipTest("running as root without chattr +i: nothing is read-only to root")
@@ -141,7 +144,7 @@ class UnusableCacheDir(Case):
             self.skipTest("could not make a directory read-only here")
         except OSError:
             pass
-        print(f"\nread-only empty cache dir: {self.check_start(empty, 'read-only')}",
+        print(f"\nread-only empty cache dir: {self.check_start(empty, 'read-only', self.read_only_error)}",
               file=sys.stderr)
         undo()
 
@@ -157,7 +160,7 @@ class UnusableCacheDir(Case):
         self.assertEqual(srv.stop(STOP_GUARD_S), 0, srv.log())
         undo_files = [self.make_read_only(os.path.join(cache, f)) for f in sorted(os.listdir(cache))]
         undo_dir = self.make_read_only(cache)
-        print(f"read-only store: {self.check_start(cache, 'read-only store')}", file=sys.stderr)
+        print(f"read-only store: {self.check_start(cache, 'read-only store', self.read_only_error)}", file=sys.stderr)
         undo_dir()
         for u in undo_files:
             u()
@@ -192,7 +195,7 @@ class DiskFull(Case):
             ok, res = self.assertAnswerIsAnError(c.session_open, text=text, persist=True)
             calls += 1
             if not ok:
-                failures.append(res.type)
+                failures.append((res.type, res.message))
                 continue
             sid = res["session_id"]
             acked[sid] = ref.tok(text, True)
@@ -207,7 +210,7 @@ class DiskFull(Case):
                     self.assertEqual(r.tokens, want)
                     acked[sid] = acked[sid] + add + r.tokens
                 else:
-                    failures.append(r.type)
+                    failures.append((r.type, r.message))
                     attempted[sid] = acked[sid] + add + want
                     break
             # whatever the disk does, plain requests are served exactly
@@ -218,9 +221,12 @@ class DiskFull(Case):
         self.assertAlive(srv)
         st = c.cache_stats()["tiers"]["disk"]
         self.assertGreater(len(failures), 0, f"{what}: the disk never filled up: {st}")
-        self.assertTrue(all(t in ("overloaded", "internal", "unsupported") for t in failures),
-                        failures)
-        warned = [l for l in srv.log_lines if ": warn:" in l or ": error:" in l]
+        # docs/security.md: a call that cannot be made durable is answered
+        # `internal` "the session could not be made durable", and the log
+        # says "disk tier: transaction failed: <reason>"
+        self.assertEqual(set(failures),
+                         {("internal", "the session could not be made durable")}, failures)
+        warned = [l for l in srv.log_lines if "disk tier: transaction failed: " in l]
         self.assertTrue(warned, f"{what}: the server did not report the full disk:\n" + srv.log())
         srv.kill()
 
@@ -233,7 +239,7 @@ class DiskFull(Case):
             if self.check_session(c, sid, cands) is not None:
                 kept += 1
         self.check_serves(srv)
-        print(f"\n{what}: {calls} calls, {len(failures)} refused ({sorted(set(failures))}), "
+        print(f"\n{what}: {calls} calls, {len(failures)} refused ({sorted(set(t for t, _ in failures))}), "
               f"{kept}/{len(acked)} acknowledged persisted sessions intact after SIGKILL; "
               f"reported: {warned[0] if warned else None}", file=sys.stderr)
 

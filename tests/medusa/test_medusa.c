@@ -413,5 +413,6 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_draft_logit_bias),
         cmocka_unit_test(test_errors),
     };
+    kt_select_tests(); /* CAIRN_TEST_ONLY / CAIRN_TEST_EXCEPT (tests.cmake) */
     return kt_exit_code(cmocka_run_group_tests(tests, NULL, NULL));
 }

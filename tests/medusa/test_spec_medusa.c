@@ -206,10 +206,14 @@ static void test_greedy_trained(void **state)
     (void)state;
     double tau[N_SHAPES];
     greedy_case(trained_heads, false, 16, 64, tau);
-    /* the shipped heads must actually draft: more than 1.5 tokens per
-     * target forward at the default shape */
-    if (!(tau[3] > 1.5))
-        fail_msg("trained Medusa heads: tau %.2f at the default shape, want > 1.5", tau[3]);
+    /* the shipped heads must actually draft: 2.13 tokens per target forward
+     * at the default shape (greedy, deterministic; AVX2 and AVX-512 alike).
+     * The floor sits just under it, so that heads reading a partly wrong or
+     * uninitialised hidden state (the class of bug tests/eagle3's
+     * test_greedy_trained records: 1.1-1.45 against 3.08) fail here. */
+    if (!(tau[3] > 1.9))
+        fail_msg("trained Medusa heads: tau %.2f at the default shape, want > 1.9 (2.13 measured)",
+                 tau[3]);
 }
 
 static void test_greedy_random_published(void **state)

@@ -122,22 +122,33 @@ class Drain(harness.ServerCase):
         sse.conn.close()
 
     def test_drain_timeout_ends_streams_cleanly(self):
-        srv = self.start_server("--drain-timeout", "0.2")
+        # The requests must still be running when the drain timeout ends
+        # them. With --drain-timeout 0.2 and 2,030 tokens that held only while
+        # decoding was slower than ~10,000 tokens/s. Now the timeout is the
+        # smallest there is (1 ms: the requests are ended at the drain's
+        # second tick, 50 ms after SIGTERM is handled) and the generations are
+        # 16,368 tokens long (-c 16384), so they end cancelled unless the
+        # whole context decodes in those 50 ms.
+        n_ctx = 16384
+        srv = self.start_server("--drain-timeout", "0.001", "-c", str(n_ctx))
+        self.assertEqual(srv.client(timeout=HANG_GUARD_S).info()["model"]["n_ctx"], n_ctx)
         native = srv.client(timeout=HANG_GUARD_S)
-        gen = native.generate(prompt="Once upon a time", max_tokens=N_CTX - 16, ignore_eos=True,
+        gen = native.generate(prompt="Once upon a time", max_tokens=n_ctx - 16, ignore_eos=True,
                               temperature=0, stream=True)
-        sse = SseStream(srv.http_port, N_CTX - 16)
+        sse = SseStream(srv.http_port, n_ctx - 16)
         self.assertTrue(sse.first.wait(HANG_GUARD_S))
         next(iter(gen))
         srv.proc.send_signal(signal.SIGTERM)
         self.assertTrue(sse.finished.wait(HANG_GUARD_S))
         self.assertIsNone(sse.error)
         self.assertTrue(sse.done, "the stream was cut instead of ended")
-        self.assertEqual(len(sse.finish_reasons()), 1, sse.chunks[-3:])
-        self.assertLess(sse.usage()["completion_tokens"], N_CTX - 16)
+        # (OpenAI's finish reasons: a cancelled request reads "stop"; with
+        # ignore_eos nothing else could stop it short of max_tokens)
+        self.assertEqual(sse.finish_reasons(), ["stop"], sse.chunks[-3:])
+        self.assertLess(sse.usage()["completion_tokens"], n_ctx - 16)
         result = gen.wait()
         self.assertEqual(result.finish_reason, "cancelled")
-        self.assertLess(len(result.tokens), N_CTX - 16)
+        self.assertLess(len(result.tokens), n_ctx - 16)
         self.assertEqual(srv.proc.wait(STOP_GUARD_S), 0, srv.log())
         self.assertIn("ending their requests", srv.log())
         native.close()

@@ -53,6 +53,15 @@ int kt_exit_code(int failed);
         skip();                                                                                    \
     } while (0)
 
+/* A ctest entry that runs part of a group (a real-model part registered
+ * apart, labelled realmodel, so the rest runs and passes where the model is
+ * absent): kt_select_tests(), called before cmocka_run_group_tests, reads
+ * CAIRN_TEST_ONLY=PATTERN (run only the tests whose name matches) and
+ * CAIRN_TEST_EXCEPT=PATTERN (leave out those that match), cmocka's test and
+ * skip filters ('*' and '?' wildcards). A test left out is not a skip.
+ * harness.main reads CAIRN_TEST_EXCEPT the same way. */
+void kt_select_tests(void);
+
 /* ---- random generators (rng.c) ----------------------------------------
  * Each keeps the exact sequence of the copy it replaced: a test's random
  * data does not change with the move. */

@@ -9,7 +9,9 @@ endforeach()
 
 # Llama 3 (llama-bpe) and Qwen2 ship no vocab-only GGUF; their conformance
 # data runs on the vocabulary of a real model of the family, skipped (77)
-# with a message when that file is absent.
+# with a message when that file is absent (for llama-bpe always, unless
+# CAIRN_LLAMA3_MODEL names one: tokenizer_llama-bpe_hf below checks it
+# without).
 set(CAIRN_LLAMA3_MODEL "$ENV{CAIRN_LLAMA3_MODEL}" CACHE FILEPATH
     "a Llama 3 GGUF whose vocabulary checks the llama-bpe pre-tokenizer")
 if(NOT CAIRN_LLAMA3_MODEL)
@@ -23,6 +25,17 @@ foreach(pair "qwen2|${CAIRN_CHAT_MODEL}" "llama-bpe|${CAIRN_LLAMA3_MODEL}")
   set_tests_properties(tokenizer_${vocab} PROPERTIES TIMEOUT 120 LABELS engine
     SKIP_RETURN_CODE 77 ENVIRONMENT "CAIRN_TESTDATA=${CAIRN_TESTDATA}")
 endforeach()
+
+# llama-bpe where no Llama 3 vocabulary is (every machine here): HF
+# tokenizers trains a byte-level BPE with Llama 3's pre-tokenizer at test
+# time, cairn reads its tokenizer.json from a checkpoint folder, and cairn's
+# ids must be HF's on the llama-bpe .inp texts and more (unicode, numbers,
+# contractions, whitespace runs). Skipped (77) without tokenizers/numpy.
+add_test(NAME tokenizer_llama-bpe_hf
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_llama_bpe_hf.py
+          $<TARGET_FILE:test_tokenizer_conformance> ${CMAKE_CURRENT_BINARY_DIR}/llama-bpe-hf)
+set_tests_properties(tokenizer_llama-bpe_hf PROPERTIES TIMEOUT 120 LABELS engine
+  SKIP_RETURN_CODE 77)
 
 cairn_add_test(test_tokenizer SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_tokenizer.c LABELS engine TIMEOUT 120)
 
