@@ -12,6 +12,7 @@
 #include <stdio.h>
 
 int cmd_run(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_chat_format(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);

@@ -11,6 +11,7 @@ static const struct {
     const char *summary;
 } commands[] = {
     {"run", cmd_run, "generate a continuation of a prompt"},
+    {"chat", cmd_chat, "chat with a model in the terminal (its chat template, streamed)"},
     {"tokenize", cmd_tokenize, "print the token ids of text read from stdin"},
     {"chat-format", cmd_chat_format, "print a conversation formatted with the model's chat template"},
     {"perplexity", cmd_perplexity, "perplexity of a text file, as llama-perplexity computes it"},

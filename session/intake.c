@@ -346,7 +346,8 @@ void intake_handle(cairn_service *s, cairn_request *r)
     session *x;
     /* A session this replica does not hold may be another's that moved here
      * (its replica died): its record comes from the shared tier first. */
-    if (names_session(r->kind) && !session_find(s, r->session) && records_lookup(s, r))
+    if (names_session(r->kind) && !r->session_key && !session_find(s, r->session) &&
+        records_lookup(s, r))
         return;
     switch (r->kind) {
     case CAIRN_REQ_GENERATE:

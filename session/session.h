@@ -188,7 +188,12 @@ typedef struct {
     cairn_session_id session;
     char *session_key;         /* SESSION_SYNC: the session's name, a client's
                                   key for its conversation (owned, malloc'ed;
-                                  1..1024 bytes); names are per tenant       */
+                                  1..1024 bytes); names are per tenant.
+                                  The calls that name a session by id
+                                  (APPEND, GENERATE, FORK, TRUNCATE, CLOSE,
+                                  INFO, NOTE) take it instead of `session`
+                                  when set: the named session is found,
+                                  never created (`cairn chat`'s /load)     */
     size_t session_key_len;
     int32_t *tokens;           /* owned by the request (malloc'ed), may be NULL */
     size_t n_tokens;

@@ -267,8 +267,8 @@ void session_destroy(cairn_service *s, session *x);
 session *session_named(cairn_service *s, cairn_request *r);
 /* Give a session a name (copied); CAIRN_ENOMEM. */
 int session_set_key(session *x, const char *key, size_t len);
-/* The session r names, when the caller may see it; else the error is
- * emitted and NULL returned. */
+/* The session r names (by session_key when set, else by id), when the
+ * caller may see it; else the error is emitted and NULL returned. */
 session *session_of_request(cairn_service *s, cairn_request *r);
 /* The same, and not generating (busy_msg is the error otherwise). */
 session *session_idle_of_request(cairn_service *s, cairn_request *r, const char *busy_msg);

@@ -181,7 +181,11 @@ session *session_named(cairn_service *s, cairn_request *r)
 
 session *session_of_request(cairn_service *s, cairn_request *r)
 {
-    session *x = session_find(s, r->session);
+    session *lru;
+    /* by name when the request gives one: found, never created */
+    session *x = r->session_key && r->session_key_len
+                     ? named_find(s, r->tenant, r->session_key, r->session_key_len, &lru)
+                     : session_find(s, r->session);
     if (x && x->tenant != r->tenant)
         x = NULL; /* another tenant's session does not exist for this one */
     if (!x)

@@ -905,6 +905,61 @@ static void test_named_session_sync(void **state)
     stop(f);
 }
 
+/* A session call by name (session_key) rather than by id. */
+static result *named_call(fixture *f, uint64_t id, cairn_req_kind kind, const char *key,
+                          const char *note)
+{
+    cairn_request *r = cairn_request_new(kind);
+    r->id = id;
+    r->session_key = strdup(key);
+    r->session_key_len = strlen(key);
+    if (note) {
+        r->note = strdup(note);
+        r->note_len = strlen(note);
+    }
+    cairn_service_submit(f->svc, r);
+    return wait_for(&f->col, id);
+}
+
+/* The calls that name a session by id find a named session by its name
+ * (`cairn chat`'s /save and /load): the note set and read by name, the same
+ * session as the id's, an unknown name not found (and not created), and
+ * after a restart the name, its history and its note are back. */
+static void test_session_calls_by_name(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/cairn-svc-byname-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    fixture *f = start_tiers(512, 4, 64, 64, dir);
+    cairn_request *r = sync_request(f, 1, "chat-a", "Once upon a time", 0);
+    assert_int_equal(cairn_service_submit(f->svc, r), CAIRN_OK);
+    assert_int_equal(wait_for(&f->col, 1)->ev.kind, CAIRN_EV_DONE);
+    assert_int_equal(named_call(f, 2, CAIRN_REQ_SESSION_NOTE, "chat-a", "[1]")->ev.kind,
+                     CAIRN_EV_DONE);
+    result *in = named_call(f, 3, CAIRN_REQ_SESSION_INFO, "chat-a", NULL);
+    assert_int_equal(in->ev.kind, CAIRN_EV_DONE);
+    assert_string_equal(in->ev.note, "[1]");
+    assert_int_equal(in->ev.n_session_tokens, 5);
+    cairn_session_id sid = in->ev.session;
+    assert_string_equal(session_call(f, 4, CAIRN_REQ_SESSION_INFO, sid, NULL)->ev.note, "[1]");
+    /* an unknown name: not found, twice (the lookup creates nothing) */
+    for (uint64_t id = 5; id <= 6; id++) {
+        in = named_call(f, id, CAIRN_REQ_SESSION_INFO, "chat-b", NULL);
+        assert_int_equal(in->ev.kind, CAIRN_EV_ERROR);
+        assert_int_equal(in->ev.code, CAIRN_ENOTFOUND);
+    }
+    stop(f);
+
+    f = start_tiers(512, 4, 64, 64, dir);
+    in = named_call(f, 1, CAIRN_REQ_SESSION_INFO, "chat-a", NULL);
+    assert_int_equal(in->ev.kind, CAIRN_EV_DONE);
+    assert_true(in->ev.session.hi == sid.hi && in->ev.session.lo == sid.lo);
+    assert_string_equal(in->ev.note, "[1]");
+    assert_int_equal(in->ev.n_session_tokens, 5);
+    stop(f);
+    rm_rf(dir);
+}
+
 int main(void)
 {
     model_path = getenv("CAIRN_MODEL");
@@ -916,6 +971,7 @@ int main(void)
         cmocka_unit_test(test_greedy_matches_reference),
         cmocka_unit_test(test_named_session_sync),
         cmocka_unit_test(test_session_note),
+        cmocka_unit_test(test_session_calls_by_name),
         cmocka_unit_test(test_batching_does_not_change_results),
         cmocka_unit_test(test_prefix_reuse),
         cmocka_unit_test(test_burst_computes_document_once),
