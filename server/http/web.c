@@ -9,7 +9,9 @@
  *  - The files hold no data and are served without a token (a browser's
  *    address bar sends none); the page asks the person for the token and
  *    sends it as `Authorization: Bearer` with every API call, /web/state
- *    included, which answers 401 without it like every API route.
+ *    included, which answers 401 without it like every API route. GET
+ *    /web/info, also without a token, says only whether a token is needed
+ *    and whether tenants are on (so the page knows whether to ask).
  *  - Same origin only: /web/state refuses (403) a request whose Origin is
  *    not the server's own (http://HOST), and the files carry a Content-
  *    Security-Policy that lets the page load and call nothing but its own
@@ -269,11 +271,16 @@ void srv_http_note_event(cairn_server *s, const cairn_event *ev)
 
 static bool web_on(const hconn *c) { return c->base.srv->http && !c->base.srv->cfg.http.no_web; }
 
+static bool is_info(const char *path, size_t len)
+{
+    return len == 9 && memcmp(path, "/web/info", 9) == 0;
+}
+
 bool http_web_is_page(const hconn *c)
 {
     size_t len;
     const char *path = http_path(c, &len);
-    return web_on(c) && cairn_web_find(path, len) != NULL;
+    return web_on(c) && (cairn_web_find(path, len) != NULL || is_info(path, len));
 }
 
 static const char page_headers[] =
@@ -562,6 +569,20 @@ bool http_web_route(hconn *c)
             return true;
         }
         handle_state(c);
+        return true;
+    }
+    if (is_info(path, len)) {
+        /* what the page must know before it has a token: whether to ask */
+        if (!get) {
+            http_respond(c, 405, "text/plain", "", 0, "Allow: GET, HEAD\r\n");
+            return true;
+        }
+        const cairn_access *acc = c->base.srv->access;
+        char body[96];
+        int n = snprintf(body, sizeof body, "{\"auth_required\":%s,\"tenants\":%s}",
+                         cairn_access_required(acc) ? "true" : "false",
+                         cairn_access_has_tenants(acc) ? "true" : "false");
+        http_respond(c, 200, "application/json", body, (size_t)n, page_headers);
         return true;
     }
     const cairn_web_asset *a = cairn_web_find(path, len);
