@@ -83,6 +83,7 @@ static const char help[] =
     "      --model-name NAME  the model id /v1/models reports (default: the file's name)\n"
     "      --cors-origin LIST let pages of these origins (comma-separated, or *) call the\n"
     "                         HTTP API from a browser (default: none)\n"
+    "      --no-web           no chat and cache page at / of the HTTP port (docs/web.md)\n"
     "  -v, --verbose          log every connection\n" CLI_DRAFT_HELP
     "      --draft-max-batch N  speculate only while at most N requests decode (default 4;\n"
     "                           0 = never; on a CPU with a tiny model speculation is slower)\n"
@@ -97,6 +98,7 @@ enum {
     OPT_CORS_ORIGIN, OPT_DRAIN_TIMEOUT,
     OPT_DRAFT_MAX_BATCH, OPT_SHARED_CACHE, OPT_SHARED_PREFIX, OPT_SHARED_WRITE, OPT_SHARED_TIMEOUT,
     OPT_REPLICA_ID, OPT_SHARED_TTL,
+    OPT_NO_WEB,
 };
 
 /* "512", "64K", "1.5G" (binary multiples) -> bytes; 0 on a bad value. */
@@ -279,6 +281,7 @@ static int parse_listener_opt(serve_opts *o, int opt, const char *arg)
     case OPT_HTTP_PORT: return parse_int_opt(arg, "--http-port", 0, 65535, &cfg->http.port);
     case OPT_HTTP_HOST: cfg->http.host = arg; return 1;
     case OPT_CORS_ORIGIN: cfg->http.cors_origins = arg; return 1;
+    case OPT_NO_WEB: cfg->http.no_web = true; return 1;
     case OPT_DRAIN_TIMEOUT: return parse_seconds_opt(arg, "--drain-timeout", &cfg->drain_timeout_s);
     case OPT_HTTP_MAX_BODY:
         return parse_size_opt(arg, "--http-max-body", "4M", false, &cfg->http.max_body_bytes);
@@ -317,6 +320,7 @@ static int parse_serve_opts(serve_opts *o, int argc, char **argv)
         {"http-max-body", required_argument, 0, OPT_HTTP_MAX_BODY},
         {"http-timeout", required_argument, 0, OPT_HTTP_TIMEOUT},
         {"cors-origin", required_argument, 0, OPT_CORS_ORIGIN},
+        {"no-web", no_argument, 0, OPT_NO_WEB},
         {"drain-timeout", required_argument, 0, OPT_DRAIN_TIMEOUT},
         {"model-name", required_argument, 0, OPT_MODEL_NAME},
         CLI_DRAFT_LONGOPTS,

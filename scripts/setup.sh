@@ -14,7 +14,9 @@ debs=(build-essential cmake pkg-config liblmdb-dev lmdb-utils libuv1-dev libmsgp
 # clang builds the libFuzzer targets (make fuzz); curl drives the HTTP facade's
 # tests; redis-server is the shared cache tier the scale-out tests start
 # (each its own, on loopback); only the test set needs them
-[ "$want_test" -eq 1 ] && debs+=(clang curl redis-server)
+# chromium and chromium-driver are the headless browser the web page's test
+# drives (tests/web; never a browser downloaded at test time)
+[ "$want_test" -eq 1 ] && debs+=(clang curl redis-server chromium chromium-driver)
 missing=()
 for p in "${debs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -39,8 +41,10 @@ if [ $want_test -eq 1 ]; then
     # redis (redis-py) reads and damages what the replicas put in the shared
     # cache tier's Redis. tokenizers (Hugging Face's) is the reference for
     # the tokenizer.json the checkpoint tests write and cairn reads.
-    pypkgs=(numpy gguf msgpack jinja2 openai jsonschema anthropic openai-agents redis tokenizers)
-    if ! $py -c "import numpy, gguf, msgpack, jinja2, openai, jsonschema, anthropic, agents, redis, tokenizers" \
+    # selenium drives the Debian chromium through chromedriver (tests/web).
+    pypkgs=(numpy gguf msgpack jinja2 openai jsonschema anthropic openai-agents redis tokenizers
+            selenium)
+    if ! $py -c "import numpy, gguf, msgpack, jinja2, openai, jsonschema, anthropic, agents, redis, tokenizers, selenium" \
         2>/dev/null; then
         echo "setup: installing Python packages: ${pypkgs[*]}" >&2
         $py -m pip install -q "${pypkgs[@]}" 2>/dev/null ||

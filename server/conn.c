@@ -66,6 +66,7 @@ int srv_submit(srv_conn *c, cairn_request *r)
         cairn_request_free(r);
         return CAIRN_ECLOSED;
     }
+    srv_http_note_submit(c->srv, r);
     return cairn_service_submit(c->srv->svc, r);
 }
 

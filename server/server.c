@@ -60,12 +60,17 @@ static void on_engine_event(const cairn_event *ev, void *user)
                                          sizeof(cairn_token_logprob)
                                    : 0;
     size_t note_len = ev->note ? ev->note_len : 0;
-    srv_event *n = malloc(sizeof *n + lp_bytes + tok_bytes + text_len + 1 + msg_len + fr_len +
-                          note_len);
+    size_t list_bytes = ev->sessions ? ev->n_listed * sizeof(cairn_session_entry) : 0;
+    srv_event *n = malloc(sizeof *n + list_bytes + lp_bytes + tok_bytes + text_len + 1 +
+                          msg_len + fr_len + note_len);
     if (n) {
         n->ev = *ev;
         char *p = (char *)(n + 1);
-        if (lp_bytes) /* first: the node's end is aligned for it */
+        if (list_bytes) /* first (with the logprobs): the node's end is aligned for both */
+            memcpy(p, ev->sessions, list_bytes);
+        n->ev.sessions = ev->sessions ? (const cairn_session_entry *)p : NULL;
+        p += list_bytes;
+        if (lp_bytes)
             memcpy(p, ev->logprobs, lp_bytes);
         n->ev.logprobs = ev->logprobs ? (const cairn_token_logprob *)p : NULL;
         p += lp_bytes;
@@ -135,6 +140,7 @@ static void on_events(uv_async_t *a)
     cairn_server *s = a->data;
     for (srv_event *n = queue_take_all(s), *next; n; n = next) {
         next = n->next;
+        srv_http_note_event(s, &n->ev);
         srv_conn *c = srv_conn_find(s, n->ev.client);
         if (!(c && !srv_conn_gone(c) && c->ops->on_event(c, n)))
             free(n);

@@ -232,6 +232,7 @@ typedef struct {
     const char *cors_origins; /* origins whose pages may read the replies
                                 (browser front ends), comma-separated, or
                                 "*" for any; NULL (default): no CORS      */
+    bool no_web;             /* no browser page at `/` (docs/web.md)         */
 } cairn_http_config;
 
 /* ======================================================================== */

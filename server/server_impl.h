@@ -205,5 +205,9 @@ extern const srv_conn_ops srv_http_ops;
 /* The facade's state (counters for /metrics). */
 int srv_http_create(cairn_server *s, srv_http **out);
 void srv_http_free(srv_http *h);
+/* What the browser page's Cache view plots (http/web.c): every request
+ * submitted and every event, seen on the loop thread; no-ops without HTTP. */
+void srv_http_note_submit(cairn_server *s, const cairn_request *r);
+void srv_http_note_event(cairn_server *s, const cairn_event *ev);
 
 #endif /* CAIRN_SERVER_IMPL_H */

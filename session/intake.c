@@ -322,6 +322,37 @@ static void handle_close(cairn_service *s, cairn_request *r)
     session_destroy(s, x);
 }
 
+/* The asking tenant's sessions, and nothing of any other tenant's. */
+static void handle_list(cairn_service *s, cairn_request *r)
+{
+    size_t cap = s->n_sessions < CAIRN_SESSION_LIST_MAX ? s->n_sessions : CAIRN_SESSION_LIST_MAX;
+    cairn_session_entry *list = cap ? calloc(cap, sizeof *list) : NULL;
+    if (cap && !list) {
+        svc_emit_error(s, r, CAIRN_ENOMEM, "out of memory");
+        return;
+    }
+    size_t n = 0;
+    for (size_t b = 0; b < s->n_buckets && n < cap; b++)
+        for (session *x = s->buckets[b]; x && n < cap; x = x->next) {
+            if (x->tenant != r->tenant)
+                continue;
+            cairn_session_entry *e = &list[n++];
+            e->id = x->id;
+            if (x->key) {
+                size_t k = x->key_len < sizeof e->name - 1 ? x->key_len : sizeof e->name - 1;
+                memcpy(e->name, x->key, k);
+            }
+            e->n_tokens = (int64_t)x->history.n;
+            e->persist = x->persist;
+            e->busy = x->busy;
+            e->last_used = x->last_used;
+        }
+    cairn_event ev = {.kind = CAIRN_EV_DONE, .what = CAIRN_DONE_SESSION_LIST,
+                      .client = r->client, .id = r->id, .sessions = list, .n_listed = n};
+    svc_emit(s, &ev);
+    free(list);
+}
+
 /* ---- the rest ----------------------------------------------------------------- */
 
 /* Requests that name a session by id (not SESSION_SYNC: that one is by name). */
@@ -392,6 +423,7 @@ void intake_handle(cairn_service *s, cairn_request *r)
         svc_emit(s, &ev);
         break;
     }
+    case CAIRN_REQ_SESSION_LIST: handle_list(s, r); break;
     case CAIRN_REQ_CLIENT_GONE: sched_cancel_client(s, r->client); break;
     default: svc_emit_error(s, r, CAIRN_EINVAL, "unknown request kind"); break;
     }

@@ -179,6 +179,8 @@ typedef enum {
     CAIRN_REQ_SESSION_NOTE,     /* session, note: the bytes the session keeps for
                                    its client replaced (durable with a persisted
                                    session's record)        -> DONE(session)     */
+    CAIRN_REQ_SESSION_LIST,     /* the asking tenant's open sessions (at most
+                                   CAIRN_SESSION_LIST_MAX)  -> DONE(session_list) */
 } cairn_req_kind;
 
 typedef struct {
@@ -236,7 +238,23 @@ typedef enum {
     CAIRN_DONE_SESSION,        /* session, n_session_tokens, closed   */
     CAIRN_DONE_CANCEL,         /* cancelled: whether the target existed */
     CAIRN_DONE_STATS,          /* stats                               */
+    CAIRN_DONE_SESSION_LIST,   /* sessions, n_listed                  */
 } cairn_done_what;
+
+#define CAIRN_SESSION_LIST_MAX 256
+#define CAIRN_SESSION_NAME_SHOWN 64 /* bytes of a name a listing carries */
+
+/* One session of a SESSION_LIST answer. Only the asking tenant's sessions
+ * are listed (tenant 0: those opened without tenants). */
+typedef struct {
+    cairn_session_id id;
+    char name[CAIRN_SESSION_NAME_SHOWN]; /* a named session's name, cut to fit
+                                            (NUL-terminated); "" when unnamed */
+    int64_t n_tokens;          /* its history                               */
+    bool persist;              /* its record and pages are durable (disk)    */
+    bool busy;                 /* generating now                             */
+    uint64_t last_used;        /* named sessions: larger = used more recently */
+} cairn_session_entry;
 
 /* One tier of the KV cache (0 device, 1 host RAM, 2 disk). */
 typedef struct {
@@ -330,6 +348,9 @@ typedef struct {
     bool found;
     /* DONE(stats) */
     cairn_service_stats stats;
+    /* DONE(session_list) */
+    const cairn_session_entry *sessions;
+    size_t n_listed;
     /* ERROR */
     int code;                  /* CAIRN_E* */
     const char *message;

@@ -172,7 +172,7 @@ static void handle_message(hconn *c)
         preflight(c, HTTP_GET);
     else if (method == HTTP_OPTIONS && strncmp(url, "/v1/responses/", 14) == 0)
         preflight(c, HTTP_DELETE);
-    else if (!model_route(c) && !http_responses_route(c))
+    else if (!model_route(c) && !http_responses_route(c) && !http_web_route(c))
         http_respond_error(c, 404, "no such route", NULL, NULL);
 }
 
@@ -205,7 +205,9 @@ static int on_message_begin(http_parser *p)
     free(c->origin);
     free(c->cors_headers);
     free(c->api_key);
+    free(c->host);
     c->authorization = c->session_header = c->origin = c->cors_headers = c->api_key = NULL;
+    c->host = NULL;
     c->cors_allowed = c->head_only = false;
     c->expect_continue = false;
     return 0;
@@ -250,6 +252,7 @@ static int header_done(hconn *c)
                  : name_is(&c->field, "x-session-id")   ? &c->session_header
                  : name_is(&c->field, "x-api-key")      ? &c->api_key
                  : name_is(&c->field, "origin")         ? &c->origin
+                 : name_is(&c->field, "host")           ? &c->host
                  : name_is(&c->field, "access-control-request-headers") ? &c->cors_headers
                                                         : NULL;
     if (dst) {
@@ -356,7 +359,8 @@ static int on_headers_complete(http_parser *p)
     }
     /* Refuse what we can before reading a byte of the body. A preflight
      * carries no credentials, and answers with no data. */
-    if (p->method != HTTP_OPTIONS && !path_is(c, "/health") && check_auth(c) != 0)
+    if (p->method != HTTP_OPTIONS && !path_is(c, "/health") && !http_web_is_page(c) &&
+        check_auth(c) != 0)
         return refuse_in_parser(c, 401, "a valid 'Authorization: Bearer TOKEN' (or 'x-api-key: "
                                         "TOKEN') header is required");
     if ((p->flags & F_CONTENTLENGTH) && p->content_length > c->base.srv->cfg.http.max_body_bytes)
@@ -455,6 +459,7 @@ static void on_free(srv_conn *b)
     free(c->origin);
     free(c->cors_headers);
     free(c->api_key);
+    free(c->host);
 }
 
 const srv_conn_ops srv_http_ops = {
@@ -490,8 +495,17 @@ int srv_http_create(cairn_server *s, srv_http **out)
     h->settings.on_headers_complete = on_headers_complete;
     h->settings.on_body = on_body;
     h->settings.on_message_complete = on_message_complete;
+    if (srv_web_create(&h->web) != CAIRN_OK) {
+        free(h);
+        return CAIRN_ENOMEM;
+    }
     *out = h;
     return CAIRN_OK;
 }
 
-void srv_http_free(srv_http *h) { free(h); }
+void srv_http_free(srv_http *h)
+{
+    if (h)
+        srv_web_free(h->web);
+    free(h);
+}

@@ -45,15 +45,18 @@
 
 #define HTTP_N_STATUS_SLOTS 16 /* distinct status codes counted for /metrics */
 
+typedef struct srv_web srv_web; /* the page's activity record (web.c) */
+
 struct srv_http {
     http_parser_settings settings;
+    srv_web *web;
     struct {
         int code;
         uint64_t n;
     } status_counts[HTTP_N_STATUS_SLOTS];
 };
 
-typedef enum { HK_CHAT = 1, HK_COMPLETION, HK_METRICS, HK_WIRE } hreq_kind;
+typedef enum { HK_CHAT = 1, HK_COMPLETION, HK_METRICS, HK_WIRE, HK_WEB } hreq_kind;
 
 typedef struct hreq hreq;
 typedef struct hconn hconn;
@@ -132,6 +135,7 @@ struct hconn {
     cairn_strbuf url, field, value, body;
     char *authorization, *session_header;
     char *origin;         /* Origin (a browser's page), or NULL             */
+    char *host;           /* Host, or NULL (web.c: same-origin checks)      */
     char *cors_headers;   /* Access-Control-Request-Headers, or NULL        */
     bool cors_allowed;    /* origin is one --cors-origin lets read replies  */
     bool head_only;       /* a HEAD request: headers as for GET, no body    */
@@ -208,5 +212,16 @@ bool http_responses_route(hconn *c);
 void http_handle_metrics(hconn *c);
 /* The answer to a metrics request: Prometheus text from the engine's stats. */
 void http_metrics_answer(hconn *c, const cairn_service_stats *st);
+
+/* web.c: the browser page (docs/web.md) */
+int srv_web_create(srv_web **out);
+void srv_web_free(srv_web *w);
+/* Is this request one of the page's files (served without a token)? */
+bool http_web_is_page(const hconn *c);
+/* `/`, the page's files and GET /web/state: true when the path was one
+ * (answered); false when --no-web or another path. */
+bool http_web_route(hconn *c);
+/* An event of an HK_WEB request (its choice `index`). */
+void http_web_on_event(hconn *c, hreq *q, int index, const cairn_event *ev);
 
 #endif /* CAIRN_SERVER_HTTP_H */

@@ -528,6 +528,10 @@ bool http_on_event(hconn *c, srv_event *node)
         return false;
     if (!q || q->failed || !choice_of(q, ev->id, &index))
         return false; /* a choice of a request already answered */
+    if (q->kind == HK_WEB) {
+        http_web_on_event(c, q, index, ev);
+        return false;
+    }
     if (q->kind == HK_METRICS) {
         if (ev->kind == CAIRN_EV_DONE && ev->what == CAIRN_DONE_STATS)
             http_metrics_answer(c, &ev->stats);
