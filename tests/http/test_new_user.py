@@ -117,6 +117,18 @@ class TinyModel(unittest.TestCase):
         finally:
             s.stop()
 
+    def test_get_model_marks_what_cairn_cannot_load(self):
+        import subprocess
+        out = subprocess.run([sys.executable, os.path.join(harness.ROOT, "scripts", "get-model"),
+                              "--list"], capture_output=True, text=True, check=True).stdout
+        heads = [line for line in out.splitlines() if line and not line.startswith(" ")]
+        for line in heads:
+            if line.startswith("gemma3"):
+                self.assertIn("cannot load", line)
+            elif line.startswith("qwen2.5"):
+                self.assertNotIn("cannot load", line)
+        self.assertTrue(any(line.startswith("gemma3") for line in heads), out)
+
     def test_banner(self):
         log = self.server.log()
         lines = [line for line in log.splitlines() if line.startswith("cairn:")]
@@ -127,6 +139,8 @@ class TinyModel(unittest.TestCase):
         banner = "\n".join(lines)
         for want in ("stories260K.gguf", "llama", "KV f16", "cpu", "device KV"):
             self.assertIn(want, banner)
+        weights = next(line for line in lines if line.startswith("cairn: weights"))
+        self.assertNotIn("stories", weights)  # a type, not general.name
         after = "\n".join(lines[i + 1:])
         self.assertIn("curl " + self.server.http_url + "/v1/", after)
         self.assertIn('OpenAI(base_url="%s/v1"' % self.server.http_url, after)
