@@ -26,6 +26,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static const char help[] =
     "usage: cairn serve -m MODEL [options]\n\n"
@@ -671,7 +672,17 @@ static int run_server(cairn_server_config *cfg, access_opts *acc, const char *re
 {
     cairn_server *srv = NULL;
     char err[512] = "";
+    /* The load can take a while (a big file, repacking): say so first. */
+    struct stat st;
+    const double t0 = cairn_now();
+    if (cfg->runtime.model_path && stat(cfg->runtime.model_path, &st) == 0 && S_ISREG(st.st_mode))
+        cairn_log(CAIRN_LOG_INFO, "loading %s (%.1f MiB)", cfg->runtime.model_path,
+                  (double)st.st_size / (1 << 20));
+    else if (cfg->runtime.model_path)
+        cairn_log(CAIRN_LOG_INFO, "loading %s", cfg->runtime.model_path);
     int rc = cairn_server_create(cfg, &srv, err, sizeof err);
+    if (rc == CAIRN_OK)
+        cairn_log(CAIRN_LOG_INFO, "ready in %.1f s", cairn_now() - t0);
     /* The server keeps its own copy of the credentials. */
     access_opts_clear(acc);
     cfg->credentials = NULL;

@@ -10,7 +10,8 @@ counts a conversation longer than the context; `--api-key` is the token
 option; `--http-port` alone binds no msgpack port.
 
 usage: test_new_user.py CAIRN_BIN MODEL CLASS [unittest args...]
-  CLASS TinyModel runs on MODEL (stories260K); ChatModel on CAIRN_CHAT_MODEL
+  CLASS (comma-separated) TinyModel and Progress run on MODEL (stories260K);
+  ChatModel on CAIRN_CHAT_MODEL
   (skips, 77, when that file is absent).
 """
 import json
@@ -146,6 +147,47 @@ class TinyModel(unittest.TestCase):
         self.assertIn('OpenAI(base_url="%s/v1"' % self.server.http_url, after)
 
 
+class Progress(unittest.TestCase):
+    """`cairn perplexity` and `cairn bench` show progress on a terminal, and
+    none when stderr is not one."""
+
+    def run_cmd(self, args, tty):
+        import pty
+        import subprocess
+        if not tty:
+            r = subprocess.run([CAIRN] + args, capture_output=True, text=True,
+                               timeout=SHORT_HANG_GUARD_S)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            return r.stderr
+        master, slave = pty.openpty()
+        p = subprocess.Popen([CAIRN] + args, stdout=subprocess.DEVNULL, stderr=slave)
+        os.close(slave)
+        out = b""
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+        os.close(master)
+        self.assertEqual(p.wait(timeout=SHORT_HANG_GUARD_S), 0, out)
+        return out.decode(errors="replace")
+
+    def test_perplexity(self):
+        args = ["perplexity", "-m", MODEL, "-f", os.path.join(harness.TESTDATA, "text",
+                                                              "stories.txt"),
+                "-c", "64", "--chunks", "3"]
+        self.assertIn("ETA", self.run_cmd(args, True))
+        self.assertNotIn("ETA", self.run_cmd(args, False))
+
+    def test_bench(self):
+        args = ["bench", "-m", MODEL, "-p", "16", "-n", "8", "-r", "2"]
+        self.assertIn("bench: tg 2/2", self.run_cmd(args, True))
+        self.assertNotIn("bench: tg", self.run_cmd(args, False))
+
+
 class ChatModel(unittest.TestCase):
     TOOLS = [{"type": "function", "function": {
         "name": "get_weather", "description": "weather of a city",
@@ -234,4 +276,4 @@ class ChatModel(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    harness.main(defaultTest=CLASS)
+    harness.main(defaultTest=CLASS.split(","))

@@ -61,7 +61,7 @@ set_tests_properties(http_clients PROPERTIES TIMEOUT 300 LABELS "server")
 # text, --api-key, --http-port alone, the start banner.
 add_test(NAME http_new_user
   COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_new_user.py
-          $<TARGET_FILE:cairn> ${CAIRN_MODEL} TinyModel)
+          $<TARGET_FILE:cairn> ${CAIRN_MODEL} TinyModel,Progress)
 set_tests_properties(http_new_user PROPERTIES TIMEOUT 300 LABELS "server")
 add_test(NAME http_new_user_realmodel
   COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_new_user.py
