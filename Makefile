@@ -8,6 +8,7 @@ CMAKE_FLAGS ?=
 
 ADDR ?= 127.0.0.1
 PORT ?= 7077
+HTTP_PORT ?= 8080
 
 # Hardening (fuzz/README.md): `make fuzz FUZZ_SECONDS=N` runs each libFuzzer
 # target for N seconds (needs clang); `make sanitize` runs the whole suite
@@ -35,10 +36,9 @@ build: setup $(BUILD_DIR)/CMakeCache.txt
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
 run: build
-	@echo "cairn: serving models/stories260K.gguf on $(ADDR):$(PORT) (Ctrl-C stops it). Connect with:"
-	@echo "  python3 clients/python/examples/agent.py --addr $(ADDR):$(PORT)"
-	@echo "  python3 clients/python/examples/rag.py --addr $(ADDR):$(PORT)"
-	./$(BUILD_DIR)/cairn serve -m models/stories260K.gguf --host $(ADDR) --port $(PORT)
+	@echo "cairn: serving models/stories260K.gguf (Ctrl-C stops it); how to connect is printed last"
+	@./$(BUILD_DIR)/cairn serve -m models/stories260K.gguf --host $(ADDR) --port $(PORT) \
+	    --http-port $(HTTP_PORT)
 
 generate: build
 	./$(BUILD_DIR)/cairn run -m models/stories260K.gguf -p "$(PROMPT)" -n 128

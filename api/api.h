@@ -203,10 +203,13 @@ int cairn_api_choice(const cairn_api_call *c, int i, cairn_request **out);
 /* A finished reply read for tool calls (text/text.h, cairn_chat_parse_tool_
  * calls): *calls_json an OpenAI tool_calls array with ids "<id_prefix><n>",
  * *content the text around them (both malloc'ed). CAIRN_ENOTFOUND when the
- * text holds no call. */
+ * text holds no call. `cut`: the reply was cut by max_tokens, so a call it
+ * may have broken off is never content: once a call has begun, the content
+ * is only the text before it (CAIRN_OK with *content set and *calls_json
+ * NULL when no call was complete). */
 int cairn_api_tool_calls(const cairn_api *api, const char *text, size_t len,
-                         const char *tools_json, const char *id_prefix, char **calls_json,
-                         char **content);
+                         const char *tools_json, const char *id_prefix, bool cut,
+                         char **calls_json, char **content);
 
 /* Streaming a reply with tools: the offset from which its text so far may
  * be a tool call and must be held back (text/text.h, cairn_chat_tool_call_

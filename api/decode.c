@@ -4,6 +4,7 @@
  */
 #include "api/api_impl.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -189,6 +190,33 @@ static int openai_shape(cairn_api_op op, const json_t *params, cairn_api_call *c
     return CAIRN_OK;
 }
 
+/* An explicit max_tokens must fit beside every prompt, as OpenAI and vLLM
+ * answer: 400 context_length_exceeded rather than a reply silently cut at
+ * the context's end. Without it the default is what the context leaves. */
+static int fits_context(const cairn_api *api, cairn_api_op op, const json_t *params,
+                        const cairn_api_call *c, cairn_api_error *e)
+{
+    const char *name = op == CAIRN_API_CHAT && api_field(params, "max_completion_tokens")
+                           ? "max_completion_tokens" : "max_tokens";
+    if (!api_field(params, name) || api->n_ctx <= 0)
+        return CAIRN_OK;
+    const int64_t want = c->req->gen.max_tokens;
+    for (int i = 0; i < (c->n_prompts > 1 ? c->n_prompts : 1); i++) {
+        const size_t n = i == 0 ? c->req->n_tokens : c->prompts[i].n_tokens;
+        if ((int64_t)n + want <= api->n_ctx)
+            continue;
+        e->reason = "context_length_exceeded";
+        return api_fail(e, CAIRN_ERANGE, name,
+                        "This model's maximum context length is %d tokens, but %lld were "
+                        "requested (%zu in the %s, %lld for the completion). Shorten the %s "
+                        "or lower '%s'.",
+                        api->n_ctx, (long long)((int64_t)n + want), n,
+                        op == CAIRN_API_CHAT ? "messages" : "prompt", (long long)want,
+                        op == CAIRN_API_CHAT ? "messages" : "prompt", name);
+    }
+    return CAIRN_OK;
+}
+
 static int decode_openai(const cairn_api *api, cairn_api_op op, const json_t *params,
                          uint64_t seed, const char *header, cairn_api_call *c,
                          cairn_api_error *e)
@@ -208,6 +236,8 @@ static int decode_openai(const cairn_api *api, cairn_api_op op, const json_t *pa
     } else if ((rc = api_completion_prompts(api, params, c, e))) {
         return rc;
     }
+    if ((rc = fits_context(api, op, params, c, e)))
+        return rc;
     if (c->echo && c->logprobs)
         return api_fail(e, CAIRN_EUNSUPPORTED, "echo",
                         "'echo' with 'logprobs' is not supported (no prompt logprobs)");
@@ -354,14 +384,44 @@ void cairn_api_gen_clear(cairn_gen_params *g)
 /* ---- results ---------------------------------------------------------------------------- */
 
 int cairn_api_tool_calls(const cairn_api *api, const char *text, size_t len,
-                         const char *tools_json, const char *id_prefix, char **calls_json,
-                         char **content)
+                         const char *tools_json, const char *id_prefix, bool cut,
+                         char **calls_json, char **content)
 {
     *calls_json = *content = NULL;
     if (!api->chat_template)
         return CAIRN_ENOTFOUND;
-    return cairn_chat_parse_tool_calls(api->chat_template, text ? text : "", text ? len : 0,
-                                       tools_json, id_prefix, calls_json, content);
+    if (!text)
+        text = "", len = 0;
+    int rc = cairn_chat_parse_tool_calls(api->chat_template, text, len, tools_json, id_prefix,
+                                         calls_json, content);
+    if (!cut || (rc != CAIRN_OK && rc != CAIRN_ENOTFOUND))
+        return rc;
+    /* Cut by max_tokens: what follows the first call (complete or not)
+     * may be a call it broke off, which is never content; the complete
+     * calls stay calls and the text before them is the content. (After a
+     * whole call, where a broken one begins cannot be told reliably: a
+     * fence closing one call may open the next.) */
+    bool certain;
+    size_t at = cairn_chat_tool_call_start(text, len, tools_json, &certain);
+    if (at >= len || !(certain || rc == CAIRN_OK))
+        return rc;
+    const char *t = text;
+    while (at > 0 && isspace((unsigned char)t[at - 1]))
+        at--;
+    while (at > 0 && isspace((unsigned char)*t))
+        t++, at--;
+    char *kept = malloc(at + 1);
+    if (!kept) {
+        free(*calls_json);
+        free(*content);
+        *calls_json = *content = NULL;
+        return CAIRN_ENOMEM;
+    }
+    memcpy(kept, t, at);
+    kept[at] = '\0';
+    free(*content);
+    *content = kept;
+    return CAIRN_OK;
 }
 
 size_t cairn_api_tool_call_start(const char *text, size_t len, const char *tools_json,

@@ -147,7 +147,8 @@ static int sampling_numbers(const json_t *params, cairn_sampling_params *sp, cai
     return CAIRN_OK;
 }
 
-/* max_tokens (chat: also max_completion_tokens, which wins): [0, n_ctx]. */
+/* max_tokens (chat: also max_completion_tokens, which wins): [0, n_ctx]
+ * ([1, n_ctx] on OpenAI's routes). */
 static int max_tokens_field(const cairn_api *api, cairn_api_op op, const json_t *params,
                             cairn_gen_params *g, cairn_api_error *e)
 {
@@ -159,6 +160,10 @@ static int max_tokens_field(const cairn_api *api, cairn_api_op op, const json_t 
     int64_t x;
     if (!api_json_int(v, &x) || x < 0)
         return api_fail(e, CAIRN_EINVAL, name, "'%s' must be a non-negative integer", name);
+    /* OpenAI's routes: at least one token, as OpenAI and vLLM ask (the
+     * native protocol keeps 0: a prefill without a reply) */
+    if (x == 0 && (op == CAIRN_API_CHAT || op == CAIRN_API_COMPLETION))
+        return api_fail(e, CAIRN_EINVAL, name, "'%s' must be at least 1", name);
     if (x > api->n_ctx) {
         e->reason = "context_length_exceeded";
         return api_fail(e, CAIRN_ERANGE, name, "'%s' exceeds the context size (%d)", name,

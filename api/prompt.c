@@ -471,7 +471,7 @@ static int ids_append(int32_t **v, size_t *len, const int32_t *ids, size_t n, ca
  * fill-in-the-middle form [BOS] PRE prompt SUF suffix MID, whose
  * continuation is the text between the two. */
 static int completion_prompt(const cairn_api *api, const json_t *p, const json_t *suffix,
-                             int32_t **tokens, size_t *n, cairn_api_error *e)
+                             int special, int32_t **tokens, size_t *n, cairn_api_error *e)
 {
     *tokens = NULL;
     *n = 0;
@@ -494,7 +494,8 @@ static int completion_prompt(const cairn_api *api, const json_t *p, const json_t
         if (strlen(json_string_value(p)) != json_string_length(p))
             return api_fail(e, CAIRN_EINVAL, "prompt", "'prompt' holds a NUL character");
         rc = api_tokenize(api, json_string_value(p), json_string_length(p),
-                          add_bos && !suffix ? CAIRN_TOK_ADD_BOS : 0, (size_t)api->n_ctx,
+                          (add_bos && !suffix ? CAIRN_TOK_ADD_BOS : 0) | special,
+                          (size_t)api->n_ctx,
                           "prompt", "context_length_exceeded", tokens, n, e);
         if (rc)
             return rc;
@@ -510,7 +511,7 @@ static int completion_prompt(const cairn_api *api, const json_t *p, const json_t
         int32_t *s = NULL, *all = NULL;
         size_t n_s = 0, n_all = 0;
         const int32_t bos = cairn_vocab_bos(api->vocab);
-        rc = api_tokenize(api, json_string_value(suffix), json_string_length(suffix), 0,
+        rc = api_tokenize(api, json_string_value(suffix), json_string_length(suffix), special,
                           (size_t)api->n_ctx, "suffix", "context_length_exceeded", &s, &n_s, e);
         if (!rc && add_bos && bos >= 0)
             rc = ids_append(&all, &n_all, &bos, 1, e);
@@ -558,6 +559,15 @@ int api_completion_prompts(const cairn_api *api, const json_t *params, cairn_api
         return api_fail(e, CAIRN_EINVAL, "suffix", "'suffix' must be a string");
     if (suffix && json_string_length(suffix) == 0)
         suffix = NULL; /* what clients send for "none" */
+    /* A completion prompt is the client's own token stream (it may as well
+     * send ids), so its special-token text becomes those tokens unless
+     * `parse_special: false` asks for plain text, as vLLM and llama-server
+     * do; chat messages never are (docs/security.md section 8). */
+    bool parse_special = true;
+    int rc0 = api_get_bool(params, "parse_special", &parse_special, e);
+    if (rc0)
+        return rc0;
+    const int special = parse_special ? CAIRN_TOK_PARSE_SPECIAL : 0;
     /* a prompt array: strings or arrays of ids, one prompt each */
     const bool many = json_is_array(p) && json_array_size(p) > 0 &&
                       !json_is_integer(json_array_get(p, 0));
@@ -575,7 +585,7 @@ int api_completion_prompts(const cairn_api *api, const json_t *params, cairn_api
         cairn_api_prompt *pr = &c->prompts[i];
         int32_t *ids = NULL;
         size_t n = 0;
-        int rc = completion_prompt(api, one, suffix, &ids, &n, e);
+        int rc = completion_prompt(api, one, suffix, special, &ids, &n, e);
         if (rc)
             return rc;
         if (i == 0) {

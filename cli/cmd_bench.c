@@ -451,6 +451,18 @@ static int bench_buffers_alloc(bench_buffers *b, const cli_runtime *rt, const be
     return CAIRN_OK;
 }
 
+/* On a terminal only: which repetition is done and its rate, on one line
+ * that the next overwrites (cleared after the last). */
+static void bench_progress(const char *what, int done, int total, double rate)
+{
+    if (!isatty(STDERR_FILENO))
+        return;
+    fprintf(stderr, "\rbench: %s %d/%d, %.1f tok/s   ", what, done, total, rate);
+    if (done == total)
+        fprintf(stderr, "\r%*s\r", 48, "");
+    fflush(stderr);
+}
+
 /* pp and tg after the depth's context (written once, untimed): an untimed
  * warm-up of each, then the timed repetitions. */
 static int bench_pp_tg(cli_runtime *rt, const bench_opts *o, bench_buffers *b, bench_results *res)
@@ -467,15 +479,19 @@ static int bench_pp_tg(cli_runtime *rt, const bench_opts *o, bench_buffers *b, b
     }
     if (rc == CAIRN_OK && o->n_prompt > 0) {
         rc = run_pp(rt, measured, o->n_prompt, D, b->logits, &warm);
-        for (int r = 0; rc == CAIRN_OK && r < o->reps; r++)
+        for (int r = 0; rc == CAIRN_OK && r < o->reps; r++) {
             rc = run_pp(rt, measured, o->n_prompt, D, b->logits, &b->rates[r]);
+            bench_progress("pp", r + 1, o->reps, b->rates[r]);
+        }
         if (rc == CAIRN_OK)
             res->pp = stats_of(b->rates, o->reps);
     }
     if (rc == CAIRN_OK && o->n_gen > 0) {
         rc = run_tg(rt, measured, o->n_gen < 16 ? o->n_gen : 16, D, b->logits, &warm);
-        for (int r = 0; rc == CAIRN_OK && r < o->reps; r++)
+        for (int r = 0; rc == CAIRN_OK && r < o->reps; r++) {
             rc = run_tg(rt, measured, o->n_gen, D, b->logits, &b->rates[r]);
+            bench_progress("tg", r + 1, o->reps, b->rates[r]);
+        }
         if (rc == CAIRN_OK)
             res->tg = stats_of(b->rates, o->reps);
     }

@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char help[] =
     "usage: cairn perplexity -m MODEL -f FILE -c CTX [options]\n\n"
@@ -193,6 +194,7 @@ int cmd_perplexity(int argc, char **argv)
     double nll = 0, nll2 = 0, ref_nll = 0, kl_sum = 0;
     long count = 0, kl_rows = 0, kl_same = 0;
     double t0 = cairn_now();
+    const bool tty = isatty(STDERR_FILENO);
     for (int c = 0; c < n_chunk; c++) {
         int32_t *chunk = tokens + (size_t)c * n_ctx;
         int32_t saved = chunk[0];
@@ -219,7 +221,14 @@ int cmd_perplexity(int argc, char **argv)
             nll2 += v * v;
         }
         count += n_ctx - 1 - first;
-        fprintf(stderr, "[%d]%.4f,", c + 1, exp(nll / count));
+        if (tty) { /* a progress line: chunks, tokens/s, time left */
+            const double dt = cairn_now() - t0, rate = (double)(c + 1) * n_ctx / dt;
+            fprintf(stderr, "\rperplexity: chunk %d/%d, PPL so far %.4f, %.0f tok/s, ETA %.0f s  ",
+                    c + 1, n_chunk, exp(nll / count), rate,
+                    (double)(n_chunk - c - 1) * n_ctx / rate);
+        } else {
+            fprintf(stderr, "[%d]%.4f,", c + 1, exp(nll / count));
+        }
     }
     fprintf(stderr, "\n");
     double mean = nll / count, var = nll2 / count - mean * mean;

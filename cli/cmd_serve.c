@@ -16,6 +16,8 @@
  */
 #include "cli/cli.h"
 #include "cli/cli_spec.h"
+#include "ckpt/ckpt.h"
+#include "gguf/gguf.h"
 #include "server/server.h"
 
 #include <errno.h>
@@ -24,19 +26,22 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static const char help[] =
     "usage: cairn serve -m MODEL [options]\n\n"
     "Serves the msgpack-RPC protocol (docs/protocol.md) until SIGINT or SIGTERM.\n"
     "Prints a line containing 'listening' to stderr once ready.\n\n"
     "      --host ADDR        TCP address to listen on (default 127.0.0.1)\n"
-    "      --port N           TCP port (default 7077; 0 = any free port, printed)\n"
+    "      --port N           TCP port (default 7077 unless only --http-port is given;\n"
+    "                         0 = any free port, printed)\n"
     "      --no-tcp           do not listen on TCP (use with --unix)\n"
     "      --unix PATH        also listen on a Unix socket (created with mode 0600)\n"
     "      --auth-token-file PATH  clients must send `auth` with the token on the first\n"
     "                         line of PATH (mode 0600 or stricter) before anything else\n"
     "      --auth-token TOKEN the same with the token itself (visible to `ps`: prefer\n"
-    "                         the file)\n"
+    "                         the file); --api-key TOKEN and --api-key-file PATH are\n"
+    "                         the same options under vLLM's and llama-server's names\n"
     "      --tenants FILE     lines 'NAME TOKEN' (mode 0600): each token authenticates\n"
     "                         one tenant; tenants see only their own sessions and cache\n"
     "                         A --host other than 127.x.x.x or ::1 needs one of these.\n"
@@ -75,8 +80,9 @@ static const char help[] =
     "                         their last chunk); a second signal stops at once (default 30)\n"
     "      --max-output SIZE  unread output per connection before it is dropped\n"
     "                         (default 16M)\n"
-    "      --http-port N      also serve the OpenAI-compatible HTTP API (docs/openai.md)\n"
-    "                         on port N (0 = any free port, printed)\n"
+    "      --http-port N      serve the OpenAI-compatible HTTP API (docs/openai.md) and\n"
+    "                         the web page at / on port N (0 = any free port, printed);\n"
+    "                         alone, without --port or --unix, it is the only listener\n"
     "      --http-host ADDR   its address (default: --host, else 127.0.0.1)\n"
     "      --http-max-body SIZE  largest request body (default 4M)\n"
     "      --http-timeout S   a request must arrive whole within S seconds (default 30)\n"
@@ -175,6 +181,7 @@ typedef struct {
     bool verbose;
     const char *auth_token, *auth_token_file, *tenants_file;
     cairn_shared_config shared; /* --shared-*: tier 3 when url is set      */
+    bool port_given, host_given; /* --port, --host: the msgpack TCP listener */
     bool shared_write_given;
 } serve_opts;
 
@@ -268,8 +275,10 @@ static int parse_listener_opt(serve_opts *o, int opt, const char *arg)
 {
     cairn_server_config *cfg = &o->cfg;
     switch (opt) {
-    case OPT_HOST: cfg->host = arg; return 1;
-    case OPT_PORT: return parse_int_opt(arg, "--port", 0, 65535, &cfg->port);
+    case OPT_HOST: cfg->host = arg; o->host_given = true; return 1;
+    case OPT_PORT:
+        o->port_given = true;
+        return parse_int_opt(arg, "--port", 0, 65535, &cfg->port);
     case OPT_NO_TCP: cfg->host = NULL; return 1;
     case OPT_UNIX: cfg->unix_path = arg; return 1;
     case OPT_IDLE: return parse_seconds_opt(arg, "--idle-timeout", &cfg->idle_timeout_s);
@@ -314,6 +323,8 @@ static int parse_serve_opts(serve_opts *o, int argc, char **argv)
         {"max-output", required_argument, 0, OPT_MAX_OUTPUT},
         {"auth-token", required_argument, 0, OPT_AUTH_TOKEN},
         {"auth-token-file", required_argument, 0, OPT_AUTH_TOKEN_FILE},
+        {"api-key", required_argument, 0, OPT_AUTH_TOKEN},
+        {"api-key-file", required_argument, 0, OPT_AUTH_TOKEN_FILE},
         {"tenants", required_argument, 0, OPT_TENANTS},
         {"http-port", required_argument, 0, OPT_HTTP_PORT},
         {"http-host", required_argument, 0, OPT_HTTP_HOST},
@@ -463,6 +474,144 @@ static int load_access(const char *token, const char *token_file, const char *te
     return 0;
 }
 
+/* ---- the start banner ----------------------------------------------------- */
+
+/* GGUF general.file_type (the quantization a file was made with). */
+static const char *file_type_name(uint32_t t)
+{
+    static const struct { uint32_t id; const char *name; } names[] = {
+        {0, "F32"}, {1, "F16"}, {2, "Q4_0"}, {3, "Q4_1"}, {7, "Q8_0"}, {8, "Q5_0"},
+        {9, "Q5_1"}, {10, "Q2_K"}, {11, "Q3_K_S"}, {12, "Q3_K_M"}, {13, "Q3_K_L"},
+        {14, "Q4_K_S"}, {15, "Q4_K_M"}, {16, "Q5_K_S"}, {17, "Q5_K_M"}, {18, "Q6_K"},
+        {32, "BF16"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (names[i].id == t)
+            return names[i].name;
+    return NULL;
+}
+
+static const char *tensor_type_name(cairn_type t)
+{
+    switch (t) {
+    case CAIRN_TYPE_F32: return "F32";
+    case CAIRN_TYPE_F16: return "F16";
+    case CAIRN_TYPE_BF16: return "BF16";
+    case CAIRN_TYPE_Q4_0: return "Q4_0";
+    case CAIRN_TYPE_Q4_1: return "Q4_1";
+    case CAIRN_TYPE_Q5_0: return "Q5_0";
+    case CAIRN_TYPE_Q5_1: return "Q5_1";
+    case CAIRN_TYPE_Q8_0: return "Q8_0";
+    case CAIRN_TYPE_Q2_K: return "Q2_K";
+    case CAIRN_TYPE_Q3_K: return "Q3_K";
+    case CAIRN_TYPE_Q4_K: return "Q4_K";
+    case CAIRN_TYPE_Q5_K: return "Q5_K";
+    case CAIRN_TYPE_Q6_K: return "Q6_K";
+    case CAIRN_TYPE_Q4_Z: return "Q4 (AWQ/GPTQ)";
+    case CAIRN_TYPE_F8_E4M3: return "FP8";
+    default: return "other";
+    }
+}
+
+/* The weights' type of a GGUF file: its general.file_type, and the type
+ * that holds most of its bytes (what a file without the key is). Not
+ * general.name, which is a free text and often names another format. */
+static void weight_types(const char *path, char *out, size_t cap)
+{
+    snprintf(out, cap, "checkpoint folder");
+    cairn_gguf *g = NULL;
+    char err[128];
+    if (cairn_ckpt_is_folder(path) || cairn_gguf_open(path, &g, err, sizeof err) != CAIRN_OK)
+        return;
+    uint64_t bytes[CAIRN_TYPE_COUNT_] = {0};
+    for (int64_t i = 0; i < cairn_gguf_n_tensors(g); i++) {
+        const cairn_gguf_tensor *t = cairn_gguf_tensor_at(g, i);
+        if ((int)t->type >= 0 && t->type < CAIRN_TYPE_COUNT_)
+            bytes[t->type] += t->size;
+    }
+    int most = 0;
+    for (int t = 1; t < CAIRN_TYPE_COUNT_; t++)
+        if (bytes[t] > bytes[most])
+            most = t;
+    uint32_t ft;
+    const char *file = cairn_gguf_get_u32(g, "general.file_type", &ft) == CAIRN_OK
+                           ? file_type_name(ft) : NULL;
+    if (file)
+        snprintf(out, cap, "%s (most bytes %s)", file, tensor_type_name((cairn_type)most));
+    else
+        snprintf(out, cap, "%s", tensor_type_name((cairn_type)most));
+    cairn_gguf_close(g);
+}
+
+static void size_text(size_t bytes, char *out, size_t cap)
+{
+    if (bytes >= (size_t)1 << 30)
+        snprintf(out, cap, "%.1f GiB", (double)bytes / (1 << 30));
+    else
+        snprintf(out, cap, "%.1f MiB", (double)bytes / (1 << 20));
+}
+
+/* What is served, where, and how to talk to it: the lines before the
+ * listening line (the web page's URL first among the addresses). */
+static void print_banner_head(cairn_server *srv, const cairn_server_config *cfg)
+{
+    cairn_service *svc = cairn_server_service(srv);
+    cairn_runtime *rt = cairn_service_runtime(svc);
+    const cairn_hparams *hp = cairn_service_hparams(svc);
+    const char *path = cairn_runtime_model_path(rt);
+    const char *base = strrchr(path, '/');
+    base = base && base[1] ? base + 1 : path;
+    char weights[96], device[32], kv[32], host[32], disk[32];
+    weight_types(path, weights, sizeof weights);
+    cairn_device_name(cairn_runtime_device(rt), device, sizeof device);
+    size_t kv_b, host_b, disk_b;
+    cairn_service_tier_bytes(svc, &kv_b, &host_b, &disk_b);
+    size_text(kv_b, kv, sizeof kv);
+    size_text(host_b, host, sizeof host);
+    size_text(disk_b, disk, sizeof disk);
+    fprintf(stderr, "cairn: model    %s (%s, \"%s\"), context %d\n", base, hp->arch, hp->name,
+            cairn_service_n_ctx(svc));
+    fprintf(stderr, "cairn: weights  %s, KV %s, device %s (%d threads)\n", weights,
+            cairn_service_kv_type(svc), device, cairn_runtime_threads(rt));
+    fprintf(stderr, "cairn: tiers    device KV %s, host RAM %s, disk %s%s%s%s\n", kv,
+            host_b ? host : "off", disk_b ? disk : "off", disk_b ? " in " : "",
+            disk_b ? cfg->service.cache_dir : "",
+            cfg->service.shared ? ", shared cache (Redis)" : "");
+    int port = cairn_server_http_port(srv);
+    if (port >= 0) {
+        /* hook: the web page (web/) is served at / unless --no-web */
+        const char *h = cfg->http.host ? cfg->http.host : cfg->host ? cfg->host : "127.0.0.1";
+        if (strcmp(h, "0.0.0.0") == 0 || strcmp(h, "::") == 0)
+            h = "127.0.0.1";
+        fprintf(stderr, "cairn: web page http://%s%s%s:%d/\n", strchr(h, ':') ? "[" : "", h,
+                strchr(h, ':') ? "]" : "", port);
+    }
+}
+
+/* After the listening line, last: how to connect. */
+static void print_banner_tail(cairn_server *srv, const cairn_server_config *cfg, bool token)
+{
+    int port = cairn_server_http_port(srv);
+    if (port < 0) {
+        fprintf(stderr, "cairn: connect  with the msgpack protocol (docs/protocol.md), e.g. the "
+                        "Python client in clients/python; --http-port N adds the OpenAI API\n");
+        return;
+    }
+    const char *h = cfg->http.host ? cfg->http.host : cfg->host ? cfg->host : "127.0.0.1";
+    if (strcmp(h, "0.0.0.0") == 0 || strcmp(h, "::") == 0)
+        h = "127.0.0.1";
+    char url[300];
+    snprintf(url, sizeof url, "http://%s%s%s:%d", strchr(h, ':') ? "[" : "", h,
+             strchr(h, ':') ? "]" : "", port);
+    fprintf(stderr, "cairn: try      curl %s/v1/chat/completions -H 'Content-Type: "
+                    "application/json'%s -d '{\"messages\":[{\"role\":\"user\",\"content\":"
+                    "\"Hello\"}]}'\n", url, token ? " -H \"Authorization: Bearer $TOKEN\"" : "");
+    fprintf(stderr, "cairn: python   from openai import OpenAI; OpenAI(base_url=\"%s/v1\", "
+                    "api_key=%s).chat.completions.create(model=\"any\", messages=[{\"role\": "
+                    "\"user\", \"content\": \"Hello\"}])\n", url,
+            token ? "\"$TOKEN\"" : "\"none\"");
+}
+
 /* ---- set-up and the action ------------------------------------------------ */
 
 /* The checks on the options together, then the access credentials (read
@@ -471,8 +620,16 @@ static int load_access(const char *token, const char *token_file, const char *te
 static int prepare_serve(serve_opts *o, access_opts *acc)
 {
     cairn_server_config *cfg = &o->cfg;
-    if (!cfg->host && !cfg->unix_path) {
-        fprintf(stderr, "cairn serve: --no-tcp needs --unix PATH\n");
+    /* --http-port alone is an HTTP server: the msgpack port is bound only
+     * when --port asks for it (or without HTTP), so a second server on the
+     * same machine needs one port flag. --host is then HTTP's address. */
+    if (cfg->http.port >= 0 && !o->port_given && cfg->host) {
+        if (!cfg->http.host && o->host_given)
+            cfg->http.host = cfg->host;
+        cfg->host = NULL;
+    }
+    if (!cfg->host && !cfg->unix_path && cfg->http.port < 0) {
+        fprintf(stderr, "cairn serve: --no-tcp needs --unix PATH or --http-port N\n");
         return 2;
     }
     if (o->verbose)
@@ -519,7 +676,17 @@ static int run_server(cairn_server_config *cfg, access_opts *acc, const char *re
 {
     cairn_server *srv = NULL;
     char err[512] = "";
+    /* The load can take a while (a big file, repacking): say so first. */
+    struct stat st;
+    const double t0 = cairn_now();
+    if (cfg->runtime.model_path && stat(cfg->runtime.model_path, &st) == 0 && S_ISREG(st.st_mode))
+        cairn_log(CAIRN_LOG_INFO, "loading %s (%.1f MiB)", cfg->runtime.model_path,
+                  (double)st.st_size / (1 << 20));
+    else if (cfg->runtime.model_path)
+        cairn_log(CAIRN_LOG_INFO, "loading %s", cfg->runtime.model_path);
     int rc = cairn_server_create(cfg, &srv, err, sizeof err);
+    if (rc == CAIRN_OK)
+        cairn_log(CAIRN_LOG_INFO, "ready in %.1f s", cairn_now() - t0);
     /* The server keeps its own copy of the credentials. */
     access_opts_clear(acc);
     cfg->credentials = NULL;
@@ -535,7 +702,9 @@ static int run_server(cairn_server_config *cfg, access_opts *acc, const char *re
         cairn_server_announce(srv, replica, id, sizeof id);
         fprintf(stderr, "cairn: shared cache %s, replica %s\n", cfg->service.shared->url, id);
     }
+    print_banner_head(srv, cfg);
     fprintf(stderr, "cairn: listening on %s (%s)\n", where, acc->what);
+    print_banner_tail(srv, cfg, cfg->n_credentials > 0 || strcmp(acc->what, "no authentication"));
     fflush(stderr);
     rc = cairn_server_run(srv);
     cairn_server_free(srv);

@@ -387,7 +387,7 @@ static void on_stop(uv_async_t *a) { begin_shutdown(a->data); }
 static int check_config(const cairn_server_config *cfg, cairn_access **access, char *err,
                         size_t err_len)
 {
-    if (!cfg || (!cfg->host && !cfg->unix_path) || cfg->port < 0 || cfg->port > 65535 ||
+    if (!cfg || (!cfg->host && !cfg->unix_path && cfg->http.port < 0) || cfg->port < 0 || cfg->port > 65535 ||
         cfg->limits.max_depth < 1 || cfg->limits.max_depth > CAIRN_MP_DEPTH_CAP ||
         cfg->idle_timeout_s <= 0 || cfg->max_inflight < 1 || !(cfg->drain_timeout_s >= 0))
         return cairn_errorf(err, err_len, CAIRN_EINVAL, "invalid server configuration");
@@ -575,6 +575,8 @@ int cairn_server_announce(cairn_server *s, const char *replica, char *id, size_t
         snprintf(id, id_cap, "%s", name ? name : "");
     return cairn_service_announce(s->svc, name, http, rpc);
 }
+
+cairn_service *cairn_server_service(const cairn_server *s) { return s->svc; }
 
 void cairn_server_describe(const cairn_server *s, char *out, size_t cap)
 {

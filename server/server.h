@@ -282,6 +282,8 @@ int cairn_server_create(const cairn_server_config *cfg, cairn_server **out, char
 int cairn_server_tcp_port(const cairn_server *s);
 /* The bound HTTP port, or -1 without the HTTP listener. */
 int cairn_server_http_port(const cairn_server *s);
+/* The engine it serves (for a start banner: model, KV type, tiers). */
+cairn_service *cairn_server_service(const cairn_server *s);
 /* "tcp 127.0.0.1:7077, unix /path" for the listening line. */
 void cairn_server_describe(const cairn_server *s, char *out, size_t cap);
 /* With a shared cache tier (service.shared): publish this replica's

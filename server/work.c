@@ -8,6 +8,8 @@
  */
 #include "server/server_impl.h"
 
+#include <string.h>
+
 #include <stdlib.h>
 
 static void run_work(uv_work_t *req)
@@ -36,7 +38,8 @@ static void calls_work(srv_work *w)
 {
     srv_calls *k = (srv_calls *)w;
     const cairn_event *ev = &k->node->ev;
-    cairn_api_tool_calls(&w->srv->api, ev->text, ev->text_len, k->tools_json, k->prefix,
+    const bool cut = ev->finish_reason && strcmp(ev->finish_reason, "length") == 0;
+    cairn_api_tool_calls(&w->srv->api, ev->text, ev->text_len, k->tools_json, k->prefix, cut,
                          &k->calls_json, &k->content);
 }
 

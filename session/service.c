@@ -419,6 +419,13 @@ int cairn_service_page_size(const cairn_service *s) { return s->page_size; }
 const char *cairn_service_kv_type(const cairn_service *s) { return cairn_kv_type_name(s->kv.dtype); }
 int cairn_service_n_ctx(const cairn_service *s) { return s->n_ctx; }
 
+void cairn_service_tier_bytes(const cairn_service *s, size_t *kv, size_t *host, size_t *disk)
+{
+    *kv = s->cfg.kv_bytes;
+    *host = s->cfg.host_bytes;
+    *disk = s->cfg.cache_dir ? s->cfg.disk_bytes : 0;
+}
+
 int cairn_service_announce(cairn_service *s, const char *replica, const char *http,
                            const char *rpc)
 {

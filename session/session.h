@@ -433,6 +433,8 @@ const char *cairn_service_kv_type(const cairn_service *s);
 int cairn_service_announce(cairn_service *s, const char *replica, const char *http,
                            const char *rpc);
 int cairn_service_n_ctx(const cairn_service *s);
+/* The tiers' budgets as resolved at start: device KV, host RAM, disk. */
+void cairn_service_tier_bytes(const cairn_service *s, size_t *kv, size_t *host, size_t *disk);
 
 #ifdef __cplusplus
 }

@@ -85,10 +85,10 @@ static const char *stop_reason(const anthropic_state *st, const cairn_event *ev,
                                json_t **sequence)
 {
     *sequence = json_null();
+    if (ev->finish_reason && strcmp(ev->finish_reason, "length") == 0)
+        return "max_tokens"; /* cut, even after whole tool calls */
     if (calls)
         return "tool_use";
-    if (ev->finish_reason && strcmp(ev->finish_reason, "length") == 0)
-        return "max_tokens";
     if (ev->stop_string > 0 && ev->stop_string <= st->n_stop) {
         *sequence = json_string(st->stop[ev->stop_string - 1]);
         return "stop_sequence";

@@ -14,6 +14,7 @@
 #include "server/http/http.h"
 
 #include <ctype.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -352,13 +353,14 @@ static const char *finish_of(const cairn_event *ev)
     return f && strcmp(f, "length") == 0 ? "length" : "stop";
 }
 
-/* Streaming with tools: what was held back, the rest of the content. */
-static void stream_held(hconn *c, hreq *q, int index, json_t *tool_calls, const char *text,
+/* Streaming with tools: what was held back, the rest of the content
+ * (`read`: text is the content read out of the reply, not all of it). */
+static void stream_held(hconn *c, hreq *q, int index, bool read, const char *text,
                         size_t text_len)
 {
     hchoice *ch = &q->choices[index];
     const char *all = ch->text.data ? ch->text.data : "";
-    if (!tool_calls)
+    if (!read)
         stream_content(c, q, index, all + ch->text_sent, ch->text.len - ch->text_sent);
     else if (text_len > ch->text_sent && memcmp(text, all, ch->text_sent) == 0)
         stream_content(c, q, index, text + ch->text_sent, text_len - ch->text_sent);
@@ -366,12 +368,12 @@ static void stream_held(hconn *c, hreq *q, int index, json_t *tool_calls, const 
 
 /* Streaming: what was held back (the rest of the content), then the calls
  * as tool_calls deltas, then the choice's last chunk. */
-static void stream_finish(hconn *c, hreq *q, int index, json_t *tool_calls, const char *text,
-                          size_t text_len, const char *finish)
+static void stream_finish(hconn *c, hreq *q, int index, json_t *tool_calls, bool read,
+                          const char *text, size_t text_len, const char *finish)
 {
     stream_begin(c, q, index);
     if (q->tools_json) {
-        stream_held(c, q, index, tool_calls, text, text_len);
+        stream_held(c, q, index, read, text, text_len);
         size_t i;
         json_t *call;
         json_array_foreach(tool_calls, i, call)
@@ -422,8 +424,9 @@ static void finish_choice(hconn *c, hreq *q, int index, const cairn_event *ev,
     }
     const char *text = ev->text;
     size_t text_len = ev->text_len;
-    if (tool_calls) {
-        finish = "tool_calls";
+    if (tool_calls || content) { /* content alone: a cut reply's partial call dropped */
+        if (tool_calls && strcmp(finish, "length") != 0)
+            finish = "tool_calls"; /* a reply cut after calls is still cut */
         text = content ? content : "";
         text_len = strlen(text);
     }
@@ -431,7 +434,7 @@ static void finish_choice(hconn *c, hreq *q, int index, const cairn_event *ev,
     if (q->wire) {
         if (q->stream && q->tools_json) {
             stream_begin(c, q, index);
-            stream_held(c, q, index, tool_calls, text, text_len);
+            stream_held(c, q, index, tool_calls || content, text, text_len);
         }
         bool answered = q->wire->finish(c, q, ev, tool_calls, text, text_len);
         json_decref(tool_calls);
@@ -440,7 +443,7 @@ static void finish_choice(hconn *c, hreq *q, int index, const cairn_event *ev,
         return;
     }
     if (q->stream) {
-        stream_finish(c, q, index, tool_calls, text, text_len, finish);
+        stream_finish(c, q, index, tool_calls, tool_calls || content, text, text_len, finish);
     } else if (q->kind == HK_CHAT) {
         json_t *msg = json_pack("{s:s, s:o}", "role", "assistant", "content",
                                 tool_calls && text_len == 0 ? json_null() : jstr(text, text_len));
@@ -575,7 +578,12 @@ static int decode_tokenize(cairn_server *srv, json_t *root, decode_item *it)
 {
     const cairn_api *api = &srv->api;
     if (json_object_get(root, "messages")) {
-        int rc = cairn_api_decode(api, CAIRN_API_CHAT, root, it->seed, NULL, NULL, &it->call,
+        /* Measuring is what /tokenize is for: a conversation longer than
+         * the context is counted (up to max_tokenize), not refused. */
+        cairn_api wide = *api;
+        if (api->max_tokenize > (uint32_t)api->n_ctx)
+            wide.n_ctx = api->max_tokenize > INT_MAX ? INT_MAX : (int)api->max_tokenize;
+        int rc = cairn_api_decode(&wide, CAIRN_API_CHAT, root, it->seed, NULL, NULL, &it->call,
                                   &it->err);
         if (rc == CAIRN_OK) {
             cairn_request *r = it->call.req;

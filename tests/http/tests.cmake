@@ -55,3 +55,16 @@ add_test(NAME http_clients
   COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_clients.py
           $<TARGET_FILE:cairn> ${CAIRN_MODEL})
 set_tests_properties(http_clients PROPERTIES TIMEOUT 300 LABELS "server")
+
+# What a new user met (issue 38): special tokens in /v1/completions, a reply
+# cut after a tool call, max_tokens beyond the context, /tokenize of long
+# text, --api-key, --http-port alone, the start banner.
+add_test(NAME http_new_user
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_new_user.py
+          $<TARGET_FILE:cairn> ${CAIRN_MODEL} TinyModel,Progress)
+set_tests_properties(http_new_user PROPERTIES TIMEOUT 300 LABELS "server")
+add_test(NAME http_new_user_realmodel
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_new_user.py
+          $<TARGET_FILE:cairn> ${CAIRN_MODEL} ChatModel)
+set_tests_properties(http_new_user_realmodel PROPERTIES TIMEOUT 300 LABELS "server;realmodel"
+  SKIP_RETURN_CODE 77 ENVIRONMENT "CAIRN_CHAT_MODEL=${CAIRN_CHAT_MODEL}")
