@@ -121,6 +121,9 @@ int cli_parse_long(const char *cmd, const char *arg, const char *what, long lo, 
 /* cli_parse_long for an int, with the message under "cairn" (the options
  * several commands share). */
 int cli_parse_int(const char *arg, const char *what, int lo, int hi, int *out);
+/* A finite number (strtof's syntax, nothing after it): 1 with *out set, or
+ * -1 after "CMD: WHAT must be a number, got 'ARG'". */
+int cli_parse_float(const char *cmd, const char *arg, const char *what, float *out);
 
 /* Read a whole file ("-" = stdin) into a NUL-terminated buffer. */
 char *cli_read_file(const char *path, size_t *len);

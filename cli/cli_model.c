@@ -6,6 +6,8 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -65,6 +67,19 @@ int cli_parse_int(const char *arg, const char *what, int lo, int hi, int *out)
     if (cli_parse_long("cairn", arg, what, lo, hi, &v) < 0)
         return -1;
     *out = (int)v;
+    return 1;
+}
+
+int cli_parse_float(const char *cmd, const char *arg, const char *what, float *out)
+{
+    char *end;
+    errno = 0;
+    const float v = strtof(arg, &end);
+    if (errno || *end || end == arg || !isfinite(v)) {
+        fprintf(stderr, "%s: %s must be a number, got '%s'\n", cmd, what, arg);
+        return -1;
+    }
+    *out = v;
     return 1;
 }
 

@@ -723,30 +723,17 @@ static void chat_loop(chat *ch)
 
 /* ---- options and set-up ------------------------------------------------------------ */
 
-static int parse_float(const char *arg, const char *what, float *out)
-{
-    char *end;
-    errno = 0;
-    float v = strtof(arg, &end);
-    if (errno || *end || end == arg || !isfinite(v)) {
-        fprintf(stderr, "cairn chat: %s must be a number, got '%s'\n", what, arg);
-        return -1;
-    }
-    *out = v;
-    return 1;
-}
-
 static int parse_chat_opt(chat_opts *o, int opt, const char *arg)
 {
     cairn_sampling_params *sp = &o->sampling;
     switch (opt) {
     case 'n': return cli_parse_int(arg, "-n", 1, 1 << 24, &o->n_predict);
     case 'v': o->verbose = true; return 1;
-    case OPT_TEMP: return parse_float(arg, "--temp", &sp->temperature);
+    case OPT_TEMP: return cli_parse_float("cairn chat", arg, "--temp", &sp->temperature);
     case OPT_TOPK: return cli_parse_int(arg, "--top-k", 0, 1 << 24, &sp->top_k);
-    case OPT_TOPP: return parse_float(arg, "--top-p", &sp->top_p);
-    case OPT_MINP: return parse_float(arg, "--min-p", &sp->min_p);
-    case OPT_REPEAT: return parse_float(arg, "--repeat-penalty", &sp->repeat_penalty);
+    case OPT_TOPP: return cli_parse_float("cairn chat", arg, "--top-p", &sp->top_p);
+    case OPT_MINP: return cli_parse_float("cairn chat", arg, "--min-p", &sp->min_p);
+    case OPT_REPEAT: return cli_parse_float("cairn chat", arg, "--repeat-penalty", &sp->repeat_penalty);
     case OPT_SEED: {
         char *end;
         errno = 0;

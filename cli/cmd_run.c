@@ -73,19 +73,6 @@ static void show_top(const cairn_vocab *vocab, const cairn_token_logprob *top, i
     fputc('\n', stderr);
 }
 
-static int parse_float(const char *arg, const char *what, float *out)
-{
-    char *end;
-    errno = 0;
-    float v = strtof(arg, &end);
-    if (errno || *end || end == arg || !isfinite(v)) {
-        fprintf(stderr, "cairn run: %s must be a number, got '%s'\n", what, arg);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
 enum {
     OPT_TEMP = 2000, OPT_SEED, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REPEAT, OPT_REPEAT_N,
     OPT_FREQ, OPT_PRES, OPT_PARSE_SPECIAL, OPT_NO_BOS, OPT_IGNORE_EOS, OPT_CHAT, OPT_SYSTEM,
@@ -115,22 +102,22 @@ static int parse_sampling_opt(run_opts *o, int opt, const char *arg)
     cairn_sampling_params *sp = &o->sampling;
     float f;
     switch (opt) {
-    case OPT_TEMP: return parse_float(arg, "--temp", &sp->temperature) ? -1 : 1;
+    case OPT_TEMP: return cli_parse_float("cairn run", arg, "--temp", &sp->temperature);
     case OPT_TOPK:
-        if (parse_float(arg, "--top-k", &f))
+        if (cli_parse_float("cairn run", arg, "--top-k", &f) < 0)
             return -1;
         sp->top_k = (int)f;
         return 1;
-    case OPT_TOPP: return parse_float(arg, "--top-p", &sp->top_p) ? -1 : 1;
-    case OPT_MINP: return parse_float(arg, "--min-p", &sp->min_p) ? -1 : 1;
-    case OPT_REPEAT: return parse_float(arg, "--repeat-penalty", &sp->repeat_penalty) ? -1 : 1;
+    case OPT_TOPP: return cli_parse_float("cairn run", arg, "--top-p", &sp->top_p);
+    case OPT_MINP: return cli_parse_float("cairn run", arg, "--min-p", &sp->min_p);
+    case OPT_REPEAT: return cli_parse_float("cairn run", arg, "--repeat-penalty", &sp->repeat_penalty);
     case OPT_REPEAT_N:
-        if (parse_float(arg, "--repeat-last-n", &f) || f < 0)
+        if (cli_parse_float("cairn run", arg, "--repeat-last-n", &f) < 0 || f < 0)
             return -1;
         sp->penalty_last_n = (int)f;
         return 1;
-    case OPT_FREQ: return parse_float(arg, "--frequency-penalty", &sp->frequency_penalty) ? -1 : 1;
-    case OPT_PRES: return parse_float(arg, "--presence-penalty", &sp->presence_penalty) ? -1 : 1;
+    case OPT_FREQ: return cli_parse_float("cairn run", arg, "--frequency-penalty", &sp->frequency_penalty);
+    case OPT_PRES: return cli_parse_float("cairn run", arg, "--presence-penalty", &sp->presence_penalty);
     case OPT_SEED: {
         char *end;
         errno = 0;
@@ -155,7 +142,7 @@ static int parse_run_opt(run_opts *o, int opt, const char *arg)
     case 'f': o->prompt_file = arg; return 1;
     case 'n':
         /* a number, so "1e3" has always been accepted; whole and in range */
-        if (parse_float(arg, "-n", &f) || f < 0 || f > 1e7 || f != floorf(f))
+        if (cli_parse_float("cairn run", arg, "-n", &f) < 0 || f < 0 || f > 1e7 || f != floorf(f))
             return -1;
         o->n_predict = (int)f;
         return 1;
