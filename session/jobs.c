@@ -439,7 +439,12 @@ bool job_push_token(cairn_service *s, job *j, int32_t tok, const cairn_token_log
     size_t n = 0;
     if (cairn_detok_push(j->detok, tok, piece, sizeof piece, &n) == CAIRN_OK && n)
         job_append_text(j, piece, n);
-    if (job_check_stop(j) || (j->matcher && cairn_grammar_matcher_done(j->matcher))) {
+    /* a speculative step's walk has fed the matcher all of its tokens
+     * before the first is pushed: whether the grammar is complete is asked
+     * after the last of them (finish_speculative), never in the middle,
+     * where the matcher is already past the tokens still to come */
+    if (job_check_stop(j) ||
+        (!drawn_by_spec && j->matcher && cairn_grammar_matcher_done(j->matcher))) {
         j->finish = "stop";
         return true;
     }

@@ -353,6 +353,12 @@ static void finish_speculative(cairn_service *s, job *j, float *logits, const fl
     const size_t per = 1 + (size_t)j->req->gen.sampling.n_logprobs;
     for (int t = 0; t < n_out && !done; t++)
         done = job_push_token(s, j, out[t], lps ? lps + (size_t)t * per : NULL, true);
+    /* the walk ended with the token that completed the grammar: the last
+     * pushed, so the whole answer is kept (the matcher saw them all) */
+    if (!done && j->matcher && cairn_grammar_matcher_done(j->matcher)) {
+        j->finish = "stop";
+        done = true;
+    }
     /* the accepted tokens' KV is in the pages (the last one is pending);
      * tokens cut by a stop keep theirs, which is the same KV */
     size_t n_past = (size_t)cairn_spec_seq_n_past(j->spec);

@@ -134,6 +134,23 @@ try:
     except ValueError:
         ok = False
     check(ok and g.finish_reason == "stop", "the grammar request gives a JSON object")
+    # the grammar completes inside a multi-token step: the walk has fed the
+    # matcher every token of the step before any is kept, so completion must
+    # be asked after the last one, or the answer loses its closing tokens
+    # (a tool call cut to '{"name": ..., "record_id": ' did, on the 1.5B)
+    echo = {"type": "json_schema", "json_schema": {"name": "echo", "schema": json.dumps(
+        {"type": "object", "properties": {"colour": {"enum": ["red", "green"]}},
+         "required": ["colour"], "additionalProperties": False})}}
+    e = same_both_ways(c, "grammar completed inside a speculative step",
+                       prompt='The ball is {"colour": "red"}. ' * 6 + "The ball is", max_tokens=40,
+                       temperature=0, response_format=echo)
+    try:
+        e_ok = json.loads(e.text) in ({"colour": "red"}, {"colour": "green"})
+    except ValueError:
+        e_ok = False
+    check(e_ok and e.finish_reason == "stop" and e.usage.speculative.get("tau", 0) > 1,
+          "a grammar answer copied by speculation is whole (%r, tau %.2f)"
+          % (e.text, e.usage.speculative.get("tau", 0)))
     # per-request methods
     for name in ("suffix", "ngram"):
         r = c.generate(prompt=PROMPTS[0], max_tokens=N, temperature=0, speculative=name)
