@@ -483,6 +483,8 @@ static void turn(chat *ch, const char *text)
         return;
     cairn_request *r = c->name ? named_request(CAIRN_REQ_SESSION_SYNC, c->name)
                                : cairn_request_new(CAIRN_REQ_GENERATE);
+    if (r && c->name)
+        r->persist = ch->o->cache_dir != NULL; /* saved: kept through a crash too */
     int rc = r ? conv_tokens(c, ch->e->svc, true, &r->tokens, &r->n_tokens) : CAIRN_ENOMEM;
     if (rc != CAIRN_OK) {
         note_line("cannot format the conversation: %s", cairn_strerror(rc));
@@ -537,6 +539,8 @@ static void cmd_save(chat *ch, const char *name)
     }
     conversation *c = &ch->conv;
     cairn_request *r = named_request(CAIRN_REQ_SESSION_SYNC, name);
+    if (r) /* with a disk tier, saved means durable: it survives a crash */
+        r->persist = ch->o->cache_dir != NULL;
     int rc = r ? conv_tokens(c, ch->e->svc, false, &r->tokens, &r->n_tokens) : CAIRN_ENOMEM;
     if (rc != CAIRN_OK) {
         note_line("cannot format the conversation: %s", cairn_strerror(rc));

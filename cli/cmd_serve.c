@@ -52,6 +52,8 @@ static const char help[] =
     "      --max-seqs N       requests decoded at once (default 32)\n"
     "      --max-sessions N   open sessions at most (default 4096)\n"
     "      --prefill-chunk N  prompt tokens per request per step (default 256)\n"
+    "      --progress-ms MS   a prompt still computing after MS logs its progress (tokens,\n"
+    "                         tokens/s, ETA), then at most every MS (default 1000; 0: off)\n"
     "      --no-prefix-cache  never reuse cached prefixes (for comparisons)\n"
     "      --host-mem SIZE    host-RAM tier for pages evicted from --kv-mem (default\n"
     "                         on a GPU: page-locked, an eighth of RAM, at most 8G; on\n"
@@ -98,7 +100,7 @@ static const char help[] =
 
 enum {
     OPT_HOST = 3000, OPT_PORT, OPT_NO_TCP, OPT_UNIX, OPT_KV_MEM, OPT_MAX_SEQS, OPT_MAX_SESSIONS,
-    OPT_PREFILL, OPT_NO_PREFIX, OPT_CACHE_DIR, OPT_IDLE, OPT_MAX_OUTPUT, OPT_HOST_MEM,
+    OPT_PREFILL, OPT_PROGRESS, OPT_NO_PREFIX, OPT_CACHE_DIR, OPT_IDLE, OPT_MAX_OUTPUT, OPT_HOST_MEM,
     OPT_DISK_MAX, OPT_TIER_LOADS, OPT_AUTH_TOKEN, OPT_AUTH_TOKEN_FILE, OPT_TENANTS,
     OPT_HTTP_PORT, OPT_HTTP_HOST, OPT_HTTP_MAX_BODY, OPT_HTTP_TIMEOUT, OPT_MODEL_NAME,
     OPT_CORS_ORIGIN, OPT_DRAIN_TIMEOUT,
@@ -204,6 +206,11 @@ static int parse_service_opt(cairn_service_config *svc, int opt, const char *arg
         svc->max_sessions = (size_t)v;
         return 1;
     case OPT_PREFILL: return parse_int_opt(arg, "--prefill-chunk", 1, 1 << 20, &svc->prefill_chunk);
+    case OPT_PROGRESS:
+        if (cli_parse_long("cairn serve", arg, "--progress-ms", 0, 1L << 30, &v) < 0)
+            return -1;
+        svc->progress_ms = v == 0 ? -1 : (int)v; /* the config's "never" */
+        return 1;
     case OPT_NO_PREFIX: svc->no_prefix_cache = true; return 1;
     case OPT_CACHE_DIR: svc->cache_dir = arg; return 1;
     case OPT_TIER_LOADS:
@@ -314,6 +321,7 @@ static int parse_serve_opts(serve_opts *o, int argc, char **argv)
         {"max-seqs", required_argument, 0, OPT_MAX_SEQS},
         {"max-sessions", required_argument, 0, OPT_MAX_SESSIONS},
         {"prefill-chunk", required_argument, 0, OPT_PREFILL},
+        {"progress-ms", required_argument, 0, OPT_PROGRESS},
         {"no-prefix-cache", no_argument, 0, OPT_NO_PREFIX},
         {"cache-dir", required_argument, 0, OPT_CACHE_DIR},
         {"host-mem", required_argument, 0, OPT_HOST_MEM},

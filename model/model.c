@@ -503,8 +503,27 @@ static int upload_weights(cairn_model *m, const cairn_gguf *g, const tensor_bind
     }
     XXH3_128bits_reset(hs);
     uint8_t *dst = m->weights_mem;
+    /* A load that takes long (a big file read from a cold disk, weights
+     * packed into the backend's layout) says how far it is, at most once a
+     * second, so a start that takes a minute is not mistaken for a hang. */
+    size_t src_total = 0, src_done = 0;
+    for (int i = 0; i < n + (freqs != NULL); i++)
+        src_total += (i < n ? b[i].src : freqs)->size;
+    const double t_start = cairn_now();
+    double t_logged = t_start;
     for (int i = 0; i < n + (freqs != NULL); i++) {
         const cairn_gguf_tensor *t = i < n ? b[i].src : freqs;
+        const double now = cairn_now();
+        if (now - t_logged >= 1.0 && src_done > 0) {
+            const double rate = (double)src_done / (now - t_start);
+            cairn_log(CAIRN_LOG_INFO,
+                      "model: loading weights into %s: %.0f%% (%.0f of %.0f MiB), %.1f s, ETA %.0f s",
+                      be->iface->name, 100.0 * (double)src_done / (double)src_total,
+                      (double)src_done / (1 << 20), (double)src_total / (1 << 20), now - t_start,
+                      (double)(src_total - src_done) / rate);
+            t_logged = now;
+        }
+        src_done += t->size;
         if (i < n && is_matmul_weight(m, &b[i]))
             rc = cairn_backend_upload_weight(be, dst, t->data, t->type, (int)t->ne[0],
                                              (int)t->ne[1]);
@@ -537,6 +556,9 @@ static int upload_weights(cairn_model *m, const cairn_gguf *g, const tensor_bind
     }
     free(bytes);
     free(as);
+    if (t_logged > t_start) /* it said how far it was: say it is done */
+        cairn_log(CAIRN_LOG_INFO, "model: weights loaded into %s in %.1f s (%.0f MiB)",
+                  be->iface->name, cairn_now() - t_start, (double)src_total / (1 << 20));
     XXH128_hash_t h = XXH3_128bits_digest(hs);
     XXH3_freeState(hs);
     XXH128_canonical_t c;

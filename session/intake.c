@@ -236,6 +236,10 @@ static bool handle_sync(cairn_service *s, cairn_request *r)
         svc_emit_error(s, r, CAIRN_ERANGE, "the prompt does not fit in the context");
         return false;
     }
+    if (r->persist && !s->have_disk) {
+        svc_emit_error(s, r, CAIRN_EUNSUPPORTED, "persist needs a disk tier (serve --cache-dir)");
+        return false;
+    }
     session *x = session_named(s, r);
     if (!x)
         return false;
@@ -244,6 +248,12 @@ static bool handle_sync(cairn_service *s, cairn_request *r)
                        "a request of this session is still running; wait for it to finish");
         return false;
     }
+    /* a conversation the client asked to keep (`cairn chat`'s /save with a
+     * cache directory) is durable from now on: its record and pages are
+     * written as each turn ends, so it survives a crash, not only a clean
+     * stop; it is never the least recently used one pushed out for room */
+    if (r->persist)
+        x->persist = true;
     size_t common = 0, lim = x->history.n < r->n_tokens ? x->history.n : r->n_tokens;
     while (common < lim && x->history.v[common] == r->tokens[common])
         common++;

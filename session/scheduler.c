@@ -615,6 +615,46 @@ static int run_forward(cairn_service *s, int n, const float **kept)
     return rc;
 }
 
+/* A prompt that takes long to compute says how far it is in the log, at
+ * most once a second (--progress-ms): a person who sent a 100k-token document sees the
+ * server working and when it will answer, not a silent minute. Only log
+ * lines (no TTY output): the server's stderr is usually a journal. The
+ * rate counts the tokens this request computed since its admission, so a
+ * cached prefix does not inflate it. */
+static void log_prefill_progress(const cairn_service *s, job *j)
+{
+    if (s->cfg.progress_ms < 0)
+        return;
+    const double every = s->cfg.progress_ms / 1e3;
+    const double now = cairn_now();
+    const bool done = j->n_computed >= j->n_prompt;
+    if (j->t_admitted <= 0 || (!j->t_progress && now - j->t_admitted < every))
+        return; /* short prefills say nothing */
+    if (!done && j->t_progress && now - j->t_progress < every)
+        return;
+    if (done && !j->t_progress)
+        return; /* finished within a second of its last chunk: no line yet */
+    const double dt = now - j->t_admitted;
+    const size_t from = j->cached_tokens > 0 ? (size_t)j->cached_tokens : 0;
+    const size_t computed = j->n_computed > from ? j->n_computed - from : 0;
+    const double rate = dt > 0 ? (double)computed / dt : 0;
+    const size_t n = j->n_prompt;
+    if (done)
+        cairn_log(CAIRN_LOG_INFO,
+                  "prefill: client %llu request %llu: %zu tokens computed in %.1f s "
+                  "(%.0f tok/s, %zu cached)",
+                  (unsigned long long)j->req->client, (unsigned long long)j->req->id, computed,
+                  dt, rate, from);
+    else
+        cairn_log(CAIRN_LOG_INFO,
+                  "prefill: client %llu request %llu: %zu / %zu tokens (%.0f%%), %.0f tok/s, "
+                  "ETA %.0f s",
+                  (unsigned long long)j->req->client, (unsigned long long)j->req->id,
+                  j->n_computed, n, 100.0 * (double)j->n_computed / (double)(n ? n : 1), rate,
+                  rate > 0 ? (double)(n - j->n_computed) / rate : 0.0);
+    j->t_progress = done ? 0 : now;
+}
+
 void sched_step(cairn_service *s)
 {
     int n_spec = 0;
@@ -647,6 +687,8 @@ void sched_step(cairn_service *s)
         job *j = s->batch_jobs[b];
         const int n_tok = s->batch[b].n_tokens;
         j->n_computed += (size_t)n_tok;
+        if (n_tok > 1)
+            log_prefill_progress(s, j);
         bool done;
         if (!x)
             done = j->n_computed >= j->seq.n && job_take_token(s, j, s->logits + row * s->n_vocab);

@@ -108,6 +108,8 @@ static int settle_config(cairn_service *s, char *err, size_t err_len)
         return failf(err, err_len, CAIRN_EINVAL, "kv_type must be f16, bf16, f32, q8_0 or q4_0");
     if (c->prefill_chunk <= 0)
         c->prefill_chunk = 256;
+    if (c->progress_ms == 0)
+        c->progress_ms = 1000;
     if (c->max_sessions == 0)
         c->max_sessions = 4096;
     if (c->max_named_sessions == 0)

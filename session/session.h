@@ -380,6 +380,9 @@ typedef struct {
     int max_seqs;           /* requests running at once (default 32, at most
                                the model's max_seqs)                         */
     int prefill_chunk;      /* prompt tokens per request per step (default 256) */
+    int progress_ms;        /* a prompt still computing after this long logs
+                               its progress, then at most this often
+                               (default 1000; < 0: never)                    */
     size_t max_sessions;    /* open sessions at most (default 4096)          */
     size_t max_named_sessions; /* named sessions (SESSION_SYNC) at most; the
                                least recently used idle one is closed to make

@@ -147,6 +147,7 @@ typedef struct job {
     double t_admitted;       /* first admission (0: not yet)                  */
     double t_first_token;    /* first token sampled (0: not yet)              */
     double t_last_token;     /* when the previous token was sampled (0: none) */
+    double t_progress;       /* a long prefill's last progress line (0: none)  */
     bool cancelled;
     const char *finish;      /* set when the job is done                      */
     int32_t eog_token;       /* the end-of-generation token that ended it, or -1 */

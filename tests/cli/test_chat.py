@@ -182,6 +182,33 @@ class ChatTerminal(unittest.TestCase):
         c.send("/quit\r")
         self.assertEqual(c.wait_exit(), 0, c.out)
 
+    def test_saved_conversation_survives_sigkill(self):
+        # /save with a cache directory makes the conversation durable: each
+        # turn's record and pages are on disk before its prompt comes back,
+        # so a crash (SIGKILL: no shutdown, no write-back) loses nothing
+        c = self.start("-n", "24")
+        p1, _, *_ = c.say("What is the capital of France?")
+        c.send("/save geo\r")
+        c.expect(r"saved as 'geo' \(2 messages")
+        c.expect(PROMPT)
+        p2, *_ = c.say("And of Italy?")  # a turn after the save is kept too
+        self.assertGreater(p2, p1)
+        c.kill()
+
+        c = self.start("-n", "24")
+        c.send("/load geo\r")
+        c.expect(r"> And of Italy\?")
+        m = c.expect(r"loaded 'geo': 4 messages, (\d+) tokens in its session")
+        history = int(m.group(1))
+        self.assertGreater(history, p2, c.out)  # the second turn's reply is in it
+        c.expect(PROMPT)
+        p3, cached3, dev3, host3, disk3, _ = c.say("And of Spain?")
+        self.assertGreater(p3, history)
+        self.assertGreaterEqual(cached3, PAGE * ((history - 1) // PAGE), c.out)
+        self.assertGreater(disk3, 0, c.out)
+        c.send("/quit\r")
+        self.assertEqual(c.wait_exit(), 0, c.out)
+
     def test_commands_and_errors(self):
         c = self.start("-n", "8")
         c.send("/load nosuch\r")

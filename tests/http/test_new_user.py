@@ -7,11 +7,12 @@ reply cut by max_tokens after a tool call finishes `length` (Anthropic:
 prompt + max_tokens does not is 400 `context_length_exceeded`, as is
 `max_tokens: 0` a 400, while an omitted max_tokens still works; /tokenize
 counts a conversation longer than the context; `--api-key` is the token
-option; `--http-port` alone binds no msgpack port.
+option; `--http-port` alone binds no msgpack port; a long prompt logs its
+progress (tokens done, tokens/s, ETA) and a short one logs nothing.
 
 usage: test_new_user.py CAIRN_BIN MODEL CLASS [unittest args...]
   CLASS (comma-separated) TinyModel and Progress run on MODEL (stories260K);
-  ChatModel on CAIRN_CHAT_MODEL
+  ChatModel and PrefillProgress on CAIRN_CHAT_MODEL
   (skips, 77, when that file is absent).
 """
 import json
@@ -186,6 +187,65 @@ class Progress(unittest.TestCase):
         args = ["bench", "-m", MODEL, "-p", "16", "-n", "8", "-r", "2"]
         self.assertIn("bench: tg 2/2", self.run_cmd(args, True))
         self.assertNotIn("bench: tg", self.run_cmd(args, False))
+
+
+class PrefillProgress(unittest.TestCase):
+    """`serve` logs a long prefill's progress: the first line once the prompt
+    has been computing for --progress-ms, then at most that often, each with
+    tokens done of the prompt, tokens/s and an ETA, and a last line with the
+    total; a short prompt says nothing at the default (1 s)."""
+
+    @classmethod
+    def setUpClass(cls):
+        if not os.path.exists(CHAT_MODEL):
+            raise unittest.SkipTest("CAIRN_CHAT_MODEL (%s) is absent; scripts/get-model "
+                                    "fetches it" % (CHAT_MODEL or "unset"))
+
+    def start(self, *extra):
+        server = Server(CAIRN, ["-m", CHAT_MODEL, "-c", "2048", "--kv-mem", "128M",
+                                "--prefill-chunk", "32", *extra], http=True,
+                        start_timeout=SHORT_HANG_GUARD_S)
+        self.addCleanup(server.stop)
+        return server
+
+    def test_long_prompt_logs_progress(self):
+        import re
+        server = self.start("--progress-ms", "20")
+        text = " ".join("line %d of a long document about harbours and ships." % i
+                        for i in range(120))
+        st, r = post(server, "/v1/completions", {"prompt": text, "max_tokens": 1})
+        self.assertEqual(st, 200, r)
+        n = r["usage"]["prompt_tokens"]
+        self.assertGreater(n, 1000)
+        log = server.log()
+        steps = [(int(m.group(1)), int(m.group(2))) for m in re.finditer(
+            r"prefill: client \d+ request \d+: (\d+) / (\d+) tokens \(\d+%\), \d+ tok/s, "
+            r"ETA \d+ s", log)]
+        # 32-token chunks of a 0.5B take well over 20 ms each on any CPU
+        self.assertGreaterEqual(len(steps), 2, log)
+        self.assertTrue(all(total == n for _, total in steps), log)
+        done = [d for d, _ in steps]
+        self.assertEqual(done, sorted(done), log)
+        self.assertTrue(all(0 < d < n for d in done), log)
+        self.assertRegex(log, r"prefill: client \d+ request \d+: %d tokens computed in "
+                              r"[\d.]+ s \(\d+ tok/s, 0 cached\)" % n)
+
+        # the same prompt again is cached: nothing to say
+        before = log.count("prefill:")
+        st, r = post(server, "/v1/completions", {"prompt": text, "max_tokens": 1})
+        self.assertEqual(st, 200, r)
+        self.assertEqual(server.log().count("prefill:"), before)
+
+    def test_short_prompt_and_off_say_nothing(self):
+        server = self.start()  # default: after a second
+        st, r = post(server, "/v1/completions", {"prompt": "Hello there", "max_tokens": 1})
+        self.assertEqual(st, 200, r)
+        self.assertNotIn("prefill:", server.log())
+        off = self.start("--progress-ms", "0")
+        text = " ".join("item %d" % i for i in range(400))
+        st, r = post(off, "/v1/completions", {"prompt": text, "max_tokens": 1})
+        self.assertEqual(st, 200, r)
+        self.assertNotIn("prefill:", off.log())
 
 
 class ChatModel(unittest.TestCase):

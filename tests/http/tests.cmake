@@ -65,6 +65,6 @@ add_test(NAME http_new_user
 set_tests_properties(http_new_user PROPERTIES TIMEOUT 300 LABELS "server")
 add_test(NAME http_new_user_realmodel
   COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_new_user.py
-          $<TARGET_FILE:cairn> ${CAIRN_MODEL} ChatModel)
+          $<TARGET_FILE:cairn> ${CAIRN_MODEL} ChatModel,PrefillProgress)
 set_tests_properties(http_new_user_realmodel PROPERTIES TIMEOUT 300 LABELS "server;realmodel"
   SKIP_RETURN_CODE 77 ENVIRONMENT "CAIRN_CHAT_MODEL=${CAIRN_CHAT_MODEL}")
