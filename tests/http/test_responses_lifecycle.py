@@ -34,6 +34,7 @@ forward pass of 0.5B parameters.
 import http.client
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -170,6 +171,12 @@ class ManyStored(Base):
             restored = [ln for ln in srv.log_lines if "stored responses)" in ln]
             self.assertTrue(restored, srv.log())
             print(restored[-1].strip(), file=sys.stderr)
+            # what was pushed out was deleted from disk as it went: at most
+            # --max-responses come back, and none had to be dropped at start
+            kept = int(re.search(r"\((\d+) of them stored responses\)", restored[-1]).group(1))
+            self.assertGreaterEqual(kept, WORKERS)
+            self.assertLessEqual(kept, MAX_RESPONSES)
+            self.assertFalse([ln for ln in srv.log_lines if "beyond max_responses" in ln])
             heads = check(srv, heads, "after a graceful restart")
             srv = scratch.track(srv.restart(kill=True))
             check(srv, heads, "after a SIGKILL")

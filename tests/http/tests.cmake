@@ -49,7 +49,7 @@ add_test(NAME http_responses_lifecycle_realmodel
   COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_responses_lifecycle.py
           $<TARGET_FILE:cairn> ${CAIRN_CHAT_MODEL})
 set_tests_properties(http_responses_lifecycle_realmodel PROPERTIES TIMEOUT 300
-  LABELS "server;realmodel" SKIP_RETURN_CODE 77 ENVIRONMENT "CAIRN_RESPONSES_CALLS=500")
+  LABELS "server;realmodel" SKIP_RETURN_CODE 77 ENVIRONMENT "CAIRN_RESPONSES_CALLS=400")
 
 # The OpenAI Agents SDK against the Responses API (skips, 77, when
 # openai-agents cannot be imported): a forced tool on the bundled model, an
