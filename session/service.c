@@ -295,9 +295,12 @@ int cairn_service_start(const cairn_service_config *cfg, cairn_service **out, ch
     s->vocab_id = records_vocab_id(s->vocab, s->n_vocab);
     if (s->have_disk) {
         records_load(s);
-        if (s->n_sessions)
+        if (s->n_responses)
             cairn_log(CAIRN_LOG_INFO, "service: %zu sessions restored from %s (%zu of them "
                       "stored responses)", s->n_sessions, s->cfg.cache_dir, s->n_responses);
+        else if (s->n_sessions)
+            cairn_log(CAIRN_LOG_INFO, "service: %zu sessions restored from %s", s->n_sessions,
+                      s->cfg.cache_dir);
         if (s->resp_expired || s->resp_pushed_out)
             cairn_log(CAIRN_LOG_INFO, "service: %llu stored responses expired and %llu beyond "
                       "max_responses (%zu) dropped from %s", (unsigned long long)s->resp_expired,
