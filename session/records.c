@@ -21,7 +21,9 @@
  *              and the Unix time a stored response was created, from
  *              which its TTL runs (only stored responses are written as
  *              5, so a user's sessions stay readable by a cairn that
- *              knows version 4)
+ *              knows version 4). A version 2-4 record with a note and no
+ *              name is a stored response written before version 5 (see
+ *              load_record) and is rewritten as 5.
  *   vocabulary XXH3-64 of the vocabulary the tokens are ids of (its size
  *              and every token's text, see records_vocab_id)
  *
@@ -289,8 +291,15 @@ static int load_record(const void *key, size_t key_len, const void *value, size_
     x->persist = flags & 1;
     x->reply_open = (flags & 2) != 0;
     x->tenant = tenant;
-    x->response = lay.response;
-    x->created = lay.created;
+    /* Before version 5 a stored response was written as a plain session,
+     * and only the Responses front end gave an unnamed session a note
+     * (`cairn chat` notes named ones): such a record is a stored response,
+     * made now as far as its TTL goes, and is written again as one so that
+     * the TTL then runs on across restarts. Without this a server wedged by
+     * them before the upgrade would stay wedged. */
+    const bool legacy = !lay.response && lay.body != RECORD_HEADER_V5 && note && !name;
+    x->response = lay.response || legacy;
+    x->created = legacy ? (int64_t)time(NULL) : lay.created;
     if (session_adopt(s, x) != CAIRN_OK) {
         free(x->history.v);
         free(x->key);
@@ -298,6 +307,8 @@ static int load_record(const void *key, size_t key_len, const void *value, size_
         free(x);
         return 0;
     }
+    if (legacy && x->persist)
+        record_put(s, x, 0);
     if (!x->persist) {
         /* in memory now, and not durable: a copy left behind could bring it
          * back after a crash with an older history than its last reply */

@@ -958,6 +958,37 @@ static void test_stored_responses(void **state)
     rm_rf(dir);
 }
 
+/* A stored response written before record version 5 (a plain session with
+ * a note, no name) is taken as one at start: it stops counting toward
+ * max_sessions, and is written again as version 5, so its TTL runs on
+ * across restarts. */
+static void test_legacy_response_records(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/cairn-svc-legacy-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    fixture *f = start_bounded(dir, 3, 8, 3600);
+    cairn_session_id user[2];
+    for (int i = 0; i < 2; i++)
+        user[i] = open_kind(f, 1 + (uint64_t)i, false)->ev.session;
+    cairn_session_id old = open_kind(f, 3, false)->ev.session; /* as cairn wrote one before */
+    assert_int_equal(session_call(f, 4, CAIRN_REQ_SESSION_NOTE, old, "{\"object\":\"response\"}")
+                         ->ev.kind,
+                     CAIRN_EV_DONE);
+    stop(f);
+
+    f = start_bounded(dir, 2, 8, 3600); /* room for the users' two only */
+    assert_true(exists(f, 1, user[0]) && exists(f, 2, user[1]) && exists(f, 3, old));
+    assert_int_equal(open_kind(f, 4, false)->ev.code, CAIRN_EFULL);
+    stop(f);
+    sleep(3);
+    f = start_bounded(dir, 2, 8, 2);
+    assert_false(exists(f, 1, old));
+    assert_true(exists(f, 2, user[0]) && exists(f, 3, user[1]));
+    stop(f);
+    rm_rf(dir);
+}
+
 static void test_named_session_sync(void **state)
 {
     (void)state;
@@ -1072,6 +1103,7 @@ int main(void)
         cmocka_unit_test(test_named_session_sync),
         cmocka_unit_test(test_session_note),
         cmocka_unit_test(test_stored_responses),
+        cmocka_unit_test(test_legacy_response_records),
         cmocka_unit_test(test_session_calls_by_name),
         cmocka_unit_test(test_batching_does_not_change_results),
         cmocka_unit_test(test_prefix_reuse),
