@@ -50,7 +50,12 @@ static const char help[] =
     "                         the device; on the CPU: room for --max-seqs full\n"
     "                         contexts, at most 1G)\n"
     "      --max-seqs N       requests decoded at once (default 32)\n"
-    "      --max-sessions N   open sessions at most (default 4096)\n"
+    "      --max-sessions N   open sessions at most (default 4096; stored responses\n"
+    "                         of /v1/responses are not counted here)\n"
+    "      --max-responses N  stored responses (/v1/responses, store: true) kept at most;\n"
+    "                         beyond, the least recently continued go (default 10000)\n"
+    "      --responses-ttl T  a stored response expires T after it was made: seconds,\n"
+    "                         or with s/m/h/d (default 30d, as OpenAI; 0 = never)\n"
     "      --prefill-chunk N  prompt tokens per request per step (default 256)\n"
     "      --progress-ms MS   a prompt still computing after MS logs its progress (tokens,\n"
     "                         tokens/s, ETA), then at most every MS (default 1000; 0: off)\n"
@@ -100,6 +105,7 @@ static const char help[] =
 
 enum {
     OPT_HOST = 3000, OPT_PORT, OPT_NO_TCP, OPT_UNIX, OPT_KV_MEM, OPT_MAX_SEQS, OPT_MAX_SESSIONS,
+    OPT_MAX_RESPONSES, OPT_RESPONSES_TTL,
     OPT_PREFILL, OPT_PROGRESS, OPT_NO_PREFIX, OPT_CACHE_DIR, OPT_IDLE, OPT_MAX_OUTPUT, OPT_HOST_MEM,
     OPT_DISK_MAX, OPT_TIER_LOADS, OPT_AUTH_TOKEN, OPT_AUTH_TOKEN_FILE, OPT_TENANTS,
     OPT_HTTP_PORT, OPT_HTTP_HOST, OPT_HTTP_MAX_BODY, OPT_HTTP_TIMEOUT, OPT_MODEL_NAME,
@@ -205,6 +211,25 @@ static int parse_service_opt(cairn_service_config *svc, int opt, const char *arg
             return -1;
         svc->max_sessions = (size_t)v;
         return 1;
+    case OPT_MAX_RESPONSES:
+        if (cli_parse_long("cairn serve", arg, "--max-responses", 1, 1L << 30, &v) < 0)
+            return -1;
+        svc->max_responses = (size_t)v;
+        return 1;
+    case OPT_RESPONSES_TTL: {
+        /* seconds, or a number with s, m, h or d; 0: never expire */
+        char *end;
+        double t = strtod(arg, &end);
+        double unit = !*end ? 1 : !strcmp(end, "s") ? 1 : !strcmp(end, "m") ? 60
+                    : !strcmp(end, "h") ? 3600 : !strcmp(end, "d") ? 86400 : 0;
+        if (end == arg || !unit || !(t >= 0 && t * unit < 1e10)) {
+            fprintf(stderr, "cairn serve: --responses-ttl must be a number of seconds, or with "
+                            "s, m, h or d (30d), or 0 for never\n");
+            return -1;
+        }
+        svc->response_ttl_s = t == 0 ? -1 : t * unit; /* the config's "never" is < 0 */
+        return 1;
+    }
     case OPT_PREFILL: return parse_int_opt(arg, "--prefill-chunk", 1, 1 << 20, &svc->prefill_chunk);
     case OPT_PROGRESS:
         if (cli_parse_long("cairn serve", arg, "--progress-ms", 0, 1L << 30, &v) < 0)
@@ -320,6 +345,8 @@ static int parse_serve_opts(serve_opts *o, int argc, char **argv)
         {"kv-mem", required_argument, 0, OPT_KV_MEM},
         {"max-seqs", required_argument, 0, OPT_MAX_SEQS},
         {"max-sessions", required_argument, 0, OPT_MAX_SESSIONS},
+        {"max-responses", required_argument, 0, OPT_MAX_RESPONSES},
+        {"responses-ttl", required_argument, 0, OPT_RESPONSES_TTL},
         {"prefill-chunk", required_argument, 0, OPT_PREFILL},
         {"progress-ms", required_argument, 0, OPT_PROGRESS},
         {"no-prefix-cache", no_argument, 0, OPT_NO_PREFIX},

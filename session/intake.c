@@ -6,6 +6,8 @@
  */
 #include "session/session_impl.h"
 
+#include <time.h>
+
 /* r->tokens = prefix + r->tokens. */
 static int prepend_tokens(cairn_request *r, const int32_t *prefix, size_t n)
 {
@@ -170,7 +172,7 @@ void intake_durable_done(cairn_service *s, uint64_t cookie, int status)
 
 static void handle_open(cairn_service *s, cairn_request *r)
 {
-    session *x = session_new(s, r);
+    session *x = session_new(s, r, NULL);
     if (!x)
         return;
     if (r->n_tokens > (size_t)s->n_ctx || tokvec_append(&x->history, r->tokens, r->n_tokens)) {
@@ -274,7 +276,11 @@ static bool handle_sync(cairn_service *s, cairn_request *r)
 static void handle_fork(cairn_service *s, cairn_request *r)
 {
     session *x = session_of_request(s, r), *child;
-    if (!x || !(child = session_new(s, r)))
+    if (!x)
+        return;
+    /* a stored response continued is the last to be pushed out */
+    responses_touch(s, x);
+    if (!(child = session_new(s, r, x)))
         return;
     /* The pages are shared through the tree: the child's history finds the
      * same pages as the parent's. Only the token ids are copied. */
@@ -385,6 +391,16 @@ static bool names_session(cairn_req_kind kind)
 void intake_handle(cairn_service *s, cairn_request *r)
 {
     session *x;
+    /* Stored responses past their TTL go: in a sweep now and then, and the
+     * one this request names now, so that it is not found (no request ever
+     * sees one that has expired, however long the sweep waits). */
+    const int64_t now = (int64_t)time(NULL);
+    responses_expire(s, now);
+    if (names_session(r->kind) && !r->session_key && (x = session_find(s, r->session)) &&
+        response_expired(s, x, now)) {
+        response_drop(s, x);
+        s->resp_expired++;
+    }
     /* A session this replica does not hold may be another's that moved here
      * (its replica died): its record comes from the shared tier first. */
     if (names_session(r->kind) && !r->session_key && !session_find(s, r->session) &&

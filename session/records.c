@@ -6,16 +6,24 @@
  *   key   's' + id.hi (8 bytes, big-endian) + id.lo (8 bytes, big-endian)
  *   value "CSR1" | u32 version | u32 flags | u32 key_len |
  *         u64 tenant | u64 n_tokens | u64 checksum |
- *         [version 4: u64 vocabulary | u32 note_len] |
+ *         [version 4, 5: u64 vocabulary | u32 note_len] |
+ *         [version 5: i64 created] |
  *         int32 tokens[n_tokens] | key_len bytes of the session's name |
  *         [note_len bytes of its note] (little-endian throughout)
  *
  *   flags      bit 0: persist; bit 1: the history ends with a generated
- *              reply whose turn is not closed yet (see reply_open)
+ *              reply whose turn is not closed yet (see reply_open);
+ *              bit 2 (version 5): a stored response (session.h)
  *   version    2: no name (key_len 0); 3: a named session; 4 (what this
  *              cairn writes): name optional, the vocabulary field, and a
  *              note (note_len 0..CAIRN_SESSION_NOTE_MAX: a front end's
- *              bytes kept with the session, session.h)
+ *              bytes kept with the session, session.h); 5: version 4
+ *              and the Unix time a stored response was created, from
+ *              which its TTL runs (only stored responses are written as
+ *              5, so a user's sessions stay readable by a cairn that
+ *              knows version 4). A version 2-4 record with a note and no
+ *              name is a stored response written before version 5 (see
+ *              load_record) and is rewritten as 5.
  *   vocabulary XXH3-64 of the vocabulary the tokens are ids of (its size
  *              and every token's text, see records_vocab_id)
  *
@@ -32,6 +40,7 @@
  */
 #include "session/session_impl.h"
 
+#include <time.h>
 #include <xxhash.h>
 
 #define RECORD_MAGIC "CSR1"
@@ -39,7 +48,10 @@
 #define RECORD_VERSION_NAMED 3
 #define RECORD_VERSION_VOCAB 4
 #define RECORD_HEADER 40    /* up to the tokens in versions 2 and 3          */
+#define RECORD_VERSION_RESPONSE 5
 #define RECORD_HEADER_V4 52 /* version 4: + vocabulary and note_len          */
+#define RECORD_HEADER_V5 60 /* version 5: + created                          */
+#define RECORD_FLAG_RESPONSE 4u
 #define RECORD_SUM_AT 32
 #define RECORD_KEY_MAX 1024 /* bytes of a session's name */
 
@@ -65,12 +77,15 @@ static void record_key(cairn_session_id id, uint8_t key[17])
 int record_put(cairn_service *s, const session *x, uint64_t cookie)
 {
     size_t n = x->history.n, name = x->key ? x->key_len : 0, note = x->note ? x->note_len : 0;
-    size_t body = RECORD_HEADER_V4, bytes = body + n * sizeof(int32_t) + name + note;
+    size_t body = x->response ? RECORD_HEADER_V5 : RECORD_HEADER_V4;
+    size_t bytes = body + n * sizeof(int32_t) + name + note;
     uint8_t *v = malloc(bytes), key[17];
     if (!v)
         return CAIRN_ENOMEM;
-    uint32_t head[4] = {0, RECORD_VERSION_VOCAB,
-                        (x->persist ? 1u : 0u) | (x->reply_open ? 2u : 0u), (uint32_t)name};
+    uint32_t head[4] = {0, x->response ? RECORD_VERSION_RESPONSE : RECORD_VERSION_VOCAB,
+                        (x->persist ? 1u : 0u) | (x->reply_open ? 2u : 0u) |
+                            (x->response ? RECORD_FLAG_RESPONSE : 0u),
+                        (uint32_t)name};
     memcpy(head, RECORD_MAGIC, 4);
     uint64_t n64 = n, zero = 0;
     memcpy(v, head, 16);
@@ -80,6 +95,8 @@ int record_put(cairn_service *s, const session *x, uint64_t cookie)
     const uint32_t note_len = (uint32_t)note;
     memcpy(v + RECORD_HEADER, &s->vocab_id, 8);
     memcpy(v + RECORD_HEADER + 8, &note_len, 4);
+    if (x->response)
+        memcpy(v + RECORD_HEADER_V4, &x->created, 8);
     if (n)
         memcpy(v + body, x->history.v, n * sizeof(int32_t));
     if (name)
@@ -142,6 +159,8 @@ typedef struct {
     uint64_t n;    /* tokens               */
     uint32_t name; /* bytes of the name    */
     uint32_t note; /* bytes of the note    */
+    bool response; /* a stored response (version 5) */
+    int64_t created; /* its creation time     */
 } record_layout;
 
 /* One record checked against the layout above. *why says what makes a
@@ -155,8 +174,9 @@ static record_verdict record_check(const cairn_service *s, const uint8_t *k, con
     memcpy(&n, v + 24, 8);
     memcpy(&sum, v + RECORD_SUM_AT, 8);
     const uint32_t version = head[1], name = head[3];
-    const bool v4 = version == RECORD_VERSION_VOCAB;
-    const size_t body = v4 ? RECORD_HEADER_V4 : RECORD_HEADER;
+    const bool v5 = version == RECORD_VERSION_RESPONSE;
+    const bool v4 = version == RECORD_VERSION_VOCAB || v5; /* 5 is 4 and more */
+    const size_t body = v5 ? RECORD_HEADER_V5 : v4 ? RECORD_HEADER_V4 : RECORD_HEADER;
     uint32_t note = 0;
     if (v4 && bytes >= body)
         memcpy(&note, v + RECORD_HEADER + 8, 4);
@@ -172,6 +192,10 @@ static record_verdict record_check(const cairn_service *s, const uint8_t *k, con
     if (v4)
         memcpy(&vocab, v + RECORD_HEADER, 8);
     *out = (record_layout){.body = body, .n = n, .name = name, .note = note};
+    if (v5) {
+        out->response = (head[2] & RECORD_FLAG_RESPONSE) != 0;
+        memcpy(&out->created, v + RECORD_HEADER_V4, 8);
+    }
     if (vocab != s->vocab_id) {
         *why = "it was written under another vocabulary (another model)";
         return RECORD_FOREIGN;
@@ -228,6 +252,17 @@ static int load_record(const void *key, size_t key_len, const void *value, size_
         s->records_skipped++;
         return 0;
     }
+    if (lay.response) {
+        /* a stored response past its TTL is not brought back (its pages
+         * stay in the cache); the user's sessions never expire */
+        session probe = {.response = true, .created = lay.created};
+        if (response_expired(s, &probe, (int64_t)time(NULL))) {
+            record_delete(s, id, 0);
+            record_unshare(s, id);
+            s->resp_expired++;
+            return 0;
+        }
+    }
     uint32_t flags;
     uint64_t tenant;
     memcpy(&flags, v + 8, 4);
@@ -256,6 +291,15 @@ static int load_record(const void *key, size_t key_len, const void *value, size_
     x->persist = flags & 1;
     x->reply_open = (flags & 2) != 0;
     x->tenant = tenant;
+    /* Before version 5 a stored response was written as a plain session,
+     * and only the Responses front end gave an unnamed session a note
+     * (`cairn chat` notes named ones): such a record is a stored response,
+     * made now as far as its TTL goes, and is written again as one so that
+     * the TTL then runs on across restarts. Without this a server wedged by
+     * them before the upgrade would stay wedged. */
+    const bool legacy = !lay.response && lay.body != RECORD_HEADER_V5 && note && !name;
+    x->response = lay.response || legacy;
+    x->created = legacy ? (int64_t)time(NULL) : lay.created;
     if (session_adopt(s, x) != CAIRN_OK) {
         free(x->history.v);
         free(x->key);
@@ -263,6 +307,8 @@ static int load_record(const void *key, size_t key_len, const void *value, size_
         free(x);
         return 0;
     }
+    if (legacy && x->persist)
+        record_put(s, x, 0);
     if (!x->persist) {
         /* in memory now, and not durable: a copy left behind could bring it
          * back after a crash with an older history than its last reply */
@@ -307,6 +353,8 @@ bool records_lookup_done(cairn_service *s, uint64_t cookie, int status, void *da
             record_key(r->session, key);
             size_t before = s->n_sessions;
             load_record(key, sizeof key, data, bytes, s);
+            /* a stored response taken over counts toward max_responses */
+            responses_trim(s, s->cfg.max_responses, session_find(s, r->session));
             if (s->n_sessions > before) {
                 char hex[33];
                 cairn_session_id_to_hex(r->session, hex);
@@ -324,6 +372,7 @@ bool records_lookup_done(cairn_service *s, uint64_t cookie, int status, void *da
 void records_load(cairn_service *s)
 {
     cairn_kvcache_record_iterate(s->cache, load_record, s);
+    responses_loaded(s);
 }
 
 size_t records_write_all(cairn_service *s)

@@ -114,6 +114,10 @@ static int settle_config(cairn_service *s, char *err, size_t err_len)
         c->max_sessions = 4096;
     if (c->max_named_sessions == 0)
         c->max_named_sessions = 1024;
+    if (c->max_responses == 0)
+        c->max_responses = 10000;
+    if (c->response_ttl_s == 0)
+        c->response_ttl_s = 30.0 * 24 * 3600; /* OpenAI keeps them 30 days */
     /* the model's scratch is sized at load: a step may not exceed it */
     int mb = 0, ms = 0;
     cairn_model_limits(s->model, &mb, &ms);
@@ -293,8 +297,16 @@ int cairn_service_start(const cairn_service_config *cfg, cairn_service **out, ch
     s->vocab_id = records_vocab_id(s->vocab, s->n_vocab);
     if (s->have_disk) {
         records_load(s);
-        if (s->n_sessions)
+        if (s->n_responses)
+            cairn_log(CAIRN_LOG_INFO, "service: %zu sessions restored from %s (%zu of them "
+                      "stored responses)", s->n_sessions, s->cfg.cache_dir, s->n_responses);
+        else if (s->n_sessions)
             cairn_log(CAIRN_LOG_INFO, "service: %zu sessions restored from %s", s->n_sessions,
+                      s->cfg.cache_dir);
+        if (s->resp_expired || s->resp_pushed_out)
+            cairn_log(CAIRN_LOG_INFO, "service: %llu stored responses expired and %llu beyond "
+                      "max_responses (%zu) dropped from %s", (unsigned long long)s->resp_expired,
+                      (unsigned long long)s->resp_pushed_out, s->cfg.max_responses,
                       s->cfg.cache_dir);
         if (s->records_skipped)
             cairn_log(CAIRN_LOG_WARN, "service: %zu sessions in %s are kept but not loaded (written "
@@ -354,6 +366,10 @@ void cairn_service_stop(cairn_service *s)
     free(s->inbox);
     if (s->cache)
         svc_log_cache_account(s); /* the run's account per tier, as cache.stats reports it */
+    if (s->resp_expired || s->resp_pushed_out)
+        cairn_log(CAIRN_LOG_INFO, "service: %llu stored responses expired, %llu pushed out by "
+                  "newer ones (max_responses %zu) since start", (unsigned long long)s->resp_expired,
+                  (unsigned long long)s->resp_pushed_out, s->cfg.max_responses);
     if (s->buckets) {
         for (size_t b = 0; b < s->n_buckets; b++)
             while (s->buckets[b])

@@ -55,6 +55,21 @@
  * they part, the rest appended — and generates, in one request, so a front
  * end keeps no copy of any history.
  *
+ * Stored responses. A session opened or forked with `response` set is a
+ * stored response (the HTTP front end's Responses API, one per call with
+ * store: true): the client made it implicitly and never closes it, so it is
+ * kept the way OpenAI keeps stored responses, not the way a user's session
+ * is. It does not count toward max_sessions (else a few thousand calls
+ * would shut out every session); at most max_responses are kept, and
+ * making one more first drops the least recently continued (forked) idle
+ * one; one expires response_ttl_s after it was created (seen when it is
+ * next named, and in a sweep at most once a minute). Dropping one deletes
+ * its record; its pages stay in the cache, to be evicted as any others.
+ * After a restart the order is the creation time the record keeps, the
+ * expired ones are deleted and the oldest beyond max_responses too. Only
+ * sessions made with `response` are ever dropped this way: a user's
+ * session (open, fork, named) is never expired or pushed out.
+ *
  * Tiers and restarts. With host_bytes and cache_dir, pages evicted from
  * tier 0 move to host RAM and then to LMDB instead of being dropped. A
  * request is admitted through cairn_kvcache_fetch: its match continues in
@@ -203,6 +218,12 @@ typedef struct {
     uint64_t target;           /* CANCEL: msgid of the request to cancel        */
     int64_t n_keep;            /* TRUNCATE: tokens to keep                      */
     bool persist;              /* SESSION_OPEN: make the session durable        */
+    bool response;             /* SESSION_OPEN, SESSION_FORK: the new session
+                                  is a stored response (HTTP's Responses
+                                  API): counted apart from max_sessions,
+                                  bounded by max_responses and expiring
+                                  after response_ttl_s (see "Stored
+                                  responses" above)                          */
     char *note;                /* SESSION_NOTE: the note (owned, malloc'ed; at
                                   most CAIRN_SESSION_NOTE_MAX bytes; NULL or 0
                                   bytes: none)                                */
@@ -387,6 +408,12 @@ typedef struct {
     size_t max_named_sessions; /* named sessions (SESSION_SYNC) at most; the
                                least recently used idle one is closed to make
                                room (default 1024)                           */
+    size_t max_responses;   /* stored responses kept at most, apart from
+                               max_sessions; the least recently continued
+                               idle one goes to make room (default 10000) */
+    double response_ttl_s;  /* a stored response expires this long after it
+                               was created (default 30 days, as OpenAI's;
+                               < 0: never)                                  */
     bool no_prefix_cache;   /* never reuse cached prefixes (for comparisons) */
     size_t host_bytes;      /* tier-1 host RAM budget (0: none; default 256 MiB
                                when cache_dir is set)                        */

@@ -105,6 +105,11 @@ typedef struct session {
     uint64_t last_used; /* named sessions: for the least recently used one   */
     char *note;      /* a front end's bytes (SESSION_NOTE), or NULL           */
     size_t note_len;
+    /* A stored response (cairn_request.response; sessions.c): in the
+     * service's list of them, least recently continued first. */
+    bool response;
+    int64_t created; /* responses: Unix time it was made (for its TTL)      */
+    struct session *resp_prev, *resp_next;
     struct session *next;
 } session;
 
@@ -218,6 +223,12 @@ struct cairn_service {
     /* engine-thread state */
     session **buckets;
     size_t n_buckets, n_sessions, n_keyed;
+    /* Stored responses (of n_sessions; never counted toward max_sessions),
+     * least recently continued at the head: the first to go. */
+    session *resp_head, *resp_tail;
+    size_t n_responses;
+    int64_t resp_next_sweep;   /* Unix time of the next TTL sweep           */
+    uint64_t resp_expired, resp_pushed_out; /* dropped so far, for the log  */
     uint64_t key_clock;        /* named sessions' recency                   */
     job *waiting_head, *waiting_tail;
     size_t n_waiting;
@@ -256,9 +267,11 @@ void svc_log_cache_account(cairn_service *s);
 /* ---- sessions.c ---------------------------------------------------------- */
 
 session *session_find(cairn_service *s, cairn_session_id id);
-/* A new session with a fresh random id, in the table; NULL after answering
- * r with the error ("too many open sessions" over max_sessions). */
-session *session_new(cairn_service *s, cairn_request *r);
+/* A new session with a fresh random id, in the table — a stored response
+ * when r (SESSION_OPEN or SESSION_FORK) asks for one, made room for among
+ * the stored responses, never `spare` (the one being forked) — NULL after
+ * answering r with the error (what is full and what to do). */
+session *session_new(cairn_service *s, cairn_request *r, const session *spare);
 /* Put a session read from a record into the table (its id is given). */
 int session_adopt(cairn_service *s, session *x);
 void session_destroy(cairn_service *s, session *x);
@@ -266,6 +279,23 @@ void session_destroy(cairn_service *s, session *x);
  * used idle named session is closed when max_named_sessions are open);
  * NULL with the error emitted. */
 session *session_named(cairn_service *s, cairn_request *r);
+/* Stored responses (see session.h). A response continued (forked) moves
+ * to the back of the line. */
+void responses_touch(cairn_service *s, session *x);
+/* Whether x is a stored response past its TTL at Unix time `now` (never
+ * while it is generating). */
+bool response_expired(const cairn_service *s, const session *x, int64_t now);
+/* Drop a stored response: its record deleted, the session destroyed (its
+ * pages stay in the cache). */
+void response_drop(cairn_service *s, session *x);
+/* The TTL sweep (does nothing until it is due), and the bound: the least
+ * recently continued idle responses (never `spare`) go until at most
+ * `keep` remain; false when that many could not go (all generating). */
+void responses_expire(cairn_service *s, int64_t now);
+bool responses_trim(cairn_service *s, size_t keep, const session *spare);
+/* After records_load: the list in creation order, the expired and the
+ * oldest beyond max_responses dropped. */
+void responses_loaded(cairn_service *s);
 /* Give a session a name (copied); CAIRN_ENOMEM. */
 int session_set_key(session *x, const char *key, size_t len);
 /* The session r names (by session_key when set, else by id), when the

@@ -7,6 +7,7 @@
 #include "session/session_impl.h"
 
 #include <stdio.h>
+#include <time.h>
 
 void cairn_session_id_to_hex(cairn_session_id id, char out[33])
 {
@@ -49,11 +50,19 @@ session *session_find(cairn_service *s, cairn_session_id id)
     return NULL;
 }
 
+/* Sessions a user opened, named or forked: what max_sessions bounds. */
+static size_t user_sessions(const cairn_service *s)
+{
+    return s->n_sessions - s->n_responses;
+}
+
 int session_adopt(cairn_service *s, session *x)
 {
     if (session_find(s, x->id))
         return CAIRN_EBUSY;
-    if (s->n_sessions >= s->cfg.max_sessions)
+    /* stored responses have their own bound (max_responses), kept by
+     * whoever makes one (session_create, responses_loaded) */
+    if (!x->response && user_sessions(s) >= s->cfg.max_sessions)
         return CAIRN_EFULL;
     size_t b = bucket_of(s, x->id);
     x->next = s->buckets[b];
@@ -61,16 +70,34 @@ int session_adopt(cairn_service *s, session *x)
     s->n_sessions++;
     if (x->key)
         s->n_keyed++;
+    if (x->response) {
+        /* the newest is the last to go */
+        x->resp_prev = s->resp_tail;
+        x->resp_next = NULL;
+        if (s->resp_tail)
+            s->resp_tail->resp_next = x;
+        else
+            s->resp_head = x;
+        s->resp_tail = x;
+        s->n_responses++;
+    }
     return CAIRN_OK;
 }
 
-static int session_create(cairn_service *s, session **out)
+static int session_create(cairn_service *s, bool response, const session *spare,
+                          session **out)
 {
-    if (s->n_sessions >= s->cfg.max_sessions)
+    /* A new stored response first makes room among the stored ones; it
+     * never takes a user's session's place, nor is refused for them. */
+    if (response ? !responses_trim(s, s->cfg.max_responses - 1, spare)
+                 : user_sessions(s) >= s->cfg.max_sessions)
         return CAIRN_EFULL;
     session *x = calloc(1, sizeof *x);
     if (!x)
         return CAIRN_ENOMEM;
+    x->response = response;
+    if (response)
+        x->created = (int64_t)time(NULL);
     int rc;
     /* 128 random bits from the kernel; never a predictable counter, since
      * the id is the only capability a client needs to reach a session */
@@ -87,13 +114,26 @@ static int session_create(cairn_service *s, session **out)
     return CAIRN_OK;
 }
 
-session *session_new(cairn_service *s, cairn_request *r)
+session *session_new(cairn_service *s, cairn_request *r, const session *spare)
 {
     session *x = NULL;
-    int rc = session_create(s, &x);
+    const bool response = r->response && (r->kind == CAIRN_REQ_SESSION_OPEN ||
+                                           r->kind == CAIRN_REQ_SESSION_FORK);
+    int rc = session_create(s, response, spare, &x);
     if (rc != CAIRN_OK) {
-        svc_emit_error(s, r, rc, rc == CAIRN_EFULL ? "too many open sessions"
-                                                   : "cannot create session");
+        /* say what is full and what to do about it */
+        char msg[256];
+        if (rc != CAIRN_EFULL)
+            snprintf(msg, sizeof msg, "cannot create session");
+        else if (response)
+            snprintf(msg, sizeof msg, "too many stored responses are being generated at once "
+                     "(all %zu of --max-responses): retry later, or raise --max-responses",
+                     s->cfg.max_responses);
+        else
+            snprintf(msg, sizeof msg, "too many open sessions (%zu, --max-sessions): close "
+                     "sessions that are no longer needed, or raise --max-sessions",
+                     s->cfg.max_sessions);
+        svc_emit_error(s, r, rc, msg);
         return NULL;
     }
     return x;
@@ -108,6 +148,11 @@ void session_destroy(cairn_service *s, session *x)
         *pp = x->next;
     if (x->key)
         s->n_keyed--;
+    if (x->response) {
+        *(x->resp_prev ? &x->resp_prev->resp_next : &s->resp_head) = x->resp_next;
+        *(x->resp_next ? &x->resp_next->resp_prev : &s->resp_tail) = x->resp_prev;
+        s->n_responses--;
+    }
     free(x->key);
     free(x->note);
     free(x->history.v);
@@ -154,7 +199,10 @@ session *session_named(cairn_service *s, cairn_request *r)
     if (!x) {
         if (s->n_keyed >= s->cfg.max_named_sessions) {
             if (!lru) {
-                svc_emit_error(s, r, CAIRN_EFULL, "too many sessions in use");
+                char msg[200];
+                snprintf(msg, sizeof msg, "too many named sessions in use (all %zu are generating "
+                         "or persisted): retry later, or close some", s->cfg.max_named_sessions);
+                svc_emit_error(s, r, CAIRN_EFULL, msg);
                 return NULL;
             }
             /* the least recently used conversation makes room; its pages
@@ -164,7 +212,7 @@ session *session_named(cairn_service *s, cairn_request *r)
             record_unshare(s, lru->id);
             session_destroy(s, lru);
         }
-        if (!(x = session_new(s, r)))
+        if (!(x = session_new(s, r, NULL)))
             return NULL;
         int rc = session_set_key(x, r->session_key, r->session_key_len);
         if (rc) {
@@ -201,4 +249,100 @@ session *session_idle_of_request(cairn_service *s, cairn_request *r, const char 
         return NULL;
     }
     return x;
+}
+
+/* ---- stored responses ------------------------------------------------------------- */
+
+/* How often the TTL sweep walks the list (a response named after its TTL
+ * is dropped when it is named, whenever the sweep comes). */
+#define RESPONSES_SWEEP_S 60
+
+void responses_touch(cairn_service *s, session *x)
+{
+    if (!x->response || x == s->resp_tail)
+        return;
+    *(x->resp_prev ? &x->resp_prev->resp_next : &s->resp_head) = x->resp_next;
+    x->resp_next->resp_prev = x->resp_prev; /* not the tail: there is a next */
+    x->resp_prev = s->resp_tail;
+    x->resp_next = NULL;
+    s->resp_tail->resp_next = x;
+    s->resp_tail = x;
+}
+
+bool response_expired(const cairn_service *s, const session *x, int64_t now)
+{
+    return x->response && !x->busy && s->cfg.response_ttl_s >= 0 &&
+           (double)(now - x->created) >= s->cfg.response_ttl_s;
+}
+
+void response_drop(cairn_service *s, session *x)
+{
+    /* the record goes (here and on the shared tier); the pages stay in the
+     * cache and are evicted as any others, so a conversation that is sent
+     * again still finds them */
+    if (s->have_disk)
+        record_delete(s, x->id, 0);
+    record_unshare(s, x->id);
+    session_destroy(s, x);
+}
+
+void responses_expire(cairn_service *s, int64_t now)
+{
+    if (now < s->resp_next_sweep || s->cfg.response_ttl_s < 0)
+        return;
+    s->resp_next_sweep = now + RESPONSES_SWEEP_S;
+    /* the list is in order of use, not of creation: the whole of it */
+    for (session *x = s->resp_head, *next; x; x = next) {
+        next = x->resp_next;
+        if (response_expired(s, x, now)) {
+            response_drop(s, x);
+            s->resp_expired++;
+        }
+    }
+}
+
+bool responses_trim(cairn_service *s, size_t keep, const session *spare)
+{
+    session *x = s->resp_head;
+    while (s->n_responses > keep) {
+        /* a response generating now, or the one being continued, stays */
+        while (x && (x->busy || x == spare))
+            x = x->resp_next;
+        if (!x)
+            return false;
+        session *next = x->resp_next;
+        response_drop(s, x);
+        s->resp_pushed_out++;
+        x = next;
+    }
+    return true;
+}
+
+static int by_created(const void *a, const void *b)
+{
+    const session *x = *(session *const *)a, *y = *(session *const *)b;
+    return (x->created > y->created) - (x->created < y->created);
+}
+
+void responses_loaded(cairn_service *s)
+{
+    size_t n = s->n_responses, i = 0;
+    session **all = n ? malloc(n * sizeof *all) : NULL;
+    if (all) {
+        /* records come back in key order (random ids): oldest first again,
+         * as nothing says which were continued last */
+        for (session *x = s->resp_head; x; x = x->resp_next)
+            all[i++] = x;
+        qsort(all, n, sizeof *all, by_created);
+        for (i = 0; i < n; i++) {
+            all[i]->resp_prev = i ? all[i - 1] : NULL;
+            all[i]->resp_next = i + 1 < n ? all[i + 1] : NULL;
+        }
+        s->resp_head = all[0];
+        s->resp_tail = all[n - 1];
+        free(all);
+    }
+    s->resp_next_sweep = 0;
+    responses_expire(s, (int64_t)time(NULL));
+    responses_trim(s, s->cfg.max_responses, NULL);
 }

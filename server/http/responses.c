@@ -25,6 +25,14 @@
  * before the answer), so a chain survives a restart or a SIGKILL; without
  * it they live in the engine's memory until DELETE or the server stops.
  *
+ * Every session made here is opened or forked as a stored response
+ * (cairn_request.response): a client makes one per call and never closes
+ * it, so the engine keeps them apart from the user's sessions — not
+ * counted toward --max-sessions, at most --max-responses of them (the
+ * least recently continued go first) and each for --responses-ttl (30
+ * days, as OpenAI). One that has gone is answered as OpenAI answers: 404
+ * with a message that says so (not_found below).
+ *
  * Stream: response.created, response.in_progress, then per output item
  * response.output_item.added, (message) response.content_part.added,
  * response.output_text.delta..., response.output_text.done,
@@ -57,6 +65,7 @@ typedef struct {
     cairn_session_id session;
     bool store;
     char id[48];            /* resp_...                                       */
+    char previous[48];      /* previous_response_id, when given               */
     json_t *echo;           /* the request's fields the object repeats        */
     json_t *response;       /* the finished object                            */
     int64_t seq;            /* streaming: the next sequence_number             */
@@ -90,6 +99,9 @@ static int session_call(hconn *c, resp_state *st, cairn_req_kind kind, cairn_ses
         return CAIRN_ENOMEM;
     r->session = id;
     r->persist = kind == CAIRN_REQ_SESSION_OPEN && c->base.srv->cfg.service.cache_dir;
+    /* a stored response, not a user's session (also store false's fork: it
+     * is closed once answered, and must not take a user's place meanwhile) */
+    r->response = kind == CAIRN_REQ_SESSION_OPEN || kind == CAIRN_REQ_SESSION_FORK;
     r->id = st->step_msgid = ++c->next_msgid;
     st->step = step;
     return srv_submit(&c->base, r);
@@ -167,6 +179,19 @@ static json_t *call_item(const resp_state *st, size_t i, json_t *call, bool with
 
 /* ---- the answer ------------------------------------------------------------------------ */
 
+/* A response that is not (or no longer) stored: 404 with OpenAI's message
+ * (and, for previous_response_id, its code), and why one may have gone. */
+static void not_found(hconn *c, hreq *q, const char *id, bool previous)
+{
+    char msg[400];
+    snprintf(msg, sizeof msg, "%s with id '%s' not found. A stored response is kept until it "
+             "is deleted or expires (cairn serve --responses-ttl, 30 days by default), and the "
+             "least recently continued go first when more than --max-responses are stored.",
+             previous ? "Previous response" : "Response", id);
+    http_request_fail(c, q, 404, msg, previous ? "previous_response_id" : NULL,
+                      previous ? "previous_response_not_found" : NULL);
+}
+
 /* Write the finished response (q taken off c->active first). */
 static void answer(hconn *c, hreq *q, resp_state *st)
 {
@@ -228,6 +253,8 @@ static int on_decoded(hconn *c, hreq *q, cairn_api_call *call)
         st->gen = call->req;
         call->req = NULL;
         cairn_session_id none = {0, 0};
+        if (call->has_previous)
+            session_hex_id(st->previous, sizeof st->previous, "resp_", call->previous);
         return call->has_previous
                    ? session_call(c, st, CAIRN_REQ_SESSION_FORK, call->previous, RS_SESSION)
                    : session_call(c, st, CAIRN_REQ_SESSION_OPEN, none, RS_SESSION);
@@ -278,8 +305,7 @@ static bool on_event(hconn *c, hreq *q, srv_event *node)
         if (done)
             session_ready(c, q, st, ev->session);
         else if (ev->code == CAIRN_ENOTFOUND)
-            http_request_fail(c, q, 404, "no such response: previous_response_id",
-                              "previous_response_id", NULL);
+            not_found(c, q, st->previous, true);
         else
             http_request_fail(c, q, http_status_of(ev->code), msg, NULL, NULL);
         return true;
@@ -293,13 +319,12 @@ static bool on_event(hconn *c, hreq *q, srv_event *node)
     case RS_CLOSING: st->has_session = false; break; /* answered either way */
     case RS_GET:
     case RS_DELETE_INFO:
-        if (err || !ev->note) {
-            http_request_fail(c, q, err && ev->code != CAIRN_ENOTFOUND ? http_status_of(ev->code)
-                                                                         : 404,
-                              err && ev->code != CAIRN_ENOTFOUND ? msg : "no such response",
-                              NULL, NULL);
+        if (err && ev->code != CAIRN_ENOTFOUND)
+            http_request_fail(c, q, http_status_of(ev->code), msg, NULL, NULL);
+        else if (err || !ev->note)
+            not_found(c, q, st->id, false);
+        if (err || !ev->note)
             return true;
-        }
         if (st->step == RS_DELETE_INFO) {
             if (session_call(c, st, CAIRN_REQ_SESSION_CLOSE, st->session, RS_DELETE) != CAIRN_OK)
                 http_request_fail(c, q, 503, "the engine is not accepting requests", NULL, NULL);

@@ -35,6 +35,22 @@ add_test(NAME http_responses
           $<TARGET_FILE:cairn> ${CAIRN_MODEL})
 set_tests_properties(http_responses PROPERTIES TIMEOUT 300 LABELS "server")
 
+# Stored responses' lifecycle (issue 36): 10000 stored responses on a server
+# with --max-sessions 64 all answer, the newest chains continue across a
+# graceful restart and a SIGKILL, the oldest are pushed out (404), expired
+# ones are 404, the user's sessions stay. The bundled model (seconds); the
+# real instruct model with fewer calls (each is a 0.5B forward pass).
+add_test(NAME http_responses_lifecycle
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_responses_lifecycle.py
+          $<TARGET_FILE:cairn> ${CAIRN_MODEL})
+set_tests_properties(http_responses_lifecycle PROPERTIES TIMEOUT 300 LABELS "server"
+  SKIP_RETURN_CODE 77)
+add_test(NAME http_responses_lifecycle_realmodel
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_responses_lifecycle.py
+          $<TARGET_FILE:cairn> ${CAIRN_CHAT_MODEL})
+set_tests_properties(http_responses_lifecycle_realmodel PROPERTIES TIMEOUT 300
+  LABELS "server;realmodel" SKIP_RETURN_CODE 77 ENVIRONMENT "CAIRN_RESPONSES_CALLS=400")
+
 # The OpenAI Agents SDK against the Responses API (skips, 77, when
 # openai-agents cannot be imported): a forced tool on the bundled model, an
 # unforced one on the real instruct model.

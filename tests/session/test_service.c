@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tests/support/support.h"
 
@@ -858,6 +859,136 @@ static void test_session_note(void **state)
     rm_rf(dir);
 }
 
+/* A service over `dir` with these bounds on sessions and stored responses. */
+static fixture *start_bounded(const char *dir, size_t max_sessions, size_t max_responses,
+                              double response_ttl_s)
+{
+    fixture *f = calloc(1, sizeof *f);
+    pthread_mutex_init(&f->col.mu, NULL);
+    pthread_cond_init(&f->col.cv, NULL);
+    cairn_service_config cfg = {.kv_bytes = (size_t)512 * 5 * 2 * 16 * 4 * 8 * 2,
+                                .page_size = 16, .kv_type = CAIRN_TYPE_F16, .cache_dir = dir,
+                                .disk_bytes = (size_t)64 << 20, .max_seqs = 4,
+                                .max_sessions = max_sessions, .max_responses = max_responses,
+                                .response_ttl_s = response_ttl_s, .on_event = on_event,
+                                .user = &f->col};
+    char err[256] = "";
+    if (support_service_start(model_path, 2, NULL, &cfg, &f->svc, err, sizeof err) != CAIRN_OK)
+        fail_msg("service start: %s", err);
+    return f;
+}
+
+/* A stored response (HTTP's Responses API) opened or forked with
+ * `response`, or a user's session (persisted, so that only a bound or a TTL
+ * can take it away). */
+static result *open_kind(fixture *f, uint64_t id, bool response)
+{
+    cairn_request *r = cairn_request_new(CAIRN_REQ_SESSION_OPEN);
+    r->id = id;
+    r->response = response;
+    r->persist = true;
+    r->tokens = tokenize(f, "Once upon a time", true, &r->n_tokens);
+    cairn_service_submit(f->svc, r);
+    return wait_for(&f->col, id);
+}
+
+static bool exists(fixture *f, uint64_t id, cairn_session_id sid)
+{
+    return session_call(f, id, CAIRN_REQ_SESSION_INFO, sid, NULL)->ev.kind == CAIRN_EV_DONE;
+}
+
+/* Stored responses are not open sessions: they do not count toward
+ * max_sessions; beyond max_responses the least recently continued goes;
+ * they expire after response_ttl_s, also across a restart; a user's
+ * session is never taken by either. */
+static void test_stored_responses(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/cairn-svc-resp-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    fixture *f = start_bounded(dir, 2, 3, 3600);
+    cairn_session_id user[2], resp[4];
+    for (int i = 0; i < 2; i++)
+        user[i] = open_kind(f, 1 + (uint64_t)i, false)->ev.session;
+    assert_int_equal(open_kind(f, 3, false)->ev.code, CAIRN_EFULL); /* max_sessions is full */
+    for (int i = 0; i < 3; i++) { /* ... and responses are not refused for it */
+        result *r = open_kind(f, 4 + (uint64_t)i, true);
+        assert_int_equal(r->ev.kind, CAIRN_EV_DONE);
+        resp[i] = r->ev.session;
+    }
+    /* resp[0] continued: the fourth pushes out resp[1], least recently continued */
+    cairn_request *fk = cairn_request_new(CAIRN_REQ_SESSION_FORK);
+    fk->id = 7;
+    fk->session = resp[0];
+    fk->response = true;
+    cairn_service_submit(f->svc, fk);
+    result *r = wait_for(&f->col, 7);
+    assert_int_equal(r->ev.kind, CAIRN_EV_DONE);
+    resp[3] = r->ev.session;
+    assert_false(exists(f, 8, resp[1]));
+    assert_true(exists(f, 9, resp[0]) && exists(f, 10, resp[2]) && exists(f, 11, resp[3]));
+    assert_true(exists(f, 12, user[0]) && exists(f, 13, user[1]));
+    stop(f);
+
+    /* after a graceful restart with room for two: two of the three come
+     * back (the oldest goes; all were made in the same second here), the
+     * users' sessions all do, and max_sessions still counts only theirs */
+    f = start_bounded(dir, 2, 2, 3600);
+    int back = exists(f, 1, resp[0]) + exists(f, 2, resp[2]) + exists(f, 3, resp[3]);
+    assert_int_equal(back, 2);
+    assert_false(exists(f, 4, resp[1]));
+    assert_true(exists(f, 5, user[0]) && exists(f, 6, user[1]));
+    assert_int_equal(open_kind(f, 7, false)->ev.code, CAIRN_EFULL);
+    stop(f);
+
+    /* the TTL runs from the creation time the record keeps */
+    sleep(3);
+    f = start_bounded(dir, 2, 2, 2);
+    assert_false(exists(f, 1, resp[0]) || exists(f, 2, resp[2]) || exists(f, 3, resp[3]));
+    assert_true(exists(f, 4, user[0]) && exists(f, 5, user[1]));
+    /* and while the service runs: a new one is there, then is not */
+    r = open_kind(f, 6, true);
+    assert_int_equal(r->ev.kind, CAIRN_EV_DONE);
+    cairn_session_id fresh = r->ev.session;
+    assert_true(exists(f, 7, fresh));
+    sleep(3);
+    assert_false(exists(f, 8, fresh));
+    assert_true(exists(f, 9, user[0]) && exists(f, 10, user[1]));
+    stop(f);
+    rm_rf(dir);
+}
+
+/* A stored response written before record version 5 (a plain session with
+ * a note, no name) is taken as one at start: it stops counting toward
+ * max_sessions, and is written again as version 5, so its TTL runs on
+ * across restarts. */
+static void test_legacy_response_records(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/cairn-svc-legacy-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    fixture *f = start_bounded(dir, 3, 8, 3600);
+    cairn_session_id user[2];
+    for (int i = 0; i < 2; i++)
+        user[i] = open_kind(f, 1 + (uint64_t)i, false)->ev.session;
+    cairn_session_id old = open_kind(f, 3, false)->ev.session; /* as cairn wrote one before */
+    assert_int_equal(session_call(f, 4, CAIRN_REQ_SESSION_NOTE, old, "{\"object\":\"response\"}")
+                         ->ev.kind,
+                     CAIRN_EV_DONE);
+    stop(f);
+
+    f = start_bounded(dir, 2, 8, 3600); /* room for the users' two only */
+    assert_true(exists(f, 1, user[0]) && exists(f, 2, user[1]) && exists(f, 3, old));
+    assert_int_equal(open_kind(f, 4, false)->ev.code, CAIRN_EFULL);
+    stop(f);
+    sleep(3);
+    f = start_bounded(dir, 2, 8, 2);
+    assert_false(exists(f, 1, old));
+    assert_true(exists(f, 2, user[0]) && exists(f, 3, user[1]));
+    stop(f);
+    rm_rf(dir);
+}
+
 static void test_named_session_sync(void **state)
 {
     (void)state;
@@ -971,6 +1102,8 @@ int main(void)
         cmocka_unit_test(test_greedy_matches_reference),
         cmocka_unit_test(test_named_session_sync),
         cmocka_unit_test(test_session_note),
+        cmocka_unit_test(test_stored_responses),
+        cmocka_unit_test(test_legacy_response_records),
         cmocka_unit_test(test_session_calls_by_name),
         cmocka_unit_test(test_batching_does_not_change_results),
         cmocka_unit_test(test_prefix_reuse),
