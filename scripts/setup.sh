@@ -42,9 +42,10 @@ if [ $want_test -eq 1 ]; then
     # cache tier's Redis. tokenizers (Hugging Face's) is the reference for
     # the tokenizer.json the checkpoint tests write and cairn reads.
     # selenium drives the Debian chromium through chromedriver (tests/web).
+    # prometheus_client's parser reads /metrics as Prometheus would.
     pypkgs=(numpy gguf msgpack jinja2 openai jsonschema anthropic openai-agents redis tokenizers
-            selenium)
-    if ! $py -c "import numpy, gguf, msgpack, jinja2, openai, jsonschema, anthropic, agents, redis, tokenizers, selenium" \
+            selenium prometheus_client)
+    if ! $py -c "import numpy, gguf, msgpack, jinja2, openai, jsonschema, anthropic, agents, redis, tokenizers, selenium, prometheus_client" \
         2>/dev/null; then
         echo "setup: installing Python packages: ${pypkgs[*]}" >&2
         $py -m pip install -q "${pypkgs[@]}" 2>/dev/null ||

@@ -6,6 +6,8 @@
 #include "session/session_impl.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* Seconds; wide enough for a CPU model's first token and a GPU's next one. */
 const double cairn_latency_bounds[CAIRN_LATENCY_BUCKETS] = {
@@ -22,6 +24,97 @@ void svc_histogram_observe(cairn_latency_histogram *h, double seconds)
     h->counts[b]++;
     h->count++;
     h->sum_s += seconds;
+}
+
+/* vLLM's boundaries (vllm/v1/metrics/loggers.py): time to first token; the
+ * per-token pair (inter-token latency, time per output token); and the one
+ * set its per-request times share (e2e, queue, prefill, decode, inference). */
+static const double vllm_ttft_bounds[] = {
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+static const double vllm_itl_bounds[] = {
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
+    0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
+static const double vllm_request_bounds[] = {
+    0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,    10.0,   15.0,  20.0,
+    30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+
+#define N_OF(a) ((int)(sizeof(a) / sizeof(a)[0]))
+
+const double *cairn_vllm_bounds(cairn_vllm_hist h, int *n)
+{
+    switch (h) {
+    case CAIRN_VLLM_TTFT:
+        *n = N_OF(vllm_ttft_bounds);
+        return vllm_ttft_bounds;
+    case CAIRN_VLLM_ITL:
+        *n = N_OF(vllm_itl_bounds);
+        return vllm_itl_bounds;
+    default:
+        *n = N_OF(vllm_request_bounds);
+        return vllm_request_bounds;
+    }
+}
+
+void svc_vllm_observe(cairn_service *s, cairn_vllm_hist which, double seconds)
+{
+    if (!(seconds >= 0))
+        seconds = 0;
+    int n;
+    const double *bounds = cairn_vllm_bounds(which, &n);
+    cairn_vllm_histogram *h = &s->stats.vllm[which];
+    int b = 0;
+    while (b < n && seconds > bounds[b])
+        b++;
+    h->counts[b]++;
+    h->count++;
+    h->sum_s += seconds;
+}
+
+/* A request ended (and is answered): its reason and its per-request times. */
+void svc_note_finished(cairn_service *s, const job *j)
+{
+    cairn_vllm_finish why = CAIRN_VLLM_FINISH_STOP;
+    if (j->finish && strcmp(j->finish, "cancelled") == 0)
+        why = CAIRN_VLLM_FINISH_ABORT;
+    else if (j->finish && strcmp(j->finish, "length") == 0)
+        why = CAIRN_VLLM_FINISH_LENGTH;
+    s->stats.finished[why]++;
+    svc_vllm_observe(s, CAIRN_VLLM_E2E, cairn_now() - j->req->submitted_at);
+    if (j->t_admitted > 0 && j->t_first_token >= j->t_admitted) {
+        svc_vllm_observe(s, CAIRN_VLLM_QUEUE, j->t_admitted - j->req->submitted_at);
+        svc_vllm_observe(s, CAIRN_VLLM_PREFILL, j->t_first_token - j->t_admitted);
+        svc_vllm_observe(s, CAIRN_VLLM_DECODE, j->t_last_token - j->t_first_token);
+        svc_vllm_observe(s, CAIRN_VLLM_INFERENCE, j->t_last_token - j->t_admitted);
+    }
+}
+
+/* Distinct tier-0 pages in the page tables of the running jobs (a prefix
+ * several share counts once). */
+static uint64_t device_pages_in_use(const cairn_service *s, uint64_t capacity)
+{
+    if (capacity == 0)
+        return 0;
+    uint8_t *seen = calloc((size_t)(capacity + 7) / 8, 1);
+    uint64_t n = 0;
+    for (int i = 0; i < s->n_running; i++) {
+        const job *j = s->running[i];
+        for (size_t k = 0; k < j->n_pages; k++) {
+            int32_t p = j->pages[k];
+            if (p < 0 || (uint64_t)p >= capacity)
+                continue;
+            if (!seen) { /* out of memory: count without the de-duplication */
+                n++;
+                continue;
+            }
+            if (!(seen[p >> 3] & (1u << (p & 7)))) {
+                seen[p >> 3] |= (uint8_t)(1u << (p & 7));
+                n++;
+            }
+        }
+    }
+    free(seen);
+    return n < capacity ? n : capacity;
 }
 
 void svc_emit(cairn_service *s, cairn_event *ev)
@@ -83,6 +176,9 @@ void svc_fill_stats(cairn_service *s, cairn_service_stats *st)
     st->device_pages_free = ks.tier[CAIRN_TIER_DEVICE].free_pages;
     st->evicted_pages = ks.evicted_pages[CAIRN_TIER_DEVICE];
     st->running = (uint64_t)(s->n_running + s->n_fetching);
+    st->device_pages_in_use = device_pages_in_use(s, st->device_pages_total);
+    st->page_size = s->page_size;
+    st->prefix_cache = s->prefix_cache;
     for (int t = 0; t < 3; t++) {
         const cairn_kvcache_tier_stats *k = &ks.tier[t];
         st->tiers[t] = (cairn_service_tier_stats){

@@ -216,6 +216,7 @@ void job_finish(cairn_service *s, job *j, bool emit_event)
         job_free(j);
         return;
     }
+    svc_note_finished(s, j);
     size_t text_len;
     char tail[300];
     if (cairn_detok_flush(j->detok, tail, sizeof tail, &text_len) == CAIRN_OK && text_len &&
@@ -323,8 +324,10 @@ void job_note_tokens_time(cairn_service *s, job *j, int n)
     double now = cairn_now();
     if (j->t_last_token == 0) {
         svc_histogram_observe(&s->stats.ttft, now - j->req->submitted_at);
+        svc_vllm_observe(s, CAIRN_VLLM_TTFT, now - j->req->submitted_at);
         j->t_first_token = now;
     } else {
+        svc_vllm_observe(s, CAIRN_VLLM_ITL, now - j->t_last_token); /* once a step */
         for (int t = 0; t < n; t++) /* the step's time, shared by its tokens */
             svc_histogram_observe(&s->stats.inter_token, (now - j->t_last_token) / n);
     }

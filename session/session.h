@@ -298,6 +298,53 @@ typedef struct {
     double sum_s;
 } cairn_latency_histogram;
 
+/* The same measurements again on vLLM's bucket boundaries, for the vllm:
+ * names of /metrics (docs/openai.md): routers and autoscalers written for
+ * vLLM compare their buckets. The server as a whole, every tenant together
+ * (vLLM has no tenants). Observed on the engine thread:
+ *   TTFT       submit -> first token sampled (as cairn_service_stats.ttft)
+ *   ITL        between a request's decode steps: once per step, however many
+ *              tokens a speculative step gave (as vLLM counts it)
+ *   E2E        submit -> finished
+ *   QUEUE      submit -> first admission
+ *   PREFILL    first admission -> first token
+ *   DECODE     first token -> last token
+ *   INFERENCE  first admission -> last token
+ * E2E counts every finished request; the last four only those that were
+ * admitted and sampled a token. */
+typedef enum {
+    CAIRN_VLLM_TTFT,
+    CAIRN_VLLM_ITL,
+    CAIRN_VLLM_E2E,
+    CAIRN_VLLM_QUEUE,
+    CAIRN_VLLM_PREFILL,
+    CAIRN_VLLM_DECODE,
+    CAIRN_VLLM_INFERENCE,
+    CAIRN_VLLM_HISTS
+} cairn_vllm_hist;
+
+#define CAIRN_VLLM_BUCKETS_MAX 22
+
+typedef struct {
+    uint64_t counts[CAIRN_VLLM_BUCKETS_MAX + 1]; /* per bucket, not cumulative;
+                                                    [n_bounds] is +Inf     */
+    uint64_t count;
+    double sum_s;
+} cairn_vllm_histogram;
+
+/* The upper bounds (seconds, ascending) of histogram h's buckets; *n
+ * receives how many (at most CAIRN_VLLM_BUCKETS_MAX). */
+const double *cairn_vllm_bounds(cairn_vllm_hist h, int *n);
+
+/* vLLM's finished_reason values, for requests that ended (cancelled ones are
+ * "abort"; failed ones are not counted). */
+typedef enum {
+    CAIRN_VLLM_FINISH_STOP,
+    CAIRN_VLLM_FINISH_LENGTH,
+    CAIRN_VLLM_FINISH_ABORT,
+    CAIRN_VLLM_FINISHES
+} cairn_vllm_finish;
+
 typedef struct {
     uint64_t queries;          /* generation requests admitted              */
     uint64_t prompt_tokens;    /* prompt tokens of those requests           */
@@ -317,6 +364,14 @@ typedef struct {
                                   computed the prefix they share              */
     cairn_latency_histogram ttft;        /* submit -> first token sampled    */
     cairn_latency_histogram inter_token; /* between a request's tokens       */
+    cairn_vllm_histogram vllm[CAIRN_VLLM_HISTS]; /* on vLLM's buckets (above) */
+    uint64_t finished[CAIRN_VLLM_FINISHES]; /* requests ended, by vLLM's reason */
+    uint64_t device_pages_in_use; /* distinct tier-0 pages held by running
+                                     requests now; pages only the prefix tree
+                                     holds are reclaimable and not counted
+                                     (vLLM's kv_cache_usage_perc)          */
+    int page_size;             /* tokens per KV page                         */
+    bool prefix_cache;         /* prefix caching on                          */
     struct {                   /* tier 3, Redis (store.h); zero without one  */
         bool on, up;
         uint64_t hits, misses;  /* page reads that missed in LMDB           */

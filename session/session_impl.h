@@ -260,6 +260,8 @@ void svc_emit_session(cairn_service *s, const cairn_request *r, cairn_session_id
                       int64_t n_tokens);
 void svc_emit_generation_done(cairn_service *s, job *j);
 void svc_histogram_observe(cairn_latency_histogram *h, double seconds);
+void svc_vllm_observe(cairn_service *s, cairn_vllm_hist which, double seconds);
+void svc_note_finished(cairn_service *s, const job *j);
 void svc_fill_stats(cairn_service *s, cairn_service_stats *st);
 /* The per-tier account of the run, to the log (at stop). */
 void svc_log_cache_account(cairn_service *s);

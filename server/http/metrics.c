@@ -54,6 +54,157 @@ static void metric_histogram(cairn_strbuf *b, const char *name, const char *help
     http_printf(b, "%s_count %llu\n", name, (unsigned long long)hg->count);
 }
 
+/* ---- vLLM's names ----------------------------------------------------------
+ *
+ * Routers and autoscalers written for vLLM (vllm-router, llm-d's endpoint
+ * picker, KEDA/HPA rules, Grafana boards) read these; each has the meaning
+ * vLLM gives it, for the whole server (vLLM has no tenants), labelled as vLLM
+ * labels them: model_name (the id /v1/models reports) and engine="0". The
+ * table in docs/openai.md says what each one counts in cairn. */
+
+/* A label value in the text format: backslash, quote and newline escaped. */
+static void label_value(cairn_strbuf *b, const char *v)
+{
+    for (; *v; v++) {
+        if (*v == '\\')
+            cairn_strbuf_add(b, "\\\\", 2);
+        else if (*v == '"')
+            cairn_strbuf_add(b, "\\\"", 2);
+        else if (*v == '\n')
+            cairn_strbuf_add(b, "\\n", 2);
+        else
+            cairn_strbuf_add(b, v, 1);
+    }
+}
+
+/* A bucket bound as Python's prometheus_client writes it ("0.5", "1.0",
+ * "2560.0"), so that le labels equal vLLM's own series, string for string. */
+static void bound_text(char *out, size_t cap, double v)
+{
+    if (v < 9e15 && v == (double)(long long)v)
+        snprintf(out, cap, "%.1f", v);
+    else
+        snprintf(out, cap, "%.10g", v);
+}
+
+static void vllm_sample(cairn_strbuf *b, const char *name, const char *labels, double v)
+{
+    if (v >= 0 && v < 9e15 && v == (double)(long long)v)
+        http_printf(b, "%s{%s} %lld\n", name, labels, (long long)v);
+    else
+        http_printf(b, "%s{%s} %.9g\n", name, labels, v);
+}
+
+static void vllm_metric(cairn_strbuf *b, const char *name, const char *type, const char *help,
+                        const char *labels, double v)
+{
+    metric_head(b, name, type, help);
+    vllm_sample(b, name, labels, v);
+}
+
+static void vllm_histogram(cairn_strbuf *b, const char *name, const char *help,
+                           const char *labels, const cairn_vllm_histogram *hg, cairn_vllm_hist which)
+{
+    int n;
+    const double *bounds = cairn_vllm_bounds(which, &n);
+    metric_head(b, name, "histogram", help);
+    uint64_t cum = 0;
+    char le[32];
+    for (int i = 0; i < n; i++) {
+        cum += hg->counts[i];
+        bound_text(le, sizeof le, bounds[i]);
+        http_printf(b, "%s_bucket{%s,le=\"%s\"} %llu\n", name, labels, le,
+                    (unsigned long long)cum);
+    }
+    cum += hg->counts[n];
+    http_printf(b, "%s_bucket{%s,le=\"+Inf\"} %llu\n", name, labels, (unsigned long long)cum);
+    http_printf(b, "%s_sum{%s} %.9g\n", name, labels, hg->sum_s);
+    http_printf(b, "%s_count{%s} %llu\n", name, labels, (unsigned long long)hg->count);
+}
+
+static void render_vllm(const char *model, const cairn_service_stats *st, cairn_strbuf *b)
+{
+    cairn_strbuf lb = {0};
+    cairn_strbuf_add(&lb, "model_name=\"", 12);
+    label_value(&lb, model);
+    cairn_strbuf_add(&lb, "\",engine=\"0\"", 12);
+    if (lb.oom) {
+        cairn_strbuf_free(&lb);
+        b->oom = true;
+        return;
+    }
+    const char *l = lb.data;
+    double usage = st->device_pages_total
+                       ? (double)st->device_pages_in_use / (double)st->device_pages_total
+                       : 0;
+
+    vllm_metric(b, "vllm:num_requests_running", "gauge",
+                "Number of requests in model execution batches.", l, (double)st->running);
+    vllm_metric(b, "vllm:num_requests_waiting", "gauge",
+                "Number of requests waiting to be processed.", l, (double)st->waiting);
+    vllm_metric(b, "vllm:kv_cache_usage_perc", "gauge",
+                "KV-cache usage. 1 means 100 percent usage.", l, usage);
+    vllm_metric(b, "vllm:gpu_cache_usage_perc", "gauge",
+                "GPU KV-cache usage. 1 means 100 percent usage. DEPRECATED: Use "
+                "vllm:kv_cache_usage_perc instead.", l, usage);
+    vllm_metric(b, "vllm:prefix_cache_queries_total", "counter",
+                "Prefix cache queries, in terms of number of queried tokens.", l,
+                (double)st->prompt_tokens);
+    vllm_metric(b, "vllm:prefix_cache_hits_total", "counter",
+                "Prefix cache hits, in terms of number of cached tokens.", l,
+                (double)st->cached_tokens);
+    vllm_metric(b, "vllm:gpu_prefix_cache_queries_total", "counter",
+                "GPU prefix cache queries, in terms of number of queried tokens. DEPRECATED: "
+                "Use vllm:prefix_cache_queries instead.", l, (double)st->prompt_tokens);
+    vllm_metric(b, "vllm:gpu_prefix_cache_hits_total", "counter",
+                "GPU prefix cache hits, in terms of number of cached tokens. DEPRECATED: Use "
+                "vllm:prefix_cache_hits instead.", l, (double)st->cached_tokens);
+    vllm_metric(b, "vllm:num_preemptions_total", "counter",
+                "Cumulative number of preemption from the engine.", l, (double)st->paused);
+    vllm_metric(b, "vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+                l, (double)st->prompt_tokens);
+    vllm_metric(b, "vllm:generation_tokens_total", "counter",
+                "Number of generation tokens processed.", l, (double)st->generated_tokens);
+    metric_head(b, "vllm:request_success_total", "counter",
+                "Count of successfully processed requests.");
+    static const char *const reasons[CAIRN_VLLM_FINISHES] = {"stop", "length", "abort"};
+    for (int r = 0; r < CAIRN_VLLM_FINISHES; r++)
+        http_printf(b, "vllm:request_success_total{%s,finished_reason=\"%s\"} %llu\n", l,
+                    reasons[r], (unsigned long long)st->finished[r]);
+    metric_head(b, "vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig");
+    http_printf(b,
+                "vllm:cache_config_info{block_size=\"%d\",enable_prefix_caching=\"%s\","
+                "engine=\"0\",num_gpu_blocks=\"%llu\"} 1\n",
+                st->page_size, st->prefix_cache ? "True" : "False",
+                (unsigned long long)st->device_pages_total);
+    vllm_histogram(b, "vllm:time_to_first_token_seconds",
+                   "Histogram of time to first token in seconds.", l, &st->vllm[CAIRN_VLLM_TTFT],
+                   CAIRN_VLLM_TTFT);
+    vllm_histogram(b, "vllm:inter_token_latency_seconds",
+                   "Histogram of inter-token latency in seconds.", l, &st->vllm[CAIRN_VLLM_ITL],
+                   CAIRN_VLLM_ITL);
+    vllm_histogram(b, "vllm:time_per_output_token_seconds",
+                   "Histogram of time per output token in seconds. DEPRECATED: Use "
+                   "vllm:inter_token_latency_seconds instead.",
+                   l, &st->vllm[CAIRN_VLLM_ITL], CAIRN_VLLM_ITL);
+    vllm_histogram(b, "vllm:e2e_request_latency_seconds",
+                   "Histogram of e2e request latency in seconds.", l, &st->vllm[CAIRN_VLLM_E2E],
+                   CAIRN_VLLM_E2E);
+    vllm_histogram(b, "vllm:request_queue_time_seconds",
+                   "Histogram of time spent in WAITING phase for request.", l,
+                   &st->vllm[CAIRN_VLLM_QUEUE], CAIRN_VLLM_QUEUE);
+    vllm_histogram(b, "vllm:request_prefill_time_seconds",
+                   "Histogram of time spent in PREFILL phase for request.", l,
+                   &st->vllm[CAIRN_VLLM_PREFILL], CAIRN_VLLM_PREFILL);
+    vllm_histogram(b, "vllm:request_decode_time_seconds",
+                   "Histogram of time spent in DECODE phase for request.", l,
+                   &st->vllm[CAIRN_VLLM_DECODE], CAIRN_VLLM_DECODE);
+    vllm_histogram(b, "vllm:request_inference_time_seconds",
+                   "Histogram of time spent in RUNNING phase for request.", l,
+                   &st->vllm[CAIRN_VLLM_INFERENCE], CAIRN_VLLM_INFERENCE);
+    cairn_strbuf_free(&lb);
+}
+
 static void render_metrics(srv_http *h, const cairn_service_stats *st, cairn_strbuf *b)
 {
     metric_u64(b, "cairn_requests_running", "gauge",
@@ -149,6 +300,7 @@ void http_metrics_answer(hconn *c, const cairn_service_stats *st)
     c->active = NULL;
     cairn_strbuf b = {0};
     render_metrics(c->base.srv->http, st, &b);
+    render_vllm(c->base.srv->model_id, st, &b);
     if (b.oom)
         http_respond_error(c, 503, "out of memory", NULL, NULL);
     else

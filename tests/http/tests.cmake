@@ -84,3 +84,13 @@ add_test(NAME http_new_user_realmodel
           $<TARGET_FILE:cairn> ${CAIRN_MODEL} ChatModel,PrefillProgress)
 set_tests_properties(http_new_user_realmodel PROPERTIES TIMEOUT 300 LABELS "server;realmodel"
   SKIP_RETURN_CODE 77 ENVIRONMENT "CAIRN_CHAT_MODEL=${CAIRN_CHAT_MODEL}")
+
+# vLLM's metric names on /metrics (issue 42) read with prometheus_client's
+# parser, on the real instruct model: names, types, labels and buckets; the
+# running and KV-usage gauges around a request in flight; prefix-cache token
+# counts against the usage object; measured latency histograms.
+add_test(NAME http_vllm_metrics_realmodel
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_vllm_metrics.py
+          $<TARGET_FILE:cairn>)
+set_tests_properties(http_vllm_metrics_realmodel PROPERTIES TIMEOUT 300 LABELS "server;realmodel"
+  SKIP_RETURN_CODE 77 ENVIRONMENT "CAIRN_CHAT_MODEL=${CAIRN_CHAT_MODEL}")
