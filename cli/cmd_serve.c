@@ -98,8 +98,9 @@ static const char help[] =
     "                         HTTP API from a browser (default: none)\n"
     "      --no-web           no chat and cache page at / of the HTTP port (docs/web.md)\n"
     "  -v, --verbose          log every connection\n" CLI_DRAFT_HELP
-    "      --draft-max-batch N  speculate only while at most N requests decode (default 4;\n"
-    "                           0 = never; on a CPU with a tiny model speculation is slower)\n"
+    "      --draft-max-batch N  speculate only while at most N requests decode (default 4,\n"
+    "                           1 with a draft model, whose forwards are per request;\n"
+    "                           0 = never)\n"
     CLI_MODEL_HELP
     "  -h, --help             this help\n";
 

@@ -913,11 +913,25 @@ int cairn_spec_seq_draft(cairn_spec_seq *s, int cap, cairn_seq_batch *sb)
     const int max_depth = cap - 1 < SPEC_MAX_DEPTH ? cap - 1 : SPEC_MAX_DEPTH;
     t->cap = 1 + (budget > 0 ? budget : 0);
     const bool drafting = budget > 0 && max_depth > 0 && control_wants_draft(s);
-    for (int i = 0; drafting && i < spec->n; i++) {
-        if (!(s->propose_mask & (1u << i)) || t->n >= t->cap)
-            continue;
-        const spec_view v = seq_view(s, i);
-        TRY(spec->drafters[i].ops->propose(s->states[i], &v, t, t->cap - t->n, i));
+    /* the drafters that cost nothing first, whatever the order they were
+     * named in; then those that run a model, unless the tree already holds
+     * a chain as deep as the controller asks for */
+    for (int pass = 0; drafting && pass < 2; pass++) {
+        if (pass == 1) {
+            int deepest = 0;
+            for (int r = 1; r < t->n; r++)
+                if (t->depth[r] > deepest)
+                    deepest = t->depth[r];
+            if (deepest >= s->ctl.chain && deepest > 0)
+                break;
+        }
+        for (int i = 0; i < spec->n; i++) {
+            if (!(s->propose_mask & (1u << i)) || t->n >= t->cap ||
+                spec->drafters[i].ops->may_sit_out != (pass == 1))
+                continue;
+            const spec_view v = seq_view(s, i);
+            TRY(spec->drafters[i].ops->propose(s->states[i], &v, t, t->cap - t->n, i));
+        }
     }
     /* rows deeper than the output buffer allows are dropped (with their
      * subtrees: children come after parents) */

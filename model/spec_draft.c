@@ -222,6 +222,7 @@ static int dmodel_accepted(void *state, const spec_view *v, const spec_tree *t, 
 const spec_drafter_ops spec_dmodel_ops = {
     .name = "draft",
     .needs_features = false,
+    .may_sit_out = true,
     .seq_create = dmodel_seq_create,
     .seq_free = dmodel_seq_free,
     .reset = dmodel_reset,

@@ -73,6 +73,12 @@ typedef struct {
     /* Whether advance/accepted need the target's features (the final hidden
      * state after the output norm, cairn_model_forward_features). */
     bool needs_features;
+    /* Whether proposing costs forward passes of a model of its own and the
+     * drafter catches up by itself after a step it sat out (the draft
+     * model): the decoder asks it only when the drafters that cost nothing
+     * have not already proposed a chain as deep as the controller wants,
+     * so with suffix+draft a copied passage is not paid for twice. */
+    bool may_sit_out;
     int (*seq_create)(void *method, const cairn_spec_params *p, const cairn_sampling_params *sp,
                       void **state);
     void (*seq_free)(void *state);

@@ -159,8 +159,16 @@ static int setup_layout(cairn_service *s, char *err, size_t err_len)
         return CAIRN_OK;
     const cairn_spec_params d = draft_override(cairn_spec_defaults(), &c->draft);
     s->draft = d;
-    s->draft_max_batch = c->draft_max_batch == 0 ? 4 : c->draft_max_batch < 0 ? 0
-                                                                             : c->draft_max_batch;
+    /* A draft model proposes, and catches up, one request at a time (its
+     * forwards are not batched across requests), so beside other decoding
+     * requests it costs more than it saves: measured on a 2-core Zen 4 with
+     * 4 clients, 0.64x plain speculating up to 4 decoders, 0.81x up to 1
+     * (bench/spec/bench_concurrent.py). Methods that cost nothing to propose
+     * (suffix) gain there (1.13x). */
+    const int def_max_batch = cairn_spec_method_mask(s->spec, "draft") ? 1 : 4;
+    s->draft_max_batch = c->draft_max_batch == 0 ? def_max_batch
+                         : c->draft_max_batch < 0 ? 0
+                                                  : c->draft_max_batch;
     cairn_spec_seq *probe = NULL;
     if ((rc = cairn_spec_seq_create(s->spec, &d, NULL, 0, &probe))) {
         snprintf(err, err_len, "invalid draft settings: depth %d, top-k %d, n %d (n must be "
