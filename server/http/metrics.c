@@ -105,6 +105,16 @@ static void render_metrics(srv_http *h, const cairn_service_stats *st, cairn_str
     metric_u64(b, "cairn_kv_evicted_pages_total", "counter", "Pages moved out of tier 0.",
                st->evicted_pages);
     metric_u64(b, "cairn_sessions", "gauge", "Open sessions.", st->sessions);
+    metric_u64(b, "cairn_kv_write_behind_pages_total", "counter",
+               "Pages of reused prefixes written to the disk tier in the background "
+               "(committed: they survive a kill).", st->behind.pages);
+    metric_u64(b, "cairn_kv_write_behind_queued_pages_total", "counter",
+               "Pages of reused prefixes queued for the disk tier in the background.",
+               st->behind.queued);
+    metric_u64(b, "cairn_kv_write_behind_waiting", "gauge",
+               "Reused prefixes waiting to be written to the disk tier.", st->behind.waiting);
+    metric_u64(b, "cairn_kv_write_behind_dropped_total", "counter",
+               "Reused prefixes not queued for the disk tier (queue full).", st->behind.dropped);
     if (st->shared.on) {
         metric_u64(b, "cairn_shared_up", "gauge",
                    "1 while the shared cache tier's (Redis) connection is up.", st->shared.up);
