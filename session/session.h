@@ -299,6 +299,7 @@ typedef struct {
         uint64_t queued;       /* ... queued (committed or still in flight) */
         uint64_t waiting;      /* reused prefixes waiting to be written now */
         uint64_t dropped;      /* reused prefixes not queued (queue full)   */
+        double seconds;        /* engine-thread time spent copying pages    */
     } behind;
     cairn_latency_histogram ttft;        /* submit -> first token sampled    */
     cairn_latency_histogram inter_token; /* between a request's tokens       */

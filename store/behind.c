@@ -178,6 +178,7 @@ void kvc_behind_step(cairn_kvcache *c)
     size_t inflight_max = pages_of(c, BEHIND_INFLIGHT_BYTES);
     if (c->behind_inflight >= inflight_max)
         return;
+    double t0 = cairn_now();
     size_t left = pages_of(c, BEHIND_STEP_BYTES);
     if (left > inflight_max - c->behind_inflight)
         left = inflight_max - c->behind_inflight;
@@ -190,6 +191,7 @@ void kvc_behind_step(cairn_kvcache *c)
         memmove(c->behind, c->behind + done, (c->n_behind - done) * sizeof *c->behind);
         c->n_behind -= done;
     }
+    c->stats.behind_seconds += cairn_now() - t0;
 }
 
 void kvc_behind_done(cairn_kvcache *c, int status)

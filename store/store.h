@@ -890,6 +890,7 @@ typedef struct {
     uint64_t behind_pages;                  /* ... committed to LMDB          */
     uint64_t behind_dropped;                /* reused prefixes not queued (full) */
     uint64_t behind_waiting;                /* prefixes waiting now            */
+    double behind_seconds;                  /* engine-thread time spent on it  */
 } cairn_kvcache_stats;
 
 /* Counters as of now (the owner thread, as every kvcache call). */

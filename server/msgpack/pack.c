@@ -144,11 +144,13 @@ static void pack_stats(msgpack_packer *pk, const cairn_service_stats *st)
     U64("waiting", st->waiting);
     U64("sessions", st->sessions);
     pack_cstr(pk, "write_behind"); /* reused prefixes to disk (store.h) */
-    msgpack_pack_map(pk, 4);
+    msgpack_pack_map(pk, 5);
     U64("pages", st->behind.pages);
     U64("queued", st->behind.queued);
     U64("waiting", st->behind.waiting);
     U64("dropped", st->behind.dropped);
+    pack_cstr(pk, "engine_ms");
+    msgpack_pack_double(pk, st->behind.seconds * 1e3);
     static const char *tier_names[3] = {"device", "host", "disk"};
     pack_cstr(pk, "tiers");
     msgpack_pack_map(pk, 3);
