@@ -65,6 +65,9 @@ static const char help[] =
     "                         the CPU: 256M with --cache-dir, else none)\n"
     "      --cache-dir DIR    LMDB disk tier: pages and session records survive restarts\n"
     "      --disk-max SIZE    most the disk tier may use (default 4G)\n"
+    "      --no-write-behind  do not write reused prefixes to the disk tier in the\n"
+    "                         background (by default they are, so that a kill -9 keeps\n"
+    "                         them; without it only eviction and SIGTERM write pages)\n"
     "      --tier-loads P     when to load host/disk pages instead of recomputing:\n"
     "                         measured (default: when measured to be faster), always, never\n"
     "      --shared-cache URL a Redis shared by replicas under the disk tier (needs\n"
@@ -113,7 +116,7 @@ enum {
     OPT_CORS_ORIGIN, OPT_DRAIN_TIMEOUT,
     OPT_DRAFT_MAX_BATCH, OPT_SHARED_CACHE, OPT_SHARED_PREFIX, OPT_SHARED_WRITE, OPT_SHARED_TIMEOUT,
     OPT_REPLICA_ID, OPT_SHARED_TTL,
-    OPT_NO_WEB,
+    OPT_NO_WEB, OPT_NO_WRITE_BEHIND,
 };
 
 /* "512", "64K", "1.5G" (binary multiples) -> bytes; 0 on a bad value. */
@@ -239,6 +242,7 @@ static int parse_service_opt(cairn_service_config *svc, int opt, const char *arg
         return 1;
     case OPT_NO_PREFIX: svc->no_prefix_cache = true; return 1;
     case OPT_CACHE_DIR: svc->cache_dir = arg; return 1;
+    case OPT_NO_WRITE_BEHIND: svc->no_write_behind = true; return 1;
     case OPT_TIER_LOADS:
         if (strcmp(arg, "measured") == 0)
             svc->load_policy = CAIRN_LOAD_MEASURED;
@@ -354,6 +358,7 @@ static int parse_serve_opts(serve_opts *o, int argc, char **argv)
         {"cache-dir", required_argument, 0, OPT_CACHE_DIR},
         {"host-mem", required_argument, 0, OPT_HOST_MEM},
         {"disk-max", required_argument, 0, OPT_DISK_MAX},
+        {"no-write-behind", no_argument, 0, OPT_NO_WRITE_BEHIND},
         {"tier-loads", required_argument, 0, OPT_TIER_LOADS},
         {"idle-timeout", required_argument, 0, OPT_IDLE},
         {"max-output", required_argument, 0, OPT_MAX_OUTPUT},

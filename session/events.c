@@ -190,6 +190,11 @@ void svc_fill_stats(cairn_service *s, cairn_service_stats *st)
     }
     st->waiting = s->n_waiting;
     st->sessions = s->n_sessions;
+    st->behind.pages = ks.behind_pages;
+    st->behind.queued = ks.behind_queued_pages;
+    st->behind.waiting = ks.behind_waiting;
+    st->behind.dropped = ks.behind_dropped;
+    st->behind.seconds = ks.behind_seconds;
     cairn_disk *d = cairn_kvcache_disk(s->cache);
     if (cairn_disk_has_shared(d)) {
         cairn_disk_stats ds;

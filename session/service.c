@@ -62,7 +62,8 @@ static void *engine_main(void *arg)
         /* Disk and copy work finishes on the store's thread: while any is
          * outstanding the loop polls for it instead of sleeping on the
          * condition variable. */
-        bool io = s->n_fetching || s->durable || s->deferred || s->lookups;
+        bool io = s->n_fetching || s->durable || s->deferred || s->lookups ||
+                  cairn_kvcache_busy(s->cache); /* write-behind goes on while idle */
         pthread_mutex_lock(&s->mu);
         while (!s->stopping && s->inbox_n == 0 && s->n_running == 0 && !s->waiting_head && !io)
             pthread_cond_wait(&s->cv, &s->mu);
@@ -82,7 +83,8 @@ static void *engine_main(void *arg)
         sched_admit(s);
         if (s->n_running)
             sched_step(s);
-        else if (n_in == 0 && (s->n_fetching || s->durable || s->deferred || s->lookups))
+        else if (n_in == 0 && (s->n_fetching || s->durable || s->deferred || s->lookups ||
+                               cairn_kvcache_busy(s->cache)))
             cairn_kvcache_wait(s->cache, 2);
     }
     drop_all_work(s);
@@ -243,7 +245,10 @@ static int setup_cache(cairn_service *s, char *err, size_t err_len)
     cairn_kvcache_config kc = {.backend = cairn_runtime_backend(s->rt), .layout = s->kv,
                                .device_bytes = c->kv_bytes, .host_bytes = c->host_bytes,
                                .disk_dir = c->cache_dir, .disk_map_bytes = c->disk_bytes,
-                               .shared = c->shared, .share_policy = c->share_policy};
+                               .shared = c->shared, .share_policy = c->share_policy,
+                               /* on unless asked: without it a crash loses
+                                  every prefix not evicted yet (store.h) */
+                               .write_behind = !c->no_write_behind};
     int rc;
     if ((rc = cairn_page_namespace_hash(&ns, &kc.ns)) ||
         (rc = cairn_kvcache_create(&kc, &s->cache, err, err_len)))

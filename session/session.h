@@ -362,6 +362,13 @@ typedef struct {
     uint64_t partial_tokens;   /* of cached_tokens: rows reused from part of a page */
     uint64_t shared_waits;     /* admissions deferred until another request had
                                   computed the prefix they share              */
+    struct {                   /* write-behind to the disk tier (store.h)   */
+        uint64_t pages;        /* pages of reused prefixes committed to LMDB */
+        uint64_t queued;       /* ... queued (committed or still in flight) */
+        uint64_t waiting;      /* reused prefixes waiting to be written now */
+        uint64_t dropped;      /* reused prefixes not queued (queue full)   */
+        double seconds;        /* engine-thread time spent copying pages    */
+    } behind;
     cairn_latency_histogram ttft;        /* submit -> first token sampled    */
     cairn_latency_histogram inter_token; /* between a request's tokens       */
     cairn_vllm_histogram vllm[CAIRN_VLLM_HISTS]; /* on vLLM's buckets (above) */
@@ -479,6 +486,10 @@ typedef struct {
                                (needs cache_dir); NULL: none. Read at start. */
     int share_policy;       /* which pages go to tier 3: CAIRN_SHARE_* of
                                store/store.h (default: reused ones)          */
+    bool no_write_behind;   /* with cache_dir: do not write reused prefixes'
+                               pages to disk in the background (the default
+                               writes them, so that a SIGKILL keeps them:
+                               store.h, "Write-behind")                      */
     cairn_load_policy load_policy;
     cairn_spec_params draft; /* default draft settings; 0 fields: engine defaults */
     int draft_max_batch;    /* speculate while at most this many requests

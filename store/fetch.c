@@ -244,8 +244,11 @@ static void complete_fetch(cairn_kvcache *c, fetch_op *op)
                               .share_wanted = op->share_wanted && c->share_policy != CAIRN_SHARE_NONE};
     ev.resident_pages = cairn_radix_node_depth(op->node);
     /* A prefix seen twice is worth having where every replica finds it. */
-    if (ev.resident_pages > 0)
+    if (ev.resident_pages > 0) {
         kvc_share_path(c, op->node);
+        /* ... and worth keeping on this replica's disk across a crash */
+        kvc_behind_note(c, op->node);
+    }
     for (size_t i = 0; i < ev.resident_pages && i < op->n_target; i++)
         ev.from_tier[op->origin[i]]++;
     size_t ps = (size_t)c->L.page_size;

@@ -97,6 +97,7 @@ int cairn_kvcache_create(const cairn_kvcache_config *cfg, cairn_kvcache **out, c
             goto fail;
         c->shared = cairn_disk_has_shared(c->disk);
         c->share_policy = cfg->share_policy;
+        c->write_behind = cfg->write_behind;
     }
     *out = c;
     return CAIRN_OK;
@@ -136,6 +137,7 @@ void cairn_kvcache_free(cairn_kvcache *c)
     free(c->events);
     free(c->path);
     free(c->nodes);
+    kvc_behind_free(c);
     kvc_tails_free(c);
     free(c);
 }
@@ -434,6 +436,7 @@ void cairn_kvcache_get_stats(const cairn_kvcache *c, cairn_kvcache_stats *out)
         return;
     }
     *out = c->stats;
+    out->behind_waiting = c->n_behind;
     kvc_tail_counts(c, &out->tail_pages, &out->tail_host_pages);
     cairn_radix_stats rs;
     cairn_radix_get_stats(c->tree, &rs);

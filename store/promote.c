@@ -306,6 +306,8 @@ void kvc_drain_disk(cairn_kvcache *c)
                     c->slot_seen[v] = done[i].status != CAIRN_OK && done[i].seen_elsewhere;
                 }
             } else if (kind == COOKIE_WRITE) {
+                if (v == BEHIND_WRITE)
+                    kvc_behind_done(c, done[i].status);
                 c->stats.tier[CAIRN_TIER_DISK].store_ops++;
                 c->stats.tier[CAIRN_TIER_DISK].store_seconds += done[i].seconds;
                 if (done[i].status != CAIRN_OK)
@@ -361,6 +363,7 @@ int cairn_kvcache_poll(cairn_kvcache *c, cairn_kvcache_event *out, int max, int 
     if (!c || !n || max < 0 || (max && !out))
         return CAIRN_EINVAL;
     kvc_drain_disk(c);
+    kvc_behind_step(c); /* after the drain: completions made room */
     kvc_flush_events(c);
     size_t m = c->n_events < (size_t)max ? c->n_events : (size_t)max;
     if (m) {

@@ -438,6 +438,10 @@ typedef struct {
     const cairn_shared_config *shared; /* tier 3 under the disk tier; NULL =
                                     none (needs disk_dir)                     */
     int share_policy;            /* which pages tier 3 gets: CAIRN_SHARE_*   */
+    bool write_behind;           /* with a disk tier: write the pages of reused
+                                    prefixes to LMDB in the background (below,
+                                    "write-behind"); off: only eviction, pin,
+                                    persist and flush write pages            */
 } cairn_kvcache_config;
 
 /* Create the pools, the tree and (with disk_dir) the disk tier. `err` (may be
@@ -782,6 +786,32 @@ int cairn_kvcache_share(cairn_kvcache *c, cairn_kv_hold *hold);
  * tier: CAIRN_OK at once. */
 int cairn_kvcache_flush(cairn_kvcache *c);
 
+/* Write-behind (config.write_behind, store/behind.c). Without it a page
+ * reaches LMDB only when it leaves host RAM, when it is pinned or persisted,
+ * or at flush (SIGTERM): a SIGKILL (an OOM kill, a container runtime's kill
+ * after its grace period) loses every prefix computed since the start. With
+ * it, a prefix that was reused -- the rule the shared tier uses: a fetch
+ * that found cached pages in memory -- is queued (its namespace and tokens,
+ * not node handles, so eviction and splits meanwhile cost nothing) and its
+ * pages not on disk yet are written by poll in the background: the engine
+ * thread copies a few pages per poll into requests, the disk's I/O thread
+ * commits them (one LMDB transaction a batch: a page is in LMDB whole, with
+ * its tokens and checksum, or not at all). Bounds, and why:
+ *   - bytes copied per poll (1 MiB, at least one page): the copy is the
+ *     only part on the engine thread, and it delays the next forward step;
+ *   - write-behind bytes queued in the disk FIFO and not yet committed
+ *     (4 MiB): the FIFO is shared with the reads of promotions and fetches,
+ *     which wait behind every write queued before them;
+ *   - prefixes waiting (64): memory; a prefix that does not fit is dropped
+ *     (counted) and written back on eviction or flush as before.
+ * Pinned prefixes and persisted sessions' pages are written through at once
+ * instead (pin, persist below). Pages written behind are not fsync'd: they
+ * survive a process kill (committed to the file), not a power loss. */
+
+/* True while write-behind has work queued or in flight: poll again soon
+ * (an idle engine waits with cairn_kvcache_wait instead of sleeping). */
+bool cairn_kvcache_busy(const cairn_kvcache *c);
+
 /* Make the pages of the path root..node durable: queue a write of every
  * resident page not yet on disk (write-through; the bytes are copied before
  * return, so the node may change tier afterwards), then a durable fence.
@@ -856,6 +886,11 @@ typedef struct {
     uint64_t shared_hit_tokens;             /* of the disk tier's hits, tokens
                                                the shared tier served        */
     uint64_t shared_pages_queued;           /* pages queued for the shared tier */
+    uint64_t behind_queued_pages;           /* write-behind: page writes queued */
+    uint64_t behind_pages;                  /* ... committed to LMDB          */
+    uint64_t behind_dropped;                /* reused prefixes not queued (full) */
+    uint64_t behind_waiting;                /* prefixes waiting now            */
+    double behind_seconds;                  /* engine-thread time spent on it  */
 } cairn_kvcache_stats;
 
 /* Counters as of now (the owner thread, as every kvcache call). */

@@ -15,6 +15,7 @@
  *       durable.c   pin / unpin, persist, flush, records, forget, read_page
  *       share.c     extend (pages to the tree while computing), partial
  *                   reuse of a page, tails
+ *       behind.c    write-behind: reused prefixes to LMDB in the background
  *     Functions one of them defines for the others carry the kvc_ prefix.
  *
  * The id stack. Ids 0 .. capacity-1; a fresh stack hands out 0, 1, 2, ...
@@ -62,6 +63,9 @@ enum { PAGE_LOST = 1, PAGE_SHARED = 2 };
 #define COOKIE_WRITE (3ull << 60)
 #define COOKIE_FETCH (4ull << 60) /* value: fetch op id                    */
 #define COOKIE_OP (5ull << 60)    /* value: pending op id (sync, records)  */
+/* COOKIE_WRITE's value: 0 for write-back / write-through, BEHIND_WRITE for
+ * a write-behind write (its completion ends its in-flight count). */
+#define BEHIND_WRITE 1ull
 #define COOKIE_KIND(c) ((c) & (15ull << 60))
 #define COOKIE_VALUE(c) ((c) & ~(15ull << 60))
 
@@ -174,6 +178,17 @@ struct cairn_kvcache {
         size_t n, cap;
     } drain[2]; /* [CAIRN_TIER_DEVICE]: device pages, [CAIRN_TIER_HOST]: slots */
 
+    /* write-behind (behind.c): reused prefixes waiting, oldest first, and
+     * write-behind pages queued on the disk and not completed yet */
+    bool write_behind;
+    struct kv_behind {
+        uint64_t ns;
+        int32_t *tokens; /* [n_pages * page_size] */
+        size_t n_pages;
+    } *behind;
+    size_t n_behind;
+    size_t behind_inflight;
+
     cairn_kvcache_stats stats;
 };
 
@@ -277,6 +292,17 @@ void kvc_note_stored(cairn_kvcache *c, cairn_radix_node *leaf, size_t n_new);
 void kvc_note_removed(cairn_kvcache *c, const cairn_radix_page *p);
 /* Hand the page events gathered so far to the disk's shared tier. */
 void kvc_flush_events(cairn_kvcache *c);
+
+/* ---- behind.c: write-behind -------------------------------------------- */
+
+/* The path root..node was reused (a fetch found it cached): queue its pages
+ * that are not on disk yet for write-behind. Uses c->path and c->nodes. */
+void kvc_behind_note(cairn_kvcache *c, cairn_radix_node *node);
+/* Queue the next write-behind pages, within the bounds (from poll). */
+void kvc_behind_step(cairn_kvcache *c);
+/* A write-behind write completed. */
+void kvc_behind_done(cairn_kvcache *c, int status);
+void kvc_behind_free(cairn_kvcache *c);
 
 /* ---- fetch.c: admission ------------------------------------------------- */
 

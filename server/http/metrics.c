@@ -20,6 +20,13 @@ static void metric_u64(cairn_strbuf *b, const char *name, const char *type, cons
     http_printf(b, "%s %llu\n", name, (unsigned long long)v);
 }
 
+static void metric_f64(cairn_strbuf *b, const char *name, const char *type, const char *help,
+                       double v)
+{
+    metric_head(b, name, type, help);
+    http_printf(b, "%s %.9g\n", name, v);
+}
+
 static const char *const tier_names[4] = {"device", "host", "disk", "shared"};
 
 /* One series per tier: the three local ones, or with n_tiers 4 also the
@@ -256,6 +263,19 @@ static void render_metrics(srv_http *h, const cairn_service_stats *st, cairn_str
     metric_u64(b, "cairn_kv_evicted_pages_total", "counter", "Pages moved out of tier 0.",
                st->evicted_pages);
     metric_u64(b, "cairn_sessions", "gauge", "Open sessions.", st->sessions);
+    metric_u64(b, "cairn_kv_write_behind_pages_total", "counter",
+               "Pages of reused prefixes written to the disk tier in the background "
+               "(committed: they survive a kill).", st->behind.pages);
+    metric_u64(b, "cairn_kv_write_behind_queued_pages_total", "counter",
+               "Pages of reused prefixes queued for the disk tier in the background.",
+               st->behind.queued);
+    metric_u64(b, "cairn_kv_write_behind_waiting", "gauge",
+               "Reused prefixes waiting to be written to the disk tier.", st->behind.waiting);
+    metric_u64(b, "cairn_kv_write_behind_dropped_total", "counter",
+               "Reused prefixes not queued for the disk tier (queue full).", st->behind.dropped);
+    metric_f64(b, "cairn_kv_write_behind_engine_seconds_total", "counter",
+               "Engine-thread time spent copying pages for write-behind (the disk's I/O "
+               "thread commits them).", st->behind.seconds);
     if (st->shared.on) {
         metric_u64(b, "cairn_shared_up", "gauge",
                    "1 while the shared cache tier's (Redis) connection is up.", st->shared.up);

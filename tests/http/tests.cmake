@@ -94,3 +94,13 @@ add_test(NAME http_vllm_metrics_realmodel
           $<TARGET_FILE:cairn>)
 set_tests_properties(http_vllm_metrics_realmodel PROPERTIES TIMEOUT 300 LABELS "server;realmodel"
   SKIP_RETURN_CODE 77 ENVIRONMENT "CAIRN_CHAT_MODEL=${CAIRN_CHAT_MODEL}")
+
+# A crash keeps what was reused (issue 36): a document computed and reused
+# once is written to LMDB in the background; after a SIGKILL and restart it
+# comes back from disk with the same greedy output, while a one-off prompt
+# was never written (real model, real LMDB, real SIGKILL).
+add_test(NAME http_write_behind_realmodel
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_write_behind.py
+          $<TARGET_FILE:cairn>)
+set_tests_properties(http_write_behind_realmodel PROPERTIES TIMEOUT 600 LABELS "server;realmodel"
+  SKIP_RETURN_CODE 77 ENVIRONMENT "CAIRN_CHAT_MODEL=${CAIRN_CHAT_MODEL}")

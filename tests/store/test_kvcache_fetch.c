@@ -2,6 +2,7 @@
  * tests/store/test_kvcache_fetch.c — the persistent prefix cache as the
  * engine drives it: admission (cairn_kvcache_fetch), cost-aware loads,
  * write-back on shutdown, durable session records and pages (SIGKILL),
+ * write-behind of reused prefixes (SIGKILL),
  * namespace isolation, per-tier statistics.
  *
  * Every page's payload is a function of its whole prefix (test_payload), so
@@ -46,6 +47,8 @@ typedef struct {
     cairn_kv_layout L;
 } cache;
 
+static bool open_write_behind; /* the next cache_open's config.write_behind */
+
 static void cache_open_ns(cache *k, const char *dir, int dev_pages, int host_pages,
                           cairn_kv_layout L, cairn_page_hash ns)
 {
@@ -55,7 +58,8 @@ static void cache_open_ns(cache *k, const char *dir, int dev_pages, int host_pag
     cairn_kvcache_config cfg = {.backend = k->be, .layout = L,
                                 .device_bytes = (size_t)dev_pages * L.page_bytes,
                                 .host_bytes = (size_t)host_pages * L.page_bytes,
-                                .disk_dir = dir, .disk_map_bytes = 16u << 20, .ns = ns};
+                                .disk_dir = dir, .disk_map_bytes = 16u << 20, .ns = ns,
+                                .write_behind = open_write_behind};
     char err[256] = "";
     assert_int_equal(cairn_kvcache_create(&cfg, &k->c, err, sizeof err), CAIRN_OK);
 }
@@ -733,6 +737,104 @@ static void test_durable_sigkill(void **state)
     test_remove_dir(dir);
 }
 
+/* Write-behind: a prefix that a fetch found in memory (reused) reaches
+ * LMDB without eviction, flush or persist, and survives a SIGKILL; a
+ * prefix used once does not go there. */
+#define WB_PAGES 10
+static void write_behind_child(const char *dir, int fd)
+{
+    open_write_behind = true;
+    cache k;
+    cache_open(&k, dir, 64, 32);
+    int32_t tok[WB_PAGES * PS + 1], once[4 * PS];
+    seq_tokens(tok, WB_PAGES * PS + 1, 8);
+    seq_tokens(once, 4 * PS, 9);
+    put_pages(&k, tok, WB_PAGES);
+    put_pages(&k, once, 4);
+    /* The prefix idles in host RAM (the least recently used node moves
+     * there, and nothing leaves host RAM: no write-back) and is reused
+     * from there. */
+    size_t moved;
+    cairn_kvcache_evict(k.c, CAIRN_TIER_DEVICE, 1, &moved);
+    if (moved != WB_PAGES)
+        _exit(7);
+    if (cairn_kvcache_fetch(k.c, 0, tok, WB_PAGES * PS + 1, SIZE_MAX, 1) != CAIRN_OK)
+        _exit(2);
+    cairn_kvcache_event ev;
+    int n = 0, rounds = 0;
+    while (n == 0 || cairn_kvcache_busy(k.c)) {
+        cairn_kvcache_event e;
+        int m = 0;
+        cairn_kvcache_poll(k.c, &e, 1, &m);
+        if (m) {
+            ev = e;
+            n = 1;
+        } else {
+            cairn_kvcache_wait(k.c, 100);
+        }
+        if (++rounds > 100000)
+            _exit(3);
+    }
+    if (ev.resident_pages != WB_PAGES)
+        _exit(4);
+    cairn_kvcache_stats st;
+    cairn_kvcache_get_stats(k.c, &st);
+    if (st.behind_pages != WB_PAGES || st.behind_queued_pages != WB_PAGES ||
+        st.tier[CAIRN_TIER_DISK].pages != WB_PAGES)
+        _exit(5);
+    char ok = 'W';
+    if (write(fd, &ok, 1) != 1)
+        _exit(6);
+    for (;;)
+        pause();
+}
+
+static void test_write_behind_sigkill(void **state)
+{
+    (void)state;
+    char dir[512];
+    test_make_dir(dir, sizeof dir, "behind");
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(fds[0]);
+        write_behind_child(dir, fds[1]);
+        _exit(0);
+    }
+    close(fds[1]);
+    char got = 0;
+    assert_int_equal(read(fds[0], &got, 1), 1);
+    assert_int_equal(got, 'W');
+    kill(pid, SIGKILL);
+    int wst;
+    waitpid(pid, &wst, 0);
+    close(fds[0]);
+    assert_true(WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL);
+
+    cache k;
+    cache_open(&k, dir, 64, 8);
+    cairn_kvcache_stats st;
+    cairn_kvcache_get_stats(k.c, &st);
+    assert_int_equal(st.tier[CAIRN_TIER_DISK].pages, WB_PAGES); /* not the one-off's */
+    assert_int_equal(cairn_kvcache_override_rates(k.c, &fast_disk), CAIRN_OK);
+    int32_t tok[WB_PAGES * PS + 1], once[4 * PS + 1];
+    seq_tokens(tok, WB_PAGES * PS + 1, 8);
+    seq_tokens(once, 4 * PS + 1, 9);
+    assert_int_equal(cairn_kvcache_fetch(k.c, 0, tok, WB_PAGES * PS, SIZE_MAX, 1), CAIRN_OK);
+    cairn_kvcache_event ev = wait_event(&k);
+    assert_int_equal(ev.resident_pages, WB_PAGES);
+    assert_int_equal(ev.from_tier[CAIRN_TIER_DISK], WB_PAGES);
+    check_resident(&k, ev.node, tok); /* byte for byte, device and host pages alike */
+    assert_int_equal(cairn_radix_unlock(cairn_kvcache_tree(k.c), ev.node), CAIRN_OK);
+    assert_int_equal(cairn_kvcache_fetch(k.c, 0, once, 4 * PS, SIZE_MAX, 2), CAIRN_OK);
+    ev = wait_event(&k);
+    assert_int_equal(ev.resident_pages, 0);
+    cache_close(&k);
+    test_remove_dir(dir);
+}
+
 /* persist: durable answers, idempotent, and a page that exists nowhere is
  * reported (and fetch then drops it). */
 static void test_persist_lost(void **state)
@@ -1153,6 +1255,7 @@ int main(void)
         cmocka_unit_test(test_cost_model),
         cmocka_unit_test(test_records),
         cmocka_unit_test(test_durable_sigkill),
+        cmocka_unit_test(test_write_behind_sigkill),
         cmocka_unit_test(test_persist_lost),
         cmocka_unit_test(test_namespace_isolation),
         cmocka_unit_test(test_fetch_random_1),
