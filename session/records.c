@@ -7,7 +7,7 @@
  *   value "CSR1" | u32 version | u32 flags | u32 key_len |
  *         u64 tenant | u64 n_tokens | u64 checksum |
  *         [version 4, 5: u64 vocabulary | u32 note_len] |
- *         [version 5: i64 created] |
+ *         [version 5: i64 created | i64 expires] |
  *         int32 tokens[n_tokens] | key_len bytes of the session's name |
  *         [note_len bytes of its note] (little-endian throughout)
  *
@@ -18,8 +18,10 @@
  *              cairn writes): name optional, the vocabulary field, and a
  *              note (note_len 0..CAIRN_SESSION_NOTE_MAX: a front end's
  *              bytes kept with the session, session.h); 5: version 4
- *              and the Unix time a stored response was created, from
- *              which its TTL runs (only stored responses are written as
+ *              and the Unix times a stored response was created and
+ *              expires (0: never; fixed at creation from the TTL then in
+ *              force, so a restart under another --responses-ttl neither
+ *              shortens nor stretches it; only stored responses are written as
  *              5, so a user's sessions stay readable by a cairn that
  *              knows version 4). A version 2-4 record with a note and no
  *              name is a stored response written before version 5 (see
@@ -50,7 +52,7 @@
 #define RECORD_HEADER 40    /* up to the tokens in versions 2 and 3          */
 #define RECORD_VERSION_RESPONSE 5
 #define RECORD_HEADER_V4 52 /* version 4: + vocabulary and note_len          */
-#define RECORD_HEADER_V5 60 /* version 5: + created                          */
+#define RECORD_HEADER_V5 68 /* version 5: + created, expires                 */
 #define RECORD_FLAG_RESPONSE 4u
 #define RECORD_SUM_AT 32
 #define RECORD_KEY_MAX 1024 /* bytes of a session's name */
@@ -95,8 +97,10 @@ int record_put(cairn_service *s, const session *x, uint64_t cookie)
     const uint32_t note_len = (uint32_t)note;
     memcpy(v + RECORD_HEADER, &s->vocab_id, 8);
     memcpy(v + RECORD_HEADER + 8, &note_len, 4);
-    if (x->response)
+    if (x->response) {
         memcpy(v + RECORD_HEADER_V4, &x->created, 8);
+        memcpy(v + RECORD_HEADER_V4 + 8, &x->expires, 8);
+    }
     if (n)
         memcpy(v + body, x->history.v, n * sizeof(int32_t));
     if (name)
@@ -161,6 +165,7 @@ typedef struct {
     uint32_t note; /* bytes of the note    */
     bool response; /* a stored response (version 5) */
     int64_t created; /* its creation time     */
+    int64_t expires; /* when it expires (0: never) */
 } record_layout;
 
 /* One record checked against the layout above. *why says what makes a
@@ -195,6 +200,7 @@ static record_verdict record_check(const cairn_service *s, const uint8_t *k, con
     if (v5) {
         out->response = (head[2] & RECORD_FLAG_RESPONSE) != 0;
         memcpy(&out->created, v + RECORD_HEADER_V4, 8);
+        memcpy(&out->expires, v + RECORD_HEADER_V4 + 8, 8);
     }
     if (vocab != s->vocab_id) {
         *why = "it was written under another vocabulary (another model)";
@@ -255,7 +261,7 @@ static int load_record(const void *key, size_t key_len, const void *value, size_
     if (lay.response) {
         /* a stored response past its TTL is not brought back (its pages
          * stay in the cache); the user's sessions never expire */
-        session probe = {.response = true, .created = lay.created};
+        session probe = {.response = true, .created = lay.created, .expires = lay.expires};
         if (response_expired(s, &probe, (int64_t)time(NULL))) {
             record_delete(s, id, 0);
             record_unshare(s, id);
@@ -300,6 +306,7 @@ static int load_record(const void *key, size_t key_len, const void *value, size_
     const bool legacy = !lay.response && lay.body != RECORD_HEADER_V5 && note && !name;
     x->response = lay.response || legacy;
     x->created = legacy ? (int64_t)time(NULL) : lay.created;
+    x->expires = legacy ? response_deadline(s, x->created) : lay.expires;
     if (session_adopt(s, x) != CAIRN_OK) {
         free(x->history.v);
         free(x->key);

@@ -108,7 +108,11 @@ typedef struct session {
     /* A stored response (cairn_request.response; sessions.c): in the
      * service's list of them, least recently continued first. */
     bool response;
-    int64_t created; /* responses: Unix time it was made (for its TTL)      */
+    int64_t created; /* responses: Unix time it was made                    */
+    int64_t expires; /* responses: Unix time it expires, fixed when it was
+                        made from the TTL then in force (0: never), so a
+                        restart with another --responses-ttl does not
+                        shorten the life it was given                   */
     struct session *resp_prev, *resp_next;
     struct session *next;
 } session;
@@ -286,6 +290,9 @@ session *session_named(cairn_service *s, cairn_request *r);
 void responses_touch(cairn_service *s, session *x);
 /* Whether x is a stored response past its TTL at Unix time `now` (never
  * while it is generating). */
+/* When a stored response made at `created` expires under the TTL in force
+ * now (0: never). */
+int64_t response_deadline(const cairn_service *s, int64_t created);
 bool response_expired(const cairn_service *s, const session *x, int64_t now);
 /* Drop a stored response: its record deleted, the session destroyed (its
  * pages stay in the cache). */

@@ -6,6 +6,7 @@
  */
 #include "session/session_impl.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <time.h>
 
@@ -96,8 +97,10 @@ static int session_create(cairn_service *s, bool response, const session *spare,
     if (!x)
         return CAIRN_ENOMEM;
     x->response = response;
-    if (response)
+    if (response) {
         x->created = (int64_t)time(NULL);
+        x->expires = response_deadline(s, x->created);
+    }
     int rc;
     /* 128 random bits from the kernel; never a predictable counter, since
      * the id is the only capability a client needs to reach a session */
@@ -269,10 +272,17 @@ void responses_touch(cairn_service *s, session *x)
     s->resp_tail = x;
 }
 
+int64_t response_deadline(const cairn_service *s, int64_t created)
+{
+    if (s->cfg.response_ttl_s < 0)
+        return 0;
+    return created + (int64_t)ceil(s->cfg.response_ttl_s);
+}
+
 bool response_expired(const cairn_service *s, const session *x, int64_t now)
 {
-    return x->response && !x->busy && s->cfg.response_ttl_s >= 0 &&
-           (double)(now - x->created) >= s->cfg.response_ttl_s;
+    (void)s;
+    return x->response && !x->busy && x->expires > 0 && now >= x->expires;
 }
 
 void response_drop(cairn_service *s, session *x)
@@ -288,7 +298,7 @@ void response_drop(cairn_service *s, session *x)
 
 void responses_expire(cairn_service *s, int64_t now)
 {
-    if (now < s->resp_next_sweep || s->cfg.response_ttl_s < 0)
+    if (now < s->resp_next_sweep)
         return;
     s->resp_next_sweep = now + RESPONSES_SWEEP_S;
     /* the list is in order of use, not of creation: the whole of it */

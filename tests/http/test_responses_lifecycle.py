@@ -238,23 +238,28 @@ class Expiry(Base):
             got = self.assertOk(h.chat("user-chat", "A user's conversation, more."))
             self.assertGreater(got["usage"]["prompt_tokens_details"]["cached_tokens"], 0)
             h.close()
-            # the creation time is on disk: made with a long TTL, killed,
-            # restarted with a short one after it has passed -> gone
+            # the deadline is on disk, fixed when the response was made: a
+            # restart under another --responses-ttl neither shortens it (a
+            # user's record is never deleted for how the server started) nor
+            # stretches it
             srv = scratch.track(srv.restart(
                 ["-m", MODEL, "--cache-dir", kv, "--responses-ttl", "1h"], kill=True))
             h = self.http(srv)
             old = self.assertOk(h.create("Made under a TTL of an hour."))
             h.close()
-            srv = scratch.track(srv.restart(kill=True))
-            h = self.http(srv)
-            self.assertOk(h.get(old["id"]))  # an hour is not over
-            h.close()
-            time.sleep(1.5)
             srv = scratch.track(srv.restart(
                 ["-m", MODEL, "--cache-dir", kv, "--responses-ttl", "1"], kill=True))
             h = self.http(srv)
-            self.assertGone(h.get(old["id"]), old["id"])
+            short = self.assertOk(h.create("Made under a TTL of a second."))
+            h.close()
+            time.sleep(1.5)
+            srv = scratch.track(srv.restart(
+                ["-m", MODEL, "--cache-dir", kv, "--responses-ttl", "1h"], kill=True))
+            h = self.http(srv)
+            self.assertOk(h.get(old["id"]))  # its hour is not over, whatever the TTL now
+            self.assertGone(h.get(short["id"]), short["id"])  # its second is
             self.assertTrue(any("expired" in ln for ln in srv.log_lines), srv.log())
+            h.close()
             with srv.client() as c:
                 self.assertGreater(c.session_info(native)["n_tokens"], 0)
 
