@@ -690,29 +690,37 @@ static void durable_child(const char *dir, int fd)
         pause();
 }
 
-static void test_durable_sigkill(void **state)
+/* Runs child(dir, fd) in a forked process until it writes `ready` to fd
+ * (what it made is durable, by its own account), then SIGKILLs it: no
+ * shutdown, no flush, as an OOM kill or a container runtime's would. */
+static void run_then_sigkill(const char *dir, void (*child)(const char *, int), char ready)
 {
-    (void)state;
-    char dir[512];
-    test_make_dir(dir, sizeof dir, "durable");
     int fds[2];
     assert_int_equal(pipe(fds), 0);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
         close(fds[0]);
-        durable_child(dir, fds[1]);
+        child(dir, fds[1]);
         _exit(0);
     }
     close(fds[1]);
     char got = 0;
     assert_int_equal(read(fds[0], &got, 1), 1);
-    assert_int_equal(got, 'D');
+    assert_int_equal(got, ready);
     kill(pid, SIGKILL);
     int wst;
     waitpid(pid, &wst, 0);
     close(fds[0]);
     assert_true(WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL);
+}
+
+static void test_durable_sigkill(void **state)
+{
+    (void)state;
+    char dir[512];
+    test_make_dir(dir, sizeof dir, "durable");
+    run_then_sigkill(dir, durable_child, 'D');
 
     cache k;
     cache_open(&k, dir, 32, 8);
@@ -794,24 +802,7 @@ static void test_write_behind_sigkill(void **state)
     (void)state;
     char dir[512];
     test_make_dir(dir, sizeof dir, "behind");
-    int fds[2];
-    assert_int_equal(pipe(fds), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        close(fds[0]);
-        write_behind_child(dir, fds[1]);
-        _exit(0);
-    }
-    close(fds[1]);
-    char got = 0;
-    assert_int_equal(read(fds[0], &got, 1), 1);
-    assert_int_equal(got, 'W');
-    kill(pid, SIGKILL);
-    int wst;
-    waitpid(pid, &wst, 0);
-    close(fds[0]);
-    assert_true(WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL);
+    run_then_sigkill(dir, write_behind_child, 'W');
 
     cache k;
     cache_open(&k, dir, 64, 8);
