@@ -279,10 +279,17 @@ int64_t response_deadline(const cairn_service *s, int64_t created)
     return created + (int64_t)ceil(s->cfg.response_ttl_s);
 }
 
+/* A response whose object is not stored yet (no note: generating, or just
+ * done) is given a minute past its deadline, so a short TTL cannot take it
+ * between its last token and the front end storing it; one whose client
+ * left before that still goes then. */
+#define RESPONSE_STORE_GRACE_S 60
 bool response_expired(const cairn_service *s, const session *x, int64_t now)
 {
     (void)s;
-    return x->response && !x->busy && x->expires > 0 && now >= x->expires;
+    if (!x->response || x->busy || x->expires <= 0)
+        return false;
+    return now >= x->expires + (x->note ? 0 : RESPONSE_STORE_GRACE_S);
 }
 
 void response_drop(cairn_service *s, session *x)

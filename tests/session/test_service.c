@@ -954,8 +954,17 @@ static void test_stored_responses(void **state)
     assert_int_equal(r->ev.kind, CAIRN_EV_DONE);
     cairn_session_id fresh = r->ev.session;
     assert_true(exists(f, 7, fresh));
+    /* one whose object was never stored (no note: its client left) is
+     * given a minute past its deadline; a stored one is not */
+    r = open_kind(f, 11, true);
+    assert_int_equal(r->ev.kind, CAIRN_EV_DONE);
+    cairn_session_id unstored = r->ev.session;
+    assert_int_equal(session_call(f, 12, CAIRN_REQ_SESSION_NOTE, fresh, "{\"object\":\"response\"}")
+                         ->ev.kind,
+                     CAIRN_EV_DONE);
     sleep(3);
     assert_false(exists(f, 8, fresh));
+    assert_true(exists(f, 13, unstored));
     assert_true(exists(f, 9, user[0]) && exists(f, 10, user[1]));
     stop(f);
     rm_rf(dir);
