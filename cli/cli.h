@@ -7,6 +7,7 @@
 #define CAIRN_CLI_H
 
 #include "runtime/runtime.h"
+#include "session/session.h"
 #include "store/store.h"
 
 #include <stdio.h>
@@ -124,6 +125,12 @@ int cli_parse_int(const char *arg, const char *what, int lo, int hi, int *out);
 /* A finite number (strtof's syntax, nothing after it): 1 with *out set, or
  * -1 after "CMD: WHAT must be a number, got 'ARG'". */
 int cli_parse_float(const char *cmd, const char *arg, const char *what, float *out);
+/* --seed: a non-negative decimal integer (all 64 bits): 1 with *out set, or
+ * -1 after "CMD: --seed must be a non-negative integer". */
+int cli_parse_seed(const char *cmd, const char *arg, uint64_t *out);
+/* --tier-loads: measured, always or never: 1 with *out set, or -1 after
+ * "CMD: --tier-loads must be measured, always or never". */
+int cli_parse_load_policy(const char *cmd, const char *arg, cairn_load_policy *out);
 
 /* Read a whole file ("-" = stdin) into a NUL-terminated buffer. */
 char *cli_read_file(const char *path, size_t *len);

@@ -83,6 +83,35 @@ int cli_parse_float(const char *cmd, const char *arg, const char *what, float *o
     return 1;
 }
 
+int cli_parse_seed(const char *cmd, const char *arg, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    const unsigned long long v = strtoull(arg, &end, 10);
+    /* strtoull takes "-1" as 2^64 - 1: a sign is refused, not wrapped */
+    if (errno || *end || end == arg || arg[0] == '-') {
+        fprintf(stderr, "%s: --seed must be a non-negative integer\n", cmd);
+        return -1;
+    }
+    *out = (uint64_t)v;
+    return 1;
+}
+
+int cli_parse_load_policy(const char *cmd, const char *arg, cairn_load_policy *out)
+{
+    if (strcmp(arg, "measured") == 0)
+        *out = CAIRN_LOAD_MEASURED;
+    else if (strcmp(arg, "always") == 0)
+        *out = CAIRN_LOAD_ALWAYS;
+    else if (strcmp(arg, "never") == 0)
+        *out = CAIRN_LOAD_NEVER;
+    else {
+        fprintf(stderr, "%s: --tier-loads must be measured, always or never\n", cmd);
+        return -1;
+    }
+    return 1;
+}
+
 int cli_model_opts_parse(cli_model_opts *o, int opt, const char *arg)
 {
     switch (opt) {

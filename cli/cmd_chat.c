@@ -738,31 +738,11 @@ static int parse_chat_opt(chat_opts *o, int opt, const char *arg)
     case OPT_TOPP: return cli_parse_float("cairn chat", arg, "--top-p", &sp->top_p);
     case OPT_MINP: return cli_parse_float("cairn chat", arg, "--min-p", &sp->min_p);
     case OPT_REPEAT: return cli_parse_float("cairn chat", arg, "--repeat-penalty", &sp->repeat_penalty);
-    case OPT_SEED: {
-        char *end;
-        errno = 0;
-        sp->seed = strtoull(arg, &end, 10);
-        if (errno || *end || end == arg || arg[0] == '-') {
-            fprintf(stderr, "cairn chat: --seed must be a non-negative integer\n");
-            return -1;
-        }
-        return 1;
-    }
+    case OPT_SEED: return cli_parse_seed("cairn chat", arg, &sp->seed);
     case OPT_SYSTEM: o->system = arg; return 1;
     case OPT_CACHE_DIR: o->cache_dir = arg; return 1;
     case OPT_LOAD: o->load = arg; return 1;
-    case OPT_TIER_LOADS:
-        if (strcmp(arg, "measured") == 0)
-            o->load_policy = CAIRN_LOAD_MEASURED;
-        else if (strcmp(arg, "always") == 0)
-            o->load_policy = CAIRN_LOAD_ALWAYS;
-        else if (strcmp(arg, "never") == 0)
-            o->load_policy = CAIRN_LOAD_NEVER;
-        else {
-            fprintf(stderr, "cairn chat: --tier-loads is measured, always or never\n");
-            return -1;
-        }
-        return 1;
+    case OPT_TIER_LOADS: return cli_parse_load_policy("cairn chat", arg, &o->load_policy);
     default: return 0;
     }
 }

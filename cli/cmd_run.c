@@ -118,17 +118,11 @@ static int parse_sampling_opt(run_opts *o, int opt, const char *arg)
         return 1;
     case OPT_FREQ: return cli_parse_float("cairn run", arg, "--frequency-penalty", &sp->frequency_penalty);
     case OPT_PRES: return cli_parse_float("cairn run", arg, "--presence-penalty", &sp->presence_penalty);
-    case OPT_SEED: {
-        char *end;
-        errno = 0;
-        sp->seed = strtoull(arg, &end, 10);
-        if (errno || *end || end == arg) {
-            fprintf(stderr, "cairn run: --seed must be a non-negative integer\n");
+    case OPT_SEED:
+        if (cli_parse_seed("cairn run", arg, &sp->seed) < 0)
             return -1;
-        }
         o->seed_given = true;
         return 1;
-    }
     default: return 0;
     }
 }

@@ -243,18 +243,7 @@ static int parse_service_opt(cairn_service_config *svc, int opt, const char *arg
     case OPT_NO_PREFIX: svc->no_prefix_cache = true; return 1;
     case OPT_CACHE_DIR: svc->cache_dir = arg; return 1;
     case OPT_NO_WRITE_BEHIND: svc->no_write_behind = true; return 1;
-    case OPT_TIER_LOADS:
-        if (strcmp(arg, "measured") == 0)
-            svc->load_policy = CAIRN_LOAD_MEASURED;
-        else if (strcmp(arg, "always") == 0)
-            svc->load_policy = CAIRN_LOAD_ALWAYS;
-        else if (strcmp(arg, "never") == 0)
-            svc->load_policy = CAIRN_LOAD_NEVER;
-        else {
-            fprintf(stderr, "cairn serve: --tier-loads must be measured, always or never\n");
-            return -1;
-        }
-        return 1;
+    case OPT_TIER_LOADS: return cli_parse_load_policy("cairn serve", arg, &svc->load_policy);
     case OPT_HOST_MEM: return parse_size_opt(arg, "--host-mem", "1G", true, &svc->host_bytes);
     case OPT_DISK_MAX: return parse_size_opt(arg, "--disk-max", "4G", true, &svc->disk_bytes);
     default: return 0;
