@@ -127,6 +127,17 @@ typedef struct {
     size_t echo_len;
 } cairn_api_prompt;
 
+/* A chat request's conversation as it was rendered, kept so that a position
+ * in the prompt can be placed in the part it belongs to afterwards
+ * (cairn_api_conversation_end): why a cached prefix ended where it did, where
+ * a cache breakpoint falls. */
+typedef struct {
+    json_t *msgs;         /* the messages (a reference); NULL with no system
+                             either: the prompt was not a conversation      */
+    char *system;         /* a system text rendered before them, or NULL    */
+    int flags;            /* the CAIRN_CHAT_* flags it was rendered with     */
+} cairn_api_conversation;
+
 /* A decoded request. Everything is owned by it: cairn_api_call_clear. */
 typedef struct {
     cairn_api_op op;
@@ -161,6 +172,7 @@ typedef struct {
     cairn_session_id previous; /* the session of previous_response_id       */
     char *echo_json;      /* the request fields the reply object repeats (a
                              JSON object: instructions, tools, metadata...) */
+    cairn_api_conversation conv; /* chat prompts: what was rendered          */
 } cairn_api_call;
 
 /* A "tokens" field a front end has already read as ids (msgpack arrays of
@@ -217,6 +229,23 @@ int cairn_api_tool_calls(const cairn_api *api, const char *text, size_t len,
  * loop thread included. */
 size_t cairn_api_tool_call_start(const char *text, size_t len, const char *tools_json,
                                  bool *certain);
+
+/* Parts of a call's conversation: the system text given apart (native
+ * `system`), then each message. 0 when the prompt was not a conversation. */
+size_t cairn_api_conversation_parts(const cairn_api_call *c);
+
+/* Where the rendering of the conversation's first k parts (k <= parts) ends
+ * in `tokens`, the prompt the call decoded (the caller's copy: the request
+ * may have been submitted). with_tools renders the tool list too; k = 0 with
+ * tools is the template's preamble and tool list. Found as the longest common
+ * prefix of `tokens` with those parts rendered alone (no generation prompt),
+ * so for a template that renders an earlier turn differently once later ones
+ * follow (one that drops reasoning) it is where the two renderings part.
+ * Costs one rendering and tokenization of those parts. CAIRN_ENOTFOUND when
+ * the call was no conversation, CAIRN_EINVAL for k beyond its parts,
+ * CAIRN_ENOMEM. */
+int cairn_api_conversation_end(const cairn_api *api, const cairn_api_call *c, size_t k,
+                               bool with_tools, const int32_t *tokens, size_t n, size_t *pos);
 
 /* The bytes of one token as a logprob entry shows them (special tokens
  * included), into out[cap]; *n their count. */

@@ -58,7 +58,7 @@ typedef struct {
  * conversation. */
 int api_native_content(const cairn_api *api, const json_t *params, const api_content_rules *r,
                        int32_t **tokens, size_t *n, bool *given, bool *chat_turn,
-                       cairn_api_error *e);
+                       cairn_api_conversation *conv, cairn_api_error *e);
 /* An array of token ids (each in [0, n_vocab), at most `limit`); with
  * `typed`, the ids the front end read in its place. */
 int api_token_array(const cairn_api *api, const json_t *v, const cairn_api_tokens *typed,
@@ -77,7 +77,8 @@ int api_reply_flags(const json_t *params, const json_t *msgs, int *flags, cairn_
 /* The generic format's own flag, beside CAIRN_TOK_*: continue the last message. */
 #define API_RENDER_CONTINUE_FINAL (1 << 30)
 int api_chat_prompt(const cairn_api *api, const json_t *params, const char *tools_json,
-                    int32_t **tokens, size_t *n, cairn_api_error *e);
+                    int32_t **tokens, size_t *n, cairn_api_conversation *conv,
+                    cairn_api_error *e);
 /* OpenAI's completion prompt (string, [string] or token ids) -> tokens. */
 /* Building a chat request out of another front end's body (json.c; the
  * values are taken, a NULL one is out of memory): a string without NUL,

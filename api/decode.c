@@ -54,7 +54,7 @@ static int native_content(const cairn_api *api, const json_t *params, cairn_api_
                                .typed = typed};
     bool given = false;
     int rc = api_native_content(api, params, &rules, &r->tokens, &r->n_tokens, &given,
-                                &r->chat_turn, e);
+                                &r->chat_turn, &c->conv, e);
     if (rc)
         return rc;
     c->has_content = given;
@@ -231,7 +231,8 @@ static int decode_openai(const cairn_api *api, cairn_api_op op, const json_t *pa
     c->logprobs = r->gen.logprobs;
     if (op == CAIRN_API_CHAT) {
         if ((rc = api_tools(api, params, true, &r->gen, &c->tools_json, e)) ||
-            (rc = api_chat_prompt(api, params, c->tools_json, &r->tokens, &r->n_tokens, e)))
+            (rc = api_chat_prompt(api, params, c->tools_json, &r->tokens, &r->n_tokens, &c->conv,
+                                   e)))
             return rc;
     } else if ((rc = api_completion_prompts(api, params, c, e))) {
         return rc;
@@ -327,6 +328,8 @@ void cairn_api_call_clear(cairn_api_call *c)
     }
     free(c->prompts);
     free(c->echo_json);
+    json_decref(c->conv.msgs);
+    free(c->conv.system);
     memset(c, 0, sizeof *c);
 }
 

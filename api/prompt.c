@@ -243,11 +243,31 @@ static int render_generic(const cairn_api *api, const cairn_chat_message *m, siz
     return rc;
 }
 
+static size_t lcp(const int32_t *a, size_t na, const int32_t *b, size_t nb)
+{
+    size_t n = na < nb ? na : nb, i = 0;
+    while (i < n && a[i] == b[i])
+        i++;
+    return i;
+}
+
+/* Remember what render_messages was given (conv may be NULL). */
+static int keep_conversation(cairn_api_conversation *conv, const json_t *msgs, const char *system,
+                             int flags, cairn_api_error *e)
+{
+    if (!conv)
+        return CAIRN_OK;
+    conv->msgs = msgs ? json_incref((json_t *)msgs) : NULL;
+    conv->system = system ? strdup(system) : NULL;
+    conv->flags = flags;
+    return system && !conv->system ? api_oom(e) : CAIRN_OK;
+}
+
 /* The conversation `msgs` (with a `system` text first, when given) as
  * tokens: the model's template with `chat_flags`, or the generic format. */
 static int render_messages(const cairn_api *api, const json_t *msgs, const char *system,
                            const char *tools_json, int chat_flags, int32_t **tokens,
-                           size_t *n_tokens, cairn_api_error *e)
+                           size_t *n_tokens, cairn_api_conversation *conv, cairn_api_error *e)
 {
     size_t n = (system ? 1 : 0) + (msgs ? json_array_size(msgs) : 0);
     cairn_chat_message *m = calloc(n ? n : 1, sizeof *m);
@@ -292,14 +312,62 @@ static int render_messages(const cairn_api *api, const json_t *msgs, const char 
     }
     free(m);
     keep_free(&kl);
+    if (rc == CAIRN_OK && (rc = keep_conversation(conv, msgs, system, chat_flags, e))) {
+        free(*tokens);
+        *tokens = NULL;
+        *n_tokens = 0;
+    }
     return rc;
+}
+
+size_t cairn_api_conversation_parts(const cairn_api_call *c)
+{
+    if (!c->conv.msgs && !c->conv.system)
+        return 0;
+    return (c->conv.system ? 1 : 0) + json_array_size(c->conv.msgs);
+}
+
+int cairn_api_conversation_end(const cairn_api *api, const cairn_api_call *c, size_t k,
+                               bool with_tools, const int32_t *tokens, size_t n, size_t *pos)
+{
+    *pos = 0;
+    size_t parts = cairn_api_conversation_parts(c);
+    if (parts == 0)
+        return CAIRN_ENOTFOUND;
+    if (k > parts || (!tokens && n))
+        return CAIRN_EINVAL;
+    const size_t n_sys = c->conv.system ? 1 : 0;
+    json_t *msgs = json_array();
+    if (!msgs)
+        return CAIRN_ENOMEM;
+    for (size_t i = 0; i + n_sys < k; i++)
+        if (json_array_append(msgs, json_array_get(c->conv.msgs, i))) {
+            json_decref(msgs);
+            return CAIRN_ENOMEM;
+        }
+    /* The parts alone, as history: no reply opened or continued after them. */
+    int flags = c->conv.flags & ~(CAIRN_CHAT_GENERATION_PROMPT | CAIRN_CHAT_CONTINUE_FINAL);
+    int32_t *t = NULL;
+    size_t nt = 0;
+    cairn_api_error e = {0};
+    int rc = render_messages(api, msgs, k >= 1 && n_sys ? c->conv.system : NULL,
+                             with_tools ? c->tools_json : NULL, flags, &t, &nt, NULL, &e);
+    json_decref(msgs);
+    if (rc == CAIRN_ENOMEM)
+        return rc;
+    if (rc == CAIRN_OK)
+        *pos = lcp(t, nt, tokens, n);
+    free(t);
+    /* A prefix that cannot be rendered on its own (a template that insists
+     * on a user turn): its end is unknown, so it is the start. */
+    return CAIRN_OK;
 }
 
 /* ---- the native ops' content ---------------------------------------------------------- */
 
 int api_native_content(const cairn_api *api, const json_t *params, const api_content_rules *r,
                        int32_t **tokens, size_t *n, bool *given, bool *chat_turn,
-                       cairn_api_error *e)
+                       cairn_api_conversation *conv, cairn_api_error *e)
 {
     json_t *text = api_field(params, r->text_field), *ids = api_field(params, "tokens");
     json_t *msgs = r->allow_messages ? api_field(params, "messages") : NULL;
@@ -350,7 +418,7 @@ int api_native_content(const cairn_api *api, const json_t *params, const api_con
     int cflags = reply | (r->first ? 0 : CAIRN_CHAT_CONTINUE) | (add_bos ? CAIRN_CHAT_ADD_BOS : 0);
     *chat_turn = !r->first;
     return render_messages(api, msgs, system ? json_string_value(system) : NULL, r->tools_json,
-                           cflags, tokens, n, e);
+                           cflags, tokens, n, conv, e);
 }
 
 /* ---- OpenAI's content --------------------------------------------------------------------- */
@@ -376,7 +444,7 @@ int api_reply_flags(const json_t *params, const json_t *msgs, int *flags, cairn_
 }
 
 int api_chat_prompt(const cairn_api *api, const json_t *params, const char *tools_json,
-                    int32_t **tokens, size_t *n, cairn_api_error *e)
+                    int32_t **tokens, size_t *n, cairn_api_conversation *conv, cairn_api_error *e)
 {
     json_t *msgs = api_field(params, "messages");
     if (!json_is_array(msgs) || json_array_size(msgs) == 0)
@@ -385,7 +453,7 @@ int api_chat_prompt(const cairn_api *api, const json_t *params, const char *tool
     if ((rc = api_reply_flags(params, msgs, &flags, e)))
         return rc;
     flags |= api->vocab && cairn_vocab_add_bos(api->vocab) ? CAIRN_CHAT_ADD_BOS : 0;
-    rc = render_messages(api, msgs, NULL, tools_json, flags, tokens, n, e);
+    rc = render_messages(api, msgs, NULL, tools_json, flags, tokens, n, conv, e);
     if (rc == CAIRN_OK && *n == 0) {
         free(*tokens);
         *tokens = NULL;

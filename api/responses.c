@@ -337,7 +337,7 @@ static int continuation(const cairn_api *api, const json_t *chat, uint64_t seed,
                                .assistant = true, .tools_json = c->tools_json};
     bool given;
     if ((rc = api_native_content(api, chat, &rules, &r->tokens, &r->n_tokens, &given,
-                                 &r->chat_turn, e)))
+                                 &r->chat_turn, &c->conv, e)))
         return rc;
     r->session = c->previous; /* the front end forks it and names the fork here */
     c->stream = r->gen.stream;
