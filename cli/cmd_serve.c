@@ -68,6 +68,10 @@ static const char help[] =
     "      --no-write-behind  do not write reused prefixes to the disk tier in the\n"
     "                         background (by default they are, so that a kill -9 keeps\n"
     "                         them; without it only eviction and SIGTERM write pages)\n"
+    "      --eviction ORDER   what leaves a full tier first: sessions (default: one-off\n"
+    "                         prompts, then reused prefixes, then open sessions' history,\n"
+    "                         least recently used first within each) or lru (plain LRU,\n"
+    "                         for comparisons)\n"
     "      --tier-loads P     when to load host/disk pages instead of recomputing:\n"
     "                         measured (default: when measured to be faster), always, never\n"
     "      --shared-cache URL a Redis shared by replicas under the disk tier (needs\n"
@@ -116,7 +120,7 @@ enum {
     OPT_CORS_ORIGIN, OPT_DRAIN_TIMEOUT,
     OPT_DRAFT_MAX_BATCH, OPT_SHARED_CACHE, OPT_SHARED_PREFIX, OPT_SHARED_WRITE, OPT_SHARED_TIMEOUT,
     OPT_REPLICA_ID, OPT_SHARED_TTL,
-    OPT_NO_WEB, OPT_NO_WRITE_BEHIND,
+    OPT_NO_WEB, OPT_NO_WRITE_BEHIND, OPT_EVICTION,
 };
 
 /* "512", "64K", "1.5G" (binary multiples) -> bytes; 0 on a bad value. */
@@ -243,6 +247,13 @@ static int parse_service_opt(cairn_service_config *svc, int opt, const char *arg
     case OPT_NO_PREFIX: svc->no_prefix_cache = true; return 1;
     case OPT_CACHE_DIR: svc->cache_dir = arg; return 1;
     case OPT_NO_WRITE_BEHIND: svc->no_write_behind = true; return 1;
+    case OPT_EVICTION:
+        if (strcmp(arg, "lru") == 0 || strcmp(arg, "sessions") == 0) {
+            svc->plain_lru = strcmp(arg, "lru") == 0;
+            return 1;
+        }
+        fprintf(stderr, "cairn serve: --eviction must be sessions or lru, not '%s'\n", arg);
+        return -1;
     case OPT_TIER_LOADS: return cli_parse_load_policy("cairn serve", arg, &svc->load_policy);
     case OPT_HOST_MEM: return parse_size_opt(arg, "--host-mem", "1G", true, &svc->host_bytes);
     case OPT_DISK_MAX: return parse_size_opt(arg, "--disk-max", "4G", true, &svc->disk_bytes);
@@ -348,6 +359,7 @@ static int parse_serve_opts(serve_opts *o, int argc, char **argv)
         {"host-mem", required_argument, 0, OPT_HOST_MEM},
         {"disk-max", required_argument, 0, OPT_DISK_MAX},
         {"no-write-behind", no_argument, 0, OPT_NO_WRITE_BEHIND},
+        {"eviction", required_argument, 0, OPT_EVICTION},
         {"tier-loads", required_argument, 0, OPT_TIER_LOADS},
         {"idle-timeout", required_argument, 0, OPT_IDLE},
         {"max-output", required_argument, 0, OPT_MAX_OUTPUT},

@@ -4,7 +4,8 @@
  * Internals in one paragraph: every node keeps its children in an array
  * sorted by a 64-bit key of the child's first page (binary search, then a
  * token compare to rule out key collisions). Per tier there is a binary
- * min-heap, keyed by last use, of the nodes evictable from that tier; a node
+ * min-heap, keyed by (class, last use), of the nodes evictable from that
+ * tier (node_before: the class first, see "Eviction order" in radix.h); a node
  * can only be in the heap of its own tier, so one heap index per node is
  * enough. Whether a node is evictable depends on its refs, its tier and the
  * tiers of its children, so each node counts its children per tier and every
@@ -29,6 +30,9 @@ struct cairn_radix_node {
     size_t n_pages;
     size_t depth;             /* pages from the root to the end of the node */
     int32_t refs;
+    int32_t live;             /* like refs, for live marks: this node's and below */
+    uint32_t uses;            /* sequences that found it cached, plus one     */
+    uint64_t id;              /* unique in the tree's life: never reused      */
     int tier;
     uint64_t last_use;
     int64_t heap_pos;         /* index in heaps[tier], -1 when not there    */
@@ -44,6 +48,8 @@ struct cairn_radix {
     cairn_page_hash seed;
     cairn_radix_node root;
     uint64_t clock;
+    uint64_t next_id;
+    bool plain_lru;           /* every node in class ONCE (comparisons)     */
     node_heap heaps[CAIRN_TIER_COUNT];
     size_t n_nodes;
     size_t tier_pages[CAIRN_TIER_COUNT];
@@ -134,18 +140,43 @@ static cairn_page_hash chain_start(const cairn_radix *t, const cairn_radix_node 
 
 /* ---- heaps -------------------------------------------------------------- */
 
+/* The eviction class (radix.h, "Eviction order"): what a node's pages are
+ * worth keeping for, beyond their recency. */
+static int class_of(const cairn_radix_node *n)
+{
+    if (n->live > 0)
+        return CAIRN_RADIX_CLASS_LIVE;
+    if (n->uses >= 2 || n->n_children >= 2)
+        return CAIRN_RADIX_CLASS_SHARED;
+    return CAIRN_RADIX_CLASS_ONCE;
+}
+
+/* ... and the class eviction goes by (one class for plain LRU). */
+static int node_class(const cairn_radix *t, const cairn_radix_node *n)
+{
+    return t->plain_lru ? CAIRN_RADIX_CLASS_ONCE : class_of(n);
+}
+
+/* Whether a leaves its tier before b. */
+static bool node_before(const cairn_radix *t, const cairn_radix_node *a,
+                        const cairn_radix_node *b)
+{
+    int ca = node_class(t, a), cb = node_class(t, b);
+    return ca != cb ? ca < cb : a->last_use < b->last_use;
+}
+
 static void heap_place(node_heap *h, size_t i, cairn_radix_node *n)
 {
     h->items[i] = n;
     n->heap_pos = (int64_t)i;
 }
 
-static void heap_up(node_heap *h, size_t i)
+static void heap_up(const cairn_radix *t, node_heap *h, size_t i)
 {
     cairn_radix_node *n = h->items[i];
     while (i > 0) {
         size_t p = (i - 1) / 2;
-        if (h->items[p]->last_use <= n->last_use)
+        if (!node_before(t, n, h->items[p]))
             break;
         heap_place(h, i, h->items[p]);
         i = p;
@@ -153,17 +184,17 @@ static void heap_up(node_heap *h, size_t i)
     heap_place(h, i, n);
 }
 
-static void heap_down(node_heap *h, size_t i)
+static void heap_down(const cairn_radix *t, node_heap *h, size_t i)
 {
     cairn_radix_node *n = h->items[i];
     for (;;) {
         size_t l = 2 * i + 1, r = l + 1, m = i;
-        uint64_t best = n->last_use;
-        if (l < h->n && h->items[l]->last_use < best) {
+        const cairn_radix_node *best = n;
+        if (l < h->n && node_before(t, h->items[l], best)) {
             m = l;
-            best = h->items[l]->last_use;
+            best = h->items[l];
         }
-        if (r < h->n && h->items[r]->last_use < best)
+        if (r < h->n && node_before(t, h->items[r], best))
             m = r;
         if (m == i)
             break;
@@ -189,7 +220,7 @@ static int heap_reserve(node_heap *h, size_t n)
     return CAIRN_OK;
 }
 
-static void heap_remove(node_heap *h, cairn_radix_node *n)
+static void heap_remove(const cairn_radix *t, node_heap *h, cairn_radix_node *n)
 {
     size_t i = (size_t)n->heap_pos;
     n->heap_pos = -1;
@@ -198,8 +229,8 @@ static void heap_remove(node_heap *h, cairn_radix_node *n)
         return;
     cairn_radix_node *last = h->items[h->n];
     heap_place(h, i, last);
-    heap_up(h, i);
-    heap_down(h, (size_t)last->heap_pos);
+    heap_up(t, h, i);
+    heap_down(t, h, (size_t)last->heap_pos);
 }
 
 /* ---- evictability ------------------------------------------------------- */
@@ -223,14 +254,25 @@ static void refresh(cairn_radix *t, cairn_radix_node *n)
         return;
     bool want = is_evictable(t, n);
     if (n->heap_pos >= 0 && !want) {
-        heap_remove(&t->heaps[n->tier], n);
+        heap_remove(t, &t->heaps[n->tier], n);
     } else if (n->heap_pos < 0 && want) {
         node_heap *h = &t->heaps[n->tier];
         h->items[h->n] = n;
         n->heap_pos = (int64_t)h->n;
         h->n++;
-        heap_up(h, h->n - 1);
+        heap_up(t, h, h->n - 1);
     }
+}
+
+/* A node's key changed (its class, or its recency either way): restore
+ * its heap's order. */
+static void rekey(cairn_radix *t, cairn_radix_node *n)
+{
+    if (n == &t->root || n->heap_pos < 0)
+        return;
+    node_heap *h = &t->heaps[n->tier];
+    heap_up(t, h, (size_t)n->heap_pos);
+    heap_down(t, h, (size_t)n->heap_pos);
 }
 
 /* Every heap can hold every node, so pushes never allocate. */
@@ -296,6 +338,12 @@ static void add_child(cairn_radix_node *parent, cairn_radix_node *child)
     child->parent = parent;
 }
 
+/* Its class may have changed with its children's count. */
+static void children_changed(cairn_radix *t, cairn_radix_node *n)
+{
+    rekey(t, n);
+}
+
 static void remove_child(cairn_radix_node *parent, cairn_radix_node *child)
 {
     size_t i = child_lower_bound(parent, child->key);
@@ -322,6 +370,7 @@ int cairn_radix_create(int page_size, cairn_page_hash seed, cairn_radix **out)
     t->seed = seed;
     t->root.heap_pos = -1;
     t->root.tier = CAIRN_TIER_DEVICE;
+    t->next_id = 1;
     *out = t;
     return CAIRN_OK;
 }
@@ -376,7 +425,7 @@ static void touch_path(cairn_radix *t, cairn_radix_node *n)
     for (; n && n != &t->root; n = n->parent) {
         n->last_use = now;
         if (n->heap_pos >= 0)
-            heap_down(&t->heaps[n->tier], (size_t)n->heap_pos);
+            heap_down(t, &t->heaps[n->tier], (size_t)n->heap_pos);
     }
 }
 
@@ -413,6 +462,9 @@ static int split_node(cairn_radix *t, cairn_radix_node *n, size_t at, cairn_radi
     p->parent = n->parent;
     p->depth = n->depth - (n->n_pages - at);
     p->refs = n->refs;
+    p->live = n->live;
+    p->uses = n->uses;
+    p->id = t->next_id++;
     p->tier = n->tier;
     p->last_use = n->last_use;
     p->heap_pos = -1;
@@ -540,7 +592,10 @@ int cairn_radix_insert(cairn_radix *t, uint64_t ns, const int32_t *tokens, size_
         n->depth = end->depth + add;
         n->tier = CAIRN_TIER_DEVICE;
         n->heap_pos = -1;
+        n->uses = 1;
+        n->id = t->next_id++;
         add_child(end, n);
+        children_changed(t, end);
         t->n_nodes++;
         t->tier_pages[CAIRN_TIER_DEVICE] += add;
         refresh(t, end); /* it gained a device child */
@@ -587,6 +642,72 @@ int cairn_radix_unlock(cairn_radix *t, cairn_radix_node *node)
     return CAIRN_OK;
 }
 
+/* ---- what pages are worth: live marks and reuse ------------------------- */
+
+int cairn_radix_mark_live(cairn_radix *t, cairn_radix_node *node)
+{
+    if (!t || !node)
+        return CAIRN_EINVAL;
+    for (cairn_radix_node *n = node; n != &t->root; n = n->parent)
+        if (n->live++ == 0)
+            rekey(t, n);
+    return CAIRN_OK;
+}
+
+int cairn_radix_unmark_live(cairn_radix *t, cairn_radix_node *node)
+{
+    if (!t || !node)
+        return CAIRN_EINVAL;
+    for (cairn_radix_node *n = node; n != &t->root; n = n->parent)
+        if (n->live <= 0)
+            return CAIRN_EINVAL;
+    for (cairn_radix_node *n = node; n != &t->root; n = n->parent)
+        if (--n->live == 0)
+            rekey(t, n);
+    return CAIRN_OK;
+}
+
+int cairn_radix_mark_reused(cairn_radix *t, cairn_radix_node *node)
+{
+    if (!t || !node)
+        return CAIRN_EINVAL;
+    for (cairn_radix_node *n = node; n != &t->root; n = n->parent) {
+        if (n->uses == UINT32_MAX)
+            continue;
+        if (++n->uses == 2)
+            rekey(t, n);
+    }
+    return CAIRN_OK;
+}
+
+int cairn_radix_set_plain_lru(cairn_radix *t, bool plain)
+{
+    if (!t)
+        return CAIRN_EINVAL;
+    if (t->n_nodes)
+        return CAIRN_EBUSY; /* the heaps are ordered by the classes in force */
+    t->plain_lru = plain;
+    return CAIRN_OK;
+}
+
+cairn_radix_node *cairn_radix_find(const cairn_radix *t, uint64_t ns, const int32_t *tokens,
+                                   size_t n_pages)
+{
+    if (!t || (!tokens && n_pages))
+        return NULL;
+    size_t ps = (size_t)t->page_size, matched = 0;
+    const cairn_radix_node *n = &t->root;
+    while (matched < n_pages) {
+        cairn_radix_node *c = find_child(t, n, ns, tokens + matched * ps);
+        if (!c || matched + c->n_pages > n_pages ||
+            memcmp(c->tokens, tokens + matched * ps, c->n_pages * ps * sizeof(int32_t)) != 0)
+            return NULL;
+        matched += c->n_pages;
+        n = c;
+    }
+    return n == &t->root ? NULL : (cairn_radix_node *)n;
+}
+
 /* ---- eviction support --------------------------------------------------- */
 
 cairn_radix_node *cairn_radix_lru(const cairn_radix *t, int tier)
@@ -613,7 +734,7 @@ int cairn_radix_set_tier(cairn_radix *t, cairn_radix_node *node, int tier)
     if (tier == node->tier)
         return CAIRN_OK;
     if (node->heap_pos >= 0)
-        heap_remove(&t->heaps[node->tier], node);
+        heap_remove(t, &t->heaps[node->tier], node);
     t->tier_pages[node->tier] -= node->n_pages;
     t->tier_pages[tier] += node->n_pages;
     node->parent->child_tier_count[node->tier]--;
@@ -640,6 +761,14 @@ int cairn_radix_drop(cairn_radix *t, cairn_radix_node *node, size_t keep,
     }
     cairn_radix_node *parent = node->parent;
     remove_child(parent, node);
+    /* The live marks below node leave with it: its ancestors no longer
+     * count them (whoever marked finds out by the node's id,
+     * cairn_radix_find). */
+    if (node->live > 0)
+        for (cairn_radix_node *a = parent; a != &t->root; a = a->parent) {
+            a->live -= node->live;
+            rekey(t, a);
+        }
 
     /* Depth-first over the subtree: release pages, fix counters, free. */
     cairn_radix_node *cur = node;
@@ -651,7 +780,7 @@ int cairn_radix_drop(cairn_radix *t, cairn_radix_node *node, size_t keep,
         for (size_t i = 0; release && i < cur->n_pages; i++)
             release(&cur->pages[i], user);
         if (cur->heap_pos >= 0)
-            heap_remove(&t->heaps[cur->tier], cur);
+            heap_remove(t, &t->heaps[cur->tier], cur);
         t->tier_pages[cur->tier] -= cur->n_pages;
         t->n_nodes--;
         cairn_radix_node *up = cur == node ? NULL : cur->parent;
@@ -659,6 +788,7 @@ int cairn_radix_drop(cairn_radix *t, cairn_radix_node *node, size_t keep,
         cur = up;
     }
     refresh(t, parent);
+    children_changed(t, parent);
     return CAIRN_OK;
 }
 
@@ -669,6 +799,11 @@ cairn_radix_node *cairn_radix_parent(const cairn_radix_node *n) { return n ? n->
 int cairn_radix_node_tier(const cairn_radix_node *n) { return n ? n->tier : -1; }
 uint64_t cairn_radix_node_ns(const cairn_radix_node *n) { return n ? n->ns : 0; }
 int32_t cairn_radix_node_refs(const cairn_radix_node *n) { return n ? n->refs : 0; }
+int32_t cairn_radix_node_live(const cairn_radix_node *n) { return n ? n->live : 0; }
+uint32_t cairn_radix_node_uses(const cairn_radix_node *n) { return n ? n->uses : 0; }
+uint64_t cairn_radix_node_id(const cairn_radix_node *n) { return n ? n->id : 0; }
+int cairn_radix_node_class(const cairn_radix_node *n) { return n ? class_of(n) : -1; }
+
 size_t cairn_radix_node_n_children(const cairn_radix_node *n) { return n ? n->n_children : 0; }
 cairn_radix_node *cairn_radix_node_child(const cairn_radix_node *n, size_t i)
 {
@@ -776,7 +911,7 @@ static int check_node(cairn_radix_node *n, void *user)
             return c->bad = 3;
     }
     uint32_t counts[CAIRN_TIER_COUNT] = {0};
-    int32_t child_refs = 0;
+    int32_t child_refs = 0, child_live = 0;
     for (uint32_t i = 0; i < n->n_children; i++) {
         cairn_radix_node *ch = n->children[i];
         if (ch->parent != n || (i > 0 && n->children[i - 1]->key > ch->key))
@@ -785,10 +920,13 @@ static int check_node(cairn_radix_node *n, void *user)
             return c->bad = 5;
         counts[ch->tier]++;
         child_refs += ch->refs;
+        child_live += ch->live;
+        if (ch->uses > n->uses && ch->uses >= 2 && n->uses < 2)
+            return c->bad = 11; /* a reuse marks the whole path */
     }
     if (memcmp(counts, n->child_tier_count, sizeof counts) != 0)
         return c->bad = 6;
-    if (n->refs < child_refs)
+    if (n->refs < child_refs || n->live < child_live || n->uses == 0 || n->id == 0)
         return c->bad = 7;
     bool want = is_evictable(t, n);
     if (want != (n->heap_pos >= 0))
@@ -798,7 +936,7 @@ static int check_node(cairn_radix_node *n, void *user)
         size_t i = (size_t)n->heap_pos;
         if (i >= hp->n || hp->items[i] != n)
             return c->bad = 9;
-        if (i > 0 && hp->items[(i - 1) / 2]->last_use > n->last_use)
+        if (i > 0 && node_before(t, n, hp->items[(i - 1) / 2]))
             return c->bad = 10;
         c->in_heaps++;
     }

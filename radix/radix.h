@@ -53,8 +53,9 @@
  * idle session holds no lock: it keeps its token ids and matches again.
  *
  * Tiers and eviction. Each node's pages are all in the same tier, the node's
- * tier: DEVICE (tier 0), HOST (tier 1) or DISK (tier 2). Eviction picks the
- * least recently used node that is a "leaf of its tier":
+ * tier: DEVICE (tier 0), HOST (tier 1) or DISK (tier 2). Eviction picks,
+ * among the nodes that are a "leaf of its tier", the first in eviction order
+ * (below: the lowest class, then the least recently used):
  *
  *     evictable from tier t  <=>  refs == 0, tier == t, and no child is in
  *                                 tier t or a faster one
@@ -70,6 +71,32 @@
  *
  * Recency is a counter bumped by every match and insert along the whole path,
  * so an ancestor is never older than its descendants.
+ *
+ * Eviction order. Plain LRU lets a burst of one-off prompts push out the
+ * system prompt every live conversation shares. So each node has a class,
+ * and a tier gives up its lowest class first, least recently used first
+ * within a class:
+ *
+ *   class 0  ONCE    pages one sequence computed and nobody found again
+ *   class 1  SHARED  pages found cached by another request (a fetch marks
+ *                    the matched path: cairn_radix_mark_reused), or a
+ *                    branch point (two or more children): several
+ *                    sequences continue from them
+ *   class 2  LIVE    pages marked live: an open session's history
+ *                    (cairn_radix_mark_live; unlike a lock, a mark does not
+ *                    stop eviction, it only puts the pages last)
+ *   locked   never evicted at all (refs > 0: running requests, pins)
+ *
+ *        device heap, first out on the left
+ *        [one-off q1] [one-off q2] | [doc A, reused] | [session 7's turns]
+ *          ONCE, older  ONCE        SHARED             LIVE
+ *
+ * A live mark and a reuse count on every ancestor too, so a prefix is worth
+ * at least what its continuations are. Live marks, like locks, are counted
+ * on the whole path; a marked node may still leave the tree at the last
+ * tier, and then its marks leave its ancestors with it (whoever marked
+ * keeps the node's id and finds it again with cairn_radix_find before
+ * unmarking).
  *
  * Namespaces. Every key starts with a 64-bit namespace word (a tenant: 0 is
  * "shared by everyone"). Sequences of different namespaces never share a
@@ -208,9 +235,34 @@ int cairn_radix_split(cairn_radix *t, cairn_radix_node *node, size_t at,
 int cairn_radix_lock(cairn_radix *t, cairn_radix_node *node);
 int cairn_radix_unlock(cairn_radix *t, cairn_radix_node *node);
 
+/* ---- what pages are worth (eviction order) ------------------------------ */
+
+enum { CAIRN_RADIX_CLASS_ONCE = 0, CAIRN_RADIX_CLASS_SHARED = 1, CAIRN_RADIX_CLASS_LIVE = 2 };
+
+/* Plain LRU instead (every node in one class): for comparisons, before the
+ * first insert (CAIRN_EBUSY after). */
+int cairn_radix_set_plain_lru(cairn_radix *t, bool plain);
+
+/* Add (remove) one live mark on `node` and every ancestor: they go last in
+ * eviction order while marked, and age like any page otherwise. Marking
+ * the root is a no-op. Unmarking a node whose count is 0 is CAIRN_EINVAL and
+ * changes nothing. */
+int cairn_radix_mark_live(cairn_radix *t, cairn_radix_node *node);
+int cairn_radix_unmark_live(cairn_radix *t, cairn_radix_node *node);
+
+/* The path root..node was found cached by a request other than the one that
+ * computed it: its nodes become SHARED. */
+int cairn_radix_mark_reused(cairn_radix *t, cairn_radix_node *node);
+
+/* The node that ends exactly after the first n_pages whole pages of tokens in
+ * namespace ns, or NULL (not cached, or the pages end inside a node). Changes
+ * nothing: no split, no recency. n_pages == 0 gives NULL. */
+cairn_radix_node *cairn_radix_find(const cairn_radix *t, uint64_t ns, const int32_t *tokens,
+                                   size_t n_pages);
+
 /* ---- eviction support (used by the store) ------------------------------- */
 
-/* The least recently used node evictable from `tier` (see the header
+/* The first node in eviction order evictable from `tier` (see the header
  * comment), or NULL when there is none. Does not change anything. */
 cairn_radix_node *cairn_radix_lru(const cairn_radix *t, int tier);
 
@@ -240,6 +292,14 @@ cairn_radix_node *cairn_radix_parent(const cairn_radix_node *node); /* NULL for 
 int cairn_radix_node_tier(const cairn_radix_node *node);
 uint64_t cairn_radix_node_ns(const cairn_radix_node *node); /* 0 for the root */
 int32_t cairn_radix_node_refs(const cairn_radix_node *node);
+int32_t cairn_radix_node_live(const cairn_radix_node *node);
+uint32_t cairn_radix_node_uses(const cairn_radix_node *node); /* 1 + times marked reused */
+/* An id no other node of this tree has had or will have (a split gives the
+ * new prefix node a new id; the deeper half keeps its own). */
+uint64_t cairn_radix_node_id(const cairn_radix_node *node);
+/* Its class (CAIRN_RADIX_CLASS_*; the same with cairn_radix_set_plain_lru,
+ * which only stops eviction from going by it). */
+int cairn_radix_node_class(const cairn_radix_node *node);
 size_t cairn_radix_node_n_children(const cairn_radix_node *node);
 /* Child i (0 .. n_children-1, in no meaningful order), NULL out of range.
  * Valid until the next call that modifies the tree. */

@@ -182,6 +182,7 @@ static void handle_open(cairn_service *s, cairn_request *r)
     }
     x->persist = r->persist;
     x->tenant = r->tenant;
+    session_mark_live(s, x); /* a system prompt it opens with may be cached */
     if (x->persist && !s->have_disk) {
         session_destroy(s, x);
         svc_emit_error(s, r, CAIRN_EUNSUPPORTED, "persist needs a disk tier (serve --cache-dir)");
@@ -260,8 +261,10 @@ static bool handle_sync(cairn_service *s, cairn_request *r)
     while (common < lim && x->history.v[common] == r->tokens[common])
         common++;
     if (common < x->history.n) {
+        session_unmark_live(s, x);
         x->history.n = common; /* the client's conversation parted here */
         x->reply_open = false;
+        session_mark_live(s, x);
     }
     /* the rest of the prompt becomes the turn's new tokens */
     size_t rest = r->n_tokens - common;
@@ -293,6 +296,7 @@ static void handle_fork(cairn_service *s, cairn_request *r)
     child->persist = x->persist;
     child->reply_open = x->reply_open;
     child->tenant = x->tenant;
+    session_mark_live(s, child);
     reply_session(s, r, child, (int64_t)child->history.n, false);
 }
 
@@ -305,8 +309,10 @@ static void handle_truncate(cairn_service *s, cairn_request *r)
         svc_emit_error(s, r, CAIRN_EINVAL, "n_tokens is larger than the session");
         return;
     }
+    session_unmark_live(s, x);
     x->history.n = (size_t)r->n_keep;
     x->reply_open = false; /* the cut may be anywhere: the client knows where */
+    session_mark_live(s, x);
     reply_session(s, r, x, (int64_t)x->history.n, false);
 }
 

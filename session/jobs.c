@@ -209,8 +209,10 @@ void job_finish(cairn_service *s, job *j, bool emit_event)
         /* the session's history becomes prompt + generated tokens */
         x->busy = false;
         x->reply_open = true;
+        session_unmark_live(s, x);
         x->history.n = 0;
         tokvec_append(&x->history, j->seq.v, j->seq.n);
+        session_mark_live(s, x);
     }
     if (!emit_event) {
         job_free(j);

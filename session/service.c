@@ -248,7 +248,8 @@ static int setup_cache(cairn_service *s, char *err, size_t err_len)
                                .shared = c->shared, .share_policy = c->share_policy,
                                /* on unless asked: without it a crash loses
                                   every prefix not evicted yet (store.h) */
-                               .write_behind = !c->no_write_behind};
+                               .write_behind = !c->no_write_behind,
+                               .plain_lru = c->plain_lru};
     int rc;
     if ((rc = cairn_page_namespace_hash(&ns, &kc.ns)) ||
         (rc = cairn_kvcache_create(&kc, &s->cache, err, err_len)))

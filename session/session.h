@@ -486,6 +486,8 @@ typedef struct {
                                (needs cache_dir); NULL: none. Read at start. */
     int share_policy;       /* which pages go to tier 3: CAIRN_SHARE_* of
                                store/store.h (default: reused ones)          */
+    bool plain_lru;         /* evict in plain LRU order, not by class (radix.h,
+                               "Eviction order"): for comparisons           */
     bool no_write_behind;   /* with cache_dir: do not write reused prefixes'
                                pages to disk in the background (the default
                                writes them, so that a SIGKILL keeps them:

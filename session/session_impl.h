@@ -99,6 +99,7 @@ typedef struct session {
                         the turn end its end-of-generation token would have
                         been (that token is never kept in the history)      */
     bool persist;    /* record and pages are made durable on every change    */
+    cairn_kv_live live; /* its history's cached pages, marked live (sessions.c) */
     uint64_t tenant;
     char *key;       /* a named session (SESSION_SYNC): its name, else NULL   */
     size_t key_len;
@@ -281,6 +282,9 @@ session *session_new(cairn_service *s, cairn_request *r, const session *spare);
 /* Put a session read from a record into the table (its id is given). */
 int session_adopt(cairn_service *s, session *x);
 void session_destroy(cairn_service *s, session *x);
+/* Its history's cached pages marked live in the cache / unmarked (sessions.c). */
+void session_mark_live(cairn_service *s, session *x);
+void session_unmark_live(cairn_service *s, session *x);
 /* The named session (tenant, key), created when absent (the least recently
  * used idle named session is closed when max_named_sessions are open);
  * NULL with the error emitted. */

@@ -142,8 +142,28 @@ session *session_new(cairn_service *s, cairn_request *r, const session *spare)
     return x;
 }
 
+/* An open session's history is worth more than pages nobody is coming back
+ * to: it is marked live in the cache (store.h), so under pressure its pages
+ * go after one-off prompts' and after reused prefixes'. A mark follows the
+ * history: unmark before changing it (while it still begins with what was
+ * marked), mark again after. Stored responses are not marked: there may be
+ * thousands, and most are never continued. */
+void session_mark_live(cairn_service *s, session *x)
+{
+    if (!s->prefix_cache || x->response)
+        return;
+    session_unmark_live(s, x);
+    cairn_kvcache_mark_live(s->cache, x->tenant, x->history.v, x->history.n, &x->live);
+}
+
+void session_unmark_live(cairn_service *s, session *x)
+{
+    cairn_kvcache_unmark_live(s->cache, x->tenant, x->history.v, x->history.n, &x->live);
+}
+
 void session_destroy(cairn_service *s, session *x)
 {
+    session_unmark_live(s, x);
     session **pp = &s->buckets[bucket_of(s, x->id)];
     while (*pp && *pp != x)
         pp = &(*pp)->next;

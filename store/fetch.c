@@ -246,6 +246,8 @@ static void complete_fetch(cairn_kvcache *c, fetch_op *op)
     /* A prefix seen twice is worth having where every replica finds it. */
     if (ev.resident_pages > 0) {
         kvc_share_path(c, op->node);
+        /* ... and worth more than pages nobody found again (eviction order) */
+        cairn_radix_mark_reused(c->tree, op->node);
         /* ... and worth keeping on this replica's disk across a crash */
         kvc_behind_note(c, op->node);
     }

@@ -73,6 +73,8 @@ int cairn_kvcache_create(const cairn_kvcache_config *cfg, cairn_kvcache **out, c
         }
     }
     rc = cairn_radix_create(c->L.page_size, cfg->ns, &c->tree);
+    if (rc == CAIRN_OK && cfg->plain_lru)
+        rc = cairn_radix_set_plain_lru(c->tree, true);
     if (rc)
         goto fail;
     /* page-locked on a device: device pages bound for disk or Redis are
@@ -337,12 +339,34 @@ static size_t drop_node(cairn_kvcache *c, int tier, cairn_radix_node *node)
     return np;
 }
 
+/* Whether loading np pages back from `to` (the tier an eviction would put
+ * them in) is expected to cost at least twice what recomputing them would:
+ * then nobody would load them (cost.c weighs a fetch the same way) and the
+ * slower tier's room is better kept for pages that pay. The margin keeps
+ * the decision away from the noise of the measured rates. */
+static bool cheaper_to_recompute(const cairn_kvcache *c, int to, size_t np)
+{
+    const cairn_kvcache_rates *r = &c->rates;
+    double pb = (double)c->L.page_bytes;
+    double recompute = (double)c->L.page_size / r->compute_tokens_per_s;
+    double up = pb / r->h2d_bytes_per_s;
+    double load = to == CAIRN_TIER_HOST ? up : pb / r->disk_bytes_per_s + up;
+    (void)np; /* per page: both sides scale with the node's pages */
+    return load >= 2 * recompute;
+}
+
 static size_t evict_node(cairn_kvcache *c, int tier, cairn_radix_node *node)
 {
     cairn_radix_page *pg;
     size_t np = cairn_radix_node_pages(node, &pg);
     const int32_t *tok = cairn_radix_node_tokens(node);
     size_t ps = (size_t)c->L.page_size;
+
+    if (tier < CAIRN_TIER_DISK && cairn_radix_node_n_children(node) == 0 &&
+        cheaper_to_recompute(c, tier + 1, np)) {
+        c->stats.dropped_cheap_pages += np;
+        return drop_node(c, tier, node);
+    }
 
     if (tier == CAIRN_TIER_DEVICE) {
         if (!c->host)
@@ -408,6 +432,41 @@ int cairn_kvcache_evict(cairn_kvcache *c, int tier, size_t n_pages, size_t *move
     if (moved)
         *moved = done;
     return CAIRN_OK;
+}
+
+int cairn_kvcache_mark_live(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, size_t n_tokens,
+                            cairn_kv_live *l)
+{
+    if (!l)
+        return CAIRN_EINVAL;
+    *l = (cairn_kv_live){0};
+    if (!c || (!tokens && n_tokens))
+        return CAIRN_EINVAL;
+    cairn_radix_match_result m;
+    int rc = cairn_radix_match(c->tree, ns, tokens, n_tokens, &m);
+    if (rc != CAIRN_OK)
+        return rc;
+    if (m.n_pages == 0)
+        return CAIRN_OK;
+    if ((rc = cairn_radix_mark_live(c->tree, m.node)) != CAIRN_OK)
+        return rc;
+    l->node_id = cairn_radix_node_id(m.node);
+    l->n_pages = m.n_pages;
+    return CAIRN_OK;
+}
+
+void cairn_kvcache_unmark_live(cairn_kvcache *c, uint64_t ns, const int32_t *tokens,
+                               size_t n_tokens, cairn_kv_live *l)
+{
+    if (!c || !l || !l->node_id)
+        return;
+    size_t ps = (size_t)c->L.page_size;
+    if (tokens && n_tokens >= l->n_pages * ps) {
+        cairn_radix_node *n = cairn_radix_find(c->tree, ns, tokens, l->n_pages);
+        if (n && cairn_radix_node_id(n) == l->node_id)
+            cairn_radix_unmark_live(c->tree, n);
+    }
+    *l = (cairn_kv_live){0};
 }
 
 int cairn_kvcache_alloc(cairn_kvcache *c, int32_t n, int32_t *pages)

@@ -442,6 +442,9 @@ typedef struct {
                                     prefixes to LMDB in the background (below,
                                     "write-behind"); off: only eviction, pin,
                                     persist and flush write pages            */
+    bool plain_lru;              /* evict in plain LRU order instead of by
+                                    class (radix.h, "Eviction order"): for
+                                    comparisons                              */
 } cairn_kvcache_config;
 
 /* Create the pools, the tree and (with disk_dir) the disk tier. `err` (may be
@@ -470,11 +473,44 @@ int cairn_kvcache_alloc(cairn_kvcache *c, int32_t n, int32_t *pages);
 /* Move at least n_pages pages out of `tier` (when that many can move):
  * DEVICE -> HOST, HOST -> DISK, and out of the tree from the slowest tier
  * there is (DISK, or the fastest one when the slower tiers are off; the
- * LMDB copies of pages dropped from the tree stay on disk). Unlocked LRU
- * nodes go first, whole nodes at a time; locked nodes never move.
- * *moved (optional) receives how many pages moved. Write-back: a page is
- * written to disk when it leaves host RAM, unless it is already there. */
+ * LMDB copies of pages dropped from the tree stay on disk). Nodes go in the
+ * tree's eviction order (radix.h: one-off pages, then reused ones, then
+ * live sessions', least recently used first within each), whole nodes at a
+ * time; locked nodes never move. *moved (optional) receives how many pages
+ * moved. Write-back: a page is written to disk when it leaves host RAM,
+ * unless it is already there.
+ *
+ * What a page costs to get back decides whether it is worth a slower tier
+ * at all: a leaf whose pages would take longer to load back from the tier
+ * it would go to than to recompute (the rates in force, as a fetch weighs
+ * them: cairn_kvcache_get_rates), by a margin of two, leaves the tree
+ * instead — a fetch would recompute it anyway, and its slot in the slower
+ * tier is kept for pages worth loading. */
 int cairn_kvcache_evict(cairn_kvcache *c, int tier, size_t n_pages, size_t *moved);
+
+/* ---- live sessions: their pages go last ---------------------------------- */
+
+/* An open session's history marked live in the tree (radix.h, "Eviction
+ * order"): its pages leave their tier after every other unlocked page
+ * there, but they do leave when nothing else is left (a mark is not a pin).
+ * What the marker keeps is this value, not a node: the node may leave the
+ * tree meanwhile, and then its mark is gone with it. */
+typedef struct {
+    uint64_t node_id; /* the marked node's id; 0: nothing marked */
+    size_t n_pages;   /* whole pages from the root to its end     */
+} cairn_kv_live;
+
+/* Mark the longest cached prefix of tokens[0 .. n_tokens) (whole pages, in
+ * namespace ns) live; *l receives what to unmark it with ({0} when nothing
+ * was cached). Counts as a use of those pages (their recency). Errors:
+ * CAIRN_EINVAL, CAIRN_ENOMEM (nothing marked, *l zeroed). */
+int cairn_kvcache_mark_live(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, size_t n_tokens,
+                            cairn_kv_live *l);
+/* Undo a mark. tokens[0 .. n_tokens) must still begin with what was marked
+ * (unmark before changing a history, mark again after); when they do not,
+ * or the node left the tree, there is nothing to undo. *l is zeroed. */
+void cairn_kvcache_unmark_live(cairn_kvcache *c, uint64_t ns, const int32_t *tokens,
+                               size_t n_tokens, cairn_kv_live *l);
 
 /* What an event answers (cairn_kvcache_event.kind). */
 typedef enum {
@@ -879,6 +915,9 @@ typedef struct {
     cairn_kvcache_tier_stats tier[CAIRN_TIER_COUNT];
     size_t fetches;                         /* fetches completed             */
     size_t fetch_skipped_pages;             /* pages the cost model skipped  */
+    size_t dropped_cheap_pages;             /* evicted out of the tree, not
+                                               down a tier: cheaper to
+                                               recompute than to load back  */
     size_t persists;                        /* persist calls queued          */
     uint64_t disk_records;                  /* durable records stored        */
     uint64_t tree_pages[CAIRN_TIER_COUNT];  /* pages of the tree per tier    */

@@ -195,6 +195,93 @@ static void test_locks_and_lru(void **state)
     cairn_radix_free(t);
 }
 
+/* Eviction order: one-off pages go first, then pages another request found
+ * cached, then a live session's (held) pages, least recently used first
+ * within each class; a live mark never stops eviction, and a marked node
+ * that leaves the tree takes its marks from its ancestors. */
+static void test_eviction_order(void **state)
+{
+    (void)state;
+    cairn_radix *t;
+    assert_int_equal(cairn_radix_create(PS, SEED, &t), CAIRN_OK);
+    int32_t tok[64];
+    size_t n, cached;
+    int32_t ids[16];
+    for (int i = 0; i < 16; i++)
+        ids[i] = i;
+    cairn_radix_node *session, *once1, *once2, *doc;
+    /* oldest first: a session's history, a document, two one-off prompts */
+    letters("ssss tttt", tok, &n);
+    cairn_radix_insert(t, 0, tok, 2, ids, &cached, &session);
+    letters("dddd", tok, &n);
+    cairn_radix_insert(t, 0, tok, 1, ids + 2, &cached, &doc);
+    letters("oooo", tok, &n);
+    cairn_radix_insert(t, 0, tok, 1, ids + 3, &cached, &once1);
+    letters("pppp", tok, &n);
+    cairn_radix_insert(t, 0, tok, 1, ids + 4, &cached, &once2);
+    assert_int_equal(cairn_radix_node_class(doc), CAIRN_RADIX_CLASS_ONCE);
+    /* plain LRU would give up the session first */
+    assert_ptr_equal(cairn_radix_lru(t, CAIRN_TIER_DEVICE), session);
+    assert_int_equal(cairn_radix_mark_live(t, session), CAIRN_OK);
+    assert_int_equal(cairn_radix_node_live(session), 1);
+    assert_int_equal(cairn_radix_node_class(session), CAIRN_RADIX_CLASS_LIVE);
+    assert_int_equal(cairn_radix_mark_reused(t, doc), CAIRN_OK);
+    assert_int_equal(cairn_radix_node_class(doc), CAIRN_RADIX_CLASS_SHARED);
+    assert_int_equal(cairn_radix_check(t), CAIRN_OK);
+    /* the one-off prompts, oldest first, then the document, then the session */
+    cairn_radix_node *want[] = {once1, once2, doc, session};
+    for (size_t i = 0; i < 4; i++) {
+        cairn_radix_node *v = cairn_radix_lru(t, CAIRN_TIER_DEVICE);
+        assert_ptr_equal(v, want[i]);
+        if (v == session) {
+            /* whoever marked it finds the node again by tokens and id */
+            letters("ssss tttt", tok, &n);
+            assert_ptr_equal(cairn_radix_find(t, 0, tok, 2), session);
+            assert_null(cairn_radix_find(t, 0, tok, 1)); /* ends inside the node */
+        }
+        uint64_t id = cairn_radix_node_id(v);
+        assert_int_equal(cairn_radix_drop(t, v, 0, NULL, NULL), CAIRN_OK);
+        assert_int_equal(cairn_radix_check(t), CAIRN_OK);
+        (void)id;
+    }
+    letters("ssss tttt", tok, &n);
+    assert_null(cairn_radix_find(t, 0, tok, 2));
+    cairn_radix_stats st;
+    cairn_radix_get_stats(t, &st);
+    assert_int_equal(st.n_nodes, 0);
+    /* Recency still orders within a class; a branch point is SHARED. */
+    letters("aaaa bbbb", tok, &n);
+    cairn_radix_insert(t, 0, tok, 2, ids, &cached, &once1);
+    letters("aaaa cccc", tok, &n);
+    cairn_radix_insert(t, 0, tok, 2, ids + 2, &cached, &once2);
+    cairn_radix_node *branch = cairn_radix_parent(once1);
+    assert_int_equal(cairn_radix_node_class(branch), CAIRN_RADIX_CLASS_SHARED);
+    assert_int_equal(cairn_radix_mark_live(t, once1), CAIRN_OK);
+    assert_int_equal(cairn_radix_mark_live(t, once1), CAIRN_OK);
+    assert_ptr_equal(cairn_radix_lru(t, CAIRN_TIER_DEVICE), once2);
+    assert_int_equal(cairn_radix_unmark_live(t, once1), CAIRN_OK);
+    assert_int_equal(cairn_radix_unmark_live(t, once1), CAIRN_OK);
+    assert_int_equal(cairn_radix_unmark_live(t, once1), CAIRN_EINVAL);
+    assert_ptr_equal(cairn_radix_lru(t, CAIRN_TIER_DEVICE), once1); /* older again */
+    /* a split keeps the marks on both halves, and the deeper half its id */
+    uint64_t id = cairn_radix_node_id(once1);
+    assert_int_equal(cairn_radix_mark_live(t, once1), CAIRN_OK);
+    letters("aaaa bbbb eeee", tok, &n);
+    cairn_radix_node *leaf;
+    int32_t more[3] = {-1, -1, 9};
+    cairn_radix_insert(t, 0, tok, 3, more, &cached, &leaf);
+    assert_int_equal(cached, 2);
+    assert_int_equal(cairn_radix_node_id(once1), id);
+    assert_int_equal(cairn_radix_node_live(leaf), 0);
+    assert_int_equal(cairn_radix_node_live(branch), 1);
+    assert_int_equal(cairn_radix_check(t), CAIRN_OK);
+    /* dropping the marked subtree takes its marks from the ancestors */
+    assert_int_equal(cairn_radix_drop(t, once1, 0, NULL, NULL), CAIRN_OK);
+    assert_int_equal(cairn_radix_node_live(branch), 0);
+    assert_int_equal(cairn_radix_check(t), CAIRN_OK);
+    cairn_radix_free(t);
+}
+
 /* ---- property test against a list of sequences --------------------------- */
 
 #define MAXP 24     /* pages per sequence */
@@ -232,6 +319,23 @@ static void release_page(const cairn_radix_page *p, void *user)
     ids->live--;
 }
 
+/* The lowest class among the unlocked device leaves (brute force). */
+static int lowest_class_visit(cairn_radix_node *n, void *user)
+{
+    int *lowest = user;
+    if (cairn_radix_node_refs(n) == 0 && cairn_radix_node_n_children(n) == 0 &&
+        cairn_radix_node_class(n) < *lowest)
+        *lowest = cairn_radix_node_class(n);
+    return 0;
+}
+
+static int lowest_evictable_class(cairn_radix *t)
+{
+    int lowest = 99;
+    cairn_radix_visit(t, lowest_class_visit, &lowest);
+    return lowest;
+}
+
 static void test_property_random(void **state)
 {
     (void)state;
@@ -243,6 +347,9 @@ static void test_property_random(void **state)
     assert_non_null(ids.owner);
     cairn_radix_node *locked[64];
     size_t n_locked = 0;
+    /* live marks, as a session keeps them: tokens, pages and the node's id */
+    struct { int32_t tok[MAXP * PS]; size_t np; uint64_t id; } held[32];
+    size_t n_held = 0;
     int32_t tok[MAXP * PS];
     int32_t pages[MAXP];
     cairn_radix_page *path[MAXP];
@@ -291,12 +398,33 @@ static void test_property_random(void **state)
             size_t i = rnd() % n_locked;
             assert_int_equal(cairn_radix_unlock(t, locked[i]), CAIRN_OK);
             locked[i] = locked[--n_locked];
+        } else if (op < 91 && n_held < 32) { /* mark the end of a match live */
+            pm_query(&m, &rng_state, 4, tok, &np);
+            cairn_radix_match_result r;
+            assert_int_equal(cairn_radix_match(t, 0, tok, np * PS, &r), CAIRN_OK);
+            if (r.n_pages) {
+                assert_int_equal(cairn_radix_mark_live(t, r.node), CAIRN_OK);
+                memcpy(held[n_held].tok, tok, r.n_pages * PS * sizeof *tok);
+                held[n_held].np = r.n_pages;
+                held[n_held++].id = cairn_radix_node_id(r.node);
+                if (rnd() % 2)
+                    assert_int_equal(cairn_radix_mark_reused(t, r.node), CAIRN_OK);
+            }
+        } else if (op < 93 && n_held) { /* unmark, if the node is still there */
+            size_t i = rnd() % n_held;
+            cairn_radix_node *v = cairn_radix_find(t, 0, held[i].tok, held[i].np);
+            if (v && cairn_radix_node_id(v) == held[i].id)
+                assert_int_equal(cairn_radix_unmark_live(t, v), CAIRN_OK);
+            held[i] = held[--n_held];
         } else { /* evict LRU device leaves: drop them, as a one-tier cache would */
             int k = 1 + (int)(rnd() % 4);
             for (int e = 0; e < k; e++) {
                 cairn_radix_node *v = cairn_radix_lru(t, CAIRN_TIER_DEVICE);
                 if (!v)
                     break;
+                /* no evictable node is of a lower class */
+                int lowest = lowest_evictable_class(t);
+                assert_int_equal(cairn_radix_node_class(v), lowest);
                 assert_int_equal(cairn_radix_node_refs(v), 0);
                 assert_int_equal(cairn_radix_node_n_children(v), 0);
                 /* Model: no sequence extends past the node's first page now. */
@@ -397,6 +525,7 @@ int main(void)
         cmocka_unit_test(test_header_example),
         cmocka_unit_test(test_hash_chain),
         cmocka_unit_test(test_locks_and_lru),
+        cmocka_unit_test(test_eviction_order),
         cmocka_unit_test(test_property_random),
         cmocka_unit_test(test_namespaces),
         cmocka_unit_test(test_bad_arguments),

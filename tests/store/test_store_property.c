@@ -9,7 +9,11 @@
  *   - accounting is exact: device pages named by the tree + free pages ==
  *     capacity, same for host slots, and no id is named twice;
  *   - periodically, once the disk has caught up: pages in LMDB == distinct
- *     page keys the cache ever queued for writing.
+ *     page keys the cache ever queued for writing;
+ *   - before every eviction, the node the store gives up is of the lowest
+ *     eviction class among the tier's candidates (radix.h: one-off pages,
+ *     then reused ones, then live sessions'), with live marks taken and
+ *     released as sessions do and reuse marked by every fetch.
  * Every match is compared with the model's longest prefix, and every matched
  * page, once promoted, must hold exactly the payload inserted for its prefix.
  * Sequences also reach the tree while being computed (extend), partial last
@@ -74,6 +78,13 @@ typedef struct {
     } tails[MAXTAILS];
     size_t n_tails_kept;
     size_t n_partial_checked, n_extends;
+    /* live marks, as sessions keep them */
+    struct {
+        int32_t tok[MAXP * PS];
+        size_t n;
+        cairn_kv_live live;
+    } lives[8];
+    size_t n_lives, n_order_checked;
 } world;
 
 static void key_add(world *w, cairn_page_hash h)
@@ -415,15 +426,67 @@ static void op_unlock(world *w)
     w->locks[i] = w->locks[--w->n_locks];
 }
 
+/* Mark a sequence live as a session would, or release a mark. */
+static void op_live(world *w)
+{
+    if (w->n_lives == 8 || (w->n_lives && rnd() % 2)) {
+        size_t i = rnd() % w->n_lives;
+        cairn_kvcache_unmark_live(w->c, 0, w->lives[i].tok, w->lives[i].n, &w->lives[i].live);
+        assert_int_equal(w->lives[i].live.node_id, 0);
+        w->lives[i] = w->lives[--w->n_lives];
+        return;
+    }
+    size_t np;
+    pm_query(&w->seqs, &rng, 5, w->lives[w->n_lives].tok, &np);
+    w->lives[w->n_lives].n = np * PS;
+    assert_int_equal(cairn_kvcache_mark_live(w->c, 0, w->lives[w->n_lives].tok, np * PS,
+                                             &w->lives[w->n_lives].live),
+                     CAIRN_OK);
+    w->n_lives++;
+}
+
+/* The lowest eviction class among a tier's candidates, by brute force. */
+typedef struct {
+    int tier, lowest;
+} lowest_ctx;
+
+static int lowest_visit(cairn_radix_node *n, void *user)
+{
+    lowest_ctx *x = user;
+    if (cairn_radix_node_refs(n) || cairn_radix_node_tier(n) != x->tier)
+        return 0;
+    for (size_t i = 0; i < cairn_radix_node_n_children(n); i++)
+        if (cairn_radix_node_tier(cairn_radix_node_child(n, i)) <= x->tier)
+            return 0;
+    if (cairn_radix_node_class(n) < x->lowest)
+        x->lowest = cairn_radix_node_class(n);
+    return 0;
+}
+
+static void check_order(world *w, int tier)
+{
+    cairn_radix_node *v = cairn_radix_lru(w->t, tier);
+    lowest_ctx x = {.tier = tier, .lowest = 99};
+    cairn_radix_visit(w->t, lowest_visit, &x);
+    if (!v) {
+        assert_int_equal(x.lowest, 99);
+        return;
+    }
+    assert_int_equal(cairn_radix_node_class(v), x.lowest);
+    w->n_order_checked++;
+}
+
 /* Evict from a random tier. Dropping disk-tier leaves from the tree loses
  * those prefixes from the in-memory index, so the model forgets them too. */
 static void op_evict(world *w)
 {
     int tier = (int)(rnd() % 3);
     size_t want = 1 + rnd() % 8;
+    check_order(w, tier);
     if (tier != CAIRN_TIER_DISK) {
         size_t moved;
         assert_int_equal(cairn_kvcache_evict(w->c, tier, want, &moved), CAIRN_OK);
+        check_order(w, tier);
         return;
     }
     for (size_t e = 0; e < want; e++) {
@@ -606,8 +669,10 @@ static void run_world(uint64_t seed, int steps)
             op_lock(&w, false);
         else if (op < 72)
             op_lock(&w, true);
-        else if (op < 81)
+        else if (op < 78)
             op_unlock(&w);
+        else if (op < 81)
+            op_live(&w);
         else
             op_evict(&w);
         check_world(&w);
@@ -616,6 +681,12 @@ static void run_world(uint64_t seed, int steps)
     }
     while (w.n_locks)
         op_unlock(&w);
+    while (w.n_lives) {
+        w.n_lives--;
+        cairn_kvcache_unmark_live(w.c, 0, w.lives[w.n_lives].tok, w.lives[w.n_lives].n,
+                                  &w.lives[w.n_lives].live);
+    }
+    assert_true(w.n_order_checked > 100);
     check_disk(&w);
 
     /* The run must have exercised every tier. */

@@ -16,6 +16,11 @@ cairn_add_test(store_kvcache_fetch
   LABELS store TIMEOUT 300)
 target_include_directories(store_kvcache_fetch PRIVATE ${CMAKE_CURRENT_LIST_DIR})
 
+cairn_add_test(store_eviction_order
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_eviction_order.c ${CAIRN_STORE_TEST_UTIL}
+  LABELS store TIMEOUT 120)
+target_include_directories(store_eviction_order PRIVATE ${CMAKE_CURRENT_LIST_DIR})
+
 cairn_add_test(store_kvcache_share
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_kvcache_share.c ${CAIRN_STORE_TEST_UTIL}
   LABELS store TIMEOUT 120)
@@ -69,6 +74,8 @@ cairn_add_asan_test(store_kvcache_fetch_asan
   ${CMAKE_CURRENT_LIST_DIR}/test_kvcache_fetch.c ${CAIRN_STORE_TEST_UTIL})
 cairn_add_asan_test(store_kvcache_share_asan
   ${CMAKE_CURRENT_LIST_DIR}/test_kvcache_share.c ${CAIRN_STORE_TEST_UTIL})
+cairn_add_asan_test(store_eviction_order_asan
+  ${CMAKE_CURRENT_LIST_DIR}/test_eviction_order.c ${CAIRN_STORE_TEST_UTIL})
 
 # Benchmark (a build target, not a test): see bench/radix_store/README.md.
 add_executable(bench_radix_store ${PROJECT_SOURCE_DIR}/bench/radix_store/bench_radix_store.c
