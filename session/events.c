@@ -189,7 +189,8 @@ void svc_fill_stats(cairn_service *s, cairn_service_stats *st)
             .store_mean_s = k->store_mean_s};
     }
     st->waiting = s->n_waiting;
-    st->sessions = s->n_sessions;
+    st->sessions = s->n_sessions - s->n_responses;
+    st->stored_responses = s->n_responses;
     st->behind.pages = ks.behind_pages;
     st->behind.queued = ks.behind_queued_pages;
     st->behind.waiting = ks.behind_waiting;

@@ -344,7 +344,9 @@ static void handle_close(cairn_service *s, cairn_request *r)
     session_destroy(s, x);
 }
 
-/* The asking tenant's sessions, and nothing of any other tenant's. */
+/* The asking tenant's sessions, and nothing of any other tenant's. Stored
+ * Responses are not listed: there may be thousands, and they are reached by
+ * their response id (GET /v1/responses/{id}). */
 static void handle_list(cairn_service *s, cairn_request *r)
 {
     size_t cap = s->n_sessions < CAIRN_SESSION_LIST_MAX ? s->n_sessions : CAIRN_SESSION_LIST_MAX;
@@ -356,7 +358,7 @@ static void handle_list(cairn_service *s, cairn_request *r)
     size_t n = 0;
     for (size_t b = 0; b < s->n_buckets && n < cap; b++)
         for (session *x = s->buckets[b]; x && n < cap; x = x->next) {
-            if (x->tenant != r->tenant)
+            if (x->tenant != r->tenant || x->response)
                 continue;
             cairn_session_entry *e = &list[n++];
             e->id = x->id;

@@ -355,7 +355,8 @@ typedef struct {
     uint64_t evicted_pages;    /* pages moved out of tier 0                 */
     uint64_t paused;           /* requests paused for lack of pages         */
     uint64_t running, waiting; /* requests now                              */
-    uint64_t sessions;
+    uint64_t sessions;         /* open sessions (what max_sessions bounds)   */
+    uint64_t stored_responses; /* stored Responses kept (max_responses)      */
     cairn_service_tier_stats tiers[3];
     uint64_t cached_tokens_by_tier[4]; /* cached_tokens by where they were found:
                                           device, host, disk, shared */

@@ -262,7 +262,11 @@ static void render_metrics(srv_http *h, const cairn_service_stats *st, cairn_str
                st->device_pages_free);
     metric_u64(b, "cairn_kv_evicted_pages_total", "counter", "Pages moved out of tier 0.",
                st->evicted_pages);
-    metric_u64(b, "cairn_sessions", "gauge", "Open sessions.", st->sessions);
+    metric_u64(b, "cairn_sessions", "gauge", "Open sessions (stored Responses apart).",
+               st->sessions);
+    metric_u64(b, "cairn_stored_responses", "gauge",
+               "Stored Responses kept (store: true; bounded by --max-responses).",
+               st->stored_responses);
     metric_u64(b, "cairn_kv_write_behind_pages_total", "counter",
                "Pages of reused prefixes written to the disk tier in the background "
                "(committed: they survive a kill).", st->behind.pages);

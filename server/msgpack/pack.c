@@ -120,7 +120,7 @@ static void pack_session_id(msgpack_packer *pk, cairn_session_id id)
 
 static void pack_stats(msgpack_packer *pk, const cairn_service_stats *st)
 {
-    msgpack_pack_map(pk, st->shared.on ? 18 : 17);
+    msgpack_pack_map(pk, st->shared.on ? 19 : 18);
 #define U64(name, v) pack_cstr(pk, name), msgpack_pack_uint64(pk, v)
     U64("queries", st->queries);
     U64("prompt_tokens", st->prompt_tokens);
@@ -143,6 +143,7 @@ static void pack_stats(msgpack_packer *pk, const cairn_service_stats *st)
     U64("running", st->running);
     U64("waiting", st->waiting);
     U64("sessions", st->sessions);
+    U64("stored_responses", st->stored_responses);
     pack_cstr(pk, "write_behind"); /* reused prefixes to disk (store.h) */
     msgpack_pack_map(pk, 5);
     U64("pages", st->behind.pages);

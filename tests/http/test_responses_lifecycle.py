@@ -164,6 +164,19 @@ class ManyStored(Base):
                     # and sessions can still be opened: 503 is gone
                     for i in range(8):
                         self.assertOk(h.chat(f"{when}-user-{i}", "Hi."), when)
+                    # counted apart: the open sessions are the user's, and
+                    # the web page lists those, not thousands of responses
+                    with srv.client() as c:
+                        st = c.cache_stats()
+                    self.assertLessEqual(st["sessions"], 64)
+                    self.assertGreaterEqual(st["stored_responses"], WORKERS)
+                    self.assertLessEqual(st["stored_responses"], MAX_RESPONSES)
+                    status, state = h.call("GET", "/web/state")
+                    self.assertEqual(status, 200, state)
+                    names = [x["name"] for x in state["sessions"]]
+                    self.assertIn("early-user", names)
+                    self.assertEqual(len(names), st["sessions"])
+                    self.assertEqual(state["totals"]["sessions"], st["sessions"])
                     return nxt
 
             heads = check(srv, heads, "after the calls")
