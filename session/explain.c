@@ -50,12 +50,12 @@ void svc_explain(cairn_service *s, uint64_t tenant, const int32_t *prompt, size_
         out->reason = CAIRN_MISS_IN_FLIGHT;
     else if ((size_t)cached >= full)
         out->reason = CAIRN_MISS_NONE;
-    else if (!x.ns_cached)
-        out->reason = x.pages_elsewhere > 0 ? CAIRN_MISS_OTHER_TENANT : CAIRN_MISS_NO_CACHE;
-    else if (x.evicted_tier >= 0) {
+    else if (x.evicted_tier >= 0) { /* even when nothing else of the tenant's is left */
         out->reason = CAIRN_MISS_EVICTED;
         out->evicted_tier = x.evicted_tier;
-    } else if ((size_t)cached < x.whole_pages * ps) {
+    } else if (!x.ns_cached)
+        out->reason = x.pages_elsewhere > 0 ? CAIRN_MISS_OTHER_TENANT : CAIRN_MISS_NO_CACHE;
+    else if ((size_t)cached < x.whole_pages * ps) {
         /* cached in a slower tier, not loaded: recomputing was cheaper */
         out->reason = CAIRN_MISS_EVICTED;
         out->evicted_tier = CAIRN_TIER_DEVICE;

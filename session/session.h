@@ -280,12 +280,14 @@ typedef enum {
  *                  its prefix (session.h's "wait" rule, prefix.c) — reported
  *                  even though it then reused it: at arrival it was not cached
  *   NONE           everything but the last page's worth was cached (a hit)
+ *   EVICTED        the page after the match was dropped by eviction recently
+ *                  (evicted_tier: the tier it was lost from)
  *   NO_CACHE       the tenant has nothing cached at all (a fresh server, a
  *                  restart without a cache directory)
- *   OTHER_TENANT   another tenant holds more whole pages of this prompt
- *   EVICTED        the page after the match was dropped by eviction recently
- *                  (evicted_tier: the tier it was lost from), or cached pages
- *                  in a slower tier were not loaded (recomputing was cheaper)
+ *   OTHER_TENANT   (the tenant has nothing, or) another tenant holds more
+ *                  whole pages of this prompt
+ *   EVICTED        cached pages in a slower tier were not loaded
+ *                  (recomputing them was judged cheaper; evicted_tier device)
  *   NEW_CONTENT    the prompt holds a whole cached sequence and goes on
  *   DEPARTED       it departs inside a cached sequence (front end refines) */
 typedef enum {

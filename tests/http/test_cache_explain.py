@@ -16,8 +16,9 @@ usage (docs/why-recomputed.md):
 - other_tenant_only: a document only another tenant (--tenants) sent;
 - in_flight:         two requests over one long document at once: the second
                      waits for the first to compute it;
-- /metrics counts the reasons; POST /v1/cache/explain gives the run's answer
-  without running it (prompt counters unchanged);
+- /metrics counts the reasons; POST /v1/cache/explain (and `cairn cache
+  explain`, which asks it) gives the run's answer without running it (prompt
+  counters unchanged);
 - the native protocol reports the same reason and position.
 
 usage: test_cache_explain.py CAIRN_BIN [unittest args...]
@@ -26,6 +27,7 @@ usage: test_cache_explain.py CAIRN_BIN [unittest args...]
 import concurrent.futures
 import json
 import os
+import subprocess
 import sys
 import unittest
 import urllib.request
@@ -213,6 +215,21 @@ class CacheExplain(harness.TestCase):
                              before.get("cairn_prompt_cache_explains_total", 0) + 1)
             self.assertEqual(x["cache_miss"]["reason"], "tools_changed", x)
             self.assertEqual(x["prompt_tokens"], n_tokens(srv, base, rotated))
+            # `cairn cache explain` asks the same endpoint
+            body_file = scratch.path("body.json")
+            with open(body_file, "w") as f:
+                json.dump(body, f)
+            out = subprocess.run([CAIRN, "cache", "explain", "--url", srv.http_url, "--json",
+                                  body_file], capture_output=True, text=True,
+                                 timeout=HANG_GUARD_S, check=True).stdout
+            self.assertEqual(json.loads(out), x)
+            out = subprocess.run([CAIRN, "cache", "explain", "--url", srv.http_url],
+                                 input=json.dumps(body), capture_output=True, text=True,
+                                 timeout=HANG_GUARD_S, check=True).stdout
+            self.assertIn("tools_changed", out)
+            self.assertIn("token %d" % x["cache_miss"]["position"], out)
+            self.assertEqual(metrics(srv)["cairn_prompt_tokens_total"],
+                             before["cairn_prompt_tokens_total"])
             cached, miss, _ = self.chat(client, base, tools=rotated)
             self.assertEqual(miss["reason"], x["cache_miss"]["reason"])
             self.assertEqual(miss["position"], x["cache_miss"]["position"])
