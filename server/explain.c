@@ -26,10 +26,15 @@
 
 srv_conv *srv_conv_take(cairn_api_call *call)
 {
-    /* the prompt must be all of what the engine looks up: a plain generation
-     * or a named session's turn (its tokens are the whole prompt) */
-    if (!call || !call->req ||
-        (call->req->kind != CAIRN_REQ_GENERATE && call->req->kind != CAIRN_REQ_SESSION_SYNC) ||
+    /* the prompt must be all of what the engine looks up: a plain generation,
+     * a named session's turn (its tokens are the whole prompt), or a stored
+     * response that continues nothing (its new session holds only these) */
+    const bool whole = call && call->req &&
+                       (call->req->kind == CAIRN_REQ_GENERATE ||
+                        call->req->kind == CAIRN_REQ_SESSION_SYNC ||
+                        (call->req->kind == CAIRN_REQ_SESSION_GENERATE &&
+                         call->op == CAIRN_API_RESPONSES && !call->has_previous));
+    if (!whole ||
         cairn_api_conversation_parts(call) == 0 || call->req->n_tokens == 0)
         return NULL;
     srv_conv *k = calloc(1, sizeof *k);

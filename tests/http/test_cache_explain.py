@@ -347,6 +347,17 @@ class CacheExplain(harness.TestCase):
             miss = ask("Session 51b2. " + SYSTEM)
             self.assertEqual(miss["reason"], "system_changed", miss)
 
+            # OpenAI's Responses API: usage.input_tokens_details.cache_miss
+            responses = self.openai(srv).responses
+
+            def respond(instructions):
+                r = responses.create(model="cairn", instructions=instructions, input=USER1,
+                                     max_output_tokens=2)
+                return r.usage.input_tokens_details.model_extra.get("cache_miss")
+            self.assertIsNone(respond(SYSTEM)["reason"])  # what /v1/messages computed
+            miss = respond("Session 77c1. " + SYSTEM)
+            self.assertEqual(miss["reason"], "system_changed", miss)
+
             # The native protocol: the same conversation, the same answer.
             native = scratch.client(srv)
             conv = [{"role": "system", "content": "Session 9e0d. " + SYSTEM}] + msgs
@@ -360,7 +371,7 @@ class CacheExplain(harness.TestCase):
                                                            for t in miss["prompt_excerpt"]))
             res = native.generate(messages=conv, max_tokens=2, temperature=0)
             self.assertIsNone(res.usage.cache_miss["reason"])
-            self.assertEqual(misses(srv)["system_changed"], 2)
+            self.assertEqual(misses(srv)["system_changed"], 3)
 
 
 if __name__ == "__main__":
