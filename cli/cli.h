@@ -20,6 +20,7 @@ int cmd_perplexity(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_route(int argc, char **argv);
+int cmd_cache(int argc, char **argv);
 
 /* What an option parser returns when its command should go on; anything
  * else is the exit status the command returns at once (0 after --help, 2

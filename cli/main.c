@@ -18,6 +18,7 @@ static const struct {
     {"bench", cmd_bench, "prompt and generation speed in tokens/s, like llama-bench"},
     {"serve", cmd_serve, "serve the msgpack-RPC protocol on TCP and/or a Unix socket"},
     {"route", cmd_route, "route requests to replicas by their cached prefixes (scale-out)"},
+    {"cache", cmd_cache, "cache explain: why a prompt would not be served from a server's cache"},
 };
 
 static void usage(FILE *to)

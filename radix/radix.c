@@ -550,6 +550,129 @@ int cairn_radix_match(cairn_radix *t, uint64_t ns, const int32_t *tokens, size_t
     return rc;
 }
 
+/* ---- explaining a miss (non-mutating) ------------------------------------ */
+
+static size_t token_lcp(const int32_t *a, const int32_t *b, size_t n)
+{
+    size_t i = 0;
+    while (i < n && a[i] == b[i])
+        i++;
+    return i;
+}
+
+/* Whole pages of node c (whose first page is known to equal tokens[0..ps))
+ * and of its descendants that tokens[0 .. n_pages*ps) follows. */
+static size_t pages_below(const cairn_radix *t, const cairn_radix_node *c, const int32_t *tokens,
+                          size_t n_pages)
+{
+    const size_t ps = (size_t)t->page_size;
+    size_t matched = 0;
+    while (c) {
+        size_t k = 1;
+        while (k < c->n_pages && matched + k < n_pages &&
+               memcmp(c->tokens + k * ps, tokens + (matched + k) * ps, ps * sizeof(int32_t)) == 0)
+            k++;
+        matched += k;
+        if (k < c->n_pages || matched >= n_pages)
+            break;
+        c = find_child(t, c, c->ns, tokens + matched * ps);
+    }
+    return matched;
+}
+
+int cairn_radix_common_prefix(const cairn_radix *t, uint64_t ns, const int32_t *tokens,
+                              size_t n_tokens, cairn_radix_common *out)
+{
+    if (!t || (!tokens && n_tokens) || !out)
+        return CAIRN_EINVAL;
+    *out = (cairn_radix_common){.last_hash = cairn_radix_ns_seed(t, ns), .tier = -1};
+    for (size_t i = 0; i < t->root.n_children && !out->ns_cached; i++)
+        out->ns_cached = t->root.children[i]->ns == ns;
+    const size_t ps = (size_t)t->page_size, n_pages = n_tokens / ps;
+    const cairn_radix_node *n = &t->root;
+    size_t matched = 0; /* whole pages, all of them ending on n's end */
+    for (;;) {
+        const cairn_radix_node *c =
+            matched < n_pages ? find_child(t, n, ns, tokens + matched * ps) : NULL;
+        if (c) {
+            size_t k = 1;
+            while (k < c->n_pages && matched + k < n_pages &&
+                   memcmp(c->tokens + k * ps, tokens + (matched + k) * ps,
+                          ps * sizeof(int32_t)) == 0)
+                k++;
+            if (k == c->n_pages) {
+                n = c;
+                matched += k;
+                continue;
+            }
+            /* departs inside c, somewhere in its page k */
+            size_t rest = n_tokens - (matched + k) * ps;
+            size_t l = token_lcp(c->tokens + k * ps, tokens + (matched + k) * ps,
+                                 rest < ps ? rest : ps);
+            out->whole_pages = matched + k;
+            out->last_hash = c->pages[k - 1].hash;
+            out->common_tokens = (matched + k) * ps + l;
+            out->sequence_tokens = c->depth * ps;
+            out->tier = c->tier;
+            out->cached_next = c->tokens + k * ps + l;
+            out->n_cached_next = c->n_pages * ps - (k * ps + l);
+            return CAIRN_OK;
+        }
+        /* on n's end: the child (of this namespace) sharing the most tokens
+         * of the next page, if any shares one */
+        out->whole_pages = matched;
+        if (n != &t->root) {
+            out->last_hash = n->pages[n->n_pages - 1].hash;
+            out->tier = n->tier;
+        }
+        out->common_tokens = matched * ps;
+        out->sequence_tokens = matched * ps;
+        size_t rest = n_tokens - matched * ps, best = 0;
+        const cairn_radix_node *closest = NULL;
+        for (size_t i = 0; i < n->n_children; i++) {
+            const cairn_radix_node *ch = n->children[i];
+            if (ch->ns != ns)
+                continue;
+            size_t l = token_lcp(ch->tokens, tokens + matched * ps, rest < ps ? rest : ps);
+            if (!closest || l > best) {
+                closest = ch;
+                best = l;
+            }
+        }
+        if (!closest) {
+            out->contained = n != &t->root;
+            return CAIRN_OK;
+        }
+        out->common_tokens += best;
+        out->sequence_tokens = closest->depth * ps;
+        if (best > 0)
+            out->tier = closest->tier;
+        out->cached_next = closest->tokens + best;
+        out->n_cached_next = closest->n_pages * ps - best;
+        return CAIRN_OK;
+    }
+}
+
+size_t cairn_radix_pages_elsewhere(const cairn_radix *t, uint64_t ns, const int32_t *tokens,
+                                   size_t n_tokens)
+{
+    if (!t || !tokens)
+        return 0;
+    const size_t ps = (size_t)t->page_size, n_pages = n_tokens / ps;
+    if (n_pages == 0)
+        return 0;
+    size_t best = 0;
+    for (size_t i = 0; i < t->root.n_children; i++) {
+        const cairn_radix_node *c = t->root.children[i];
+        if (c->ns == ns || memcmp(c->tokens, tokens, ps * sizeof(int32_t)) != 0)
+            continue;
+        size_t k = pages_below(t, c, tokens, n_pages);
+        if (k > best)
+            best = k;
+    }
+    return best;
+}
+
 int cairn_radix_insert(cairn_radix *t, uint64_t ns, const int32_t *tokens, size_t n_pages,
                        const int32_t *device_pages, size_t *n_cached, cairn_radix_node **leaf)
 {

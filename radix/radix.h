@@ -207,6 +207,46 @@ typedef struct {
 int cairn_radix_match(cairn_radix *t, uint64_t ns, const int32_t *tokens, size_t n_tokens,
                       cairn_radix_match_result *out);
 
+/* What the tree holds closest to a token sequence, without changing anything
+ * (no split, no recency bump, no lock): for explaining why a prompt was not
+ * (all) cached. Token-exact where cairn_radix_match stops at whole pages: the
+ * walk follows whole pages as match does, then compares token by token inside
+ * the first page that differs (against the child sharing the most tokens
+ * with it when the walk ends on a node boundary). Partial tails the store
+ * keeps outside the tree are not looked at. */
+typedef struct {
+    size_t common_tokens;   /* tokens[0 .. common_tokens) equal a cached sequence
+                               of the namespace; the prompt departs there     */
+    size_t whole_pages;     /* of them, whole pages: what a match would give  */
+    cairn_page_hash last_hash; /* hash of page whole_pages-1 (the namespace seed
+                               when 0): continue the chain to name the page
+                               after the match                              */
+    size_t sequence_tokens; /* where the closest cached sequence's node ends,
+                               in tokens from the start (0: nothing shared)  */
+    bool contained;         /* the walk reached a leaf: the sequence holds a
+                               whole cached sequence and goes on past it     */
+    int tier;               /* tier of the node holding the last common token;
+                               -1 when common_tokens is 0                   */
+    bool ns_cached;         /* the namespace holds anything at all           */
+    const int32_t *cached_next; /* the closest sequence's tokens from the
+                               departure on (NULL when contained or nothing
+                               is cached); valid until the tree is modified  */
+    size_t n_cached_next;   /* how many of them (to the end of their node)   */
+} cairn_radix_common;
+
+/* Fill *out for tokens[0 .. n_tokens) in namespace `ns`. O(n_tokens) token
+ * compares plus, where the walk ends on a node boundary, one page compared
+ * with each child there. Errors: CAIRN_EINVAL. */
+int cairn_radix_common_prefix(const cairn_radix *t, uint64_t ns, const int32_t *tokens,
+                              size_t n_tokens, cairn_radix_common *out);
+
+/* The most whole pages of tokens[0 .. n_tokens) that any namespace other than
+ * `ns` holds (0 when none). Tells "only another tenant had it" apart from
+ * "nobody had it" without reading the other tenant's tokens: only a count
+ * comes out. Non-mutating; one page compared per root child, then a walk. */
+size_t cairn_radix_pages_elsewhere(const cairn_radix *t, uint64_t ns, const int32_t *tokens,
+                                   size_t n_tokens);
+
 /* Insert the first n_pages whole pages of `tokens` (n_pages * page_size
  * tokens) in namespace `ns`, whose KV is in tier-0 pages device_pages[0..n_pages).
  *

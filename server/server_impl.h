@@ -127,6 +127,8 @@ struct cairn_server {
     srv_conn *buckets[SRV_N_BUCKETS]; /* attached connections by id            */
     srv_conn *all;            /* every connection until its memory is freed   */
 
+    uint64_t misses[CAIRN_MISS_REASONS]; /* generations whose prompt was not
+                                 all cached, by final reason (explain.c)   */
     pthread_mutex_t queue_mu; /* engine thread -> loop: copied events       */
     srv_event *queue_head, *queue_tail;
 };
@@ -209,5 +211,46 @@ void srv_http_free(srv_http *h);
  * submitted and every event, seen on the loop thread; no-ops without HTTP. */
 void srv_http_note_submit(cairn_server *s, const cairn_request *r);
 void srv_http_note_event(cairn_server *s, const cairn_event *ev);
+
+/* ---- explain.c: why a prompt was recomputed ---------------------------- */
+
+/* A chat call's conversation and prompt, kept until its generation is done
+ * so a miss inside it can be placed (cairn_miss_reason). Reference counted
+ * on the loop thread only (a text worker reads it while holding one). */
+typedef struct {
+    cairn_api_call call; /* conv and tools_json only */
+    int32_t *tokens;     /* the prompt as decoded   */
+    size_t n_tokens;
+    int refs;
+} srv_conv;
+
+/* Take the conversation out of a decoded call (moved) with a copy of its
+ * prompt, before the request is submitted; NULL when the call is no plain
+ * generation over a conversation (or memory ran out: then no refinement). */
+srv_conv *srv_conv_take(cairn_api_call *call);
+void srv_conv_release(srv_conv *k); /* NULL is a no-op */
+/* The part of the conversation a departure lies in (a text worker: it
+ * renders). */
+cairn_miss_reason srv_conv_classify(const cairn_api *api, const srv_conv *k, int64_t departure);
+
+/* A DONE(generation) whose miss is refined on a text worker; then
+ * node->ev.miss.reason is final and `answer` continues with the event
+ * (true: it kept the node). */
+typedef struct srv_classify {
+    srv_work w;
+    srv_conv *conv;      /* one reference held while queued               */
+    srv_event *node;     /* owned until answer keeps it                    */
+    uint32_t msgid;
+    cairn_miss_reason reason;
+    bool (*answer)(struct srv_classify *k, srv_conn *c);
+} srv_classify;
+int srv_classify_queue(cairn_server *s, srv_classify *k, uint64_t conn_id);
+
+/* Count a generation's final reason (loop thread), for /metrics. */
+void srv_miss_count(cairn_server *s, const cairn_cache_miss *m);
+/* usage's cache_miss object: reason (null on a hit), position, closest_tokens,
+ * closest_tier, evicted_tier, prompt_excerpt, cached_excerpt; null when the
+ * cache was not looked at. */
+json_t *srv_miss_json(const cairn_api *api, const cairn_cache_miss *m);
 
 #endif /* CAIRN_SERVER_IMPL_H */

@@ -148,6 +148,7 @@ void svc_emit_generation_done(cairn_service *s, job *j)
                       .logprobs = j->lps, .n_top = j->lps ? j->req->gen.sampling.n_logprobs : 0,
                       .prompt_tokens = (int64_t)j->n_prompt,
                       .cached_tokens = j->cached_tokens, .completion_tokens = j->n_gen,
+                      .miss = j->miss,
                       .spec_forwards = j->spec_forwards, .spec_tokens = j->spec_tokens};
     if (j->spec && j->spec_forwards > 0) {
         cairn_spec_stats st;

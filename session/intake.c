@@ -457,6 +457,17 @@ void intake_handle(cairn_service *s, cairn_request *r)
         svc_emit(s, &ev);
         break;
     }
+    case CAIRN_REQ_CACHE_EXPLAIN: {
+        /* read-only: no fetch, no lock, no recency bump, no counters */
+        cairn_event ev = {.kind = CAIRN_EV_DONE, .what = CAIRN_DONE_EXPLAIN, .client = r->client,
+                          .id = r->id, .prompt_tokens = (int64_t)r->n_tokens};
+        svc_explain(s, r->tenant, r->tokens, r->n_tokens, -1, false, &ev.miss);
+        if (ev.miss.known)
+            ev.cached_tokens = ev.miss.departure / s->page_size * s->page_size;
+        s->stats.explains++;
+        svc_emit(s, &ev);
+        break;
+    }
     case CAIRN_REQ_SESSION_LIST: handle_list(s, r); break;
     case CAIRN_REQ_CLIENT_GONE: sched_cancel_client(s, r->client); break;
     default: svc_emit_error(s, r, CAIRN_EINVAL, "unknown request kind"); break;

@@ -143,6 +143,8 @@ static void job_adopt(cairn_service *s, job *j, const cairn_kvcache_event *ev)
         s->stats.queries++;
         s->stats.prompt_tokens += j->n_prompt;
         s->stats.cached_tokens += j->n_computed;
+        svc_explain(s, j->req->tenant, j->seq.v, j->n_prompt, j->cached_tokens, j->shared_wait,
+                    &j->miss);
     }
     s->running[s->n_running++] = j;
 }

@@ -196,6 +196,10 @@ typedef enum {
                                    session's record)        -> DONE(session)     */
     CAIRN_REQ_SESSION_LIST,     /* the asking tenant's open sessions (at most
                                    CAIRN_SESSION_LIST_MAX)  -> DONE(session_list) */
+    CAIRN_REQ_CACHE_EXPLAIN,    /* tokens (a prompt): what the cache holds of
+                                   it for the asking tenant, without running
+                                   it or touching the cache's recency
+                                                            -> DONE(explain)     */
 } cairn_req_kind;
 
 typedef struct {
@@ -260,7 +264,67 @@ typedef enum {
     CAIRN_DONE_CANCEL,         /* cancelled: whether the target existed */
     CAIRN_DONE_STATS,          /* stats                               */
     CAIRN_DONE_SESSION_LIST,   /* sessions, n_listed                  */
+    CAIRN_DONE_EXPLAIN,        /* prompt_tokens, cached_tokens (what a run
+                                  would find), miss                     */
 } cairn_done_what;
+
+/* Why a prompt was (partly) recomputed: the engine's answer, in
+ * cairn_event.miss of DONE(generation) and DONE(explain). The engine knows
+ * the cache, not the request's structure: where the prompt departed from
+ * the closest cached sequence inside it, it says CAIRN_MISS_DEPARTED and the
+ * front end, which has the conversation (api.h), names the part: system,
+ * tools, an earlier turn (history), or the new turn.
+ *
+ * Rules, first that applies (see docs/why-recomputed.md):
+ *   IN_FLIGHT      the request waited for another request that was computing
+ *                  its prefix (session.h's "wait" rule, prefix.c) — reported
+ *                  even though it then reused it: at arrival it was not cached
+ *   NONE           everything but the last page's worth was cached (a hit)
+ *   EVICTED        the page after the match was dropped by eviction recently
+ *                  (evicted_tier: the tier it was lost from)
+ *   NO_CACHE       the tenant has nothing cached at all (a fresh server, a
+ *                  restart without a cache directory)
+ *   OTHER_TENANT   (the tenant has nothing, or) another tenant holds more
+ *                  whole pages of this prompt
+ *   EVICTED        cached pages in a slower tier were not loaded
+ *                  (recomputing them was judged cheaper; evicted_tier device)
+ *   NEW_CONTENT    the prompt holds a whole cached sequence and goes on
+ *   DEPARTED       it departs inside a cached sequence (front end refines) */
+typedef enum {
+    CAIRN_MISS_NONE = 0,
+    CAIRN_MISS_NEW_CONTENT,
+    CAIRN_MISS_HISTORY_REWRITTEN,
+    CAIRN_MISS_SYSTEM_CHANGED,
+    CAIRN_MISS_TOOLS_CHANGED,
+    CAIRN_MISS_EVICTED,
+    CAIRN_MISS_IN_FLIGHT,
+    CAIRN_MISS_OTHER_TENANT,
+    CAIRN_MISS_NO_CACHE,
+    CAIRN_MISS_DEPARTED, /* engine only: the front end names the part */
+    CAIRN_MISS_REASONS
+} cairn_miss_reason;
+
+/* The wire name of a reason ("new_content", ..., "other_tenant_only",
+ * "no_cache"); NULL for NONE. DEPARTED reads "new_content" (a prompt with
+ * no structure to tell parts apart: it went on differently). */
+const char *cairn_miss_reason_name(cairn_miss_reason r);
+
+#define CAIRN_MISS_EXCERPT 8 /* tokens of each side at the departure */
+
+typedef struct {
+    bool known;              /* looked up: prefix caching is on and the prompt
+                                has two tokens or more; all else is 0 if not */
+    cairn_miss_reason reason;
+    int64_t departure;       /* prompt tokens equal to the closest cached
+                                sequence of the tenant (token-exact)       */
+    int64_t closest_tokens;  /* where that sequence's node ends             */
+    int tier;                /* tier the shared part was in: 0 device, 1 host,
+                                2 disk; -1 when nothing is shared            */
+    int evicted_tier;        /* EVICTED: the tier it was lost from; else -1   */
+    int32_t prompt_next[CAIRN_MISS_EXCERPT]; /* the prompt from the departure */
+    int32_t cached_next[CAIRN_MISS_EXCERPT]; /* the cached side (same tenant)  */
+    int n_prompt_next, n_cached_next;
+} cairn_cache_miss;
 
 #define CAIRN_SESSION_LIST_MAX 256
 #define CAIRN_SESSION_NAME_SHOWN 64 /* bytes of a name a listing carries */
@@ -361,6 +425,11 @@ typedef struct {
     uint64_t cached_tokens_by_tier[4]; /* cached_tokens by where they were found:
                                           device, host, disk, shared */
     uint64_t partial_tokens;   /* of cached_tokens: rows reused from part of a page */
+    uint64_t misses[CAIRN_MISS_REASONS]; /* prompts not (all) cached, by the
+                                  engine's reason (cairn_cache_miss; DEPARTED
+                                  is refined by the front ends, which count
+                                  the final reasons themselves)              */
+    uint64_t explains;         /* CAIRN_REQ_CACHE_EXPLAIN answered           */
     uint64_t shared_waits;     /* admissions deferred until another request had
                                   computed the prefix they share              */
     struct {                   /* write-behind to the disk tier (store.h)   */
@@ -411,6 +480,8 @@ typedef struct {
     int stop_string;           /* the stop string that ended it: 1 + its index
                                   in gen.stop; 0 when none did               */
     int64_t prompt_tokens, cached_tokens, completion_tokens;
+    cairn_cache_miss miss;     /* DONE(generation), DONE(explain): why the
+                                  uncached part of the prompt was not cached */
     int64_t cached_by_tier[4]; /* where the cached tokens were: device, host,
                                   disk (this replica's LMDB), shared (Redis) */
     double prompt_seconds;     /* admission to the first token (prefill)    */

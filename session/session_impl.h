@@ -127,6 +127,7 @@ typedef struct job {
     bool admitted_once;
     bool shared_wait;        /* counted once in stats.shared_waits             */
     int64_t cached_tokens;   /* reported: matched at the first admission      */
+    cairn_cache_miss miss;   /* why the rest was not: at the first admission  */
     cairn_kv_hold *hold;     /* the cached prefix it started from (locked)    */
     size_t n_tree_pages;     /* pages[0 .. n_tree_pages) are the hold's        */
     int32_t *pages;          /* page table; the rest were allocated by the job */
@@ -264,6 +265,12 @@ void svc_emit_error(cairn_service *s, const cairn_request *r, int code, const ch
 void svc_emit_session(cairn_service *s, const cairn_request *r, cairn_session_id id,
                       int64_t n_tokens);
 void svc_emit_generation_done(cairn_service *s, job *j);
+/* Why a prompt of n_prompt tokens is not (all) cached for `tenant`
+ * (explain.c): `cached` is what its admission took (-1: not run, what the
+ * tree would give), `waited` whether it waited for another job computing it.
+ * Counts the reason in stats.misses. Reads the cache only. */
+void svc_explain(cairn_service *s, uint64_t tenant, const int32_t *prompt, size_t n_prompt,
+                 int64_t cached, bool waited, cairn_cache_miss *out);
 void svc_histogram_observe(cairn_latency_histogram *h, double seconds);
 void svc_vllm_observe(cairn_service *s, cairn_vllm_hist which, double seconds);
 void svc_note_finished(cairn_service *s, const job *j);

@@ -333,6 +333,7 @@ static size_t drop_node(cairn_kvcache *c, int tier, cairn_radix_node *node)
     size_t np = cairn_radix_node_pages(node, NULL);
     if (cairn_radix_node_n_children(node) > 0)
         return 0; /* only leaves leave the tree */
+    kvc_note_gone(c, node, tier);
     if (cairn_radix_drop(c->tree, node, 0, kvc_release_page, c) != CAIRN_OK)
         return 0;
     c->stats.evicted_pages[tier] += np;

@@ -877,6 +877,44 @@ int cairn_kvcache_record_get(cairn_kvcache *c, const void *key, size_t key_len, 
 int cairn_kvcache_forget(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, size_t n_tokens,
                          size_t keep_pages);
 
+/* ---- explaining a miss --------------------------------------------------- *
+ *
+ * Why a prompt was not (all) found: the closest cached sequence of the
+ * namespace (cairn_radix_common_prefix: token-exact, non-mutating), whether
+ * the page right after the match left the tree recently, and whether another
+ * namespace holds more of it. Nothing is changed (no recency bump, no split,
+ * no disk read), so asking never alters what is evicted next.
+ *
+ * "Left recently": eviction remembers the chained hash of every page it
+ * drops from the tree for good (not one whose copy stays in LMDB) with the
+ * tier it was dropped from, in a direct-mapped table of CAIRN_KV_GONE_SLOTS
+ * entries: O(1) per page, fixed memory, and a later drop that maps to the
+ * same slot overwrites an older one. So "evicted" is reported for the last
+ * few thousand pages to go, and older losses read as plain misses. Pages the
+ * disk tier's own LRU deletes from LMDB are not seen here.
+ */
+#define CAIRN_KV_GONE_SLOTS 4096
+#define CAIRN_KV_EXCERPT 8 /* tokens of the cached side kept at a departure */
+
+typedef struct {
+    size_t common_tokens;   /* tokens equal to the closest cached sequence     */
+    size_t whole_pages;     /* of them, whole pages                            */
+    size_t sequence_tokens; /* where that sequence's node ends (tokens)        */
+    bool contained;         /* the prompt holds a whole cached sequence         */
+    int tier;               /* tier of the last common token's node; -1 none    */
+    bool ns_cached;         /* the namespace holds anything in the tree         */
+    int evicted_tier;       /* the page after the whole-page match was dropped
+                               from this tier recently; -1 when not            */
+    size_t pages_elsewhere; /* most whole pages another namespace holds         */
+    int32_t cached_next[CAIRN_KV_EXCERPT]; /* the cached side after the departure */
+    size_t n_cached_next;
+} cairn_kv_explain;
+
+/* Fill *out for tokens[0 .. n_tokens) in namespace `ns`. O(n_tokens) plus one
+ * page hash. Errors: CAIRN_EINVAL. */
+int cairn_kvcache_explain(const cairn_kvcache *c, uint64_t ns, const int32_t *tokens,
+                          size_t n_tokens, cairn_kv_explain *out);
+
 /* Copy a resident page (tier 0 or 1) into host memory dst [page_bytes].
  * CAIRN_ENOTFOUND when the page is only on disk. For tests and tools. */
 int cairn_kvcache_read_page(cairn_kvcache *c, const cairn_radix_page *page, void *dst);

@@ -189,6 +189,13 @@ struct cairn_kvcache {
     size_t n_behind;
     size_t behind_inflight;
 
+    /* pages evicted out of the tree for good, by hash (explain.c): direct
+     * mapped on hash.lo; tier_plus_one 0 = empty slot */
+    struct kv_gone {
+        cairn_page_hash hash;
+        int8_t tier_plus_one;
+    } gone[CAIRN_KV_GONE_SLOTS];
+
     cairn_kvcache_stats stats;
 };
 
@@ -218,6 +225,12 @@ size_t kvc_evict_one(cairn_kvcache *c, int tier);
 /* Make n host slots free (drained slots back, then eviction from tier 1);
  * false when fewer could be had. */
 bool kvc_host_room(cairn_kvcache *c, int32_t n);
+
+/* ---- explain.c ------------------------------------------------------------ */
+
+/* The pages of `node` (a leaf about to be dropped from `tier` by eviction)
+ * leave the tree: remember those whose only copy goes with them. */
+void kvc_note_gone(cairn_kvcache *c, cairn_radix_node *node, int tier);
 
 /* ---- transfer.c: page copies between tier 0 and tier 1 ----------------- */
 

@@ -160,6 +160,10 @@ static bool on_finish(hconn *c, hreq *q, const cairn_event *ev, json_t *calls, c
     json_t *sequence;
     const char *reason = stop_reason(st, ev, calls, &sequence);
     json_t *usage = usage_of(ev->prompt_tokens, ev->cached_tokens, ev->completion_tokens);
+    /* a cairn extension (the clients keep unknown fields): why the rest of
+     * the prompt was not read from the cache */
+    if (usage)
+        json_object_set_new(usage, "cache_miss", srv_miss_json(&c->base.srv->api, &ev->miss));
     size_t i;
     json_t *call;
     c->active = NULL;

@@ -138,6 +138,7 @@ static void handle_message(hconn *c)
         {"/detokenize", HTTP_POST, 7},
         {"/v1/messages", HTTP_POST, 8},
         {"/v1/responses", HTTP_POST, 9},
+        {"/v1/cache/explain", HTTP_POST, 10},
     };
     const unsigned method = c->parser.method;
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
@@ -164,6 +165,7 @@ static void handle_message(hconn *c)
         case 6: http_handle_generation(c, CAIRN_API_TOKENIZE); return;
         case 7: http_handle_generation(c, CAIRN_API_DETOKENIZE); return;
         case 8: http_handle_wire(c, &http_anthropic_wire); return;
+        case 10: http_handle_explain(c); return;
         default: http_handle_wire(c, &http_responses_wire); return;
         }
     }

@@ -56,7 +56,7 @@ struct srv_http {
     } status_counts[HTTP_N_STATUS_SLOTS];
 };
 
-typedef enum { HK_CHAT = 1, HK_COMPLETION, HK_METRICS, HK_WIRE, HK_WEB } hreq_kind;
+typedef enum { HK_CHAT = 1, HK_COMPLETION, HK_METRICS, HK_WIRE, HK_WEB, HK_EXPLAIN } hreq_kind;
 
 typedef struct hreq hreq;
 typedef struct hconn hconn;
@@ -99,6 +99,7 @@ typedef struct {
     bool holding;      /* a tool call may have started: stream no more      */
     json_t *answer;    /* not streaming: its choice object, once over       */
     int64_t prompt_tokens, cached_tokens, completion_tokens;
+    cairn_cache_miss miss; /* why the rest of the prompt was not cached      */
     int64_t cached_by_tier[4]; /* device, host, disk, shared                */
     int64_t spec_steps, spec_tokens, spec_drafted, spec_accepted;
     char spec_method[64];  /* the methods that proposed ("" = none)        */
@@ -123,6 +124,8 @@ struct hreq {
     int parsing;       /* choices whose tool calls are on a text worker      */
     const http_wire *wire; /* HK_WIRE: who writes the answer                 */
     void *wire_state;  /* the wire's own (freed by wire->free)              */
+    srv_conv *conv;    /* chat: the conversation, to place a cache miss in
+                          it (server/explain.c); NULL otherwise             */
 };
 
 struct hconn {
@@ -187,6 +190,11 @@ const char *http_path(const hconn *c, size_t *len);
  * vocabulary ops: decoded on a worker too, answered without the engine). */
 void http_handle_generation(hconn *c, cairn_api_op op);
 void http_handle_models(hconn *c);
+/* POST /v1/cache/explain: a /v1/chat/completions, /v1/completions or
+ * /v1/messages body (told apart by `prompt` / `system`), answered with what
+ * the cache holds of its prompt and why not more (cache_miss), without
+ * running it or changing the cache's recency. */
+void http_handle_explain(hconn *c);
 bool http_on_event(hconn *c, srv_event *node);
 void http_request_free(hreq *q);
 /* A request of another wire format (its route), from decoding on. */

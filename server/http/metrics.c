@@ -318,12 +318,29 @@ static void render_metrics(srv_http *h, const cairn_service_stats *st, cairn_str
                   (unsigned long long)h->status_counts[i].n);
 }
 
+/* Why prompts were recomputed (docs/why-recomputed.md): the final reasons
+ * of the generations this server answered (HTTP and native), every reason
+ * listed so a dashboard sees zeros; explains asked without running apart. */
+static void render_misses(const cairn_server *srv, const cairn_service_stats *st, cairn_strbuf *b)
+{
+    metric_head(b, "cairn_prompt_cache_misses_total", "counter",
+                "Generations whose prompt was not all cached, by why.");
+    for (int r = CAIRN_MISS_NONE + 1; r < CAIRN_MISS_REASONS; r++)
+        if (r != CAIRN_MISS_DEPARTED)
+            http_printf(b, "cairn_prompt_cache_misses_total{reason=\"%s\"} %llu\n",
+                        cairn_miss_reason_name((cairn_miss_reason)r),
+                        (unsigned long long)srv->misses[r]);
+    metric_u64(b, "cairn_prompt_cache_explains_total", "counter",
+               "Cache explanations asked without running the prompt.", st->explains);
+}
+
 void http_metrics_answer(hconn *c, const cairn_service_stats *st)
 {
     hreq *q = c->active;
     c->active = NULL;
     cairn_strbuf b = {0};
     render_metrics(c->base.srv->http, st, &b);
+    render_misses(c->base.srv, st, &b);
     render_vllm(c->base.srv->model_id, st, &b);
     if (b.oom)
         http_respond_error(c, 503, "out of memory", NULL, NULL);

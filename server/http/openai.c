@@ -31,6 +31,7 @@ void http_request_free(hreq *q)
     }
     free(q->choices);
     free(q->tools_json);
+    srv_conv_release(q->conv);
     if (q->wire && q->wire->free)
         q->wire->free(q);
     free(q);
@@ -284,6 +285,11 @@ static void answer_request(hconn *c, hreq *q)
     /* speculative: how the reply was decoded (a cairn extension): steps =
      * target forwards that verified a draft, tokens = what they gave, tau =
      * tokens / steps, drafted / accepted = draft tokens checked / kept */
+    /* cache_miss: why the uncached part was not cached (docs/why-recomputed.md);
+     * the first prompt's, which every choice of it shares */
+    if (usage && q->n_choices > 0)
+        json_object_set_new(json_object_get(usage, "prompt_tokens_details"), "cache_miss",
+                            srv_miss_json(&c->base.srv->api, &q->choices[0].miss));
     if (usage && spec[0] > 0)
         json_object_set_new(usage, "speculative",
                             json_pack("{s:s, s:I, s:I, s:f, s:I, s:I}", "method",
@@ -408,6 +414,7 @@ static void finish_choice(hconn *c, hreq *q, int index, const cairn_event *ev,
     q->n_over++;
     ch->prompt_tokens = ev->prompt_tokens;
     ch->cached_tokens = ev->cached_tokens;
+    ch->miss = ev->miss;
     for (int t = 0; t < 4; t++)
         ch->cached_by_tier[t] = ev->cached_by_tier[t];
     ch->completion_tokens = ev->completion_tokens;
@@ -492,8 +499,38 @@ static void calls_answer(srv_calls *k, srv_conn *b)
     }
 }
 
+static bool on_generation_done(hconn *c, hreq *q, int index, srv_event *node);
+
+/* A miss inside the conversation has been placed: go on with the event. */
+static bool classified(srv_classify *k, srv_conn *b)
+{
+    hconn *c = (hconn *)b;
+    int index;
+    hreq *q = c->active;
+    if (!q || q->failed || !choice_of(q, k->msgid, &index))
+        return false;
+    return on_generation_done(c, q, index, k->node);
+}
+
 static bool on_generation_done(hconn *c, hreq *q, int index, srv_event *node)
 {
+    cairn_cache_miss *miss = &node->ev.miss;
+    if (miss->known && miss->reason == CAIRN_MISS_DEPARTED && q->conv) {
+        /* which part changed: rendering, so on a text worker */
+        srv_classify *k = calloc(1, sizeof *k);
+        if (k) {
+            k->conv = q->conv;
+            k->node = node;
+            k->msgid = q->choices[index].msgid;
+            k->answer = classified;
+            if (srv_classify_queue(c->base.srv, k, c->base.id) == CAIRN_OK)
+                return true;
+            free(k);
+        }
+    }
+    if (miss->reason == CAIRN_MISS_DEPARTED) /* no structure to tell parts by */
+        miss->reason = CAIRN_MISS_NEW_CONTENT;
+    srv_miss_count(c->base.srv, miss);
     if ((q->kind != HK_CHAT && q->kind != HK_WIRE) || !q->tools_json) {
         finish_choice(c, q, index, &node->ev, NULL, NULL);
         return false;
@@ -522,6 +559,83 @@ static bool on_generation_done(hconn *c, hreq *q, int index, srv_event *node)
     return true;
 }
 
+/* ---- POST /v1/cache/explain ------------------------------------------------------------ */
+
+/* The answer: what a run of the prompt would find, and why not more. */
+static void explain_answer(hconn *c, hreq *q, const cairn_event *ev)
+{
+    c->active = NULL;
+    cairn_cache_miss miss = ev->miss;
+    if (miss.reason == CAIRN_MISS_DEPARTED)
+        miss.reason = CAIRN_MISS_NEW_CONTENT;
+    json_t *o = json_pack("{s:s, s:I, s:I, s:o}", "object", "cache.explain", "prompt_tokens",
+                          (json_int_t)ev->prompt_tokens, "cached_tokens",
+                          (json_int_t)ev->cached_tokens, "cache_miss",
+                          srv_miss_json(&c->base.srv->api, &miss));
+    if (o)
+        http_respond_json(c, 200, o);
+    else
+        http_respond_error(c, 503, "out of memory", NULL, NULL);
+    json_decref(o);
+    http_request_free(q);
+}
+
+static bool explain_classified(srv_classify *k, srv_conn *b)
+{
+    hconn *c = (hconn *)b;
+    int index;
+    hreq *q = c->active;
+    if (q && !q->failed && q->kind == HK_EXPLAIN && choice_of(q, k->msgid, &index))
+        explain_answer(c, q, &k->node->ev);
+    return false;
+}
+
+static bool on_explain_event(hconn *c, hreq *q, int index, srv_event *node)
+{
+    const cairn_event *ev = &node->ev;
+    if (ev->kind == CAIRN_EV_ERROR) {
+        fail_request(c, q, http_status_of(ev->code), ev->message ? ev->message : "error", NULL,
+                     NULL);
+        return false;
+    }
+    if (ev->kind != CAIRN_EV_DONE || ev->what != CAIRN_DONE_EXPLAIN)
+        return false;
+    if (ev->miss.known && ev->miss.reason == CAIRN_MISS_DEPARTED && q->conv) {
+        srv_classify *k = calloc(1, sizeof *k);
+        if (k) {
+            k->conv = q->conv;
+            k->node = node;
+            k->msgid = q->choices[index].msgid;
+            k->answer = explain_classified;
+            if (srv_classify_queue(c->base.srv, k, c->base.id) == CAIRN_OK)
+                return true;
+            free(k);
+        }
+    }
+    explain_answer(c, q, ev);
+    return false;
+}
+
+/* The decoded body becomes one CACHE_EXPLAIN: the prompt's tokens, looked up
+ * for this connection's tenant; nothing runs. */
+static int explain_submit(hconn *c, hreq *q, cairn_api_call *call)
+{
+    if (!call->req || call->req->n_tokens == 0)
+        return CAIRN_EINVAL;
+    q->conv = srv_conv_take(call);
+    q->choices = calloc(1, sizeof *q->choices);
+    cairn_request *r = q->choices ? cairn_request_new(CAIRN_REQ_CACHE_EXPLAIN) : NULL;
+    if (!r)
+        return CAIRN_ENOMEM;
+    q->n_choices = 1;
+    r->tokens = call->req->tokens;
+    r->n_tokens = call->req->n_tokens;
+    call->req->tokens = NULL;
+    call->req->n_tokens = 0;
+    r->id = q->choices[0].msgid = ++c->next_msgid;
+    return srv_submit(&c->base, r) == CAIRN_OK ? CAIRN_OK : CAIRN_ECLOSED;
+}
+
 bool http_on_event(hconn *c, srv_event *node)
 {
     const cairn_event *ev = &node->ev;
@@ -535,6 +649,8 @@ bool http_on_event(hconn *c, srv_event *node)
         http_web_on_event(c, q, index, ev);
         return false;
     }
+    if (q->kind == HK_EXPLAIN)
+        return on_explain_event(c, q, index, node);
     if (q->kind == HK_METRICS) {
         if (ev->kind == CAIRN_EV_DONE && ev->what == CAIRN_DONE_STATS)
             http_metrics_answer(c, &ev->stats);
@@ -566,6 +682,7 @@ typedef struct {
     size_t body_len;
     char *session_header;  /* X-Session-Id (owned) or NULL                    */
     uint64_t seed;
+    bool explain;          /* POST /v1/cache/explain: the op is the body's    */
     int rc;
     cairn_api_call call;
     cairn_api_error err;
@@ -632,6 +749,11 @@ static void decode_work(srv_work *w)
         json_decref(root);
         return;
     }
+    if (it->explain) /* the body of whichever route it would be run on */
+        it->op = json_object_get(root, "prompt") && !json_object_get(root, "messages")
+                     ? CAIRN_API_COMPLETION
+                 : json_object_get(root, "system") ? CAIRN_API_MESSAGES
+                                                   : CAIRN_API_CHAT;
     it->rc = it->op == CAIRN_API_TOKENIZE ? decode_tokenize(w->srv, root, it)
                                           : cairn_api_decode(&w->srv->api, it->op, root, it->seed,
                                                              it->session_header, NULL, &it->call,
@@ -683,6 +805,17 @@ static void decode_done(srv_work *w, srv_conn *b)
         return;
     }
     cairn_api_call *call = &it->call;
+    if (q->kind == HK_EXPLAIN) {
+        int rc = explain_submit(c, q, call);
+        if (rc == CAIRN_EINVAL)
+            fail_request(c, q, 400, "the prompt is empty", "messages", NULL);
+        else if (rc != CAIRN_OK)
+            fail_request(c, q, 503, rc == CAIRN_ENOMEM ? "out of memory"
+                                                       : "the engine is not accepting requests",
+                         NULL, NULL);
+        decode_item_free(it);
+        return;
+    }
     if (call->op == CAIRN_API_TOKENIZE || call->op == CAIRN_API_DETOKENIZE) {
         c->active = NULL;
         json_t *o = NULL;
@@ -708,6 +841,8 @@ static void decode_done(srv_work *w, srv_conn *b)
     }
     q->stream = call->stream;
     q->include_usage = call->include_usage;
+    if (q->kind == HK_CHAT || q->kind == HK_WIRE)
+        q->conv = srv_conv_take(call); /* NULL: misses are not placed in parts */
     q->tools_json = call->tools_json;
     call->tools_json = NULL;
     q->n_choices = call->n_choices;
@@ -760,6 +895,7 @@ static void handle_request(hconn *c, hreq_kind kind, cairn_api_op op, const char
     it->session_header = c->session_header;
     c->session_header = NULL;
     it->op = op;
+    it->explain = kind == HK_EXPLAIN;
     it->seed = srv_next_seed(c->base.srv);
     it->w.conn_id = c->base.id;
     it->w.work = decode_work;
@@ -775,6 +911,11 @@ void http_handle_generation(hconn *c, cairn_api_op op)
 {
     const bool chat = op == CAIRN_API_CHAT;
     handle_request(c, chat ? HK_CHAT : HK_COMPLETION, op, chat ? "chatcmpl-" : "cmpl-", NULL);
+}
+
+void http_handle_explain(hconn *c)
+{
+    handle_request(c, HK_EXPLAIN, CAIRN_API_CHAT, "explain-", NULL);
 }
 
 void http_handle_wire(hconn *c, const http_wire *w)

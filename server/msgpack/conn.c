@@ -31,6 +31,7 @@ typedef struct {
     uint32_t msgid;
     cairn_rpc_method method;
     char *tools_json; /* the reply is read for these tools' calls (owned) */
+    srv_conv *conv;   /* generate over messages: to place a cache miss    */
 } pending;
 
 struct rpc_conn;
@@ -87,13 +88,14 @@ static pending *pending_add(rpc_conn *rc, uint32_t msgid, cairn_rpc_method m)
         rc->pend = p;
         rc->cap_pend = cap;
     }
-    rc->pend[rc->n_pend] = (pending){msgid, m, NULL};
+    rc->pend[rc->n_pend] = (pending){msgid, m, NULL, NULL};
     return &rc->pend[rc->n_pend++];
 }
 
 static void pending_remove(rpc_conn *rc, pending *p)
 {
     free(p->tools_json);
+    srv_conv_release(p->conv);
     *p = rc->pend[--rc->n_pend];
 }
 
@@ -202,6 +204,13 @@ static void submit_call(rpc_conn *rc, cairn_rpc_call *call)
         call->gen.grammar = NULL;
         p->tools_json = call->tools_json; /* for the reply */
         call->tools_json = NULL;
+        if (call->method == CAIRN_RPC_GENERATE && call->conv.msgs) {
+            /* the conversation, to place a cache miss in (explain.c) */
+            cairn_api_call view = {.req = r, .conv = call->conv, .tools_json = p->tools_json};
+            if ((p->conv = srv_conv_take(&view)))
+                call->conv = (cairn_api_conversation){0};
+            view.tools_json = NULL; /* still p's */
+        }
     }
     r->target = call->target;
     r->n_keep = call->n_keep;
@@ -506,14 +515,36 @@ static void calls_answer(srv_calls *k, srv_conn *c)
                k->calls_json ? &calls : NULL);
 }
 
+static bool on_event(srv_conn *c, srv_event *node);
+
+static bool classified(srv_classify *k, srv_conn *c) { return on_event(c, k->node); }
+
 static bool on_event(srv_conn *c, srv_event *node)
 {
     rpc_conn *rc = (rpc_conn *)c;
-    const cairn_event *ev = &node->ev;
+    cairn_event *ev = &node->ev;
     pending *p = pending_find(rc, (uint32_t)ev->id);
     if (!p)
         return false;
     const cairn_rpc_method method = p->method;
+    if (ev->kind == CAIRN_EV_DONE && ev->what == CAIRN_DONE_GENERATION) {
+        if (ev->miss.known && ev->miss.reason == CAIRN_MISS_DEPARTED && p->conv) {
+            /* which part changed: rendering, so on a text worker */
+            srv_classify *k = calloc(1, sizeof *k);
+            if (k) {
+                k->conv = p->conv;
+                k->node = node;
+                k->msgid = p->msgid;
+                k->answer = classified;
+                if (srv_classify_queue(c->srv, k, c->id) == CAIRN_OK)
+                    return true;
+                free(k);
+            }
+        }
+        if (ev->miss.reason == CAIRN_MISS_DEPARTED)
+            ev->miss.reason = CAIRN_MISS_NEW_CONTENT;
+        srv_miss_count(c->srv, &ev->miss);
+    }
     if (ev->kind == CAIRN_EV_DONE && ev->what == CAIRN_DONE_GENERATION && p->tools_json) {
         calls_item *ci = calloc(1, sizeof *ci);
         if (ci) {
@@ -553,8 +584,10 @@ static void on_free(srv_conn *c)
         else
             it->conn = NULL;
     }
-    for (int i = 0; i < rc->n_pend; i++)
+    for (int i = 0; i < rc->n_pend; i++) {
         free(rc->pend[i].tools_json);
+        srv_conv_release(rc->pend[i].conv);
+    }
     free(rc->pend);
 }
 

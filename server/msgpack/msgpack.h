@@ -210,6 +210,9 @@ typedef struct {
                                  session.generate: the tools whose calls its
                                  reply is read for (JSON array, owned; NULL:
                                  none)                                      */
+    cairn_api_conversation conv; /* generate over messages: the conversation
+                                 it rendered (owned), so a cache miss can be
+                                 placed in it (server/explain.c)           */
     char *text;               /* detokenize: the answer (owned)            */
     size_t text_len;
     /* auth: the token as sent. It points INTO the decoded message (not

@@ -195,6 +195,45 @@ static void pack_stats(msgpack_packer *pk, const cairn_service_stats *st)
 }
 
 /* A JSON value (tool calls) as msgpack. */
+static const char *miss_tier(int t)
+{
+    static const char *const names[3] = {"device", "host", "disk"};
+    return t >= 0 && t < 3 ? names[t] : NULL;
+}
+
+static void pack_cstr_or_nil(msgpack_packer *pk, const char *s)
+{
+    if (s)
+        pack_cstr(pk, s);
+    else
+        msgpack_pack_nil(pk);
+}
+
+/* usage.cache_miss (docs/protocol.md): as HTTP's, with the excerpts as token
+ * ids (this protocol's currency); nil when the cache was not looked at. */
+static void pack_miss(msgpack_packer *pk, const cairn_cache_miss *m)
+{
+    if (!m->known) {
+        msgpack_pack_nil(pk);
+        return;
+    }
+    msgpack_pack_map(pk, 7);
+    pack_cstr(pk, "reason");
+    pack_cstr_or_nil(pk, cairn_miss_reason_name(m->reason));
+    pack_cstr(pk, "position");
+    msgpack_pack_int64(pk, m->departure);
+    pack_cstr(pk, "closest_tokens");
+    msgpack_pack_int64(pk, m->closest_tokens);
+    pack_cstr(pk, "closest_tier");
+    pack_cstr_or_nil(pk, miss_tier(m->tier));
+    pack_cstr(pk, "evicted_tier");
+    pack_cstr_or_nil(pk, miss_tier(m->evicted_tier));
+    pack_cstr(pk, "prompt_excerpt");
+    pack_tokens(pk, m->prompt_next, (size_t)m->n_prompt_next);
+    pack_cstr(pk, "cached_excerpt");
+    pack_tokens(pk, m->cached_next, (size_t)m->n_cached_next);
+}
+
 static void pack_json(msgpack_packer *pk, const json_t *j)
 {
     switch (json_typeof(j)) {
@@ -266,7 +305,9 @@ int cairn_rpc_pack_event(msgpack_sbuffer *sb, cairn_rpc_method method, const cai
             json_decref(tool_calls);
         }
         pack_cstr(&pk, "usage");
-        msgpack_pack_map(&pk, ev->spec_forwards > 0 ? 5 : 4);
+        msgpack_pack_map(&pk, ev->spec_forwards > 0 ? 6 : 5);
+        pack_cstr(&pk, "cache_miss");
+        pack_miss(&pk, &ev->miss);
         pack_cstr(&pk, "prompt_tokens");
         msgpack_pack_int64(&pk, ev->prompt_tokens);
         pack_cstr(&pk, "cached_tokens");

@@ -317,6 +317,8 @@ static void take_api_call(cairn_rpc_call *call, cairn_api_call *a)
     call->text = a->text;
     call->text_len = a->text_len;
     a->text = NULL;
+    call->conv = a->conv;
+    a->conv = (cairn_api_conversation){0};
     if (!r) { /* tokenize, detokenize: the tokens are the answer, or the question */
         call->tokens = a->tokens;
         call->n_tokens = a->n_tokens;
@@ -409,5 +411,7 @@ void cairn_rpc_call_clear(cairn_rpc_call *call)
     cairn_api_gen_clear(&call->gen);
     free(call->tools_json);
     free(call->text);
+    json_decref(call->conv.msgs);
+    free(call->conv.system);
     memset(call, 0, sizeof *call);
 }

@@ -104,3 +104,16 @@ add_test(NAME http_write_behind_realmodel
           $<TARGET_FILE:cairn>)
 set_tests_properties(http_write_behind_realmodel PROPERTIES TIMEOUT 600 LABELS "server;realmodel"
   SKIP_RETURN_CODE 77 ENVIRONMENT "CAIRN_CHAT_MODEL=${CAIRN_CHAT_MODEL}")
+
+# Why was my prompt recomputed (issue 36): each cache-miss reason provoked
+# through a real client (openai, anthropic, the native cairn_client) on the
+# real instruct model — a dropped <think> block, a nonce in the system prompt,
+# reordered tools, eviction under a small --kv-mem, a restart without
+# --cache-dir, another tenant, two requests at once — read from usage's
+# cache_miss, counted in /metrics, and answered by POST /v1/cache/explain
+# without running (docs/why-recomputed.md).
+add_test(NAME http_cache_explain_realmodel
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_cache_explain.py
+          $<TARGET_FILE:cairn>)
+set_tests_properties(http_cache_explain_realmodel PROPERTIES TIMEOUT 600 LABELS "server;realmodel"
+  SKIP_RETURN_CODE 77 ENVIRONMENT "CAIRN_CHAT_MODEL=${CAIRN_CHAT_MODEL}")

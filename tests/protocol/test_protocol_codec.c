@@ -875,8 +875,31 @@ static void test_pack(void **state)
     assert_int_equal(map_get(map_get(r, "usage"), "cached_tokens")->via.u64, 2);
     assert_int_equal(map_get(r, "tokens")->via.array.ptr[2].via.u64, 7);
     assert_int_equal(r->via.map.size, 4); /* no tool_calls, no content */
+    /* the cache was not looked at: cache_miss is nil */
+    assert_int_equal(map_get(map_get(r, "usage"), "cache_miss")->type, MSGPACK_OBJECT_NIL);
     msgpack_unpacked_destroy(&u);
     msgpack_sbuffer_destroy(&sb);
+
+    /* A miss: its reason, position, tiers and both excerpts as token ids. */
+    ev.miss = (cairn_cache_miss){.known = true, .reason = CAIRN_MISS_EVICTED, .departure = 32,
+                                 .closest_tokens = 48, .tier = 0 /* device */,
+                                 .evicted_tier = 1 /* host */, .prompt_next = {11, 12},
+                                 .n_prompt_next = 2, .cached_next = {13}, .n_cached_next = 1};
+    msgpack_sbuffer_init(&sb);
+    assert_int_equal(cairn_rpc_pack_event(&sb, CAIRN_RPC_GENERATE, &ev, NULL), CAIRN_OK);
+    o = unpack(&u, &sb);
+    const msgpack_object *miss = map_get(map_get(&o.via.array.ptr[3], "usage"), "cache_miss");
+    assert_int_equal(miss->type, MSGPACK_OBJECT_MAP);
+    assert_memory_equal(map_get(miss, "reason")->via.str.ptr, "evicted", 7);
+    assert_int_equal(map_get(miss, "position")->via.u64, 32);
+    assert_int_equal(map_get(miss, "closest_tokens")->via.u64, 48);
+    assert_memory_equal(map_get(miss, "closest_tier")->via.str.ptr, "device", 6);
+    assert_memory_equal(map_get(miss, "evicted_tier")->via.str.ptr, "host", 4);
+    assert_int_equal(map_get(miss, "prompt_excerpt")->via.array.size, 2);
+    assert_int_equal(map_get(miss, "cached_excerpt")->via.array.ptr[0].via.u64, 13);
+    msgpack_unpacked_destroy(&u);
+    msgpack_sbuffer_destroy(&sb);
+    ev.miss = (cairn_cache_miss){0};
 
     /* With tool calls: finish_reason says so, the calls come as maps. */
     const cairn_rpc_tool_calls calls = {

@@ -500,6 +500,88 @@ static void test_namespaces(void **state)
     cairn_radix_free(t);
 }
 
+/* The non-mutating closest-sequence query: token-exact departures, the
+ * tier, containment, other namespaces, and that it changes nothing. */
+static void test_common_prefix(void **state)
+{
+    (void)state;
+    cairn_radix *t;
+    assert_int_equal(cairn_radix_create(PS, SEED, &t), CAIRN_OK);
+    int32_t tok[64], ids[16];
+    size_t n, cached;
+    for (int i = 0; i < 16; i++)
+        ids[i] = 200 + i;
+    cairn_radix_common x;
+
+    letters("abcd efgh", tok, &n);
+    assert_int_equal(cairn_radix_common_prefix(t, 0, tok, n, &x), CAIRN_OK);
+    assert_false(x.ns_cached);
+    assert_int_equal(x.common_tokens, 0);
+    assert_int_equal(x.tier, -1);
+
+    letters("abcd efgh ijkl", tok, &n);
+    assert_int_equal(cairn_radix_insert(t, 0, tok, n / PS, ids, &cached, NULL), CAIRN_OK);
+    cairn_radix_stats before;
+    cairn_radix_get_stats(t, &before);
+
+    /* departs inside page 2 of the one node, at token 9 */
+    letters("abcd efgh iXkl mnop", tok, &n);
+    assert_int_equal(cairn_radix_common_prefix(t, 0, tok, n, &x), CAIRN_OK);
+    assert_true(x.ns_cached);
+    assert_int_equal(x.common_tokens, 9);
+    assert_int_equal(x.whole_pages, 2);
+    assert_int_equal(x.sequence_tokens, 12);
+    assert_false(x.contained);
+    assert_int_equal(x.tier, CAIRN_TIER_DEVICE);
+    assert_int_equal(x.n_cached_next, 3);
+    assert_int_equal(x.cached_next[0], 'j');
+    /* the hash is the one a match gives for the same pages */
+    cairn_page_hash h = cairn_radix_ns_seed(t, 0);
+    h = cairn_page_hash_next(h, tok, PS);
+    h = cairn_page_hash_next(h, tok + PS, PS);
+    assert_true(cairn_page_hash_equal(x.last_hash, h));
+
+    /* nothing moved: no split, same node count */
+    cairn_radix_stats after;
+    cairn_radix_get_stats(t, &after);
+    assert_int_equal(after.n_nodes, before.n_nodes);
+
+    /* holds the whole cached sequence and goes on: contained */
+    letters("abcd efgh ijkl mnop qr", tok, &n);
+    assert_int_equal(cairn_radix_common_prefix(t, 0, tok, n, &x), CAIRN_OK);
+    assert_int_equal(x.common_tokens, 12);
+    assert_true(x.contained);
+    assert_null(x.cached_next);
+
+    /* a short prompt departing inside the first page (less than a page) */
+    letters("abX", tok, &n);
+    assert_int_equal(cairn_radix_common_prefix(t, 0, tok, n, &x), CAIRN_OK);
+    assert_int_equal(x.common_tokens, 2);
+    assert_int_equal(x.whole_pages, 0);
+    assert_int_equal(x.tier, CAIRN_TIER_DEVICE);
+
+    /* another namespace sees nothing of its own, but pages elsewhere */
+    letters("abcd efgh ijkl", tok, &n);
+    assert_int_equal(cairn_radix_common_prefix(t, 7, tok, n, &x), CAIRN_OK);
+    assert_false(x.ns_cached);
+    assert_int_equal(x.common_tokens, 0);
+    assert_int_equal(cairn_radix_pages_elsewhere(t, 7, tok, n), 3);
+    assert_int_equal(cairn_radix_pages_elsewhere(t, 0, tok, n), 0);
+    letters("abcd efgh", tok, &n);
+    assert_int_equal(cairn_radix_pages_elsewhere(t, 7, tok, n), 2);
+
+    /* on a node boundary with two children: the one sharing more tokens */
+    letters("abcd efgh wxyz", tok, &n);
+    assert_int_equal(cairn_radix_insert(t, 0, tok, n / PS, ids + 3, &cached, NULL), CAIRN_OK);
+    letters("abcd efgh wxQQ", tok, &n);
+    assert_int_equal(cairn_radix_common_prefix(t, 0, tok, n, &x), CAIRN_OK);
+    assert_int_equal(x.common_tokens, 10);
+    assert_int_equal(x.whole_pages, 2);
+    assert_int_equal(x.cached_next[0], 'y');
+    assert_int_equal(cairn_radix_check(t), CAIRN_OK);
+    cairn_radix_free(t);
+}
+
 static void test_bad_arguments(void **state)
 {
     (void)state;
@@ -528,6 +610,7 @@ int main(void)
         cmocka_unit_test(test_eviction_order),
         cmocka_unit_test(test_property_random),
         cmocka_unit_test(test_namespaces),
+        cmocka_unit_test(test_common_prefix),
         cmocka_unit_test(test_bad_arguments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -130,6 +130,60 @@ static void test_extend(void **state)
     cache_close(&k);
 }
 
+/* Explaining a miss (store.h): the closest sequence to the token, pages
+ * dropped by eviction named with their tier, another namespace's pages
+ * counted but not shown, and nothing in the tree changed by asking. */
+static void test_explain(void **state)
+{
+    (void)state;
+    cache k;
+    cache_open(&k, 4, 0); /* no host tier: eviction drops from the device */
+    int32_t tok[3 * PS], ids[3];
+    seq_tokens(tok, 3 * PS, 2);
+    assert_int_equal(cairn_kvcache_alloc(k.c, 3, ids), CAIRN_OK);
+    for (size_t p = 0; p < 3; p++)
+        compute(&k, tok, p, ids[p]);
+    assert_int_equal(cairn_kvcache_commit(k.c, 0, tok, 3, ids, 0, 3, NULL, NULL), CAIRN_OK);
+
+    cairn_kv_explain x;
+    int32_t q[3 * PS];
+    memcpy(q, tok, sizeof q);
+    q[PS + 5] = -7; /* departs inside page 1 */
+    assert_int_equal(cairn_kvcache_explain(k.c, 0, q, 3 * PS, &x), CAIRN_OK);
+    assert_int_equal(x.common_tokens, PS + 5);
+    assert_int_equal(x.whole_pages, 1);
+    assert_int_equal(x.tier, CAIRN_TIER_DEVICE);
+    assert_int_equal(x.evicted_tier, -1);
+    assert_true(x.ns_cached);
+    assert_int_equal(x.n_cached_next, CAIRN_KV_EXCERPT);
+    assert_int_equal(x.cached_next[0], tok[PS + 5]);
+    cairn_radix_stats before, after;
+    cairn_radix_get_stats(cairn_kvcache_tree(k.c), &before);
+
+    /* another namespace: nothing of its own, three pages elsewhere */
+    assert_int_equal(cairn_kvcache_explain(k.c, 5, tok, 3 * PS, &x), CAIRN_OK);
+    assert_false(x.ns_cached);
+    assert_int_equal(x.pages_elsewhere, 3);
+    assert_int_equal(x.n_cached_next, 0);
+    cairn_radix_get_stats(cairn_kvcache_tree(k.c), &after);
+    assert_int_equal(after.n_nodes, before.n_nodes); /* no split happened */
+
+    /* evict it all: the prompt's next page was lost from the device */
+    size_t moved = 0;
+    assert_int_equal(cairn_kvcache_evict(k.c, CAIRN_TIER_DEVICE, 3, &moved), CAIRN_OK);
+    assert_int_equal(moved, 3);
+    assert_int_equal(cairn_kvcache_explain(k.c, 0, tok, 3 * PS, &x), CAIRN_OK);
+    assert_int_equal(x.common_tokens, 0);
+    assert_false(x.ns_cached);
+    assert_int_equal(x.evicted_tier, CAIRN_TIER_DEVICE);
+    /* a prompt that never was cached is no eviction */
+    seq_tokens(q, 3 * PS, 3);
+    assert_int_equal(cairn_kvcache_explain(k.c, 0, q, 3 * PS, &x), CAIRN_OK);
+    assert_int_equal(x.evicted_tier, -1);
+    check_accounting(&k, 0);
+    cache_close(&k);
+}
+
 /* A match that ends inside a page: the rows the request shares with the
  * cached page that continues it (device tier, then host tier) are copied. */
 static void test_partial_from_tree(void **state)
@@ -293,6 +347,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_extend),
+        cmocka_unit_test(test_explain),
         cmocka_unit_test(test_partial_from_tree),
         cmocka_unit_test(test_tails),
         cmocka_unit_test(test_tail_in_host_ram),

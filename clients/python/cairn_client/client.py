@@ -107,6 +107,11 @@ class Usage:
     # How the reply was decoded when it speculated: {"method", "steps",
     # "tokens", "tau", "drafted", "accepted"}; empty when it did not.
     speculative: Dict[str, Any] = field(default_factory=dict)
+    # Why the rest of the prompt was not cached (docs/why-recomputed.md):
+    # {"reason" (None on a hit), "position", "closest_tokens", "closest_tier",
+    # "evicted_tier", "prompt_excerpt", "cached_excerpt" (token ids)}; None
+    # when the server did not look (or does not report it).
+    cache_miss: Optional[Dict[str, Any]] = None
 
 
 @dataclass
@@ -144,6 +149,7 @@ class GenerationResult:
                 completion_tokens=int(u.get("completion_tokens", 0)),
                 cached_tokens_by_tier=by_tier,
                 speculative=dict(u.get("speculative") or {}),
+                cache_miss=dict(u["cache_miss"]) if isinstance(u.get("cache_miss"), dict) else None,
             ),
             raw=m,
         )
