@@ -219,6 +219,28 @@ class Usage(harness.TestCase):
     def test_one_hour(self):
         self.check("1h", 2)
 
+    def test_top_level_and_tools(self):
+        # top level: automatic caching, the breakpoint on the last block (the
+        # whole conversation); a tool's: the preamble with the tool list
+        doc = text(5, 20)
+        tool = {"name": "lookup", "description": "Looks a step up.",
+                "input_schema": {"type": "object", "properties": {"step": {"type": "integer"}}},
+                "cache_control": {"type": "ephemeral", "ttl": "1h"}}
+        body = dict(model="m", max_tokens=1, tools=[tool],
+                    messages=[{"role": "user", "content": doc}],
+                    extra_body={"cache_control": {"type": "ephemeral"}})
+        u1 = self.ac.messages.create(**body).usage
+        u2 = self.ac.messages.create(**body).usage
+        self.assertLess(u1.cache_read_input_tokens, PAGE)
+        # the whole prompt but the part of a page after the last whole one
+        self.assertGreater(u1.cache_creation_input_tokens, 250)
+        self.assertLess(u1.input_tokens, 2 * PAGE)
+        split = u1.cache_creation.model_dump()
+        self.assertGreater(split["ephemeral_1h_input_tokens"], 0)  # the tool list
+        self.assertGreater(split["ephemeral_5m_input_tokens"], 200)  # the document
+        self.assertEqual(u2.cache_creation_input_tokens, 0)
+        self.assertGreaterEqual(u2.cache_read_input_tokens, u1.cache_creation_input_tokens)
+
     def test_without_breakpoint(self):
         for _ in range(2):
             r = self.ac.messages.create(model="m", max_tokens=1,
