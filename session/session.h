@@ -131,6 +131,8 @@
  * bound, before anything runs; it is never served without its pin. Pins
  * live in memory only (a restart forgets them; with a disk tier the pages
  * are found there). The engine wakes for the next deadline while idle.
+ * With no_prefix_cache nothing is cached, so hints are accepted and keep
+ * nothing.
  *
  * Threads and ownership. cairn_service_start/stop are called by the owner
  * thread. cairn_service_submit is thread-safe and takes ownership of the
