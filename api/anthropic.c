@@ -37,10 +37,11 @@
  * prefix a breakpoint covers is found in the rendered prompt
  * (cairn_api_conversation_end): on a tool, the template's preamble with the
  * tool list; on a system block, the system message; on a message's block,
- * the whole chat message that block became (a breakpoint inside a message
- * covers the message's end: the template renders a message as a whole, and
- * a user message's text blocks are joined into one). The engine keeps whole
- * pages of it (session.h, "Retention").
+ * the end of the chat message that block became (the template renders a
+ * message as a whole: a breakpoint on a text block covers the user text it
+ * is joined into, up to the next tool_result or the message's end; on a
+ * tool_result, its tool message; on an assistant block, the assistant
+ * message). The engine keeps whole pages of it (session.h, "Retention").
  */
 #include "api/api_impl.h"
 
@@ -49,20 +50,27 @@
 #include <string.h>
 
 /* The cache breakpoints of a body, in Anthropic's order (tools, system,
- * messages), and where each Anthropic message ends among the chat messages
- * it became. */
-enum { BP_TOOLS = -2, BP_SYSTEM = -1 }; /* else an Anthropic message's index */
-
+ * messages), each with the chat parts its prefix ends after (0: the
+ * template's preamble with the tools; the system message is part 1). A
+ * breakpoint is placed when the chat message its block went into is
+ * complete: a text block's when the user text it is joined into is
+ * flushed, a tool_result's with its tool message, an assistant block's with
+ * the assistant message. */
 typedef struct {
     struct {
-        long where;
+        size_t parts;
         bool one_hour;
     } bp[CAIRN_MAX_PINS];
-    int n;
+    int n, placed;   /* bp[placed .. n) wait for their message to end */
     bool seen_5m;
-    size_t *chat_end; /* [messages]: chat messages once message i is translated */
-    size_t n_msgs;
 } cache_plan;
+
+/* The breakpoints waiting end after the first `parts` chat parts. */
+static void place_pending(cache_plan *cp, size_t parts)
+{
+    for (; cp->placed < cp->n; cp->placed++)
+        cp->bp[cp->placed].parts = parts;
+}
 
 /* Fail naming `field` (a dotted path, as Anthropic names it). */
 static int fail_at(cairn_api_error *e, const char *field, const char *what)
@@ -74,9 +82,10 @@ static int fail_at(cairn_api_error *e, const char *field, const char *what)
 }
 
 /* The cache_control of block `b` at `path` (absent or null: none), a
- * breakpoint of part `where`; `allowed`: this kind of block may carry one. */
-static int cache_control(const json_t *b, const char *path, long where, bool allowed,
-                         cache_plan *cp, cairn_api_error *e)
+ * breakpoint waiting to be placed; `allowed`: this kind of block may carry
+ * one. */
+static int cache_control(const json_t *b, const char *path, bool allowed, cache_plan *cp,
+                         cairn_api_error *e)
 {
     json_t *cc = json_is_object(b) ? api_field(b, "cache_control") : NULL;
     if (!cc)
@@ -113,7 +122,6 @@ static int cache_control(const json_t *b, const char *path, long where, bool all
                        "is tools, system, messages)");
     }
     cp->seen_5m = cp->seen_5m || !one_hour;
-    cp->bp[cp->n].where = where;
     cp->bp[cp->n].one_hour = one_hour;
     cp->n++;
     return CAIRN_OK;
@@ -123,7 +131,7 @@ static int cache_control(const json_t *b, const char *path, long where, bool all
 /* Text blocks [{type: "text", text}] joined into *out, or a plain string.
  * `where` names the value in errors ("system", "messages[2].content[0]"). */
 static int text_of(const json_t *v, const char *field, const char *where, cairn_strbuf *out,
-                   cache_plan *cp, const char *path, long part, cairn_api_error *e)
+                   cache_plan *cp, const char *path, cairn_api_error *e)
 {
     if (api_clean_string(v)) {
         cairn_strbuf_add(out, json_string_value(v), json_string_length(v));
@@ -144,7 +152,7 @@ static int text_of(const json_t *v, const char *field, const char *where, cairn_
                             where, k);
         char at[96];
         snprintf(at, sizeof at, "%s.%zu", path, k);
-        int rc = cache_control(b, at, part, true, cp, e);
+        int rc = cache_control(b, at, true, cp, e);
         if (rc)
             return rc;
         cairn_strbuf_add(out, json_string_value(text), json_string_length(text));
@@ -184,8 +192,7 @@ static int tool_result(const json_t *b, size_t i, size_t k, json_t *msgs, cache_
         cairn_strbuf_add(&text, "Error: ", 7);
     char path[96];
     snprintf(path, sizeof path, "messages.%zu.content.%zu.content", i, k);
-    int rc = content ? text_of(content, "messages", where, &text, cp, path, (long)i, e)
-                     : CAIRN_OK;
+    int rc = content ? text_of(content, "messages", where, &text, cp, path, e) : CAIRN_OK;
     if (rc == CAIRN_OK && text.oom)
         rc = api_oom(e);
     if (rc == CAIRN_OK)
@@ -193,6 +200,7 @@ static int tool_result(const json_t *b, size_t i, size_t k, json_t *msgs, cache_
                     json_pack("{s:s, s:O, s:s%}", "role", "tool", "tool_call_id", id, "content",
                               text.data ? text.data : "", text.len),
                     e);
+    place_pending(cp, json_array_size(msgs)); /* the tool message is complete */
     cairn_strbuf_free(&text);
     return rc;
 }
@@ -215,7 +223,7 @@ static int block_cache_control(const json_t *b, const char *type, size_t i, size
 {
     char path[96];
     snprintf(path, sizeof path, "messages.%zu.content.%zu", i, k);
-    return cache_control(b, path, (long)i, cacheable_block(type), cp, e);
+    return cache_control(b, path, cacheable_block(type), cp, e);
 }
 
 static int user_blocks(const json_t *content, size_t i, json_t *msgs, cache_plan *cp,
@@ -230,14 +238,18 @@ static int user_blocks(const json_t *content, size_t i, json_t *msgs, cache_plan
     {
         const char *type = json_string_value(json_object_get(b, "type"));
         json_t *t = json_object_get(b, "text");
-        if ((rc = block_cache_control(b, type, i, k, cp, e)))
+        const bool result = type && strcmp(type, "tool_result") == 0;
+        /* the text before a tool result is a user message of its own: its
+         * breakpoints end with it, before the tool message */
+        if (result && !(rc = flush_user(&text, &pending, msgs, e)))
+            place_pending(cp, json_array_size(msgs));
+        if (rc || (rc = block_cache_control(b, type, i, k, cp, e)))
             break;
         if (type && strcmp(type, "text") == 0 && api_clean_string(t)) {
             cairn_strbuf_add(&text, json_string_value(t), json_string_length(t));
             pending = true;
-        } else if (type && strcmp(type, "tool_result") == 0) {
-            if (!(rc = flush_user(&text, &pending, msgs, e)))
-                rc = tool_result(b, i, k, msgs, cp, e);
+        } else if (result) {
+            rc = tool_result(b, i, k, msgs, cp, e);
         } else {
             rc = api_fail(e, CAIRN_EINVAL, "messages",
                           "messages[%zu].content[%zu]: a user message holds text and "
@@ -319,17 +331,15 @@ static int messages_field(const json_t *params, json_t *chat, cache_plan *cp, ca
     json_t *in = api_field(params, "messages"), *system = api_field(params, "system");
     if (!json_is_array(in) || json_array_size(in) == 0)
         return api_fail(e, CAIRN_EINVAL, "messages", "'messages' must be a non-empty array");
-    if (!(cp->chat_end = calloc(json_array_size(in), sizeof *cp->chat_end)))
-        return api_oom(e);
-    cp->n_msgs = json_array_size(in);
     json_t *msgs = json_array();
     int rc = api_set(chat, "messages", msgs, e);
     if (rc == CAIRN_OK && system) {
         cairn_strbuf text = {0};
-        rc = text_of(system, "system", "'system'", &text, cp, "system", BP_SYSTEM, e);
+        rc = text_of(system, "system", "'system'", &text, cp, "system", e);
         if (rc == CAIRN_OK)
             rc = api_append(msgs, json_pack("{s:s, s:s%}", "role", "system", "content",
                                         text.data ? text.data : "", text.len), e);
+        place_pending(cp, json_array_size(msgs)); /* the system message */
         cairn_strbuf_free(&text);
     }
     size_t i;
@@ -346,7 +356,7 @@ static int messages_field(const json_t *params, json_t *chat, cache_plan *cp, ca
                             "messages[%zu].role must be 'user' or 'assistant'", i);
         char path[96];
         snprintf(path, sizeof path, "messages.%zu", i);
-        if ((rc = cache_control(m, path, (long)i, false, cp, e)))
+        if ((rc = cache_control(m, path, false, cp, e)))
             return rc;
         if (api_clean_string(content))
             rc = api_append(msgs, json_pack("{s:s, s:O}", "role", role, "content", content), e);
@@ -356,7 +366,7 @@ static int messages_field(const json_t *params, json_t *chat, cache_plan *cp, ca
         else
             rc = user ? user_blocks(content, i, msgs, cp, e)
                       : assistant_blocks(content, i, msgs, cp, e);
-        cp->chat_end[i] = json_array_size(msgs);
+        place_pending(cp, json_array_size(msgs)); /* what is left of message i */
     }
     return rc;
 }
@@ -371,10 +381,11 @@ static int tools_cache_control(const json_t *params, cache_plan *cp, cairn_api_e
     {
         char path[96];
         snprintf(path, sizeof path, "tools.%zu", i);
-        int rc = cache_control(t, path, BP_TOOLS, true, cp, e);
+        int rc = cache_control(t, path, true, cp, e);
         if (rc)
             return rc;
     }
+    place_pending(cp, 0); /* the preamble with the tool list */
     return CAIRN_OK;
 }
 
@@ -455,7 +466,8 @@ static int translate(const json_t *params, json_t *chat, cache_plan *cp, cairn_a
         rc = messages_field(params, chat, cp, e);
     /* top level: automatic caching, a breakpoint on the last block */
     if (rc == CAIRN_OK)
-        rc = cache_control(params, "", (long)cp->n_msgs - 1, true, cp, e);
+        rc = cache_control(params, "", true, cp, e);
+    place_pending(cp, json_array_size(json_object_get(chat, "messages")));
     if (rc == CAIRN_OK)
         rc = api_translate_tools(params, chat, tool_parts, e);
     if (rc == CAIRN_OK)
@@ -477,9 +489,9 @@ static int place_breakpoints(const cairn_api *api, const cache_plan *cp, cairn_a
     cairn_request *r = out->req;
     const bool tools = out->tools_json != NULL;
     for (int b = 0; b < cp->n; b++) {
-        long w = cp->bp[b].where;
-        size_t k = w == BP_TOOLS ? 0 : w == BP_SYSTEM ? 1 : cp->chat_end[w], pos = 0;
-        int rc = cairn_api_conversation_end(api, out, k, tools, r->tokens, r->n_tokens, &pos);
+        size_t pos = 0;
+        int rc = cairn_api_conversation_end(api, out, cp->bp[b].parts, tools, r->tokens,
+                                            r->n_tokens, &pos);
         if (rc == CAIRN_ENOMEM)
             return rc;
         if (rc != CAIRN_OK || pos == 0) /* nothing of the prompt is that part's alone */
@@ -511,7 +523,6 @@ int api_decode_messages(const cairn_api *api, const json_t *params, uint64_t ran
         rc = api_oom(e);
         cairn_api_call_clear(out);
     }
-    free(cp.chat_end);
     if (rc == CAIRN_OK)
         out->op = CAIRN_API_MESSAGES;
     return rc;
