@@ -67,6 +67,57 @@ static int native_content(const cairn_api *api, const json_t *params, cairn_api_
     return CAIRN_OK;
 }
 
+/* cache_pin {tokens?, ttl_s}: keep the first `tokens` tokens of the
+ * sequence (all of the prompt when absent) cached for ttl_s seconds after
+ * the request (session.h, "Retention"). The native field, also taken by
+ * OpenAI's routes as cairn's extension. */
+static int cache_pin_field(const json_t *params, cairn_request *r, cairn_api_error *e)
+{
+    json_t *pin = api_field(params, "cache_pin");
+    if (!pin)
+        return CAIRN_OK;
+    if (!json_is_object(pin))
+        return api_fail(e, CAIRN_EINVAL, "cache_pin",
+                        "'cache_pin' must be an object {\"ttl_s\": seconds, \"tokens\": n}");
+    json_t *ttl = api_field(pin, "ttl_s");
+    int64_t n = 0;
+    if (!ttl || !json_is_number(ttl) || !(json_number_value(ttl) > 0) ||
+        json_number_value(ttl) > CAIRN_PIN_MAX_TTL_S)
+        return api_fail(e, CAIRN_EINVAL, "cache_pin.ttl_s",
+                        "'cache_pin.ttl_s' must be a number of seconds in (0, %.0f]",
+                        CAIRN_PIN_MAX_TTL_S);
+    json_t *tokens = api_field(pin, "tokens");
+    if (tokens && (!api_json_int(tokens, &n) || n < 1))
+        return api_fail(e, CAIRN_EINVAL, "cache_pin.tokens",
+                        "'cache_pin.tokens' must be an integer >= 1 (absent: the whole prompt)");
+    r->n_pins = 1;
+    r->pins[0].tokens = (size_t)n;
+    r->pins[0].ttl_s = json_number_value(ttl);
+    return CAIRN_OK;
+}
+
+/* OpenAI's prompt_cache_retention: "in_memory" is what every prompt gets
+ * (cached while there is room, no pin); "24h" pins the whole prompt for 24
+ * hours (a cache_pin of its prompt). */
+static int retention_field(const json_t *params, cairn_request *r, cairn_api_error *e)
+{
+    json_t *v = api_field(params, "prompt_cache_retention");
+    if (!v)
+        return CAIRN_OK;
+    const char *s = json_string_value(v);
+    if (s && strcmp(s, "in_memory") == 0)
+        return CAIRN_OK;
+    if (!s || strcmp(s, "24h") != 0)
+        return api_fail(e, CAIRN_EINVAL, "prompt_cache_retention",
+                        "'prompt_cache_retention' must be \"in_memory\" or \"24h\"");
+    if (r->n_pins == 0) { /* an explicit cache_pin says more */
+        r->n_pins = 1;
+        r->pins[0].tokens = 0;
+        r->pins[0].ttl_s = CAIRN_PIN_MAX_TTL_S;
+    }
+    return CAIRN_OK;
+}
+
 /* generate, session.open / .append / .generate. */
 static int decode_native_content_op(const cairn_api *api, cairn_api_op op, const json_t *params,
                                     uint64_t seed, const cairn_api_tokens *typed,
@@ -93,6 +144,8 @@ static int decode_native_content_op(const cairn_api *api, cairn_api_op op, const
             (rc = api_get_int(params, "ttl_s", 0, (int64_t)1e12, &ttl, e)))
             return rc;
     }
+    if (generates && (rc = cache_pin_field(params, r, e)))
+        return rc;
     c->stream = r->gen.stream;
     return native_content(api, params, op, typed, c, e);
 }
@@ -242,6 +295,8 @@ static int decode_openai(const cairn_api *api, cairn_api_op op, const json_t *pa
     if (c->echo && c->logprobs)
         return api_fail(e, CAIRN_EUNSUPPORTED, "echo",
                         "'echo' with 'logprobs' is not supported (no prompt logprobs)");
+    if ((rc = cache_pin_field(params, r, e)) || (rc = retention_field(params, r, e)))
+        return rc;
     if ((rc = session_key(params, header, r, e)))
         return rc;
     if (c->n_choices > 1 && r->session_key)
@@ -348,6 +403,9 @@ int cairn_api_choice(const cairn_api_call *c, int i, cairn_request **out)
     const int32_t *src_tokens = p && p->tokens ? p->tokens : src->tokens;
     const size_t n_src = p && p->tokens ? p->n_tokens : src->n_tokens;
     r->gen.sampling.seed += (uint64_t)(i % per);
+    /* each choice asks to keep its prompt as the call did */
+    r->n_pins = src->n_pins;
+    memcpy(r->pins, src->pins, sizeof r->pins);
     for (int k = 0; k < src->gen.n_stop && rc == CAIRN_OK; k++) {
         if ((r->gen.stop[k] = strdup(src->gen.stop[k])))
             r->gen.n_stop++;

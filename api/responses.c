@@ -239,7 +239,7 @@ static int text_field(const json_t *params, json_t *chat, cairn_api_error *e)
 static int translate(const json_t *params, json_t *chat, cairn_api_error *e)
 {
     static const char *const same[] = {"model", "temperature", "top_p", "parallel_tool_calls",
-                                       "stream", "seed"};
+                                       "stream", "seed", "prompt_cache_retention", "cache_pin"};
     int rc = CAIRN_OK;
     json_t *bg = api_field(params, "background"), *max = api_field(params, "max_output_tokens");
     if (bg && !json_is_false(bg))

@@ -56,6 +56,11 @@ static const char help[] =
     "                         beyond, the least recently continued go (default 10000)\n"
     "      --responses-ttl T  a stored response expires T after it was made: seconds,\n"
     "                         or with s/m/h/d (default 30d, as OpenAI; 0 = never)\n"
+    "      --max-pinned-tokens N  tokens one tenant's retention hints (Anthropic's\n"
+    "                         cache_control, OpenAI's prompt_cache_retention: 24h,\n"
+    "                         cache_pin) may keep pinned at once; a request past it gets\n"
+    "                         429 (default: a quarter of --kv-mem's pages; all tenants\n"
+    "                         together never more than half)\n"
     "      --prefill-chunk N  prompt tokens per request per step (default 256)\n"
     "      --progress-ms MS   a prompt still computing after MS logs its progress (tokens,\n"
     "                         tokens/s, ETA), then at most every MS (default 1000; 0: off)\n"
@@ -120,7 +125,7 @@ enum {
     OPT_CORS_ORIGIN, OPT_DRAIN_TIMEOUT,
     OPT_DRAFT_MAX_BATCH, OPT_SHARED_CACHE, OPT_SHARED_PREFIX, OPT_SHARED_WRITE, OPT_SHARED_TIMEOUT,
     OPT_REPLICA_ID, OPT_SHARED_TTL,
-    OPT_NO_WEB, OPT_NO_WRITE_BEHIND, OPT_EVICTION,
+    OPT_NO_WEB, OPT_NO_WRITE_BEHIND, OPT_EVICTION, OPT_MAX_PINNED,
 };
 
 /* "512", "64K", "1.5G" (binary multiples) -> bytes; 0 on a bad value. */
@@ -218,6 +223,11 @@ static int parse_service_opt(cairn_service_config *svc, int opt, const char *arg
         if (cli_parse_long("cairn serve", arg, "--max-sessions", 1, 1L << 30, &v) < 0)
             return -1;
         svc->max_sessions = (size_t)v;
+        return 1;
+    case OPT_MAX_PINNED:
+        if (cli_parse_long("cairn serve", arg, "--max-pinned-tokens", 1, 1L << 40, &v) < 0)
+            return -1;
+        svc->max_pinned_tokens = (size_t)v;
         return 1;
     case OPT_MAX_RESPONSES:
         if (cli_parse_long("cairn serve", arg, "--max-responses", 1, 1L << 30, &v) < 0)
@@ -352,6 +362,7 @@ static int parse_serve_opts(serve_opts *o, int argc, char **argv)
         {"max-sessions", required_argument, 0, OPT_MAX_SESSIONS},
         {"max-responses", required_argument, 0, OPT_MAX_RESPONSES},
         {"responses-ttl", required_argument, 0, OPT_RESPONSES_TTL},
+        {"max-pinned-tokens", required_argument, 0, OPT_MAX_PINNED},
         {"prefill-chunk", required_argument, 0, OPT_PREFILL},
         {"progress-ms", required_argument, 0, OPT_PROGRESS},
         {"no-prefix-cache", no_argument, 0, OPT_NO_PREFIX},

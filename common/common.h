@@ -91,6 +91,8 @@ enum {
     CAIRN_EBACKEND = -11,  /* the compute backend reported an error          */
     CAIRN_ECLOSED = -12,   /* the peer or object has been shut down          */
     CAIRN_EPERM = -13,     /* not authenticated, or not permitted            */
+    CAIRN_EQUOTA = -14,    /* a caller's own bound is used up (a tenant's
+                              pinned tokens): others may still be served  */
 };
 
 /* A static, never-NULL description of a status code. */

@@ -24,6 +24,7 @@ const char *cairn_strerror(int status)
     case CAIRN_EBACKEND: return "compute backend error";
     case CAIRN_ECLOSED: return "closed";
     case CAIRN_EPERM: return "not authenticated or not permitted";
+    case CAIRN_EQUOTA: return "quota used up";
     default: return "unknown error";
     }
 }

@@ -192,6 +192,7 @@ void svc_fill_stats(cairn_service *s, cairn_service_stats *st)
     st->waiting = s->n_waiting;
     st->sessions = s->n_sessions - s->n_responses;
     st->stored_responses = s->n_responses;
+    pins_stats(s, &st->pinned_tokens, &st->pinned_prefixes);
     st->behind.pages = ks.behind_pages;
     st->behind.queued = ks.behind_queued_pages;
     st->behind.waiting = ks.behind_waiting;

@@ -70,6 +70,9 @@ static void start_generation(cairn_service *s, cairn_request *r, session *sess)
         msg = rc == CAIRN_ENOMEM ? "out of memory"
                                  : "invalid draft settings (depth 1..16, top_k 1..16, n 1..255 "
                                    "and below the batch size)";
+    char pin_msg[300];
+    if (rc == CAIRN_OK && r->n_pins && (rc = pins_reserve(s, j, pin_msg, sizeof pin_msg)))
+        msg = pin_msg;
     if (rc != CAIRN_OK) {
         svc_emit_error(s, r, rc, msg);
         if (j) {

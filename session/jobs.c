@@ -99,6 +99,7 @@ void job_free(job *j)
 {
     if (!j)
         return;
+    pins_job_gone(j);
     cairn_request_free(j->req);
     cairn_sampler_free(j->sampler);
     cairn_grammar_matcher_free(j->matcher);
@@ -204,6 +205,9 @@ void job_finish(cairn_service *s, job *j, bool emit_event)
 {
     cairn_kv_hold *leaf = job_release_pages(s, j);
     s->pages_tight = false; /* its pages are free to be evicted now */
+    /* its prompt's pages are the tree's now: what it asked to keep is kept */
+    if (emit_event && strcmp(j->finish ? j->finish : "", "cancelled") != 0)
+        pins_commit(s, j);
     session *x = j->sess;
     if (x) {
         /* the session's history becomes prompt + generated tokens */

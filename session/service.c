@@ -5,6 +5,10 @@
  */
 #include "session/session_impl.h"
 
+#include <errno.h>
+#include <math.h>
+#include <time.h>
+
 #include <stdio.h>
 #include <unistd.h>
 
@@ -64,9 +68,28 @@ static void *engine_main(void *arg)
          * condition variable. */
         bool io = s->n_fetching || s->durable || s->deferred || s->lookups ||
                   cairn_kvcache_busy(s->cache); /* write-behind goes on while idle */
+        /* a pin that expires is unlocked on time even while nothing runs:
+         * the idle wait ends at the next deadline */
+        double next_pin = pins_sweep(s, cairn_now());
         pthread_mutex_lock(&s->mu);
-        while (!s->stopping && s->inbox_n == 0 && s->n_running == 0 && !s->waiting_head && !io)
-            pthread_cond_wait(&s->cv, &s->mu);
+        while (!s->stopping && s->inbox_n == 0 && s->n_running == 0 && !s->waiting_head && !io) {
+            if (isinf(next_pin)) {
+                pthread_cond_wait(&s->cv, &s->mu);
+                continue;
+            }
+            double left = next_pin - cairn_now();
+            if (left <= 0)
+                break;
+            struct timespec at;
+            clock_gettime(CLOCK_REALTIME, &at);
+            if (left > 3600)
+                left = 3600; /* far deadlines: wake and look again */
+            long long ns = (long long)at.tv_nsec + (long long)(left * 1e9);
+            at.tv_sec += (time_t)(ns / 1000000000LL);
+            at.tv_nsec = (long)(ns % 1000000000LL);
+            if (pthread_cond_timedwait(&s->cv, &s->mu, &at) == ETIMEDOUT)
+                break;
+        }
         if (s->stopping) {
             pthread_mutex_unlock(&s->mu);
             break;
@@ -255,6 +278,7 @@ static int setup_cache(cairn_service *s, char *err, size_t err_len)
         (rc = cairn_kvcache_create(&kc, &s->cache, err, err_len)))
         return rc;
     s->have_disk = cairn_kvcache_has_disk(s->cache);
+    pins_bounds(s);
     s->have_shared = cairn_kvcache_has_shared(s->cache);
     if (c->load_policy != CAIRN_LOAD_MEASURED) {
         /* Pinned rates: a recompute that takes ~forever (always load), or a
@@ -396,6 +420,7 @@ void cairn_service_stop(cairn_service *s)
     free(s->batch_jobs);
     free(s->logits);
     sched_sampling_free(s);
+    pins_free(s);
     cairn_kvcache_free(s->cache);
     if (s->spec)
         cairn_log(CAIRN_LOG_INFO, "service: %llu speculative steps gave %llu tokens (%.2f per "

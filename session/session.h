@@ -116,6 +116,24 @@
  * word of radix.h, given to cairn_kvcache_fetch / _commit): tenants share no
  * page, in memory or on disk, however equal their prompts.
  *
+ * Retention. A request may ask (cairn_request.pins) that a prefix of its
+ * prompt stay cached: once it ends, the node that ends at that prefix's
+ * last whole page is locked in the tree, so its whole path stays in the
+ * tier it is in (tier 0, or host RAM) whatever else runs, until the TTL
+ * passes; then it is unlocked and ages like any page. A later request
+ * pinning the same prefix (same tenant, same tokens) refreshes it: the
+ * deadline moves to its end + its TTL when that is later. Bounds, so that
+ * one client cannot pin the cache: a tenant's pins hold at most
+ * max_pinned_tokens tokens, and all pins together at most half of the
+ * tier-0 pool's, so running requests always have pages; each pin counts
+ * its whole prefix (pins sharing a prefix count it twice). A request whose
+ * new pins would pass a bound fails at once with CAIRN_EQUOTA, naming the
+ * bound, before anything runs; it is never served without its pin. Pins
+ * live in memory only (a restart forgets them; with a disk tier the pages
+ * are found there). The engine wakes for the next deadline while idle.
+ * With no_prefix_cache nothing is cached, so hints are accepted and keep
+ * nothing.
+ *
  * Threads and ownership. cairn_service_start/stop are called by the owner
  * thread. cairn_service_submit is thread-safe and takes ownership of the
  * request. on_event runs on the engine thread; the event and everything it
@@ -145,6 +163,8 @@ void cairn_session_id_to_hex(cairn_session_id id, char out[33]);
 int cairn_session_id_from_hex(const char *hex, size_t len, cairn_session_id *out);
 
 #define CAIRN_MAX_STOP 8 /* stop strings per request */
+#define CAIRN_MAX_PINS 4 /* retention hints per request (Anthropic's breakpoints) */
+#define CAIRN_PIN_MAX_TTL_S 86400.0 /* the longest a hint keeps a prefix (24 h) */
 #define CAIRN_SESSION_NOTE_MAX (8u << 20) /* bytes of a session's note */
 
 typedef struct {
@@ -242,6 +262,18 @@ typedef struct {
                                   are shared only within a tenant.           */
     double submitted_at;       /* set by cairn_service_submit (cairn_now):
                                   time to first token is measured from here   */
+    /* Retention hints (Anthropic's cache_control, OpenAI's
+     * prompt_cache_retention, the native cache_pin; see "Retention" above):
+     * GENERATE and the session generations keep the first pins[i].tokens
+     * tokens of the sequence they run on (session history + tokens; 0: all
+     * of the prompt), cut to whole pages, locked in the tier they are in
+     * for ttl_s (0 < ttl_s <= CAIRN_PIN_MAX_TTL_S) seconds after the
+     * request ends. */
+    int n_pins;
+    struct {
+        size_t tokens;
+        double ttl_s;
+    } pins[CAIRN_MAX_PINS];
     bool session_looked_up;    /* the engine's own: `session` was not held here
                                   and its record has been looked for (disk,
                                   then the shared tier) */
@@ -430,6 +462,10 @@ typedef struct {
                                   is refined by the front ends, which count
                                   the final reasons themselves)              */
     uint64_t explains;         /* CAIRN_REQ_CACHE_EXPLAIN answered           */
+    uint64_t pinned_tokens;    /* tokens of the prefixes retention hints hold
+                                  now (each pin counted whole)               */
+    uint64_t pinned_prefixes;  /* those prefixes (pins)                      */
+    uint64_t pins_refused;     /* hints refused at a tenant's or the global bound */
     uint64_t shared_waits;     /* admissions deferred until another request had
                                   computed the prefix they share              */
     struct {                   /* write-behind to the disk tier (store.h)   */
@@ -564,6 +600,10 @@ typedef struct {
                                pages to disk in the background (the default
                                writes them, so that a SIGKILL keeps them:
                                store.h, "Write-behind")                      */
+    size_t max_pinned_tokens; /* retention hints: the tokens one tenant's
+                               pins may hold at once (0: a quarter of the
+                               tier-0 pool); all tenants together never
+                               more than half of it                      */
     cairn_load_policy load_policy;
     cairn_spec_params draft; /* default draft settings; 0 fields: engine defaults */
     int draft_max_batch;    /* speculate while at most this many requests

@@ -16,6 +16,7 @@
  *   prefix.c     a prefix computed once: who waits for whom, pages to the
  *                tree while computing, reuse of part of a page
  *   events.c     what leaves the engine: events, latency histograms, stats
+ *   pins.c       retention hints: prefixes kept cached until a deadline
  *
  * Life of a generation request ("job"):
  *
@@ -118,8 +119,12 @@ typedef struct session {
     struct session *next;
 } session;
 
+typedef struct svc_pin svc_pin; /* pins.c */
+
 typedef struct job {
     cairn_request *req;
+    svc_pin *pins[CAIRN_MAX_PINS]; /* req->pins[i]'s entry (pins.c), until the
+                                      job commits or gives it up; NULL: none */
     session *sess;           /* session.generate: history to extend           */
     tokvec seq;              /* prompt followed by generated tokens           */
     size_t n_prompt;
@@ -255,6 +260,9 @@ struct cairn_service {
     float *logits;             /* [max_seqs][n_vocab] */
     struct sched_sampling *sampling; /* plain steps' sampling where the logits
                                         are (scheduler.c); NULL until the first */
+    svc_pin *pins;             /* retention hints held or reserved (pins.c) */
+    size_t pin_cap_total;      /* tokens all pins may hold at once          */
+    size_t pin_cap_tenant;     /* ... one tenant's                          */
     cairn_service_stats stats;
 };
 
@@ -420,6 +428,26 @@ void prefix_extend(cairn_service *s, job *j);
  * j's own; how many tokens that saved (added to n_computed), and in *tier the
  * tier those rows came from (device: a page copy; host: an upload). */
 size_t prefix_take_partial(cairn_service *s, job *j, int *tier);
+
+/* ---- pins.c -------------------------------------------------------------- */
+
+/* The bounds, from the configuration and the tier-0 pool (at start). */
+void pins_bounds(cairn_service *s);
+/* At intake, j's seq built: its request's hints as entries (new ones
+ * counted against the bounds at once). CAIRN_EQUOTA past a bound, or
+ * CAIRN_ENOMEM, with msg[cap] saying what; entries taken so far are given
+ * up when j is freed. */
+int pins_reserve(cairn_service *s, job *j, char *msg, size_t cap);
+/* j finished and committed its pages: lock new entries, refresh deadlines. */
+void pins_commit(cairn_service *s, job *j);
+/* j is freed: what it did not commit is given up (job_free calls it). */
+void pins_job_gone(job *j);
+/* Unlock and forget what expired at `now` (cairn_now()); the next deadline
+ * (INFINITY: none). */
+double pins_sweep(cairn_service *s, double now);
+void pins_stats(const cairn_service *s, uint64_t *tokens, uint64_t *prefixes);
+/* At stop: every pin released and forgotten. */
+void pins_free(cairn_service *s);
 
 /* ---- scheduler.c --------------------------------------------------------- */
 

@@ -798,6 +798,18 @@ int cairn_kvcache_wait(cairn_kvcache *c, int timeout_ms);
 int cairn_kvcache_pin(cairn_kvcache *c, cairn_radix_node *node);
 int cairn_kvcache_unpin(cairn_kvcache *c, cairn_radix_node *node);
 
+/* Retention (a client's hint that a prefix will be asked for again): lock
+ * the node of namespace ns that ends after the longest cached part of
+ * tokens[0 .. n_pages * page_size) (splitting the node it ends in), so its
+ * whole path stays in the tier each page is in now -- neither evicted nor
+ * moved down -- until cairn_kvcache_release(*hold). Unlike pin, nothing is
+ * written through: released, the pages age like any others. *n_held: the
+ * pages the hold covers (fewer than n_pages when the rest is not cached).
+ * CAIRN_ENOTFOUND (nothing held) when not even the first page is cached;
+ * CAIRN_EINVAL. */
+int cairn_kvcache_hold_prefix(cairn_kvcache *c, uint64_t ns, const int32_t *tokens,
+                              size_t n_pages, cairn_kv_hold **hold, size_t *n_held);
+
 /* ---- tier 3 -------------------------------------------------------------- */
 
 /* With a shared tier: tell the router this replica is up, serving on these

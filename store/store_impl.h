@@ -16,6 +16,7 @@
  *       share.c     extend (pages to the tree while computing), partial
  *                   reuse of a page, tails
  *       behind.c    write-behind: reused prefixes to LMDB in the background
+ *       retain.c    holding a prefix for a retention hint (no write-through)
  *     Functions one of them defines for the others carry the kvc_ prefix.
  *
  * The id stack. Ids 0 .. capacity-1; a fresh stack hands out 0, 1, 2, ...

@@ -23,6 +23,10 @@ typedef struct {
     int n_stop;
     int64_t n_prompt;           /* prompt tokens, for message_start             */
     int n_blocks;               /* streaming: content blocks started             */
+    /* cache breakpoints (the request's pins, in whole pages): usage says
+     * what was written to the cache for them */
+    int64_t bp_end;             /* the last breakpoint's prefix; 0: none         */
+    int64_t bp_end_1h;          /* the last '1h' breakpoint's; 0: none            */
     bool text_open;             /* streaming: the text block is open             */
 } anthropic_state;
 
@@ -50,13 +54,30 @@ bool http_path_is_anthropic(const hconn *c)
     return n >= r && memcmp(p, route, r) == 0 && (n == r || p[r] == '/');
 }
 
-/* Anthropic counts the prompt tokens read from the cache apart from the
- * ones computed: input_tokens is the latter. */
-static json_t *usage_of(int64_t prompt, int64_t cached, int64_t output)
+/* Anthropic's usage: of the prompt, cache_read_input_tokens were read from
+ * the cache, cache_creation_input_tokens were written to it for a
+ * breakpoint (the prefix up to the last breakpoint, less what was read; 0
+ * without breakpoints), and input_tokens are the rest, so the three add up
+ * to the prompt. cache_creation splits the written tokens by TTL: those up
+ * to the last '1h' breakpoint are an hour's (a '1h' one never follows a
+ * '5m' one), the rest five minutes'. Breakpoints are counted in the whole
+ * pages the cache keeps of them. */
+static json_t *usage_of(const anthropic_state *st, int64_t prompt, int64_t cached,
+                        int64_t output)
 {
-    return json_pack("{s:I, s:I, s:I, s:I}", "input_tokens", (json_int_t)(prompt - cached),
-                     "output_tokens", (json_int_t)output, "cache_read_input_tokens",
-                     (json_int_t)cached, "cache_creation_input_tokens", (json_int_t)0);
+    int64_t end = st ? st->bp_end : 0, end_1h = st ? st->bp_end_1h : 0;
+    if (end > prompt)
+        end = prompt;
+    if (end_1h > end)
+        end_1h = end;
+    int64_t created = end > cached ? end - cached : 0;
+    int64_t created_1h = end_1h > cached ? end_1h - cached : 0;
+    return json_pack("{s:I, s:I, s:I, s:I, s:{s:I, s:I}}", "input_tokens",
+                     (json_int_t)(prompt - cached - created), "output_tokens", (json_int_t)output,
+                     "cache_read_input_tokens", (json_int_t)cached, "cache_creation_input_tokens",
+                     (json_int_t)created, "cache_creation", "ephemeral_5m_input_tokens",
+                     (json_int_t)(created - created_1h), "ephemeral_1h_input_tokens",
+                     (json_int_t)created_1h);
 }
 
 static json_t *jstrn(const char *s, size_t n)
@@ -125,6 +146,15 @@ static int on_decoded(hconn *c, hreq *q, cairn_api_call *call)
         if (!(st->stop[st->n_stop++] = strdup(g->stop[i])))
             return CAIRN_ENOMEM;
     st->n_prompt = (int64_t)call->req->n_tokens;
+    const int64_t page = cairn_service_page_size(c->base.srv->svc);
+    for (int i = 0; i < call->req->n_pins; i++) {
+        int64_t end = (int64_t)call->req->pins[i].tokens;
+        end -= page > 0 ? end % page : 0; /* the cache keeps whole pages */
+        if (end > st->bp_end)
+            st->bp_end = end;
+        if (call->req->pins[i].ttl_s > 300.0 && end > st->bp_end_1h)
+            st->bp_end_1h = end;
+    }
     if (!q->stream)
         return CAIRN_OK;
     /* the message opens at once; what is cached is known only at the end */
@@ -133,7 +163,7 @@ static int on_decoded(hconn *c, hreq *q, cairn_api_call *call)
     json_t *o = json_pack("{s:s, s:{s:s, s:s, s:s, s:[], s:s, s:n, s:n, s:o}}", "type",
                           "message_start", "message", "id", q->id, "type", "message", "role",
                           "assistant", "content", "model", c->base.srv->model_id, "stop_reason",
-                          "stop_sequence", "usage", usage_of(st->n_prompt, 0, 0));
+                          "stop_sequence", "usage", usage_of(st, st->n_prompt, 0, 0));
     http_sse_event(c, "message_start", o);
     json_decref(o);
     o = json_pack("{s:s}", "type", "ping");
@@ -159,7 +189,7 @@ static bool on_finish(hconn *c, hreq *q, const cairn_event *ev, json_t *calls, c
     anthropic_state *st = state_of(q);
     json_t *sequence;
     const char *reason = stop_reason(st, ev, calls, &sequence);
-    json_t *usage = usage_of(ev->prompt_tokens, ev->cached_tokens, ev->completion_tokens);
+    json_t *usage = usage_of(st, ev->prompt_tokens, ev->cached_tokens, ev->completion_tokens);
     /* a cairn extension (the clients keep unknown fields): why the rest of
      * the prompt was not read from the cache */
     if (usage)

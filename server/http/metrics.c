@@ -267,6 +267,13 @@ static void render_metrics(srv_http *h, const cairn_service_stats *st, cairn_str
     metric_u64(b, "cairn_stored_responses", "gauge",
                "Stored Responses kept (store: true; bounded by --max-responses).",
                st->stored_responses);
+    metric_u64(b, "cairn_pinned_tokens", "gauge",
+               "Tokens of the prefixes retention hints keep cached now (cache_control, "
+               "prompt_cache_retention, cache_pin).", st->pinned_tokens);
+    metric_u64(b, "cairn_pinned_prefixes", "gauge", "Prefixes retention hints keep now.",
+               st->pinned_prefixes);
+    metric_u64(b, "cairn_pins_refused_total", "counter",
+               "Retention hints refused at a tenant's or the global bound.", st->pins_refused);
     metric_u64(b, "cairn_kv_write_behind_pages_total", "counter",
                "Pages of reused prefixes written to the disk tier in the background "
                "(committed: they survive a kill).", st->behind.pages);

@@ -57,6 +57,7 @@ int http_status_of(int cairn_code)
     case CAIRN_EFULL:
     case CAIRN_ENOMEM: return 503;
     case CAIRN_EPERM: return 401;
+    case CAIRN_EQUOTA: return 429; /* the caller's bound, as a rate limit is */
     default: return 500;
     }
 }

@@ -216,6 +216,11 @@ static void submit_call(rpc_conn *rc, cairn_rpc_call *call)
     r->n_keep = call->n_keep;
     r->persist = call->persist;
     r->chat_turn = call->chat_turn;
+    r->n_pins = call->n_pins;
+    for (int i = 0; i < call->n_pins && i < CAIRN_MAX_PINS; i++) {
+        r->pins[i].tokens = call->pins[i].tokens;
+        r->pins[i].ttl_s = call->pins[i].ttl_s;
+    }
     int rc_submit = srv_submit(&rc->base, r);
     if (rc_submit != CAIRN_OK) {
         pending_remove(rc, pending_find(rc, msgid));

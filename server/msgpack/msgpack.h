@@ -206,6 +206,11 @@ typedef struct {
     uint32_t target;          /* gen.cancel                                */
     int64_t n_keep;           /* session.truncate                          */
     bool persist;             /* session.open                              */
+    int n_pins;               /* generate, session.generate: cache_pin     */
+    struct {
+        size_t tokens;
+        double ttl_s;
+    } pins[CAIRN_MAX_PINS];
     char *tools_json;         /* session.open: the tools its messages render;
                                  session.generate: the tools whose calls its
                                  reply is read for (JSON array, owned; NULL:

@@ -19,6 +19,7 @@ int cairn_rpc_error_code(int status)
     case CAIRN_ENOTFOUND: return CAIRN_RPC_NOT_FOUND;
     case CAIRN_EFULL:
     case CAIRN_EBUSY:
+    case CAIRN_EQUOTA: /* try again once the caller's pins expire */
     case CAIRN_ENOMEM: return CAIRN_RPC_OVERLOADED;
     case CAIRN_EUNSUPPORTED: return CAIRN_RPC_UNSUPPORTED;
     case CAIRN_RPC_UNAUTHORIZED: return CAIRN_RPC_UNAUTHORIZED;
@@ -120,7 +121,7 @@ static void pack_session_id(msgpack_packer *pk, cairn_session_id id)
 
 static void pack_stats(msgpack_packer *pk, const cairn_service_stats *st)
 {
-    msgpack_pack_map(pk, st->shared.on ? 19 : 18);
+    msgpack_pack_map(pk, st->shared.on ? 22 : 21);
 #define U64(name, v) pack_cstr(pk, name), msgpack_pack_uint64(pk, v)
     U64("queries", st->queries);
     U64("prompt_tokens", st->prompt_tokens);
@@ -144,6 +145,9 @@ static void pack_stats(msgpack_packer *pk, const cairn_service_stats *st)
     U64("waiting", st->waiting);
     U64("sessions", st->sessions);
     U64("stored_responses", st->stored_responses);
+    U64("pinned_tokens", st->pinned_tokens); /* retention hints (session.h) */
+    U64("pinned_prefixes", st->pinned_prefixes);
+    U64("pins_refused", st->pins_refused);
     pack_cstr(pk, "write_behind"); /* reused prefixes to disk (store.h) */
     msgpack_pack_map(pk, 5);
     U64("pages", st->behind.pages);

@@ -336,6 +336,11 @@ static void take_api_call(cairn_rpc_call *call, cairn_api_call *a)
     call->target = (uint32_t)r->target;
     call->n_keep = r->n_keep;
     call->persist = r->persist;
+    call->n_pins = r->n_pins;
+    for (int i = 0; i < r->n_pins && i < CAIRN_MAX_PINS; i++) {
+        call->pins[i].tokens = r->pins[i].tokens;
+        call->pins[i].ttl_s = r->pins[i].ttl_s;
+    }
 }
 
 static int decode_params(const cairn_rpc_context *ctx, cairn_mp_reader *pr, uint64_t seed,

@@ -117,3 +117,15 @@ add_test(NAME http_cache_explain_realmodel
           $<TARGET_FILE:cairn>)
 set_tests_properties(http_cache_explain_realmodel PROPERTIES TIMEOUT 600 LABELS "server;realmodel"
   SKIP_RETURN_CODE 77 ENVIRONMENT "CAIRN_CHAT_MODEL=${CAIRN_CHAT_MODEL}")
+
+# Retention hints (issue 36): Anthropic's cache_control, OpenAI's
+# prompt_cache_retention and the native cache_pin through the official
+# clients on the real model: bad hints are 400s naming the field, usage
+# counts cache writes and reads as Anthropic does, a pinned document
+# survives a flood larger than tier 0 + host RAM and is released after its
+# TTL, and a tenant pinning past --max-pinned-tokens gets a 429.
+add_test(NAME http_retention_realmodel
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_retention.py
+          $<TARGET_FILE:cairn>)
+set_tests_properties(http_retention_realmodel PROPERTIES TIMEOUT 600 LABELS "server;realmodel"
+  SKIP_RETURN_CODE 77 ENVIRONMENT "CAIRN_CHAT_MODEL=${CAIRN_CHAT_MODEL}")

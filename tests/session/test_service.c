@@ -741,6 +741,79 @@ static void test_tenants_are_isolated(void **state)
     stop(f);
 }
 
+/* Retention hints (session.h, "Retention"): a pinned prefix stays cached
+ * through a flood that evicts everything else, a pin past the tenant's
+ * bound is refused with CAIRN_EQUOTA before anything runs, and pinning the
+ * same prefix again refreshes it without counting it twice. */
+static uint64_t pins_submit(fixture *f, uint64_t id, uint64_t tenant, int seed, size_t n,
+                            size_t pin_tokens, double ttl_s)
+{
+    cairn_request *r = cairn_request_new(CAIRN_REQ_GENERATE);
+    r->id = id;
+    r->client = 1;
+    r->tenant = tenant;
+    r->tokens = malloc(n * sizeof *r->tokens);
+    for (size_t i = 0; i < n; i++) /* distinct from the first token on, per seed */
+        r->tokens[i] = (int32_t)(3 + ((size_t)seed * 131 + i * 17 + i * i * (size_t)seed) % 480);
+    r->n_tokens = n;
+    r->gen.max_tokens = 1;
+    r->gen.sampling.temperature = 0;
+    if (ttl_s > 0) {
+        r->n_pins = 1;
+        r->pins[0].tokens = pin_tokens;
+        r->pins[0].ttl_s = ttl_s;
+    }
+    assert_int_equal(cairn_service_submit(f->svc, r), CAIRN_OK);
+    return id;
+}
+
+static cairn_service_stats pins_stats_now(fixture *f, uint64_t id)
+{
+    cairn_request *st = cairn_request_new(CAIRN_REQ_CACHE_STATS);
+    st->id = id;
+    cairn_service_submit(f->svc, st);
+    return wait_for(&f->col, id)->ev.stats;
+}
+
+static void test_pins_hold_through_eviction(void **state)
+{
+    (void)state;
+    /* 24 pages (384 tokens), no host tier: a tenant may pin 96 tokens */
+    fixture *f = start(24, 4, 64);
+    const uint64_t alice = 0xa11ce;
+    result *r = wait_for(&f->col, pins_submit(f, 1, alice, 1, 90, 70, 600));
+    assert_int_equal(r->ev.kind, CAIRN_EV_DONE);
+    cairn_service_stats st = pins_stats_now(f, 2);
+    assert_int_equal(st.pinned_tokens, 64); /* 70 tokens, whole pages */
+    assert_int_equal(st.pinned_prefixes, 1);
+
+    /* 10 one-off prompts of 5 pages: twice what the pool holds */
+    for (int k = 0; k < 10; k++)
+        assert_int_equal(wait_for(&f->col, pins_submit(f, 10 + (uint64_t)k, alice, 100 + k, 80,
+                                                       0, 0))->ev.kind, CAIRN_EV_DONE);
+    assert_true(pins_stats_now(f, 3).evicted_pages > 0);
+    r = wait_for(&f->col, pins_submit(f, 4, alice, 100, 80, 0, 0));
+    assert_true(r->ev.cached_tokens < 16); /* the first one-off is gone ... */
+    r = wait_for(&f->col, pins_submit(f, 5, alice, 1, 90, 0, 0));
+    assert_true(r->ev.cached_tokens >= 64); /* ... the pinned prefix is not */
+
+    /* past the bound: refused before anything runs, nothing pinned */
+    r = wait_for(&f->col, pins_submit(f, 6, alice, 2, 90, 48, 600));
+    assert_int_equal(r->ev.kind, CAIRN_EV_ERROR);
+    assert_int_equal(r->ev.code, CAIRN_EQUOTA);
+    /* another tenant has a bound of its own */
+    r = wait_for(&f->col, pins_submit(f, 7, 0xb0b, 2, 90, 48, 600));
+    assert_int_equal(r->ev.kind, CAIRN_EV_DONE);
+    /* the same prefix again: refreshed, not counted twice */
+    r = wait_for(&f->col, pins_submit(f, 8, alice, 1, 90, 70, 600));
+    assert_int_equal(r->ev.kind, CAIRN_EV_DONE);
+    st = pins_stats_now(f, 9);
+    assert_int_equal(st.pinned_tokens, 64 + 48);
+    assert_int_equal(st.pinned_prefixes, 2);
+    assert_int_equal(st.pins_refused, 1);
+    stop(f);
+}
+
 /* One connection with many queued requests does not starve another: the
  * second client's request is admitted at the first free slot. */
 static void test_fair_between_clients(void **state)
@@ -1132,6 +1205,7 @@ int main(void)
         cmocka_unit_test(test_many_sessions_resume_from_lower_tiers),
         cmocka_unit_test(test_tenants_are_isolated),
         cmocka_unit_test(test_fair_between_clients),
+        cmocka_unit_test(test_pins_hold_through_eviction),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
