@@ -73,6 +73,7 @@ int cairn_kvcache_create(const cairn_kvcache_config *cfg, cairn_kvcache **out, c
         }
     }
     rc = cairn_radix_create(c->L.page_size, cfg->ns, &c->tree);
+    c->plain_lru = cfg->plain_lru;
     if (rc == CAIRN_OK && cfg->plain_lru)
         rc = cairn_radix_set_plain_lru(c->tree, true);
     if (rc)
@@ -307,14 +308,36 @@ int kvc_write_page(cairn_kvcache *c, cairn_radix_page *pg, const int32_t *tokens
 
 static size_t evict_node(cairn_kvcache *c, int tier, cairn_radix_node *node);
 
-/* Evict the LRU candidate of `tier`; pages moved, 0 when nothing could. */
+/* Whether the tier's next node in eviction order is an open session's
+ * history (plain LRU knows no such thing). */
+static bool next_is_live(cairn_kvcache *c, cairn_radix_node *v)
+{
+    return !c->plain_lru && cairn_radix_node_class(v) == CAIRN_RADIX_CLASS_LIVE;
+}
+
+/* Evict the first candidate of `tier` in eviction order; pages moved, 0
+ * when nothing could. A tail is worth less than any page of the tree of its
+ * class, so tails go first: other tails before anything, a live session's
+ * last partial page only when the tier holds nothing but live pages. */
 size_t kvc_evict_one(cairn_kvcache *c, int tier)
 {
-    /* host tails are worth less than any tree page there */
-    if (tier == CAIRN_TIER_HOST && kvc_drop_host_tail(c))
+    if (tier == CAIRN_TIER_HOST && kvc_drop_host_tail(c, false))
         return 1;
     cairn_radix_node *v = cairn_radix_lru(c->tree, tier);
+    if (tier == CAIRN_TIER_HOST && (!v || next_is_live(c, v)) && kvc_drop_host_tail(c, true))
+        return 1;
     return v ? evict_node(c, tier, v) : 0;
+}
+
+/* Tier 0's next page to give up (see kvc_evict_one): true when one went. */
+static bool evict_device_page(cairn_kvcache *c)
+{
+    if (kvc_drop_lru_tail(c, false))
+        return true;
+    cairn_radix_node *v = cairn_radix_lru(c->tree, CAIRN_TIER_DEVICE);
+    if ((!v || next_is_live(c, v)) && kvc_drop_lru_tail(c, true))
+        return true;
+    return v && evict_node(c, CAIRN_TIER_DEVICE, v) > 0;
 }
 
 bool kvc_host_room(cairn_kvcache *c, int32_t n)
@@ -453,6 +476,9 @@ int cairn_kvcache_mark_live(cairn_kvcache *c, uint64_t ns, const int32_t *tokens
         return rc;
     l->node_id = cairn_radix_node_id(m.node);
     l->n_pages = m.n_pages;
+    /* the partial last page, when a tail holds it */
+    if (m.n_pages == n_tokens / (size_t)c->L.page_size)
+        l->tail_id = kvc_tail_mark_live(c, ns, tokens, n_tokens);
     return CAIRN_OK;
 }
 
@@ -461,6 +487,7 @@ void cairn_kvcache_unmark_live(cairn_kvcache *c, uint64_t ns, const int32_t *tok
 {
     if (!c || !l || !l->node_id)
         return;
+    kvc_tail_unmark_live(c, l->tail_id);
     size_t ps = (size_t)c->L.page_size;
     if (tokens && n_tokens >= l->n_pages * ps) {
         cairn_radix_node *n = cairn_radix_find(c->tree, ns, tokens, l->n_pages);
@@ -479,8 +506,7 @@ int cairn_kvcache_alloc(cairn_kvcache *c, int32_t n, int32_t *pages)
      * worth less than a page of recompute), then eviction. */
     kvc_reclaim(c, CAIRN_TIER_DEVICE, false);
     while (cairn_page_pool_available(c->dev) < n)
-        if (kvc_reclaim(c, CAIRN_TIER_DEVICE, true) == 0 && !kvc_drop_lru_tail(c) &&
-            kvc_evict_one(c, CAIRN_TIER_DEVICE) == 0)
+        if (kvc_reclaim(c, CAIRN_TIER_DEVICE, true) == 0 && !evict_device_page(c))
             return CAIRN_EFULL;
     return cairn_page_pool_alloc(c->dev, n, pages);
 }

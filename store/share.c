@@ -48,6 +48,8 @@ struct kv_tail {
     int32_t slot;           /* tier-1 slot when it moved to host RAM, else -1 */
     int32_t n;              /* valid tokens (1 .. page_size-1)             */
     uint64_t last_use;
+    uint64_t id;            /* unique while the cache lives (a live mark's) */
+    int32_t live;           /* live marks of sessions whose history ends in it */
     int32_t *tokens;        /* [page_size], points into the shared array   */
 };
 
@@ -158,24 +160,27 @@ static void tail_drop(cairn_kvcache *c, struct kv_tail *t)
     c->n_tails--;
 }
 
-/* The least recently used tail in tier 0 (device) or 1 (host), or NULL;
- * never the one partial() is copying. */
-static struct kv_tail *lru_tail(cairn_kvcache *c, bool on_device)
+/* The least recently used tail in tier 0 (device) or 1 (host) that is
+ * (live) or is not (!live) the end of a live session's history, or NULL;
+ * never the one partial() is copying. With plain LRU, any tail. */
+static struct kv_tail *lru_tail(cairn_kvcache *c, bool on_device, bool live)
 {
     struct kv_tail *lru = NULL;
     for (size_t i = 0; i < c->n_tails_cap && c->n_tails > 0; i++) {
         struct kv_tail *t = &c->tails[i];
         if (t == c->tail_busy)
             continue; /* partial() is copying it */
+        if (!c->plain_lru && (t->live > 0) != live)
+            continue;
         if ((on_device ? t->page : t->slot) >= 0 && (!lru || t->last_use < lru->last_use))
             lru = t;
     }
     return lru;
 }
 
-bool kvc_drop_lru_tail(cairn_kvcache *c)
+bool kvc_drop_lru_tail(cairn_kvcache *c, bool live)
 {
-    struct kv_tail *t = lru_tail(c, true);
+    struct kv_tail *t = lru_tail(c, true, live);
     if (!t)
         return false;
     int32_t slot;
@@ -202,9 +207,9 @@ void kvc_tail_counts(const cairn_kvcache *c, uint64_t *on_device, uint64_t *in_h
     }
 }
 
-bool kvc_drop_host_tail(cairn_kvcache *c)
+bool kvc_drop_host_tail(cairn_kvcache *c, bool live)
 {
-    struct kv_tail *t = lru_tail(c, false);
+    struct kv_tail *t = lru_tail(c, false, live);
     if (!t)
         return false;
     tail_drop(c, t);
@@ -256,19 +261,69 @@ int cairn_kvcache_keep_tail(cairn_kvcache *c, uint64_t ns, const int32_t *tokens
             return CAIRN_OK;
         }
     }
-    if (!slot) { /* all taken: the least recently used one goes */
+    if (!slot) { /* all taken: the least recently used one goes, a live
+                    session's last (lru_tail's order) */
         struct kv_tail *lru = NULL;
-        for (size_t i = 0; i < c->n_tails_cap; i++)
-            if (!lru || c->tails[i].last_use < lru->last_use)
-                lru = &c->tails[i];
+        for (size_t i = 0; i < c->n_tails_cap; i++) {
+            struct kv_tail *t = &c->tails[i];
+            bool keep_t = !c->plain_lru && t->live > 0;
+            bool keep_lru = lru && !c->plain_lru && lru->live > 0;
+            if (!lru || (keep_lru && !keep_t) ||
+                (keep_lru == keep_t && t->last_use < lru->last_use))
+                lru = t;
+        }
         tail_drop(c, lru);
         slot = lru;
     }
     *slot = (struct kv_tail){.parent = parent, .ns = ns, .page = page, .slot = -1,
-                             .n = (int32_t)n, .last_use = ++c->tail_clock, .tokens = slot->tokens};
+                             .n = (int32_t)n, .last_use = ++c->tail_clock,
+                             .id = ++c->tail_ids, .tokens = slot->tokens};
     memcpy(slot->tokens, tail, n * sizeof *tail);
     c->n_tails++;
     return CAIRN_OK;
+}
+
+/* A live session's history that ends in a partial page ends in a tail: it
+ * gives way after one-off and reused pages, like the rest of the history
+ * (store.h, "live sessions"). Returns the tail's id, 0 when none holds it. */
+uint64_t kvc_tail_mark_live(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, size_t n_tokens)
+{
+    const size_t ps = (size_t)c->L.page_size;
+    const size_t n = n_tokens % ps;
+    if (n == 0 || c->n_tails == 0)
+        return 0;
+    const cairn_page_hash parent = chain_hash(c, ns, tokens, n_tokens / ps);
+    /* The tail that shares the most of the partial page: a history's last
+     * token was sampled, never fed, so its tail usually holds one token
+     * fewer than the history. */
+    struct kv_tail *best = NULL;
+    size_t best_l = 0;
+    for (size_t i = 0; i < c->n_tails_cap; i++) {
+        struct kv_tail *t = &c->tails[i];
+        if (!tail_live(t) || t->ns != ns || !cairn_page_hash_equal(t->parent, parent))
+            continue;
+        size_t m = (size_t)t->n < n ? (size_t)t->n : n;
+        size_t l = lcp(t->tokens, tokens + (n_tokens - n), m);
+        if (l == m && l > best_l) {
+            best = t;
+            best_l = l;
+        }
+    }
+    if (!best)
+        return 0;
+    best->live++;
+    best->last_use = ++c->tail_clock;
+    return best->id;
+}
+
+void kvc_tail_unmark_live(cairn_kvcache *c, uint64_t id)
+{
+    for (size_t i = 0; id && i < c->n_tails_cap; i++)
+        if (c->tails[i].id == id && tail_live(&c->tails[i])) {
+            if (c->tails[i].live > 0)
+                c->tails[i].live--;
+            return;
+        }
 }
 
 /* ---- partial reuse ----------------------------------------------------- */

@@ -498,11 +498,15 @@ int cairn_kvcache_evict(cairn_kvcache *c, int tier, size_t n_pages, size_t *move
 typedef struct {
     uint64_t node_id; /* the marked node's id; 0: nothing marked */
     size_t n_pages;   /* whole pages from the root to its end     */
+    uint64_t tail_id; /* the kept partial last page it ends in, 0: none */
 } cairn_kv_live;
 
 /* Mark the longest cached prefix of tokens[0 .. n_tokens) (whole pages, in
- * namespace ns) live; *l receives what to unmark it with ({0} when nothing
- * was cached). Counts as a use of those pages (their recency). Errors:
+ * namespace ns) live, and the kept tail (cairn_kvcache_keep_tail) that holds
+ * its partial last page when all its whole pages are cached: tails give way
+ * before tree pages, but a live one only when the tier holds nothing but
+ * live pages. *l receives what to unmark it with ({0} when nothing was
+ * cached). Counts as a use of those pages (their recency). Errors:
  * CAIRN_EINVAL, CAIRN_ENOMEM (nothing marked, *l zeroed). */
 int cairn_kvcache_mark_live(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, size_t n_tokens,
                             cairn_kv_live *l);

@@ -169,6 +169,8 @@ struct cairn_kvcache {
     size_t n_tails_cap, n_tails;
     uint64_t tail_clock;
     struct kv_tail *tail_busy; /* being copied by partial(): not to be moved */
+    uint64_t tail_ids;         /* the last tail id given                    */
+    bool plain_lru;            /* config.plain_lru: no class, tails included */
 
     /* transfers in flight (transfer.c): the fence of the last copy that
      * reads or writes each host slot, and the device pages and host slots
@@ -265,9 +267,12 @@ size_t kvc_reclaim(cairn_kvcache *c, int tier, bool block);
 
 /* Free the tier-0 page of the least recently used tail in tier 0 (it moves
  * to a free host slot, or is dropped); false when there is none. */
-bool kvc_drop_lru_tail(cairn_kvcache *c);
+bool kvc_drop_lru_tail(cairn_kvcache *c, bool live);
 /* Drop the least recently used tail in host RAM; false when there is none. */
-bool kvc_drop_host_tail(cairn_kvcache *c);
+bool kvc_drop_host_tail(cairn_kvcache *c, bool live);
+/* Live marks on the tail a session's history ends in (0: none holds it). */
+uint64_t kvc_tail_mark_live(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, size_t n_tokens);
+void kvc_tail_unmark_live(cairn_kvcache *c, uint64_t id);
 void kvc_tails_free(cairn_kvcache *c);
 void kvc_tail_counts(const cairn_kvcache *c, uint64_t *on_device, uint64_t *in_host);
 

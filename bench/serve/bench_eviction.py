@@ -18,10 +18,11 @@ exact; the same ids to llama-server's /completion):
             their first page, 1 token generated) back to back for as long as
             the sessions run: many times the device tier (--kv-mem).
 
-Reported for the session turns: computed prompt tokens (prompt - cached;
-llama-server: timings.prompt_n) against their floor (each turn computes only
-what no earlier request left KV for: the system prompt once, then each
-turn's new tokens), and TTFT p50 / p99 at the client; and how many flood
+The system prompt is computed once before the clock starts (a deployment's
+steady state). Reported for the session turns: computed prompt tokens
+(prompt - cached; llama-server: timings.prompt_n) against their floor (each
+turn computes only what no earlier request left KV for: its new tokens), and
+TTFT p50 / p99 at the client; and how many flood
 requests and tokens went through meanwhile. Goal of the issue: computed
 within 1.1x of the floor, and TTFT p99 at most half of LRU's.
 
@@ -31,7 +32,7 @@ measurement script, not a test.
 
 usage: bench/serve/bench_eviction.py [--bin build/cairn]
          [--model models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf]
-         [--llama-server PATH/llama-server] [--kv-mem 96M] [--json out.json]
+         [--llama-server PATH/llama-server] [--kv-mem 80M] [--json out.json]
 """
 import argparse
 import json
@@ -155,7 +156,7 @@ def run_stream(target, args, work):
     system, msgs, floods = work
     lock = threading.Lock()
     sent = []       # per session turn, in order of sending: [prompt, kv after it]
-    ttft, computed = [], []
+    ttft, computed, per_turn = [], [], []
     done = threading.Event()
     flood_stats = {"requests": 0, "tokens": 0, "computed": 0}
 
@@ -174,6 +175,7 @@ def run_stream(target, args, work):
                 ttft.append(first)
                 computed.append(comp)
                 sent[k] = (prompt, prompt + reply[:-1])
+                per_turn.append((k, i, t, comp, len(prompt)))
             history = prompt + reply
             time.sleep(args.think)
         close()
@@ -191,6 +193,14 @@ def run_stream(target, args, work):
             i += args.flood_clients
         close()
 
+    # The shared system prompt is computed once before the clock starts (a
+    # deployment's steady state; otherwise the first turn's cold prefill,
+    # the same everywhere, is the p99): one request over it, counted in the
+    # floor like any earlier request.
+    gen, close = target.one_off()
+    gen(system)
+    close()
+    sent.append((list(system), list(system)))
     t0 = time.perf_counter()
     fl = [threading.Thread(target=flood, args=(f,)) for f in range(args.flood_clients)]
     ss = [threading.Thread(target=session, args=(i,)) for i in range(args.sessions)]
@@ -202,12 +212,17 @@ def run_stream(target, args, work):
     for t in fl:
         t.join()
     wall = time.perf_counter() - t0
-    floor = 0
+    floor, floors = 0, {}
     for k, (prompt, _) in enumerate(sent):
+        if k == 0:
+            continue  # the system prompt, computed before the clock started
         best = max([lcp(prompt, kv) for _, kv in sent[:k]] + [0])
-        floor += len(prompt) - min(best, len(prompt) - 1)
+        floors[k] = len(prompt) - min(best, len(prompt) - 1)
+        floor += floors[k]
+    turns = [{"session": i, "turn": t, "prompt": n, "computed": comp, "floor": floors[k]}
+             for k, i, t, comp, n in per_turn]
     return {"turns": len(ttft), "computed": sum(computed), "floor": floor, "ttft": ttft,
-            "flood": flood_stats, "wall_s": wall}
+            "flood": flood_stats, "wall_s": wall, "per_turn": turns}
 
 
 def make_work(srv, args):
@@ -280,14 +295,14 @@ def main():
     ap.add_argument("--model", default=os.path.join(ROOT, "models",
                                                     "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"))
     ap.add_argument("--orders", default="lru,sessions")
-    ap.add_argument("--kv-mem", default="96M", help="cairn's device tier (the flood exceeds it)")
+    ap.add_argument("--kv-mem", default="80M", help="cairn's device tier (the flood exceeds it)")
     ap.add_argument("--tools", type=int, default=20, help="tools in the system prompt")
     ap.add_argument("--sessions", type=int, default=8)
     ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--think", type=float, default=1.0, help="seconds between a session's turns")
+    ap.add_argument("--think", type=float, default=3.0, help="seconds between a session's turns")
     ap.add_argument("--stagger", type=float, default=0.5, help="seconds between session starts")
-    ap.add_argument("--flood-clients", type=int, default=1)
+    ap.add_argument("--flood-clients", type=int, default=2)
     ap.add_argument("--flood-prompts", type=int, default=400)
     ap.add_argument("--server-arg", dest="server_args", action="append", default=[])
     ap.add_argument("--llama-server", help="a llama-server binary (the peer)")

@@ -2,8 +2,8 @@
  * tests/store/test_eviction_order.c — what the tiered cache gives up first
  * (radix.h, "Eviction order"; store.h, cairn_kvcache_evict): under a flood
  * of one-off prompts, a reused document and a live session's history stay
- * on the device while the one-offs go down and out; a live mark is not a
- * pin (when nothing else is left the session's pages move too, and the mark
+ * on the device while the one-offs go down and out (the session's partial
+ * last page, kept as a tail, too); a live mark is not a pin (when nothing else is left the session's pages move too, and the mark
  * leaves with a node that leaves the tree); and pages that would cost more
  * to load back than to recompute leave the tree instead of taking room in
  * a slower tier. Built twice: as is, and with ASan + UBSan.
@@ -189,12 +189,53 @@ static void test_cheap_pages_leave(void **state)
     cache_close(&k);
 }
 
+/* A live session's history that ends in a partial page keeps that page (a
+ * tail) through the flood too; other tails go first. */
+static void test_live_tail(void **state)
+{
+    (void)state;
+    cache k;
+    cache_open(&k, 16, 0);
+    int32_t session[SEQ_PAGES * PS + 5], other[SEQ_PAGES * PS + 5], once[SEQ_PAGES * PS];
+    seq_tokens(session, sizeof session / sizeof *session, 1);
+    seq_tokens(other, sizeof other / sizeof *other, 2);
+    compute(&k, session, SEQ_PAGES);
+    compute(&k, other, SEQ_PAGES);
+    int32_t page;
+    assert_int_equal(cairn_kvcache_alloc(k.c, 1, &page), CAIRN_OK);
+    assert_int_equal(cairn_kvcache_keep_tail(k.c, 0, session, SEQ_PAGES * PS + 5, page), CAIRN_OK);
+    assert_int_equal(cairn_kvcache_alloc(k.c, 1, &page), CAIRN_OK);
+    assert_int_equal(cairn_kvcache_keep_tail(k.c, 0, other, SEQ_PAGES * PS + 5, page), CAIRN_OK);
+    cairn_kv_live live;
+    assert_int_equal(cairn_kvcache_mark_live(k.c, 0, session, SEQ_PAGES * PS + 5, &live),
+                     CAIRN_OK);
+    assert_true(live.tail_id != 0);
+    cairn_kvcache_stats st;
+    for (int i = 0; i < 10; i++) {
+        seq_tokens(once, sizeof once / sizeof *once, 100 + i);
+        compute(&k, once, SEQ_PAGES);
+        cairn_kvcache_get_stats(k.c, &st);
+        assert_true(st.tail_pages >= 1); /* the session's, at least */
+        assert_int_equal(tier_of(&k, session, SEQ_PAGES), CAIRN_TIER_DEVICE);
+    }
+    assert_int_equal(st.tail_pages, 1); /* the other went first */
+    /* closed: its tail is just a tail again */
+    cairn_kvcache_unmark_live(k.c, 0, session, SEQ_PAGES * PS + 5, &live);
+    seq_tokens(once, sizeof once / sizeof *once, 200);
+    compute(&k, once, SEQ_PAGES);
+    cairn_kvcache_get_stats(k.c, &st);
+    assert_int_equal(st.tail_pages, 0);
+    assert_int_equal(cairn_radix_check(cairn_kvcache_tree(k.c)), CAIRN_OK);
+    cache_close(&k);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_flood_keeps_session_and_document),
         cmocka_unit_test(test_unmark_restores_lru),
         cmocka_unit_test(test_cheap_pages_leave),
+        cmocka_unit_test(test_live_tail),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
