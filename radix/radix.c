@@ -15,8 +15,7 @@
 
 #include <stdlib.h>
 #include <string.h>
-#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
-#include <xxhash.h>
+#include <xxhash.h> /* sibling keys (node_key); page keys are pagekey.h's */
 
 struct cairn_radix_node {
     cairn_radix_node *parent;
@@ -58,60 +57,6 @@ struct cairn_radix {
 
 /* ---- hashing ------------------------------------------------------------ */
 
-void cairn_page_hash_to_bytes(cairn_page_hash h, uint8_t out[16])
-{
-    XXH128_hash_t x = {.low64 = h.lo, .high64 = h.hi};
-    XXH128_canonical_t c;
-    XXH128_canonicalFromHash(&c, x);
-    memcpy(out, c.digest, 16);
-}
-
-cairn_page_hash cairn_page_hash_from_bytes(const uint8_t in[16])
-{
-    XXH128_canonical_t c;
-    memcpy(c.digest, in, 16);
-    XXH128_hash_t x = XXH128_hashFromCanonical(&c);
-    return (cairn_page_hash){.lo = x.low64, .hi = x.high64};
-}
-
-/* Little-endian bytes of n tokens. */
-static void tokens_le(uint8_t *dst, const int32_t *tokens, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        uint32_t v = (uint32_t)tokens[i];
-        dst[4 * i + 0] = (uint8_t)v;
-        dst[4 * i + 1] = (uint8_t)(v >> 8);
-        dst[4 * i + 2] = (uint8_t)(v >> 16);
-        dst[4 * i + 3] = (uint8_t)(v >> 24);
-    }
-}
-
-cairn_page_hash cairn_page_hash_next(cairn_page_hash prev, const int32_t *tokens, size_t n)
-{
-    /* The tokens are written little-endian explicitly so the key does not
-     * depend on the host's byte order. Usual pages fit one stack buffer and
-     * one XXH3 call; larger ones stream through it in chunks (same digest). */
-    enum { CHUNK = 256 };
-    uint8_t buf[16 + 4 * CHUNK];
-    XXH128_hash_t h;
-    cairn_page_hash_to_bytes(prev, buf);
-    if (n <= CHUNK) {
-        tokens_le(buf + 16, tokens, n);
-        h = XXH3_128bits(buf, 16 + 4 * n);
-    } else {
-        XXH3_state_t st;
-        XXH3_128bits_reset(&st);
-        XXH3_128bits_update(&st, buf, 16);
-        for (size_t i = 0; i < n; i += CHUNK) {
-            size_t k = n - i < CHUNK ? n - i : CHUNK;
-            tokens_le(buf, tokens + i, k);
-            XXH3_128bits_update(&st, buf, 4 * k);
-        }
-        h = XXH3_128bits_digest(&st);
-    }
-    return (cairn_page_hash){.lo = h.low64, .hi = h.high64};
-}
-
 /* Key that orders siblings: a plain (unchained) hash of the first page,
  * seeded by the namespace word (only the root's children differ in it, but
  * one rule for every node keeps split and check simple). */
@@ -122,11 +67,7 @@ static uint64_t node_key(uint64_t ns, const int32_t *tokens, int page_size)
 
 cairn_page_hash cairn_radix_ns_seed(const cairn_radix *t, uint64_t ns)
 {
-    if (ns == 0)
-        return t->seed;
-    /* the word as two little-endian int32 "tokens" after the seed */
-    const int32_t word[2] = {(int32_t)(uint32_t)ns, (int32_t)(uint32_t)(ns >> 32)};
-    return cairn_page_hash_next(t->seed, word, 2);
+    return cairn_page_chain_seed(t->seed, ns);
 }
 
 /* h_{i-1} for the first page of `n`: the end of its parent, or the seed of

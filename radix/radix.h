@@ -108,14 +108,11 @@
  *            /     \
  *    ns 0 [abcd]   ns 7 [abcd]      same tokens, two tenants: two subtrees
  *
- * Page hash. h_i = XXH3-128(h_{i-1} || tokens of page i) with h_{-1} =
- * cairn_radix_ns_seed(ns): the seed given at creation (the store derives it
- * from the model and KV layout: cairn_page_namespace_hash) for namespace 0,
- * and for another namespace the seed chained once more over the word (as
- * two little-endian int32), so a namespace's pages have keys of their own
- * on disk too. Tokens are hashed as little-endian int32, the canonical
- * 16-byte big-endian form of h_{i-1} is prefixed, so the value is the same in
- * every process and on every (little-endian) machine.
+ * Page hash. Every page record carries its key, the chained hash of
+ * pagekey/pagekey.h: h_i over the tokens of pages 0..i, from h_{-1} =
+ * cairn_radix_ns_seed(ns) = cairn_page_chain_seed(seed, ns), the seed given
+ * at creation being the model's root (cairn_page_namespace_hash). The tree
+ * computes them as pages come in; it defines nothing about them.
  *
  * Ownership, lifetime, threads
  * ----------------------------
@@ -135,28 +132,11 @@
 #define CAIRN_RADIX_H
 
 #include "common/common.h"
+#include "pagekey/pagekey.h" /* cairn_page_hash and the chain: page identity */
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* A 128-bit page hash; `hi` and `lo` are XXH3-128's high and low halves. */
-typedef struct {
-    uint64_t lo, hi;
-} cairn_page_hash;
-
-/* h_next = XXH3-128(canonical(prev) || tokens[0..n)) — the chain step. */
-cairn_page_hash cairn_page_hash_next(cairn_page_hash prev, const int32_t *tokens, size_t n);
-
-/* The 16-byte big-endian form of a hash: its key on disk. */
-void cairn_page_hash_to_bytes(cairn_page_hash h, uint8_t out[16]);
-/* Its inverse: a hash from its 16-byte big-endian form (an event's, a key's). */
-cairn_page_hash cairn_page_hash_from_bytes(const uint8_t in[16]);
-
-static inline bool cairn_page_hash_equal(cairn_page_hash a, cairn_page_hash b)
-{
-    return a.lo == b.lo && a.hi == b.hi;
-}
 
 /* Tiers, fastest first. */
 enum { CAIRN_TIER_DEVICE = 0, CAIRN_TIER_HOST = 1, CAIRN_TIER_DISK = 2, CAIRN_TIER_COUNT = 3 };

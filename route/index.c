@@ -9,7 +9,7 @@
  */
 #include "route/route_impl.h"
 
-#include "radix/radix.h"
+#include "pagekey/pagekey.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -285,12 +285,8 @@ void route_prompt_hashes(const uint8_t root[ROUTE_HASH_BYTES], uint64_t tenant, 
                          const int32_t *tokens, size_t n_pages,
                          uint8_t (*out)[ROUTE_HASH_BYTES])
 {
-    cairn_page_hash h = cairn_page_hash_from_bytes(root);
-    if (tenant != 0) {
-        /* as cairn_radix_ns_seed: the word as two little-endian int32 */
-        const int32_t word[2] = {(int32_t)(uint32_t)tenant, (int32_t)(uint32_t)(tenant >> 32)};
-        h = cairn_page_hash_next(h, word, 2);
-    }
+    /* the replicas' own keys (pagekey.h), as bytes */
+    cairn_page_hash h = cairn_page_chain_seed(cairn_page_hash_from_bytes(root), tenant);
     for (size_t i = 0; i < n_pages; i++) {
         h = cairn_page_hash_next(h, tokens + i * (size_t)ps, (size_t)ps);
         cairn_page_hash_to_bytes(h, out[i]);

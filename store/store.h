@@ -16,13 +16,12 @@
  *
  * Page identity
  * -------------
- * A page's key is its chained hash (radix.h): h_i = XXH3-128(h_{i-1} ||
- * tokens of page i), where h_{-1} = cairn_page_namespace_hash() of the model
- * fingerprint, the KV dtype, the layout version and the page geometry,
- * chained once more over the namespace word of a tenant's pages
- * (cairn_radix_ns_seed). The same prefix under the same model therefore has
- * the same key in every process and after every restart, and a page computed
- * under another model, dtype or tenant can never be found.
+ * A page's key is its chained hash (pagekey/pagekey.h): the tokens of the
+ * page and of every page before it, under the root of the model's
+ * fingerprint and KV layout (cairn_page_namespace_hash below) and a
+ * tenant's namespace word. The same prefix under the same model has the
+ * same key in every process, on every replica and after every restart; a
+ * page computed under another model, dtype or tenant can never be found.
  *
  * Disk value format (little-endian), version CAIRN_DISK_FORMAT_VERSION:
  *
@@ -108,12 +107,11 @@ typedef struct {
     size_t fingerprint_bytes;
     const cairn_kv_layout *layout; /* dtype, geometry and page size                */
     uint32_t layout_version;       /* CAIRN_KV_LAYOUT_VERSION                      */
-    const void *tenant_salt;       /* optional; NULL = shared by everyone          */
-    size_t salt_bytes;
 } cairn_page_namespace;
 
-/* h_{-1} of every page chain under this namespace: XXH3-128 of a fixed
- * serialisation of the fields. Deterministic across processes. */
+/* The root of every page chain under this model and layout: the layout's
+ * fields given to cairn_page_root_hash (pagekey/pagekey.h). Tenants chain
+ * from it with cairn_page_chain_seed. Deterministic across processes. */
 int cairn_page_namespace_hash(const cairn_page_namespace *ns, cairn_page_hash *out);
 
 /* ---- tier 1: host pool -------------------------------------------------- */

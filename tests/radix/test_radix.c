@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -112,6 +113,29 @@ static void test_hash_chain(void **state)
     cairn_page_hash h2 = cairn_page_hash_next(SEED, b, PS);
     cairn_page_hash other_seed = cairn_page_hash_next((cairn_page_hash){0, 1}, a, PS);
     assert_true(cairn_page_hash_equal(h1, h1b));
+    /* The value is the disk format (pagekey.h): XXH3-128 of the 16-byte
+     * big-endian seed and the tokens as little-endian int32, as any XXH3
+     * implementation computes it. */
+    assert_true(h1.hi == 0xd5779bef3735193bull && h1.lo == 0xa9d12b02a73ddab7ull);
+    /* The chain pagekey gives is the one the tree keeps, in any namespace. */
+    cairn_radix *t;
+    assert_int_equal(cairn_radix_create(PS, SEED, &t), CAIRN_OK);
+    int32_t two[2 * PS] = {1, 2, 3, 4, 9, 8, 7, 6}, ids[2] = {0, 1};
+    size_t cached;
+    cairn_radix_node *leaf;
+    assert_int_equal(cairn_radix_insert(t, 7, two, 2, ids, &cached, &leaf), CAIRN_OK);
+    cairn_page_hash chain[2];
+    cairn_page_chain(SEED, 7, two, 2, PS, chain);
+    cairn_radix_page *pg;
+    cairn_radix_node_pages(leaf, &pg);
+    assert_true(cairn_page_hash_equal(chain[0], pg[0].hash));
+    assert_true(cairn_page_hash_equal(chain[1], pg[1].hash));
+    assert_true(cairn_page_hash_equal(cairn_radix_ns_seed(t, 7), cairn_page_chain_seed(SEED, 7)));
+    assert_true(cairn_page_hash_equal(cairn_page_chain_seed(SEED, 0), SEED));
+    uint8_t k[16];
+    cairn_page_hash_to_bytes(chain[1], k);
+    assert_true(cairn_page_hash_equal(cairn_page_hash_from_bytes(k), chain[1]));
+    cairn_radix_free(t);
     assert_false(cairn_page_hash_equal(h1, h2));
     assert_false(cairn_page_hash_equal(h1, other_seed));
     /* Same page after a different prefix: a different key. */

@@ -41,7 +41,7 @@ endforeach()
 # test executable linked against it rather than against cairn_lib. Leak
 # checking is on (LeakSanitizer is part of ASan on Linux).
 file(GLOB CAIRN_SAN_SOURCES CONFIGURE_DEPENDS
-  ${PROJECT_SOURCE_DIR}/radix/*.c ${PROJECT_SOURCE_DIR}/store/*.c
+  ${PROJECT_SOURCE_DIR}/pagekey/*.c ${PROJECT_SOURCE_DIR}/radix/*.c ${PROJECT_SOURCE_DIR}/store/*.c
   ${PROJECT_SOURCE_DIR}/common/*.c)
 add_library(cairn_store_asan OBJECT ${CAIRN_SAN_SOURCES}
   ${PROJECT_SOURCE_DIR}/kernels/backend.c)
