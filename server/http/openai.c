@@ -502,6 +502,29 @@ static void calls_answer(srv_calls *k, srv_conn *b)
 static bool on_generation_done(hconn *c, hreq *q, int index, srv_event *node);
 
 /* A miss inside the conversation has been placed: go on with the event. */
+/* A miss that departed inside the cached sequence: which part of the
+ * conversation changed takes rendering, so it is found on a text worker and
+ * `answer` finishes the reply there. false: nothing queued (no such miss, no
+ * conversation kept, or out of memory), the caller answers as it is. */
+static bool queue_classify(hconn *c, hreq *q, int index, srv_event *node,
+                           bool (*answer)(srv_classify *, srv_conn *))
+{
+    const cairn_cache_miss *miss = &node->ev.miss;
+    if (!miss->known || miss->reason != CAIRN_MISS_DEPARTED || !q->conv)
+        return false;
+    srv_classify *k = calloc(1, sizeof *k);
+    if (!k)
+        return false;
+    k->conv = q->conv;
+    k->node = node;
+    k->msgid = q->choices[index].msgid;
+    k->answer = answer;
+    if (srv_classify_queue(c->base.srv, k, c->base.id) == CAIRN_OK)
+        return true;
+    free(k);
+    return false;
+}
+
 static bool classified(srv_classify *k, srv_conn *b)
 {
     hconn *c = (hconn *)b;
@@ -514,20 +537,9 @@ static bool classified(srv_classify *k, srv_conn *b)
 
 static bool on_generation_done(hconn *c, hreq *q, int index, srv_event *node)
 {
+    if (queue_classify(c, q, index, node, classified))
+        return true;
     cairn_cache_miss *miss = &node->ev.miss;
-    if (miss->known && miss->reason == CAIRN_MISS_DEPARTED && q->conv) {
-        /* which part changed: rendering, so on a text worker */
-        srv_classify *k = calloc(1, sizeof *k);
-        if (k) {
-            k->conv = q->conv;
-            k->node = node;
-            k->msgid = q->choices[index].msgid;
-            k->answer = classified;
-            if (srv_classify_queue(c->base.srv, k, c->base.id) == CAIRN_OK)
-                return true;
-            free(k);
-        }
-    }
     if (miss->reason == CAIRN_MISS_DEPARTED) /* no structure to tell parts by */
         miss->reason = CAIRN_MISS_NEW_CONTENT;
     srv_miss_count(c->base.srv, miss);
@@ -600,18 +612,8 @@ static bool on_explain_event(hconn *c, hreq *q, int index, srv_event *node)
     }
     if (ev->kind != CAIRN_EV_DONE || ev->what != CAIRN_DONE_EXPLAIN)
         return false;
-    if (ev->miss.known && ev->miss.reason == CAIRN_MISS_DEPARTED && q->conv) {
-        srv_classify *k = calloc(1, sizeof *k);
-        if (k) {
-            k->conv = q->conv;
-            k->node = node;
-            k->msgid = q->choices[index].msgid;
-            k->answer = explain_classified;
-            if (srv_classify_queue(c->base.srv, k, c->base.id) == CAIRN_OK)
-                return true;
-            free(k);
-        }
-    }
+    if (queue_classify(c, q, index, node, explain_classified))
+        return true;
     explain_answer(c, q, ev);
     return false;
 }
