@@ -156,7 +156,8 @@ static bool write_entry(cairn_kvcache *c, const struct kv_behind *e, size_t *lef
             const void *bytes = kvc_page_bytes(c, tier, &pg[j]);
             if (!bytes)
                 continue; /* a failed download: eviction writes it back */
-            if (cairn_disk_write(c->disk, pg[j].hash, tok + j * ps, bytes,
+            cairn_disk_page_origin origin = kvc_page_origin(c, next, j);
+            if (cairn_disk_write(c->disk, pg[j].hash, &origin, tok + j * ps, bytes,
                                  COOKIE_WRITE | BEHIND_WRITE) != CAIRN_OK)
                 continue;
             pg[j].on_disk = 1;

@@ -272,8 +272,8 @@ int disk_enqueue(cairn_disk *d, disk_req *r)
     return CAIRN_OK;
 }
 
-int cairn_disk_write(cairn_disk *d, cairn_page_hash key, const int32_t *tokens, const void *payload,
-                     uint64_t cookie)
+int cairn_disk_write(cairn_disk *d, cairn_page_hash key, const cairn_disk_page_origin *origin,
+                     const int32_t *tokens, const void *payload, uint64_t cookie)
 {
     if (!d || !tokens || !payload)
         return CAIRN_EINVAL;
@@ -286,6 +286,16 @@ int cairn_disk_write(cairn_disk *d, cairn_page_hash key, const int32_t *tokens, 
     cairn_page_hash_to_bytes(key, r->key);
     r->bytes = d->value_bytes;
     disk_build_header(d, r->data);
+    if (origin) {
+        /* The first four bytes of the page before it: enough to find its
+         * parent again after a restart (cairn_disk_announce_pages checks
+         * each candidate by hashing), and covered by the checksum. */
+        cairn_page_hash_to_bytes(origin->parent, r->parent);
+        put_u32(r->data + 28, (uint32_t)r->parent[0] << 24 | (uint32_t)r->parent[1] << 16 |
+                                  (uint32_t)r->parent[2] << 8 | r->parent[3]);
+        r->announce = (uint8_t)((origin->announce ? DISK_ANNOUNCE : 0) |
+                                (origin->has_parent ? DISK_HAS_PARENT : 0));
+    }
     disk_tokens_to_le(r->data + CAIRN_DISK_HEADER_BYTES, tokens, d->cfg.page_size);
     memcpy(r->data + CAIRN_DISK_HEADER_BYTES + 4 * (size_t)d->cfg.page_size, payload,
            d->cfg.page_bytes);

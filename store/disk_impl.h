@@ -42,6 +42,9 @@ typedef struct disk_req {
     bool shared_asked;   /* a miss this batch asked the shared tier about  */
     bool from_shared;    /* ... and the shared tier answered               */
     bool seen_elsewhere; /* ... or not, but another replica asked it before */
+    uint8_t announce;    /* write: DISK_ANNOUNCE / DISK_HAS_PARENT (disk_watch.c) */
+    bool deleted;        /* read: the value failed verification and went   */
+    uint8_t parent[16];  /* write: the page before this one (or the seed)  */
     uint8_t data[];      /* write: the whole value; read: expected tokens  */
 } disk_req;
 
@@ -73,7 +76,21 @@ struct cairn_disk {
     int efd;
 
     disk_shared *shared; /* tier 3, NULL without one */
+
+    /* the page watcher (disk_watch.c), set and read under cmu, called on
+     * the I/O thread outside it */
+    cairn_disk_watch_fn watch_fn;
+    void *watch_user;
 };
+
+/* disk_req.announce bits */
+enum { DISK_ANNOUNCE = 1, DISK_HAS_PARENT = 2 };
+
+/* disk_watch.c: tell the watcher what a committed batch stored and
+ * deleted; the keys [n][16] an LRU eviction deleted. I/O thread. */
+bool disk_watching(cairn_disk *d);
+void disk_watch_batch(cairn_disk *d, const disk_req *list);
+void disk_watch_deleted(cairn_disk *d, const uint8_t (*keys)[16], size_t n);
 
 static inline void set_err(char *err, size_t len, const char *fmt, const char *a, const char *b)
 {

@@ -103,6 +103,9 @@ static int evict_lru(cairn_disk *d, size_t n, size_t *n_out)
     rc = mdb_cursor_open(txn, d->db_lru, &cur);
     size_t k = 0;
     MDB_val lk, pk;
+    /* the keys that went, for the watcher once the deletion is committed */
+    uint8_t(*gone)[16] = disk_watching(d) ? malloc((n ? n : 1) * sizeof *gone) : NULL;
+    size_t n_gone = 0;
     while (!rc && k < n && (rc = mdb_cursor_get(cur, &lk, &pk, MDB_FIRST)) == MDB_SUCCESS) {
         uint8_t key[16];
         if (pk.mv_size != 16) {
@@ -122,6 +125,8 @@ static int evict_lru(cairn_disk *d, size_t n, size_t *n_out)
             if (rc == MDB_NOTFOUND)
                 rc = MDB_SUCCESS;
         }
+        if (!rc && gone)
+            memcpy(gone[n_gone++], key, 16);
         k++;
     }
     if (rc == MDB_NOTFOUND)
@@ -130,12 +135,17 @@ static int evict_lru(cairn_disk *d, size_t n, size_t *n_out)
         mdb_cursor_close(cur);
     if (rc) {
         mdb_txn_abort(txn);
+        free(gone);
         return rc;
     }
     rc = mdb_txn_commit(txn);
-    if (rc)
+    if (rc) {
+        free(gone);
         return rc;
+    }
     *n_out = k;
+    disk_watch_deleted(d, (const uint8_t(*)[16])gone, n_gone);
+    free(gone);
     /* LMDB reuses the pages a transaction freed only two commits later
      * (the previous snapshot still points at them). One tiny commit now
      * makes the room just made usable by the very next transaction. */
@@ -196,6 +206,7 @@ static int serve_batch(cairn_disk *d, disk_req *list, batch_counts *bc)
                 rc = delete_page(d, txn, &key);
                 if (rc)
                     break;
+                r->deleted = true;
                 r->status = CAIRN_ENOTFOUND;
                 bc->corrupt++;
                 bc->misses++;
@@ -425,6 +436,7 @@ static void process(cairn_disk *d, disk_req *list)
             pthread_mutex_unlock(&d->cmu);
             sync_if_needed(d, list);
             share_batch(d, list);
+            disk_watch_batch(d, list);
             post(d, list, &bc, 0);
             return;
         }

@@ -27,7 +27,7 @@ static void write_through_node(cairn_kvcache *c, cairn_radix_node *node, size_t 
         if (pg[j].on_disk)
             continue;
         const void *bytes = kvc_page_bytes(c, tier, &pg[j]);
-        if (!bytes || kvc_write_page(c, &pg[j], tok + j * ps, bytes) != CAIRN_OK) {
+        if (!bytes || kvc_write_page(c, node, j, tok + j * ps, bytes) != CAIRN_OK) {
             if (missing)
                 (*missing)++;
         }

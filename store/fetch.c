@@ -191,6 +191,7 @@ static bool absorb_round(cairn_kvcache *c, fetch_op *op)
         cairn_page_pool_release(c->dev, (int32_t)(dup_end - base), ids + base);
     free(ids);
     kvc_note_stored(c, leaf, base + got > n_cached ? base + got - n_cached : 0);
+    kvc_announce_node(c, leaf);
     /* Pages that came from the shared tier have their copy there already. */
     size_t depth = 0;
     if (c->shared && marks && kvc_path_reserve(c, base + got) == CAIRN_OK &&

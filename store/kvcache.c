@@ -139,6 +139,7 @@ void cairn_kvcache_free(cairn_kvcache *c)
         free(c->events[i].data);
     free(c->events);
     free(c->path);
+    free(c->watch_hashes);
     free(c->nodes);
     kvc_behind_free(c);
     kvc_tails_free(c);
@@ -217,6 +218,7 @@ int cairn_kvcache_commit(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, s
         rc = cairn_radix_insert(c->tree, ns, tokens, n_full, pages, &n_cached, &end);
         if (rc == CAIRN_OK) {
             kvc_note_stored(c, end, n_full > n_cached ? n_full - n_cached : 0);
+            kvc_announce_node(c, end);
             if (c->share_policy == CAIRN_SHARE_ALL)
                 kvc_share_path(c, end);
             /* pages [from, n_cached) duplicate what the tree already had */
@@ -252,6 +254,7 @@ void kvc_release_page(const cairn_radix_page *p, void *user)
 {
     cairn_kvcache *c = user;
     kvc_note_removed(c, p);
+    kvc_announce_release(c, p);
     if (p->device_page >= 0)
         cairn_page_pool_release(c->dev, 1, &p->device_page);
     if (p->host_slot >= 0) {
@@ -294,10 +297,14 @@ const void *kvc_page_bytes(cairn_kvcache *c, int tier, const cairn_radix_page *p
     return NULL;
 }
 
-int kvc_write_page(cairn_kvcache *c, cairn_radix_page *pg, const int32_t *tokens,
+int kvc_write_page(cairn_kvcache *c, cairn_radix_node *node, size_t i, const int32_t *tokens,
                    const void *bytes)
 {
-    int rc = cairn_disk_write(c->disk, pg->hash, tokens, bytes, COOKIE_WRITE);
+    cairn_radix_page *pages;
+    cairn_radix_node_pages(node, &pages);
+    cairn_radix_page *pg = &pages[i];
+    cairn_disk_page_origin origin = kvc_page_origin(c, node, i);
+    int rc = cairn_disk_write(c->disk, pg->hash, &origin, tokens, bytes, COOKIE_WRITE);
     if (rc == CAIRN_OK) {
         pg->on_disk = 1;
         pg->flags &= (uint8_t)~PAGE_LOST;
@@ -415,7 +422,7 @@ static size_t evict_node(cairn_kvcache *c, int tier, cairn_radix_node *node)
             pg[i].device_page = -1;
             pg[i].host_slot = slot;
         }
-        cairn_radix_set_tier(c->tree, node, CAIRN_TIER_HOST);
+        kvc_set_tier(c, node, CAIRN_TIER_HOST);
         c->stats.evicted_pages[tier] += np;
         c->stats.tier[CAIRN_TIER_HOST].store_ops++;
         c->stats.tier[CAIRN_TIER_HOST].store_seconds += cairn_now() - t0;
@@ -428,14 +435,14 @@ static size_t evict_node(cairn_kvcache *c, int tier, cairn_radix_node *node)
         for (size_t i = 0; i < np; i++) {
             if (!pg[i].on_disk &&
                 (kvc_slot_settle(c, pg[i].host_slot) != CAIRN_OK ||
-                 kvc_write_page(c, &pg[i], tok + i * ps,
+                 kvc_write_page(c, node, i, tok + i * ps,
                                 cairn_host_pool_slot(c->host, pg[i].host_slot)) != CAIRN_OK))
                 pg[i].flags |= PAGE_LOST; /* nowhere now: a promotion reports it */
             c->slot_state[pg[i].host_slot] = SLOT_IDLE;
             kvc_host_release(c, pg[i].host_slot);
             pg[i].host_slot = -1;
         }
-        cairn_radix_set_tier(c->tree, node, CAIRN_TIER_DISK);
+        kvc_set_tier(c, node, CAIRN_TIER_DISK);
         c->stats.evicted_pages[tier] += np;
         return np;
     }

@@ -64,7 +64,7 @@ static int upload_node(cairn_kvcache *c, cairn_radix_node *node)
         kvc_host_release(c, pg[i].host_slot);
         pg[i].host_slot = -1;
     }
-    cairn_radix_set_tier(c->tree, node, CAIRN_TIER_DEVICE);
+    kvc_set_tier(c, node, CAIRN_TIER_DEVICE);
     c->stats.promoted_pages += np;
     c->stats.tier[CAIRN_TIER_HOST].promoted_pages += np;
     kvc_note_upload(c, np, upload_seconds);
@@ -137,7 +137,7 @@ int kvc_finish_path(cairn_kvcache *c, cairn_radix_node *node_in, size_t *residen
             if (status == CAIRN_OK && loaded == np) {
                 for (size_t j = 0; j < np; j++)
                     c->slot_state[pg[j].host_slot] = SLOT_IDLE;
-                cairn_radix_set_tier(c->tree, node, CAIRN_TIER_HOST);
+                kvc_set_tier(c, node, CAIRN_TIER_HOST);
                 c->stats.tier[CAIRN_TIER_DISK].promoted_pages += np;
                 tier = CAIRN_TIER_HOST;
             } else if (status == CAIRN_OK && lost_at < np) {
@@ -153,7 +153,7 @@ int kvc_finish_path(cairn_kvcache *c, cairn_radix_node *node_in, size_t *residen
                     size_t pn = cairn_radix_node_pages(prefix, &pp);
                     for (size_t j = 0; j < pn; j++)
                         c->slot_state[pp[j].host_slot] = SLOT_IDLE;
-                    cairn_radix_set_tier(c->tree, prefix, CAIRN_TIER_HOST);
+                    kvc_set_tier(c, prefix, CAIRN_TIER_HOST);
                     c->stats.tier[CAIRN_TIER_DISK].promoted_pages += pn;
                     if (upload_node(c, prefix) != CAIRN_OK)
                         status = CAIRN_EFULL;

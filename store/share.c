@@ -107,6 +107,7 @@ int cairn_kvcache_extend(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, s
         return rc;
     }
     kvc_note_stored(c, leaf, n_full > n_cached ? n_full - n_cached : 0);
+    kvc_announce_node(c, leaf);
     cairn_radix_lock(c->tree, leaf);
     if (*hold)
         cairn_radix_unlock(c->tree, *hold);

@@ -210,6 +210,16 @@ typedef struct {
     size_t bytes;     /* bytes of data                                      */
 } cairn_disk_completion;
 
+/* Where a page written to disk hangs: the page before it (the namespace's
+ * chain seed for a sequence's first page, has_parent false), whose first
+ * four bytes the value keeps so the chain can be rebuilt after a restart,
+ * and whether the watcher may announce it (namespace 0 only). */
+typedef struct {
+    cairn_page_hash parent;
+    bool has_parent;
+    bool announce;
+} cairn_disk_page_origin;
+
 /* Queue a write of one page. `tokens` [page_size] and `payload` [page_bytes]
  * are copied before return (the caller may reuse them at once). Writes are
  * batched into LMDB transactions; the completion comes after the commit. A
@@ -220,8 +230,30 @@ typedef struct {
  * batch would exceed that, deletes its own least recently used pages — reads
  * and writes both count as use. Nobody's write fails for lack of room,
  * except a single page larger than the whole map (CAIRN_EFULL). */
-int cairn_disk_write(cairn_disk *d, cairn_page_hash key, const int32_t *tokens,
-                     const void *payload, uint64_t cookie);
+int cairn_disk_write(cairn_disk *d, cairn_page_hash key, const cairn_disk_page_origin *origin,
+                     const int32_t *tokens, const void *payload, uint64_t cookie);
+
+/* Watching what LMDB holds (disk_watch.c). The watcher hears, on the I/O
+ * thread, every committed write whose origin asked to be announced (stored)
+ * and every page the store deleted (least recently used, or failing
+ * verification): removed, whether it was announced or not (a reader ignores
+ * a hash it never saw). NULL stops it. */
+typedef struct {
+    bool stored;                  /* false: removed                          */
+    const cairn_page_hash *hashes; /* [n] consecutive pages of one sequence  */
+    size_t n;
+    bool has_parent;              /* stored: parent names the page before    */
+    cairn_page_hash parent;
+    const int32_t *tokens;        /* stored: [n * page_size]                 */
+} cairn_disk_page_event;
+typedef void (*cairn_disk_watch_fn)(const cairn_disk_page_event *e, void *user);
+int cairn_disk_watch(cairn_disk *d, cairn_disk_watch_fn fn, void *user);
+
+/* Tell the watcher, as stored runs, every page on disk that chains from
+ * `seed` (namespace 0's h_-1), parents before children. The caller's thread,
+ * a read transaction; values are not verified (the routers' view is a hint;
+ * a read still verifies). */
+int cairn_disk_announce_pages(cairn_disk *d, cairn_page_hash seed);
 
 /* Queue a read into `dst` [page_bytes], host memory that the caller must keep
  * valid and untouched until the completion arrives. `tokens` [page_size] (the
@@ -986,6 +1018,48 @@ typedef struct {
 
 /* Counters as of now (the owner thread, as every kvcache call). */
 void cairn_kvcache_get_stats(const cairn_kvcache *c, cairn_kvcache_stats *out);
+
+/* ---- watching pages ---------------------------------------------------------
+ *
+ * A watcher hears whole pages enter and leave each tier, for publishing
+ * what a replica holds (kvevents/). A page is in a memory tier when its node
+ * is (device or host RAM) and on disk when LMDB holds its value, so one page
+ * can be in two places at once (a device page written through). Runs are
+ * consecutive pages of one sequence; STORED runs name the page before them.
+ *
+ *     kind      when                                           thread
+ *     STORED    a node enters the device or host RAM (insert,  engine
+ *               eviction, promotion); LMDB commits a write
+ *     REMOVED   a node leaves a memory tier or the tree;       engine /
+ *               LMDB deletes a value                           I/O (disk)
+ *     CLEARED   cairn_kvcache_announce_all starts over         engine
+ *
+ * Only namespace 0 is announced (announce.c says why). Partial last pages
+ * (tails) are never announced: routers count whole blocks. Tier-2 events
+ * come from the disk's I/O thread, so the watcher must be thread-safe. */
+enum { CAIRN_KV_PAGES_STORED = 0, CAIRN_KV_PAGES_REMOVED = 1, CAIRN_KV_PAGES_CLEARED = 2 };
+
+typedef struct {
+    int kind;                      /* CAIRN_KV_PAGES_*                          */
+    int tier;                      /* CAIRN_TIER_DEVICE / _HOST / _DISK; -1 cleared */
+    uint64_t ns;                   /* the namespace (0; tier-2 removals: 0)     */
+    const cairn_page_hash *hashes; /* [n]                                      */
+    size_t n;
+    bool has_parent;               /* STORED: parent is the page before hashes[0] */
+    cairn_page_hash parent;
+    const int32_t *tokens;         /* STORED: [n * page_size]                  */
+} cairn_kv_page_event;
+typedef void (*cairn_kvcache_watch_fn)(const cairn_kv_page_event *e, void *user);
+
+/* Set (or with NULL clear) the watcher. Pages already held are not told:
+ * call cairn_kvcache_announce_all for that. */
+int cairn_kvcache_watch(cairn_kvcache *c, cairn_kvcache_watch_fn fn, void *user);
+
+/* CLEARED, then every page held: the memory tiers' nodes parents first,
+ * then what LMDB holds (cairn_disk_announce_pages). At start-up, and after
+ * the watcher lost events. Engine thread; reads LMDB's keys and page
+ * headers, not the pages' KV. */
+int cairn_kvcache_announce_all(cairn_kvcache *c);
 
 #ifdef __cplusplus
 }

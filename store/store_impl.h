@@ -56,6 +56,9 @@ enum { SLOT_IDLE = 0, SLOT_LOADING, SLOT_LOADED, SLOT_MISSED, SLOT_ORPHAN };
 /* cairn_radix_page.flags: PAGE_LOST, the disk copy is gone; PAGE_SHARED, a
  * copy was queued for (or came from) the shared tier. */
 enum { PAGE_LOST = 1, PAGE_SHARED = 2 };
+/* ... and which memory tiers the page watcher was told it is in
+ * (announce.c). */
+enum { PAGE_ANN_DEVICE = 4, PAGE_ANN_HOST = 8 };
 
 /* Disk cookies: the top four bits say what the completion is for; 0 is
  * nobody's (ignored). */
@@ -199,6 +202,12 @@ struct cairn_kvcache {
         int8_t tier_plus_one;
     } gone[CAIRN_KV_GONE_SLOTS];
 
+    /* the page watcher (announce.c) */
+    cairn_kvcache_watch_fn watch_fn;
+    void *watch_user;
+    cairn_page_hash *watch_hashes; /* scratch for one run */
+    size_t watch_cap;
+
     cairn_kvcache_stats stats;
 };
 
@@ -221,7 +230,7 @@ int kvc_path_nodes(cairn_kvcache *c, cairn_radix_node *node, size_t *n);
  * for a disk page or when the download failed. */
 const void *kvc_page_bytes(cairn_kvcache *c, int tier, const cairn_radix_page *pg);
 /* Queue a disk write of one page; marks it on disk. */
-int kvc_write_page(cairn_kvcache *c, cairn_radix_page *pg, const int32_t *tokens,
+int kvc_write_page(cairn_kvcache *c, cairn_radix_node *node, size_t i, const int32_t *tokens,
                    const void *bytes);
 /* Evict the LRU candidate of `tier`; pages moved, 0 when nothing could. */
 size_t kvc_evict_one(cairn_kvcache *c, int tier);
@@ -309,6 +318,18 @@ void kvc_share_path(cairn_kvcache *c, cairn_radix_node *node);
 void kvc_note_stored(cairn_kvcache *c, cairn_radix_node *leaf, size_t n_new);
 /* A page left the tree (a cairn_radix_drop callback's page). */
 void kvc_note_removed(cairn_kvcache *c, const cairn_radix_page *p);
+
+/* announce.c: the page watcher. kvc_set_tier is cairn_radix_set_tier plus
+ * telling the watcher; kvc_announce_node reconciles a node (after an
+ * insert); kvc_announce_release is called for every page leaving the tree;
+ * kvc_page_parent gives the page before pg[i] of node (false and the
+ * namespace's seed for a sequence's first page). */
+void kvc_set_tier(cairn_kvcache *c, cairn_radix_node *node, int tier);
+void kvc_announce_node(cairn_kvcache *c, cairn_radix_node *node);
+void kvc_announce_release(cairn_kvcache *c, const cairn_radix_page *p);
+bool kvc_page_parent(cairn_kvcache *c, cairn_radix_node *node, size_t i, cairn_page_hash *out);
+/* The origin of pg[i] of node for cairn_disk_write. */
+cairn_disk_page_origin kvc_page_origin(cairn_kvcache *c, cairn_radix_node *node, size_t i);
 /* Hand the page events gathered so far to the disk's shared tier. */
 void kvc_flush_events(cairn_kvcache *c);
 

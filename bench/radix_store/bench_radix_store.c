@@ -219,7 +219,7 @@ static int bench_disk(const char *base, size_t page_bytes, size_t n_pages)
         while (next < n_pages && next - done < 256) {
             memcpy(tok, toks[next], sizeof tok);
             buf[0] = (uint8_t)next;
-            cairn_disk_write(d, keys[next], tok, buf, next);
+            cairn_disk_write(d, keys[next], NULL, tok, buf, next);
             next++;
         }
         int k;

@@ -99,7 +99,7 @@ static void write_pages(cairn_disk *d, uint64_t first, uint64_t n, size_t page_b
     for (uint64_t i = first; i < first + n; i++) {
         page_tokens(i, tok);
         page_payload(i, buf, page_bytes);
-        assert_int_equal(cairn_disk_write(d, page_key(test_ns(), i), tok, buf, i - first), CAIRN_OK);
+        assert_int_equal(cairn_disk_write(d, page_key(test_ns(), i), NULL, tok, buf, i - first), CAIRN_OK);
     }
     collect(d, n, st, n);
     for (uint64_t i = 0; i < n; i++)
@@ -178,7 +178,7 @@ static void test_persistence(void **state)
     int32_t tok[PS];
     page_tokens(3, tok);
     page_payload(3, buf, pb);
-    assert_int_equal(cairn_disk_write(d, page_key(test_ns(), 3), tok, buf, 0), CAIRN_OK);
+    assert_int_equal(cairn_disk_write(d, page_key(test_ns(), 3), NULL, tok, buf, 0), CAIRN_OK);
     memset(buf, 0, pb);
     assert_int_equal(cairn_disk_read(d, page_key(test_ns(), 3), tok, buf, 1), CAIRN_OK);
     assert_int_equal(cairn_disk_fence(d, 2), CAIRN_OK);
@@ -517,7 +517,7 @@ static void storm_child(const char *dir, int fd, size_t pb, uint64_t base)
         while (next - done < STORM_INFLIGHT) {
             page_tokens(next, tok);
             page_payload(next, buf, pb);
-            if (cairn_disk_write(d, page_key(test_ns(), next), tok, buf, next) != CAIRN_OK)
+            if (cairn_disk_write(d, page_key(test_ns(), next), NULL, tok, buf, next) != CAIRN_OK)
                 _exit(3);
             next++;
         }
@@ -677,7 +677,7 @@ static void test_tiny_map(void **state)
     uint8_t *buf = calloc(1, 256u << 10);
     int32_t tok[PS];
     page_tokens(0, tok);
-    assert_int_equal(cairn_disk_write(d, page_key(test_ns(), 0), tok, buf, 0), CAIRN_OK);
+    assert_int_equal(cairn_disk_write(d, page_key(test_ns(), 0), NULL, tok, buf, 0), CAIRN_OK);
     assert_int_equal(cairn_disk_fence(d, 1), CAIRN_OK);
     int s[2] = {99, 99};
     collect(d, 2, s, 2);

@@ -19,6 +19,14 @@
  * Sequences also reach the tree while being computed (extend), partial last
  * pages are kept (tails), and every page partial() copies must be the page
  * of a sequence or tail that really shares the copied tokens.
+ * A page watcher (store.h, "watching pages") keeps what a router would
+ * believe from the events alone, as sets of (page, medium); after every step
+ * the device and host sets equal the tree's device and host nodes exactly,
+ * once the disk has caught up the disk set equals what LMDB holds, every
+ * stored run's hashes follow from its parent and token ids, and
+ * cairn_kvcache_announce_all — in the same process, and after a restart on
+ * the same directory, from LMDB alone — rebuilds the disk set, parents
+ * included, less only the pages whose parent is not on disk.
  * This file is built twice: as is, and with ASan + UBSan (leaks included).
  */
 #include <setjmp.h>
@@ -28,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 
 #include <cmocka.h>
 
@@ -49,6 +58,106 @@ static uint64_t rng = 0x243f6a8885a308d3ull;
 static uint64_t rnd(void)
 {
     return support_xorshift64(&rng);
+}
+
+/* A set of page hashes with removal (open addressing, tombstones). */
+typedef struct {
+    cairn_page_hash *v;
+    uint8_t *st; /* 0 empty, 1 used, 2 removed */
+    size_t n, cap;
+    size_t n_tomb;
+    cairn_page_hash *parent; /* [cap] the page before (disk set only)   */
+    uint8_t *root;           /* [cap] 1: first page of a sequence        */
+} hset;
+
+static size_t hset_find(const hset *s, cairn_page_hash h, bool *found)
+{
+    size_t j = h.lo & (s->cap - 1), tomb = SIZE_MAX;
+    *found = false;
+    while (s->st[j]) {
+        if (s->st[j] == 1 && cairn_page_hash_equal(s->v[j], h)) {
+            *found = true;
+            return j;
+        }
+        if (s->st[j] == 2 && tomb == SIZE_MAX)
+            tomb = j;
+        j = (j + 1) & (s->cap - 1);
+    }
+    return tomb != SIZE_MAX ? tomb : j;
+}
+
+static bool hset_has(const hset *s, cairn_page_hash h)
+{
+    bool found = false;
+    if (s->cap)
+        hset_find(s, h, &found);
+    return found;
+}
+
+static void hset_clear(hset *s)
+{
+    free(s->v);
+    free(s->st);
+    free(s->parent);
+    free(s->root);
+    *s = (hset){0};
+}
+
+static void hset_set_parent(hset *s, cairn_page_hash h, bool root, cairn_page_hash parent)
+{
+    bool found;
+    size_t j = hset_find(s, h, &found);
+    assert_true(found);
+    s->root[j] = root;
+    s->parent[j] = parent;
+}
+
+/* false when h was there already */
+static bool hset_add(hset *s, cairn_page_hash h)
+{
+    if (4 * (s->n + s->n_tomb + 1) > 3 * s->cap) {
+        hset old = *s;
+        s->cap = 4 * (old.n + 1) > old.cap ? (old.cap ? 2 * old.cap : 256) : old.cap;
+        s->n_tomb = 0;
+        s->v = calloc(s->cap, sizeof *s->v);
+        s->st = calloc(s->cap, 1);
+        s->parent = calloc(s->cap, sizeof *s->parent);
+        s->root = calloc(s->cap, 1);
+        s->n = 0;
+        assert_true(s->v && s->st && s->parent && s->root);
+        for (size_t i = 0; i < old.cap; i++)
+            if (old.st[i] == 1) {
+                hset_add(s, old.v[i]);
+                hset_set_parent(s, old.v[i], old.root[i], old.parent[i]);
+            }
+        free(old.v);
+        free(old.st);
+        free(old.parent);
+        free(old.root);
+    }
+    bool found;
+    size_t j = hset_find(s, h, &found);
+    if (found)
+        return false;
+    if (s->st[j] == 2)
+        s->n_tomb--;
+    s->v[j] = h;
+    s->st[j] = 1;
+    s->n++;
+    return true;
+}
+
+/* false when h was not there */
+static bool hset_del(hset *s, cairn_page_hash h)
+{
+    bool found = false;
+    size_t j = s->cap ? hset_find(s, h, &found) : 0;
+    if (!found)
+        return false;
+    s->st[j] = 2;
+    s->n--;
+    s->n_tomb++;
+    return true;
 }
 
 typedef struct {
@@ -85,6 +194,12 @@ typedef struct {
         cairn_kv_live live;
     } lives[8];
     size_t n_lives, n_order_checked;
+    /* what the events say is where (the watcher; tier-2 events come from
+     * the disk's I/O thread, hence the lock) */
+    pthread_mutex_t ev_mu;
+    hset announced[CAIRN_TIER_COUNT];
+    cairn_page_hash seed; /* namespace 0's h_-1 */
+    size_t n_runs_checked, n_cleared;
 } world;
 
 static void key_add(world *w, cairn_page_hash h)
@@ -113,6 +228,118 @@ static void key_add(world *w, cairn_page_hash h)
     }
     w->keys[j] = h;
     w->n_keys++;
+}
+
+/* ---- the page watcher: a router's view ----------------------------------- */
+
+static void watch(const cairn_kv_page_event *e, void *user)
+{
+    world *w = user;
+    pthread_mutex_lock(&w->ev_mu);
+    if (e->kind == CAIRN_KV_PAGES_CLEARED) {
+        for (int t = 0; t < CAIRN_TIER_COUNT; t++)
+            hset_clear(&w->announced[t]);
+        w->n_cleared++;
+        pthread_mutex_unlock(&w->ev_mu);
+        return;
+    }
+    assert_true(e->tier >= 0 && e->tier < CAIRN_TIER_COUNT);
+    assert_int_equal(e->ns, 0);
+    assert_true(e->n > 0);
+    hset *set = &w->announced[e->tier];
+    if (e->kind == CAIRN_KV_PAGES_STORED) {
+        /* the run's hashes follow from its parent and its token ids */
+        cairn_page_hash prev = e->has_parent ? e->parent : w->seed;
+        for (size_t i = 0; i < e->n; i++) {
+            cairn_page_hash h = cairn_page_hash_next(prev, e->tokens + i * PS, PS);
+            assert_true(cairn_page_hash_equal(h, e->hashes[i]));
+            prev = h;
+            /* a memory tier is told once per stay; LMDB may be written again */
+            bool fresh = hset_add(set, h);
+            if (e->tier != CAIRN_TIER_DISK)
+                assert_true(fresh);
+            else
+                hset_set_parent(set, h, i == 0 && !e->has_parent,
+                                i == 0 ? e->parent : e->hashes[i - 1]);
+        }
+        w->n_runs_checked++;
+    } else {
+        for (size_t i = 0; i < e->n; i++)
+            assert_true(hset_del(set, e->hashes[i]));
+    }
+    pthread_mutex_unlock(&w->ev_mu);
+}
+
+typedef struct {
+    world *w;
+    size_t n[CAIRN_TIER_COUNT];
+} view_count;
+
+static int view_node(cairn_radix_node *n, void *user)
+{
+    view_count *v = user;
+    int tier = cairn_radix_node_tier(n);
+    if (tier == CAIRN_TIER_DISK)
+        return 0;
+    cairn_radix_page *pg;
+    size_t np = cairn_radix_node_pages(n, &pg);
+    for (size_t i = 0; i < np; i++)
+        assert_true(hset_has(&v->w->announced[tier], pg[i].hash));
+    v->n[tier] += np;
+    return 0;
+}
+
+/* Whether page h of the disk set s chains back to a sequence's first page
+ * through pages all in s: what a restarted store can announce (a page whose
+ * parent left LMDB cannot be found by a request either). */
+static bool disk_reachable(const hset *s, cairn_page_hash h, int depth)
+{
+    for (; depth < 64; depth++) {
+        bool found;
+        size_t j = hset_find(s, h, &found);
+        if (!found)
+            return false;
+        if (s->root[j])
+            return true;
+        h = s->parent[j];
+    }
+    return false;
+}
+
+/* After cairn_kvcache_announce_all: the disk set is exactly the pages of
+ * `before` (the set the writes announced) that chain back to a root. */
+static void check_rebuilt_disk(world *w, const hset *before)
+{
+    size_t want = 0;
+    for (size_t i = 0; i < before->cap; i++) {
+        if (before->st[i] != 1)
+            continue;
+        bool r = disk_reachable(before, before->v[i], 0);
+        want += r;
+        assert_int_equal(hset_has(&w->announced[CAIRN_TIER_DISK], before->v[i]), r);
+    }
+    assert_int_equal(w->announced[CAIRN_TIER_DISK].n, want);
+}
+
+static void hset_copy(hset *dst, const hset *src)
+{
+    *dst = (hset){0};
+    for (size_t i = 0; i < src->cap; i++)
+        if (src->st[i] == 1) {
+            hset_add(dst, src->v[i]);
+            hset_set_parent(dst, src->v[i], src->root[i], src->parent[i]);
+        }
+}
+
+/* The device and host sets are exactly the tree's device and host pages. */
+static void check_view(world *w)
+{
+    view_count v = {.w = w};
+    pthread_mutex_lock(&w->ev_mu);
+    assert_int_equal(cairn_radix_visit(w->t, view_node, &v), 0);
+    assert_int_equal(w->announced[CAIRN_TIER_DEVICE].n, v.n[CAIRN_TIER_DEVICE]);
+    assert_int_equal(w->announced[CAIRN_TIER_HOST].n, v.n[CAIRN_TIER_HOST]);
+    pthread_mutex_unlock(&w->ev_mu);
 }
 
 /* ---- per-step checks ----------------------------------------------------- */
@@ -211,6 +438,13 @@ static void check_disk(world *w)
     assert_int_equal(ds.evicted, 0);
     check_world(w); /* refresh the key set */
     assert_int_equal(ds.pages, w->n_keys);
+    /* the disk set: every key queued, announced once it was committed */
+    pthread_mutex_lock(&w->ev_mu);
+    assert_int_equal(w->announced[CAIRN_TIER_DISK].n, w->n_keys);
+    for (size_t i = 0; i < w->cap_keys; i++)
+        if (w->keys[i].lo || w->keys[i].hi)
+            assert_true(hset_has(&w->announced[CAIRN_TIER_DISK], w->keys[i]));
+    pthread_mutex_unlock(&w->ev_mu);
 }
 
 /* ---- operations ------------------------------------------------------------ */
@@ -249,9 +483,9 @@ static void op_insert(world *w)
         for (size_t i = 0; i < r.n_pages; i++)
             ids[i] = -1;
         fill_and_upload(w, tok, r.n_pages, np, ids);
-        assert_int_equal(cairn_radix_insert(w->t, 0, tok, np, ids, &cached, &leaf), CAIRN_OK);
-        assert_int_equal(cached, expect);
-        assert_int_equal(cairn_radix_unlock(w->t, r.node), CAIRN_OK);
+        /* the commit inserts the rest and releases the hold (the lock) */
+        assert_int_equal(cairn_kvcache_commit(w->c, 0, tok, np, ids, r.n_pages, np, r.node, &leaf),
+                         CAIRN_OK);
     } else {
         /* Blind insert of fully computed pages: duplicates go back. */
         int rc = cairn_kvcache_alloc(w->c, (int32_t)np, ids);
@@ -259,10 +493,9 @@ static void op_insert(world *w)
             return;
         assert_int_equal(rc, CAIRN_OK);
         fill_and_upload(w, tok, 0, np, ids);
-        assert_int_equal(cairn_radix_insert(w->t, 0, tok, np, ids, &cached, &leaf), CAIRN_OK);
-        assert_int_equal(cached, pm_match(&w->seqs, tok, np));
-        cairn_page_pool_release(cairn_kvcache_device_pool(w->c), (int32_t)cached, ids);
+        assert_int_equal(cairn_kvcache_commit(w->c, 0, tok, np, ids, 0, np, NULL, &leaf), CAIRN_OK);
     }
+    (void)cached;
     assert_int_equal(cairn_radix_node_depth(leaf), np);
     assert_true(pm_add(&w->seqs, tok, np)); /* MAXSEQ is above a run's inserts */
 }
@@ -645,6 +878,10 @@ static void run_world(uint64_t seed, int steps)
     char err[256] = "";
     assert_int_equal(cairn_kvcache_create(&cfg, &w.c, err, sizeof err), CAIRN_OK);
     w.t = cairn_kvcache_tree(w.c);
+    pthread_mutex_init(&w.ev_mu, NULL);
+    w.seed = cairn_radix_ns_seed(w.t, 0);
+    assert_int_equal(cairn_kvcache_watch(w.c, watch, &w), CAIRN_OK);
+    assert_int_equal(cairn_kvcache_announce_all(w.c), CAIRN_OK);
     pm_init(&w.seqs, PS, MAXP, MAXSEQ);
     w.seen_dev = calloc(DEVICE_PAGES, 1);
     w.seen_host = calloc(HOST_PAGES, 1);
@@ -676,6 +913,7 @@ static void run_world(uint64_t seed, int steps)
         else
             op_evict(&w);
         check_world(&w);
+        check_view(&w);
         if (step % 250 == 249)
             check_disk(&w);
     }
@@ -710,7 +948,39 @@ static void run_world(uint64_t seed, int steps)
     assert_true(w.n_extends > 20);
     assert_true(w.n_partial_checked > 5);
 
+    /* announce_all starts over and tells the same story, but for disk
+     * pages whose parent is not on disk (nobody can use those) */
+    hset written;
+    hset_copy(&written, &w.announced[CAIRN_TIER_DISK]);
+    assert_int_equal(cairn_kvcache_announce_all(w.c), CAIRN_OK);
+    check_view(&w);
+    check_rebuilt_disk(&w, &written);
+
+    /* A restart on the same directory: the new cache holds nothing in
+     * memory, and announces what LMDB kept, every chain rebuilt (watch()
+     * checks each run against its parent). */
     cairn_kvcache_free(w.c);
+    for (int t = 0; t < CAIRN_TIER_COUNT; t++)
+        hset_clear(&w.announced[t]);
+    assert_int_equal(cairn_kvcache_create(&cfg, &w.c, err, sizeof err), CAIRN_OK);
+    w.t = cairn_kvcache_tree(w.c);
+    size_t runs_before = w.n_runs_checked;
+    assert_int_equal(cairn_kvcache_watch(w.c, watch, &w), CAIRN_OK);
+    assert_int_equal(cairn_kvcache_announce_all(w.c), CAIRN_OK);
+    assert_int_equal(w.announced[CAIRN_TIER_DEVICE].n, 0);
+    assert_int_equal(w.announced[CAIRN_TIER_HOST].n, 0);
+    check_rebuilt_disk(&w, &written);
+    assert_true(w.announced[CAIRN_TIER_DISK].n > w.n_keys / 2);
+    assert_true(w.n_runs_checked > runs_before);
+    print_message("page events: %zu stored runs checked, %zu clears, %zu disk pages "
+                  "re-announced after the restart\n",
+                  w.n_runs_checked, w.n_cleared, w.announced[CAIRN_TIER_DISK].n);
+
+    cairn_kvcache_free(w.c);
+    for (int t = 0; t < CAIRN_TIER_COUNT; t++)
+        hset_clear(&w.announced[t]);
+    hset_clear(&written);
+    pthread_mutex_destroy(&w.ev_mu);
     assert_int_equal(test_backend_counters_of(w.be)->live_allocs, 0);
     cairn_backend_destroy(w.be);
     test_remove_dir(w.dir);
