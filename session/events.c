@@ -48,6 +48,7 @@ const double *cairn_vllm_bounds(cairn_vllm_hist h, int *n)
         *n = N_OF(vllm_ttft_bounds);
         return vllm_ttft_bounds;
     case CAIRN_VLLM_ITL:
+    case CAIRN_VLLM_TPOT:
         *n = N_OF(vllm_itl_bounds);
         return vllm_itl_bounds;
     default:
@@ -77,6 +78,8 @@ void svc_note_finished(cairn_service *s, const job *j)
     cairn_vllm_finish why = CAIRN_VLLM_FINISH_STOP;
     if (j->finish && strcmp(j->finish, "cancelled") == 0)
         why = CAIRN_VLLM_FINISH_ABORT;
+    else if (j->finish && strcmp(j->finish, "error") == 0)
+        why = CAIRN_VLLM_FINISH_ERROR;
     else if (j->finish && strcmp(j->finish, "length") == 0)
         why = CAIRN_VLLM_FINISH_LENGTH;
     s->stats.finished[why]++;
@@ -86,6 +89,10 @@ void svc_note_finished(cairn_service *s, const job *j)
         svc_vllm_observe(s, CAIRN_VLLM_PREFILL, j->t_first_token - j->t_admitted);
         svc_vllm_observe(s, CAIRN_VLLM_DECODE, j->t_last_token - j->t_first_token);
         svc_vllm_observe(s, CAIRN_VLLM_INFERENCE, j->t_last_token - j->t_admitted);
+        /* the first token belongs to the prefill, so it is not one of the
+         * tokens the decode time is shared by */
+        double decode = j->t_last_token - j->t_first_token;
+        svc_vllm_observe(s, CAIRN_VLLM_TPOT, j->n_gen > 1 ? decode / (j->n_gen - 1) : 0);
     }
 }
 
