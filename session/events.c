@@ -205,21 +205,18 @@ void svc_fill_stats(cairn_service *s, cairn_service_stats *st)
     st->behind.waiting = ks.behind_waiting;
     st->behind.dropped = ks.behind_dropped;
     st->behind.seconds = ks.behind_seconds;
-    cairn_disk *d = cairn_kvcache_disk(s->cache);
-    if (cairn_disk_has_shared(d)) {
-        cairn_disk_stats ds;
-        cairn_disk_get_stats(d, &ds);
+    if (ks.shared.on) {
         st->shared.on = true;
-        st->shared.up = ds.shared_up;
-        st->shared.hits = ds.shared_hits;
-        st->shared.misses = ds.shared_misses;
-        st->shared.corrupt = ds.shared_corrupt;
-        st->shared.puts = ds.shared_puts;
-        st->shared.dropped = ds.shared_dropped;
-        st->shared.errors = ds.shared_errors;
-        st->shared.events = ds.shared_events;
-        st->shared.outages = ds.shared_outages;
-        st->shared.queued_bytes = ds.shared_queued_bytes;
+        st->shared.up = ks.shared.up;
+        st->shared.hits = ks.shared.hits;
+        st->shared.misses = ks.shared.misses;
+        st->shared.corrupt = ks.shared.corrupt;
+        st->shared.puts = ks.shared.puts;
+        st->shared.dropped = ks.shared.dropped;
+        st->shared.errors = ks.shared.errors;
+        st->shared.events = ks.shared.events;
+        st->shared.outages = ks.shared.outages;
+        st->shared.queued_bytes = ks.shared.queued_bytes;
         st->shared.pages_queued = ks.shared_pages_queued;
     }
 }
