@@ -1,6 +1,6 @@
 /*
  * cli/cli.h — internal to the `cairn` executable: the subcommands and the
- * small pieces they share (model + KV pool set-up, prompt evaluation).
+ * small pieces they share (model + KV pages set-up, prompt evaluation).
  * Nothing outside cli/ includes this.
  */
 #ifndef CAIRN_CLI_H
@@ -87,7 +87,7 @@ typedef struct {
     cairn_backend *be;  /* the runtime's */
     cairn_model *model; /* the runtime's */
     const cairn_vocab *vocab;
-    cairn_page_pool *pool;
+    cairn_kvcache *cache; /* device tier only: the single sequence's pages */
     cairn_kv_layout kv;
     int n_ctx;
     int32_t *pages; /* page table of the single sequence, n_ctx tokens */

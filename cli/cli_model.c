@@ -1,6 +1,6 @@
 /*
  * cli/cli_model.c — what the model-running subcommands share: option parsing,
- * a runtime + one sequence's KV pool, chunked evaluation of that sequence.
+ * a runtime + one sequence's KV pages, chunked evaluation of that sequence.
  */
 #include "cli/cli.h"
 
@@ -173,13 +173,17 @@ int cli_runtime_open(cli_runtime *rt, const cli_model_opts *o, const cairn_runti
         return rc;
     }
     int n_pages = (rt->n_ctx + o->page_size - 1) / o->page_size;
-    rc = cairn_page_pool_create(rt->be, &rt->kv, (size_t)n_pages * rt->kv.page_bytes, &rt->pool);
+    /* The cache's device tier alone, used as a plain page pool: no tree
+     * lookups, nothing evicted (every page is taken at once below). */
+    cairn_kvcache_config kc = {.backend = rt->be, .layout = rt->kv,
+                               .device_bytes = (size_t)n_pages * rt->kv.page_bytes};
+    rc = cairn_kvcache_create(&kc, &rt->cache, NULL, 0);
     rt->pages = malloc((size_t)n_pages * sizeof *rt->pages);
     rt->logits = malloc((size_t)o->batch * hp->n_vocab * sizeof(float));
     if (rc == CAIRN_OK && (!rt->pages || !rt->logits))
         rc = CAIRN_ENOMEM;
     if (rc == CAIRN_OK)
-        rc = cairn_page_pool_alloc(rt->pool, n_pages, rt->pages);
+        rc = cairn_kvcache_alloc(rt->cache, n_pages, rt->pages);
     if (rc != CAIRN_OK) {
         fprintf(stderr, "cairn: cannot allocate the KV cache (%d pages of %zu bytes): %s\n",
                 n_pages, rt->kv.page_bytes, cairn_strerror(rc));
@@ -197,9 +201,7 @@ int cli_runtime_open(cli_runtime *rt, const cli_model_opts *o, const cairn_runti
 
 void cli_runtime_close(cli_runtime *rt)
 {
-    if (rt->pool && rt->pages)
-        cairn_page_pool_release(rt->pool, cairn_page_pool_capacity(rt->pool), rt->pages);
-    cairn_page_pool_free(rt->pool);
+    cairn_kvcache_free(rt->cache); /* takes back the pages too */
     cairn_runtime_close(rt->rt);
     free(rt->pages);
     free(rt->logits);
@@ -234,7 +236,7 @@ int cli_eval(cli_runtime *rt, const int32_t *tokens, int n, int kv_start, bool a
         };
         int n_out = 0;
         float *dst = all_logits ? out_logits + (size_t)done * n_vocab : rt->logits;
-        rc = cairn_model_forward(rt->model, cairn_page_pool_base(rt->pool), &rt->kv, &sb, 1,
+        rc = cairn_model_forward(rt->model, cairn_kvcache_kv_base(rt->cache), &rt->kv, &sb, 1,
                                  all_logits || last ? dst : NULL, NULL, &n_out);
         if (rc == CAIRN_OK && !all_logits && last)
             memcpy(out_logits, rt->logits, (size_t)n_vocab * sizeof(float));

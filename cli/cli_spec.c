@@ -80,12 +80,15 @@ int cli_spec_open(cli_spec *s, cli_runtime *rt, const cli_draft_opts *o,
     int n_pages = (s->capacity + page_size - 1) / page_size;
     if (rc == CAIRN_OK)
         rc = cairn_spec_kv_layout(s->spec, page_size, rt->kv.dtype, &s->kv);
-    if (rc == CAIRN_OK)
-        rc = cairn_page_pool_create(rt->be, &s->kv, (size_t)n_pages * s->kv.page_bytes, &s->pool);
+    if (rc == CAIRN_OK) {
+        cairn_kvcache_config kc = {.backend = rt->be, .layout = s->kv,
+                                   .device_bytes = (size_t)n_pages * s->kv.page_bytes};
+        rc = cairn_kvcache_create(&kc, &s->cache, NULL, 0);
+    }
     if (rc == CAIRN_OK && !(s->pages = malloc((size_t)n_pages * sizeof *s->pages)))
         rc = CAIRN_ENOMEM;
     if (rc == CAIRN_OK)
-        rc = cairn_page_pool_alloc(s->pool, n_pages, s->pages);
+        rc = cairn_kvcache_alloc(s->cache, n_pages, s->pages);
     if (rc != CAIRN_OK) {
         if (s->seq)
             fprintf(stderr, "cairn: cannot set up speculative decoding: %s\n", cairn_strerror(rc));
@@ -100,10 +103,7 @@ int cli_spec_open(cli_spec *s, cli_runtime *rt, const cli_draft_opts *o,
 
 void cli_spec_close(cli_spec *s)
 {
-    if (s->pool && s->pages)
-        cairn_page_pool_release(s->pool, (s->capacity + s->kv.page_size - 1) / s->kv.page_size,
-                                s->pages);
-    cairn_page_pool_free(s->pool);
+    cairn_kvcache_free(s->cache); /* takes back the pages too */
     cairn_spec_seq_free(s->seq);
     free(s->pages);
     memset(s, 0, sizeof *s);

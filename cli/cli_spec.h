@@ -56,7 +56,7 @@ cairn_runtime_config cli_spec_runtime_config(const cli_model_opts *m, const cli_
 
 typedef struct {
     cairn_spec *spec; /* the runtime's */
-    cairn_page_pool *pool;
+    cairn_kvcache *cache; /* device tier only: the draft sequence's pages */
     cairn_kv_layout kv;
     int32_t *pages;
     int capacity; /* KV indices the page table covers */

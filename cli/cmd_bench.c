@@ -130,7 +130,7 @@ static int run_text_eagle(cli_spec *spec, const int32_t *prompt, int n_prompt, i
                           double *rate, double *tau)
 {
     double t0 = cairn_now();
-    int rc = cairn_spec_seq_begin(spec->seq, cairn_page_pool_base(spec->pool), &spec->kv,
+    int rc = cairn_spec_seq_begin(spec->seq, cairn_kvcache_kv_base(spec->cache), &spec->kv,
                                    spec->pages, spec->capacity, prompt, n_prompt);
     int32_t step[32];
     for (int done = 0; rc == CAIRN_OK && done < n;) {

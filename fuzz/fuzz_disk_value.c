@@ -1,6 +1,6 @@
 /*
  * fuzz/fuzz_disk_value.c — verification of page values read back from the
- * LMDB tier (cairn_disk_value_verify, store/store.h). A value on disk may be
+ * LMDB tier (cairn_disk_value_verify, store/tiers.h). A value on disk may be
  * damaged, truncated, from another build or another model; the check must
  * never read outside it and must accept only the exact page expected.
  *
@@ -17,7 +17,7 @@
  * bit is refused.
  */
 #include "fuzz_common.h"
-#include "store/store.h"
+#include "store/tiers.h"
 
 #include <string.h>
 #include <xxhash.h>

@@ -48,6 +48,7 @@ const double *cairn_vllm_bounds(cairn_vllm_hist h, int *n)
         *n = N_OF(vllm_ttft_bounds);
         return vllm_ttft_bounds;
     case CAIRN_VLLM_ITL:
+    case CAIRN_VLLM_TPOT:
         *n = N_OF(vllm_itl_bounds);
         return vllm_itl_bounds;
     default:
@@ -77,6 +78,8 @@ void svc_note_finished(cairn_service *s, const job *j)
     cairn_vllm_finish why = CAIRN_VLLM_FINISH_STOP;
     if (j->finish && strcmp(j->finish, "cancelled") == 0)
         why = CAIRN_VLLM_FINISH_ABORT;
+    else if (j->finish && strcmp(j->finish, "error") == 0)
+        why = CAIRN_VLLM_FINISH_ERROR;
     else if (j->finish && strcmp(j->finish, "length") == 0)
         why = CAIRN_VLLM_FINISH_LENGTH;
     s->stats.finished[why]++;
@@ -86,6 +89,10 @@ void svc_note_finished(cairn_service *s, const job *j)
         svc_vllm_observe(s, CAIRN_VLLM_PREFILL, j->t_first_token - j->t_admitted);
         svc_vllm_observe(s, CAIRN_VLLM_DECODE, j->t_last_token - j->t_first_token);
         svc_vllm_observe(s, CAIRN_VLLM_INFERENCE, j->t_last_token - j->t_admitted);
+        /* the first token belongs to the prefill, so it is not one of the
+         * tokens the decode time is shared by */
+        double decode = j->t_last_token - j->t_first_token;
+        svc_vllm_observe(s, CAIRN_VLLM_TPOT, j->n_gen > 1 ? decode / (j->n_gen - 1) : 0);
     }
 }
 
@@ -198,21 +205,18 @@ void svc_fill_stats(cairn_service *s, cairn_service_stats *st)
     st->behind.waiting = ks.behind_waiting;
     st->behind.dropped = ks.behind_dropped;
     st->behind.seconds = ks.behind_seconds;
-    cairn_disk *d = cairn_kvcache_disk(s->cache);
-    if (cairn_disk_has_shared(d)) {
-        cairn_disk_stats ds;
-        cairn_disk_get_stats(d, &ds);
+    if (ks.shared.on) {
         st->shared.on = true;
-        st->shared.up = ds.shared_up;
-        st->shared.hits = ds.shared_hits;
-        st->shared.misses = ds.shared_misses;
-        st->shared.corrupt = ds.shared_corrupt;
-        st->shared.puts = ds.shared_puts;
-        st->shared.dropped = ds.shared_dropped;
-        st->shared.errors = ds.shared_errors;
-        st->shared.events = ds.shared_events;
-        st->shared.outages = ds.shared_outages;
-        st->shared.queued_bytes = ds.shared_queued_bytes;
+        st->shared.up = ks.shared.up;
+        st->shared.hits = ks.shared.hits;
+        st->shared.misses = ks.shared.misses;
+        st->shared.corrupt = ks.shared.corrupt;
+        st->shared.puts = ks.shared.puts;
+        st->shared.dropped = ks.shared.dropped;
+        st->shared.errors = ks.shared.errors;
+        st->shared.events = ks.shared.events;
+        st->shared.outages = ks.shared.outages;
+        st->shared.queued_bytes = ks.shared.queued_bytes;
         st->shared.pages_queued = ks.shared_pages_queued;
     }
 }

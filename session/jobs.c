@@ -467,6 +467,8 @@ bool job_push_token(cairn_service *s, job *j, int32_t tok, const cairn_token_log
 
 void job_fail(cairn_service *s, job *j, int code, const char *msg)
 {
+    j->finish = "error"; /* vLLM's finished_reason for an engine failure */
+    svc_note_finished(s, j);
     svc_emit_error(s, j->req, code, msg);
     job_finish(s, j, false);
 }

@@ -147,7 +147,7 @@ void record_unshare(cairn_service *s, cairn_session_id id)
         return;
     uint8_t key[17];
     record_key(id, key);
-    cairn_disk_unshare_record(cairn_kvcache_disk(s->cache), key, sizeof key);
+    cairn_kvcache_unshare_record(s->cache, key, sizeof key);
 }
 
 /* What a record is to this server. */

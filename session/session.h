@@ -406,7 +406,9 @@ typedef struct {
  *   PREFILL    first admission -> first token
  *   DECODE     first token -> last token
  *   INFERENCE  first admission -> last token
- * E2E counts every finished request; the last four only those that were
+ *   TPOT       a request's DECODE time over its tokens after the first (0
+ *              with one token): one mean per request, on ITL's buckets
+ * E2E counts every finished request; the last five only those that were
  * admitted and sampled a token. */
 typedef enum {
     CAIRN_VLLM_TTFT,
@@ -416,6 +418,7 @@ typedef enum {
     CAIRN_VLLM_PREFILL,
     CAIRN_VLLM_DECODE,
     CAIRN_VLLM_INFERENCE,
+    CAIRN_VLLM_TPOT,
     CAIRN_VLLM_HISTS
 } cairn_vllm_hist;
 
@@ -432,12 +435,15 @@ typedef struct {
  * receives how many (at most CAIRN_VLLM_BUCKETS_MAX). */
 const double *cairn_vllm_bounds(cairn_vllm_hist h, int *n);
 
-/* vLLM's finished_reason values, for requests that ended (cancelled ones are
- * "abort"; failed ones are not counted). */
+/* vLLM's finished_reason values, for requests that ended: cancelled ones
+ * are "abort", admitted ones the engine failed (a forward pass, speculation,
+ * KV pages it could not get) "error"; requests refused before admission are
+ * not counted. vLLM's fifth reason, "repetition", cairn never gives. */
 typedef enum {
     CAIRN_VLLM_FINISH_STOP,
     CAIRN_VLLM_FINISH_LENGTH,
     CAIRN_VLLM_FINISH_ABORT,
+    CAIRN_VLLM_FINISH_ERROR,
     CAIRN_VLLM_FINISHES
 } cairn_vllm_finish;
 

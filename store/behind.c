@@ -23,7 +23,7 @@
  * meanwhile were written back by eviction (on_disk) or are gone: either
  * way there is nothing left to do for them.
  */
-#include "store/store.h"
+#include "store/tiers.h"
 #include "store/store_impl.h"
 
 #include <stdlib.h>

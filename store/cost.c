@@ -9,7 +9,7 @@
  * seconds = latency + bytes / rate over the rounds' fence latencies), and
  * the prefill rate the engine reports. See store.h for the priors.
  */
-#include "store/store.h"
+#include "store/tiers.h"
 #include "store/store_impl.h"
 
 #define RATE_DECAY 0.9 /* weight of the past in the decayed sums */

@@ -16,7 +16,7 @@
 #ifndef CAIRN_DISK_IMPL_H
 #define CAIRN_DISK_IMPL_H
 
-#include "store/store.h"
+#include "store/tiers.h"
 
 #include <lmdb.h>
 #include <pthread.h>

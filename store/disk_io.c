@@ -10,7 +10,7 @@
  * for reads: a read moves its page in the access order, and a read must see
  * the writes queued before it.
  */
-#include "store/store.h"
+#include "store/tiers.h"
 #include "store/disk_impl.h"
 
 #include <errno.h>

@@ -5,7 +5,7 @@
  * from disk.c because records are not pages: their own database, never
  * evicted, no namespace.
  */
-#include "store/store.h"
+#include "store/tiers.h"
 #include "store/disk_impl.h"
 
 #include <stdlib.h>

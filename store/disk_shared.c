@@ -25,7 +25,7 @@
  * per outage, and the stats count outages. A value that fails its checks
  * is deleted from Redis and the read is a miss.
  */
-#include "store/store.h"
+#include "store/tiers.h"
 #include "store/disk_impl.h"
 
 #include <errno.h>

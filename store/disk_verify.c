@@ -5,7 +5,7 @@
  * from disk.c because neither needs the queue or the I/O thread, and the
  * walk's fork and signal handling is best read on its own.
  */
-#include "store/store.h"
+#include "store/tiers.h"
 #include "store/disk_impl.h"
 
 #include <errno.h>

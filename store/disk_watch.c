@@ -19,7 +19,7 @@
  * runs on the caller's thread in a read transaction (like the records'
  * iterate) and reads a value's header and tokens, never its KV bytes.
  */
-#include "store/store.h"
+#include "store/tiers.h"
 #include "store/disk_impl.h"
 
 #include <stdlib.h>

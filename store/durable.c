@@ -5,7 +5,7 @@
  * read_page. Apart from kvcache.c because these are the disk-facing calls a
  * session makes, each answered by a pending op that promote.c completes.
  */
-#include "store/store.h"
+#include "store/tiers.h"
 #include "store/store_impl.h"
 
 #include <stdlib.h>

@@ -15,7 +15,7 @@
  * new leaf, and, if every read of the round hit, the next round is queued.
  * The op's lock always sits on a node whose whole path is on the device.
  */
-#include "store/store.h"
+#include "store/tiers.h"
 #include "store/store_impl.h"
 
 #include <stdlib.h>

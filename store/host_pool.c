@@ -3,7 +3,7 @@
  * handed out by id from a free stack (the same discipline as the tier-0
  * pool, so accounting is exact: available + taken == capacity).
  */
-#include "store/store.h"
+#include "store/tiers.h"
 #include "store/store_impl.h"
 
 #include <stdlib.h>

@@ -9,7 +9,7 @@
  * (admission), durable.c (pin, persist, flush, records, forget). What they
  * share is in store_impl.h.
  */
-#include "store/store.h"
+#include "store/tiers.h"
 #include "store/store_impl.h"
 
 #include <stdlib.h>
@@ -553,6 +553,13 @@ void cairn_kvcache_get_stats(const cairn_kvcache *c, cairn_kvcache_stats *out)
         out->tier[CAIRN_TIER_DISK].pages = ds.pages; /* everything in LMDB */
         out->tier[CAIRN_TIER_DISK].evicted_pages += ds.evicted;
         out->disk_records = ds.records;
+        if (cairn_disk_has_shared(c->disk))
+            out->shared = (cairn_kvcache_shared_stats){
+                .on = true, .up = ds.shared_up, .hits = ds.shared_hits,
+                .misses = ds.shared_misses, .corrupt = ds.shared_corrupt,
+                .puts = ds.shared_puts, .dropped = ds.shared_dropped,
+                .errors = ds.shared_errors, .events = ds.shared_events,
+                .outages = ds.shared_outages, .queued_bytes = ds.shared_queued_bytes};
     }
     for (int t = 0; t < CAIRN_TIER_COUNT; t++) {
         cairn_kvcache_tier_stats *ts = &out->tier[t];

@@ -2,7 +2,7 @@
  * store/namespace.c — the root of every page-hash chain of a model: its
  * KV layout described to pagekey/pagekey.h, which owns page identity.
  */
-#include "store/store.h"
+#include "store/tiers.h"
 
 int cairn_page_namespace_hash(const cairn_page_namespace *ns, cairn_page_hash *out)
 {

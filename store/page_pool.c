@@ -3,7 +3,7 @@
  * allocation, handed out by id from a free stack; and that stack, which the
  * host pool (tier 1) uses too.
  */
-#include "store/store.h"
+#include "store/tiers.h"
 #include "store/store_impl.h"
 
 #include <stdlib.h>

@@ -14,7 +14,7 @@
  * event is posted. While a load is in flight its page has host_slot >= 0 in
  * a DISK node, and slot_state[] says how the read went.
  */
-#include "store/store.h"
+#include "store/tiers.h"
 #include "store/store_impl.h"
 
 #include <stdlib.h>

@@ -4,7 +4,7 @@
  * written once, so `serve --shared-cache` and `route --shared-cache` take
  * exactly the same URLs.
  */
-#include "store/store.h"
+#include "store/tiers.h"
 
 #include <hiredis/hiredis.h>
 #include <stdio.h>

@@ -4,7 +4,7 @@
  * durable.c's pin because it writes nothing through: the pages stay in the
  * tier they are in, locked, and age normally once the lock is given back.
  */
-#include "store/store.h"
+#include "store/tiers.h"
 #include "store/store_impl.h"
 
 int cairn_kvcache_hold_prefix(cairn_kvcache *c, uint64_t ns, const int32_t *tokens,

@@ -31,7 +31,7 @@
  * One page copy (page_bytes, a few hundred KiB at most) per admission costs
  * less than computing the rows it saves.
  */
-#include "store/store.h"
+#include "store/tiers.h"
 #include "store/store_impl.h"
 
 #include <stdlib.h>

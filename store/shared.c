@@ -26,7 +26,7 @@
  * a replica that no longer has a page just computes it. Events are
  * gathered per call and queued in one XADD each per poll, never per page.
  */
-#include "store/store.h"
+#include "store/tiers.h"
 #include "store/store_impl.h"
 
 #include <stdlib.h>
@@ -128,6 +128,15 @@ int cairn_kvcache_announce(cairn_kvcache *c, const char *replica, const char *ht
 }
 
 bool cairn_kvcache_has_shared(const cairn_kvcache *c) { return c && c->shared; }
+
+int cairn_kvcache_unshare_record(cairn_kvcache *c, const void *key, size_t key_len)
+{
+    if (!c)
+        return CAIRN_EINVAL;
+    if (!c->shared)
+        return CAIRN_OK;
+    return cairn_disk_unshare_record(c->disk, key, key_len);
+}
 
 int cairn_kvcache_share(cairn_kvcache *c, cairn_kv_hold *hold)
 {

@@ -28,7 +28,7 @@
 #define CAIRN_STORE_IMPL_H
 
 #include "common/common.h"
-#include "store/store.h"
+#include "store/tiers.h"
 
 /* ---- the free-id stack (page_pool.c, host_pool.c) ----------------------- */
 

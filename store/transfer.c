@@ -30,7 +30,7 @@
  * without the page: settle reports it, and the caller treats the page as
  * lost (it is recomputed), exactly as a failed synchronous download was.
  */
-#include "store/store.h"
+#include "store/tiers.h"
 #include "store/store_impl.h"
 
 #include <stdlib.h>

@@ -256,12 +256,16 @@ int main(int argc, char **argv)
     int n_pages = max_b * pages_per_seq;
     if (n_pages < prompt_pages)
         n_pages = prompt_pages;
-    cairn_page_pool *pool = NULL;
-    if ((rc = cairn_page_pool_create(be, &kv, (size_t)n_pages * kv.page_bytes, &pool)) != CAIRN_OK) {
+    /* The cache's device tier, used as a plain arena: the bench lays out
+     * page ids itself (nothing is allocated from it or cached in it). */
+    cairn_kvcache *cache = NULL;
+    cairn_kvcache_config kc = {.backend = be, .layout = kv,
+                               .device_bytes = (size_t)n_pages * kv.page_bytes};
+    if ((rc = cairn_kvcache_create(&kc, &cache, NULL, 0)) != CAIRN_OK) {
         fprintf(stderr, "gpu_bench: KV pool of %d pages: %s\n", n_pages, cairn_strerror(rc));
         return 1;
     }
-    void *base = cairn_page_pool_base(pool);
+    void *base = cairn_kvcache_kv_base(cache);
     int32_t *table = malloc((size_t)n_pages * sizeof *table);
     /* context prefills start at tokens + s % 7: room for 7 more */
     const int n_tok = max_tokens + max_b + 7;
@@ -387,7 +391,7 @@ int main(int argc, char **argv)
     free(logits);
     free(sb);
     free(next);
-    cairn_page_pool_free(pool);
+    cairn_kvcache_free(cache);
     cairn_model_free(m);
     cairn_backend_destroy(be);
     return 0;

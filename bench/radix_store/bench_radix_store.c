@@ -18,7 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "store/store.h"
+#include "store/tiers.h"
 #include "test_util.h"
 
 #define PAGE 16

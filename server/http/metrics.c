@@ -146,68 +146,109 @@ static void render_vllm(const char *model, const cairn_service_stats *st, cairn_
                        : 0;
 
     vllm_metric(b, "vllm:num_requests_running", "gauge",
-                "Number of requests in model execution batches.", l, (double)st->running);
+                "Requests in the running batch now.", l, (double)st->running);
     vllm_metric(b, "vllm:num_requests_waiting", "gauge",
-                "Number of requests waiting to be processed.", l, (double)st->waiting);
+                "Requests queued for the running batch now.", l, (double)st->waiting);
     vllm_metric(b, "vllm:kv_cache_usage_perc", "gauge",
-                "KV-cache usage. 1 means 100 percent usage.", l, usage);
+                "Fraction of the KV-cache pages in use (0 to 1; 1 is full).", l, usage);
     vllm_metric(b, "vllm:gpu_cache_usage_perc", "gauge",
-                "GPU KV-cache usage. 1 means 100 percent usage. DEPRECATED: Use "
-                "vllm:kv_cache_usage_perc instead.", l, usage);
+                "Old name of vllm:kv_cache_usage_perc (gone from vLLM 0.32), same value.", l,
+                usage);
     vllm_metric(b, "vllm:prefix_cache_queries_total", "counter",
-                "Prefix cache queries, in terms of number of queried tokens.", l,
-                (double)st->prompt_tokens);
+                "Prompt tokens looked up in the prefix cache.", l, (double)st->prompt_tokens);
     vllm_metric(b, "vllm:prefix_cache_hits_total", "counter",
-                "Prefix cache hits, in terms of number of cached tokens.", l,
+                "Prompt tokens the prefix cache had (not computed).", l,
                 (double)st->cached_tokens);
     vllm_metric(b, "vllm:gpu_prefix_cache_queries_total", "counter",
-                "GPU prefix cache queries, in terms of number of queried tokens. DEPRECATED: "
-                "Use vllm:prefix_cache_queries instead.", l, (double)st->prompt_tokens);
+                "Old name of vllm:prefix_cache_queries (gone from vLLM 0.32), same value.", l,
+                (double)st->prompt_tokens);
     vllm_metric(b, "vllm:gpu_prefix_cache_hits_total", "counter",
-                "GPU prefix cache hits, in terms of number of cached tokens. DEPRECATED: Use "
-                "vllm:prefix_cache_hits instead.", l, (double)st->cached_tokens);
+                "Old name of vllm:prefix_cache_hits (gone from vLLM 0.32), same value.", l,
+                (double)st->cached_tokens);
     vllm_metric(b, "vllm:num_preemptions_total", "counter",
-                "Cumulative number of preemption from the engine.", l, (double)st->paused);
-    vllm_metric(b, "vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
-                l, (double)st->prompt_tokens);
-    vllm_metric(b, "vllm:generation_tokens_total", "counter",
-                "Number of generation tokens processed.", l, (double)st->generated_tokens);
+                "Requests the engine preempted (paused for lack of KV pages).", l,
+                (double)st->paused);
+    vllm_metric(b, "vllm:prompt_tokens_total", "counter",
+                "Prompt tokens of admitted requests, cached ones included.", l,
+                (double)st->prompt_tokens);
+    vllm_metric(b, "vllm:prompt_tokens_cached_total", "counter",
+                "Prompt tokens taken from a cache instead of computed.", l,
+                (double)st->cached_tokens);
+    /* vLLM's sources: computed here, found in this server's own cache, or
+     * brought in from outside it (cairn's shared tier, Redis) */
+    const uint64_t *by_tier = st->cached_tokens_by_tier;
+    uint64_t external = by_tier[3] < st->cached_tokens ? by_tier[3] : st->cached_tokens;
+    uint64_t own = st->cached_tokens - external;
+    uint64_t computed = st->prompt_tokens > st->cached_tokens
+                            ? st->prompt_tokens - st->cached_tokens : 0;
+    metric_head(b, "vllm:prompt_tokens_by_source_total", "counter",
+                "Prompt tokens by where their KV came from.");
+    http_printf(b, "vllm:prompt_tokens_by_source_total{%s,source=\"local_compute\"} %llu\n", l,
+                (unsigned long long)computed);
+    http_printf(b, "vllm:prompt_tokens_by_source_total{%s,source=\"local_cache_hit\"} %llu\n",
+                l, (unsigned long long)own);
+    http_printf(b,
+                "vllm:prompt_tokens_by_source_total{%s,source=\"external_kv_transfer\"} %llu\n",
+                l, (unsigned long long)external);
+    /* vLLM's tiers in its order; cairn has no peer-to-peer transfer, and its
+     * shared tier is a store vLLM would call unspecified */
+    metric_head(b, "vllm:prompt_tokens_cached_by_source_total", "counter",
+                "Cached prompt tokens by the cache tier that held them.");
+    static const struct {
+        const char *source;
+        int tier; /* index into cached_tokens_by_tier; -1: none in cairn */
+    } sources[] = {{"device", 0}, {"host", 1}, {"p2p", -1}, {"disk", 2},
+                   {"external_unspecified", 3}};
+    for (size_t i = 0; i < sizeof sources / sizeof sources[0]; i++)
+        http_printf(b, "vllm:prompt_tokens_cached_by_source_total{%s,source=\"%s\"} %llu\n", l,
+                    sources[i].source,
+                    sources[i].tier < 0 ? 0ULL : (unsigned long long)by_tier[sources[i].tier]);
+    vllm_metric(b, "vllm:generation_tokens_total", "counter", "Tokens generated.", l,
+                (double)st->generated_tokens);
     metric_head(b, "vllm:request_success_total", "counter",
-                "Count of successfully processed requests.");
-    static const char *const reasons[CAIRN_VLLM_FINISHES] = {"stop", "length", "abort"};
+                "Requests that ended, by why they ended.");
+    static const char *const reasons[CAIRN_VLLM_FINISHES] = {"stop", "length", "abort",
+                                                             "error"};
     for (int r = 0; r < CAIRN_VLLM_FINISHES; r++)
         http_printf(b, "vllm:request_success_total{%s,finished_reason=\"%s\"} %llu\n", l,
                     reasons[r], (unsigned long long)st->finished[r]);
-    metric_head(b, "vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig");
+    /* vLLM's fifth reason (a repetitive pattern cut short): never in cairn,
+     * written so that the series are vLLM's */
+    http_printf(b, "vllm:request_success_total{%s,finished_reason=\"repetition\"} 0\n", l);
+    metric_head(b, "vllm:cache_config_info", "gauge",
+                "The KV cache's settings as labels; the value is always 1.");
     http_printf(b,
                 "vllm:cache_config_info{block_size=\"%d\",enable_prefix_caching=\"%s\","
                 "engine=\"0\",num_gpu_blocks=\"%llu\"} 1\n",
                 st->page_size, st->prefix_cache ? "True" : "False",
                 (unsigned long long)st->device_pages_total);
     vllm_histogram(b, "vllm:time_to_first_token_seconds",
-                   "Histogram of time to first token in seconds.", l, &st->vllm[CAIRN_VLLM_TTFT],
-                   CAIRN_VLLM_TTFT);
+                   "Seconds from a request's arrival to its first token.", l,
+                   &st->vllm[CAIRN_VLLM_TTFT], CAIRN_VLLM_TTFT);
     vllm_histogram(b, "vllm:inter_token_latency_seconds",
-                   "Histogram of inter-token latency in seconds.", l, &st->vllm[CAIRN_VLLM_ITL],
-                   CAIRN_VLLM_ITL);
+                   "Seconds between a request's consecutive decode steps.", l,
+                   &st->vllm[CAIRN_VLLM_ITL], CAIRN_VLLM_ITL);
     vllm_histogram(b, "vllm:time_per_output_token_seconds",
-                   "Histogram of time per output token in seconds. DEPRECATED: Use "
-                   "vllm:inter_token_latency_seconds instead.",
+                   "Old name of vllm:inter_token_latency_seconds (gone from vLLM 0.32), same "
+                   "observations.",
                    l, &st->vllm[CAIRN_VLLM_ITL], CAIRN_VLLM_ITL);
+    vllm_histogram(b, "vllm:request_time_per_output_token_seconds",
+                   "Per request: its decode seconds over its tokens after the first.", l,
+                   &st->vllm[CAIRN_VLLM_TPOT], CAIRN_VLLM_TPOT);
     vllm_histogram(b, "vllm:e2e_request_latency_seconds",
-                   "Histogram of e2e request latency in seconds.", l, &st->vllm[CAIRN_VLLM_E2E],
+                   "Seconds from a request's arrival to its end.", l, &st->vllm[CAIRN_VLLM_E2E],
                    CAIRN_VLLM_E2E);
     vllm_histogram(b, "vllm:request_queue_time_seconds",
-                   "Histogram of time spent in WAITING phase for request.", l,
+                   "Seconds a request waited before it was first scheduled.", l,
                    &st->vllm[CAIRN_VLLM_QUEUE], CAIRN_VLLM_QUEUE);
     vllm_histogram(b, "vllm:request_prefill_time_seconds",
-                   "Histogram of time spent in PREFILL phase for request.", l,
+                   "Seconds from a request's first scheduling to its first token.", l,
                    &st->vllm[CAIRN_VLLM_PREFILL], CAIRN_VLLM_PREFILL);
     vllm_histogram(b, "vllm:request_decode_time_seconds",
-                   "Histogram of time spent in DECODE phase for request.", l,
+                   "Seconds from a request's first token to its last.", l,
                    &st->vllm[CAIRN_VLLM_DECODE], CAIRN_VLLM_DECODE);
     vllm_histogram(b, "vllm:request_inference_time_seconds",
-                   "Histogram of time spent in RUNNING phase for request.", l,
+                   "Seconds from a request's first scheduling to its last token.", l,
                    &st->vllm[CAIRN_VLLM_INFERENCE], CAIRN_VLLM_INFERENCE);
     cairn_strbuf_free(&lb);
 }

@@ -46,7 +46,7 @@
 
 #include "gguf/gguf.h"
 #include "model/model.h"
-#include "store/store.h"
+#include "store/tiers.h"
 #include "tests/gpu/gpu_probe.h"
 #include "tests/support/support.h"
 

@@ -84,7 +84,7 @@
 #include <string.h>
 
 #include "model/model.h"
-#include "store/store.h"
+#include "store/tiers.h"
 #include "tests/gpu/gpu_probe.h"
 #include "tests/support/support.h"
 

@@ -51,12 +51,16 @@ VLLM = {
     "vllm:gpu_prefix_cache_hits": "counter",
     "vllm:num_preemptions": "counter",
     "vllm:prompt_tokens": "counter",
+    "vllm:prompt_tokens_cached": "counter",
+    "vllm:prompt_tokens_by_source": "counter",
+    "vllm:prompt_tokens_cached_by_source": "counter",
     "vllm:generation_tokens": "counter",
     "vllm:request_success": "counter",
     "vllm:cache_config_info": "gauge",
     "vllm:time_to_first_token_seconds": "histogram",
     "vllm:inter_token_latency_seconds": "histogram",
     "vllm:time_per_output_token_seconds": "histogram",
+    "vllm:request_time_per_output_token_seconds": "histogram",
     "vllm:e2e_request_latency_seconds": "histogram",
     "vllm:request_queue_time_seconds": "histogram",
     "vllm:request_prefill_time_seconds": "histogram",
@@ -73,6 +77,7 @@ BUCKETS = {
     "vllm:time_to_first_token_seconds": TTFT_BUCKETS,
     "vllm:inter_token_latency_seconds": ITL_BUCKETS,
     "vllm:time_per_output_token_seconds": ITL_BUCKETS,
+    "vllm:request_time_per_output_token_seconds": ITL_BUCKETS,
     "vllm:e2e_request_latency_seconds": REQUEST_BUCKETS,
     "vllm:request_queue_time_seconds": REQUEST_BUCKETS,
     "vllm:request_prefill_time_seconds": REQUEST_BUCKETS,
@@ -150,7 +155,15 @@ class VllmMetrics(unittest.TestCase):
                         self.assertEqual(s.labels.get("model_name"), MODEL_NAME, s)
         reasons = sorted(s.labels["finished_reason"]
                          for s in m.families["vllm:request_success"].samples)
-        self.assertEqual(reasons, ["abort", "length", "stop"])
+        # vLLM 0.32 writes all five of its reasons, zeros included
+        self.assertEqual(reasons, ["abort", "error", "length", "repetition", "stop"])
+        self.assertEqual(m.value("vllm:request_success_total", finished_reason="repetition"), 0)
+        self.assertEqual(sorted(s.labels["source"]
+                                for s in m.families["vllm:prompt_tokens_by_source"].samples),
+                         ["external_kv_transfer", "local_cache_hit", "local_compute"])
+        self.assertEqual(sorted(s.labels["source"] for s in
+                                m.families["vllm:prompt_tokens_cached_by_source"].samples),
+                         ["device", "disk", "external_unspecified", "host", "p2p"])
         [info] = m.families["vllm:cache_config_info"].samples
         self.assertEqual(info.value, 1)
         self.assertEqual(info.labels["block_size"], "16")
@@ -249,6 +262,7 @@ class VllmMetrics(unittest.TestCase):
 
     def test_latency_histograms_are_measured(self):
         names = ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds",
+                 "vllm:request_time_per_output_token_seconds",
                  "vllm:inter_token_latency_seconds", "vllm:request_queue_time_seconds",
                  "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
                  "vllm:request_inference_time_seconds")
@@ -283,12 +297,68 @@ class VllmMetrics(unittest.TestCase):
             self.assertEqual(d["vllm:inter_token_latency_seconds"][0], 5)
             self.assertLessEqual(d["vllm:inter_token_latency_seconds"][1],
                                  d["vllm:request_decode_time_seconds"][1] + 1e-6)
+            # one mean per request: its decode time over the 5 tokens after the first
+            self.assertAlmostEqual(d["vllm:request_time_per_output_token_seconds"][1],
+                                   d["vllm:request_decode_time_seconds"][1] / 5, delta=1e-6)
             self.assertAlmostEqual(d["vllm:request_inference_time_seconds"][1],
                                    d["vllm:request_prefill_time_seconds"][1]
                                    + d["vllm:request_decode_time_seconds"][1], delta=1e-6)
             self.assertEqual(after.value("vllm:request_success_total", finished_reason="length")
                              - before.value("vllm:request_success_total",
                                             finished_reason="length"), 1)
+
+    def test_agrees_with_cairns_own_names(self):
+        """Two requests, the second repeating the first's prompt: the vllm:
+        names that have a cairn_ twin carry the twin's value, read from one
+        page; at rest nothing runs or waits and no page is in use."""
+        prompt = ("A lighthouse keeper writes in the log every night. Tonight the fog "
+                  "is thick and the ships are late. Write the next line of the log:\n")
+        before = self.scrape()
+        for _ in range(2):
+            self.post({"prompt": prompt, "max_tokens": 3, "temperature": 0})
+        m = harness.poll(self.scrape, lambda m: m.value("vllm:num_requests_running") == 0)
+        self.assertEqual(m.value("vllm:num_requests_running"), 0)
+        self.assertEqual(m.value("vllm:num_requests_waiting"), 0)
+        usage = m.value("vllm:kv_cache_usage_perc")
+        self.assertGreaterEqual(usage, 0)
+        self.assertLessEqual(usage, 1)
+        # the second request found the first's prefix
+        hits = m.value("vllm:prefix_cache_hits_total") - before.value("vllm:prefix_cache_hits_total")
+        queries = (m.value("vllm:prefix_cache_queries_total")
+                   - before.value("vllm:prefix_cache_queries_total"))
+        self.assertGreater(hits, 0)
+        self.assertGreaterEqual(queries, hits)
+        self.assertEqual(m.value("vllm:time_to_first_token_seconds_count")
+                         - before.value("vllm:time_to_first_token_seconds_count"), 2)
+        self.assertEqual(m.value("vllm:request_time_per_output_token_seconds_count")
+                         - before.value("vllm:request_time_per_output_token_seconds_count"), 2)
+        twins = (("vllm:num_requests_running", "cairn_requests_running"),
+                 ("vllm:num_requests_waiting", "cairn_requests_waiting"),
+                 ("vllm:prefix_cache_queries_total", "cairn_prefix_cache_queries_total"),
+                 ("vllm:prefix_cache_hits_total", "cairn_prefix_cache_hits_total"),
+                 ("vllm:prompt_tokens_cached_total", "cairn_prefix_cache_hits_total"),
+                 ("vllm:prompt_tokens_total", "cairn_prompt_tokens_total"),
+                 ("vllm:generation_tokens_total", "cairn_generation_tokens_total"),
+                 ("vllm:num_preemptions_total", "cairn_requests_paused_total"),
+                 ("vllm:time_to_first_token_seconds_count",
+                  "cairn_time_to_first_token_seconds_count"),
+                 ("vllm:time_to_first_token_seconds_sum",
+                  "cairn_time_to_first_token_seconds_sum"))
+        for ours, theirs in twins:
+            with self.subTest(name=ours):
+                self.assertAlmostEqual(m.value(ours), m.value(theirs), delta=1e-6)
+        # by source: every prompt token once; cached ones by the tier cairn names
+        by_source = {s.labels["source"]: s.value
+                     for s in m.families["vllm:prompt_tokens_by_source"].samples}
+        self.assertEqual(sum(by_source.values()), m.value("vllm:prompt_tokens_total"))
+        self.assertEqual(by_source["local_cache_hit"] + by_source["external_kv_transfer"],
+                         m.value("vllm:prompt_tokens_cached_total"))
+        for source, tier in (("device", "device"), ("host", "host"), ("disk", "disk"),
+                             ("external_unspecified", "shared")):
+            self.assertEqual(m.value("vllm:prompt_tokens_cached_by_source_total", source=source),
+                             m.value("cairn_prefix_cache_hit_tokens_total", tier=tier))
+        self.assertEqual(m.value("vllm:prompt_tokens_cached_by_source_total", source="p2p"), 0)
+        self.assertEqual(m.value("vllm:request_success_total", finished_reason="error"), 0)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "runtime/runtime.h"
-#include "store/store.h"
+#include "store/tiers.h"
 #include "tests/support/support.h"
 
 static const char *python, *ref_script, *model_path;

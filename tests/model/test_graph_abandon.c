@@ -26,7 +26,7 @@
 #include <string.h>
 
 #include "model/model.h"
-#include "store/store.h"
+#include "store/tiers.h"
 #include "tests/support/support.h"
 
 static cairn_backend *cpu;

@@ -27,7 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store/store.h"
+#include "store/tiers.h"
 #include "tests/support/support.h"
 
 #define PS 16

@@ -6,7 +6,7 @@
 #ifndef CAIRN_TESTS_STORE_UTIL_H
 #define CAIRN_TESTS_STORE_UTIL_H
 
-#include "store/store.h"
+#include "store/tiers.h"
 
 /* A backend whose memory is plain malloc'd host memory and whose copies are
  * memcpy; every compute op returns CAIRN_EUNSUPPORTED. It counts bytes moved
