@@ -8,7 +8,7 @@ set -euo pipefail
 want_test=0
 [ "${1:-}" = "--test" ] && want_test=1
 
-debs=(build-essential cmake pkg-config liblmdb-dev lmdb-utils libuv1-dev libmsgpack-dev
+debs=(build-essential cmake pkg-config liblmdb-dev lmdb-utils libuv1-dev libmsgpack-dev libzmq3-dev
       libxxhash-dev libcmocka-dev libpcre2-dev libjansson-dev libhttp-parser-dev libhiredis-dev
       python3 python3-pip)
 # clang builds the libFuzzer targets (make fuzz); curl drives the HTTP facade's
@@ -43,9 +43,11 @@ if [ $want_test -eq 1 ]; then
     # the tokenizer.json the checkpoint tests write and cairn reads.
     # selenium drives the Debian chromium through chromedriver (tests/web).
     # prometheus_client's parser reads /metrics as Prometheus would.
+    # pyzmq and msgspec read the KV events a replica publishes, decoded as
+    # vLLM's own classes decode them (tests/kvevents).
     pypkgs=(numpy gguf msgpack jinja2 openai jsonschema anthropic openai-agents redis tokenizers
-            selenium prometheus_client)
-    if ! $py -c "import numpy, gguf, msgpack, jinja2, openai, jsonschema, anthropic, agents, redis, tokenizers, selenium, prometheus_client" \
+            selenium prometheus_client pyzmq msgspec)
+    if ! $py -c "import numpy, gguf, msgpack, jinja2, openai, jsonschema, anthropic, agents, redis, tokenizers, selenium, prometheus_client, zmq, msgspec" \
         2>/dev/null; then
         echo "setup: installing Python packages: ${pypkgs[*]}" >&2
         $py -m pip install -q "${pypkgs[@]}" 2>/dev/null ||
