@@ -90,6 +90,11 @@ static const char help[] =
     "                         (default 250)\n"
     "      --shared-ttl S     pages expire in Redis after S seconds (default 7 days;\n"
     "                         session records never expire)\n"
+    "      --kv-events URL    publish the pages this replica holds, as vLLM's KV events\n"
+    "                         (ZMQ PUB bound at tcp://HOST:PORT), for vllm-router's\n"
+    "                         kv_aware policy, llm-d or Dynamo; see docs/scale-out.md\n"
+    "      --kv-events-replay URL  answer replay requests (ZMQ ROUTER bound there)\n"
+    "      --kv-events-topic T  the topic frame of every event message (default empty)\n"
     "      --replica-id ID    this replica's name in page events for `cairn route`\n"
     "                         (default: its HTTP address, else its TCP address)\n"
     "      --idle-timeout S   close a connection that sends half a message and then\n"
@@ -125,7 +130,8 @@ enum {
     OPT_CORS_ORIGIN, OPT_DRAIN_TIMEOUT,
     OPT_DRAFT_MAX_BATCH, OPT_SHARED_CACHE, OPT_SHARED_PREFIX, OPT_SHARED_WRITE, OPT_SHARED_TIMEOUT,
     OPT_REPLICA_ID, OPT_SHARED_TTL,
-    OPT_NO_WEB, OPT_NO_WRITE_BEHIND, OPT_EVICTION, OPT_MAX_PINNED,
+    OPT_NO_WEB, OPT_NO_WRITE_BEHIND, OPT_EVICTION, OPT_MAX_PINNED, OPT_KV_EVENTS,
+    OPT_KV_EVENTS_REPLAY, OPT_KV_EVENTS_TOPIC,
 };
 
 /* "512", "64K", "1.5G" (binary multiples) -> bytes; 0 on a bad value. */
@@ -257,6 +263,9 @@ static int parse_service_opt(cairn_service_config *svc, int opt, const char *arg
     case OPT_NO_PREFIX: svc->no_prefix_cache = true; return 1;
     case OPT_CACHE_DIR: svc->cache_dir = arg; return 1;
     case OPT_NO_WRITE_BEHIND: svc->no_write_behind = true; return 1;
+    case OPT_KV_EVENTS: svc->kv_events = arg; return 1;
+    case OPT_KV_EVENTS_REPLAY: svc->kv_events_replay = arg; return 1;
+    case OPT_KV_EVENTS_TOPIC: svc->kv_events_topic = arg; return 1;
     case OPT_EVICTION:
         if (strcmp(arg, "lru") == 0 || strcmp(arg, "sessions") == 0) {
             svc->plain_lru = strcmp(arg, "lru") == 0;
@@ -370,6 +379,9 @@ static int parse_serve_opts(serve_opts *o, int argc, char **argv)
         {"host-mem", required_argument, 0, OPT_HOST_MEM},
         {"disk-max", required_argument, 0, OPT_DISK_MAX},
         {"no-write-behind", no_argument, 0, OPT_NO_WRITE_BEHIND},
+        {"kv-events", required_argument, 0, OPT_KV_EVENTS},
+        {"kv-events-replay", required_argument, 0, OPT_KV_EVENTS_REPLAY},
+        {"kv-events-topic", required_argument, 0, OPT_KV_EVENTS_TOPIC},
         {"eviction", required_argument, 0, OPT_EVICTION},
         {"tier-loads", required_argument, 0, OPT_TIER_LOADS},
         {"idle-timeout", required_argument, 0, OPT_IDLE},
@@ -689,6 +701,12 @@ static int prepare_serve(serve_opts *o, access_opts *acc)
         cairn_log_set_level(CAIRN_LOG_DEBUG);
     if (cfg->http.host && cfg->http.port < 0) {
         fprintf(stderr, "cairn serve: --http-host needs --http-port\n");
+        return 2;
+    }
+    if (!cfg->service.kv_events &&
+        (cfg->service.kv_events_replay || cfg->service.kv_events_topic)) {
+        fprintf(stderr, "cairn serve: --kv-events-replay and --kv-events-topic need "
+                        "--kv-events URL\n");
         return 2;
     }
     if (!o->shared.url && (o->shared.prefix || o->shared.replica || o->shared.timeout_ms ||

@@ -219,6 +219,16 @@ void svc_fill_stats(cairn_service *s, cairn_service_stats *st)
         st->shared.queued_bytes = ks.shared.queued_bytes;
         st->shared.pages_queued = ks.shared_pages_queued;
     }
+    if (s->kv_events) {
+        cairn_kv_events_stats es;
+        cairn_kv_events_get_stats(s->kv_events, &es);
+        st->kv_events.on = true;
+        st->kv_events.events = es.published_events;
+        st->kv_events.batches = es.published_batches;
+        st->kv_events.dropped = es.dropped_events;
+        st->kv_events.replays = es.replay_requests;
+        st->kv_events.resyncs = s->kv_resyncs;
+    }
 }
 
 void svc_log_cache_account(cairn_service *s)

@@ -260,6 +260,12 @@ void sched_poll_cache(cairn_service *s)
 {
     cairn_kvcache_event ev[16];
     int n = 0;
+    /* The publisher dropped events (its queue was full): the routers' view
+     * is wrong until everything is announced again, from a clean slate. */
+    if (s->kv_events && cairn_kv_events_take_overflow(s->kv_events)) {
+        cairn_kvcache_announce_all(s->cache);
+        s->kv_resyncs++;
+    }
     while (cairn_kvcache_poll(s->cache, ev, 16, &n) == CAIRN_OK && n > 0) {
         for (int i = 0; i < n; i++) {
             switch (ev[i].kind) {

@@ -222,6 +222,52 @@ static int setup_layout(cairn_service *s, char *err, size_t err_len)
 }
 
 /* The tiered cache under the model's (and head's) page namespace. */
+/* The store's page watcher, on the engine thread (tiers 0 and 1) and the
+ * disk's I/O thread (tier 2): each event goes to the publisher's queue,
+ * which is thread-safe and never blocks. */
+static void kv_watch(const cairn_kv_page_event *e, void *user)
+{
+    cairn_kv_events *ev = user;
+    if (e->kind == CAIRN_KV_PAGES_CLEARED) {
+        cairn_kv_events_cleared(ev);
+        return;
+    }
+    if (e->ns != 0 || e->tier < 0 || e->tier >= CAIRN_KV_MEDIUM_COUNT)
+        return; /* only namespace 0 is published (store/announce.c says why) */
+    /* the tiers are the media, fastest first: device GPU, host CPU, disk STORAGE */
+    cairn_kv_medium m = (cairn_kv_medium)e->tier;
+    if (e->kind == CAIRN_KV_PAGES_STORED)
+        cairn_kv_events_stored(ev, m, e->has_parent, e->parent, e->hashes, e->n, e->tokens);
+    else
+        cairn_kv_events_removed(ev, m, e->hashes, e->n);
+}
+
+/* Bind the publisher, hook it to the store, and announce what the cache
+ * already holds: after a restart, what LMDB kept, so the routers send this
+ * replica the prefixes it still has. */
+static int setup_kv_events(cairn_service *s, char *err, size_t err_len)
+{
+    const cairn_service_config *c = &s->cfg;
+    cairn_kv_events_config ec = {.endpoint = c->kv_events, .replay_endpoint = c->kv_events_replay,
+                                 .topic = c->kv_events_topic, .block_size = c->page_size,
+                                 .data_parallel_rank = -1};
+    int rc = cairn_kv_events_open(&ec, &s->kv_events, err, err_len);
+    if (rc)
+        return rc;
+    if ((rc = cairn_kvcache_watch(s->cache, kv_watch, s->kv_events)) ||
+        (rc = cairn_kvcache_announce_all(s->cache))) {
+        snprintf(err, err_len, "KV events: announcing the cache failed: %s", cairn_strerror(rc));
+        return rc;
+    }
+    cairn_kv_events_stats st;
+    cairn_kv_events_get_stats(s->kv_events, &st);
+    cairn_log(CAIRN_LOG_INFO, "service: KV events on %s%s%s (%llu announced at start)",
+              c->kv_events, c->kv_events_replay ? ", replay on " : "",
+              c->kv_events_replay ? c->kv_events_replay : "",
+              (unsigned long long)st.queued_events);
+    return CAIRN_OK;
+}
+
 static int setup_cache(cairn_service *s, char *err, size_t err_len)
 {
     cairn_service_config *c = &s->cfg;
@@ -278,6 +324,8 @@ static int setup_cache(cairn_service *s, char *err, size_t err_len)
         (rc = cairn_kvcache_create(&kc, &s->cache, err, err_len)))
         return rc;
     s->have_disk = cairn_kvcache_has_disk(s->cache);
+    if (c->kv_events && (rc = setup_kv_events(s, err, err_len)))
+        return rc;
     pins_bounds(s);
     s->have_shared = cairn_kvcache_has_shared(s->cache);
     if (c->load_policy != CAIRN_LOAD_MEASURED) {
@@ -421,7 +469,8 @@ void cairn_service_stop(cairn_service *s)
     free(s->logits);
     sched_sampling_free(s);
     pins_free(s);
-    cairn_kvcache_free(s->cache);
+    cairn_kvcache_free(s->cache); /* stops the disk's I/O thread, the last watcher */
+    cairn_kv_events_close(s->kv_events);
     if (s->spec)
         cairn_log(CAIRN_LOG_INFO, "service: %llu speculative steps gave %llu tokens (%.2f per "
                   "target forward)", (unsigned long long)s->spec_steps,

@@ -498,6 +498,13 @@ typedef struct {
         uint64_t puts, dropped, errors, events, outages, queued_bytes;
         uint64_t pages_queued;  /* pages this replica chose to share         */
     } shared;
+    struct {                   /* KV events (config.kv_events); zero without */
+        bool on;
+        uint64_t events, batches; /* published                               */
+        uint64_t dropped;       /* refused by a full queue                   */
+        uint64_t resyncs;       /* full re-announcements after drops          */
+        uint64_t replays;       /* replay requests answered                   */
+    } kv_events;
 } cairn_service_stats;
 
 typedef struct {
@@ -610,6 +617,13 @@ typedef struct {
                                pins may hold at once (0: a quarter of the
                                tier-0 pool); all tenants together never
                                more than half of it                      */
+    const char *kv_events;  /* publish the pages this replica holds in vLLM's
+                               KV-event format on a ZMQ PUB socket bound here
+                               ("tcp://HOST:PORT"; kvevents/kvevents.h); NULL:
+                               none                                          */
+    const char *kv_events_replay; /* ... and answer replay requests on a ROUTER
+                               socket bound here (NULL: none)                */
+    const char *kv_events_topic;  /* frame 0 of every message (NULL: "")     */
     cairn_load_policy load_policy;
     cairn_spec_params draft; /* default draft settings; 0 fields: engine defaults */
     int draft_max_batch;    /* speculate while at most this many requests

@@ -51,6 +51,7 @@
  * most 16 deep, plus the token drawn after it). */
 #define SPEC_OUT_MAX 17
 #include "store/store.h"
+#include "kvevents/kvevents.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -199,6 +200,8 @@ typedef struct lookup {
 
 struct cairn_service {
     cairn_service_config cfg;
+    cairn_kv_events *kv_events; /* the page publisher (config.kv_events), or NULL */
+    uint64_t kv_resyncs;        /* re-announcements after its queue overflowed */
     cairn_runtime *rt;         /* borrowed: backend, model, vocab, template */
     cairn_model *model;
     const cairn_vocab *vocab;

@@ -355,6 +355,20 @@ static void render_metrics(srv_http *h, const cairn_service_stats *st, cairn_str
         metric_u64(b, "cairn_shared_queued_bytes", "gauge",
                    "Bytes waiting to be written to the shared tier.", st->shared.queued_bytes);
     }
+    if (st->kv_events.on) {
+        metric_u64(b, "cairn_kv_events_published_total", "counter",
+                   "KV events (vLLM's format) sent to the routers.", st->kv_events.events);
+        metric_u64(b, "cairn_kv_events_batches_total", "counter",
+                   "Event batches sent (one ZMQ message each).", st->kv_events.batches);
+        metric_u64(b, "cairn_kv_events_dropped_total", "counter",
+                   "KV events dropped because the publisher's queue was full.",
+                   st->kv_events.dropped);
+        metric_u64(b, "cairn_kv_events_resyncs_total", "counter",
+                   "Full re-announcements of the cache after dropped events.",
+                   st->kv_events.resyncs);
+        metric_u64(b, "cairn_kv_events_replays_total", "counter",
+                   "Replay requests answered (a router catching up).", st->kv_events.replays);
+    }
     metric_histogram(b, "cairn_time_to_first_token_seconds",
                      "From a request's submission to its first sampled token.", &st->ttft);
     metric_histogram(b, "cairn_inter_token_latency_seconds",
