@@ -139,6 +139,9 @@ static void handle_message(hconn *c)
         {"/v1/messages", HTTP_POST, 8},
         {"/v1/responses", HTTP_POST, 9},
         {"/v1/cache/explain", HTTP_POST, 10},
+        {"/v1/chat/completions/render", HTTP_POST, 11},
+        {"/v1/completions/render", HTTP_POST, 12},
+        {"/v1/messages/render", HTTP_POST, 13},
     };
     const unsigned method = c->parser.method;
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
@@ -166,6 +169,9 @@ static void handle_message(hconn *c)
         case 7: http_handle_generation(c, CAIRN_API_DETOKENIZE); return;
         case 8: http_handle_wire(c, &http_anthropic_wire); return;
         case 10: http_handle_explain(c); return;
+        case 11: http_handle_render(c, CAIRN_API_CHAT); return;
+        case 12: http_handle_render(c, CAIRN_API_COMPLETION); return;
+        case 13: http_handle_render(c, CAIRN_API_MESSAGES); return;
         default: http_handle_wire(c, &http_responses_wire); return;
         }
     }

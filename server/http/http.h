@@ -56,7 +56,10 @@ struct srv_http {
     } status_counts[HTTP_N_STATUS_SLOTS];
 };
 
-typedef enum { HK_CHAT = 1, HK_COMPLETION, HK_METRICS, HK_WIRE, HK_WEB, HK_EXPLAIN } hreq_kind;
+typedef enum {
+    HK_CHAT = 1, HK_COMPLETION, HK_METRICS, HK_WIRE, HK_WEB, HK_EXPLAIN,
+    HK_RENDER /* POST /v1/.../render: the prompt's tokens, nothing run */
+} hreq_kind;
 
 typedef struct hreq hreq;
 typedef struct hconn hconn;
@@ -195,6 +198,13 @@ void http_handle_models(hconn *c);
  * the cache holds of its prompt and why not more (cache_miss), without
  * running it or changing the cache's recency. */
 void http_handle_explain(hconn *c);
+/* POST /v1/chat/completions/render, /v1/completions/render,
+ * /v1/messages/render: vLLM's render API — the request decoded exactly as
+ * its route would decode it, answered with the prompt's token ids
+ * (vLLM's GenerateRequest; a list of them for completions). Routers that
+ * route on token ids (vllm-router's kv_aware) ask it before they choose a
+ * replica. Nothing reaches the engine. */
+void http_handle_render(hconn *c, cairn_api_op op);
 bool http_on_event(hconn *c, srv_event *node);
 void http_request_free(hreq *q);
 /* A request of another wire format (its route), from decoding on. */

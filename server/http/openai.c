@@ -638,6 +638,55 @@ static int explain_submit(hconn *c, hreq *q, cairn_api_call *call)
     return srv_submit(&c->base, r) == CAIRN_OK ? CAIRN_OK : CAIRN_ECLOSED;
 }
 
+/* ---- POST /v1/.../render ---------------------------------------------------------------- */
+
+/* One prompt as vLLM's GenerateRequest: its token ids and the sampling the
+ * request asked for. */
+static json_t *render_one(const hreq *q, int index, const int32_t *tokens, size_t n,
+                          const cairn_request *r, const char *model)
+{
+    json_t *ids = json_array();
+    for (size_t i = 0; ids && i < n; i++)
+        json_array_append_new(ids, json_integer(tokens[i]));
+    const cairn_sampling_params *sp = &r->gen.sampling;
+    char rid[96];
+    snprintf(rid, sizeof rid, index > 0 ? "%s-%d" : "%s", q->id, index);
+    return json_pack("{s:s, s:o, s:{s:i, s:f, s:f, s:i, s:f}, s:s, s:b}", "request_id", rid,
+                     "token_ids", ids ? ids : json_null(), "sampling_params", "max_tokens",
+                     r->gen.max_tokens, "temperature", (double)sp->temperature, "top_p",
+                     (double)sp->top_p, "top_k", sp->top_k, "min_p", (double)sp->min_p, "model",
+                     model, "stream", false);
+}
+
+static void render_answer(hconn *c, hreq *q, cairn_api_call *call)
+{
+    c->active = NULL;
+    const char *model = c->base.srv->model_id;
+    json_t *o = NULL;
+    if (!call->req || call->req->n_tokens == 0) {
+        http_request_free(q);
+        http_respond_error(c, 400, "the prompt is empty", "messages", NULL);
+        return;
+    }
+    if (call->op == CAIRN_API_COMPLETION) {
+        o = json_array();
+        for (int i = 0; o && i < call->n_prompts; i++) {
+            const cairn_api_prompt *p = &call->prompts[i];
+            const int32_t *t = i == 0 || !p->tokens ? call->req->tokens : p->tokens;
+            size_t n = i == 0 || !p->tokens ? call->req->n_tokens : p->n_tokens;
+            json_array_append_new(o, render_one(q, i, t, n, call->req, model));
+        }
+    } else {
+        o = render_one(q, 0, call->req->tokens, call->req->n_tokens, call->req, model);
+    }
+    if (o)
+        http_respond_json(c, 200, o);
+    else
+        http_respond_error(c, 503, "out of memory", NULL, NULL);
+    json_decref(o);
+    http_request_free(q);
+}
+
 bool http_on_event(hconn *c, srv_event *node)
 {
     const cairn_event *ev = &node->ev;
@@ -807,6 +856,11 @@ static void decode_done(srv_work *w, srv_conn *b)
         return;
     }
     cairn_api_call *call = &it->call;
+    if (q->kind == HK_RENDER) {
+        render_answer(c, q, call);
+        decode_item_free(it);
+        return;
+    }
     if (q->kind == HK_EXPLAIN) {
         int rc = explain_submit(c, q, call);
         if (rc == CAIRN_EINVAL)
@@ -918,6 +972,11 @@ void http_handle_generation(hconn *c, cairn_api_op op)
 void http_handle_explain(hconn *c)
 {
     handle_request(c, HK_EXPLAIN, CAIRN_API_CHAT, "explain-", NULL);
+}
+
+void http_handle_render(hconn *c, cairn_api_op op)
+{
+    handle_request(c, HK_RENDER, op, "render-", NULL);
 }
 
 void http_handle_wire(hconn *c, const http_wire *w)
