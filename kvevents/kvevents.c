@@ -65,8 +65,25 @@ struct cairn_kv_events {
     size_t kept_head, kept_n, kept_bytes;
     uint64_t seq;
 
+    /* the mirror: every page announced and not removed, with its parent
+     * and tokens, so a subscriber that connects later (a restarted router)
+     * is sent the whole state at once (mirror_dump) */
+    struct mirror_page *mirror;  /* open addressing on hash.lo            */
+    size_t mirror_cap, mirror_n, mirror_used; /* used: live + tombstones  */
+    bool dumping;                /* publishing the mirror: not applied back */
+    int32_t *mirror_tokens;      /* [mirror_cap * block_size]              */
+
     atomic_bool overflow;
-    _Atomic uint64_t queued, published, batches, dropped, replays, replayed, next_seq;
+    _Atomic uint64_t queued, published, batches, dropped, replays, replayed, next_seq, resyncs;
+};
+
+struct mirror_page {
+    cairn_page_hash hash;
+    cairn_page_hash parent;
+    uint8_t state;     /* 0 empty, 1 live, 2 removed                        */
+    uint8_t media;     /* bit m: announced in medium m                     */
+    bool has_parent;
+    uint32_t first_child, next_sibling; /* mirror_dump's scratch: index + 1 */
 };
 
 const char *cairn_kv_medium_name(cairn_kv_medium m)
@@ -182,6 +199,215 @@ static void keep_batch(cairn_kv_events *ev, uint64_t seq, const char *data, size
     ev->kept_bytes += bytes;
 }
 
+/* ---- the mirror (publisher thread only) ------------------------------------- */
+
+static size_t mirror_find(const cairn_kv_events *ev, cairn_page_hash h, bool *found)
+{
+    size_t mask = ev->mirror_cap - 1, j = (size_t)(h.lo ^ h.hi) & mask, tomb = SIZE_MAX;
+    *found = false;
+    while (ev->mirror[j].state) {
+        if (ev->mirror[j].state == 1 && cairn_page_hash_equal(ev->mirror[j].hash, h)) {
+            *found = true;
+            return j;
+        }
+        if (ev->mirror[j].state == 2 && tomb == SIZE_MAX)
+            tomb = j;
+        j = (j + 1) & mask;
+    }
+    return tomb != SIZE_MAX ? tomb : j;
+}
+
+static void mirror_clear(cairn_kv_events *ev)
+{
+    free(ev->mirror);
+    free(ev->mirror_tokens);
+    ev->mirror = NULL;
+    ev->mirror_tokens = NULL;
+    ev->mirror_cap = ev->mirror_n = ev->mirror_used = 0;
+}
+
+static bool mirror_grow(cairn_kv_events *ev)
+{
+    if (ev->mirror_cap && 4 * (ev->mirror_used + 1) <= 3 * ev->mirror_cap)
+        return true;
+    /* rebuild: tombstones go, and the table doubles while live pages fill half */
+    size_t cap = ev->mirror_cap ? ev->mirror_cap : 1024;
+    while (2 * (ev->mirror_n + 1) > cap)
+        cap *= 2;
+    size_t bs = (size_t)ev->cfg.block_size;
+    struct mirror_page *v = calloc(cap, sizeof *v);
+    int32_t *t = malloc(cap * bs * sizeof *t);
+    if (!v || !t) {
+        free(v);
+        free(t);
+        return false;
+    }
+    struct mirror_page *old = ev->mirror;
+    int32_t *old_t = ev->mirror_tokens;
+    size_t old_cap = ev->mirror_cap;
+    ev->mirror = v;
+    ev->mirror_tokens = t;
+    ev->mirror_cap = cap;
+    ev->mirror_used = ev->mirror_n;
+    for (size_t i = 0; i < old_cap; i++) {
+        if (old[i].state != 1)
+            continue;
+        bool found;
+        size_t j = mirror_find(ev, old[i].hash, &found);
+        v[j] = old[i];
+        memcpy(t + j * bs, old_t + i * bs, bs * sizeof *t);
+    }
+    free(old);
+    free(old_t);
+    return true;
+}
+
+static void mirror_apply(cairn_kv_events *ev, const qevent *e)
+{
+    size_t bs = (size_t)ev->cfg.block_size;
+    if (e->kind == EV_CLEARED) {
+        mirror_clear(ev);
+        return;
+    }
+    for (size_t i = 0; i < e->n; i++) {
+        if (e->kind == EV_STORED && !mirror_grow(ev))
+            return; /* out of memory: a later subscriber misses some pages */
+        if (!ev->mirror_cap)
+            return;
+        bool found;
+        size_t j = mirror_find(ev, e->hashes[i], &found);
+        struct mirror_page *p = &ev->mirror[j];
+        if (e->kind == EV_STORED) {
+            if (!found) {
+                ev->mirror_used += p->state == 0;
+                *p = (struct mirror_page){.hash = e->hashes[i], .state = 1};
+                ev->mirror_n++;
+            }
+            p->media |= (uint8_t)(1u << e->medium);
+            p->has_parent = i > 0 || e->has_parent;
+            p->parent = i > 0 ? e->hashes[i - 1] : e->parent;
+            memcpy(ev->mirror_tokens + j * bs, e->tokens + i * bs, bs * sizeof(int32_t));
+        } else if (found) {
+            p->media &= (uint8_t)~(1u << e->medium);
+            if (!p->media) {
+                p->state = 2;
+                ev->mirror_n--;
+            }
+        }
+    }
+}
+
+static void publish(cairn_kv_events *ev, qevent *list, size_t n);
+static void free_list(qevent *e);
+
+/* A new subscription: AllBlocksCleared, then every page the mirror holds,
+ * parents before children, one page per medium per event, in batches. A
+ * subscriber that was there already ends where it was; a new one (a
+ * restarted router, which asks the replay socket only after a gap it has
+ * seen) starts from the whole state instead of from nothing. */
+static void mirror_dump(cairn_kv_events *ev)
+{
+    size_t bs = (size_t)ev->cfg.block_size;
+    qevent *cleared = calloc(1, sizeof *cleared);
+    if (!cleared)
+        return;
+    ev->dumping = true;
+    cleared->kind = EV_CLEARED;
+    publish(ev, cleared, 1);
+    free(cleared);
+    if (!ev->mirror_n) {
+        ev->dumping = false;
+        return;
+    }
+    /* children lists: each live page under its parent, if the parent is live */
+    size_t *roots = malloc(ev->mirror_n * sizeof *roots), n_roots = 0;
+    size_t *stack = malloc(ev->mirror_n * sizeof *stack);
+    qevent **batch = malloc(BATCH_EVENTS * sizeof *batch);
+    if (!roots || !stack || !batch) {
+        free(roots);
+        free(stack);
+        free(batch);
+        ev->dumping = false;
+        return;
+    }
+    for (size_t i = 0; i < ev->mirror_cap; i++)
+        ev->mirror[i].first_child = ev->mirror[i].next_sibling = 0;
+    for (size_t i = 0; i < ev->mirror_cap; i++) {
+        struct mirror_page *p = &ev->mirror[i];
+        if (p->state != 1)
+            continue;
+        bool found = false;
+        size_t up = p->has_parent ? mirror_find(ev, p->parent, &found) : 0;
+        if (found) {
+            p->next_sibling = ev->mirror[up].first_child;
+            ev->mirror[up].first_child = (uint32_t)(i + 1);
+        } else {
+            roots[n_roots++] = i;
+        }
+    }
+    size_t nb = 0;
+    for (size_t r = 0; r < n_roots; r++) {
+        size_t top = 0;
+        stack[top++] = roots[r];
+        while (top) {
+            size_t i = stack[--top];
+            struct mirror_page *p = &ev->mirror[i];
+            for (int m = 0; m < CAIRN_KV_MEDIUM_COUNT; m++) {
+                if (!(p->media & (1u << m)))
+                    continue;
+                qevent *e = malloc(sizeof *e + sizeof(cairn_page_hash) + bs * sizeof(int32_t));
+                if (!e)
+                    continue;
+                *e = (qevent){.kind = EV_STORED, .medium = (cairn_kv_medium)m, .n = 1,
+                              .n_tokens = bs, .has_parent = p->has_parent, .parent = p->parent};
+                e->hashes = (cairn_page_hash *)(e + 1);
+                e->tokens = (int32_t *)(e->hashes + 1);
+                e->hashes[0] = p->hash;
+                memcpy(e->tokens, ev->mirror_tokens + i * bs, bs * sizeof(int32_t));
+                e->next = NULL;
+                if (nb)
+                    batch[nb - 1]->next = e;
+                batch[nb++] = e;
+                if (nb == BATCH_EVENTS) {
+                    publish(ev, batch[0], nb);
+                    free_list(batch[0]);
+                    nb = 0;
+                }
+            }
+            for (uint32_t c = p->first_child; c; c = ev->mirror[c - 1].next_sibling)
+                stack[top++] = c - 1;
+        }
+    }
+    if (nb) {
+        publish(ev, batch[0], nb);
+        free_list(batch[0]);
+    }
+    free(roots);
+    free(stack);
+    free(batch);
+    ev->dumping = false;
+    atomic_fetch_add(&ev->resyncs, 1);
+}
+
+/* Subscriptions arrive on the XPUB socket as [1, topic] (0: unsubscribe). */
+static void serve_subscriptions(cairn_kv_events *ev)
+{
+    bool joined = false;
+    for (;;) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, ev->pub, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            break;
+        }
+        if (zmq_msg_size(&m) > 0 && ((const uint8_t *)zmq_msg_data(&m))[0] == 1)
+            joined = true;
+        zmq_msg_close(&m);
+    }
+    if (joined)
+        mirror_dump(ev);
+}
+
 static void publish(cairn_kv_events *ev, qevent *list, size_t n)
 {
     msgpack_sbuffer sb;
@@ -191,8 +417,11 @@ static void publish(cairn_kv_events *ev, qevent *list, size_t n)
     msgpack_pack_array(&pk, 3);
     msgpack_pack_double(&pk, wall_seconds());
     msgpack_pack_array(&pk, n);
-    for (qevent *e = list; e; e = e->next)
+    for (qevent *e = list; e; e = e->next) {
         pack_event(&pk, e, ev->cfg.block_size);
+        if (!ev->dumping)
+            mirror_apply(ev, e);
+    }
     if (ev->cfg.data_parallel_rank >= 0)
         msgpack_pack_int(&pk, ev->cfg.data_parallel_rank);
     else
@@ -285,22 +514,15 @@ static void *publisher_main(void *arg)
         bool idle = !ev->head;
         bool stop = ev->stopping;
         pthread_mutex_unlock(&ev->mu);
-        if (ev->replay) {
-            zmq_pollitem_t it = {.socket = ev->replay, .events = ZMQ_POLLIN};
-            if (zmq_poll(&it, 1, idle && !stop ? IDLE_POLL_MS : 0) > 0)
+        zmq_pollitem_t it[2] = {{.socket = ev->pub, .events = ZMQ_POLLIN},
+                                {.socket = ev->replay, .events = ZMQ_POLLIN}};
+        if (zmq_poll(it, ev->replay ? 2 : 1, idle && !stop ? IDLE_POLL_MS : 0) > 0) {
+            if (it[0].revents & ZMQ_POLLIN)
+                serve_subscriptions(ev);
+            if (ev->replay && (it[1].revents & ZMQ_POLLIN))
                 serve_replay(ev);
         }
         pthread_mutex_lock(&ev->mu);
-        if (!ev->head && !ev->stopping && !ev->replay) {
-            struct timespec until;
-            clock_gettime(CLOCK_REALTIME, &until);
-            until.tv_nsec += IDLE_POLL_MS * 1000000L;
-            if (until.tv_nsec >= 1000000000L) {
-                until.tv_sec++;
-                until.tv_nsec -= 1000000000L;
-            }
-            pthread_cond_timedwait(&ev->cv, &ev->mu, &until);
-        }
         /* take at most one batch's worth */
         qevent *list = ev->head, *last = NULL;
         size_t n = 0, bytes = 0;
@@ -455,6 +677,7 @@ static void free_all(cairn_kv_events *ev)
         free(ev->kept);
     }
     free(ev->topic);
+    mirror_clear(ev);
     pthread_mutex_destroy(&ev->mu);
     pthread_cond_destroy(&ev->cv);
     free(ev);
@@ -471,9 +694,10 @@ static int bind_socket(void *ctx, int type, const char *url, void **out, char *e
     }
     int linger = 500; /* ms: close sends what is queued, then gives up */
     zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
-    if (type == ZMQ_PUB) {
-        int hwm = 100000;
+    if (type == ZMQ_XPUB) {
+        int hwm = 100000, verbose = 1; /* every subscription, repeats included */
         zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm);
+        zmq_setsockopt(s, ZMQ_XPUB_VERBOSE, &verbose, sizeof verbose);
     }
     if (zmq_bind(s, url) != 0) {
         if (err && err_len)
@@ -522,7 +746,7 @@ int cairn_kv_events_open(const cairn_kv_events_config *cfg, cairn_kv_events **ou
     }
     ev->topic_len = strlen(ev->topic);
     ev->cfg.topic = ev->topic;
-    int rc = bind_socket(ev->zctx, ZMQ_PUB, cfg->endpoint, &ev->pub, err, err_len);
+    int rc = bind_socket(ev->zctx, ZMQ_XPUB, cfg->endpoint, &ev->pub, err, err_len);
     if (!rc && cfg->replay_endpoint)
         rc = bind_socket(ev->zctx, ZMQ_ROUTER, cfg->replay_endpoint, &ev->replay, err, err_len);
     if (!rc && pthread_create(&ev->thread, NULL, publisher_main, ev) != 0)

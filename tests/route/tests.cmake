@@ -10,3 +10,14 @@ add_test(NAME route_integration
   COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_route.py
           $<TARGET_FILE:cairn> ${CAIRN_MODEL})
 set_tests_properties(route_integration PROPERTIES TIMEOUT 300 LABELS "route;server")
+
+# cairn behind the routers people deploy: three replicas of the real
+# instruct model behind vllm-router (round_robin, cache_aware, kv_aware fed
+# by --kv-events), sglang-router and cairn route; the RAG floor, a burst,
+# same tokens through every router, a replica SIGKILLed and restarted.
+# Needs the router wheels (pip-installed when missing), redis-server, pyzmq
+# and msgspec; skips (77) saying which is missing.
+add_test(NAME route_routers_realmodel
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_routers.py $<TARGET_FILE:cairn>)
+set_tests_properties(route_routers_realmodel PROPERTIES TIMEOUT 900 LABELS "route;server;realmodel"
+  SKIP_RETURN_CODE 77 ENVIRONMENT "CAIRN_CHAT_MODEL=${CAIRN_CHAT_MODEL}")
