@@ -647,6 +647,7 @@ void cairn_kv_events_get_stats(const cairn_kv_events *ev, cairn_kv_events_stats 
     out->replay_requests = atomic_load(&e->replays);
     out->replayed_batches = atomic_load(&e->replayed);
     out->next_seq = atomic_load(&e->next_seq);
+    out->resyncs = atomic_load(&e->resyncs);
 }
 
 /* ---- open and close ---------------------------------------------------------- */

@@ -6,7 +6,7 @@
  *
  * What goes over the wire
  * -----------------------
- * A ZMQ PUB socket (bound at `endpoint`) sends one three-frame message per
+ * A ZMQ PUB socket (XPUB, bound at `endpoint`) sends one three-frame message per
  * batch of events:
  *
  *     frame 0   topic            the configured topic bytes ("" by default)
@@ -45,6 +45,15 @@
  * then [identity, "", "", -1 as 8 bytes, ""]: a router that restarted or
  * missed messages catches up from where it stopped. The last
  * `replay_batches` batches are kept.
+ *
+ * Late subscribers. The PUB side is an XPUB socket (the same wire for a
+ * subscriber), so the publisher sees each subscription arrive. It keeps a
+ * mirror of every page announced and not removed (hash, parent, tokens,
+ * media), and when someone subscribes it sends AllBlocksCleared and then the
+ * whole mirror, parents before children. A router that restarts therefore
+ * knows everything at once — vllm-router 0.1.17 asks a replay socket only
+ * after a gap in sequence numbers it has already seen, never from zero — and
+ * the subscribers already there end where they were.
  *
  * Threads and the engine
  * ----------------------
@@ -134,6 +143,7 @@ typedef struct {
     uint64_t replay_requests;  /* requests answered on the replay socket         */
     uint64_t replayed_batches; /* batches resent in those answers                */
     uint64_t next_seq;         /* the sequence number the next batch will carry  */
+    uint64_t resyncs;          /* whole states sent to a new subscriber           */
 } cairn_kv_events_stats;
 
 /* A consistent-enough snapshot of the counters; any thread. */

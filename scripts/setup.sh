@@ -92,3 +92,18 @@ if [ $want_test -eq 1 ]; then
     python3 "$here/get-model" >/dev/null ||
         echo "setup: WARNING: could not fetch the real model; tests that need it will skip" >&2
 fi
+
+if [ $want_test -eq 1 ]; then
+    # The routers replicas are deployed behind (tests/route/test_routers.py,
+    # bench/scale/bench_routers.py): PyPI wheels holding Rust binaries. The
+    # test installs them itself when they are missing and skips, saying why,
+    # when it cannot.
+    if ! command -v vllm-router >/dev/null || ! command -v sglang-router >/dev/null; then
+        echo "setup: installing vllm-router and sglang-router" >&2
+        python3 -m pip install -q vllm-router==0.1.17 sglang-router==0.3.2 2>/dev/null ||
+            python3 -m pip install -q --break-system-packages vllm-router==0.1.17 \
+                sglang-router==0.3.2 ||
+            echo "setup: WARNING: vllm-router / sglang-router not installed;" \
+                 "route_routers_realmodel will be skipped" >&2
+    fi
+fi
