@@ -184,7 +184,8 @@ def run_chat(port, args, rng):
     convs = list(range(args.sessions))
 
     def converse(s):
-        system = " ".join(words[(s * 211) % 3000:(s * 211) % 3000 + args.system_words])
+        at = (s * 211) % (len(words) - args.system_words)  # the stories text has ~1000 words
+        system = " ".join(words[at:at + args.system_words])
         msgs = [{"role": "system", "content": system}]
         for t in range(args.turns):
             msgs.append({"role": "user", "content": f"Turn {t}: tell me about "
