@@ -55,6 +55,7 @@ ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests", "support"))
 import harness  # noqa: E402
 from redis_server import RedisServer  # noqa: E402
+import routers  # noqa: E402
 
 GUARD_S = 600
 
@@ -114,16 +115,6 @@ def post_stream(port, path, body):
     return ttft if ttft is not None else time.monotonic() - t0, usage
 
 
-def metrics(port):
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as r:
-        out = {}
-        for line in r.read().decode().splitlines():
-            if line and not line.startswith("#"):
-                name, value = line.rsplit(" ", 1)
-                out[name] = float(value)
-        return out
-
-
 def router_health(port):
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/router/health", timeout=60) as r:
@@ -134,11 +125,7 @@ def router_health(port):
 
 def computed_tokens(replicas):
     """Prompt tokens the replicas computed: looked up minus served from cache."""
-    total = 0
-    for r in replicas:
-        m = metrics(r.http_port)
-        total += m["cairn_prefix_cache_queries_total"] - m["cairn_prefix_cache_hits_total"]
-    return int(total)
+    return routers.computed_tokens([r.http_port for r in replicas])
 
 
 def rag_workload(args, rng, n_docs, n_asks, doc_words):

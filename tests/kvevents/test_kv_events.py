@@ -39,6 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "support"))
 import harness  # noqa: E402
 import vllm_kv_events as kv  # noqa: E402
+from routers import metrics  # noqa: E402
 
 [CAIRN, MODEL] = harness.take_argv("CAIRN_BIN", "MODEL", usage=__doc__)
 if kv.zmq is None or kv.msgspec is None:
@@ -46,17 +47,6 @@ if kv.zmq is None or kv.msgspec is None:
     sys.exit(77)
 
 GUARD = harness.SHORT_HANG_GUARD_S
-
-
-def metrics(port, headers=None):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers=headers or {})
-    with urllib.request.urlopen(req, timeout=GUARD) as r:
-        out = {}
-        for line in r.read().decode().splitlines():
-            if line and not line.startswith("#"):
-                name, value = line.rsplit(" ", 1)
-                out[name] = float(value)
-        return out
 
 
 def server_pages(port, headers=None):
@@ -79,8 +69,8 @@ def ask(port, doc, q, headers=None):
 
 class KvEventsTest(unittest.TestCase):
     def start(self, scratch, extra=(), cache="cache"):
-        self.pub = f"tcp://127.0.0.1:{kv.free_port()}"
-        self.rep = f"tcp://127.0.0.1:{kv.free_port()}"
+        self.pub = f"tcp://127.0.0.1:{harness.free_port()}"
+        self.rep = f"tcp://127.0.0.1:{harness.free_port()}"
         args = ["-m", MODEL, "-c", "512", "--kv-mem", "512K", "--host-mem", "192K",
                 "--cache-dir", os.path.join(scratch.name, cache),
                 "--kv-events", self.pub, "--kv-events-replay", self.rep, *extra]

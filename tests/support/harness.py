@@ -288,6 +288,14 @@ class Reference:
 
 
 # ---- waiting ---------------------------------------------------------------
+def free_port():
+    """A TCP port on 127.0.0.1 nobody listens on now (for the servers and
+    sockets that must be told a port before they start)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def poll(read, done, guard=HANG_GUARD_S, every=0.05):
     """read() until done(value) or `guard` seconds have passed (a hang
     guard); returns the last value, for the caller to check."""

@@ -16,19 +16,14 @@ Nothing here measures speed; every wait is a guard against a hang.
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import time
 
 import redis
 
+from harness import free_port  # noqa: F401  (its callers use redis_server.free_port)
+
 START_GUARD_S = 30
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RedisServer:

@@ -19,6 +19,8 @@ import threading
 import time
 import urllib.request
 
+from harness import free_port  # noqa: F401  (the callers use routers.free_port too)
+
 VLLM_ROUTER = "vllm-router==0.1.17"
 SGLANG_ROUTER = "sglang-router==0.3.2"
 GUARD_S = 300
@@ -36,15 +38,6 @@ def have_routers():
     if not (shutil.which("vllm-router") and shutil.which("sglang-router")):
         return "vllm-router / sglang-router installed but not on PATH"
     return None
-
-
-def free_port():
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def tokenizer_folder(model, out):
@@ -151,17 +144,24 @@ def post_json(port, path, body, timeout=GUARD_S):
         return json.loads(r.read())
 
 
+def metrics(port, headers=None):
+    """A replica's /metrics as {series: value}."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers=headers or {})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        out = {}
+        for line in r.read().decode().splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                out[name] = float(value)
+        return out
+
+
 def computed_tokens(ports):
     """Prompt tokens the replicas at `ports` computed: looked up minus served
     from the cache, from their /metrics."""
     total = 0
     for port in ports:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as r:
-            m = {}
-            for line in r.read().decode().splitlines():
-                if line and not line.startswith("#"):
-                    name, value = line.rsplit(" ", 1)
-                    m[name] = float(value)
+        m = metrics(port)
         total += m["cairn_prefix_cache_queries_total"] - m["cairn_prefix_cache_hits_total"]
     return int(total)
 

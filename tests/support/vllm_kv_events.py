@@ -181,11 +181,3 @@ class ReplicaView:
         self.sub.close(linger=0)
         self.ctx.term()
 
-
-def free_port():
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
