@@ -16,7 +16,9 @@ Written files: model.safetensors (or N shards model-0000i-of-0000N.safetensors w
 model.safetensors.index.json), config.json, generation_config.json, tokenizer.json,
 tokenizer_config.json. tokenizer.json is built from the GGUF vocabulary for byte-level BPE
 ("gpt2") and SentencePiece ("llama") vocabularies; others get none (a warning says so).
---tokenizer-only writes just tokenizer.json (for vocabulary-only GGUFs).
+--tokenizer-only writes just the tokenizer files (tokenizer.json, plus tokenizer_config.json with
+the chat template and generation_config.json when the GGUF has a model section): what a router
+that tokenizes requests itself needs, and all a vocabulary-only GGUF can give.
 
 --f16-gguf writes a GGUF with exactly the same weights for comparison runs: 2-D tensors as F16
 converted from the BF16 values (exact except magnitudes below 2^-14, where F16 is subnormal, or
@@ -374,7 +376,8 @@ def main():
     ap.add_argument("--shards", type=int, default=1)
     ap.add_argument("--f16-gguf")
     ap.add_argument("--tokenizer-only", action="store_true",
-                    help="write only tokenizer.json (works on vocabulary-only GGUFs)")
+                    help="write only the tokenizer files: tokenizer.json, and tokenizer_config.json "
+                         "(chat template) and generation_config.json when the file has them")
     a = ap.parse_args()
     t0 = time.time()
     r = GGUFReader(a.gguf)
@@ -385,6 +388,14 @@ def main():
         if tj is None:
             raise SystemExit("no tokenizer.json for this vocabulary")
         ckpt_io.write_json(os.path.join(a.outdir, "tokenizer.json"), tj)
+        # The tokenizer configuration and chat template go with it when the
+        # file has them: a router that renders chat requests itself (vllm-router
+        # kv_aware, sglang-router) needs the template to tokenize as cairn does.
+        if arch is not None and field(r, f"{arch}.context_length") is not None:
+            ckpt_io.write_json(os.path.join(a.outdir, "tokenizer_config.json"),
+                               make_tokenizer_config(r, arch))
+            ckpt_io.write_json(os.path.join(a.outdir, "generation_config.json"),
+                               make_generation_config(r))
         return
     ws = load_weights(r, arch)
     t1 = time.time()
