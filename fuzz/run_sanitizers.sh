@@ -66,7 +66,7 @@ mkdir -p "$logs"
 export ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:abort_on_error=1:log_path=$logs/asan"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:abort_on_error=1:log_path=$logs/ubsan"
 export LSAN_OPTIONS="log_path=$logs/lsan"
-export TSAN_OPTIONS="second_deadlock_stack=1:history_size=4:log_path=$logs/tsan"
+export TSAN_OPTIONS="second_deadlock_stack=1:history_size=4:log_path=$logs/tsan:suppressions=$PWD/fuzz/tsan.supp"
 # Tests that bound memory or time can tell they run instrumented.
 export CAIRN_SANITIZER="$mode"
 
