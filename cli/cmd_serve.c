@@ -90,6 +90,9 @@ static const char help[] =
     "                         (default 250)\n"
     "      --shared-ttl S     pages expire in Redis after S seconds (default 7 days;\n"
     "                         session records never expire)\n"
+    "      --shared-wait S    with --shared-write all: a request whose prefix another\n"
+    "                         replica is computing waits for its pages, until S seconds\n"
+    "                         pass without a new one (default 5; 0: never waits)\n"
     "      --kv-events URL    publish the pages this replica holds, as vLLM's KV events\n"
     "                         (ZMQ PUB bound at tcp://HOST:PORT), for vllm-router's\n"
     "                         kv_aware policy, llm-d or Dynamo; see docs/scale-out.md\n"
@@ -129,7 +132,7 @@ enum {
     OPT_HTTP_PORT, OPT_HTTP_HOST, OPT_HTTP_MAX_BODY, OPT_HTTP_TIMEOUT, OPT_MODEL_NAME,
     OPT_CORS_ORIGIN, OPT_DRAIN_TIMEOUT,
     OPT_DRAFT_MAX_BATCH, OPT_SHARED_CACHE, OPT_SHARED_PREFIX, OPT_SHARED_WRITE, OPT_SHARED_TIMEOUT,
-    OPT_REPLICA_ID, OPT_SHARED_TTL,
+    OPT_REPLICA_ID, OPT_SHARED_TTL, OPT_SHARED_WAIT,
     OPT_NO_WEB, OPT_NO_WRITE_BEHIND, OPT_EVICTION, OPT_MAX_PINNED, OPT_KV_EVENTS,
     OPT_KV_EVENTS_REPLAY, OPT_KV_EVENTS_TOPIC,
 };
@@ -307,6 +310,14 @@ static int parse_shared_opt(serve_opts *o, int opt, const char *arg)
         return 1;
     case OPT_SHARED_TIMEOUT:
         return parse_int_opt(arg, "--shared-timeout", 1, 600000, &o->shared.timeout_ms);
+    case OPT_SHARED_WAIT: {
+        long v;
+        if (cli_parse_long("cairn serve", arg, "--shared-wait", 0, 3600, &v) < 0)
+            return -1;
+        o->cfg.service.shared_wait_s = v > 0 ? (double)v : -1;
+        o->shared_write_given = true; /* needs --shared-cache like the others */
+        return 1;
+    }
     case OPT_SHARED_TTL: {
         long v;
         if (cli_parse_long("cairn serve", arg, "--shared-ttl", 1, 1L << 40, &v) < 0)
@@ -407,6 +418,7 @@ static int parse_serve_opts(serve_opts *o, int argc, char **argv)
         {"shared-timeout", required_argument, 0, OPT_SHARED_TIMEOUT},
         {"replica-id", required_argument, 0, OPT_REPLICA_ID},
         {"shared-ttl", required_argument, 0, OPT_SHARED_TTL},
+        {"shared-wait", required_argument, 0, OPT_SHARED_WAIT},
         {"verbose", no_argument, 0, 'v'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -712,7 +724,7 @@ static int prepare_serve(serve_opts *o, access_opts *acc)
     if (!o->shared.url && (o->shared.prefix || o->shared.replica || o->shared.timeout_ms ||
                            o->shared.page_ttl_s || o->shared_write_given)) {
         fprintf(stderr, "cairn serve: --shared-prefix, --shared-write, --shared-timeout, "
-                        "--shared-ttl and --replica-id need --shared-cache URL\n");
+                        "--shared-ttl, --shared-wait and --replica-id need --shared-cache URL\n");
         return 2;
     }
     if (o->shared.url && !cfg->service.cache_dir) {

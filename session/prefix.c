@@ -20,6 +20,20 @@
  *            computed (store.h, "computing a prefix once"), so the waiting
  *            requests match them like any cached prefix.
  *
+ *   remote   with a Redis shared by replicas that give it every page they
+ *            compute (--shared-write all), a fetch whose answer ends at a
+ *            page another replica looked up lately is not admitted: that
+ *            replica is computing the prefix now (store.h, busy_elsewhere).
+ *            The job goes back to the head of the queue and fetches again
+ *            REMOTE_RETRY_S later, finding in Redis the pages written
+ *            meanwhile; it goes in when its answer ends at a page nobody
+ *            else is computing (its own question), or after shared_wait_s
+ *            in which no new page came (that replica died, or has not
+ *            started): then it computes the rest itself.
+ *
+ *         replica A:  [doc ........ doc][qA ans]     pages ──▶ Redis
+ *         replica B:   fetch, wait, fetch ─▶ [qB ans]  (pages from Redis)
+ *
  *   partial  at admission, a match that ends inside a page takes the rows
  *            it shares from a cached page (the tree, a tail) or from a
  *            running job's page, by copy: only the request's own tokens
@@ -69,6 +83,35 @@ bool prefix_should_wait(const cairn_service *s, const job *j)
         if (waits_for(s, j, s->fetching[i], false))
             return true;
     return false;
+}
+
+#define REMOTE_RETRY_S 0.05
+#define REMOTE_WAIT_DEFAULT_S 5.0
+
+bool prefix_wait_remote(cairn_service *s, job *j, const cairn_kvcache_event *ev)
+{
+    if (!ev || ev->status != CAIRN_OK || !ev->busy_elsewhere || j->cancelled ||
+        j->remote_gave_up || s->cfg.shared_wait_s < 0)
+        return false;
+    const double now = cairn_now();
+    const double patience = s->cfg.shared_wait_s > 0 ? s->cfg.shared_wait_s : REMOTE_WAIT_DEFAULT_S;
+    if (!j->remote_wait) {
+        j->remote_wait = true;
+        j->remote_progress_at = now;
+        j->remote_resident = ev->resident_pages;
+        s->stats.remote_waits++;
+    } else if (ev->resident_pages > j->remote_resident) {
+        j->remote_resident = ev->resident_pages;
+        j->remote_progress_at = now;
+    } else if (now - j->remote_progress_at > patience) {
+        j->remote_gave_up = true;
+        s->stats.remote_wait_timeouts++;
+        return false;
+    }
+    j->remote_retry_at = now + REMOTE_RETRY_S;
+    cairn_kvcache_release(s->cache, ev->node); /* the pages stay cached here */
+    waiting_push(s, j, true);
+    return true;
 }
 
 void prefix_extend(cairn_service *s, job *j)

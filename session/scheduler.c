@@ -6,6 +6,8 @@
  */
 #include "session/session_impl.h"
 
+#include <math.h>
+
 void waiting_push(cairn_service *s, job *j, bool front)
 {
     j->next = NULL;
@@ -104,7 +106,10 @@ static void job_adopt(cairn_service *s, job *j, const cairn_kvcache_event *ev)
     j->n_tree_pages = j->n_pages = 0;
     j->hold = ev ? ev->node : NULL;
     size_t resident = ev ? ev->resident_pages : 0;
-    j->share_wanted = j->share_wanted || (ev && ev->share_wanted);
+    /* --shared-write all: its pages go to Redis as they are computed, so a
+     * replica that finds it computing them waits for them (prefix.c) */
+    j->share_wanted = j->share_wanted || (ev && ev->share_wanted) ||
+                      (s->cfg.shared && s->cfg.share_policy == CAIRN_SHARE_ALL);
     if (resident > 0) {
         if (job_reserve_pages(j, resident) != CAIRN_OK ||
             cairn_kvcache_held_pages(s->cache, j->hold, resident, j->pages) != CAIRN_OK)
@@ -209,9 +214,12 @@ static job *waiting_pick(cairn_service *s)
     const int share = n_seen ? (s->cfg.max_seqs + n_seen - 1) / n_seen : s->cfg.max_seqs;
     job *prev = NULL, *first = NULL, *first_prev = NULL;
     int looked = 0; /* a bounded look: the rest move up as these go in */
+    const double now = cairn_now();
     for (job *j = s->waiting_head; j && looked < PICK_LOOKAHEAD; prev = j, j = j->next, looked++) {
         if (j->cancelled) /* reaped next; admitting it is harmless and quick */
             return waiting_unlink(s, prev, j);
+        if (j->remote_retry_at > now) /* waits for another replica's pages */
+            continue;
         if (prefix_should_wait(s, j)) {
             if (!j->shared_wait) {
                 j->shared_wait = true;
@@ -227,6 +235,23 @@ static job *waiting_pick(cairn_service *s)
             return waiting_unlink(s, prev, j);
     }
     return first ? waiting_unlink(s, first_prev, first) : NULL;
+}
+
+double sched_ready_at(const cairn_service *s)
+{
+    if (!s->waiting_head)
+        return INFINITY;
+    const double now = cairn_now();
+    double at = INFINITY;
+    int looked = 0;
+    const job *j = s->waiting_head;
+    for (; j && looked < PICK_LOOKAHEAD; j = j->next, looked++) {
+        if (j->remote_retry_at <= now)
+            return 0;
+        if (j->remote_retry_at < at)
+            at = j->remote_retry_at;
+    }
+    return j ? 0 : at; /* past the look-ahead: admission looks again */
 }
 
 void sched_admit(cairn_service *s)
@@ -275,7 +300,8 @@ void sched_poll_cache(cairn_service *s)
                     if (j->cookie != ev[i].cookie)
                         continue;
                     s->fetching[k] = s->fetching[--s->n_fetching];
-                    job_adopt(s, j, &ev[i]); /* cancelled ones are reaped next */
+                    if (!prefix_wait_remote(s, j, &ev[i]))
+                        job_adopt(s, j, &ev[i]); /* cancelled ones are reaped next */
                     break;
                 }
                 break;

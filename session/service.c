@@ -71,8 +71,13 @@ static void *engine_main(void *arg)
         /* a pin that expires is unlocked on time even while nothing runs:
          * the idle wait ends at the next deadline */
         double next_pin = pins_sweep(s, cairn_now());
+        /* jobs that wait for another replica's pages are fetched again on
+         * time, too */
+        const double ready_at = sched_ready_at(s);
+        if (ready_at < next_pin)
+            next_pin = ready_at;
         pthread_mutex_lock(&s->mu);
-        while (!s->stopping && s->inbox_n == 0 && s->n_running == 0 && !s->waiting_head && !io) {
+        while (!s->stopping && s->inbox_n == 0 && s->n_running == 0 && ready_at > 0 && !io) {
             if (isinf(next_pin)) {
                 pthread_cond_wait(&s->cv, &s->mu);
                 continue;

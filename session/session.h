@@ -474,6 +474,10 @@ typedef struct {
     uint64_t pins_refused;     /* hints refused at a tenant's or the global bound */
     uint64_t shared_waits;     /* admissions deferred until another request had
                                   computed the prefix they share              */
+    uint64_t remote_waits;     /* ... until another replica had (its pages
+                                  came through the shared tier)              */
+    uint64_t remote_wait_timeouts; /* of those, waits given up: no new pages
+                                  for shared_wait_s                          */
     struct {                   /* write-behind to the disk tier (store.h)   */
         uint64_t pages;        /* pages of reused prefixes committed to LMDB */
         uint64_t queued;       /* ... queued (committed or still in flight) */
@@ -607,6 +611,11 @@ typedef struct {
                                (needs cache_dir); NULL: none. Read at start. */
     int share_policy;       /* which pages go to tier 3: CAIRN_SHARE_* of
                                store/store.h (default: reused ones)          */
+    double shared_wait_s;   /* with tier 3: a request whose prefix another
+                               replica is computing for Redis waits for its
+                               pages, fetching again, until this long passes
+                               without new ones (then computes the rest);
+                               0 = 5 s, < 0 = never waits (session/prefix.c) */
     bool plain_lru;         /* evict in plain LRU order, not by class (radix.h,
                                "Eviction order"): for comparisons           */
     bool no_write_behind;   /* with cache_dir: do not write reused prefixes'

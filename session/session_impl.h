@@ -132,6 +132,12 @@ typedef struct job {
     size_t n_computed;       /* tokens of seq whose KV is in pages            */
     bool admitted_once;
     bool shared_wait;        /* counted once in stats.shared_waits             */
+    /* Waiting for another replica's pages (prefix.c, "remote"). */
+    bool remote_wait;        /* counted once in stats.remote_waits             */
+    bool remote_gave_up;     /* waited shared_wait_s for nothing: computes     */
+    double remote_retry_at;  /* not admitted again before (cairn_now)          */
+    double remote_progress_at; /* when its fetch last found more pages       */
+    size_t remote_resident;  /* pages its last fetch found                     */
     int64_t cached_tokens;   /* reported: matched at the first admission      */
     cairn_cache_miss miss;   /* why the rest was not: at the first admission  */
     cairn_kv_hold *hold;     /* the cached prefix it started from (locked)    */
@@ -423,6 +429,13 @@ void intake_durable_done(cairn_service *s, uint64_t cookie, int status);
 /* Whether waiting job j should stay queued: a running or fetching job has
  * yet to compute at least a page of prompt that j shares with it. */
 bool prefix_should_wait(const cairn_service *s, const job *j);
+/* j's fetch (ev) ended where another replica is computing for Redis: true
+ * when j goes back to the queue to fetch again later (the fetch's hold is
+ * released); false when it should be admitted now. */
+bool prefix_wait_remote(cairn_service *s, job *j, const cairn_kvcache_event *ev);
+/* When the queue next has a job to admit: 0 = now, INFINITY = empty; a
+ * later time when the jobs at its head all wait for other replicas. */
+double sched_ready_at(const cairn_service *s);
 /* After a step: j's newly computed whole pages go to the tree (its hold
  * moves to their end). */
 void prefix_extend(cairn_service *s, job *j);

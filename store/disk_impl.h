@@ -42,6 +42,7 @@ typedef struct disk_req {
     bool shared_asked;   /* a miss this batch asked the shared tier about  */
     bool from_shared;    /* ... and the shared tier answered               */
     bool seen_elsewhere; /* ... or not, but another replica asked it before */
+    bool busy_elsewhere; /* ... and said it writes what it computes, lately */
     uint8_t announce;    /* write: DISK_ANNOUNCE / DISK_HAS_PARENT (disk_watch.c) */
     bool deleted;        /* read: the value failed verification and went   */
     uint8_t parent[16];  /* write: the page before this one (or the seed)  */

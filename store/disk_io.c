@@ -333,7 +333,7 @@ static void post(cairn_disk *d, disk_req *list, const batch_counts *bc, uint64_t
             d->done[d->n_done++] = (cairn_disk_completion){
                 .cookie = r->cookie, .op = r->op, .status = r->status, .seconds = waited,
                 .data = r->result, .bytes = r->result_bytes, .shared = r->from_shared,
-                .seen_elsewhere = r->seen_elsewhere};
+                .seen_elsewhere = r->seen_elsewhere, .busy_elsewhere = r->busy_elsewhere};
             r->result = NULL; /* handed over */
         }
     }

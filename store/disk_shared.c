@@ -15,6 +15,11 @@
  *
  * Keys (P the configured prefix, hex lower-case):
  *     P p:<namespace root>:<page hash>   a page, in the disk value format
+ *     P s:<namespace root>:<page hash>   its lookup mark: "<looker> <unix ms>
+ *                                        <w>", set once (NX) by the first
+ *                                        replica to look the page up; w = 1
+ *                                        when that replica gives Redis every
+ *                                        page it computes
  *     P r:<record key>                   a durable record's value
  *     P events                           the stream of page events
  *
@@ -32,6 +37,8 @@
 #include <hiredis/hiredis.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #define SHARED_DEFAULT_PREFIX "cairn:"
 #define SHARED_DEFAULT_TIMEOUT_MS 250
@@ -72,6 +79,8 @@ struct disk_shared {
     size_t queue_bytes;
     char page_ttl[24]; /* seconds, as SET ... EX takes them */
     char ns_hex[33];
+    char looker[17];   /* this process in lookup marks (random, hex) */
+    bool writes_computed;
 
     link_state reader; /* the disk's I/O thread only */
     link_state writer; /* the writer thread only     */
@@ -88,6 +97,14 @@ struct disk_shared {
                                     failed, either connection: "up" is the
                                     later being a success                   */
 };
+
+/* Seconds since the epoch: lookup marks are compared across machines. */
+static double wall_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 static void note_exchange(disk_shared *s, bool ok)
 {
@@ -182,6 +199,26 @@ static size_t seen_key(const disk_shared *s, const uint8_t key[16], char *out, s
     return page_key_of(s, "s", key, out, cap);
 }
 
+/* Whether a lookup mark (the GET of it) says another process that writes
+ * what it computes looked the page up less than CAIRN_SHARED_BUSY_S ago.
+ * Marks of older versions ("1") and of this process say no. */
+static bool mark_busy(const disk_shared *s, const void *reply)
+{
+    const redisReply *v = reply;
+    if (!v || v->type != REDIS_REPLY_STRING || v->len >= 64)
+        return false;
+    char buf[64], who[64];
+    memcpy(buf, v->str, v->len);
+    buf[v->len] = '\0';
+    long long ms;
+    int writes;
+    if (sscanf(buf, "%63s %lld %d", who, &ms, &writes) != 3 || !writes ||
+        strcmp(who, s->looker) == 0)
+        return false;
+    const double age = wall_now() - (double)ms / 1000;
+    return age < CAIRN_SHARED_BUSY_S && age > -CAIRN_SHARED_BUSY_S; /* clocks drift a little */
+}
+
 /* P r:<hex of the record key> (malloc'd). */
 static char *record_key(const disk_shared *s, const uint8_t *key, size_t len, size_t *out_len)
 {
@@ -222,11 +259,19 @@ void disk_shared_serve(cairn_disk *d, disk_req *list)
             const size_t lens[2] = {3, kl};
             redisAppendCommandArgv(c, 2, argv, lens);
             /* and leave a mark: the second replica to look a page up (a
-             * prefix seen twice in the cluster) learns that it was */
+             * prefix seen twice in the cluster) learns that it was, and
+             * from the mark's value who looked, when, and whether that
+             * replica gives Redis what it computes */
             size_t ml = seen_key(s, r->key, m, sizeof m);
-            const char *mv[6] = {"SET", m, "1", "NX", "EX", s->page_ttl};
-            const size_t ml_[6] = {3, ml, 1, 2, 2, strlen(s->page_ttl)};
+            char val[64];
+            int vl = snprintf(val, sizeof val, "%s %lld %d", s->looker,
+                              (long long)(wall_now() * 1000), s->writes_computed ? 1 : 0);
+            const char *mv[6] = {"SET", m, val, "NX", "EX", s->page_ttl};
+            const size_t ml_[6] = {3, ml, (size_t)vl, 2, 2, strlen(s->page_ttl)};
             redisAppendCommandArgv(c, 6, mv, ml_);
+            const char *gv[2] = {"GET", m};
+            const size_t gl[2] = {3, ml};
+            redisAppendCommandArgv(c, 2, gv, gl);
             r->shared_asked = true;
             sent++;
         } else if (r->op == CAIRN_DISK_RECORD_GET) {
@@ -263,9 +308,18 @@ void disk_shared_serve(cairn_disk *d, disk_req *list)
                 link_drop(s, &s->reader, "read", c->errstr[0] ? c->errstr : "no reply");
                 break;
             }
+            void *value = NULL;
+            if (redisGetReply(c, &value) != REDIS_OK) {
+                freeReplyObject(rep);
+                freeReplyObject(mark);
+                link_drop(s, &s->reader, "read", c->errstr[0] ? c->errstr : "no reply");
+                break;
+            }
             /* NX refused: the mark was there, someone looked before us */
             r->seen_elsewhere = mark && ((redisReply *)mark)->type == REDIS_REPLY_NIL;
+            r->busy_elsewhere = r->seen_elsewhere && mark_busy(s, value);
             freeReplyObject(mark);
+            freeReplyObject(value);
             if (have && disk_value_ok(d, (const uint8_t *)rep->str, rep->len, r->data)) {
                 memcpy(r->dst, (const uint8_t *)rep->str + CAIRN_DISK_HEADER_BYTES + tok_bytes,
                        d->cfg.page_bytes);
@@ -539,6 +593,11 @@ int disk_shared_open(cairn_disk *d, char *err, size_t err_len)
     uint8_t ns[16];
     cairn_page_hash_to_bytes(d->cfg.ns, ns);
     hex_of(ns, 16, s->ns_hex);
+    s->writes_computed = cfg->writes_computed;
+    uint64_t who = 0;
+    if (cairn_os_random(&who, sizeof who) != CAIRN_OK)
+        who = (uint64_t)getpid() << 32 ^ (uint64_t)(wall_now() * 1e6);
+    hex_of((const uint8_t *)&who, sizeof who, s->looker);
     d->cfg.shared = NULL; /* the caller's; not kept */
     if (pthread_create(&s->thread, NULL, writer_main, d) != 0)
         return CAIRN_ENOMEM;

@@ -133,8 +133,10 @@ static bool absorb_round(cairn_kvcache *c, fetch_op *op)
     size_t hits = 0;
     while (hits < op->n_round && c->slot_state[op->round[hits]] == SLOT_LOADED)
         hits++;
-    if (hits < op->n_round && c->slot_seen[op->round[hits]])
+    if (hits < op->n_round && (c->slot_seen[op->round[hits]] & SLOT_SEEN))
         op->share_wanted = true; /* where the answer ends, another replica asked too */
+    if (hits < op->n_round && (c->slot_seen[op->round[hits]] & SLOT_BUSY))
+        op->busy_elsewhere = true; /* ... and is computing it, for Redis */
     uint8_t shared_of[NEXT_ROUND_MIN];
     bool marks = hits <= sizeof shared_of;
     bool all = hits == op->n_round;
@@ -242,7 +244,8 @@ static void complete_fetch(cairn_kvcache *c, fetch_op *op)
                               .kind = CAIRN_KVCACHE_EV_FETCH, .node = op->node,
                               .skipped_pages = op->skipped, .lost_pages = op->lost,
                               .shared_pages = op->from_shared,
-                              .share_wanted = op->share_wanted && c->share_policy != CAIRN_SHARE_NONE};
+                              .share_wanted = op->share_wanted && c->share_policy != CAIRN_SHARE_NONE,
+                              .busy_elsewhere = op->busy_elsewhere};
     ev.resident_pages = cairn_radix_node_depth(op->node);
     /* A prefix seen twice is worth having where every replica finds it. */
     if (ev.resident_pages > 0) {

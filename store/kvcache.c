@@ -85,6 +85,11 @@ int cairn_kvcache_create(const cairn_kvcache_config *cfg, cairn_kvcache **out, c
         goto fail;
     }
     if (cfg->disk_dir) {
+        cairn_shared_config shared;
+        if (cfg->shared) {
+            shared = *cfg->shared;
+            shared.writes_computed = cfg->share_policy == CAIRN_SHARE_ALL;
+        }
         cairn_disk_config dc = {
             .dir = cfg->disk_dir,
             .map_bytes = cfg->disk_map_bytes,
@@ -93,7 +98,7 @@ int cairn_kvcache_create(const cairn_kvcache_config *cfg, cairn_kvcache **out, c
             .ns = cfg->ns,
             .durable = cfg->disk_durable,
             .reset_if_corrupt = true,
-            .shared = cfg->shared,
+            .shared = cfg->shared ? &shared : NULL,
         };
         rc = cairn_disk_open(&dc, &c->disk, err, err_len);
         if (rc)

@@ -303,7 +303,10 @@ void kvc_drain_disk(cairn_kvcache *c)
                 } else {
                     c->slot_state[v] = done[i].status == CAIRN_OK ? SLOT_LOADED : SLOT_MISSED;
                     c->slot_shared[v] = done[i].status == CAIRN_OK && done[i].shared;
-                    c->slot_seen[v] = done[i].status != CAIRN_OK && done[i].seen_elsewhere;
+                    c->slot_seen[v] = done[i].status != CAIRN_OK
+                                          ? (uint8_t)((done[i].seen_elsewhere ? SLOT_SEEN : 0) |
+                                                      (done[i].busy_elsewhere ? SLOT_BUSY : 0))
+                                          : 0;
                 }
             } else if (kind == COOKIE_WRITE) {
                 if (v == BEHIND_WRITE)

@@ -100,9 +100,17 @@ typedef struct cairn_shared_config {
     long page_ttl_s;      /* pages expire after this (records never do), so a
                              Redis run with maxmemory-policy volatile-lru evicts
                              pages and keeps session records; 0 = 7 days      */
+    bool writes_computed; /* this replica gives Redis every page it computes,
+                             as it computes it (CAIRN_SHARE_ALL; the cache
+                             sets it): its lookup marks say so, and another
+                             replica that finds it computing a prefix waits
+                             for the pages instead of computing them too   */
 } cairn_shared_config;
 
 #define CAIRN_SHARED_REPLICA_MAX 200
+/* A lookup mark younger than this, left by a replica that writes what it
+ * computes, makes a miss "busy elsewhere" (cairn_kvcache_event). */
+#define CAIRN_SHARED_BUSY_S 60
 
 /* Which pages the cache copies to tier 3 (store/shared.c says why). */
 typedef enum {
@@ -246,6 +254,12 @@ typedef struct {
     bool share_wanted;     /* FETCH: the pages after the answer were looked up
                               by another replica before: once computed, give
                               them to the shared tier (cairn_kvcache_share) */
+    bool busy_elsewhere;   /* FETCH: the first page after the answer is being
+                              computed by another replica that gives Redis
+                              what it computes (its lookup mark is recent and
+                              says so): fetching again a little later finds
+                              more, where computing now would compute the
+                              same tokens twice in the cluster               */
     void *data;            /* RECORD_GET with CAIRN_OK: the value, malloc'd;
                               the poller owns it and free()s it             */
     size_t data_bytes;

@@ -96,6 +96,10 @@ typedef struct {
     size_t failures_before; /* write failures when queued (persist)      */
 } pending_op;
 
+/* slot_seen bits */
+#define SLOT_SEEN 1u
+#define SLOT_BUSY 2u
+
 /* One fetch in flight (fetch.c). */
 typedef struct {
     uint64_t id, cookie;
@@ -112,6 +116,7 @@ typedef struct {
     size_t n_round;
     size_t from_shared;     /* continuation pages the shared tier served */
     bool share_wanted;      /* a miss another replica had looked up too */
+    bool busy_elsewhere;    /* ... and is computing for Redis now       */
     size_t n_reads;         /* disk reads before the current fence (rate samples) */
     size_t skipped, lost;
 } fetch_op;
@@ -132,7 +137,9 @@ struct cairn_kvcache {
     uint8_t *slot_state;  /* [host capacity]                                 */
     uint8_t *slot_shared; /* [host capacity]: the loaded read came from tier 3 */
     uint8_t *slot_seen;   /* [host capacity]: the missed read was another
-                             replica's miss before (seen twice in the cluster) */
+                             replica's miss before (SLOT_SEEN: seen twice in
+                             the cluster), lately and by one that writes what
+                             it computes (SLOT_BUSY)                         */
 
     /* tier 3 (shared.c): on when the disk has a shared tier */
     bool shared;

@@ -177,6 +177,10 @@ typedef struct {
     bool seen_elsewhere; /* READ that missed: another replica looked the page
                          up in the shared tier before (a prefix the cluster
                          has seen twice: worth sharing once computed)       */
+    bool busy_elsewhere; /* READ that missed: ... and that replica gives Redis
+                         the pages it computes, and looked it up less than
+                         CAIRN_SHARED_BUSY_S ago: it is probably computing
+                         the page now                                       */
     void *data;       /* RECORD_GET with CAIRN_OK: the value, malloc'd; the
                          poller owns it (free()). NULL otherwise.            */
     size_t bytes;     /* bytes of data                                      */

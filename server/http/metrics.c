@@ -277,6 +277,13 @@ static void render_metrics(srv_http *h, const cairn_service_stats *st, cairn_str
     metric_u64(b, "cairn_prefix_shared_waits_total", "counter",
                "Requests that waited for another to compute the prefix they share.",
                st->shared_waits);
+    metric_u64(b, "cairn_prefix_remote_waits_total", "counter",
+               "Requests that waited for another replica to compute the prefix they share "
+               "(its pages came through the shared tier).",
+               st->remote_waits);
+    metric_u64(b, "cairn_prefix_remote_wait_timeouts_total", "counter",
+               "Of those, waits given up after --shared-wait seconds without new pages.",
+               st->remote_wait_timeouts);
     metric_tiers_n(b, "cairn_prefix_cache_hit_tokens_total", "counter",
                    "Prompt tokens served from the prefix cache, by the tier they were in.",
                    st->cached_tokens_by_tier, 4);

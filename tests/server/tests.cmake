@@ -75,3 +75,13 @@ add_test(NAME server_kv_types
   COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_kv_types.py
           $<TARGET_FILE:cairn> ${CAIRN_MODEL} ${CAIRN_CHAT_MODEL})
 set_tests_properties(server_kv_types PROPERTIES TIMEOUT 900 LABELS "server;realmodel")
+
+# A prefix being computed on one replica is not computed again on another:
+# three replicas of the real instruct model over one redis-server with
+# --shared-write all; a burst over a cold document computes it once (and
+# every replica without the wait), a replica stopped mid-prefill is waited
+# for --shared-wait seconds only. Skips (77) without the model or Redis.
+add_test(NAME server_shared_wait_realmodel
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_shared_wait.py $<TARGET_FILE:cairn>)
+set_tests_properties(server_shared_wait_realmodel PROPERTIES TIMEOUT 600 LABELS "server;realmodel"
+  SKIP_RETURN_CODE 77 ENVIRONMENT "CAIRN_CHAT_MODEL=${CAIRN_CHAT_MODEL}")
