@@ -14,8 +14,13 @@ Workloads (the OpenAI HTTP API, streamed):
         with a session_id, C conversations at once
 
 Per setup and workload: prompt tokens the replicas computed (their /metrics:
-looked up minus served from cache), that against round_robin, TTFT p50/p99,
-requests per second. The computed-token ratios are what routing decides and
+looked up minus served from cache), that against round_robin and against
+the floor (rag and hot: every prompt's tokens past its longest prefix shared
+with an earlier one), TTFT p50/p99, requests per second.
+
+--shared-write all starts the replicas so that one finding a prefix being
+computed by another waits for its pages (docs/scale-out.md, "Computing a
+prefix once across replicas"); the default, none, is routing alone. The computed-token ratios are what routing decides and
 do not depend on this machine's speed; the times do.
 
 usage: bench_routers.py [--model M.gguf] [--workloads rag,hot,chat] [--json OUT]
@@ -49,7 +54,8 @@ def start_replicas(args, work, redis_url, tag):
             "-m", args.model, "-t", str(args.threads), "-c", str(args.ctx),
             "--http-port", str(http), "--cache-dir", os.path.join(work, f"r{i}"),
             "--kv-events", f"tcp://127.0.0.1:{pub}", "--kv-events-replay", f"tcp://127.0.0.1:{rep}",
-            "--shared-cache", redis_url, "--shared-write", "none", "--replica-id", f"{tag}-r{i}"])
+            "--shared-cache", redis_url, "--shared-write", args.shared_write,
+            "--replica-id", f"{tag}-r{i}"])
         servers.append(srv)
         events[f"http://127.0.0.1:{http}"] = (f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{rep}")
     return servers, events
@@ -81,7 +87,7 @@ def run_setup(args, setup, workload, tmp, tok):
     work = os.path.join(tmp, tag)
     os.makedirs(work)
     redis = RedisServer(work)
-    servers, router = [], None
+    servers, router, floor = [], None, None
     try:
         servers, events = start_replicas(args, work, redis.url, tag)
         urls = list(events)
@@ -102,7 +108,10 @@ def run_setup(args, setup, workload, tmp, tok):
             items = [b for _, b in routers.rag_requests(harness.WORDS, docs, asks, args.doc_words,
                                                         seed=args.seed)]
             ttfts, wall = run_items(router.port, items, conc)
-        return {"computed": routers.computed_tokens([s.http_port for s in servers]),
+        computed = routers.computed_tokens([s.http_port for s in servers])
+        if workload != "chat":
+            floor = routers.floor_tokens(servers[0].http_port, [(0, b) for b in items])
+        return {"computed": computed, "floor": floor,
                 "n": len(ttfts), "p50": percentile(ttfts, 50), "p99": percentile(ttfts, 99),
                 "rps": len(ttfts) / wall}
     finally:
@@ -134,6 +143,7 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--workloads", default="rag,hot,chat")
     ap.add_argument("--setups", default=",".join(SETUPS))
+    ap.add_argument("--shared-write", default="none", choices=("none", "reused", "all"))
     ap.add_argument("--json")
     args = ap.parse_args()
     why = routers.have_routers()
@@ -150,15 +160,16 @@ def main():
           f"thread(s); rag {args.docs} docs x {args.asks} asks ({args.doc_words} words), "
           f"{args.concurrency} at once; hot {args.hot_docs} x {args.hot_asks}, "
           f"{args.hot_concurrency} at once; chat {args.sessions} x {args.turns} turns with "
-          f"session ids, {args.concurrency} at once")
-    print("| workload | router | requests | computed prompt tokens | vs round_robin | "
+          f"session ids, {args.concurrency} at once; replicas --shared-write {args.shared_write}")
+    print("| workload | router | requests | computed prompt tokens | vs round_robin | vs floor | "
           "TTFT p50 (s) | TTFT p99 (s) | req/s |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for (workload, setup), r in results.items():
         base = results.get((workload, "round_robin"), {}).get("computed")
         ratio = f"{r['computed'] / base:.2f}x" if base else "-"
-        print(f"| {workload} | {setup} | {r['n']} | {r['computed']} | {ratio} | {r['p50']:.3f} | "
-              f"{r['p99']:.3f} | {r['rps']:.2f} |")
+        vs_floor = f"{r['computed'] / r['floor']:.2f}x" if r.get("floor") else "-"
+        print(f"| {workload} | {setup} | {r['n']} | {r['computed']} | {ratio} | {vs_floor} | "
+              f"{r['p50']:.3f} | {r['p99']:.3f} | {r['rps']:.2f} |")
     print("(chat: time to the whole reply, not streamed)")
     if args.json:
         with open(args.json, "w") as f:
