@@ -620,10 +620,21 @@ int cairn_spec_seq_set_pages(cairn_spec_seq *s, const int32_t *pages, int capaci
  * tokens[0 .. n_tokens) is the sequence as known now (n_tokens >= n_past +
  * n; earlier tokens must not have changed). The methods catch up, so when
  * n_tokens > n_past + n the sequence is ready for cairn_spec_seq_step
- * (tokens[n_past] pending). After a step of an adopted sequence they are
- * caught up at once, so its pages are complete when the caller shares them. */
+ * (tokens[n_past] pending). Methods with KV of their own need not be
+ * caught up (cairn_spec_seq_set_outlook); pages say which of their rows
+ * are final, so the caller may share them at any time. */
 int cairn_spec_seq_advance(cairn_spec_seq *s, const int32_t *tokens, int n_tokens,
                            const float *features, int n);
+/* What the caller expects of this sequence, before its next forward:
+ * whether it may let it speculate soon (a server lets only a few sequences
+ * speculate at once, --draft-max-batch), and how many tokens it may still
+ * ask for (0 = unknown). A method that runs a model of its own (a draft
+ * model) keeps its rows up with the target only while speculating is
+ * expected, and catches up from further behind only when the tokens left
+ * can repay it; its rows of a page are then missing until someone needs
+ * them, which each page records (model/spec_draft.c). Until called:
+ * expected, unknown. */
+void cairn_spec_seq_set_outlook(cairn_spec_seq *s, bool may_speculate, int tokens_left);
 /* A plain decoding step of this sequence (in the caller's batch) took
  * `seconds`: the speed speculation must beat. */
 void cairn_spec_seq_note_plain_cost(cairn_spec_seq *s, double seconds);
@@ -638,10 +649,9 @@ int cairn_spec_seq_n_past(const cairn_spec_seq *s);
  * requests (suffix) match only the same tenant's earlier text. Set before
  * the sequence begins. */
 void cairn_spec_seq_set_tenant(cairn_spec_seq *s, uint64_t tenant);
-/* Make the methods' own KV rows final for every token with target KV: a
- * draft model catches up lazily, in page-sized forwards; call this before a
- * partial page is handed to the prefix cache. Whole pages are always final
- * when cairn_spec_seq_advance / _verified return. */
+/* Before a partial page is handed to the prefix cache: the methods' own KV
+ * rows of it say how many of them are final (a draft model stamps the page;
+ * nothing is computed). Whole pages are stamped as they become final. */
 int cairn_spec_seq_sync(cairn_spec_seq *s);
 /* The methods that propose for this sequence, "suffix+eagle" (owned by s). */
 const char *cairn_spec_seq_describe(const cairn_spec_seq *s);

@@ -16,6 +16,7 @@
 #include "model/spec_impl.h"
 #include "model/layer_impl.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +43,13 @@ struct cairn_spec {
      * as measured, seconds (EMAs; 0 = not measured yet): the price list
      * every sequence's controller sizes its drafts by (control_update). */
     double verify_cost[SPEC_MAX_DRAFT + 2];
+    /* What a token of speculation with a model drafter saved, as a fraction
+     * of a plain step, in the windows judged lately (EMA; may be negative),
+     * and whether any was judged yet: how much catching up a new sequence's
+     * draft model is worth (spec_control.hope). */
+    double model_gain;
+    bool model_gain_known;
+    double plain_cost; /* a plain step, as the last sequence measured it */
 };
 
 /* ======================================================================== */
@@ -89,7 +97,7 @@ static int spec_add(cairn_spec *s, const spec_drafter_ops *ops, void *method)
     for (int i = 0; i < s->n; i++)
         if (s->drafters[i].ops == ops)
             return CAIRN_EINVAL; /* each method once */
-    s->drafters[s->n++] = (spec_drafter){ops, method};
+    s->drafters[s->n++] = (spec_drafter){.ops = ops, .method = method};
     size_t len = strlen(s->describe);
     snprintf(s->describe + len, sizeof s->describe - len, "%s%s", len ? "+" : "", ops->name);
     return CAIRN_OK;
@@ -307,6 +315,21 @@ typedef struct {
     double draft_row;    /* what drafting costs per proposed row (seconds):
                             nearly nothing for suffix lookup, a forward of
                             its own per row for a draft model               */
+    /* Catching up a model drafter (model/spec_draft.c) */
+    double hope;         /* what a speculated token saves, as a fraction of a
+                            plain step, when model drafters propose: the
+                            spec's memory at first, then this sequence's
+                            last judged window (<= 0 after a loss: its rows
+                            are no longer kept up, only caught up for a
+                            probe the tokens left can repay)              */
+    bool model_window;   /* a model drafter proposed in the current window */
+    bool caller_keep_up; /* the caller may let it speculate soon           */
+    bool decoding;       /* past the prompt: the caller asked for a step  */
+    bool fell_behind;    /* model drafters were left behind at some point,
+                            or judged: catching up is weighed from then on
+                            (before, they keep up as part of the prompt, as
+                            a draft model's prefill always is)             */
+    int tokens_left;     /* tokens the caller may still ask for (0: unknown) */
 } spec_control;
 
 struct cairn_spec_seq {
@@ -352,6 +375,9 @@ struct cairn_spec_seq {
     double t_step;         /* when the step being verified began           */
     int drafted_cap;       /* out[] room of the drafted step; 0 = none      */
     double t_drafting;     /* seconds the drafted step spent proposing      */
+    double catchup_spent;  /* of it, seconds model drafters spent catching
+                              up (not the step's own price: the gate
+                              weighed it)                                  */
     uint64_t tenant;       /* whose request (cairn_spec_seq_set_tenant)      */
     int first_new;         /* n_past when first begun or adopted: tokens
                               from there on are new to the cache (-1 until
@@ -359,14 +385,51 @@ struct cairn_spec_seq {
     cairn_spec_stats stats;
 };
 
-static spec_view seq_view(const cairn_spec_seq *s, int method)
+/* Rows a model drafter may compute to catch up: as many as the tokens left
+ * can repay twice over (a margin for what the estimate does not know).
+ * Catching up n rows costs n * catchup_row seconds; each token speculated
+ * with it saves about hope * plain_cost (the last judged gain), over the
+ * tokens left (at most 512 counted: an answer is rarely longer). No bound
+ * before anything is measured (that is how it gets measured), nor while a
+ * sequence has kept its drafters up from its start without a verdict: its
+ * prompt's rows are a draft model's prefill, as in any engine. */
+#define LAG_HORIZON_MAX 512
+#define LAG_HORIZON_UNKNOWN 256
+static int lag_allowed(const cairn_spec_seq *s, const spec_drafter *dr)
 {
+    const spec_control *c = &s->ctl;
+    if (s->dp.fixed_length || !dr->ops->may_sit_out)
+        return INT_MAX;
+    const double plain = c->plain_cost > 0 ? c->plain_cost : s->spec->plain_cost;
+    if (plain <= 0 || dr->catchup_row <= 0 || !c->fell_behind)
+        return INT_MAX;
+    /* after a loss, a tenth of a step: probes after a pause still catch
+     * up its rows while many tokens are left (text turns to copying), not
+     * near the end of the answer */
+    const double hope = c->hope > 0.1 ? c->hope : 0.1;
+    int left = c->tokens_left > 0 ? c->tokens_left : LAG_HORIZON_UNKNOWN;
+    if (left > LAG_HORIZON_MAX)
+        left = LAG_HORIZON_MAX;
+    const double rows = 0.5 * hope * left * plain / dr->catchup_row;
+    return rows < 1e6 ? (int)rows : 1000000;
+}
+
+static spec_view seq_view(cairn_spec_seq *s, int method)
+{
+    spec_drafter *dr = &s->spec->drafters[method];
     return (spec_view){
         .tokens = s->tokens, .n_past = s->n_past, .n_known = s->n_known,
         .kv_pool = s->kv_pool, .kv = s->kv, .pages = s->pages, .capacity = s->capacity,
         .shared = s->shared, .feature_dim = s->feature_dim,
         .own_kv = s->own_kv[method].n_layer > 0 ? &s->own_kv[method] : NULL,
         .chain_len = s->ctl.chain, .tenant = s->tenant,
+        /* a pause is of decoding steps: the prompt's rows are kept up
+         * through it, so that the end of a pause costs only its own rows */
+        .keep_up = s->dp.fixed_length ||
+                   (s->ctl.caller_keep_up && s->ctl.hope > 0 &&
+                    (s->ctl.pause_left == 0 || !s->ctl.decoding)),
+        .max_lag = lag_allowed(s, dr), .catchup_row = &dr->catchup_row,
+        .catchup_spent = &s->catchup_spent,
     };
 }
 
@@ -415,6 +478,11 @@ int cairn_spec_seq_create(cairn_spec *spec, const cairn_spec_params *dp,
     q->ctl.chain = d.fixed_length ? d.chain_max : (d.chain_max < 4 ? d.chain_max : 4);
     q->ctl.pause_len = 16;
     q->ctl.pause_left = spec->prior_pause;
+    q->ctl.caller_keep_up = true;
+    /* until its own first verdict a sequence hopes for what model drafters
+     * gained lately, and for a quarter of a step at least: one free-form
+     * answer elsewhere must not keep a copying request from trying */
+    q->ctl.hope = spec->model_gain_known && spec->model_gain > 0.25 ? spec->model_gain : 0.25;
     q->first_new = -1;
     if (spec->prior_pause > 16)
         q->ctl.pause_len = spec->prior_pause;
@@ -598,6 +666,8 @@ static int advance_methods(cairn_spec_seq *s, int from, const float *feat, int n
         const spec_drafter_ops *ops = s->spec->drafters[i].ops;
         if (ops->advance) {
             const spec_view v = seq_view(s, i);
+            if (ops->may_sit_out && !v.keep_up)
+                s->ctl.fell_behind = true;
             TRY(ops->advance(s->states[i], &v, from, ops->needs_features ? feat : NULL, n));
         }
     }
@@ -687,7 +757,21 @@ static bool control_wants_draft(cairn_spec_seq *s)
         return false;
     if (c->plain_cost <= 0 || c->since_plain >= 64)
         return false;
-    return true;
+    /* a method that runs a model and is further behind than the tokens
+     * left can repay proposes nothing: a step of none is a plain step,
+     * better taken in the caller's batch */
+    const cairn_spec *sp = s->spec;
+    for (int i = 0; i < sp->n; i++) {
+        if (!(s->propose_mask & (1u << i)))
+            continue;
+        const spec_drafter_ops *ops = sp->drafters[i].ops;
+        if (!ops->may_sit_out || !ops->behind)
+            return true;
+        const spec_view v = seq_view(s, i);
+        if (ops->behind(s->states[i], &v) <= v.max_lag)
+            return true;
+    }
+    return false;
 }
 
 /* What verifying T rows costs, from the spec's price list: the measured
@@ -753,6 +837,7 @@ static void control_update(cairn_spec_seq *s, int drafted, int tokens, int accep
         return;
     if (drafted == 0) {
         c->plain_cost = ema(c->plain_cost, cost, 0.3);
+        s->spec->plain_cost = c->plain_cost;
         c->since_plain = 0;
         if (c->pause_left > 0)
             c->pause_left--;
@@ -786,11 +871,21 @@ static void control_update(cairn_spec_seq *s, int drafted, int tokens, int accep
     if (c->n_spec >= 2 && c->plain_cost > 0) {
         const double spec_rate = c->spec_tokens / c->spec_cost;
         const double plain_rate = 1.0 / c->plain_cost;
+        if (c->model_window) { /* what a token saved, model drafters included */
+            c->hope = 1.0 - plain_rate / spec_rate;
+            c->fell_behind = true;
+            cairn_spec *sp = s->spec;
+            sp->model_gain = sp->model_gain_known
+                                 ? sp->model_gain + 0.5 * (c->hope - sp->model_gain)
+                                 : c->hope;
+            sp->model_gain_known = true;
+        }
         if (spec_rate < plain_rate) {
             c->pause_left = c->pause_len;
             c->pause_len = c->pause_len < 4096 ? c->pause_len * 2 : 4096;
             c->n_spec = 0;
             c->spec_cost = c->spec_tokens = 0;
+            c->model_window = false;
             /* later sequences start from this verdict (the spec's memory) */
             s->spec->prior_pause = c->pause_len / 2;
         } else if (c->n_spec >= 4 && spec_rate > 1.05 * plain_rate) {
@@ -804,6 +899,7 @@ bool cairn_spec_seq_wants_step(cairn_spec_seq *s)
 {
     if (!s)
         return false;
+    s->ctl.decoding = true;
     if (control_wants_draft(s))
         return true;
     /* a plain step of the caller's counts towards the pause */
@@ -812,6 +908,14 @@ bool cairn_spec_seq_wants_step(cairn_spec_seq *s)
     if (s->ctl.since_plain >= 64)
         s->ctl.since_plain = 0; /* the caller's plain step re-measures it */
     return false;
+}
+
+void cairn_spec_seq_set_outlook(cairn_spec_seq *s, bool may_speculate, int tokens_left)
+{
+    if (!s)
+        return;
+    s->ctl.caller_keep_up = may_speculate;
+    s->ctl.tokens_left = tokens_left > 0 ? tokens_left : 0;
 }
 
 void cairn_spec_seq_note_plain_cost(cairn_spec_seq *s, double seconds)
@@ -898,8 +1002,10 @@ int cairn_spec_seq_draft(cairn_spec_seq *s, int cap, cairn_seq_batch *sb)
         return CAIRN_ERANGE;
     }
     s->begun = false; /* until the step completes */
+    s->ctl.decoding = true;
     const double t0 = cairn_now();
     s->t_step = t0;
+    s->catchup_spent = 0;
 
     /* every proposing method adds to one tree, within what fits the
      * capacity, the output buffer and the verifier */
@@ -951,8 +1057,12 @@ int cairn_spec_seq_draft(cairn_spec_seq *s, int cap, cairn_seq_batch *sb)
         keep++;
     }
     t->n = keep;
-    s->t_drafting = cairn_now() - t0;
-    s->stats.t_draft += s->t_drafting;
+    for (int r = 1; r < t->n; r++)
+        for (int i = 0; i < spec->n; i++)
+            if ((t->source[r] & (1u << i)) && spec->drafters[i].ops->may_sit_out)
+                s->ctl.model_window = true;
+    s->stats.t_draft += cairn_now() - t0;
+    s->t_drafting = cairn_now() - t0 - s->catchup_spent;
 
     /* root and tree: the rows of one target forward */
     const int T = t->n, n_kv = s->n_past + T;
@@ -1060,7 +1170,8 @@ int cairn_spec_seq_verified(cairn_spec_seq *s, float *logits, const float *featu
     for (int r = 1; r < T; r++)
         if (t->depth[r] > tree_depth)
             tree_depth = t->depth[r];
-    control_update(s, T - 1, n, n_path - 1, tree_depth, cairn_now() - s->t_step, s->t_drafting);
+    control_update(s, T - 1, n, n_path - 1, tree_depth,
+                   cairn_now() - s->t_step - s->catchup_spent, s->t_drafting);
     s->begun = true;
     return CAIRN_OK;
 }

@@ -66,6 +66,22 @@ typedef struct {
     uint64_t tenant;           /* whose request (cairn_spec_seq_set_tenant):
                                   a drafter that learns across requests
                                   keeps tenants apart                      */
+    /* For drafters that run a model of their own (may_sit_out), whose rows
+     * must cover every earlier token before they can propose: */
+    bool keep_up;              /* advance: keep those rows up with the
+                                  target now (the controller expects to
+                                  speculate soon); else leave them behind  */
+    int max_lag;               /* most rows it may compute to catch up
+                                  before it proposes (or keeps up); further
+                                  behind, it sits the step out: the tokens
+                                  left would not repay the catching up     */
+    double *catchup_row;       /* seconds per row of its catch-up forwards
+                                  (the spec's EMA, shared by its sequences;
+                                  the drafter measures, the controller
+                                  prices max_lag with it)                  */
+    double *catchup_spent;     /* += seconds spent catching up: a cost the
+                                  gate above already weighed, kept out of
+                                  what the controller learns of a step     */
 } spec_view;
 
 typedef struct {
@@ -79,12 +95,16 @@ typedef struct {
      * have not already proposed a chain as deep as the controller wants,
      * so with suffix+draft a copied passage is not paid for twice. */
     bool may_sit_out;
+    /* Rows it would compute to catch up before it can propose (a method
+     * with may_sit_out; optional: NULL = none). */
+    int (*behind)(void *state, const spec_view *v);
     int (*seq_create)(void *method, const cairn_spec_params *p, const cairn_sampling_params *sp,
                       void **state);
     void (*seq_free)(void *state);
     /* The sequence (re)starts: tokens[0 .. n_past) have target KV. For an
      * adopted sequence, the drafter's own KV rows below n_past are in the
-     * pages (computed by whoever computed the pages). Optional. */
+     * pages as far as whoever computed them went (a draft model reads the
+     * pages' stamps, spec_draft.c). Optional. */
     int (*reset)(void *state, const spec_view *v);
     /* The target computed rows from .. from+n-1 outside a step (begin's
      * prompt, a server's batched forwards); features[n][feature_dim] when
@@ -113,9 +133,9 @@ typedef struct {
     /* XXH3-128 of its weights for the page namespace (optional: methods
      * without KV of their own leave pages unchanged). */
     void (*fingerprint)(void *method, uint8_t out[16]);
-    /* Its own KV rows of every token below v->n_past final now (a method
-     * that catches up lazily, in page-sized batches, is told before the
-     * caller hands a partial page to others). Optional. */
+    /* The caller is about to hand the partial page at v->n_past to others:
+     * record in it which of its own rows are final (a method that catches
+     * up lazily). Optional. */
     int (*sync)(void *state, const spec_view *v);
     /* The sequence ends (cairn_spec_seq_free): tokens[first_new ..
      * n_known) are what it brought that the cache had not seen (its
@@ -130,6 +150,7 @@ typedef struct {
 typedef struct {
     const spec_drafter_ops *ops;
     void *method;
+    double catchup_row; /* spec_view.catchup_row of its sequences */
 } spec_drafter;
 
 /* The best k tokens of logits[n] (descending; ties to the lower id) and

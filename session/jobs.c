@@ -300,8 +300,9 @@ static bool spec_hook_accept(void *ctx, int32_t tok)
     return false;
 }
 
-/* The job's speculative sequence: every job keeps the methods' KV of its
- * pages current; it may also speculate unless it asked not to. Grammars,
+/* The job's speculative sequence: every job's pages have room for the
+ * methods' KV (a draft model's rows are computed when it proposes, and the
+ * pages say which are there); it may speculate unless it asked not to. Grammars,
  * logprobs and penalties speculate too: tokens are drawn as plain decoding
  * draws them (model.h). */
 int job_spec_create(cairn_service *s, job *j)

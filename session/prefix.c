@@ -174,8 +174,8 @@ size_t prefix_take_partial(cairn_service *s, job *j, int *tier)
     if (cairn_kvcache_partial(s->cache, j->req->tenant, j->hold, j->n_tree_pages,
                               j->seq.v + at, n_next, &dst, &k, tier) != CAIRN_OK)
         k = 0;
-    /* a running job's draft-model rows of its partial page are final only
-     * once synced (they catch up a page at a time) */
+    /* a running job's partial page says which of its draft-model rows are
+     * final once synced (they are computed lazily) */
     if (src && from_job > k && job_spec_sync(s, (job *)src) == CAIRN_OK &&
         (dst >= 0 || cairn_kvcache_alloc(s->cache, 1, &dst) == CAIRN_OK) &&
         cairn_kvcache_copy_page(s->cache, src->pages[at / ps], dst) == CAIRN_OK) {

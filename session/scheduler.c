@@ -342,6 +342,7 @@ static int draft_speculative(cairn_service *s, int n, int n_spec)
     for (int i = 0; i < n_spec; i++) {
         job *j = s->spec_jobs[i];
         int rc = cairn_spec_seq_set_pages(j->spec, j->pages, job_capacity(s, j));
+        cairn_spec_seq_set_outlook(j->spec, true, j->req->gen.max_tokens - j->n_gen);
         if (rc == CAIRN_OK)
             rc = cairn_spec_seq_draft(j->spec, SPEC_OUT_MAX, &s->batch[n + k]);
         if (rc != CAIRN_OK) {
@@ -481,6 +482,7 @@ static int plan_batch(cairn_service *s, int *n_spec)
     s->spec_rows_left = s->spec_rows_cap;
     /* few decoders: those that may speculate do, each in its own forward */
     const bool speculate = s->spec && s->draft_max_batch > 0 && n_dec <= s->draft_max_batch;
+    s->n_decoders = n_dec;
     for (int i = 0; i < s->n_running;) {
         job *j = s->running[i];
         size_t remaining = j->seq.n - j->n_computed;
@@ -737,6 +739,11 @@ void sched_step(cairn_service *s)
         /* the methods over the same tokens, now that the next one is known,
          * before the pages can go to the tree */
         const double t_advance = cairn_now();
+        if (j->spec) /* will it speculate soon? a prefilling job joins the decoders */
+            cairn_spec_seq_set_outlook(
+                j->spec,
+                j->spec_ok && s->n_decoders + (n_tok > 1) <= s->draft_max_batch,
+                j->req->gen.max_tokens - j->n_gen);
         const int arc = j->spec ? job_spec_advance(s, j, features, n_tok) : CAIRN_OK;
         /* what a plain step costs this job, its methods' upkeep (a draft
          * model's forward) included: speculation must beat it */

@@ -635,6 +635,91 @@ static void test_greedy_draft_model(void **state)
                      NULL, false);
 }
 
+/* Draft rows computed lazily, and pages whose draft rows were computed for
+ * other tokens (model/spec_draft.c's stamps). The target is its own draft
+ * model, so a step takes every guess exactly when the draft rows it reads
+ * are right: one wrong row (a stale one trusted) shows as a rejection. */
+static void adopted_greedy(fixture *f, const int32_t *tokens, int n_past, int n_gen, int32_t *out,
+                           cairn_spec_stats *st)
+{
+    cairn_spec_seq *s = NULL;
+    assert_int_equal(seq_create(f, NULL, NULL, &s), CAIRN_OK);
+    assert_int_equal(cairn_spec_seq_adopt(s, f->pool, &f->kv, f->pages, CAPACITY, tokens,
+                                          n_past + 1, n_past),
+                     CAIRN_OK);
+    int n = 0;
+    while (n < n_gen) {
+        int32_t step[32];
+        int got = 0;
+        assert_int_equal(cairn_spec_seq_step(s, step, 32, &got), CAIRN_OK);
+        for (int i = 0; i < got && n < n_gen; i++)
+            out[n++] = step[i];
+    }
+    cairn_spec_seq_stats(s, st);
+    cairn_spec_seq_free(s);
+}
+
+/* tokens[0 .. n) through the target alone into the fixture's pages (what a
+ * server's batched prefill of a request that may not speculate writes:
+ * target rows, no draft rows), then the greedy token after them. */
+static int32_t target_only(fixture *f, const int32_t *tokens, int n)
+{
+    float *logits = malloc((size_t)f->n_vocab * sizeof(float));
+    cairn_seq_batch sb = {.tokens = tokens, .n_tokens = n, .kv_start = 0, .pages = f->pages};
+    int n_out = 0;
+    assert_int_equal(cairn_model_forward(f->m, f->pool, &f->kv, &sb, 1, logits, NULL, &n_out),
+                     CAIRN_OK);
+    const int32_t next = support_argmax(logits, f->n_vocab);
+    free(logits);
+    return next;
+}
+
+static void test_draft_rows_stamped(void **state)
+{
+    (void)state;
+    fixture f;
+    open_fixture_with(&f, getenv("CAIRN_MODEL"), false, getenv("CAIRN_MODEL"), NULL);
+    enum { N_PAST = 3 * PAGE + 5, N_GEN = 40 };
+    /* want[0] is the pending token the adopted sequence starts from */
+    int32_t x[N_PAST + 1], y[N_PAST + 1], want[N_GEN + 1], got[N_GEN];
+    uint64_t r = 0x9E3779B97F4A7C15ull;
+    x[0] = y[0] = 1;
+    for (int i = 1; i < N_PAST; i++) {
+        x[i] = 3 + (int32_t)(support_xorshift64(&r) % (uint64_t)(f.n_vocab - 3));
+        /* y: x's first page, then other tokens */
+        y[i] = i < PAGE ? x[i] : 3 + (int32_t)(support_xorshift64(&r) % (uint64_t)(f.n_vocab - 3));
+    }
+    cairn_spec_stats st;
+
+    /* 1. pages with target rows only: the draft rows are computed when the
+     * sequence first drafts, and every guess is taken */
+    x[N_PAST] = target_only(&f, x, N_PAST);
+    plain_greedy(&f, x, N_PAST, N_GEN + 1, want);
+    adopted_greedy(&f, x, N_PAST, N_GEN, got, &st);
+    assert_memory_equal(got, want + 1, sizeof got);
+    assert_true(st.drafted > 0);
+    assert_int_equal(st.accepted, st.drafted);
+
+    /* 2. the same pages hold x's draft rows now, stamped; y's target rows
+     * replace x's from the second page on, its draft rows are x's: only
+     * the first page's stamp may be trusted */
+    y[N_PAST] = target_only(&f, y, N_PAST);
+    plain_greedy(&f, y, N_PAST, N_GEN + 1, want);
+    adopted_greedy(&f, y, N_PAST, N_GEN, got, &st);
+    assert_memory_equal(got, want + 1, sizeof got);
+    assert_true(st.drafted > 0);
+    assert_int_equal(st.accepted, st.drafted);
+
+    /* 3. x again over y's pages, x's draft rows of the first page still
+     * stamped and right, the rest y's */
+    assert_int_equal(target_only(&f, x, N_PAST), x[N_PAST]);
+    plain_greedy(&f, x, N_PAST, N_GEN + 1, want);
+    adopted_greedy(&f, x, N_PAST, N_GEN, got, &st);
+    assert_memory_equal(got, want + 1, sizeof got);
+    assert_int_equal(st.accepted, st.drafted);
+    close_fixture(&f);
+}
+
 static void test_greedy_combined(void **state)
 {
     (void)state;
@@ -782,6 +867,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_greedy_logit_bias),
         cmocka_unit_test(test_greedy_ngram),
         cmocka_unit_test(test_greedy_draft_model),
+        cmocka_unit_test(test_draft_rows_stamped),
         cmocka_unit_test(test_greedy_combined),
         cmocka_unit_test(test_sampling_ngram),
         cmocka_unit_test(test_sampling_draft_model),

@@ -282,10 +282,11 @@ try:
     with_spec = branches(c)
     without = branches(c, speculative=False)
     check(with_spec == without, "draft model: fork and truncate branches == plain")
-    # a request that never speculates leaves draft rows that caught up a
-    # page at a time (and its partial last page synced when cached); a
-    # request continuing from its pages drafts with them: the target as its
-    # own draft takes every guess only if every one of those rows is right
+    # a request that never speculates leaves its pages without draft rows
+    # (their stamps say so, its partial last page's too when cached); a
+    # request continuing from its pages computes the missing rows and
+    # drafts with them: the target as its own draft takes every guess only
+    # if every one of those rows is right
     LAZY = ("Sue had a little cat named Tom. Tom liked to sleep in the sun by the window "
             "and play with a ball of red wool in the kitchen. ")
     p_tok = c.tokenize(LAZY)
@@ -297,7 +298,8 @@ try:
     check(cont.usage.cached_tokens >= len(p_tok) + len(lazy.tokens) - 16 and
           cont.tokens == plain_cont.tokens and spec.get("drafted") == spec.get("accepted") and
           spec.get("tau", 0) > 6,
-          "draft model: rows caught up lazily and synced are right (%d cached, %s)"
+          "draft model: rows computed lazily, after the pages were cached, are right "
+          "(%d cached, %s)"
           % (cont.usage.cached_tokens, spec))
     srv.stop()
     srv = start("--spec", "draft:" + model)
