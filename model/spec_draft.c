@@ -35,7 +35,10 @@
  * match its own tokens and computes the rest when it needs them. A page
  * reused for other tokens keeps a stale stamp whose key cannot match. A
  * wrong guess costs speed, never an output: every proposal is verified by
- * the target.
+ * the target. (So one race is let be: on a device, a page's asynchronous
+ * copy to host RAM taken while its rows are being caught up may carry the
+ * new stamp and some old rows; a later reader's guesses from them are
+ * rejected. On the CPU the engine thread makes every copy.)
  *
  * A chain's rows sit at the indices its tokens get when accepted (row i at
  * n_past + i), so after a step the rows of the accepted prefix of the chain
