@@ -21,6 +21,7 @@ usage: test_web_browser.py CAIRN_BIN [unittest args...]
 """
 import json
 import os
+import re
 import shutil
 import socket
 import sys
@@ -214,11 +215,20 @@ class Page(unittest.TestCase):
         mt = self.el("#max-tokens")
         mt.clear()
         mt.send_keys("400")
-        self.send("Explain in detail how Python decorators work, with examples.", wait_done=False)
-        self.wait(lambda _: self.els(".msg.streaming .body") and
-                  self.els(".msg.streaming .body")[0].text.strip(), "the long reply to start")
-        self.el("#stop").click()
-        msg, stats = self.wait_reply()
+        # (the UI samples at temperature 0.7: a reply may end by itself before
+        # the click lands, in a few tokens; then it is asked again. A Stop
+        # that does nothing lets the reply run to its 400 tokens: a failure.)
+        for attempt in range(3):
+            self.send("Explain in detail how Python decorators work, with examples.",
+                      wait_done=False)
+            self.wait(lambda _: self.els(".msg.streaming .body") and
+                      self.els(".msg.streaming .body")[0].text.strip(), "the long reply to start")
+            self.el("#stop").click()
+            msg, stats = self.wait_reply()
+            out = re.search(r"([0-9,]+) tok out", stats.text)
+            out = int(out.group(1).replace(",", "")) if out else 0
+            if "stopped" in stats.text or out >= 400:
+                break
         self.assertIn("stopped", stats.text)
         mt.clear()
         mt.send_keys("40")
