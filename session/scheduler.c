@@ -482,7 +482,6 @@ static int plan_batch(cairn_service *s, int *n_spec)
     s->spec_rows_left = s->spec_rows_cap;
     /* few decoders: those that may speculate do, each in its own forward */
     const bool speculate = s->spec && s->draft_max_batch > 0 && n_dec <= s->draft_max_batch;
-    s->n_decoders = n_dec;
     for (int i = 0; i < s->n_running;) {
         job *j = s->running[i];
         size_t remaining = j->seq.n - j->n_computed;
@@ -739,11 +738,9 @@ void sched_step(cairn_service *s)
         /* the methods over the same tokens, now that the next one is known,
          * before the pages can go to the tree */
         const double t_advance = cairn_now();
-        if (j->spec) /* will it speculate soon? a prefilling job joins the decoders */
-            cairn_spec_seq_set_outlook(
-                j->spec,
-                j->spec_ok && s->n_decoders + (n_tok > 1) <= s->draft_max_batch,
-                j->req->gen.max_tokens - j->n_gen);
+        if (j->spec) /* will it speculate soon? every running job decodes soon */
+            cairn_spec_seq_set_outlook(j->spec, j->spec_ok && s->n_running <= s->draft_max_batch,
+                                       j->req->gen.max_tokens - j->n_gen);
         const int arc = j->spec ? job_spec_advance(s, j, features, n_tok) : CAIRN_OK;
         /* what a plain step costs this job, its methods' upkeep (a draft
          * model's forward) included: speculation must beat it */

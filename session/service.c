@@ -193,7 +193,7 @@ static int setup_layout(cairn_service *s, char *err, size_t err_len)
      * forwards are not batched across requests), so beside other decoding
      * requests it costs more than it saves: measured on a 2-core Zen 4 with
      * 4 clients, 0.64x plain speculating up to 4 decoders, 0.81x up to 1
-     * while its rows were kept up for every request; 0.98x up to 1 now that
+     * while its rows were kept up for every request; 1.00x up to 1 now that
      * they are computed only for a request expected to speculate
      * (bench/spec/bench_concurrent.py). Methods that cost nothing to
      * propose (suffix) gain there (1.13x). */

@@ -224,7 +224,6 @@ struct cairn_service {
     cairn_spec *spec;          /* the runtime's speculative methods, or NULL  */
     cairn_spec_params draft;
     int draft_max_batch;       /* speculate while at most this many decode; 0 never */
-    int n_decoders;            /* jobs decoding when the batch was planned   */
     float *features;           /* [max_batch_tokens][dim] when a method reads
                                   the target's features, else NULL            */
     job **spec_jobs;           /* this step's speculating jobs                */
