@@ -239,6 +239,9 @@ void cairn_log(cairn_log_level level, const char *fmt, ...)
 
 /* Monotonic clock in seconds, for timings. */
 double cairn_now(void);
+/* Wall clock in seconds since the epoch, for what other processes or
+ * machines read (timestamps on the wire, ages of shared marks). */
+double cairn_wall_now(void);
 
 #ifdef __cplusplus
 }

@@ -17,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <zmq.h>
 
 enum { EV_STORED = 0, EV_REMOVED = 1, EV_CLEARED = 2 };
@@ -160,13 +159,6 @@ static void pack_event(msgpack_packer *pk, const qevent *e, int block_size)
         pack_str(pk, "kv_cache_spec_kind");
         pack_str(pk, "full_attention");
     }
-}
-
-static double wall_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 /* ---- the publisher thread --------------------------------------------------- */
@@ -415,7 +407,7 @@ static void publish(cairn_kv_events *ev, qevent *list, size_t n)
     msgpack_packer pk;
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
     msgpack_pack_array(&pk, 3);
-    msgpack_pack_double(&pk, wall_seconds());
+    msgpack_pack_double(&pk, cairn_wall_now());
     msgpack_pack_array(&pk, n);
     for (qevent *e = list; e; e = e->next) {
         pack_event(&pk, e, ev->cfg.block_size);

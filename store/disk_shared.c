@@ -98,14 +98,6 @@ struct disk_shared {
                                     later being a success                   */
 };
 
-/* Seconds since the epoch: lookup marks are compared across machines. */
-static double wall_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void note_exchange(disk_shared *s, bool ok)
 {
     double now = cairn_now();
@@ -215,7 +207,7 @@ static bool mark_busy(const disk_shared *s, const void *reply)
     if (sscanf(buf, "%63s %lld %d", who, &ms, &writes) != 3 || !writes ||
         strcmp(who, s->looker) == 0)
         return false;
-    const double age = wall_now() - (double)ms / 1000;
+    const double age = cairn_wall_now() - (double)ms / 1000;
     return age < CAIRN_SHARED_BUSY_S && age > -CAIRN_SHARED_BUSY_S; /* clocks drift a little */
 }
 
@@ -265,7 +257,8 @@ void disk_shared_serve(cairn_disk *d, disk_req *list)
             size_t ml = seen_key(s, r->key, m, sizeof m);
             char val[64];
             int vl = snprintf(val, sizeof val, "%s %lld %d", s->looker,
-                              (long long)(wall_now() * 1000), s->writes_computed ? 1 : 0);
+                              (long long)(cairn_wall_now() * 1000),
+                              s->writes_computed ? 1 : 0);
             const char *mv[6] = {"SET", m, val, "NX", "EX", s->page_ttl};
             const size_t ml_[6] = {3, ml, (size_t)vl, 2, 2, strlen(s->page_ttl)};
             redisAppendCommandArgv(c, 6, mv, ml_);
@@ -596,7 +589,7 @@ int disk_shared_open(cairn_disk *d, char *err, size_t err_len)
     s->writes_computed = cfg->writes_computed;
     uint64_t who = 0;
     if (cairn_os_random(&who, sizeof who) != CAIRN_OK)
-        who = (uint64_t)getpid() << 32 ^ (uint64_t)(wall_now() * 1e6);
+        who = (uint64_t)getpid() << 32 ^ (uint64_t)(cairn_wall_now() * 1e6);
     hex_of((const uint8_t *)&who, sizeof who, s->looker);
     d->cfg.shared = NULL; /* the caller's; not kept */
     if (pthread_create(&s->thread, NULL, writer_main, d) != 0)

@@ -38,7 +38,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <time.h>
 #include <xxhash.h>
 
 #define WEB_BUCKET_S 10      /* one point of the time series                */
@@ -92,13 +91,6 @@ struct srv_web {
     web_prefix prefixes[WEB_PREFIXES];
     web_named named[WEB_NAMED];
 };
-
-static double wall_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static const char *const tier_names[4] = {"device", "host", "disk", "shared"};
 
@@ -248,7 +240,7 @@ void srv_http_note_event(cairn_server *s, const cairn_event *ev)
     /* the tenant: the pending entry's, else the connection's */
     srv_conn *c = srv_conn_find(s, ev->client);
     uint64_t tenant = p ? p->tenant : c ? c->tenant : 0;
-    double now = wall_now();
+    double now = cairn_wall_now();
     web_tenant *t = tenant_slot(w, tenant, true);
     t->last = ++w->serial;
     web_bucket *b = bucket_at(t, (int64_t)now);
@@ -458,7 +450,7 @@ static void answer_state(hconn *c, hreq *q)
     const cairn_service_stats *st = &ws->stats;
     uint64_t tenant = c->base.tenant;
     bool tenants = cairn_access_has_tenants(s->access);
-    int64_t now = (int64_t)wall_now();
+    int64_t now = (int64_t)cairn_wall_now();
     json_t *o = json_pack("{s:I, s:s, s:b, s:I, s:o, s:{s:I, s:o}, s:o, s:o}", "now",
                           (json_int_t)now, "model", s->model_id, "tenants", (int)tenants,
                           "page_size", (json_int_t)s->cfg.service.page_size, "tiers",
