@@ -171,13 +171,10 @@ static int seq_create(fixture *f, const cairn_spec_params *dp, const cairn_sampl
     return cairn_spec_seq_create(f->spec, &p, sp, 0, out);
 }
 
-/* Speculative continuation: at least n_gen tokens (steps emit several). */
-static void spec_generate(fixture *f, cairn_spec_seq *s, const int32_t *prompt, int n_prompt,
-                          int n_gen, int32_t *out, double *tau)
+/* Steps of a begun (or adopted) sequence until n_gen tokens are out (a
+ * step emits several; the last one's extra tokens are dropped). */
+static void spec_steps(cairn_spec_seq *s, int n_gen, int32_t *out)
 {
-    assert_int_equal(cairn_spec_seq_begin(s, f->pool, &f->kv, f->pages, CAPACITY, prompt,
-                                           n_prompt),
-                     CAIRN_OK);
     int n = 0;
     while (n < n_gen) {
         int32_t step[32];
@@ -187,6 +184,16 @@ static void spec_generate(fixture *f, cairn_spec_seq *s, const int32_t *prompt, 
         for (int i = 0; i < got && n < n_gen; i++)
             out[n++] = step[i];
     }
+}
+
+/* Speculative continuation: at least n_gen tokens (steps emit several). */
+static void spec_generate(fixture *f, cairn_spec_seq *s, const int32_t *prompt, int n_prompt,
+                          int n_gen, int32_t *out, double *tau)
+{
+    assert_int_equal(cairn_spec_seq_begin(s, f->pool, &f->kv, f->pages, CAPACITY, prompt,
+                                           n_prompt),
+                     CAIRN_OK);
+    spec_steps(s, n_gen, out);
     cairn_spec_stats st;
     cairn_spec_seq_stats(s, &st);
     if (tau)
@@ -647,14 +654,7 @@ static void adopted_greedy(fixture *f, const int32_t *tokens, int n_past, int n_
     assert_int_equal(cairn_spec_seq_adopt(s, f->pool, &f->kv, f->pages, CAPACITY, tokens,
                                           n_past + 1, n_past),
                      CAIRN_OK);
-    int n = 0;
-    while (n < n_gen) {
-        int32_t step[32];
-        int got = 0;
-        assert_int_equal(cairn_spec_seq_step(s, step, 32, &got), CAIRN_OK);
-        for (int i = 0; i < got && n < n_gen; i++)
-            out[n++] = step[i];
-    }
+    spec_steps(s, n_gen, out);
     cairn_spec_seq_stats(s, st);
     cairn_spec_seq_free(s);
 }

@@ -69,25 +69,10 @@ class SharedWait(unittest.TestCase):
         return out
 
     def burst(self, servers, bodies):
-        """Body k to servers[k % n], all at once: the answers' token ids."""
-        out, failures, lock = [None] * len(bodies), [], threading.Lock()
-
-        def one(k, body):
-            try:
-                r = routers.post_json(servers[k % len(servers)].http_port,
-                                      "/v1/chat/completions", body)
-                with lock:
-                    out[k] = r["choices"][0]["message"]["content"]
-            except Exception as e:  # noqa: BLE001 - reported below
-                with lock:
-                    failures.append(repr(e))
-        threads = [threading.Thread(target=one, args=(k, b)) for k, b in enumerate(bodies)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        """Body k to servers[k % n], all at once: the answers' texts."""
+        replies, failures = routers.run_concurrent([s.http_port for s in servers], bodies)
         self.assertEqual(failures, [])
-        return out
+        return [r["choices"][0]["message"]["content"] for r in replies]
 
     def reference(self, bodies):
         """What one fresh server alone answers, one request at a time."""

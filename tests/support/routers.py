@@ -203,12 +203,14 @@ def floor_tokens(port, requests):
 
 
 def run_concurrent(port, bodies, path="/v1/chat/completions"):
-    """Every body at once; (replies, failures)."""
+    """Every body at once; (replies, failures). `port`: one port, or a list
+    of them (body i goes to port[i % len(port)])."""
+    ports = port if isinstance(port, (list, tuple)) else [port]
     replies, failures, lock = [None] * len(bodies), [], threading.Lock()
 
     def one(i, body):
         try:
-            r = post_json(port, path, body)
+            r = post_json(ports[i % len(ports)], path, body)
             with lock:
                 replies[i] = r
         except Exception as e:  # noqa: BLE001 - counted, reported by the caller
