@@ -239,7 +239,7 @@ static int rows_stamped(dmodel_state *d, const spec_view *v, int *whole_pages)
             return page * ps + (int)got.rows;
         *whole_pages = page + 1;
     }
-    return *whole_pages * ps < v->n_past ? *whole_pages * ps : v->n_past;
+    return v->n_past; /* every page, the last one ending at n_past */
 }
 
 static int dmodel_reset(void *state, const spec_view *v)
@@ -251,9 +251,7 @@ static int dmodel_reset(void *state, const spec_view *v)
     d->n_keys = 0;
     d->n_chain = 0;
     /* an adopted sequence's pages hold the rows their stamps say */
-    d->done = v->n_past > 0 ? rows_stamped(d, v, &d->stamped) : 0;
-    if (v->n_past == 0)
-        d->stamped = 0;
+    d->done = rows_stamped(d, v, &d->stamped);
     d->cleared = d->stamped;
     return CAIRN_OK;
 }
@@ -300,8 +298,8 @@ static int catch_up(dmodel_state *d, const spec_view *v, int upto, bool logits)
     return stamp_whole(d, v);
 }
 
-/* The last page boundary at or below n_past: rows below it must be final
- * when the caller gets the pages back. */
+/* The last page boundary at or below n_past: how far keeping up goes (a
+ * page at a time, so each forward is a batch of page_size rows). */
 static int whole_pages(const spec_view *v)
 {
     return v->n_past / v->kv->page_size * v->kv->page_size;
