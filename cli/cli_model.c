@@ -190,10 +190,11 @@ int cli_runtime_open(cli_runtime *rt, const cli_model_opts *o, const cairn_runti
         cli_runtime_close(rt);
         return rc;
     }
+    char shape[192];
     cairn_log(CAIRN_LOG_INFO,
-              "model %s: %s, dim %d, %d layers, %d/%d heads, vocab %d; loaded in %.2f s on %s "
-              "(%d threads); KV %s, %d pages of %d tokens",
-              hp->name, hp->arch, hp->dim, hp->n_layer, hp->n_head, hp->n_kv_head, hp->n_vocab,
+              "model %s: %s, vocab %d; loaded in %.2f s on %s (%d threads); KV %s, %d pages of "
+              "%d tokens",
+              hp->name, cairn_hparams_describe(hp, shape, sizeof shape), hp->n_vocab,
               cairn_now() - t0, rt->be->iface->name, cairn_runtime_threads(rt->rt),
               cairn_kv_type_name(o->kv_type), n_pages, o->page_size);
     return CAIRN_OK;

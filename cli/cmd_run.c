@@ -420,10 +420,11 @@ static cairn_runtime *open_run_runtime(const run_opts *o)
         return NULL;
     }
     const cairn_hparams *hp = cairn_runtime_hparams(rt);
-    cairn_log(CAIRN_LOG_INFO, "model %s: %s, dim %d, %d layers, %d/%d heads, vocab %d; loaded in "
-              "%.2f s on %s (%d threads)", hp->name, hp->arch, hp->dim, hp->n_layer, hp->n_head,
-              hp->n_kv_head, hp->n_vocab, cairn_now() - t0,
-              cairn_runtime_backend(rt)->iface->name, cairn_runtime_threads(rt));
+    char shape[192];
+    cairn_log(CAIRN_LOG_INFO, "model %s: %s, vocab %d; loaded in %.2f s on %s (%d threads)",
+              hp->name, cairn_hparams_describe(hp, shape, sizeof shape), hp->n_vocab,
+              cairn_now() - t0, cairn_runtime_backend(rt)->iface->name,
+              cairn_runtime_threads(rt));
     return rt;
 }
 

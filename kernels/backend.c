@@ -180,6 +180,17 @@ int cairn_kv_store_args_check(const void *kv_pool, const cairn_kv_layout *L, int
     return CAIRN_OK;
 }
 
+int cairn_add_rows_args_check(const float *y, const float *src, const int32_t *rows,
+                               const float *w, int n, int D)
+{
+    if (!y || !src || !rows || !w || n <= 0 || D <= 0)
+        return CAIRN_EINVAL;
+    for (int i = 0; i < n; i++)
+        if (rows[i] < 0)
+            return CAIRN_EINVAL;
+    return CAIRN_OK;
+}
+
 int cairn_rope_args_check(const float *x, int T, int n_heads, int head_dim, const int32_t *pos,
                           const cairn_rope_params *p)
 {

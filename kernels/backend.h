@@ -197,6 +197,10 @@ int cairn_attn_args_check(const cairn_attn_args *a, int *max_kv);
  * layer, T > 0 and no negative slot. CAIRN_EINVAL otherwise. */
 int cairn_kv_store_args_check(const void *kv_pool, const cairn_kv_layout *L, int layer,
                               const float *k, const float *v, const int32_t *slots, int T);
+/* The host-side checks of add_rows_scaled: pointers present, n and D
+ * positive, no negative row. CAIRN_EINVAL otherwise. */
+int cairn_add_rows_args_check(const float *y, const float *src, const int32_t *rows,
+                              const float *w, int n, int D);
 
 typedef enum { CAIRN_ROPE_NORMAL = 0, CAIRN_ROPE_NEOX = 2 } cairn_rope_mode;
 
@@ -461,6 +465,13 @@ typedef struct {
 
     /* x[T][n] += bias[n] for every row (Qwen2's q/k/v projection biases). */
     int (*add_bias)(cairn_backend *be, float *x, const float *bias, int T, int n);
+
+    /* y[rows[i]][D] += w[i] * src[i][D] for i < n; rows and w are host
+     * arrays, the rows distinct and >= 0. A mixture-of-experts layer adds
+     * each expert's output, times its router weight, into the rows of the
+     * tokens that chose it. */
+    int (*add_rows_scaled)(cairn_backend *be, float *y, const float *src, const int32_t *rows,
+                           const float *w, int n, int D);
 
     /* Softmax over each of the T rows of x[T][n], in place. */
     int (*softmax)(cairn_backend *be, float *x, int T, int n);

@@ -224,6 +224,11 @@ int cairn_eagle3_load(const char *path, cairn_model *target, cairn_eagle3 **out,
 {
     if (!path || !target || !out)
         return cairn_errorf(err, err_len, CAIRN_EINVAL, "cairn_eagle3_load: missing argument");
+    /* A head re-embeds tokens through the target's table; Gemma's targets
+     * scale their embeddings by sqrt(dim), which no head here is built for. */
+    if (strcmp(cairn_model_hparams(target)->arch, "gemma3") == 0)
+        return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                            "%s: EAGLE heads for a gemma3 target are not supported", path);
     cairn_eagle3 *e = calloc(1, sizeof *e);
     if (!e)
         return CAIRN_ENOMEM;

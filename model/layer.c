@@ -7,6 +7,8 @@
  */
 #include "model/layer_impl.h"
 
+#include <math.h>
+
 /* Where the matmul call that starts at row r0 of T ends (kernels/backend.h,
  * "Batch invariance"): the first `exact` rows go in calls of at most L rows,
  * so that each comes out the bits it would alone; the rows after them in
@@ -67,6 +69,114 @@ static int linears(cairn_backend *be, const float *x, float *gathered, int T, in
     return CAIRN_OK;
 }
 
+/* Each row's experts from the router's logits in mh->probs [T][E] (host):
+ * softmax, the top k (ties to the lower index), their weights (renormalised
+ * to sum 1 when `norm`, times `scale`), gathered per expert into rows /
+ * weights / count. The rows of an expert come out ascending, and every
+ * step depends on the row alone, so a token's experts and weights are the
+ * same whatever else is in the batch. */
+static void route_tokens(const cairn_moe_host *mh, int T, int E, int k, bool norm, float scale)
+{
+    for (int e = 0; e < E; e++)
+        mh->count[e] = 0;
+    for (int t = 0; t < T; t++) {
+        float *p = mh->probs + (size_t)t * E;
+        float mx = p[0];
+        for (int e = 1; e < E; e++)
+            mx = p[e] > mx ? p[e] : mx;
+        double sum = 0;
+        for (int e = 0; e < E; e++)
+            sum += (double)(p[e] = expf(p[e] - mx));
+        for (int e = 0; e < E; e++)
+            p[e] = (float)(p[e] / sum);
+        /* the top k by repeated selection (k is small: 2 to 10) */
+        int chosen[64];
+        float w[64];
+        double wsum = 0;
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                bool taken = false;
+                for (int i = 0; i < j && !taken; i++)
+                    taken = chosen[i] == e;
+                if (!taken && (best < 0 || p[e] > p[best]))
+                    best = e;
+            }
+            chosen[j] = best;
+            w[j] = p[best];
+            wsum += w[j];
+        }
+        /* renormalised as llama.cpp does: the sum clamped to F16's smallest
+         * normal, so a row of underflowed probabilities cannot divide by 0 */
+        const double div = norm ? (wsum > 6.103515625e-5 ? wsum : 6.103515625e-5) : 1.0;
+        for (int j = 0; j < k; j++) {
+            const int e = chosen[j];
+            mh->rows[(size_t)e * T + mh->count[e]] = t;
+            mh->weights[(size_t)e * T + mh->count[e]] = (float)(w[j] / div) * scale;
+            mh->count[e]++;
+        }
+    }
+}
+
+/* How many of the n rows (ascending) are among the leading `exact` ones. */
+static int exact_among(const int32_t *rows, int n, int exact)
+{
+    int c = 0;
+    while (c < n && rows[c] < exact)
+        c++;
+    return c;
+}
+
+/* x += the mixture-of-experts FFN of h (layer_impl.h). */
+static int moe_ffn(cairn_backend *be, const cairn_layer_weights *w, const cairn_layer_shape *s,
+                   const cairn_layer_acts *a, int T)
+{
+    const cairn_backend_iface *op = be->iface;
+    const int dim = s->dim, E = s->n_expert, eff = s->expert_ffn_dim;
+    const cairn_moe_host *mh = a->moe_host;
+    if (!mh || s->n_expert_used > 64)
+        return CAIRN_EINVAL;
+    /* router logits [T][E], to the host to choose */
+    TRY(linear(be, a->router, &w->router, a->h, NULL, T, a->exact_rows, dim, E));
+    TRY(op->download(be, mh->probs, a->router, (size_t)T * E * sizeof(float)));
+    TRY(cairn_backend_synchronize(be));
+    route_tokens(mh, T, E, s->n_expert_used, s->expert_norm, s->expert_weights_scale);
+
+    for (int e = 0; e < E; e++) { /* ascending: each row adds its experts in one order */
+        const int n = mh->count[e];
+        if (n == 0)
+            continue;
+        const int32_t *rows = mh->rows + (size_t)e * T;
+        const int exact = exact_among(rows, n, a->exact_rows);
+        /* moe_in [n][dim]: the rows that chose e */
+        TRY(op->get_rows(be, a->moe_in, a->h, CAIRN_TYPE_F32, dim, rows, n));
+        const cairn_layer_weight *const ws[] = {&w->exp_gate[e], &w->exp_up[e]};
+        float *const ys[] = {a->moe_gate, a->moe_up};
+        const int outs[] = {eff, eff};
+        TRY(linears(be, a->moe_in, NULL, n, exact, dim, 2, ws, ys, outs));
+        TRY(op->swiglu(be, a->moe_gate, a->moe_gate, a->moe_up, (size_t)n * eff));
+        TRY(linear(be, a->moe_out, &w->exp_down[e], a->moe_gate, NULL, n, exact, eff, dim));
+        TRY(op->add_rows_scaled(be, a->x, a->moe_out, rows, mh->weights + (size_t)e * T, n,
+                                dim));
+    }
+    if (w->sh_gate.data) { /* qwen2moe: every row, gated by sigmoid(h·w_s) */
+        const int sff = s->shared_ffn_dim;
+        TRY(linear(be, a->router, &w->sh_router, a->h, NULL, T, a->exact_rows, dim, 1));
+        TRY(op->download(be, mh->probs, a->router, (size_t)T * sizeof(float)));
+        const cairn_layer_weight *const ws[] = {&w->sh_gate, &w->sh_up};
+        float *const ys[] = {a->moe_gate, a->moe_up};
+        const int outs[] = {sff, sff};
+        TRY(linears(be, a->h, NULL, T, a->exact_rows, dim, 2, ws, ys, outs));
+        TRY(op->swiglu(be, a->moe_gate, a->moe_gate, a->moe_up, (size_t)T * sff));
+        TRY(linear(be, a->moe_out, &w->sh_down, a->moe_gate, NULL, T, a->exact_rows, sff, dim));
+        TRY(cairn_backend_synchronize(be)); /* the gate's logits are on the host now */
+        for (int t = 0; t < T; t++)
+            mh->weights[t] = 1.0f / (1.0f + expf(-mh->probs[t]));
+        TRY(op->add_rows_scaled(be, a->x, a->moe_out, mh->all, mh->weights, T, dim));
+    }
+    return CAIRN_OK;
+}
+
 int cairn_layer_forward(cairn_backend *be, const cairn_layer_weights *w,
                         const cairn_layer_shape *s, const cairn_layer_acts *a, int T,
                         const int32_t *pos, const int32_t *slots, void *kv_pool,
@@ -119,18 +229,27 @@ int cairn_layer_forward(cairn_backend *be, const cairn_layer_weights *w,
     args.layer = layer;
     TRY(op->attention(be, &args));                                          /* [T][q_dim] */
     TRY(linear(be, a->h, &w->wo, a->attn, a->gathered, T, a->exact_rows, q_dim, dim)); /* [T][dim] */
+    if (w->attn_post_norm.data)
+        TRY(op->rmsnorm(be, a->h, a->h, w->attn_post_norm.data, T, dim, s->rms_eps));
     TRY(op->add(be, a->x, a->x, a->h, (size_t)T * dim));
 
     /* feed-forward block */
     TRY(op->rmsnorm(be, a->h, a->x, w->ffn_norm.data, T, dim, s->rms_eps));
+    if (w->router.data)
+        return moe_ffn(be, w, s, a, T);
     { /* gate, up [T][ffn] */
         const cairn_layer_weight *const ws[] = {&w->w_gate, &w->w_up};
         float *const ys[] = {a->gate, a->up};
         const int outs[] = {ffn, ffn};
         TRY(linears(be, a->h, a->gathered, T, a->exact_rows, dim, 2, ws, ys, outs));
     }
-    TRY(op->swiglu(be, a->gate, a->gate, a->up, (size_t)T * ffn));
+    if (s->gelu)
+        TRY(op->geglu(be, a->gate, a->gate, a->up, (size_t)T * ffn));
+    else
+        TRY(op->swiglu(be, a->gate, a->gate, a->up, (size_t)T * ffn));
     TRY(linear(be, a->h, &w->w_down, a->gate, a->gathered, T, a->exact_rows, ffn, dim)); /* [T][dim] */
+    if (w->ffn_post_norm.data)
+        TRY(op->rmsnorm(be, a->h, a->h, w->ffn_post_norm.data, T, dim, s->rms_eps));
     TRY(op->add(be, a->x, a->x, a->h, (size_t)T * dim));
     return CAIRN_OK;
 }

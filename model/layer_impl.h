@@ -7,9 +7,18 @@
  *   q  = h·Wqᵀ (+bq), k = h·Wkᵀ (+bk), v = h·Wvᵀ (+bv)
  *   (q, k per head: rmsnorm(q_h) * q_norm, rmsnorm(k_h) * k_norm, on qwen3)
  *   q, k = rope(q, pos), rope(k, pos);  KV pages[slot(t)] <- k[t], v[t]
- *   x += attention(q, paged KV)·Woᵀ
+ *   x += attention(q, paged KV)·Woᵀ       (gemma3: x += rmsnorm(that) * attn_post_norm)
  *   h  = rmsnorm(x) * ffn_norm
- *   x += (silu(h·Wgᵀ) * (h·Wuᵀ))·Wdᵀ
+ *   x += (silu(h·Wgᵀ) * (h·Wuᵀ))·Wdᵀ      (gemma3: gelu for silu, then the
+ *                                          sum normed by ffn_post_norm)
+ *
+ * With experts (qwen3moe, qwen2moe, Mixtral) the FFN line becomes
+ *   p  = softmax(h·Wrᵀ)                    p [T][n_expert], on the host
+ *   for each token, its top k experts E with weights w_e = p_e (/ sum, when
+ *   renormalised):   x += Σ_e w_e · (silu(h·Wg_eᵀ) * (h·Wu_eᵀ))·Wd_eᵀ
+ *   (qwen2moe, every token:  x += sigmoid(h·w_s) · shared FFN(h))
+ * computed expert by expert over the rows that chose it, so each expert's
+ * weights are read once per call and an expert no token chose not at all.
  */
 #ifndef CAIRN_ENGINE_LAYER_IMPL_H
 #define CAIRN_ENGINE_LAYER_IMPL_H
@@ -46,15 +55,42 @@ typedef struct {
                                       place, added to k before a quantized KV
                                       type stores it (model.c, k_centers)     */
     cairn_layer_weight wo;         /* [dim][q_dim]                               */
+    cairn_layer_weight attn_post_norm; /* [dim] F32 norm of the attention output
+                                      before the residual add (gemma3), or
+                                      data NULL                                */
     cairn_layer_weight ffn_norm;   /* [dim] F32                                  */
     cairn_layer_weight w_gate, w_up, w_down; /* [ffn][dim], [ffn][dim], [dim][ffn] */
+    cairn_layer_weight ffn_post_norm; /* [dim] F32 norm of the FFN output before
+                                      the residual add (gemma3), or data NULL */
+    /* Mixture of experts (w_gate, w_up, w_down are then absent): */
+    cairn_layer_weight router;     /* [n_expert][dim], or data NULL: dense FFN   */
+    const cairn_layer_weight *exp_gate, *exp_up; /* [n_expert] of [eff][dim]     */
+    const cairn_layer_weight *exp_down;          /* [n_expert] of [dim][eff]     */
+    cairn_layer_weight sh_gate, sh_up;  /* [sff][dim] shared expert (qwen2moe),
+                                           or data NULL                          */
+    cairn_layer_weight sh_down;         /* [dim][sff]                            */
+    cairn_layer_weight sh_router;       /* [1][dim]: its gate, sigmoid(h·w)      */
 } cairn_layer_weights;
 
 typedef struct {
     int dim, n_head, n_kv_head, head_dim, ffn_dim;
     float rms_eps;
     cairn_rope_params rope;
+    bool gelu; /* the FFN gate is GELU (tanh form, Gemma's GeGLU), not SiLU */
+    /* experts (weights.router set): cairn_hparams' fields of the same names */
+    int n_expert, n_expert_used, expert_ffn_dim, shared_ffn_dim;
+    bool expert_norm;
+    float expert_weights_scale;
 } cairn_layer_shape;
+
+/* Host scratch of a mixture-of-experts FFN, room for T rows. */
+typedef struct {
+    float *probs;   /* [T][n_expert] the router's logits, then probabilities */
+    int32_t *rows;  /* [n_expert][T] the rows that chose each expert, ascending */
+    float *weights; /* [n_expert][T] their router weights                     */
+    int *count;     /* [n_expert]                                               */
+    int32_t *all;   /* [T] 0 .. T-1 (the shared expert's rows)                  */
+} cairn_moe_host;
 
 /* Activations, backend memory, room for the call's T rows each. */
 typedef struct {
@@ -74,11 +110,16 @@ typedef struct {
      * verification rows; kernels/backend.h, "Batch invariance"): their
      * matmuls run in calls the backend keeps row-invariant. 0: none. */
     int exact_rows;
+    /* Mixture of experts only (else NULL): backend buffers router [T][n_expert],
+     * moe_in and moe_out [T][dim], moe_gate and moe_up [T][max(eff, sff)];
+     * host scratch moe_host. */
+    float *router, *moe_in, *moe_out, *moe_gate, *moe_up;
+    const cairn_moe_host *moe_host;
 } cairn_layer_acts;
 
 /* One layer for T rows at RoPE positions pos[T] (host), their K/V stored at
- * KV slots[T] (host) of `layer`. `attn` gives the attention's sequences, scale and head count;
- * out, q, kv_pool, kv and layer are filled in here. */
+ * KV slots[T] (host) of `layer`. `attn` gives the attention's sequences, scale, head count
+ * and window (a local layer's); out, q, kv_pool, kv and layer are filled in here. */
 int cairn_layer_forward(cairn_backend *be, const cairn_layer_weights *w,
                         const cairn_layer_shape *s, const cairn_layer_acts *a, int T,
                         const int32_t *pos, const int32_t *slots, void *kv_pool,

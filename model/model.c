@@ -1,6 +1,7 @@
 /*
- * model/model.c — loading a llama-family GGUF (llama, incl. Llama 3 and
- * Mistral, and qwen2) onto a backend and the batched forward pass over paged KV.
+ * model/model.c — loading a llama-family GGUF (llama, incl. Llama 3, Mistral
+ * and Mixtral; qwen2, qwen3, gemma3, qwen3moe, qwen2moe) onto a backend and
+ * the batched forward pass over paged KV.
  *
  * The forward pass, for T new tokens spread over several sequences:
  *
@@ -19,7 +20,8 @@
  *   logits = y·Woutᵀ                                    [n_out][n_vocab]
  *
  * The architectures differ only in the arch_traits below: how RoPE pairs the
- * dimensions of a head and whether q/k/v carry biases. Llama 3's long-context
+ * dimensions of a head, whether q/k/v carry biases, Gemma's norms, gate and
+ * windows, and experts in place of the FFN. Llama 3's long-context
  * RoPE (rope_freqs.weight, one divisor per frequency) is a tensor, used
  * whenever the file has it.
  *
@@ -47,18 +49,39 @@ typedef cairn_layer_weight weight; /* backend memory */
 typedef cairn_layer_weights layer_weights;
 
 /* What differs between the architectures cairn runs. All are the same
- * pre-norm decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU). */
+ * pre-norm decoder (RMSNorm, RoPE, grouped-query attention, a gated FFN).
+ *
+ * Gemma 3 on top of the others: the embeddings are scaled by sqrt(dim);
+ * the attention output and the FFN output are each normed again before
+ * they join the residual stream (post_attention_norm, post_ffw_norm); the
+ * FFN gate is GELU (tanh form) instead of SiLU; five local layers with a
+ * sliding window and their own RoPE base alternate with one global layer.
+ * Its GGUF norm weights already hold Gemma's (1 + w) (the converter adds
+ * the 1), so every norm here is the plain rmsnorm(x) * w.
+ *
+ * Mixture-of-experts FFNs (layer.c, moe_ffn): qwen3moe and qwen2moe are
+ * qwen3's and qwen2's attention with experts (qwen2moe: a shared expert
+ * too, and the chosen weights not renormalised); a llama file with
+ * expert_count is Mixtral. */
 typedef struct {
     const char *name;          /* general.architecture and the metadata prefix */
     cairn_rope_mode rope_mode; /* llama: adjacent pairs; qwen2: first/second half */
     bool qkv_bias;             /* attn_{q,k,v}.bias tensors are required */
     bool qk_norm;              /* attn_{q,k}_norm: per-head RMSNorm of q and k */
+    bool gemma;                /* the Gemma 3 differences above */
+    int experts;               /* 0: dense; 1: experts if the file has them
+                                  (llama: Mixtral); 2: experts required */
+    bool shared_expert;        /* qwen2moe's gated shared expert */
+    bool expert_norm;          /* the chosen experts' weights renormalised */
 } arch_traits;
 
 static const arch_traits ARCHES[] = {
-    {"llama", CAIRN_ROPE_NORMAL, false, false},
-    {"qwen2", CAIRN_ROPE_NEOX, true, false},
-    {"qwen3", CAIRN_ROPE_NEOX, false, true},
+    {"llama", CAIRN_ROPE_NORMAL, false, false, false, 1, false, true},
+    {"qwen2", CAIRN_ROPE_NEOX, true, false, false, 0, false, false},
+    {"qwen3", CAIRN_ROPE_NEOX, false, true, false, 0, false, false},
+    {"gemma3", CAIRN_ROPE_NEOX, false, true, true, 0, false, false},
+    {"qwen3moe", CAIRN_ROPE_NEOX, false, true, false, 2, false, true},
+    {"qwen2moe", CAIRN_ROPE_NEOX, true, false, false, 2, true, false},
 };
 
 struct cairn_model {
@@ -66,6 +89,7 @@ struct cairn_model {
     cairn_hparams hp;
     cairn_model_params params;
     const arch_traits *arch;
+    float attn_scale; /* multiplies q·k: 1/sqrt(head_dim), except Gemma 3 27B */
     uint8_t fingerprint[16];
 
     void *weights_mem; /* one backend allocation for all tensors */
@@ -74,9 +98,17 @@ struct cairn_model {
     weight tok_embd, output_norm, output;
     const float *rope_freqs; /* optional, backend memory */
     layer_weights *layers;
+    /* mixture of experts: every layer's expert matrices, [n_layer][3][n_expert]
+     * (gate, up, down), which layers[l].exp_* point into; and while loading,
+     * the GGUF views of one expert each that are uploaded into them */
+    weight *expert_weights;
+    cairn_gguf_tensor *expert_views;
 
     /* activations, backend memory, sized for max_batch_tokens rows */
     float *x, *h, *q, *k, *v, *attn, *ffn_gate, *ffn_up, *out_rows, *logits;
+    /* mixture of experts only: backend buffers and host scratch (layer_impl.h) */
+    float *router, *moe_in, *moe_out, *moe_gate, *moe_up;
+    cairn_moe_host moe_host;
     bool has_perms;  /* a weight reads its input reordered (layer_weight.perm) */
     float *gathered; /* [max_batch_tokens][max matmul input], when has_perms */
     /* host staging, sized for max_batch_tokens / max_seqs */
@@ -136,6 +168,58 @@ static const char *arch_key(const arch_traits *a, const char *suffix)
     return key;
 }
 
+/* The mixture-of-experts keys (none for a dense model). Only the softmax
+ * router is implemented; another gating function is refused by name. */
+static int read_experts(const cairn_gguf *g, const char *path, const arch_traits *A,
+                        cairn_hparams *hp, char *err, size_t err_len)
+{
+    uint32_t n_expert = 0, n_used = 0, ffe = 0, ffs = 0, gating = 1;
+    float scale = 0;
+    if (A->experts == 0)
+        return CAIRN_OK;
+    if (get_u32_or(g, arch_key(A, "expert_count"), 0, &n_expert) ||
+        get_u32_or(g, arch_key(A, "expert_used_count"), 0, &n_used))
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT, "%s: invalid %s", path,
+                            arch_key(A, "expert_count / expert_used_count"));
+    if (n_expert == 0 && A->experts == 1)
+        return CAIRN_OK; /* a dense llama */
+    if (n_expert == 0 || n_expert > 1024 || n_used == 0 || n_used > n_expert)
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT,
+                            "%s: %s %u with %s %u is inconsistent", path,
+                            "expert_count", n_expert, "expert_used_count", n_used);
+    /* Mixtral's experts are feed_forward_length wide; the Qwen MoE files
+     * give expert_feed_forward_length (qwen3moe falls back to
+     * feed_forward_length / expert_used_count, as llama.cpp does) */
+    const uint32_t ffe_default = A->experts == 1 ? (uint32_t)hp->ffn_dim
+                                                 : (uint32_t)hp->ffn_dim / n_used;
+    if (get_u32_or(g, arch_key(A, "expert_feed_forward_length"), ffe_default, &ffe) ||
+        ffe == 0 || ffe > (1u << 20))
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT, "%s: invalid %s", path,
+                            arch_key(A, "expert_feed_forward_length"));
+    if (A->shared_expert &&
+        (get_u32_or(g, arch_key(A, "expert_shared_feed_forward_length"), (uint32_t)hp->ffn_dim,
+                    &ffs) ||
+         ffs == 0 || ffs > (1u << 20)))
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT, "%s: invalid %s", path,
+                            arch_key(A, "expert_shared_feed_forward_length"));
+    if (get_f32_or(g, arch_key(A, "expert_weights_scale"), 0, &scale) || !isfinite(scale) ||
+        scale < 0)
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT, "%s: invalid %s", path,
+                            arch_key(A, "expert_weights_scale"));
+    /* 1 = softmax (llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX) */
+    if (get_u32_or(g, arch_key(A, "expert_gating_func"), 1, &gating) || gating != 1)
+        return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                            "%s: %s %u is not supported (only the softmax router, 1)", path,
+                            arch_key(A, "expert_gating_func"), gating);
+    hp->n_expert = (int)n_expert;
+    hp->n_expert_used = (int)n_used;
+    hp->expert_ffn_dim = (int)ffe;
+    hp->shared_ffn_dim = (int)ffs;
+    hp->expert_norm = A->expert_norm;
+    hp->expert_weights_scale = scale == 0 ? 1.0f : scale; /* 0: absent, as in llama.cpp */
+    return CAIRN_OK;
+}
+
 static int read_hparams(const cairn_gguf *g, const char *path, const arch_traits **arch_out,
                         cairn_hparams *hp, char *err, size_t err_len)
 {
@@ -149,7 +233,8 @@ static int read_hparams(const cairn_gguf *g, const char *path, const arch_traits
             A = &ARCHES[i];
     if (!A)
         return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
-                    "%s: architecture '%s' is not supported (supported: llama, qwen2, qwen3)", path,
+                    "%s: architecture '%s' is not supported (supported: llama, qwen2, qwen3, "
+                    "gemma3, qwen3moe, qwen2moe)", path,
                     arch);
     *arch_out = A;
     memset(hp, 0, sizeof *hp);
@@ -221,6 +306,40 @@ static int read_hparams(const cairn_gguf *g, const char *path, const arch_traits
     if (!(scale_factor > 0))
         scale_factor = 1;
 
+    /* Sliding windows: Gemma 3's local layers (every layer but each
+     * period-th, with a RoPE base of their own), or every layer of a file
+     * that names a window (Mistral's sliding_window). A window wider than
+     * the context could never slide: the file is inconsistent. */
+    uint32_t window = 0, period = A->gemma ? 6 : 0;
+    float base_local = base;
+    if ((rc = get_u32_or(g, arch_key(A, "attention.sliding_window"), 0, &window)) ||
+        window > n_ctx || window > (1u << 30))
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT,
+                            "%s: %s %u is invalid (context length %u)", path,
+                            arch_key(A, "attention.sliding_window"), window, n_ctx);
+    if (window > 0 && A->gemma) {
+        if ((rc = get_u32_or(g, arch_key(A, "attention.sliding_window_pattern"), 6, &period)) ||
+            period == 0 || period > n_layer)
+            return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                                "%s: %s must be one period of at most %u layers (a per-layer "
+                                "list is not supported)", path,
+                                arch_key(A, "attention.sliding_window_pattern"), n_layer);
+        if ((rc = get_f32_or(g, arch_key(A, "rope.freq_base_swa"), 10000.0f, &base_local)) ||
+            !(base_local > 0))
+            return cairn_errorf(err, err_len, CAIRN_EFORMAT, "%s: invalid %s", path,
+                                arch_key(A, "rope.freq_base_swa"));
+    }
+    /* Logit soft-capping (Gemma 2, and Gemma 3 files that carry it) is a
+     * tanh cairn has no op for: refused rather than ignored. */
+    float softcap = 0;
+    if (get_f32_or(g, arch_key(A, "final_logit_softcapping"), 0, &softcap) != CAIRN_OK ||
+        softcap != 0 ||
+        get_f32_or(g, arch_key(A, "attn_logit_softcapping"), 0, &softcap) != CAIRN_OK ||
+        softcap != 0)
+        return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                            "%s: logit soft-capping (%s / %s) is not supported", path,
+                            arch_key(A, "final_logit_softcapping"), "attn_logit_softcapping");
+
     hp->n_ctx_train = (int)n_ctx;
     hp->dim = (int)dim;
     hp->n_layer = (int)n_layer;
@@ -233,7 +352,10 @@ static int read_hparams(const cairn_gguf *g, const char *path, const arch_traits
     hp->rope_freq_base = base;
     hp->rope_freq_scale = 1.0f / scale_factor;
     hp->rope_mode = A->rope_mode;
-    return CAIRN_OK;
+    hp->sliding_window = (int)window;
+    hp->swa_period = window > 0 ? (int)period : 0;
+    hp->rope_freq_base_local = base_local;
+    return read_experts(g, path, A, hp, err, err_len);
 }
 
 /* ---- tensors ------------------------------------------------------------ */
@@ -269,8 +391,45 @@ static int find_tensor(const cairn_gguf *g, const char *name, int64_t ne0, int64
 typedef struct {
     const cairn_gguf_tensor *src;
     weight *dst;
-    bool perm; /* src is dst's input order (I32), not its data */
+    bool perm;   /* src is dst's input order (I32), not its data */
+    bool matrix; /* a vector that matmul reads as a one-row matrix
+                    (qwen2moe's shared-expert gate) */
+    bool expert; /* one expert of a 3-D tensor: a token reads it only when
+                    the router picks it */
 } tensor_binding;
+
+/* blk.<l>.<suffix>, a 3-D [ne0][ne1][n_expert] tensor of one matrix per
+ * expert: views[e] (filled here) are the experts' [ne0][ne1] matrices,
+ * each a GGUF tensor of its own to the upload. */
+static int find_experts(const cairn_gguf *g, const char *name, int64_t ne0, int64_t ne1,
+                        int n_expert, cairn_gguf_tensor *views, char *err, size_t err_len)
+{
+    const cairn_gguf_tensor *t = cairn_gguf_find_tensor(g, name);
+    if (!t)
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT,
+                            "missing tensor '%s' (experts as one 3-D tensor per layer)", name);
+    if (t->n_dims != 3 || t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] != n_expert)
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT,
+                            "tensor '%s' has shape [%lld, %lld, %lld], expected [%lld, %lld, %d] "
+                            "(expert_count %d)", name, (long long)t->ne[0], (long long)t->ne[1],
+                            (long long)t->ne[2], (long long)ne0, (long long)ne1, n_expert,
+                            n_expert);
+    const cairn_type_traits *tr = cairn_type_get(t->type);
+    if (!tr || !tr->compute)
+        return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                            "tensor '%s' has type %s, which cairn cannot compute with yet", name,
+                            tr ? tr->name : "?");
+    const uint64_t each = t->size / (uint64_t)n_expert;
+    for (int e = 0; e < n_expert; e++) {
+        views[e] = *t;
+        views[e].n_dims = 2;
+        views[e].ne[2] = 1;
+        views[e].size = each;
+        views[e].offset = t->offset + (uint64_t)e * each;
+        views[e].data = (const uint8_t *)t->data + (uint64_t)e * each;
+    }
+    return CAIRN_OK;
+}
 
 /* "<base>.input_perm" of a matmul weight "<base>.weight": I32 [n_in], a
  * permutation of the input columns (GPTQ act-order, from ckpt/). Checked
@@ -309,10 +468,22 @@ static int bind_weights(cairn_model *m, const cairn_gguf *g, tensor_binding **ou
     const cairn_hparams *hp = &m->hp;
     int64_t dim = hp->dim, hd = hp->head_dim, ffn = hp->ffn_dim;
     int64_t q_dim = hp->n_head * hd, kv_dim = hp->n_kv_head * hd;
-    int cap = 4 + 21 * hp->n_layer; /* 14 tensors and up to 7 input orders */
+    const int n_expert = hp->n_expert;
+    /* 16 tensors and up to 7 input orders, the router, 3 matrices an
+     * expert, and 4 of the shared expert */
+    int cap = 4 + (28 + 3 * n_expert) * hp->n_layer;
     tensor_binding *b = calloc((size_t)cap, sizeof *b);
     if (!b)
         return CAIRN_ENOMEM;
+    if (n_expert > 0) {
+        const size_t per = (size_t)hp->n_layer * 3 * n_expert;
+        m->expert_weights = calloc(per, sizeof *m->expert_weights);
+        m->expert_views = calloc(per, sizeof *m->expert_views);
+        if (!m->expert_weights || !m->expert_views) {
+            free(b);
+            return CAIRN_ENOMEM;
+        }
+    }
     int n = 0, rc;
     const cairn_gguf_tensor *t;
 
@@ -326,15 +497,15 @@ static int bind_weights(cairn_model *m, const cairn_gguf *g, tensor_binding **ou
     if ((rc = find_tensor(g, "token_embd.weight", dim, hp->n_vocab, false, false, &t, err,
                           err_len)))
         goto out;
-    b[n++] = (tensor_binding){t, &m->tok_embd, false};
+    b[n++] = (tensor_binding){.src = t, .dst = &m->tok_embd};
     if ((rc = find_tensor(g, "output_norm.weight", dim, 1, true, false, &t, err, err_len)))
         goto out;
-    b[n++] = (tensor_binding){t, &m->output_norm, false};
+    b[n++] = (tensor_binding){.src = t, .dst = &m->output_norm};
     if ((rc = find_tensor(g, "output.weight", dim, hp->n_vocab, false, true, &t, err, err_len)))
         goto out;
     m->hp.tied_embeddings = t == NULL;
     if (t)
-        b[n++] = (tensor_binding){t, &m->output, false};
+        b[n++] = (tensor_binding){.src = t, .dst = &m->output};
     const cairn_gguf_tensor *perm;
     if ((rc = find_perm(g, "output.weight", dim, &perm, err, err_len)))
         goto out;
@@ -347,7 +518,9 @@ static int bind_weights(cairn_model *m, const cairn_gguf *g, tensor_binding **ou
 
     for (int l = 0; l < hp->n_layer; l++) {
         layer_weights *L = &m->layers[l];
-        const bool bias = m->arch->qkv_bias;
+        const bool bias = m->arch->qkv_bias, gemma = m->arch->gemma, dense = n_expert == 0;
+        const bool shared = !dense && m->arch->shared_expert;
+        const int64_t ffs = hp->shared_ffn_dim;
         struct {
             const char *suffix;
             int64_t ne0, ne1;
@@ -364,10 +537,16 @@ static int bind_weights(cairn_model *m, const cairn_gguf *g, tensor_binding **ou
             {"attn_q_norm.weight", hd, 1, true, m->arch->qk_norm, &L->q_norm},
             {"attn_k_norm.weight", hd, 1, true, m->arch->qk_norm, &L->k_norm},
             {"attn_output.weight", q_dim, dim, false, true, &L->wo},
+            {"post_attention_norm.weight", dim, 1, true, gemma, &L->attn_post_norm},
             {"ffn_norm.weight", dim, 1, true, true, &L->ffn_norm},
-            {"ffn_gate.weight", dim, ffn, false, true, &L->w_gate},
-            {"ffn_up.weight", dim, ffn, false, true, &L->w_up},
-            {"ffn_down.weight", ffn, dim, false, true, &L->w_down},
+            {"ffn_gate.weight", dim, ffn, false, dense, &L->w_gate},
+            {"ffn_up.weight", dim, ffn, false, dense, &L->w_up},
+            {"ffn_down.weight", ffn, dim, false, dense, &L->w_down},
+            {"post_ffw_norm.weight", dim, 1, true, gemma, &L->ffn_post_norm},
+            {"ffn_gate_inp.weight", dim, n_expert, false, !dense, &L->router},
+            {"ffn_gate_shexp.weight", dim, ffs, false, shared, &L->sh_gate},
+            {"ffn_up_shexp.weight", dim, ffs, false, shared, &L->sh_up},
+            {"ffn_down_shexp.weight", ffs, dim, false, shared, &L->sh_down},
         };
         for (size_t i = 0; i < sizeof spec / sizeof spec[0]; i++) {
             if (!spec[i].wanted)
@@ -377,13 +556,40 @@ static int bind_weights(cairn_model *m, const cairn_gguf *g, tensor_binding **ou
             if ((rc = find_tensor(g, name, spec[i].ne0, spec[i].ne1, spec[i].f32, false, &t, err,
                                   err_len)))
                 goto out;
-            b[n++] = (tensor_binding){t, spec[i].w, false};
+            b[n++] = (tensor_binding){t, spec[i].w, false, false, false};
             if (!spec[i].f32) {
                 if ((rc = find_perm(g, name, spec[i].ne0, &t, err, err_len)))
                     goto out;
                 if (t) /* after its weight: binding the weight resets perm */
-                    b[n++] = (tensor_binding){t, spec[i].w, true};
+                    b[n++] = (tensor_binding){t, spec[i].w, true, false, false};
             }
+        }
+        if (shared) { /* the shared expert's gate: [dim] read as a [1][dim] matrix */
+            char name[96];
+            snprintf(name, sizeof name, "blk.%d.ffn_gate_inp_shexp.weight", l);
+            if ((rc = find_tensor(g, name, dim, 1, false, false, &t, err, err_len)))
+                goto out;
+            b[n++] = (tensor_binding){t, &L->sh_router, false, true, false};
+        }
+        if (!dense) { /* gate, up, down of every expert */
+            static const char *const suffix[3] = {"ffn_gate_exps.weight", "ffn_up_exps.weight",
+                                                  "ffn_down_exps.weight"};
+            const int64_t ffe = hp->expert_ffn_dim;
+            const int64_t ne0[3] = {dim, dim, ffe}, ne1[3] = {ffe, ffe, dim};
+            for (int k = 0; k < 3; k++) {
+                const size_t at = ((size_t)l * 3 + k) * n_expert;
+                char name[96];
+                snprintf(name, sizeof name, "blk.%d.%s", l, suffix[k]);
+                if ((rc = find_experts(g, name, ne0[k], ne1[k], n_expert, m->expert_views + at,
+                                       err, err_len)))
+                    goto out;
+                for (int e = 0; e < n_expert; e++)
+                    b[n++] = (tensor_binding){m->expert_views + at + e,
+                                              m->expert_weights + at + e, false, false, true};
+            }
+            L->exp_gate = m->expert_weights + ((size_t)l * 3 + 0) * n_expert;
+            L->exp_up = m->expert_weights + ((size_t)l * 3 + 1) * n_expert;
+            L->exp_down = m->expert_weights + ((size_t)l * 3 + 2) * n_expert;
         }
     }
     rc = CAIRN_OK;
@@ -442,6 +648,8 @@ static int k_centers(cairn_model *m)
  * get_rows reads keep GGUF's. */
 static bool is_matmul_weight(const cairn_model *m, const tensor_binding *b)
 {
+    if (b->matrix)
+        return true;
     return !b->perm && b->src->n_dims >= 2 && b->src->ne[1] > 1 &&
            (b->dst != &m->tok_embd || m->hp.tied_embeddings);
 }
@@ -545,7 +753,11 @@ static int upload_weights(cairn_model *m, const cairn_gguf *g, const tensor_bind
         /* a token looks up one row of an embedding table that is not also
          * the output head; every other tensor is read whole */
         bool one_row = i < n && b[i].dst == &m->tok_embd && !m->hp.tied_embeddings;
-        m->token_weight_bytes += one_row ? t->size / (uint64_t)t->ne[1] : t->size;
+        if (i < n && b[i].expert) /* a token reads n_expert_used of n_expert */
+            m->token_weight_bytes += t->size * (uint64_t)m->hp.n_expert_used /
+                                     (uint64_t)m->hp.n_expert;
+        else
+            m->token_weight_bytes += one_row ? t->size / (uint64_t)t->ne[1] : t->size;
         /* name, type, shape, data: any change to the weights changes it */
         uint32_t type = (uint32_t)t->type;
         XXH3_128bits_update(hs, t->name, strlen(t->name) + 1);
@@ -576,7 +788,12 @@ static int upload_weights(cairn_model *m, const cairn_gguf *g, const tensor_bind
 static int exact_rows_bound(const cairn_model *m)
 {
     const layer_weights *lw = &m->layers[0];
-    const weight *ws[] = {&lw->wq, &lw->wk, &lw->wv, &lw->wo, &lw->w_gate, &lw->w_up, &lw->w_down};
+    const weight none = {0};
+    const bool moe = lw->exp_gate != NULL;
+    const weight *ws[] = {&lw->wq, &lw->wk, &lw->wv, &lw->wo, &lw->w_gate, &lw->w_up, &lw->w_down,
+                          &lw->router, moe ? &lw->exp_gate[0] : &none,
+                          moe ? &lw->exp_up[0] : &none, moe ? &lw->exp_down[0] : &none,
+                          &lw->sh_gate, &lw->sh_up, &lw->sh_down, &lw->sh_router};
     int bound = 0;
     for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
         if (!ws[i]->data)
@@ -607,6 +824,33 @@ static int alloc_scratch(cairn_model *m)
         int rc = m->be->iface->alloc(m->be, bufs[i].n * sizeof(float), (void **)bufs[i].p);
         if (rc != CAIRN_OK)
             return rc;
+    }
+    if (hp->n_expert > 0) {
+        const size_t E = (size_t)hp->n_expert;
+        size_t ff = (size_t)hp->expert_ffn_dim;
+        ff = ff > (size_t)hp->shared_ffn_dim ? ff : (size_t)hp->shared_ffn_dim;
+        struct {
+            float **p;
+            size_t n;
+        } moe[] = {
+            {&m->router, T * E}, {&m->moe_in, T * hp->dim}, {&m->moe_out, T * hp->dim},
+            {&m->moe_gate, T * ff}, {&m->moe_up, T * ff},
+        };
+        for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++) {
+            int rc = m->be->iface->alloc(m->be, moe[i].n * sizeof(float), (void **)moe[i].p);
+            if (rc != CAIRN_OK)
+                return rc;
+        }
+        cairn_moe_host *mh = &m->moe_host;
+        mh->probs = malloc(T * E * sizeof(float));
+        mh->rows = malloc(T * E * sizeof(int32_t));
+        mh->weights = malloc(T * E * sizeof(float));
+        mh->count = malloc(E * sizeof(int));
+        mh->all = malloc(T * sizeof(int32_t));
+        if (!mh->probs || !mh->rows || !mh->weights || !mh->count || !mh->all)
+            return CAIRN_ENOMEM;
+        for (size_t t = 0; t < T; t++)
+            mh->all[t] = (int32_t)t;
     }
     if (m->has_perms) {
         size_t widest = (size_t)hp->dim > q_dim ? (size_t)hp->dim : q_dim;
@@ -653,6 +897,12 @@ int cairn_model_load_gguf(const cairn_gguf *g, const char *name, cairn_backend *
     int rc;
     if ((rc = read_hparams(g, name, &m->arch, &m->hp, err, err_len)))
         goto fail;
+    /* Gemma 3 27B scales queries by 1/sqrt(dim / n_head) (168), not by the
+     * head width; the GGUF does not say so, its 62 layers do (as in
+     * llama.cpp and Google's reference code). */
+    m->attn_scale = 1.0f / sqrtf((float)m->hp.head_dim);
+    if (m->arch->gemma && m->hp.n_layer == 62)
+        m->attn_scale = 1.0f / sqrtf((float)(m->hp.dim / m->hp.n_head));
     m->layers = calloc((size_t)m->hp.n_layer, sizeof *m->layers);
     if (!m->layers) {
         rc = CAIRN_ENOMEM;
@@ -662,6 +912,8 @@ int cairn_model_load_gguf(const cairn_gguf *g, const char *name, cairn_backend *
         goto fail;
     if ((rc = upload_weights(m, g, bindings, n_bindings, err, err_len)))
         goto fail;
+    free(m->expert_views); /* uploaded: the views of the mapping are done with */
+    m->expert_views = NULL;
     if ((rc = k_centers(m))) {
         cairn_errorf(err, err_len, rc, "cannot place the key centres");
         goto fail;
@@ -700,7 +952,8 @@ void cairn_model_free(cairn_model *m)
         return;
     cairn_backend *be = m->be;
     float *bufs[] = {m->x, m->h, m->q, m->k, m->v, m->attn, m->ffn_gate, m->ffn_up,
-                     m->out_rows, m->logits, m->gathered};
+                     m->out_rows, m->logits, m->gathered, m->router, m->moe_in, m->moe_out,
+                     m->moe_gate, m->moe_up};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             be->iface->free(be, bufs[i]);
@@ -722,10 +975,34 @@ void cairn_model_free(cairn_model *m)
     free(m->seq_out);
     free(m->attn_seqs);
     free(m->layers);
+    free(m->expert_weights);
+    free(m->expert_views);
+    free(m->moe_host.probs);
+    free(m->moe_host.rows);
+    free(m->moe_host.weights);
+    free(m->moe_host.count);
+    free(m->moe_host.all);
     free(m);
 }
 
 const cairn_hparams *cairn_model_hparams(const cairn_model *m) { return &m->hp; }
+
+const char *cairn_hparams_describe(const cairn_hparams *hp, char *buf, size_t n)
+{
+    int at = snprintf(buf, n, "%s, dim %d, %d layers, %d/%d heads", hp->arch, hp->dim,
+                      hp->n_layer, hp->n_head, hp->n_kv_head);
+    if (hp->n_expert > 0 && at >= 0 && (size_t)at < n)
+        at += snprintf(buf + at, n - (size_t)at, ", %d experts (%d a token)", hp->n_expert,
+                       hp->n_expert_used);
+    if (hp->sliding_window > 0 && at >= 0 && (size_t)at < n) {
+        int local = 0;
+        for (int l = 0; l < hp->n_layer; l++)
+            local += cairn_hparams_layer_window(hp, l) > 0;
+        snprintf(buf + at, n - (size_t)at, ", window %d on %d of %d layers", hp->sliding_window,
+                 local, hp->n_layer);
+    }
+    return buf;
+}
 cairn_backend *cairn_model_backend(const cairn_model *m) { return m->be; }
 
 size_t cairn_model_token_weight_bytes(const cairn_model *m) { return m->token_weight_bytes; }
@@ -887,20 +1164,31 @@ static int forward_ops(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
     };
     const cairn_layer_shape shape = {
         .dim = dim, .n_head = hp->n_head, .n_kv_head = hp->n_kv_head, .head_dim = hd,
-        .ffn_dim = ffn, .rms_eps = hp->rms_eps, .rope = rope,
+        .ffn_dim = ffn, .rms_eps = hp->rms_eps, .rope = rope, .gelu = m->arch->gemma,
+        .n_expert = hp->n_expert, .n_expert_used = hp->n_expert_used,
+        .expert_ffn_dim = hp->expert_ffn_dim, .shared_ffn_dim = hp->shared_ffn_dim,
+        .expert_norm = hp->expert_norm, .expert_weights_scale = hp->expert_weights_scale,
     };
+    /* a local (sliding-window) layer: its own RoPE base, unscaled */
+    cairn_layer_shape shape_local = shape;
+    shape_local.rope.freq_base = hp->rope_freq_base_local;
+    shape_local.rope.freq_scale = 1.0f;
     const cairn_layer_acts acts = {
         .x = m->x, .h = m->h, .q = m->q, .attn = m->attn, .k = m->k, .v = m->v,
         .gate = m->ffn_gate, .up = m->ffn_up, .gathered = m->gathered,
         .exact_rows = m->exact_rows,
+        .router = m->router, .moe_in = m->moe_in, .moe_out = m->moe_out,
+        .moe_gate = m->moe_gate, .moe_up = m->moe_up,
+        .moe_host = m->hp.n_expert > 0 ? &m->moe_host : NULL,
     };
-    const cairn_attn_args attn = {
-        .n_head = hp->n_head, .scale = 1.0f / sqrtf((float)hd), .n_seqs = n_seqs,
-        .seqs = m->attn_seqs,
+    cairn_attn_args attn = {
+        .n_head = hp->n_head, .scale = m->attn_scale, .n_seqs = n_seqs, .seqs = m->attn_seqs,
     };
 
     /* x [T][dim] */
     TRY(op->get_rows(be, m->x, m->tok_embd.data, m->tok_embd.type, dim, m->tokens, T));
+    if (m->arch->gemma) /* Gemma scales its embeddings by sqrt(dim) */
+        TRY(op->scale(be, m->x, sqrtf((float)dim), (size_t)T * dim));
 
     const size_t block = (size_t)m->params.max_batch_tokens * dim;
     const bool by_layer = features && m->n_feature_layers > 0;
@@ -910,9 +1198,14 @@ static int forward_ops(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
             if (m->feature_layers[i] == l)
                 TRY(cairn_backend_copy(be, m->layer_states + i * block, m->x,
                                        (size_t)T * dim * sizeof(float)));
-        if (l < hp->n_layer)
-            TRY(cairn_layer_forward(be, &m->layers[l], &shape, &acts, T, m->pos, m->slots,
-                                    kv_pool, kv, l, &attn));
+        if (l < hp->n_layer) {
+            attn.window = cairn_hparams_layer_window(hp, l);
+            /* Gemma's local layers have a RoPE base of their own; a window
+             * over every layer (Mistral) keeps the file's */
+            const bool local = attn.window > 0 && hp->swa_period > 0;
+            TRY(cairn_layer_forward(be, &m->layers[l], local ? &shape_local : &shape, &acts, T,
+                                    m->pos, m->slots, kv_pool, kv, l, &attn));
+        }
     }
 
     /* Only the wanted rows go through the output norm and projection. */
@@ -995,7 +1288,9 @@ static int forward(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
     if (keep)
         TRY(reserve_logits_keep(m, n_o));
     cairn_backend *be = m->be;
-    if (is_decode_step(seqs, n_seqs, n_o, hidden, features, keep) &&
+    /* a mixture of experts chooses its experts on the host between ops,
+     * which a recorded step cannot */
+    if (m->hp.n_expert == 0 && is_decode_step(seqs, n_seqs, n_o, hidden, features, keep) &&
         cairn_backend_graph_begin(be, (uint64_t)T * 2 + keep) == CAIRN_OK) {
         /* recorded, then run as one launch; downloads come after */
         const int rc = forward_ops(m, kv_pool, kv, n_seqs, T, n_o, NULL, NULL, NULL, keep);

@@ -9,9 +9,15 @@
  *     tokens [T] ──embed──▶ x [T][dim]
  *     for each layer:  x += attn(rmsnorm(x))   q,k,v projections, RoPE,
  *                                              K/V written to the pages,
- *                                              paged attention (GQA)
- *                      x += ffn(rmsnorm(x))    SwiGLU
+ *                                              paged attention (GQA; a
+ *                                              sliding window on local
+ *                                              layers)
+ *                      x += ffn(rmsnorm(x))    SwiGLU (GeGLU on Gemma), or
+ *                                              the router's top-k experts
  *     x = rmsnorm(x) ──▶ hidden (EAGLE's feature) ──LM head──▶ logits
+ *
+ * Architectures: llama (Llama 2/3, Mistral with its window, Mixtral's
+ * experts), qwen2, qwen3, gemma3, qwen3moe, qwen2moe (model.c, arch_traits).
  *
  * The KV of every sequence lives in pages of a pool the caller owns
  * (store/ carves them); a sequence names its pages in a page table, so
@@ -51,7 +57,7 @@ extern "C" {
 /* ======================================================================== */
 
 typedef struct {
-    char arch[32];        /* "llama", "qwen2" or "qwen3"                      */
+    char arch[32];        /* "llama", "qwen2", "qwen3" or "gemma3"            */
     char name[128];       /* general.name, or the file name                   */
     int n_vocab;
     int n_ctx_train;
@@ -68,7 +74,44 @@ typedef struct {
     cairn_rope_mode rope_mode;
     float rms_eps;
     bool tied_embeddings; /* output projection reuses token_embd              */
+    /* Sliding-window attention. With sliding_window = W > 0 a local layer's
+     * query at position i sees only keys i-W+1 .. i (kernels/backend.h,
+     * "Sliding windows"). Which layers are local: with swa_period = P > 0,
+     * layer l is local unless l % P == P - 1 (Gemma 3: five local layers,
+     * then one global); with P = 0 every layer is (Mistral's
+     * sliding_window). cairn_hparams_layer_window gives a layer's W. */
+    int sliding_window;
+    int swa_period;
+    float rope_freq_base_local; /* RoPE base of the local layers (Gemma 3:
+                                   10000, the global layers 1e6); their
+                                   frequency scale is 1                     */
+    /* Mixture of experts (n_expert > 0: qwen3moe, qwen2moe, Mixtral as
+     * llama). Every layer's FFN is n_expert experts of expert_ffn_dim; a
+     * router picks n_expert_used of them per token (softmax over its logits,
+     * the top n_expert_used, their weights renormalised to sum 1 when
+     * expert_norm, then times expert_weights_scale) and the token's FFN
+     * output is the weighted sum of theirs. qwen2moe adds a shared expert of
+     * shared_ffn_dim that every token runs, gated by a sigmoid of its own. */
+    int n_expert, n_expert_used, expert_ffn_dim, shared_ffn_dim;
+    bool expert_norm;
+    float expert_weights_scale;
 } cairn_hparams;
+
+/* "qwen3moe, dim 2048, 16 layers, 16/4 heads, 32 experts (4 a token)", with
+ * ", window 512 on 15 of 18 layers" for a sliding-window model: the shape
+ * in one line for logs and banners. Returns buf. */
+const char *cairn_hparams_describe(const cairn_hparams *hp, char *buf, size_t n);
+
+/* The window of layer l: sliding_window for a local layer, 0 (every key the
+ * causal rule allows) for a global one. */
+static inline int cairn_hparams_layer_window(const cairn_hparams *hp, int l)
+{
+    if (hp->sliding_window <= 0)
+        return 0;
+    if (hp->swa_period > 0 && l % hp->swa_period == hp->swa_period - 1)
+        return 0;
+    return hp->sliding_window;
+}
 
 typedef struct cairn_model cairn_model;
 

@@ -91,6 +91,9 @@ if [ $want_test -eq 1 ]; then
     here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
     python3 "$here/get-model" >/dev/null ||
         echo "setup: WARNING: could not fetch the real model; tests that need it will skip" >&2
+    # Gemma 3 270M, the sliding-window family (tests/http/test_gemma.py)
+    python3 "$here/get-model" gemma3-270m-q4_k_m >/dev/null ||
+        echo "setup: WARNING: could not fetch Gemma 3 270M; the tests that need it will skip" >&2
 fi
 
 if [ $want_test -eq 1 ]; then

@@ -15,6 +15,7 @@
  * messages normalised into the form the formatters read.
  */
 #include "text/chat_impl.h"
+#include "text/tokenizer_impl.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -337,9 +338,27 @@ int cairn_chat_template_from_gguf(const cairn_gguf *g, const cairn_vocab *v,
     size_t len = 0;
     int rc = cairn_gguf_get_str(g, "tokenizer.chat_template", &src, &len);
     if (rc == CAIRN_ENOTFOUND) {
-        cairn_log(CAIRN_LOG_WARN, "chat template: the model has no tokenizer.chat_template; "
-                                  "using the generic <|role|> format");
+        /* Many converted files carry no template (Gemma 3's GGUFs among
+         * them). Their vocabulary still says which turn markers the model
+         * was trained on: the family whose markers it has, else generic. */
+        static const struct {
+            const char *marker, *stand_in; /* a template text detect_family knows */
+        } by_vocab[] = {
+            {"<start_of_turn>", "<start_of_turn>"},
+            {"<|start_header_id|>", "<|start_header_id|>"},
+            {"<|im_start|>", "<|im_start|>"},
+        };
         src = NULL;
+        for (size_t i = 0; v && !src && i < sizeof by_vocab / sizeof by_vocab[0]; i++)
+            if (tok_lookup_text(v, by_vocab[i].marker, strlen(by_vocab[i].marker)) >= 0)
+                src = by_vocab[i].stand_in;
+        if (src)
+            cairn_log(CAIRN_LOG_INFO, "chat template: the model has no tokenizer.chat_template; "
+                                      "its vocabulary has %s, so that family's format is used",
+                      src);
+        else
+            cairn_log(CAIRN_LOG_WARN, "chat template: the model has no tokenizer.chat_template; "
+                                      "using the generic <|role|> format");
     } else if (rc != CAIRN_OK) {
         return rc;
     }

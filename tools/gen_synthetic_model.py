@@ -28,6 +28,25 @@ as Qwen3's are); --rope-freqs adds a Llama 3 style rope_freqs.weight (per-freque
 divisors from the llama3 rope-scaling rule). The tests use both on tiny
 shapes to check those code paths against tests/ref/llama_ref.py.
 
+--arch gemma3 writes Gemma 3 (per-head q/k RMSNorm, norms after attention
+and after the FFN, GeGLU, tied embeddings, NEOX RoPE); with
+--sliding-window N its layers are local with an N-token window except every
+--swa-period-th (default 6, Gemma's), whose RoPE base is 1e6 against the
+local layers' 10000. --sliding-window on llama writes Mistral's window over
+every layer. Every file loads in llama.cpp as it is.
+
+--arch qwen3moe | qwen2moe | mixtral writes a mixture of experts: --experts
+N experts of --expert-ffn (default --ffn) per layer as 3-D tensors
+(ffn_{gate,up,down}_exps) and an F32 router (ffn_gate_inp), of which
+--experts-used K run per token; qwen3moe has qwen3's attention, qwen2moe
+qwen2's plus a shared expert of --ffn (ffn_*_shexp, gated by
+ffn_gate_inp_shexp), mixtral is a llama file with experts.
+
+--vocab-from FILE.gguf takes the vocabulary (tokens, scores, types and the
+special ids of a SentencePiece "llama" tokenizer) from another GGUF instead,
+so that real text tokenizes into as few tokens as that model's; --vocab is
+then that file's size. Reading it needs the `gguf` package.
+
 Usage: gen_synthetic_model.py --shape 110m --type q4_0 -o /tmp/s110m-q4_0.gguf
 """
 import math
@@ -123,6 +142,30 @@ def vocab(n_vocab):
     return tokens, scores, types
 
 
+def read_vocab(path):
+    """(tokens, scores, types, {special: id}) of a GGUF's SentencePiece vocabulary."""
+    try:
+        import gguf
+    except ImportError:
+        raise SystemExit("--vocab-from needs the gguf package (pip install gguf)")
+    r = gguf.GGUFReader(path)
+    f = r.fields
+    model = f.get("tokenizer.ggml.model")
+    if model is None or bytes(model.parts[model.data[0]]).decode() != "llama":
+        raise SystemExit("%s: --vocab-from takes a SentencePiece ('llama') vocabulary" % path)
+    field = f["tokenizer.ggml.tokens"]
+    tokens = [bytes(field.parts[i]).decode("utf-8") for i in field.data]
+    scores = [float(f["tokenizer.ggml.scores"].parts[i][0]) for i in f["tokenizer.ggml.scores"].data]
+    types = [int(f["tokenizer.ggml.token_type"].parts[i][0])
+             for i in f["tokenizer.ggml.token_type"].data]
+    special = {}
+    for k in ("unknown", "bos", "eos", "padding"):
+        key = "tokenizer.ggml.%s_token_id" % k
+        if key in f:
+            special[k] = int(f[key].parts[f[key].data[0]][0])
+    return tokens, scores, types, special
+
+
 # ---- random tensors --------------------------------------------------------
 
 def random_rows(rng, type_name, n_rows, n_in, std):
@@ -191,7 +234,18 @@ def main():
     ap.add_argument("--vocab", type=int)
     ap.add_argument("--ctx", type=int, default=4096, help="llama.context_length")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--arch", choices=("llama", "qwen2", "qwen3"), default="llama")
+    ap.add_argument("--arch", default="llama",
+                    choices=("llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "mixtral"))
+    ap.add_argument("--experts", type=int, default=8, help="MoE: experts per layer")
+    ap.add_argument("--experts-used", type=int, default=2, help="MoE: experts run per token")
+    ap.add_argument("--expert-ffn", type=int, help="MoE: an expert's FFN width (default --ffn)")
+    ap.add_argument("--sliding-window", type=int, default=0,
+                    help="attention.sliding_window: keys a local layer sees (0: none)")
+    ap.add_argument("--vocab-from", metavar="GGUF",
+                    help="take the SentencePiece vocabulary of this GGUF (needs the gguf package)")
+    ap.add_argument("--swa-period", type=int,
+                    help="gemma3: every P-th layer is global (attention.sliding_window_pattern; "
+                    "default 6, not written)")
     ap.add_argument("--head-dim", type=int,
                     help="head width (attention.key_length), default dim / heads")
     ap.add_argument("--rope-freqs", action="store_true",
@@ -199,6 +253,9 @@ def main():
     a = ap.parse_args()
 
     shape = dict(SHAPES[a.shape]) if a.shape else {}
+    borrowed = read_vocab(a.vocab_from) if a.vocab_from else None
+    if borrowed:
+        a.vocab = len(borrowed[0])
     for k in ("dim", "layers", "heads", "kv_heads", "ffn", "vocab"):
         v = getattr(a, k)
         if v is not None:
@@ -213,6 +270,14 @@ def main():
     if (dim % n_head and not a.head_dim) or n_head % n_kv:
         ap.error("dim must divide by heads (or give --head-dim) and heads by kv-heads")
     head_dim = a.head_dim or dim // n_head
+    moe = a.arch in ("qwen3moe", "qwen2moe", "mixtral")
+    n_exp, eff = a.experts, a.expert_ffn or ffn
+    if a.arch == "mixtral":  # Mixtral's experts are feed_forward_length wide
+        ffn = eff
+    if moe and not (1 <= a.experts_used <= n_exp):
+        ap.error("--experts-used must be in [1, --experts]")
+    if moe and eff % TYPES[tname][1]:
+        ap.error("--expert-ffn must be a multiple of %d for %s" % (TYPES[tname][1], tname))
     if head_dim % 2:
         ap.error("--head-dim must be even")
     block = TYPES[tname][1]
@@ -230,27 +295,50 @@ def main():
             (p + "attn_k.weight", dim, n_kv * head_dim, tname, dim ** -0.5),
             (p + "attn_v.weight", dim, n_kv * head_dim, tname, dim ** -0.5),
         ]
-        if a.arch == "qwen2":  # biases of a trained size: a few tenths
+        if a.arch in ("qwen2", "qwen2moe"):  # biases of a trained size: a few tenths
             tensors += [
                 (p + "attn_q.bias", n_head * head_dim, 1, "F32", 0.3),
                 (p + "attn_k.bias", n_kv * head_dim, 1, "F32", 0.3),
                 (p + "attn_v.bias", n_kv * head_dim, 1, "F32", 0.3),
             ]
-        if a.arch == "qwen3":  # per-head RMSNorm weights of q and k
+        if a.arch in ("qwen3", "gemma3", "qwen3moe"):  # per-head RMSNorm weights of q and k
             tensors += [
                 (p + "attn_q_norm.weight", head_dim, 1, "F32", None),
                 (p + "attn_k_norm.weight", head_dim, 1, "F32", None),
             ]
         tensors += [
             (p + "attn_output.weight", n_head * head_dim, dim, tname, (n_head * head_dim) ** -0.5),
-            (p + "ffn_norm.weight", dim, 1, "F32", None),
-            (p + "ffn_gate.weight", dim, ffn, tname, dim ** -0.5),
-            (p + "ffn_up.weight", dim, ffn, tname, dim ** -0.5),
-            (p + "ffn_down.weight", ffn, dim, tname, ffn ** -0.5),
         ]
-    tensors += [("output_norm.weight", dim, 1, "F32", None),
-                ("output.weight", dim, n_vocab, tname, dim ** -0.5)]
-    rope_base = 1000000.0 if a.arch in ("qwen2", "qwen3") else 10000.0
+        if a.arch == "gemma3":
+            tensors += [(p + "post_attention_norm.weight", dim, 1, "F32", None)]
+        tensors += [(p + "ffn_norm.weight", dim, 1, "F32", None)]
+        if moe:  # the router (F32, as quantizers leave it) and every expert
+            tensors += [
+                (p + "ffn_gate_inp.weight", dim, n_exp, "F32", 2 * dim ** -0.5),
+                (p + "ffn_gate_exps.weight", dim, eff, tname, dim ** -0.5, n_exp),
+                (p + "ffn_up_exps.weight", dim, eff, tname, dim ** -0.5, n_exp),
+                (p + "ffn_down_exps.weight", eff, dim, tname, eff ** -0.5, n_exp),
+            ]
+            if a.arch == "qwen2moe":
+                tensors += [
+                    (p + "ffn_gate_inp_shexp.weight", dim, 1, "F32", dim ** -0.5),
+                    (p + "ffn_gate_shexp.weight", dim, ffn, tname, dim ** -0.5),
+                    (p + "ffn_up_shexp.weight", dim, ffn, tname, dim ** -0.5),
+                    (p + "ffn_down_shexp.weight", ffn, dim, tname, ffn ** -0.5),
+                ]
+        else:
+            tensors += [
+                (p + "ffn_gate.weight", dim, ffn, tname, dim ** -0.5),
+                (p + "ffn_up.weight", dim, ffn, tname, dim ** -0.5),
+                (p + "ffn_down.weight", ffn, dim, tname, ffn ** -0.5),
+            ]
+        if a.arch == "gemma3":
+            tensors += [(p + "post_ffw_norm.weight", dim, 1, "F32", None)]
+    tensors += [("output_norm.weight", dim, 1, "F32", None)]
+    if a.arch != "gemma3":  # Gemma ties its output to the embeddings
+        tensors += [("output.weight", dim, n_vocab, tname, dim ** -0.5)]
+    rope_base = 1000000.0 if a.arch in ("qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe") \
+        else 10000.0
     freq_factors = None
     if a.rope_freqs:
         # Llama 3.1's rule: keep high frequencies, divide low ones by
@@ -268,8 +356,13 @@ def main():
                 freq_factors.append(1.0 / ((1 - smooth) / factor + smooth))
         tensors.append(("rope_freqs.weight", head_dim // 2, 1, "F32", "freqs"))
 
-    toks, scores, ttypes = vocab(n_vocab)
-    A = a.arch
+    if a.arch == "gemma3":
+        # Gemma scales its embeddings by sqrt(dim) and projects the output
+        # through them: rows of a projection's spread serve both
+        tensors[0] = ("token_embd.weight", dim, n_vocab, tname, dim ** -0.5)
+    toks, scores, ttypes = borrowed[:3] if borrowed else vocab(n_vocab)
+    special = borrowed[3] if borrowed else {"unknown": 0, "bos": 1, "eos": 2}
+    A = "llama" if a.arch == "mixtral" else a.arch
     meta = [
         kv_str("general.architecture", A),
         kv_str("general.name", "synthetic-%s-%dx%d-%s" % (A, dim, n_layer, tname.lower())),
@@ -287,20 +380,31 @@ def main():
         kv_f32(A + ".attention.layer_norm_rms_epsilon", 1e-5),
         kv_f32(A + ".rope.freq_base", rope_base),
         kv_u32(A + ".vocab_size", n_vocab),
+    ]
+    if moe:
+        meta += [kv_u32(A + ".expert_count", n_exp), kv_u32(A + ".expert_used_count", a.experts_used)]
+        if a.arch != "mixtral":
+            meta.append(kv_u32(A + ".expert_feed_forward_length", eff))
+        if a.arch == "qwen2moe":
+            meta.append(kv_u32(A + ".expert_shared_feed_forward_length", ffn))
+    if a.sliding_window:
+        meta.append(kv_u32(A + ".attention.sliding_window", a.sliding_window))
+    if a.swa_period is not None:
+        meta.append(kv_u32(A + ".attention.sliding_window_pattern", a.swa_period))
+    meta += [
         kv_str("tokenizer.ggml.model", "llama"),
         kv_arr("tokenizer.ggml.tokens", T_STRING, toks),
         kv_arr("tokenizer.ggml.scores", T_FLOAT32, scores),
         kv_arr("tokenizer.ggml.token_type", T_INT32, ttypes),
-        kv_u32("tokenizer.ggml.unknown_token_id", 0),
-        kv_u32("tokenizer.ggml.bos_token_id", 1),
-        kv_u32("tokenizer.ggml.eos_token_id", 2),
     ]
+    meta += [kv_u32("tokenizer.ggml.%s_token_id" % k, v) for k, v in sorted(special.items())]
 
+    tensors = [x if len(x) == 6 else x + (1,) for x in tensors]  # ne2: experts
     infos, offset, sizes = [], 0, []
-    for name, ne0, ne1, t, _ in tensors:
+    for name, ne0, ne1, t, _, ne2 in tensors:
         tid, be, bb = TYPES[t]
-        size = ne0 * ne1 // be * bb
-        dims = [ne0] if ne1 == 1 else [ne0, ne1]
+        size = ne0 * ne1 * ne2 // be * bb
+        dims = [ne0] if ne1 == 1 else [ne0, ne1] if ne2 == 1 else [ne0, ne1, ne2]
         infos.append(enc_str(name) + struct.pack("<I", len(dims)) +
                      b"".join(struct.pack("<Q", d) for d in dims) + struct.pack("<IQ", tid, offset))
         sizes.append(size)
@@ -315,13 +419,13 @@ def main():
             f.write(i)
         pad = (-f.tell()) % ALIGNMENT
         f.write(b"\0" * pad)
-        for (name, ne0, ne1, t, std), size in zip(tensors, sizes):
+        for (name, ne0, ne1, t, std, ne2), size in zip(tensors, sizes):
             if std is None:  # norm weights: near one, as trained models have
                 data = (1.0 + 0.1 * rng.standard_normal(ne0, dtype=np.float32)).astype("<f4").tobytes()
             elif std == "freqs":
                 data = np.asarray(freq_factors, dtype="<f4").tobytes()
             else:
-                data = random_rows(rng, t, ne1, ne0, std)
+                data = random_rows(rng, t, ne1 * ne2, ne0, std)
             assert len(data) == size, (name, len(data), size)
             f.write(data)
             f.write(b"\0" * ((-size) % ALIGNMENT))

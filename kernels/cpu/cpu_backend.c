@@ -202,6 +202,7 @@ static const cairn_backend_iface cpu_iface = {
     .gather_cols = cpu_gather_cols,
     .add = cpu_add,
     .add_bias = cpu_add_bias,
+    .add_rows_scaled = cpu_add_rows_scaled,
     .softmax = cpu_softmax,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,

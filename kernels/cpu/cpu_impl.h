@@ -189,6 +189,8 @@ int cpu_gather_cols(cairn_backend *be, float *out, const float *x, const int32_t
                     int n);
 int cpu_add(cairn_backend *be, float *y, const float *a, const float *b, size_t n);
 int cpu_add_bias(cairn_backend *be, float *x, const float *bias, int T, int n);
+int cpu_add_rows_scaled(cairn_backend *be, float *y, const float *src, const int32_t *rows,
+                        const float *w, int n, int D);
 int cpu_softmax(cairn_backend *be, float *x, int T, int n);
 int cpu_kv_store(cairn_backend *be, void *kv_pool, const cairn_kv_layout *L, int layer,
                  const float *k, const float *v, const int32_t *slots, int T);

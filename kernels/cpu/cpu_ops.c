@@ -285,6 +285,39 @@ int cpu_add_bias(cairn_backend *be, float *x, const float *bias, int T, int n)
     return CAIRN_OK;
 }
 
+typedef struct {
+    float *y;
+    const float *src;
+    const int32_t *rows;
+    const float *w;
+    int D;
+} rows_scaled_job;
+
+static void add_rows_scaled_range(void *p, int64_t begin, int64_t end, int thread)
+{
+    (void)thread;
+    const rows_scaled_job *job = p;
+    for (int64_t i = begin; i < end; i++) {
+        float *dst = job->y + (size_t)job->rows[i] * (size_t)job->D;
+        const float *s = job->src + (size_t)i * (size_t)job->D;
+        const float w = job->w[i];
+        for (int d = 0; d < job->D; d++)
+            dst[d] += w * s[d];
+    }
+}
+
+int cpu_add_rows_scaled(cairn_backend *be, float *y, const float *src, const int32_t *rows,
+                        const float *w, int n, int D)
+{
+    if (!be || cairn_add_rows_args_check(y, src, rows, w, n, D) != CAIRN_OK)
+        return CAIRN_EINVAL;
+    /* the rows are distinct: workers never write the same row */
+    rows_scaled_job job = {.y = y, .src = src, .rows = rows, .w = w, .D = D};
+    cpu_pool_parallel_for(cpu_ctx_of(be)->pool, n, 1 + CPU_ELEMWISE_CHUNK / D,
+                          add_rows_scaled_range, &job);
+    return CAIRN_OK;
+}
+
 /* ---- softmax ----------------------------------------------------------- */
 
 typedef struct {

@@ -644,6 +644,7 @@ static void cuda_iface_init(void)
     cuda_iface.scale = cuda_scale;
     cuda_iface.add = cuda_add;
     cuda_iface.add_bias = cuda_add_bias;
+    cuda_iface.add_rows_scaled = cuda_add_rows_scaled;
     cuda_iface.softmax = cuda_softmax;
     cuda_iface.kv_store = cuda_kv_store;
     cuda_iface.attention = cuda_attention;

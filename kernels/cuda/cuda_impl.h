@@ -7,7 +7,7 @@
  *   cuda_backend.cu    create/destroy, device memory, the staging ring for
  *                      host index arrays, the function table
  *   cuda_ops.cu        get_rows, rmsnorm, rope, swiglu, geglu, scale, gather_cols, add, add_bias,
- *                      softmax, kv_store
+ *                      add_rows_scaled, softmax, kv_store
  *   cuda_matmul.cu     matmul: cuBLAS for F32 and (prefill) F16/BF16,
  *                      warp-per-row GEMV kernels for decode, dequantize +
  *                      SGEMM for quantized prefill
@@ -183,6 +183,8 @@ int cuda_gather_cols(cairn_backend *be, float *out, const float *x, const int32_
 int cuda_scale(cairn_backend *be, float *x, float s, size_t n);
 int cuda_add(cairn_backend *be, float *y, const float *a, const float *b, size_t n);
 int cuda_add_bias(cairn_backend *be, float *x, const float *bias, int T, int n);
+int cuda_add_rows_scaled(cairn_backend *be, float *y, const float *src, const int32_t *rows,
+                         const float *w, int n, int D);
 int cuda_softmax(cairn_backend *be, float *x, int T, int n);
 int cuda_kv_store(cairn_backend *be, void *kv_pool, const cairn_kv_layout *L, int layer,
                   const float *k, const float *v, const int32_t *slots, int T);

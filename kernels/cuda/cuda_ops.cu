@@ -322,6 +322,39 @@ int cuda_add_bias(cairn_backend *be, float *x, const float *bias, int T, int n)
     return CAIRN_OK;
 }
 
+/* One block per source row i: y[rows[i]] += w[i] * src[i]. The rows are
+ * distinct, so no two blocks write the same row. */
+static __global__ void add_rows_scaled_kernel(float *y, const float *src, const int32_t *rows,
+                                              const float *w, int D)
+{
+    const int i = blockIdx.x;
+    float *dst = y + (size_t)rows[i] * D;
+    const float *s = src + (size_t)i * D;
+    const float wi = w[i];
+    for (int d = threadIdx.x; d < D; d += blockDim.x)
+        dst[d] += wi * s[d];
+}
+
+int cuda_add_rows_scaled(cairn_backend *be, float *y, const float *src, const int32_t *rows,
+                         const float *w, int n, int D)
+{
+    if (!be || cairn_add_rows_args_check(y, src, rows, w, n, D) != CAIRN_OK)
+        return CAIRN_EINVAL;
+    int rc = cuda_enter(be);
+    if (rc != CAIRN_OK)
+        return rc;
+    cuda_ctx *ctx = cuda_ctx_of(be);
+    const void *d_rows, *d_w;
+    if ((rc = cuda_stage_copy(ctx, rows, (size_t)n * sizeof(int32_t), &d_rows)) != CAIRN_OK ||
+        (rc = cuda_stage_copy(ctx, w, (size_t)n * sizeof(float), &d_w)) != CAIRN_OK)
+        return rc;
+    /* n <= max batch tokens, far below the grid's x limit */
+    add_rows_scaled_kernel<<<n, OPS_THREADS, 0, ctx->stream>>>(y, src, (const int32_t *)d_rows,
+                                                               (const float *)d_w, D);
+    CUDA_LAUNCHED("add_rows_scaled");
+    return CAIRN_OK;
+}
+
 /* ---- softmax ------------------------------------------------------------------- */
 
 static __global__ void softmax_kernel(float *x, int n)

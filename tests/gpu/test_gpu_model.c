@@ -388,9 +388,11 @@ int main(int argc, char **argv)
     n_vocab = cairn_model_hparams(m_cpu)->n_vocab;
     cairn_gguf *g = NULL;
     const cairn_gguf_tensor *wt = NULL;
+    /* the layer weights' type: a dense FFN's, or a mixture of experts' */
     if (cairn_gguf_open(model_path, &g, NULL, 0) != CAIRN_OK ||
-        !(wt = cairn_gguf_find_tensor(g, "blk.0.ffn_up.weight"))) {
-        fprintf(stderr, "%s: cannot read blk.0.ffn_up.weight's type\n", model_path);
+        (!(wt = cairn_gguf_find_tensor(g, "blk.0.ffn_up.weight")) &&
+         !(wt = cairn_gguf_find_tensor(g, "blk.0.ffn_up_exps.weight")))) {
+        fprintf(stderr, "%s: cannot read blk.0.ffn_up(_exps).weight's type\n", model_path);
         return 1;
     }
     layer_wtype = wt->type;

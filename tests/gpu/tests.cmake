@@ -43,7 +43,14 @@ add_test(NAME gpu_sample_harness COMMAND gpu_sample ${CAIRN_MODEL})
 set_tests_properties(gpu_sample_harness PROPERTIES
   ENVIRONMENT "CAIRN_GPU_TEST_BACKEND=cpu" LABELS kernels TIMEOUT 600)
 add_test(NAME gpu_graph_harness COMMAND gpu_graph ${CAIRN_MODEL})
+# the harness over a window model and a mixture of experts too (tests/model's
+# synthetic files)
+add_test(NAME gpu_model_harness_gemma3 COMMAND gpu_model ${CMAKE_CURRENT_BINARY_DIR}/synthetic-gemma3.gguf)
+add_test(NAME gpu_model_harness_qwen2moe COMMAND gpu_model ${CMAKE_CURRENT_BINARY_DIR}/synthetic-qwen2moe.gguf)
+set_tests_properties(gpu_model_harness_gemma3 gpu_model_harness_qwen2moe PROPERTIES
+  FIXTURES_REQUIRED synthetic_models)
 set_tests_properties(gpu_ops_harness gpu_model_harness gpu_transfer_harness gpu_graph_harness
+  gpu_model_harness_gemma3 gpu_model_harness_qwen2moe
   PROPERTIES
   ENVIRONMENT "CAIRN_GPU_TEST_BACKEND=cpu" LABELS kernels TIMEOUT 300)
 
@@ -51,14 +58,16 @@ if(CAIRN_HAVE_CUDA)
 
   # The other weight types and model code paths, on tiny random models
   # written at test time: BF16 with Llama 3 rope_freqs, Q8_0 qwen2 (biases,
-  # NEOX RoPE), F16 qwen3 (q/k norms, 128-wide heads), Q4_K and F16 llama.
+  # NEOX RoPE), F16 qwen3 (q/k norms, 128-wide heads), Q4_K and F16 llama,
+  # Q8_0 gemma3 (post-norms, GeGLU, sliding windows).
   set(GPU_SYN ${CMAKE_CURRENT_BINARY_DIR}/gpu-synthetic)
   set(GPU_SYN_MODELS
     "bf16-llama3|--type BF16 --shape tiny --rope-freqs"
     "q8_0-qwen2|--type Q8_0 --shape tiny --arch qwen2"
     "f16-qwen3|--type F16 --shape tiny --arch qwen3 --head-dim 128"
     "q4_k-llama|--type Q4_K --shape tiny --dim 256 --ffn 512"
-    "f16-llama|--type F16 --shape tiny")
+    "f16-llama|--type F16 --shape tiny"
+    "q8_0-gemma3|--type Q8_0 --shape tiny --arch gemma3 --head-dim 64 --layers 3 --swa-period 3 --sliding-window 8")
   foreach(spec ${GPU_SYN_MODELS})
     string(REPLACE "|" ";" parts "${spec}")
     list(GET parts 0 tag)
@@ -76,6 +85,18 @@ if(CAIRN_HAVE_CUDA)
     set_tests_properties(gpu_model_${tag} PROPERTIES
       FIXTURES_REQUIRED gpu_synthetic_${tag} LABELS gpu TIMEOUT 300 SKIP_RETURN_CODE 77)
   endforeach()
+
+  # A mixture of experts (qwen3moe, Q4_K): the router's choice is made on
+  # the host between ops, so its steps never run as graphs (no gpu_graph).
+  add_test(NAME gpu_synthetic_q4_k-qwen3moe
+    COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tools/gen_synthetic_model.py --type Q4_K
+            --shape tiny --dim 256 --ffn 512 --arch qwen3moe --experts 6 --experts-used 2
+            --expert-ffn 256 -o ${GPU_SYN}-q4_k-qwen3moe.gguf)
+  add_test(NAME gpu_model_q4_k-qwen3moe COMMAND gpu_model ${GPU_SYN}-q4_k-qwen3moe.gguf loose)
+  set_tests_properties(gpu_synthetic_q4_k-qwen3moe PROPERTIES
+    FIXTURES_SETUP gpu_synthetic_q4_k-qwen3moe LABELS gpu TIMEOUT 300)
+  set_tests_properties(gpu_model_q4_k-qwen3moe PROPERTIES
+    FIXTURES_REQUIRED gpu_synthetic_q4_k-qwen3moe LABELS gpu TIMEOUT 300 SKIP_RETURN_CODE 77)
 
   # bench/gpu/run.sh's driver: batched decode and prefill throughput (its
   # random tokens come from tests/support's support_lcg64).

@@ -20,6 +20,15 @@ add_test(NAME http_chat_model
 set_tests_properties(http_chat_model PROPERTIES TIMEOUT 300 LABELS "server;realmodel"
   SKIP_RETURN_CODE 77 ENVIRONMENT "CAIRN_CHAT_MODEL=${CAIRN_CHAT_MODEL}")
 
+# Gemma 3 270M: its turn format from the vocabulary, a reply equal to
+# llama.cpp's, a conversation over a document 4x the sliding window that
+# computes each turn's new tokens only, fresh and after a restart.
+add_test(NAME http_gemma_realmodel
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_gemma.py $<TARGET_FILE:cairn>)
+set_tests_properties(http_gemma_realmodel PROPERTIES TIMEOUT 600 LABELS "server;realmodel"
+  SKIP_RETURN_CODE 77
+  ENVIRONMENT "CAIRN_GEMMA_MODEL=${CAIRN_GEMMA_MODEL};CAIRN_TESTDATA=${CAIRN_TESTDATA}")
+
 # Anthropic's Messages API through the official `anthropic` package (skips,
 # 77, when it cannot be imported).
 add_test(NAME http_anthropic

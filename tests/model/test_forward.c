@@ -471,6 +471,78 @@ static void test_load_errors(void **state)
     cairn_backend_destroy(be);
 }
 
+/* The u32 value of metadata key `key` (its first occurrence) in a GGUF
+ * image: after the length-prefixed key comes the type, then the value. */
+static void set_u32_value(unsigned char *buf, size_t len, const char *key, uint32_t v)
+{
+    unsigned char *k = find_bytes(buf, len, key);
+    assert_non_null(k);
+    uint32_t type;
+    memcpy(&type, k + strlen(key), 4);
+    assert_int_equal(type, 4); /* GGUF_TYPE_UINT32 */
+    memcpy(k + strlen(key) + 4, &v, 4);
+}
+
+static void window_past_context(unsigned char *buf, size_t *len)
+{
+    set_u32_value(buf, *len, "gemma3.attention.sliding_window", 1u << 20);
+}
+
+static void no_swa_period(unsigned char *buf, size_t *len)
+{
+    set_u32_value(buf, *len, "gemma3.attention.sliding_window_pattern", 0);
+}
+
+static void drop_post_norm(unsigned char *buf, size_t *len)
+{
+    unsigned char *name = find_bytes(buf, *len, "blk.1.post_ffw_norm.weight");
+    assert_non_null(name);
+    name[4] = 'x';
+}
+
+/* A Gemma 3 file that is inconsistent is refused, naming the field or
+ * tensor (the synthetic one ctest writes: window 8, period 3). */
+static void test_window_load_errors(void **state)
+{
+    (void)state;
+    expect_load_error("window wider than the context", window_past_context, CAIRN_EFORMAT,
+                      "gemma3.attention.sliding_window");
+    expect_load_error("window period 0", no_swa_period, CAIRN_EUNSUPPORTED,
+                      "gemma3.attention.sliding_window_pattern");
+    expect_load_error("missing post-FFN norm", drop_post_norm, CAIRN_EFORMAT,
+                      "blk.1.post_ffw_norm.weight");
+}
+
+static void more_experts(unsigned char *buf, size_t *len)
+{
+    set_u32_value(buf, *len, "qwen3moe.expert_count", 7);
+}
+
+static void used_past_count(unsigned char *buf, size_t *len)
+{
+    set_u32_value(buf, *len, "qwen3moe.expert_used_count", 9);
+}
+
+static void drop_router(unsigned char *buf, size_t *len)
+{
+    unsigned char *name = find_bytes(buf, *len, "blk.1.ffn_gate_inp.weight");
+    assert_non_null(name);
+    name[4] = 'x';
+}
+
+/* A qwen3moe file that is inconsistent is refused, naming what (the
+ * synthetic one ctest writes: 6 experts, 2 used). */
+static void test_moe_load_errors(void **state)
+{
+    (void)state;
+    /* the router is the first tensor whose shape counts the experts */
+    expect_load_error("wrong expert count", more_experts, CAIRN_EFORMAT,
+                      "blk.0.ffn_gate_inp.weight");
+    expect_load_error("more experts used than there are", used_past_count, CAIRN_EFORMAT,
+                      "expert_used_count");
+    expect_load_error("missing router", drop_router, CAIRN_EFORMAT, "blk.1.ffn_gate_inp.weight");
+}
+
 static void test_fingerprint(void **state)
 {
     fixture *f = *state;
@@ -499,12 +571,19 @@ int main(int argc, char **argv)
          * that hold for any model (its prompt ids are valid in a vocabulary
          * of 512 and up). */
         model_path = argv[3];
-        const struct CMUnitTest any_model[] = {
+        struct CMUnitTest any_model[] = {
             cmocka_unit_test(test_logits_match_reference),
             cmocka_unit_test(test_chunked_equals_whole),
             cmocka_unit_test(test_batch_of_sequences),
+            /* the file's own load errors, last: at most one of them runs */
+            cmocka_unit_test(test_window_load_errors),
         };
-        return cmocka_run_group_tests(any_model, setup, teardown);
+        size_t n = sizeof any_model / sizeof any_model[0];
+        if (strstr(model_path, "qwen3moe"))
+            any_model[n - 1] = (struct CMUnitTest)cmocka_unit_test(test_moe_load_errors);
+        else if (!strstr(model_path, "gemma3"))
+            n--;
+        return _cmocka_run_group_tests("any_model", any_model, n, setup, teardown);
     }
     model_path = getenv("CAIRN_MODEL");
     if (!model_path) {

@@ -18,9 +18,30 @@ add_test(NAME engine_synthetic_llama3
 add_test(NAME engine_synthetic_qwen3
   COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tools/gen_synthetic_model.py --shape tiny
           --type F32 --arch qwen3 --head-dim 48 -o ${CMAKE_CURRENT_BINARY_DIR}/synthetic-qwen3.gguf)
+# Sliding windows, with the test's 37 tokens well past the window: Gemma 3
+# (post-norms, GeGLU, embeddings scaled, local layers with a RoPE base of
+# their own, here every layer but the third) and Mistral (a window over every
+# layer of a llama file).
+add_test(NAME engine_synthetic_gemma3
+  COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tools/gen_synthetic_model.py --shape tiny
+          --layers 3 --type F32 --arch gemma3 --head-dim 48 --sliding-window 8 --swa-period 3
+          -o ${CMAKE_CURRENT_BINARY_DIR}/synthetic-gemma3.gguf)
+add_test(NAME engine_synthetic_mistral
+  COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tools/gen_synthetic_model.py --shape tiny
+          --type F32 --sliding-window 6 -o ${CMAKE_CURRENT_BINARY_DIR}/synthetic-mistral.gguf)
+# Mixtures of experts: 6 experts of which 2 run per token, so rows go to
+# different experts and most experts see several rows of one call.
+foreach(arch qwen3moe qwen2moe mixtral)
+  add_test(NAME engine_synthetic_${arch}
+    COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tools/gen_synthetic_model.py --shape tiny
+            --type F32 --arch ${arch} --experts 6 --experts-used 2 --expert-ffn 96
+            -o ${CMAKE_CURRENT_BINARY_DIR}/synthetic-${arch}.gguf)
+endforeach()
 set_tests_properties(engine_synthetic_qwen2 engine_synthetic_qwen3 engine_synthetic_llama3
+  engine_synthetic_gemma3 engine_synthetic_mistral engine_synthetic_qwen3moe
+  engine_synthetic_qwen2moe engine_synthetic_mixtral
   PROPERTIES FIXTURES_SETUP synthetic_models LABELS engine TIMEOUT 300)
-foreach(arch qwen2 qwen3 llama3)
+foreach(arch qwen2 qwen3 llama3 gemma3 mistral qwen3moe qwen2moe mixtral)
   add_test(NAME engine_forward_${arch}
     COMMAND engine_forward ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/ref/llama_ref.py
             ${CMAKE_CURRENT_BINARY_DIR}/synthetic-${arch}.gguf)

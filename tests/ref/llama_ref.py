@@ -22,6 +22,20 @@ What the GGUF stores, and how this file uses it:
   and RMS-normalises every head of q and k (weights attn_q_norm /
   attn_k_norm, [head_dim]) before RoPE; its head width (key_length) need not
   be dim / n_head.
+* gemma3 is qwen3's attention (NEOX, q/k norms) with: embeddings times
+  sqrt(dim); the attention output and the FFN output each RMS-normalised
+  (post_attention_norm, post_ffw_norm) before they are added to the
+  residual stream; GELU (tanh form) as the FFN gate; tied output. Its norm
+  weights are used as stored: Gemma's (1 + w) is already in the GGUF. With
+  attention.sliding_window W, every layer but each P-th
+  (attention.sliding_window_pattern, default 6) is local: a query at p sees
+  keys p-W+1 .. p, and RoPE uses base rope.freq_base_swa (default 10000)
+  unscaled there. On llama, a sliding_window is Mistral's: every layer.
+* Mixture of experts (qwen3moe, qwen2moe, and llama with expert_count:
+  Mixtral): the FFN is, per token, sum over its top-k experts e of
+  w_e * FFN_e(h), w = softmax(h @ router.T) at the chosen experts,
+  renormalised to sum 1 (not on qwen2moe); experts are 3-D tensors
+  ffn_{gate,up,down}_exps. qwen2moe adds sigmoid(h @ w_s) * FFN_shared(h).
 * RoPE. For pair i of the first n_rot dimensions of a head at position p:
   theta_i = p * freq_scale * base^(-2i / n_rot) (divided by rope_freqs[i]
   when the file has that tensor), and
@@ -51,7 +65,7 @@ except ImportError:  # the tests treat exit code 77 as "skipped"
 
 
 class Model:
-    """Hyper-parameters and float64 weights of a llama, qwen2 or qwen3 GGUF.
+    """Hyper-parameters and float64 weights of a llama, qwen2, qwen3 or gemma3 GGUF.
 
     qwen2 is the llama decoder with biases on the q/k/v projections and the
     NEOX RoPE pairing (dimension i with i + n_rot/2 instead of 2i with 2i+1)."""
@@ -60,10 +74,11 @@ class Model:
         reader = gguf.GGUFReader(path)
         self.meta = {name: field for name, field in reader.fields.items()}
         arch = self._str("general.architecture")
-        if arch not in ("llama", "qwen2", "qwen3"):
-            raise SystemExit(f"llama_ref.py: architecture '{arch}' is not llama, qwen2 or qwen3")
+        if arch not in ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe"):
+            raise SystemExit(f"llama_ref.py: architecture '{arch}' is not llama, qwen2, qwen3, "
+                             "gemma3, qwen3moe or qwen2moe")
         self.arch = arch
-        self.neox = arch in ("qwen2", "qwen3")
+        self.neox = arch in ("qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe")
         k = lambda suffix: f"{arch}.{suffix}"
 
         self.dim = self._int(k("embedding_length"))
@@ -79,7 +94,19 @@ class Model:
         self.rope_scale = 1.0
         if self._str(k("rope.scaling.type"), "none") == "linear":
             self.rope_scale = 1.0 / self._float(k("rope.scaling.factor"), 1.0)
+        self.window = self._int(k("attention.sliding_window"), 0)
+        self.swa_period = self._int(k("attention.sliding_window_pattern"), 6) \
+            if arch == "gemma3" else 0
+        self.rope_base_local = self._float(k("rope.freq_base_swa"), 10000.0) \
+            if arch == "gemma3" else self.rope_base
+        # Gemma 3 27B (62 layers) scales queries by 1/sqrt(dim / n_head)
+        self.attn_scale = 1.0 / np.sqrt(self.head_dim)
+        if arch == "gemma3" and self.n_layer == 62:
+            self.attn_scale = 1.0 / np.sqrt(self.dim // self.n_head)
 
+        self.n_expert = self._int(k("expert_count"), 0) if arch != "qwen2" else 0
+        self.n_expert_used = self._int(k("expert_used_count"), 0) if self.n_expert else 0
+        self.expert_norm = arch != "qwen2moe"
         self.tensors = {t.name: t for t in reader.tensors}
         self.tok_embd = self._weight("token_embd.weight")      # [n_vocab][dim]
         self.n_vocab = self.tok_embd.shape[0]
@@ -102,21 +129,43 @@ class Model:
                 "wv": w("attn_v"),             # [n_kv_head*head_dim][dim]
                 "wo": w("attn_output"),        # [dim][n_head*head_dim]
                 "ffn_norm": w("ffn_norm"),     # [dim]
-                "w_gate": w("ffn_gate"),       # [ffn_dim][dim]
-                "w_up": w("ffn_up"),           # [ffn_dim][dim]
-                "w_down": w("ffn_down"),       # [dim][ffn_dim]
             })
-            if self.arch == "qwen2":
+            if self.n_expert:
+                self.layers[-1].update({
+                    "router": w("ffn_gate_inp"),         # [n_expert][dim]
+                    "exp_gate": w("ffn_gate_exps"),      # [n_expert][eff][dim]
+                    "exp_up": w("ffn_up_exps"),          # [n_expert][eff][dim]
+                    "exp_down": w("ffn_down_exps"),      # [n_expert][dim][eff]
+                })
+                if self.arch == "qwen2moe":
+                    self.layers[-1].update({
+                        "sh_router": w("ffn_gate_inp_shexp"),  # [dim]
+                        "sh_gate": w("ffn_gate_shexp"),        # [sff][dim]
+                        "sh_up": w("ffn_up_shexp"),
+                        "sh_down": w("ffn_down_shexp"),        # [dim][sff]
+                    })
+            else:
+                self.layers[-1].update({
+                    "w_gate": w("ffn_gate"),       # [ffn_dim][dim]
+                    "w_up": w("ffn_up"),           # [ffn_dim][dim]
+                    "w_down": w("ffn_down"),       # [dim][ffn_dim]
+                })
+            if self.arch in ("qwen2", "qwen2moe"):
                 b = lambda name: self._weight(f"blk.{i}.{name}.bias")
                 self.layers[-1].update({
                     "bq": b("attn_q"),         # [n_head*head_dim]
                     "bk": b("attn_k"),         # [n_kv_head*head_dim]
                     "bv": b("attn_v"),         # [n_kv_head*head_dim]
                 })
-            if self.arch == "qwen3":
+            if self.arch in ("qwen3", "gemma3", "qwen3moe"):
                 self.layers[-1].update({
                     "q_norm": w("attn_q_norm"),  # [head_dim]
                     "k_norm": w("attn_k_norm"),  # [head_dim]
+                })
+            if self.arch == "gemma3":
+                self.layers[-1].update({
+                    "attn_post_norm": w("post_attention_norm"),  # [dim]
+                    "ffn_post_norm": w("post_ffw_norm"),         # [dim]
                 })
 
     # -- metadata helpers ----------------------------------------------------
@@ -125,6 +174,14 @@ class Model:
         if field is None:
             return None
         return field.parts[field.data[0]]
+
+    def layer_window(self, li):
+        """The keys a query of layer li sees (0: all before it)."""
+        if self.window <= 0:
+            return 0
+        if self.swa_period > 0 and li % self.swa_period == self.swa_period - 1:
+            return 0
+        return self.window
 
     def _int(self, key, default=None):
         v = self._scalar(key)
@@ -174,16 +231,19 @@ def rms_norm(x, weight, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
 
 
-def rope(x, positions, m):
+def rope(x, positions, m, base=None, scale=None):
     """Rotate pairs of the first n_rot dims of each head: adjacent pairs
     (2i, 2i+1) for llama, (i, i + n_rot/2) for NEOX (qwen2).
 
-    x: [n][heads][head_dim], positions: [n]."""
+    x: [n][heads][head_dim], positions: [n]. base, scale: the model's
+    unless given (Gemma's local layers)."""
+    base = m.rope_base if base is None else base
+    scale = m.rope_scale if scale is None else scale
     half = m.n_rot // 2
-    inv_freq = m.rope_base ** (-2.0 * np.arange(half) / m.n_rot)  # [half]
+    inv_freq = base ** (-2.0 * np.arange(half) / m.n_rot)          # [half]
     if m.rope_freqs is not None:
         inv_freq = inv_freq / m.rope_freqs[:half]
-    theta = np.outer(positions * m.rope_scale, inv_freq)           # [n][half]
+    theta = np.outer(positions * scale, inv_freq)                   # [n][half]
     cos = np.cos(theta)[:, None, :]                                 # [n][1][half]
     sin = np.sin(theta)[:, None, :]
     out = x.copy()
@@ -202,6 +262,33 @@ def silu(x):
     return x / (1.0 + np.exp(-x))
 
 
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def moe_ffn(m, layer, h):
+    """The mixture-of-experts FFN of h [n][dim], token by token."""
+    out = np.zeros_like(h)
+    logits = h @ layer["router"].T                                  # [n][n_expert]
+    for t in range(h.shape[0]):
+        p = np.exp(logits[t] - logits[t].max())
+        p /= p.sum()
+        # the top k, ties to the lower index (a stable sort of -p)
+        chosen = np.argsort(-p, kind="stable")[:m.n_expert_used]
+        w = p[chosen]
+        if m.expert_norm:
+            w = w / w.sum()
+        for e, we in zip(chosen, w):
+            g = layer["exp_gate"][e] @ h[t]
+            u = layer["exp_up"][e] @ h[t]
+            out[t] += we * (layer["exp_down"][e] @ (silu(g) * u))
+    if "sh_router" in layer:
+        gate = 1.0 / (1.0 + np.exp(-(h @ layer["sh_router"])))       # [n]
+        sh = silu(h @ layer["sh_gate"].T) * (h @ layer["sh_up"].T)
+        out += gate[:, None] * (sh @ layer["sh_down"].T)
+    return out
+
+
 def forward(m, tokens, states=None):
     """Full causal pass over `tokens`.
 
@@ -212,8 +299,10 @@ def forward(m, tokens, states=None):
     n = len(tokens)
     positions = np.arange(n, dtype=np.float64)
     x = m.tok_embd[np.asarray(tokens)]                       # [n][dim]
+    if m.arch == "gemma3":
+        x = x * np.sqrt(m.dim)
     group = m.n_head // m.n_kv_head                          # query heads per KV head
-    scale = 1.0 / np.sqrt(m.head_dim)
+    scale = m.attn_scale
     causal = np.triu(np.ones((n, n), dtype=bool), k=1)       # True = future, masked
 
     for li, layer in enumerate(m.layers):
@@ -229,23 +318,39 @@ def forward(m, tokens, states=None):
         if "q_norm" in layer:  # per head, over head_dim
             q = rms_norm(q, layer["q_norm"], m.rms_eps)
             k = rms_norm(k, layer["k_norm"], m.rms_eps)
-        q = rope(q, positions, m)
-        k = rope(k, positions, m)
+        window = m.layer_window(li)
+        hidden_keys = causal
+        if window > 0:  # and the keys before the window (j <= i - W)
+            hidden_keys = causal | np.tril(np.ones((n, n), dtype=bool), k=-window)
+        local = window > 0 and m.swa_period > 0
+        q = rope(q, positions, m, m.rope_base_local if local else None, 1.0 if local else None)
+        k = rope(k, positions, m, m.rope_base_local if local else None, 1.0 if local else None)
 
         attn = np.empty((n, m.n_head, m.head_dim))
         for head in range(m.n_head):
             kv = head // group
             scores = (q[:, head, :] @ k[:, kv, :].T) * scale  # [n_q][n_k]
-            scores[causal] = -np.inf
+            scores[hidden_keys] = -np.inf
             scores -= scores.max(axis=-1, keepdims=True)
             p = np.exp(scores)
             p /= p.sum(axis=-1, keepdims=True)
             attn[:, head, :] = p @ v[:, kv, :]
-        x = x + attn.reshape(n, m.n_head * m.head_dim) @ layer["wo"].T
+        a = attn.reshape(n, m.n_head * m.head_dim) @ layer["wo"].T
+        if "attn_post_norm" in layer:
+            a = rms_norm(a, layer["attn_post_norm"], m.rms_eps)
+        x = x + a
 
         h = rms_norm(x, layer["ffn_norm"], m.rms_eps)
-        ffn = silu(h @ layer["w_gate"].T) * (h @ layer["w_up"].T)  # [n][ffn_dim]
-        x = x + ffn @ layer["w_down"].T
+        if m.n_expert:
+            x = x + moe_ffn(m, layer, h)
+            continue
+        gate = h @ layer["w_gate"].T
+        gate = gelu_tanh(gate) if m.arch == "gemma3" else silu(gate)
+        ffn = gate * (h @ layer["w_up"].T)                      # [n][ffn_dim]
+        f = ffn @ layer["w_down"].T
+        if "ffn_post_norm" in layer:
+            f = rms_norm(f, layer["ffn_post_norm"], m.rms_eps)
+        x = x + f
 
     if states is not None:
         states[m.n_layer] = x.copy()

@@ -2,7 +2,9 @@
 """Same request, same tokens: a greedy request gives the same tokens alone
 or among 16 concurrent ones, with its prefix computed now or taken from
 tier 0, from part of a page, from host RAM, or from disk after a restart, with any
---prefill-chunk and with 1 or 2 threads. Run on the bundled model and, when
+--prefill-chunk and with 1 or 2 threads. Run on the bundled model, on a
+synthetic Gemma 3 with sliding-window layers (InvarianceWindow), on a
+synthetic mixture of experts (InvarianceExperts) and, when
 it is present (scripts/get-model), on the real quantized one; the real-model
 class is skipped with a message otherwise.
 
@@ -126,6 +128,20 @@ class Invariance(harness.ServerCase):
             for i in range(8):
                 self.assertEqual(got[i], want[i], f"prompt {i} with {extra} != alone")
             srv.stop()
+
+
+class InvarianceWindow(Invariance):
+    """The same on a model with sliding-window layers (MODEL is then a
+    synthetic Gemma 3 whose window is far shorter than the shared document):
+    ctest's server_invariance_window."""
+    SMALL_KV = "1000K"  # ~40 pages of it (24 KiB a page), as the bundled model has
+
+
+class InvarianceExperts(Invariance):
+    """The same on a mixture of experts (MODEL a synthetic qwen3moe, 8
+    experts of which 2 run per token): a token's experts and their order of
+    summation never depend on the batch. ctest's server_invariance_experts."""
+    SMALL_KV = "1300K"  # ~40 pages of it (32 KiB a page)
 
 
 @unittest.skipUnless(REAL and os.path.exists(REAL),
