@@ -183,7 +183,9 @@ static int read_experts(const cairn_gguf *g, const char *path, const arch_traits
                             arch_key(A, "expert_count / expert_used_count"));
     if (n_expert == 0 && A->experts == 1)
         return CAIRN_OK; /* a dense llama */
-    if (n_expert == 0 || n_expert > 1024 || n_used == 0 || n_used > n_expert)
+    /* at most 64 chosen a token: what layer.c's router keeps on its stack
+     * (the families here choose 2 to 10) */
+    if (n_expert == 0 || n_expert > 1024 || n_used == 0 || n_used > n_expert || n_used > 64)
         return cairn_errorf(err, err_len, CAIRN_EFORMAT,
                             "%s: %s %u with %s %u is inconsistent", path,
                             "expert_count", n_expert, "expert_used_count", n_used);

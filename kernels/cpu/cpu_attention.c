@@ -352,10 +352,10 @@ static int block_seq(const flash_job *job, int64_t block)
 
 /* Per-thread scratch of the driver, in this order: the K/V tile, the
  * transposed queries, two item states (a chunk's and the running fold), the
- * rows' n_scan. */
+ * rows' n_scan and n_skip. */
 typedef struct {
     float *kv_tile, *q_t, *part, *run;
-    int32_t *n_scan;
+    int32_t *n_scan, *n_skip;
 } flash_scratch;
 
 static flash_scratch scratch_of(const flash_job *job, int thread)
@@ -366,13 +366,14 @@ static flash_scratch scratch_of(const flash_job *job, int thread)
     f.part = f.q_t + job->qt_floats;
     f.run = f.part + job->item_floats;
     f.n_scan = (int32_t *)(f.run + job->item_floats);
+    f.n_skip = f.n_scan + (size_t)(job->rows + 15) / 16 * 16;
     return f;
 }
 
 static size_t flash_scratch_floats(const flash_job *job)
 {
     return 2 * (size_t)CPU_ATTN_TILE * job->a->kv->head_dim + job->qt_floats +
-           2 * job->item_floats + (size_t)(job->rows + 15) / 16 * 16;
+           2 * job->item_floats + 2 * ((size_t)(job->rows + 15) / 16 * 16);
 }
 
 /* The item of (row block, KV head) `item`. */
@@ -387,8 +388,12 @@ static void flash_item(const flash_job *job, int64_t item, const flash_scratch *
     const int r0 = (int)(block - job->block_start[s]) * job->rows;
     const int n_rows = seq->n_q - r0 < job->rows ? seq->n_q - r0 : job->rows;
     const int group = a->n_head / L->n_kv_head;
-    for (int r = 0; r < n_rows; r++)
+    for (int r = 0; r < n_rows; r++) {
         f->n_scan[r] = seq->mask ? seq->n_kv : seq->q_index[r0 + r] + 1;
+        /* a window: the row's own key and the window - 1 before it */
+        const int lo = a->window > 0 ? seq->q_index[r0 + r] - a->window + 1 : 0;
+        f->n_skip[r] = lo > 0 ? lo : 0;
+    }
     *it = (cpu_attn_item){
         .L = L, .pool = a->kv_pool, .layer = a->layer,
         .head_off = (size_t)kvh * L->head_dim * (L->dtype == CAIRN_TYPE_F32 ? 4 : 2),
@@ -396,6 +401,7 @@ static void flash_item(const flash_job *job, int64_t item, const flash_scratch *
         .q = a->q + ((size_t)(seq->q_start + r0) * a->n_head + (size_t)kvh * group) * L->head_dim,
         .row_stride = (size_t)a->n_head * L->head_dim,
         .n_scan = f->n_scan,
+        .n_skip = f->n_skip,
         .mask = seq->mask ? seq->mask + (size_t)r0 * seq->n_kv : NULL,
         .mask_stride = (size_t)seq->n_kv,
         .kv_tile = f->kv_tile, .q_t = f->q_t,
@@ -426,12 +432,24 @@ static void flash_write(const flash_job *job, const cpu_attn_item *it, const flo
     }
 }
 
+/* The first chunk with a key some row of the item may see: 0 unless a
+ * sliding window starts past it. The chunks before show nothing, so leaving
+ * them out changes no bit of the fold. */
+static int item_first_chunk(const cpu_attn_item *it)
+{
+    int min_skip = it->n_skip[0];
+    for (int r = 1; r < it->n_rows; r++)
+        min_skip = it->n_skip[r] < min_skip ? it->n_skip[r] : min_skip;
+    return min_skip / CPU_ATTN_CHUNK;
+}
+
+/* The chunks to run, from item_first_chunk on. */
 static int item_chunks(const cpu_attn_item *it)
 {
     int max_scan = 0;
     for (int r = 0; r < it->n_rows; r++)
         max_scan = it->n_scan[r] > max_scan ? it->n_scan[r] : max_scan;
-    return (max_scan + CPU_ATTN_CHUNK - 1) / CPU_ATTN_CHUNK;
+    return (max_scan + CPU_ATTN_CHUNK - 1) / CPU_ATTN_CHUNK - item_first_chunk(it);
 }
 
 /* Whole items: every chunk of a (row block, KV head), folded as it goes. */
@@ -445,9 +463,9 @@ static void flash_whole_range(void *p, int64_t begin, int64_t end, int thread)
         flash_item(job, item, &f, &it);
         const int n_groups = item_groups(&it);
         cpu_attn_state_clear(f.run, n_groups, hd);
-        const int chunks = item_chunks(&it);
+        const int first = item_first_chunk(&it), chunks = item_chunks(&it);
         for (int c = 0; c < chunks; c++) {
-            job->chunk_fn(&it, c, f.part);
+            job->chunk_fn(&it, first + c, f.part);
             attn_fold(f.run, f.part, n_groups, hd);
         }
         flash_write(job, &it, f.run);
@@ -465,7 +483,7 @@ static void flash_chunk_range(void *p, int64_t begin, int64_t end, int thread)
         const int c = (int)(w % job->max_chunks);
         float *part = job->partial + (size_t)w * job->item_floats;
         if (c < item_chunks(&it))
-            job->chunk_fn(&it, c, part);
+            job->chunk_fn(&it, item_first_chunk(&it) + c, part);
         else
             cpu_attn_state_clear(part, item_groups(&it), job->a->kv->head_dim);
     }
@@ -501,8 +519,7 @@ static int grow_seq_table(cpu_ctx *ctx, int n_seqs)
     return CAIRN_OK;
 }
 
-static int flash_attention(cpu_ctx *ctx, const cairn_attn_args *a, cpu_attend_chunk_fn chunk_fn,
-                           int max_kv)
+static int flash_attention(cpu_ctx *ctx, const cairn_attn_args *a, cpu_attend_chunk_fn chunk_fn)
 {
     const cairn_kv_layout *L = a->kv;
     const int group = a->n_head / L->n_kv_head, hd = L->head_dim;
@@ -511,16 +528,28 @@ static int flash_attention(cpu_ctx *ctx, const cairn_attn_args *a, cpu_attend_ch
     if (rc != CAIRN_OK)
         return rc;
     int64_t n_blocks = 0;
+    int max_chunks = 0; /* chunks any item runs (item_chunks): its sequence's at most */
     for (int s = 0; s < a->n_seqs; s++) {
+        const cairn_attn_seq *seq = &a->seqs[s];
         ctx->seq_row_start[s] = n_blocks;
-        n_blocks += (a->seqs[s].n_q + rows - 1) / rows;
+        n_blocks += (seq->n_q + rows - 1) / rows;
+        int scan = seq->mask ? seq->n_kv : 0, skip = seq->n_kv;
+        for (int i = 0; i < seq->n_q; i++) {
+            if (!seq->mask && seq->q_index[i] + 1 > scan)
+                scan = seq->q_index[i] + 1;
+            const int lo = a->window > 0 ? seq->q_index[i] - a->window + 1 : 0;
+            skip = lo < skip ? lo : skip;
+        }
+        skip = skip > 0 ? skip : 0;
+        const int chunks = (scan + CPU_ATTN_CHUNK - 1) / CPU_ATTN_CHUNK - skip / CPU_ATTN_CHUNK;
+        max_chunks = chunks > max_chunks ? chunks : max_chunks;
     }
     ctx->seq_row_start[a->n_seqs] = n_blocks;
     const int n_groups = cpu_attn_lane_groups(rows * group);
     flash_job job = {
         .ctx = ctx, .a = a, .chunk_fn = chunk_fn, .block_start = ctx->seq_row_start,
         .rows = rows,
-        .max_chunks = (max_kv + CPU_ATTN_CHUNK - 1) / CPU_ATTN_CHUNK,
+        .max_chunks = max_chunks > 0 ? max_chunks : 1,
         .item_floats = (size_t)n_groups * cpu_attn_state_floats(hd),
         .qt_floats = (size_t)n_groups * 16 * hd,
     };
@@ -562,14 +591,14 @@ int cpu_attention(cairn_backend *be, const cairn_attn_args *a)
     cpu_ctx *ctx = cpu_ctx_of(be);
     cpu_attend_chunk_fn chunk_fn = cpu_x86_attend_chunk(ctx->isa, L);
     const int group = a->n_head / L->n_kv_head;
-    /* The flash kernel reads F32/F16 pages without a window; the other KV
-     * types and sliding windows take the two-pass kernel below (scalar for
-     * the block types). */
-    if (!kv_plain(L) || a->window > 0)
+    /* The flash kernel reads F32/F16 pages (with or without a window); the
+     * other KV types take the two-pass kernel below (scalar for the block
+     * types). */
+    if (!kv_plain(L))
         chunk_fn = NULL;
     const int plain_rows = L->dtype == CAIRN_TYPE_F32 || L->dtype == CAIRN_TYPE_F16;
     if (chunk_fn && cpu_attn_lane_groups(rows_per_item(group) * group) <= CPU_ATTN_LANE_GROUPS_MAX)
-        return flash_attention(ctx, a, chunk_fn, max_kv);
+        return flash_attention(ctx, a, chunk_fn);
     /* Scratch per thread: scores [max_kv] plus query copy and accumulator,
      * each padded to whole cache lines as attend_one lays them out. */
     size_t scratch = (size_t)(max_kv + 15) / 16 * 16 + 2 * ((size_t)(L->head_dim + 15) / 16 * 16);

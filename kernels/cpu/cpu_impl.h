@@ -488,6 +488,10 @@ typedef struct {
                                + h * head_dim                                   */
     size_t row_stride;      /* floats from one query row to the next            */
     const int32_t *n_scan;  /* [n_rows] keys 0 .. n_scan[r]-1 may be visible    */
+    const int32_t *n_skip;  /* [n_rows] keys below n_skip[r] are not: outside a
+                               sliding window (0 without one). A tile no lane
+                               of a group sees leaves its state as it was, bit
+                               for bit, so skipping it changes nothing.        */
     const uint8_t *mask;    /* [n_rows][mask_stride], 1 = visible, or NULL      */
     size_t mask_stride;
     float *kv_tile;         /* scratch, 64-byte aligned: 2 * 16 * head_dim      */

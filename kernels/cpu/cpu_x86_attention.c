@@ -205,11 +205,19 @@ INLINE T512 void attend_chunk_512(const cpu_attn_item *it, int chunk, float *par
                 qt[(size_t)d * 16 + lane] = q ? q[d] * it->scale : 0.0f;
         }
     }
-    int max_scan = 0;
-    for (int r = 0; r < it->n_rows; r++)
+    int max_scan = 0, min_skip = INT32_MAX;
+    for (int r = 0; r < it->n_rows; r++) {
         max_scan = it->n_scan[r] > max_scan ? it->n_scan[r] : max_scan;
-    const int j_begin = chunk * CPU_ATTN_CHUNK;
-    const int j_end = max_scan < j_begin + CPU_ATTN_CHUNK ? max_scan : j_begin + CPU_ATTN_CHUNK;
+        min_skip = it->n_skip[r] < min_skip ? it->n_skip[r] : min_skip;
+    }
+    /* tiles keep their place (multiples of 16 keys from the chunk's start,
+     * whatever rows share the item); only those below every row's window
+     * are skipped */
+    const int c_begin = chunk * CPU_ATTN_CHUNK;
+    const int j_end = max_scan < c_begin + CPU_ATTN_CHUNK ? max_scan : c_begin + CPU_ATTN_CHUNK;
+    int j_begin = c_begin;
+    if (min_skip > j_begin) /* may pass j_end: then the chunk shows nothing */
+        j_begin += (min_skip - j_begin) / CPU_ATTN_TILE * CPU_ATTN_TILE;
     const size_t k_off = cairn_kv_offset(L, it->layer, 0, 0) + it->head_off;
     const size_t v_off = cairn_kv_offset(L, it->layer, 1, 0) + it->head_off;
     float *kt = it->kv_tile;                     /* [16][hd] */
@@ -218,10 +226,12 @@ INLINE T512 void attend_chunk_512(const cpu_attn_item *it, int chunk, float *par
     /* each lane's n_scan (0 for lanes past the last vector), once per chunk:
      * the tile loop then needs no division by the group size */
     int32_t lane_scan[CPU_ATTN_LANE_GROUPS_MAX][16] __attribute__((aligned(64)));
+    int32_t lane_skip[CPU_ATTN_LANE_GROUPS_MAX][16] __attribute__((aligned(64)));
     for (int g = 0; g < n_groups; g++)
         for (int lane = 0; lane < 16; lane++) {
             const int v = g * 16 + lane;
             lane_scan[g][lane] = v < n_vec ? it->n_scan[v / G] : 0;
+            lane_skip[g][lane] = v < n_vec ? it->n_skip[v / G] : 0;
         }
 
     for (int j0 = j_begin; j0 < j_end; j0 += CPU_ATTN_TILE) {
@@ -239,11 +249,16 @@ INLINE T512 void attend_chunk_512(const cpu_attn_item *it, int chunk, float *par
                 _mm512_setzero_si512(),
                 _mm512_min_epi32(_mm512_sub_epi32(_mm512_load_si512(lane_scan[g]), _mm512_set1_epi32(j0)),
                                  _mm512_set1_epi32(tn)));
-            if (!_mm512_test_epi32_mask(ln, ln))
+            /* and from key j0 + lo on (the window's first key in the tile) */
+            const __m512i lo = _mm512_max_epi32(
+                _mm512_setzero_si512(),
+                _mm512_sub_epi32(_mm512_load_si512(lane_skip[g]), _mm512_set1_epi32(j0)));
+            if (!_mm512_cmp_epi32_mask(lo, ln, _MM_CMPINT_LT))
                 continue;
             __mmask16 vis[CPU_ATTN_TILE];
             for (int t = 0; t < tn; t++) {
-                vis[t] = _mm512_cmp_epi32_mask(_mm512_set1_epi32(t), ln, _MM_CMPINT_LT);
+                vis[t] = _mm512_cmp_epi32_mask(_mm512_set1_epi32(t), ln, _MM_CMPINT_LT) &
+                         _mm512_cmp_epi32_mask(_mm512_set1_epi32(t), lo, _MM_CMPINT_GE);
                 if (it->mask)
                     for (int lane = 0; lane < 16; lane++)
                         if ((vis[t] >> lane & 1) &&

@@ -41,12 +41,13 @@ QUESTIONS = ["Who publishes this licence?", "What is the licence called?",
              "Can I sell copies of the program?"]
 PAGE = 16  # cairn serve's default --page-size
 
-# llama.cpp 34af94cd, llama-server on the same file, greedy, 30 tokens, prompt
+# llama.cpp 34af94cd, llama-server on the same file, greedy, prompt
 # "<start_of_turn>user\nWhat is the capital of Japan? Answer in one
-# sentence.<end_of_turn>\n<start_of_turn>model\n" (BOS added: 21 tokens)
+# sentence.<end_of_turn>\n<start_of_turn>model\n" (BOS added: 21 tokens). Its
+# first 13 tokens, whose runner-up trails by 0.7 or more in log-probability;
+# the 14th is a near-tie (0.02) that the order of a float sum can flip.
 JAPAN = [{"role": "user", "content": "What is the capital of Japan? Answer in one sentence."}]
-JAPAN_LLAMA_CPP = ("What is the capital of Japan? Answer in one sentence.\n"
-                   "What is the capital of Japan? Answer in one sentence.\nWhat is the capital")
+JAPAN_LLAMA_CPP = "What is the capital of Japan? Answer in one sentence.\n"
 
 
 class Gemma3(harness.ServerCase):
@@ -67,7 +68,7 @@ class Gemma3(harness.ServerCase):
 
     def test_template_and_llama_cpp_reply(self):
         srv, client = self.serve()
-        text, usage = self.ask(client, JAPAN, n=30)
+        text, usage = self.ask(client, JAPAN, n=13)
         self.assertEqual(usage.prompt_tokens, 21)
         self.assertEqual(text, JAPAN_LLAMA_CPP)
         self.assertTrue(any("vocabulary has <start_of_turn>" in line for line in srv.log_lines),
