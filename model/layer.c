@@ -69,6 +69,26 @@ static int linears(cairn_backend *be, const float *x, float *gathered, int T, in
     return CAIRN_OK;
 }
 
+/* out[T][dim] = (act(in·Wgᵀ) * (in·Wuᵀ))·Wdᵀ, act SiLU or (gelu) GELU: the
+ * gated FFN of a dense layer, of one expert over the rows that chose it,
+ * and of qwen2moe's shared expert. gate and up hold [T][ff]; out may be
+ * in, which is read only before out is written. */
+static int gated_ffn(cairn_backend *be, const cairn_layer_weight *w_gate,
+                     const cairn_layer_weight *w_up, const cairn_layer_weight *w_down,
+                     const float *in, float *gathered, int T, int exact, int dim, int ff,
+                     bool gelu, float *gate, float *up, float *out)
+{
+    const cairn_layer_weight *const ws[] = {w_gate, w_up};
+    float *const ys[] = {gate, up};
+    const int outs[] = {ff, ff};
+    TRY(linears(be, in, gathered, T, exact, dim, 2, ws, ys, outs)); /* [T][ff] each */
+    if (gelu)
+        TRY(be->iface->geglu(be, gate, gate, up, (size_t)T * ff));
+    else
+        TRY(be->iface->swiglu(be, gate, gate, up, (size_t)T * ff));
+    return linear(be, out, w_down, gate, gathered, T, exact, ff, dim); /* [T][dim] */
+}
+
 /* Each row's experts from the router's logits in mh->probs [T][E] (host):
  * softmax, the top k (ties to the lower index), their weights (renormalised
  * to sum 1 when `norm`, times `scale`), gathered per expert into rows /
@@ -90,8 +110,8 @@ static void route_tokens(const cairn_moe_host *mh, int T, int E, int k, bool nor
         for (int e = 0; e < E; e++)
             p[e] = (float)(p[e] / sum);
         /* the top k by repeated selection (k is small: 2 to 10) */
-        int chosen[64];
-        float w[64];
+        int chosen[CAIRN_MOE_MAX_USED];
+        float w[CAIRN_MOE_MAX_USED];
         double wsum = 0;
         for (int j = 0; j < k; j++) {
             int best = -1;
@@ -134,7 +154,7 @@ static int moe_ffn(cairn_backend *be, const cairn_layer_weights *w, const cairn_
     const cairn_backend_iface *op = be->iface;
     const int dim = s->dim, E = s->n_expert, eff = s->expert_ffn_dim;
     const cairn_moe_host *mh = a->moe_host;
-    if (!mh || s->n_expert_used > 64)
+    if (!mh || s->n_expert_used > CAIRN_MOE_MAX_USED)
         return CAIRN_EINVAL;
     /* router logits [T][E], to the host to choose */
     TRY(linear(be, a->router, &w->router, a->h, NULL, T, a->exact_rows, dim, E));
@@ -150,25 +170,16 @@ static int moe_ffn(cairn_backend *be, const cairn_layer_weights *w, const cairn_
         const int exact = exact_among(rows, n, a->exact_rows);
         /* moe_in [n][dim]: the rows that chose e */
         TRY(op->get_rows(be, a->moe_in, a->h, CAIRN_TYPE_F32, dim, rows, n));
-        const cairn_layer_weight *const ws[] = {&w->exp_gate[e], &w->exp_up[e]};
-        float *const ys[] = {a->moe_gate, a->moe_up};
-        const int outs[] = {eff, eff};
-        TRY(linears(be, a->moe_in, NULL, n, exact, dim, 2, ws, ys, outs));
-        TRY(op->swiglu(be, a->moe_gate, a->moe_gate, a->moe_up, (size_t)n * eff));
-        TRY(linear(be, a->moe_out, &w->exp_down[e], a->moe_gate, NULL, n, exact, eff, dim));
+        TRY(gated_ffn(be, &w->exp_gate[e], &w->exp_up[e], &w->exp_down[e], a->moe_in, NULL, n,
+                      exact, dim, eff, false, a->moe_gate, a->moe_up, a->moe_out));
         TRY(op->add_rows_scaled(be, a->x, a->moe_out, rows, mh->weights + (size_t)e * T, n,
                                 dim));
     }
     if (w->sh_gate.data) { /* qwen2moe: every row, gated by sigmoid(h·w_s) */
-        const int sff = s->shared_ffn_dim;
         TRY(linear(be, a->router, &w->sh_router, a->h, NULL, T, a->exact_rows, dim, 1));
         TRY(op->download(be, mh->probs, a->router, (size_t)T * sizeof(float)));
-        const cairn_layer_weight *const ws[] = {&w->sh_gate, &w->sh_up};
-        float *const ys[] = {a->moe_gate, a->moe_up};
-        const int outs[] = {sff, sff};
-        TRY(linears(be, a->h, NULL, T, a->exact_rows, dim, 2, ws, ys, outs));
-        TRY(op->swiglu(be, a->moe_gate, a->moe_gate, a->moe_up, (size_t)T * sff));
-        TRY(linear(be, a->moe_out, &w->sh_down, a->moe_gate, NULL, T, a->exact_rows, sff, dim));
+        TRY(gated_ffn(be, &w->sh_gate, &w->sh_up, &w->sh_down, a->h, NULL, T, a->exact_rows, dim,
+                      s->shared_ffn_dim, false, a->moe_gate, a->moe_up, a->moe_out));
         TRY(cairn_backend_synchronize(be)); /* the gate's logits are on the host now */
         for (int t = 0; t < T; t++)
             mh->weights[t] = 1.0f / (1.0f + expf(-mh->probs[t]));
@@ -237,17 +248,8 @@ int cairn_layer_forward(cairn_backend *be, const cairn_layer_weights *w,
     TRY(op->rmsnorm(be, a->h, a->x, w->ffn_norm.data, T, dim, s->rms_eps));
     if (w->router.data)
         return moe_ffn(be, w, s, a, T);
-    { /* gate, up [T][ffn] */
-        const cairn_layer_weight *const ws[] = {&w->w_gate, &w->w_up};
-        float *const ys[] = {a->gate, a->up};
-        const int outs[] = {ffn, ffn};
-        TRY(linears(be, a->h, a->gathered, T, a->exact_rows, dim, 2, ws, ys, outs));
-    }
-    if (s->gelu)
-        TRY(op->geglu(be, a->gate, a->gate, a->up, (size_t)T * ffn));
-    else
-        TRY(op->swiglu(be, a->gate, a->gate, a->up, (size_t)T * ffn));
-    TRY(linear(be, a->h, &w->w_down, a->gate, a->gathered, T, a->exact_rows, ffn, dim)); /* [T][dim] */
+    TRY(gated_ffn(be, &w->w_gate, &w->w_up, &w->w_down, a->h, a->gathered, T, a->exact_rows, dim,
+                  ffn, s->gelu, a->gate, a->up, a->h)); /* [T][dim] */
     if (w->ffn_post_norm.data)
         TRY(op->rmsnorm(be, a->h, a->h, w->ffn_post_norm.data, T, dim, s->rms_eps));
     TRY(op->add(be, a->x, a->x, a->h, (size_t)T * dim));

@@ -83,6 +83,10 @@ typedef struct {
     float expert_weights_scale;
 } cairn_layer_shape;
 
+/* The most experts a token may choose: the router's choice is kept on the
+ * stack (the families cairn runs choose 2 to 10; model.c refuses more). */
+#define CAIRN_MOE_MAX_USED 64
+
 /* Host scratch of a mixture-of-experts FFN, room for T rows. */
 typedef struct {
     float *probs;   /* [T][n_expert] the router's logits, then probabilities */

@@ -183,9 +183,8 @@ static int read_experts(const cairn_gguf *g, const char *path, const arch_traits
                             arch_key(A, "expert_count / expert_used_count"));
     if (n_expert == 0 && A->experts == 1)
         return CAIRN_OK; /* a dense llama */
-    /* at most 64 chosen a token: what layer.c's router keeps on its stack
-     * (the families here choose 2 to 10) */
-    if (n_expert == 0 || n_expert > 1024 || n_used == 0 || n_used > n_expert || n_used > 64)
+    if (n_expert == 0 || n_expert > 1024 || n_used == 0 || n_used > n_expert ||
+        n_used > CAIRN_MOE_MAX_USED)
         return cairn_errorf(err, err_len, CAIRN_EFORMAT,
                             "%s: %s %u with %s %u is inconsistent", path,
                             "expert_count", n_expert, "expert_used_count", n_used);
@@ -558,12 +557,12 @@ static int bind_weights(cairn_model *m, const cairn_gguf *g, tensor_binding **ou
             if ((rc = find_tensor(g, name, spec[i].ne0, spec[i].ne1, spec[i].f32, false, &t, err,
                                   err_len)))
                 goto out;
-            b[n++] = (tensor_binding){t, spec[i].w, false, false, false};
+            b[n++] = (tensor_binding){.src = t, .dst = spec[i].w};
             if (!spec[i].f32) {
                 if ((rc = find_perm(g, name, spec[i].ne0, &t, err, err_len)))
                     goto out;
                 if (t) /* after its weight: binding the weight resets perm */
-                    b[n++] = (tensor_binding){t, spec[i].w, true, false, false};
+                    b[n++] = (tensor_binding){.src = t, .dst = spec[i].w, .perm = true};
             }
         }
         if (shared) { /* the shared expert's gate: [dim] read as a [1][dim] matrix */
@@ -571,7 +570,7 @@ static int bind_weights(cairn_model *m, const cairn_gguf *g, tensor_binding **ou
             snprintf(name, sizeof name, "blk.%d.ffn_gate_inp_shexp.weight", l);
             if ((rc = find_tensor(g, name, dim, 1, false, false, &t, err, err_len)))
                 goto out;
-            b[n++] = (tensor_binding){t, &L->sh_router, false, true, false};
+            b[n++] = (tensor_binding){.src = t, .dst = &L->sh_router, .matrix = true};
         }
         if (!dense) { /* gate, up, down of every expert */
             static const char *const suffix[3] = {"ffn_gate_exps.weight", "ffn_up_exps.weight",
@@ -586,8 +585,8 @@ static int bind_weights(cairn_model *m, const cairn_gguf *g, tensor_binding **ou
                                        err, err_len)))
                     goto out;
                 for (int e = 0; e < n_expert; e++)
-                    b[n++] = (tensor_binding){m->expert_views + at + e,
-                                              m->expert_weights + at + e, false, false, true};
+                    b[n++] = (tensor_binding){.src = m->expert_views + at + e,
+                                              .dst = m->expert_weights + at + e, .expert = true};
             }
             L->exp_gate = m->expert_weights + ((size_t)l * 3 + 0) * n_expert;
             L->exp_up = m->expert_weights + ((size_t)l * 3 + 1) * n_expert;
@@ -812,6 +811,11 @@ static int alloc_scratch(cairn_model *m)
     const cairn_hparams *hp = &m->hp;
     size_t T = (size_t)m->params.max_batch_tokens;
     size_t q_dim = (size_t)hp->n_head * hp->head_dim, kv_dim = (size_t)hp->n_kv_head * hp->head_dim;
+    /* a mixture of experts: the router's logits, an expert's rows in and out
+     * and its gate and up (the shared expert's too); 0: none (dense) */
+    const size_t E = (size_t)hp->n_expert, moe_dim = E > 0 ? (size_t)hp->dim : 0;
+    const size_t eff = (size_t)(hp->shared_ffn_dim > hp->expert_ffn_dim ? hp->shared_ffn_dim
+                                                                        : hp->expert_ffn_dim);
     struct {
         float **p;
         size_t n;
@@ -821,28 +825,18 @@ static int alloc_scratch(cairn_model *m)
         {&m->v, T * kv_dim},            {&m->attn, T * q_dim},
         {&m->ffn_gate, T * hp->ffn_dim}, {&m->ffn_up, T * hp->ffn_dim},
         {&m->out_rows, T * hp->dim},    {&m->logits, (size_t)LOGIT_CHUNK * hp->n_vocab},
+        {&m->router, T * E},            {&m->moe_in, T * moe_dim},
+        {&m->moe_out, T * moe_dim},     {&m->moe_gate, T * eff},
+        {&m->moe_up, T * eff},
     };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        if (bufs[i].n == 0) /* not this model's: stays NULL */
+            continue;
         int rc = m->be->iface->alloc(m->be, bufs[i].n * sizeof(float), (void **)bufs[i].p);
         if (rc != CAIRN_OK)
             return rc;
     }
-    if (hp->n_expert > 0) {
-        const size_t E = (size_t)hp->n_expert;
-        size_t ff = (size_t)hp->expert_ffn_dim;
-        ff = ff > (size_t)hp->shared_ffn_dim ? ff : (size_t)hp->shared_ffn_dim;
-        struct {
-            float **p;
-            size_t n;
-        } moe[] = {
-            {&m->router, T * E}, {&m->moe_in, T * hp->dim}, {&m->moe_out, T * hp->dim},
-            {&m->moe_gate, T * ff}, {&m->moe_up, T * ff},
-        };
-        for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++) {
-            int rc = m->be->iface->alloc(m->be, moe[i].n * sizeof(float), (void **)moe[i].p);
-            if (rc != CAIRN_OK)
-                return rc;
-        }
+    if (E > 0) {
         cairn_moe_host *mh = &m->moe_host;
         mh->probs = malloc(T * E * sizeof(float));
         mh->rows = malloc(T * E * sizeof(int32_t));

@@ -341,17 +341,13 @@ int cairn_chat_template_from_gguf(const cairn_gguf *g, const cairn_vocab *v,
         /* Many converted files carry no template (Gemma 3's GGUFs among
          * them). Their vocabulary still says which turn markers the model
          * was trained on: the family whose markers it has, else generic. */
-        static const struct {
-            const char *marker, *stand_in; /* a template text detect_family knows */
-        } by_vocab[] = {
-            {"<start_of_turn>", "<start_of_turn>"},
-            {"<|start_header_id|>", "<|start_header_id|>"},
-            {"<|im_start|>", "<|im_start|>"},
-        };
+        /* each marker is also a template text detect_family knows */
+        static const char *const markers[] = {"<start_of_turn>", "<|start_header_id|>",
+                                              "<|im_start|>"};
         src = NULL;
-        for (size_t i = 0; v && !src && i < sizeof by_vocab / sizeof by_vocab[0]; i++)
-            if (tok_lookup_text(v, by_vocab[i].marker, strlen(by_vocab[i].marker)) >= 0)
-                src = by_vocab[i].stand_in;
+        for (size_t i = 0; v && !src && i < sizeof markers / sizeof markers[0]; i++)
+            if (tok_lookup_text(v, markers[i], strlen(markers[i])) >= 0)
+                src = markers[i];
         if (src)
             cairn_log(CAIRN_LOG_INFO, "chat template: the model has no tokenizer.chat_template; "
                                       "its vocabulary has %s, so that family's format is used",

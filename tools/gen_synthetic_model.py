@@ -286,7 +286,10 @@ def main():
             ap.error("%s (%d) must be a multiple of %d for %s" % (what, n_in, block, tname))
 
     # (name, ne0 = row length, ne1 = rows, type, std)
-    tensors = [("token_embd.weight", dim, n_vocab, tname, 1.0)]
+    # Gemma scales its embeddings by sqrt(dim) and projects the output
+    # through them: rows of a projection's spread serve both
+    embd_std = dim ** -0.5 if a.arch == "gemma3" else 1.0
+    tensors = [("token_embd.weight", dim, n_vocab, tname, embd_std)]
     for l in range(n_layer):
         p = "blk.%d." % l
         tensors += [
@@ -356,10 +359,6 @@ def main():
                 freq_factors.append(1.0 / ((1 - smooth) / factor + smooth))
         tensors.append(("rope_freqs.weight", head_dim // 2, 1, "F32", "freqs"))
 
-    if a.arch == "gemma3":
-        # Gemma scales its embeddings by sqrt(dim) and projects the output
-        # through them: rows of a projection's spread serve both
-        tensors[0] = ("token_embd.weight", dim, n_vocab, tname, dim ** -0.5)
     toks, scores, ttypes = borrowed[:3] if borrowed else vocab(n_vocab)
     special = borrowed[3] if borrowed else {"unknown": 0, "bos": 1, "eos": 2}
     A = "llama" if a.arch == "mixtral" else a.arch

@@ -55,7 +55,7 @@ def speed(a, model, depth):
                 cmd = [os.path.join(a.llama, "bin", "llama-bench"), "-m", model, "-t",
                        str(a.threads), "-p", "512", "-n", "128", "-r", "1", "-d", str(depth),
                        "-o", "jsonl"]
-            p = subprocess.Popen(["/usr/bin/env"] + cmd, stdout=subprocess.PIPE,
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE,
                                  stderr=subprocess.DEVNULL, text=True)
             out = p.stdout.read()
             _, status, usage = os.wait4(p.pid, 0)
@@ -130,13 +130,6 @@ def chat_plan(doc_a, doc_b):
     return plan, {"A": doc_a, "B": doc_b, "C": doc_a}
 
 
-def common_prefix(x, y):
-    n = 0
-    while n < len(x) and n < len(y) and x[n] == y[n]:
-        n += 1
-    return n
-
-
 def chat_turns(a):
     """Per request: (label, prompt tokens, distinct new tokens, cairn computed,
     llama.cpp computed). Distinct: the prompt less its longest token prefix
@@ -162,7 +155,7 @@ def chat_turns(a):
             turns = turns + [(q, None)]
             prompt = gemma_prompt(docs[conv], turns)
             ids = tokenize(prompt)
-            shared = max([common_prefix(ids, s) for s in seen] or [0])
+            shared = max([len(os.path.commonprefix([ids, s])) for s in seen] or [0])
             c = post("http://127.0.0.1:%d/v1/completions" % cport,
                      {"model": "gemma", "prompt": prompt, "max_tokens": 32, "temperature": 0})
             reply = c["choices"][0]["text"]

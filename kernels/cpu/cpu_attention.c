@@ -194,6 +194,16 @@ static inline void axpy_v(float *acc, float w, const uint8_t *v, int n, cairn_ty
     }
 }
 
+
+/* The first key row i of seq may see: past the keys a sliding window
+ * (args->window > 0) leaves behind, else 0 (q_index, which a mask without
+ * a window may leave NULL, is read only with a window). */
+static int window_start(const cairn_attn_args *a, const cairn_attn_seq *seq, int i)
+{
+    const int lo = a->window > 0 ? seq->q_index[i] - a->window + 1 : 0;
+    return lo > 0 ? lo : 0;
+}
+
 /* One query row `i` of sequence `seq`, query head `h`. Scratch holds the
  * scores [n_kv], then the query copy and the accumulator [head_dim] each. */
 static void attend_one(const attn_job *job, const cairn_attn_seq *seq, int i, int h, float *scratch)
@@ -210,9 +220,7 @@ static void attend_one(const attn_job *job, const cairn_attn_seq *seq, int i, in
     /* Without a mask the query sees the causal prefix 0 .. q_index[i]. */
     const int n_scan = mask ? seq->n_kv : seq->q_index[i] + 1;
     /* A sliding window starts the scan at the window's first key. */
-    const int j0 = a->window > 0 && seq->q_index[i] - a->window + 1 > 0
-                       ? seq->q_index[i] - a->window + 1
-                       : 0;
+    const int j0 = window_start(a, seq, i);
 
     float *scores = scratch;                       /* [n_kv]     */
     float *q = scratch + ((seq->n_kv + 15) / 16 * 16); /* [head_dim] */
@@ -390,9 +398,7 @@ static void flash_item(const flash_job *job, int64_t item, const flash_scratch *
     const int group = a->n_head / L->n_kv_head;
     for (int r = 0; r < n_rows; r++) {
         f->n_scan[r] = seq->mask ? seq->n_kv : seq->q_index[r0 + r] + 1;
-        /* a window: the row's own key and the window - 1 before it */
-        const int lo = a->window > 0 ? seq->q_index[r0 + r] - a->window + 1 : 0;
-        f->n_skip[r] = lo > 0 ? lo : 0;
+        f->n_skip[r] = window_start(a, seq, r0 + r);
     }
     *it = (cpu_attn_item){
         .L = L, .pool = a->kv_pool, .layer = a->layer,
@@ -432,24 +438,26 @@ static void flash_write(const flash_job *job, const cpu_attn_item *it, const flo
     }
 }
 
-/* The first chunk with a key some row of the item may see: 0 unless a
- * sliding window starts past it. The chunks before show nothing, so leaving
- * them out changes no bit of the fold. */
-static int item_first_chunk(const cpu_attn_item *it)
+/* The chunks of rows whose keys are [skip, scan) at the widest (the
+ * smallest n_skip, the largest n_scan): the first with a key some row may
+ * see (0 unless a sliding window starts past it; the chunks before show
+ * nothing, so leaving them out changes no bit of the fold), and how many
+ * to run from it. */
+static int chunk_range(int skip, int scan, int *first)
 {
-    int min_skip = it->n_skip[0];
-    for (int r = 1; r < it->n_rows; r++)
-        min_skip = it->n_skip[r] < min_skip ? it->n_skip[r] : min_skip;
-    return min_skip / CPU_ATTN_CHUNK;
+    *first = skip / CPU_ATTN_CHUNK;
+    return (scan + CPU_ATTN_CHUNK - 1) / CPU_ATTN_CHUNK - *first;
 }
 
-/* The chunks to run, from item_first_chunk on. */
-static int item_chunks(const cpu_attn_item *it)
+/* chunk_range of an item's rows. */
+static int item_chunks(const cpu_attn_item *it, int *first)
 {
-    int max_scan = 0;
-    for (int r = 0; r < it->n_rows; r++)
-        max_scan = it->n_scan[r] > max_scan ? it->n_scan[r] : max_scan;
-    return (max_scan + CPU_ATTN_CHUNK - 1) / CPU_ATTN_CHUNK - item_first_chunk(it);
+    int skip = it->n_skip[0], scan = 0;
+    for (int r = 0; r < it->n_rows; r++) {
+        scan = it->n_scan[r] > scan ? it->n_scan[r] : scan;
+        skip = it->n_skip[r] < skip ? it->n_skip[r] : skip;
+    }
+    return chunk_range(skip, scan, first);
 }
 
 /* Whole items: every chunk of a (row block, KV head), folded as it goes. */
@@ -463,7 +471,8 @@ static void flash_whole_range(void *p, int64_t begin, int64_t end, int thread)
         flash_item(job, item, &f, &it);
         const int n_groups = item_groups(&it);
         cpu_attn_state_clear(f.run, n_groups, hd);
-        const int first = item_first_chunk(&it), chunks = item_chunks(&it);
+        int first;
+        const int chunks = item_chunks(&it, &first);
         for (int c = 0; c < chunks; c++) {
             job->chunk_fn(&it, first + c, f.part);
             attn_fold(f.run, f.part, n_groups, hd);
@@ -482,8 +491,9 @@ static void flash_chunk_range(void *p, int64_t begin, int64_t end, int thread)
         flash_item(job, w / job->max_chunks, &f, &it);
         const int c = (int)(w % job->max_chunks);
         float *part = job->partial + (size_t)w * job->item_floats;
-        if (c < item_chunks(&it))
-            job->chunk_fn(&it, item_first_chunk(&it) + c, part);
+        int first;
+        if (c < item_chunks(&it, &first))
+            job->chunk_fn(&it, first + c, part);
         else
             cpu_attn_state_clear(part, item_groups(&it), job->a->kv->head_dim);
     }
@@ -533,15 +543,14 @@ static int flash_attention(cpu_ctx *ctx, const cairn_attn_args *a, cpu_attend_ch
         const cairn_attn_seq *seq = &a->seqs[s];
         ctx->seq_row_start[s] = n_blocks;
         n_blocks += (seq->n_q + rows - 1) / rows;
-        int scan = seq->mask ? seq->n_kv : 0, skip = seq->n_kv;
+        int scan = seq->mask ? seq->n_kv : 0, skip = seq->n_kv, first;
         for (int i = 0; i < seq->n_q; i++) {
             if (!seq->mask && seq->q_index[i] + 1 > scan)
                 scan = seq->q_index[i] + 1;
-            const int lo = a->window > 0 ? seq->q_index[i] - a->window + 1 : 0;
+            const int lo = window_start(a, seq, i);
             skip = lo < skip ? lo : skip;
         }
-        skip = skip > 0 ? skip : 0;
-        const int chunks = (scan + CPU_ATTN_CHUNK - 1) / CPU_ATTN_CHUNK - skip / CPU_ATTN_CHUNK;
+        const int chunks = chunk_range(skip, scan, &first);
         max_chunks = chunks > max_chunks ? chunks : max_chunks;
     }
     ctx->seq_row_start[a->n_seqs] = n_blocks;

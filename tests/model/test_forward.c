@@ -445,12 +445,17 @@ static void rename_arch(unsigned char *buf, size_t *len)
     val[4] = 'b';
 }
 
-/* A weight tensor's name changes, so it is missing. */
+/* Tensor `name` of a block (blk.N.…) is renamed blk.x…, so it is missing. */
+static void misname_tensor(unsigned char *buf, size_t len, const char *name)
+{
+    unsigned char *at = find_bytes(buf, len, name);
+    assert_non_null(at);
+    at[4] = 'x';
+}
+
 static void drop_tensor(unsigned char *buf, size_t *len)
 {
-    unsigned char *name = find_bytes(buf, *len, "blk.3.ffn_up.weight");
-    assert_non_null(name);
-    name[4] = 'x';
+    misname_tensor(buf, *len, "blk.3.ffn_up.weight");
 }
 
 static void test_load_errors(void **state)
@@ -495,9 +500,7 @@ static void no_swa_period(unsigned char *buf, size_t *len)
 
 static void drop_post_norm(unsigned char *buf, size_t *len)
 {
-    unsigned char *name = find_bytes(buf, *len, "blk.1.post_ffw_norm.weight");
-    assert_non_null(name);
-    name[4] = 'x';
+    misname_tensor(buf, *len, "blk.1.post_ffw_norm.weight");
 }
 
 /* A Gemma 3 file that is inconsistent is refused, naming the field or
@@ -525,9 +528,7 @@ static void used_past_count(unsigned char *buf, size_t *len)
 
 static void drop_router(unsigned char *buf, size_t *len)
 {
-    unsigned char *name = find_bytes(buf, *len, "blk.1.ffn_gate_inp.weight");
-    assert_non_null(name);
-    name[4] = 'x';
+    misname_tensor(buf, *len, "blk.1.ffn_gate_inp.weight");
 }
 
 /* A qwen3moe file that is inconsistent is refused, naming what (the

@@ -133,14 +133,15 @@ class Invariance(harness.ServerCase):
 class InvarianceWindow(Invariance):
     """The same on a model with sliding-window layers (MODEL is then a
     synthetic Gemma 3 whose window is far shorter than the shared document):
-    ctest's server_invariance_window."""
+    ctest's server_invariance_window-gemma3."""
     SMALL_KV = "1000K"  # ~40 pages of it (24 KiB a page), as the bundled model has
 
 
 class InvarianceExperts(Invariance):
     """The same on a mixture of experts (MODEL a synthetic qwen3moe, 8
     experts of which 2 run per token): a token's experts and their order of
-    summation never depend on the batch. ctest's server_invariance_experts."""
+    summation never depend on the batch. ctest's
+    server_invariance_experts-qwen3moe."""
     SMALL_KV = "1300K"  # ~40 pages of it (32 KiB a page)
 
 

@@ -32,33 +32,30 @@ add_test(NAME server_invariance
   COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_invariance.py
           $<TARGET_FILE:cairn> ${CAIRN_MODEL} Invariance)
 set_tests_properties(server_invariance PROPERTIES TIMEOUT 600 LABELS "server")
-# ... and on a model with sliding-window layers: a synthetic Gemma 3
-# (Q4_K, 64-token window, every sixth layer global; the stories model's
-# vocabulary) whose shared document (~200 tokens) is three windows long
-add_test(NAME server_window_model
-  COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tools/gen_synthetic_model.py --dim 256
-          --layers 6 --heads 4 --kv-heads 1 --head-dim 64 --ffn 768 --vocab 2048 --type Q4_K
-          --arch gemma3 --sliding-window 64 --vocab-from ${CAIRN_MODEL}
-          -o ${CMAKE_CURRENT_BINARY_DIR}/window-gemma3.gguf)
-set_tests_properties(server_window_model PROPERTIES FIXTURES_SETUP window_model LABELS "server")
-add_test(NAME server_invariance_window
-  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_invariance.py
-          $<TARGET_FILE:cairn> ${CMAKE_CURRENT_BINARY_DIR}/window-gemma3.gguf InvarianceWindow)
-set_tests_properties(server_invariance_window PROPERTIES TIMEOUT 600 LABELS "server"
-  FIXTURES_REQUIRED window_model)
-# ... and on a mixture of experts: a synthetic qwen3moe (Q4_K, 8 experts, 2
-# a token)
-add_test(NAME server_experts_model
-  COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tools/gen_synthetic_model.py --dim 256
-          --layers 4 --heads 4 --kv-heads 2 --head-dim 64 --ffn 512 --type Q4_K --arch qwen3moe
-          --experts 8 --experts-used 2 --expert-ffn 256 --vocab-from ${CAIRN_MODEL}
-          -o ${CMAKE_CURRENT_BINARY_DIR}/experts-qwen3moe.gguf)
-set_tests_properties(server_experts_model PROPERTIES FIXTURES_SETUP experts_model LABELS "server")
-add_test(NAME server_invariance_experts
-  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_invariance.py
-          $<TARGET_FILE:cairn> ${CMAKE_CURRENT_BINARY_DIR}/experts-qwen3moe.gguf InvarianceExperts)
-set_tests_properties(server_invariance_experts PROPERTIES TIMEOUT 600 LABELS "server"
-  FIXTURES_REQUIRED experts_model)
+# ... and on synthetic models of the other families, the stories model's
+# vocabulary in each ("tag|class|generator flags"): a Gemma 3 (Q4_K, 64-token
+# window, every sixth layer global) whose shared document (~200 tokens) is
+# three windows long, and a qwen3moe (Q4_K, 8 experts, 2 a token)
+set(INVARIANCE_MODELS
+  "window-gemma3|InvarianceWindow|--dim 256 --layers 6 --heads 4 --kv-heads 1 --head-dim 64 --ffn 768 --arch gemma3 --sliding-window 64"
+  "experts-qwen3moe|InvarianceExperts|--dim 256 --layers 4 --heads 4 --kv-heads 2 --head-dim 64 --ffn 512 --arch qwen3moe --experts 8 --experts-used 2 --expert-ffn 256")
+foreach(spec ${INVARIANCE_MODELS})
+  string(REPLACE "|" ";" parts "${spec}")
+  list(GET parts 0 tag)
+  list(GET parts 1 class)
+  list(GET parts 2 flags)
+  separate_arguments(flags)
+  add_test(NAME server_model_${tag}
+    COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tools/gen_synthetic_model.py ${flags}
+            --type Q4_K --vocab-from ${CAIRN_MODEL} -o ${CMAKE_CURRENT_BINARY_DIR}/${tag}.gguf)
+  set_tests_properties(server_model_${tag} PROPERTIES FIXTURES_SETUP model_${tag}
+    LABELS "server")
+  add_test(NAME server_invariance_${tag}
+    COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_invariance.py
+            $<TARGET_FILE:cairn> ${CMAKE_CURRENT_BINARY_DIR}/${tag}.gguf ${class})
+  set_tests_properties(server_invariance_${tag} PROPERTIES TIMEOUT 600 LABELS "server"
+    FIXTURES_REQUIRED model_${tag})
+endforeach()
 add_test(NAME server_invariance_real
   COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_invariance.py
           $<TARGET_FILE:cairn> ${CAIRN_MODEL} ${CAIRN_CHAT_MODEL} InvarianceRealModel)
