@@ -5,7 +5,8 @@
  * A checkpoint folder is
  *
  *     config.json                  architecture, shapes, quantization_config
- *     tokenizer.json               the HF tokenizer (byte-level BPE)
+ *     tokenizer.json               the HF tokenizer (byte-level BPE, or
+ *                                  SentencePiece-style BPE with byte fallback)
  *     tokenizer_config.json        chat template, special tokens
  *     generation_config.json       (optional) stop ids
  *     model.safetensors            the weights, or shards named by
@@ -46,8 +47,13 @@
  * repacked bytes, so a prefix cached for the GGUF of a model and for its AWQ
  * build never share pages.
  *
- * Supported architectures: LlamaForCausalLM (llama), Qwen2ForCausalLM
- * (qwen2), Qwen3ForCausalLM (qwen3); anything else, an unknown
+ * Supported architectures: LlamaForCausalLM and MistralForCausalLM (llama,
+ * with Mistral's window), Qwen2ForCausalLM (qwen2), Qwen3ForCausalLM
+ * (qwen3), Gemma3ForCausalLM (gemma3), and the mixtures of experts
+ * Qwen2MoeForCausalLM (qwen2moe), Qwen3MoeForCausalLM (qwen3moe) and
+ * MixtralForCausalLM (llama with experts), whose per-expert tensors become
+ * GGUF's per-expert names "blk.L.ffn_{gate,up,down}.E.weight", used in place
+ * like any other weight; anything else, an unknown
  * quantization method, a tensor whose dtype or shape disagrees with
  * config.json, or a corrupt safetensors header is refused with a message
  * naming the file and the field. Nothing is ever written to the folder.

@@ -68,11 +68,15 @@ int64_t ckpt_json_id(json_t *o, const char *key, int which);
 typedef enum { QM_NONE, QM_AWQ, QM_GPTQ, QM_FP8, QM_CT_INT4 } ckpt_quant_method;
 
 typedef struct {
-    const char *arch;      /* cairn's name: llama, qwen2, qwen3 */
+    const char *arch;      /* cairn's name: llama, qwen2, qwen3, gemma3, qwen2moe, qwen3moe */
+    bool gemma;            /* Gemma's names, and norms stored as w for x * (1 + w) */
     int n_layer, dim, ffn, n_head, n_kv, head_dim, n_vocab, n_ctx;
     int64_t bos_id, eos_id; /* bos_token_id, eos_token_id (the first of a list); -1: none */
     bool tied;             /* tie_word_embeddings */
     bool llama_rope;       /* HF llama's rotate-half q/k rows: permute to GGUF's order */
+    /* mixture of experts (0 experts: dense); mixtral names them block_sparse_moe.* */
+    int n_expert, expert_ffn, shared_ffn;
+    bool mixtral;
     /* quantization_config */
     ckpt_quant_method quant;
     int group_size;        /* 4-bit groups; -1: a whole row (act-order: from g_idx) */

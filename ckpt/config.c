@@ -2,8 +2,9 @@
  * ckpt/config.c — config.json: the architecture, the shapes and the
  * quantization_config, turned into the `<arch>.*` keys a converted GGUF has.
  * A field that would change the maths in a way cairn does not implement
- * (another activation, biases on llama, YaRN, sliding windows in use) is
- * refused by name rather than ignored.
+ * (another activation, biases on llama, YaRN, Qwen2's optional window, logit
+ * soft-capping, dense layers among experts) is refused by name rather than
+ * ignored.
  */
 #include "ckpt/ckpt_impl.h"
 
@@ -18,6 +19,11 @@ static const struct {
     {"MistralForCausalLM", "llama"},
     {"Qwen2ForCausalLM", "qwen2"},
     {"Qwen3ForCausalLM", "qwen3"},
+    {"Gemma3ForCausalLM", "gemma3"},
+    {"Gemma3ForConditionalGeneration", "gemma3"}, /* its language model; images are not read */
+    {"Qwen2MoeForCausalLM", "qwen2moe"},
+    {"Qwen3MoeForCausalLM", "qwen3moe"},
+    {"MixtralForCausalLM", "llama"},
 };
 
 /* An integer field: *out when present; CAIRN_ENOTFOUND when absent, and an
@@ -270,6 +276,176 @@ static int read_quantization(json_t *root, ckpt_config *cfg, char *err, size_t e
                         "fp8, fbgemm_fp8, compressed-tensors FP8)", method);
 }
 
+/* Gemma 3: the local layers' window and RoPE base, which layers are global
+ * (layer_types, or the older sliding_window_pattern: every N-th layer), and
+ * the fields cairn refuses rather than ignores. */
+static int read_gemma(json_t *root, ckpt_config *cfg, cairn_gguf_builder *b, char *err,
+                      size_t err_len)
+{
+    static const char *const caps[] = {"final_logit_softcapping", "attn_logit_softcapping"};
+    for (int i = 0; i < 2; i++) {
+        json_t *v = json_object_get(root, caps[i]);
+        if (v && !json_is_null(v) && !(json_is_number(v) && json_number_value(v) == 0))
+            return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                                "config.json: %s is set; cairn does not implement logit "
+                                "soft-capping", caps[i]);
+    }
+    if (opt_bool(root, "use_bidirectional_attention", false))
+        return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                            "config.json: use_bidirectional_attention (an embedding model) is "
+                            "not supported");
+    /* the query scale cairn applies, as llama.cpp does: 1/sqrt(head_dim), the
+     * 27B's (62 layers) 1/sqrt(hidden_size / heads) */
+    const double scalar = cfg->n_layer == 62 ? (double)cfg->dim / cfg->n_head : cfg->head_dim;
+    double q;
+    int rc = opt_num(root, "query_pre_attn_scalar", scalar, &q, err, err_len);
+    if (rc)
+        return rc;
+    if (q != scalar)
+        return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                            "config.json: query_pre_attn_scalar %g is not supported (cairn scales "
+                            "this model's queries by 1/sqrt(%g))", q, scalar);
+    int window = 0, period = 6;
+    if ((rc = need_int(root, "sliding_window", 1, 1 << 24, &window, err, err_len)))
+        return rc;
+    if (window > cfg->n_ctx)
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT,
+                            "config.json: sliding_window %d is wider than max_position_embeddings "
+                            "%d", window, cfg->n_ctx);
+    json_t *types = json_object_get(root, "layer_types");
+    if (json_is_array(types)) {
+        if ((int)json_array_size(types) != cfg->n_layer)
+            return cairn_errorf(err, err_len, CAIRN_EFORMAT,
+                                "config.json: layer_types has %zu entries for %d layers",
+                                json_array_size(types), cfg->n_layer);
+        period = 0;
+        for (int l = 0; l < cfg->n_layer; l++) {
+            const char *t = json_string_value(json_array_get(types, l));
+            const bool full = t && strcmp(t, "full_attention") == 0;
+            if (!full && !(t && strcmp(t, "sliding_attention") == 0))
+                return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                                    "config.json: layer_types[%d] '%s' is not supported "
+                                    "(sliding_attention, full_attention)", l, t ? t : "?");
+            if (full && period == 0)
+                period = l + 1;
+            if (period == 0 ? full : full != ((l + 1) % period == 0))
+                return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                                    "config.json: layer_types is not one full_attention layer "
+                                    "every N (layer %d)", l);
+        }
+        if (period == 0)
+            return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                                "config.json: layer_types has no full_attention layer");
+    } else if ((rc = opt_int(root, json_object_get(root, "sliding_window_pattern")
+                                       ? "sliding_window_pattern" : "_sliding_window_pattern",
+                             1, cfg->n_layer, 6, &period, err, err_len))) {
+        return rc;
+    }
+    double base_local;
+    if ((rc = opt_num(root, "rope_local_base_freq", 10000.0, &base_local, err, err_len)))
+        return rc;
+    cairn_gguf_builder_set_u32(b, "gemma3.attention.sliding_window", (uint32_t)window);
+    cairn_gguf_builder_set_u32(b, "gemma3.attention.sliding_window_pattern", (uint32_t)period);
+    return cairn_gguf_builder_set_f32(b, "gemma3.rope.freq_base_swa", (float)base_local);
+}
+
+/* The experts of Qwen2-MoE, Qwen3-MoE and Mixtral: how many, how many a
+ * token uses, their width, whether the chosen weights are renormalised
+ * (fixed per family in cairn, as in llama.cpp: a config that says otherwise
+ * is refused), and no dense layers among them. */
+static int read_experts(json_t *root, ckpt_config *cfg, cairn_gguf_builder *b, char *err,
+                        size_t err_len)
+{
+    const char *A = cfg->arch;
+    const bool qwen3 = strcmp(A, "qwen3moe") == 0, qwen2 = strcmp(A, "qwen2moe") == 0;
+    int used = 0, rc;
+    if ((rc = need_int(root, cfg->mixtral ? "num_local_experts" : "num_experts", 1, 1024,
+                       &cfg->n_expert, err, err_len)) ||
+        (rc = need_int(root, "num_experts_per_tok", 1, cfg->n_expert, &used, err, err_len)))
+        return rc;
+    cfg->expert_ffn = cfg->ffn; /* Mixtral's experts are intermediate_size wide */
+    if (!cfg->mixtral) {
+        int step;
+        if ((rc = need_int(root, "moe_intermediate_size", 1, 1 << 20, &cfg->expert_ffn, err,
+                           err_len)) ||
+            (rc = opt_int(root, "decoder_sparse_step", 0, 1024, 1, &step, err, err_len)))
+            return rc;
+        json_t *dense = json_object_get(root, "mlp_only_layers");
+        if (step != 1 || (json_is_array(dense) && json_array_size(dense) > 0))
+            return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                                "config.json: dense layers among the experts (decoder_sparse_step "
+                                "%d, mlp_only_layers) are not supported", step);
+        const bool norm = opt_bool(root, "norm_topk_prob", false); /* transformers' default */
+        if (norm != qwen3)
+            return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                                "config.json: norm_topk_prob %s is not supported for %s (cairn "
+                                "%s the chosen experts' weights there, as llama.cpp does)",
+                                norm ? "true" : "false (or absent)", A,
+                                qwen3 ? "renormalises" : "does not renormalise");
+    }
+    if (qwen2 && (rc = need_int(root, "shared_expert_intermediate_size", 1, 1 << 20,
+                                &cfg->shared_ffn, err, err_len)))
+        return rc;
+    char key[96];
+    snprintf(key, sizeof key, "%s.expert_count", A);
+    cairn_gguf_builder_set_u32(b, key, (uint32_t)cfg->n_expert);
+    snprintf(key, sizeof key, "%s.expert_used_count", A);
+    cairn_gguf_builder_set_u32(b, key, (uint32_t)used);
+    snprintf(key, sizeof key, "%s.expert_feed_forward_length", A);
+    cairn_gguf_builder_set_u32(b, key, (uint32_t)cfg->expert_ffn);
+    if (qwen2) {
+        snprintf(key, sizeof key, "%s.expert_shared_feed_forward_length", A);
+        cairn_gguf_builder_set_u32(b, key, (uint32_t)cfg->shared_ffn);
+    }
+    return CAIRN_OK;
+}
+
+/* Gemma 3's model fields as transformers reads them: the text_config of a
+ * Gemma3ForConditionalGeneration (4B, 12B, 27B) or the file itself, with
+ * Gemma3TextConfig's defaults for what it leaves out (the 4B's text_config
+ * names only five fields), and the file's quantization_config and name.
+ * *out is a new reference. */
+static int gemma_fields(json_t *file, bool multimodal, json_t **out, char *err, size_t err_len)
+{
+    json_t *src = multimodal ? json_object_get(file, "text_config") : file;
+    if (!json_is_object(src))
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT,
+                            "config.json: Gemma3ForConditionalGeneration without a text_config");
+    json_t *m = json_deep_copy(src);
+    if (!m)
+        return CAIRN_ENOMEM;
+    static const struct {
+        const char *key;
+        double value;
+    } defaults[] = {
+        {"vocab_size", 262208},       {"hidden_size", 2304},
+        {"intermediate_size", 9216},  {"num_hidden_layers", 26},
+        {"num_attention_heads", 8},   {"num_key_value_heads", 4},
+        {"head_dim", 256},            {"max_position_embeddings", 131072},
+        {"rope_theta", 1e6},          {"query_pre_attn_scalar", 256},
+        {"sliding_window", 4096},     {"rope_local_base_freq", 10000},
+        {"rms_norm_eps", 1e-6},       {"bos_token_id", 2},
+        {"eos_token_id", 1},
+    };
+    for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++) {
+        json_t *v = json_object_get(m, defaults[i].key);
+        if (v && !json_is_null(v))
+            continue;
+        const double d = defaults[i].value;
+        json_object_set_new(m, defaults[i].key,
+                            d == (double)(json_int_t)d ? json_integer((json_int_t)d) : json_real(d));
+    }
+    if (!json_object_get(m, "hidden_activation") && !json_object_get(m, "hidden_act"))
+        json_object_set_new(m, "hidden_activation", json_string("gelu_pytorch_tanh"));
+    static const char *const from_file[] = {"quantization_config", "_name_or_path",
+                                            "tie_word_embeddings"};
+    for (size_t i = 0; multimodal && i < sizeof from_file / sizeof from_file[0]; i++)
+        if (json_object_get(file, from_file[i]) && !json_object_get(m, from_file[i]))
+            json_object_set(m, from_file[i], json_object_get(file, from_file[i]));
+    *out = m;
+    return CAIRN_OK;
+}
+
 int ckpt_config_read(const char *dir, ckpt_config *cfg, cairn_gguf_builder *b, char *err,
                      size_t err_len)
 {
@@ -279,21 +455,40 @@ int ckpt_config_read(const char *dir, ckpt_config *cfg, cairn_gguf_builder *b, c
     if (rc)
         return rc;
     json_t *archs = json_object_get(root, "architectures");
+    /* a copy: root may be replaced below (gemma_fields) */
+    char hf_name[128] = "";
     const char *hf = json_is_array(archs) ? json_string_value(json_array_get(archs, 0)) : NULL;
+    if (hf) {
+        snprintf(hf_name, sizeof hf_name, "%s", hf);
+        hf = hf_name;
+    }
     for (size_t i = 0; hf && i < sizeof ARCHES / sizeof ARCHES[0]; i++)
         if (strcmp(hf, ARCHES[i].hf) == 0)
             cfg->arch = ARCHES[i].arch;
     if (!cfg->arch) {
+        char known[256] = "";
+        for (size_t i = 0, at = 0; i < sizeof ARCHES / sizeof ARCHES[0]; i++)
+            at += (size_t)snprintf(known + at, sizeof known - at, "%s%s", i ? ", " : "",
+                                   ARCHES[i].hf);
         rc = cairn_errorf(err, err_len, hf ? CAIRN_EUNSUPPORTED : CAIRN_EFORMAT,
-                          hf ? "config.json: architecture '%s' is not supported (supported: "
-                               "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-                               "Qwen3ForCausalLM)"
+                          hf ? "config.json: architecture '%s' is not supported (supported: %s)"
                              : "config.json: no architectures list%s",
-                          hf ? hf : "");
+                          hf ? hf : "", hf ? known : "");
         goto out;
     }
     const char *A = cfg->arch;
     cfg->llama_rope = strcmp(A, "llama") == 0;
+    cfg->gemma = strcmp(A, "gemma3") == 0;
+    cfg->mixtral = strcmp(hf, "MixtralForCausalLM") == 0;
+    if (cfg->gemma) {
+        json_t *file = root, *fields = NULL;
+        rc = gemma_fields(file, strcmp(hf, "Gemma3ForConditionalGeneration") == 0, &fields, err,
+                          err_len);
+        json_decref(file);
+        root = fields;
+        if (rc)
+            goto out;
+    }
     if ((rc = need_int(root, "hidden_size", 1, 1 << 16, &cfg->dim, err, err_len)) ||
         (rc = need_int(root, "intermediate_size", 1, 1 << 20, &cfg->ffn, err, err_len)) ||
         (rc = need_int(root, "num_hidden_layers", 1, 1024, &cfg->n_layer, err, err_len)) ||
@@ -319,15 +514,20 @@ int ckpt_config_read(const char *dir, ckpt_config *cfg, cairn_gguf_builder *b, c
         (rc = opt_num(root, "partial_rotary_factor", 1.0, &partial, err, err_len)))
         goto out;
     cfg->rope_theta = (float)theta;
-    cfg->tied = opt_bool(root, "tie_word_embeddings", false);
+    cfg->tied = opt_bool(root, "tie_word_embeddings", cfg->gemma); /* Gemma's default: tied */
     cfg->bos_id = ckpt_json_id(root, "bos_token_id", 0);
     cfg->eos_id = ckpt_json_id(root, "eos_token_id", 0);
-    const char *act = opt_str(root, "hidden_act");
+    /* Gemma's configs name the activation hidden_activation (hidden_act, when
+     * also there, is a leftover the model does not read) */
+    const char *act_key = cfg->gemma ? "hidden_activation" : "hidden_act";
+    const char *act = opt_str(root, act_key);
     if (!act)
-        act = opt_str(root, "hidden_activation");
-    if (act && strcmp(act, "silu") != 0) {
+        act = opt_str(root, act_key = cfg->gemma ? "hidden_act" : "hidden_activation");
+    const char *want_act = cfg->gemma ? "gelu_pytorch_tanh" : "silu";
+    if (act && strcmp(act, want_act) != 0) {
         rc = cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
-                          "config.json: hidden_act '%s' is not supported (silu)", act);
+                          "config.json: %s '%s' is not supported for %s (%s)", act_key, act, hf,
+                          want_act);
         goto out;
     }
     if (cfg->llama_rope && (opt_bool(root, "attention_bias", false) || opt_bool(root, "mlp_bias", false))) {
@@ -335,6 +535,13 @@ int ckpt_config_read(const char *dir, ckpt_config *cfg, cairn_gguf_builder *b, c
                           "config.json: llama with attention_bias or mlp_bias is not supported");
         goto out;
     }
+    /* Mistral and Mixtral apply their sliding_window whenever it is set
+     * (Qwen2 only under use_sliding_window, refused below); a window as wide
+     * as the context changes nothing */
+    int mistral_window = 0;
+    if ((strcmp(hf, "MistralForCausalLM") == 0 || cfg->mixtral) &&
+        (rc = opt_int(root, "sliding_window", 1, 1 << 24, 0, &mistral_window, err, err_len)))
+        goto out;
     if (opt_bool(root, "use_sliding_window", false)) {
         rc = cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
                           "config.json: use_sliding_window is true; cairn runs %s with full "
@@ -367,8 +574,13 @@ int ckpt_config_read(const char *dir, ckpt_config *cfg, cairn_gguf_builder *b, c
     cairn_gguf_builder_set_u32(b, ARCH_KEY("rope.dimension_count"), (uint32_t)n_rot);
     cairn_gguf_builder_set_f32(b, ARCH_KEY("attention.layer_norm_rms_epsilon"), (float)eps);
     cairn_gguf_builder_set_f32(b, ARCH_KEY("rope.freq_base"), (float)theta);
+    if (mistral_window > 0 && mistral_window < cfg->n_ctx)
+        cairn_gguf_builder_set_u32(b, ARCH_KEY("attention.sliding_window"),
+                                   (uint32_t)mistral_window);
 #undef ARCH_KEY
-    if ((rc = read_rope_scaling(root, cfg, b, A, err, err_len)) ||
+    if ((cfg->gemma && (rc = read_gemma(root, cfg, b, err, err_len))) ||
+        ((strstr(A, "moe") || cfg->mixtral) && (rc = read_experts(root, cfg, b, err, err_len))) ||
+        (rc = read_rope_scaling(root, cfg, b, A, err, err_len)) ||
         (rc = read_quantization(root, cfg, err, err_len)))
         goto out;
     static const char *const methods[] = {"none", "awq", "gptq", "fp8", "compressed-tensors int4"};

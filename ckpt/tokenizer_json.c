@@ -21,11 +21,25 @@
  *                                   (cairn.generation.temperature, top_p,
  *                                   top_k, min_p, repetition_penalty)
  *
- * Only byte-level BPE is read (Qwen2/2.5/3, Llama 3): a SentencePiece-style
- * tokenizer.json (byte_fallback, Llama 2/Mistral) or another model type is
- * refused by name. The NFC normalizer Qwen ships is accepted and not
- * applied, as the GGUF converters do: text already in NFC (nearly all) is
- * tokenized identically.
+ * Two kinds are read:
+ *
+ *   byte-level BPE (Qwen2/2.5/3, Llama 3)  -> tokenizer.ggml.model "gpt2"
+ *   SentencePiece-style BPE, byte_fallback -> tokenizer.ggml.model "llama"
+ *     (Gemma, Llama 2, Mistral)
+ *
+ * The NFC normalizer Qwen ships is accepted and not applied, as the GGUF
+ * converters do: text already in NFC (nearly all) is tokenized identically.
+ *
+ * A SentencePiece-style tokenizer.json is the converted form of an SPM model:
+ * its merges are every split of a piece into two pieces, ordered by the
+ * merged piece's SentencePiece score. cairn's SPM tokenizer merges the pair
+ * whose concatenation has the highest score, so the scores are rebuilt from
+ * the merge ranks (a piece's score is minus the rank of the first merge
+ * that makes it), which picks the same merges. Its spaces are the
+ * normalizer's (Replace " " -> U+2581, with a leading Prepend U+2581 when
+ * the model adds a space prefix: Llama 2's legacy form) or a Metaspace
+ * pre-tokenizer that does not split (prepend_scheme first/always/never);
+ * anything else is refused by name, since it would cut text differently.
  */
 #include "ckpt/ckpt_impl.h"
 
@@ -37,6 +51,7 @@
 #define TT_CONTROL 3
 #define TT_USER_DEFINED 4
 #define TT_UNUSED 5
+#define TT_BYTE 6
 
 /* The split regexes as tokenizer.json spells them, and the GGUF
  * pre-tokenizer names cairn implements them under (text/tokenizer_pre.c). */
@@ -160,6 +175,109 @@ static int64_t id_of(json_t *vocab, json_t *added_by_text, const char *text)
     return json_is_integer(v) ? json_integer_value(v) : -1;
 }
 
+static bool is_u2581(const char *s) { return s && strcmp(s, "\xe2\x96\x81") == 0; }
+
+/* A Replace normalizer of " " by U+2581. */
+static bool replaces_spaces(json_t *n)
+{
+    const char *type = str_of(n, "type");
+    return type && strcmp(type, "Replace") == 0 &&
+           strcmp(str_of(json_object_get(n, "pattern"), "String") ?: "", " ") == 0 &&
+           is_u2581(str_of(n, "content"));
+}
+
+/* How a SentencePiece-style tokenizer.json turns spaces into U+2581 and
+ * whether it adds one in front (*space_prefix). */
+static int detect_spm_spaces(json_t *tok, bool *space_prefix, char *err, size_t err_len)
+{
+    json_t *norm = json_object_get(tok, "normalizer");
+    json_t *pt = json_object_get(tok, "pre_tokenizer");
+    const bool no_norm = !norm || json_is_null(norm), no_pt = !pt || json_is_null(pt);
+    const char *ntype = no_norm ? NULL : str_of(norm, "type");
+    if (no_pt && ntype && strcmp(ntype, "Sequence") == 0) {
+        /* Llama 2's legacy form: Prepend U+2581, then Replace */
+        json_t *list = json_object_get(norm, "normalizers");
+        json_t *first = json_array_get(list, 0);
+        const char *ftype = str_of(first, "type");
+        if (json_array_size(list) == 2 && ftype && strcmp(ftype, "Prepend") == 0 &&
+            is_u2581(str_of(first, "prepend")) && replaces_spaces(json_array_get(list, 1))) {
+            *space_prefix = true;
+            return CAIRN_OK;
+        }
+    } else if (no_pt && replaces_spaces(norm)) { /* Gemma: no prefix */
+        *space_prefix = false;
+        return CAIRN_OK;
+    } else if (no_norm && !no_pt) {
+        const char *ptype = str_of(pt, "type"), *scheme = str_of(pt, "prepend_scheme");
+        if (ptype && strcmp(ptype, "Metaspace") == 0 && is_u2581(str_of(pt, "replacement")) &&
+            !json_is_true(json_object_get(pt, "split")) &&
+            (!scheme || strcmp(scheme, "first") == 0 || strcmp(scheme, "always") == 0 ||
+             strcmp(scheme, "never") == 0)) {
+            *space_prefix = !scheme || strcmp(scheme, "never") != 0;
+            return CAIRN_OK;
+        }
+    }
+    return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                        "tokenizer.json: a byte_fallback BPE whose normalizer '%s' and "
+                        "pre-tokenizer '%s' are not SentencePiece's space handling (Replace ' ' "
+                        "by U+2581, optionally after Prepend U+2581; or a non-splitting "
+                        "Metaspace)", ntype ? ntype : "none",
+                        no_pt ? "none" : str_of(pt, "type") ? str_of(pt, "type") : "?");
+}
+
+/* SentencePiece scores from merge ranks: minus the rank of the first merge
+ * that makes each piece; pieces no merge makes get the lowest score. The
+ * merges are read as pairs: a piece may hold a space (Gemma's do), which the
+ * "a b" string form cannot say; that form is split at its first space, as
+ * HF reads it. */
+static int spm_scores(json_t *vocab, json_t *mlist, int64_t n, float **out)
+{
+    const size_t n_merges = json_array_size(mlist);
+    float *score = malloc((size_t)n * sizeof *score);
+    bool *made = calloc((size_t)n ? (size_t)n : 1, 1);
+    cairn_strbuf piece = {0};
+    if (!score || !made) {
+        free(score);
+        free(made);
+        return CAIRN_ENOMEM;
+    }
+    for (int64_t id = 0; id < n; id++)
+        score[id] = -(float)n_merges - 1.0f;
+    size_t r;
+    json_t *m;
+    json_array_foreach(mlist, r, m)
+    {
+        piece.len = 0;
+        if (json_is_string(m)) {
+            const char *s = json_string_value(m), *sp = strchr(s, ' ');
+            if (!sp)
+                continue;
+            cairn_strbuf_add(&piece, s, (size_t)(sp - s));
+            cairn_strbuf_add(&piece, sp + 1, strlen(sp + 1));
+        } else {
+            for (int k = 0; k < 2; k++)
+                cairn_strbuf_add(&piece, json_string_value(json_array_get(m, k)),
+                                 json_string_length(json_array_get(m, k)));
+        }
+        if (piece.oom) {
+            cairn_strbuf_free(&piece);
+            free(score);
+            free(made);
+            return CAIRN_ENOMEM;
+        }
+        json_t *v = piece.data ? json_object_getn(vocab, piece.data, piece.len) : NULL;
+        const int64_t id = json_is_integer(v) ? json_integer_value(v) : -1;
+        if (id >= 0 && id < n && !made[id]) {
+            made[id] = true;
+            score[id] = -(float)r;
+        }
+    }
+    cairn_strbuf_free(&piece);
+    free(made);
+    *out = score;
+    return CAIRN_OK;
+}
+
 int ckpt_tokenizer_read(const char *dir, const ckpt_config *cfg, cairn_gguf_builder *b, char *err,
                         size_t err_len)
 {
@@ -169,6 +287,7 @@ int ckpt_tokenizer_read(const char *dir, const ckpt_config *cfg, cairn_gguf_buil
     int32_t *types = NULL;
     const char **merges = NULL;
     char *merge_block = NULL;
+    float *scores = NULL;
     int64_t n = 0;
     int rc = ckpt_read_json(dir, "tokenizer.json", false, &tok, err, err_len);
     if (rc)
@@ -189,22 +308,24 @@ int ckpt_tokenizer_read(const char *dir, const ckpt_config *cfg, cairn_gguf_buil
                           "with vocab and merges)", mtype ? mtype : "?");
         goto out;
     }
-    if (json_is_true(json_object_get(model, "byte_fallback"))) {
-        rc = cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
-                          "tokenizer.json: a SentencePiece-style BPE (byte_fallback) is not "
-                          "supported yet; byte-level BPE only");
-        goto out;
-    }
-    json_t *norm = json_object_get(tok, "normalizer");
-    const char *ntype = norm && !json_is_null(norm) ? str_of(norm, "type") : NULL;
-    if (norm && !json_is_null(norm) && (!ntype || strcmp(ntype, "NFC") != 0)) {
-        rc = cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
-                          "tokenizer.json: normalizer '%s' is not supported", ntype ? ntype : "?");
-        goto out;
-    }
+    const bool spm = json_is_true(json_object_get(model, "byte_fallback"));
+    bool space_prefix = false;
     const char *pre = NULL;
-    if ((rc = detect_pre(json_object_get(tok, "pre_tokenizer"), &pre, err, err_len)))
-        goto out;
+    if (spm) {
+        if ((rc = detect_spm_spaces(tok, &space_prefix, err, err_len)))
+            goto out;
+    } else {
+        json_t *norm = json_object_get(tok, "normalizer");
+        const char *ntype = norm && !json_is_null(norm) ? str_of(norm, "type") : NULL;
+        if (norm && !json_is_null(norm) && (!ntype || strcmp(ntype, "NFC") != 0)) {
+            rc = cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                              "tokenizer.json: normalizer '%s' is not supported",
+                              ntype ? ntype : "?");
+            goto out;
+        }
+        if ((rc = detect_pre(json_object_get(tok, "pre_tokenizer"), &pre, err, err_len)))
+            goto out;
+    }
 
     /* ids: the vocabulary's, the added tokens', up to the embedding rows */
     json_t *added = json_object_get(tok, "added_tokens");
@@ -240,7 +361,12 @@ int ckpt_tokenizer_read(const char *dir, const ckpt_config *cfg, cairn_gguf_buil
             rc = CAIRN_ENOMEM;
             goto out;
         }
-        types[id] = TT_NORMAL;
+        /* SentencePiece's byte pieces <0x00>..<0xFF> */
+        unsigned byte;
+        char tail;
+        types[id] = spm && strlen(key) == 6 && sscanf(key, "<0x%2X>%c", &byte, &tail) == 1
+                        ? TT_BYTE
+                        : TT_NORMAL;
     }
     size_t i;
     json_array_foreach(added, i, v)
@@ -316,19 +442,30 @@ int ckpt_tokenizer_read(const char *dir, const ckpt_config *cfg, cairn_gguf_buil
         }
     }
 
-    cairn_gguf_builder_set_str(b, "tokenizer.ggml.model", "gpt2");
-    cairn_gguf_builder_set_str(b, "tokenizer.ggml.pre", pre);
     cairn_gguf_builder_set_arr_str(b, "tokenizer.ggml.tokens", (const char *const *)texts, NULL,
                                    (uint64_t)n);
     cairn_gguf_builder_set_arr(b, "tokenizer.ggml.token_type", CAIRN_GGUF_INT32, types,
                                (uint64_t)n);
-    cairn_gguf_builder_set_arr_str(b, "tokenizer.ggml.merges", merges, NULL, n_merges);
+    if (spm) {
+        if ((rc = spm_scores(vocab, mlist, n, &scores)))
+            goto out;
+        cairn_gguf_builder_set_str(b, "tokenizer.ggml.model", "llama");
+        cairn_gguf_builder_set_arr(b, "tokenizer.ggml.scores", CAIRN_GGUF_FLOAT32, scores,
+                                   (uint64_t)n);
+        cairn_gguf_builder_set_bool(b, "tokenizer.ggml.add_space_prefix", space_prefix);
+    } else {
+        cairn_gguf_builder_set_str(b, "tokenizer.ggml.model", "gpt2");
+        cairn_gguf_builder_set_str(b, "tokenizer.ggml.pre", pre);
+        cairn_gguf_builder_set_arr_str(b, "tokenizer.ggml.merges", merges, NULL, n_merges);
+    }
 
     /* special ids: tokenizer_config's names first, then the config files' ids */
     int64_t bos = id_of(vocab, added_by_text, token_text(json_object_get(tcfg, "bos_token")));
     int64_t eos = id_of(vocab, added_by_text, token_text(json_object_get(tcfg, "eos_token")));
     int64_t pad = id_of(vocab, added_by_text, token_text(json_object_get(tcfg, "pad_token")));
     int64_t unk = id_of(vocab, added_by_text, token_text(json_object_get(tcfg, "unk_token")));
+    if (unk < 0) /* the BPE model's own, what byte_fallback falls back from */
+        unk = id_of(vocab, added_by_text, str_of(model, "unk_token"));
     if (bos < 0)
         bos = ckpt_json_id(gen, "bos_token_id", 0) >= 0 ? ckpt_json_id(gen, "bos_token_id", 0)
                                                          : cfg->bos_id;
@@ -413,6 +550,7 @@ out:
     free(types);
     free(merges);
     free(merge_block);
+    free(scores);
     json_decref(added_by_text);
     json_decref(tok);
     json_decref(tcfg);

@@ -8,6 +8,21 @@
  *   model.layers.L.self_attn.{q,k}_norm       blk.L.attn_{q,k}_norm    (F32)
  *   model.layers.L.post_attention_layernorm   blk.L.ffn_norm           (F32)
  *   model.layers.L.mlp.{gate,up,down}_proj    blk.L.ffn_{gate,up,down}
+ *
+ * Gemma 3 has four norms a layer, all stored as w for x * (1 + w), so 1 is
+ * added here (GGUF holds 1 + w):
+ *   model.layers.L.post_attention_layernorm   blk.L.post_attention_norm
+ *   model.layers.L.pre_feedforward_layernorm  blk.L.ffn_norm
+ *   model.layers.L.post_feedforward_layernorm blk.L.post_ffw_norm
+ *
+ * Mixtures of experts (Qwen2/3-MoE "mlp.", Mixtral "block_sparse_moe."):
+ *   <moe>.gate                                blk.L.ffn_gate_inp       (router)
+ *   mlp.experts.E.{gate,up,down}_proj         blk.L.ffn_{gate,up,down}.E
+ *   block_sparse_moe.experts.E.{w1,w3,w2}     blk.L.ffn_{gate,up,down}.E
+ *   mlp.shared_expert.{gate,up,down}_proj     blk.L.ffn_{gate,up,down}_shexp
+ *   mlp.shared_expert_gate                    blk.L.ffn_gate_inp_shexp
+ * Each expert stays its own tensor (model.c reads GGUF's per-expert names
+ * as it reads the slices of a 3-D tensor), so nothing is stacked or copied.
  *   model.norm.weight                         output_norm.weight       (F32)
  *   lm_head.weight                            output.weight (absent when tied)
  *
@@ -144,8 +159,10 @@ static uint16_t u16_at(const st_tensor *t, int64_t e)
     return v;
 }
 
-/* A 1-D float tensor (norm weight, bias) as F32 under `gname`. */
-static int add_vector(loader *L, const char *hf, const char *gname, int64_t n)
+/* A 1-D float tensor (norm weight, bias) as F32 under `gname`, plus
+ * `offset` (1 for Gemma's norms, which HF stores as w for x * (1 + w) and
+ * GGUF as 1 + w). */
+static int add_vector(loader *L, const char *hf, const char *gname, int64_t n, float offset)
 {
     int rc = CAIRN_OK;
     const st_tensor *t = need(L, hf, &rc);
@@ -160,6 +177,8 @@ static int add_vector(loader *L, const char *hf, const char *gname, int64_t n)
     if (!v)
         return rc;
     cairn_dequantize_row(float_type(t->dtype), t->data, v, n);
+    for (int64_t i = 0; offset != 0 && i < n; i++)
+        v[i] += offset;
     const int64_t ne[1] = {n};
     return cairn_gguf_builder_add_tensor(L->b, gname, CAIRN_TYPE_F32, 1, ne, v);
 }
@@ -547,21 +566,49 @@ int ckpt_weights_add(const st_set *s, const ckpt_config *cfg, cairn_gguf_builder
     const int64_t dim = cfg->dim, hd = cfg->head_dim, ffn = cfg->ffn;
     const int64_t q_dim = (int64_t)cfg->n_head * hd, kv_dim = (int64_t)cfg->n_kv * hd;
     const int llama = cfg->llama_rope;
+    const bool biases = strncmp(cfg->arch, "qwen2", 5) == 0; /* qwen2, qwen2moe */
+    const bool qk_norm = cfg->gemma || strncmp(cfg->arch, "qwen3", 5) == 0;
+    const bool dense = cfg->n_expert == 0;
+    const float norm_offset = cfg->gemma ? 1.0f : 0.0f;
     int rc = CAIRN_OK;
 
+    /* Where the language model's tensors are: "model." in a ...ForCausalLM;
+     * a multimodal checkpoint (Gemma3ForConditionalGeneration) keeps them
+     * under "model.language_model." (transformers >= 4.52) or
+     * "language_model.model." (before), its lm_head beside them, and its
+     * vision tower elsewhere (not read). */
+    static const char *const bases[][2] = {{"model", "lm_head"},
+                                           {"model.language_model", "lm_head"},
+                                           {"language_model.model", "language_model.lm_head"}};
+    const char *base = bases[0][0], *head = bases[0][1];
+    char name[192];
+    for (size_t i = 0; i < sizeof bases / sizeof bases[0]; i++) {
+        snprintf(name, sizeof name, "%s.embed_tokens.weight", bases[i][0]);
+        if (st_find(s, name)) {
+            base = bases[i][0];
+            head = bases[i][1];
+            break;
+        }
+    }
     /* the embedding table stays a float table: it is looked up, not multiplied */
-    const st_tensor *emb = need(&L, "model.embed_tokens.weight", &rc);
+    snprintf(name, sizeof name, "%s.embed_tokens.weight", base);
+    const st_tensor *emb = need(&L, name, &rc);
     if (!emb)
         return rc;
     if (!is_float(emb->dtype))
         return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
-                            "model.embed_tokens.weight has dtype %s (a float type expected)",
+                            "%s has dtype %s (a float type expected)", name,
                             st_dtype_name(emb->dtype));
-    if ((rc = add_float_linear(&L, emb, "token_embd.weight", cfg->n_vocab, dim, 0)) ||
-        (rc = add_vector(&L, "model.norm.weight", "output_norm.weight", dim)))
+    if ((rc = add_float_linear(&L, emb, "token_embd.weight", cfg->n_vocab, dim, 0)))
         return rc;
-    if (st_find(s, "lm_head.weight") || st_find(s, "lm_head.qweight")) {
-        if ((rc = add_linear(&L, "lm_head", "output.weight", cfg->n_vocab, dim, 0)))
+    snprintf(name, sizeof name, "%s.norm.weight", base);
+    if ((rc = add_vector(&L, name, "output_norm.weight", dim, norm_offset)))
+        return rc;
+    char head_w[96], head_q[96];
+    snprintf(head_w, sizeof head_w, "%s.weight", head);
+    snprintf(head_q, sizeof head_q, "%s.qweight", head);
+    if (st_find(s, head_w) || st_find(s, head_q)) {
+        if ((rc = add_linear(&L, head, "output.weight", cfg->n_vocab, dim, 0)))
             return rc;
     } else if (!cfg->tied) {
         return cairn_errorf(err, err_len, CAIRN_EFORMAT,
@@ -576,39 +623,71 @@ int ckpt_weights_add(const st_set *s, const ckpt_config *cfg, cairn_gguf_builder
             const char *hf, *gguf;
             int64_t n_out, n_in;
             bool rope_rows; /* HF llama's q/k: rows reordered to GGUF's RoPE pairs */
+            bool wanted;
         } lin[] = {
-            {"self_attn.q_proj", "attn_q", q_dim, dim, llama},
-            {"self_attn.k_proj", "attn_k", kv_dim, dim, llama},
-            {"self_attn.v_proj", "attn_v", kv_dim, dim, false},
-            {"self_attn.o_proj", "attn_output", dim, q_dim, false},
-            {"mlp.gate_proj", "ffn_gate", ffn, dim, false},
-            {"mlp.up_proj", "ffn_up", ffn, dim, false},
-            {"mlp.down_proj", "ffn_down", dim, ffn, false},
+            {"self_attn.q_proj", "attn_q", q_dim, dim, llama, true},
+            {"self_attn.k_proj", "attn_k", kv_dim, dim, llama, true},
+            {"self_attn.v_proj", "attn_v", kv_dim, dim, false, true},
+            {"self_attn.o_proj", "attn_output", dim, q_dim, false, true},
+            {"mlp.gate_proj", "ffn_gate", ffn, dim, false, dense},
+            {"mlp.up_proj", "ffn_up", ffn, dim, false, dense},
+            {"mlp.down_proj", "ffn_down", dim, ffn, false, dense},
+            /* qwen2moe's shared expert and its gate, a [1][dim] matrix */
+            {"mlp.shared_expert.gate_proj", "ffn_gate_shexp", cfg->shared_ffn, dim, false,
+             cfg->shared_ffn > 0},
+            {"mlp.shared_expert.up_proj", "ffn_up_shexp", cfg->shared_ffn, dim, false,
+             cfg->shared_ffn > 0},
+            {"mlp.shared_expert.down_proj", "ffn_down_shexp", dim, cfg->shared_ffn, false,
+             cfg->shared_ffn > 0},
+            {"mlp.shared_expert_gate", "ffn_gate_inp_shexp", 1, dim, false, cfg->shared_ffn > 0},
+            /* the router */
+            {cfg->mixtral ? "block_sparse_moe.gate" : "mlp.gate", "ffn_gate_inp", cfg->n_expert,
+             dim, false, !dense},
         };
         for (size_t i = 0; i < sizeof lin / sizeof lin[0] && rc == CAIRN_OK; i++) {
-            snprintf(hf, sizeof hf, "model.layers.%d.%s", l, lin[i].hf);
+            if (!lin[i].wanted)
+                continue;
+            snprintf(hf, sizeof hf, "%s.layers.%d.%s", base, l, lin[i].hf);
             snprintf(g, sizeof g, "blk.%d.%s.weight", l, lin[i].gguf);
             rc = add_linear(&L, hf, g, lin[i].n_out, lin[i].n_in, lin[i].rope_rows);
         }
+        /* every expert's gate, up and down under GGUF's per-expert names */
+        static const char *const qwen_proj[3] = {"gate_proj", "up_proj", "down_proj"};
+        static const char *const mixtral_proj[3] = {"w1", "w3", "w2"};
+        static const char *const gguf_proj[3] = {"ffn_gate", "ffn_up", "ffn_down"};
+        const int64_t eff = cfg->expert_ffn;
+        for (int e = 0; e < cfg->n_expert && rc == CAIRN_OK; e++)
+            for (int k = 0; k < 3 && rc == CAIRN_OK; k++) {
+                snprintf(hf, sizeof hf, "%s.layers.%d.%s.experts.%d.%s", base, l,
+                         cfg->mixtral ? "block_sparse_moe" : "mlp", e,
+                         cfg->mixtral ? mixtral_proj[k] : qwen_proj[k]);
+                snprintf(g, sizeof g, "blk.%d.%s.%d.weight", l, gguf_proj[k], e);
+                rc = add_linear(&L, hf, g, k == 2 ? dim : eff, k == 2 ? eff : dim, false);
+            }
         const struct {
             const char *hf, *gguf;
             int64_t n;
             bool wanted;
         } vec[] = {
             {"input_layernorm.weight", "attn_norm.weight", dim, true},
-            {"post_attention_layernorm.weight", "ffn_norm.weight", dim, true},
-            {"self_attn.q_proj.bias", "attn_q.bias", q_dim, strcmp(cfg->arch, "qwen2") == 0},
-            {"self_attn.k_proj.bias", "attn_k.bias", kv_dim, strcmp(cfg->arch, "qwen2") == 0},
-            {"self_attn.v_proj.bias", "attn_v.bias", kv_dim, strcmp(cfg->arch, "qwen2") == 0},
-            {"self_attn.q_norm.weight", "attn_q_norm.weight", hd, strcmp(cfg->arch, "qwen3") == 0},
-            {"self_attn.k_norm.weight", "attn_k_norm.weight", hd, strcmp(cfg->arch, "qwen3") == 0},
+            /* Gemma: norms before and after both the attention and the FFN */
+            {"post_attention_layernorm.weight",
+             cfg->gemma ? "post_attention_norm.weight" : "ffn_norm.weight", dim, true},
+            {"pre_feedforward_layernorm.weight", "ffn_norm.weight", dim, cfg->gemma},
+            {"post_feedforward_layernorm.weight", "post_ffw_norm.weight", dim, cfg->gemma},
+            {"self_attn.q_proj.bias", "attn_q.bias", q_dim, biases},
+            {"self_attn.k_proj.bias", "attn_k.bias", kv_dim, biases},
+            {"self_attn.v_proj.bias", "attn_v.bias", kv_dim, biases},
+            {"self_attn.q_norm.weight", "attn_q_norm.weight", hd, qk_norm},
+            {"self_attn.k_norm.weight", "attn_k_norm.weight", hd, qk_norm},
         };
         for (size_t i = 0; i < sizeof vec / sizeof vec[0] && rc == CAIRN_OK; i++) {
             if (!vec[i].wanted)
                 continue;
-            snprintf(hf, sizeof hf, "model.layers.%d.%s", l, vec[i].hf);
+            snprintf(hf, sizeof hf, "%s.layers.%d.%s", base, l, vec[i].hf);
             snprintf(g, sizeof g, "blk.%d.%s", l, vec[i].gguf);
-            rc = add_vector(&L, hf, g, vec[i].n);
+            const bool is_norm = strstr(vec[i].gguf, "norm") != NULL;
+            rc = add_vector(&L, hf, g, vec[i].n, is_norm ? norm_offset : 0.0f);
         }
     }
     if (rc == CAIRN_OK && L.repacked_bytes > ((size_t)64 << 20))

@@ -399,16 +399,46 @@ typedef struct {
                     the router picks it */
 } tensor_binding;
 
-/* blk.<l>.<suffix>, a 3-D [ne0][ne1][n_expert] tensor of one matrix per
- * expert: views[e] (filled here) are the experts' [ne0][ne1] matrices,
- * each a GGUF tensor of its own to the upload. */
-static int find_experts(const cairn_gguf *g, const char *name, int64_t ne0, int64_t ne1,
-                        int n_expert, cairn_gguf_tensor *views, char *err, size_t err_len)
+/* The n_expert matrices [ne1][ne0] of one expert projection (views[e], each
+ * a GGUF tensor of its own to the upload): the slices of
+ * the 3-D tensor "blk.L.<proj>_exps.weight" ([ne0, ne1, n_expert]) that the
+ * GGUF converters write, or else one 2-D tensor per expert,
+ * "blk.L.<proj>.E.weight" (early Mixtral GGUFs, and ckpt/'s view of a HF
+ * folder, whose experts are separate tensors). */
+static int find_experts(const cairn_gguf *g, int layer, const char *proj, int64_t ne0,
+                        int64_t ne1, int n_expert, cairn_gguf_tensor *views, char *err,
+                        size_t err_len)
 {
+    char name[96];
+    snprintf(name, sizeof name, "blk.%d.%s_exps.weight", layer, proj);
     const cairn_gguf_tensor *t = cairn_gguf_find_tensor(g, name);
-    if (!t)
-        return cairn_errorf(err, err_len, CAIRN_EFORMAT,
-                            "missing tensor '%s' (experts as one 3-D tensor per layer)", name);
+    if (!t) {
+        snprintf(name, sizeof name, "blk.%d.%s.0.weight", layer, proj);
+        if (!cairn_gguf_find_tensor(g, name))
+            return cairn_errorf(err, err_len, CAIRN_EFORMAT,
+                                "missing tensor 'blk.%d.%s_exps.weight' (experts as one 3-D "
+                                "tensor per layer, or blk.%d.%s.E.weight per expert)",
+                                layer, proj, layer, proj);
+        for (int e = 0; e < n_expert; e++) {
+            snprintf(name, sizeof name, "blk.%d.%s.%d.weight", layer, proj, e);
+            int rc = find_tensor(g, name, ne0, ne1, false, false, &t, err, err_len);
+            if (rc)
+                return rc;
+            views[e] = *t;
+            /* the expert path has no input gather (GPTQ act-order) */
+            snprintf(name, sizeof name, "blk.%d.%s.%d.input_perm", layer, proj, e);
+            if (cairn_gguf_find_tensor(g, name))
+                return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                                    "tensor '%s': experts with a permuted input order (GPTQ "
+                                    "act-order) are not supported", name);
+        }
+        snprintf(name, sizeof name, "blk.%d.%s.%d.weight", layer, proj, n_expert);
+        if (cairn_gguf_find_tensor(g, name))
+            return cairn_errorf(err, err_len, CAIRN_EFORMAT,
+                                "tensor '%s' is one expert more than expert_count %d", name,
+                                n_expert);
+        return CAIRN_OK;
+    }
     if (t->n_dims != 3 || t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] != n_expert)
         return cairn_errorf(err, err_len, CAIRN_EFORMAT,
                             "tensor '%s' has shape [%lld, %lld, %lld], expected [%lld, %lld, %d] "
@@ -573,16 +603,13 @@ static int bind_weights(cairn_model *m, const cairn_gguf *g, tensor_binding **ou
             b[n++] = (tensor_binding){.src = t, .dst = &L->sh_router, .matrix = true};
         }
         if (!dense) { /* gate, up, down of every expert */
-            static const char *const suffix[3] = {"ffn_gate_exps.weight", "ffn_up_exps.weight",
-                                                  "ffn_down_exps.weight"};
+            static const char *const proj[3] = {"ffn_gate", "ffn_up", "ffn_down"};
             const int64_t ffe = hp->expert_ffn_dim;
             const int64_t ne0[3] = {dim, dim, ffe}, ne1[3] = {ffe, ffe, dim};
             for (int k = 0; k < 3; k++) {
                 const size_t at = ((size_t)l * 3 + k) * n_expert;
-                char name[96];
-                snprintf(name, sizeof name, "blk.%d.%s", l, suffix[k]);
-                if ((rc = find_experts(g, name, ne0[k], ne1[k], n_expert, m->expert_views + at,
-                                       err, err_len)))
+                if ((rc = find_experts(g, l, proj[k], ne0[k], ne1[k], n_expert,
+                                       m->expert_views + at, err, err_len)))
                     goto out;
                 for (int e = 0; e < n_expert; e++)
                     b[n++] = (tensor_binding){.src = m->expert_views + at + e,

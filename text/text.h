@@ -115,6 +115,8 @@ int32_t cairn_vocab_n_tokens(const cairn_vocab *v);
 int32_t cairn_vocab_bos(const cairn_vocab *v); /* -1 when none */
 int32_t cairn_vocab_eos(const cairn_vocab *v); /* -1 when none */
 bool cairn_vocab_add_bos(const cairn_vocab *v); /* the model asks for BOS     */
+/* SentencePiece: a "▁" goes in front of the text (Llama 2), or not (Gemma). */
+bool cairn_vocab_add_space_prefix(const cairn_vocab *v);
 /* End of generation: eos, eot, <|im_end|> and the like. */
 bool cairn_vocab_is_eog(const cairn_vocab *v, int32_t token);
 /* The token's stored text (SentencePiece "▁" / byte-level symbols as-is). */

@@ -792,6 +792,8 @@ int32_t cairn_vocab_bos(const cairn_vocab *v) { return v->bos; }
 int32_t cairn_vocab_eos(const cairn_vocab *v) { return v->eos; }
 bool cairn_vocab_add_bos(const cairn_vocab *v) { return v->add_bos; }
 
+bool cairn_vocab_add_space_prefix(const cairn_vocab *v) { return v->add_space_prefix; }
+
 bool cairn_vocab_is_eog(const cairn_vocab *v, int32_t token)
 {
     return token >= 0 && token < v->n && v->eog[token];

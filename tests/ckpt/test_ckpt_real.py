@@ -65,14 +65,7 @@ BOUNDS = {
 
 
 def run(model, prompt, chat, n=32, env=None):
-    args = [CAIRN, "run", "-m", model, "-p", prompt, "-n", str(n), "--temp", "0"]
-    if chat:
-        args.append("--chat")
-    r = subprocess.run(args, capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, **(env or {})))
-    if r.returncode != 0:
-        raise AssertionError(f"cairn run -m {model} failed:\n{r.stderr[-2000:]}")
-    return r.stdout
+    return harness.cairn_run(CAIRN, model, prompt, n=n, chat=chat, env=env)
 
 
 @unittest.skipUnless(os.path.isdir(BF16), f"no checkpoint material at {BF16}")

@@ -43,3 +43,21 @@ set_tests_properties(ckpt_real PROPERTIES FIXTURES_REQUIRED ckpt_real
 add_test(NAME ckpt_tool_layouts
   COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tools/ckpt/test_layouts.py)
 set_tests_properties(ckpt_tool_layouts PROPERTIES LABELS ckpt TIMEOUT 120)
+
+# Gemma 3 and the mixtures of experts as HF folders: tiny random models
+# always, the real Gemma 3 270M when present (skipped, 77, when absent).
+add_test(NAME ckpt_material_families
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/make_material.py families
+          ${CAIRN_CKPT_DIR})
+set_tests_properties(ckpt_material_families PROPERTIES FIXTURES_SETUP ckpt_families
+  LABELS ckpt TIMEOUT 300)
+add_test(NAME ckpt_material_gemma
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/make_material.py gemma
+          ${CAIRN_CKPT_DIR} ${PROJECT_SOURCE_DIR}/models/gemma3-270m-q4_k_m.gguf)
+set_tests_properties(ckpt_material_gemma PROPERTIES FIXTURES_SETUP ckpt_gemma
+  LABELS "ckpt;realmodel" TIMEOUT 900 SKIP_RETURN_CODE 77)
+add_test(NAME ckpt_families
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_ckpt_families.py
+          $<TARGET_FILE:cairn> ${CAIRN_CKPT_DIR} ${CAIRN_TESTDATA})
+set_tests_properties(ckpt_families PROPERTIES FIXTURES_REQUIRED "ckpt_families;ckpt_gemma"
+  LABELS ckpt TIMEOUT 900 SKIP_RETURN_CODE 77)

@@ -22,6 +22,7 @@ import atexit
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -119,6 +120,19 @@ def take_argv(*names, usage=None):
 def configure(binary, model):
     """The cairn executable and model ServerCase and Reference start."""
     ServerCase.BIN, ServerCase.MODEL = binary, model
+
+
+def cairn_run(binary, model, prompt, n=32, chat=False, env=None):
+    """`cairn run` greedy: its stdout (the generated text); a failure raises
+    with the end of its stderr."""
+    args = [binary, "run", "-m", model, "-p", prompt, "-n", str(n), "--temp", "0"]
+    if chat:
+        args.append("--chat")
+    r = subprocess.run(args, capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, **(env or {})))
+    if r.returncode != 0:
+        raise AssertionError(f"cairn run -m {model} failed:\n{r.stderr[-2000:]}")
+    return r.stdout
 
 
 # ---- servers ---------------------------------------------------------------

@@ -53,3 +53,15 @@ set_tests_properties(tokenizer_special_text PROPERTIES TIMEOUT 300 LABELS engine
 add_test(NAME tokenizer_special_text_chat_model COMMAND test_special_text ${CAIRN_CHAT_MODEL})
 set_tests_properties(tokenizer_special_text_chat_model PROPERTIES TIMEOUT 300
   LABELS "engine;realmodel" SKIP_RETURN_CODE 77)
+
+# SentencePiece-style tokenizer.json (BPE with byte_fallback: Llama 2,
+# Mistral, Gemma) in a checkpoint folder: written by tools/ckpt from the
+# llama-spm vocabulary and the real Gemma 3's, checked with HF tokenizers
+# and read by cairn (ids equal to HF's and to the GGUF's own). Skipped (77)
+# without tokenizers/numpy; the Gemma part only when the model is present.
+add_test(NAME tokenizer_spm_hf
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_spm_hf.py
+          $<TARGET_FILE:test_tokenizer_conformance> ${CMAKE_CURRENT_BINARY_DIR}/spm-hf
+          ${PROJECT_SOURCE_DIR}/models/gemma3-270m-q4_k_m.gguf)
+set_tests_properties(tokenizer_spm_hf PROPERTIES TIMEOUT 300 LABELS engine
+  SKIP_RETURN_CODE 77)

@@ -9,8 +9,18 @@ under the HF parameter names in HF shapes ([out, in] for linear weights, [vocab,
 embeddings). lm_head.weight is written only when the GGUF has output.weight (otherwise
 tie_word_embeddings is true, as HF does). For architecture llama the q_proj/k_proj rows are put
 back in HF's rotate-half order: convert_hf_to_gguf.py interleaves each head's two halves
-(rows h*D + s*D/2 + j -> h*D + 2*j + s); this tool applies the inverse. qwen2/qwen3 GGUFs keep
-HF's order (NEOX RoPE), so nothing is permuted there.
+(rows h*D + s*D/2 + j -> h*D + 2*j + s); this tool applies the inverse. qwen2/qwen3/gemma3 GGUFs
+keep HF's order (NEOX RoPE), so nothing is permuted there.
+
+Architectures: llama (Mixtral when llama.expert_count > 0), qwen2, qwen3, qwen2moe, qwen3moe,
+gemma3 (-> Gemma3ForCausalLM). Gemma's HF norms hold w and compute x*(1+w), while its GGUF holds
+1+w, so every gemma3 norm weight is written as (GGUF value - 1). Mixtures of experts: the GGUF
+keeps a layer's experts in one 3-D tensor per projection (ffn_{gate,up,down}_exps, numpy shape
+[expert, out, in]); HF has one 2-D tensor per expert and projection (Qwen:
+mlp.experts.E.{gate,up,down}_proj, Mixtral: block_sparse_moe.experts.E.{w1,w3,w2}), the router
+as mlp.gate / block_sparse_moe.gate, and qwen2moe's shared expert as mlp.shared_expert.* with its
+1-D gate as mlp.shared_expert_gate [1, hidden]. A GGUF whose <arch>.expert_weights_scale is not 1
+is refused (HF configs have no field for it).
 
 Written files: model.safetensors (or N shards model-0000i-of-0000N.safetensors with
 model.safetensors.index.json), config.json, generation_config.json, tokenizer.json,
@@ -20,10 +30,13 @@ tokenizer_config.json. tokenizer.json is built from the GGUF vocabulary for byte
 the chat template and generation_config.json when the GGUF has a model section): what a router
 that tokenizes requests itself needs, and all a vocabulary-only GGUF can give.
 
---f16-gguf writes a GGUF with exactly the same weights for comparison runs: 2-D tensors as F16
-converted from the BF16 values (exact except magnitudes below 2^-14, where F16 is subnormal, or
+--f16-gguf writes a GGUF with exactly the same weights for comparison runs: 2-D and 3-D tensors as
+F16 converted from the BF16 values (exact except magnitudes below 2^-14, where F16 is subnormal, or
 above 65504; the counts are printed), 1-D tensors as F32 from the BF16 values, all metadata copied
 from the source except general.file_type, set to 1 (MOSTLY_F16) since the tensor types changed.
+Tensor names, order and shapes are the source's: experts are stacked back into the 3-D tensors,
+and gemma3 norms are written as float32(BF16 value + 1), which is what a loader that adds 1 in
+float32 to the HF value computes.
 """
 
 import argparse
@@ -58,6 +71,38 @@ GLOBAL_MAP = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
+}
+
+# Gemma 3 has norms after attention and after the FFN too; its ffn_norm is the pre-FFN one.
+GEMMA3_LAYER_MAP = dict(LAYER_MAP, ffn_norm="pre_feedforward_layernorm",
+                        post_attention_norm="post_attention_layernorm",
+                        post_ffw_norm="post_feedforward_layernorm")
+# Its norm weights are stored as 1+w in the GGUF, as w in HF.
+GEMMA3_NORMS = ("attn_norm", "attn_q_norm", "attn_k_norm", "post_attention_norm", "ffn_norm",
+                "post_ffw_norm")
+# Mixtures of experts: "{}" in a name is the expert index (one HF tensor per expert).
+QWEN_MOE_MAP = {
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.{}.gate_proj",
+    "ffn_up_exps": "mlp.experts.{}.up_proj",
+    "ffn_down_exps": "mlp.experts.{}.down_proj",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",   # 1-D [hidden] in the GGUF, [1, hidden] in HF
+}
+MIXTRAL_MAP = {
+    "ffn_gate_inp": "block_sparse_moe.gate",
+    "ffn_gate_exps": "block_sparse_moe.experts.{}.w1",
+    "ffn_up_exps": "block_sparse_moe.experts.{}.w3",
+    "ffn_down_exps": "block_sparse_moe.experts.{}.w2",
+}
+SUPPORTED = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma3")
+ARCH_LAYER_MAP = {
+    "gemma3": GEMMA3_LAYER_MAP,
+    "qwen2moe": dict(LAYER_MAP, **QWEN_MOE_MAP),
+    "qwen3moe": dict(LAYER_MAP, **QWEN_MOE_MAP),
+    "llama": dict(LAYER_MAP, **MIXTRAL_MAP),
 }
 
 # Qwen2's pre-tokenizer regex, as Qwen2/2.5 tokenizer.json ships it.
@@ -105,22 +150,57 @@ def permute_rows(w, n_head):
             .swapaxes(1, 2).reshape(shp))
 
 
-def hf_name(gname):
+def hf_name(gname, arch="llama"):
+    """HF name of a GGUF tensor ("{}" standing for the expert index in per-expert names), or None"""
     if gname in GLOBAL_MAP:
         return GLOBAL_MAP[gname]
+    lm = ARCH_LAYER_MAP.get(arch, LAYER_MAP)
     p = gname.split(".")
-    if p[0] == "blk" and len(p) == 4 and p[2] in LAYER_MAP:
-        return f"model.layers.{int(p[1])}.{LAYER_MAP[p[2]]}.{p[3]}"
+    if p[0] == "blk" and len(p) == 4 and p[2] in lm:
+        return f"model.layers.{int(p[1])}.{lm[p[2]]}.{p[3]}"
     return None
 
 
+def is_gemma_norm(arch, gname):
+    p = gname.split(".")
+    return arch == "gemma3" and (gname == "output_norm.weight" or
+                                 (p[0] == "blk" and len(p) == 4 and p[2] in GEMMA3_NORMS))
+
+
+def moe_check(r, arch):
+    """-> expert count (0 for a dense model). HF's MoE configs have no routing-weight scale, so a
+    file that scales the chosen experts' weights cannot be expressed; refuse it."""
+    n_exp = int(field(r, f"{arch}.expert_count", 0) or 0)
+    scale = field(r, f"{arch}.expert_weights_scale")
+    if n_exp and scale is not None and float(scale) not in (0.0, 1.0):
+        raise SystemExit(f"{arch}.expert_weights_scale = {scale}: HF configs cannot express it")
+    return n_exp
+
+
+def to_bf16_bits(t, shape, minus_one=False):
+    """Dequantize a GGUF tensor (minus 1 for Gemma norms) and round it to BF16, a slab of rows at
+    a time: gguf-py's dequantize makes several float32 temporaries of what it is given, which for
+    a 262k-row embedding would be GBs at once."""
+    rows = t.data.reshape(-1, t.data.shape[-1])    # quantized: the last axis is bytes of a row
+    out = np.empty((rows.shape[0], shape[-1]), dtype=np.uint16)
+    step = max(1, (1 << 24) // shape[-1])          # 64 MiB of float32
+    for i in range(0, rows.shape[0], step):
+        w = dequantize(rows[i:i + step], t.tensor_type).astype(np.float32, copy=False)
+        if minus_one:
+            w = w - np.float32(1)
+        out[i:i + step] = ckpt_io.f32_to_bf16_bits(w).reshape(-1, shape[-1])
+    return out.reshape(shape)
+
+
 def load_weights(r, arch):
-    """-> list of (gguf_name, hf_name, float32 array in HF shape)"""
+    """-> list of (gguf_name, gguf numpy shape, [(hf_name, BF16 bits in HF shape), ...]), one
+    entry per GGUF tensor in file order; a 3-D expert tensor gives one HF tensor per expert.
+    Weights are rounded to BF16 as they are dequantized, so the model is held once, as BF16."""
     nh = field(r, f"{arch}.attention.head_count")
     nkv = field(r, f"{arch}.attention.head_count_kv", nh)
     out = []
     for t in r.tensors:
-        hn = hf_name(t.name)
+        hn = hf_name(t.name, arch)
         if hn is None:
             if t.name == "rope_freqs.weight":
                 print(f"note: {t.name} not written (HF derives it from config rope_scaling)",
@@ -128,12 +208,21 @@ def load_weights(r, arch):
                 continue
             raise SystemExit(f"no HF name for GGUF tensor {t.name}")
         shape = [int(x) for x in reversed(t.shape)]   # ne[] is innermost first; numpy is outer first
-        w = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False).reshape(shape)
+        b = to_bf16_bits(t, shape, minus_one=is_gemma_norm(arch, t.name))
+        # Row permutations commute with the elementwise rounding, so they act on the BF16 bits.
         if arch == "llama" and t.name.endswith(("attn_q.weight", "attn_q.bias")):
-            w = unpermute_rows(w, nh)
+            b = unpermute_rows(b, nh)
         elif arch == "llama" and t.name.endswith(("attn_k.weight", "attn_k.bias")):
-            w = unpermute_rows(w, nkv)
-        out.append((t.name, hn, w))
+            b = unpermute_rows(b, nkv)
+        elif hn.endswith("shared_expert_gate.weight"):
+            b = b.reshape(1, -1)                      # HF's Linear(hidden, 1)
+        if "{}" in hn:
+            if b.ndim != 3:
+                raise SystemExit(f"{t.name}: expected a 3-D expert tensor, got shape {shape}")
+            parts = [(hn.format(e), b[e]) for e in range(b.shape[0])]
+        else:
+            parts = [(hn, b)]
+        out.append((t.name, shape, parts))
     return out
 
 
@@ -168,12 +257,14 @@ def make_config(r, arch, vocab_rows, tied):
     if eos is not None:
         cfg["eos_token_id"] = int(eos)
     head_dim = g("attention.key_length")
-    if arch == "qwen2":
+    n_exp = moe_check(r, arch)
+    base = {"qwen2moe": "qwen2", "qwen3moe": "qwen3"}.get(arch, arch)
+    if base == "qwen2":
         cfg.update({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
                     # Qwen2.5 ships the sliding-window fields with the window off.
                     "sliding_window": ctx, "use_sliding_window": False,
                     "max_window_layers": g("block_count")})
-    elif arch == "qwen3":
+    elif base == "qwen3":
         cfg.update({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
                     "head_dim": head_dim or dim // nh, "attention_bias": False,
                     "sliding_window": None, "use_sliding_window": False,
@@ -184,9 +275,77 @@ def make_config(r, arch, vocab_rows, tied):
                     "mlp_bias": False, "pretraining_tp": 1})
         if any(t.name == "rope_freqs.weight" for t in r.tensors):
             print("warning: rope_freqs present; config rope_scaling left null", file=sys.stderr)
+    elif arch == "gemma3":
+        del cfg["hidden_act"]                   # Gemma's field is hidden_activation
+        cfg.update(gemma3_config(r, g, head_dim or dim // nh))
     else:
         raise SystemExit(f"architecture {arch} not supported")
+    if n_exp or arch.endswith("moe"):
+        cfg.update(moe_config(g, arch, n_exp))
     return dict(sorted(cfg.items()))
+
+
+def gemma3_config(r, g, head_dim):
+    """Gemma3ForCausalLM's fields (what google/gemma-3-*-it ship, with newer transformers'
+    layer_types). Every sliding_window_pattern-th layer is global, the others see the last
+    sliding_window positions and use rope_local_base_freq."""
+    n_layer = g("block_count")
+    pattern = g("attention.sliding_window_pattern", 6)
+    if isinstance(pattern, list):           # per-layer "is SWA" flags, as some writers store it
+        swa = [bool(x) for x in pattern]
+        pattern = swa.index(False) + 1 if False in swa else n_layer + 1
+    else:
+        swa = [(i + 1) % pattern != 0 for i in range(n_layer)]
+    scaling = None
+    if g("rope.scaling.type") == "linear" and g("rope.scaling.factor", 1.0) != 1.0:
+        # Gemma 3 4B+ stretch the global layers' RoPE (HF applies rope_scaling to those only).
+        scaling = {"factor": f32_repr(g("rope.scaling.factor")), "rope_type": "linear"}
+    pad = token_id(r, "tokenizer.ggml.padding_token_id")
+    cfg = {
+        "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+        "hidden_activation": "gelu_pytorch_tanh", "head_dim": head_dim,
+        "rope_theta": f32_repr(g("rope.freq_base", 1000000.0)),
+        "rope_local_base_freq": f32_repr(g("rope.freq_base_swa", 10000.0)),
+        "sliding_window": g("attention.sliding_window"),
+        "sliding_window_pattern": pattern,
+        "layer_types": ["sliding_attention" if s else "full_attention" for s in swa],
+        # Gemma 3 scales queries by query_pre_attn_scalar^-0.5: head_dim, except the 27B (62
+        # layers), trained with hidden / heads.
+        "query_pre_attn_scalar": (g("embedding_length") // g("attention.head_count")
+                                  if n_layer == 62 else head_dim),
+        "final_logit_softcapping": None, "attn_logit_softcapping": None,
+        "attention_bias": False, "rope_scaling": scaling, "use_bidirectional_attention": False,
+        "transformers_version": "4.55.0",
+    }
+    if pad is not None:
+        cfg["pad_token_id"] = int(pad)
+    return cfg
+
+
+def moe_config(g, arch, n_exp):
+    """The expert fields of Qwen2MoeForCausalLM / Qwen3MoeForCausalLM / MixtralForCausalLM."""
+    k = g("expert_used_count")
+    if not n_exp:
+        raise SystemExit(f"{arch}: no {arch}.expert_count")
+    if arch == "qwen3moe":
+        return {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+                "num_experts": n_exp, "num_experts_per_tok": k,
+                "moe_intermediate_size": g("expert_feed_forward_length"),
+                "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                "router_aux_loss_coef": 0.001, "output_router_logits": False}
+    if arch == "qwen2moe":
+        return {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe",
+                "num_experts": n_exp, "num_experts_per_tok": k,
+                "moe_intermediate_size": g("expert_feed_forward_length"),
+                "shared_expert_intermediate_size": g("expert_shared_feed_forward_length"),
+                "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                "router_aux_loss_coef": 0.001, "output_router_logits": False}
+    if arch == "llama":
+        # Mixtral: its experts are feed_forward_length wide (intermediate_size, already set).
+        return {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+                "num_local_experts": n_exp, "num_experts_per_tok": k, "sliding_window": None,
+                "router_aux_loss_coef": 0.02, "output_router_logits": False}
+    raise SystemExit(f"architecture {arch} with experts not supported")
 
 
 def tokens_and_types(r):
@@ -199,15 +358,26 @@ def tokens_and_types(r):
 def make_spm_tokenizer_json(r):
     """SentencePiece ("llama") vocabulary -> the BPE-with-byte-fallback tokenizer.json that HF's
     Llama converter writes (legacy form: normalizer prepends U+2581 and replaces spaces by it).
+    When the GGUF says tokenizer.ggml.add_space_prefix = false (Gemma) it is the form HF's
+    GemmaConverter writes instead: spaces replaced by U+2581, nothing prepended, and no Strip of
+    a leading space when decoding.
     Merges follow the converter's rule: every split of a piece into two vocabulary pieces is a
     merge, ordered by the merged piece's score (descending, stable), splits of one piece by the
-    ids of their halves."""
+    ids of their halves. Control tokens (type 3, and 2: unknown) become special added tokens,
+    user-defined ones (4: Gemma's newline/tab/space runs and HTML tags) non-special ones, unused
+    ones (5) are left out."""
     toks, types = tokens_and_types(r)
     sf = r.fields.get("tokenizer.ggml.scores")
     scores = list(sf.contents()) if sf is not None else [-float(i) for i in range(len(toks))]
     vocab = {s: i for i, s in enumerate(toks) if types[i] != 5}
     merges = []
     for piece, pid in vocab.items():
+        if " " in piece:
+            # Only user-defined tokens hold spaces (convert_hf_to_gguf turns their U+2581 back into
+            # spaces: Gemma's runs of spaces). They are matched as added tokens on the raw text;
+            # BPE never sees a space (the normalizer replaces them), and the "left right" merge
+            # format cannot hold one.
+            continue
         local = [(piece[:k], piece[k:]) for k in range(1, len(piece))
                  if piece[:k] in vocab and piece[k:] in vocab]
         local.sort(key=lambda lr: (vocab[lr[0]], vocab[lr[1]]))
@@ -220,17 +390,22 @@ def make_spm_tokenizer_json(r):
     added += [{"id": i, "content": s, "single_word": False, "lstrip": False, "rstrip": False,
                "normalized": False, "special": False} for i, s in enumerate(toks) if types[i] == 4]
     added.sort(key=lambda a: a["id"])
+    space = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
+    decoders = [{"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+                {"type": "ByteFallback"}, {"type": "Fuse"}]
+    asp = field(r, "tokenizer.ggml.add_space_prefix")
+    if asp is not None and not asp:
+        normalizer = space
+    else:
+        normalizer = {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": "\u2581"}, space]}
+        decoders.append({"type": "Strip", "content": " ", "start": 1, "stop": 0})
     return {
         "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
-        "normalizer": {"type": "Sequence", "normalizers": [
-            {"type": "Prepend", "prepend": "\u2581"},
-            {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
+        "normalizer": normalizer,
         "pre_tokenizer": None,
         "post_processor": None,
-        "decoder": {"type": "Sequence", "decoders": [
-            {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
-            {"type": "ByteFallback"}, {"type": "Fuse"},
-            {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        "decoder": {"type": "Sequence", "decoders": decoders},
         "model": {"type": "BPE", "dropout": None, "unk_token": toks[unk] if unk is not None else None,
                   "continuing_subword_prefix": None, "end_of_word_suffix": None, "fuse_unk": True,
                   "byte_fallback": True, "ignore_merges": False, "vocab": vocab,
@@ -306,7 +481,8 @@ def make_tokenizer_config(r, arch):
         "errors": "replace",
         "model_max_length": int(field(r, f"{arch}.context_length")),
         "split_special_tokens": False,
-        "tokenizer_class": ("Qwen2Tokenizer" if arch in ("qwen2", "qwen3") else
+        "tokenizer_class": ("Qwen2Tokenizer" if arch in ("qwen2", "qwen3", "qwen2moe", "qwen3moe")
+                            else "GemmaTokenizerFast" if arch == "gemma3" else
                             "LlamaTokenizerFast" if field(r, "tokenizer.ggml.model") == "llama" else
                             "PreTrainedTokenizerFast"),
     }
@@ -327,6 +503,12 @@ def make_generation_config(r):
                    "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05})
     else:
         gc.update({"eos_token_id": eos, "do_sample": False})
+        if field(r, "general.architecture") == "gemma3" and eos is not None:
+            # Gemma's chat turns end with <end_of_turn>; its HF generation config stops there too.
+            toks = field(r, "tokenizer.ggml.tokens")
+            eot = toks.index("<end_of_turn>") if "<end_of_turn>" in toks else eos
+            if eot != eos:
+                gc["eos_token_id"] = [int(eos), eot]
     gc["transformers_version"] = "4.43.1"
     return {k: v for k, v in gc.items() if v is not None}
 
@@ -347,17 +529,28 @@ def write_f16_gguf(r, arch, weights, path):
         else:
             w.add_key_value(key, f.contents(), vtype)
     sub, big = 0, 0
-    for gname, _, bits in weights:
-        v = ckpt_io.bf16_bits_to_f32(bits)
+    for gname, gshape, parts in weights:
+        # One GGUF tensor again: the experts stacked back ([expert, out, in]), 1-D tensors 1-D.
+        if len(parts) == 1:
+            v = ckpt_io.bf16_bits_to_f32(parts[0][1])
+        else:
+            v = np.stack([ckpt_io.bf16_bits_to_f32(b) for _, b in parts])
+        v = v.reshape(gshape)
         if arch == "llama" and gname.endswith(("attn_q.weight", "attn_q.bias")):
             v = permute_rows(v, nh)          # back to the GGUF's interleaved order
         elif arch == "llama" and gname.endswith(("attn_k.weight", "attn_k.bias")):
             v = permute_rows(v, nkv)
+        elif is_gemma_norm(arch, gname):
+            v = v + np.float32(1)            # float32 sum, as a loader adding 1 to the HF value
         if v.ndim >= 2:
-            h = v.astype(np.float16)
-            a = np.abs(v)
-            sub += int(np.count_nonzero(h.astype(np.float32) != v))
-            big += int(np.count_nonzero(a > 65504))
+            v = np.ascontiguousarray(v)
+            h = np.empty(v.shape, dtype=np.float16)
+            hf, vf = h.reshape(-1), v.reshape(-1)
+            for i in range(0, vf.size, 1 << 24):      # in slabs: no full-size temporaries
+                x = vf[i:i + (1 << 24)]
+                hf[i:i + (1 << 24)] = y = x.astype(np.float16)
+                sub += int(np.count_nonzero(y.astype(np.float32) != x))
+                big += int(np.count_nonzero(np.abs(x) > 65504))
             w.add_tensor(gname, h)
         else:
             w.add_tensor(gname, v.astype(np.float32))
@@ -397,15 +590,15 @@ def main():
             ckpt_io.write_json(os.path.join(a.outdir, "generation_config.json"),
                                make_generation_config(r))
         return
-    ws = load_weights(r, arch)
+    if arch not in SUPPORTED:
+        raise SystemExit(f"architecture {arch} not supported")
+    moe_check(r, arch)
+    bf = load_weights(r, arch)
     t1 = time.time()
-    names = {hn for _, hn, _ in ws}
-    tied = "lm_head.weight" not in names
-    vocab_rows = next(w.shape[0] for _, hn, w in ws if hn == "model.embed_tokens.weight")
-    bf = [(gn, hn, ckpt_io.f32_to_bf16_bits(w)) for gn, hn, w in ws]
-    del ws
     # HF checkpoints list layers in order; inside a layer the order does not matter.
-    tensors = [(hn, "BF16", b.shape, b) for _, hn, b in bf]
+    tensors = [(hn, "BF16", b.shape, b) for _, _, parts in bf for hn, b in parts]
+    tied = not any(hn == "lm_head.weight" for hn, _, _, _ in tensors)
+    vocab_rows = next(b.shape[0] for hn, _, _, b in tensors if hn == "model.embed_tokens.weight")
     ckpt_io.write_folder(a.outdir, tensors, a.shards)
     ckpt_io.write_json(os.path.join(a.outdir, "config.json"), make_config(r, arch, vocab_rows, tied))
     ckpt_io.write_json(os.path.join(a.outdir, "generation_config.json"), make_generation_config(r))

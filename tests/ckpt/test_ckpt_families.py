@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""Hugging Face folders of Gemma 3 and of the mixtures of experts (Qwen3-MoE, Qwen2-MoE,
+Mixtral) through the cairn executable, against GGUFs of exactly the same weights.
+
+usage: test_ckpt_families.py CAIRN_BIN CKPT_DIR TESTDATA [unittest args...]
+
+The material is tests/ckpt/make_material.py's `families` (tiny random models written by
+tools/gen_synthetic_model.py, turned into folders by tools/ckpt/gguf_to_hf.py, with an F16 GGUF
+of the same BF16 values beside each) and `gemma` (the real Gemma 3 270M, when it is present).
+A folder is read through ckpt/: its config.json fields become the GGUF keys (windows, global
+layers, experts), Gemma's norms get their 1 added, the experts stay per-expert tensors, and its
+tokenizer.json (SentencePiece-style BPE) becomes the SentencePiece vocabulary. So:
+
+  - greedy tokens from the folder equal the F16 GGUF's when both multiply float activations
+    (CAIRN_CPU_BF16=0), on prompts longer than the synthetic Gemma's 8-token window; the same
+    for the Gemma folder laid out as a Gemma3ForConditionalGeneration (4B and up) checkpoint;
+  - teacher-forced over a text, the folder's distributions match the GGUF's (mean KL and top-1
+    agreement from `cairn perplexity --kl-model`): a wrong norm offset, a swapped gate and up
+    projection or a misread router shows as nats, not as a rounding difference;
+  - config.json fields cairn does not implement, or that disagree with the tensors, are refused
+    with the field's name: renormalised expert weights where the family does not renormalise,
+    an expert count the router does not have, an irregular layer_types, logit soft-capping, a
+    window wider than the context.
+Greedy throughout; no timing thresholds.
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "support"))
+import harness  # noqa: E402
+
+CAIRN, CKPT, TESTDATA = harness.take_argv("CAIRN_BIN", "CKPT_DIR", "TESTDATA", usage=__doc__)
+TEXT = os.path.join(TESTDATA, "text", "gpl-3.txt")
+ARCHES = ("gemma3", "qwen3moe", "qwen2moe", "mixtral")
+GEMMA = os.path.join(CKPT, "gemma-bf16")
+EXACT = {"CAIRN_CPU_BF16": "0"}
+
+PROMPT = ("The quick brown fox jumps over the lazy dog, and then it runs far away into the "
+          "deep dark forest where nobody can find it again.")
+
+
+def run(model, prompt, n=24, chat=False, env=None):
+    return harness.cairn_run(CAIRN, model, prompt, n=n, chat=chat, env=env)
+
+
+def kl_against(model, ref, ctx, chunks, env=None):
+    r = subprocess.run([CAIRN, "perplexity", "-m", model, "-f", TEXT, "-c", str(ctx),
+                        "--chunks", str(chunks), "--kl-model", ref],
+                       capture_output=True, text=True, timeout=900,
+                       env=dict(os.environ, **(env or {})))
+    if r.returncode != 0:
+        raise AssertionError(f"cairn perplexity -m {model} failed:\n{r.stderr[-2000:]}")
+    m = re.search(r"mean KL ([0-9.e+-]+), top-1 agreement ([0-9.]+)%", r.stdout)
+    if not m:
+        raise AssertionError(f"no KL line in:\n{r.stdout}")
+    return float(m.group(1)), float(m.group(2))
+
+
+def load_error(folder):
+    """cairn run on a folder that must be refused: its stderr."""
+    r = subprocess.run([CAIRN, "run", "-m", folder, "-p", "hi", "-n", "1"],
+                       capture_output=True, text=True, timeout=300)
+    if r.returncode == 0:
+        raise AssertionError(f"{folder} was loaded; it must be refused")
+    return r.stderr
+
+
+class Families(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="cairn-ckpt-fam-")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def folder(self, arch):
+        path = os.path.join(CKPT, f"fam-{arch}")
+        if not os.path.isdir(path):
+            self.fail(f"no material at {path} (ckpt_material_families builds it)")
+        return path
+
+    def edited(self, arch, **changes):
+        """A copy of the folder (weights linked, not copied) with config.json changed."""
+        src = self.folder(arch)
+        dst = os.path.join(self.tmp, f"{arch}-edited")
+        os.makedirs(dst)
+        for name in os.listdir(src):
+            os.symlink(os.path.join(src, name), os.path.join(dst, name))
+        os.unlink(os.path.join(dst, "config.json"))
+        with open(os.path.join(src, "config.json")) as f:
+            cfg = json.load(f)
+        cfg.update(changes)
+        with open(os.path.join(dst, "config.json"), "w") as f:
+            json.dump(cfg, f)
+        return dst
+
+    def test_same_greedy_tokens_as_the_f16_gguf(self):
+        for arch in ARCHES:
+            with self.subTest(arch=arch):
+                folder = self.folder(arch)
+                self.assertEqual(run(folder, PROMPT, env=EXACT),
+                                 run(folder + "-f16.gguf", PROMPT, env=EXACT))
+
+    def test_distributions_match_the_f16_gguf(self):
+        for arch in ARCHES:
+            with self.subTest(arch=arch):
+                folder = self.folder(arch)
+                kl, top1 = kl_against(folder, folder + "-f16.gguf", 64, 2, env=EXACT)
+                print(f"{arch}: folder vs F16 GGUF, mean KL {kl:.2e}, top-1 {top1:.1f}%",
+                      file=sys.stderr)
+                self.assertLess(kl, 1e-6)
+                self.assertEqual(top1, 100.0)
+
+    def test_multimodal_gemma_reads_its_language_model(self):
+        # Gemma3ForConditionalGeneration: text_config with defaults left out, tensors under
+        # language_model.model., a vision tower that is not read
+        mm = os.path.join(CKPT, "fam-gemma3-mm")
+        ref = os.path.join(CKPT, "fam-gemma3-f16.gguf")
+        self.assertEqual(run(mm, PROMPT, env=EXACT), run(ref, PROMPT, env=EXACT))
+        kl, top1 = kl_against(mm, ref, 64, 2, env=EXACT)
+        self.assertLess(kl, 1e-6)
+        self.assertEqual(top1, 100.0)
+
+    def test_config_fields_refused_by_name(self):
+        cases = [
+            ("qwen3moe", {"norm_topk_prob": False}, "norm_topk_prob"),
+            ("qwen2moe", {"norm_topk_prob": True}, "norm_topk_prob"),
+            ("qwen3moe", {"num_experts": 7}, "mlp.gate.weight"),
+            ("qwen3moe", {"mlp_only_layers": [0]}, "mlp_only_layers"),
+            ("mixtral", {"num_local_experts": 5}, "block_sparse_moe.gate.weight"),
+            ("mixtral", {"num_experts_per_tok": 9}, "num_experts_per_tok"),
+            ("gemma3", {"layer_types": ["sliding_attention", "full_attention",
+                                        "full_attention"]}, "layer_types"),
+            ("gemma3", {"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
+            ("gemma3", {"sliding_window": 1 << 20}, "sliding_window"),
+            ("gemma3", {"hidden_activation": "gelu"}, "hidden_activation"),
+            ("gemma3", {"query_pre_attn_scalar": 300}, "query_pre_attn_scalar"),
+        ]
+        for arch, change, field in cases:
+            with self.subTest(arch=arch, change=change):
+                err = load_error(self.edited(arch, **change))
+                self.assertIn(field, err)
+                shutil.rmtree(os.path.join(self.tmp, f"{arch}-edited"))
+
+
+@unittest.skipUnless(os.path.isdir(GEMMA), f"no Gemma 3 material at {GEMMA}")
+class RealGemma(unittest.TestCase):
+    def test_same_greedy_tokens_as_the_f16_gguf(self):
+        # past the 512-token window: the prompt is the GPL's first ~700 tokens
+        with open(TEXT, encoding="utf-8") as f:
+            long_prompt = f.read()[:3000] + "\n\nIn one sentence, this license"
+        for prompt, chat in ((PROMPT, False), ("Name three prime numbers.", True),
+                             (long_prompt, False)):
+            with self.subTest(prompt=prompt[:30], chat=chat):
+                self.assertEqual(run(GEMMA, prompt, chat=chat, env=EXACT),
+                                 run(os.path.join(CKPT, "gemma-f16.gguf"), prompt, chat=chat,
+                                     env=EXACT))
+
+    def test_distributions_close_to_the_f16_gguf(self):
+        # default kernels: bf16 activations where the CPU has AVX512_BF16
+        kl, top1 = kl_against(GEMMA, os.path.join(CKPT, "gemma-f16.gguf"), 640, 1)
+        print(f"Gemma 3 270M folder vs F16 GGUF: mean KL {kl:.5f}, top-1 {top1:.1f}%",
+              file=sys.stderr)
+        self.assertLess(kl, 0.01)
+        self.assertGreater(top1, 95.0)
+
+
+if __name__ == "__main__":
+    harness.main()
