@@ -8,6 +8,7 @@
  */
 #include "ckpt/ckpt_impl.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -131,9 +132,55 @@ static int read_rope_scaling(json_t *root, ckpt_config *cfg, cairn_gguf_builder 
         cfg->rope_orig_ctx = orig;
         return CAIRN_OK;
     }
+    if (strcmp(type, "yarn") == 0) {
+        /* HF's YaRN: the trained context original_max_position_embeddings
+         * (else max_position_embeddings), beta_fast/beta_slow, and the
+         * magnitude attention_factor (default 0.1 ln(factor) + 1, which
+         * llama.cpp's rope.scaling.attn_factor multiplies) */
+        double fast, slow, attn;
+        int orig;
+        if ((rc = opt_int(rs, "original_max_position_embeddings", 1, 1 << 24, cfg->n_ctx, &orig,
+                          err, err_len)) ||
+            (rc = opt_num(rs, "beta_fast", 32.0, &fast, err, err_len)) ||
+            (rc = opt_num(rs, "beta_slow", 1.0, &slow, err, err_len)))
+            return rc;
+        const double mscale = factor > 1 ? 0.1 * log(factor) + 1 : 1;
+        if ((rc = opt_num(rs, "attention_factor", mscale, &attn, err, err_len)))
+            return rc;
+        static const char *const other[] = {"mscale", "mscale_all_dim"};
+        for (int i = 0; i < 2; i++)
+            if (json_object_get(rs, other[i]) && !json_is_null(json_object_get(rs, other[i])))
+                return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                                    "config.json: rope_scaling.%s (DeepSeek's YaRN) is not "
+                                    "supported", other[i]);
+        json_t *truncate = json_object_get(rs, "truncate");
+        if (json_is_false(truncate))
+            return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                                "config.json: rope_scaling.truncate false is not supported");
+        if (factor < 1 || !(fast > 0) || !(slow > 0) || !(attn > 0))
+            return cairn_errorf(err, err_len, CAIRN_EFORMAT,
+                                "config.json: rope_scaling (yarn) needs factor >= 1 and positive "
+                                "beta_fast, beta_slow, attention_factor");
+        snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+        cairn_gguf_builder_set_str(b, key, "yarn");
+        snprintf(key, sizeof key, "%s.rope.scaling.factor", arch);
+        cairn_gguf_builder_set_f32(b, key, (float)factor);
+        snprintf(key, sizeof key, "%s.rope.scaling.original_context_length", arch);
+        cairn_gguf_builder_set_u32(b, key, (uint32_t)orig);
+        snprintf(key, sizeof key, "%s.rope.scaling.yarn_beta_fast", arch);
+        cairn_gguf_builder_set_f32(b, key, (float)fast);
+        snprintf(key, sizeof key, "%s.rope.scaling.yarn_beta_slow", arch);
+        cairn_gguf_builder_set_f32(b, key, (float)slow);
+        snprintf(key, sizeof key, "%s.rope.scaling.attn_factor", arch);
+        cairn_gguf_builder_set_f32(b, key, (float)(attn / mscale));
+        /* the context YaRN stretches to, as vLLM derives it */
+        if ((double)orig * factor > cfg->n_ctx && (double)orig * factor <= (1 << 24))
+            cfg->n_ctx = (int)((double)orig * factor);
+        return CAIRN_OK;
+    }
     return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
                         "config.json: rope_scaling type '%s' is not supported (supported: "
-                        "linear, llama3)", type);
+                        "linear, llama3, yarn)", type);
 }
 
 /* An FP8 block shape [rows, cols] (weight_block_size, block_structure)
@@ -556,6 +603,9 @@ int ckpt_config_read(const char *dir, ckpt_config *cfg, cairn_gguf_builder *b, c
         goto out;
     }
 
+    /* before the context length is written: YaRN may stretch it */
+    if ((rc = read_rope_scaling(root, cfg, b, A, err, err_len)))
+        goto out;
     char key[96];
 #define ARCH_KEY(suffix) (snprintf(key, sizeof key, "%s." suffix, A), key)
     cairn_gguf_builder_set_str(b, "general.architecture", A);
@@ -580,7 +630,6 @@ int ckpt_config_read(const char *dir, ckpt_config *cfg, cairn_gguf_builder *b, c
 #undef ARCH_KEY
     if ((cfg->gemma && (rc = read_gemma(root, cfg, b, err, err_len))) ||
         ((strstr(A, "moe") || cfg->mixtral) && (rc = read_experts(root, cfg, b, err, err_len))) ||
-        (rc = read_rope_scaling(root, cfg, b, A, err, err_len)) ||
         (rc = read_quantization(root, cfg, err, err_len)))
         goto out;
     static const char *const methods[] = {"none", "awq", "gptq", "fp8", "compressed-tensors int4"};

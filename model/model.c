@@ -23,7 +23,8 @@
  * dimensions of a head, whether q/k/v carry biases, Gemma's norms, gate and
  * windows, and experts in place of the FFN. Llama 3's long-context
  * RoPE (rope_freqs.weight, one divisor per frequency) is a tensor, used
- * whenever the file has it.
+ * whenever the file has it; YaRN is built into the same divisors at load
+ * (yarn_divisors), its magnitude scale into the attention scale.
  *
  * Every buffer used here is allocated once at load time for the largest batch
  * (max_batch_tokens); a forward call allocates nothing.
@@ -221,6 +222,69 @@ static int read_experts(const cairn_gguf *g, const char *path, const arch_traits
     return CAIRN_OK;
 }
 
+/* YaRN's parameters, as llama.cpp reads them: rope.scaling.factor, the
+ * trained context rope.scaling.original_context_length (default: the
+ * context length), the correction range yarn_beta_fast / yarn_beta_slow
+ * (32 and 1), and rope.scaling.attn_factor multiplying the magnitude
+ * scale. The variants cairn does not build (a partial extrapolation mix, a
+ * DeepSeek log multiplier, another attention factor) are refused. */
+static int read_yarn(const cairn_gguf *g, const char *path, const arch_traits *A, uint32_t n_ctx,
+                     cairn_hparams *hp, char *err, size_t err_len)
+{
+    float factor = 0, fast, slow, attn, ext, log_mul, yarn_attn;
+    uint32_t orig;
+    if (get_f32_or(g, arch_key(A, "rope.scaling.factor"), 0, &factor) || !(factor >= 1) ||
+        factor > 1024)
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT, "%s: YaRN needs %s >= 1", path,
+                            arch_key(A, "rope.scaling.factor"));
+    if (get_u32_or(g, arch_key(A, "rope.scaling.original_context_length"), n_ctx, &orig) ||
+        orig == 0 || get_f32_or(g, arch_key(A, "rope.scaling.yarn_beta_fast"), 32, &fast) ||
+        get_f32_or(g, arch_key(A, "rope.scaling.yarn_beta_slow"), 1, &slow) || !(fast > 0) ||
+        !(slow > 0) || get_f32_or(g, arch_key(A, "rope.scaling.attn_factor"), 1, &attn) ||
+        !(attn > 0) || !isfinite(attn))
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT, "%s: invalid YaRN parameters (%s...)",
+                            path, arch_key(A, "rope.scaling"));
+    if (get_f32_or(g, arch_key(A, "rope.scaling.yarn_ext_factor"), 1, &ext) || ext != 1 ||
+        get_f32_or(g, arch_key(A, "rope.scaling.yarn_log_multiplier"), 0, &log_mul) ||
+        log_mul != 0 || get_f32_or(g, arch_key(A, "rope.scaling.yarn_attn_factor"), 1, &yarn_attn) ||
+        yarn_attn != 1)
+        return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                            "%s: YaRN with %s other than 1, %s or %s is not supported", path,
+                            arch_key(A, "rope.scaling.yarn_ext_factor"),
+                            "rope.scaling.yarn_log_multiplier", "rope.scaling.yarn_attn_factor");
+    hp->rope_yarn = true;
+    hp->yarn_factor = factor;
+    hp->yarn_orig_ctx = (int)orig;
+    hp->yarn_beta_fast = fast;
+    hp->yarn_beta_slow = slow;
+    hp->yarn_mscale = (factor > 1 ? 0.1f * logf(factor) + 1.0f : 1.0f) * attn;
+    return CAIRN_OK;
+}
+
+/* YaRN as RoPE divisors, one per pair (the rope op's freq_factors): pair
+ * i's angle is pos * base^(-2i/n_rot) * (ramp_i + (1 - ramp_i) / factor),
+ * ramp_i 1 for the pairs that turn more than beta_fast times in the trained
+ * context (kept), 0 below beta_slow turns (interpolated), linear between,
+ * with llama.cpp's and HF's correction range (floor and ceil of the pair
+ * index where a pair turns beta times). */
+static void yarn_divisors(const cairn_hparams *hp, float *div)
+{
+    const int n = hp->n_rot;
+    const float two_pi = 6.28318530718f;
+#define CORR_DIM(beta)                                                                             \
+    ((float)n * logf((float)hp->yarn_orig_ctx / ((beta) * two_pi)) / (2 * logf(hp->rope_freq_base)))
+    float low = floorf(CORR_DIM(hp->yarn_beta_fast)), high = ceilf(CORR_DIM(hp->yarn_beta_slow));
+#undef CORR_DIM
+    low = low > 0 ? low : 0;
+    high = high < (float)(n - 1) ? high : (float)(n - 1);
+    for (int i = 0; i < n / 2; i++) {
+        float y = ((float)i - low) / (high - low > 0.001f ? high - low : 0.001f);
+        y = y < 0 ? 0 : y > 1 ? 1 : y;
+        const float keep = 1 - y; /* 1: extrapolate (as trained), 0: interpolate */
+        div[i] = 1.0f / (keep + (1 - keep) / hp->yarn_factor);
+    }
+}
+
 static int read_hparams(const cairn_gguf *g, const char *path, const arch_traits **arch_out,
                         cairn_hparams *hp, char *err, size_t err_len)
 {
@@ -290,19 +354,23 @@ static int read_hparams(const cairn_gguf *g, const char *path, const arch_traits
                             arch_key(A, "rope.dimension_count"));
 
     /* Linear RoPE scaling stretches positions by 1/factor. Llama 3's scaling
-     * arrives as the rope_freqs tensor instead (see upload_weights); any
-     * other scheme (YaRN, LongRoPE, ...) would silently give wrong
-     * attention, so it is refused by name. */
+     * arrives as the rope_freqs tensor instead (see upload_weights), YaRN as
+     * its parameters (read_yarn; the divisors are built at load). Any other
+     * scheme (LongRoPE, ...) would silently give wrong attention, so it is
+     * refused by name. */
     const char *scaling;
     size_t scaling_len;
     if (cairn_gguf_get_str(g, arch_key(A, "rope.scaling.type"), &scaling, &scaling_len) ==
         CAIRN_OK) {
         if (strcmp(scaling, "linear") == 0)
             get_f32_or(g, arch_key(A, "rope.scaling.factor"), 1.0f, &scale_factor);
-        else if (strcmp(scaling, "none") != 0 && strcmp(scaling, "llama3") != 0)
+        else if (strcmp(scaling, "yarn") == 0) {
+            if ((rc = read_yarn(g, path, A, n_ctx, hp, err, err_len)))
+                return rc;
+        } else if (strcmp(scaling, "none") != 0 && strcmp(scaling, "llama3") != 0)
             return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
                                 "%s: RoPE scaling '%s' is not supported (supported: none, linear, "
-                                "llama3 via rope_freqs)", path, scaling);
+                                "yarn, llama3 via rope_freqs)", path, scaling);
     }
     if (!(scale_factor > 0))
         scale_factor = 1;
@@ -692,6 +760,19 @@ static int upload_weights(cairn_model *m, const cairn_gguf *g, const tensor_bind
     const cairn_gguf_tensor *freqs = cairn_gguf_find_tensor(g, "rope_freqs.weight");
     if (freqs && (freqs->type != CAIRN_TYPE_F32 || freqs->ne[0] != m->hp.n_rot / 2))
         return cairn_errorf(err, err_len, CAIRN_EFORMAT, "tensor 'rope_freqs.weight' is malformed");
+    /* YaRN's divisors go up as if the file had them as rope_freqs */
+    float yarn_div[512];
+    cairn_gguf_tensor yarn_t = {.name = "rope_freqs (YaRN)", .type = CAIRN_TYPE_F32, .n_dims = 1,
+                                .ne = {m->hp.n_rot / 2, 1, 1, 1},
+                                .size = (uint64_t)(m->hp.n_rot / 2) * sizeof(float),
+                                .data = yarn_div};
+    if (m->hp.rope_yarn) {
+        if (freqs)
+            return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                                "YaRN scaling together with a rope_freqs.weight is not supported");
+        yarn_divisors(&m->hp, yarn_div);
+        freqs = &yarn_t;
+    }
     /* find_tensor checked that cairn can compute with each type; this
      * backend may implement fewer. */
     for (int i = 0; i < n; i++) {
@@ -799,6 +880,15 @@ static int upload_weights(cairn_model *m, const cairn_gguf *g, const tensor_bind
     if (t_logged > t_start) /* it said how far it was: say it is done */
         cairn_log(CAIRN_LOG_INFO, "model: weights loaded into %s in %.1f s (%.0f MiB)",
                   be->iface->name, cairn_now() - t_start, (double)src_total / (1 << 20));
+    /* and the hyper-parameters that change the maths: the same weights
+     * under another RoPE base, scaling, window or expert count compute
+     * other K/V, so they never share cached pages (the name and the trained
+     * context change nothing computed) */
+    cairn_hparams shape = m->hp;
+    memset(shape.name, 0, sizeof shape.name);
+    shape.n_ctx_train = 0;
+    XXH3_128bits_update(hs, &shape, sizeof shape);
+    XXH3_128bits_update(hs, &m->attn_scale, sizeof m->attn_scale);
     XXH128_hash_t h = XXH3_128bits_digest(hs);
     XXH3_freeState(hs);
     XXH128_canonical_t c;
@@ -926,6 +1016,8 @@ int cairn_model_load_gguf(const cairn_gguf *g, const char *name, cairn_backend *
     m->attn_scale = 1.0f / sqrtf((float)m->hp.head_dim);
     if (m->arch->gemma && m->hp.n_layer == 62)
         m->attn_scale = 1.0f / sqrtf((float)(m->hp.dim / m->hp.n_head));
+    if (m->hp.rope_yarn) /* q and k each scaled by mscale, as llama.cpp and HF rotate them */
+        m->attn_scale *= m->hp.yarn_mscale * m->hp.yarn_mscale;
     m->layers = calloc((size_t)m->hp.n_layer, sizeof *m->layers);
     if (!m->layers) {
         rc = CAIRN_ENOMEM;
@@ -1021,9 +1113,12 @@ const char *cairn_hparams_describe(const cairn_hparams *hp, char *buf, size_t n)
         int local = 0;
         for (int l = 0; l < hp->n_layer; l++)
             local += cairn_hparams_layer_window(hp, l) > 0;
-        snprintf(buf + at, n - (size_t)at, ", window %d on %d of %d layers", hp->sliding_window,
-                 local, hp->n_layer);
+        at += snprintf(buf + at, n - (size_t)at, ", window %d on %d of %d layers",
+                       hp->sliding_window, local, hp->n_layer);
     }
+    if (hp->rope_yarn && at >= 0 && (size_t)at < n)
+        snprintf(buf + at, n - (size_t)at, ", YaRN x%g of %d tokens", hp->yarn_factor,
+                 hp->yarn_orig_ctx);
     return buf;
 }
 cairn_backend *cairn_model_backend(const cairn_model *m) { return m->be; }
@@ -1192,10 +1287,14 @@ static int forward_ops(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
         .expert_ffn_dim = hp->expert_ffn_dim, .shared_ffn_dim = hp->shared_ffn_dim,
         .expert_norm = hp->expert_norm, .expert_weights_scale = hp->expert_weights_scale,
     };
-    /* a local (sliding-window) layer: its own RoPE base, unscaled */
+    /* a local layer of a model with global ones (Gemma 3): its own RoPE
+     * base, unscaled; Mistral's windowed layers keep the model's RoPE */
     cairn_layer_shape shape_local = shape;
-    shape_local.rope.freq_base = hp->rope_freq_base_local;
-    shape_local.rope.freq_scale = 1.0f;
+    if (hp->swa_period > 0) {
+        shape_local.rope.freq_base = hp->rope_freq_base_local;
+        shape_local.rope.freq_scale = 1.0f;
+        shape_local.rope.freq_factors = NULL;
+    }
     const cairn_layer_acts acts = {
         .x = m->x, .h = m->h, .q = m->q, .attn = m->attn, .k = m->k, .v = m->v,
         .gate = m->ffn_gate, .up = m->ffn_up, .gathered = m->gathered,

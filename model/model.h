@@ -95,6 +95,15 @@ typedef struct {
     int n_expert, n_expert_used, expert_ffn_dim, shared_ffn_dim;
     bool expert_norm;
     float expert_weights_scale;
+    /* YaRN (rope.scaling.type "yarn"): the frequencies a trained context of
+     * yarn_orig_ctx cannot tell apart are interpolated by 1/yarn_factor,
+     * the fast ones kept, a linear ramp between them over the pairs whose
+     * wavelengths fall between yarn_beta_fast and yarn_beta_slow turns in
+     * that context; q and k are each scaled by yarn_mscale (0.1 ln(factor)
+     * + 1, times rope.scaling.attn_factor). Global layers only. */
+    bool rope_yarn;
+    float yarn_factor, yarn_beta_fast, yarn_beta_slow, yarn_mscale;
+    int yarn_orig_ctx;
 } cairn_hparams;
 
 /* "qwen3moe, dim 2048, 16 layers, 16/4 heads, 32 experts (4 a token)", with

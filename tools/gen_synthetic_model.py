@@ -24,7 +24,8 @@ keeps a 1B model to a few seconds of generation.
 --arch qwen2 writes the Qwen2 variant (q/k/v biases, NEOX RoPE, qwen2.*
 metadata), --arch qwen3 the Qwen3 one (no biases, per-head q/k RMSNorm
 weights, NEOX RoPE; with --head-dim the heads may be wider than dim / heads,
-as Qwen3's are); --rope-freqs adds a Llama 3 style rope_freqs.weight (per-frequency
+as Qwen3's are); --yarn FACTOR writes YaRN scaling over a trained context of
+--yarn-orig-ctx (default 16, so that a short test runs past it); --rope-freqs adds a Llama 3 style rope_freqs.weight (per-frequency
 divisors from the llama3 rope-scaling rule). The tests use both on tiny
 shapes to check those code paths against tests/ref/llama_ref.py.
 
@@ -248,6 +249,10 @@ def main():
                     "default 6, not written)")
     ap.add_argument("--head-dim", type=int,
                     help="head width (attention.key_length), default dim / heads")
+    ap.add_argument("--yarn", type=float, metavar="FACTOR",
+                    help="YaRN RoPE scaling by FACTOR (rope.scaling.type yarn)")
+    ap.add_argument("--yarn-orig-ctx", type=int, default=16,
+                    help="YaRN: the trained context (rope.scaling.original_context_length)")
     ap.add_argument("--rope-freqs", action="store_true",
                     help="add a Llama 3 rope_freqs.weight tensor (rope base 500000)")
     a = ap.parse_args()
@@ -386,6 +391,10 @@ def main():
             meta.append(kv_u32(A + ".expert_feed_forward_length", eff))
         if a.arch == "qwen2moe":
             meta.append(kv_u32(A + ".expert_shared_feed_forward_length", ffn))
+    if a.yarn:
+        meta += [kv_str(A + ".rope.scaling.type", "yarn"),
+                 kv_f32(A + ".rope.scaling.factor", a.yarn),
+                 kv_u32(A + ".rope.scaling.original_context_length", a.yarn_orig_ctx)]
     if a.sliding_window:
         meta.append(kv_u32(A + ".attention.sliding_window", a.sliding_window))
     if a.swa_period is not None:

@@ -52,12 +52,15 @@ def build(out, stamp_key, argv):
 
 
 # The synthetic families: windows over 8 tokens on every layer but the third
-# (Gemma 3), 6 experts of which 2 run per token (the engine tests' shapes).
+# (Gemma 3), 6 experts of which 2 run per token (the engine tests' shapes),
+# and Qwen2 with YaRN (rope_scaling type yarn in its config.json).
 FAMILIES = {
     "gemma3": ["--layers", "3", "--head-dim", "48", "--sliding-window", "8", "--swa-period", "3"],
     "qwen3moe": ["--experts", "6", "--experts-used", "2", "--expert-ffn", "96"],
     "qwen2moe": ["--experts", "6", "--experts-used", "2", "--expert-ffn", "96"],
     "mixtral": ["--experts", "6", "--experts-used", "2"],
+    # named for the arch flag it passes; YaRN over a trained context of 16 tokens
+    "qwen2": ["--yarn", "4", "--yarn-orig-ctx", "16"],
 }
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Hugging Face folders of Gemma 3 and of the mixtures of experts (Qwen3-MoE, Qwen2-MoE,
-Mixtral) through the cairn executable, against GGUFs of exactly the same weights.
+"""Hugging Face folders of Gemma 3, of the mixtures of experts (Qwen3-MoE, Qwen2-MoE, Mixtral)
+and of Qwen2 with YaRN through the cairn executable, against GGUFs of exactly the same weights.
 
 usage: test_ckpt_families.py CAIRN_BIN CKPT_DIR TESTDATA [unittest args...]
 
@@ -38,7 +38,7 @@ import harness  # noqa: E402
 
 CAIRN, CKPT, TESTDATA = harness.take_argv("CAIRN_BIN", "CKPT_DIR", "TESTDATA", usage=__doc__)
 TEXT = os.path.join(TESTDATA, "text", "gpl-3.txt")
-ARCHES = ("gemma3", "qwen3moe", "qwen2moe", "mixtral")
+ARCHES = ("gemma3", "qwen3moe", "qwen2moe", "mixtral", "qwen2")  # qwen2: with YaRN
 GEMMA = os.path.join(CKPT, "gemma-bf16")
 EXACT = {"CAIRN_CPU_BF16": "0"}
 
@@ -141,6 +141,9 @@ class Families(unittest.TestCase):
             ("gemma3", {"sliding_window": 1 << 20}, "sliding_window"),
             ("gemma3", {"hidden_activation": "gelu"}, "hidden_activation"),
             ("gemma3", {"query_pre_attn_scalar": 300}, "query_pre_attn_scalar"),
+            ("qwen2", {"rope_scaling": {"type": "yarn", "factor": 4, "mscale": 0.7}},
+             "mscale"),
+            ("qwen2", {"rope_scaling": {"type": "longrope", "factor": 4}}, "longrope"),
         ]
         for arch, change, field in cases:
             with self.subTest(arch=arch, change=change):

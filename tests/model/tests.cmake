@@ -18,6 +18,12 @@ add_test(NAME engine_synthetic_llama3
 add_test(NAME engine_synthetic_qwen3
   COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tools/gen_synthetic_model.py --shape tiny
           --type F32 --arch qwen3 --head-dim 48 -o ${CMAKE_CURRENT_BINARY_DIR}/synthetic-qwen3.gguf)
+# YaRN on a qwen2 model (Qwen2.5's long-context setting), over a trained
+# context of 16 so that the test's 37 tokens run past it.
+add_test(NAME engine_synthetic_yarn
+  COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tools/gen_synthetic_model.py --shape tiny
+          --type F32 --arch qwen2 --yarn 4 --yarn-orig-ctx 16
+          -o ${CMAKE_CURRENT_BINARY_DIR}/synthetic-yarn.gguf)
 # Sliding windows, with the test's 37 tokens well past the window: Gemma 3
 # (post-norms, GeGLU, embeddings scaled, local layers with a RoPE base of
 # their own, here every layer but the third) and Mistral (a window over every
@@ -38,10 +44,10 @@ foreach(arch qwen3moe qwen2moe mixtral)
             -o ${CMAKE_CURRENT_BINARY_DIR}/synthetic-${arch}.gguf)
 endforeach()
 set_tests_properties(engine_synthetic_qwen2 engine_synthetic_qwen3 engine_synthetic_llama3
-  engine_synthetic_gemma3 engine_synthetic_mistral engine_synthetic_qwen3moe
+  engine_synthetic_yarn engine_synthetic_gemma3 engine_synthetic_mistral engine_synthetic_qwen3moe
   engine_synthetic_qwen2moe engine_synthetic_mixtral
   PROPERTIES FIXTURES_SETUP synthetic_models LABELS engine TIMEOUT 300)
-foreach(arch qwen2 qwen3 llama3 gemma3 mistral qwen3moe qwen2moe mixtral)
+foreach(arch qwen2 qwen3 llama3 yarn gemma3 mistral qwen3moe qwen2moe mixtral)
   add_test(NAME engine_forward_${arch}
     COMMAND engine_forward ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/ref/llama_ref.py
             ${CMAKE_CURRENT_BINARY_DIR}/synthetic-${arch}.gguf)

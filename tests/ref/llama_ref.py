@@ -40,6 +40,8 @@ What the GGUF stores, and how this file uses it:
   theta_i = p * freq_scale * base^(-2i / n_rot) (divided by rope_freqs[i]
   when the file has that tensor), and
       (x0, x1) -> (x0 cos - x1 sin, x0 sin + x1 cos).
+  With YaRN the frequency of each pair is HF's blend of base^(-2i/n_rot)
+  and that over the factor, and cos/sin are scaled by 0.1 ln(factor) + 1.
   Dimensions past n_rot are left alone.
 
 CLI:
@@ -94,6 +96,30 @@ class Model:
         self.rope_scale = 1.0
         if self._str(k("rope.scaling.type"), "none") == "linear":
             self.rope_scale = 1.0 / self._float(k("rope.scaling.factor"), 1.0)
+        # YaRN (HF's rule): per pair, a blend of the interpolated (1/factor)
+        # and the trained frequency, the blend a linear ramp over the pairs
+        # that turn between beta_fast and beta_slow times in the trained
+        # context; cos and sin scaled by 0.1 ln(factor) + 1.
+        self.yarn = None
+        if self._str(k("rope.scaling.type"), "none") == "yarn":
+            factor = self._float(k("rope.scaling.factor"), 1.0)
+            orig = self._int(k("rope.scaling.original_context_length"),
+                             self._int(k("context_length")))
+            fast = self._float(k("rope.scaling.yarn_beta_fast"), 32.0)
+            slow = self._float(k("rope.scaling.yarn_beta_slow"), 1.0)
+            d = self.n_rot
+
+            def corr(beta):
+                return d * np.log(orig / (beta * 2 * np.pi)) / (2 * np.log(self.rope_base))
+            low, high = max(np.floor(corr(fast)), 0), min(np.ceil(corr(slow)), d - 1)
+            if low == high:
+                high += 0.001
+            ramp = np.clip((np.arange(d // 2) - low) / (high - low), 0, 1)
+            extrapolate = 1 - ramp
+            inv = self.rope_base ** (-2.0 * np.arange(d // 2) / d)
+            self.yarn = (inv / factor * (1 - extrapolate) + inv * extrapolate,
+                         (0.1 * np.log(factor) + 1) *
+                         self._float(k("rope.scaling.attn_factor"), 1.0))
         self.window = self._int(k("attention.sliding_window"), 0)
         self.swa_period = self._int(k("attention.sliding_window_pattern"), 6) \
             if arch == "gemma3" else 0
@@ -237,15 +263,19 @@ def rope(x, positions, m, base=None, scale=None):
 
     x: [n][heads][head_dim], positions: [n]. base, scale: the model's
     unless given (Gemma's local layers)."""
+    local = base is not None
     base = m.rope_base if base is None else base
     scale = m.rope_scale if scale is None else scale
     half = m.n_rot // 2
     inv_freq = base ** (-2.0 * np.arange(half) / m.n_rot)          # [half]
     if m.rope_freqs is not None:
         inv_freq = inv_freq / m.rope_freqs[:half]
+    mscale = 1.0
+    if getattr(m, "yarn", None) is not None and not local:
+        inv_freq, mscale = m.yarn
     theta = np.outer(positions * scale, inv_freq)                   # [n][half]
-    cos = np.cos(theta)[:, None, :]                                 # [n][1][half]
-    sin = np.sin(theta)[:, None, :]
+    cos = mscale * np.cos(theta)[:, None, :]                        # [n][1][half]
+    sin = mscale * np.sin(theta)[:, None, :]
     out = x.copy()
     if m.neox:
         first, second = slice(0, half), slice(half, m.n_rot)

@@ -226,6 +226,20 @@ def load_weights(r, arch):
     return out
 
 
+def yarn_scaling(r, arch):
+    """HF's rope_scaling for a GGUF with YaRN (Qwen2.5's long-context setting), else None."""
+    g = lambda k, d=None: field(r, f"{arch}.{k}", d)  # noqa: E731
+    if g("rope.scaling.type") != "yarn":
+        return None
+    sc = {"type": "yarn", "factor": f32_repr(g("rope.scaling.factor")),
+          "original_max_position_embeddings": int(g("rope.scaling.original_context_length",
+                                                    g("context_length")))}
+    for key, hf in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
+        if g("rope.scaling." + key) is not None:
+            sc[hf] = f32_repr(g("rope.scaling." + key))
+    return sc
+
+
 def make_config(r, arch, vocab_rows, tied):
     g = lambda k, d=None: field(r, f"{arch}.{k}", d)  # noqa: E731
     nh = g("attention.head_count")
@@ -241,7 +255,7 @@ def make_config(r, arch, vocab_rows, tied):
         "max_position_embeddings": ctx,
         "rms_norm_eps": f32_repr(g("attention.layer_norm_rms_epsilon")),
         "rope_theta": f32_repr(g("rope.freq_base", 10000.0)),
-        "rope_scaling": None,
+        "rope_scaling": yarn_scaling(r, arch),
         "tie_word_embeddings": tied,
         "vocab_size": vocab_rows,
         "torch_dtype": "bfloat16",
