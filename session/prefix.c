@@ -88,13 +88,27 @@ bool prefix_should_wait(const cairn_service *s, const job *j)
 #define REMOTE_RETRY_S 0.05
 #define REMOTE_WAIT_DEFAULT_S 5.0
 
+/* How long a waiter goes without a new page before it computes the rest
+ * itself: --shared-wait, else at least REMOTE_WAIT_DEFAULT_S and four
+ * times what one full step takes here (the replica computing the prefix
+ * shares its pages a step at a time, and a step on a slow model or a
+ * loaded machine can take longer than 5 s: giving up then computes the
+ * prefix twice while the other replica is about to share it). */
+static double remote_patience(const cairn_service *s)
+{
+    if (s->cfg.shared_wait_s > 0)
+        return s->cfg.shared_wait_s;
+    double step = s->compute_rate > 0 ? (double)s->cfg.max_batch_tokens / s->compute_rate : 0;
+    return 4 * step > REMOTE_WAIT_DEFAULT_S ? 4 * step : REMOTE_WAIT_DEFAULT_S;
+}
+
 bool prefix_wait_remote(cairn_service *s, job *j, const cairn_kvcache_event *ev)
 {
     if (!ev || ev->status != CAIRN_OK || !ev->busy_elsewhere || j->cancelled ||
         j->remote_gave_up || s->cfg.shared_wait_s < 0)
         return false;
     const double now = cairn_now();
-    const double patience = s->cfg.shared_wait_s > 0 ? s->cfg.shared_wait_s : REMOTE_WAIT_DEFAULT_S;
+    const double patience = remote_patience(s);
     if (!j->remote_wait) {
         j->remote_wait = true;
         j->remote_progress_at = now;
