@@ -181,8 +181,8 @@ static bool is_u2581(const char *s) { return s && strcmp(s, "\xe2\x96\x81") == 0
 static bool replaces_spaces(json_t *n)
 {
     const char *type = str_of(n, "type");
-    return type && strcmp(type, "Replace") == 0 &&
-           strcmp(str_of(json_object_get(n, "pattern"), "String") ?: "", " ") == 0 &&
+    const char *from = str_of(json_object_get(n, "pattern"), "String");
+    return type && strcmp(type, "Replace") == 0 && from && strcmp(from, " ") == 0 &&
            is_u2581(str_of(n, "content"));
 }
 

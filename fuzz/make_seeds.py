@@ -346,6 +346,29 @@ def ckpt_seeds():
         "quant_method": "awq", "bits": 4, "group_size": 32, "version": "gemm"})).encode())
     write("ckpt", "cfg_fp8_block", bytes([1]) + json.dumps(dict(config, quantization_config={
         "quant_method": "fp8", "weight_block_size": [16, 32]})).encode())
+    # the newer families' fields (their tensors are not in the base folder:
+    # these reach config.json's checks and the weights' error paths)
+    write("ckpt", "cfg_gemma3_mm", bytes([1]) + json.dumps({
+        "architectures": ["Gemma3ForConditionalGeneration"], "text_config": dict(
+            config, model_type="gemma3_text", hidden_activation="gelu_pytorch_tanh",
+            sliding_window=8, layer_types=["full_attention"], head_dim=hd,
+            query_pre_attn_scalar=hd)}).encode())
+    write("ckpt", "cfg_qwen3moe_yarn", bytes([1]) + json.dumps(dict(
+        config, architectures=["Qwen3MoeForCausalLM"], num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, norm_topk_prob=True,
+        rope_scaling={"type": "yarn", "factor": 4.0,
+                      "original_max_position_embeddings": 32})).encode())
+    # a SentencePiece-style tokenizer.json (byte_fallback, Gemma's spaces)
+    spm_vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "\u2581": 3, "a": 4, "b": 5, "\u2581a": 6,
+                 "ab": 7, "\u2581ab": 8}
+    spm_vocab.update({"<0x%02X>" % i: 9 + i for i in range(251)})  # ids < 260 rows
+    write("ckpt", "tok_spm", bytes([2]) + json.dumps({
+        "version": "1.0", "added_tokens": [{"id": 2, "content": "</s>", "special": True}],
+        "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"},
+        "pre_tokenizer": None,
+        "model": {"type": "BPE", "byte_fallback": True, "unk_token": "<unk>", "vocab": spm_vocab,
+                  "merges": [["\u2581", "a"], "a b", ["\u2581a", "b"]]}},
+        ensure_ascii=False).encode())
 
 
 if __name__ == "__main__":

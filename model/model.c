@@ -884,7 +884,8 @@ static int upload_weights(cairn_model *m, const cairn_gguf *g, const tensor_bind
      * under another RoPE base, scaling, window or expert count compute
      * other K/V, so they never share cached pages (the name and the trained
      * context change nothing computed) */
-    cairn_hparams shape = m->hp;
+    cairn_hparams shape;
+    memcpy(&shape, &m->hp, sizeof shape); /* padding too: read_hparams zeroed it */
     memset(shape.name, 0, sizeof shape.name);
     shape.n_ctx_train = 0;
     XXH3_128bits_update(hs, &shape, sizeof shape);

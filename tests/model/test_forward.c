@@ -386,6 +386,30 @@ static void test_bad_input(void **state)
     cairn_page_pool_free(pool);
 }
 
+/* Loads an edited copy of the model on `be`: its status, *m, err. */
+static int load_edited(void (*edit)(unsigned char *buf, size_t *len), cairn_backend *be,
+                       cairn_model **m, char *err, size_t err_len)
+{
+    FILE *fp = fopen(model_path, "rb");
+    assert_non_null(fp);
+    fseek(fp, 0, SEEK_END);
+    size_t len = (size_t)ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    unsigned char *buf = malloc(len);
+    assert_int_equal(fread(buf, 1, len, fp), len);
+    fclose(fp);
+    edit(buf, &len);
+    char path[] = "/tmp/cairn-edited-model-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, buf, len), (ssize_t)len);
+    close(fd);
+    free(buf);
+    int rc = cairn_model_load(path, be, NULL, m, err, err_len);
+    unlink(path);
+    return rc;
+}
+
 /* Writes a damaged copy of the model and checks the load error. */
 static void expect_load_error(const char *what, void (*damage)(unsigned char *buf, size_t *len),
                               int want_rc, const char *want_msg)
@@ -544,6 +568,22 @@ static void test_moe_load_errors(void **state)
     expect_load_error("missing router", drop_router, CAIRN_EFORMAT, "blk.1.ffn_gate_inp.weight");
 }
 
+/* general.name "llama" becomes "llamb": nothing computed changes */
+static void rename_model(unsigned char *buf, size_t *len)
+{
+    unsigned char *key = find_bytes(buf, *len, "general.name");
+    assert_non_null(key);
+    unsigned char *val = find_bytes(key, *len - (size_t)(key - buf), "llama");
+    assert_non_null(val);
+    val[4] = 'b';
+}
+
+/* RoPE on 6 of the 8 dimensions of a head: the same weights, other K */
+static void fewer_rotated_dims(unsigned char *buf, size_t *len)
+{
+    set_u32_value(buf, *len, "llama.rope.dimension_count", 6);
+}
+
 static void test_fingerprint(void **state)
 {
     fixture *f = *state;
@@ -556,6 +596,17 @@ static void test_fingerprint(void **state)
     assert_int_equal(cairn_model_load(model_path, f->be, NULL, &m2, err, sizeof err), CAIRN_OK);
     cairn_model_fingerprint(m2, b);
     assert_memory_equal(a, b, 16);
+    cairn_model_free(m2);
+    /* another name: the same pages */
+    assert_int_equal(load_edited(rename_model, f->be, &m2, err, sizeof err), CAIRN_OK);
+    cairn_model_fingerprint(m2, b);
+    assert_memory_equal(a, b, 16);
+    cairn_model_free(m2);
+    /* the same tensors under other hyper-parameters compute other K/V: never
+     * the same cached pages */
+    assert_int_equal(load_edited(fewer_rotated_dims, f->be, &m2, err, sizeof err), CAIRN_OK);
+    cairn_model_fingerprint(m2, b);
+    assert_memory_not_equal(a, b, 16);
     cairn_model_free(m2);
 }
 
