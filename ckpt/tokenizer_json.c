@@ -423,22 +423,27 @@ int ckpt_tokenizer_read(const char *dir, const ckpt_config *cfg, cairn_gguf_buil
             goto out;
         }
     }
-    merges = calloc(n_merges ? n_merges : 1, sizeof *merges);
-    merge_block = malloc(block ? block : 1);
-    if (!merges || !merge_block) {
-        rc = CAIRN_ENOMEM;
-        goto out;
-    }
-    size_t at = 0;
-    json_array_foreach(mlist, i, v)
-    {
-        merges[i] = merge_block + at;
-        if (json_is_string(v)) {
-            memcpy(merge_block + at, json_string_value(v), json_string_length(v) + 1);
-            at += json_string_length(v) + 1;
-        } else {
-            at += (size_t)sprintf(merge_block + at, "%s %s", json_string_value(json_array_get(v, 0)),
-                                  json_string_value(json_array_get(v, 1))) + 1;
+    /* the "a b" strings GGUF's merges key holds: byte-level BPE only (a
+     * SentencePiece vocabulary keeps its scores instead, spm_scores) */
+    if (!spm) {
+        merges = calloc(n_merges ? n_merges : 1, sizeof *merges);
+        merge_block = malloc(block ? block : 1);
+        if (!merges || !merge_block) {
+            rc = CAIRN_ENOMEM;
+            goto out;
+        }
+        size_t at = 0;
+        json_array_foreach(mlist, i, v)
+        {
+            merges[i] = merge_block + at;
+            if (json_is_string(v)) {
+                memcpy(merge_block + at, json_string_value(v), json_string_length(v) + 1);
+                at += json_string_length(v) + 1;
+            } else {
+                at += (size_t)sprintf(merge_block + at, "%s %s",
+                                      json_string_value(json_array_get(v, 0)),
+                                      json_string_value(json_array_get(v, 1))) + 1;
+            }
         }
     }
 
