@@ -12,6 +12,10 @@
  *                                           when is_error)
  *   assistant: text blocks + tool_use    -> content + tool_calls
  *         {id, name, input}
+ *     + thinking blocks                  -> reasoning_content (redacted_thinking:
+ *                                           nothing; the signature is not read)
+ *   output_format / output_config.format -> response_format json_schema
+ *     {type: json_schema, schema}           (structured outputs)
  *   tools [{name, description,           -> [{type: function, function:
  *           input_schema}]                   {name, description, parameters}}]
  *   tool_choice auto | any | tool | none -> auto | required | named | none
@@ -267,12 +271,14 @@ static int user_blocks(const json_t *content, size_t i, json_t *msgs, cache_plan
     return rc;
 }
 
-/* An assistant message's blocks: its text, and its tool_use blocks as
- * OpenAI tool calls (the input object as JSON text). */
+/* An assistant message's blocks: its text, its thinking (the reply's
+ * reasoning, which the chat template keeps or drops as the model was
+ * trained; redacted thinking cannot be read and adds nothing), and its
+ * tool_use blocks as OpenAI tool calls (the input object as JSON text). */
 static int assistant_blocks(const json_t *content, size_t i, json_t *msgs, cache_plan *cp,
                             cairn_api_error *e)
 {
-    cairn_strbuf text = {0};
+    cairn_strbuf text = {0}, thinking = {0};
     json_t *calls = json_array();
     int rc = calls ? CAIRN_OK : api_oom(e);
     size_t k;
@@ -289,10 +295,19 @@ static int assistant_blocks(const json_t *content, size_t i, json_t *msgs, cache
             cairn_strbuf_add(&text, json_string_value(t), json_string_length(t));
             continue;
         }
+        json_t *th = json_object_get(b, "thinking");
+        if (type && strcmp(type, "thinking") == 0 && api_clean_string(th)) {
+            if (thinking.len)
+                cairn_strbuf_add(&thinking, "\n", 1);
+            cairn_strbuf_add(&thinking, json_string_value(th), json_string_length(th));
+            continue;
+        }
+        if (type && strcmp(type, "redacted_thinking") == 0)
+            continue;
         if (!type || strcmp(type, "tool_use") != 0) {
             rc = api_fail(e, CAIRN_EINVAL, "messages",
-                          "messages[%zu].content[%zu]: an assistant message holds text and "
-                          "tool_use blocks (type '%.32s' is not supported)",
+                          "messages[%zu].content[%zu]: an assistant message holds text, "
+                          "thinking and tool_use blocks (type '%.32s' is not supported)",
                           i, k, type ? type : "?");
             break;
         }
@@ -312,17 +327,21 @@ static int assistant_blocks(const json_t *content, size_t i, json_t *msgs, cache
                   : api_oom(e);
         free(args);
     }
-    if (rc == CAIRN_OK && text.oom)
+    if (rc == CAIRN_OK && (text.oom || thinking.oom))
         rc = api_oom(e);
     if (rc == CAIRN_OK) {
         json_t *m = json_pack("{s:s, s:s%}", "role", "assistant", "content",
                               text.data ? text.data : "", text.len);
         if (m && json_array_size(calls))
             json_object_set(m, "tool_calls", calls);
+        if (m && thinking.len)
+            json_object_set_new(m, "reasoning_content",
+                                json_stringn(thinking.data, thinking.len));
         rc = api_append(msgs, m, e);
     }
     json_decref(calls);
     cairn_strbuf_free(&text);
+    cairn_strbuf_free(&thinking);
     return rc;
 }
 
@@ -437,6 +456,29 @@ static int tool_choice_field(const json_t *params, json_t *chat, cairn_api_error
 }
 
 /* The body as the chat request it means. */
+/* Structured outputs: output_format (the beta's name) or
+ * output_config.format, {type: "json_schema", schema}, as the chat
+ * request's json_schema response_format. */
+static int output_format_field(const json_t *params, json_t *chat, cairn_api_error *e)
+{
+    const char *field = "output_format";
+    json_t *f = api_field(params, field);
+    json_t *config = api_field(params, "output_config");
+    if (!f && config && json_is_object(config) && (f = api_field(config, "format")))
+        field = "output_config.format";
+    if (!f)
+        return CAIRN_OK;
+    const char *type = json_string_value(json_object_get(f, "type"));
+    json_t *schema = json_object_get(f, "schema");
+    if (!json_is_object(f) || !type || strcmp(type, "json_schema") != 0 ||
+        !json_is_object(schema))
+        return api_fail(e, CAIRN_EINVAL, field, "'%s' must be {\"type\": \"json_schema\", "
+                        "\"schema\": {...}}", field);
+    return api_set(chat, "response_format",
+               json_pack("{s:s, s:{s:s, s:O}}", "type", "json_schema", "json_schema", "name",
+                         "output", "schema", schema), e);
+}
+
 static int translate(const json_t *params, json_t *chat, cache_plan *cp, cairn_api_error *e)
 {
     /* seed and session_id: cairn's extensions, as on the chat route */
@@ -472,6 +514,8 @@ static int translate(const json_t *params, json_t *chat, cache_plan *cp, cairn_a
         rc = api_translate_tools(params, chat, tool_parts, e);
     if (rc == CAIRN_OK)
         rc = tool_choice_field(params, chat, e);
+    if (rc == CAIRN_OK)
+        rc = output_format_field(params, chat, e);
     return rc;
 }
 
@@ -479,7 +523,8 @@ static int translate(const json_t *params, json_t *chat, cache_plan *cp, cairn_a
 static void rename_field(cairn_api_error *e)
 {
     static const api_field_name names[] = {{"stop", "stop_sequences"},
-                                           {"parallel_tool_calls", "tool_choice"}};
+                                           {"parallel_tool_calls", "tool_choice"},
+                                           {"response_format", "output_format"}};
     api_rename_field(e, names, sizeof names / sizeof names[0]);
 }
 

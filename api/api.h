@@ -230,6 +230,35 @@ int cairn_api_tool_calls(const cairn_api *api, const char *text, size_t len,
 size_t cairn_api_tool_call_start(const char *text, size_t len, const char *tools_json,
                                  bool *certain);
 
+/* Replies in channels (gpt-oss's harmony, text/text.h): the model writes
+ * its reasoning, its answer and its tool calls as separate messages, with
+ * markers a client must never see. Does this model? Then every chat reply
+ * is read with cairn_api_reply, tools or not, and a stream with
+ * cairn_api_reply_next. */
+bool cairn_api_reply_has_channels(const cairn_api *api);
+
+/* A finished reply read into what a chat client is given (all malloc'ed):
+ * *reasoning (`reasoning_content`; NULL: none), *calls_json (an OpenAI
+ * tool_calls array with ids "<id_prefix><n>"; NULL: none) and *content
+ * (NULL: the text as it is). Replies in channels are read whole
+ * (cairn_chat_parse_reply: a call cut off by max_tokens is dropped unless
+ * its arguments are complete JSON); other replies are
+ * cairn_api_tool_calls(), and only with tools_json (*reasoning then NULL).
+ * CAIRN_OK, CAIRN_ENOTFOUND (nothing read: the text as it is),
+ * CAIRN_ENOMEM, CAIRN_EINVAL. */
+int cairn_api_reply(const cairn_api *api, const char *text, size_t len, const char *tools_json,
+                    const char *id_prefix, bool cut, char **reasoning, char **calls_json,
+                    char **content);
+
+/* Streaming a reply in channels: its next settled part from *c on
+ * (text/text.h, cairn_chat_reply_next). Reasoning and content pieces come
+ * as they are written, concatenated the beginnings of cairn_api_reply's
+ * *reasoning and *content for the finished text; calls come whole (the
+ * finished reply's tool_calls are what a client is given). Cheap: any
+ * thread, the loop thread included. */
+bool cairn_api_reply_next(const cairn_api *api, cairn_chat_reply_cursor *c, const char *text,
+                          size_t len, bool done, cairn_chat_reply_part *part);
+
 /* Parts of a call's conversation: the system text given apart (native
  * `system`), then each message. 0 when the prompt was not a conversation. */
 size_t cairn_api_conversation_parts(const cairn_api_call *c);

@@ -72,7 +72,9 @@ int api_tokenize(const cairn_api *api, const char *text, size_t len, int flags, 
 /* How the reply follows the messages: a trailing assistant message is
  * continued (a prefill; `continue_final_message: false` answers it with a
  * new turn instead), else a new assistant turn is opened
- * (`add_generation_prompt: false` leaves it out). CAIRN_CHAT_* flags. */
+ * (`add_generation_prompt: false` leaves it out); and how long it is to
+ * reason (`reasoning_effort`, also in `chat_template_kwargs`: low, medium,
+ * high, for templates that take it). CAIRN_CHAT_* flags. */
 int api_reply_flags(const json_t *params, const json_t *msgs, int *flags, cairn_api_error *e);
 /* The generic format's own flag, beside CAIRN_TOK_*: continue the last message. */
 #define API_RENDER_CONTINUE_FINAL (1 << 30)

@@ -485,6 +485,35 @@ int cairn_api_tool_calls(const cairn_api *api, const char *text, size_t len,
     return CAIRN_OK;
 }
 
+bool cairn_api_reply_has_channels(const cairn_api *api)
+{
+    return api->chat_template && cairn_chat_reply_has_channels(api->chat_template);
+}
+
+int cairn_api_reply(const cairn_api *api, const char *text, size_t len, const char *tools_json,
+                    const char *id_prefix, bool cut, char **reasoning, char **calls_json,
+                    char **content)
+{
+    *reasoning = *calls_json = *content = NULL;
+    if (!cairn_api_reply_has_channels(api)) {
+        if (!tools_json)
+            return CAIRN_ENOTFOUND;
+        return cairn_api_tool_calls(api, text, len, tools_json, id_prefix, cut, calls_json,
+                                    content);
+    }
+    /* A harmony call is told by its header, and one cut off keeps its
+     * arguments only when they are complete JSON: nothing of a broken call
+     * reaches the content, so `cut` needs no more here. */
+    return cairn_chat_parse_reply(api->chat_template, text ? text : "", text ? len : 0,
+                                  tools_json, id_prefix, reasoning, calls_json, content);
+}
+
+bool cairn_api_reply_next(const cairn_api *api, cairn_chat_reply_cursor *c, const char *text,
+                          size_t len, bool done, cairn_chat_reply_part *part)
+{
+    return cairn_chat_reply_next(api->chat_template, c, text, len, done, part);
+}
+
 size_t cairn_api_tool_call_start(const char *text, size_t len, const char *tools_json,
                                  bool *certain)
 {

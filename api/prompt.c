@@ -212,6 +212,15 @@ static int read_message(const json_t *obj, size_t i, keep_list *kl, cairn_chat_m
                         "messages[%zu]: tool_call_id and name must be strings", i);
     m->tool_call_id = id ? json_string_value(id) : NULL;
     m->name = name ? json_string_value(name) : NULL;
+    /* an earlier reply's reasoning, as OpenAI-compatible servers return it
+     * (vLLM and llama.cpp: reasoning_content; Hugging Face: thinking) */
+    json_t *reasoning = api_field(obj, "reasoning_content");
+    if (!reasoning)
+        reasoning = api_field(obj, "thinking");
+    if (reasoning && (strcmp(r, "assistant") != 0 || !api_clean_string(reasoning)))
+        return api_fail(e, CAIRN_EINVAL, "messages", "messages[%zu].reasoning_content: only an "
+                        "assistant message may carry one, as a string", i);
+    m->reasoning_content = reasoning ? json_string_value(reasoning) : NULL;
     return CAIRN_OK;
 }
 
@@ -423,6 +432,29 @@ int api_native_content(const cairn_api *api, const json_t *params, const api_con
 
 /* ---- OpenAI's content --------------------------------------------------------------------- */
 
+/* reasoning_effort (OpenAI's field, or in chat_template_kwargs as vLLM and
+ * llama.cpp take it): CAIRN_CHAT_REASONING_* (0: the template's default). */
+static int reasoning_flags(const json_t *params, int *flags, cairn_api_error *e)
+{
+    static const char *const names[] = {"low", "medium", "high"};
+    static const int values[] = {CAIRN_CHAT_REASONING_LOW, 0, CAIRN_CHAT_REASONING_HIGH};
+    const char *field = "reasoning_effort";
+    json_t *v = api_field(params, field);
+    json_t *kwargs = api_field(params, "chat_template_kwargs");
+    if (!v && json_is_object(kwargs) && (v = api_field(kwargs, field)))
+        field = "chat_template_kwargs.reasoning_effort";
+    *flags = 0;
+    if (!v)
+        return CAIRN_OK;
+    for (size_t i = 0; json_is_string(v) && i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(json_string_value(v), names[i]) == 0) {
+            *flags = values[i];
+            return CAIRN_OK;
+        }
+    return api_fail(e, CAIRN_EINVAL, field, "'%s' must be \"low\", \"medium\" or \"high\"",
+                    field);
+}
+
 int api_reply_flags(const json_t *params, const json_t *msgs, int *flags, cairn_api_error *e)
 {
     size_t n = json_array_size(msgs);
@@ -438,8 +470,13 @@ int api_reply_flags(const json_t *params, const json_t *msgs, int *flags, cairn_
         return api_fail(e, CAIRN_EINVAL, "continue_final_message",
                         "'continue_final_message' and 'add_generation_prompt' cannot both be "
                         "true");
-    *flags = continue_final ? CAIRN_CHAT_CONTINUE_FINAL
-                            : gen_prompt ? CAIRN_CHAT_GENERATION_PROMPT : 0;
+    int effort;
+    if ((rc = reasoning_flags(params, &effort, e)))
+        return rc;
+    *flags = (continue_final ? CAIRN_CHAT_CONTINUE_FINAL
+              : gen_prompt   ? CAIRN_CHAT_GENERATION_PROMPT
+                             : 0) |
+             effort;
     return CAIRN_OK;
 }
 

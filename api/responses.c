@@ -66,6 +66,79 @@ static int content_text(const json_t *v, size_t i, cairn_strbuf *out, cairn_api_
     return out->oom ? api_oom(e) : CAIRN_OK;
 }
 
+/* The assistant message an output item of an earlier reply belongs to: the
+ * last message when it is the assistant's and `fits` it, else a new one. */
+static json_t *assistant_turn(json_t *msgs, bool fits, cairn_api_error *e)
+{
+    json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
+    const char *role = json_string_value(json_object_get(last, "role"));
+    if (last && role && strcmp(role, "assistant") == 0 && fits)
+        return last;
+    last = json_pack("{s:s, s:s}", "role", "assistant", "content", "");
+    return api_append(msgs, last, e) == CAIRN_OK ? last : NULL;
+}
+
+/* Is `m` an assistant message that holds only reasoning so far (a reasoning
+ * item's, waiting for the reply's text or calls)? */
+static bool reasoning_only(const json_t *m)
+{
+    const char *role = json_string_value(json_object_get(m, "role"));
+    const char *content = json_string_value(json_object_get(m, "content"));
+    return role && strcmp(role, "assistant") == 0 && json_object_get(m, "reasoning_content") &&
+           !json_object_get(m, "tool_calls") && content && !content[0];
+}
+
+/* A reasoning item of an earlier reply (what this server returned, sent
+ * back by a client that keeps the conversation itself): its text becomes
+ * the reasoning of the assistant message it precedes, which the chat
+ * template keeps or drops as the model was trained (gpt-oss keeps it only
+ * before a tool call). An item with nothing to read (only a summary of
+ * another server's, or its encrypted_content) adds nothing. */
+static int reasoning_input(const json_t *item, size_t i, json_t *msgs, cairn_api_error *e)
+{
+    cairn_strbuf text = {0};
+    json_t *parts = json_object_get(item, "content");
+    if (json_array_size(parts) == 0 && json_array_size(json_object_get(item, "summary")))
+        parts = json_object_get(item, "summary"); /* the text when there is one, else its summary */
+    if (json_is_null(parts))
+        parts = NULL;
+    if (parts && !json_is_array(parts))
+        return api_fail(e, CAIRN_EINVAL, "input",
+                        "input[%zu]: a reasoning item's content is an array of text parts", i);
+    size_t k;
+    json_t *part;
+    json_array_foreach(parts, k, part)
+    {
+        json_t *t = json_object_get(part, "text");
+        if (!json_is_object(part) || !api_clean_string(t)) {
+            cairn_strbuf_free(&text);
+            return api_fail(e, CAIRN_EINVAL, "input",
+                            "input[%zu]: a reasoning item's parts each have a string 'text'", i);
+        }
+        if (text.len)
+            cairn_strbuf_add(&text, "\n", 1);
+        cairn_strbuf_add(&text, json_string_value(t), json_string_length(t));
+    }
+    json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
+    if (text.len && reasoning_only(last)) { /* two in a row: one turn's */
+        const char *before = json_string_value(json_object_get(last, "reasoning_content"));
+        cairn_strbuf joined = {0};
+        cairn_strbuf_add(&joined, before, strlen(before));
+        cairn_strbuf_add(&joined, "\n", 1);
+        cairn_strbuf_add(&joined, text.data, text.len);
+        cairn_strbuf_free(&text);
+        text = joined;
+    }
+    int rc = text.oom ? api_oom(e) : CAIRN_OK;
+    if (rc == CAIRN_OK && text.len) {
+        json_t *m = assistant_turn(msgs, reasoning_only(last), e);
+        rc = m ? api_set(m, "reasoning_content", json_stringn(text.data, text.len), e)
+               : e->code; /* api_append said out of memory */
+    }
+    cairn_strbuf_free(&text);
+    return rc;
+}
+
 static int message_item(const json_t *item, size_t i, json_t *msgs, cairn_api_error *e)
 {
     static const char *const roles[] = {"user", "assistant", "system", "developer"};
@@ -78,7 +151,10 @@ static int message_item(const json_t *item, size_t i, json_t *msgs, cairn_api_er
                         "input[%zu].role must be user, assistant, system or developer", i);
     cairn_strbuf text = {0};
     int rc = content_text(json_object_get(item, "content"), i, &text, e);
-    if (rc == CAIRN_OK)
+    json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
+    if (rc == CAIRN_OK && strcmp(role, "assistant") == 0 && reasoning_only(last))
+        rc = api_set(last, "content", json_stringn(text.data ? text.data : "", text.len), e);
+    else if (rc == CAIRN_OK)
         rc = api_append(msgs, json_pack("{s:s, s:s%}", "role", role, "content",
                                     text.data ? text.data : "", text.len), e);
     cairn_strbuf_free(&text);
@@ -98,14 +174,10 @@ static int call_item(const json_t *item, size_t i, json_t *msgs, cairn_api_error
                              "name", name, "arguments", args);
     if (!call)
         return api_oom(e);
-    json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
-    const char *role = json_string_value(json_object_get(last, "role"));
-    if (!last || !role || strcmp(role, "assistant") != 0) {
-        last = json_pack("{s:s, s:s}", "role", "assistant", "content", "");
-        if (api_append(msgs, last, e)) {
-            json_decref(call);
-            return api_oom(e);
-        }
+    json_t *last = assistant_turn(msgs, true, e);
+    if (!last) {
+        json_decref(call);
+        return e->code;
     }
     json_t *calls = json_object_get(last, "tool_calls");
     if (!calls && api_set(last, "tool_calls", calls = json_array(), e)) {
@@ -161,10 +233,12 @@ static int input_field(const json_t *params, json_t *chat, cairn_api_error *e)
             rc = call_item(item, i, msgs, e);
         else if (strcmp(type, "function_call_output") == 0)
             rc = output_item(item, i, msgs, e);
+        else if (strcmp(type, "reasoning") == 0)
+            rc = reasoning_input(item, i, msgs, e);
         else
             return api_fail(e, CAIRN_EINVAL, "input", "input[%zu]: items of type '%.40s' are "
-                            "not supported (message, function_call, function_call_output)",
-                            i, type);
+                            "not supported (message, reasoning, function_call, "
+                            "function_call_output)", i, type);
         if (rc)
             return rc;
     }
@@ -251,6 +325,10 @@ static int translate(const json_t *params, json_t *chat, cairn_api_error *e)
     }
     if (rc == CAIRN_OK && max)
         rc = api_set(chat, "max_tokens", json_deep_copy(max), e);
+    /* reasoning: {effort}: the chat request's reasoning_effort (checked there) */
+    json_t *effort = api_field(api_field(params, "reasoning"), "effort");
+    if (rc == CAIRN_OK && effort)
+        rc = api_set(chat, "reasoning_effort", json_deep_copy(effort), e);
     if (rc == CAIRN_OK)
         rc = input_field(params, chat, e);
     if (rc == CAIRN_OK)
@@ -283,6 +361,7 @@ static int echo_fields(const json_t *params, const json_t *chat, const cairn_gen
     json_t *par = api_field(chat, "parallel_tool_calls");
     json_t *max = api_field(params, "max_output_tokens");
     json_t *format = text ? api_field(text, "format") : NULL;
+    json_t *effort = api_field(api_field(params, "reasoning"), "effort");
     json_t *o = json_pack(
         "{s:O*, s:o, s:o, s:o, s:f, s:f, s:O, s:O, s:b, s:O, s:o}", "instructions",
         api_field(params, "instructions"), "metadata",
@@ -298,6 +377,8 @@ static int echo_fields(const json_t *params, const json_t *chat, const cairn_gen
         return api_oom(e);
     if (!json_object_get(o, "instructions"))
         json_object_set_new(o, "instructions", json_null());
+    json_object_set_new(o, "reasoning", json_pack("{s:O, s:n}", "effort",
+                                                  effort ? effort : json_null(), "summary"));
     c->echo_json = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     return c->echo_json ? CAIRN_OK : api_oom(e);
@@ -352,7 +433,8 @@ static void rename_field(cairn_api_error *e)
 {
     static const api_field_name names[] = {{"max_tokens", "max_output_tokens"},
                                            {"response_format", "text"},
-                                           {"messages", "input"}};
+                                           {"messages", "input"},
+                                           {"reasoning_effort", "reasoning.effort"}};
     api_rename_field(e, names, sizeof names / sizeof names[0]);
 }
 

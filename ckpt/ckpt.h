@@ -42,6 +42,11 @@
  *                   (compressed-tensors, fbgemm_fp8, "fp8" with
  *                   weight_block_size) -> F8_E4M3 with an f32 scale per 32,
  *                   9 bits per weight.
+ *   MXFP4           gpt-oss's experts (quant_method "mxfp4": _blocks and
+ *                   _scales) -> GGUF's MXFP4, the same bits with the nibbles
+ *                   of each block reordered; its BF16 copies' experts
+ *                   (gate_up_proj, down_proj, stored input-major) are
+ *                   transposed into GGUF's rows.
  * Quantized tensors are repacked into memory the handle owns (once, at
  * load: the time and bytes are logged), and the model fingerprint hashes the
  * repacked bytes, so a prefix cached for the GGUF of a model and for its AWQ
@@ -53,7 +58,13 @@
  * Qwen2MoeForCausalLM (qwen2moe), Qwen3MoeForCausalLM (qwen3moe) and
  * MixtralForCausalLM (llama with experts), whose per-expert tensors become
  * GGUF's per-expert names "blk.L.ffn_{gate,up,down}.E.weight", used in place
- * like any other weight; anything else, an unknown
+ * like any other weight, and GptOssForCausalLM (gpt-oss), whose stacked
+ * experts (gate and up interleaved in one tensor) become GGUF's 3-D
+ * "blk.L.ffn_{gate,up,down}_exps" tensors, repacked. A gpt-oss config.json
+ * as OpenAI ships it (rope_scaling.truncate false: YaRN's correction range
+ * left unrounded, as transformers and vLLM compute it) carries that to the
+ * loader as rope.scaling.yarn_truncate false (model.c: no GGUF writer has
+ * the key; llama.cpp always rounds). Anything cairn does not implement, an unknown
  * quantization method, a tensor whose dtype or shape disagrees with
  * config.json, or a corrupt safetensors header is refused with a message
  * naming the file and the field. Nothing is ever written to the folder.

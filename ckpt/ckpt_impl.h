@@ -8,7 +8,8 @@
  *   tokenizer_json.c  tokenizer.json + tokenizer_config.json -> vocabulary,
  *                   merges, special ids, chat template
  *   weights.c       HF tensor names -> GGUF names, and the weight formats
- *                   (BF16/F16/F32, AWQ, GPTQ, FP8) -> cairn types
+ *                   (BF16/F16/F32, AWQ, GPTQ, FP8, gpt-oss's MXFP4 experts)
+ *                   -> cairn types
  *   ckpt.c          the folder as one cairn_gguf (cairn_ckpt_open)
  */
 #ifndef CAIRN_CKPT_IMPL_H
@@ -64,12 +65,16 @@ int64_t ckpt_json_id(json_t *o, const char *key, int which);
 
 /* ---- config.json ------------------------------------------------------------- */
 
-/* QM_CT_INT4: compressed-tensors "pack-quantized" 4-bit integers */
-typedef enum { QM_NONE, QM_AWQ, QM_GPTQ, QM_FP8, QM_CT_INT4 } ckpt_quant_method;
+/* QM_CT_INT4: compressed-tensors "pack-quantized" 4-bit integers; QM_MXFP4:
+ * transformers' "mxfp4" (gpt-oss: the experts only, as _blocks/_scales) */
+typedef enum { QM_NONE, QM_AWQ, QM_GPTQ, QM_FP8, QM_CT_INT4, QM_MXFP4 } ckpt_quant_method;
 
 typedef struct {
-    const char *arch;      /* cairn's name: llama, qwen2, qwen3, gemma3, qwen2moe, qwen3moe */
+    const char *arch;      /* cairn's name: llama, qwen2, qwen3, gemma3, qwen2moe, qwen3moe,
+                              gpt-oss */
     bool gemma;            /* Gemma's names, and norms stored as w for x * (1 + w) */
+    bool oss;              /* gpt-oss: biases, sinks, a router with a bias, and every layer's
+                              experts as three stacked tensors (weights.c) */
     int n_layer, dim, ffn, n_head, n_kv, head_dim, n_vocab, n_ctx;
     int64_t bos_id, eos_id; /* bos_token_id, eos_token_id (the first of a list); -1: none */
     bool tied;             /* tie_word_embeddings */

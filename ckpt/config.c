@@ -2,8 +2,9 @@
  * ckpt/config.c — config.json: the architecture, the shapes and the
  * quantization_config, turned into the `<arch>.*` keys a converted GGUF has.
  * A field that would change the maths in a way cairn does not implement
- * (another activation, biases on llama, YaRN, Qwen2's optional window, logit
- * soft-capping, dense layers among experts) is refused by name rather than
+ * (another activation, biases on llama, DeepSeek's or unrounded YaRN, Qwen2's
+ * optional window, logit soft-capping, dense layers among experts, another
+ * SwiGLU clamp or layer pattern on gpt-oss) is refused by name rather than
  * ignored.
  */
 #include "ckpt/ckpt_impl.h"
@@ -25,6 +26,7 @@ static const struct {
     {"Qwen2MoeForCausalLM", "qwen2moe"},
     {"Qwen3MoeForCausalLM", "qwen3moe"},
     {"MixtralForCausalLM", "llama"},
+    {"GptOssForCausalLM", "gpt-oss"},
 };
 
 /* An integer field: *out when present; CAIRN_ENOTFOUND when absent, and an
@@ -153,10 +155,17 @@ static int read_rope_scaling(json_t *root, ckpt_config *cfg, cairn_gguf_builder 
                 return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
                                     "config.json: rope_scaling.%s (DeepSeek's YaRN) is not "
                                     "supported", other[i]);
+        /* YaRN's ramp runs between the dimensions where a pair turns
+         * beta_fast and beta_slow times; truncate (HF's default true, and
+         * every GGUF, as llama.cpp computes it) rounds those two bounds out
+         * to whole dimensions, false (gpt-oss's configs, as HF, vLLM and
+         * OpenAI's reference compute it) keeps them fractional: other
+         * frequencies on the dimensions between, so it is carried to the
+         * loader (rope.scaling.yarn_truncate, model.c read_yarn). */
         json_t *truncate = json_object_get(rs, "truncate");
-        if (json_is_false(truncate))
-            return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
-                                "config.json: rope_scaling.truncate false is not supported");
+        if (truncate && !json_is_null(truncate) && !json_is_boolean(truncate))
+            return cairn_errorf(err, err_len, CAIRN_EFORMAT,
+                                "config.json: rope_scaling.truncate must be true or false");
         if (factor < 1 || !(fast > 0) || !(slow > 0) || !(attn > 0))
             return cairn_errorf(err, err_len, CAIRN_EFORMAT,
                                 "config.json: rope_scaling (yarn) needs factor >= 1 and positive "
@@ -173,6 +182,10 @@ static int read_rope_scaling(json_t *root, ckpt_config *cfg, cairn_gguf_builder 
         cairn_gguf_builder_set_f32(b, key, (float)slow);
         snprintf(key, sizeof key, "%s.rope.scaling.attn_factor", arch);
         cairn_gguf_builder_set_f32(b, key, (float)(attn / mscale));
+        if (json_is_false(truncate)) {
+            snprintf(key, sizeof key, "%s.rope.scaling.yarn_truncate", arch);
+            cairn_gguf_builder_set_bool(b, key, false);
+        }
         /* the context YaRN stretches to, as vLLM derives it */
         if ((double)orig * factor > cfg->n_ctx && (double)orig * factor <= (1 << 24))
             cfg->n_ctx = (int)((double)orig * factor);
@@ -318,9 +331,21 @@ static int read_quantization(json_t *root, ckpt_config *cfg, char *err, size_t e
     }
     if (strcmp(method, "compressed-tensors") == 0)
         return read_compressed_tensors(q, cfg, err, err_len);
+    /* transformers' mxfp4 quantizes gpt-oss's experts only (modules_to_not_convert
+     * lists the rest); which form a layer's experts have is read from its
+     * tensors (weights.c), so that list is not needed here */
+    if (strcmp(method, "mxfp4") == 0) {
+        if (!cfg->oss)
+            return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                                "config.json: quant_method 'mxfp4' is supported for "
+                                "GptOssForCausalLM's experts only");
+        cfg->quant = QM_MXFP4;
+        return CAIRN_OK;
+    }
     return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
                         "config.json: quant_method '%s' is not supported (supported: awq, gptq, "
-                        "fp8, fbgemm_fp8, compressed-tensors FP8)", method);
+                        "fp8, fbgemm_fp8, compressed-tensors FP8 and int4, mxfp4 for gpt-oss)",
+                        method);
 }
 
 /* Gemma 3: the local layers' window and RoPE base, which layers are global
@@ -396,22 +421,24 @@ static int read_gemma(json_t *root, ckpt_config *cfg, cairn_gguf_builder *b, cha
     return cairn_gguf_builder_set_f32(b, "gemma3.rope.freq_base_swa", (float)base_local);
 }
 
-/* The experts of Qwen2-MoE, Qwen3-MoE and Mixtral: how many, how many a
- * token uses, their width, whether the chosen weights are renormalised
- * (fixed per family in cairn, as in llama.cpp: a config that says otherwise
- * is refused), and no dense layers among them. */
+/* The experts of Qwen2-MoE, Qwen3-MoE, Mixtral and gpt-oss: how many, how
+ * many a token uses, their width, whether the chosen weights are
+ * renormalised (fixed per family in cairn, as in llama.cpp: a config that
+ * says otherwise is refused), and no dense layers among them. gpt-oss's
+ * router (a softmax over the chosen k) has no field to check. */
 static int read_experts(json_t *root, ckpt_config *cfg, cairn_gguf_builder *b, char *err,
                         size_t err_len)
 {
     const char *A = cfg->arch;
     const bool qwen3 = strcmp(A, "qwen3moe") == 0, qwen2 = strcmp(A, "qwen2moe") == 0;
     int used = 0, rc;
-    if ((rc = need_int(root, cfg->mixtral ? "num_local_experts" : "num_experts", 1, 1024,
+    const bool local = cfg->mixtral || cfg->oss; /* their field names */
+    if ((rc = need_int(root, local ? "num_local_experts" : "num_experts", 1, 1024,
                        &cfg->n_expert, err, err_len)) ||
         (rc = need_int(root, "num_experts_per_tok", 1, cfg->n_expert, &used, err, err_len)))
         return rc;
-    cfg->expert_ffn = cfg->ffn; /* Mixtral's experts are intermediate_size wide */
-    if (!cfg->mixtral) {
+    cfg->expert_ffn = cfg->ffn; /* Mixtral's and gpt-oss's experts are intermediate_size wide */
+    if (!local) {
         int step;
         if ((rc = need_int(root, "moe_intermediate_size", 1, 1 << 20, &cfg->expert_ffn, err,
                            err_len)) ||
@@ -447,6 +474,25 @@ static int read_experts(json_t *root, ckpt_config *cfg, cairn_gguf_builder *b, c
     return CAIRN_OK;
 }
 
+/* A config field's default, as a transformers config class has it. */
+typedef struct {
+    const char *key;
+    double value;
+} field_default;
+
+/* Set each default on m where the field is absent, or (null_too) null. */
+static void fill_defaults(json_t *m, const field_default *d, size_t n, bool null_too)
+{
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = json_object_get(m, d[i].key);
+        if (v && !(null_too && json_is_null(v)))
+            continue;
+        const double x = d[i].value;
+        json_object_set_new(m, d[i].key,
+                            x == (double)(json_int_t)x ? json_integer((json_int_t)x) : json_real(x));
+    }
+}
+
 /* Gemma 3's model fields as transformers reads them: the text_config of a
  * Gemma3ForConditionalGeneration (4B, 12B, 27B) or the file itself, with
  * Gemma3TextConfig's defaults for what it leaves out (the 4B's text_config
@@ -461,10 +507,7 @@ static int gemma_fields(json_t *file, bool multimodal, json_t **out, char *err, 
     json_t *m = json_deep_copy(src);
     if (!m)
         return CAIRN_ENOMEM;
-    static const struct {
-        const char *key;
-        double value;
-    } defaults[] = {
+    static const field_default defaults[] = {
         {"vocab_size", 262208},       {"hidden_size", 2304},
         {"intermediate_size", 9216},  {"num_hidden_layers", 26},
         {"num_attention_heads", 8},   {"num_key_value_heads", 4},
@@ -474,14 +517,7 @@ static int gemma_fields(json_t *file, bool multimodal, json_t **out, char *err, 
         {"rms_norm_eps", 1e-6},       {"bos_token_id", 2},
         {"eos_token_id", 1},
     };
-    for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++) {
-        json_t *v = json_object_get(m, defaults[i].key);
-        if (v && !json_is_null(v))
-            continue;
-        const double d = defaults[i].value;
-        json_object_set_new(m, defaults[i].key,
-                            d == (double)(json_int_t)d ? json_integer((json_int_t)d) : json_real(d));
-    }
+    fill_defaults(m, defaults, sizeof defaults / sizeof defaults[0], true);
     if (!json_object_get(m, "hidden_activation") && !json_object_get(m, "hidden_act"))
         json_object_set_new(m, "hidden_activation", json_string("gelu_pytorch_tanh"));
     static const char *const from_file[] = {"quantization_config", "_name_or_path",
@@ -491,6 +527,90 @@ static int gemma_fields(json_t *file, bool multimodal, json_t **out, char *err, 
             json_object_set(m, from_file[i], json_object_get(file, from_file[i]));
     *out = m;
     return CAIRN_OK;
+}
+
+/* gpt-oss's model fields as transformers reads them: GptOssConfig's
+ * defaults for what the file leaves out (the default rope_scaling included:
+ * YaRN x32 over 4096 tokens, truncate false), and transformers 5's
+ * rope_parameters read as rope_scaling and rope_theta. *out is a new
+ * reference. */
+static int oss_fields(json_t *file, json_t **out)
+{
+    json_t *m = json_deep_copy(file);
+    if (!m)
+        return CAIRN_ENOMEM;
+    static const field_default defaults[] = {
+        {"vocab_size", 201088},       {"hidden_size", 2880},
+        {"intermediate_size", 2880},  {"num_hidden_layers", 36},
+        {"num_attention_heads", 64},  {"num_key_value_heads", 8},
+        {"head_dim", 64},             {"num_local_experts", 128},
+        {"num_experts_per_tok", 4},   {"sliding_window", 128},
+        {"max_position_embeddings", 131072}, {"rms_norm_eps", 1e-5},
+        {"rope_theta", 150000},
+    };
+    json_t *params = json_object_get(m, "rope_parameters");
+    if (json_is_object(params) && !json_object_get(m, "rope_scaling")) {
+        json_t *theta = json_object_get(params, "rope_theta");
+        if (theta && !json_object_get(m, "rope_theta"))
+            json_object_set(m, "rope_theta", theta);
+        json_object_set(m, "rope_scaling", params);
+    }
+    /* absent only: an explicit null is the file's own value (sliding_window
+     * null is refused by name in read_oss) */
+    fill_defaults(m, defaults, sizeof defaults / sizeof defaults[0], false);
+    if (!json_object_get(m, "rope_scaling"))
+        json_object_set_new(m, "rope_scaling",
+                            json_pack("{s:s, s:f, s:f, s:f, s:b, s:i}", "rope_type", "yarn",
+                                      "factor", 32.0, "beta_fast", 32.0, "beta_slow", 1.0,
+                                      "truncate", 0, "original_max_position_embeddings", 4096));
+    *out = m;
+    return CAIRN_OK;
+}
+
+/* gpt-oss: the clamp of its SwiGLU, its local layers' window and which
+ * layers are local (model.c runs llama.cpp's form only: even layers local,
+ * odd ones global), written as the keys a converted GGUF has. */
+static int read_oss(json_t *root, ckpt_config *cfg, cairn_gguf_builder *b, char *err,
+                    size_t err_len)
+{
+    /* the kernels clamp at 7 with sigmoid(1.702 x), the constants of
+     * transformers' GptOssExperts and llama.cpp; the config names only the
+     * first */
+    double limit;
+    int rc = opt_num(root, "swiglu_limit", 7.0, &limit, err, err_len);
+    if (rc)
+        return rc;
+    if (limit != 7.0)
+        return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                            "config.json: swiglu_limit %g is not supported (cairn's gpt-oss "
+                            "experts clamp at 7)", limit);
+    if (json_is_null(json_object_get(root, "sliding_window")))
+        return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                            "config.json: sliding_window null (local layers without a window) is "
+                            "not supported for gpt-oss");
+    int window = 0;
+    if ((rc = need_int(root, "sliding_window", 1, 1 << 24, &window, err, err_len)))
+        return rc;
+    if (window > cfg->n_ctx)
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT,
+                            "config.json: sliding_window %d is wider than the context (%d)", window,
+                            cfg->n_ctx);
+    json_t *types = json_object_get(root, "layer_types");
+    if (types && !json_is_null(types)) { /* null: transformers' default, the pattern below */
+        if (!json_is_array(types) || (int)json_array_size(types) != cfg->n_layer)
+            return cairn_errorf(err, err_len, CAIRN_EFORMAT,
+                                "config.json: layer_types must list %d layers", cfg->n_layer);
+        for (int l = 0; l < cfg->n_layer; l++) {
+            const char *t = json_string_value(json_array_get(types, l));
+            const char *want = l % 2 ? "full_attention" : "sliding_attention";
+            if (!t || strcmp(t, want) != 0)
+                return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                                    "config.json: layer_types[%d] is '%s'; cairn runs gpt-oss with "
+                                    "sliding_attention on even layers and full_attention on odd "
+                                    "ones", l, t ? t : "?");
+        }
+    }
+    return cairn_gguf_builder_set_u32(b, "gpt-oss.attention.sliding_window", (uint32_t)window);
 }
 
 int ckpt_config_read(const char *dir, ckpt_config *cfg, cairn_gguf_builder *b, char *err,
@@ -527,6 +647,15 @@ int ckpt_config_read(const char *dir, ckpt_config *cfg, cairn_gguf_builder *b, c
     cfg->llama_rope = strcmp(A, "llama") == 0;
     cfg->gemma = strcmp(A, "gemma3") == 0;
     cfg->mixtral = strcmp(hf, "MixtralForCausalLM") == 0;
+    cfg->oss = strcmp(A, "gpt-oss") == 0;
+    if (cfg->oss) {
+        json_t *file = root, *fields = NULL;
+        rc = oss_fields(file, &fields);
+        json_decref(file);
+        root = fields;
+        if (rc)
+            goto out;
+    }
     if (cfg->gemma) {
         json_t *file = root, *fields = NULL;
         rc = gemma_fields(file, strcmp(hf, "Gemma3ForConditionalGeneration") == 0, &fields, err,
@@ -629,10 +758,21 @@ int ckpt_config_read(const char *dir, ckpt_config *cfg, cairn_gguf_builder *b, c
                                    (uint32_t)mistral_window);
 #undef ARCH_KEY
     if ((cfg->gemma && (rc = read_gemma(root, cfg, b, err, err_len))) ||
-        ((strstr(A, "moe") || cfg->mixtral) && (rc = read_experts(root, cfg, b, err, err_len))) ||
+        (cfg->oss && (rc = read_oss(root, cfg, b, err, err_len))) ||
+        ((strstr(A, "moe") || cfg->mixtral || cfg->oss) &&
+         (rc = read_experts(root, cfg, b, err, err_len))) ||
         (rc = read_quantization(root, cfg, err, err_len)))
         goto out;
-    static const char *const methods[] = {"none", "awq", "gptq", "fp8", "compressed-tensors int4"};
+    static const char *const methods[] = {"none", "awq", "gptq", "fp8", "compressed-tensors int4",
+                                          "mxfp4"};
+    /* gpt-oss's experts are stacked tensors that only the MXFP4 and float
+     * forms describe (weights.c); its other weights are never quantized */
+    if (cfg->oss && cfg->quant != QM_NONE && cfg->quant != QM_MXFP4) {
+        rc = cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                          "config.json: GptOssForCausalLM quantized as %s is not supported "
+                          "(quant_method mxfp4, or none: BF16)", methods[cfg->quant]);
+        goto out;
+    }
     cairn_gguf_builder_set_str(b, "cairn.source.format", "safetensors");
     rc = cairn_gguf_builder_set_str(b, "cairn.source.quantization", methods[cfg->quant]);
 out:

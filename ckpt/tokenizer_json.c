@@ -11,9 +11,10 @@
  *   model.merges                 -> merges ("a b"; the list-of-pairs form too)
  *   pre_tokenizer's split regex  -> tokenizer.ggml.pre, by recognising the
  *                                   published regexes (Qwen2, Llama 3,
- *                                   GPT-2): a regex cairn does not know is
- *                                   refused, since a wrong split would give
- *                                   other ids without any error
+ *                                   GPT-4o/gpt-oss o200k, GPT-2): a regex
+ *                                   cairn does not know is refused, since a
+ *                                   wrong split would give other ids
+ *                                   without any error
  *   tokenizer_config.json        -> bos/eos/padding ids, add_bos_token,
  *                                   chat_template
  *   generation_config.json       -> a second stop id (eot) when it lists one,
@@ -23,7 +24,8 @@
  *
  * Two kinds are read:
  *
- *   byte-level BPE (Qwen2/2.5/3, Llama 3)  -> tokenizer.ggml.model "gpt2"
+ *   byte-level BPE (Qwen2/2.5/3, Llama 3,  -> tokenizer.ggml.model "gpt2"
+ *     gpt-oss)
  *   SentencePiece-style BPE, byte_fallback -> tokenizer.ggml.model "llama"
  *     (Gemma, Llama 2, Mistral)
  *
@@ -65,6 +67,13 @@ static const struct {
     {"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+"
      "[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
      "llama-bpe"},
+    /* o200k: GPT-4o, gpt-oss, Llama 4 (a Sequence of this Split, Isolated,
+     * and a ByteLevel without its own regex) */
+    {"[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}"
+     "\\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}"
+     "\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}|"
+     " ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+     "gpt-4o"},
 };
 
 static const char *str_of(json_t *o, const char *key)
@@ -128,7 +137,8 @@ static int detect_pre(json_t *pt, const char **pre, char *err, size_t err_len)
             }
     return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
                         "tokenizer.json: the pre-tokenizer's split regex is not one cairn knows "
-                        "(Qwen2, Llama 3, GPT-2); refusing rather than splitting text differently");
+                        "(Qwen2, Llama 3, GPT-4o, GPT-2); refusing rather than splitting text "
+                        "differently");
 }
 
 /* Whether a post_processor (a TemplateProcessing, alone or in a Sequence)

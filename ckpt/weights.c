@@ -26,6 +26,30 @@
  *   model.norm.weight                         output_norm.weight       (F32)
  *   lm_head.weight                            output.weight (absent when tied)
  *
+ * gpt-oss (GptOssForCausalLM) on top of the attention's q/k/v biases:
+ *   self_attn.o_proj.bias                     blk.L.attn_output.bias   (F32)
+ *   self_attn.sinks [heads]                   blk.L.attn_sinks.weight  (F32)
+ *   post_attention_layernorm                  blk.L.post_attention_norm (its FFN
+ *                                             input norm, named as llama.cpp does)
+ *   mlp.router.{weight,bias}                  blk.L.ffn_gate_inp.{weight,bias}
+ *   mlp.experts.gate_up_proj_bias [E][2 eff]  blk.L.ffn_{gate,up}_exps.bias (F32)
+ *   mlp.experts.down_proj_bias [E][hidden]    blk.L.ffn_down_exps.bias (F32)
+ * and a layer's experts in one of two forms, both with gate and up
+ * interleaved along the 2 eff axis (gate the even rows, up the odd ones):
+ *   MXFP4 (quant_method mxfp4): gate_up_proj_blocks U8 [E][2 eff][hidden/32][16]
+ *     and gate_up_proj_scales U8 [E][2 eff][hidden/32], down_proj_blocks
+ *     [E][hidden][eff/32][16] and down_proj_scales: a block of 32 weights is
+ *     one E8M0 scale byte (GGUF's too) and 16 bytes whose byte b holds
+ *     element 2b in its low nibble and 2b + 1 in its high one, where GGUF's
+ *     byte b holds elements b and b + 16. The nibbles are moved into
+ *     GGUF's order (an exact repack) -> blk.L.ffn_{gate,up,down}_exps.weight,
+ *     MXFP4 [E][out][in].
+ *   float (the BF16 copies some publish): gate_up_proj [E][hidden][2 eff] and
+ *     down_proj [E][eff][hidden], each expert stored input-major (x @ W):
+ *     transposed into the same 3-D tensors, in the checkpoint's dtype.
+ * Either way a layer's experts are a copy the handle owns (the repack, or
+ * the transpose), not the mapping.
+ *
  * A linear layer is one of
  *   <p>.weight                     BF16/F16/F32 [out][in]: used in place
  *   <p>.weight + weight_scale(_inv) F8_E4M3: -> F8_E4M3 blocks (repacked)
@@ -108,22 +132,36 @@ static const st_tensor *need(loader *L, const char *name, int *rc)
     return t;
 }
 
+/* "a, b, c": a shape for a message. */
+static void shape_str(char *buf, size_t n, int n_dims, const int64_t *dims)
+{
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int d = 0; d < n_dims && at < n; d++)
+        at += (size_t)snprintf(buf + at, n - at, "%s%lld", d ? ", " : "", (long long)dims[d]);
+}
+
+/* Check t's shape is want[n_dims] (outermost first). */
+static int check_dims(loader *L, const st_tensor *t, int n_dims, const int64_t *want)
+{
+    bool same = t->n_dims == n_dims;
+    for (int d = 0; same && d < n_dims; d++)
+        same = t->shape[d] == want[d];
+    if (same)
+        return CAIRN_OK;
+    char got[96], implied[96];
+    shape_str(got, sizeof got, t->n_dims, t->shape);
+    shape_str(implied, sizeof implied, n_dims, want);
+    return cairn_errorf(L->err, L->err_len, CAIRN_EFORMAT,
+                        "tensor '%s' (%s) has shape [%s], config.json implies [%s]", t->name,
+                        t->file, got, implied);
+}
+
 /* Check t is [d0] (d1 == 0) or [d0][d1]. */
 static int check_shape(loader *L, const st_tensor *t, int64_t d0, int64_t d1)
 {
-    const int nd = d1 ? 2 : 1;
-    if (t->n_dims != nd || t->shape[0] != d0 || (nd == 2 && t->shape[1] != d1)) {
-        char got[96] = "";
-        size_t at = 0;
-        for (int d = 0; d < t->n_dims; d++)
-            at += (size_t)snprintf(got + at, sizeof got - at, "%s%lld", d ? ", " : "",
-                                   (long long)t->shape[d]);
-        return cairn_errorf(L->err, L->err_len, CAIRN_EFORMAT,
-                            "tensor '%s' (%s) has shape [%s], config.json implies [%lld%s%.0lld]",
-                            t->name, t->file, got, (long long)d0, nd == 2 ? ", " : "",
-                            (long long)d1);
-    }
-    return CAIRN_OK;
+    const int64_t want[2] = {d0, d1};
+    return check_dims(L, t, d1 ? 2 : 1, want);
 }
 
 static bool is_float(st_dtype t) { return t == ST_F32 || t == ST_F16 || t == ST_BF16; }
@@ -528,6 +566,204 @@ static int add_linear(loader *L, const char *hf, const char *gname, int64_t n_ou
     return cairn_errorf(L->err, L->err_len, CAIRN_EFORMAT, "missing tensor '%s'", name);
 }
 
+/* ---- gpt-oss's experts ---------------------------------------------------- */
+
+/* One block of HF's MXFP4 (scale e, bytes q: element 2b and 2b + 1 in the
+ * low and high nibble of q[b]) as GGUF's (element b and b + 16 in the low
+ * and high nibble of byte b), at dst[0..16]. */
+static void mxfp4_block(uint8_t *dst, uint8_t e, const uint8_t *q)
+{
+    dst[0] = e;
+    for (int m = 0; m < 8; m++) {
+        /* GGUF bytes 2m and 2m + 1 hold elements 2m, 2m + 1 (in q[m]) and
+         * 2m + 16, 2m + 17 (in q[8 + m]) */
+        dst[1 + 2 * m] = (uint8_t)((q[m] & 0x0f) | (q[8 + m] << 4));
+        dst[2 + 2 * m] = (uint8_t)((q[m] >> 4) | (q[8 + m] & 0xf0));
+    }
+}
+
+/* "<pre><hf>_blocks" / "_scales" (the rows of every expert: `split` GGUF
+ * tensors interleaved row by row, n_in inputs each) as the MXFP4 3-D
+ * tensors gname[0..split), [E][rows][n_in] each. */
+static int add_mxfp4_experts(loader *L, const char *pre, const char *hf, int split, int64_t rows,
+                             int64_t n_in, const char *const *gname)
+{
+    const int64_t E = L->cfg->n_expert, nb = n_in / 32;
+    char bname[256], sname[256];
+    snprintf(bname, sizeof bname, "%s%s_blocks", pre, hf);
+    snprintf(sname, sizeof sname, "%s%s_scales", pre, hf);
+    int rc = CAIRN_OK;
+    const st_tensor *qb = need(L, bname, &rc), *sc = qb ? need(L, sname, &rc) : NULL;
+    if (!sc)
+        return rc;
+    if (n_in % 32)
+        return cairn_errorf(L->err, L->err_len, CAIRN_EUNSUPPORTED,
+                            "tensor '%s': MXFP4 rows of %lld inputs are not whole blocks of 32",
+                            bname, (long long)n_in);
+    if (qb->dtype != ST_U8 || sc->dtype != ST_U8)
+        return cairn_errorf(L->err, L->err_len, CAIRN_EFORMAT,
+                            "tensors '%s' and '%s': MXFP4 blocks and scales must be U8 (got %s, "
+                            "%s)", bname, sname, st_dtype_name(qb->dtype),
+                            st_dtype_name(sc->dtype));
+    const int64_t bdims[4] = {E, rows * split, nb, 16};
+    if ((rc = check_dims(L, qb, 4, bdims)) || (rc = check_dims(L, sc, 3, bdims)))
+        return rc;
+    const size_t expert_bytes = (size_t)(rows * nb * 17);
+    for (int s = 0; s < split; s++) {
+        uint8_t *w = owned(L, expert_bytes * (size_t)E, &rc);
+        if (!w)
+            return rc;
+        for (int64_t e = 0; e < E; e++)
+            for (int64_t r = 0; r < rows; r++) {
+                const int64_t src = (e * rows + r) * split + s; /* the HF row */
+                uint8_t *dst = w + (size_t)e * expert_bytes + (size_t)(r * nb * 17);
+                for (int64_t k = 0; k < nb; k++) {
+                    const uint8_t ex = sc->data[src * nb + k];
+                    /* E8M0's one NaN: no weight of the block means anything */
+                    if (ex == 0xff)
+                        return cairn_errorf(L->err, L->err_len, CAIRN_EFORMAT,
+                                            "tensor '%s' holds a NaN scale (0xff) at [%lld, %lld, "
+                                            "%lld]", sname, (long long)e,
+                                            (long long)(r * split + s), (long long)k);
+                    mxfp4_block(dst + k * 17, ex, qb->data + (size_t)(src * nb + k) * 16);
+                }
+            }
+        const int64_t ne[3] = {n_in, rows, E};
+        if ((rc = cairn_gguf_builder_add_tensor(L->b, gname[s], CAIRN_TYPE_MXFP4, 3, ne, w)))
+            return rc;
+    }
+    return CAIRN_OK;
+}
+
+/* Rows [r0, r1) and inputs [i0, i1) of one expert's tensor s: dst [rows][n_in]
+ * from src [n_in][cols], elements of es bytes (a constant where it is
+ * called, so each copy is one load and store). */
+static inline void copy_tile(uint8_t *dst, const uint8_t *src, int64_t n_in, int64_t cols,
+                             int split, int s, int64_t r0, int64_t r1, int64_t i0, int64_t i1,
+                             size_t es)
+{
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t i = i0; i < i1; i++)
+            memcpy(dst + (size_t)(r * n_in + i) * es, src + (size_t)(i * cols + r * split + s) * es,
+                   es);
+}
+
+/* "<pre><hf>" in a float dtype, [E][n_in][rows * split] (x @ W, the input
+ * outermost), as the 3-D tensors gname[0..split) in the same dtype,
+ * [E][rows][n_in] each: column r * split + s becomes row r of tensor s. */
+static int add_float_experts(loader *L, const char *pre, const char *hf, int split, int64_t rows,
+                             int64_t n_in, const char *const *gname)
+{
+    const int64_t E = L->cfg->n_expert, cols = rows * split;
+    char name[256];
+    snprintf(name, sizeof name, "%s%s", pre, hf);
+    int rc = CAIRN_OK;
+    const st_tensor *t = st_find(L->st, name);
+    if (!t)
+        return cairn_errorf(L->err, L->err_len, CAIRN_EFORMAT,
+                            "missing tensor '%s_blocks' (MXFP4 experts) or '%s' (float experts)",
+                            name, name);
+    if (!is_float(t->dtype))
+        return cairn_errorf(L->err, L->err_len, CAIRN_EUNSUPPORTED, "tensor '%s' has dtype %s",
+                            name, st_dtype_name(t->dtype));
+    const int64_t dims[3] = {E, n_in, cols};
+    if ((rc = check_dims(L, t, 3, dims)))
+        return rc;
+    const size_t es = st_dtype_size(t->dtype);
+    enum { TILE = 64 }; /* a tile of rows and inputs: both sides stay in cache */
+    for (int s = 0; s < split; s++) {
+        uint8_t *w = owned(L, (size_t)(E * rows * n_in) * es, &rc);
+        if (!w)
+            return rc;
+        for (int64_t e = 0; e < E; e++) {
+            const uint8_t *src = t->data + (size_t)(e * n_in * cols) * es;
+            uint8_t *dst = w + (size_t)(e * rows * n_in) * es;
+            for (int64_t i0 = 0; i0 < n_in; i0 += TILE)
+                for (int64_t r0 = 0; r0 < rows; r0 += TILE) {
+                    const int64_t i1 = i0 + TILE < n_in ? i0 + TILE : n_in;
+                    const int64_t r1 = r0 + TILE < rows ? r0 + TILE : rows;
+                    if (es == 2)
+                        copy_tile(dst, src, n_in, cols, split, s, r0, r1, i0, i1, 2);
+                    else
+                        copy_tile(dst, src, n_in, cols, split, s, r0, r1, i0, i1, 4);
+                }
+        }
+        const int64_t ne[3] = {n_in, rows, E};
+        if ((rc = cairn_gguf_builder_add_tensor(L->b, gname[s], float_type(t->dtype), 3, ne, w)))
+            return rc;
+    }
+    return CAIRN_OK;
+}
+
+/* "<pre><hf>" [E][n * split], a float bias per expert, as the F32 tensors
+ * gname[0..split) [E][n]: element k * split + s of an expert's row is
+ * element k of tensor s. */
+static int add_expert_biases(loader *L, const char *pre, const char *hf, int split, int64_t n,
+                             const char *const *gname)
+{
+    const int64_t E = L->cfg->n_expert;
+    char name[256];
+    snprintf(name, sizeof name, "%s%s", pre, hf);
+    int rc = CAIRN_OK;
+    const st_tensor *t = need(L, name, &rc);
+    if (!t)
+        return rc;
+    if ((rc = check_shape(L, t, E, n * split)))
+        return rc;
+    if (!is_float(t->dtype))
+        return cairn_errorf(L->err, L->err_len, CAIRN_EUNSUPPORTED, "tensor '%s' has dtype %s",
+                            name, st_dtype_name(t->dtype));
+    float *all = malloc((size_t)(E * n * split) * sizeof *all);
+    if (!all)
+        return cairn_errorf(L->err, L->err_len, CAIRN_ENOMEM, "out of memory");
+    cairn_dequantize_row(float_type(t->dtype), t->data, all, E * n * split);
+    for (int s = 0; s < split && rc == CAIRN_OK; s++) {
+        float *v = owned(L, (size_t)(E * n) * sizeof *v, &rc);
+        for (int64_t j = 0; v && j < E * n; j++)
+            v[j] = all[j * split + s];
+        const int64_t ne[2] = {n, E};
+        if (v)
+            rc = cairn_gguf_builder_add_tensor(L->b, gname[s], CAIRN_TYPE_F32, 2, ne, v);
+    }
+    free(all);
+    return rc;
+}
+
+/* Layer l's experts and their biases (the table at the top). */
+static int add_oss_experts(loader *L, const char *base, int l)
+{
+    const ckpt_config *c = L->cfg;
+    const int64_t dim = c->dim, eff = c->expert_ffn;
+    char pre[160], name[224];
+    char g[6][64];
+    static const char *const what[6] = {"ffn_gate_exps.weight", "ffn_up_exps.weight",
+                                        "ffn_down_exps.weight", "ffn_gate_exps.bias",
+                                        "ffn_up_exps.bias", "ffn_down_exps.bias"};
+    for (int k = 0; k < 6; k++)
+        snprintf(g[k], sizeof g[k], "blk.%d.%s", l, what[k]);
+    const char *const gate_up[2] = {g[0], g[1]}, *const down[1] = {g[2]};
+    const char *const gate_up_b[2] = {g[3], g[4]}, *const down_b[1] = {g[5]};
+    snprintf(pre, sizeof pre, "%s.layers.%d.mlp.experts.", base, l);
+    snprintf(name, sizeof name, "%sgate_up_proj_blocks", pre);
+    const bool mx = st_find(L->st, name) != NULL;
+    if (mx && c->quant != QM_MXFP4)
+        return cairn_errorf(L->err, L->err_len, CAIRN_EUNSUPPORTED,
+                            "tensor '%s' is MXFP4 but config.json declares no mxfp4 "
+                            "quantization", name);
+    int rc;
+    if (mx) {
+        if ((rc = add_mxfp4_experts(L, pre, "gate_up_proj", 2, eff, dim, gate_up)) ||
+            (rc = add_mxfp4_experts(L, pre, "down_proj", 1, dim, eff, down)))
+            return rc;
+    } else if ((rc = add_float_experts(L, pre, "gate_up_proj", 2, eff, dim, gate_up)) ||
+               (rc = add_float_experts(L, pre, "down_proj", 1, dim, eff, down))) {
+        return rc;
+    }
+    if ((rc = add_expert_biases(L, pre, "gate_up_proj_bias", 2, eff, gate_up_b)))
+        return rc;
+    return add_expert_biases(L, pre, "down_proj_bias", 1, dim, down_b);
+}
+
 /* Llama 3's RoPE scaling as GGUF's rope_freqs tensor: one divisor per
  * frequency, 1 for the fast ones, `factor` for the slow ones, and a smooth
  * blend between the two wavelengths. */
@@ -566,7 +802,8 @@ int ckpt_weights_add(const st_set *s, const ckpt_config *cfg, cairn_gguf_builder
     const int64_t dim = cfg->dim, hd = cfg->head_dim, ffn = cfg->ffn;
     const int64_t q_dim = (int64_t)cfg->n_head * hd, kv_dim = (int64_t)cfg->n_kv * hd;
     const int llama = cfg->llama_rope;
-    const bool biases = strncmp(cfg->arch, "qwen2", 5) == 0; /* qwen2, qwen2moe */
+    const bool oss = cfg->oss;
+    const bool biases = strncmp(cfg->arch, "qwen2", 5) == 0 || oss; /* qwen2(moe), gpt-oss */
     const bool qk_norm = cfg->gemma || strncmp(cfg->arch, "qwen3", 5) == 0;
     const bool dense = cfg->n_expert == 0;
     const float norm_offset = cfg->gemma ? 1.0f : 0.0f;
@@ -641,8 +878,8 @@ int ckpt_weights_add(const st_set *s, const ckpt_config *cfg, cairn_gguf_builder
              cfg->shared_ffn > 0},
             {"mlp.shared_expert_gate", "ffn_gate_inp_shexp", 1, dim, false, cfg->shared_ffn > 0},
             /* the router */
-            {cfg->mixtral ? "block_sparse_moe.gate" : "mlp.gate", "ffn_gate_inp", cfg->n_expert,
-             dim, false, !dense},
+            {cfg->mixtral ? "block_sparse_moe.gate" : oss ? "mlp.router" : "mlp.gate",
+             "ffn_gate_inp", cfg->n_expert, dim, false, !dense},
         };
         for (size_t i = 0; i < sizeof lin / sizeof lin[0] && rc == CAIRN_OK; i++) {
             if (!lin[i].wanted)
@@ -656,7 +893,9 @@ int ckpt_weights_add(const st_set *s, const ckpt_config *cfg, cairn_gguf_builder
         static const char *const mixtral_proj[3] = {"w1", "w3", "w2"};
         static const char *const gguf_proj[3] = {"ffn_gate", "ffn_up", "ffn_down"};
         const int64_t eff = cfg->expert_ffn;
-        for (int e = 0; e < cfg->n_expert && rc == CAIRN_OK; e++)
+        if (oss && rc == CAIRN_OK) /* stacked, not one tensor per expert */
+            rc = add_oss_experts(&L, base, l);
+        for (int e = 0; e < (oss ? 0 : cfg->n_expert) && rc == CAIRN_OK; e++)
             for (int k = 0; k < 3 && rc == CAIRN_OK; k++) {
                 snprintf(hf, sizeof hf, "%s.layers.%d.%s.experts.%d.%s", base, l,
                          cfg->mixtral ? "block_sparse_moe" : "mlp", e,
@@ -672,7 +911,7 @@ int ckpt_weights_add(const st_set *s, const ckpt_config *cfg, cairn_gguf_builder
             {"input_layernorm.weight", "attn_norm.weight", dim, true},
             /* Gemma: norms before and after both the attention and the FFN */
             {"post_attention_layernorm.weight",
-             cfg->gemma ? "post_attention_norm.weight" : "ffn_norm.weight", dim, true},
+             cfg->gemma || oss ? "post_attention_norm.weight" : "ffn_norm.weight", dim, true},
             {"pre_feedforward_layernorm.weight", "ffn_norm.weight", dim, cfg->gemma},
             {"post_feedforward_layernorm.weight", "post_ffw_norm.weight", dim, cfg->gemma},
             {"self_attn.q_proj.bias", "attn_q.bias", q_dim, biases},
@@ -680,6 +919,9 @@ int ckpt_weights_add(const st_set *s, const ckpt_config *cfg, cairn_gguf_builder
             {"self_attn.v_proj.bias", "attn_v.bias", kv_dim, biases},
             {"self_attn.q_norm.weight", "attn_q_norm.weight", hd, qk_norm},
             {"self_attn.k_norm.weight", "attn_k_norm.weight", hd, qk_norm},
+            {"self_attn.o_proj.bias", "attn_output.bias", dim, oss},
+            {"self_attn.sinks", "attn_sinks.weight", cfg->n_head, oss},
+            {"mlp.router.bias", "ffn_gate_inp.bias", cfg->n_expert, oss},
         };
         for (size_t i = 0; i < sizeof vec / sizeof vec[0] && rc == CAIRN_OK; i++) {
             if (!vec[i].wanted)

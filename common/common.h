@@ -143,6 +143,13 @@ typedef enum {
     CAIRN_TYPE_I64 = 27,
     CAIRN_TYPE_F64 = 28,
     CAIRN_TYPE_BF16 = 30,
+    /* OCP microscaling FP4 (gpt-oss's experts). Blocks of 32: { u8 e;
+     * u8 qs[16] }, w[j] = E2M1[q_j] * 2^(e - 127) with q_j the low nibble of
+     * qs[j] for j < 16 and the high nibble of qs[j - 16] after (Q4_0's
+     * order), E2M1 = {0, .5, 1, 1.5, 2, 3, 4, 6} and their negatives. The
+     * CPU multiplies it as it is; for a backend without MXFP4 kernels (CUDA
+     * today) the model loader rewrites it exactly (cairn_mxfp4_to_q5_0). */
+    CAIRN_TYPE_MXFP4 = 39,
     /* cairn's own layouts for the weights of checkpoint folders (ckpt/),
      * repacked at load and never read from a GGUF file (traits.own):
      *
@@ -187,6 +194,15 @@ int cairn_dequantize_row(int type, const void *src, float *dst, int64_t n);
  * the K-quants a plain per-sub-block min/max fit, not llama.cpp's search, so
  * the bytes differ from GGUF writers'). Used by tests and tools. */
 int cairn_quantize_row(int type, const float *src, void *dst, int64_t n);
+
+/* Rewrite n elements (a multiple of 32) of MXFP4 as Q5_0 blocks (22 bytes
+ * per 32): an E2M1 value is an even integer in [-12, 12] times 2^(e - 128),
+ * so q = 16 + 2 E2M1 and d = 2^(e - 128) give the same weights exactly
+ * whenever d is an fp16 (e in [104, 143]; trained weights' scales are far
+ * inside). A block outside that range is rounded to the nearest fp16 scale
+ * and counted in *inexact (may be NULL). Returns CAIRN_EINVAL when n is not
+ * a multiple of 32. */
+int cairn_mxfp4_to_q5_0(const void *src, void *dst, int64_t n, int64_t *inexact);
 
 /* ---- half precision ---------------------------------------------------- */
 

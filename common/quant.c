@@ -10,6 +10,7 @@
  *   Q6_K  x = (d * sc) * (q - 32)            (per 16-element sub-block)
  *   Q4_Z  x = d * (q - z)                    (cairn's AWQ/GPTQ layout)
  *   F8_E4M3  x = d * e4m3(q)                 (d a float per block of 32)
+ *   MXFP4 x = E2M1[q] * 2^(e - 127)          (exact in float)
  * with d, dmin read from fp16 and each parenthesised product rounded to float
  * once, so the kernels and the tests have one exact value to agree on.
  *
@@ -68,6 +69,37 @@ static void pack_scales(const uint8_t sc[8], const uint8_t mn[8], uint8_t *packe
 }
 
 /* ---- dequantization --------------------------------------------------------- */
+
+/* Twice each E2M1 code's value: integers, so a block is small ints times
+ * one power of two. */
+static const int8_t MXFP4_TWICE[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+int cairn_mxfp4_to_q5_0(const void *src, void *dst, int64_t n, int64_t *inexact)
+{
+    if (n % 32)
+        return CAIRN_EINVAL;
+    const uint8_t *s = src;
+    uint8_t *d = dst;
+    for (int64_t b = 0; b < n / 32; b++, s += 17, d += 22) {
+        const float scale = ldexpf(1.0f, (int)s[0] - 128);
+        const uint16_t h = cairn_fp32_to_fp16(scale);
+        if (inexact && cairn_fp16_to_fp32(h) != scale)
+            (*inexact)++;
+        uint32_t qh = 0;
+        for (int j = 0; j < 16; j++) {
+            const int lo = 16 + MXFP4_TWICE[s[1 + j] & 0x0f]; /* 4 .. 28 */
+            const int hi = 16 + MXFP4_TWICE[s[1 + j] >> 4];
+            d[6 + j] = (uint8_t)((lo & 0x0f) | ((hi & 0x0f) << 4));
+            qh |= (uint32_t)(lo >> 4) << j;
+            qh |= (uint32_t)(hi >> 4) << (j + 16);
+        }
+        d[0] = (uint8_t)(h & 0xff);
+        d[1] = (uint8_t)(h >> 8);
+        for (int k = 0; k < 4; k++)
+            d[2 + k] = (uint8_t)(qh >> (8 * k));
+    }
+    return CAIRN_OK;
+}
 
 static void dequant_q5_0(const uint8_t *s, float *y, int64_t nb)
 {
@@ -365,6 +397,18 @@ int cairn_dequantize_row(int type, const void *src, float *dst, int64_t n)
             for (int j = 0; j < 16; j++) {
                 dst[b * 32 + j] = d * (float)((s[4 + j] & 0x0f) - z);
                 dst[b * 32 + j + 16] = d * (float)((s[4 + j] >> 4) - z);
+            }
+        }
+        return CAIRN_OK;
+    case CAIRN_TYPE_MXFP4:
+        if (n % 32)
+            return CAIRN_EINVAL;
+        for (int64_t b = 0; b < n / 32; b++, s += 17) {
+            /* twice the E2M1 value, times 2^(e - 128) */
+            const float d = ldexpf(1.0f, (int)s[0] - 128);
+            for (int j = 0; j < 16; j++) {
+                dst[b * 32 + j] = d * (float)MXFP4_TWICE[s[1 + j] & 0x0f];
+                dst[b * 32 + j + 16] = d * (float)MXFP4_TWICE[s[1 + j] >> 4];
             }
         }
         return CAIRN_OK;

@@ -33,6 +33,9 @@ static const cairn_type_traits type_table[CAIRN_TYPE_COUNT_] = {
     [CAIRN_TYPE_I64] = {"I64", 1, 8, false, false},
     [CAIRN_TYPE_F64] = {"F64", 1, 8, false, false},
     [CAIRN_TYPE_BF16] = {"BF16", 1, 2, true, false},
+    /* the CPU kernels multiply it as it is; a backend without it gets it
+     * rewritten as Q5_0 at load (cairn_mxfp4_to_q5_0) */
+    [CAIRN_TYPE_MXFP4] = {"MXFP4", 32, 17, true, false},
     [CAIRN_TYPE_Q4_Z] = {"Q4_Z", 32, 20, true, true},
     [CAIRN_TYPE_F8_E4M3] = {"F8_E4M3", 32, 36, true, true},
 };

@@ -215,7 +215,7 @@ def gguf_seeds():
     merges = ["h e", "l l", "he ll", "\u0120 w", "o r", "\u0120w or"]
     toks += ["he", "ll", "hell", "\u0120w", "or", "\u0120wor", "<|endoftext|>"]
     types = [1] * (len(toks) - 1) + [3]
-    for pre in ("gpt-2", "falcon", "deepseek-coder", "no-such-pre"):
+    for pre in ("gpt-2", "falcon", "deepseek-coder", "gpt-4o", "no-such-pre"):
         write("gguf", "bpe_vocab_" + pre, gguf([
             ("tokenizer.ggml.model", STR, "gpt2"), ("tokenizer.ggml.pre", STR, pre),
             ("tokenizer.ggml.tokens", ARR, (STR, toks)),
@@ -358,6 +358,22 @@ def ckpt_seeds():
         moe_intermediate_size=32, norm_topk_prob=True,
         rope_scaling={"type": "yarn", "factor": 4.0,
                       "original_max_position_embeddings": 32})).encode())
+    # gpt-oss as OpenAI ships it (MXFP4 experts, YaRN left unrounded) and with the rounded
+    # YaRN of GGUFs (tied, as the base folder is)
+    oss = dict(config, architectures=["GptOssForCausalLM"], model_type="gpt_oss", head_dim=hd,
+               num_local_experts=4, num_experts_per_tok=2, experts_per_token=2,
+               intermediate_size=32, sliding_window=8, layer_types=["sliding_attention"],
+               swiglu_limit=7.0, attention_bias=True, tie_word_embeddings=False,
+               quantization_config={"quant_method": "mxfp4", "modules_to_not_convert": [
+                   "model.layers.*.self_attn", "model.layers.*.mlp.router",
+                   "model.embed_tokens", "lm_head"]},
+               rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                             "beta_slow": 1.0, "original_max_position_embeddings": 4096,
+                             "truncate": False})
+    write("ckpt", "cfg_gptoss_hub", bytes([1]) + json.dumps(oss).encode())
+    write("ckpt", "cfg_gptoss_rounded", bytes([1]) + json.dumps(dict(
+        oss, rope_scaling=dict(oss["rope_scaling"], truncate=True),
+        tie_word_embeddings=True)).encode())
     # a SentencePiece-style tokenizer.json (byte_fallback, Gemma's spaces)
     spm_vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "\u2581": 3, "a": 4, "b": 5, "\u2581a": 6,
                  "ab": 7, "\u2581ab": 8}

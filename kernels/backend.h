@@ -181,6 +181,12 @@ typedef struct {
     const cairn_attn_seq *seqs; /* host array [n_seqs]                            */
     int window;               /* 0: every key the rule allows; > 0: sliding
                                  window of that many keys (above)               */
+    const float *sinks;       /* optional [n_head] F32, backend memory: a logit
+                                 per query head that joins the softmax's
+                                 denominator and adds no value (gpt-oss's
+                                 attention sinks), i.e.
+                                   out = Σ_j e^{s_j} v_j / (e^{sink} + Σ_j e^{s_j});
+                                 NULL: none                                     */
 } cairn_attn_args;
 
 /* Argument checks every backend makes, in one place. A KV layout that is
@@ -449,6 +455,13 @@ typedef struct {
      * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x³))) (Gemma's GeGLU). out may
      * equal gate. */
     int (*geglu)(cairn_backend *be, float *out, const float *gate, const float *up, size_t n);
+
+    /* OPTIONAL (gpt-oss's experts; a model that needs it is refused at load
+     * without it). out[n] = g * sigmoid(alpha g) * (u + 1) with the gate
+     * clamped from above, g = min(gate, limit), and the linear half both
+     * ways, u = clamp(up, -limit, limit). out may equal gate. */
+    int (*swiglu_clamped)(cairn_backend *be, float *out, const float *gate, const float *up,
+                          size_t n, float alpha, float limit);
 
     /* x[n] *= s (Gemma's embedding scale). */
     int (*scale)(cairn_backend *be, float *x, float s, size_t n);

@@ -69,24 +69,46 @@ static int linears(cairn_backend *be, const float *x, float *gathered, int T, in
     return CAIRN_OK;
 }
 
-/* out[T][dim] = (act(in·Wgᵀ) * (in·Wuᵀ))·Wdᵀ, act SiLU or (gelu) GELU: the
- * gated FFN of a dense layer, of one expert over the rows that chose it,
- * and of qwen2moe's shared expert. gate and up hold [T][ff]; out may be
- * in, which is read only before out is written. */
+/* The gate's activation of a gated FFN. */
+typedef enum { ACT_SILU, ACT_GELU, ACT_SWIGLU_CLAMPED } ffn_act;
+
+/* Biases of a gated FFN's three projections (data NULL: none). */
+typedef struct {
+    const float *gate, *up, *down;
+} ffn_biases;
+
+/* out[T][dim] = (act(in·Wgᵀ + bg) * (in·Wuᵀ + bu))·Wdᵀ + bd: the gated FFN
+ * of a dense layer, of one expert over the rows that chose it, and of
+ * qwen2moe's shared expert; act SiLU, GELU, or gpt-oss's clamped SwiGLU
+ * (s->swiglu_alpha, s->swiglu_limit). gate and up hold [T][ff]; out may
+ * be in, which is read only before out is written. */
 static int gated_ffn(cairn_backend *be, const cairn_layer_weight *w_gate,
                      const cairn_layer_weight *w_up, const cairn_layer_weight *w_down,
-                     const float *in, float *gathered, int T, int exact, int dim, int ff,
-                     bool gelu, float *gate, float *up, float *out)
+                     const ffn_biases *bias, const float *in, float *gathered, int T, int exact,
+                     int dim, int ff, ffn_act act, const cairn_layer_shape *s, float *gate,
+                     float *up, float *out)
 {
     const cairn_layer_weight *const ws[] = {w_gate, w_up};
     float *const ys[] = {gate, up};
     const int outs[] = {ff, ff};
     TRY(linears(be, in, gathered, T, exact, dim, 2, ws, ys, outs)); /* [T][ff] each */
-    if (gelu)
+    if (bias && bias->gate)
+        TRY(be->iface->add_bias(be, gate, bias->gate, T, ff));
+    if (bias && bias->up)
+        TRY(be->iface->add_bias(be, up, bias->up, T, ff));
+    if (act == ACT_GELU)
         TRY(be->iface->geglu(be, gate, gate, up, (size_t)T * ff));
-    else
+    else if (act == ACT_SWIGLU_CLAMPED) {
+        if (!be->iface->swiglu_clamped)
+            return CAIRN_EUNSUPPORTED;
+        TRY(be->iface->swiglu_clamped(be, gate, gate, up, (size_t)T * ff, s->swiglu_alpha,
+                                      s->swiglu_limit));
+    } else
         TRY(be->iface->swiglu(be, gate, gate, up, (size_t)T * ff));
-    return linear(be, out, w_down, gate, gathered, T, exact, ff, dim); /* [T][dim] */
+    TRY(linear(be, out, w_down, gate, gathered, T, exact, ff, dim)); /* [T][dim] */
+    if (bias && bias->down)
+        TRY(be->iface->add_bias(be, out, bias->down, T, dim));
+    return CAIRN_OK;
 }
 
 /* Each row's experts from the router's logits in mh->probs [T][E] (host):
@@ -95,20 +117,23 @@ static int gated_ffn(cairn_backend *be, const cairn_layer_weight *w_gate,
  * weights / count. The rows of an expert come out ascending, and every
  * step depends on the row alone, so a token's experts and weights are the
  * same whatever else is in the batch. */
-static void route_tokens(const cairn_moe_host *mh, int T, int E, int k, bool norm, float scale)
+static void route_tokens(const cairn_moe_host *mh, int T, int E, int k, bool norm, float scale,
+                         bool softmax_chosen)
 {
     for (int e = 0; e < E; e++)
         mh->count[e] = 0;
     for (int t = 0; t < T; t++) {
         float *p = mh->probs + (size_t)t * E;
-        float mx = p[0];
-        for (int e = 1; e < E; e++)
-            mx = p[e] > mx ? p[e] : mx;
-        double sum = 0;
-        for (int e = 0; e < E; e++)
-            sum += (double)(p[e] = expf(p[e] - mx));
-        for (int e = 0; e < E; e++)
-            p[e] = (float)(p[e] / sum);
+        if (!softmax_chosen) { /* probabilities of all E first */
+            float mx = p[0];
+            for (int e = 1; e < E; e++)
+                mx = p[e] > mx ? p[e] : mx;
+            double sum = 0;
+            for (int e = 0; e < E; e++)
+                sum += (double)(p[e] = expf(p[e] - mx));
+            for (int e = 0; e < E; e++)
+                p[e] = (float)(p[e] / sum);
+        }
         /* the top k by repeated selection (k is small: 2 to 10) */
         int chosen[CAIRN_MOE_MAX_USED];
         float w[CAIRN_MOE_MAX_USED];
@@ -124,8 +149,17 @@ static void route_tokens(const cairn_moe_host *mh, int T, int E, int k, bool nor
             }
             chosen[j] = best;
             w[j] = p[best];
-            wsum += w[j];
         }
+        if (softmax_chosen) { /* logits of the k chosen -> their softmax (w[0] is their max) */
+            const float top = w[0];
+            double sum = 0;
+            for (int j = 0; j < k; j++)
+                sum += (double)(w[j] = expf(w[j] - top));
+            for (int j = 0; j < k; j++)
+                w[j] = (float)(w[j] / sum);
+        }
+        for (int j = 0; j < k; j++)
+            wsum += w[j];
         /* renormalised as llama.cpp does: the sum clamped to F16's smallest
          * normal, so a row of underflowed probabilities cannot divide by 0 */
         const double div = norm ? (wsum > 6.103515625e-5 ? wsum : 6.103515625e-5) : 1.0;
@@ -158,9 +192,13 @@ static int moe_ffn(cairn_backend *be, const cairn_layer_weights *w, const cairn_
         return CAIRN_EINVAL;
     /* router logits [T][E], to the host to choose */
     TRY(linear(be, a->router, &w->router, a->h, NULL, T, a->exact_rows, dim, E));
+    if (w->router_b.data)
+        TRY(op->add_bias(be, a->router, w->router_b.data, T, E));
     TRY(op->download(be, mh->probs, a->router, (size_t)T * E * sizeof(float)));
     TRY(cairn_backend_synchronize(be));
-    route_tokens(mh, T, E, s->n_expert_used, s->expert_norm, s->expert_weights_scale);
+    route_tokens(mh, T, E, s->n_expert_used, s->expert_norm, s->expert_weights_scale,
+                 s->expert_softmax_chosen);
+    const ffn_act act = s->swiglu_limit > 0 ? ACT_SWIGLU_CLAMPED : ACT_SILU;
 
     for (int e = 0; e < E; e++) { /* ascending: each row adds its experts in one order */
         const int n = mh->count[e];
@@ -170,16 +208,20 @@ static int moe_ffn(cairn_backend *be, const cairn_layer_weights *w, const cairn_
         const int exact = exact_among(rows, n, a->exact_rows);
         /* moe_in [n][dim]: the rows that chose e */
         TRY(op->get_rows(be, a->moe_in, a->h, CAIRN_TYPE_F32, dim, rows, n));
-        TRY(gated_ffn(be, &w->exp_gate[e], &w->exp_up[e], &w->exp_down[e], a->moe_in, NULL, n,
-                      exact, dim, eff, false, a->moe_gate, a->moe_up, a->moe_out));
+        const ffn_biases b = {
+            w->exp_gate_b.data ? (const float *)w->exp_gate_b.data + (size_t)e * eff : NULL,
+            w->exp_up_b.data ? (const float *)w->exp_up_b.data + (size_t)e * eff : NULL,
+            w->exp_down_b.data ? (const float *)w->exp_down_b.data + (size_t)e * dim : NULL};
+        TRY(gated_ffn(be, &w->exp_gate[e], &w->exp_up[e], &w->exp_down[e], &b, a->moe_in, NULL,
+                      n, exact, dim, eff, act, s, a->moe_gate, a->moe_up, a->moe_out));
         TRY(op->add_rows_scaled(be, a->x, a->moe_out, rows, mh->weights + (size_t)e * T, n,
                                 dim));
     }
     if (w->sh_gate.data) { /* qwen2moe: every row, gated by sigmoid(h·w_s) */
         TRY(linear(be, a->router, &w->sh_router, a->h, NULL, T, a->exact_rows, dim, 1));
         TRY(op->download(be, mh->probs, a->router, (size_t)T * sizeof(float)));
-        TRY(gated_ffn(be, &w->sh_gate, &w->sh_up, &w->sh_down, a->h, NULL, T, a->exact_rows, dim,
-                      s->shared_ffn_dim, false, a->moe_gate, a->moe_up, a->moe_out));
+        TRY(gated_ffn(be, &w->sh_gate, &w->sh_up, &w->sh_down, NULL, a->h, NULL, T, a->exact_rows,
+                      dim, s->shared_ffn_dim, ACT_SILU, s, a->moe_gate, a->moe_up, a->moe_out));
         TRY(cairn_backend_synchronize(be)); /* the gate's logits are on the host now */
         for (int t = 0; t < T; t++)
             mh->weights[t] = 1.0f / (1.0f + expf(-mh->probs[t]));
@@ -238,8 +280,11 @@ int cairn_layer_forward(cairn_backend *be, const cairn_layer_weights *w,
     args.kv_pool = kv_pool;
     args.kv = kv;
     args.layer = layer;
+    args.sinks = w->sinks.data;
     TRY(op->attention(be, &args));                                          /* [T][q_dim] */
     TRY(linear(be, a->h, &w->wo, a->attn, a->gathered, T, a->exact_rows, q_dim, dim)); /* [T][dim] */
+    if (w->bo.data)
+        TRY(op->add_bias(be, a->h, w->bo.data, T, dim));
     if (w->attn_post_norm.data)
         TRY(op->rmsnorm(be, a->h, a->h, w->attn_post_norm.data, T, dim, s->rms_eps));
     TRY(op->add(be, a->x, a->x, a->h, (size_t)T * dim));
@@ -248,8 +293,9 @@ int cairn_layer_forward(cairn_backend *be, const cairn_layer_weights *w,
     TRY(op->rmsnorm(be, a->h, a->x, w->ffn_norm.data, T, dim, s->rms_eps));
     if (w->router.data)
         return moe_ffn(be, w, s, a, T);
-    TRY(gated_ffn(be, &w->w_gate, &w->w_up, &w->w_down, a->h, a->gathered, T, a->exact_rows, dim,
-                  ffn, s->gelu, a->gate, a->up, a->h)); /* [T][dim] */
+    TRY(gated_ffn(be, &w->w_gate, &w->w_up, &w->w_down, NULL, a->h, a->gathered, T,
+                  a->exact_rows, dim, ffn, s->gelu ? ACT_GELU : ACT_SILU, s, a->gate, a->up,
+                  a->h)); /* [T][dim] */
     if (w->ffn_post_norm.data)
         TRY(op->rmsnorm(be, a->h, a->h, w->ffn_post_norm.data, T, dim, s->rms_eps));
     TRY(op->add(be, a->x, a->x, a->h, (size_t)T * dim));

@@ -19,6 +19,12 @@
  *   (qwen2moe, every token:  x += sigmoid(h·w_s) · shared FFN(h))
  * computed expert by expert over the rows that chose it, so each expert's
  * weights are read once per call and an expert no token chose not at all.
+ *
+ * gpt-oss on top of that: biases on q/k/v, on the attention output and on
+ * the router and every expert projection; a per-head attention sink in the
+ * softmax; the top k chosen on the router's logits and only those k
+ * softmaxed (w = softmax(r_E)); the expert's gate clamped SwiGLU
+ *   a = g' sigmoid(1.702 g') (u' + 1),  g' = min(g, 7), u' = clamp(u, -7, 7).
  */
 #ifndef CAIRN_ENGINE_LAYER_IMPL_H
 #define CAIRN_ENGINE_LAYER_IMPL_H
@@ -55,6 +61,8 @@ typedef struct {
                                       place, added to k before a quantized KV
                                       type stores it (model.c, k_centers)     */
     cairn_layer_weight wo;         /* [dim][q_dim]                               */
+    cairn_layer_weight bo;         /* [dim] F32 output bias (gpt-oss), or data NULL */
+    cairn_layer_weight sinks;      /* [n_head] F32 attention sinks (gpt-oss), or NULL */
     cairn_layer_weight attn_post_norm; /* [dim] F32 norm of the attention output
                                       before the residual add (gemma3), or
                                       data NULL                                */
@@ -64,8 +72,12 @@ typedef struct {
                                       the residual add (gemma3), or data NULL */
     /* Mixture of experts (w_gate, w_up, w_down are then absent): */
     cairn_layer_weight router;     /* [n_expert][dim], or data NULL: dense FFN   */
+    cairn_layer_weight router_b;   /* [n_expert] F32 router bias, or data NULL   */
     const cairn_layer_weight *exp_gate, *exp_up; /* [n_expert] of [eff][dim]     */
     const cairn_layer_weight *exp_down;          /* [n_expert] of [dim][eff]     */
+    /* F32 biases of every expert's projections, or data NULL (gpt-oss):
+     * [n_expert][eff], [n_expert][eff], [n_expert][dim] */
+    cairn_layer_weight exp_gate_b, exp_up_b, exp_down_b;
     cairn_layer_weight sh_gate, sh_up;  /* [sff][dim] shared expert (qwen2moe),
                                            or data NULL                          */
     cairn_layer_weight sh_down;         /* [dim][sff]                            */
@@ -81,6 +93,10 @@ typedef struct {
     int n_expert, n_expert_used, expert_ffn_dim, shared_ffn_dim;
     bool expert_norm;
     float expert_weights_scale;
+    bool expert_softmax_chosen; /* the top k by logit, then softmax over those k
+                                   (gpt-oss); else softmax, then the top k  */
+    float swiglu_limit;   /* > 0: the experts' clamped SwiGLU at this limit   */
+    float swiglu_alpha;   /*      and sigmoid slope (gpt-oss: 7 and 1.702)    */
 } cairn_layer_shape;
 
 /* The most experts a token may choose: the router's choice is kept on the

@@ -63,7 +63,16 @@ typedef cairn_layer_weights layer_weights;
  * Mixture-of-experts FFNs (layer.c, moe_ffn): qwen3moe and qwen2moe are
  * qwen3's and qwen2's attention with experts (qwen2moe: a shared expert
  * too, and the chosen weights not renormalised); a llama file with
- * expert_count is Mixtral. */
+ * expert_count is Mixtral.
+ *
+ * gpt-oss is qwen2's attention (q/k/v biases, NEOX RoPE, here with YaRN on
+ * every layer) with an output bias and a learned sink per head, local
+ * (128-token window) and global layers alternating, and experts on every
+ * layer with biases, a clamped SwiGLU, and the top k chosen on the router's
+ * logits before a softmax over those k (layer_impl.h). Its FFN input norm
+ * is stored as post_attention_norm. Its experts come as MXFP4: multiplied as
+ * they are on the CPU, rewritten exactly as Q5_0 at load for a backend
+ * without MXFP4 kernels (upload_mxfp4). */
 typedef struct {
     const char *name;          /* general.architecture and the metadata prefix */
     cairn_rope_mode rope_mode; /* llama: adjacent pairs; qwen2: first/second half */
@@ -74,15 +83,17 @@ typedef struct {
                                   (llama: Mixtral); 2: experts required */
     bool shared_expert;        /* qwen2moe's gated shared expert */
     bool expert_norm;          /* the chosen experts' weights renormalised */
+    bool oss;                  /* the gpt-oss differences above */
 } arch_traits;
 
 static const arch_traits ARCHES[] = {
-    {"llama", CAIRN_ROPE_NORMAL, false, false, false, 1, false, true},
-    {"qwen2", CAIRN_ROPE_NEOX, true, false, false, 0, false, false},
-    {"qwen3", CAIRN_ROPE_NEOX, false, true, false, 0, false, false},
-    {"gemma3", CAIRN_ROPE_NEOX, false, true, true, 0, false, false},
-    {"qwen3moe", CAIRN_ROPE_NEOX, false, true, false, 2, false, true},
-    {"qwen2moe", CAIRN_ROPE_NEOX, true, false, false, 2, true, false},
+    {"llama", CAIRN_ROPE_NORMAL, false, false, false, 1, false, true, false},
+    {"qwen2", CAIRN_ROPE_NEOX, true, false, false, 0, false, false, false},
+    {"qwen3", CAIRN_ROPE_NEOX, false, true, false, 0, false, false, false},
+    {"gemma3", CAIRN_ROPE_NEOX, false, true, true, 0, false, false, false},
+    {"qwen3moe", CAIRN_ROPE_NEOX, false, true, false, 2, false, true, false},
+    {"qwen2moe", CAIRN_ROPE_NEOX, true, false, false, 2, true, false, false},
+    {"gpt-oss", CAIRN_ROPE_NEOX, true, false, false, 2, false, false, true},
 };
 
 struct cairn_model {
@@ -208,11 +219,20 @@ static int read_experts(const cairn_gguf *g, const char *path, const arch_traits
         scale < 0)
         return cairn_errorf(err, err_len, CAIRN_EFORMAT, "%s: invalid %s", path,
                             arch_key(A, "expert_weights_scale"));
-    /* 1 = softmax (llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX) */
-    if (get_u32_or(g, arch_key(A, "expert_gating_func"), 1, &gating) || gating != 1)
+    /* llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE: 1 softmax over all experts,
+     * then the top k; 3 the top k, then softmax over them (gpt-oss's, which
+     * its files do not name) */
+    const uint32_t gating_default = A->oss ? 3 : 1;
+    if (get_u32_or(g, arch_key(A, "expert_gating_func"), gating_default, &gating) ||
+        gating != gating_default)
         return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
-                            "%s: %s %u is not supported (only the softmax router, 1)", path,
-                            arch_key(A, "expert_gating_func"), gating);
+                            "%s: %s %u is not supported (only %u for %s)", path,
+                            arch_key(A, "expert_gating_func"), gating, gating_default, A->name);
+    if (A->oss) { /* llama.cpp's constants for gpt-oss's SwiGLU */
+        hp->expert_softmax_chosen = true;
+        hp->swiglu_limit = 7.0f;
+        hp->swiglu_alpha = 1.702f;
+    }
     hp->n_expert = (int)n_expert;
     hp->n_expert_used = (int)n_used;
     hp->expert_ffn_dim = (int)ffe;
@@ -252,6 +272,15 @@ static int read_yarn(const cairn_gguf *g, const char *path, const arch_traits *A
                             "%s: YaRN with %s other than 1, %s or %s is not supported", path,
                             arch_key(A, "rope.scaling.yarn_ext_factor"),
                             "rope.scaling.yarn_log_multiplier", "rope.scaling.yarn_attn_factor");
+    /* rope.scaling.yarn_truncate false: ckpt/'s key for a folder's
+     * rope_scaling.truncate false (no GGUF writer has it: llama.cpp always
+     * rounds) */
+    bool truncate = true;
+    if (cairn_gguf_find_key(g, arch_key(A, "rope.scaling.yarn_truncate")) >= 0 &&
+        cairn_gguf_get_bool(g, arch_key(A, "rope.scaling.yarn_truncate"), &truncate) != CAIRN_OK)
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT, "%s: %s is not a bool", path,
+                            arch_key(A, "rope.scaling.yarn_truncate"));
+    hp->yarn_unrounded = !truncate;
     hp->rope_yarn = true;
     hp->yarn_factor = factor;
     hp->yarn_orig_ctx = (int)orig;
@@ -266,15 +295,19 @@ static int read_yarn(const cairn_gguf *g, const char *path, const arch_traits *A
  * ramp_i 1 for the pairs that turn more than beta_fast times in the trained
  * context (kept), 0 below beta_slow turns (interpolated), linear between,
  * with llama.cpp's and HF's correction range (floor and ceil of the pair
- * index where a pair turns beta times). */
+ * index where a pair turns beta times; unrounded for HF's truncate false). */
 static void yarn_divisors(const cairn_hparams *hp, float *div)
 {
     const int n = hp->n_rot;
     const float two_pi = 6.28318530718f;
 #define CORR_DIM(beta)                                                                             \
     ((float)n * logf((float)hp->yarn_orig_ctx / ((beta) * two_pi)) / (2 * logf(hp->rope_freq_base)))
-    float low = floorf(CORR_DIM(hp->yarn_beta_fast)), high = ceilf(CORR_DIM(hp->yarn_beta_slow));
+    float low = CORR_DIM(hp->yarn_beta_fast), high = CORR_DIM(hp->yarn_beta_slow);
 #undef CORR_DIM
+    if (!hp->yarn_unrounded) {
+        low = floorf(low);
+        high = ceilf(high);
+    }
     low = low > 0 ? low : 0;
     high = high < (float)(n - 1) ? high : (float)(n - 1);
     for (int i = 0; i < n / 2; i++) {
@@ -299,7 +332,7 @@ static int read_hparams(const cairn_gguf *g, const char *path, const arch_traits
     if (!A)
         return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
                     "%s: architecture '%s' is not supported (supported: llama, qwen2, qwen3, "
-                    "gemma3, qwen3moe, qwen2moe)", path,
+                    "gemma3, qwen3moe, qwen2moe, gpt-oss)", path,
                     arch);
     *arch_out = A;
     memset(hp, 0, sizeof *hp);
@@ -379,21 +412,27 @@ static int read_hparams(const cairn_gguf *g, const char *path, const arch_traits
      * period-th, with a RoPE base of their own), or every layer of a file
      * that names a window (Mistral's sliding_window). A window wider than
      * the context could never slide: the file is inconsistent. */
-    uint32_t window = 0, period = A->gemma ? 6 : 0;
+    uint32_t window = 0, period = A->gemma ? 6 : A->oss ? 2 : 0;
     float base_local = base;
     if ((rc = get_u32_or(g, arch_key(A, "attention.sliding_window"), 0, &window)) ||
         window > n_ctx || window > (1u << 30))
         return cairn_errorf(err, err_len, CAIRN_EFORMAT,
                             "%s: %s %u is invalid (context length %u)", path,
                             arch_key(A, "attention.sliding_window"), window, n_ctx);
-    if (window > 0 && A->gemma) {
-        if ((rc = get_u32_or(g, arch_key(A, "attention.sliding_window_pattern"), 6, &period)) ||
+    if (A->oss && window == 0)
+        return cairn_errorf(err, err_len, CAIRN_EFORMAT, "%s: %s is missing (gpt-oss's local "
+                            "layers need their window)", path,
+                            arch_key(A, "attention.sliding_window"));
+    if (window > 0 && (A->gemma || A->oss)) {
+        if ((rc = get_u32_or(g, arch_key(A, "attention.sliding_window_pattern"), period,
+                             &period)) ||
             period == 0 || period > n_layer)
             return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
                                 "%s: %s must be one period of at most %u layers (a per-layer "
                                 "list is not supported)", path,
                                 arch_key(A, "attention.sliding_window_pattern"), n_layer);
-        if ((rc = get_f32_or(g, arch_key(A, "rope.freq_base_swa"), 10000.0f, &base_local)) ||
+        if ((rc = get_f32_or(g, arch_key(A, "rope.freq_base_swa"), A->gemma ? 10000.0f : base,
+                             &base_local)) ||
             !(base_local > 0))
             return cairn_errorf(err, err_len, CAIRN_EFORMAT, "%s: invalid %s", path,
                                 arch_key(A, "rope.freq_base_swa"));
@@ -424,6 +463,12 @@ static int read_hparams(const cairn_gguf *g, const char *path, const arch_traits
     hp->sliding_window = (int)window;
     hp->swa_period = window > 0 ? (int)period : 0;
     hp->rope_freq_base_local = base_local;
+    hp->local_rope_own = A->gemma;
+    hp->attn_sinks = A->oss;
+    if (A->oss && base_local != base)
+        return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                            "%s: %s differing from rope.freq_base is not supported on gpt-oss",
+                            path, arch_key(A, "rope.freq_base_swa"));
     return read_experts(g, path, A, hp, err, err_len);
 }
 
@@ -465,6 +510,8 @@ typedef struct {
                     (qwen2moe's shared-expert gate) */
     bool expert; /* one expert of a 3-D tensor: a token reads it only when
                     the router picks it */
+    bool plain;  /* a matrix of F32 values read as they are (gpt-oss's
+                    expert biases, [n_expert][eff]), never packed */
 } tensor_binding;
 
 /* The n_expert matrices [ne1][ne0] of one expert projection (views[e], each
@@ -569,8 +616,8 @@ static int bind_weights(cairn_model *m, const cairn_gguf *g, tensor_binding **ou
     int64_t q_dim = hp->n_head * hd, kv_dim = hp->n_kv_head * hd;
     const int n_expert = hp->n_expert;
     /* 16 tensors and up to 7 input orders, the router, 3 matrices an
-     * expert, and 4 of the shared expert */
-    int cap = 4 + (28 + 3 * n_expert) * hp->n_layer;
+     * expert, 4 of the shared expert, and gpt-oss's 6 biases and sinks */
+    int cap = 4 + (36 + 3 * n_expert) * hp->n_layer;
     tensor_binding *b = calloc((size_t)cap, sizeof *b);
     if (!b)
         return CAIRN_ENOMEM;
@@ -618,6 +665,7 @@ static int bind_weights(cairn_model *m, const cairn_gguf *g, tensor_binding **ou
     for (int l = 0; l < hp->n_layer; l++) {
         layer_weights *L = &m->layers[l];
         const bool bias = m->arch->qkv_bias, gemma = m->arch->gemma, dense = n_expert == 0;
+        const bool oss = m->arch->oss;
         const bool shared = !dense && m->arch->shared_expert;
         const int64_t ffs = hp->shared_ffn_dim;
         struct {
@@ -636,13 +684,18 @@ static int bind_weights(cairn_model *m, const cairn_gguf *g, tensor_binding **ou
             {"attn_q_norm.weight", hd, 1, true, m->arch->qk_norm, &L->q_norm},
             {"attn_k_norm.weight", hd, 1, true, m->arch->qk_norm, &L->k_norm},
             {"attn_output.weight", q_dim, dim, false, true, &L->wo},
+            {"attn_output.bias", dim, 1, true, oss, &L->bo},
+            {"attn_sinks.weight", hp->n_head, 1, true, oss, &L->sinks},
             {"post_attention_norm.weight", dim, 1, true, gemma, &L->attn_post_norm},
-            {"ffn_norm.weight", dim, 1, true, true, &L->ffn_norm},
+            /* gpt-oss names its FFN input norm post_attention_norm */
+            {"post_attention_norm.weight", dim, 1, true, oss, &L->ffn_norm},
+            {"ffn_norm.weight", dim, 1, true, !oss, &L->ffn_norm},
             {"ffn_gate.weight", dim, ffn, false, dense, &L->w_gate},
             {"ffn_up.weight", dim, ffn, false, dense, &L->w_up},
             {"ffn_down.weight", ffn, dim, false, dense, &L->w_down},
             {"post_ffw_norm.weight", dim, 1, true, gemma, &L->ffn_post_norm},
             {"ffn_gate_inp.weight", dim, n_expert, false, !dense, &L->router},
+            {"ffn_gate_inp.bias", n_expert, 1, true, oss, &L->router_b},
             {"ffn_gate_shexp.weight", dim, ffs, false, shared, &L->sh_gate},
             {"ffn_up_shexp.weight", dim, ffs, false, shared, &L->sh_up},
             {"ffn_down_shexp.weight", ffs, dim, false, shared, &L->sh_down},
@@ -682,6 +735,15 @@ static int bind_weights(cairn_model *m, const cairn_gguf *g, tensor_binding **ou
                 for (int e = 0; e < n_expert; e++)
                     b[n++] = (tensor_binding){.src = m->expert_views + at + e,
                                               .dst = m->expert_weights + at + e, .expert = true};
+            }
+            /* gpt-oss: every expert's biases, [n_expert][eff | dim] F32 */
+            weight *const eb[3] = {&L->exp_gate_b, &L->exp_up_b, &L->exp_down_b};
+            for (int k = 0; k < 3 && oss; k++) {
+                char name[96];
+                snprintf(name, sizeof name, "blk.%d.%s_exps.bias", l, proj[k]);
+                if ((rc = find_tensor(g, name, ne1[k], n_expert, true, false, &t, err, err_len)))
+                    goto out;
+                b[n++] = (tensor_binding){.src = t, .dst = eb[k], .plain = true};
             }
             L->exp_gate = m->expert_weights + ((size_t)l * 3 + 0) * n_expert;
             L->exp_up = m->expert_weights + ((size_t)l * 3 + 1) * n_expert;
@@ -746,8 +808,34 @@ static bool is_matmul_weight(const cairn_model *m, const tensor_binding *b)
 {
     if (b->matrix)
         return true;
-    return !b->perm && b->src->n_dims >= 2 && b->src->ne[1] > 1 &&
+    return !b->perm && !b->plain && b->src->n_dims >= 2 && b->src->ne[1] > 1 &&
            (b->dst != &m->tok_embd || m->hp.tied_embeddings);
+}
+
+/* The type the kernels multiply a GGUF type as: MXFP4 as Q5_0 (rewritten
+ * exactly by upload_mxfp4) on a backend without MXFP4 kernels, every other
+ * as itself. */
+static cairn_type kernel_type(const cairn_backend *be, cairn_type t)
+{
+    return t == CAIRN_TYPE_MXFP4 && !cairn_backend_supports_type(be, t) ? CAIRN_TYPE_Q5_0 : t;
+}
+
+/* Upload an MXFP4 matrix as the Q5_0 matrix of the same weights
+ * (cairn_mxfp4_to_q5_0), in the backend's layout for Q5_0: for a backend
+ * without MXFP4 kernels (CUDA today), at 22 bytes a block instead of 17. */
+static int upload_mxfp4(cairn_backend *be, void *dst, const cairn_gguf_tensor *t,
+                        int64_t *inexact)
+{
+    const size_t rb = cairn_type_row_bytes(CAIRN_TYPE_Q5_0, t->ne[0]);
+    uint8_t *q = rb ? malloc(rb * (size_t)t->ne[1]) : NULL;
+    if (!q)
+        return rb ? CAIRN_ENOMEM : CAIRN_EINVAL;
+    int rc = cairn_mxfp4_to_q5_0(t->data, q, t->ne[0] * t->ne[1], inexact);
+    if (rc == CAIRN_OK)
+        rc = cairn_backend_upload_weight(be, dst, q, CAIRN_TYPE_Q5_0, (int)t->ne[0],
+                                         (int)t->ne[1]);
+    free(q);
+    return rc;
 }
 
 /* Upload every bound tensor into one backend allocation (each 64-byte
@@ -777,7 +865,11 @@ static int upload_weights(cairn_model *m, const cairn_gguf *g, const tensor_bind
      * backend may implement fewer. */
     for (int i = 0; i < n; i++) {
         const cairn_gguf_tensor *t = b[i].src;
-        if (!b[i].perm && !cairn_backend_supports_type(be, t->type)) { /* perms: index data */
+        if (kernel_type(be, t->type) != t->type && !is_matmul_weight(m, &b[i]))
+            return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                                "tensor '%s': MXFP4 on backend %s is supported for matrices that "
+                                "multiply, not for a lookup table", t->name, be->iface->name);
+        if (!b[i].perm && !cairn_backend_supports_type(be, kernel_type(be, t->type))) { /* perms: index data */
             const cairn_type_traits *tr = cairn_type_get(t->type);
             return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
                                 "tensor '%s' has type %s, which backend %s does not support",
@@ -799,8 +891,8 @@ static int upload_weights(cairn_model *m, const cairn_gguf *g, const tensor_bind
         bytes[i] = t->size;
         as[i] = t->type;
         if (is_matmul_weight(m, &b[i]) &&
-            (rc = cairn_backend_weight_layout(be, t->type, (int)t->ne[0], (int)t->ne[1], &bytes[i],
-                                              &as[i])) != CAIRN_OK)
+            (rc = cairn_backend_weight_layout(be, kernel_type(be, t->type), (int)t->ne[0],
+                                              (int)t->ne[1], &bytes[i], &as[i])) != CAIRN_OK)
             rc = cairn_errorf(err, err_len, rc, "tensor '%s': no layout on backend %s", t->name,
                               be->iface->name);
         total += (bytes[i] + 63) & ~(size_t)63;
@@ -828,6 +920,7 @@ static int upload_weights(cairn_model *m, const cairn_gguf *g, const tensor_bind
         src_total += (i < n ? b[i].src : freqs)->size;
     const double t_start = cairn_now();
     double t_logged = t_start;
+    int64_t inexact = 0; /* MXFP4 blocks whose scale no fp16 holds */
     for (int i = 0; i < n + (freqs != NULL); i++) {
         const cairn_gguf_tensor *t = i < n ? b[i].src : freqs;
         const double now = cairn_now();
@@ -841,7 +934,9 @@ static int upload_weights(cairn_model *m, const cairn_gguf *g, const tensor_bind
             t_logged = now;
         }
         src_done += t->size;
-        if (i < n && is_matmul_weight(m, &b[i]))
+        if (i < n && kernel_type(be, t->type) != t->type)
+            rc = upload_mxfp4(be, dst, t, &inexact);
+        else if (i < n && is_matmul_weight(m, &b[i]))
             rc = cairn_backend_upload_weight(be, dst, t->data, t->type, (int)t->ne[0],
                                              (int)t->ne[1]);
         else
@@ -877,6 +972,11 @@ static int upload_weights(cairn_model *m, const cairn_gguf *g, const tensor_bind
     }
     free(bytes);
     free(as);
+    if (inexact > 0)
+        cairn_log(CAIRN_LOG_WARN,
+                  "model: %lld MXFP4 blocks have a scale outside fp16's range; their weights "
+                  "were rounded to the nearest representable scale",
+                  (long long)inexact);
     if (t_logged > t_start) /* it said how far it was: say it is done */
         cairn_log(CAIRN_LOG_INFO, "model: weights loaded into %s in %.1f s (%.0f MiB)",
                   be->iface->name, cairn_now() - t_start, (double)src_total / (1 << 20));
@@ -1011,6 +1111,12 @@ int cairn_model_load_gguf(const cairn_gguf *g, const char *name, cairn_backend *
     int rc;
     if ((rc = read_hparams(g, name, &m->arch, &m->hp, err, err_len)))
         goto fail;
+    if (m->hp.swiglu_limit > 0 && !be->iface->swiglu_clamped) {
+        rc = cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
+                          "%s: %s experts need the clamped SwiGLU, which backend %s lacks", name,
+                          m->hp.arch, be->iface->name);
+        goto fail;
+    }
     /* Gemma 3 27B scales queries by 1/sqrt(dim / n_head) (168), not by the
      * head width; the GGUF does not say so, its 62 layers do (as in
      * llama.cpp and Google's reference code). */
@@ -1287,11 +1393,13 @@ static int forward_ops(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
         .n_expert = hp->n_expert, .n_expert_used = hp->n_expert_used,
         .expert_ffn_dim = hp->expert_ffn_dim, .shared_ffn_dim = hp->shared_ffn_dim,
         .expert_norm = hp->expert_norm, .expert_weights_scale = hp->expert_weights_scale,
+        .expert_softmax_chosen = hp->expert_softmax_chosen, .swiglu_limit = hp->swiglu_limit,
+        .swiglu_alpha = hp->swiglu_alpha,
     };
-    /* a local layer of a model with global ones (Gemma 3): its own RoPE
-     * base, unscaled; Mistral's windowed layers keep the model's RoPE */
+    /* a local layer of Gemma 3: its own RoPE base, unscaled; Mistral's
+     * windowed layers and gpt-oss's local ones keep the model's RoPE */
     cairn_layer_shape shape_local = shape;
-    if (hp->swa_period > 0) {
+    if (hp->local_rope_own) {
         shape_local.rope.freq_base = hp->rope_freq_base_local;
         shape_local.rope.freq_scale = 1.0f;
         shape_local.rope.freq_factors = NULL;
@@ -1324,8 +1432,8 @@ static int forward_ops(cairn_model *m, void *kv_pool, const cairn_kv_layout *kv,
         if (l < hp->n_layer) {
             attn.window = cairn_hparams_layer_window(hp, l);
             /* Gemma's local layers have a RoPE base of their own; a window
-             * over every layer (Mistral) keeps the file's */
-            const bool local = attn.window > 0 && hp->swa_period > 0;
+             * over every layer (Mistral) and gpt-oss's keep the file's */
+            const bool local = attn.window > 0 && hp->local_rope_own;
             TRY(cairn_layer_forward(be, &m->layers[l], local ? &shape_local : &shape, &acts, T,
                                     m->pos, m->slots, kv_pool, kv, l, &attn));
         }

@@ -17,7 +17,8 @@
  *     x = rmsnorm(x) ──▶ hidden (EAGLE's feature) ──LM head──▶ logits
  *
  * Architectures: llama (Llama 2/3, Mistral with its window, Mixtral's
- * experts), qwen2, qwen3, gemma3, qwen3moe, qwen2moe (model.c, arch_traits).
+ * experts), qwen2, qwen3, gemma3, qwen3moe, qwen2moe, gpt-oss (model.c,
+ * arch_traits).
  *
  * The KV of every sequence lives in pages of a pool the caller owns
  * (store/ carves them); a sequence names its pages in a page table, so
@@ -57,7 +58,7 @@ extern "C" {
 /* ======================================================================== */
 
 typedef struct {
-    char arch[32];        /* "llama", "qwen2", "qwen3" or "gemma3"            */
+    char arch[32];        /* general.architecture (model.c, ARCHES)          */
     char name[128];       /* general.name, or the file name                   */
     int n_vocab;
     int n_ctx_train;
@@ -84,7 +85,10 @@ typedef struct {
     int swa_period;
     float rope_freq_base_local; /* RoPE base of the local layers (Gemma 3:
                                    10000, the global layers 1e6); their
-                                   frequency scale is 1                     */
+                                   frequency scale is 1 when local_rope_own */
+    bool local_rope_own;  /* the local layers' RoPE is rope_freq_base_local,
+                             unscaled (Gemma 3); else the model's (gpt-oss,
+                             whose local and global layers alternate) */
     /* Mixture of experts (n_expert > 0: qwen3moe, qwen2moe, Mixtral as
      * llama). Every layer's FFN is n_expert experts of expert_ffn_dim; a
      * router picks n_expert_used of them per token (softmax over its logits,
@@ -95,6 +99,14 @@ typedef struct {
     int n_expert, n_expert_used, expert_ffn_dim, shared_ffn_dim;
     bool expert_norm;
     float expert_weights_scale;
+    /* gpt-oss: the top n_expert_used chosen on the router's logits and
+     * softmaxed among themselves; the experts' SwiGLU clamped at
+     * swiglu_limit (> 0) with sigmoid slope swiglu_alpha; a learned sink
+     * logit per attention head (kernels/backend.h, cairn_attn_args.sinks);
+     * biases on every projection. */
+    bool expert_softmax_chosen;
+    float swiglu_limit, swiglu_alpha;
+    bool attn_sinks;
     /* YaRN (rope.scaling.type "yarn"): the frequencies a trained context of
      * yarn_orig_ctx cannot tell apart are interpolated by 1/yarn_factor,
      * the fast ones kept, a linear ramp between them over the pairs whose
@@ -104,6 +116,9 @@ typedef struct {
     bool rope_yarn;
     float yarn_factor, yarn_beta_fast, yarn_beta_slow, yarn_mscale;
     int yarn_orig_ctx;
+    bool yarn_unrounded; /* the ramp's ends kept fractional (HF's truncate
+                            false: gpt-oss folders), not rounded out to
+                            whole pairs (llama.cpp, every GGUF) */
 } cairn_hparams;
 
 /* "qwen3moe, dim 2048, 16 layers, 16/4 heads, 32 experts (4 a token)", with

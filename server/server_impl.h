@@ -181,14 +181,18 @@ struct srv_work {
     void (*done)(srv_work *w, srv_conn *c); /* c NULL: the connection has gone */
 };
 int srv_work_queue(cairn_server *s, srv_work *w);
-/* A finished reply read for tool calls on a text worker (api/api.h,
- * cairn_api_tool_calls), then `answer` on the loop thread (c NULL: the
- * connection has gone). A protocol's item begins with one. */
+/* A finished reply read for tool calls (and, in channels, its reasoning)
+ * on a text worker (api/api.h, cairn_api_reply), then `answer` on the loop
+ * thread (c NULL: the connection has gone). A protocol's item begins with
+ * one. */
 typedef struct srv_calls {
     srv_work w;
     srv_event *node;          /* the DONE event (owned)                     */
-    char *tools_json;         /* the tools the reply is read for (owned)    */
-    char *calls_json, *content; /* the result (owned; NULL: no calls)       */
+    char *tools_json;         /* the tools the reply is read for (owned;
+                                 NULL: none, a reply in channels)           */
+    char *calls_json, *content; /* the result (owned; NULL: no calls, the
+                                 text as it is)                             */
+    char *reasoning;          /* channels: the reasoning (owned; NULL: none) */
     char prefix[64];          /* ids are <prefix><n>                        */
     void (*answer)(struct srv_calls *k, srv_conn *c);
 } srv_calls;

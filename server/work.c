@@ -39,8 +39,8 @@ static void calls_work(srv_work *w)
     srv_calls *k = (srv_calls *)w;
     const cairn_event *ev = &k->node->ev;
     const bool cut = ev->finish_reason && strcmp(ev->finish_reason, "length") == 0;
-    cairn_api_tool_calls(&w->srv->api, ev->text, ev->text_len, k->tools_json, k->prefix, cut,
-                         &k->calls_json, &k->content);
+    cairn_api_reply(&w->srv->api, ev->text, ev->text_len, k->tools_json, k->prefix, cut,
+                    &k->reasoning, &k->calls_json, &k->content);
 }
 
 static void calls_done(srv_work *w, srv_conn *c)
@@ -66,6 +66,7 @@ void srv_calls_free(srv_calls *k)
     free(k->tools_json);
     free(k->calls_json);
     free(k->content);
+    free(k->reasoning);
     free(k);
 }
 

@@ -17,6 +17,7 @@
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ---- Jinja's trim ------------------------------------------------------------ */
 
@@ -74,6 +75,7 @@ typedef struct {
     json_t *tools; /* array or NULL                                      */
     bool gen_prompt;
     bool cont;     /* continuing a conversation: no preamble            */
+    const char *effort; /* reasoning effort (HARMONY): "low", "medium", "high" */
 } conv;
 
 static void fmt_generic(const cairn_chat_template *t, const conv *c, outbuf *b)
@@ -394,9 +396,466 @@ static void fmt_phi3(const cairn_chat_template *t, const conv *c, outbuf *b)
     }
 }
 
-/* Render into b. Leading BOS text is written when the template writes it. */
+/* ---- harmony (gpt-oss) ------------------------------------------------------ */
+/*
+ * OpenAI's harmony format: messages "<|start|>ROLE<|message|>TEXT<|end|>",
+ * assistant messages in a channel (final for replies, analysis for
+ * reasoning, commentary for tool calls). The template renders the tools as
+ * TypeScript declarations through two macros whose output is reproduced
+ * below with the template's own whitespace quirks (a variable tag after a
+ * line break keeps the indentation before it: "a: \n                string"
+ * in nested objects). Python semantics the template relies on are mirrored
+ * where they show: Jinja truthiness, str() of values joined into the text,
+ * a `set` inside a loop not leaving it (so oneOf's object check never
+ * fires). Where the template fails outright (a tool without a description,
+ * a default added to a string that is not one) cairn renders instead: the
+ * description as "", the value as Python's str() would.
+ */
+
+/* Jinja truthiness of a JSON value; NULL is undefined (false). */
+static bool jtruthy(const json_t *j)
+{
+    switch (j ? json_typeof(j) : JSON_NULL) {
+    case JSON_OBJECT: return json_object_size(j) > 0;
+    case JSON_ARRAY: return json_array_size(j) > 0;
+    case JSON_STRING: return json_string_length(j) > 0;
+    case JSON_INTEGER: return json_integer_value(j) != 0;
+    case JSON_REAL: return json_real_value(j) != 0.0;
+    case JSON_TRUE: return true;
+    default: return false;
+    }
+}
+
+/* `x.key` in the template: a member of an object, else undefined (NULL). */
+static const json_t *jget(const json_t *x, const char *key)
+{
+    return json_is_object(x) ? json_object_get(x, key) : NULL;
+}
+
+static bool jis(const json_t *x, const char *s)
+{
+    return json_is_string(x) && strcmp(json_string_value(x), s) == 0;
+}
+
+/* Python's str() of a value written into the text: strings as they are,
+ * True/False/None, numbers as repr. (Containers come out as JSON, where
+ * Python would write its repr: no schema in practice puts them there.) */
+static void py_str(outbuf *b, const json_t *j)
+{
+    if (json_is_string(j))
+        ob_add(b, json_string_value(j), json_string_length(j));
+    else if (json_is_true(j))
+        ob_str(b, "True");
+    else if (json_is_false(j))
+        ob_str(b, "False");
+    else if (!j || json_is_null(j))
+        ob_str(b, "None");
+    else
+        chat_py_json(b, j, -1, 0);
+}
+
+/* The items a Jinja loop or join walks over a value: an array's elements,
+ * an object's keys, a string's characters (as JSON strings, new refs). */
+static json_t *jiter(const json_t *x)
+{
+    if (json_is_array(x))
+        return json_incref((json_t *)x);
+    json_t *out = json_array();
+    if (json_is_object(x)) {
+        const char *k;
+        json_t *v;
+        json_object_foreach((json_t *)x, k, v)
+        {
+            json_array_append_new(out, json_string(k));
+        }
+    } else if (json_is_string(x)) {
+        const char *s = json_string_value(x);
+        size_t n = json_string_length(x);
+        for (size_t i = 0; i < n;) {
+            unsigned char c = (unsigned char)s[i];
+            size_t cl = c < 0x80 ? 1 : c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
+            if (i + cl > n)
+                cl = n - i;
+            json_array_append_new(out, json_stringn(s + i, cl));
+            i += cl;
+        }
+    }
+    return out;
+}
+
+/* `items|join(sep)` */
+static void jjoin(outbuf *b, const json_t *x, const char *sep)
+{
+    json_t *items = jiter(x);
+    for (size_t i = 0; i < json_array_size(items); i++) {
+        if (i)
+            ob_str(b, sep);
+        py_str(b, json_array_get(items, i));
+    }
+    json_decref(items);
+}
+
+/* `name in (required or [])`: a list's element, an object's key, or a
+ * string's substring, as Python's `in`. */
+static bool jrequired(const json_t *required, const char *name)
+{
+    if (json_is_array(required)) {
+        size_t i;
+        const json_t *r;
+        json_array_foreach(required, i, r)
+        {
+            if (jis(r, name))
+                return true;
+        }
+        return false;
+    }
+    if (json_is_object(required))
+        return json_object_get(required, name) != NULL;
+    if (json_is_string(required))
+        return strstr(json_string_value(required), name) != NULL;
+    return false;
+}
+
+/* Characters (code points) in s[0..n): Jinja's `length` of a string. */
+static size_t utf8_chars(const char *s, size_t n)
+{
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++)
+        c += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return c;
+}
+
+/* The template's render_typescript_type(spec). */
+static void ts_type(outbuf *b, const json_t *spec)
+{
+    const json_t *type = jget(spec, "type");
+    if (jis(type, "array")) {
+        const json_t *items = jget(spec, "items");
+        if (jtruthy(items)) {
+            const json_t *it = jget(items, "type");
+            if (jis(it, "string")) {
+                ob_str(b, "string[]");
+            } else if (jis(it, "number") || jis(it, "integer")) {
+                ob_str(b, "number[]");
+            } else if (jis(it, "boolean")) {
+                ob_str(b, "boolean[]");
+            } else {
+                outbuf inner = {0};
+                ts_type(&inner, items);
+                const char *d = inner.text.data ? inner.text.data : "";
+                if (inner.text.oom)
+                    b->text.oom = true;
+                if (strcmp(d, "object | object") == 0 || utf8_chars(d, inner.text.len) > 50) {
+                    ob_str(b, "any[]");
+                } else {
+                    ob_add(b, d, inner.text.len);
+                    ob_str(b, "[]");
+                }
+                ob_free(&inner);
+            }
+        } else {
+            ob_str(b, "any[]");
+        }
+        if (jtruthy(jget(spec, "nullable")))
+            ob_str(b, " | null");
+    } else if (json_is_array(type) && json_array_size(type) > 0) {
+        /* ["string", "null"]: a union */
+        jjoin(b, type, " | ");
+    } else if (jtruthy(jget(spec, "oneOf"))) {
+        /* The template's "any" for unions of objects never applies: the
+         * flag is set inside the loop and Jinja does not carry it out. */
+        json_t *variants = jiter(jget(spec, "oneOf"));
+        for (size_t i = 0; i < json_array_size(variants); i++) {
+            const json_t *v = json_array_get(variants, i);
+            ts_type(b, v);
+            const json_t *desc = jget(v, "description");
+            if (jtruthy(desc)) {
+                ob_str(b, "// ");
+                py_str(b, desc);
+            }
+            const json_t *dflt = jget(v, "default");
+            if (dflt) {
+                ob_str(b, "                    // default: ");
+                chat_py_json(b, dflt, -1, 0);
+            }
+            if (i + 1 < json_array_size(variants))
+                ob_str(b, " | \n");
+        }
+        json_decref(variants);
+    } else if (jis(type, "string")) {
+        const json_t *en = jget(spec, "enum");
+        if (jtruthy(en)) {
+            ob_str(b, "\"");
+            jjoin(b, en, "\" | \"");
+            ob_str(b, "\"");
+        } else {
+            ob_str(b, "string");
+            if (jtruthy(jget(spec, "nullable")))
+                ob_str(b, " | null");
+        }
+    } else if (jis(type, "number") || jis(type, "integer")) {
+        ob_str(b, "number");
+    } else if (jis(type, "boolean")) {
+        ob_str(b, "boolean");
+    } else if (jis(type, "object")) {
+        const json_t *props = jget(spec, "properties");
+        if (jtruthy(props)) {
+            const json_t *required = jget(spec, "required");
+            ob_str(b, "{\n");
+            json_t *names = jiter(props);
+            for (size_t i = 0; i < json_array_size(names); i++) {
+                const char *name = json_string_value(json_array_get(names, i));
+                ob_str(b, name);
+                if (!jrequired(jtruthy(required) ? required : NULL, name))
+                    ob_str(b, "?");
+                ob_str(b, ": \n                ");
+                ts_type(b, jget(props, name));
+                if (i + 1 < json_array_size(names))
+                    ob_str(b, ", ");
+            }
+            json_decref(names);
+            ob_str(b, "}");
+        } else {
+            ob_str(b, "object");
+        }
+    } else {
+        ob_str(b, "any");
+    }
+}
+
+/* One tool of the template's render_tool_namespace. */
+static void harmony_tool(outbuf *b, const json_t *tool)
+{
+    const json_t *fn = jget(tool, "function");
+    const json_t *desc = jget(fn, "description"), *params = jget(fn, "parameters");
+    ob_str(b, "// ");
+    if (desc && !json_is_null(desc))
+        py_str(b, desc);
+    ob_str(b, "\ntype ");
+    py_str(b, jget(fn, "name"));
+    ob_str(b, " = ");
+    const json_t *props = jget(params, "properties");
+    if (!jtruthy(params) || !jtruthy(props)) {
+        ob_str(b, "() => any;\n\n");
+        return;
+    }
+    const json_t *required = jget(params, "required");
+    ob_str(b, "(_: {\n");
+    json_t *names = jiter(props);
+    for (size_t i = 0; i < json_array_size(names); i++) {
+        const char *name = json_string_value(json_array_get(names, i));
+        const json_t *spec = jget(props, name);
+        const json_t *pdesc = jget(spec, "description");
+        if (jtruthy(pdesc)) {
+            ob_str(b, "// ");
+            py_str(b, pdesc);
+            ob_str(b, "\n");
+        }
+        ob_str(b, name);
+        if (!jrequired(jtruthy(required) ? required : NULL, name))
+            ob_str(b, "?");
+        ob_str(b, ": ");
+        ts_type(b, spec);
+        const json_t *dflt = jget(spec, "default");
+        if (dflt) {
+            if (jtruthy(jget(spec, "enum"))) {
+                ob_str(b, ", // default: ");
+                py_str(b, dflt);
+            } else if (jtruthy(jget(spec, "oneOf"))) {
+                ob_str(b, "// default: ");
+                py_str(b, dflt);
+            } else {
+                ob_str(b, ", // default: ");
+                chat_py_json(b, dflt, -1, 0);
+            }
+        }
+        ob_str(b, ",\n");
+    }
+    json_decref(names);
+    ob_str(b, "}) => any;\n\n");
+}
+
+/* The system message: identity, cutoff, today's date, reasoning effort and
+ * the channels. The date is strftime_now("%Y-%m-%d"), which Hugging Face
+ * defines as the local date at rendering time. */
+static void harmony_system(outbuf *b, bool tools, const char *effort)
+{
+    char date[32] = "";
+    time_t now = time(NULL);
+    struct tm tm;
+    if (localtime_r(&now, &tm))
+        strftime(date, sizeof date, "%Y-%m-%d", &tm);
+    ob_special(b, "<|start|>");
+    ob_str(b, "system");
+    ob_special(b, "<|message|>");
+    ob_str(b, "You are ChatGPT, a large language model trained by OpenAI.\n"
+              "Knowledge cutoff: 2024-06\nCurrent date: ");
+    ob_str(b, date);
+    ob_str(b, "\n\nReasoning: ");
+    ob_str(b, effort);
+    ob_str(b, "\n\n# Valid channels: analysis, commentary, final. Channel must be included "
+              "for every message.");
+    if (tools)
+        ob_str(b, "\nCalls to these tools must go to the commentary channel: 'functions'.");
+    ob_special(b, "<|end|>");
+}
+
+/* The developer message: the conversation's first system text as
+ * instructions, and the tools. */
+static void harmony_developer(outbuf *b, const char *instructions, const json_t *tools)
+{
+    ob_special(b, "<|start|>");
+    ob_str(b, "developer");
+    ob_special(b, "<|message|>");
+    if (instructions) {
+        ob_str(b, "# Instructions\n\n");
+        ob_str(b, instructions);
+        ob_str(b, "\n\n");
+    }
+    if (tools) {
+        ob_str(b, "# Tools\n\n## functions\n\nnamespace functions {\n\n");
+        for (size_t i = 0; i < json_array_size(tools); i++)
+            harmony_tool(b, json_array_get(tools, i));
+        ob_str(b, "} // namespace functions");
+    }
+    ob_special(b, "<|end|>");
+}
+
+static void harmony_assistant(outbuf *b, const char *channel, const char *text, const char *end)
+{
+    ob_special(b, "<|start|>");
+    ob_str(b, "assistant");
+    ob_special(b, "<|channel|>");
+    ob_str(b, channel);
+    ob_special(b, "<|message|>");
+    ob_str(b, text);
+    ob_special(b, end);
+}
+
+/* The template refuses channel markers in an assistant's texts (they
+ * belong in the separate fields). */
+static bool harmony_has_channels(const char *s)
+{
+    return s && (strstr(s, "<|channel|>analysis<|message|>") ||
+                 strstr(s, "<|channel|>final<|message|>"));
+}
+
+/* Is a later message of m[from..n) an assistant reply without calls? Then
+ * an earlier call's reasoning is dropped, as the template does. */
+static bool harmony_final_follows(const msg *m, size_t from, size_t n)
+{
+    for (size_t k = from; k < n; k++)
+        if (m[k].role == R_ASSISTANT && !m[k].calls)
+            return true;
+    return false;
+}
+
+/* gpt-oss: the system message, a developer message (first system text,
+ * tools), then user turns, assistant replies in the final channel (the
+ * last one, without a generation prompt, with its reasoning and
+ * <|return|> as in training), tool calls in the commentary channel and
+ * tool results from "functions.NAME" of the last call. */
+static int fmt_harmony(const cairn_chat_template *t, const conv *c, outbuf *b)
+{
+    (void)t;
+    const msg *m = c->m;
+    size_t i = 0;
+    const json_t *tools = jtruthy(c->tools) ? c->tools : NULL;
+    if (!c->cont) {
+        harmony_system(b, tools != NULL, c->effort);
+        const char *instructions = NULL;
+        if (c->n > 0 && m[0].role == R_SYSTEM)
+            instructions = m[i++].content;
+        if ((instructions && *instructions) || tools)
+            harmony_developer(b, instructions && *instructions ? instructions : NULL, tools);
+    }
+    const json_t *last_call = NULL; /* the name tool results are from */
+    for (; i < c->n; i++) {
+        const msg *x = &m[i];
+        if (x->role == R_USER) {
+            ob_special(b, "<|start|>");
+            ob_str(b, "user");
+            ob_special(b, "<|message|>");
+            ob_str(b, x->content);
+            ob_special(b, "<|end|>");
+        } else if (x->role == R_TOOL) {
+            if (!last_call) {
+                cairn_log(CAIRN_LOG_WARN, "chat: harmony: message %zu is a tool result, and no "
+                                          "assistant message before it made a tool call", i);
+                return CAIRN_EINVAL;
+            }
+            ob_special(b, "<|start|>");
+            ob_str(b, "functions.");
+            ob_add(b, json_string_value(last_call), json_string_length(last_call));
+            ob_str(b, " to=assistant");
+            ob_special(b, "<|channel|>");
+            ob_str(b, "commentary");
+            ob_special(b, "<|message|>");
+            chat_py_json_string(b, x->content, strlen(x->content));
+            ob_special(b, "<|end|>");
+        } else if (x->role == R_SYSTEM) {
+            if (c->cont && i == 0) { /* continuing: new instructions */
+                harmony_developer(b, x->content, NULL);
+            }
+            /* later system messages: the template renders none */
+        } else if (harmony_has_channels(x->content) || harmony_has_channels(x->reasoning)) {
+            cairn_log(CAIRN_LOG_WARN, "chat: harmony: assistant message %zu holds channel markers; "
+                                      "give the reasoning as reasoning_content and the reply "
+                                      "as content", i);
+            return CAIRN_EINVAL;
+        } else if (x->calls) {
+            bool thinking = x->reasoning && *x->reasoning;
+            if (x->has_content && thinking) {
+                cairn_log(CAIRN_LOG_WARN, "chat: harmony: assistant message %zu with tool calls "
+                                          "has both content and reasoning_content", i);
+                return CAIRN_EINVAL;
+            }
+            if (json_array_size(x->calls) > 1)
+                cairn_log(CAIRN_LOG_WARN, "chat: harmony renders one tool call per assistant "
+                                          "message; %zu more of message %zu left out",
+                          json_array_size(x->calls) - 1, i);
+            if ((x->has_content || thinking) && !harmony_final_follows(m, i + 1, c->n))
+                harmony_assistant(b, "analysis", x->has_content ? x->content : x->reasoning,
+                                  "<|end|>");
+            const json_t *call = json_array_get(x->calls, 0);
+            last_call = json_object_get(call, "name");
+            ob_special(b, "<|start|>");
+            ob_str(b, "assistant to=functions.");
+            ob_add(b, json_string_value(last_call), json_string_length(last_call));
+            ob_special(b, "<|channel|>");
+            ob_str(b, "commentary json");
+            ob_special(b, "<|message|>");
+            chat_py_json(b, json_object_get(call, "arguments"), -1, 0);
+            ob_special(b, "<|call|>");
+        } else if (i + 1 == c->n && !c->gen_prompt) {
+            /* the training form: reasoning kept, <|return|> ends the reply */
+            if (x->reasoning)
+                harmony_assistant(b, "analysis", x->reasoning, "<|end|>");
+            harmony_assistant(b, "final", x->content, "<|return|>");
+        } else {
+            harmony_assistant(b, "final", x->content, "<|end|>");
+            last_call = NULL;
+        }
+    }
+    if (c->gen_prompt) {
+        ob_special(b, "<|start|>");
+        ob_str(b, "assistant");
+    }
+    return CAIRN_OK;
+}
+
+/* The reasoning effort CAIRN_CHAT_REASONING_* flags ask for. */
+static const char *effort_of(int flags)
+{
+    return (flags & CAIRN_CHAT_REASONING_HIGH) ? "high"
+           : (flags & CAIRN_CHAT_REASONING_LOW) ? "low"
+                                                : "medium";
+}
+
+/* Render into b. Leading BOS text is written when the template writes it.
+ * flags: CAIRN_CHAT_REASONING_*. */
 static int render_all(const cairn_chat_template *t, const cairn_chat_message *msgs, size_t n_msgs,
-                  const char *tools_json, bool gen_prompt, bool cont, outbuf *b)
+                  const char *tools_json, bool gen_prompt, bool cont, int flags, outbuf *b)
 {
     if (!t || (!msgs && n_msgs))
         return CAIRN_EINVAL;
@@ -404,7 +863,8 @@ static int render_all(const cairn_chat_template *t, const cairn_chat_message *ms
     int rc = chat_prepare(msgs, n_msgs, &m);
     if (rc)
         return rc;
-    conv c = {.m = m, .n = n_msgs, .gen_prompt = gen_prompt, .cont = cont};
+    conv c = {.m = m, .n = n_msgs, .gen_prompt = gen_prompt, .cont = cont,
+              .effort = effort_of(flags)};
     if (tools_json) {
         json_error_t jerr;
         c.tools = json_loads(tools_json, JSON_DECODE_ANY, &jerr);
@@ -415,7 +875,7 @@ static int render_all(const cairn_chat_template *t, const cairn_chat_message *ms
             return CAIRN_EINVAL;
         }
         if (json_array_size(c.tools) > 0 && t->family != CAIRN_CHAT_QWEN2 &&
-            !(t->family == CAIRN_CHAT_LLAMA3 && t->llama31))
+            t->family != CAIRN_CHAT_HARMONY && !(t->family == CAIRN_CHAT_LLAMA3 && t->llama31))
             cairn_log(CAIRN_LOG_WARN, "chat: the %s template has no tool format; tools ignored",
                       cairn_chat_family_name(t->family));
     }
@@ -427,6 +887,7 @@ static int render_all(const cairn_chat_template *t, const cairn_chat_message *ms
     case CAIRN_CHAT_LLAMA2: fmt_llama2(t, &c, b); break;
     case CAIRN_CHAT_GEMMA: fmt_gemma(t, &c, b); break;
     case CAIRN_CHAT_PHI3: fmt_phi3(t, &c, b); break;
+    case CAIRN_CHAT_HARMONY: rc = fmt_harmony(t, &c, b); break;
     }
     json_decref(c.tools);
     chat_free_msgs(m, n_msgs);
@@ -446,10 +907,10 @@ static const char continue_mark[] = "\x1f\x1e" "cairn:continue" "\x1e\x1f";
  * the sentinel, and the content appended as message text. */
 static int render(const cairn_chat_template *t, const cairn_chat_message *msgs, size_t n_msgs,
                   const char *tools_json, bool gen_prompt, bool cont, bool continue_final,
-                  outbuf *b)
+                  int flags, outbuf *b)
 {
     if (!continue_final)
-        return render_all(t, msgs, n_msgs, tools_json, gen_prompt, cont, b);
+        return render_all(t, msgs, n_msgs, tools_json, gen_prompt, cont, flags, b);
     if (!n_msgs || !msgs || !msgs[n_msgs - 1].role ||
         strcmp(msgs[n_msgs - 1].role, "assistant") != 0 || msgs[n_msgs - 1].tool_calls_json)
         return CAIRN_EINVAL; /* only a plain assistant reply can be continued */
@@ -459,7 +920,7 @@ static int render(const cairn_chat_template *t, const cairn_chat_message *msgs, 
     memcpy(m, msgs, n_msgs * sizeof *m);
     const char *content = m[n_msgs - 1].content ? m[n_msgs - 1].content : "";
     m[n_msgs - 1].content = continue_mark;
-    int rc = render_all(t, m, n_msgs, tools_json, false, cont, b);
+    int rc = render_all(t, m, n_msgs, tools_json, false, cont, flags, b);
     free(m);
     if (rc)
         return rc;
@@ -494,7 +955,7 @@ int cairn_chat_format(const cairn_chat_template *t, const cairn_chat_message *ms
     if (!out)
         return CAIRN_EINVAL;
     outbuf b = {0};
-    int rc = render(t, msgs, n_msgs, tools_json, add_generation_prompt, false, false, &b);
+    int rc = render(t, msgs, n_msgs, tools_json, add_generation_prompt, false, false, 0, &b);
     if (rc) {
         ob_free(&b);
         return rc;
@@ -554,7 +1015,7 @@ int cairn_chat_tokenize(const cairn_chat_template *t, const cairn_vocab *v,
     bool cont = flags & CAIRN_CHAT_CONTINUE;
     outbuf b = {0};
     int rc = render(t, msgs, n_msgs, tools_json, flags & CAIRN_CHAT_GENERATION_PROMPT, cont,
-                    flags & CAIRN_CHAT_CONTINUE_FINAL, &b);
+                    flags & CAIRN_CHAT_CONTINUE_FINAL, flags, &b);
     idvec out = {0};
     if (rc == CAIRN_OK) {
         out.cap = b.text.len + 8;
@@ -607,6 +1068,7 @@ const char *cairn_chat_turn_end(const cairn_chat_template *t)
     case CAIRN_CHAT_LLAMA3: return "<|eot_id|>";
     case CAIRN_CHAT_GEMMA: return "<end_of_turn>\n";
     case CAIRN_CHAT_PHI3: return "<|end|>\n";
+    case CAIRN_CHAT_HARMONY: return "<|end|>"; /* after a reply (its <|return|> is not kept) */
     case CAIRN_CHAT_LLAMA2: return t->eos_text;
     case CAIRN_CHAT_GENERIC: return "\n";
     }

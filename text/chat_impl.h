@@ -7,8 +7,9 @@
  *                    the caller's messages
  *   chat_format.c    the family formatters and cairn_chat_tokenize
  *   tool_calls.c     reading tool calls back (and where a streamed one may
- *                    begin), forcing one, choosing tools and checking their
- *                    schemas
+ *                    begin), and replies in channels (harmony) into
+ *                    reasoning, content and calls; forcing a call,
+ *                    choosing tools and checking their schemas
  */
 #ifndef CAIRN_TEXT_CHAT_IMPL_H
 #define CAIRN_TEXT_CHAT_IMPL_H
@@ -101,6 +102,7 @@ typedef struct {
     const char *content; /* never NULL ("" for none) */
     bool has_content;    /* given and non-empty (Jinja truthiness)          */
     json_t *calls;       /* assistant: array of {name, arguments(json)}     */
+    const char *reasoning; /* assistant: reasoning_content, NULL when not given */
 } msg;
 
 /* Defined in chat_template.c. */

@@ -216,6 +216,7 @@ const char *cairn_chat_family_name(cairn_chat_family f)
     case CAIRN_CHAT_LLAMA2: return "llama2";
     case CAIRN_CHAT_GEMMA: return "gemma";
     case CAIRN_CHAT_PHI3: return "phi3";
+    case CAIRN_CHAT_HARMONY: return "harmony";
     }
     return "unknown";
 }
@@ -250,6 +251,10 @@ static cairn_chat_family detect_family(const char *src)
 {
     if (!src || !*src)
         return CAIRN_CHAT_GENERIC;
+    /* first: the template also writes <|end|>, which alone would look like
+     * Phi-3's */
+    if (strstr(src, "<|start|>") && strstr(src, "<|channel|>") && strstr(src, "<|message|>"))
+        return CAIRN_CHAT_HARMONY;
     if (strstr(src, "<|im_start|>"))
         return strstr(src, "<tool_call>") ? CAIRN_CHAT_QWEN2 : CAIRN_CHAT_CHATML;
     if (strstr(src, "<|start_header_id|>"))
@@ -288,6 +293,7 @@ int cairn_chat_template_from_string(const char *src, const cairn_vocab *v,
         case CAIRN_CHAT_LLAMA2: bos = "<s>"; eos = "</s>"; break;
         case CAIRN_CHAT_GEMMA: bos = "<bos>"; eos = "<eos>"; break;
         case CAIRN_CHAT_PHI3: bos = "<s>"; eos = "<|endoftext|>"; break;
+        case CAIRN_CHAT_HARMONY: bos = "<|startoftext|>"; eos = "<|return|>"; break;
         default: eos = "<|endoftext|>"; break;
         }
     }
@@ -448,6 +454,7 @@ int chat_prepare(const cairn_chat_message *in, size_t n, msg **out)
         }
         m[i].content = in[i].content ? in[i].content : "";
         m[i].has_content = m[i].content[0] != '\0';
+        m[i].reasoning = m[i].role == R_ASSISTANT ? in[i].reasoning_content : NULL;
         if (m[i].role == R_ASSISTANT && in[i].tool_calls_json) {
             int rc = normalise_calls(in[i].tool_calls_json, &m[i].calls);
             if (rc) {

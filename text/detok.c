@@ -15,12 +15,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The bytes of a token; control-like tokens are empty unless `special`. */
+/* The bytes of a token; control-like tokens are empty unless `special` or
+ * shown (text/vocab.c, mark_harmony). */
 static void piece_of(const cairn_vocab *v, int32_t token, bool special, const char **s,
                      size_t *len)
 {
     uint8_t t = v->type[token];
-    if (!special && (t == TT_CONTROL || t == TT_UNKNOWN || t == TT_UNUSED)) {
+    if (!special && (t == TT_CONTROL || t == TT_UNKNOWN || t == TT_UNUSED) &&
+        !(v->shown && v->shown[token])) {
         *s = "";
         *len = 0;
         return;

@@ -15,6 +15,7 @@
  *     reply text ◀──streaming detokenizer── token ids
  *         │
  *         └──tool-call parser──▶ OpenAI tool_calls + remaining content
+ *                                (+ reasoning, for replies in channels)
  *
  * Four parts, each an opaque handle with create/free functions:
  *   cairn_vocab              a tokenizer built from GGUF metadata
@@ -189,12 +190,27 @@ int cairn_detok_flush(cairn_detok *d, char *out, size_t cap, size_t *n_out);
  *                                        ("[INST]u[/INST]a</s>", system text
  *                                        on the last user message); Mistral
  *                                        tool formats are not rendered
+ *   <|start|> + <|channel|> +    HARMONY gpt-oss: a system message (model
+ *   <|message|>                          identity, knowledge cutoff, today's
+ *                                        local date as strftime_now gives it,
+ *                                        "Reasoning: medium"), the first
+ *                                        system text and the tools (as a
+ *                                        TypeScript namespace) in a
+ *                                        developer message; replies in the
+ *                                        final channel, reasoning in the
+ *                                        analysis channel only where the
+ *                                        template keeps it; one tool call per
+ *                                        assistant message, as the template
+ *                                        renders it (others are dropped, with
+ *                                        a warning); tool results named after
+ *                                        the last call
  *   anything else / no template  GENERIC "<|ROLE|>\n" content "\n" per
  *                                        message, "<|assistant|>\n" to prompt
  *                                        (docs/protocol.md), with a warning
  *
- * "developer" is treated as "system". Tool lists are rendered by QWEN2 and
- * LLAMA3 (3.1+) only; other families ignore them with a warning. Tool-call
+ * "developer" is treated as "system". Tool lists are rendered by QWEN2,
+ * LLAMA3 (3.1+) and HARMONY only; other families ignore them with a
+ * warning. Tool-call
  * arguments given as a JSON string (OpenAI form) are parsed and rendered as
  * the object the templates expect; a string that is not JSON stays a string.
  *
@@ -215,6 +231,7 @@ typedef enum {
     CAIRN_CHAT_LLAMA2, /* [INST], also Mistral */
     CAIRN_CHAT_GEMMA,
     CAIRN_CHAT_PHI3,
+    CAIRN_CHAT_HARMONY, /* OpenAI's harmony format (gpt-oss) */
 } cairn_chat_family;
 
 typedef struct cairn_chat_template cairn_chat_template;
@@ -228,6 +245,12 @@ typedef struct {
                                     {"name","arguments"}}], or NULL           */
     const char *tool_call_id;    /* tool: id of the call answered, or NULL    */
     const char *name;            /* tool: function name, or NULL              */
+    const char *reasoning_content; /* assistant: the reasoning before the reply
+                                    (OpenAI-compatible servers' field; Hugging
+                                    Face templates call it `thinking`), or
+                                    NULL. HARMONY renders it as the analysis
+                                    channel where its template does; other
+                                    families leave it out                    */
 } cairn_chat_message;
 
 /* From a GGUF's tokenizer.chat_template (absent: generic, with a warning).
@@ -266,6 +289,11 @@ enum {
                                      and no new turn (GENERATION_PROMPT is
                                      ignored); CAIRN_EINVAL when the last
                                      message is not a plain assistant reply */
+    CAIRN_CHAT_REASONING_LOW = 1 << 4, /* how long the model is to reason, for
+                                     templates that take it (HARMONY's
+                                     "Reasoning: low|medium|high"; neither
+                                     flag: the template's default, medium) */
+    CAIRN_CHAT_REASONING_HIGH = 1 << 5,
 };
 
 /* Format and tokenize in one step, safely: only the markers the formatter
@@ -317,6 +345,79 @@ const char *cairn_chat_turn_end(const cairn_chat_template *t);
 int cairn_chat_parse_tool_calls(const cairn_chat_template *t, const char *text, size_t len,
                                 const char *tools_json, const char *id_prefix, char **calls_json,
                                 char **content);
+
+/* ---- replies in channels (HARMONY) ----
+ *
+ * gpt-oss writes its reply as harmony messages after the generation prompt
+ * "<|start|>assistant", e.g.
+ *   <|channel|>analysis<|message|>REASONING<|end|>
+ *   <|start|>assistant<|channel|>final<|message|>ANSWER
+ * or, for a tool call (a recipient in the header, before or after the
+ * channel),
+ *   <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>ARGS
+ * (generation stops at <|return|> or <|call|>, which the text does not
+ * hold; the vocabulary detokenizes the other markers to their text, see
+ * text/vocab.c). A client is given the parts, never the markers: the
+ * analysis channel is the reasoning (OpenAI-compatible servers'
+ * `reasoning_content`), final and commentary without a recipient the
+ * content, and a message to "functions.NAME" (any recipient but
+ * "assistant": a built-in tool keeps its whole name) a tool call of NAME
+ * with the message as its arguments. Text before any header (a reply
+ * continued from a prefill) is content. */
+
+/* Must this template's replies be read (cairn_chat_parse_reply,
+ * cairn_chat_reply_next) before a client sees them? True for HARMONY. */
+bool cairn_chat_reply_has_channels(const cairn_chat_template *t);
+
+typedef enum {
+    CAIRN_REPLY_REASONING = 1, /* text of the reasoning                      */
+    CAIRN_REPLY_CONTENT,       /* text of the content                        */
+    CAIRN_REPLY_CALL,          /* a whole tool call                          */
+} cairn_chat_reply_kind;
+
+/* One part of a reply: a span of its text. */
+typedef struct {
+    cairn_chat_reply_kind kind;
+    size_t off, len;           /* the text (a call: its arguments)           */
+    size_t name_off, name_len; /* a call: the recipient after "to=", with
+                                  any "functions." prefix left off          */
+    bool complete;             /* a call: its message was closed (a call cut
+                                  off at the end of the text is not)        */
+} cairn_chat_reply_part;
+
+/* Where reading a reply has got to; zero it to start. */
+typedef struct {
+    size_t pos;       /* text read                                          */
+    int state;        /* 0 at a message's header, else the kind being read  */
+    size_t call_name, call_name_len, call_body; /* the call being read      */
+} cairn_chat_reply_cursor;
+
+/* The next part of a reply (text[0..len), all of it so far, while it is
+ * being streamed) from *c on: true with *part, false when nothing more is
+ * settled yet. Reasoning and content come in pieces as they are written
+ * (a piece that may be the beginning of a marker is held back; an empty
+ * reasoning message is an empty piece); a call only whole, once its
+ * message is closed. `done`: the text is complete;
+ * everything left is given. Parts of one kind, concatenated, are what
+ * cairn_chat_parse_reply gives for the complete text (a call as one part).
+ * Cheap (no JSON is parsed, each byte is looked at about once): fine on a
+ * loop thread. For templates without channels every piece is content. */
+bool cairn_chat_reply_next(const cairn_chat_template *t, cairn_chat_reply_cursor *c,
+                           const char *text, size_t len, bool done, cairn_chat_reply_part *part);
+
+/* A complete reply read into its parts (malloc'ed, caller frees):
+ * *reasoning (NULL when there was none), *content ("" when none), and
+ * *calls_json (NULL when no call) in cairn_chat_parse_tool_calls' form
+ * (ids "<id_prefix><n>"). A call's arguments are its message when that is
+ * JSON; a closed message that is not keeps its text as the arguments; a
+ * call cut off at the end whose text is not JSON is dropped. For templates
+ * without channels, and for a reply without a single harmony header (a
+ * forced call: cairn_chat_tool_call_schema), this is
+ * cairn_chat_parse_tool_calls (with tools_json), its content then the whole
+ * text when it holds no call. CAIRN_EINVAL, CAIRN_ENOMEM. */
+int cairn_chat_parse_reply(const cairn_chat_template *t, const char *text, size_t len,
+                           const char *tools_json, const char *id_prefix, char **reasoning,
+                           char **calls_json, char **content);
 
 /* Where, in a reply being streamed (text[0..len), all of it so far), a
  * tool call may have begun: the offset from which the text must be held

@@ -94,6 +94,11 @@ struct cairn_vocab {
     float *score;                  /* [n]                                     */
     uint8_t *type;                 /* [n] TT_*                                */
     uint8_t *eog;                  /* [n] 1 = ends generation                 */
+    uint8_t *shown;                /* NULL, or [n] 1 = a control token that
+                                      detokenizes to its text even without
+                                      `special` (harmony's message markers:
+                                      the reply's structure, read back by
+                                      the chat reply parser)                */
     text_map by_text;
 
     int32_t bos, eos, eot, eom, unk;

@@ -35,6 +35,17 @@
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+"     \
     "[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 
+/* GPT-4o's o200k (gpt-oss, Llama 4): a letter run is an optional
+ * non-letter lead, then upper/title-case letters and then lower-case ones
+ * (or the other way round), so "HelloWorld" splits at the case change and
+ * a contraction clings to its word; digits in threes; symbol runs that
+ * swallow newlines and slashes; newline runs. */
+#define RE_GPT4O                                                                              \
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"        \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+"         \
+    "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+"        \
+    "[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+
 /* CJK ideographs, the block below them, and Hangul syllables (DeepSeek). */
 #define RE_CJK "[\\x{4E00}-\\x{9FA5}\\x{800}-\\x{4E00}\\x{AC00}-\\x{D7FF}]+"
 
@@ -89,6 +100,7 @@ static const pretok_def pretok_defs[] = {
     {"llama3|llama-v3|llama-bpe|falcon3|falcon-h1|pixtral|dbrx|smaug-bpe|lfm2|midm-2.0", true,
      {RE_LLAMA3}},
     {"qwen2|deepseek-r1-qwen|stablelm2|hunyuan|kormo", false, {RE_QWEN2}},
+    {"gpt-4o|llama4|kanana2|talkie", false, {RE_GPT4O}},
 };
 
 struct tok_pretok {

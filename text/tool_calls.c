@@ -18,6 +18,9 @@
  * only calls of the request's tools that carry their arguments, so that an
  * ordinary JSON answer is never read as a call (the Llama 3 family's
  * leading object is its documented call format and takes any name).
+ *
+ * gpt-oss's replies are harmony messages in channels instead: they are
+ * read apart (reasoning, content, calls), whole or as they stream.
  */
 #include "text/chat_impl.h"
 
@@ -623,12 +626,364 @@ static int parse_all(const cairn_chat_template *t, json_t *calls, const char *s,
     return content->text.oom ? CAIRN_ENOMEM : CAIRN_OK;
 }
 
+/* ---- replies in channels (harmony) ------------------------------------------- */
+/*
+ * A harmony reply is a run of messages, each a header up to <|message|>
+ * ("<|start|>assistant<|channel|>final", or "<|channel|>commentary
+ * to=functions.f <|constrain|>json") and a body up to the next marker.
+ * cairn_chat_reply_next walks it with a cursor, so that a stream is read
+ * once as it grows and a complete reply is read by the same steps
+ * (cairn_chat_parse_reply): what a client was streamed is then always the
+ * beginning of what it would have been answered.
+ */
+
+/* Markers that close a message (consumed) and that open the next one's
+ * header (left for it). A body ends at the first of either. */
+static const char *const H_CLOSE[] = {"<|end|>", "<|call|>", "<|return|>"};
+static const char *const H_OPEN[] = {"<|start|>", "<|channel|>"};
+static const char H_MESSAGE[] = "<|message|>";
+
+bool cairn_chat_reply_has_channels(const cairn_chat_template *t)
+{
+    return cairn_chat_template_family(t) == CAIRN_CHAT_HARMONY;
+}
+
+/* Is text[p..len) a header's beginning: 1 yes, 0 no, -1 perhaps (too
+ * short to tell). At the reply's start the header may begin with the
+ * recipient (" to=functions.f<|channel|>..."): the generation prompt wrote
+ * "<|start|>assistant". */
+static int header_starts(const char *s, size_t p, size_t len)
+{
+    static const char *const at_start[] = {" to=", "to="};
+    int verdict = 0;
+    for (size_t k = 0; k < 2 + (p == 0 ? 2 : 0); k++) {
+        const char *m = k < 2 ? H_OPEN[k] : at_start[k - 2];
+        size_t n = strlen(m), have = len - p;
+        if (have >= n && memcmp(s + p, m, n) == 0)
+            return 1;
+        if (have < n && memcmp(s + p, m, have) == 0)
+            verdict = -1;
+    }
+    return verdict;
+}
+
+/* The word after `key` in the header h[0..n): up to a space or a marker. */
+static bool header_word(const char *h, size_t n, const char *key, size_t *off, size_t *len)
+{
+    const char *k = memmem(h, n, key, strlen(key));
+    if (!k)
+        return false;
+    size_t a = (size_t)(k - h) + strlen(key), e = a;
+    while (e < n && !is_ws(h[e]) && h[e] != '<')
+        e++;
+    *off = a;
+    *len = e - a;
+    return true;
+}
+
+/* What the message whose header is text[p..m) holds; a call's name into c. */
+static cairn_chat_reply_kind header_kind(const char *s, size_t p, size_t m,
+                                         cairn_chat_reply_cursor *c)
+{
+    size_t off, n;
+    if (header_word(s + p, m - p, "to=", &off, &n) && n > 0 &&
+        !(n == 9 && memcmp(s + p + off, "assistant", 9) == 0)) {
+        off += p;
+        static const char fns[] = "functions.";
+        if (n > sizeof fns - 1 && memcmp(s + off, fns, sizeof fns - 1) == 0) {
+            off += sizeof fns - 1;
+            n -= sizeof fns - 1;
+        }
+        c->call_name = off;
+        c->call_name_len = n;
+        return CAIRN_REPLY_CALL;
+    }
+    if (header_word(s + p, m - p, "<|channel|>", &off, &n) && n == 8 &&
+        memcmp(s + p + off, "analysis", 8) == 0)
+        return CAIRN_REPLY_REASONING;
+    return CAIRN_REPLY_CONTENT; /* final, commentary to no one, or none */
+}
+
+/* The first marker ending a body in text[p..len): its offset (len: none)
+ * and *close its length when it closes the message (0: it opens the next). */
+static size_t body_end(const char *s, size_t p, size_t len, size_t *close)
+{
+    *close = 0;
+    for (size_t at = p; at < len; at++) {
+        const char *q = memchr(s + at, '<', len - at);
+        if (!q)
+            break;
+        at = (size_t)(q - s);
+        for (size_t k = 0; k < 3; k++)
+            if (starts(s, at, len, H_CLOSE[k])) {
+                *close = strlen(H_CLOSE[k]);
+                return at;
+            }
+        for (size_t k = 0; k < 2; k++)
+            if (starts(s, at, len, H_OPEN[k]))
+                return at;
+    }
+    return len;
+}
+
+/* How many bytes at the end of text[p..len) may be the beginning of a
+ * marker that ends a body (held back until the next text tells). */
+static size_t partial_marker(const char *s, size_t p, size_t len)
+{
+    const char *const all[] = {H_CLOSE[0], H_CLOSE[1], H_CLOSE[2], H_OPEN[0], H_OPEN[1]};
+    size_t hold = 0;
+    for (size_t k = 0; k < 5; k++)
+        for (size_t n = strlen(all[k]) - 1; n > hold; n--)
+            if (n <= len - p && memcmp(s + len - n, all[k], n) == 0) {
+                hold = n;
+                break;
+            }
+    return hold;
+}
+
+/* Without channels: all text is content, as it comes. */
+static bool plain_next(cairn_chat_reply_cursor *c, size_t len, cairn_chat_reply_part *part)
+{
+    if (c->pos >= len)
+        return false;
+    *part = (cairn_chat_reply_part){.kind = CAIRN_REPLY_CONTENT, .off = c->pos,
+                                    .len = len - c->pos};
+    c->pos = len;
+    return true;
+}
+
+bool cairn_chat_reply_next(const cairn_chat_template *t, cairn_chat_reply_cursor *c,
+                           const char *s, size_t len, bool done, cairn_chat_reply_part *part)
+{
+    if (!c || !part || (!s && len))
+        return false;
+    if (!cairn_chat_reply_has_channels(t))
+        return plain_next(c, len, part);
+    for (;;) {
+        size_t p = c->pos;
+        if (p > len)
+            return false;
+        if (c->state == 0) { /* at a header */
+            if (p == len)
+                return false;
+            int h = header_starts(s, p, len);
+            if (h < 0 && !done)
+                return false;
+            if (h > 0) {
+                const char *m = memmem(s + p, len - p, H_MESSAGE, sizeof H_MESSAGE - 1);
+                if (!m) {
+                    if (done)
+                        c->pos = len; /* a header cut off: nothing to give */
+                    return false;
+                }
+                size_t at = (size_t)(m - s);
+                c->state = (int)header_kind(s, p, at, c);
+                c->pos = at + sizeof H_MESSAGE - 1;
+                c->call_body = c->pos;
+                continue;
+            }
+            /* Text without a header: content. At the reply's start, text
+             * that opens with JSON may be a forced call (not harmony's
+             * form; cairn_chat_parse_reply reads it): held to the end. */
+            if (p == 0 && !done) {
+                size_t q = skip_ws(s, 0, len);
+                if (q == len || s[q] == '{' || s[q] == '[')
+                    return false;
+            }
+            c->state = CAIRN_REPLY_CONTENT;
+            continue;
+        }
+        size_t close;
+        size_t e = body_end(s, p, len, &close);
+        if (e < len) {
+            cairn_chat_reply_kind kind = (cairn_chat_reply_kind)c->state;
+            size_t from = kind == CAIRN_REPLY_CALL ? c->call_body : p;
+            *part = (cairn_chat_reply_part){.kind = kind, .off = from, .len = e - from,
+                                            .name_off = c->call_name,
+                                            .name_len = c->call_name_len, .complete = true};
+            c->pos = e + close;
+            c->state = 0;
+            /* an empty reasoning message is still one (the reply had
+             * reasoning, if nothing to say in it) */
+            if (part->len > 0 || kind != CAIRN_REPLY_CONTENT)
+                return true;
+            continue;
+        }
+        if (c->state == CAIRN_REPLY_CALL) {
+            if (!done) {
+                c->pos = len - partial_marker(s, p, len); /* searched up to there */
+                return false;
+            }
+            *part = (cairn_chat_reply_part){.kind = CAIRN_REPLY_CALL, .off = c->call_body,
+                                            .len = len - c->call_body, .name_off = c->call_name,
+                                            .name_len = c->call_name_len, .complete = false};
+            c->pos = len;
+            c->state = 0;
+            return true;
+        }
+        size_t upto = len - (done ? 0 : partial_marker(s, p, len));
+        if (upto <= p)
+            return false;
+        *part = (cairn_chat_reply_part){.kind = (cairn_chat_reply_kind)c->state, .off = p,
+                                        .len = upto - p};
+        c->pos = upto;
+        return true;
+    }
+}
+
+/* A harmony call into `calls`: its arguments as JSON when they are, else
+ * (a closed message) as the text written; a cut-off call that is not JSON
+ * is dropped. */
+static int harmony_call(json_t *calls, const char *s, const cairn_chat_reply_part *part)
+{
+    if (part->name_len == 0)
+        return CAIRN_OK;
+    size_t a = skip_ws(s, part->off, part->off + part->len), e = part->off + part->len;
+    while (e > a && is_ws(s[e - 1]))
+        e--;
+    json_t *args = e > a ? json_loadb(s + a, e - a, JSON_DECODE_ANY, NULL) : json_object();
+    if (!args && !part->complete)
+        return CAIRN_OK;
+    char *text = args ? json_dumps(args, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_ENCODE_ANY)
+                      : strndup(s + a, e - a);
+    json_decref(args);
+    if (!text)
+        return CAIRN_ENOMEM;
+    json_t *c = json_pack("{s:s, s:s, s:{s:s%, s:s}}", "id", "", "type", "function", "function",
+                          "name", s + part->name_off, part->name_len, "arguments", text);
+    free(text);
+    if (!c || json_array_append_new(calls, c))
+        return CAIRN_ENOMEM;
+    return CAIRN_OK;
+}
+
+/* A harmony reply's parts gathered: reasoning (NULL when none), content,
+ * calls (an array, with empty ids). */
+static int harmony_parts(const cairn_chat_template *t, const char *s, size_t len, outbuf *reasoning,
+                         bool *reasoned, outbuf *content, json_t *calls)
+{
+    cairn_chat_reply_cursor c = {0};
+    cairn_chat_reply_part part;
+    *reasoned = false;
+    while (cairn_chat_reply_next(t, &c, s, len, true, &part)) {
+        if (part.kind == CAIRN_REPLY_CALL) {
+            int rc = harmony_call(calls, s, &part);
+            if (rc)
+                return rc;
+        } else if (part.kind == CAIRN_REPLY_REASONING) {
+            *reasoned = true;
+            ob_add(reasoning, s + part.off, part.len);
+        } else {
+            ob_add(content, s + part.off, part.len);
+        }
+    }
+    return reasoning->text.oom || content->text.oom ? CAIRN_ENOMEM : CAIRN_OK;
+}
+
+/* The ids "<prefix><n>" of calls, and the array as JSON text. */
+static int number_calls(json_t *calls, const char *id_prefix, char **calls_json)
+{
+    size_t i;
+    json_t *call;
+    json_array_foreach(calls, i, call)
+    {
+        char id[160];
+        snprintf(id, sizeof id, "%s%zu", id_prefix ? id_prefix : "call_", i);
+        if (json_object_set_new(call, "id", json_string(id)) != 0)
+            return CAIRN_ENOMEM;
+    }
+    *calls_json = json_dumps(calls, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    return *calls_json ? CAIRN_OK : CAIRN_ENOMEM;
+}
+
+static char *ob_take(outbuf *b)
+{
+    char *d = b->text.data ? b->text.data : strdup("");
+    b->text.data = NULL;
+    ob_free(b);
+    return d;
+}
+
+/* A reply with harmony headers (else it is read as other families' are). */
+static bool harmony_headed(const cairn_chat_template *t, const char *s, size_t len)
+{
+    return cairn_chat_reply_has_channels(t) && s &&
+           (memmem(s, len, H_MESSAGE, sizeof H_MESSAGE - 1) ||
+            memmem(s, len, H_OPEN[1], strlen(H_OPEN[1])));
+}
+
+/* Harmony: the reply's calls and the content beside them (the reasoning
+ * left out), as cairn_chat_parse_tool_calls gives them. */
+static int harmony_tool_calls(const cairn_chat_template *t, const char *s, size_t len,
+                              const char *id_prefix, char **calls_json, char **content)
+{
+    outbuf r = {0}, c = {0};
+    json_t *calls = json_array();
+    bool reasoned;
+    int rc = calls ? harmony_parts(t, s, len, &r, &reasoned, &c, calls) : CAIRN_ENOMEM;
+    if (rc == CAIRN_OK && json_array_size(calls) == 0)
+        rc = CAIRN_ENOTFOUND;
+    if (rc == CAIRN_OK)
+        rc = number_calls(calls, id_prefix, calls_json);
+    json_decref(calls);
+    ob_free(&r);
+    if (rc == CAIRN_OK && !(*content = ob_take(&c))) {
+        free(*calls_json);
+        rc = CAIRN_ENOMEM;
+    }
+    ob_free(&c);
+    return rc;
+}
+
+int cairn_chat_parse_reply(const cairn_chat_template *t, const char *text, size_t len,
+                           const char *tools_json, const char *id_prefix, char **reasoning,
+                           char **calls_json, char **content)
+{
+    if (!t || (!text && len) || !reasoning || !calls_json || !content)
+        return CAIRN_EINVAL;
+    *reasoning = *calls_json = *content = NULL;
+    if (!text)
+        text = "";
+    if (!harmony_headed(t, text, len)) {
+        int rc = cairn_chat_parse_tool_calls(t, text, len, tools_json, id_prefix, calls_json,
+                                             content);
+        if (rc != CAIRN_ENOTFOUND)
+            return rc;
+        *content = strndup(text, len);
+        return *content ? CAIRN_OK : CAIRN_ENOMEM;
+    }
+    outbuf r = {0}, c = {0};
+    json_t *calls = json_array();
+    bool reasoned = false;
+    int rc = calls ? harmony_parts(t, text, len, &r, &reasoned, &c, calls) : CAIRN_ENOMEM;
+    if (rc == CAIRN_OK && json_array_size(calls) > 0)
+        rc = number_calls(calls, id_prefix, calls_json);
+    json_decref(calls);
+    if (rc == CAIRN_OK) {
+        *content = ob_take(&c);
+        *reasoning = reasoned ? ob_take(&r) : NULL;
+        if (!*content || (reasoned && !*reasoning))
+            rc = CAIRN_ENOMEM;
+    }
+    ob_free(&r);
+    ob_free(&c);
+    if (rc) {
+        free(*reasoning);
+        free(*calls_json);
+        free(*content);
+        *reasoning = *calls_json = *content = NULL;
+    }
+    return rc;
+}
+
 int cairn_chat_parse_tool_calls(const cairn_chat_template *t, const char *text, size_t len,
                                 const char *tools_json, const char *id_prefix, char **calls_json,
                                 char **content)
 {
     if (!t || (!text && len) || !calls_json || !content)
         return CAIRN_EINVAL;
+    if (harmony_headed(t, text, len))
+        return harmony_tool_calls(t, text, len, id_prefix, calls_json, content);
     json_t *tools = tools_json ? json_loads(tools_json, 0, NULL) : NULL;
     if (tools_json && !json_is_array(tools)) { /* (a macro: its argument is read twice) */
         json_decref(tools);

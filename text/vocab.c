@@ -146,6 +146,7 @@ void cairn_vocab_free(cairn_vocab *v)
     free(v->score);
     free(v->type);
     free(v->eog);
+    free(v->shown);
     free(v->by_text.slots);
     free(v->special);
     free(v->merges.slots);
@@ -560,6 +561,15 @@ static void load_special_ids(cairn_vocab *v, const cairn_gguf *g)
         v->add_space_prefix = flag;
 }
 
+/* OpenAI's harmony vocabulary (o200k_harmony, gpt-oss): a reply is a run of
+ * messages "<|channel|>analysis<|message|>...<|end|><|start|>assistant
+ * <|channel|>final<|message|>..." that ends at <|return|> (an answer) or
+ * <|call|> (a tool call). Told by having both of those. */
+static bool is_harmony(const cairn_vocab *v)
+{
+    return tok_lookup_text(v, "<|return|>", 10) >= 0 && tok_lookup_text(v, "<|call|>", 8) >= 0;
+}
+
 /* End of generation: the declared ids, and end-of-turn markers found by
  * their text. Those markers are control tokens whatever the file says,
  * so user text can never produce them without PARSE_SPECIAL. */
@@ -580,6 +590,35 @@ static void mark_eog(cairn_vocab *v)
                 v->eot = id;
         }
     }
+}
+
+/* Harmony's message markers. <|end|> closes a message inside the reply (the
+ * reasoning before the answer), not the reply: it never ends generation
+ * here, even when the file declares it (so does llama.cpp), and the end of
+ * a turn is <|return|>. The markers stay control tokens, so that plain text
+ * cannot forge them, but detokenize to their text: a reply's channels are
+ * told apart by them (text/tool_calls.c, cairn_chat_parse_reply). */
+static int mark_harmony(cairn_vocab *v)
+{
+    if (!is_harmony(v))
+        return CAIRN_OK;
+    static const char *const markers[] = {"<|start|>", "<|channel|>", "<|message|>",
+                                          "<|constrain|>", "<|end|>"};
+    v->shown = calloc((size_t)v->n, 1);
+    if (!v->shown)
+        return CAIRN_ENOMEM;
+    int32_t end = tok_lookup_text(v, "<|end|>", 7);
+    if (end >= 0 && v->eog[end]) {
+        v->eog[end] = 0;
+        if (v->eot == end)
+            v->eot = tok_lookup_text(v, "<|return|>", 10);
+    }
+    for (size_t i = 0; i < sizeof markers / sizeof markers[0]; i++) {
+        int32_t id = tok_lookup_text(v, markers[i], strlen(markers[i]));
+        if (id >= 0 && v->type[id] == TT_CONTROL)
+            v->shown[id] = 1;
+    }
+    return CAIRN_OK;
 }
 
 /* ---- which added tokens count as control --------------------------------- */
@@ -756,6 +795,8 @@ int cairn_vocab_load(const cairn_gguf *g, cairn_vocab **out, char *err, size_t e
     load_special_ids(v, g);
     mark_eog(v);
     mark_control(v, g);
+    if (mark_harmony(v))
+        goto oom;
     find_byte_tokens(v);
     if (kind == CAIRN_VOCAB_BPE && (rc = load_bpe(v, g, err, err_len))) {
         cairn_vocab_free(v);

@@ -41,7 +41,21 @@ N experts of --expert-ffn (default --ffn) per layer as 3-D tensors
 (ffn_{gate,up,down}_exps) and an F32 router (ffn_gate_inp), of which
 --experts-used K run per token; qwen3moe has qwen3's attention, qwen2moe
 qwen2's plus a shared expert of --ffn (ffn_*_shexp, gated by
-ffn_gate_inp_shexp), mixtral is a llama file with experts.
+ffn_gate_inp_shexp), mixtral is a llama file with experts. --expert-type
+sets the experts' tensor type (default --type; MXFP4 is allowed there).
+
+--arch gpt-oss writes OpenAI's gpt-oss (llama.cpp's LLM_ARCH_OPENAI_MOE):
+biases on q/k/v and the attention output, NEOX RoPE (base 150000), YaRN
+by default (factor 32 over a trained context of 4096, unless --yarn and
+--yarn-orig-ctx say otherwise), attention sinks (attn_sinks, one logit per
+query head), alternating layers (even ones local with a --sliding-window
+window, default 128; odd ones global), post_attention_norm as the FFN's
+input norm, a router with a bias, and experts with biases and the clamped
+SwiGLU (ffn_*_exps plus ffn_*_exps.bias; feed_forward_length is the expert
+width). The real model's experts are MXFP4: --expert-type MXFP4. With
+--head-dim the q width (heads * head_dim) may differ from dim, as it does in
+gpt-oss (64 heads of 64 on a 2880-wide stream). Its expert gate/up weights
+are scaled so that a few per cent of their outputs cross the clamp at 7.
 
 --vocab-from FILE.gguf takes the vocabulary (tokens, scores, types and the
 special ids of a SentencePiece "llama" tokenizer) from another GGUF instead,
@@ -62,7 +76,7 @@ GGUF_VERSION = 3
 ALIGNMENT = 32
 
 # GGUF metadata value types
-T_UINT32, T_INT32, T_FLOAT32, T_STRING, T_ARRAY = 4, 5, 6, 8, 9
+T_UINT32, T_INT32, T_FLOAT32, T_BOOL, T_STRING, T_ARRAY = 4, 5, 6, 7, 8, 9
 
 # GGUF tensor types: (ggml id, elements per block, bytes per block)
 TYPES = {
@@ -72,9 +86,11 @@ TYPES = {
     "Q8_0": (8, 32, 34),
     "Q4_K": (12, 256, 144),
     "BF16": (30, 1, 2),
+    "MXFP4": (39, 32, 17),
 }
 # general.file_type values (llama_ftype) for the "mostly X" label
-FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q8_0": 7, "Q4_K": 15, "BF16": 32}
+FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q8_0": 7, "Q4_K": 15, "BF16": 32,
+             "MXFP4": 38}  # LLAMA_FTYPE_MOSTLY_MXFP4_MOE
 
 SHAPES = {
     "110m": dict(dim=768, layers=12, heads=12, kv_heads=4, ffn=2048, vocab=32000),
@@ -100,6 +116,10 @@ def kv_i32(key, v):
 
 def kv_f32(key, v):
     return enc_str(key) + struct.pack("<I", T_FLOAT32) + struct.pack("<f", v)
+
+
+def kv_bool(key, v):
+    return enc_str(key) + struct.pack("<I", T_BOOL) + struct.pack("<B", 1 if v else 0)
 
 
 def kv_str(key, v):
@@ -219,6 +239,19 @@ def random_rows(rng, type_name, n_rows, n_in, std):
         blocks[:, 4:16] = s
         blocks[:, 16:] = rng.integers(0, 256, (nsb, 128), dtype=np.uint8)
         return blocks.tobytes()
+    if type_name == "MXFP4":
+        # 17-byte blocks: an E8M0 exponent e, then 32 4-bit e2m1 codes (low
+        # nibbles elements 0-15, high nibbles 16-31), value
+        # kvalues[code] * 2^(e - 128). Codes uniform over the 16: spread
+        # sqrt(274 / 8) ~ 5.85 steps. e is floor(L) or floor(L) + 1 with
+        # L = log2(std / 5.85), mixed so the mean square is std^2.
+        L = math.log2(std / math.sqrt(274 / 8))
+        f = math.floor(L)
+        up = rng.random(nb) < (4.0 ** (L - f) - 1) / 3
+        blocks = np.empty((nb, 17), dtype=np.uint8)
+        blocks[:, 0] = np.clip(128 + f + up, 2, 254).astype(np.uint8)
+        blocks[:, 1:] = rng.integers(0, 256, (nb, 16), dtype=np.uint8)
+        return blocks.tobytes()
     raise ValueError(type_name)
 
 
@@ -226,6 +259,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("-o", "--output", required=True, help="output .gguf path")
     ap.add_argument("--type", default="Q4_0", help="F32, F16, BF16, Q8_0, Q4_0 or Q4_K")
+    ap.add_argument("--expert-type",
+                    help="MoE: the experts' type (F32, F16, Q8_0, MXFP4, ...; default --type)")
     ap.add_argument("--shape", choices=sorted(SHAPES), help="a named shape (overridable)")
     ap.add_argument("--dim", type=int)
     ap.add_argument("--layers", type=int)
@@ -236,12 +271,14 @@ def main():
     ap.add_argument("--ctx", type=int, default=4096, help="llama.context_length")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--arch", default="llama",
-                    choices=("llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "mixtral"))
+                    choices=("llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "mixtral",
+                             "gpt-oss"))
     ap.add_argument("--experts", type=int, default=8, help="MoE: experts per layer")
     ap.add_argument("--experts-used", type=int, default=2, help="MoE: experts run per token")
     ap.add_argument("--expert-ffn", type=int, help="MoE: an expert's FFN width (default --ffn)")
-    ap.add_argument("--sliding-window", type=int, default=0,
-                    help="attention.sliding_window: keys a local layer sees (0: none)")
+    ap.add_argument("--sliding-window", type=int,
+                    help="attention.sliding_window: keys a local layer sees (0: none; "
+                    "gpt-oss: default 128)")
     ap.add_argument("--vocab-from", metavar="GGUF",
                     help="take the SentencePiece vocabulary of this GGUF (needs the gguf package)")
     ap.add_argument("--swa-period", type=int,
@@ -250,9 +287,15 @@ def main():
     ap.add_argument("--head-dim", type=int,
                     help="head width (attention.key_length), default dim / heads")
     ap.add_argument("--yarn", type=float, metavar="FACTOR",
-                    help="YaRN RoPE scaling by FACTOR (rope.scaling.type yarn)")
-    ap.add_argument("--yarn-orig-ctx", type=int, default=16,
-                    help="YaRN: the trained context (rope.scaling.original_context_length)")
+                    help="YaRN RoPE scaling by FACTOR (rope.scaling.type yarn; gpt-oss: "
+                    "default 32, 0 for none)")
+    ap.add_argument("--yarn-orig-ctx", type=int,
+                    help="YaRN: the trained context (rope.scaling.original_context_length; "
+                    "default 16, gpt-oss 4096)")
+    ap.add_argument("--yarn-unrounded", action="store_true",
+                    help="YaRN: keep the ramp's ends fractional (rope.scaling.yarn_truncate "
+                    "false: what cairn's ckpt/ writes for a folder's rope_scaling.truncate "
+                    "false; llama.cpp does not read it)")
     ap.add_argument("--rope-freqs", action="store_true",
                     help="add a Llama 3 rope_freqs.weight tensor (rope base 500000)")
     a = ap.parse_args()
@@ -270,19 +313,34 @@ def main():
     tname = a.type.upper()
     if tname not in TYPES:
         ap.error("unknown --type %s" % a.type)
+    etype = a.expert_type.upper() if a.expert_type else tname
+    if etype not in TYPES:
+        ap.error("unknown --expert-type %s" % a.expert_type)
+    gptoss = a.arch == "gpt-oss"
+    if gptoss:
+        if a.yarn is None:
+            a.yarn = 32.0
+        if a.sliding_window is None:
+            a.sliding_window = 128
+        if a.sliding_window <= 0:
+            ap.error("gpt-oss needs a --sliding-window (its even layers are local)")
+    if a.yarn_orig_ctx is None:
+        a.yarn_orig_ctx = 4096 if gptoss else 16
     dim, n_layer, n_head, n_kv = shape["dim"], shape["layers"], shape["heads"], shape["kv_heads"]
     ffn, n_vocab = shape["ffn"], shape["vocab"]
     if (dim % n_head and not a.head_dim) or n_head % n_kv:
         ap.error("dim must divide by heads (or give --head-dim) and heads by kv-heads")
     head_dim = a.head_dim or dim // n_head
-    moe = a.arch in ("qwen3moe", "qwen2moe", "mixtral")
+    moe = a.arch in ("qwen3moe", "qwen2moe", "mixtral", "gpt-oss")
     n_exp, eff = a.experts, a.expert_ffn or ffn
-    if a.arch == "mixtral":  # Mixtral's experts are feed_forward_length wide
+    if a.arch in ("mixtral", "gpt-oss"):  # their experts are feed_forward_length wide
         ffn = eff
     if moe and not (1 <= a.experts_used <= n_exp):
         ap.error("--experts-used must be in [1, --experts]")
-    if moe and eff % TYPES[tname][1]:
-        ap.error("--expert-ffn must be a multiple of %d for %s" % (TYPES[tname][1], tname))
+    if moe and eff % TYPES[etype][1]:
+        ap.error("--expert-ffn must be a multiple of %d for %s" % (TYPES[etype][1], etype))
+    if moe and dim % TYPES[etype][1]:
+        ap.error("dim (%d) must be a multiple of %d for %s experts" % (dim, TYPES[etype][1], etype))
     if head_dim % 2:
         ap.error("--head-dim must be even")
     block = TYPES[tname][1]
@@ -297,6 +355,32 @@ def main():
     tensors = [("token_embd.weight", dim, n_vocab, tname, embd_std)]
     for l in range(n_layer):
         p = "blk.%d." % l
+        if gptoss:  # biases everywhere, sinks, and the experts' own biases
+            q_dim, kv_dim = n_head * head_dim, n_kv * head_dim
+            tensors += [
+                (p + "attn_norm.weight", dim, 1, "F32", None),
+                (p + "attn_q.weight", dim, q_dim, tname, dim ** -0.5),
+                (p + "attn_q.bias", q_dim, 1, "F32", 0.3),
+                (p + "attn_k.weight", dim, kv_dim, tname, dim ** -0.5),
+                (p + "attn_k.bias", kv_dim, 1, "F32", 0.3),
+                (p + "attn_v.weight", dim, kv_dim, tname, dim ** -0.5),
+                (p + "attn_v.bias", kv_dim, 1, "F32", 0.3),
+                (p + "attn_output.weight", q_dim, dim, tname, q_dim ** -0.5),
+                (p + "attn_output.bias", dim, 1, "F32", 0.3),
+                (p + "attn_sinks.weight", n_head, 1, "F32", "sinks"),
+                (p + "post_attention_norm.weight", dim, 1, "F32", None),
+                (p + "ffn_gate_inp.weight", dim, n_exp, "F32", 2 * dim ** -0.5),
+                (p + "ffn_gate_inp.bias", n_exp, 1, "F32", 0.1),
+                # gate and up of spread ~3, so a few per cent pass the clamp
+                # at 7; down scaled back to keep the residual stream ~1
+                (p + "ffn_gate_exps.weight", dim, eff, etype, 3 * dim ** -0.5, n_exp),
+                (p + "ffn_gate_exps.bias", eff, n_exp, "F32", 0.3),
+                (p + "ffn_up_exps.weight", dim, eff, etype, 3 * dim ** -0.5, n_exp),
+                (p + "ffn_up_exps.bias", eff, n_exp, "F32", 0.3),
+                (p + "ffn_down_exps.weight", eff, dim, etype, 0.25 * eff ** -0.5, n_exp),
+                (p + "ffn_down_exps.bias", dim, n_exp, "F32", 0.3),
+            ]
+            continue
         tensors += [
             (p + "attn_norm.weight", dim, 1, "F32", None),
             (p + "attn_q.weight", dim, n_head * head_dim, tname, dim ** -0.5),
@@ -323,9 +407,9 @@ def main():
         if moe:  # the router (F32, as quantizers leave it) and every expert
             tensors += [
                 (p + "ffn_gate_inp.weight", dim, n_exp, "F32", 2 * dim ** -0.5),
-                (p + "ffn_gate_exps.weight", dim, eff, tname, dim ** -0.5, n_exp),
-                (p + "ffn_up_exps.weight", dim, eff, tname, dim ** -0.5, n_exp),
-                (p + "ffn_down_exps.weight", eff, dim, tname, eff ** -0.5, n_exp),
+                (p + "ffn_gate_exps.weight", dim, eff, etype, dim ** -0.5, n_exp),
+                (p + "ffn_up_exps.weight", dim, eff, etype, dim ** -0.5, n_exp),
+                (p + "ffn_down_exps.weight", eff, dim, etype, eff ** -0.5, n_exp),
             ]
             if a.arch == "qwen2moe":
                 tensors += [
@@ -346,7 +430,7 @@ def main():
     if a.arch != "gemma3":  # Gemma ties its output to the embeddings
         tensors += [("output.weight", dim, n_vocab, tname, dim ** -0.5)]
     rope_base = 1000000.0 if a.arch in ("qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe") \
-        else 10000.0
+        else 150000.0 if gptoss else 10000.0
     freq_factors = None
     if a.rope_freqs:
         # Llama 3.1's rule: keep high frequencies, divide low ones by
@@ -367,10 +451,11 @@ def main():
     toks, scores, ttypes = borrowed[:3] if borrowed else vocab(n_vocab)
     special = borrowed[3] if borrowed else {"unknown": 0, "bos": 1, "eos": 2}
     A = "llama" if a.arch == "mixtral" else a.arch
+    ftype = FILE_TYPE["MXFP4"] if moe and etype == "MXFP4" else FILE_TYPE[tname]
     meta = [
         kv_str("general.architecture", A),
         kv_str("general.name", "synthetic-%s-%dx%d-%s" % (A, dim, n_layer, tname.lower())),
-        kv_u32("general.file_type", FILE_TYPE[tname]),
+        kv_u32("general.file_type", ftype),
         kv_u32("general.alignment", ALIGNMENT),
         kv_u32(A + ".context_length", a.ctx),
         kv_u32(A + ".embedding_length", dim),
@@ -385,6 +470,9 @@ def main():
         kv_f32(A + ".rope.freq_base", rope_base),
         kv_u32(A + ".vocab_size", n_vocab),
     ]
+    if gptoss:  # a converted gpt-oss has neither key: n_rot is key_length
+        meta = [m for m in meta if not m.startswith((enc_str(A + ".rope.dimension_count"),
+                                                     enc_str(A + ".vocab_size")))]
     if moe:
         meta += [kv_u32(A + ".expert_count", n_exp), kv_u32(A + ".expert_used_count", a.experts_used)]
         if a.arch != "mixtral":
@@ -395,6 +483,8 @@ def main():
         meta += [kv_str(A + ".rope.scaling.type", "yarn"),
                  kv_f32(A + ".rope.scaling.factor", a.yarn),
                  kv_u32(A + ".rope.scaling.original_context_length", a.yarn_orig_ctx)]
+        if a.yarn_unrounded:
+            meta += [kv_bool(A + ".rope.scaling.yarn_truncate", False)]
     if a.sliding_window:
         meta.append(kv_u32(A + ".attention.sliding_window", a.sliding_window))
     if a.swa_period is not None:
@@ -430,6 +520,8 @@ def main():
         for (name, ne0, ne1, t, std, ne2), size in zip(tensors, sizes):
             if std is None:  # norm weights: near one, as trained models have
                 data = (1.0 + 0.1 * rng.standard_normal(ne0, dtype=np.float32)).astype("<f4").tobytes()
+            elif std == "sinks":  # one logit per query head, around 0..2
+                data = (1.0 + rng.standard_normal(ne0, dtype=np.float32)).astype("<f4").tobytes()
             elif std == "freqs":
                 data = np.asarray(freq_factors, dtype="<f4").tobytes()
             else:

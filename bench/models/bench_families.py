@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The model families beyond the dense llama/qwen ones, side by side with
-llama.cpp in one run: Gemma 3 (sliding-window layers) and a mixture of
-experts (qwen3moe).
+llama.cpp in one run: Gemma 3 (sliding-window layers), a mixture of
+experts (qwen3moe) and gpt-oss (attention sinks, alternating windows, MXFP4
+experts).
 
 1. speed: pp512 and tg128 at depth 0 and 4096, `cairn bench` against
    `llama-bench` alternated (3 rounds, medians), with each side's peak RSS;
@@ -15,8 +16,11 @@ experts (qwen3moe).
    tokens the turn added.
 
 Models: the real Gemma 3 270M (scripts/get-model gemma3-270m-q4_k_m) and a
-synthetic qwen3moe of 3.5B total / ~0.6B active parameters in Q4_K written
-by tools/gen_synthetic_model.py into a temporary directory (or --moe FILE).
+synthetic qwen3moe of 3.5B total / ~0.6B active parameters in Q4_K and a
+synthetic gpt-oss of 1.3B total / ~0.25B active (gpt-oss-20b's layout
+scaled down: MXFP4 experts, Q8_0 elsewhere, 128-token windows on every
+other layer, YaRN) written by tools/gen_synthetic_model.py into a temporary
+directory (or --moe FILE / --oss FILE).
 
     bench/models/bench_families.py --llama /path/to/llama.cpp/build
 
@@ -41,6 +45,10 @@ GEMMA = os.path.join(ROOT, "models", "gemma3-270m-q4_k_m.gguf")
 MOE_ARGS = ["--dim", "2048", "--layers", "16", "--heads", "16", "--kv-heads", "4", "--head-dim",
             "128", "--ffn", "6144", "--vocab", "32000", "--type", "Q4_K", "--arch", "qwen3moe",
             "--experts", "32", "--experts-used", "4", "--expert-ffn", "1024", "--ctx", "32768"]
+OSS_ARGS = ["--dim", "1024", "--layers", "12", "--heads", "16", "--kv-heads", "4", "--head-dim",
+            "64", "--ffn", "1024", "--vocab", "32000", "--type", "Q8_0", "--arch", "gpt-oss",
+            "--experts", "32", "--experts-used", "4", "--expert-ffn", "1024",
+            "--expert-type", "MXFP4", "--sliding-window", "128", "--ctx", "32768"]
 
 
 def speed(a, model, depth):
@@ -184,9 +192,10 @@ def main():
     ap.add_argument("--llama", default=os.environ.get("LLAMA_CPP_BUILD"),
                     help="a llama.cpp build directory (with bin/)")
     ap.add_argument("--moe", help="a qwen3moe GGUF (default: a synthetic one written here)")
+    ap.add_argument("--oss", help="a gpt-oss GGUF (default: a synthetic one written here)")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--models", default="gemma,moe", help="speed: which of gemma,moe")
+    ap.add_argument("--models", default="gemma,moe,oss", help="speed: which of gemma,moe,oss")
     ap.add_argument("--skip-speed", action="store_true")
     ap.add_argument("--skip-chat", action="store_true")
     a = ap.parse_args()
@@ -200,18 +209,24 @@ def main():
     print("CPU: %s (%s), %d threads\n" % (name.group(1) if name else "?", isa, a.threads))
 
     with tempfile.TemporaryDirectory() as d:
-        moe = a.moe
-        if not moe:
+        moe, oss = a.moe, a.oss
+        wanted = a.models.split(",") if not a.skip_speed else []
+        if not moe and "moe" in wanted:
             moe = os.path.join(d, "moe.gguf")
             subprocess.run([sys.executable, os.path.join(ROOT, "tools", "gen_synthetic_model.py"),
                             *MOE_ARGS, "-o", moe], check=True, capture_output=True)
+        if not oss and "oss" in wanted:
+            oss = os.path.join(d, "oss.gguf")
+            subprocess.run([sys.executable, os.path.join(ROOT, "tools", "gen_synthetic_model.py"),
+                            *OSS_ARGS, "-o", oss], check=True, capture_output=True)
         if not a.skip_speed:
             print("## speed (tokens/s, medians of %d alternated rounds; peak RSS)" % a.rounds)
             print("| model | test | cairn | llama.cpp | ratio | cairn RSS | llama.cpp RSS |")
             print("|---|---|---|---|---|---|---|")
             for key, label, model in (("gemma", "Gemma 3 270M Q4_K_M", GEMMA),
-                                      ("moe", "qwen3moe 3.5B-A0.6B Q4_K (synthetic)", moe)):
-                if key not in a.models.split(","):
+                                      ("moe", "qwen3moe 3.5B-A0.6B Q4_K (synthetic)", moe),
+                                      ("oss", "gpt-oss 1.3B-A0.25B MXFP4 (synthetic)", oss)):
+                if key not in wanted:
                     continue
                 for depth in (0, 4096):
                     cp, cg, lp, lg, cr, lr = speed(a, model, depth)

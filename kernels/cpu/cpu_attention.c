@@ -195,6 +195,22 @@ static inline void axpy_v(float *acc, float w, const uint8_t *v, int n, cairn_ty
 }
 
 
+/* What multiplies the accumulated Σ e^{s_j - m} v_j of a vector whose
+ * visible scores have maximum m and Σ e^{s_j - m} = l: 1 / l, or with an
+ * attention sink (kernels/backend.h, cairn_attn_args.sinks) the softmax
+ * that also counts e^{sink}, taken about max(m, sink) so neither term can
+ * overflow. Nothing visible (m = -inf): 0, the sink takes it all. */
+static float attn_norm(float m, float l, const float *sinks, int head)
+{
+    if (m == -INFINITY)
+        return 0.0f;
+    if (!sinks)
+        return 1.0f / l;
+    const float sink = sinks[head], top = m > sink ? m : sink;
+    const float f = expf(m - top);
+    return f / (l * f + expf(sink - top));
+}
+
 /* The first key row i of seq may see: past the keys a sliding window
  * (args->window > 0) leaves behind, else 0 (q_index, which a mask without
  * a window may leave NULL, is read only with a window). */
@@ -259,7 +275,7 @@ static void attend_one(const attn_job *job, const cairn_attn_seq *seq, int i, in
                 axpy_v(acc, w, v, hd, L->dtype);
         }
     }
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const float inv = any_visible && sum > 0.0f ? attn_norm(max, sum, a->sinks, h) : 0.0f;
     if (L->rotation) /* Σ p_j H v_j = H Σ p_j v_j: back to the model's basis */
         hadamard_runs(acc, hd, L->rotation);
     float *out = a->out + q_off;
@@ -427,11 +443,13 @@ static void flash_write(const flash_job *job, const cpu_attn_item *it, const flo
     const size_t stride = cpu_attn_state_floats(hd);
     float *out = job->a->out + (it->q - job->a->q);
     const int n_vec = it->n_rows * it->group;
+    /* the item's first query head: its vectors are rows x heads of one KV head */
+    const int head0 = (int)((size_t)(it->q - job->a->q) / (size_t)hd % (size_t)job->a->n_head);
     for (int v = 0; v < n_vec; v++) {
         const float *g = st + (size_t)(v / 16) * stride;
         const int lane = v % 16;
         const float m = g[(size_t)hd * 16 + lane], l = g[(size_t)hd * 16 + 16 + lane];
-        const float inv = m == -INFINITY ? 0.0f : 1.0f / l;
+        const float inv = attn_norm(m, l, job->a->sinks, head0 + v % it->group);
         float *o = out + (size_t)(v / it->group) * it->row_stride + (size_t)(v % it->group) * hd;
         for (int d = 0; d < hd; d++)
             o[d] = g[(size_t)d * 16 + lane] * inv;

@@ -198,6 +198,7 @@ static const cairn_backend_iface cpu_iface = {
     .rope = cpu_rope,
     .swiglu = cpu_swiglu,
     .geglu = cpu_geglu,
+    .swiglu_clamped = cpu_swiglu_clamped,
     .scale = cpu_scale,
     .gather_cols = cpu_gather_cols,
     .add = cpu_add,

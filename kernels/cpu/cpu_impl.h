@@ -113,7 +113,7 @@ typedef struct {
     cpu_pool *pool;
     int n_threads;
     cpu_isa isa;
-    /* Quantized weights (Q8_0, Q4_0, Q5_0, Q4_Z, Q4_K, Q5_K, Q6_K): when 0 (the
+    /* Quantized weights (Q8_0, Q4_0, Q5_0, Q4_Z, MXFP4, Q4_K, Q5_K, Q6_K): when 0 (the
      * default) activations are quantized to 8 bits per 32-element block on
      * the fly and multiplied in integers, as llama.cpp does (see
      * cpu_q8act_type); when 1 (CAIRN_CPU_EXACT_MATMUL=1 at creation) every
@@ -184,6 +184,8 @@ int cpu_rope(cairn_backend *be, float *x, int T, int n_heads, int head_dim, cons
              const cairn_rope_params *p);
 int cpu_swiglu(cairn_backend *be, float *out, const float *gate, const float *up, size_t n);
 int cpu_geglu(cairn_backend *be, float *out, const float *gate, const float *up, size_t n);
+int cpu_swiglu_clamped(cairn_backend *be, float *out, const float *gate, const float *up,
+                       size_t n, float alpha, float limit);
 int cpu_scale(cairn_backend *be, float *x, float s, size_t n);
 int cpu_gather_cols(cairn_backend *be, float *out, const float *x, const int32_t *idx, int T,
                     int n);
@@ -199,8 +201,8 @@ int cpu_attention(cairn_backend *be, const cairn_attn_args *args);
 /* ---- shared helpers ---------------------------------------------------- */
 
 /* True when the kernels can multiply or look up rows of `type`
- * (F32, F16, BF16, F8_E4M3, Q8_0, Q4_0, Q5_0, Q4_Z, Q4_K, Q5_K, Q6_K); also
- * the backend's supports_type slot. */
+ * (F32, F16, BF16, F8_E4M3, Q8_0, Q4_0, Q5_0, Q4_Z, MXFP4, Q4_K, Q5_K,
+ * Q6_K); also the backend's supports_type slot. */
 int cpu_type_supported(cairn_type type);
 
 /* True for the weight types multiplied against int8-quantized activations
@@ -214,6 +216,9 @@ int cpu_type_supported(cairn_type type);
  *   Q8_0, Q4_0, Q5_0  acc = fma(I, [d_w d_a], acc),  I = sum_i (c_i - Z) q_a[i]
  *                     (Z = 0 for Q8_0's signed codes, 8, 16)
  *   Q4_Z              the same with Z = z, the block's own u8
+ *   MXFP4             the same with Z = 12, c_i = 2 E2M1(nibble) + 12 in
+ *                     [0, 24] and d_w = 2^(e - 128) (cpu_mxfp4_scale; exact,
+ *                     a subnormal for e <= 1): w_i = d_w (c_i - 12) exactly
  *   Q4_K, Q5_K        acc = fma(I, [[d sc_j] d_a], acc);
  *                     acc = fma([dmin m_j], [-d_a s_a], acc),  I = sum_i c_i q_a[i]
  *   Q6_K              acc = fma(I_lo, [[d sc_2j] d_a], acc);
@@ -233,6 +238,35 @@ static inline void cpu_kq_scales(const uint8_t *packed, uint8_t sc[8], uint8_t m
         sc[j + 4] = (uint8_t)((packed[j + 8] & 0x0f) | ((packed[j] >> 6) << 4));
         mn[j + 4] = (uint8_t)((packed[j + 8] >> 4) | ((packed[j + 4] >> 6) << 4));
     }
+}
+
+/* MXFP4: the unsigned code of each E2M1 nibble, twice its value plus the
+ * zero 12 (common/quant.c's MXFP4_TWICE + 12): 0..24, so a block is
+ * d_w (c - 12) with integer codes like Q4_0's, and the vector kernels look
+ * the codes up with one byte shuffle per 64 (the list is their table). */
+#define CPU_MXFP4_ZERO 12
+#define CPU_MXFP4_CODES 12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0
+static inline int cpu_mxfp4_code(unsigned nibble)
+{
+    static const uint8_t code[16] = {CPU_MXFP4_CODES};
+    return code[nibble & 15];
+}
+
+/* An MXFP4 block's scale 2^(e - 128) (the E8M0 exponent's 2^(e - 127)
+ * halved, since the codes are twice the E2M1 values), exact for all 256
+ * values of e as float bits: (e - 1) << 23 for e >= 2 (exponent field
+ * e - 1), the subnormals 2^-127 = 0x400000 and 2^-128 = 0x200000 for
+ * e = 1 and 0. One signed max of two linear pieces gives all three cases:
+ * (e + 1) << 21 is 0x200000, 0x400000 at e = 0, 1 and smaller than
+ * (e - 1) << 23 from e = 2 on, where (e - 1) << 23 < 0 at e = 0. The
+ * vector kernels compute the same integers, so every level has the same
+ * float (and e = 255 is 2^127, as cairn_dequantize_row has it). */
+static inline float cpu_mxfp4_scale(uint8_t e)
+{
+    const int32_t a = ((int32_t)e - 1) * (1 << 23), b = ((int32_t)e + 1) << 21;
+    union { uint32_t u; float f; } v;
+    v.u = (uint32_t)(a > b ? a : b);
+    return v.f;
 }
 
 /* Exact IEEE half -> float conversion (same values as cairn_fp16_to_fp32),
@@ -299,7 +333,7 @@ int cpu_x86_quantize_act(cpu_isa isa, const float *x, int n, int8_t *q, size_t q
  *   e = (t / 8 * nb + b) * 8 + t % 8,   codes q[32 e .. 32 e + 32),
  * scale d[e], code sums s[e] and s_lo[e] (the first 16), and the weight
  * type's correction terms, computed once per call (cpu_matmul.c):
- *   zi[e]  Q8_0, Q4_0, Q5_0: -Z s;  Q4_Z: s (times the row's -z);
+ *   zi[e]  Q8_0, Q4_0, Q5_0, MXFP4: -Z s;  Q4_Z: s (times the row's -z);
  *          Q6_K: -32 s_lo
  *   zi2[e] Q6_K: -32 (s - s_lo)
  *   zf[e]  Q4_K, Q5_K: [-d s] (the float of the min term)  */
@@ -360,6 +394,10 @@ int cpu_x86_float_rows_per_item(cpu_isa isa, int T);
  *                   in byte e, lane i of the low (m < 4) or high (m >= 4)
  *                   nibbles of vector m % 4)      side 32: d
  *   Q4_Z  main 256: as Q4_0                       side 48: d, then z (u8)
+ *   MXFP4 main 256: as Q4_0 (the E2M1 nibbles)    side 16: e (the E8M0
+ *                   byte of each row; decode reads every weight byte, so
+ *                   the scale stays 1 byte rather than a 4-byte float:
+ *                   17 bytes a row and block, as in GGUF)
  *   Q4_K  main 2304: 32 vectors of qs (pair p = blocks 2p, 2p+1 at 512 p),
  *                   d, dmin, 3 vectors of the 12 scale bytes   side 0
  *   Q5_K  main 2816: 32 vectors of qs, 8 of qh, d, dmin, 3 of scales
@@ -378,7 +416,8 @@ int cpu_x86_float_rows_per_item(cpu_isa isa, int T);
 #define CPU_PACK_ROWS 16
 
 typedef struct {
-    cairn_type type;     /* the GGUF type (Q8_0, Q4_0, Q5_0, Q4_Z, Q4_K, Q5_K, Q6_K) */
+    cairn_type type;     /* the GGUF type (Q8_0, Q4_0, Q5_0, Q4_Z, MXFP4, Q4_K,
+                            Q5_K, Q6_K, and F16/BF16)                       */
     int sb_elems;        /* elements per super-block: 32, or 256 (K-quants)  */
     int nsb;             /* super-blocks per row                              */
     size_t main_bytes;   /* main region of a super-block of a group           */

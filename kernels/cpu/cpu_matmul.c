@@ -1,7 +1,7 @@
 /*
  * kernels/cpu/cpu_matmul.c — embedding lookup and matrix multiplication with
- * weights kept in GGUF block layout (F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K,
- * Q5_K, Q6_K) or cairn's checkpoint layouts (Q4_Z, F8_E4M3).
+ * weights kept in GGUF block layout (F32, F16, BF16, Q8_0, Q4_0, Q5_0, MXFP4,
+ * Q4_K, Q5_K, Q6_K) or cairn's checkpoint layouts (Q4_Z, F8_E4M3).
  *
  * Three paths, chosen per call:
  *   - quantized weights (unless the backend was created exact): the
@@ -42,6 +42,7 @@ int cpu_type_supported(cairn_type type)
     case CAIRN_TYPE_Q6_K:
     case CAIRN_TYPE_Q4_Z:
     case CAIRN_TYPE_F8_E4M3:
+    case CAIRN_TYPE_MXFP4:
         return 1;
     default:
         return 0;
@@ -236,6 +237,14 @@ static void matmul_float_range(void *p, int64_t begin, int64_t end, int thread)
  * row of `wtype` (layouts in common/common.h). */
 static void block_codes(const uint8_t *row, cairn_type wtype, int b, int codes[32])
 {
+    if (wtype == CAIRN_TYPE_MXFP4) { /* { e, qs[16] }: Q4_0's nibble order */
+        const uint8_t *nib = row + (size_t)b * 17 + 1;
+        for (int j = 0; j < 16; j++) {
+            codes[j] = cpu_mxfp4_code(nib[j] & 0x0f);
+            codes[j + 16] = cpu_mxfp4_code(nib[j] >> 4);
+        }
+        return;
+    }
     if (wtype == CAIRN_TYPE_Q4_Z) {
         const uint8_t *nib = row + (size_t)b * 20 + 4;
         for (int j = 0; j < 16; j++) {
@@ -305,8 +314,15 @@ static float q8act_dot_ref(const uint8_t *row, cairn_type wtype, const cpu_act *
         const int8_t *qb = act->q + 32 * e;
         const float da = act->d[e];
         const int32_t sa = act->s[e];
-        if (wtype == CAIRN_TYPE_Q8_0 || wtype == CAIRN_TYPE_Q4_0 || wtype == CAIRN_TYPE_Q5_0 ||
-            wtype == CAIRN_TYPE_Q4_Z) {
+        if (wtype == CAIRN_TYPE_MXFP4) {
+            /* twice the E2M1 values as codes 0..24 around 12, the E8M0
+             * scale halved (cpu_mxfp4_scale) */
+            int32_t isum = 0;
+            for (int j = 0; j < 32; j++)
+                isum += (codes[j] - CPU_MXFP4_ZERO) * qb[j];
+            acc = fmaf((float)isum, cpu_mxfp4_scale(row[(size_t)b * 17]) * da, acc);
+        } else if (wtype == CAIRN_TYPE_Q8_0 || wtype == CAIRN_TYPE_Q4_0 ||
+                   wtype == CAIRN_TYPE_Q5_0 || wtype == CAIRN_TYPE_Q4_Z) {
             const size_t bs = wtype == CAIRN_TYPE_Q8_0   ? 34
                             : wtype == CAIRN_TYPE_Q4_0   ? 18
                             : wtype == CAIRN_TYPE_Q5_0   ? 22
@@ -499,7 +515,10 @@ static void act_bind(matmul_job *job, int slot)
     job->act = (cpu_act){.q = ctx->act_q, .d = ctx->act_d, .s = ctx->act_s,
                          .s_lo = ctx->act_s_lo, .zi = zi, .zi2 = zi2, .zf = zf, .nb = nb};
     const cairn_type t = job->wtype;
-    const int zero = t == CAIRN_TYPE_Q4_0 ? 8 : t == CAIRN_TYPE_Q5_0 ? 16 : 128;
+    const int zero = t == CAIRN_TYPE_Q4_0    ? 8
+                   : t == CAIRN_TYPE_Q5_0    ? 16
+                   : t == CAIRN_TYPE_MXFP4   ? CPU_MXFP4_ZERO
+                                             : 128;
     for (int tok = 0; tok < job->T; tok++) {
         const size_t e0 = cpu_act_index(nb, tok, 0);
         for (int b = 0; b < nb; b++) {

@@ -143,6 +143,7 @@ typedef struct {
     float *out;
     const float *a, *b;
     cpu_isa isa;
+    float alpha, limit; /* swiglu_clamped */
 } binary_job;
 
 static void swiglu_range(void *p, int64_t begin, int64_t end, int thread)
@@ -168,6 +169,19 @@ static void geglu_range(void *p, int64_t begin, int64_t end, int thread)
     for (int64_t i = begin; i < end; i++) {
         const float g = job->a[i];
         job->out[i] = 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g))) * job->b[i];
+    }
+}
+
+static void swiglu_clamped_range(void *p, int64_t begin, int64_t end, int thread)
+{
+    (void)thread;
+    const binary_job *job = p;
+    const float alpha = job->alpha, limit = job->limit;
+    for (int64_t i = begin; i < end; i++) {
+        const float g = job->a[i] < limit ? job->a[i] : limit;
+        float u = job->b[i];
+        u = u < -limit ? -limit : u > limit ? limit : u;
+        job->out[i] = g / (1.0f + expf(-alpha * g)) * (u + 1.0f);
     }
 }
 
@@ -197,6 +211,19 @@ int cpu_swiglu(cairn_backend *be, float *out, const float *gate, const float *up
 int cpu_geglu(cairn_backend *be, float *out, const float *gate, const float *up, size_t n)
 {
     return run_binary(be, out, gate, up, n, geglu_range);
+}
+
+int cpu_swiglu_clamped(cairn_backend *be, float *out, const float *gate, const float *up,
+                       size_t n, float alpha, float limit)
+{
+    if (!be || !out || !gate || !up || n == 0 || n > (size_t)INT64_MAX || !isfinite(alpha) ||
+        !(limit > 0))
+        return CAIRN_EINVAL;
+    binary_job job = {.out = out, .a = gate, .b = up, .isa = cpu_ctx_of(be)->isa,
+                      .alpha = alpha, .limit = limit};
+    cpu_pool_parallel_for(cpu_ctx_of(be)->pool, (int64_t)n, CPU_ELEMWISE_CHUNK,
+                          swiglu_clamped_range, &job);
+    return CAIRN_OK;
 }
 
 int cpu_add(cairn_backend *be, float *y, const float *a, const float *b, size_t n)

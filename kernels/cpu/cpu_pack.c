@@ -50,6 +50,10 @@ static const pack_format formats[] = {
      {{0, 6, 4, 4, 0, 0}, {0, 0, 2, 1, 1, 0}}, 1},
     {CAIRN_TYPE_Q4_Z, 32, 20, 256, 48, 3,
      {{0, 4, 4, 4, 0, 0}, {0, 0, 2, 1, 1, 0}, {32, 2, 1, 1, 1, 0}}, 0},
+    /* MXFP4: the nibbles (GGUF offset 1) as Q4_0's, the E8M0 byte of the
+     * 16 rows as one 16-byte column in the side region */
+    {CAIRN_TYPE_MXFP4, 32, 17, 256, 16, 2,
+     {{0, 1, 4, 4, 0, 0}, {0, 0, 1, 1, 1, 0}}, 0},
     {CAIRN_TYPE_Q4_K, 256, 144, 2304, 0, 4,
      {{0, 16, 4, 32, 0, 0}, {2048, 0, 2, 1, 0, 0}, {2080, 2, 2, 1, 0, 0}, {2112, 4, 4, 3, 0, 0}},
      0},

@@ -8,7 +8,7 @@
  * they need stay together:
  *   cpu_x86_float.c      F32/F16/BF16/F8_E4M3 weights: dot-product tiles
  *                        and panels
- *   cpu_x86_quant.c      every quantized type (Q8_0/Q4_0/Q5_0/Q4_Z and the
+ *   cpu_x86_quant.c      every quantized type (Q8_0/Q4_0/Q5_0/Q4_Z/MXFP4 and the
  *                        K-quants), in the packed layout (cpu_pack.c)
  *   cpu_x86_attention.c  attention over paged KV, F32->F16, SwiGLU
  *   cpu_x86_impl.h       what they share (target attributes, helpers);

@@ -1,6 +1,6 @@
 /*
  * kernels/cpu/cpu_x86_quant.c — the AVX-512 (VNNI) and AVX2 matmul kernels
- * of every quantized weight type (Q8_0, Q4_0, Q5_0, Q4_Z, Q4_K, Q5_K,
+ * of every quantized weight type (Q8_0, Q4_0, Q5_0, Q4_Z, MXFP4, Q4_K, Q5_K,
  * Q6_K) against activations quantized to int8 (cpu_x86_quantize_act). They
  * read weights in the packed layout (cpu_impl.h, "Packed weights"): a
  * group of 16 rows whose codes lie as column vectors, dword i of a 64-byte
@@ -63,7 +63,7 @@ INLINE T512 void codes_512(const cpu_pack_geom *g, const uint8_t *grp, cairn_typ
             w[k] = _mm512_load_si512(m + 64 * k);
         return;
     }
-    if (!is_kquant(t)) { /* Q4_0, Q5_0, Q4_Z */
+    if (!is_kquant(t)) { /* Q4_0, Q5_0, Q4_Z, MXFP4 */
         const uint8_t *m = grp + (size_t)b * g->main_bytes;
 #pragma GCC unroll 4
         for (int k = 0; k < 4; k++) {
@@ -73,9 +73,18 @@ INLINE T512 void codes_512(const cpu_pack_geom *g, const uint8_t *grp, cairn_typ
              * times their code (one XOR instead of a shift and an AND),
              * and the caller divides their exact sum by 16 per token:
              * worth it for one or two tokens */
-            w[k + 4] = t != CAIRN_TYPE_Q5_0 && hi16
+            w[k + 4] = (t == CAIRN_TYPE_Q4_0 || t == CAIRN_TYPE_Q4_Z) && hi16
                            ? _mm512_xor_si512(v, w[k])
                            : _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        }
+        if (t == CAIRN_TYPE_MXFP4) {
+            /* nibble -> code 0..24 (cpu_mxfp4_code), the 16-entry table in
+             * every 128-bit lane; the nibbles' values are needed, so the
+             * high ones are shifted down (no hi16 trick) */
+            const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(CPU_MXFP4_CODES));
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++)
+                w[k] = _mm512_shuffle_epi8(lut, w[k]);
         }
         if (t == CAIRN_TYPE_Q5_0) {
             const __m512i bit4 = _mm512_set1_epi8(0x10);
@@ -163,12 +172,26 @@ typedef struct {
     __m512 d, dmin;
 } kq_state_512;
 
+/* MXFP4: the 16 rows' E8M0 exponents e (as int32) to their scales
+ * 2^(e - 128), exactly as cpu_mxfp4_scale: float bits max((e - 1) << 23,
+ * (e + 1) << 21), the second the subnormal of e = 0 and 1. */
+INLINE T512 __m512 mxfp4_scale_512(__m512i e)
+{
+    const __m512i a = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    const __m512i b = _mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(1)), 21);
+    return _mm512_castsi512_ps(_mm512_max_epi32(a, b));
+}
+
 INLINE T512 void scales_512(const cpu_pack_geom *g, const uint8_t *grp, cairn_type t, int b,
                             const int j, kq_state_512 *st, __m512 *A, __m512 *B, __m512i *nz)
 {
     const uint8_t *side = grp + g->side_off;
     if (!is_kquant(t)) {
         const uint8_t *sd = side + (size_t)b * g->side_bytes;
+        if (t == CAIRN_TYPE_MXFP4) {
+            *A = mxfp4_scale_512(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sd)));
+            return;
+        }
         *A = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sd));
         if (t == CAIRN_TYPE_Q4_Z)
             *nz = _mm512_sub_epi32(_mm512_setzero_si512(),
@@ -344,6 +367,7 @@ GROUP_512_TYPED(group_512_q8_0, CAIRN_TYPE_Q8_0)
 GROUP_512_TYPED(group_512_q4_0, CAIRN_TYPE_Q4_0)
 GROUP_512_TYPED(group_512_q5_0, CAIRN_TYPE_Q5_0)
 GROUP_512_TYPED(group_512_q4_z, CAIRN_TYPE_Q4_Z)
+GROUP_512_TYPED(group_512_mxfp4, CAIRN_TYPE_MXFP4)
 GROUP_512_TYPED(group_512_q4_k, CAIRN_TYPE_Q4_K)
 GROUP_512_TYPED(group_512_q5_k, CAIRN_TYPE_Q5_K)
 GROUP_512_TYPED(group_512_q6_k, CAIRN_TYPE_Q6_K)
@@ -353,11 +377,12 @@ GROUP_512_TYPED(group_512_q6_k, CAIRN_TYPE_Q6_K)
 /* AVX2 has no vpdpbusd: u8 x s8 pairs are summed into int16 by vpmaddubsw
  * and into int32 by vpmaddwd. A group is computed as two halves of 8 rows
  * (the low and high 32 bytes of every 64-byte column vector). Products of
- * codes below 16 (32, 64) with activations in [-127, 127] leave pair sums
- * small enough that 8 (4, 2) of them add up in int16 without saturating
- * before one vpmaddwd; Q8_0's codes are multiplied as signed values
- * (|w| x sign(a, w)), whose pair sums fit only one at a time. The integer
- * block sums come out the same as vpdpbusd's, hence the same floats. */
+ * codes below 16 (32: Q5_0, Q5_K and MXFP4's 0..24; 64) with activations
+ * in [-127, 127] leave pair sums small enough that 8 (4, 2) of them add up
+ * in int16 without saturating before one vpmaddwd; Q8_0's codes are
+ * multiplied as signed values (|w| x sign(a, w)), whose pair sums fit only
+ * one at a time. The integer block sums come out the same as vpdpbusd's,
+ * hence the same floats. */
 
 INLINE T256 __m256i load_half(const uint8_t *p, int h)
 {
@@ -396,6 +421,12 @@ INLINE T256 void codes_256(const cpu_pack_geom *g, const uint8_t *grp, cairn_typ
             const __m256i v = load_half(m + 64 * k, h);
             w[k] = _mm256_and_si256(v, low4);
             w[k + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        }
+        if (t == CAIRN_TYPE_MXFP4) { /* as codes_512 */
+            const __m256i lut = _mm256_broadcastsi128_si256(_mm_setr_epi8(CPU_MXFP4_CODES));
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++)
+                w[k] = _mm256_shuffle_epi8(lut, w[k]);
         }
         if (t == CAIRN_TYPE_Q5_0) {
 #pragma GCC unroll 8
@@ -459,6 +490,14 @@ INLINE T256 __m256i dot_256(const __m256i w[8], const int8_t *qb, int k0, int k1
     return acc;
 }
 
+/* mxfp4_scale_512 for 8 rows. */
+INLINE T256 __m256 mxfp4_scale_256(__m256i e)
+{
+    const __m256i a = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i b = _mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(1)), 21);
+    return _mm256_castsi256_ps(_mm256_max_epi32(a, b));
+}
+
 /* kq_scales_512 for 8 rows. */
 INLINE T256 void kq_scales_256(const uint8_t *col, int h, __m256i sc[2], __m256i mn[2])
 {
@@ -494,7 +533,8 @@ INLINE T256 void group_256(const cpu_pack_geom *g, const uint8_t *grp, cairn_typ
     /* int16 run lengths (see above) */
     const int run = t == CAIRN_TYPE_Q8_0                             ? 1
                   : t == CAIRN_TYPE_Q6_K                             ? 2
-                  : t == CAIRN_TYPE_Q5_0 || t == CAIRN_TYPE_Q5_K ? 4
+                  : t == CAIRN_TYPE_Q5_0 || t == CAIRN_TYPE_Q5_K ||
+                            t == CAIRN_TYPE_MXFP4                    ? 4
                                                                      : 8;
     const uint8_t *side = grp + g->side_off;
     __m256 facc[TILE_256];
@@ -514,7 +554,13 @@ INLINE T256 void group_256(const cpu_pack_geom *g, const uint8_t *grp, cairn_typ
         __m256i nz = _mm256_setzero_si256();
         if (!is_kquant(t)) {
             const uint8_t *sd = side + (size_t)b * g->side_bytes;
-            A = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sd + 16 * h)));
+            if (t == CAIRN_TYPE_MXFP4) {
+                int64_t e8;
+                memcpy(&e8, sd + 8 * h, 8);
+                A = mxfp4_scale_256(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(e8)));
+            } else {
+                A = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sd + 16 * h)));
+            }
             if (t == CAIRN_TYPE_Q4_Z) {
                 int64_t z8;
                 memcpy(&z8, sd + 32 + 8 * h, 8);
@@ -563,7 +609,7 @@ INLINE T256 void group_256(const cpu_pack_geom *g, const uint8_t *grp, cairn_typ
             __m256i isum = dot_256(w, qb, 0, 8, run, t == CAIRN_TYPE_Q8_0);
             if (t == CAIRN_TYPE_Q4_Z)
                 isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(nz, _mm256_set1_epi32(zit[e])));
-            else if (t == CAIRN_TYPE_Q4_0 || t == CAIRN_TYPE_Q5_0)
+            else if (t == CAIRN_TYPE_Q4_0 || t == CAIRN_TYPE_Q5_0 || t == CAIRN_TYPE_MXFP4)
                 isum = _mm256_add_epi32(isum, _mm256_set1_epi32(zit[e]));
             facc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(A, vda), facc[c]);
             if (t == CAIRN_TYPE_Q4_K || t == CAIRN_TYPE_Q5_K)
@@ -598,6 +644,7 @@ GROUP_256_TYPED(group_256_q8_0, CAIRN_TYPE_Q8_0)
 GROUP_256_TYPED(group_256_q4_0, CAIRN_TYPE_Q4_0)
 GROUP_256_TYPED(group_256_q5_0, CAIRN_TYPE_Q5_0)
 GROUP_256_TYPED(group_256_q4_z, CAIRN_TYPE_Q4_Z)
+GROUP_256_TYPED(group_256_mxfp4, CAIRN_TYPE_MXFP4)
 GROUP_256_TYPED(group_256_q4_k, CAIRN_TYPE_Q4_K)
 GROUP_256_TYPED(group_256_q5_k, CAIRN_TYPE_Q5_K)
 GROUP_256_TYPED(group_256_q6_k, CAIRN_TYPE_Q6_K)
@@ -625,6 +672,7 @@ int cpu_x86_gemm_groups(cpu_isa isa, const cpu_pack_geom *g, const uint8_t *grp,
                              : t == CAIRN_TYPE_Q4_0   ? group_512_q4_0
                              : t == CAIRN_TYPE_Q5_0   ? group_512_q5_0
                              : t == CAIRN_TYPE_Q4_Z   ? group_512_q4_z
+                             : t == CAIRN_TYPE_MXFP4  ? group_512_mxfp4
                              : t == CAIRN_TYPE_Q4_K   ? group_512_q4_k
                              : t == CAIRN_TYPE_Q5_K   ? group_512_q5_k
                                                       : group_512_q6_k;
@@ -650,6 +698,7 @@ int cpu_x86_gemm_groups(cpu_isa isa, const cpu_pack_geom *g, const uint8_t *grp,
                              : t == CAIRN_TYPE_Q4_0   ? group_256_q4_0
                              : t == CAIRN_TYPE_Q5_0   ? group_256_q5_0
                              : t == CAIRN_TYPE_Q4_Z   ? group_256_q4_z
+                             : t == CAIRN_TYPE_MXFP4  ? group_256_mxfp4
                              : t == CAIRN_TYPE_Q4_K   ? group_256_q4_k
                              : t == CAIRN_TYPE_Q5_K   ? group_256_q5_k
                                                       : group_256_q6_k;

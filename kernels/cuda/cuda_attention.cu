@@ -97,6 +97,14 @@
  * order of additions, hence the same bits (tests/gpu/test_gpu_ops.c,
  * test_attention_verify_rows). The tiled kernel keeps the prefills.
  *
+ * Attention sinks (args->sinks, gpt-oss): a logit per query head that joins
+ * every row's softmax denominator and adds no value,
+ *   out = sum_j e^{s_j} V_j / (e^{sink_h} + sum_j e^{s_j}).
+ * The kernels' online softmax is left as it is; only the final division
+ * changes (attn_inv_denom), in the row kernel, the combine of the split
+ * path and the tiled kernel, so the sink-free path keeps its instructions
+ * but for one uniform branch on a NULL pointer per output.
+ *
  * Not done yet: tensor cores for the tiled kernel, and the split path's
  * K/V loads are per element (cu_kv_elem), not vectorized (docs/cuda.md,
  * bench/gpu/NOTES.md).
@@ -148,6 +156,25 @@ static __device__ __forceinline__ int listed_key(int p, int j_lo, int n_run, con
     return p < n_run ? j_lo + p : tail[p - n_run];
 }
 
+/* The factor a row's unnormalized accumulator is multiplied by at the end,
+ * from its online softmax's running maximum m and sum l (l = sum_j e^{s_j - m}):
+ * 1 / l, or with a sink (sinks: [n_head] F32, NULL for none) for head h
+ *   e^{m - M} / (l e^{m - M} + e^{sink - M}),  M = max(m, sink),
+ * i.e. 1 / (l + e^{sink - m}) written so that neither exponential overflows
+ * whichever of m and the sink is larger. A row that saw nothing (l = 0,
+ * m = -inf) gives 0: zeros out, with or without a sink. */
+static __device__ __forceinline__ float attn_inv_denom(float m, float l, const float *sinks, int h)
+{
+    if (!(l > 0.0f))
+        return 0.0f;
+    if (!sinks)
+        return 1.0f / l;
+    const float sink = sinks[h];
+    const float M = fmaxf(m, sink);
+    const float w = expf(m - M);
+    return w / (l * w + expf(sink - M));
+}
+
 typedef struct {
     int q_start, n_q, n_kv;
     int has_mask;
@@ -163,7 +190,7 @@ static __global__ void attention_kernel(float *out, const float *q, const uint8_
                                         size_t row_bytes, size_t page_bytes, int n_head,
                                         float scale, const attn_seq_desc *descs,
                                         const int32_t *row_info, const int32_t *ints,
-                                        const uint8_t *masks)
+                                        const uint8_t *masks, const float *sinks)
 {
     __shared__ float s_q[512];
     __shared__ float s_p[ATTN_TILE];
@@ -278,7 +305,7 @@ static __global__ void attention_kernel(float *out, const float *q, const uint8_
 
     /* out may alias q: this block read its query row into shared memory
      * before any block wrote, and no other block reads this (row, head). */
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const float inv = attn_inv_denom(m, l, sinks, h);
     if (rotation > 0) {
         /* back from the rotated domain, through s_q: its last readers (the
          * scores) are behind the loop's barriers */
@@ -507,13 +534,14 @@ static __global__ void attention_split_kernel(float *part, const float *q, const
  * in chunk order 0, 1, 2, ...:
  *   M = max_c m_c (a block reduction; max is exact, so any order gives the
  *       same value), w_c = exp(m_c - M),
- *   L = sum_c w_c l_c,  out[d] = (sum_c w_c acc_c[d]) / L,
+ *   L = sum_c w_c l_c,  out[d] = (sum_c w_c acc_c[d]) / L (with a sink, the
+ *       denominator of attn_inv_denom over (M, L)),
  * each thread summing in that order for its own d (and computing the same
  * L as every other thread). Rotated back through shared memory at the end.
  * out may alias q: pass 1 (earlier on the stream) read this row's q. */
 static __global__ void attention_combine_kernel(float *out, const float *part, int head_dim,
                                                 int n_head, int rotation,
-                                                const attn_split_row *srows)
+                                                const attn_split_row *srows, const float *sinks)
 {
     __shared__ float s_o[512];
     __shared__ float s_wmax[ATTN_THREADS / 32];
@@ -554,7 +582,9 @@ static __global__ void attention_combine_kernel(float *out, const float *part, i
                 a[k] += w * r[2 + d];
         }
     }
-    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+    /* the row's maximum and sum over all its keys are M and L: the sink
+     * joins here, once, not in pass 1's per-chunk records */
+    const float inv = attn_inv_denom(M, L, sinks, h);
     float *o = out + ((size_t)sr.q_row * n_head + h) * hd;
     if (rotation > 0) {
 #pragma unroll
@@ -589,7 +619,7 @@ static __global__ void attention_tile_kernel(float *out, const float *q, const u
                                              size_t row_bytes, size_t page_bytes,
                                              int n_head, float scale, const attn_seq_desc *descs,
                                              const attn_qtile *tiles, const int32_t *ints,
-                                             const uint8_t *masks)
+                                             const uint8_t *masks, const float *sinks)
 {
     extern __shared__ float smem[];
     const int hd = head_dim, kstride = hd + 1; /* odd stride: lanes hit distinct banks */
@@ -708,7 +738,7 @@ static __global__ void attention_tile_kernel(float *out, const float *q, const u
 #pragma unroll
         for (int k = 0; k < ATTN_TILE_ROWS_PER_WARP; k++) {
             const int r = warp * ATTN_TILE_ROWS_PER_WARP + k;
-            const float inv = r < tl.n && l[k] > 0.0f ? 1.0f / l[k] : 0.0f;
+            const float inv = r < tl.n ? attn_inv_denom(m[k], l[k], sinks, h) : 0.0f;
 #pragma unroll
             for (int kk = 0; kk < ATTN_TILE_MAX_HD / 32; kk++) {
                 const int d = lane + 32 * kk;
@@ -733,7 +763,7 @@ static __global__ void attention_tile_kernel(float *out, const float *q, const u
         const int r = warp * ATTN_TILE_ROWS_PER_WARP + k;
         if (r >= tl.n)
             continue;
-        const float inv = l[k] > 0.0f ? 1.0f / l[k] : 0.0f;
+        const float inv = attn_inv_denom(m[k], l[k], sinks, h);
         float *o = out + ((size_t)(sd.q_start + tl.i0 + r) * n_head + h) * hd;
 #pragma unroll
         for (int kk = 0; kk < ATTN_TILE_MAX_HD / 32; kk++) {
@@ -846,7 +876,7 @@ static int attn_split_launch(cuda_ctx *ctx, const cairn_attn_args *a, const uint
     CUDA_LAUNCHED("attention_split");
     const dim3 grid2((unsigned)(r_hi - r_lo), (unsigned)a->n_head);
     attention_combine_kernel<<<grid2, ATTN_THREADS, 0, ctx->stream>>>(
-        a->out, part, L->head_dim, a->n_head, L->rotation, srows + r_lo);
+        a->out, part, L->head_dim, a->n_head, L->rotation, srows + r_lo, a->sinks);
     CUDA_LAUNCHED("attention_combine");
     return CAIRN_OK;
 }
@@ -1085,7 +1115,7 @@ int cuda_attention(cairn_backend *be, const cairn_attn_args *a)
     attention_kernel<KT><<<grid, ATTN_THREADS, 0, ctx->stream>>>(                                  \
         a->out, a->q, pool, a->layer, L->n_kv_head, L->head_dim, L->page_size, head_bytes, R, W,   \
         L->row_bytes, L->page_bytes, a->n_head, a->scale, (const attn_seq_desc *)dev,             \
-        (const int32_t *)(dev + off_rows), (const int32_t *)(dev + off_ints), NULL)
+        (const int32_t *)(dev + off_rows), (const int32_t *)(dev + off_ints), NULL, a->sinks)
         CUDA_KV_TYPE_DISPATCH(L->dtype, ATTN_ROW_LAUNCH)
 #undef ATTN_ROW_LAUNCH
         CUDA_LAUNCHED("attention");
@@ -1099,7 +1129,7 @@ int cuda_attention(cairn_backend *be, const cairn_attn_args *a)
     attention_tile_kernel<KT><<<grid, threads, smem, ctx->stream>>>(                               \
         a->out, a->q, pool, a->layer, L->n_kv_head, hd, L->page_size, head_bytes, R, W,            \
         L->row_bytes, L->page_bytes, a->n_head, a->scale, (const attn_seq_desc *)dev,             \
-        (const attn_qtile *)(dev + off_tiles), (const int32_t *)(dev + off_ints), NULL)
+        (const attn_qtile *)(dev + off_tiles), (const int32_t *)(dev + off_ints), NULL, a->sinks)
         CUDA_KV_TYPE_DISPATCH(L->dtype, ATTN_TILE_LAUNCH)
 #undef ATTN_TILE_LAUNCH
         CUDA_LAUNCHED("attention_tile");

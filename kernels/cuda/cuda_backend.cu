@@ -640,6 +640,7 @@ static void cuda_iface_init(void)
     cuda_iface.rope = cuda_rope;
     cuda_iface.swiglu = cuda_swiglu;
     cuda_iface.geglu = cuda_geglu;
+    cuda_iface.swiglu_clamped = cuda_swiglu_clamped;
     cuda_iface.gather_cols = cuda_gather_cols;
     cuda_iface.scale = cuda_scale;
     cuda_iface.add = cuda_add;

@@ -6,7 +6,8 @@
  * ---------
  *   cuda_backend.cu    create/destroy, device memory, the staging ring for
  *                      host index arrays, the function table
- *   cuda_ops.cu        get_rows, rmsnorm, rope, swiglu, geglu, scale, gather_cols, add, add_bias,
+ *   cuda_ops.cu        get_rows, rmsnorm, rope, swiglu, swiglu_clamped, geglu,
+ *                      scale, gather_cols, add, add_bias,
  *                      add_rows_scaled, softmax, kv_store
  *   cuda_matmul.cu     matmul: cuBLAS for F32 and (prefill) F16/BF16,
  *                      warp-per-row GEMV kernels for decode, dequantize +
@@ -178,6 +179,8 @@ int cuda_rope(cairn_backend *be, float *x, int T, int n_heads, int head_dim, con
               const cairn_rope_params *p);
 int cuda_swiglu(cairn_backend *be, float *out, const float *gate, const float *up, size_t n);
 int cuda_geglu(cairn_backend *be, float *out, const float *gate, const float *up, size_t n);
+int cuda_swiglu_clamped(cairn_backend *be, float *out, const float *gate, const float *up,
+                        size_t n, float alpha, float limit);
 int cuda_gather_cols(cairn_backend *be, float *out, const float *x, const int32_t *idx, int T,
                      int n);
 int cuda_scale(cairn_backend *be, float *x, float s, size_t n);

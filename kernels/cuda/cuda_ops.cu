@@ -1,7 +1,7 @@
 /*
  * kernels/cuda/cuda_ops.cu — the small ops: embedding lookup (get_rows),
- * RMSNorm, RoPE, SwiGLU, add, add_bias, softmax, and writing K/V into the
- * paged pool.
+ * RMSNorm, RoPE, SwiGLU (plain and gpt-oss's clamped), GeGLU, add, add_bias,
+ * softmax, and writing K/V into the paged pool.
  *
  * Each kernel is the CPU backend's loop (kernels/cpu/cpu_ops.c,
  * cpu_matmul.c, cpu_attention.c) with its iterations spread over threads;
@@ -194,7 +194,7 @@ int cuda_rope(cairn_backend *be, float *x, int T, int n_heads, int head_dim, con
     return CAIRN_OK;
 }
 
-/* ---- swiglu, add, add_bias --------------------------------------------------- */
+/* ---- swiglu, swiglu_clamped, geglu, add, add_bias ------------------------- */
 
 static __global__ void swiglu_kernel(float *out, const float *g, const float *u, size_t n)
 {
@@ -212,6 +212,24 @@ static __global__ void geglu_kernel(float *out, const float *g, const float *u, 
          i += (size_t)gridDim.x * blockDim.x) {
         const float gi = g[i];
         out[i] = 0.5f * gi * (1.0f + tanhf(c * (gi + 0.044715f * gi * gi * gi))) * u[i];
+    }
+}
+
+/* gpt-oss's expert activation: the gate clamped from above only (a large
+ * negative gate already gives ~0), the linear half both ways, and the
+ * sigmoid sharpened by alpha; the + 1 on up is the model's, not a bias. */
+static __global__ void swiglu_clamped_kernel(float *out, const float *g, const float *u, size_t n,
+                                             float alpha, float limit)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        /* the CPU's comparisons, not fminf/fmaxf: a NaN up stays NaN (and a
+         * NaN gate becomes limit) on both backends */
+        const float gi = g[i] < limit ? g[i] : limit;
+        const float ui = u[i] < -limit ? -limit : u[i] > limit ? limit : u[i];
+        /* each product and quotient rounded on its own, as in swiglu, so that
+         * nvcc cannot fuse them into roundings the CPU does not make */
+        out[i] = __fmul_rn(__fdiv_rn(gi, 1.0f + expf(__fmul_rn(-alpha, gi))), ui + 1.0f);
     }
 }
 
@@ -273,6 +291,22 @@ int cuda_swiglu(cairn_backend *be, float *out, const float *gate, const float *u
 int cuda_geglu(cairn_backend *be, float *out, const float *gate, const float *up, size_t n)
 {
     return binary_launch(be, geglu_kernel, "geglu", out, gate, up, n);
+}
+
+int cuda_swiglu_clamped(cairn_backend *be, float *out, const float *gate, const float *up,
+                        size_t n, float alpha, float limit)
+{
+    /* a NaN limit would let every value through the clamps unnoticed */
+    if (!be || !out || !gate || !up || n == 0 || n > (size_t)INT64_MAX || !isfinite(alpha) ||
+        !(limit > 0.0f))
+        return CAIRN_EINVAL;
+    int rc = cuda_enter(be);
+    if (rc != CAIRN_OK)
+        return rc;
+    swiglu_clamped_kernel<<<grid_for(n), OPS_THREADS, 0, cuda_ctx_of(be)->stream>>>(
+        out, gate, up, n, alpha, limit);
+    CUDA_LAUNCHED("swiglu_clamped");
+    return CAIRN_OK;
 }
 
 int cuda_scale(cairn_backend *be, float *x, float s, size_t n)

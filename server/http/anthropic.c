@@ -28,6 +28,7 @@ typedef struct {
     int64_t bp_end;             /* the last breakpoint's prefix; 0: none         */
     int64_t bp_end_1h;          /* the last '1h' breakpoint's; 0: none            */
     bool text_open;             /* streaming: the text block is open             */
+    bool thinking_open;         /* streaming: a thinking block is open           */
 } anthropic_state;
 
 static anthropic_state *state_of(hreq *q) { return q->wire_state; }
@@ -172,9 +173,42 @@ static int on_decoded(hconn *c, hreq *q, cairn_api_call *call)
     return CAIRN_OK;
 }
 
+/* A reply's reasoning (gpt-oss's analysis channel) as a thinking block.
+ * Its signature is empty: Anthropic signs its own thinking so that it can
+ * check what comes back; cairn reads a thinking block sent back as it is. */
+static json_t *thinking_block(const char *text, size_t len)
+{
+    return json_pack("{s:s, s:o, s:s}", "type", "thinking", "thinking", jstrn(text, len),
+                     "signature", "");
+}
+
+static void close_block(hconn *c, anthropic_state *st)
+{
+    if (st->thinking_open)
+        block_event(c, "content_block_delta", st->n_blocks,
+                    json_pack("{s:s, s:s}", "type", "signature_delta", "signature", ""));
+    block_event(c, "content_block_stop", st->n_blocks++, NULL);
+    st->text_open = st->thinking_open = false;
+}
+
+static void on_stream_reasoning(hconn *c, hreq *q, const char *text, size_t len)
+{
+    anthropic_state *st = state_of(q);
+    if (st->text_open) /* reasoning again after some text: a block of its own */
+        close_block(c, st);
+    if (!st->thinking_open) {
+        st->thinking_open = true;
+        start_block(c, st, thinking_block("", 0));
+    }
+    block_event(c, "content_block_delta", st->n_blocks,
+                json_pack("{s:s, s:o}", "type", "thinking_delta", "thinking", jstrn(text, len)));
+}
+
 static void on_stream_text(hconn *c, hreq *q, const char *text, size_t len)
 {
     anthropic_state *st = state_of(q);
+    if (st->thinking_open)
+        close_block(c, st);
     if (!st->text_open) {
         st->text_open = true;
         start_block(c, st, json_pack("{s:s, s:s}", "type", "text", "text", ""));
@@ -183,8 +217,8 @@ static void on_stream_text(hconn *c, hreq *q, const char *text, size_t len)
                 json_pack("{s:s, s:o}", "type", "text_delta", "text", jstrn(text, len)));
 }
 
-static bool on_finish(hconn *c, hreq *q, const cairn_event *ev, json_t *calls, const char *text,
-                      size_t len)
+static bool on_finish(hconn *c, hreq *q, const cairn_event *ev, json_t *calls,
+                      const char *reasoning, const char *text, size_t len)
 {
     anthropic_state *st = state_of(q);
     json_t *sequence;
@@ -199,6 +233,8 @@ static bool on_finish(hconn *c, hreq *q, const cairn_event *ev, json_t *calls, c
     c->active = NULL;
     if (!q->stream) {
         json_t *content = json_array();
+        if (content && reasoning && reasoning[0])
+            json_array_append_new(content, thinking_block(reasoning, strlen(reasoning)));
         if (content && (len > 0 || !calls))
             json_array_append_new(content, json_pack("{s:s, s:o}", "type", "text", "text",
                                                      jstrn(text, len)));
@@ -217,10 +253,8 @@ static bool on_finish(hconn *c, hreq *q, const cairn_event *ev, json_t *calls, c
     }
     if (!st->text_open && !calls) /* as the whole message has it: one text block */
         on_stream_text(c, q, "", 0);
-    if (st->text_open) {
-        block_event(c, "content_block_stop", st->n_blocks++, NULL);
-        st->text_open = false;
-    }
+    if (st->text_open || st->thinking_open)
+        close_block(c, st);
     json_array_foreach(calls, i, call)
     {
         json_t *fn = json_object_get(call, "function");
@@ -270,6 +304,7 @@ const http_wire http_anthropic_wire = {
     .call_prefix = "toolu_",
     .decoded = on_decoded,
     .stream_text = on_stream_text,
+    .stream_reasoning = on_stream_reasoning,
     .finish = on_finish,
     .fail = on_fail,
     .free = on_free,

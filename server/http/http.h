@@ -80,12 +80,17 @@ typedef struct http_wire {
     bool (*on_event)(hconn *c, hreq *q, srv_event *node);
     /* Streaming: text that is the reply's content (never a tool call). */
     void (*stream_text)(hconn *c, hreq *q, const char *text, size_t len);
+    /* Streaming a reply in channels: a piece of its reasoning (NULL: the
+     * wire leaves reasoning out). The model reasons first as a rule, but
+     * may reason again after a piece of content. */
+    void (*stream_reasoning)(hconn *c, hreq *q, const char *text, size_t len);
     /* The generation is over: its tool calls (an OpenAI tool_calls array,
-     * borrowed) or NULL, the content text. Returns true when it answered
-     * (taking q off c->active first; openai.c frees q), false when it goes
-     * on (then it answers and frees q itself). */
-    bool (*finish)(hconn *c, hreq *q, const cairn_event *ev, json_t *calls, const char *text,
-                   size_t len);
+     * borrowed) or NULL, its reasoning (a reply in channels) or NULL, the
+     * content text. Returns true when it answered (taking q off c->active
+     * first; openai.c frees q), false when it goes on (then it answers and
+     * frees q itself). */
+    bool (*finish)(hconn *c, hreq *q, const cairn_event *ev, json_t *calls,
+                   const char *reasoning, const char *text, size_t len);
     /* Answer an error (q is already off c->active); NULL: OpenAI's shape. */
     void (*fail)(hconn *c, hreq *q, int status, const char *message, const char *param,
                  const char *code);
@@ -97,9 +102,12 @@ typedef struct {
     uint32_t msgid;    /* its engine request's id on this connection        */
     bool over;
     bool role_sent;    /* streaming chat: the first delta said the role     */
-    cairn_strbuf text; /* with tools: everything generated so far           */
-    size_t text_sent;  /* of which already streamed as content              */
+    cairn_strbuf text; /* with tools or channels: everything generated so far */
+    size_t text_sent;  /* of which already streamed as content (channels: the
+                          bytes of content streamed)                         */
     bool holding;      /* a tool call may have started: stream no more      */
+    cairn_chat_reply_cursor cursor; /* channels: how far the reply is read  */
+    size_t reasoning_sent; /* channels: bytes of reasoning streamed          */
     json_t *answer;    /* not streaming: its choice object, once over       */
     int64_t prompt_tokens, cached_tokens, completion_tokens;
     cairn_cache_miss miss; /* why the rest of the prompt was not cached      */
@@ -118,6 +126,8 @@ struct hreq {
     bool decoding;     /* its body is on a text worker                      */
     bool stream, include_usage;
     char *tools_json;  /* tool calls may come back: the tools (owned)       */
+    bool channels;     /* chat replies in channels (gpt-oss's harmony): read
+                          into reasoning, content and calls, tools or not    */
     int n_choices, n_over;
     int per_prompt;    /* choices of each prompt (n); the prompts are
                           n_choices / per_prompt                            */

@@ -205,12 +205,55 @@ static void stream_content(hconn *c, hreq *q, int index, const char *text, size_
         send_completion_delta(c, q, index, text, len, NULL, NULL);
 }
 
+/* Streaming: a piece of the reply's reasoning, as `reasoning_content`
+ * deltas (vLLM's and llama.cpp's field), or as the wire writes reasoning
+ * (Responses: a reasoning item; Anthropic: a thinking block). */
+static void stream_reasoning(hconn *c, hreq *q, int index, const char *text, size_t len)
+{
+    if (len == 0)
+        return;
+    if (!q->wire)
+        send_chat_delta(c, q, index, json_pack("{s:o}", "reasoning_content", jstr(text, len)),
+                        NULL, NULL);
+    else if (q->wire->stream_reasoning)
+        q->wire->stream_reasoning(c, q, text, len);
+}
+
+/* Streaming a reply in channels: each settled piece as it comes, the
+ * reasoning as reasoning (stream_reasoning), the content as content. Calls
+ * come whole at the end (stream_finish). */
+static void stream_channels(hconn *c, hreq *q, int index)
+{
+    hchoice *ch = &q->choices[index];
+    const char *text = ch->text.data ? ch->text.data : "";
+    cairn_chat_reply_part part;
+    while (cairn_api_reply_next(&c->base.srv->api, &ch->cursor, text, ch->text.len, false,
+                                &part)) {
+        if (part.kind == CAIRN_REPLY_CALL || part.len == 0)
+            continue;
+        stream_begin(c, q, index);
+        if (part.kind == CAIRN_REPLY_REASONING) {
+            stream_reasoning(c, q, index, text + part.off, part.len);
+            ch->reasoning_sent += part.len;
+        } else {
+            stream_content(c, q, index, text + part.off, part.len);
+            ch->text_sent += part.len;
+        }
+    }
+}
+
 static void on_delta(hconn *c, hreq *q, int index, const cairn_event *ev)
 {
     if (!q->stream)
         return;
     hchoice *ch = &q->choices[index];
     const cairn_api *api = &c->base.srv->api;
+    if (q->channels) {
+        cairn_strbuf_add(&ch->text, ev->text, ev->text_len);
+        if (!ch->text.oom)
+            stream_channels(c, q, index);
+        return;
+    }
     if (!q->tools_json) {
         if (ev->text_len == 0 && !(ev->logprobs && ev->n_tokens))
             return;
@@ -372,14 +415,34 @@ static void stream_held(hconn *c, hreq *q, int index, bool read, const char *tex
         stream_content(c, q, index, text + ch->text_sent, text_len - ch->text_sent);
 }
 
+/* Streaming a reply in channels, at its end: what the finished reply's
+ * reasoning and content hold beyond what was streamed of them (read the
+ * same way, what was streamed is their beginning). */
+static void stream_rest(hconn *c, hreq *q, int index, const char *reasoning, const char *text,
+                        size_t text_len)
+{
+    hchoice *ch = &q->choices[index];
+    size_t r_len = reasoning ? strlen(reasoning) : 0;
+    if (r_len > ch->reasoning_sent)
+        stream_reasoning(c, q, index, reasoning + ch->reasoning_sent, r_len - ch->reasoning_sent);
+    ch->reasoning_sent = r_len;
+    if (text_len > ch->text_sent)
+        stream_content(c, q, index, text + ch->text_sent, text_len - ch->text_sent);
+    ch->text_sent = text_len;
+}
+
 /* Streaming: what was held back (the rest of the content), then the calls
  * as tool_calls deltas, then the choice's last chunk. */
 static void stream_finish(hconn *c, hreq *q, int index, json_t *tool_calls, bool read,
-                          const char *text, size_t text_len, const char *finish)
+                          const char *reasoning, const char *text, size_t text_len,
+                          const char *finish)
 {
     stream_begin(c, q, index);
-    if (q->tools_json) {
-        stream_held(c, q, index, read, text, text_len);
+    if (q->tools_json || q->channels) {
+        if (q->channels)
+            stream_rest(c, q, index, reasoning, text, text_len);
+        else
+            stream_held(c, q, index, read, text, text_len);
         size_t i;
         json_t *call;
         json_array_foreach(tool_calls, i, call)
@@ -405,9 +468,10 @@ static void stream_finish(hconn *c, hreq *q, int index, json_t *tool_calls, bool
 }
 
 /* A choice's generation is done (its text read for tool calls when the
- * request had tools: calls_json / content, else NULL). */
+ * request had tools, and for its reasoning when the reply is in channels:
+ * calls_json / content / reasoning, else NULL). */
 static void finish_choice(hconn *c, hreq *q, int index, const cairn_event *ev,
-                          const char *calls_json, const char *content)
+                          const char *calls_json, const char *content, const char *reasoning)
 {
     hchoice *ch = &q->choices[index];
     ch->over = true;
@@ -439,23 +503,29 @@ static void finish_choice(hconn *c, hreq *q, int index, const cairn_event *ev,
     }
     const cairn_api *api = &c->base.srv->api;
     if (q->wire) {
-        if (q->stream && q->tools_json) {
+        if (q->stream && (q->tools_json || q->channels)) {
             stream_begin(c, q, index);
-            stream_held(c, q, index, tool_calls || content, text, text_len);
+            if (q->channels)
+                stream_rest(c, q, index, reasoning, text, text_len);
+            else
+                stream_held(c, q, index, tool_calls || content, text, text_len);
         }
-        bool answered = q->wire->finish(c, q, ev, tool_calls, text, text_len);
+        bool answered = q->wire->finish(c, q, ev, tool_calls, reasoning, text, text_len);
         json_decref(tool_calls);
         if (answered)
             http_request_free(q);
         return;
     }
     if (q->stream) {
-        stream_finish(c, q, index, tool_calls, tool_calls || content, text, text_len, finish);
+        stream_finish(c, q, index, tool_calls, tool_calls || content, reasoning, text, text_len,
+                      finish);
     } else if (q->kind == HK_CHAT) {
         json_t *msg = json_pack("{s:s, s:o}", "role", "assistant", "content",
                                 tool_calls && text_len == 0 ? json_null() : jstr(text, text_len));
         if (msg && tool_calls)
             json_object_set(msg, "tool_calls", tool_calls);
+        if (msg && reasoning) /* a reply in channels: its analysis */
+            json_object_set_new(msg, "reasoning_content", jstr(reasoning, strlen(reasoning)));
         json_t *lp = chat_logprobs(api, ev);
         ch->answer = json_pack("{s:i, s:o, s:o, s:s}", "index", index, "message", msg,
                                "logprobs", lp ? lp : json_null(), "finish_reason", finish);
@@ -495,7 +565,7 @@ static void calls_answer(srv_calls *k, srv_conn *b)
     hreq *q = c ? c->active : NULL;
     if (q && choice_of(q, ((calls_item *)k)->msgid, &index)) {
         q->parsing--;
-        finish_choice(c, q, index, &k->node->ev, k->calls_json, k->content);
+        finish_choice(c, q, index, &k->node->ev, k->calls_json, k->content, k->reasoning);
     }
 }
 
@@ -543,12 +613,12 @@ static bool on_generation_done(hconn *c, hreq *q, int index, srv_event *node)
     if (miss->reason == CAIRN_MISS_DEPARTED) /* no structure to tell parts by */
         miss->reason = CAIRN_MISS_NEW_CONTENT;
     srv_miss_count(c->base.srv, miss);
-    if ((q->kind != HK_CHAT && q->kind != HK_WIRE) || !q->tools_json) {
-        finish_choice(c, q, index, &node->ev, NULL, NULL);
+    if ((q->kind != HK_CHAT && q->kind != HK_WIRE) || (!q->tools_json && !q->channels)) {
+        finish_choice(c, q, index, &node->ev, NULL, NULL, NULL);
         return false;
     }
     calls_item *ci = calloc(1, sizeof *ci);
-    if (!ci || !(ci->k.tools_json = strdup(q->tools_json))) {
+    if (!ci || (q->tools_json && !(ci->k.tools_json = strdup(q->tools_json)))) {
         free(ci);
         fail_request(c, q, 503, "out of memory", NULL, NULL);
         return false;
@@ -901,6 +971,8 @@ static void decode_done(srv_work *w, srv_conn *b)
         q->conv = srv_conv_take(call); /* NULL: misses are not placed in parts */
     q->tools_json = call->tools_json;
     call->tools_json = NULL;
+    q->channels = (q->kind == HK_CHAT || q->kind == HK_WIRE) &&
+                  cairn_api_reply_has_channels(&c->base.srv->api);
     q->n_choices = call->n_choices;
     q->per_prompt = call->n_prompts > 1 ? call->n_choices / call->n_prompts : call->n_choices;
     q->choices = calloc((size_t)q->n_choices, sizeof *q->choices);

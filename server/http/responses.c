@@ -71,8 +71,12 @@ typedef struct {
     int64_t seq;            /* streaming: the next sequence_number             */
     int n_items;            /* streaming: output items added                   */
     bool text_open;         /* streaming: the message item is open             */
+    int text_index;         /* its output_index                                */
     char item_id[48];       /* the message item's id                           */
     cairn_strbuf streamed;  /* its text so far                                 */
+    bool rs_open;           /* streaming: the reasoning item is open           */
+    int rs_index;           /* its output_index                                */
+    cairn_strbuf rs_streamed; /* its text so far                               */
 } resp_state;
 
 static resp_state *state_of(hreq *q) { return q->wire_state; }
@@ -119,6 +123,10 @@ static json_t *response_object(hconn *c, hreq *q, resp_state *st, const char *st
         c->base.srv->model_id, "output", output ? output : json_array(), "usage",
         usage ? usage : json_null(), "reasoning", "effort", "summary", "truncation", "disabled",
         "user");
+    /* the request's reasoning effort, when it gave one, is in the echo */
+    json_t *asked = st->echo ? json_object_get(st->echo, "reasoning") : NULL;
+    if (add && asked)
+        json_object_set(add, "reasoning", asked);
     if (!o || !add || json_object_update(o, add) != 0) {
         json_decref(o);
         o = NULL;
@@ -164,6 +172,22 @@ static json_t *message_item(const resp_state *st, const char *status, json_t *co
 {
     return json_pack("{s:s, s:s, s:s, s:s, s:o}", "id", st->item_id, "type", "message", "status",
                      status, "role", "assistant", "content", content ? content : json_array());
+}
+
+/* A reply's reasoning (gpt-oss's analysis channel) as a reasoning item: the
+ * text as reasoning_text content, as vLLM gives it for gpt-oss; there is no
+ * summary (it would be another generation). */
+static json_t *reasoning_part(const char *text, size_t len)
+{
+    return json_pack("{s:s, s:o}", "type", "reasoning_text", "text", jstrn(text, len));
+}
+
+static json_t *reasoning_item(const resp_state *st, const char *status, json_t *content)
+{
+    char id[48];
+    snprintf(id, sizeof id, "rs_%s", st->id + 5);
+    return json_pack("{s:s, s:s, s:s, s:[], s:o}", "id", id, "type", "reasoning", "status",
+                     status, "summary", "content", content ? content : json_array());
 }
 
 static json_t *call_item(const resp_state *st, size_t i, json_t *call, bool with_args)
@@ -356,18 +380,62 @@ static void on_stream_text(hconn *c, hreq *q, const char *text, size_t len)
     resp_state *st = state_of(q);
     if (!st->text_open) {
         st->text_open = true;
+        st->text_index = st->n_items++;
         snprintf(st->item_id, sizeof st->item_id, "msg_%s", st->id + 5);
         emit(c, st, "response.output_item.added",
-             json_pack("{s:i, s:o}", "output_index", st->n_items, "item",
+             json_pack("{s:i, s:o}", "output_index", st->text_index, "item",
                        message_item(st, "in_progress", NULL)));
         emit(c, st, "response.content_part.added",
              json_pack("{s:s, s:i, s:i, s:o}", "item_id", st->item_id, "output_index",
-                       st->n_items, "content_index", 0, "part", text_part("", 0)));
+                       st->text_index, "content_index", 0, "part", text_part("", 0)));
     }
     cairn_strbuf_add(&st->streamed, text, len);
     emit(c, st, "response.output_text.delta",
          json_pack("{s:s, s:i, s:i, s:o, s:[]}", "item_id", st->item_id, "output_index",
-                   st->n_items, "content_index", 0, "delta", jstrn(text, len), "logprobs"));
+                   st->text_index, "content_index", 0, "delta", jstrn(text, len), "logprobs"));
+}
+
+/* Streaming the reasoning: one reasoning item, opened by its first piece
+ * and kept open to the end (a model that reasons again after some content
+ * adds to it, as the finished object has all its reasoning in one item). */
+static void on_stream_reasoning(hconn *c, hreq *q, const char *text, size_t len)
+{
+    resp_state *st = state_of(q);
+    char id[48];
+    snprintf(id, sizeof id, "rs_%s", st->id + 5);
+    if (!st->rs_open) {
+        st->rs_open = true;
+        st->rs_index = st->n_items++;
+        emit(c, st, "response.output_item.added",
+             json_pack("{s:i, s:o}", "output_index", st->rs_index, "item",
+                       reasoning_item(st, "in_progress", NULL)));
+        emit(c, st, "response.content_part.added",
+             json_pack("{s:s, s:i, s:i, s:o}", "item_id", id, "output_index", st->rs_index,
+                       "content_index", 0, "part", reasoning_part("", 0)));
+    }
+    cairn_strbuf_add(&st->rs_streamed, text, len);
+    emit(c, st, "response.reasoning_text.delta",
+         json_pack("{s:s, s:i, s:i, s:o}", "item_id", id, "output_index", st->rs_index,
+                   "content_index", 0, "delta", jstrn(text, len)));
+}
+
+/* Streaming: the open reasoning item's last events. */
+static void stream_close_reasoning(hconn *c, resp_state *st)
+{
+    const char *t = st->rs_streamed.data ? st->rs_streamed.data : "";
+    size_t n = st->rs_streamed.len;
+    char id[48];
+    snprintf(id, sizeof id, "rs_%s", st->id + 5);
+    emit(c, st, "response.reasoning_text.done",
+         json_pack("{s:s, s:i, s:i, s:o}", "item_id", id, "output_index", st->rs_index,
+                   "content_index", 0, "text", jstrn(t, n)));
+    emit(c, st, "response.content_part.done",
+         json_pack("{s:s, s:i, s:i, s:o}", "item_id", id, "output_index", st->rs_index,
+                   "content_index", 0, "part", reasoning_part(t, n)));
+    emit(c, st, "response.output_item.done",
+         json_pack("{s:i, s:o}", "output_index", st->rs_index, "item",
+                   reasoning_item(st, "completed", json_pack("[o]", reasoning_part(t, n)))));
+    st->rs_open = false;
 }
 
 /* Streaming: the open message item's last events. */
@@ -377,16 +445,13 @@ static void stream_close_text(hconn *c, resp_state *st)
     size_t n = st->streamed.len;
     emit(c, st, "response.output_text.done",
          json_pack("{s:s, s:i, s:i, s:o, s:[]}", "item_id", st->item_id, "output_index",
-                   st->n_items, "content_index", 0, "text", jstrn(t, n), "logprobs"));
+                   st->text_index, "content_index", 0, "text", jstrn(t, n), "logprobs"));
     emit(c, st, "response.content_part.done",
-         json_pack("{s:s, s:i, s:i, s:o}", "item_id", st->item_id, "output_index", st->n_items,
-                   "content_index", 0, "part", text_part(t, n)));
-    json_t *content = json_array();
-    if (content)
-        json_array_append_new(content, text_part(t, n));
+         json_pack("{s:s, s:i, s:i, s:o}", "item_id", st->item_id, "output_index",
+                   st->text_index, "content_index", 0, "part", text_part(t, n)));
     emit(c, st, "response.output_item.done",
-         json_pack("{s:i, s:o}", "output_index", st->n_items++, "item",
-                   message_item(st, "completed", content)));
+         json_pack("{s:i, s:o}", "output_index", st->text_index, "item",
+                   message_item(st, "completed", json_pack("[o]", text_part(t, n)))));
     st->text_open = false;
 }
 
@@ -395,39 +460,52 @@ static void stream_call(hconn *c, resp_state *st, size_t i, json_t *call)
     json_t *item = call_item(st, i, call, true);
     const char *id = json_string_value(json_object_get(item, "id"));
     json_t *args = json_object_get(item, "arguments");
+    const int index = st->n_items++;
     emit(c, st, "response.output_item.added",
-         json_pack("{s:i, s:o}", "output_index", st->n_items, "item",
-                   call_item(st, i, call, false)));
+         json_pack("{s:i, s:o}", "output_index", index, "item", call_item(st, i, call, false)));
     emit(c, st, "response.function_call_arguments.delta",
-         json_pack("{s:s, s:i, s:O}", "item_id", id ? id : "", "output_index", st->n_items,
-                   "delta", args));
+         json_pack("{s:s, s:i, s:O}", "item_id", id ? id : "", "output_index", index, "delta",
+                   args));
     emit(c, st, "response.function_call_arguments.done",
-         json_pack("{s:s, s:i, s:O}", "item_id", id ? id : "", "output_index", st->n_items,
+         json_pack("{s:s, s:i, s:O}", "item_id", id ? id : "", "output_index", index,
                    "arguments", args));
     emit(c, st, "response.output_item.done",
-         json_pack("{s:i, s:o}", "output_index", st->n_items++, "item", item));
+         json_pack("{s:i, s:o}", "output_index", index, "item", item));
 }
 
-static bool on_finish(hconn *c, hreq *q, const cairn_event *ev, json_t *calls, const char *text,
-                      size_t len)
+static bool on_finish(hconn *c, hreq *q, const cairn_event *ev, json_t *calls,
+                      const char *reasoning, const char *text, size_t len)
 {
     resp_state *st = state_of(q);
     const bool cut = !calls && ev->finish_reason && strcmp(ev->finish_reason, "length") == 0;
     if (!st->item_id[0])
         snprintf(st->item_id, sizeof st->item_id, "msg_%s", st->id + 5);
+    /* the items in the order the stream added them: the reasoning first,
+     * unless content came before any of it */
+    const bool text_first = q->stream && st->text_open && (!st->rs_open ||
+                                                           st->text_index < st->rs_index);
     if (q->stream) {
         if (!st->text_open && !calls) /* as the object has it: one message */
             on_stream_text(c, q, "", 0);
+        if (st->rs_open && !text_first)
+            stream_close_reasoning(c, st);
         if (st->text_open)
             stream_close_text(c, st);
+        if (st->rs_open)
+            stream_close_reasoning(c, st);
     }
     json_t *output = json_array();
-    if (output && (len > 0 || !calls)) {
-        json_t *content = json_array();
-        if (content)
-            json_array_append_new(content, text_part(text, len));
-        json_array_append_new(output, message_item(st, "completed", content));
-    }
+    json_t *thought = NULL;
+    if (output && reasoning && reasoning[0]) /* all of it was streamed by now */
+        thought = reasoning_item(st, "completed",
+                                 json_pack("[o]", reasoning_part(reasoning, strlen(reasoning))));
+    if (thought && !text_first)
+        json_array_append_new(output, thought);
+    if (output && (len > 0 || !calls))
+        json_array_append_new(output,
+                              message_item(st, "completed", json_pack("[o]", text_part(text, len))));
+    if (thought && text_first)
+        json_array_append_new(output, thought);
     size_t i;
     json_t *call;
     json_array_foreach(calls, i, call)
@@ -492,6 +570,7 @@ static void on_free(hreq *q)
     json_decref(st->echo);
     json_decref(st->response);
     cairn_strbuf_free(&st->streamed);
+    cairn_strbuf_free(&st->rs_streamed);
     free(st);
 }
 
@@ -502,6 +581,7 @@ const http_wire http_responses_wire = {
     .decoded = on_decoded,
     .on_event = on_event,
     .stream_text = on_stream_text,
+    .stream_reasoning = on_stream_reasoning,
     .finish = on_finish,
     .fail = fail,
     .free = on_free,

@@ -7,14 +7,16 @@ For the real instruct model (CAIRN_CHAT_MODEL; skipped with a message when the
 file is absent) the template is the GGUF's own tokenizer.chat_template. For the
 other families, vocab-only GGUFs are written here whose template is one of
 tests/chat/templates/real/*.jinja (verbatim templates as the models ship them: Qwen2.5,
-Qwen3, Phi-3.5, Mistral Nemo; see PROVENANCE.md there) or, for families whose published
+Qwen3, Phi-3.5, Mistral Nemo, gpt-oss; see PROVENANCE.md there) or, for families whose published
 template could not be vendored, tests/chat/templates/*.jinja (restatements written for
 these tests). Each
 conversation is rendered with jinja2 exactly as transformers does
 (ImmutableSandboxedEnvironment(trim_blocks, lstrip_blocks), tojson =
-json.dumps(ensure_ascii=False)), and cairn's output must be byte-identical —
-after removing a leading BOS, which cairn leaves to tokenization.
+json.dumps(ensure_ascii=False), strftime_now the local time as transformers defines it),
+and cairn's output must be byte-identical — after removing a leading BOS, which cairn
+leaves to tokenization.
 """
+import datetime
 import json
 import os
 import subprocess
@@ -47,6 +49,8 @@ def hf_render(source, messages, tools, add_generation_prompt, bos, eos):
                                         extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
+    # transformers' own: the local date and time at rendering (gpt-oss's system message)
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
     text = env.from_string(source).render(messages=messages, tools=tools,
                                           add_generation_prompt=add_generation_prompt,
                                           bos_token=bos, eos_token=eos)
@@ -328,6 +332,144 @@ def real_case(key):
 
 for _key in REAL:
     globals()[f"Real_{_key}"] = real_case(_key)
+
+
+# gpt-oss (harmony): OpenAI's template as the model ships it (PROVENANCE.md). Its
+# TypeScript rendering of tool schemas has many branches, each exercised here.
+HARMONY_SPECIALS = ["<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>",
+                    "<|channel|>", "<|start|>", "<|end|>", "<|message|>", "<|call|>"]
+SCHEMA_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "search_catalogue",
+        "description": "Search — «the» catalogue",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "description": "Words to look for"},
+                "kind": {"type": "string", "enum": ["book", "film", 3, True, None],
+                         "default": "book"},
+                "note": {"type": "string", "nullable": True, "default": "n/a"},
+                "limit": {"type": "integer", "default": 10},
+                "ratio": {"type": "number", "default": 0.25},
+                "exact": {"type": "boolean", "default": False},
+                "tags": {"type": "array", "items": {"type": "string"}},
+                "scores": {"type": "array", "items": {"type": "number"}, "nullable": True},
+                "counts": {"type": "array", "items": {"type": "integer"}},
+                "flags": {"type": "array", "items": {"type": "boolean"}},
+                "anything": {"type": "array"},
+                "pairs": {"type": "array", "items": {"type": "array",
+                                                     "items": {"type": "string"}}},
+                "objects": {"type": "array", "items": {"type": ["object", "object"]}},
+                "records": {"type": "array", "items": {
+                    "type": "object",
+                    "properties": {"id": {"type": "integer"}, "label": {"type": "string"},
+                                   "extra": {"type": "object"}},
+                    "required": ["id"]}},
+                "small": {"type": "array", "items": {"type": "object",
+                                                     "properties": {"a": {"type": "string"}}}},
+                "either": {"type": ["string", "null"]},
+                "single": {"type": ["integer"]},
+                "choice": {"oneOf": [{"type": "string", "description": "a name",
+                                      "default": "x"},
+                                     {"type": "integer"},
+                                     {"type": "object", "properties": {"k": {"type": "number"}}}],
+                           "default": "x"},
+                "filter": {"type": "object",
+                           "properties": {"from": {"type": "string"},
+                                          "to": {"type": "string", "enum": ["a", "b"]},
+                                          "inner": {"type": "object",
+                                                    "properties": {"z": {"type": "boolean"}},
+                                                    "required": ["z"]}},
+                           "required": ["from"]},
+                "free": {"type": "object"},
+                "untyped": {"description": "no type"},
+                "literal": {"type": "null", "default": None},
+            },
+            "required": ["query", "filter"],
+        },
+    },
+}
+NO_PARAMS_TOOL = {"type": "function", "function": {"name": "ping", "description": "Ping."}}
+HARMONY_TOOL_CONVERSATION = [
+    {"role": "system", "content": "You can call tools."},
+    {"role": "user", "content": "Weather in Zürich?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_0", "type": "function",
+         "function": {"name": "get_weather", "arguments": ARGS}}]},
+    {"role": "tool", "tool_call_id": "call_0", "content": "{\"temp\": 21, \"sky\": \"☀\"}"},
+    {"role": "assistant", "content": "21 °C."},
+    {"role": "user", "content": "And the time?"},
+    # content beside a call is the call's analysis (kept: no reply follows)
+    {"role": "assistant", "content": "Checking the clock.", "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "get_time", "arguments": "{}"}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "12:00\n\"noon\""},
+]
+
+
+class Harmony(ChatFormat, unittest.TestCase):
+    """gpt-oss's harmony format against its published template."""
+    family = "harmony"
+    bos, eos = "<|startoftext|>", "<|return|>"
+
+    @classmethod
+    def setUpClass(cls):
+        with open(os.path.join(HERE, "templates", "real", "openai-gpt-oss-120b.jinja"),
+                  encoding="utf-8") as f:
+            cls.source = f.read()
+        cls.model = os.path.join(_tmpdir.name, "gpt_oss.gguf")
+        write_vocab_gguf(cls.model, cls.source, HARMONY_SPECIALS, cls.bos, cls.eos, add_bos=False)
+
+    def check(self, messages, tools=None, gen_prompt=True, hf_extra=None):
+        """hf_extra: fields only jinja2 is given (cairn chat-format reads no
+        reasoning), where the template must drop them."""
+        hf = hf_messages(messages)
+        for i, extra in (hf_extra or {}).items():
+            hf[i] = dict(hf[i], **extra)
+        got = self.cairn_format(messages, tools, gen_prompt)
+        expected = hf_render(self.source, hf, tools, gen_prompt, self.bos, self.eos)
+        if got != expected:  # the date may have turned between the two
+            got = self.cairn_format(messages, tools, gen_prompt)
+        self.assertEqual(got, expected)
+
+    def test_dated_system_message(self):
+        got = self.cairn_format(USER_ONLY, None, True)
+        today = datetime.datetime.now().strftime("%Y-%m-%d")
+        self.assertIn("Current date: " + today + "\n\nReasoning: medium\n\n", got)
+        self.assertTrue(got.endswith("<|start|>user<|message|>Hello<|end|><|start|>assistant"))
+
+    def test_tools(self):
+        for tools in ([WEATHER_TOOL, TIME_TOOL], [SCHEMA_TOOL, NO_PARAMS_TOOL, WEATHER_TOOL]):
+            for gen in (True, False):
+                with self.subTest(tools=[t["function"]["name"] for t in tools],
+                                  generation_prompt=gen):
+                    self.check(HARMONY_TOOL_CONVERSATION, tools, gen)
+                    self.check(HARMONY_TOOL_CONVERSATION[1:], tools, gen)  # no instructions
+                    self.check(HARMONY_TOOL_CONVERSATION[:-2], tools, gen)
+        self.check(SYSTEM_USER, [SCHEMA_TOOL], True)
+        self.check(HARMONY_TOOL_CONVERSATION, None, True)  # calls without a tools list
+        self.check(SYSTEM_USER, [], True)                  # an empty tools list is no tools
+        self.check(USER_ONLY, [NO_PARAMS_TOOL], True)
+
+    def test_several_calls_render_the_first(self):
+        # the template renders one call per message; results are the last call's
+        # (and it cannot take a None content beside calls, as transformers neither)
+        self.check(no_none_content(TOOL_CONVERSATION), [WEATHER_TOOL, TIME_TOOL], True)
+
+    def test_later_system_and_developer_messages_dropped(self):
+        self.check(NO_SYSTEM + [{"role": "system", "content": "Now be brief."},
+                                {"role": "user", "content": "ok"}], None, True)
+        self.check([{"role": "developer", "content": "Dev rules."}] + NO_SYSTEM, None, False)
+        self.check([{"role": "system", "content": ""}] + NO_SYSTEM, None, True)
+
+    def test_reasoning_dropped_where_the_template_drops_it(self):
+        # earlier replies lose their reasoning; a call's reasoning goes once a reply follows
+        self.check(NO_SYSTEM, None, True, hf_extra={1: {"thinking": "2+2 is 4."}})
+        conv = HARMONY_TOOL_CONVERSATION[1:]
+        for gen in (True, False):
+            self.check(conv, [WEATHER_TOOL], gen, hf_extra={1: {"thinking": "Need weather."}})
+        self.check(NO_SYSTEM[:2], None, True, hf_extra={1: {"thinking": "t"}})
 
 
 class Generic(unittest.TestCase):

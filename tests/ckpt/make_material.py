@@ -4,9 +4,10 @@
     make_material.py synthetic OUT          OUT/synth: tiny good and broken folders
     make_material.py real OUT MODEL.gguf    OUT/qwen-*: folders made from a real GGUF
     make_material.py families OUT           OUT/fam-<arch>: Gemma 3 and the mixtures of experts
-                                            (qwen3moe, qwen2moe, mixtral), tiny and random
-                                            (tools/gen_synthetic_model.py), each with an F16 GGUF
-                                            of the same weights beside it
+                                            (qwen3moe, qwen2moe, mixtral, gpt-oss with MXFP4
+                                            experts, and fam-gpt-oss-bf16 with them as BF16), tiny
+                                            and random (tools/gen_synthetic_model.py), each with an
+                                            F16 GGUF of the same weights beside it
     make_material.py gemma OUT GEMMA.gguf   OUT/gemma-bf16 and OUT/gemma-f16.gguf from the real
                                             Gemma 3 270M
 
@@ -61,6 +62,14 @@ FAMILIES = {
     "mixtral": ["--experts", "6", "--experts-used", "2"],
     # named for the arch flag it passes; YaRN over a trained context of 16 tokens
     "qwen2": ["--yarn", "4", "--yarn-orig-ctx", "16"],
+    # gpt-oss's shapes in small: q wider than the stream, MXFP4 experts, local layers of 8
+    # tokens (YaRN x32 over 4096 by default)
+    "gpt-oss": ["--head-dim", "48", "--experts", "6", "--experts-used", "2", "--expert-ffn", "96",
+                "--expert-type", "MXFP4", "--sliding-window", "8"],
+}
+# Further folders from a family's GGUF: name -> (family, gguf_to_hf.py options)
+VARIANTS = {
+    "gpt-oss-bf16": ("gpt-oss", ["--bf16-experts"]),  # the dequantized checkpoints' form
 }
 
 
@@ -127,6 +136,12 @@ def main():
             build(os.path.join(out, f"fam-{arch}"), tools_hash(("fam", arch, args, gen_hash)),
                   [os.path.join(TOOLS, "gguf_to_hf.py"), src, os.path.join(out, f"fam-{arch}"),
                    "--f16-gguf", os.path.join(out, f"fam-{arch}-f16.gguf")])
+        for name, (arch, opts) in VARIANTS.items():
+            src = os.path.join(out, f"fam-{arch}-src.gguf")
+            build(os.path.join(out, f"fam-{name}"),
+                  tools_hash(("fam", name, FAMILIES[arch], opts, gen_hash)),
+                  [os.path.join(TOOLS, "gguf_to_hf.py"), src, os.path.join(out, f"fam-{name}"),
+                   "--f16-gguf", os.path.join(out, f"fam-{name}-f16.gguf")] + opts)
         build(os.path.join(out, "fam-gemma3-mm"), tools_hash(("mm", FAMILIES["gemma3"], gen_hash)),
               [os.path.abspath(__file__), "multimodal", os.path.join(out, "fam-gemma3"),
                os.path.join(out, "fam-gemma3-mm")])

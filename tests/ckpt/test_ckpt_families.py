@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Hugging Face folders of Gemma 3, of the mixtures of experts (Qwen3-MoE, Qwen2-MoE, Mixtral)
-and of Qwen2 with YaRN through the cairn executable, against GGUFs of exactly the same weights.
+"""Hugging Face folders of Gemma 3, of the mixtures of experts (Qwen3-MoE, Qwen2-MoE, Mixtral,
+gpt-oss) and of Qwen2 with YaRN through the cairn executable, against GGUFs of exactly the same
+weights.
 
 usage: test_ckpt_families.py CAIRN_BIN CKPT_DIR TESTDATA [unittest args...]
 
@@ -9,7 +10,10 @@ tools/gen_synthetic_model.py, turned into folders by tools/ckpt/gguf_to_hf.py, w
 of the same BF16 values beside each) and `gemma` (the real Gemma 3 270M, when it is present).
 A folder is read through ckpt/: its config.json fields become the GGUF keys (windows, global
 layers, experts), Gemma's norms get their 1 added, the experts stay per-expert tensors, and its
-tokenizer.json (SentencePiece-style BPE) becomes the SentencePiece vocabulary. So:
+tokenizer.json (SentencePiece-style BPE) becomes the SentencePiece vocabulary. gpt-oss comes twice:
+as openai/gpt-oss-* ship it (MXFP4 experts: HF's blocks and scales repacked into GGUF's nibble
+order, gate and up de-interleaved; its F16 GGUF keeps the same MXFP4 bytes) and as the BF16
+checkpoints dequantized from it (gate_up_proj/down_proj, input-major, transposed at load). So:
 
   - greedy tokens from the folder equal the F16 GGUF's when both multiply float activations
     (CAIRN_CPU_BF16=0), on prompts longer than the synthetic Gemma's 8-token window; the same
@@ -20,7 +24,11 @@ tokenizer.json (SentencePiece-style BPE) becomes the SentencePiece vocabulary. S
   - config.json fields cairn does not implement, or that disagree with the tensors, are refused
     with the field's name: renormalised expert weights where the family does not renormalise,
     an expert count the router does not have, an irregular layer_types, logit soft-capping, a
-    window wider than the context.
+    window wider than the context; for gpt-oss another SwiGLU clamp, other local layers than the
+    even ones, no window, YaRN unrounded (rope_scaling.truncate false: what the openai
+    checkpoints say, and transformers' default when rope_scaling is left out), MXFP4 tensors
+    without the quantization_config that declares them; and gpt-oss expert tensors that cannot
+    be read are refused naming them (a NaN MXFP4 scale, a missing bias, blocks of another dtype).
 Greedy throughout; no timing thresholds.
 """
 import json
@@ -34,16 +42,23 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "support"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tools", "ckpt"))
 import harness  # noqa: E402
+import ckpt_io  # noqa: E402
+import numpy as np  # noqa: E402
 
 CAIRN, CKPT, TESTDATA = harness.take_argv("CAIRN_BIN", "CKPT_DIR", "TESTDATA", usage=__doc__)
 TEXT = os.path.join(TESTDATA, "text", "gpl-3.txt")
-ARCHES = ("gemma3", "qwen3moe", "qwen2moe", "mixtral", "qwen2")  # qwen2: with YaRN
+# qwen2: with YaRN; gpt-oss-bf16: gpt-oss's folder with BF16 experts
+ARCHES = ("gemma3", "qwen3moe", "qwen2moe", "mixtral", "qwen2", "gpt-oss", "gpt-oss-bf16")
 GEMMA = os.path.join(CKPT, "gemma-bf16")
 EXACT = {"CAIRN_CPU_BF16": "0"}
 
 PROMPT = ("The quick brown fox jumps over the lazy dog, and then it runs far away into the "
           "deep dark forest where nobody can find it again.")
+
+
+ABSENT = object()  # edited(): a field left out of config.json
 
 
 def run(model, prompt, n=24, chat=False, env=None):
@@ -86,7 +101,8 @@ class Families(unittest.TestCase):
         return path
 
     def edited(self, arch, **changes):
-        """A copy of the folder (weights linked, not copied) with config.json changed."""
+        """A copy of the folder (weights linked, not copied) with config.json changed (a value
+        ABSENT removes the field)."""
         src = self.folder(arch)
         dst = os.path.join(self.tmp, f"{arch}-edited")
         os.makedirs(dst)
@@ -96,6 +112,7 @@ class Families(unittest.TestCase):
         with open(os.path.join(src, "config.json")) as f:
             cfg = json.load(f)
         cfg.update(changes)
+        cfg = {k: v for k, v in cfg.items() if v is not ABSENT}
         with open(os.path.join(dst, "config.json"), "w") as f:
             json.dump(cfg, f)
         return dst
@@ -144,12 +161,79 @@ class Families(unittest.TestCase):
             ("qwen2", {"rope_scaling": {"type": "yarn", "factor": 4, "mscale": 0.7}},
              "mscale"),
             ("qwen2", {"rope_scaling": {"type": "longrope", "factor": 4}}, "longrope"),
+            ("qwen2", {"quantization_config": {"quant_method": "mxfp4"}}, "mxfp4"),
+            ("gpt-oss", {"swiglu_limit": 10.0}, "swiglu_limit"),
+            ("gpt-oss", {"layer_types": ["full_attention", "sliding_attention"]}, "layer_types"),
+            ("gpt-oss", {"layer_types": ["sliding_attention"] * 2}, "layer_types"),
+            ("gpt-oss", {"sliding_window": None}, "sliding_window"),
+            ("gpt-oss", {"rope_scaling": {"rope_type": "yarn", "factor": 32.0,
+                                          "truncate": "no"}}, "truncate"),
+            ("gpt-oss", {"num_local_experts": 5}, "mlp.router.weight"),
+            ("gpt-oss", {"quantization_config": ABSENT}, "mxfp4"),
+            ("gpt-oss", {"quantization_config": {"quant_method": "fp8"}}, "quantized as fp8"),
+            ("gpt-oss-bf16", {"intermediate_size": 64}, "gate_up_proj"),
         ]
         for arch, change, field in cases:
             with self.subTest(arch=arch, change=change):
                 err = load_error(self.edited(arch, **change))
                 self.assertIn(field, err)
                 shutil.rmtree(os.path.join(self.tmp, f"{arch}-edited"))
+
+
+    def test_gpt_oss_unrounded_yarn(self):
+        # rope_scaling as openai/gpt-oss-20b's config.json has it (truncate false: YaRN's ramp
+        # ends kept fractional, as transformers and vLLM compute it), and GptOssConfig's
+        # default, which is the same, when rope_scaling is left out: both load, to the same
+        # maths, which is not the rounded YaRN of the GGUF twin (llama.cpp's)
+        hub = {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+               "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": False}
+        twin = self.folder("gpt-oss") + "-f16.gguf"
+        dists = []
+        for change in (hub, ABSENT):
+            folder = self.edited("gpt-oss", rope_scaling=change)
+            dists.append(kl_against(folder, twin, 64, 2, env=EXACT))
+            self.assertEqual(run(folder, PROMPT, env=EXACT), run(folder, PROMPT, env=EXACT))
+            shutil.rmtree(folder)
+        print(f"gpt-oss unrounded YaRN vs the rounded GGUF: mean KL {dists[0][0]:.2e}",
+              file=sys.stderr)
+        self.assertGreater(dists[0][0], 1e-9)  # the ramp's pairs turn at other speeds
+        self.assertEqual(dists[0], dists[1])
+
+    def rewritten(self, arch, edit):
+        """A copy of the folder whose tensors `edit` changed ({name: (dtype, shape, array)})."""
+        src = self.folder(arch)
+        dst = os.path.join(self.tmp, f"{arch}-rewritten")
+        if os.path.isdir(dst):
+            shutil.rmtree(dst)
+        tensors = {n: (dt, shape, np.array(a)) for n, (dt, shape, a) in
+                   ckpt_io.read_folder(src).items()}
+        edit(tensors)
+        ckpt_io.write_folder(dst, [(n, dt, a.shape, a) for n, (dt, _, a) in sorted(tensors.items())])
+        for name in os.listdir(src):
+            if name.endswith(".json") and "safetensors" not in name:
+                shutil.copyfile(os.path.join(src, name), os.path.join(dst, name))
+        return dst
+
+    def test_gpt_oss_expert_tensors_refused_by_name(self):
+        pre = "model.layers.1.mlp.experts."
+
+        def nan_scale(t):
+            t[pre + "down_proj_scales"][2][3, 5, 1] = 0xFF   # E8M0's NaN
+
+        def no_bias(t):
+            del t[pre + "gate_up_proj_bias"]
+
+        def i8_blocks(t):
+            dt, shape, a = t[pre + "gate_up_proj_blocks"]
+            t[pre + "gate_up_proj_blocks"] = ("I8", shape, a.view(np.int8))
+
+        cases = [("gpt-oss", nan_scale, "down_proj_scales"),
+                 ("gpt-oss", no_bias, "gate_up_proj_bias"),
+                 ("gpt-oss", i8_blocks, "must be U8"),
+                 ("gpt-oss-bf16", no_bias, "gate_up_proj_bias")]
+        for arch, edit, field in cases:
+            with self.subTest(arch=arch, edit=edit.__name__):
+                self.assertIn(field, load_error(self.rewritten(arch, edit)))
 
 
 @unittest.skipUnless(os.path.isdir(GEMMA), f"no Gemma 3 material at {GEMMA}")

@@ -190,9 +190,13 @@ static void test_supports_type(void **state)
 {
     (void)state;
     assert_non_null(gpu->iface->supports_type);
+    /* the CPU's types; MXFP4 either way: CUDA has no kernel for it yet (the
+     * CPU harness standing in for it has), and the model loader rewrites
+     * MXFP4 as Q5_0 for a backend without one */
     for (int t = -1; t <= CAIRN_TYPE_COUNT_; t++)
-        assert_int_equal(cairn_backend_supports_type(gpu, (cairn_type)t),
-                         cairn_backend_supports_type(cpu, (cairn_type)t));
+        if (t != CAIRN_TYPE_MXFP4)
+            assert_int_equal(cairn_backend_supports_type(gpu, (cairn_type)t),
+                             cairn_backend_supports_type(cpu, (cairn_type)t));
     for (size_t ti = 0; ti < N_TYPES; ti++)
         assert_true(cairn_backend_supports_type(gpu, all_types[ti]));
 }
@@ -694,7 +698,7 @@ static void test_staging(void **state)
         assert_int_equal(cpu->iface->kv_store(cpu, pool.c, &L, 0, K.c, V.c, slots, n_kv), CAIRN_OK);
         assert_int_equal(gpu->iface->kv_store(gpu, pool.g, &L, 0, K.g, V.g, slots, n_kv), CAIRN_OK);
         cairn_attn_seq seq = {0, n_q, n_kv, NULL, pages, mask};
-        cairn_attn_args a = {O.c, Q.c, pool.c, &L, 0, n_head, 0.25f, 1, &seq, 0};
+        cairn_attn_args a = {O.c, Q.c, pool.c, &L, 0, n_head, 0.25f, 1, &seq, 0, NULL};
         assert_int_equal(cpu->iface->attention(cpu, &a), CAIRN_OK);
         a.out = O.g;
         a.q = Q.g;
@@ -917,6 +921,74 @@ static void test_elementwise(void **state)
     free(bias);
 }
 
+/* gpt-oss's clamped SwiGLU at its own constants (alpha 1.702, limit 7), on
+ * gates and ups well past +-limit (both clamps, and the gate's missing
+ * lower one), the boundaries themselves, and in place. The GPU is checked
+ * against the definition (in double on the host) first, so the check says
+ * something even where the CPU backend has no swiglu_clamped yet, then
+ * against the CPU at swiglu's tolerance (expf's ulps). */
+static void test_swiglu_clamped(void **state)
+{
+    (void)state;
+    if (!gpu->iface->swiglu_clamped) {
+        if (harness)
+            KT_SKIP("swiglu_clamped: the stand-in CPU backend has no swiglu_clamped");
+        fail_msg("the CUDA backend has no swiglu_clamped");
+    }
+    kt_rng r = kt_rng_for("swiglu clamped");
+    const float alpha = 1.702f, limit = 7.0f;
+    const size_t n = 70001; /* odd: the tail matters */
+    float *a = kt_xmalloc(n * 4), *b = kt_xmalloc(n * 4);
+    kt_fill(&r, a, n, -12, 12);
+    kt_fill(&r, b, n, -12, 12);
+    /* on and around the limits: (gate, up) */
+    const float edge[][2] = {{7.0f, 7.0f},   {7.0001f, -7.0001f}, {-7.5f, -8.0f},
+                             {-40.0f, 0.5f}, {30.0f, 30.0f},      {0.0f, -1.0f}};
+    for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++) {
+        a[i] = edge[i][0];
+        b[i] = edge[i][1];
+    }
+    pair_buf A = pair_new(a, n * 4), B = pair_new(b, n * 4), O = pair_out(n * 4);
+
+    assert_int_equal(gpu->iface->swiglu_clamped(gpu, O.g, A.g, B.g, n, alpha, limit), CAIRN_OK);
+    {
+        float *g = kt_host(gpu, O.g, n * 4);
+        for (size_t i = 0; i < n; i++) {
+            const double gi = a[i] < limit ? a[i] : limit;
+            const double ui = b[i] < -limit ? -limit : b[i] > limit ? limit : b[i];
+            const double want = gi / (1.0 + exp(-(double)alpha * gi)) * (ui + 1.0);
+            KT_CLOSE(g[i], want, 1e-5 * fabs(want) + 1e-6, "swiglu_clamped vs its definition", i);
+        }
+        free(g);
+    }
+    assert_int_equal(gpu->iface->swiglu_clamped(gpu, O.g, A.g, B.g, 0, alpha, limit),
+                     CAIRN_EINVAL);
+    assert_int_equal(gpu->iface->swiglu_clamped(gpu, O.g, A.g, B.g, n, alpha, NAN), CAIRN_EINVAL);
+    assert_int_equal(gpu->iface->swiglu_clamped(gpu, O.g, A.g, B.g, n, INFINITY, limit),
+                     CAIRN_EINVAL);
+
+    if (!cpu->iface->swiglu_clamped) {
+        pair_free(&A);
+        pair_free(&B);
+        pair_free(&O);
+        free(a);
+        free(b);
+        KT_SKIP("swiglu_clamped: the CPU backend has none to compare with (the GPU matched "
+                "the definition)");
+    }
+    assert_int_equal(cpu->iface->swiglu_clamped(cpu, O.c, A.c, B.c, n, alpha, limit), CAIRN_OK);
+    pair_close(&O, n, 1e-5, 1e-6, "swiglu_clamped");
+    /* in place (out == gate) */
+    assert_int_equal(cpu->iface->swiglu_clamped(cpu, A.c, A.c, B.c, n, alpha, limit), CAIRN_OK);
+    assert_int_equal(gpu->iface->swiglu_clamped(gpu, A.g, A.g, B.g, n, alpha, limit), CAIRN_OK);
+    pair_close(&A, n, 1e-5, 1e-6, "swiglu_clamped in place");
+    pair_free(&A);
+    pair_free(&B);
+    pair_free(&O);
+    free(a);
+    free(b);
+}
+
 static void test_softmax(void **state)
 {
     (void)state;
@@ -1008,9 +1080,12 @@ static void expect_kv_pools_close(const uint8_t *g, const uint8_t *c, size_t byt
 }
 
 /* rotation: -1 keeps the layout's default (cairn_kv_layout_init's), else
- * it is set; window: the sliding window (0 = none). */
+ * it is set; window: the sliding window (0 = none); with_sinks: a sink
+ * logit per query head (cairn_attn_args.sinks), one of them above every
+ * score so that the sink sets the softmax's maximum. */
 static void check_attention(kt_rng *r, cairn_type dtype, int n_kv_head, int group, int head_dim,
-                            int page_size, int alias_out, int rotation, int window)
+                            int page_size, int alias_out, int rotation, int window,
+                            int with_sinks)
 {
     cairn_kv_layout L;
     assert_int_equal(cairn_kv_layout_init(&L, 2, n_kv_head, head_dim, page_size, dtype), CAIRN_OK);
@@ -1097,28 +1172,43 @@ static void check_attention(kt_rng *r, cairn_type dtype, int n_kv_head, int grou
     for (int s = 0; s < ATT_S; s++)
         seqs[s] = (cairn_attn_seq){att_q_start[s], att_n_q[s], att_n_kv[s], qidx[s], pages[s],
                                    masks[s]};
+    /* sinks [n_head]: scores here are about +-1 (at most 1.5 sqrt(head_dim)),
+     * so the last head's 8 dominates them and the others, in [-3, 3], sit
+     * among them; the same bytes in each backend's memory (host memory for
+     * the CPU) */
+    pair_buf S = {NULL, NULL, 0};
+    if (with_sinks) {
+        float *sinks = kt_xmalloc((size_t)n_head * 4);
+        kt_fill(r, sinks, (size_t)n_head, -3.0f, 3.0f);
+        sinks[n_head - 1] = 8.0f;
+        S = pair_new(sinks, (size_t)n_head * 4);
+        free(sinks);
+    }
     pair_buf Q = pair_new(q, qn * 4), O = pair_out(qn * 4);
     cairn_attn_args a = {O.c, Q.c, pool.c, &L, layer, n_head, 1.0f / sqrtf((float)head_dim),
-                         ATT_S, seqs, window};
+                         ATT_S, seqs, window, NULL};
     if (alias_out)
         a.out = Q.c;
+    a.sinks = (const float *)S.c;
     assert_int_equal(cpu->iface->attention(cpu, &a), CAIRN_OK);
     a.out = alias_out ? Q.g : O.g;
     a.q = Q.g;
     a.kv_pool = pool.g;
+    a.sinks = (const float *)S.g;
     assert_int_equal(gpu->iface->attention(gpu, &a), CAIRN_OK);
     float *c, *g;
     pair_fetch(alias_out ? &Q : &O, &c, &g);
-    char what[96];
-    snprintf(what, sizeof what, "attention %s rot %d win %d kvh %d group %d hd %d ps %d alias %d",
+    char what[112];
+    snprintf(what, sizeof what,
+             "attention %s rot %d win %d kvh %d group %d hd %d ps %d alias %d sinks %d",
              cairn_kv_type_name(dtype), L.rotation, window, n_kv_head, group, head_dim, page_size,
-             alias_out);
+             alias_out, with_sinks);
     /* outputs are convex combinations of V entries in [-1, 1] (quantized:
-     * about that), rotated back */
+     * about that), rotated back; with a sink the weights sum to less than 1 */
     const double tol = L.rotation ? 5e-5 : 2e-5;
     for (size_t i = 0; i < qn; i++)
         KT_CLOSE(g[i], c[i], tol, what, i);
-    /* the masked-out row is zeros */
+    /* the masked-out row is zeros (a sink changes nothing there) */
     for (size_t d = 0; d < row_width; d++)
         assert_true(g[(size_t)(att_q_start[2] + 4) * row_width + d] == 0.0f);
     free(c);
@@ -1133,6 +1223,8 @@ static void check_attention(kt_rng *r, cairn_type dtype, int n_kv_head, int grou
 
     pair_free(&Q);
     pair_free(&O);
+    if (with_sinks)
+        pair_free(&S);
     pair_free(&pool);
     free(q);
     free(perm);
@@ -1142,12 +1234,12 @@ static void test_attention(void **state)
 {
     (void)state;
     kt_rng r = kt_rng_for("attention");
-    check_attention(&r, CAIRN_TYPE_F32, 2, 2, 64, 16, 0, -1, 0);
-    check_attention(&r, CAIRN_TYPE_F16, 2, 4, 128, 16, 0, -1, 0);
-    check_attention(&r, CAIRN_TYPE_F16, 1, 3, 40, 7, 1, -1, 0);   /* odd sizes, out == q */
-    check_attention(&r, CAIRN_TYPE_F32, 4, 1, 256, 32, 0, -1, 0); /* no GQA, wide heads */
-    check_attention(&r, CAIRN_TYPE_F16, 2, 2, 8, 4, 0, -1, 0);    /* stories260K's head */
-    check_attention(&r, CAIRN_TYPE_F16, 1, 2, 512, 16, 0, -1, 0); /* the widest head: 4 dims a thread */
+    check_attention(&r, CAIRN_TYPE_F32, 2, 2, 64, 16, 0, -1, 0, 0);
+    check_attention(&r, CAIRN_TYPE_F16, 2, 4, 128, 16, 0, -1, 0, 0);
+    check_attention(&r, CAIRN_TYPE_F16, 1, 3, 40, 7, 1, -1, 0, 0);   /* odd sizes, out == q */
+    check_attention(&r, CAIRN_TYPE_F32, 4, 1, 256, 32, 0, -1, 0, 0); /* no GQA, wide heads */
+    check_attention(&r, CAIRN_TYPE_F16, 2, 2, 8, 4, 0, -1, 0, 0);    /* stories260K's head */
+    check_attention(&r, CAIRN_TYPE_F16, 1, 2, 512, 16, 0, -1, 0, 0); /* the widest head: 4 dims a thread */
 }
 
 /* Each KV type in the layout's default rotation (none for the plain types,
@@ -1159,15 +1251,15 @@ static void test_attention_kv_types(void **state)
 {
     (void)state;
     kt_rng r = kt_rng_for("attention kv types");
-    check_attention(&r, CAIRN_TYPE_BF16, 2, 2, 64, 16, 0, -1, 0);
-    check_attention(&r, CAIRN_TYPE_Q8_0, 2, 2, 64, 16, 0, -1, 0);  /* R = 64 */
-    check_attention(&r, CAIRN_TYPE_Q4_0, 2, 4, 128, 16, 0, -1, 0); /* R = 128 */
-    check_attention(&r, CAIRN_TYPE_Q8_0, 1, 3, 96, 7, 1, -1, 0);   /* R = 32, out == q */
-    check_attention(&r, CAIRN_TYPE_Q4_0, 2, 2, 256, 32, 0, -1, 0); /* row kernel only */
-    check_attention(&r, CAIRN_TYPE_Q8_0, 2, 2, 64, 16, 0, 0, 0);   /* unrotated */
-    check_attention(&r, CAIRN_TYPE_Q4_0, 2, 2, 64, 16, 0, 8, 0);   /* R shorter than a block */
-    check_attention(&r, CAIRN_TYPE_F32, 2, 2, 64, 16, 0, 16, 0);   /* a rotated plain type */
-    check_attention(&r, CAIRN_TYPE_F16, 1, 2, 512, 16, 0, 512, 0); /* the widest head and run */
+    check_attention(&r, CAIRN_TYPE_BF16, 2, 2, 64, 16, 0, -1, 0, 0);
+    check_attention(&r, CAIRN_TYPE_Q8_0, 2, 2, 64, 16, 0, -1, 0, 0);  /* R = 64 */
+    check_attention(&r, CAIRN_TYPE_Q4_0, 2, 4, 128, 16, 0, -1, 0, 0); /* R = 128 */
+    check_attention(&r, CAIRN_TYPE_Q8_0, 1, 3, 96, 7, 1, -1, 0, 0);   /* R = 32, out == q */
+    check_attention(&r, CAIRN_TYPE_Q4_0, 2, 2, 256, 32, 0, -1, 0, 0); /* row kernel only */
+    check_attention(&r, CAIRN_TYPE_Q8_0, 2, 2, 64, 16, 0, 0, 0, 0);   /* unrotated */
+    check_attention(&r, CAIRN_TYPE_Q4_0, 2, 2, 64, 16, 0, 8, 0, 0);   /* R shorter than a block */
+    check_attention(&r, CAIRN_TYPE_F32, 2, 2, 64, 16, 0, 16, 0, 0);   /* a rotated plain type */
+    check_attention(&r, CAIRN_TYPE_F16, 1, 2, 512, 16, 0, 512, 0, 0); /* the widest head and run */
 }
 
 /* Sliding windows: 1 (a row sees only its own key), windows shorter than a
@@ -1178,12 +1270,45 @@ static void test_attention_windows(void **state)
 {
     (void)state;
     kt_rng r = kt_rng_for("attention windows");
-    check_attention(&r, CAIRN_TYPE_F32, 2, 2, 64, 16, 0, -1, 1);
-    check_attention(&r, CAIRN_TYPE_F16, 2, 4, 128, 16, 0, -1, 7);
-    check_attention(&r, CAIRN_TYPE_F16, 1, 3, 40, 7, 1, -1, 40);
-    check_attention(&r, CAIRN_TYPE_Q8_0, 2, 2, 64, 16, 0, -1, 33);
-    check_attention(&r, CAIRN_TYPE_Q4_0, 2, 2, 256, 32, 0, -1, 100);
-    check_attention(&r, CAIRN_TYPE_BF16, 2, 2, 64, 16, 0, -1, 1000);
+    check_attention(&r, CAIRN_TYPE_F32, 2, 2, 64, 16, 0, -1, 1, 0);
+    check_attention(&r, CAIRN_TYPE_F16, 2, 4, 128, 16, 0, -1, 7, 0);
+    check_attention(&r, CAIRN_TYPE_F16, 1, 3, 40, 7, 1, -1, 40, 0);
+    check_attention(&r, CAIRN_TYPE_Q8_0, 2, 2, 64, 16, 0, -1, 33, 0);
+    check_attention(&r, CAIRN_TYPE_Q4_0, 2, 2, 256, 32, 0, -1, 100, 0);
+    check_attention(&r, CAIRN_TYPE_BF16, 2, 2, 64, 16, 0, -1, 1000, 0);
+}
+
+/* Kernels launched so far under `kernel` (0 in the harness, which has none):
+ * what shows that a case reached the path it is about. */
+static uint64_t gpu_launches(const char *kernel)
+{
+    uint64_t n = 0;
+    if (!harness)
+        assert_int_equal(cairn_backend_cuda_launches(gpu, kernel, &n), CAIRN_OK);
+    return n;
+}
+
+/* Attention sinks (gpt-oss: a logit per query head in every softmax's
+ * denominator) through the row and tiled kernels: the five sequences above
+ * (prefills on the tiled kernel for heads up to 128, decode and masked rows
+ * on the row kernel, a row that sees nothing), plain and rotated KV, GQA
+ * and not, out over q, a window, and the row kernel's prefills (a head
+ * above 128). The split path's sinks are in test_attention_split. */
+static void test_attention_sinks(void **state)
+{
+    (void)state;
+    kt_rng r = kt_rng_for("attention sinks");
+    const uint64_t tiles0 = gpu_launches("attention_tile"), rows0 = gpu_launches("attention");
+    check_attention(&r, CAIRN_TYPE_F32, 2, 2, 64, 16, 0, -1, 0, 1);
+    check_attention(&r, CAIRN_TYPE_F16, 2, 4, 128, 16, 0, -1, 0, 1);
+    check_attention(&r, CAIRN_TYPE_F16, 1, 3, 40, 7, 1, -1, 0, 1);   /* out == q */
+    check_attention(&r, CAIRN_TYPE_Q8_0, 2, 2, 64, 16, 0, -1, 0, 1);  /* rotated back after */
+    check_attention(&r, CAIRN_TYPE_F16, 2, 4, 128, 16, 0, -1, 7, 1);  /* a window */
+    check_attention(&r, CAIRN_TYPE_F32, 4, 1, 256, 32, 0, -1, 0, 1);  /* row kernel only */
+    check_attention(&r, CAIRN_TYPE_Q4_0, 2, 2, 256, 32, 0, -1, 0, 1); /* rotated, row kernel */
+    if (!harness &&
+        (gpu_launches("attention_tile") == tiles0 || gpu_launches("attention") == rows0))
+        fail_msg("attention sinks: the tiled or the row kernel never ran");
 }
 
 /* ---- split-KV decode ---------------------------------------------------------- */
@@ -1210,7 +1335,7 @@ static const int spl_q_start[SPL_S] = {26, 0, 25, 1};
  * rows) over pool_g: the output rows, on the host (out over q with alias). */
 static float *split_run_gpu(const cairn_kv_layout *L, int n_head, void *pool_g, const float *q,
                             int n_rows, const cairn_attn_seq *seqs, int n, int window,
-                            int alias_out)
+                            int alias_out, const float *sinks_g)
 {
     const size_t bytes = (size_t)n_rows * n_head * L->head_dim * 4;
     void *Q = kt_dev(gpu, q, bytes), *O = NULL;
@@ -1221,7 +1346,7 @@ static float *split_run_gpu(const cairn_kv_layout *L, int n_head, void *pool_g, 
         free(nan);
     }
     cairn_attn_args a = {alias_out ? Q : O, Q, pool_g, L, 1, n_head,
-                         1.0f / sqrtf((float)L->head_dim), n, seqs, window};
+                         1.0f / sqrtf((float)L->head_dim), n, seqs, window, sinks_g};
     assert_int_equal(gpu->iface->attention(gpu, &a), CAIRN_OK);
     float *out = kt_host(gpu, alias_out ? Q : O, bytes);
     gpu->iface->free(gpu, Q);
@@ -1230,8 +1355,11 @@ static float *split_run_gpu(const cairn_kv_layout *L, int n_head, void *pool_g, 
     return out;
 }
 
+/* with_sinks: a sink per query head (as in check_attention), which the
+ * split path adds once, when it merges the chunks. */
 static void check_attention_split(kt_rng *r, cairn_type dtype, int n_kv_head, int group,
-                                  int head_dim, int page_size, int window, int alias_out)
+                                  int head_dim, int page_size, int window, int alias_out,
+                                  int with_sinks)
 {
     cairn_kv_layout L;
     assert_int_equal(cairn_kv_layout_init(&L, 2, n_kv_head, head_dim, page_size, dtype), CAIRN_OK);
@@ -1290,6 +1418,17 @@ static void check_attention_split(kt_rng *r, cairn_type dtype, int n_kv_head, in
     for (int s = 0; s < SPL_S; s++)
         seqs[s] = (cairn_attn_seq){spl_q_start[s], spl_n_q[s], spl_n_kv[s], qidx[s], pages[s], NULL};
 
+    /* sinks [n_head]: among the sharper scores here (q in +-4) and, for the
+     * last head, above them; host memory for the CPU, a copy for the GPU */
+    float *sinks = NULL, *sinks_c = NULL, *sinks_g = NULL;
+    if (with_sinks) {
+        sinks = kt_xmalloc((size_t)n_head * 4);
+        kt_fill(r, sinks, (size_t)n_head, -3.0f, 3.0f);
+        sinks[n_head - 1] = 12.0f;
+        sinks_c = kt_dev(cpu, sinks, (size_t)n_head * 4);
+        sinks_g = kt_dev(gpu, sinks, (size_t)n_head * 4);
+    }
+
     /* the CPU reference */
     void *Qc = kt_dev(cpu, q, qn * 4), *Oc = NULL;
     if (!alias_out) {
@@ -1299,14 +1438,16 @@ static void check_attention_split(kt_rng *r, cairn_type dtype, int n_kv_head, in
         free(nan);
     }
     cairn_attn_args a = {alias_out ? Qc : Oc, Qc, pool_c, &L, layer, n_head,
-                         1.0f / sqrtf((float)head_dim), SPL_S, seqs, window};
+                         1.0f / sqrtf((float)head_dim), SPL_S, seqs, window, sinks_c};
     assert_int_equal(cpu->iface->attention(cpu, &a), CAIRN_OK);
     float *c = kt_host(cpu, alias_out ? Qc : Oc, qn * 4);
-    float *g = split_run_gpu(&L, n_head, pool_g, q, SPL_ROWS, seqs, SPL_S, window, alias_out);
-    char what[112];
-    snprintf(what, sizeof what, "split attention %s rot %d win %d kvh %d group %d hd %d ps %d alias %d",
+    float *g = split_run_gpu(&L, n_head, pool_g, q, SPL_ROWS, seqs, SPL_S, window, alias_out,
+                             sinks_g);
+    char what[128];
+    snprintf(what, sizeof what,
+             "split attention %s rot %d win %d kvh %d group %d hd %d ps %d alias %d sinks %d",
              cairn_kv_type_name(dtype), L.rotation, window, n_kv_head, group, head_dim, page_size,
-             alias_out);
+             alias_out, with_sinks);
     const double tol = L.rotation ? 5e-5 : 2e-5;
     for (size_t i = 0; i < qn; i++)
         KT_CLOSE(g[i], c[i], tol, what, i);
@@ -1316,7 +1457,7 @@ static void check_attention_split(kt_rng *r, cairn_type dtype, int n_kv_head, in
     cairn_attn_seq alone = seqs[0];
     alone.q_start = 0;
     float *g1 = split_run_gpu(&L, n_head, pool_g, q + (size_t)spl_q_start[0] * row_width, 1,
-                              &alone, 1, window, alias_out);
+                              &alone, 1, window, alias_out, sinks_g);
     snprintf(what, sizeof what, "split attention %s win %d: a row alone vs in a batch of 4",
              cairn_kv_type_name(dtype), window);
     KT_SAME_BYTES(g1, row0, row_width * 4, what);
@@ -1328,7 +1469,7 @@ static void check_attention_split(kt_rng *r, cairn_type dtype, int n_kv_head, in
     cairn_attn_seq three[3] = {seqs[2], seqs[0], seqs[1]};
     for (int s = 0; s < 3; s++)
         three[s].q_start = s;
-    float *g3 = split_run_gpu(&L, n_head, pool_g, q3, 3, three, 3, window, alias_out);
+    float *g3 = split_run_gpu(&L, n_head, pool_g, q3, 3, three, 3, window, alias_out, sinks_g);
     snprintf(what, sizeof what, "split attention %s win %d: a row with 2 others vs in a batch of 4",
              cairn_kv_type_name(dtype), window);
     KT_SAME_BYTES(g3 + row_width, row0, row_width * 4, what);
@@ -1343,6 +1484,11 @@ static void check_attention_split(kt_rng *r, cairn_type dtype, int n_kv_head, in
         cpu->iface->free(cpu, Oc);
     cpu->iface->free(cpu, pool_c);
     gpu->iface->free(gpu, pool_g);
+    if (with_sinks) {
+        cpu->iface->free(cpu, sinks_c);
+        gpu->iface->free(gpu, sinks_g);
+        free(sinks);
+    }
     free(q);
     free(perm);
 }
@@ -1382,15 +1528,22 @@ static void test_attention_split(void **state)
                          #__VA_ARGS__, (unsigned long long)(after_ - before_));                    \
         }                                                                                          \
     } while (0)
-    SPLIT_CASE(CAIRN_TYPE_F32, 2, 4, 64, 64, 0, 0);
-    SPLIT_CASE(CAIRN_TYPE_F16, 2, 4, 128, 16, 0, 0);
-    SPLIT_CASE(CAIRN_TYPE_BF16, 2, 4, 64, 48, 0, 0);
-    SPLIT_CASE(CAIRN_TYPE_Q8_0, 2, 4, 128, 64, 0, 0);
-    SPLIT_CASE(CAIRN_TYPE_Q4_0, 2, 4, 64, 32, 0, 0);
-    SPLIT_CASE(CAIRN_TYPE_F16, 1, 12, 64, 100, 0, 1);
-    SPLIT_CASE(CAIRN_TYPE_F16, 1, 2, 512, 16, 0, 0);
-    SPLIT_CASE(CAIRN_TYPE_Q8_0, 2, 4, 96, 64, 2000, 0);
-    SPLIT_CASE(CAIRN_TYPE_F16, 2, 4, 64, 64, 1025, 1);
+    SPLIT_CASE(CAIRN_TYPE_F32, 2, 4, 64, 64, 0, 0, 0);
+    SPLIT_CASE(CAIRN_TYPE_F16, 2, 4, 128, 16, 0, 0, 0);
+    SPLIT_CASE(CAIRN_TYPE_BF16, 2, 4, 64, 48, 0, 0, 0);
+    SPLIT_CASE(CAIRN_TYPE_Q8_0, 2, 4, 128, 64, 0, 0, 0);
+    SPLIT_CASE(CAIRN_TYPE_Q4_0, 2, 4, 64, 32, 0, 0, 0);
+    SPLIT_CASE(CAIRN_TYPE_F16, 1, 12, 64, 100, 0, 1, 0);
+    SPLIT_CASE(CAIRN_TYPE_F16, 1, 2, 512, 16, 0, 0, 0);
+    SPLIT_CASE(CAIRN_TYPE_Q8_0, 2, 4, 96, 64, 2000, 0, 0);
+    SPLIT_CASE(CAIRN_TYPE_F16, 2, 4, 64, 64, 1025, 1, 0);
+    /* attention sinks (gpt-oss), joined in the combine: plain, rotated
+     * (the combine rotates back after the sink), out over q with a slice of
+     * 8 heads and one of 4, and a window */
+    SPLIT_CASE(CAIRN_TYPE_F16, 2, 4, 128, 16, 0, 0, 1);
+    SPLIT_CASE(CAIRN_TYPE_Q8_0, 2, 4, 128, 64, 0, 0, 1);
+    SPLIT_CASE(CAIRN_TYPE_F16, 1, 12, 64, 100, 0, 1, 1);
+    SPLIT_CASE(CAIRN_TYPE_BF16, 2, 4, 64, 48, 2000, 0, 1);
 #undef SPLIT_CASE
 }
 
@@ -1487,12 +1640,12 @@ static void check_verify_rows(kt_rng *r, cairn_type dtype, int P, int window)
         qidx[x] = P + x;
     }
     cairn_attn_seq tree = {0, VT_N, n_tree, qidx, perm, mask};
-    float *gt = split_run_gpu(&L, n_head, pool_g, q, VT_N, &tree, 1, window, 0);
+    float *gt = split_run_gpu(&L, n_head, pool_g, q, VT_N, &tree, 1, window, 0, NULL);
     for (int x = 0; x < VT_N; x++) {
         int32_t qi[1] = {P + depth[x] - 1};
         cairn_attn_seq plain = {0, 1, P + depth[x], qi, perm + tree_pages + x * path_pages, NULL};
         float *gp = split_run_gpu(&L, n_head, pool_g, q + (size_t)x * row_width, 1, &plain, 1,
-                                  window, 0);
+                                  window, 0, NULL);
         char what[128];
         snprintf(what, sizeof what,
                  "%s, %d keys before the tree, window %d: tree row %d (depth %d) vs the same "
@@ -1658,9 +1811,9 @@ static void test_kv_pool_high_offsets(void **state)
     cairn_attn_seq sg[2] = {{0, 1, N_KV, qd, far, NULL}, {1, 20, 80, qp, far, NULL}};
     cairn_attn_seq sc[2] = {{0, 1, N_KV, qd, near, NULL}, {1, 20, 80, qp, near, NULL}};
     pair_buf Q = pair_new(q, qn * 4), O = pair_out(qn * 4);
-    cairn_attn_args a = {O.c, Q.c, small, &L, LAYER, n_head, 0.088f, 2, sc, 0};
+    cairn_attn_args a = {O.c, Q.c, small, &L, LAYER, n_head, 0.088f, 2, sc, 0, NULL};
     assert_int_equal(cpu->iface->attention(cpu, &a), CAIRN_OK);
-    a = (cairn_attn_args){O.g, Q.g, big, &L, LAYER, n_head, 0.088f, 2, sg, 0};
+    a = (cairn_attn_args){O.g, Q.g, big, &L, LAYER, n_head, 0.088f, 2, sg, 0, NULL};
     assert_int_equal(gpu->iface->attention(gpu, &a), CAIRN_OK);
     float *c, *g;
     pair_fetch(&O, &c, &g);
@@ -1696,8 +1849,10 @@ int main(void)
         cmocka_unit_test(test_matmul_f16_nonfinite),
         cmocka_unit_test(test_staging),    cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_rope),       cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_swiglu_clamped),
         cmocka_unit_test(test_softmax),    cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_kv_types), cmocka_unit_test(test_attention_windows),
+        cmocka_unit_test(test_attention_sinks),
         cmocka_unit_test(test_attention_split),
         cmocka_unit_test(test_attention_verify_rows),
         cmocka_unit_test(test_kv_rotation),

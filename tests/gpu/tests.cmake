@@ -47,10 +47,11 @@ add_test(NAME gpu_graph_harness COMMAND gpu_graph ${CAIRN_MODEL})
 # synthetic files)
 add_test(NAME gpu_model_harness_gemma3 COMMAND gpu_model ${CMAKE_CURRENT_BINARY_DIR}/synthetic-gemma3.gguf)
 add_test(NAME gpu_model_harness_qwen2moe COMMAND gpu_model ${CMAKE_CURRENT_BINARY_DIR}/synthetic-qwen2moe.gguf)
-set_tests_properties(gpu_model_harness_gemma3 gpu_model_harness_qwen2moe PROPERTIES
-  FIXTURES_REQUIRED synthetic_models)
+add_test(NAME gpu_model_harness_gptoss COMMAND gpu_model ${CMAKE_CURRENT_BINARY_DIR}/synthetic-gptoss.gguf)
+set_tests_properties(gpu_model_harness_gemma3 gpu_model_harness_qwen2moe gpu_model_harness_gptoss
+  PROPERTIES FIXTURES_REQUIRED synthetic_models)
 set_tests_properties(gpu_ops_harness gpu_model_harness gpu_transfer_harness gpu_graph_harness
-  gpu_model_harness_gemma3 gpu_model_harness_qwen2moe
+  gpu_model_harness_gemma3 gpu_model_harness_qwen2moe gpu_model_harness_gptoss
   PROPERTIES
   ENVIRONMENT "CAIRN_GPU_TEST_BACKEND=cpu" LABELS kernels TIMEOUT 300)
 

@@ -138,3 +138,11 @@ add_test(NAME http_retention_realmodel
           $<TARGET_FILE:cairn>)
 set_tests_properties(http_retention_realmodel PROPERTIES TIMEOUT 600 LABELS "server;realmodel"
   SKIP_RETURN_CODE 77 ENVIRONMENT "CAIRN_CHAT_MODEL=${CAIRN_CHAT_MODEL}")
+
+# Replies in channels (gpt-oss's harmony): reasoning_content, content and a
+# tool call out of a forced harmony reply on the bundled model given
+# gpt-oss's template, streamed and not.
+add_test(NAME http_harmony
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_harmony.py
+          $<TARGET_FILE:cairn> ${CAIRN_MODEL})
+set_tests_properties(http_harmony PROPERTIES TIMEOUT 300 LABELS "server")

@@ -83,7 +83,7 @@ static void test_supports_type(void **state)
         assert_int_equal(cairn_backend_supports_type(&bare, (cairn_type)t), compute);
         assert_int_equal(cairn_backend_supports_type(cpu, (cairn_type)t), compute);
     }
-    assert_int_equal(n_compute, 11);
+    assert_int_equal(n_compute, 12);
     assert_int_equal(cairn_backend_supports_type(NULL, CAIRN_TYPE_F32), 0);
 }
 

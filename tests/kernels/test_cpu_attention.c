@@ -276,7 +276,7 @@ static void free_batch(test_batch *tb)
 /* Run attention on `be` over the batch; returns host [n_rows][n_head*HEAD_DIM].
  * With in_place, out is the q buffer itself. */
 static float *run_attention(cairn_backend *be, const test_batch *tb, const float *q, int n_head,
-                            float scale, int in_place)
+                            float scale, int in_place, const float *sinks)
 {
     const size_t act_bytes = sizeof(float) * (size_t)tb->n_rows * n_head * HEAD_DIM;
     void *pool = kt_dev(be, tb->pool_host, tb->pool_bytes);
@@ -296,7 +296,11 @@ static float *run_attention(cairn_backend *be, const test_batch *tb, const float
         .out = dout, .q = dq, .kv_pool = pool, .kv = &tb->L, .layer = LAYER,
         .n_head = n_head, .scale = scale, .n_seqs = tb->n_seqs, .seqs = seqs,
     };
+    float *dsinks = sinks ? kt_dev(be, sinks, sizeof(float) * (size_t)n_head) : NULL;
+    args.sinks = dsinks;
     assert_int_equal(be->iface->attention(be, &args), CAIRN_OK);
+    if (dsinks)
+        be->iface->free(be, dsinks);
     float *out = kt_host(be, dout, act_bytes);
     if (!in_place)
         be->iface->free(be, dout);
@@ -317,7 +321,7 @@ static float *run_attention(cairn_backend *be, const test_batch *tb, const float
  * to max|v|; with FLT_EPSILON for u:
  *     tol = max|v| * (2 delta + (n_vis + 4) FLT_EPSILON). */
 static void check_against_reference(const test_batch *tb, const float *q, const float *got,
-                                    int n_head, float scale, const char *what)
+                                    int n_head, float scale, const float *sinks, const char *what)
 {
     const int group = n_head / N_KV_HEAD, width = N_KV_HEAD * HEAD_DIM;
     int row = 0;
@@ -355,6 +359,10 @@ static void check_against_reference(const test_batch *tb, const float *q, const 
                     p[j] = isfinite(p[j]) ? exp(p[j] - max) : 0.0;
                     z += p[j];
                 }
+                /* a sink joins the denominator only (kernels/backend.h);
+                 * its exp is the same relative size in the kernel's float */
+                if (sinks && n_vis > 0)
+                    z += exp((double)sinks[h] - max);
                 const double delta = (HEAD_DIM + 2) * FLT_EPSILON * max_s;
                 const double tol = max_v * (2 * delta + (n_vis + 4) * FLT_EPSILON);
                 for (int d = 0; d < HEAD_DIM; d++) {
@@ -369,7 +377,8 @@ static void check_against_reference(const test_batch *tb, const float *q, const 
     }
 }
 
-static void check_attention(cairn_type dtype, int group, float q_amp, kt_rng *rng)
+static void check_attention(cairn_type dtype, int group, float q_amp, const float *sinks,
+                            kt_rng *rng)
 {
     test_batch tb;
     build_batch(&tb, dtype, rng);
@@ -382,12 +391,14 @@ static void check_attention(cairn_type dtype, int group, float q_amp, kt_rng *rn
     char what[96];
     snprintf(what, sizeof what, "attention %s gqa=%d q_amp=%g",
              dtype == CAIRN_TYPE_F16 ? "F16" : "F32", group, q_amp);
-    float *one = run_attention(be1, &tb, q, n_head, scale, 0);
-    float *three = run_attention(be3, &tb, q, n_head, scale, 0);
-    float *in_place = run_attention(be3, &tb, q, n_head, scale, 1);
+    if (sinks)
+        strncat(what, " sinks", sizeof what - strlen(what) - 1);
+    float *one = run_attention(be1, &tb, q, n_head, scale, 0, sinks);
+    float *three = run_attention(be3, &tb, q, n_head, scale, 0, sinks);
+    float *in_place = run_attention(be3, &tb, q, n_head, scale, 1, sinks);
     KT_SAME_BYTES(one, three, sizeof(float) * n_act, what);
     KT_SAME_BYTES(one, in_place, sizeof(float) * n_act, "attention with out == q");
-    check_against_reference(&tb, q, one, n_head, scale, what);
+    check_against_reference(&tb, q, one, n_head, scale, sinks, what);
     free(one);
     free(three);
     free(in_place);
@@ -403,10 +414,29 @@ static void test_attention(void **state)
     const int groups[] = {1, 2, 4};
     for (int d = 0; d < 2; d++)
         for (int g = 0; g < 3; g++)
-            check_attention(dtypes[d], groups[g], 1.0f, &rng);
+            check_attention(dtypes[d], groups[g], 1.0f, NULL, &rng);
     /* Scores in the hundreds: a softmax without the max shift overflows. */
-    check_attention(CAIRN_TYPE_F32, 2, 60.0f, &rng);
-    check_attention(CAIRN_TYPE_F16, 4, 60.0f, &rng);
+    check_attention(CAIRN_TYPE_F32, 2, 60.0f, NULL, &rng);
+    check_attention(CAIRN_TYPE_F16, 4, 60.0f, NULL, &rng);
+}
+
+/* Attention sinks (gpt-oss): a logit per query head in the denominator.
+ * Sinks around the scores, one far above them (its head's outputs shrink
+ * towards zero, and e^{sink - max} would overflow a float without the
+ * shift), one far below (no effect), with small and large scores. */
+static void test_attention_sinks(void **state)
+{
+    (void)state;
+    kt_rng rng = kt_rng_for("attention sinks");
+    float sinks[8];
+    for (int g = 1; g <= 4; g *= 2) {
+        kt_fill(&rng, sinks, 8, -2, 2);
+        sinks[0] = 120.0f;
+        sinks[N_KV_HEAD * g - 1] = -90.0f;
+        check_attention(CAIRN_TYPE_F32, g, 1.0f, sinks, &rng);
+        check_attention(CAIRN_TYPE_F16, g, 1.0f, sinks, &rng);
+        check_attention(CAIRN_TYPE_F32, g, 60.0f, sinks, &rng);
+    }
 }
 
 /* A query row whose mask hides everything gets zeros (not NaN); its
@@ -529,6 +559,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kv_store),
         cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_sinks),
         cmocka_unit_test(test_attention_empty_mask_row),
         cmocka_unit_test(test_bad_arguments),
     };

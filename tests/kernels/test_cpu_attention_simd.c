@@ -190,7 +190,20 @@ typedef struct {
     cairn_type dtype;
     int masked;
     int window; /* a sliding window of that many keys, or 0 */
+    int sinks;  /* with attention sinks (long_sinks), or without */
 } long_shape;
+
+/* A sink per query head (gpt-oss), host memory as the CPU backend's is:
+ * around the scores, one far above them and one far below. */
+static const float *long_sinks(int n_head)
+{
+    static float s[64];
+    for (int h = 0; h < n_head && h < 64; h++)
+        s[h] = (float)(h % 5) - 2.0f;
+    s[0] = 50.0f;
+    s[n_head - 1] = -60.0f;
+    return s;
+}
 
 /* The KV of `sh` written once into a pool; q for every row. */
 typedef struct {
@@ -282,7 +295,8 @@ static float *long_run(cairn_backend *be, const long_shape *sh, const long_data 
     cairn_attn_args a = {.out = dout, .q = d->dq + (size_t)r0 * qw, .kv_pool = d->pool, .kv = &d->L,
                          .layer = 0, .n_head = sh->n_head,
                          .scale = 1.0f / sqrtf((float)sh->head_dim), .n_seqs = 1, .seqs = &seq,
-                         .window = sh->window};
+                         .window = sh->window,
+                         .sinks = sh->sinks ? long_sinks(sh->n_head) : NULL};
     assert_int_equal(be->iface->attention(be, &a), CAIRN_OK);
     float *out = kt_host(be, dout, sizeof(float) * (size_t)n * qw);
     be->iface->free(be, dout);
@@ -297,16 +311,19 @@ static void test_long_context(void **state)
     cairn_backend *scalar = kt_cpu_isa("scalar", 1, 0);
     cairn_backend *vec[2] = {kt_cpu_isa("avx512", 1, 0), kt_cpu_isa("avx512", 3, 0)};
     const long_shape shapes[] = {
-        {2, 64, 14, 1300, 40, CAIRN_TYPE_F16, 0, 0},
-        {2, 64, 14, 1300, 40, CAIRN_TYPE_F16, 1, 0},
-        {2, 64, 14, 1300, 40, CAIRN_TYPE_F32, 0, 0},
-        {4, 128, 8, 1100, 20, CAIRN_TYPE_F16, 0, 0},
-        {1, 96, 3, 700, 9, CAIRN_TYPE_F16, 1, 0},
+        {2, 64, 14, 1300, 40, CAIRN_TYPE_F16, 0, 0, 0},
+        {2, 64, 14, 1300, 40, CAIRN_TYPE_F16, 1, 0, 0},
+        {2, 64, 14, 1300, 40, CAIRN_TYPE_F32, 0, 0, 0},
+        {4, 128, 8, 1100, 20, CAIRN_TYPE_F16, 0, 0, 0},
+        {1, 96, 3, 700, 9, CAIRN_TYPE_F16, 1, 0, 0},
         /* sliding windows: rows whose window starts past chunk 0 and inside
          * chunk 1 (600 keys over 1300), and one starting mid-tile with a mask */
-        {2, 64, 14, 1300, 40, CAIRN_TYPE_F16, 0, 600},
-        {4, 128, 8, 1100, 20, CAIRN_TYPE_F32, 0, 517},
-        {1, 96, 3, 700, 9, CAIRN_TYPE_F16, 1, 37},
+        {2, 64, 14, 1300, 40, CAIRN_TYPE_F16, 0, 600, 0},
+        {4, 128, 8, 1100, 20, CAIRN_TYPE_F32, 0, 517, 0},
+        {1, 96, 3, 700, 9, CAIRN_TYPE_F16, 1, 37, 0},
+        /* attention sinks, with a window and a mask too */
+        {2, 64, 14, 1300, 40, CAIRN_TYPE_F16, 0, 0, 1},
+        {4, 64, 8, 700, 20, CAIRN_TYPE_F32, 1, 128, 1},
     };
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const long_shape *sh = &shapes[si];
@@ -322,9 +339,9 @@ static void test_long_context(void **state)
             long_data dv;
             long_data_make(vec[b], sh, seed, 0, &dv);
             whole[b] = long_run(vec[b], sh, &dv, 0, sh->n_q);
-            snprintf(what, sizeof what, "shape %zu (%s%s, window %d) x%d: vector vs scalar", si,
-                     cairn_type_get(sh->dtype)->name, sh->masked ? " masked" : "", sh->window,
-                     b ? 3 : 1);
+            snprintf(what, sizeof what, "shape %zu (%s%s%s, window %d) x%d: vector vs scalar", si,
+                     cairn_type_get(sh->dtype)->name, sh->masked ? " masked" : "",
+                     sh->sinks ? " sinks" : "", sh->window, b ? 3 : 1);
             const double delta = (sh->head_dim + 2) * (double)FLT_EPSILON * ds.max_s;
             const double tol = 2 * ds.max_v * (2 * delta + (sh->n_kv + 4) * (double)FLT_EPSILON);
             for (size_t i = 0; i < n; i++)

@@ -484,6 +484,60 @@ static void test_swiglu_add(void **state)
     }
 }
 
+/* swiglu_clamped (gpt-oss's experts): g' sigmoid(alpha g') (u' + 1) with
+ * g' = min(g, limit), u' = clamp(u, -limit, limit). The clamps are exact;
+ * alpha g' rounds once more than swiglu's argument (u), whose error the
+ * exponential scales by |alpha g'| <= 1.702 * 7 ~ 12: relative error up to
+ * about 16u, plus the (u' + 1) sum, which cancels near u' = -1: allow
+ * 20 FLT_EPSILON of the result plus 2 FLT_EPSILON of the product without
+ * the +1's cancellation. Values span beyond +-limit on both inputs. */
+static void test_swiglu_clamped(void **state)
+{
+    (void)state;
+    kt_rng rng = kt_rng_for("swiglu_clamped");
+    const float alpha = 1.702f, limit = 7.0f;
+    const size_t sizes[] = {1, 1000, 70001};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        const size_t n = sizes[s], bytes = sizeof(float) * n;
+        float *a = kt_xmalloc(bytes), *b = kt_xmalloc(bytes);
+        kt_fill(&rng, a, n, -12, 12);
+        kt_fill(&rng, b, n, -10, 10);
+        float *got[3];
+        cairn_backend *bes[3] = {be1, be3, be3};
+        for (int k = 0; k < 3; k++) {
+            cairn_backend *be = bes[k];
+            assert_non_null(be->iface->swiglu_clamped);
+            float *da = kt_dev(be, a, bytes), *db = kt_dev(be, b, bytes);
+            float *dout = k == 2 ? da : kt_dev(be, NULL, bytes); /* the third in place */
+            assert_int_equal(be->iface->swiglu_clamped(be, dout, da, db, n, alpha, limit),
+                             CAIRN_OK);
+            got[k] = kt_host(be, dout, bytes);
+            if (dout != da)
+                be->iface->free(be, dout);
+            be->iface->free(be, da);
+            be->iface->free(be, db);
+        }
+        KT_SAME_BYTES(got[0], got[1], bytes, "swiglu_clamped 1 vs 3 threads");
+        KT_SAME_BYTES(got[0], got[2], bytes, "swiglu_clamped in place");
+        for (size_t i = 0; i < n; i++) {
+            const double g = fmin(a[i], limit), u = fmax(-limit, fmin(b[i], limit));
+            const double act = g / (1.0 + exp(-(double)alpha * g));
+            const double want = act * (u + 1.0);
+            KT_CLOSE(got[0][i], want,
+                     20 * FLT_EPSILON * fabs(want) + 2 * FLT_EPSILON * fabs(act) * (fabs(u) + 1) +
+                         1e-37,
+                     "swiglu_clamped", i);
+        }
+        for (int k = 0; k < 3; k++)
+            free(got[k]);
+        free(a);
+        free(b);
+    }
+    float x = 1;
+    assert_int_equal(be1->iface->swiglu_clamped(be1, &x, &x, &x, 1, alpha, 0.0f), CAIRN_EINVAL);
+    assert_int_equal(be1->iface->swiglu_clamped(be1, NULL, &x, &x, 1, alpha, limit), CAIRN_EINVAL);
+}
+
 /* softmax. Per entry, x_i - max rounds (<= u |x_i - max|) and expf adds ~u,
  * so each exponent carries a relative error delta_i <= u (|x_i - max| + 2);
  * the normaliser (summed in double) carries at most max_j delta_j, and the
@@ -652,6 +706,7 @@ int main(void)
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_swiglu_clamped),
         cmocka_unit_test(test_rope_pairing),
         cmocka_unit_test(test_swiglu_add),
         cmocka_unit_test(test_softmax),

@@ -1,8 +1,8 @@
 /*
  * tests/kernels/test_cpu_packed.c — the CPU backend's packed weight layout
  * (kernels/cpu/cpu_impl.h, "Packed weights") and the rule that makes every
- * quantized kernel interchangeable: for Q8_0, Q4_0, Q5_0, Q4_Z, Q4_K, Q5_K
- * and Q6_K,
+ * quantized kernel interchangeable: for Q8_0, Q4_0, Q5_0, Q4_Z, MXFP4, Q4_K,
+ * Q5_K and Q6_K,
  *
  *   - packing loses nothing: weight_layout names a packed type, and
  *     get_rows on the packed matrix gives back every row exactly as
@@ -18,7 +18,9 @@
  *     batch: the reason decode, multi-row verification and prefill agree.
  *
  * The weight bytes are random (every code, every qh bit, every 6-bit scale
- * and min, every Q4_Z zero), with the f16 scales set to finite values.
+ * and min, every Q4_Z zero), with the f16 scales set to finite values and
+ * MXFP4's exponents to trained weights' range, or in some rows to the
+ * subnormal scales of e = 0, 1 (which every level must build alike).
  * What the kernels compute is checked against a double-precision reference
  * elsewhere (test_cpu_matmul.c, test_kquants.c, test_cpu_ckpt_types.c);
  * here the scalar level is the reference and every vector level must equal
@@ -40,7 +42,7 @@
 
 static const cairn_type types[] = {
     CAIRN_TYPE_Q8_0, CAIRN_TYPE_Q4_0, CAIRN_TYPE_Q5_0, CAIRN_TYPE_Q4_Z,
-    CAIRN_TYPE_Q4_K, CAIRN_TYPE_Q5_K, CAIRN_TYPE_Q6_K,
+    CAIRN_TYPE_MXFP4, CAIRN_TYPE_Q4_K, CAIRN_TYPE_Q5_K, CAIRN_TYPE_Q6_K,
 };
 #define N_TYPES (sizeof types / sizeof types[0])
 
@@ -66,7 +68,14 @@ static uint8_t *random_rows(kt_rng *r, cairn_type type, int rows, int n)
     const int nblk = (int)(rb * (size_t)rows / (size_t)tr->block_bytes);
     for (int b = 0; b < nblk; b++) {
         uint8_t *blk = W + (size_t)b * (size_t)tr->block_bytes;
+        const int row = b / (n / tr->block_elems);
         switch (type) {
+        case CAIRN_TYPE_MXFP4:
+            /* scales 2^-13 .. 2^2 (trained weights'), and every fourth
+             * row all of 2^-128 .. 2^-126: the subnormal ones' results
+             * are subnormal too, so no larger block hides a wrong one */
+            blk[0] = (uint8_t)(row % 4 == 3 ? kt_below(r, 3) : 115 + kt_below(r, 16));
+            break;
         case CAIRN_TYPE_Q6_K:
             put_half(blk + 208, kt_uniform(r, -0.01f, 0.01f));
             break;
@@ -297,6 +306,8 @@ static void test_multi(void **state)
         {CAIRN_TYPE_Q4_K, CAIRN_TYPE_Q6_K, CAIRN_TYPE_Q4_0},
         {CAIRN_TYPE_BF16, CAIRN_TYPE_BF16, CAIRN_TYPE_F16},
         {CAIRN_TYPE_BF16, CAIRN_TYPE_Q8_0, CAIRN_TYPE_F32},
+        /* gpt-oss: MXFP4 experts beside Q8_0 attention */
+        {CAIRN_TYPE_MXFP4, CAIRN_TYPE_Q8_0, CAIRN_TYPE_MXFP4},
     };
     const int n_in = 512, n_outs[3] = {64, 37, 16};
     for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++)
@@ -310,7 +321,11 @@ static void test_multi(void **state)
                 float *single[3];
                 void *dev[3];
                 for (int i = 0; i < 3; i++) {
-                    uint8_t *W = kt_random_weights(&r, sets[si][i], n_outs[i], n_in, -1, 1, NULL);
+                    /* MXFP4 has no quantizer: random blocks */
+                    uint8_t *W = sets[si][i] == CAIRN_TYPE_MXFP4
+                                     ? random_rows(&r, sets[si][i], n_outs[i], n_in)
+                                     : kt_random_weights(&r, sets[si][i], n_outs[i], n_in, -1, 1,
+                                                         NULL);
                     cairn_type as;
                     dev[i] = packed_weight(be, sets[si][i], W, n_in, n_outs[i], &as);
                     float *dy = kt_dev(be, NULL, sizeof(float) * (size_t)T * n_outs[i]);

@@ -11,6 +11,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "tests/support/support.h"
 
@@ -204,6 +205,49 @@ static void test_half_conversions(void **state)
     assert_true(isnan(cairn_bf16_to_fp32(cairn_fp32_to_bf16(NAN))));
 }
 
+/* MXFP4: the block layout by hand (E8M0 scale byte, then nibbles in Q4_0's
+ * order, E2M1 codes), and its Q5_0 rewrite giving the same floats bit for
+ * bit for every code at every scale an fp16 holds, while a scale outside
+ * that range is counted as inexact. */
+static void test_mxfp4(void **state)
+{
+    (void)state;
+    static const float e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+    uint8_t blk[2 * 17];
+    float want[64], got[64], via[64];
+    for (int b = 0; b < 2; b++) {
+        blk[17 * b] = (uint8_t)(b == 0 ? 127 : 120); /* 2^0 and 2^-7 */
+        for (int j = 0; j < 16; j++)
+            blk[17 * b + 1 + j] = (uint8_t)(j | ((15 - j) << 4));
+        for (int j = 0; j < 16; j++) {
+            want[32 * b + j] = ldexpf(e2m1[j], b == 0 ? 0 : -7);
+            want[32 * b + j + 16] = ldexpf(e2m1[15 - j], b == 0 ? 0 : -7);
+        }
+    }
+    assert_int_equal(cairn_type_row_bytes(CAIRN_TYPE_MXFP4, 64), 34);
+    assert_int_equal(cairn_dequantize_row(CAIRN_TYPE_MXFP4, blk, got, 64), CAIRN_OK);
+    for (int i = 0; i < 64; i++)
+        KT_CLOSE(got[i], want[i], 0.0, "MXFP4 layout", i);
+
+    /* every scale from 2^-24 to 2^15 (e = 104 .. 143) and random codes */
+    kt_rng rng = kt_rng_for("mxfp4");
+    uint8_t mx[17], q5[22];
+    for (int e = 100; e <= 147; e++) {
+        mx[0] = (uint8_t)e;
+        for (int j = 0; j < 16; j++)
+            mx[1 + j] = (uint8_t)kt_below(&rng, 256);
+        int64_t inexact = 0;
+        assert_int_equal(cairn_mxfp4_to_q5_0(mx, q5, 32, &inexact), CAIRN_OK);
+        assert_int_equal(cairn_dequantize_row(CAIRN_TYPE_MXFP4, mx, got, 32), CAIRN_OK);
+        assert_int_equal(cairn_dequantize_row(CAIRN_TYPE_Q5_0, q5, via, 32), CAIRN_OK);
+        const int exact = e >= 104 && e <= 143;
+        assert_int_equal(inexact, exact ? 0 : 1);
+        if (exact)
+            KT_SAME_BYTES(got, via, sizeof got[0] * 32, "MXFP4 as Q5_0");
+    }
+    assert_int_equal(cairn_mxfp4_to_q5_0(mx, q5, 31, NULL), CAIRN_EINVAL);
+}
+
 int main(void)
 {
     kt_init_seed("kernels_quant");
@@ -212,6 +256,7 @@ int main(void)
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_exact_grid),
         cmocka_unit_test(test_block_layout),
+        cmocka_unit_test(test_mxfp4),
         cmocka_unit_test(test_half_conversions),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

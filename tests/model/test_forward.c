@@ -551,6 +551,89 @@ static void test_moe_load_errors(void **state)
     expect_load_error("missing router", drop_router, CAIRN_EFORMAT, "blk.1.ffn_gate_inp.weight");
 }
 
+static void oss_no_window(unsigned char *buf, size_t *len)
+{
+    set_u32_value(buf, *len, "gpt-oss.attention.sliding_window", 0);
+}
+
+static void oss_drop_sinks(unsigned char *buf, size_t *len)
+{
+    misname_tensor(buf, *len, "blk.1.attn_sinks.weight");
+}
+
+static void oss_drop_expert_bias(unsigned char *buf, size_t *len)
+{
+    misname_tensor(buf, *len, "blk.0.ffn_down_exps.bias");
+}
+
+static void oss_more_experts(unsigned char *buf, size_t *len)
+{
+    set_u32_value(buf, *len, "gpt-oss.expert_count", 7);
+}
+
+/* A gpt-oss file that is inconsistent is refused, naming what (the
+ * synthetic one ctest writes: 6 experts of 96, 2 used, window 8). */
+static void test_oss_load_errors(void **state)
+{
+    (void)state;
+    expect_load_error("no window", oss_no_window, CAIRN_EFORMAT,
+                      "gpt-oss.attention.sliding_window");
+    expect_load_error("missing sinks", oss_drop_sinks, CAIRN_EFORMAT, "blk.1.attn_sinks.weight");
+    expect_load_error("missing expert bias", oss_drop_expert_bias, CAIRN_EFORMAT,
+                      "blk.0.ffn_down_exps.bias");
+    expect_load_error("wrong expert count", oss_more_experts, CAIRN_EFORMAT,
+                      "blk.0.ffn_gate_inp.weight");
+}
+
+/* A CPU backend that claims no MXFP4 kernels (as the CUDA backend has
+ * none): the loader must rewrite MXFP4 as Q5_0 for it. */
+static cairn_backend_iface no_mxfp4_iface;
+static const cairn_backend_iface *real_iface;
+
+static int supports_no_mxfp4(const cairn_backend *be, cairn_type t)
+{
+    return t != CAIRN_TYPE_MXFP4 && real_iface->supports_type(be, t);
+}
+
+/* gpt-oss's MXFP4 experts, multiplied as they are and rewritten as Q5_0
+ * (model.c, upload_mxfp4): the same integer block sums times the same
+ * scales, so the logits are the same bits. */
+static void test_mxfp4_native_equals_rewrite(void **state)
+{
+    fixture *f = *state;
+    real_iface = f->be->iface;
+    no_mxfp4_iface = *f->be->iface;
+    no_mxfp4_iface.supports_type = supports_no_mxfp4;
+    cairn_backend other = {.iface = &no_mxfp4_iface, .ctx = f->be->ctx};
+    cairn_model *m2 = NULL;
+    char err[256] = "";
+    cairn_model_params p = {.max_batch_tokens = 64, .max_seqs = 4};
+    if (cairn_model_load(model_path, &other, &p, &m2, err, sizeof err) != CAIRN_OK)
+        fail_msg("load with the Q5_0 rewrite: %s", err);
+    int32_t toks[N_ALL];
+    all_tokens(toks);
+    cairn_kv_layout kv;
+    cairn_page_pool *pool = make_pool(f, 16, CAIRN_TYPE_F32, 4, &kv);
+    int32_t pages[3] = {2, 0, 1};
+    const size_t n = (size_t)N_ALL * f->n_vocab;
+    float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float));
+    uint8_t want[N_ALL];
+    memset(want, 1, sizeof want);
+    cairn_seq_batch sb = {.tokens = toks, .n_tokens = N_ALL, .pages = pages, .want = want};
+    int n_out = 0;
+    assert_int_equal(cairn_model_forward(f->m, cairn_page_pool_base(pool), &kv, &sb, 1, a, NULL,
+                                         &n_out),
+                     CAIRN_OK);
+    assert_int_equal(cairn_model_forward(m2, cairn_page_pool_base(pool), &kv, &sb, 1, b, NULL,
+                                         &n_out),
+                     CAIRN_OK);
+    KT_SAME_BYTES(a, b, n * sizeof(float), "MXFP4 native vs rewritten as Q5_0");
+    free(a);
+    free(b);
+    cairn_page_pool_free(pool);
+    cairn_model_free(m2);
+}
+
 /* general.name "llama" becomes "llamb": nothing computed changes */
 static void rename_model(unsigned char *buf, size_t *len)
 {
@@ -612,10 +695,15 @@ int main(int argc, char **argv)
             cmocka_unit_test(test_batch_of_sequences),
             /* the file's own load errors, last: at most one of them runs */
             cmocka_unit_test(test_window_load_errors),
+            {0}, /* room for one test of the file's own (gpt-oss) */
         };
-        size_t n = sizeof any_model / sizeof any_model[0];
+        size_t n = sizeof any_model / sizeof any_model[0] - 1;
         if (strstr(model_path, "qwen3moe"))
             any_model[n - 1] = (struct CMUnitTest)cmocka_unit_test(test_moe_load_errors);
+        else if (strstr(model_path, "gptoss")) {
+            any_model[n - 1] = (struct CMUnitTest)cmocka_unit_test(test_oss_load_errors);
+            any_model[n++] = (struct CMUnitTest)cmocka_unit_test(test_mxfp4_native_equals_rewrite);
+        }
         else if (!strstr(model_path, "gemma3"))
             n--;
         return _cmocka_run_group_tests("any_model", any_model, n, setup, teardown);

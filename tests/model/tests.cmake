@@ -24,6 +24,12 @@ add_test(NAME engine_synthetic_yarn
   COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tools/gen_synthetic_model.py --shape tiny
           --type F32 --arch qwen2 --yarn 4 --yarn-orig-ctx 16
           -o ${CMAKE_CURRENT_BINARY_DIR}/synthetic-yarn.gguf)
+# YaRN with its ramp's ends unrounded (HF's rope_scaling.truncate false,
+# gpt-oss's folders)
+add_test(NAME engine_synthetic_yarnexact
+  COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tools/gen_synthetic_model.py --shape tiny
+          --type F32 --arch qwen2 --yarn 4 --yarn-orig-ctx 16 --yarn-unrounded
+          -o ${CMAKE_CURRENT_BINARY_DIR}/synthetic-yarnexact.gguf)
 # Sliding windows, with the test's 37 tokens well past the window: Gemma 3
 # (post-norms, GeGLU, embeddings scaled, local layers with a RoPE base of
 # their own, here every layer but the third) and Mistral (a window over every
@@ -43,17 +49,30 @@ foreach(arch qwen3moe qwen2moe mixtral)
             --type F32 --arch ${arch} --experts 6 --experts-used 2 --expert-ffn 96
             -o ${CMAKE_CURRENT_BINARY_DIR}/synthetic-${arch}.gguf)
 endforeach()
+# gpt-oss: attention sinks, biases on q/k/v/o, the router and the experts,
+# the clamped SwiGLU, YaRN (factor 32 over 4096) on every layer, q wider
+# than dim (4 heads of 48 on 128), even layers local with an 8-token window
+# (the test's 37 tokens pass it), and MXFP4 experts as in the real model.
+add_test(NAME engine_synthetic_gptoss
+  COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tools/gen_synthetic_model.py --shape tiny
+          --type F32 --arch gpt-oss --head-dim 48 --experts 6 --experts-used 2 --expert-ffn 96
+          --expert-type MXFP4 --sliding-window 8
+          -o ${CMAKE_CURRENT_BINARY_DIR}/synthetic-gptoss.gguf)
 set_tests_properties(engine_synthetic_qwen2 engine_synthetic_qwen3 engine_synthetic_llama3
-  engine_synthetic_yarn engine_synthetic_gemma3 engine_synthetic_mistral engine_synthetic_qwen3moe
-  engine_synthetic_qwen2moe engine_synthetic_mixtral
+  engine_synthetic_yarn engine_synthetic_yarnexact engine_synthetic_gemma3 engine_synthetic_mistral engine_synthetic_qwen3moe
+  engine_synthetic_qwen2moe engine_synthetic_mixtral engine_synthetic_gptoss
   PROPERTIES FIXTURES_SETUP synthetic_models LABELS engine TIMEOUT 300)
-foreach(arch qwen2 qwen3 llama3 yarn gemma3 mistral qwen3moe qwen2moe mixtral)
+foreach(arch qwen2 qwen3 llama3 yarn yarnexact gemma3 mistral qwen3moe qwen2moe mixtral gptoss)
   add_test(NAME engine_forward_${arch}
     COMMAND engine_forward ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/ref/llama_ref.py
             ${CMAKE_CURRENT_BINARY_DIR}/synthetic-${arch}.gguf)
   set_tests_properties(engine_forward_${arch} PROPERTIES FIXTURES_REQUIRED synthetic_models
     LABELS engine TIMEOUT 300)
 endforeach()
+# The experts are MXFP4: the CPU backend's exact mode (float activations)
+# keeps the comparison with the float64 reference within its 1e-4 (8-bit
+# activations, as llama.cpp's CPU uses for MXFP4, move logits by ~2%).
+set_tests_properties(engine_forward_gptoss PROPERTIES ENVIRONMENT CAIRN_CPU_EXACT_MATMUL=1)
 
 # A decode step whose op fails while it is recorded as a step graph: the
 # recording is dropped, not launched, and the first failure is reported

@@ -36,6 +36,21 @@ What the GGUF stores, and how this file uses it:
   w_e * FFN_e(h), w = softmax(h @ router.T) at the chosen experts,
   renormalised to sum 1 (not on qwen2moe); experts are 3-D tensors
   ffn_{gate,up,down}_exps. qwen2moe adds sigmoid(h @ w_s) * FFN_shared(h).
+* gpt-oss (OpenAI's, llama.cpp's LLM_ARCH_OPENAI_MOE): NEOX RoPE with the
+  file's YaRN on every layer; biases on q/k/v and on the attention output;
+  key_length (head_dim) independent of dim, so q may be wider than x. Layer
+  l is local when l % P < P - 1 (attention.sliding_window_pattern P,
+  default 2: the even layers), a query at p then seeing keys p-W+1 .. p;
+  local and global layers rotate alike. Attention sinks: query head h adds
+  attn_sinks[h] (unscaled) as one more logit to its softmax's denominator
+  only: out = sum_j e^{s_j} v_j / (e^{sink_h} + sum_j e^{s_j}). The FFN's
+  input norm is post_attention_norm. The router has a bias; the top k
+  experts by router logit (ties to the lower index) are weighted by a
+  softmax over those k logits alone (times expert_weights_scale when the
+  key is there and nonzero). Each expert adds biases to gate, up and down
+  and activates with the clamped SwiGLU: g = min(g, 7),
+  u = clip(u, -7, 7), a = g * sigmoid(1.702 g) * (u + 1). Experts are
+  MXFP4 in the real model (expanded by gguf's dequantizer).
 * RoPE. For pair i of the first n_rot dimensions of a head at position p:
   theta_i = p * freq_scale * base^(-2i / n_rot) (divided by rope_freqs[i]
   when the file has that tensor), and
@@ -67,7 +82,8 @@ except ImportError:  # the tests treat exit code 77 as "skipped"
 
 
 class Model:
-    """Hyper-parameters and float64 weights of a llama, qwen2, qwen3 or gemma3 GGUF.
+    """Hyper-parameters and float64 weights of a llama, qwen2, qwen3, gemma3,
+    qwen3moe, qwen2moe or gpt-oss GGUF.
 
     qwen2 is the llama decoder with biases on the q/k/v projections and the
     NEOX RoPE pairing (dimension i with i + n_rot/2 instead of 2i with 2i+1)."""
@@ -76,11 +92,11 @@ class Model:
         reader = gguf.GGUFReader(path)
         self.meta = {name: field for name, field in reader.fields.items()}
         arch = self._str("general.architecture")
-        if arch not in ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe"):
+        if arch not in ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "gpt-oss"):
             raise SystemExit(f"llama_ref.py: architecture '{arch}' is not llama, qwen2, qwen3, "
-                             "gemma3, qwen3moe or qwen2moe")
+                             "gemma3, qwen3moe, qwen2moe or gpt-oss")
         self.arch = arch
-        self.neox = arch in ("qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe")
+        self.neox = arch in ("qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "gpt-oss")
         k = lambda suffix: f"{arch}.{suffix}"
 
         self.dim = self._int(k("embedding_length"))
@@ -111,7 +127,14 @@ class Model:
 
             def corr(beta):
                 return d * np.log(orig / (beta * 2 * np.pi)) / (2 * np.log(self.rope_base))
-            low, high = max(np.floor(corr(fast)), 0), min(np.ceil(corr(slow)), d - 1)
+            low, high = corr(fast), corr(slow)
+            # rounded out to whole pairs (llama.cpp; HF's truncate true),
+            # unless the file says rope.scaling.yarn_truncate false (HF's
+            # truncate false, gpt-oss's folders)
+            trunc = self._scalar(k("rope.scaling.yarn_truncate"))
+            if trunc is None or bool(trunc[0]):
+                low, high = np.floor(low), np.ceil(high)
+            low, high = max(low, 0), min(high, d - 1)
             if low == high:
                 high += 0.001
             ramp = np.clip((np.arange(d // 2) - low) / (high - low), 0, 1)
@@ -123,6 +146,8 @@ class Model:
         self.window = self._int(k("attention.sliding_window"), 0)
         self.swa_period = self._int(k("attention.sliding_window_pattern"), 6) \
             if arch == "gemma3" else 0
+        if arch == "gpt-oss":  # even layers local (llama.cpp's set_swa_pattern(2))
+            self.swa_period = self._int(k("attention.sliding_window_pattern"), 2)
         self.rope_base_local = self._float(k("rope.freq_base_swa"), 10000.0) \
             if arch == "gemma3" else self.rope_base
         # Gemma 3 27B (62 layers) scales queries by 1/sqrt(dim / n_head)
@@ -133,6 +158,9 @@ class Model:
         self.n_expert = self._int(k("expert_count"), 0) if arch != "qwen2" else 0
         self.n_expert_used = self._int(k("expert_used_count"), 0) if self.n_expert else 0
         self.expert_norm = arch != "qwen2moe"
+        # gpt-oss: softmax over the chosen experts' logits, then this factor
+        self.expert_scale = self._float(k("expert_weights_scale"), 0.0) \
+            if arch == "gpt-oss" else 0.0
         self.tensors = {t.name: t for t in reader.tensors}
         self.tok_embd = self._weight("token_embd.weight")      # [n_vocab][dim]
         self.n_vocab = self.tok_embd.shape[0]
@@ -148,6 +176,30 @@ class Model:
         self.layers = []
         for i in range(self.n_layer):
             w = lambda name: self._weight(f"blk.{i}.{name}.weight")
+            b = lambda name: self._weight(f"blk.{i}.{name}.bias")
+            if self.arch == "gpt-oss":
+                self.layers.append({
+                    "attn_norm": w("attn_norm"),            # [dim]
+                    "wq": w("attn_q"),                      # [n_head*head_dim][dim]
+                    "wk": w("attn_k"),                      # [n_kv_head*head_dim][dim]
+                    "wv": w("attn_v"),                      # [n_kv_head*head_dim][dim]
+                    "bq": b("attn_q"),
+                    "bk": b("attn_k"),
+                    "bv": b("attn_v"),
+                    "wo": w("attn_output"),                 # [dim][n_head*head_dim]
+                    "bo": b("attn_output"),                 # [dim]
+                    "sinks": w("attn_sinks"),               # [n_head]
+                    "ffn_norm": w("post_attention_norm"),   # [dim]: the FFN's input norm
+                    "router": w("ffn_gate_inp"),            # [n_expert][dim]
+                    "router_b": b("ffn_gate_inp"),          # [n_expert]
+                    "exp_gate": w("ffn_gate_exps"),         # [n_expert][eff][dim]
+                    "exp_gate_b": b("ffn_gate_exps"),       # [n_expert][eff]
+                    "exp_up": w("ffn_up_exps"),             # [n_expert][eff][dim]
+                    "exp_up_b": b("ffn_up_exps"),           # [n_expert][eff]
+                    "exp_down": w("ffn_down_exps"),         # [n_expert][dim][eff]
+                    "exp_down_b": b("ffn_down_exps"),       # [n_expert][dim]
+                })
+                continue
             self.layers.append({
                 "attn_norm": w("attn_norm"),   # [dim]
                 "wq": w("attn_q"),             # [n_head*head_dim][dim]
@@ -177,7 +229,6 @@ class Model:
                     "w_down": w("ffn_down"),       # [dim][ffn_dim]
                 })
             if self.arch in ("qwen2", "qwen2moe"):
-                b = lambda name: self._weight(f"blk.{i}.{name}.bias")
                 self.layers[-1].update({
                     "bq": b("attn_q"),         # [n_head*head_dim]
                     "bk": b("attn_k"),         # [n_kv_head*head_dim]
@@ -296,8 +347,38 @@ def gelu_tanh(x):
     return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
+def swiglu_oai(g, u):
+    """gpt-oss's expert activation: the gate clamped above at 7, up to
+    [-7, 7], g * sigmoid(1.702 g) * (u + 1)."""
+    g = np.minimum(g, 7.0)
+    u = np.clip(u, -7.0, 7.0)
+    return g / (1.0 + np.exp(-1.702 * g)) * (u + 1.0)
+
+
+def moe_ffn_gptoss(m, layer, h):
+    """gpt-oss's FFN of h [n][dim]: top k by biased router logit, softmax
+    over those k logits, biased experts with the clamped SwiGLU."""
+    out = np.zeros_like(h)
+    logits = h @ layer["router"].T + layer["router_b"]              # [n][n_expert]
+    for t in range(h.shape[0]):
+        # the top k, ties to the lower index (a stable sort of -logits)
+        chosen = np.argsort(-logits[t], kind="stable")[:m.n_expert_used]
+        w = np.exp(logits[t][chosen] - logits[t][chosen].max())
+        w /= w.sum()
+        if m.expert_scale != 0.0:
+            w = w * m.expert_scale
+        for e, we in zip(chosen, w):
+            g = layer["exp_gate"][e] @ h[t] + layer["exp_gate_b"][e]
+            u = layer["exp_up"][e] @ h[t] + layer["exp_up_b"][e]
+            y = layer["exp_down"][e] @ swiglu_oai(g, u) + layer["exp_down_b"][e]
+            out[t] += we * y
+    return out
+
+
 def moe_ffn(m, layer, h):
     """The mixture-of-experts FFN of h [n][dim], token by token."""
+    if m.arch == "gpt-oss":
+        return moe_ffn_gptoss(m, layer, h)
     out = np.zeros_like(h)
     logits = h @ layer["router"].T                                  # [n][n_expert]
     for t in range(h.shape[0]):
@@ -352,7 +433,9 @@ def forward(m, tokens, states=None):
         hidden_keys = causal
         if window > 0:  # and the keys before the window (j <= i - W)
             hidden_keys = causal | np.tril(np.ones((n, n), dtype=bool), k=-window)
-        local = window > 0 and m.swa_period > 0
+        # Gemma's local layers rotate with a base of their own, unscaled;
+        # gpt-oss's like its global ones
+        local = window > 0 and m.swa_period > 0 and m.arch == "gemma3"
         q = rope(q, positions, m, m.rope_base_local if local else None, 1.0 if local else None)
         k = rope(k, positions, m, m.rope_base_local if local else None, 1.0 if local else None)
 
@@ -361,11 +444,20 @@ def forward(m, tokens, states=None):
             kv = head // group
             scores = (q[:, head, :] @ k[:, kv, :].T) * scale  # [n_q][n_k]
             scores[hidden_keys] = -np.inf
+            if "sinks" in layer:  # one more logit, in the denominator only
+                sink = layer["sinks"][head]
+                top = np.maximum(scores.max(axis=-1, keepdims=True), sink)
+                p = np.exp(scores - top)
+                p /= p.sum(axis=-1, keepdims=True) + np.exp(sink - top)
+                attn[:, head, :] = p @ v[:, kv, :]
+                continue
             scores -= scores.max(axis=-1, keepdims=True)
             p = np.exp(scores)
             p /= p.sum(axis=-1, keepdims=True)
             attn[:, head, :] = p @ v[:, kv, :]
         a = attn.reshape(n, m.n_head * m.head_dim) @ layer["wo"].T
+        if "bo" in layer:
+            a = a + layer["bo"]
         if "attn_post_norm" in layer:
             a = rms_norm(a, layer["attn_post_norm"], m.rms_eps)
         x = x + a

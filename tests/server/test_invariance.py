@@ -138,10 +138,11 @@ class InvarianceWindow(Invariance):
 
 
 class InvarianceExperts(Invariance):
-    """The same on a mixture of experts (MODEL a synthetic qwen3moe, 8
-    experts of which 2 run per token): a token's experts and their order of
-    summation never depend on the batch. ctest's
-    server_invariance_experts-qwen3moe."""
+    """The same on a mixture of experts (MODEL a synthetic qwen3moe or
+    gpt-oss, 8 experts of which 2 run per token): a token's experts and
+    their order of summation never depend on the batch. ctest's
+    server_invariance_experts-qwen3moe and server_invariance_gptoss (whose
+    attention sinks, alternating windows and MXFP4 experts ride along)."""
     SMALL_KV = "1300K"  # ~40 pages of it (32 KiB a page)
 
 

@@ -35,10 +35,12 @@ set_tests_properties(server_invariance PROPERTIES TIMEOUT 600 LABELS "server")
 # ... and on synthetic models of the other families, the stories model's
 # vocabulary in each ("tag|class|generator flags"): a Gemma 3 (Q4_K, 64-token
 # window, every sixth layer global) whose shared document (~200 tokens) is
-# three windows long, and a qwen3moe (Q4_K, 8 experts, 2 a token)
+# three windows long, a qwen3moe (Q4_K, 8 experts, 2 a token), and a gpt-oss
+# (sinks, a 64-token window on every other layer, MXFP4 experts, YaRN)
 set(INVARIANCE_MODELS
   "window-gemma3|InvarianceWindow|--dim 256 --layers 6 --heads 4 --kv-heads 1 --head-dim 64 --ffn 768 --arch gemma3 --sliding-window 64"
-  "experts-qwen3moe|InvarianceExperts|--dim 256 --layers 4 --heads 4 --kv-heads 2 --head-dim 64 --ffn 512 --arch qwen3moe --experts 8 --experts-used 2 --expert-ffn 256")
+  "experts-qwen3moe|InvarianceExperts|--dim 256 --layers 4 --heads 4 --kv-heads 2 --head-dim 64 --ffn 512 --arch qwen3moe --experts 8 --experts-used 2 --expert-ffn 256"
+  "gptoss|InvarianceExperts|--dim 256 --layers 4 --heads 4 --kv-heads 2 --head-dim 64 --ffn 512 --arch gpt-oss --experts 8 --experts-used 2 --expert-ffn 256 --sliding-window 64 --expert-type MXFP4")
 foreach(spec ${INVARIANCE_MODELS})
   string(REPLACE "|" ";" parts "${spec}")
   list(GET parts 0 tag)

@@ -29,6 +29,9 @@ This checks the same pre-tokenizer by another route:
 
 Exits 77 (ctest: skipped) when `tokenizers` or numpy cannot be imported
 (scripts/setup.sh --test installs them); any mismatch fails.
+
+run() below is the whole check for any split regex cairn knows:
+test_gpt4o_hf.py runs it for GPT-4o's (gpt-oss's) o200k regex.
 """
 import os
 import random
@@ -80,14 +83,24 @@ def skip(why):
     sys.exit(77)
 
 
-def random_texts(n, seed):
+def random_texts(n, seed, pieces=PIECES):
+    """n texts of 1 to 14 random pieces (test_spm_hf.py uses them too)."""
     rng = random.Random(seed)
-    return ["".join(rng.choice(PIECES) for _ in range(rng.randint(1, 14))) for _ in range(n)]
+    return ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 14))) for _ in range(n)]
 
 
-def main():
+def run(usage, name, regex, specials, extra, pieces, ignore_merges):
+    """Trains a byte-level BPE whose pre-tokenizer is Split(regex, Isolated)
+    then ByteLevel (no regex of its own), as Llama 3's and gpt-oss's
+    tokenizer.json have it, puts it in a checkpoint folder and has
+    test_tokenizer_conformance compare cairn's ids with HF's as vocabulary
+    NAME (SCRATCH_DIR/tokenizer/ggml-vocab-NAME.gguf.inp/.out). The texts:
+    the llama-bpe .inp cases, `extra`, and random mixes of `pieces`.
+    `ignore_merges` is what cairn's pre-tokenizer table gives the GGUF
+    pre name the regex maps to (text/tokenizer_pre.c), so HF merges alike.
+    Returns the exit status (0 pass, 1 fail; exits 77 to skip)."""
     if len(sys.argv) != 3:
-        sys.exit(__doc__)
+        sys.exit(usage)
     conformance, scratch = sys.argv[1], sys.argv[2]
     try:
         import numpy as np
@@ -106,40 +119,40 @@ def main():
         cases.pop()  # the file ends with a separator
     with open(os.path.join(TESTDATA, "text", "stories.txt"), encoding="utf-8") as f:
         stories = f.read()
-    texts = cases + EXTRA + random_texts(400, 20261205)
+    texts = cases + extra + random_texts(400, 20261205, pieces)
     for t in texts:
-        assert SEP not in t and not any(s in t for s in SPECIALS), repr(t)
+        assert SEP not in t and not any(s in t for s in specials), repr(t)
 
-    # 1. the tokenizer, Llama 3's pre-tokenizer, trained here
-    tok = Tokenizer(models.BPE())
+    # 1. the tokenizer, with the pre-tokenizer under test, trained here
+    tok = Tokenizer(models.BPE(ignore_merges=ignore_merges))
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(LLAMA3_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=6000, min_frequency=1, show_progress=False,
-                                  special_tokens=SPECIALS,
+                                  special_tokens=specials,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     # the held-out random texts are not trained on: merges on unseen words too
-    tok.train_from_iterator(cases + EXTRA + stories.split("\n") + random_texts(200, 7),
+    tok.train_from_iterator(cases + extra + stories.split("\n") + random_texts(200, 7, pieces),
                             trainer=trainer)
     n_vocab = tok.get_vocab_size()
 
     # 2. a checkpoint folder around it
-    folder = os.path.join(scratch, "llama-bpe-hf")
+    folder = os.path.join(scratch, name)
     os.makedirs(folder, exist_ok=True)
     tok.save(os.path.join(folder, "tokenizer.json"))
     rows = (n_vocab + 7) // 8 * 8
-    bos, eos = (tok.token_to_id(s) for s in SPECIALS)
+    bos, eos = (tok.token_to_id(s) for s in specials)
     ckpt_io.write_folder(folder, ms.as_list(ms.random_weights(np.random.default_rng(5), rows,
                                                               True)))
     ckpt_io.write_json(os.path.join(folder, "config.json"), ms.config(rows, True, bos, eos))
     ckpt_io.write_json(os.path.join(folder, "tokenizer_config.json"), {
-        "bos_token": SPECIALS[0], "eos_token": SPECIALS[1], "add_bos_token": False})
+        "bos_token": specials[0], "eos_token": specials[1], "add_bos_token": False})
 
     # 3. HF's ids as conformance data, then cairn on the folder
     data = os.path.join(scratch, "tokenizer")
     os.makedirs(data, exist_ok=True)
-    base = os.path.join(data, "ggml-vocab-llama-bpe-hf.gguf")
+    base = os.path.join(data, f"ggml-vocab-{name}.gguf")
     with open(base + ".inp", "w", encoding="utf-8", newline="") as f:
         f.write("".join(t + SEP for t in texts))
     with open(base + ".out", "w", encoding="utf-8", newline="") as f:
@@ -152,8 +165,15 @@ def main():
           f"({len(cases)} from ggml-vocab-llama-bpe.gguf.inp), {multi} of several tokens; "
           f"folder {folder}")
     env = dict(os.environ, CAIRN_TESTDATA=scratch)
-    r = subprocess.run([conformance, "llama-bpe-hf", folder], env=env, timeout=120)
+    r = subprocess.run([conformance, name, folder], env=env, timeout=120)
     return 0 if r.returncode == 0 else 1
+
+
+def main():
+    # ignore_merges: llama-bpe's entry in text/tokenizer_pre.c (Llama 3's
+    # tokenizer.json has "ignore_merges": true)
+    return run(__doc__, "llama-bpe-hf", LLAMA3_REGEX, SPECIALS, EXTRA, PIECES,
+               ignore_merges=True)
 
 
 if __name__ == "__main__":

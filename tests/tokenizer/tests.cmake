@@ -37,6 +37,25 @@ add_test(NAME tokenizer_llama-bpe_hf
 set_tests_properties(tokenizer_llama-bpe_hf PROPERTIES TIMEOUT 120 LABELS engine
   SKIP_RETURN_CODE 77)
 
+# The same for GPT-4o's o200k split (gpt-oss, Llama 4): cairn must map its
+# regex to gpt-4o and give HF's ids, CamelCase and case changes under
+# combining marks, contractions after upper runs, slashes after symbols.
+add_test(NAME tokenizer_gpt-4o_hf
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_gpt4o_hf.py
+          $<TARGET_FILE:test_tokenizer_conformance> ${CMAKE_CURRENT_BINARY_DIR}/gpt-4o-hf)
+set_tests_properties(tokenizer_gpt-4o_hf PROPERTIES TIMEOUT 120 LABELS engine
+  SKIP_RETURN_CODE 77)
+
+# gpt-oss's real vocabulary (o200k_harmony, built from OpenAI's o200k_base
+# ranks that ride in a PyPI wheel) against OpenAI's tiktoken: ids of ~1100
+# texts and of every UTF-8 token alone, decoding, and harmony's specials.
+add_test(NAME tokenizer_o200k_tiktoken
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_o200k_tiktoken.py
+          $<TARGET_FILE:test_tokenizer_conformance> $<TARGET_FILE:cairn>
+          ${CMAKE_CURRENT_BINARY_DIR}/o200k)
+set_tests_properties(tokenizer_o200k_tiktoken PROPERTIES TIMEOUT 300 LABELS engine
+  SKIP_RETURN_CODE 77)
+
 cairn_add_test(test_tokenizer SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_tokenizer.c LABELS engine TIMEOUT 120)
 
 # Plain text never produces a special token: every vocabulary in

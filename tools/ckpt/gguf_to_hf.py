@@ -22,6 +22,21 @@ as mlp.gate / block_sparse_moe.gate, and qwen2moe's shared expert as mlp.shared_
 1-D gate as mlp.shared_expert_gate [1, hidden]. A GGUF whose <arch>.expert_weights_scale is not 1
 is refused (HF configs have no field for it).
 
+gpt-oss (-> GptOssForCausalLM, as openai/gpt-oss-* ship it): the attention's biases (o_proj's too),
+self_attn.sinks [heads], post_attention_layernorm from GGUF's post_attention_norm (the FFN input
+norm), the router as mlp.router.{weight,bias}, and each layer's experts stacked as HF stacks them,
+gate and up interleaved along the 2*eff axis (gate the even entries, up the odd ones):
+mlp.experts.gate_up_proj_bias [E, 2*eff] and down_proj_bias [E, hidden] always, and the weights
+either as MXFP4 (when the GGUF's experts are MXFP4, unless --bf16-experts): gate_up_proj_blocks U8
+[E, 2*eff, hidden/32, 16] / gate_up_proj_scales U8 [E, 2*eff, hidden/32] and down_proj_blocks /
+down_proj_scales [E, hidden, eff/32(, 16)], the GGUF's blocks moved bit for bit into HF's nibble
+order (byte b holds elements 2b and 2b+1, low nibble first, where GGUF's byte b holds b and
+b+16), with config.json's quantization_config {"quant_method": "mxfp4"}; or as BF16 (the
+dequantized variants): gate_up_proj [E, hidden, 2*eff] and down_proj [E, eff, hidden], input-major
+as HF multiplies them (x @ W). MXFP4 values are BF16 values, so --bf16-experts loses nothing.
+config.json's rope_scaling says "truncate": true: the YaRN a GGUF holds is llama.cpp's, which
+rounds the correction range (the openai checkpoints say false, HF's unrounded maths).
+
 Written files: model.safetensors (or N shards model-0000i-of-0000N.safetensors with
 model.safetensors.index.json), config.json, generation_config.json, tokenizer.json,
 tokenizer_config.json. tokenizer.json is built from the GGUF vocabulary for byte-level BPE
@@ -36,7 +51,8 @@ above 65504; the counts are printed), 1-D tensors as F32 from the BF16 values, a
 from the source except general.file_type, set to 1 (MOSTLY_F16) since the tensor types changed.
 Tensor names, order and shapes are the source's: experts are stacked back into the 3-D tensors,
 and gemma3 norms are written as float32(BF16 value + 1), which is what a loader that adds 1 in
-float32 to the HF value computes.
+float32 to the HF value computes. gpt-oss's MXFP4 experts are copied as they are, and its expert
+biases written as F32 (its loaders read them as F32 only).
 """
 
 import argparse
@@ -97,12 +113,25 @@ MIXTRAL_MAP = {
     "ffn_up_exps": "block_sparse_moe.experts.{}.w3",
     "ffn_down_exps": "block_sparse_moe.experts.{}.w2",
 }
-SUPPORTED = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma3")
+# gpt-oss: the tensors named one to one (its experts are stacked: gptoss_experts); the FFN input
+# norm is post_attention_norm in the GGUF, and the sinks have no ".weight" in HF.
+GPTOSS_LAYER_MAP = {
+    "attn_norm": "input_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_sinks": "self_attn.sinks",
+    "ffn_gate_inp": "mlp.router",
+}
+SUPPORTED = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma3", "gpt-oss")
 ARCH_LAYER_MAP = {
     "gemma3": GEMMA3_LAYER_MAP,
     "qwen2moe": dict(LAYER_MAP, **QWEN_MOE_MAP),
     "qwen3moe": dict(LAYER_MAP, **QWEN_MOE_MAP),
     "llama": dict(LAYER_MAP, **MIXTRAL_MAP),
+    "gpt-oss": GPTOSS_LAYER_MAP,
 }
 
 # Qwen2's pre-tokenizer regex, as Qwen2/2.5 tokenizer.json ships it.
@@ -157,6 +186,8 @@ def hf_name(gname, arch="llama"):
     lm = ARCH_LAYER_MAP.get(arch, LAYER_MAP)
     p = gname.split(".")
     if p[0] == "blk" and len(p) == 4 and p[2] in lm:
+        if arch == "gpt-oss" and p[2] == "attn_sinks":
+            return f"model.layers.{int(p[1])}.{lm[p[2]]}"
         return f"model.layers.{int(p[1])}.{lm[p[2]]}.{p[3]}"
     return None
 
@@ -192,14 +223,98 @@ def to_bf16_bits(t, shape, minus_one=False):
     return out.reshape(shape)
 
 
-def load_weights(r, arch):
-    """-> list of (gguf_name, gguf numpy shape, [(hf_name, BF16 bits in HF shape), ...]), one
-    entry per GGUF tensor in file order; a 3-D expert tensor gives one HF tensor per expert.
-    Weights are rounded to BF16 as they are dequantized, so the model is held once, as BF16."""
+def mxfp4_to_hf(blocks):
+    """GGUF MXFP4 blocks ([..., 17] bytes: the E8M0 scale, then byte j holding element j in its
+    low nibble and j+16 in its high one) -> (HF's 16 bytes [..., 16] with byte b holding element
+    2b in its low nibble and 2b+1 in its high one, the scale bytes [...])."""
+    qs = blocks[..., 1:]
+    el = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)          # [..., 32] codes, in order
+    return (el[..., 0::2] | (el[..., 1::2] << 4)).astype(np.uint8), blocks[..., 0].copy()
+
+
+def gptoss_experts(r, bf16_experts):
+    """gpt-oss's expert tensors: {gguf name: (parts, twin)} where parts are the HF tensors that
+    GGUF tensor stands for ([(hf_name, array)], the stacked gate_up ones on the gate entry) and twin
+    is (array, how) for the --f16-gguf copy: the MXFP4 bytes as they are (how: the GGUF type), float
+    experts as F16 of their BF16 values (how "F16"; array float32), biases as F32 of theirs (how
+    "F32": model.c reads expert biases as F32 only)."""
+    by_name = {t.name: t for t in r.tensors}
+    out = {}
+    bf16_cache = {}
+
+    def bf16(name):                              # BF16 bits in numpy (GGUF outer-first) shape
+        if name not in bf16_cache:
+            t = by_name[name]
+            bf16_cache[name] = to_bf16_bits(t, [int(x) for x in reversed(t.shape)])
+        return bf16_cache[name]
+
+    def interleave(a, b, axis):                  # a on the even entries of `axis`, b on the odd
+        shape = list(a.shape)
+        shape[axis] *= 2
+        o = np.empty(shape, dtype=a.dtype)
+        sl = [slice(None)] * len(shape)
+        sl[axis] = slice(0, None, 2)
+        o[tuple(sl)] = a
+        sl[axis] = slice(1, None, 2)
+        o[tuple(sl)] = b
+        return o
+
+    layers = sorted({int(n.split(".")[1]) for n in by_name if "_exps." in n})
+    for l in layers:
+        g = {k: by_name[f"blk.{l}.ffn_{k}_exps.weight"] for k in ("gate", "up", "down")}
+        pre = f"model.layers.{l}.mlp.experts."
+        mx = all(t.tensor_type == gguf.GGMLQuantizationType.MXFP4 for t in g.values())
+        if mx and not bf16_experts:
+            hf = {}
+            for k, t in g.items():
+                q, sc = mxfp4_to_hf(np.asarray(t.data).reshape(t.data.shape[0], t.data.shape[1],
+                                                               -1, 17))
+                hf[k] = (q, sc)
+                out[t.name] = ([], (np.asarray(t.data), gguf.GGMLQuantizationType.MXFP4))
+            out[g["gate"].name] = ([
+                (pre + "gate_up_proj_blocks", interleave(hf["gate"][0], hf["up"][0], 1)),
+                (pre + "gate_up_proj_scales", interleave(hf["gate"][1], hf["up"][1], 1))],
+                out[g["gate"].name][1])
+            out[g["down"].name] = ([(pre + "down_proj_blocks", hf["down"][0]),
+                                    (pre + "down_proj_scales", hf["down"][1])],
+                                   out[g["down"].name][1])
+        else:
+            # (from MXFP4: E2M1 codes times a power of two, which BF16 holds exactly)
+            w = {k: bf16(t.name) for k, t in g.items()}              # [E, out, in]
+            for k, t in g.items():
+                out[t.name] = ([], (ckpt_io.bf16_bits_to_f32(w[k]), "F16"))
+            # HF multiplies x @ W: the input axis before the output one
+            gate_up = interleave(w["gate"].transpose(0, 2, 1), w["up"].transpose(0, 2, 1), 2)
+            out[g["gate"].name] = ([(pre + "gate_up_proj", gate_up)], out[g["gate"].name][1])
+            out[g["down"].name] = ([(pre + "down_proj", np.ascontiguousarray(
+                w["down"].transpose(0, 2, 1)))], out[g["down"].name][1])
+        b = {k: bf16(f"blk.{l}.ffn_{k}_exps.bias") for k in ("gate", "up", "down")}   # [E, n]
+        for k in b:
+            out[f"blk.{l}.ffn_{k}_exps.bias"] = ([], (ckpt_io.bf16_bits_to_f32(b[k]), "F32"))
+        out[f"blk.{l}.ffn_gate_exps.bias"] = ([(pre + "gate_up_proj_bias",
+                                                interleave(b["gate"], b["up"], 1))],
+                                              out[f"blk.{l}.ffn_gate_exps.bias"][1])
+        out[f"blk.{l}.ffn_down_exps.bias"] = ([(pre + "down_proj_bias", b["down"])],
+                                              out[f"blk.{l}.ffn_down_exps.bias"][1])
+        bf16_cache.clear()
+    return out
+
+
+def load_weights(r, arch, bf16_experts=False):
+    """-> list of (gguf_name, gguf numpy shape, [(hf_name, BF16 bits in HF shape), ...], twin),
+    one entry per GGUF tensor in file order; a 3-D expert tensor gives one HF tensor per expert.
+    Weights are rounded to BF16 as they are dequantized, so the model is held once, as BF16.
+    twin is None, or what --f16-gguf writes for that tensor instead (gpt-oss's experts, whose HF
+    tensors stand for several GGUF ones and may be U8 MXFP4 blocks: gptoss_experts)."""
     nh = field(r, f"{arch}.attention.head_count")
     nkv = field(r, f"{arch}.attention.head_count_kv", nh)
+    experts = gptoss_experts(r, bf16_experts) if arch == "gpt-oss" else {}
     out = []
     for t in r.tensors:
+        if t.name in experts:
+            parts, twin = experts[t.name]
+            out.append((t.name, [int(x) for x in reversed(t.shape)], parts, twin))
+            continue
         hn = hf_name(t.name, arch)
         if hn is None:
             if t.name == "rope_freqs.weight":
@@ -222,7 +337,7 @@ def load_weights(r, arch):
             parts = [(hn.format(e), b[e]) for e in range(b.shape[0])]
         else:
             parts = [(hn, b)]
-        out.append((t.name, shape, parts))
+        out.append((t.name, shape, parts, None))
     return out
 
 
@@ -240,7 +355,7 @@ def yarn_scaling(r, arch):
     return sc
 
 
-def make_config(r, arch, vocab_rows, tied):
+def make_config(r, arch, vocab_rows, tied, mxfp4=False):
     g = lambda k, d=None: field(r, f"{arch}.{k}", d)  # noqa: E731
     nh = g("attention.head_count")
     dim = g("embedding_length")
@@ -292,11 +407,59 @@ def make_config(r, arch, vocab_rows, tied):
     elif arch == "gemma3":
         del cfg["hidden_act"]                   # Gemma's field is hidden_activation
         cfg.update(gemma3_config(r, g, head_dim or dim // nh))
+    elif arch == "gpt-oss":
+        cfg.update(gptoss_config(r, g, head_dim or dim // nh, n_exp, mxfp4))
+        return dict(sorted(cfg.items()))
     else:
         raise SystemExit(f"architecture {arch} not supported")
     if n_exp or arch.endswith("moe"):
         cfg.update(moe_config(g, arch, n_exp))
     return dict(sorted(cfg.items()))
+
+
+def gptoss_config(r, g, head_dim, n_exp, mxfp4):
+    """GptOssForCausalLM's fields, as openai/gpt-oss-20b ships them (with its duplicate
+    experts_per_token and initial_context_length), for the GGUF's shapes."""
+    n_layer = g("block_count")
+    pattern = g("attention.sliding_window_pattern", 2)
+    if pattern != 2:
+        raise SystemExit(f"gpt-oss.attention.sliding_window_pattern = {pattern}: "
+                         "GptOssConfig's layer_types alternate (local, global)")
+    if not n_exp:
+        raise SystemExit("gpt-oss: no gpt-oss.expert_count")
+    cfg = {
+        "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
+        "head_dim": head_dim, "attention_bias": True,
+        "intermediate_size": g("expert_feed_forward_length", g("feed_forward_length")),
+        "num_local_experts": n_exp, "num_experts_per_tok": g("expert_used_count"),
+        "experts_per_token": g("expert_used_count"),
+        "sliding_window": g("attention.sliding_window"),
+        # even layers local, as GptOssConfig's default and llama.cpp's
+        "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention"
+                        for i in range(n_layer)],
+        "swiglu_limit": 7.0, "router_aux_loss_coef": 0.9, "output_router_logits": False,
+        "transformers_version": "4.55.0",
+    }
+    sc = yarn_scaling(r, "gpt-oss")
+    if sc is not None:
+        del sc["type"]
+        sc.update({"rope_type": "yarn", "beta_fast": sc.get("beta_fast", 32.0),
+                   "beta_slow": sc.get("beta_slow", 1.0),
+                   # the GGUF's YaRN is llama.cpp's, with the correction range rounded
+                   "truncate": True})
+        cfg["initial_context_length"] = sc["original_max_position_embeddings"]
+        # some transformers versions take YaRN's factor as max_position_embeddings over
+        # original_max_position_embeddings rather than rope_scaling.factor: make the two agree,
+        # as OpenAI's 131072 = 32 * 4096 do
+        stretched = int(sc["original_max_position_embeddings"] * sc["factor"])
+        cfg["max_position_embeddings"] = max(g("context_length"), stretched)
+    cfg["rope_scaling"] = sc
+    if mxfp4:
+        cfg["quantization_config"] = {
+            "quant_method": "mxfp4",
+            "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                       "model.embed_tokens", "lm_head"]}
+    return cfg
 
 
 def gemma3_config(r, g, head_dim):
@@ -479,8 +642,11 @@ def make_tokenizer_config(r, arch):
             dec[str(i)] = {"content": toks[i], "lstrip": False, "normalized": False,
                            "rstrip": False, "single_word": False, "special": ty == 3}
     add_bos = field(r, "tokenizer.ggml.add_bos_token")
+    if add_bos is None:
+        # what a GGUF loader does without the key: BOS first for SentencePiece vocabularies
+        add_bos = field(r, "tokenizer.ggml.model") == "llama"
     cfg = {
-        "add_bos_token": bool(add_bos) if add_bos is not None else arch == "llama",
+        "add_bos_token": bool(add_bos),
         "add_eos_token": False,
         "add_prefix_space": False,
         "added_tokens_decoder": dec,
@@ -543,7 +709,20 @@ def write_f16_gguf(r, arch, weights, path):
         else:
             w.add_key_value(key, f.contents(), vtype)
     sub, big = 0, 0
-    for gname, gshape, parts in weights:
+    for gname, gshape, parts, twin in weights:
+        if twin is not None:                 # gpt-oss's experts: prepared by gptoss_experts
+            arr, how = twin
+            if how == "F32":
+                w.add_tensor(gname, np.ascontiguousarray(arr, dtype=np.float32).reshape(gshape))
+            elif how == "F16":
+                x = np.ascontiguousarray(arr, dtype=np.float32).reshape(gshape)
+                h = x.astype(np.float16)
+                sub += int(np.count_nonzero(h.astype(np.float32) != x))
+                big += int(np.count_nonzero(np.abs(x) > 65504))
+                w.add_tensor(gname, h)
+            else:
+                w.add_tensor(gname, arr, raw_dtype=how)
+            continue
         # One GGUF tensor again: the experts stacked back ([expert, out, in]), 1-D tensors 1-D.
         if len(parts) == 1:
             v = ckpt_io.bf16_bits_to_f32(parts[0][1])
@@ -582,6 +761,9 @@ def main():
     ap.add_argument("outdir")
     ap.add_argument("--shards", type=int, default=1)
     ap.add_argument("--f16-gguf")
+    ap.add_argument("--bf16-experts", action="store_true",
+                    help="gpt-oss: write MXFP4 experts as BF16 gate_up_proj/down_proj (the form of "
+                         "the dequantized checkpoints) instead of blocks and scales")
     ap.add_argument("--tokenizer-only", action="store_true",
                     help="write only the tokenizer files: tokenizer.json, and tokenizer_config.json "
                          "(chat template) and generation_config.json when the file has them")
@@ -607,14 +789,18 @@ def main():
     if arch not in SUPPORTED:
         raise SystemExit(f"architecture {arch} not supported")
     moe_check(r, arch)
-    bf = load_weights(r, arch)
+    bf = load_weights(r, arch, a.bf16_experts)
     t1 = time.time()
-    # HF checkpoints list layers in order; inside a layer the order does not matter.
-    tensors = [(hn, "BF16", b.shape, b) for _, _, parts in bf for hn, b in parts]
+    # HF checkpoints list layers in order; inside a layer the order does not matter. BF16 bits
+    # are uint16 here, gpt-oss's MXFP4 blocks and scales uint8.
+    tensors = [(hn, "U8" if b.dtype == np.uint8 else "BF16", b.shape, b)
+               for _, _, parts, _ in bf for hn, b in parts]
+    mxfp4 = any(dt == "U8" for _, dt, _, _ in tensors)
     tied = not any(hn == "lm_head.weight" for hn, _, _, _ in tensors)
     vocab_rows = next(b.shape[0] for hn, _, _, b in tensors if hn == "model.embed_tokens.weight")
     ckpt_io.write_folder(a.outdir, tensors, a.shards)
-    ckpt_io.write_json(os.path.join(a.outdir, "config.json"), make_config(r, arch, vocab_rows, tied))
+    ckpt_io.write_json(os.path.join(a.outdir, "config.json"),
+                       make_config(r, arch, vocab_rows, tied, mxfp4))
     ckpt_io.write_json(os.path.join(a.outdir, "generation_config.json"), make_generation_config(r))
     ckpt_io.write_json(os.path.join(a.outdir, "tokenizer_config.json"), make_tokenizer_config(r, arch))
     tj = make_tokenizer_json(r)

@@ -7,11 +7,14 @@ literal element-by-element restatements of the published layouts (small random m
 The vectorised writers are checked against loops written the way the formats are described
 (AutoAWQ's pack loop with order_map, AutoGPTQ's row-by-row pack with zeros - 1), the E4M3FN
 encoder against a brute-force nearest-value search with ties to even, the BF16 rounding against
-exact rational arithmetic, and the safetensors writer against the safetensors package when it is
-installed.
+exact rational arithmetic, the safetensors writer against the safetensors package when it is
+installed, and gguf_to_hf.py's gpt-oss experts (when the gguf package is there) against
+transformers' reading of them: MXFP4 blocks decoded with byte b holding elements 2b (low nibble)
+and 2b+1 (high), gate the even rows of gate_up and up the odd ones, the BF16 form input-major.
 """
 
 import os
+import subprocess
 import sys
 import tempfile
 from fractions import Fraction
@@ -98,6 +101,94 @@ def e4m3_brute(v):
     return code
 
 
+# E2M1, as transformers' FP4_VALUES lists the 16 codes
+FP4 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def hf_mxfp4_literal(blocks, scales):
+    """transformers' decode of MXFP4 experts: [E, rows, n/32, 16] bytes and [E, rows, n/32]
+    E8M0 scales -> float [E, rows, n]; byte b of a block is elements 2b (low nibble), 2b+1."""
+    E, rows, nb, _ = blocks.shape
+    out = np.zeros((E, rows, nb * 32), dtype=np.float64)
+    for e in range(E):
+        for r in range(rows):
+            for k in range(nb):
+                m = 2.0 ** (int(scales[e, r, k]) - 127)
+                for b in range(16):
+                    q = int(blocks[e, r, k, b])
+                    out[e, r, k * 32 + 2 * b] = FP4[q & 15] * m
+                    out[e, r, k * 32 + 2 * b + 1] = FP4[q >> 4] * m
+    return out
+
+
+def gguf_mxfp4_literal(raw, rows, n):
+    """GGUF's MXFP4 (common.h): 17-byte blocks {e, qs[16]}, element j < 16 the low nibble of
+    qs[j], j >= 16 the high nibble of qs[j - 16], times 2^(e - 127) -> float [E, rows, n]."""
+    blocks = raw.reshape(-1, rows, n // 32, 17)
+    out = np.zeros((blocks.shape[0], rows, n), dtype=np.float64)
+    for e in range(blocks.shape[0]):
+        for r in range(rows):
+            for k in range(n // 32):
+                m = 2.0 ** (int(blocks[e, r, k, 0]) - 127)
+                for j in range(32):
+                    q = int(blocks[e, r, k, 1 + j % 16])
+                    out[e, r, k * 32 + j] = FP4[(q & 15) if j < 16 else (q >> 4)] * m
+    return out
+
+
+def check_gptoss_experts():
+    """gguf_to_hf.py's gpt-oss experts read back the way transformers reads them."""
+    try:
+        import gguf_to_hf as g2h
+        from gguf import GGUFReader
+    except ImportError:
+        print("gguf package not installed: gpt-oss expert layout check skipped")
+        return
+    gen = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gen_synthetic_model.py")
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "oss.gguf")
+        subprocess.run([sys.executable, gen, "--shape", "tiny", "--type", "F32",
+                        "--arch", "gpt-oss", "--layers", "1", "--experts", "3",
+                        "--expert-ffn", "64", "--expert-type", "MXFP4", "-o", path],
+                       check=True, capture_output=True)
+        r = GGUFReader(path)
+        t = {x.name: x for x in r.tensors}
+        E, dim, eff = 3, 128, 64
+        gate = gguf_mxfp4_literal(np.asarray(t["blk.0.ffn_gate_exps.weight"].data), eff, dim)
+        up = gguf_mxfp4_literal(np.asarray(t["blk.0.ffn_up_exps.weight"].data), eff, dim)
+        down = gguf_mxfp4_literal(np.asarray(t["blk.0.ffn_down_exps.weight"].data), dim, eff)
+        check(np.array_equal(gate.astype(np.float32).reshape(-1, dim),
+                             g2h.dequantize(np.asarray(t["blk.0.ffn_gate_exps.weight"].data)
+                                            .reshape(-1, dim // 32 * 17),
+                                            g2h.gguf.GGMLQuantizationType.MXFP4)),
+              "gguf MXFP4 restatement agrees with gguf-py")
+        bias = {k: np.asarray(t[f"blk.0.ffn_{k}_exps.bias"].data, dtype=np.float32)
+                for k in ("gate", "up", "down")}
+        bf = lambda a: ckpt_io.bf16_bits_to_f32(ckpt_io.f32_to_bf16_bits(a))  # noqa: E731
+        for bf16 in (False, True):
+            ex = g2h.gptoss_experts(r, bf16)
+            hf = {n: a for parts, _ in ex.values() for n, a in parts}
+            pre = "model.layers.0.mlp.experts."
+            tag = "gpt-oss " + ("bf16" if bf16 else "mxfp4")
+            if bf16:
+                gu = ckpt_io.bf16_bits_to_f32(hf[pre + "gate_up_proj"])       # [E, dim, 2 eff]
+                dn = ckpt_io.bf16_bits_to_f32(hf[pre + "down_proj"])          # [E, eff, dim]
+                check(gu.shape == (E, dim, 2 * eff) and dn.shape == (E, eff, dim), tag + " shapes")
+                gu, dn = gu.transpose(0, 2, 1), dn.transpose(0, 2, 1)       # x @ W -> [out, in]
+            else:
+                gu = hf_mxfp4_literal(hf[pre + "gate_up_proj_blocks"],
+                                      hf[pre + "gate_up_proj_scales"])
+                dn = hf_mxfp4_literal(hf[pre + "down_proj_blocks"], hf[pre + "down_proj_scales"])
+            check(np.array_equal(gu[:, 0::2], gate) and np.array_equal(gu[:, 1::2], up),
+                  tag + " gate_up: gate even rows, up odd rows")
+            check(np.array_equal(dn, down), tag + " down_proj")
+            gub = ckpt_io.bf16_bits_to_f32(hf[pre + "gate_up_proj_bias"])
+            check(np.array_equal(gub[:, 0::2], bf(bias["gate"])) and
+                  np.array_equal(gub[:, 1::2], bf(bias["up"])), tag + " gate_up_proj_bias")
+            check(np.array_equal(ckpt_io.bf16_bits_to_f32(hf[pre + "down_proj_bias"]),
+                                 bf(bias["down"])), tag + " down_proj_bias")
+
+
 def main():
     rng = np.random.default_rng(1)
     out_f, in_f = 24, 64
@@ -175,6 +266,8 @@ def main():
                 check(f.get_slice("b").get_dtype() == "BF16" and f.metadata() == {"format": "pt"}, "st b")
     except ImportError:
         print("safetensors package not installed: writer cross-check skipped")
+
+    check_gptoss_experts()
 
     n = 1 if not FAILS else 0
     print(f"{'all layout checks passed' if not FAILS else str(len(FAILS)) + ' layout checks failed'}")
