@@ -148,7 +148,15 @@ typedef struct {
     char *text;
     size_t text_len, text_cap;
     bool text_ends_line;
+    /* a template whose replies are in channels (gpt-oss's harmony): the
+     * reply is read as it streams, its reasoning shown apart (faint on a
+     * terminal) and only its content kept in the conversation */
+    const cairn_chat_template *channels;
+    cairn_chat_reply_cursor cursor;
+    int shown; /* the kind of the last part shown (0: none yet) */
 } engine;
+
+static bool g_dim_out; /* stdout is a terminal: reasoning in faint text */
 
 static void engine_text(engine *e, const char *s, size_t n)
 {
@@ -167,6 +175,38 @@ static void engine_text(engine *e, const char *s, size_t n)
     e->text[e->text_len] = '\0';
 }
 
+/* A reply in channels: what has settled since the last call (`done`: all
+ * of it), reasoning faint and set off from the content by a blank line,
+ * tool calls (there are no tools here) as a note of their name. */
+static void show_parts(engine *e, bool done)
+{
+    cairn_chat_reply_part part;
+    while (cairn_chat_reply_next(e->channels, &e->cursor, e->text ? e->text : "", e->text_len,
+                                 done, &part)) {
+        const char *t = e->text + part.off;
+        if (part.kind == CAIRN_REPLY_CALL) {
+            printf("%s[a call to %.*s]%s\n", g_dim_out ? "\x1b[2m" : "", (int)part.name_len,
+                   e->text + part.name_off, g_dim_out ? "\x1b[0m" : "");
+            e->text_ends_line = true;
+            continue;
+        }
+        if (part.len == 0)
+            continue;
+        if ((int)part.kind != e->shown) {
+            if (e->shown == CAIRN_REPLY_REASONING) /* its end */
+                fputs(g_dim_out ? "\x1b[0m\n\n" : "\n\n", stdout);
+            else if (part.kind == CAIRN_REPLY_REASONING && g_dim_out)
+                fputs("\x1b[2m", stdout);
+            e->shown = part.kind;
+        }
+        fwrite(t, 1, part.len, stdout);
+        e->text_ends_line = t[part.len - 1] == '\n';
+    }
+    if (done && e->shown == CAIRN_REPLY_REASONING && g_dim_out)
+        fputs("\x1b[0m", stdout);
+    fflush(stdout);
+}
+
 static void on_event(const cairn_event *ev, void *user)
 {
     engine *e = user;
@@ -178,7 +218,9 @@ static void on_event(const cairn_event *ev, void *user)
     if (ev->kind == CAIRN_EV_DELTA) {
         if (ev->text_len) {
             engine_text(e, ev->text, ev->text_len);
-            if (e->echo) {
+            if (e->echo && e->channels) {
+                show_parts(e, false);
+            } else if (e->echo) {
                 fwrite(ev->text, 1, ev->text_len, stdout);
                 fflush(stdout);
                 e->text_ends_line = ev->text[ev->text_len - 1] == '\n';
@@ -495,10 +537,14 @@ static void turn(chat *ch, const char *text)
     r->gen.max_tokens = ch->o->n_predict;
     r->gen.sampling = ch->o->sampling;
     r->gen.stream = true;
+    memset(&ch->e->cursor, 0, sizeof ch->e->cursor);
+    ch->e->shown = 0;
     ch->e->echo = true;
     rc = engine_call(ch->e, r, true);
     ch->e->echo = false;
     engine *e = ch->e;
+    if (e->channels) /* the rest, now that the reply is whole */
+        show_parts(e, true);
     if (!e->text_ends_line)
         fputc('\n', stdout);
     fflush(stdout);
@@ -507,8 +553,19 @@ static void turn(chat *ch, const char *text)
         conv_pop(c);
         return;
     }
-    /* a stopped reply stays as far as it went: that is what the model saw */
-    conv_push(c, "assistant", e->text ? e->text : "");
+    /* a stopped reply stays as far as it went: that is what the model saw
+     * (in channels, its content: the template renders the turn's markers
+     * itself, and drops an earlier turn's reasoning as the model was
+     * trained) */
+    char *reasoning = NULL, *calls = NULL, *content = NULL;
+    if (e->channels && cairn_chat_parse_reply(e->channels, e->text ? e->text : "", e->text_len,
+                                              NULL, "call_", &reasoning, &calls,
+                                              &content) != CAIRN_OK)
+        content = NULL;
+    conv_push(c, "assistant", content ? content : e->text ? e->text : "");
+    free(reasoning);
+    free(calls);
+    free(content);
     c->have_turn = true;
     c->prompt_tokens = e->prompt_tokens;
     c->cached_tokens = e->cached_tokens;
@@ -811,6 +868,7 @@ static int start(const chat_opts *o, cairn_runtime **rt, engine *e)
         return 1;
     }
     const cairn_chat_template *t = cairn_service_chat_template(e->svc);
+    e->channels = t && cairn_chat_reply_has_channels(t) ? t : NULL;
     note_line("cairn chat: %s (%s, %s template, context %d tokens)%s%s", hp->name, hp->arch,
               cairn_chat_family_name(cairn_chat_template_family(t)), cairn_service_n_ctx(e->svc),
               o->cache_dir ? ", saved conversations in " : "", o->cache_dir ? o->cache_dir : "");
@@ -827,6 +885,7 @@ int cmd_chat(int argc, char **argv)
     if (!o.verbose)
         cairn_log_set_level(CAIRN_LOG_WARN);
     g_dim = isatty(STDERR_FILENO);
+    g_dim_out = isatty(STDOUT_FILENO);
     signals_install();
     signals_mask(SIG_BLOCK);
     engine e = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};

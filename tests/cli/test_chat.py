@@ -4,7 +4,10 @@
 in the cache, `/save`, a reply stopped by Ctrl-C that returns to the prompt
 (the program goes on), Ctrl-D to exit; then a restart on the same
 --cache-dir, `/load`, and a third turn whose history is reported cached (from
-disk: nothing was in memory), `/stats` saying so too.
+disk: nothing was in memory), `/stats` saying so too. And the same model
+given gpt-oss's harmony template: replies are read in channels as they
+stream (the model's headers, if it writes any, never shown), and the
+conversation goes on from the cache.
 
 usage: test_chat.py CAIRN_BIN       (exit 77 = skipped: model absent)
 """
@@ -13,6 +16,7 @@ import pty
 import re
 import select
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -207,6 +211,38 @@ class ChatTerminal(unittest.TestCase):
         self.assertGreaterEqual(cached3, PAGE * ((history - 1) // PAGE), c.out)
         self.assertGreater(disk3, 0, c.out)
         c.send("/quit\r")
+        self.assertEqual(c.wait_exit(), 0, c.out)
+
+    def test_harmony_template(self):
+        # No small model writes harmony; the instruct model under gpt-oss's
+        # template writes whatever it writes, which cairn chat must read in
+        # channels: any harmony header it imitates is taken apart, never
+        # shown, and the turn's content is what the conversation keeps.
+        try:
+            import gguf  # noqa: F401
+        except ImportError:
+            self.skipTest("the gguf Python package is not installed")
+        template = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "chat",
+                                "templates", "real", "openai-gpt-oss-120b.jinja")
+        model = os.path.join(self.dir.name, "harmony.gguf")
+        subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata",
+                        "--chat-template-file", template, "--force", MODEL, model],
+                       check=True, capture_output=True, timeout=120)
+        c = Chat("-m", model, "--temp", "0", "-c", "1024", "--page-size", str(PAGE), "-n", "24",
+                 "--system", "Answer in one short sentence.")
+        self.procs.append(c)
+        c.expect(r"harmony template")
+        c.expect(r"> ")
+        start = len(c.out)
+        first = c.say("What is the capital of France?")
+        second = c.say("And of Italy?")
+        replies = c.out[start:]
+        for marker in ("<|message|>", "<|channel|>", "<|start|>assistant"):
+            self.assertNotIn(marker, replies)
+        self.assertGreater(first[5], 0)
+        # the first turn's prompt is the second's beginning: read from the cache
+        self.assertGreaterEqual(second[1], first[0] - PAGE, c.out)
+        c.send("\x04")
         self.assertEqual(c.wait_exit(), 0, c.out)
 
     def test_commands_and_errors(self):

@@ -200,6 +200,19 @@
   }
   function fillBody(body, m) {
     body.textContent = "";
+    if (m.role === "assistant" && m.reasoning) {
+      // a reasoning model's analysis (reasoning_content), folded above the answer
+      const d = document.createElement("details");
+      d.className = "reasoning";
+      d.open = !m.content; // open while it is all there is
+      const s = document.createElement("summary");
+      s.textContent = "Reasoning";
+      const t = document.createElement("div");
+      t.textContent = m.reasoning;
+      d.appendChild(s);
+      d.appendChild(t);
+      body.appendChild(d);
+    }
     if (m.role === "assistant") body.appendChild(window.cairnMarkdown.render(m.content));
     else body.textContent = m.content;
   }
@@ -300,6 +313,15 @@
             if (chunk.error) throw new Error(chunk.error.message || "error");
             const ch = chunk.choices && chunk.choices[0];
             const delta = ch && ch.delta && ch.delta.content;
+            const thought = ch && ch.delta && ch.delta.reasoning_content;
+            if (thought) {
+              if (ttft === null) ttft = performance.now() - t0;
+              reply.reasoning = (reply.reasoning || "") + thought;
+              if (!pending) {
+                pending = true;
+                requestAnimationFrame(redraw);
+              }
+            }
             if (delta) {
               if (ttft === null) ttft = performance.now() - t0;
               reply.content += delta;
