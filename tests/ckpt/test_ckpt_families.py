@@ -21,6 +21,11 @@ checkpoints dequantized from it (gate_up_proj/down_proj, input-major, transposed
   - teacher-forced over a text, the folder's distributions match the GGUF's (mean KL and top-1
     agreement from `cairn perplexity --kl-model`): a wrong norm offset, a swapped gate and up
     projection or a misread router shows as nats, not as a rounding difference;
+  - the experts quantized as AWQ, GPTQ (asymmetric) and FP8 (128x128 blocks)
+    checkpoints of Qwen3-MoE, Qwen2-MoE and Mixtral carry them (tools/ckpt/quantize_hf.py,
+    round to nearest) give the distributions of a float folder holding the same weights
+    dequantized by the tool: every expert's codes, scales and zero points read right (GPTQ
+    act-order experts are refused naming the permutation);
   - config.json fields cairn does not implement, or that disagree with the tensors, are refused
     with the field's name: renormalised expert weights where the family does not renormalise,
     an expert count the router does not have, an irregular layer_types, logit soft-capping, a
@@ -45,6 +50,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "support"))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tools", "ckpt"))
 import harness  # noqa: E402
 import ckpt_io  # noqa: E402
+import quantize_hf  # noqa: E402
 import numpy as np  # noqa: E402
 
 CAIRN, CKPT, TESTDATA = harness.take_argv("CAIRN_BIN", "CKPT_DIR", "TESTDATA", usage=__doc__)
@@ -53,6 +59,9 @@ TEXT = os.path.join(TESTDATA, "text", "gpl-3.txt")
 ARCHES = ("gemma3", "qwen3moe", "qwen2moe", "mixtral", "qwen2", "gpt-oss", "gpt-oss-bf16")
 GEMMA = os.path.join(CKPT, "gemma-bf16")
 EXACT = {"CAIRN_CPU_BF16": "0"}
+# and 4-bit weights multiplied by float activations (not 8-bit ones): the dequantized
+# reference's arithmetic, so near-ties of a random model cannot part them
+EXACT_MATMUL = dict(EXACT, CAIRN_CPU_EXACT_MATMUL="1")
 
 PROMPT = ("The quick brown fox jumps over the lazy dog, and then it runs far away into the "
           "deep dark forest where nobody can find it again.")
@@ -179,6 +188,63 @@ class Families(unittest.TestCase):
                 self.assertIn(field, err)
                 shutil.rmtree(os.path.join(self.tmp, f"{arch}-edited"))
 
+
+    def test_quantized_experts(self):
+        methods = {"awq": ["--group-size", "32"],
+                   "gptq": ["--group-size", "32", "--asym"],
+                   "fp8": ["--fp8-scheme", "block"]}
+        for arch in ("qwen3moe", "qwen2moe", "mixtral"):
+            for method, extra in methods.items():
+                with self.subTest(arch=arch, method=method):
+                    quant = os.path.join(self.tmp, f"{arch}-{method}")
+                    args = [self.folder(arch), quant, "--method", method] + extra
+                    quantize_hf.main(args)
+                    ref = self.dequantized(quant, args)
+                    experts = [n for n in ckpt_io.read_folder(quant)
+                               if re.search(r"experts\.\d+\.(\w+_proj|w[123])\.", n)]
+                    self.assertTrue(experts, "no expert was quantized")
+                    kl, top1 = kl_against(quant, ref, 64, 2, env=EXACT_MATMUL)
+                    print(f"{arch} {method} experts vs their dequantized values: mean KL "
+                          f"{kl:.2e}, top-1 {top1:.1f}%", file=sys.stderr)
+                    self.assertLess(kl, 1e-3)
+                    self.assertGreaterEqual(top1, 99.0)
+                    shutil.rmtree(quant)
+                    shutil.rmtree(ref)
+        # act-order experts (each its own input permutation) are refused, naming the tensor
+        quant = os.path.join(self.tmp, "qwen3moe-gptq-actorder")
+        quantize_hf.main([self.folder("qwen3moe"), quant, "--method", "gptq", "--group-size",
+                          "32", "--desc-act"])
+        err = load_error(quant)
+        self.assertIn("input_perm", err)
+        self.assertIn("act-order", err)
+
+    def dequantized(self, quant, args):
+        """A float folder beside `quant` with its quantized linears as the quantizer's own
+        dequantized values (F32: exact), everything else as it is, no quantization_config."""
+        a = quantize_hf.parse(args)
+        tensors = ckpt_io.read_folder(quant)
+        prefixes = sorted({n.rsplit(".", 1)[0] for n in tensors
+                           if quantize_hf.LINEAR_RE.match(n.rsplit(".", 1)[0] + ".weight")})
+        out = []
+        for name, (dt, shape, arr) in tensors.items():
+            prefix, part = name.rsplit(".", 1)
+            if prefix in prefixes and part != "bias":  # its codes, scales, zeros, order
+                continue
+            out.append((name, dt, shape, np.asarray(arr)))
+        for prefix in prefixes:
+            w = quantize_hf.dequant_of(a, quantize_hf.unpack_of(a, tensors, prefix))
+            w = np.ascontiguousarray(w, dtype=np.float32)
+            out.append((prefix + ".weight", "F32", w.shape, w))
+        ref = quant + "-dequantized"
+        ckpt_io.write_folder(ref, out)
+        with open(os.path.join(quant, "config.json")) as f:
+            cfg = json.load(f)
+        del cfg["quantization_config"]
+        ckpt_io.write_json(os.path.join(ref, "config.json"), cfg)
+        for fn in os.listdir(quant):
+            if fn.endswith(".json") and fn not in ("config.json", "model.safetensors.index.json"):
+                shutil.copyfile(os.path.join(quant, fn), os.path.join(ref, fn))
+        return ref
 
     def test_gpt_oss_unrounded_yarn(self):
         # rope_scaling as openai/gpt-oss-20b's config.json has it (truncate false: YaRN's ramp

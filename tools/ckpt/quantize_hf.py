@@ -9,7 +9,8 @@ round-to-nearest from its min/max (AWQ, GPTQ) or absmax (FP8). The files have ex
 and config.json fields real AutoAWQ / GPTQ / llm-compressor / DeepSeek-style checkpoints have, so
 they exercise a reader; their accuracy is RTN accuracy, below that of a calibrated checkpoint.
 
-Quantized: every linear projection model.layers.N.{self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj}.
+Quantized: every linear projection model.layers.N.{self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj},
+and a mixture of experts' (mlp.experts.E.*_proj, mlp.shared_expert.*_proj, block_sparse_moe.experts.E.w1/2/3).
 Kept as in the source (BF16): embeddings, norms, biases, lm_head, as the real formats keep them.
 config.json is copied with a quantization_config added; every other *.json but the safetensors
 index (tokenizer.json, tokenizer_config.json, generation_config.json) is copied unchanged.
@@ -85,7 +86,12 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ckpt_io  # noqa: E402
 
-LINEAR_RE = re.compile(r"^model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)\.weight$")
+# the dense projections, and a mixture of experts' (Qwen2/3-MoE experts.E and shared_expert,
+# Mixtral block_sparse_moe.experts.E.w1/w2/w3) as the real AWQ / GPTQ / FP8 MoE checkpoints
+# quantize them; routers (mlp.gate, shared_expert_gate, block_sparse_moe.gate) stay as they are
+LINEAR_RE = re.compile(r"^model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|"
+                       r"mlp\.(experts\.\d+\.|shared_expert\.)?(gate|up|down)_proj|"
+                       r"block_sparse_moe\.experts\.\d+\.w[123])\.weight$")
 
 AWQ_ORDER = np.array([0, 2, 4, 6, 1, 3, 5, 7])
 AWQ_REVERSE_ORDER = np.argsort(AWQ_ORDER)          # [0, 4, 1, 5, 2, 6, 3, 7]
@@ -447,7 +453,8 @@ def verify(a, src, codes):
           f"{np.sqrt(num / den):.4f}")
 
 
-def main(argv=None):
+def parse(argv=None):
+    """The options of a quantize_hf.py command line (main's), as quantize_folder takes them."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("src")
     ap.add_argument("outdir")
@@ -464,7 +471,11 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.method == "awq" and a.group_size <= 0:
         ap.error("AWQ needs a positive group size")
-    quantize_folder(a)
+    return a
+
+
+def main(argv=None):
+    quantize_folder(parse(argv))
 
 
 if __name__ == "__main__":
