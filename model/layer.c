@@ -212,16 +212,18 @@ static int moe_ffn(cairn_backend *be, const cairn_layer_weights *w, const cairn_
             w->exp_gate_b.data ? (const float *)w->exp_gate_b.data + (size_t)e * eff : NULL,
             w->exp_up_b.data ? (const float *)w->exp_up_b.data + (size_t)e * eff : NULL,
             w->exp_down_b.data ? (const float *)w->exp_down_b.data + (size_t)e * dim : NULL};
-        TRY(gated_ffn(be, &w->exp_gate[e], &w->exp_up[e], &w->exp_down[e], &b, a->moe_in, NULL,
-                      n, exact, dim, eff, act, s, a->moe_gate, a->moe_up, a->moe_out));
+        TRY(gated_ffn(be, &w->exp_gate[e], &w->exp_up[e], &w->exp_down[e], &b, a->moe_in,
+                      a->gathered, n, exact, dim, eff, act, s, a->moe_gate, a->moe_up,
+                      a->moe_out));
         TRY(op->add_rows_scaled(be, a->x, a->moe_out, rows, mh->weights + (size_t)e * T, n,
                                 dim));
     }
     if (w->sh_gate.data) { /* qwen2moe: every row, gated by sigmoid(h·w_s) */
         TRY(linear(be, a->router, &w->sh_router, a->h, NULL, T, a->exact_rows, dim, 1));
         TRY(op->download(be, mh->probs, a->router, (size_t)T * sizeof(float)));
-        TRY(gated_ffn(be, &w->sh_gate, &w->sh_up, &w->sh_down, NULL, a->h, NULL, T, a->exact_rows,
-                      dim, s->shared_ffn_dim, ACT_SILU, s, a->moe_gate, a->moe_up, a->moe_out));
+        TRY(gated_ffn(be, &w->sh_gate, &w->sh_up, &w->sh_down, NULL, a->h, a->gathered, T,
+                      a->exact_rows, dim, s->shared_ffn_dim, ACT_SILU, s, a->moe_gate, a->moe_up,
+                      a->moe_out));
         TRY(cairn_backend_synchronize(be)); /* the gate's logits are on the host now */
         for (int t = 0; t < T; t++)
             mh->weights[t] = 1.0f / (1.0f + expf(-mh->probs[t]));

@@ -514,16 +514,22 @@ typedef struct {
                     expert biases, [n_expert][eff]), never packed */
 } tensor_binding;
 
+static int find_perm(const cairn_gguf *g, const char *weight_name, int64_t n_in,
+                     const cairn_gguf_tensor **t, char *err, size_t err_len);
+
 /* The n_expert matrices [ne1][ne0] of one expert projection (views[e], each
- * a GGUF tensor of its own to the upload): the slices of
+ * a GGUF tensor of its own to the upload), and each one's input order
+ * (perms[e]: GPTQ act-order, "blk.L.<proj>.E.input_perm", else NULL): the slices of
  * the 3-D tensor "blk.L.<proj>_exps.weight" ([ne0, ne1, n_expert]) that the
  * GGUF converters write, or else one 2-D tensor per expert,
  * "blk.L.<proj>.E.weight" (early Mixtral GGUFs, and ckpt/'s view of a HF
  * folder, whose experts are separate tensors). */
 static int find_experts(const cairn_gguf *g, int layer, const char *proj, int64_t ne0,
-                        int64_t ne1, int n_expert, cairn_gguf_tensor *views, char *err,
-                        size_t err_len)
+                        int64_t ne1, int n_expert, cairn_gguf_tensor *views,
+                        const cairn_gguf_tensor **perms, char *err, size_t err_len)
 {
+    for (int e = 0; e < n_expert; e++)
+        perms[e] = NULL;
     char name[96];
     snprintf(name, sizeof name, "blk.%d.%s_exps.weight", layer, proj);
     const cairn_gguf_tensor *t = cairn_gguf_find_tensor(g, name);
@@ -540,12 +546,8 @@ static int find_experts(const cairn_gguf *g, int layer, const char *proj, int64_
             if (rc)
                 return rc;
             views[e] = *t;
-            /* the expert path has no input gather (GPTQ act-order) */
-            snprintf(name, sizeof name, "blk.%d.%s.%d.input_perm", layer, proj, e);
-            if (cairn_gguf_find_tensor(g, name))
-                return cairn_errorf(err, err_len, CAIRN_EUNSUPPORTED,
-                                    "tensor '%s': experts with a permuted input order (GPTQ "
-                                    "act-order) are not supported", name);
+            if ((rc = find_perm(g, name, ne0, &perms[e], err, err_len)))
+                return rc;
         }
         snprintf(name, sizeof name, "blk.%d.%s.%d.weight", layer, proj, n_expert);
         if (cairn_gguf_find_tensor(g, name))
@@ -616,8 +618,9 @@ static int bind_weights(cairn_model *m, const cairn_gguf *g, tensor_binding **ou
     int64_t q_dim = hp->n_head * hd, kv_dim = hp->n_kv_head * hd;
     const int n_expert = hp->n_expert;
     /* 16 tensors and up to 7 input orders, the router, 3 matrices an
-     * expert, 4 of the shared expert, and gpt-oss's 6 biases and sinks */
-    int cap = 4 + (36 + 3 * n_expert) * hp->n_layer;
+     * expert and their input orders, 4 of the shared expert, and gpt-oss's
+     * 6 biases and sinks */
+    int cap = 4 + (36 + 6 * n_expert) * hp->n_layer;
     tensor_binding *b = calloc((size_t)cap, sizeof *b);
     if (!b)
         return CAIRN_ENOMEM;
@@ -727,15 +730,27 @@ static int bind_weights(cairn_model *m, const cairn_gguf *g, tensor_binding **ou
             static const char *const proj[3] = {"ffn_gate", "ffn_up", "ffn_down"};
             const int64_t ffe = hp->expert_ffn_dim;
             const int64_t ne0[3] = {dim, dim, ffe}, ne1[3] = {ffe, ffe, dim};
-            for (int k = 0; k < 3; k++) {
+            const cairn_gguf_tensor **perms = calloc((size_t)n_expert, sizeof *perms);
+            if (!perms) {
+                rc = CAIRN_ENOMEM;
+                goto out;
+            }
+            for (int k = 0; k < 3 && rc == CAIRN_OK; k++) {
                 const size_t at = ((size_t)l * 3 + k) * n_expert;
                 if ((rc = find_experts(g, l, proj[k], ne0[k], ne1[k], n_expert,
-                                       m->expert_views + at, err, err_len)))
-                    goto out;
-                for (int e = 0; e < n_expert; e++)
+                                       m->expert_views + at, perms, err, err_len)))
+                    break;
+                for (int e = 0; e < n_expert; e++) {
                     b[n++] = (tensor_binding){.src = m->expert_views + at + e,
                                               .dst = m->expert_weights + at + e, .expert = true};
+                    if (perms[e]) /* after its weight, as for the dense ones */
+                        b[n++] = (tensor_binding){.src = perms[e],
+                                                  .dst = m->expert_weights + at + e, .perm = true};
+                }
             }
+            free(perms);
+            if (rc)
+                goto out;
             /* gpt-oss: every expert's biases, [n_expert][eff | dim] F32 */
             weight *const eb[3] = {&L->exp_gate_b, &L->exp_up_b, &L->exp_down_b};
             for (int k = 0; k < 3 && oss; k++) {
@@ -1069,6 +1084,8 @@ static int alloc_scratch(cairn_model *m)
     if (m->has_perms) {
         size_t widest = (size_t)hp->dim > q_dim ? (size_t)hp->dim : q_dim;
         widest = widest > (size_t)hp->ffn_dim ? widest : (size_t)hp->ffn_dim;
+        widest = widest > (size_t)hp->expert_ffn_dim ? widest : (size_t)hp->expert_ffn_dim;
+        widest = widest > (size_t)hp->shared_ffn_dim ? widest : (size_t)hp->shared_ffn_dim;
         int rc = m->be->iface->alloc(m->be, T * widest * sizeof(float), (void **)&m->gathered);
         if (rc != CAIRN_OK)
             return rc;
