@@ -31,6 +31,8 @@ typedef struct {
     uint32_t msgid;
     cairn_rpc_method method;
     char *tools_json; /* the reply is read for these tools' calls (owned) */
+    bool channels;    /* a chat reply in channels (harmony): read for its
+                         content and reasoning, tools or not             */
     srv_conv *conv;   /* generate over messages: to place a cache miss    */
 } pending;
 
@@ -88,7 +90,7 @@ static pending *pending_add(rpc_conn *rc, uint32_t msgid, cairn_rpc_method m)
         rc->pend = p;
         rc->cap_pend = cap;
     }
-    rc->pend[rc->n_pend] = (pending){msgid, m, NULL, NULL};
+    rc->pend[rc->n_pend] = (pending){msgid, m, NULL, false, NULL};
     return &rc->pend[rc->n_pend++];
 }
 
@@ -204,6 +206,9 @@ static void submit_call(rpc_conn *rc, cairn_rpc_call *call)
         call->gen.grammar = NULL;
         p->tools_json = call->tools_json; /* for the reply */
         call->tools_json = NULL;
+        /* a chat reply in channels is read like the chat route's: content,
+         * reasoning, calls (`text` stays the whole reply) */
+        p->channels = call->conv.msgs && cairn_api_reply_has_channels(&rc->base.srv->api);
         if (call->method == CAIRN_RPC_GENERATE && call->conv.msgs) {
             /* the conversation, to place a cache miss in (explain.c) */
             cairn_api_call view = {.req = r, .conv = call->conv, .tools_json = p->tools_json};
@@ -495,6 +500,7 @@ static void on_input(srv_conn *c)
 typedef struct {
     srv_calls k;
     cairn_rpc_method method;
+    bool channels;
 } calls_item;
 
 static void send_event(rpc_conn *rc, cairn_rpc_method method, const cairn_event *ev,
@@ -515,9 +521,9 @@ static void calls_answer(srv_calls *k, srv_conn *c)
 {
     if (!c)
         return;
-    const cairn_rpc_tool_calls calls = {k->calls_json, k->content};
+    const cairn_rpc_tool_calls calls = {k->calls_json, k->content, k->reasoning};
     send_event((rpc_conn *)c, ((calls_item *)k)->method, &k->node->ev,
-               k->calls_json ? &calls : NULL);
+               k->calls_json || ((calls_item *)k)->channels ? &calls : NULL);
 }
 
 static bool on_event(srv_conn *c, srv_event *node);
@@ -550,11 +556,13 @@ static bool on_event(srv_conn *c, srv_event *node)
             ev->miss.reason = CAIRN_MISS_NEW_CONTENT;
         srv_miss_count(c->srv, &ev->miss);
     }
-    if (ev->kind == CAIRN_EV_DONE && ev->what == CAIRN_DONE_GENERATION && p->tools_json) {
+    if (ev->kind == CAIRN_EV_DONE && ev->what == CAIRN_DONE_GENERATION &&
+        (p->tools_json || p->channels)) {
         calls_item *ci = calloc(1, sizeof *ci);
         if (ci) {
             ci->k.node = node;
             ci->method = method;
+            ci->channels = p->channels;
             ci->k.tools_json = p->tools_json; /* the item takes it */
             p->tools_json = NULL;
             /* ids unique on the server: call_<connection>_<msgid>_<n> */

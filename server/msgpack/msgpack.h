@@ -271,17 +271,21 @@ int cairn_rpc_decode_preauth(const uint8_t *msg, size_t len, cairn_rpc_call *cal
 /* [1, msgid, {code, type, message}, nil] */
 int cairn_rpc_pack_error(msgpack_sbuffer *sb, uint32_t msgid, int code, const char *message);
 
-/* A generation's text read as tool calls (cairn_chat_parse_tool_calls): the
- * calls, a JSON array in OpenAI's form, and the text left around them. */
+/* A generation's text read (cairn_chat_parse_reply): the tool calls, a
+ * JSON array in OpenAI's form (NULL: none), the content (the text around
+ * the calls; for a reply in channels, its answer without markers) and, for
+ * a reply in channels, its reasoning (NULL: none). */
 typedef struct {
     const char *calls_json;
     const char *content;
+    const char *reasoning;
 } cairn_rpc_tool_calls;
 
 /* The whole response or notification for an engine event, given the method
  * of the request it answers. DELTA gives a gen.delta notification. `calls`
- * (NULL: none) adds tool_calls and content to a generation's result, whose
- * finish_reason is then "tool_calls". */
+ * (NULL: the text was not read) adds content, and tool_calls and reasoning
+ * when there are any, to a generation's result, whose finish_reason is
+ * "tool_calls" when there are calls. */
 int cairn_rpc_pack_event(msgpack_sbuffer *sb, cairn_rpc_method method, const cairn_event *ev,
                          const cairn_rpc_tool_calls *calls);
 

@@ -294,7 +294,8 @@ int cairn_rpc_pack_event(msgpack_sbuffer *sb, cairn_rpc_method method, const cai
     case CAIRN_DONE_GENERATION: {
         json_t *tool_calls = calls && calls->calls_json ? json_loads(calls->calls_json, 0, NULL)
                                                         : NULL;
-        msgpack_pack_map(&pk, tool_calls ? 6 : 4);
+        const bool reasoning = calls && calls->reasoning;
+        msgpack_pack_map(&pk, 4 + (tool_calls ? 1 : 0) + (calls ? 1 : 0) + (reasoning ? 1 : 0));
         pack_cstr(&pk, "text");
         pack_strn(&pk, ev->text, ev->text_len);
         pack_cstr(&pk, "tokens");
@@ -304,9 +305,15 @@ int cairn_rpc_pack_event(msgpack_sbuffer *sb, cairn_rpc_method method, const cai
         if (tool_calls) {
             pack_cstr(&pk, "tool_calls");
             pack_json(&pk, tool_calls);
+            json_decref(tool_calls);
+        }
+        if (calls) {
             pack_cstr(&pk, "content");
             pack_cstr(&pk, calls->content ? calls->content : "");
-            json_decref(tool_calls);
+        }
+        if (reasoning) {
+            pack_cstr(&pk, "reasoning");
+            pack_cstr(&pk, calls->reasoning);
         }
         pack_cstr(&pk, "usage");
         msgpack_pack_map(&pk, ev->spec_forwards > 0 ? 6 : 5);

@@ -342,6 +342,29 @@ class Harmony(harness.TestCase):
         self.assertEqual(input_tokens([{"type": "redacted_thinking", "data": "x"}, use]),
                          input_tokens([use]))
 
+    def test_protocol_reads_channels(self):
+        # the msgpack protocol's generate over messages: `text` stays the whole
+        # reply, `content` and `reasoning` are its parts, calls as tool_calls
+        fmt = lambda text: {"type": "json_schema",  # noqa: E731
+                            "json_schema": {"name": "reply", "schema": {"const": text}}}
+        msgs = [{"role": "user", "content": "Hi"}]
+        with self.server.client() as c:
+            r = c.generate(messages=msgs, max_tokens=300, temperature=0,
+                           response_format=fmt(REASONED))
+            self.assertIn("<|channel|>analysis", r.text)
+            self.assertEqual(r.reasoning, "Think it over.")
+            self.assertEqual(r.content.strip(), '"Answer."')
+            self.assertEqual(r.finish_reason, "stop")
+            r = c.generate(messages=msgs, tools=TOOLS, max_tokens=300, temperature=0,
+                           response_format=fmt(CALL))
+            self.assertEqual(r.finish_reason, "tool_calls")
+            self.assertEqual(r.reasoning, "Need the weather.")
+            self.assertEqual(r.tool_calls[0]["function"]["name"], "get_weather")
+            # a raw prompt is not a chat reply: left as it is
+            r = c.generate("Hi", max_tokens=2)
+            self.assertIsNone(r.content)
+            self.assertIsNone(r.reasoning)
+
     def test_reasoning_effort(self):
         # OpenAI's field, and vLLM's chat_template_kwargs (the system message's
         # "Reasoning: " line; the rendering itself is checked in tests/chat)

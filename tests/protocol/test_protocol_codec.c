@@ -807,7 +807,8 @@ static msgpack_object unpack(msgpack_unpacked *u, const msgpack_sbuffer *sb)
     return u->data;
 }
 
-static const msgpack_object *map_get(const msgpack_object *o, const char *key)
+/* The value of `key` in map o, NULL when it has none. */
+static const msgpack_object *map_find(const msgpack_object *o, const char *key)
 {
     assert_int_equal(o->type, MSGPACK_OBJECT_MAP);
     for (uint32_t i = 0; i < o->via.map.size; i++) {
@@ -816,8 +817,15 @@ static const msgpack_object *map_get(const msgpack_object *o, const char *key)
             memcmp(kv->key.via.str.ptr, key, strlen(key)) == 0)
             return &kv->val;
     }
-    fail_msg("key %s missing", key);
     return NULL;
+}
+
+static const msgpack_object *map_get(const msgpack_object *o, const char *key)
+{
+    const msgpack_object *v = map_find(o, key);
+    if (!v)
+        fail_msg("key %s missing", key);
+    return v;
 }
 
 static void test_pack(void **state)
@@ -905,7 +913,7 @@ static void test_pack(void **state)
     const cairn_rpc_tool_calls calls = {
         "[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"f\","
         "\"arguments\":\"{\\\"n\\\":2}\"},\"n\":[1,-2,0.5,true,null]}]",
-        "around"};
+        "around", NULL};
     msgpack_sbuffer_init(&sb);
     assert_int_equal(cairn_rpc_pack_event(&sb, CAIRN_RPC_SESSION_GENERATE, &ev, &calls), CAIRN_OK);
     o = unpack(&u, &sb);
@@ -923,6 +931,24 @@ static void test_pack(void **state)
     assert_true(n->via.array.ptr[2].via.f64 == 0.5);
     assert_true(n->via.array.ptr[3].via.boolean);
     assert_int_equal(n->via.array.ptr[4].type, MSGPACK_OBJECT_NIL);
+    assert_null(map_find(r, "reasoning"));
+    msgpack_unpacked_destroy(&u);
+    msgpack_sbuffer_destroy(&sb);
+
+    /* A reply in channels without calls: its content and reasoning, the
+     * finish_reason the generation's own. */
+    const cairn_rpc_tool_calls parts = {NULL, "the answer", "thought"};
+    msgpack_sbuffer_init(&sb);
+    assert_int_equal(cairn_rpc_pack_event(&sb, CAIRN_RPC_GENERATE, &ev, &parts), CAIRN_OK);
+    o = unpack(&u, &sb);
+    r = &o.via.array.ptr[3];
+    assert_memory_equal(map_get(r, "finish_reason")->via.str.ptr, ev.finish_reason,
+                        strlen(ev.finish_reason));
+    assert_null(map_find(r, "tool_calls"));
+    assert_int_equal(map_get(r, "content")->via.str.size, 10);
+    assert_memory_equal(map_get(r, "content")->via.str.ptr, "the answer", 10);
+    assert_int_equal(map_get(r, "reasoning")->via.str.size, 7);
+    assert_memory_equal(map_get(r, "reasoning")->via.str.ptr, "thought", 7);
     msgpack_unpacked_destroy(&u);
     msgpack_sbuffer_destroy(&sb);
 

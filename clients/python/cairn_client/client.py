@@ -122,7 +122,9 @@ class GenerationResult:
     With `tools` on session_generate, a reply that calls them has
     finish_reason "tool_calls", `tool_calls` (OpenAI's shape: {id, type,
     function: {name, arguments}} with arguments as JSON text) and `content`
-    (the text around the calls); `text` is always the whole reply."""
+    (the text around the calls); `text` is always the whole reply. A chat
+    reply in channels (gpt-oss's harmony) also has `content` (its answer,
+    without markers) and `reasoning` (its analysis, or None)."""
 
     text: str
     tokens: List[int]
@@ -130,6 +132,7 @@ class GenerationResult:
     usage: Usage
     tool_calls: List[Dict[str, Any]] = field(default_factory=list)
     content: Optional[str] = None
+    reasoning: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -143,6 +146,7 @@ class GenerationResult:
             finish_reason=m.get("finish_reason", ""),
             tool_calls=list(m.get("tool_calls") or []),
             content=m.get("content"),
+            reasoning=m.get("reasoning"),
             usage=Usage(
                 prompt_tokens=int(u.get("prompt_tokens", 0)),
                 cached_tokens=int(u.get("cached_tokens", 0)),
