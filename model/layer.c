@@ -111,6 +111,19 @@ static int gated_ffn(cairn_backend *be, const cairn_layer_weight *w_gate,
     return CAIRN_OK;
 }
 
+/* v[0..n) = softmax(v), summed in double about the largest. */
+static void softmax_in_place(float *v, int n)
+{
+    float mx = v[0];
+    for (int i = 1; i < n; i++)
+        mx = v[i] > mx ? v[i] : mx;
+    double sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += (double)(v[i] = expf(v[i] - mx));
+    for (int i = 0; i < n; i++)
+        v[i] = (float)(v[i] / sum);
+}
+
 /* Each row's experts from the router's logits in mh->probs [T][E] (host):
  * softmax, the top k (ties to the lower index), their weights (renormalised
  * to sum 1 when `norm`, times `scale`), gathered per expert into rows /
@@ -124,16 +137,8 @@ static void route_tokens(const cairn_moe_host *mh, int T, int E, int k, bool nor
         mh->count[e] = 0;
     for (int t = 0; t < T; t++) {
         float *p = mh->probs + (size_t)t * E;
-        if (!softmax_chosen) { /* probabilities of all E first */
-            float mx = p[0];
-            for (int e = 1; e < E; e++)
-                mx = p[e] > mx ? p[e] : mx;
-            double sum = 0;
-            for (int e = 0; e < E; e++)
-                sum += (double)(p[e] = expf(p[e] - mx));
-            for (int e = 0; e < E; e++)
-                p[e] = (float)(p[e] / sum);
-        }
+        if (!softmax_chosen) /* probabilities of all E first */
+            softmax_in_place(p, E);
         /* the top k by repeated selection (k is small: 2 to 10) */
         int chosen[CAIRN_MOE_MAX_USED];
         float w[CAIRN_MOE_MAX_USED];
@@ -150,14 +155,8 @@ static void route_tokens(const cairn_moe_host *mh, int T, int E, int k, bool nor
             chosen[j] = best;
             w[j] = p[best];
         }
-        if (softmax_chosen) { /* logits of the k chosen -> their softmax (w[0] is their max) */
-            const float top = w[0];
-            double sum = 0;
-            for (int j = 0; j < k; j++)
-                sum += (double)(w[j] = expf(w[j] - top));
-            for (int j = 0; j < k; j++)
-                w[j] = (float)(w[j] / sum);
-        }
+        if (softmax_chosen) /* logits of the k chosen -> their softmax */
+            softmax_in_place(w, k);
         for (int j = 0; j < k; j++)
             wsum += w[j];
         /* renormalised as llama.cpp does: the sum clamped to F16's smallest

@@ -880,7 +880,8 @@ static int harmony_parts(const cairn_chat_template *t, const char *s, size_t len
     return reasoning->text.oom || content->text.oom ? CAIRN_ENOMEM : CAIRN_OK;
 }
 
-/* The ids "<prefix><n>" of calls, and the array as JSON text. */
+/* The ids "<prefix><n>" of calls (every family's), and the array as JSON
+ * text. */
 static int number_calls(json_t *calls, const char *id_prefix, char **calls_json)
 {
     size_t i;
@@ -999,24 +1000,16 @@ int cairn_chat_parse_tool_calls(const cairn_chat_template *t, const char *text, 
     json_decref(tools);
     if (rc == CAIRN_OK && json_array_size(calls) == 0)
         rc = CAIRN_ENOTFOUND;
-    size_t i;
-    json_t *call;
-    json_array_foreach(calls, i, call)
-    {
-        char id[160];
-        snprintf(id, sizeof id, "%s%zu", id_prefix ? id_prefix : "call_", i);
-        if (rc == CAIRN_OK && json_object_set_new(call, "id", json_string(id)) != 0)
-            rc = CAIRN_ENOMEM;
-    }
     char *cj = NULL, *ct = NULL;
+    if (rc == CAIRN_OK)
+        rc = number_calls(calls, id_prefix, &cj);
     if (rc == CAIRN_OK) {
-        cj = json_dumps(calls, JSON_COMPACT | JSON_PRESERVE_ORDER);
         const char *d = rest.text.data ? rest.text.data : "";
         size_t a = skip_ws(d, 0, rest.text.len), e = rest.text.len;
         while (e > a && is_ws(d[e - 1]))
             e--;
         ct = malloc(e - a + 1);
-        if (!cj || !ct) {
+        if (!ct) {
             rc = CAIRN_ENOMEM;
         } else {
             if (e > a)
