@@ -22,6 +22,9 @@
  *         (disable_parallel_tool_use     -> parallel_tool_calls: false)
  *   stop_sequences, max_tokens (required), temperature, top_p, top_k,
  *   stream, seed, session_id             -> the chat fields of those names
+ *   thinking {type: disabled}            -> chat_template_kwargs.enable_thinking
+ *                                           false (enabled, adaptive: the
+ *                                           model's default; no budget kept)
  *   metadata, anthropic-version          -> ignored
  *   cache_control {type: ephemeral,      -> cache pins (cairn_request.pins):
  *     ttl: 5m | 1h} on system blocks,       the prompt up to the end of the
@@ -479,6 +482,31 @@ static int output_format_field(const json_t *params, json_t *chat, cairn_api_err
                          "output", "schema", schema), e);
 }
 
+/* thinking {type: enabled (budget_tokens) | adaptive | disabled}: disabled
+ * asks the template not to reason (chat_template_kwargs.enable_thinking
+ * false: Qwen3 answers at once, harmony reasons least); enabled and
+ * adaptive are what the model does anyway. A thinking budget is not
+ * enforced: max_tokens bounds the reply, reasoning included. */
+static int thinking_field(const json_t *params, json_t *chat, cairn_api_error *e)
+{
+    json_t *th = api_field(params, "thinking");
+    if (!th)
+        return CAIRN_OK;
+    const char *type = json_string_value(json_object_get(th, "type"));
+    json_t *budget = json_object_get(th, "budget_tokens");
+    int64_t n;
+    if (!json_is_object(th) || !type ||
+        (strcmp(type, "enabled") && strcmp(type, "disabled") && strcmp(type, "adaptive")))
+        return api_fail(e, CAIRN_EINVAL, "thinking.type",
+                        "'thinking.type' must be \"enabled\", \"adaptive\" or \"disabled\"");
+    if (budget && (!api_json_int(budget, &n) || n < 0))
+        return api_fail(e, CAIRN_EINVAL, "thinking.budget_tokens",
+                        "'thinking.budget_tokens' must be a non-negative integer");
+    if (strcmp(type, "disabled") != 0)
+        return CAIRN_OK;
+    return api_set(chat, "chat_template_kwargs", json_pack("{s:b}", "enable_thinking", 0), e);
+}
+
 static int translate(const json_t *params, json_t *chat, cache_plan *cp, cairn_api_error *e)
 {
     /* seed and session_id: cairn's extensions, as on the chat route */
@@ -516,6 +544,8 @@ static int translate(const json_t *params, json_t *chat, cache_plan *cp, cairn_a
         rc = tool_choice_field(params, chat, e);
     if (rc == CAIRN_OK)
         rc = output_format_field(params, chat, e);
+    if (rc == CAIRN_OK)
+        rc = thinking_field(params, chat, e);
     return rc;
 }
 

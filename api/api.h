@@ -250,6 +250,11 @@ int cairn_api_reply(const cairn_api *api, const char *text, size_t len, const ch
                     const char *id_prefix, bool cut, char **reasoning, char **calls_json,
                     char **content);
 
+/* Tokens in a reply's reasoning, for usage's reasoning_tokens: the count
+ * of `text` tokenized as plain text (the markers around it not counted).
+ * 0 without a vocabulary. Cheap next to the generation: any thread. */
+int64_t cairn_api_reasoning_tokens(const cairn_api *api, const char *text, size_t len);
+
 /* Streaming a reply in channels: its next settled part from *c on
  * (text/text.h, cairn_chat_reply_next). Reasoning and content pieces come
  * as they are written, concatenated the beginnings of cairn_api_reply's

@@ -485,6 +485,16 @@ int cairn_api_tool_calls(const cairn_api *api, const char *text, size_t len,
     return CAIRN_OK;
 }
 
+int64_t cairn_api_reasoning_tokens(const cairn_api *api, const char *text, size_t len)
+{
+    int32_t one;
+    size_t n = 0;
+    if (!api->vocab || !text || len == 0)
+        return 0;
+    int rc = cairn_tokenize(api->vocab, text, len, 0, &one, 1, &n);
+    return rc == CAIRN_OK || rc == CAIRN_ERANGE ? (int64_t)n : 0;
+}
+
 bool cairn_api_reply_has_channels(const cairn_api *api)
 {
     return api->chat_template && cairn_chat_reply_has_channels(api->chat_template);
@@ -500,6 +510,28 @@ int cairn_api_reply(const cairn_api *api, const char *text, size_t len, const ch
             return CAIRN_ENOTFOUND;
         return cairn_api_tool_calls(api, text, len, tools_json, id_prefix, cut, calls_json,
                                     content);
+    }
+    if (cairn_chat_template_thinks(api->chat_template)) {
+        /* the reasoning first; the calls are the content's, read (cut or
+         * not) as any other family's */
+        int rc = cairn_chat_parse_reply(api->chat_template, text ? text : "", text ? len : 0,
+                                        NULL, id_prefix, reasoning, calls_json, content);
+        if (rc != CAIRN_OK || !tools_json)
+            return rc;
+        char *rest = NULL;
+        rc = cairn_api_tool_calls(api, *content, strlen(*content), tools_json, id_prefix, cut,
+                                  calls_json, &rest);
+        if (rc == CAIRN_OK && rest) {
+            free(*content);
+            *content = rest;
+        } else if (rc == CAIRN_ENOTFOUND) {
+            rc = CAIRN_OK; /* no call: the content as read */
+        } else if (rc != CAIRN_OK) {
+            free(*reasoning);
+            free(*content);
+            *reasoning = *content = NULL;
+        }
+        return rc;
     }
     /* A harmony call is told by its header, and one cut off keeps its
      * arguments only when they are complete JSON: nothing of a broken call

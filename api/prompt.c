@@ -433,25 +433,39 @@ int api_native_content(const cairn_api *api, const json_t *params, const api_con
 /* ---- OpenAI's content --------------------------------------------------------------------- */
 
 /* reasoning_effort (OpenAI's field, or in chat_template_kwargs as vLLM and
- * llama.cpp take it): CAIRN_CHAT_REASONING_* (0: the template's default). */
+ * llama.cpp take it): CAIRN_CHAT_REASONING_* (0: the template's default);
+ * chat_template_kwargs.enable_thinking false: CAIRN_CHAT_NO_THINKING. */
 static int reasoning_flags(const json_t *params, int *flags, cairn_api_error *e)
 {
-    static const char *const names[] = {"low", "medium", "high"};
-    static const int values[] = {CAIRN_CHAT_REASONING_LOW, 0, CAIRN_CHAT_REASONING_HIGH};
+    /* "none" and "minimal" (OpenAI's newer levels): as little as the
+     * model allows, i.e. no reasoning where the template can turn it off */
+    static const char *const names[] = {"none", "minimal", "low", "medium", "high"};
+    static const int values[] = {CAIRN_CHAT_NO_THINKING, CAIRN_CHAT_NO_THINKING,
+                                 CAIRN_CHAT_REASONING_LOW, 0, CAIRN_CHAT_REASONING_HIGH};
     const char *field = "reasoning_effort";
     json_t *v = api_field(params, field);
     json_t *kwargs = api_field(params, "chat_template_kwargs");
     if (!v && json_is_object(kwargs) && (v = api_field(kwargs, field)))
         field = "chat_template_kwargs.reasoning_effort";
     *flags = 0;
+    /* enable_thinking (Qwen3's template variable, in chat_template_kwargs
+     * as vLLM, SGLang and llama.cpp take it): false answers without
+     * reasoning */
+    json_t *think = json_is_object(kwargs) ? api_field(kwargs, "enable_thinking") : NULL;
+    if (think && !json_is_boolean(think))
+        return api_fail(e, CAIRN_EINVAL, "chat_template_kwargs.enable_thinking",
+                        "'chat_template_kwargs.enable_thinking' must be a boolean");
+    if (think && json_is_false(think))
+        *flags |= CAIRN_CHAT_NO_THINKING;
     if (!v)
         return CAIRN_OK;
     for (size_t i = 0; json_is_string(v) && i < sizeof names / sizeof names[0]; i++)
         if (strcmp(json_string_value(v), names[i]) == 0) {
-            *flags = values[i];
+            *flags |= values[i];
             return CAIRN_OK;
         }
-    return api_fail(e, CAIRN_EINVAL, field, "'%s' must be \"low\", \"medium\" or \"high\"",
+    return api_fail(e, CAIRN_EINVAL, field,
+                    "'%s' must be \"none\", \"minimal\", \"low\", \"medium\" or \"high\"",
                     field);
 }
 

@@ -15,15 +15,17 @@
 
 static const char help[] =
     "usage: cairn chat-format -m MODEL --messages FILE.json [--tools FILE.json]\n"
-    "                         [--no-generation-prompt]\n\n"
+    "                         [--no-generation-prompt] [--no-thinking]\n\n"
     "Formats a conversation with the model's chat template (tokenizer.chat_template)\n"
     "and prints the text to stdout exactly, without a trailing newline. A leading\n"
     "BOS the template writes is left out (tokenization adds it).\n\n"
     "  -m, --model PATH            GGUF file or checkpoint folder (only metadata is used)\n"
     "      --messages FILE         JSON array of OpenAI-style messages: {role, content,\n"
-    "                              tool_calls?, tool_call_id?, name?} (\"-\" = stdin)\n"
+    "                              tool_calls?, tool_call_id?, name?,\n"
+    "                              reasoning_content?} (\"-\" = stdin)\n"
     "      --tools FILE            JSON array of OpenAI tools [{type, function}]\n"
     "      --no-generation-prompt  do not open an assistant turn at the end\n"
+    "      --no-thinking           answer without reasoning (enable_thinking=false)\n"
     "      --family                print the recognised template family to stderr\n"
     "  -h, --help                  this help\n";
 
@@ -70,13 +72,14 @@ int cmd_chat_format(int argc, char **argv)
 {
     const char *model_path = CLI_DEFAULT_MODEL;
     const char *messages_path = NULL, *tools_path = NULL;
-    bool gen_prompt = true, show_family = false;
+    bool gen_prompt = true, show_family = false, no_thinking = false;
     static const struct option longopts[] = {
         CLI_MODEL_PATH_LONGOPT,
         {"messages", required_argument, 0, 1},
         {"tools", required_argument, 0, 2},
         {"no-generation-prompt", no_argument, 0, 3},
         {"family", no_argument, 0, 4},
+        {"no-thinking", no_argument, 0, 5},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -89,6 +92,7 @@ int cmd_chat_format(int argc, char **argv)
         case 2: tools_path = optarg; break;
         case 3: gen_prompt = false; break;
         case 4: show_family = true; break;
+        case 5: no_thinking = true; break;
         default: return cli_help_or_usage(opt, help);
         }
     }
@@ -142,6 +146,7 @@ int cmd_chat_format(int argc, char **argv)
         msgs[i].content = opt_string(m, "content", &bad);
         msgs[i].tool_call_id = opt_string(m, "tool_call_id", &bad);
         msgs[i].name = opt_string(m, "name", &bad);
+        msgs[i].reasoning_content = opt_string(m, "reasoning_content", &bad);
         json_t *calls = json_object_get(m, "tool_calls");
         if (calls && !json_is_null(calls)) {
             if (!(calls_text[i] = json_dumps(calls, JSON_COMPACT | JSON_PRESERVE_ORDER)))
@@ -155,7 +160,10 @@ int cmd_chat_format(int argc, char **argv)
         }
     }
     size_t len = 0;
-    rc = cairn_chat_format(tmpl, msgs, n, tools_text, gen_prompt, &out, &len);
+    rc = cairn_chat_format_flags(tmpl, msgs, n, tools_text,
+                                 (gen_prompt ? CAIRN_CHAT_GENERATION_PROMPT : 0) |
+                                     (no_thinking ? CAIRN_CHAT_NO_THINKING : 0),
+                                 &out, &len);
     if (rc != CAIRN_OK) {
         fprintf(stderr, "cairn chat-format: cannot format: %s\n", cairn_strerror(rc));
         goto done;

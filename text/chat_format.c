@@ -76,6 +76,7 @@ typedef struct {
     bool gen_prompt;
     bool cont;     /* continuing a conversation: no preamble            */
     const char *effort; /* reasoning effort (HARMONY): "low", "medium", "high" */
+    bool no_thinking;   /* enable_thinking=false (templates that think)     */
 } conv;
 
 static void fmt_generic(const cairn_chat_template *t, const conv *c, outbuf *b)
@@ -100,14 +101,97 @@ static void fmt_generic(const cairn_chat_template *t, const conv *c, outbuf *b)
         ob_str(b, "<|assistant|>\n");
 }
 
-static void qwen_tool_call(outbuf *b, const json_t *call)
+/* A call in Qwen's form, after a newline when `newline`. */
+static void qwen_tool_call(outbuf *b, const json_t *call, bool newline)
 {
-    ob_str(b, "\n<tool_call>\n{\"name\": \"");
+    ob_str(b, newline ? "\n<tool_call>\n{\"name\": \"" : "<tool_call>\n{\"name\": \"");
     const json_t *name = json_object_get(call, "name");
     ob_add(b, json_string_value(name), json_string_length(name));
     ob_str(b, "\", \"arguments\": ");
     chat_py_json(b, json_object_get(call, "arguments"), -1, 0);
     ob_str(b, "}\n</tool_call>");
+}
+
+/* Text between two offsets of s with the newlines at either end dropped
+ * (Python's strip('\n')): *a and *e move inward. */
+static void strip_newlines(const char *s, size_t *a, size_t *e, bool left, bool right)
+{
+    while (left && *a < *e && s[*a] == '\n')
+        (*a)++;
+    while (right && *e > *a && s[*e - 1] == '\n')
+        (*e)--;
+}
+
+static const char *last_of(const char *s, const char *lit)
+{
+    const char *at = NULL;
+    for (const char *p = s; (p = strstr(p, lit)); p++)
+        at = p;
+    return at;
+}
+
+/* The last question of a thinking template's conversation: the last user
+ * message that is not only a tool's answer wrapped in <tool_response>
+ * (replies after it are one multi-step answer, whose reasoning is kept);
+ * n - 1 when there is none. */
+static size_t last_query(const conv *c)
+{
+    for (size_t k = c->n; k-- > 0;) {
+        const msg *x = &c->m[k];
+        if (x->role != R_USER)
+            continue;
+        size_t n = strlen(x->content);
+        bool wrapped = n >= 15 && strncmp(x->content, "<tool_response>", 15) == 0 && n >= 16 &&
+                       strcmp(x->content + n - 16, "</tool_response>") == 0;
+        if (!wrapped)
+            return k;
+    }
+    return c->n ? c->n - 1 : 0;
+}
+
+/* An assistant reply in a template that thinks (Qwen3's rule): its
+ * reasoning is reasoning_content, else what the content holds before
+ * </think> (the content is then what follows it). Replies after the last
+ * question show their reasoning in <think>...</think> (the last reply
+ * always, an earlier one when it has some); earlier replies lose it, as
+ * the model was trained. */
+static void thinking_assistant(outbuf *b, const conv *c, size_t i, size_t query)
+{
+    const msg *x = &c->m[i];
+    const char *content = x->content, *reasoning = x->reasoning ? x->reasoning : "";
+    size_t c0 = 0, c1 = strlen(content), r0 = 0, r1 = strlen(reasoning);
+    const char *close = x->reasoning ? NULL : strstr(content, "</think>");
+    if (close) {
+        /* reasoning: before the first </think>, after the last <think> in it */
+        reasoning = content;
+        r1 = (size_t)(close - content);
+        strip_newlines(content, &r0, &r1, false, true);
+        for (const char *o = content; (o = strstr(o, "<think>")) && (size_t)(o - content) + 7 <= r1; o++)
+            r0 = (size_t)(o - content) + 7;
+        strip_newlines(content, &r0, &r1, true, false);
+        c0 = (size_t)(last_of(content, "</think>") - content) + 8;
+        strip_newlines(content, &c0, &c1, true, false);
+    }
+    ob_special(b, "<|im_start|>");
+    ob_str(b, "assistant\n");
+    if (i > query && (i + 1 == c->n || r1 > r0)) {
+        size_t ra = r0, re = r1, ca = c0, ce = c1;
+        strip_newlines(reasoning, &ra, &re, true, true);
+        strip_newlines(content, &ca, &ce, true, false);
+        ob_special(b, "<think>");
+        ob_str(b, "\n");
+        ob_add(b, reasoning + ra, re - ra);
+        ob_str(b, "\n");
+        ob_special(b, "</think>");
+        ob_str(b, "\n\n");
+        ob_add(b, content + ca, ce - ca);
+    } else {
+        ob_add(b, content + c0, c1 - c0);
+    }
+    for (size_t k = 0; k < json_array_size(x->calls); k++)
+        qwen_tool_call(b, json_array_get(x->calls, k), k > 0 || c1 > c0);
+    ob_special(b, "<|im_end|>");
+    ob_str(b, "\n");
 }
 
 /* ChatML; with `qwen` the Qwen2.5 default system prompt, tools block and
@@ -146,11 +230,14 @@ static void fmt_chatml(const cairn_chat_template *t, const conv *c, outbuf *b, b
             ob_str(b, "\n");
         }
     }
+    const size_t query = last_query(c);
     for (size_t i = 0; i < c->n; i++) {
         const msg *x = &m[i];
         if (qwen && i == 0 && first_system)
             continue; /* already in the system block */
-        if (x->role == R_ASSISTANT && x->calls) {
+        if (x->role == R_ASSISTANT && t->thinks) {
+            thinking_assistant(b, c, i, query);
+        } else if (x->role == R_ASSISTANT && x->calls) {
             ob_special(b, "<|im_start|>");
             ob_str(b, "assistant");
             if (x->has_content) {
@@ -158,7 +245,7 @@ static void fmt_chatml(const cairn_chat_template *t, const conv *c, outbuf *b, b
                 ob_str(b, x->content);
             }
             for (size_t k = 0; k < json_array_size(x->calls); k++)
-                qwen_tool_call(b, json_array_get(x->calls, k));
+                qwen_tool_call(b, json_array_get(x->calls, k), true);
             ob_special(b, "<|im_end|>");
             ob_str(b, "\n");
         } else if (x->role == R_TOOL && qwen) {
@@ -185,6 +272,12 @@ static void fmt_chatml(const cairn_chat_template *t, const conv *c, outbuf *b, b
     if (c->gen_prompt) {
         ob_special(b, "<|im_start|>");
         ob_str(b, "assistant\n");
+        if (t->thinks && c->no_thinking) { /* enable_thinking=false: an empty reasoning */
+            ob_special(b, "<think>");
+            ob_str(b, "\n\n");
+            ob_special(b, "</think>");
+            ob_str(b, "\n\n");
+        }
     }
 }
 
@@ -847,9 +940,10 @@ static int fmt_harmony(const cairn_chat_template *t, const conv *c, outbuf *b)
 /* The reasoning effort CAIRN_CHAT_REASONING_* flags ask for. */
 static const char *effort_of(int flags)
 {
-    return (flags & CAIRN_CHAT_REASONING_HIGH) ? "high"
-           : (flags & CAIRN_CHAT_REASONING_LOW) ? "low"
-                                                : "medium";
+    /* a model that always reasons (harmony) reasons least when asked not to */
+    return (flags & CAIRN_CHAT_REASONING_HIGH)                                   ? "high"
+           : (flags & (CAIRN_CHAT_REASONING_LOW | CAIRN_CHAT_NO_THINKING)) ? "low"
+                                                                           : "medium";
 }
 
 /* Render into b. Leading BOS text is written when the template writes it.
@@ -864,7 +958,7 @@ static int render_all(const cairn_chat_template *t, const cairn_chat_message *ms
     if (rc)
         return rc;
     conv c = {.m = m, .n = n_msgs, .gen_prompt = gen_prompt, .cont = cont,
-              .effort = effort_of(flags)};
+              .effort = effort_of(flags), .no_thinking = (flags & CAIRN_CHAT_NO_THINKING) != 0};
     if (tools_json) {
         json_error_t jerr;
         c.tools = json_loads(tools_json, JSON_DECODE_ANY, &jerr);
@@ -952,10 +1046,22 @@ int cairn_chat_format(const cairn_chat_template *t, const cairn_chat_message *ms
                       size_t n_msgs, const char *tools_json, bool add_generation_prompt,
                       char **out, size_t *out_len)
 {
+    return cairn_chat_format_flags(t, msgs, n_msgs, tools_json,
+                                   add_generation_prompt ? CAIRN_CHAT_GENERATION_PROMPT : 0, out,
+                                   out_len);
+}
+
+int cairn_chat_format_flags(const cairn_chat_template *t, const cairn_chat_message *msgs,
+                            size_t n_msgs, const char *tools_json, int flags, char **out,
+                            size_t *out_len)
+{
     if (!out)
         return CAIRN_EINVAL;
     outbuf b = {0};
-    int rc = render(t, msgs, n_msgs, tools_json, add_generation_prompt, false, false, 0, &b);
+    const bool cont_final = (flags & CAIRN_CHAT_CONTINUE_FINAL) != 0;
+    int rc = render(t, msgs, n_msgs, tools_json,
+                    !cont_final && (flags & CAIRN_CHAT_GENERATION_PROMPT), false, cont_final,
+                    flags, &b);
     if (rc) {
         ob_free(&b);
         return rc;

@@ -91,6 +91,9 @@ struct cairn_chat_template {
                             given (Qwen3 and other ChatML tool templates have
                             none: no system turn, or only the tools block)  */
     char qwen_system[256]; /* that prompt, as the template's source writes it */
+    bool thinks;         /* ChatML that reasons first in <think>...</think>
+                            (Qwen3, QwQ): reasoning of replies after the last
+                            question rendered back, enable_thinking          */
 };
 
 /* ---- conversation ---------------------------------------------------------- */

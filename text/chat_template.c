@@ -226,6 +226,11 @@ cairn_chat_family cairn_chat_template_family(const cairn_chat_template *t)
     return t ? t->family : CAIRN_CHAT_GENERIC;
 }
 
+bool cairn_chat_template_thinks(const cairn_chat_template *t)
+{
+    return t && t->thinks;
+}
+
 void cairn_chat_template_free(cairn_chat_template *t)
 {
     if (!t)
@@ -319,6 +324,8 @@ int cairn_chat_template_from_string(const char *src, const cairn_vocab *v,
     t->mistral_tight = t->family == CAIRN_CHAT_LLAMA2 && !t->llama2_sys &&
                        (strstr(src, "[INST]\"") || strstr(src, "[INST]'"));
     t->phi3_eos = t->family == CAIRN_CHAT_PHI3 && strstr(src, "eos_token");
+    t->thinks = (t->family == CAIRN_CHAT_QWEN2 || t->family == CAIRN_CHAT_CHATML) &&
+                strstr(src, "<think>") && strstr(src, "</think>");
     /* Qwen2.5's default system prompt, taken from the template itself (a
      * variant may word it otherwise): from "You are Qwen, created by" to the
      * end of its string literal or of the system turn */

@@ -167,10 +167,14 @@ int cairn_detok_flush(cairn_detok *d, char *out, size_t cap, size_t *n_out);
  *                                        <tool_response> results; Qwen2.5's
  *                                        default system prompt only when the
  *                                        source has it (Qwen3 and Hermes-style
- *                                        templates have none). Qwen3's
- *                                        <think> handling of earlier turns is
- *                                        not reproduced: their text is kept
- *                                        as given
+ *                                        templates have none). A template
+ *                                        that thinks (Qwen3, QwQ:
+ *                                        cairn_chat_template_thinks) renders
+ *                                        reasoning_content, or <think>..
+ *                                        </think> in a reply's content, as
+ *                                        Qwen3's does: kept on the replies
+ *                                        after the last question, dropped
+ *                                        before it
  *   <|im_start|>                 CHATML  plain ChatML turns
  *   <|start_header_id|>          LLAMA3  3.0 turns; with "Cutting Knowledge
  *                                        Date" the 3.1+ form (dated system
@@ -264,6 +268,12 @@ int cairn_chat_template_from_string(const char *jinja_source, const cairn_vocab 
                                     cairn_chat_template **out);
 void cairn_chat_template_free(cairn_chat_template *t); /* NULL is a no-op */
 cairn_chat_family cairn_chat_template_family(const cairn_chat_template *t);
+/* Does the template's model reason first, in <think> ... </think> (a ChatML
+ * or Qwen template whose source has those markers: Qwen3, QwQ)? Its replies
+ * are then read into reasoning and content (cairn_chat_parse_reply), it
+ * takes CAIRN_CHAT_NO_THINKING, and it renders an assistant message's
+ * reasoning_content back as Qwen3's template does. */
+bool cairn_chat_template_thinks(const cairn_chat_template *t);
 const char *cairn_chat_family_name(cairn_chat_family f); /* "qwen2", ... static */
 
 /* The whole conversation as text. tools_json: JSON array of OpenAI tools
@@ -275,6 +285,11 @@ const char *cairn_chat_family_name(cairn_chat_family f); /* "qwen2", ... static 
 int cairn_chat_format(const cairn_chat_template *t, const cairn_chat_message *msgs,
                       size_t n_msgs, const char *tools_json, bool add_generation_prompt,
                       char **out, size_t *out_len);
+/* The same with CAIRN_CHAT_* flags (below): GENERATION_PROMPT,
+ * CONTINUE_FINAL, REASONING_*, NO_THINKING; the others are ignored. */
+int cairn_chat_format_flags(const cairn_chat_template *t, const cairn_chat_message *msgs,
+                            size_t n_msgs, const char *tools_json, int flags, char **out,
+                            size_t *out_len);
 
 enum {
     CAIRN_CHAT_GENERATION_PROMPT = 1 << 0, /* open an assistant turn at the end */
@@ -294,6 +309,13 @@ enum {
                                      "Reasoning: low|medium|high"; neither
                                      flag: the template's default, medium) */
     CAIRN_CHAT_REASONING_HIGH = 1 << 5,
+    CAIRN_CHAT_NO_THINKING = 1 << 6, /* answer without reasoning (Hugging Face's
+                                     enable_thinking=false): a template that
+                                     thinks (cairn_chat_template_thinks) opens
+                                     the reply with an empty <think></think>
+                                     block, as Qwen3's does; HARMONY, which
+                                     always reasons, takes it as "low" unless
+                                     an effort is given                      */
 };
 
 /* Format and tokenize in one step, safely: only the markers the formatter
@@ -366,7 +388,15 @@ int cairn_chat_parse_tool_calls(const cairn_chat_template *t, const char *text, 
  * continued from a prefill) is content. */
 
 /* Must this template's replies be read (cairn_chat_parse_reply,
- * cairn_chat_reply_next) before a client sees them? True for HARMONY. */
+ * cairn_chat_reply_next) before a client sees them? True for HARMONY and
+ * for templates that think (cairn_chat_template_thinks), whose replies
+ * open with <think>REASONING</think>: text before <think> and after
+ * </think> is content (leading whitespace and the newlines around the
+ * reasoning dropped), a reply cut off inside the reasoning is all
+ * reasoning, and without <think> there is none. Their calls are the
+ * content's, read as Qwen's (with tools_json only); while streaming,
+ * content stops at a call's opening marker (held, like a reply that opens
+ * with JSON, and given whole by the parse at the end). */
 bool cairn_chat_reply_has_channels(const cairn_chat_template *t);
 
 typedef enum {

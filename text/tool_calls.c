@@ -349,6 +349,14 @@ static int builtin_call(json_t *calls, const char *s, size_t len, size_t *pos)
 static const char TAG_OPEN[] = "<tool_call>", TAG_CLOSE[] = "</tool_call>";
 static const char MISTRAL[] = "[TOOL_CALLS]", PYTHON_TAG[] = "<|python_tag|>", FENCE[] = "```";
 
+/* Markers that open a call in some family's format. The last two are
+ * formats the parser does not read (Llama 3.2's <function=...>, Kimi's):
+ * held back all the same, so that such a call does not leak out as
+ * content before it reaches the client whole. */
+static const char *const call_openers[] = {TAG_OPEN, PYTHON_TAG, MISTRAL, "<function=",
+                                           "<|tool_call_begin|>"};
+#define N_CALL_OPENERS (sizeof call_openers / sizeof call_openers[0])
+
 /* What one form read at a marker: the calls it added (0: none, the marker
  * stays text) and where the text after it resumes. */
 typedef struct {
@@ -645,7 +653,7 @@ static const char H_MESSAGE[] = "<|message|>";
 
 bool cairn_chat_reply_has_channels(const cairn_chat_template *t)
 {
-    return cairn_chat_template_family(t) == CAIRN_CHAT_HARMONY;
+    return cairn_chat_template_family(t) == CAIRN_CHAT_HARMONY || cairn_chat_template_thinks(t);
 }
 
 /* Is text[p..len) a header's beginning: 1 yes, 0 no, -1 perhaps (too
@@ -752,6 +760,202 @@ static bool plain_next(cairn_chat_reply_cursor *c, size_t len, cairn_chat_reply_
     return true;
 }
 
+/* ---- replies that think first (<think> ... </think>) -------------------------- */
+/*
+ * Qwen3, QwQ and their kin write their reasoning first, between <think>
+ * and </think>, then the answer (and Qwen's <tool_call> blocks):
+ *
+ *     <think>\nThe user asks 2+2.\n</think>\n\n4
+ *     ^^^^^^^  reasoning (newlines    ^^^^^^^^^  content (leading
+ *              around it dropped)                whitespace dropped)
+ *
+ * Read as llama.cpp's and vLLM's reasoning parsers read it: the first
+ * <think> opens the reasoning, which runs to </think> (to the end of a reply
+ * cut off inside it); text before <think> and after </think> is content;
+ * without <think> there is no reasoning. The template renders a reply's
+ * reasoning back the same way (chat_format.c), so a conversation resent
+ * with reasoning_content has the tokens the model wrote.
+ *
+ * The cursor's states: before <think> (T_BEFORE), in the reasoning, after
+ * </think>, and T_HELD once a tool call may have begun (nothing more is
+ * streamed: the call comes whole from the parse at the end, and the
+ * content with it). c->call_body marks where the current part's text
+ * begins while nothing of it was given, so that leading whitespace can be
+ * skipped as it arrives. A piece never ends in whitespace (content) or a
+ * newline (reasoning) that may still turn out to be trailing, nor in what
+ * may be the beginning of a marker: what was streamed is always the
+ * beginning of what the parse gives.
+ */
+static char *ob_take(outbuf *b);
+static int read_tool_calls(const cairn_chat_template *t, const char *text, size_t len,
+                           const char *tools_json, const char *id_prefix, char **calls_json,
+                           char **content);
+
+enum { T_BEFORE = 0, T_REASONING = CAIRN_REPLY_REASONING, T_AFTER = CAIRN_REPLY_CONTENT, T_HELD };
+static const char THINK_OPEN[] = "<think>", THINK_CLOSE[] = "</think>";
+
+/* Bytes at the end of text[p..len) that may begin one of markers[0..n). */
+static size_t held_marker(const char *s, size_t p, size_t len, const char *const *markers,
+                          size_t n)
+{
+    size_t hold = 0;
+    for (size_t k = 0; k < n; k++)
+        for (size_t m = strlen(markers[k]) - 1; m > hold; m--)
+            if (m <= len - p && memcmp(s + len - m, markers[k], m) == 0) {
+                hold = m;
+                break;
+            }
+    return hold;
+}
+
+/* The first call opener in text[p..len): its offset, len when none. */
+static size_t first_call_opener(const char *s, size_t p, size_t len)
+{
+    size_t best = len;
+    for (size_t k = 0; k < N_CALL_OPENERS; k++) {
+        const char *o = memmem(s + p, len - p, call_openers[k], strlen(call_openers[k]));
+        if (o && (size_t)(o - s) < best)
+            best = (size_t)(o - s);
+    }
+    return best;
+}
+
+static size_t find_lit(const char *s, size_t p, size_t len, const char *lit)
+{
+    const char *f = p < len ? memmem(s + p, len - p, lit, strlen(lit)) : NULL;
+    return f ? (size_t)(f - s) : len;
+}
+
+/* A content piece text[from..upto) as a part (false when empty). */
+static bool think_part(cairn_chat_reply_part *part, int kind, size_t from, size_t upto)
+{
+    if (upto <= from)
+        return false;
+    *part = (cairn_chat_reply_part){.kind = (cairn_chat_reply_kind)kind, .off = from,
+                                    .len = upto - from};
+    return true;
+}
+
+static bool think_next(cairn_chat_reply_cursor *c, const char *s, size_t len, bool done,
+                       cairn_chat_reply_part *part)
+{
+    for (;;) {
+        size_t p = c->pos;
+        if (p >= len)
+            return false;
+        if (c->state == T_HELD) {
+            c->pos = len;
+            return done && think_part(part, CAIRN_REPLY_CONTENT, p, len);
+        }
+        if (c->state == T_REASONING) {
+            if (p == c->call_body) { /* nothing given yet: leading newlines go */
+                while (p < len && s[p] == '\n')
+                    p++;
+                c->pos = c->call_body = p;
+            }
+            size_t e = find_lit(s, p, len, THINK_CLOSE);
+            size_t upto = e < len || done ? e : len - held_marker(s, p, len,
+                                                                 (const char *const[]){THINK_CLOSE}, 1);
+            size_t keep = upto;
+            while (keep > p && s[keep - 1] == '\n')
+                keep--;
+            if (e < len) {
+                c->state = T_AFTER;
+                c->pos = c->call_body = e + sizeof THINK_CLOSE - 1;
+            } else {
+                c->pos = keep;
+            }
+            if (think_part(part, CAIRN_REPLY_REASONING, p, keep))
+                return true;
+            if (e < len)
+                continue;
+            return false;
+        }
+        /* content, before <think> or after </think> */
+        if (p == c->call_body) { /* nothing given yet: leading whitespace goes */
+            p = skip_ws(s, p, len);
+            c->pos = c->call_body = p;
+            if (p == len)
+                return false;
+            /* a reply opening with JSON may be a forced call (read by the
+             * parse): held, as in harmony */
+            if (c->state == T_BEFORE && p == skip_ws(s, 0, len) && (s[p] == '{' || s[p] == '[') &&
+                !done) {
+                c->state = T_HELD;
+                return false;
+            }
+        }
+        size_t o = first_call_opener(s, p, len);
+        size_t t = c->state == T_BEFORE ? find_lit(s, p, len, THINK_OPEN) : len;
+        if (t < o) { /* the reasoning opens: what came before is content, whole */
+            c->state = T_REASONING;
+            c->pos = c->call_body = t + sizeof THINK_OPEN - 1;
+            if (think_part(part, CAIRN_REPLY_CONTENT, p, t))
+                return true;
+            continue;
+        }
+        size_t upto = o;
+        if (o == len && !done) {
+            static const char *const marks[] = {THINK_OPEN, TAG_OPEN, PYTHON_TAG, MISTRAL,
+                                                "<function=", "<|tool_call_begin|>"};
+            size_t first = c->state == T_BEFORE ? 0 : 1;
+            upto = len - held_marker(s, p, len, marks + first, 6 - first);
+        }
+        if (o < len || !done)
+            while (upto > p && is_ws(s[upto - 1]))
+                upto--;
+        if (o < len) {
+            c->state = T_HELD;
+            c->pos = upto;
+        } else {
+            c->pos = upto;
+        }
+        if (think_part(part, CAIRN_REPLY_CONTENT, p, upto))
+            return true;
+        if (o < len)
+            continue;
+        return false;
+    }
+}
+
+/* A complete thinking reply's parts, as think_next gives them:
+ * *reasoning (NULL when there was no <think>) and *content. */
+static int think_split(const char *s, size_t len, char **reasoning, char **content)
+{
+    *reasoning = *content = NULL;
+    size_t a = find_lit(s, 0, len, THINK_OPEN);
+    size_t b0 = skip_ws(s, 0, len);
+    outbuf r = {0}, c = {0};
+    if (a == len) {
+        ob_add(&c, s + b0, len - b0);
+    } else {
+        if (b0 < a)
+            ob_add(&c, s + b0, a - b0);
+        size_t r0 = a + sizeof THINK_OPEN - 1, e = find_lit(s, r0, len, THINK_CLOSE);
+        size_t r1 = e;
+        while (r0 < r1 && s[r0] == '\n')
+            r0++;
+        while (r1 > r0 && s[r1 - 1] == '\n')
+            r1--;
+        ob_add(&r, s + r0, r1 - r0);
+        if (e < len) {
+            size_t after = skip_ws(s, e + sizeof THINK_CLOSE - 1, len);
+            ob_add(&c, s + after, len - after);
+        }
+        if (!(*reasoning = ob_take(&r))) {
+            ob_free(&c);
+            return CAIRN_ENOMEM;
+        }
+    }
+    if (c.text.oom || !(*content = ob_take(&c))) {
+        free(*reasoning);
+        *reasoning = NULL;
+        ob_free(&c);
+        return CAIRN_ENOMEM;
+    }
+    return CAIRN_OK;
+}
+
 bool cairn_chat_reply_next(const cairn_chat_template *t, cairn_chat_reply_cursor *c,
                            const char *s, size_t len, bool done, cairn_chat_reply_part *part)
 {
@@ -759,6 +963,8 @@ bool cairn_chat_reply_next(const cairn_chat_template *t, cairn_chat_reply_cursor
         return false;
     if (!cairn_chat_reply_has_channels(t))
         return plain_next(c, len, part);
+    if (cairn_chat_template_thinks(t))
+        return think_next(c, s, len, done, part);
     for (;;) {
         size_t p = c->pos;
         if (p > len)
@@ -945,6 +1151,24 @@ int cairn_chat_parse_reply(const cairn_chat_template *t, const char *text, size_
     *reasoning = *calls_json = *content = NULL;
     if (!text)
         text = "";
+    if (cairn_chat_template_thinks(t)) {
+        int rc = think_split(text, len, reasoning, content);
+        if (rc || !tools_json)
+            return rc;
+        char *calls = NULL, *rest = NULL;
+        rc = read_tool_calls(t, *content, strlen(*content), tools_json, id_prefix, &calls, &rest);
+        if (rc == CAIRN_OK) {
+            free(*content);
+            *content = rest;
+            *calls_json = calls;
+        } else if (rc != CAIRN_ENOTFOUND) {
+            free(*reasoning);
+            free(*content);
+            *reasoning = *content = NULL;
+            return rc;
+        }
+        return CAIRN_OK;
+    }
     if (!harmony_headed(t, text, len)) {
         int rc = cairn_chat_parse_tool_calls(t, text, len, tools_json, id_prefix, calls_json,
                                              content);
@@ -985,6 +1209,27 @@ int cairn_chat_parse_tool_calls(const cairn_chat_template *t, const char *text, 
         return CAIRN_EINVAL;
     if (harmony_headed(t, text, len))
         return harmony_tool_calls(t, text, len, id_prefix, calls_json, content);
+    if (cairn_chat_template_thinks(t) && text && memmem(text, len, THINK_OPEN, strlen(THINK_OPEN))) {
+        /* the calls of the content; the reasoning is left out (a call it
+         * talks about is not one) */
+        char *reasoning = NULL, *answer = NULL;
+        int rc = think_split(text, len, &reasoning, &answer);
+        free(reasoning);
+        if (rc == CAIRN_OK)
+            rc = read_tool_calls(t, answer, strlen(answer), tools_json, id_prefix, calls_json,
+                                 content);
+        free(answer);
+        return rc;
+    }
+    return read_tool_calls(t, text, len, tools_json, id_prefix, calls_json, content);
+}
+
+/* The tool calls of a text in every family's forms (cairn_chat_parse_tool_calls
+ * without channels or reasoning). */
+static int read_tool_calls(const cairn_chat_template *t, const char *text, size_t len,
+                           const char *tools_json, const char *id_prefix, char **calls_json,
+                           char **content)
+{
     json_t *tools = tools_json ? json_loads(tools_json, 0, NULL) : NULL;
     if (tools_json && !json_is_array(tools)) { /* (a macro: its argument is read twice) */
         json_decref(tools);
@@ -1031,12 +1276,6 @@ int cairn_chat_parse_tool_calls(const cairn_chat_template *t, const char *text, 
 
 /* ---- where a streamed call may begin ------------------------------------------- */
 
-/* Markers that open a call in some family's format. The last two are
- * formats the parser does not read (Llama 3.2's <function=...>, Kimi's):
- * held back all the same, so that such a call does not leak out as
- * content before it reaches the client whole. */
-static const char *const call_openers[] = {TAG_OPEN, PYTHON_TAG, MISTRAL, "<function=",
-                                           "<|tool_call_begin|>"};
 
 typedef enum { FENCE_NO, FENCE_MAYBE, FENCE_YES } fence_verdict;
 

@@ -110,6 +110,7 @@ typedef struct {
     size_t reasoning_sent; /* channels: bytes of reasoning streamed          */
     json_t *answer;    /* not streaming: its choice object, once over       */
     int64_t prompt_tokens, cached_tokens, completion_tokens;
+    int64_t reasoning_tokens; /* channels: tokens of the reply's reasoning   */
     cairn_cache_miss miss; /* why the rest of the prompt was not cached      */
     int64_t cached_by_tier[4]; /* device, host, disk, shared                */
     int64_t spec_steps, spec_tokens, spec_drafted, spec_accepted;

@@ -297,13 +297,14 @@ static void answer_request(hconn *c, hreq *q)
 {
     c->active = NULL;
     /* each prompt counts once (its n choices share it), each choice's tokens */
-    int64_t completion = 0, prompt = 0, cached = 0, tier[4] = {0, 0, 0, 0};
+    int64_t completion = 0, prompt = 0, cached = 0, tier[4] = {0, 0, 0, 0}, reasoning = 0;
     int64_t spec[4] = {0, 0, 0, 0}; /* steps, tokens, drafted, accepted */
     const char *method = NULL;
     const int per = q->per_prompt > 0 ? q->per_prompt : 1;
     for (int i = 0; i < q->n_choices; i++) {
         const hchoice *ch = &q->choices[i];
         completion += ch->completion_tokens;
+        reasoning += ch->reasoning_tokens;
         spec[0] += ch->spec_steps;
         spec[1] += ch->spec_tokens;
         spec[2] += ch->spec_drafted;
@@ -333,6 +334,10 @@ static void answer_request(hconn *c, hreq *q)
     if (usage && q->n_choices > 0)
         json_object_set_new(json_object_get(usage, "prompt_tokens_details"), "cache_miss",
                             srv_miss_json(&c->base.srv->api, &q->choices[0].miss));
+    /* OpenAI's reasoning count, for models whose replies are read for it */
+    if (usage && q->channels)
+        json_object_set_new(usage, "completion_tokens_details",
+                            json_pack("{s:I}", "reasoning_tokens", (json_int_t)reasoning));
     if (usage && spec[0] > 0)
         json_object_set_new(usage, "speculative",
                             json_pack("{s:s, s:I, s:I, s:f, s:I, s:I}", "method",
@@ -482,6 +487,8 @@ static void finish_choice(hconn *c, hreq *q, int index, const cairn_event *ev,
     for (int t = 0; t < 4; t++)
         ch->cached_by_tier[t] = ev->cached_by_tier[t];
     ch->completion_tokens = ev->completion_tokens;
+    ch->reasoning_tokens =
+        reasoning ? cairn_api_reasoning_tokens(&c->base.srv->api, reasoning, strlen(reasoning)) : 0;
     ch->spec_steps = ev->spec_forwards;
     ch->spec_tokens = ev->spec_tokens;
     ch->spec_drafted = ev->spec_drafted;

@@ -1381,6 +1381,24 @@ static void check_calls(const char *calls_json, const char *want)
     json_decref(exp);
 }
 
+/* A parsed reply against case i (and freed). */
+static void check_parsed(size_t i, const harmony_case *hc, char *reasoning, char *calls,
+                         char *content)
+{
+    if (hc->reasoning) {
+        if (!reasoning)
+            fail_msg("case %zu: no reasoning", i);
+        assert_string_equal(reasoning, hc->reasoning);
+    } else if (reasoning) {
+        fail_msg("case %zu: reasoning '%s'", i, reasoning);
+    }
+    assert_string_equal(content, hc->content);
+    check_calls(calls, hc->calls);
+    free(reasoning);
+    free(calls);
+    free(content);
+}
+
 static void test_harmony_parse_reply(void **state)
 {
     (void)state;
@@ -1390,18 +1408,7 @@ static void test_harmony_parse_reply(void **state)
         char *reasoning = NULL, *calls = NULL, *content = NULL;
         assert_int_equal(cairn_chat_parse_reply(t, hc->text, strlen(hc->text), NULL, NULL,
                                                 &reasoning, &calls, &content), CAIRN_OK);
-        if (hc->reasoning) {
-            if (!reasoning)
-                fail_msg("case %zu: no reasoning", i);
-            assert_string_equal(reasoning, hc->reasoning);
-        } else if (reasoning) {
-            fail_msg("case %zu: reasoning '%s'", i, reasoning);
-        }
-        assert_string_equal(content, hc->content);
-        check_calls(calls, hc->calls);
-        free(reasoning);
-        free(calls);
-        free(content);
+        check_parsed(i, hc, reasoning, calls, content);
         /* the tool-call reader gives the same calls and content */
         int rc = cairn_chat_parse_tool_calls(t, hc->text, strlen(hc->text), NULL, NULL, &calls,
                                              &content);
@@ -1497,6 +1504,124 @@ static void test_harmony_stream(void **state)
     cairn_chat_template_free(t);
 }
 
+/* ---- replies that think first (Qwen3) -------------------------------------- */
+
+static const char think_src[] =
+    "<|im_start|>... <tool_call> ... <think>\n\n</think>\n\n ... enable_thinking";
+
+static const harmony_case think_cases[] = {
+    {"<think>\nThe user asks 2+2.\n</think>\n\n4", "The user asks 2+2.", "4", NULL},
+    /* newlines inside the reasoning stay; only those around it go */
+    {"<think>\n\nline one\n\nline two\n\n</think>\n\nA  b. \n", "line one\n\nline two",
+     "A  b. \n", NULL},
+    /* a call after the reasoning (read with tools; its mention in the reasoning is not one) */
+    {"<think>\nMaybe <tool_call> later.\n</think>\n\nChecking.\n<tool_call>\n{\"name\": "
+     "\"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>",
+     "Maybe <tool_call> later.", "Checking.",
+     "[[\"get_weather\", \"{\\\"city\\\":\\\"Oslo\\\"}\"]]"},
+    /* cut off inside the reasoning: all of it is reasoning */
+    {"<think>\nStill thinking\n", "Still thinking", "", NULL},
+    /* an empty reasoning (enable_thinking=false writes one in the prompt) */
+    {"<think>\n\n</think>\n\nDone.", "", "Done.", NULL},
+    /* text before <think> is content, the first <think> opens the reasoning */
+    {"\"<think>Think it over.</think>Answer.\"", "Think it over.", "\"Answer.\"", NULL},
+    /* no <think>: no reasoning; leading whitespace dropped; a lone </think> is text */
+    {"\n\nJust text </think> as is.", NULL, "Just text </think> as is.", NULL},
+    {"a <thin k> b < think>", NULL, "a <thin k> b < think>", NULL},
+    /* a second <think> after the answer is text */
+    {"<think>r</think>x <think>y</think>", "r", "x <think>y</think>", NULL},
+    {"", NULL, "", NULL},
+};
+
+static const char think_tools[] = "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+                                  "\"parameters\":{\"type\":\"object\"}}}]";
+
+static void test_think_parse_reply(void **state)
+{
+    (void)state;
+    cairn_chat_template *t = make(think_src);
+    assert_true(cairn_chat_template_thinks(t));
+    assert_true(cairn_chat_reply_has_channels(t));
+    for (size_t i = 0; i < sizeof think_cases / sizeof *think_cases; i++) {
+        const harmony_case *hc = &think_cases[i];
+        char *reasoning = NULL, *calls = NULL, *content = NULL;
+        assert_int_equal(cairn_chat_parse_reply(t, hc->text, strlen(hc->text),
+                                                hc->calls ? think_tools : NULL, NULL, &reasoning,
+                                                &calls, &content),
+                         CAIRN_OK);
+        check_parsed(i, hc, reasoning, calls, content);
+    }
+    /* the tool-call reader leaves the reasoning out too */
+    const harmony_case *hc = &think_cases[2];
+    char *content = NULL;
+    json_t *calls = parse_with(t, hc->text, think_tools, 1, &content);
+    assert_string_equal(content, "Checking.");
+    json_decref(calls);
+    free(content);
+    cairn_chat_template_free(t);
+    /* Qwen2.5's template does not think: its replies are text */
+    t = make(qwen_src);
+    assert_false(cairn_chat_template_thinks(t));
+    assert_false(cairn_chat_reply_has_channels(t));
+    cairn_chat_template_free(t);
+}
+
+/* Streamed a byte (or seven) at a time as the server streams (never
+ * `done`), the pieces are the beginning of the parse (the server sends the
+ * rest from the parse at the end): the reasoning whole once closed, the
+ * content up to a call's opening. Read to the end with `done`, a reply
+ * without calls is the parse exactly. */
+static void test_think_stream(void **state)
+{
+    (void)state;
+    cairn_chat_template *t = make(think_src);
+    for (size_t i = 0; i < sizeof think_cases / sizeof *think_cases; i++) {
+        const harmony_case *hc = &think_cases[i];
+        const char *text = hc->text, *want_r = hc->reasoning ? hc->reasoning : "";
+        size_t len = strlen(text);
+        for (int step = 1; step <= 7; step += 6) {
+            for (int finish = 0; finish < 2; finish++) {
+                char got[2][512] = {"", ""};
+                cairn_chat_reply_cursor c = {0};
+                cairn_chat_reply_part part;
+                for (size_t upto = 0;; upto += (size_t)step) {
+                    bool last = upto >= len;
+                    size_t have = last ? len : upto;
+                    while (cairn_chat_reply_next(t, &c, text, have, last && finish, &part)) {
+                        assert_int_not_equal(part.kind, CAIRN_REPLY_CALL);
+                        strncat(got[part.kind == CAIRN_REPLY_REASONING ? 0 : 1],
+                                text + part.off, part.len);
+                    }
+                    if (last)
+                        break;
+                }
+                if (finish && hc->calls)
+                    continue; /* the held call comes out as text: the parse reads it */
+                if (finish) {
+                    assert_string_equal(got[0], want_r);
+                    assert_string_equal(got[1], hc->content);
+                    continue;
+                }
+                assert_string_equal(got[0], want_r);
+                if (strncmp(got[1], hc->content, strlen(got[1])) != 0)
+                    fail_msg("case %zu: content streamed '%s', parsed '%s'", i, got[1],
+                             hc->content);
+                if (hc->calls)
+                    assert_string_equal(got[1], hc->content); /* all of it before the call */
+            }
+        }
+    }
+    /* a reply opening with JSON (a forced call) is held to the end */
+    const char *forced = "{\"name\": \"get_weather\", \"arguments\": {}}";
+    cairn_chat_reply_cursor c = {0};
+    cairn_chat_reply_part part;
+    assert_false(cairn_chat_reply_next(t, &c, forced, strlen(forced), false, &part));
+    assert_true(cairn_chat_reply_next(t, &c, forced, strlen(forced), true, &part));
+    assert_int_equal(part.kind, CAIRN_REPLY_CONTENT);
+    assert_int_equal(part.len, strlen(forced));
+    cairn_chat_template_free(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1524,6 +1649,8 @@ int main(void)
         cmocka_unit_test(test_harmony_reasoning),
         cmocka_unit_test(test_harmony_parse_reply),
         cmocka_unit_test(test_harmony_stream),
+        cmocka_unit_test(test_think_parse_reply),
+        cmocka_unit_test(test_think_stream),
     };
     kt_select_tests(); /* CAIRN_TEST_ONLY / CAIRN_TEST_EXCEPT (tests.cmake) */
     return kt_exit_code(cmocka_run_group_tests(tests, setup_real, teardown_real));

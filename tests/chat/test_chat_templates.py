@@ -37,7 +37,7 @@ import harness  # noqa: E402
 CHAT_MODEL = os.environ.get("CAIRN_CHAT_MODEL", "")
 
 
-def hf_render(source, messages, tools, add_generation_prompt, bos, eos):
+def hf_render(source, messages, tools, add_generation_prompt, bos, eos, **kwargs):
     def raise_exception(msg):
         raise jinja2.exceptions.TemplateError(msg)
 
@@ -53,7 +53,7 @@ def hf_render(source, messages, tools, add_generation_prompt, bos, eos):
     env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
     text = env.from_string(source).render(messages=messages, tools=tools,
                                           add_generation_prompt=add_generation_prompt,
-                                          bos_token=bos, eos_token=eos)
+                                          bos_token=bos, eos_token=eos, **kwargs)
     if bos and text.startswith(bos):
         text = text[len(bos):]
     return text
@@ -163,7 +163,7 @@ class ChatFormat:
     eos = ""
     family = None
 
-    def cairn_format(self, messages, tools, gen_prompt):
+    def cairn_format(self, messages, tools, gen_prompt, extra_args=()):
         with tempfile.TemporaryDirectory() as d:
             mpath = os.path.join(d, "messages.json")
             with open(mpath, "w", encoding="utf-8") as f:
@@ -176,6 +176,7 @@ class ChatFormat:
                 args += ["--tools", tpath]
             if not gen_prompt:
                 args.append("--no-generation-prompt")
+            args += list(extra_args)
             r = subprocess.run(args, capture_output=True, timeout=60)
         self.assertEqual(r.returncode, 0, r.stderr.decode())
         self.assertEqual(r.stderr.decode().splitlines()[0], self.family)
@@ -291,6 +292,47 @@ def no_none_content(messages):
     return [dict(m, content="") if m.get("content") is None else m for m in messages]
 
 
+# Replies with reasoning, as clients send them back (reasoning_content, vLLM's
+# and llama.cpp's field) or as the raw text with <think>...</think> in the content.
+_WEATHER_CALL = [{"id": "call_0", "type": "function",
+                  "function": {"name": "get_weather", "arguments": "{\"city\": \"Zürich\"}"}}]
+THINKING_CONVERSATIONS = [
+    [
+        {"role": "system", "content": "You can call tools."},
+        {"role": "user", "content": "Weather in Zürich?"},
+        {"role": "assistant", "content": "", "reasoning_content": "\nNeed the weather.\n\n",
+         "tool_calls": _WEATHER_CALL},
+        {"role": "tool", "tool_call_id": "call_0", "content": "{\"temp\": 21}"},
+        {"role": "assistant", "content": "\n\nIt is 21 °C.", "reasoning_content": "Got it."},
+        {"role": "user", "content": "Thanks"},
+        {"role": "assistant", "content": "<think>\nNice user.\n</think>\n\nYou're welcome."},
+    ],
+    [   # the same, now answered: every reply is before the last question
+        {"role": "user", "content": "Weather in Zürich?"},
+        {"role": "assistant", "content": "<think>\n\nNeed it.\n</think>\n\n",
+         "tool_calls": _WEATHER_CALL},
+        {"role": "tool", "tool_call_id": "call_0", "content": "{\"temp\": 21}"},
+        {"role": "assistant", "content": "<think>a</think>b<think>c</think>\n\nIt is 21 °C."},
+        {"role": "user", "content": "Thanks"},
+    ],
+    [   # a multi-step answer in progress: the reasoning of each step is kept
+        {"role": "user", "content": "Weather in Zürich, then Bern?"},
+        {"role": "assistant", "content": "Checking.", "reasoning_content": "First Zürich.",
+         "tool_calls": _WEATHER_CALL},
+        {"role": "tool", "tool_call_id": "call_0", "content": "21"},
+        {"role": "assistant", "content": "", "reasoning_content": "",
+         "tool_calls": _WEATHER_CALL},
+        {"role": "tool", "tool_call_id": "call_0", "content": "19"},
+        {"role": "assistant", "content": "Zürich 21, Bern 19.", "reasoning_content": None},
+    ],
+    [   # a question that is a tool's answer only does not count as one
+        {"role": "user", "content": "Go."},
+        {"role": "assistant", "content": "<think>plan</think>ok"},
+        {"role": "user", "content": "<tool_response>\nx\n</tool_response>"},
+        {"role": "assistant", "content": "done", "reasoning_content": "r"},
+    ],
+]
+
 REAL = {
     "qwen25": ("Qwen-Qwen2.5-7B-Instruct.jinja", "qwen2", QWEN_SPECIALS, "<|endoftext|>",
                "<|im_end|>", False, [TOOL_CONVERSATION, TOOL_CONVERSATION[1:]]),
@@ -324,9 +366,28 @@ def real_case(key):
             self.check(NO_SYSTEM + [{"role": "system", "content": "Now be brief."},
                                     {"role": "user", "content": "ok"}], None, True)
 
+    def test_thinking(self):
+        # Qwen3: reasoning rendered back for the replies after the last question,
+        # dropped before it, read from reasoning_content or from the content's
+        # <think>...</think>; enable_thinking=false opens the reply with an empty one
+        for conv in THINKING_CONVERSATIONS:
+            for tools in (None, [WEATHER_TOOL]):
+                for gen in (True, False):
+                    with self.subTest(n_messages=len(conv), tools=bool(tools),
+                                      generation_prompt=gen):
+                        self.check(conv, tools, gen)
+        for conv in (USER_ONLY, THINKING_CONVERSATIONS[0]):
+            expected = hf_render(self.source, hf_messages(conv), None, True, self.bos, self.eos,
+                                 enable_thinking=False)
+            got = self.cairn_format(conv, None, True, ["--no-thinking"])
+            self.assertEqual(got, expected)
+            self.assertTrue(got.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n"))
+
     attrs = {"model": path, "source": source, "bos": bos, "eos": eos, "family": family}
     if tool_convs:
         attrs["test_tools"] = test_tools
+    if key == "qwen3":
+        attrs["test_thinking"] = test_thinking
     return type(f"Real_{key}", (ChatFormat, unittest.TestCase), attrs)
 
 

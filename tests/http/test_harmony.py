@@ -17,17 +17,13 @@ which the server reads as harmony. Needs the `gguf` Python package.
 """
 import json
 import os
-import subprocess
 import sys
-import tempfile
-import unittest
-import urllib.error
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "support"))
 import harness  # noqa: E402
-from harness import SHORT_HANG_GUARD_S, Server  # noqa: E402
+from forced_reply import (TemplateServerCase, forced, forced_message, forced_response,  # noqa: E402
+                          official, post, sse)
 
 CAIRN, MODEL = harness.take_argv("CAIRN_BIN", "MODEL", usage=__doc__)
 TEMPLATE = os.path.join(HERE, "..", "chat", "templates", "real", "openai-gpt-oss-120b.jinja")
@@ -41,72 +37,8 @@ TOOLS = [{"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
 
 
-def post(url, body, path="/v1/chat/completions"):
-    req = urllib.request.Request(url + path, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"}, method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=SHORT_HANG_GUARD_S) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-
-
-def forced(text, **kw):
-    body = {"model": "m", "max_tokens": 300, "temperature": 0,  # (the JSON's spaces)
-            "messages": [{"role": "system", "content": "Be brief."},
-                         {"role": "user", "content": "Hi"}],
-            "response_format": {"type": "json_schema",
-                                "json_schema": {"name": "reply", "schema": {"const": text}}}}
-    body.update(kw)
-    return body
-
-
-def sse(text):
-    """The JSON events of a server-sent event stream, in order."""
-    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
-
-
-def forced_response(text, **kw):
-    """A Responses API body whose reply is forced to `text` (as forced())."""
-    body = {"model": "m", "max_output_tokens": 300, "temperature": 0,  # (the JSON's spaces)
-            "instructions": "Be brief.", "input": "Hi",
-            "text": {"format": {"type": "json_schema", "name": "reply",
-                                "schema": {"const": text}}}}
-    body.update(kw)
-    return body
-
-
-def forced_message(text, **kw):
-    """An Anthropic Messages body whose reply is forced to `text`, through
-    structured outputs (output_format)."""
-    body = {"model": "m", "max_tokens": 300, "temperature": 0, "system": "Be brief.",
-            "messages": [{"role": "user", "content": "Hi"}],
-            "output_format": {"type": "json_schema", "schema": {"const": text}}}
-    body.update(kw)
-    return body
-
-
-def official(module):
-    try:
-        return __import__(module)
-    except ImportError:
-        return None
-
-
-class Harmony(harness.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory()
-        model = os.path.join(cls.tmp.name, "harmony.gguf")
-        subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata",
-                        "--chat-template-file", TEMPLATE, "--force", MODEL, model],
-                       check=True, capture_output=True, timeout=120)
-        cls.server = Server(CAIRN, ["-m", model], http=True, start_timeout=SHORT_HANG_GUARD_S)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.server.stop()
-        cls.tmp.cleanup()
+class Harmony(TemplateServerCase):
+    binary, model, template = CAIRN, MODEL, TEMPLATE
 
     def answer(self, body):
         status, text = post(self.server.http_url, body)

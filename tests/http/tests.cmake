@@ -146,3 +146,11 @@ add_test(NAME http_harmony
   COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_harmony.py
           $<TARGET_FILE:cairn> ${CAIRN_MODEL})
 set_tests_properties(http_harmony PROPERTIES TIMEOUT 300 LABELS "server")
+
+# Replies that think first (Qwen3's <think>): reasoning_content, the
+# Responses reasoning item, Anthropic's thinking block, reasoning_tokens and
+# enable_thinking, on the bundled model given Qwen3's template.
+add_test(NAME http_thinking
+  COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_thinking.py
+          $<TARGET_FILE:cairn> ${CAIRN_MODEL})
+set_tests_properties(http_thinking PROPERTIES TIMEOUT 300 LABELS "server")
