@@ -147,8 +147,9 @@ typedef enum {
      * u8 qs[16] }, w[j] = E2M1[q_j] * 2^(e - 127) with q_j the low nibble of
      * qs[j] for j < 16 and the high nibble of qs[j - 16] after (Q4_0's
      * order), E2M1 = {0, .5, 1, 1.5, 2, 3, 4, 6} and their negatives. The
-     * CPU multiplies it as it is; for a backend without MXFP4 kernels (CUDA
-     * today) the model loader rewrites it exactly (cairn_mxfp4_to_q5_0). */
+     * CPU and CUDA backends multiply it as it is; for a backend without
+     * MXFP4 kernels the model loader rewrites it as Q5_0
+     * (cairn_mxfp4_to_q5_0: exact unless a scale is outside fp16's range). */
     CAIRN_TYPE_MXFP4 = 39,
     /* cairn's own layouts for the weights of checkpoint folders (ckpt/),
      * repacked at load and never read from a GGUF file (traits.own):
@@ -190,7 +191,8 @@ size_t cairn_type_row_bytes(int type, int64_t n);
 int cairn_dequantize_row(int type, const void *src, float *dst, int64_t n);
 
 /* Quantize one row of floats into `type` (F32, F16, BF16, Q8_0, Q4_0, Q5_0,
- * Q4_K, Q5_K, Q6_K), with round-to-nearest scales as GGUF writers do (for
+ * Q4_K, Q5_K, Q6_K, Q4_Z, F8_E4M3, MXFP4 (a power-of-two scale per block
+ * and the nearest E2M1 code)), with round-to-nearest scales as GGUF writers do (for
  * the K-quants a plain per-sub-block min/max fit, not llama.cpp's search, so
  * the bytes differ from GGUF writers'). Used by tests and tools. */
 int cairn_quantize_row(int type, const float *src, void *dst, int64_t n);

@@ -484,6 +484,39 @@ int cairn_quantize_row(int type, const float *src, void *dst, int64_t n)
             }
         }
         return CAIRN_OK;
+    case CAIRN_TYPE_MXFP4:
+        if (n % 32)
+            return CAIRN_EINVAL;
+        for (int64_t b = 0; b < n / 32; b++, d8 += 17) {
+            /* the smallest power-of-two scale 2^(e - 127) that takes the
+             * block's largest magnitude to at most 6 (E2M1's largest), then
+             * each value to the nearest E2M1 code (ties to the lower) */
+            const float *x = src + b * 32;
+            float amax = 0;
+            for (int j = 0; j < 32; j++)
+                amax = fmaxf(amax, fabsf(x[j]));
+            int e = 0;
+            if (amax > 0 && isfinite(amax)) {
+                int ex;
+                const float m = frexpf(amax / 6.0f, &ex); /* amax / 6 = m 2^ex, m in [0.5, 1) */
+                e = clampi((m == 0.5f ? ex - 1 : ex) + 127, 0, 254);
+            }
+            d8[0] = (uint8_t)e;
+            for (int j = 0; j < 32; j++) {
+                const float t = ldexpf(fabsf(x[j]), 128 - e); /* twice the E2M1 value */
+                int q = 0;
+                for (int k = 1; k < 8; k++) /* MXFP4_TWICE[0..7] rise */
+                    if (fabsf(t - (float)MXFP4_TWICE[k]) < fabsf(t - (float)MXFP4_TWICE[q]))
+                        q = k;
+                if (x[j] < 0 && q > 0)
+                    q |= 8;
+                if (j < 16)
+                    d8[1 + j] = (uint8_t)q;
+                else
+                    d8[1 + j - 16] |= (uint8_t)(q << 4);
+            }
+        }
+        return CAIRN_OK;
     case CAIRN_TYPE_Q4_Z:
         if (n % 32)
             return CAIRN_EINVAL;

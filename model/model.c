@@ -71,8 +71,8 @@ typedef cairn_layer_weights layer_weights;
  * layer with biases, a clamped SwiGLU, and the top k chosen on the router's
  * logits before a softmax over those k (layer_impl.h). Its FFN input norm
  * is stored as post_attention_norm. Its experts come as MXFP4: multiplied as
- * they are on the CPU, rewritten exactly as Q5_0 at load for a backend
- * without MXFP4 kernels (upload_mxfp4). */
+ * they are by the CPU and CUDA backends, rewritten as Q5_0 at load for a
+ * backend without MXFP4 kernels (upload_mxfp4). */
 typedef struct {
     const char *name;          /* general.architecture and the metadata prefix */
     cairn_rope_mode rope_mode; /* llama: adjacent pairs; qwen2: first/second half */
@@ -837,7 +837,8 @@ static cairn_type kernel_type(const cairn_backend *be, cairn_type t)
 
 /* Upload an MXFP4 matrix as the Q5_0 matrix of the same weights
  * (cairn_mxfp4_to_q5_0), in the backend's layout for Q5_0: for a backend
- * without MXFP4 kernels (CUDA today), at 22 bytes a block instead of 17. */
+ * without MXFP4 kernels (the CPU and CUDA backends have them), at 22 bytes
+ * a block instead of 17. */
 static int upload_mxfp4(cairn_backend *be, void *dst, const cairn_gguf_tensor *t,
                         int64_t *inexact)
 {

@@ -343,6 +343,7 @@ int cuda_type_supported(cairn_type type)
     case CAIRN_TYPE_Q6_K:
     case CAIRN_TYPE_Q4_Z:
     case CAIRN_TYPE_F8_E4M3:
+    case CAIRN_TYPE_MXFP4:
         return 1;
     default:
         return 0;

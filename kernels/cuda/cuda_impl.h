@@ -271,6 +271,15 @@ __device__ __forceinline__ void cu_kq_scale_min(const uint8_t *p, int j, int *sc
 /* Elements [32b, 32b + 32) of a row of `type` into v[32], with exactly the
  * float expressions of cairn_dequantize_row. For the K-quants, b counts
  * 32-element sub-blocks. F32/F16/BF16 rows are read element-wise. */
+/* Twice the value of an E2M1 nibble (MXFP4): sign bit 8, magnitudes
+ * 0, .5, 1, 1.5, 2, 3, 4, 6 doubled to integers. */
+__device__ __forceinline__ int cu_mxfp4_twice(unsigned nibble)
+{
+    const int m = (int)(nibble & 7u);
+    const int mag = m < 5 ? m : m == 5 ? 6 : m == 6 ? 8 : 12;
+    return (nibble & 8u) ? -mag : mag;
+}
+
 __device__ __forceinline__ void cu_dequant_block32(const uint8_t *row, int type, int b, float *v)
 {
     switch (type) {
@@ -350,6 +359,23 @@ __device__ __forceinline__ void cu_dequant_block32(const uint8_t *row, int type,
             const int hi = (blk[6 + j] >> 4) | (int)(((qh >> (j + 16)) & 1u) << 4);
             v[j] = __fmul_rn(d, (float)(lo - 16));
             v[j + 16] = __fmul_rn(d, (float)(hi - 16));
+        }
+        return;
+    }
+    case CAIRN_TYPE_MXFP4: {
+        /* { u8 e; u8 qs[16] } (17 bytes: read a byte at a time), Q4_0's
+         * nibble order; w = 2^(e - 128) * (twice the E2M1 value), both
+         * exact in float: the scale is cpu_mxfp4_scale's float bits
+         * ((e - 1) << 23, the subnormals 2^-127 and 2^-128 for e = 1, 0),
+         * so every weight is the CPU's (cairn_dequantize_row's) value */
+        const uint8_t *blk = row + 17 * (size_t)b;
+        const int e = blk[0];
+        const int a = (e - 1) * (1 << 23), c = (e + 1) << 21;
+        const float d = __int_as_float(a > c ? a : c);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            v[j] = __fmul_rn(d, (float)cu_mxfp4_twice(blk[1 + j] & 0x0f));
+            v[j + 16] = __fmul_rn(d, (float)cu_mxfp4_twice(blk[1 + j] >> 4));
         }
         return;
     }

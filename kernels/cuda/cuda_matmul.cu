@@ -15,7 +15,7 @@
  *                         cublasGemmEx with F32 accumulation (tensor cores).
  *                         Relative error ~1e-2 against the CPU (the
  *                         activation rounding); the prefill path.
- *   quantized, T <= 64    (Q8_0, Q4_0, Q5_0, the K-quants, and the
+ *   quantized, T <= 64    (Q8_0, Q4_0, Q5_0, the K-quants, MXFP4, and the
  *                         checkpoint layouts Q4_Z and F8_E4M3)
  *                         gemv_block32_kernel, in groups of up to 8 tokens:
  *                         one warp per output row, a lane per 32-element

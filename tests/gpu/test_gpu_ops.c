@@ -127,7 +127,7 @@ static void pair_same(const pair_buf *p, size_t n, const char *what)
 static const cairn_type all_types[] = {
     CAIRN_TYPE_F32,  CAIRN_TYPE_F16,  CAIRN_TYPE_BF16, CAIRN_TYPE_Q8_0, CAIRN_TYPE_Q4_0,
     CAIRN_TYPE_Q5_0, CAIRN_TYPE_Q4_K, CAIRN_TYPE_Q5_K, CAIRN_TYPE_Q6_K, CAIRN_TYPE_Q4_Z,
-    CAIRN_TYPE_F8_E4M3,
+    CAIRN_TYPE_F8_E4M3, CAIRN_TYPE_MXFP4,
 };
 #define N_TYPES (sizeof all_types / sizeof all_types[0])
 
@@ -190,13 +190,11 @@ static void test_supports_type(void **state)
 {
     (void)state;
     assert_non_null(gpu->iface->supports_type);
-    /* the CPU's types; MXFP4 either way: CUDA has no kernel for it yet (the
-     * CPU harness standing in for it has), and the model loader rewrites
-     * MXFP4 as Q5_0 for a backend without one */
+    /* the CPU's types, MXFP4 among them (multiplied as it is, not
+     * rewritten as Q5_0 at load) */
     for (int t = -1; t <= CAIRN_TYPE_COUNT_; t++)
-        if (t != CAIRN_TYPE_MXFP4)
-            assert_int_equal(cairn_backend_supports_type(gpu, (cairn_type)t),
-                             cairn_backend_supports_type(cpu, (cairn_type)t));
+        assert_int_equal(cairn_backend_supports_type(gpu, (cairn_type)t),
+                         cairn_backend_supports_type(cpu, (cairn_type)t));
     for (size_t ti = 0; ti < N_TYPES; ti++)
         assert_true(cairn_backend_supports_type(gpu, all_types[ti]));
 }
@@ -387,7 +385,7 @@ static void test_matmul_ckpt_unaligned(void **state)
 {
     (void)state;
     kt_rng r = kt_rng_for("matmul_ckpt_unaligned");
-    static const cairn_type types[] = {CAIRN_TYPE_Q4_Z, CAIRN_TYPE_F8_E4M3};
+    static const cairn_type types[] = {CAIRN_TYPE_Q4_Z, CAIRN_TYPE_F8_E4M3, CAIRN_TYPE_MXFP4};
     static const int Ts[] = {3, 70};
     const int n_in = 256, n_out = 37;
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
@@ -527,6 +525,8 @@ static void test_matmul(void **state)
     for (size_t k = 0; k < sizeof Tc / sizeof Tc[0]; k++) {
         check_matmul(&r, CAIRN_TYPE_Q4_Z, Tc[k], 4096, 67);
         check_matmul(&r, CAIRN_TYPE_F8_E4M3, Tc[k], 4096, 37);
+        /* gpt-oss's experts (2880 inputs: 90 blocks of 17 bytes) */
+        check_matmul(&r, CAIRN_TYPE_MXFP4, Tc[k], 2880, 37);
     }
 
     /* edge rules */

@@ -246,6 +246,42 @@ static void test_mxfp4(void **state)
             KT_SAME_BYTES(got, via, sizeof got[0] * 32, "MXFP4 as Q5_0");
     }
     assert_int_equal(cairn_mxfp4_to_q5_0(mx, q5, 31, NULL), CAIRN_EINVAL);
+
+    /* the quantizer: values on the grid come back exactly (the hand-built
+     * blocks above), the scale is the least power of two that fits the
+     * block's largest magnitude in 6, and every value lands within half a
+     * step of the grid around it (the step is at most 2 scales: 4 to 6) */
+    uint8_t q[2 * 17];
+    assert_int_equal(cairn_quantize_row(CAIRN_TYPE_MXFP4, want, q, 64), CAIRN_OK);
+    assert_int_equal(cairn_dequantize_row(CAIRN_TYPE_MXFP4, q, got, 64), CAIRN_OK);
+    for (int i = 0; i < 64; i++)
+        KT_CLOSE(got[i], want[i], 0.0, "MXFP4 quantized grid", i);
+    assert_int_equal(q[0], 127);
+    assert_int_equal(q[17], 120);
+    const float amps[] = {1.0f, 1e-30f, 3e4f};
+    for (size_t a = 0; a < sizeof amps / sizeof amps[0]; a++) {
+        float x[64];
+        for (int i = 0; i < 64; i++)
+            x[i] = kt_uniform(&rng, -amps[a], amps[a]);
+        assert_int_equal(cairn_quantize_row(CAIRN_TYPE_MXFP4, x, q, 64), CAIRN_OK);
+        assert_int_equal(cairn_dequantize_row(CAIRN_TYPE_MXFP4, q, got, 64), CAIRN_OK);
+        for (int b = 0; b < 2; b++) {
+            float amax = 0;
+            for (int j = 0; j < 32; j++)
+                amax = fmaxf(amax, fabsf(x[32 * b + j]));
+            const float scale = ldexpf(1.0f, (int)q[17 * b] - 127);
+            assert_true(amax <= 6 * scale && amax > 3 * scale); /* the least that fits */
+            for (int j = 0; j < 32; j++)
+                KT_CLOSE(got[32 * b + j], x[32 * b + j], scale * (1 + 1e-6), "MXFP4 round trip",
+                         32 * b + j);
+        }
+    }
+    float zeros[32] = {0};
+    assert_int_equal(cairn_quantize_row(CAIRN_TYPE_MXFP4, zeros, q, 32), CAIRN_OK);
+    assert_int_equal(cairn_dequantize_row(CAIRN_TYPE_MXFP4, q, got, 32), CAIRN_OK);
+    for (int j = 0; j < 32; j++)
+        assert_true(got[j] == 0.0f);
+    assert_int_equal(cairn_quantize_row(CAIRN_TYPE_MXFP4, zeros, q, 31), CAIRN_EINVAL);
 }
 
 int main(void)
