@@ -869,8 +869,9 @@ static int start(const chat_opts *o, cairn_runtime **rt, engine *e)
     }
     const cairn_chat_template *t = cairn_service_chat_template(e->svc);
     e->channels = t && cairn_chat_reply_has_channels(t) ? t : NULL;
-    note_line("cairn chat: %s (%s, %s template, context %d tokens)%s%s", hp->name, hp->arch,
-              cairn_chat_family_name(cairn_chat_template_family(t)), cairn_service_n_ctx(e->svc),
+    note_line("cairn chat: %s (%s, %s template%s, context %d tokens)%s%s", hp->name, hp->arch,
+              cairn_chat_family_name(cairn_chat_template_family(t)),
+              cairn_chat_template_thinks(t) ? " that thinks first" : "", cairn_service_n_ctx(e->svc),
               o->cache_dir ? ", saved conversations in " : "", o->cache_dir ? o->cache_dir : "");
     note_line("/help for the commands; Ctrl-C stops a reply; Ctrl-D exits");
     return 0;

@@ -245,6 +245,31 @@ class ChatTerminal(unittest.TestCase):
         c.send("\x04")
         self.assertEqual(c.wait_exit(), 0, c.out)
 
+    def test_thinking_template(self):
+        # Qwen3's template: the banner says the model thinks first, and a
+        # reply is read into reasoning (shown apart) and content (kept); the
+        # next turn's prompt still begins with the first one's, from the cache
+        try:
+            import gguf  # noqa: F401
+        except ImportError:
+            self.skipTest("the gguf Python package is not installed")
+        template = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "chat",
+                                "templates", "real", "Qwen-Qwen3-0.6B.jinja")
+        model = os.path.join(self.dir.name, "qwen3.gguf")
+        subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata",
+                        "--chat-template-file", template, "--force", MODEL, model],
+                       check=True, capture_output=True, timeout=120)
+        c = Chat("-m", model, "--temp", "0", "-c", "1024", "--page-size", str(PAGE), "-n", "24")
+        self.procs.append(c)
+        c.expect(r"qwen2 template that thinks first")
+        c.expect(r"> ")
+        first = c.say("What is the capital of France?")
+        second = c.say("And of Italy?")
+        self.assertGreater(first[5], 0)
+        self.assertGreaterEqual(second[1], first[0] - PAGE, c.out)
+        c.send("\x04")
+        self.assertEqual(c.wait_exit(), 0, c.out)
+
     def test_commands_and_errors(self):
         c = self.start("-n", "8")
         c.send("/load nosuch\r")
