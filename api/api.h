@@ -76,7 +76,20 @@ typedef struct {
                                  the runtime's grammar vocabulary (once, ~80
                                  ms for a 150k vocabulary) on the decoding
                                  thread, so the engine thread never does  */
+    int default_chat_flags;   /* the server's chat_template_kwargs defaults
+                                 as CAIRN_CHAT_REASONING_* / NO_THINKING
+                                 (cairn_api_template_kwargs_flags); a
+                                 request's own kwargs override them key by
+                                 key                                      */
 } cairn_api;
+
+/* A chat_template_kwargs object given as JSON text (a server's default,
+ * vLLM's --default-chat-template-kwargs) as CAIRN_CHAT_* flags:
+ * enable_thinking false -> NO_THINKING, reasoning_effort -> REASONING_*
+ * (or NO_THINKING for "none"/"minimal"); other keys are the template's
+ * and ignored, as in requests. CAIRN_EINVAL with a message in err when the
+ * text is not a JSON object or a known key has the wrong type or value. */
+int cairn_api_template_kwargs_flags(const char *json, int *flags, char *err, size_t err_len);
 
 /* What a request asks for. The native methods, then OpenAI's routes. */
 typedef enum {

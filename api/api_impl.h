@@ -73,9 +73,12 @@ int api_tokenize(const cairn_api *api, const char *text, size_t len, int flags, 
  * continued (a prefill; `continue_final_message: false` answers it with a
  * new turn instead), else a new assistant turn is opened
  * (`add_generation_prompt: false` leaves it out); and how long it is to
- * reason (`reasoning_effort`, also in `chat_template_kwargs`: low, medium,
- * high, for templates that take it). CAIRN_CHAT_* flags. */
-int api_reply_flags(const json_t *params, const json_t *msgs, int *flags, cairn_api_error *e);
+ * reason (`reasoning_effort`, also in `chat_template_kwargs`: none,
+ * minimal, low, medium, high; `chat_template_kwargs.enable_thinking`), the
+ * server's defaults (api->default_chat_flags) where the request is silent.
+ * CAIRN_CHAT_* flags. */
+int api_reply_flags(const cairn_api *api, const json_t *params, const json_t *msgs, int *flags,
+                    cairn_api_error *e);
 /* The generic format's own flag, beside CAIRN_TOK_*: continue the last message. */
 #define API_RENDER_CONTINUE_FINAL (1 << 30)
 int api_chat_prompt(const cairn_api *api, const json_t *params, const char *tools_json,

@@ -422,7 +422,7 @@ int api_native_content(const cairn_api *api, const json_t *params, const api_con
     /* Later messages of a session continue the conversation (no default
      * system prompt or BOS again). */
     int reply = 0;
-    if (r->assistant && (rc = api_reply_flags(params, msgs, &reply, e)))
+    if (r->assistant && (rc = api_reply_flags(api, params, msgs, &reply, e)))
         return rc;
     int cflags = reply | (r->first ? 0 : CAIRN_CHAT_CONTINUE) | (add_bos ? CAIRN_CHAT_ADD_BOS : 0);
     *chat_turn = !r->first;
@@ -432,44 +432,72 @@ int api_native_content(const cairn_api *api, const json_t *params, const api_con
 
 /* ---- OpenAI's content --------------------------------------------------------------------- */
 
-/* reasoning_effort (OpenAI's field, or in chat_template_kwargs as vLLM and
- * llama.cpp take it): CAIRN_CHAT_REASONING_* (0: the template's default);
- * chat_template_kwargs.enable_thinking false: CAIRN_CHAT_NO_THINKING. */
-static int reasoning_flags(const json_t *params, int *flags, cairn_api_error *e)
+/* The reasoning flags of reasoning_effort, CAIRN_CHAT_REASONING_* or
+ * NO_THINKING ("none" and "minimal", OpenAI's newer levels: as little as
+ * the model allows, i.e. no reasoning where the template can turn it off);
+ * -1 for another value. */
+static int effort_flags(const json_t *v)
 {
-    /* "none" and "minimal" (OpenAI's newer levels): as little as the
-     * model allows, i.e. no reasoning where the template can turn it off */
     static const char *const names[] = {"none", "minimal", "low", "medium", "high"};
     static const int values[] = {CAIRN_CHAT_NO_THINKING, CAIRN_CHAT_NO_THINKING,
                                  CAIRN_CHAT_REASONING_LOW, 0, CAIRN_CHAT_REASONING_HIGH};
+    for (size_t i = 0; json_is_string(v) && i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(json_string_value(v), names[i]) == 0)
+            return values[i];
+    return -1;
+}
+
+#define EFFORT_FLAGS (CAIRN_CHAT_REASONING_LOW | CAIRN_CHAT_REASONING_HIGH)
+
+/* reasoning_effort (OpenAI's field, or in chat_template_kwargs as vLLM and
+ * llama.cpp take it): CAIRN_CHAT_REASONING_* (0: the template's default);
+ * chat_template_kwargs.enable_thinking (Qwen3's template variable, as
+ * vLLM, SGLang and llama.cpp take it) false: CAIRN_CHAT_NO_THINKING. What
+ * the request leaves out is the server's default (`defaults`). */
+static int reasoning_flags(const json_t *params, int defaults, int *flags, cairn_api_error *e)
+{
     const char *field = "reasoning_effort";
     json_t *v = api_field(params, field);
     json_t *kwargs = api_field(params, "chat_template_kwargs");
     if (!v && json_is_object(kwargs) && (v = api_field(kwargs, field)))
         field = "chat_template_kwargs.reasoning_effort";
-    *flags = 0;
-    /* enable_thinking (Qwen3's template variable, in chat_template_kwargs
-     * as vLLM, SGLang and llama.cpp take it): false answers without
-     * reasoning */
     json_t *think = json_is_object(kwargs) ? api_field(kwargs, "enable_thinking") : NULL;
     if (think && !json_is_boolean(think))
         return api_fail(e, CAIRN_EINVAL, "chat_template_kwargs.enable_thinking",
                         "'chat_template_kwargs.enable_thinking' must be a boolean");
-    if (think && json_is_false(think))
+    const int effort = v ? effort_flags(v) : defaults & EFFORT_FLAGS;
+    if (effort < 0)
+        return api_fail(e, CAIRN_EINVAL, field,
+                        "'%s' must be \"none\", \"minimal\", \"low\", \"medium\" or \"high\"",
+                        field);
+    *flags = effort;
+    /* thinking: off when asked, or by default unless the request turns it on */
+    if (think ? json_is_false(think) : (defaults & CAIRN_CHAT_NO_THINKING) && !v)
         *flags |= CAIRN_CHAT_NO_THINKING;
-    if (!v)
-        return CAIRN_OK;
-    for (size_t i = 0; json_is_string(v) && i < sizeof names / sizeof names[0]; i++)
-        if (strcmp(json_string_value(v), names[i]) == 0) {
-            *flags |= values[i];
-            return CAIRN_OK;
-        }
-    return api_fail(e, CAIRN_EINVAL, field,
-                    "'%s' must be \"none\", \"minimal\", \"low\", \"medium\" or \"high\"",
-                    field);
+    return CAIRN_OK;
 }
 
-int api_reply_flags(const json_t *params, const json_t *msgs, int *flags, cairn_api_error *e)
+int cairn_api_template_kwargs_flags(const char *json, int *flags, char *err, size_t err_len)
+{
+    json_error_t jerr;
+    json_t *kw = json ? json_loads(json, 0, &jerr) : NULL;
+    if (!json_is_object(kw)) {
+        json_decref(kw);
+        snprintf(err, err_len, "chat template kwargs must be a JSON object");
+        return CAIRN_EINVAL;
+    }
+    json_t *params = json_pack("{s:O}", "chat_template_kwargs", kw);
+    cairn_api_error e = {0};
+    int rc = params ? reasoning_flags(params, 0, flags, &e) : CAIRN_ENOMEM;
+    if (rc == CAIRN_EINVAL)
+        snprintf(err, err_len, "%s", e.message);
+    json_decref(params);
+    json_decref(kw);
+    return rc;
+}
+
+int api_reply_flags(const cairn_api *api, const json_t *params, const json_t *msgs, int *flags,
+                    cairn_api_error *e)
 {
     size_t n = json_array_size(msgs);
     const char *last = n ? json_string_value(json_object_get(json_array_get(msgs, n - 1), "role"))
@@ -485,7 +513,7 @@ int api_reply_flags(const json_t *params, const json_t *msgs, int *flags, cairn_
                         "'continue_final_message' and 'add_generation_prompt' cannot both be "
                         "true");
     int effort;
-    if ((rc = reasoning_flags(params, &effort, e)))
+    if ((rc = reasoning_flags(params, api->default_chat_flags, &effort, e)))
         return rc;
     *flags = (continue_final ? CAIRN_CHAT_CONTINUE_FINAL
               : gen_prompt   ? CAIRN_CHAT_GENERATION_PROMPT
@@ -501,7 +529,7 @@ int api_chat_prompt(const cairn_api *api, const json_t *params, const char *tool
     if (!json_is_array(msgs) || json_array_size(msgs) == 0)
         return api_fail(e, CAIRN_EINVAL, "messages", "'messages' must be a non-empty array");
     int flags = 0, rc;
-    if ((rc = api_reply_flags(params, msgs, &flags, e)))
+    if ((rc = api_reply_flags(api, params, msgs, &flags, e)))
         return rc;
     flags |= api->vocab && cairn_vocab_add_bos(api->vocab) ? CAIRN_CHAT_ADD_BOS : 0;
     rc = render_messages(api, msgs, NULL, tools_json, flags, tokens, n, conv, e);

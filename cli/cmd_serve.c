@@ -14,6 +14,7 @@
  * so a server that would listen on a non-loopback address without a token
  * exits with status 2 without ever binding a socket.
  */
+#include "api/api.h"
 #include "cli/cli.h"
 #include "cli/cli_spec.h"
 #include "ckpt/ckpt.h"
@@ -115,6 +116,10 @@ static const char help[] =
     "      --http-max-body SIZE  largest request body (default 4M)\n"
     "      --http-timeout S   a request must arrive whole within S seconds (default 30)\n"
     "      --model-name NAME  the model id /v1/models reports (default: the file's name)\n"
+    "      --default-chat-template-kwargs JSON  what a chat request's chat_template_kwargs\n"
+    "                         hold when it does not say, e.g. '{\"enable_thinking\": false}'\n"
+    "                         (Qwen3 answers without reasoning) or '{\"reasoning_effort\":\n"
+    "                         \"high\"}' (gpt-oss); a request's own keys win\n"
     "      --cors-origin LIST let pages of these origins (comma-separated, or *) call the\n"
     "                         HTTP API from a browser (default: none)\n"
     "      --no-web           no chat and cache page at / of the HTTP port (docs/web.md)\n"
@@ -135,7 +140,7 @@ enum {
     OPT_DRAFT_MAX_BATCH, OPT_SHARED_CACHE, OPT_SHARED_PREFIX, OPT_SHARED_WRITE, OPT_SHARED_TIMEOUT,
     OPT_REPLICA_ID, OPT_SHARED_TTL, OPT_SHARED_WAIT,
     OPT_NO_WEB, OPT_NO_WRITE_BEHIND, OPT_EVICTION, OPT_MAX_PINNED, OPT_KV_EVENTS,
-    OPT_KV_EVENTS_REPLAY, OPT_KV_EVENTS_TOPIC,
+    OPT_KV_EVENTS_REPLAY, OPT_KV_EVENTS_TOPIC, OPT_TEMPLATE_KWARGS,
 };
 
 /* "512", "64K", "1.5G" (binary multiples) -> bytes; 0 on a bad value. */
@@ -364,6 +369,14 @@ static int parse_listener_opt(serve_opts *o, int opt, const char *arg)
         return parse_size_opt(arg, "--http-max-body", "4M", false, &cfg->http.max_body_bytes);
     case OPT_HTTP_TIMEOUT: return parse_seconds_opt(arg, "--http-timeout", &cfg->http.timeout_s);
     case OPT_MODEL_NAME: cfg->http.model_name = arg; return 1;
+    case OPT_TEMPLATE_KWARGS: {
+        char err[320];
+        if (cairn_api_template_kwargs_flags(arg, &cfg->default_chat_flags, err, sizeof err)) {
+            fprintf(stderr, "cairn serve: --default-chat-template-kwargs: %s\n", err);
+            return -1;
+        }
+        return 1;
+    }
     case 'v': o->verbose = true; return 1;
     default: return 0;
     }
@@ -411,6 +424,7 @@ static int parse_serve_opts(serve_opts *o, int argc, char **argv)
         {"no-web", no_argument, 0, OPT_NO_WEB},
         {"drain-timeout", required_argument, 0, OPT_DRAIN_TIMEOUT},
         {"model-name", required_argument, 0, OPT_MODEL_NAME},
+        {"default-chat-template-kwargs", required_argument, 0, OPT_TEMPLATE_KWARGS},
         CLI_DRAFT_LONGOPTS,
         {"draft-max-batch", required_argument, 0, OPT_DRAFT_MAX_BATCH},
         {"shared-cache", required_argument, 0, OPT_SHARED_CACHE},

@@ -471,7 +471,8 @@ static int start_engine(cairn_server *s, char *err, size_t err_len)
                          .n_ctx = cairn_service_n_ctx(s->svc),
                          .max_tokenize = s->cfg.limits.max_array_len,
                          .max_text_bytes = s->cfg.limits.max_string_bytes,
-                         .runtime = s->rt};
+                         .runtime = s->rt,
+                         .default_chat_flags = s->cfg.default_chat_flags};
     const char *name = s->cfg.http.model_name, *path = s->cfg.runtime.model_path;
     if (name) {
         snprintf(s->model_id, sizeof s->model_id, "%s", name);

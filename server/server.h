@@ -257,6 +257,9 @@ typedef struct {
     const cairn_credential *credentials;
     size_t n_credentials;
     cairn_http_config http;       /* the OpenAI facade (section 2); off by default */
+    int default_chat_flags;       /* chat requests' template defaults, both
+                                     protocols (cairn_api_template_kwargs_flags;
+                                     0: the template's own)                  */
     cairn_runtime_config runtime; /* the model to serve: opened after the
                                      listeners are bound                     */
     cairn_service_config service; /* runtime, on_event and user are the

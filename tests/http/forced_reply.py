@@ -25,11 +25,12 @@ class TemplateServerCase(harness.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
-        model = os.path.join(cls.tmp.name, "templated.gguf")
+        cls.templated = os.path.join(cls.tmp.name, "templated.gguf")
         subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata",
-                        "--chat-template-file", cls.template, "--force", cls.model, model],
+                        "--chat-template-file", cls.template, "--force", cls.model,
+                        cls.templated],
                        check=True, capture_output=True, timeout=120)
-        cls.server = Server(cls.binary, ["-m", model], http=True,
+        cls.server = Server(cls.binary, ["-m", cls.templated], http=True,
                             start_timeout=SHORT_HANG_GUARD_S)
 
     @classmethod

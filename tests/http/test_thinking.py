@@ -100,6 +100,29 @@ class Thinking(TemplateServerCase):
         self.assertEqual(json.loads(text)["error"]["param"],
                          "chat_template_kwargs.enable_thinking")
 
+    def test_server_default_kwargs(self):
+        # serve --default-chat-template-kwargs: what a request leaves out
+        base = self.prompt_tokens()
+        off = self.prompt_tokens(chat_template_kwargs={"enable_thinking": False})
+        srv = harness.Server(CAIRN, ["-m", self.templated, "--default-chat-template-kwargs",
+                                     '{"enable_thinking": false, "other": [1]}'],
+                             http=True, start_timeout=harness.SHORT_HANG_GUARD_S)
+        try:
+            def tokens(**extra):
+                body = dict({"messages": [{"role": "user", "content": "Hi"}],
+                             "max_tokens": 1}, **extra)
+                status, text = post(srv.http_url, body)
+                self.assertEqual(status, 200, text)
+                return json.loads(text)["usage"]["prompt_tokens"]
+            self.assertEqual(tokens(), off)
+            self.assertEqual(tokens(chat_template_kwargs={"enable_thinking": True}), base)
+            self.assertEqual(tokens(reasoning_effort="high"), base)  # an effort asks to reason
+            with srv.client() as c:  # the msgpack protocol too
+                r = c.generate(messages=[{"role": "user", "content": "Hi"}], max_tokens=1)
+                self.assertEqual(r.usage.prompt_tokens, off)
+        finally:
+            srv.stop()
+
     def test_reasoning_sent_back(self):
         # kept on the replies after the last question (a multi-step answer),
         # dropped on earlier ones, as Qwen3's template renders them
