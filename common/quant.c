@@ -43,6 +43,15 @@ static inline int clampi(int v, int lo, int hi)
     return v < lo ? lo : v > hi ? hi : v;
 }
 
+/* The largest magnitude of a 32-element block. */
+static float block_amax(const float *x)
+{
+    float amax = 0;
+    for (int j = 0; j < 32; j++)
+        amax = fmaxf(amax, fabsf(x[j]));
+    return amax;
+}
+
 /* ---- the 6-bit scale/min packing of Q4_K and Q5_K ------------------------- */
 
 /* 12 bytes hold 8 scales and 8 mins of 6 bits: for sub-blocks 0-3 the low 6
@@ -448,9 +457,7 @@ int cairn_quantize_row(int type, const float *src, void *dst, int64_t n)
             return CAIRN_EINVAL;
         for (int64_t b = 0; b < n / 32; b++, d8 += 34) {
             const float *x = src + b * 32;
-            float amax = 0;
-            for (int j = 0; j < 32; j++)
-                amax = fmaxf(amax, fabsf(x[j]));
+            const float amax = block_amax(x);
             float d = amax / 127.0f;
             float id = d != 0 ? 1.0f / d : 0.0f;
             wr16(d8, cairn_fp32_to_fp16(d));
@@ -492,9 +499,7 @@ int cairn_quantize_row(int type, const float *src, void *dst, int64_t n)
              * block's largest magnitude to at most 6 (E2M1's largest), then
              * each value to the nearest E2M1 code (ties to the lower) */
             const float *x = src + b * 32;
-            float amax = 0;
-            for (int j = 0; j < 32; j++)
-                amax = fmaxf(amax, fabsf(x[j]));
+            const float amax = block_amax(x);
             int e = 0;
             if (amax > 0 && isfinite(amax)) {
                 int ex;
@@ -549,9 +554,7 @@ int cairn_quantize_row(int type, const float *src, void *dst, int64_t n)
         for (int64_t b = 0; b < n / 32; b++, d8 += 36) {
             /* the block's largest magnitude maps to 448, e4m3's largest */
             const float *x = src + b * 32;
-            float amax = 0;
-            for (int j = 0; j < 32; j++)
-                amax = fmaxf(amax, fabsf(x[j]));
+            const float amax = block_amax(x);
             const float d = amax / 448.0f, id = d != 0 ? 1.0f / d : 0.0f;
             memcpy(d8, &d, 4);
             for (int j = 0; j < 32; j++)

@@ -904,12 +904,9 @@ static bool think_next(cairn_chat_reply_cursor *c, const char *s, size_t len, bo
         if (o < len || !done)
             while (upto > p && is_ws(s[upto - 1]))
                 upto--;
-        if (o < len) {
+        c->pos = upto;
+        if (o < len)
             c->state = T_HELD;
-            c->pos = upto;
-        } else {
-            c->pos = upto;
-        }
         if (think_part(part, CAIRN_REPLY_CONTENT, p, upto))
             return true;
         if (o < len)

@@ -213,21 +213,27 @@ class ChatTerminal(unittest.TestCase):
         c.send("/quit\r")
         self.assertEqual(c.wait_exit(), 0, c.out)
 
-    def test_harmony_template(self):
-        # No small model writes harmony; the instruct model under gpt-oss's
-        # template writes whatever it writes, which cairn chat must read in
-        # channels: any harmony header it imitates is taken apart, never
-        # shown, and the turn's content is what the conversation keeps.
+    def templated(self, name):
+        """The instruct model with one of tests/chat/templates/real/ as its
+        chat template (skipped without the gguf Python package)."""
         try:
             import gguf  # noqa: F401
         except ImportError:
             self.skipTest("the gguf Python package is not installed")
         template = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "chat",
-                                "templates", "real", "openai-gpt-oss-120b.jinja")
-        model = os.path.join(self.dir.name, "harmony.gguf")
+                                "templates", "real", name)
+        model = os.path.join(self.dir.name, os.path.splitext(name)[0] + ".gguf")
         subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata",
                         "--chat-template-file", template, "--force", MODEL, model],
                        check=True, capture_output=True, timeout=120)
+        return model
+
+    def test_harmony_template(self):
+        # No small model writes harmony; the instruct model under gpt-oss's
+        # template writes whatever it writes, which cairn chat must read in
+        # channels: any harmony header it imitates is taken apart, never
+        # shown, and the turn's content is what the conversation keeps.
+        model = self.templated("openai-gpt-oss-120b.jinja")
         c = Chat("-m", model, "--temp", "0", "-c", "1024", "--page-size", str(PAGE), "-n", "24",
                  "--system", "Answer in one short sentence.")
         self.procs.append(c)
@@ -249,16 +255,7 @@ class ChatTerminal(unittest.TestCase):
         # Qwen3's template: the banner says the model thinks first, and a
         # reply is read into reasoning (shown apart) and content (kept); the
         # next turn's prompt still begins with the first one's, from the cache
-        try:
-            import gguf  # noqa: F401
-        except ImportError:
-            self.skipTest("the gguf Python package is not installed")
-        template = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "chat",
-                                "templates", "real", "Qwen-Qwen3-0.6B.jinja")
-        model = os.path.join(self.dir.name, "qwen3.gguf")
-        subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata",
-                        "--chat-template-file", template, "--force", MODEL, model],
-                       check=True, capture_output=True, timeout=120)
+        model = self.templated("Qwen-Qwen3-0.6B.jinja")
         c = Chat("-m", model, "--temp", "0", "-c", "1024", "--page-size", str(PAGE), "-n", "24")
         self.procs.append(c)
         c.expect(r"qwen2 template that thinks first")
