@@ -518,9 +518,7 @@ static bool on_finish(hconn *c, hreq *q, const cairn_event *ev, json_t *calls,
         "{s:I, s:{s:I}, s:I, s:{s:I}, s:I}", "input_tokens", (json_int_t)ev->prompt_tokens,
         "input_tokens_details", "cached_tokens", (json_int_t)ev->cached_tokens, "output_tokens",
         (json_int_t)ev->completion_tokens, "output_tokens_details", "reasoning_tokens",
-        (json_int_t)(reasoning ? cairn_api_reasoning_tokens(&c->base.srv->api, reasoning,
-                                                            strlen(reasoning))
-                               : 0),
+        (json_int_t)q->choices[0].reasoning_tokens, /* counted by finish_choice */
         "total_tokens", (json_int_t)(ev->prompt_tokens + ev->completion_tokens));
     if (usage) /* a cairn extension: why the rest was not cached */
         json_object_set_new(json_object_get(usage, "input_tokens_details"), "cache_miss",
