@@ -141,7 +141,7 @@ static size_t last_query(const conv *c)
         if (x->role != R_USER)
             continue;
         size_t n = strlen(x->content);
-        bool wrapped = n >= 15 && strncmp(x->content, "<tool_response>", 15) == 0 && n >= 16 &&
+        bool wrapped = n >= 16 && strncmp(x->content, "<tool_response>", 15) == 0 &&
                        strcmp(x->content + n - 16, "</tool_response>") == 0;
         if (!wrapped)
             return k;
@@ -230,7 +230,7 @@ static void fmt_chatml(const cairn_chat_template *t, const conv *c, outbuf *b, b
             ob_str(b, "\n");
         }
     }
-    const size_t query = last_query(c);
+    const size_t query = t->thinks ? last_query(c) : 0; /* only thinking replies read it */
     for (size_t i = 0; i < c->n; i++) {
         const msg *x = &m[i];
         if (qwen && i == 0 && first_system)
