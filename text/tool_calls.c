@@ -734,19 +734,26 @@ static size_t body_end(const char *s, size_t p, size_t len, size_t *close)
     return len;
 }
 
+/* Bytes at the end of text[p..len) that may begin one of markers[0..n). */
+static size_t held_marker(const char *s, size_t p, size_t len, const char *const *markers,
+                          size_t n)
+{
+    size_t hold = 0;
+    for (size_t k = 0; k < n; k++)
+        for (size_t m = strlen(markers[k]) - 1; m > hold; m--)
+            if (m <= len - p && memcmp(s + len - m, markers[k], m) == 0) {
+                hold = m;
+                break;
+            }
+    return hold;
+}
+
 /* How many bytes at the end of text[p..len) may be the beginning of a
  * marker that ends a body (held back until the next text tells). */
 static size_t partial_marker(const char *s, size_t p, size_t len)
 {
     const char *const all[] = {H_CLOSE[0], H_CLOSE[1], H_CLOSE[2], H_OPEN[0], H_OPEN[1]};
-    size_t hold = 0;
-    for (size_t k = 0; k < 5; k++)
-        for (size_t n = strlen(all[k]) - 1; n > hold; n--)
-            if (n <= len - p && memcmp(s + len - n, all[k], n) == 0) {
-                hold = n;
-                break;
-            }
-    return hold;
+    return held_marker(s, p, len, all, 5);
 }
 
 /* Without channels: all text is content, as it comes. */
@@ -793,20 +800,6 @@ static int read_tool_calls(const cairn_chat_template *t, const char *text, size_
 
 enum { T_BEFORE = 0, T_REASONING = CAIRN_REPLY_REASONING, T_AFTER = CAIRN_REPLY_CONTENT, T_HELD };
 static const char THINK_OPEN[] = "<think>", THINK_CLOSE[] = "</think>";
-
-/* Bytes at the end of text[p..len) that may begin one of markers[0..n). */
-static size_t held_marker(const char *s, size_t p, size_t len, const char *const *markers,
-                          size_t n)
-{
-    size_t hold = 0;
-    for (size_t k = 0; k < n; k++)
-        for (size_t m = strlen(markers[k]) - 1; m > hold; m--)
-            if (m <= len - p && memcmp(s + len - m, markers[k], m) == 0) {
-                hold = m;
-                break;
-            }
-    return hold;
-}
 
 /* The first call opener in text[p..len): its offset, len when none. */
 static size_t first_call_opener(const char *s, size_t p, size_t len)
