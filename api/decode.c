@@ -444,8 +444,10 @@ void cairn_api_gen_clear(cairn_gen_params *g)
 
 /* ---- results ---------------------------------------------------------------------------- */
 
-int cairn_api_tool_calls(const cairn_api *api, const char *text, size_t len,
-                         const char *tools_json, const char *id_prefix, bool cut,
+/* cairn_api_tool_calls of a whole reply, or (answer) of the content a
+ * thinking reply was split into: a <think> in it is text by then. */
+static int tool_calls_of(const cairn_api *api, const char *text, size_t len,
+                         const char *tools_json, const char *id_prefix, bool cut, bool answer,
                          char **calls_json, char **content)
 {
     *calls_json = *content = NULL;
@@ -453,8 +455,8 @@ int cairn_api_tool_calls(const cairn_api *api, const char *text, size_t len,
         return CAIRN_ENOTFOUND;
     if (!text)
         text = "", len = 0;
-    int rc = cairn_chat_parse_tool_calls(api->chat_template, text, len, tools_json, id_prefix,
-                                         calls_json, content);
+    int rc = (answer ? cairn_chat_parse_answer_tool_calls : cairn_chat_parse_tool_calls)(
+        api->chat_template, text, len, tools_json, id_prefix, calls_json, content);
     if (!cut || (rc != CAIRN_OK && rc != CAIRN_ENOTFOUND))
         return rc;
     /* Cut by max_tokens: what follows the first call (complete or not)
@@ -483,6 +485,13 @@ int cairn_api_tool_calls(const cairn_api *api, const char *text, size_t len,
     free(*content);
     *content = kept;
     return CAIRN_OK;
+}
+
+int cairn_api_tool_calls(const cairn_api *api, const char *text, size_t len,
+                         const char *tools_json, const char *id_prefix, bool cut,
+                         char **calls_json, char **content)
+{
+    return tool_calls_of(api, text, len, tools_json, id_prefix, cut, false, calls_json, content);
 }
 
 int64_t cairn_api_reasoning_tokens(const cairn_api *api, const char *text, size_t len)
@@ -519,8 +528,8 @@ int cairn_api_reply(const cairn_api *api, const char *text, size_t len, const ch
         if (rc != CAIRN_OK || !tools_json)
             return rc;
         char *rest = NULL;
-        rc = cairn_api_tool_calls(api, *content, strlen(*content), tools_json, id_prefix, cut,
-                                  calls_json, &rest);
+        rc = tool_calls_of(api, *content, strlen(*content), tools_json, id_prefix, cut, true,
+                           calls_json, &rest);
         if (rc == CAIRN_OK && rest) {
             free(*content);
             *content = rest;

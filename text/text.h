@@ -367,6 +367,13 @@ const char *cairn_chat_turn_end(const cairn_chat_template *t);
 int cairn_chat_parse_tool_calls(const cairn_chat_template *t, const char *text, size_t len,
                                 const char *tools_json, const char *id_prefix, char **calls_json,
                                 char **content);
+/* The same, for the content of a reply already read (cairn_chat_parse_reply
+ * split its reasoning off): a <think> in it is text, never reasoning again
+ * (cairn_chat_parse_tool_calls, given a thinking template's whole reply,
+ * leaves its reasoning out first). */
+int cairn_chat_parse_answer_tool_calls(const cairn_chat_template *t, const char *text, size_t len,
+                                       const char *tools_json, const char *id_prefix,
+                                       char **calls_json, char **content);
 
 /* ---- replies in channels (HARMONY) ----
  *

@@ -1214,6 +1214,15 @@ int cairn_chat_parse_tool_calls(const cairn_chat_template *t, const char *text, 
     return read_tool_calls(t, text, len, tools_json, id_prefix, calls_json, content);
 }
 
+int cairn_chat_parse_answer_tool_calls(const cairn_chat_template *t, const char *text, size_t len,
+                                       const char *tools_json, const char *id_prefix,
+                                       char **calls_json, char **content)
+{
+    if (!t || (!text && len) || !calls_json || !content)
+        return CAIRN_EINVAL;
+    return read_tool_calls(t, text, len, tools_json, id_prefix, calls_json, content);
+}
+
 /* The tool calls of a text in every family's forms (cairn_chat_parse_tool_calls
  * without channels or reasoning). */
 static int read_tool_calls(const cairn_chat_template *t, const char *text, size_t len,

@@ -68,6 +68,19 @@ class Thinking(TemplateServerCase):
             self.assertNotIn("think>", json.dumps(d))
         self.assertEqual(events[-1]["usage"]["completion_tokens_details"], details)
 
+    def test_second_think_is_content(self):
+        # a <think> after the answer is text, with tools as without (the
+        # content is read for calls as it is, not split a second time)
+        reply = "<think>r</think>x <think>y</think> z"
+        for tools in (None, TOOLS):
+            body = forced(reply)
+            if tools:
+                body["tools"] = tools
+            msg = self.chat(body)["choices"][0]["message"]
+            self.assertEqual(msg["reasoning_content"], "r", tools)
+            self.assertEqual(msg["content"], '"x <think>y</think> z"', tools)
+            self.assertFalse(msg.get("tool_calls"), tools)
+
     def test_forced_call_is_not_reasoning(self):
         # tool_choice required: the reply is the call's JSON, held and read whole
         clock = [{"type": "function", "function": {
