@@ -54,18 +54,24 @@ static bool prefix_of(const int32_t *a, size_t na, const int32_t *b, size_t nb, 
     return na <= nb && memcmp(a, b, na * ps * sizeof *a) == 0;
 }
 
-void kvc_behind_note(cairn_kvcache *c, cairn_radix_node *node)
+void kvc_behind_note(cairn_kvcache *c, cairn_radix_node *node, cairn_radix_node *child)
 {
     if (!c->write_behind || !c->disk || !node || !cairn_radix_parent(node))
         return;
-    size_t depth = cairn_radix_node_depth(node);
+    size_t path_pages = cairn_radix_node_depth(node);
+    size_t depth = path_pages + (child ? 1 : 0);
     size_t got = 0;
-    if (kvc_path_reserve(c, depth) != CAIRN_OK ||
-        cairn_radix_path(node, c->path, depth, &got) != CAIRN_OK)
+    if (kvc_path_reserve(c, path_pages) != CAIRN_OK ||
+        cairn_radix_path(node, c->path, path_pages, &got) != CAIRN_OK)
         return;
     bool any = false;
     for (size_t i = 0; i < got && !any; i++)
         any = !c->path[i]->on_disk;
+    cairn_radix_page *child_pg = NULL;
+    if (child)
+        cairn_radix_node_pages(child, &child_pg);
+    if (child_pg && !child_pg[0].on_disk && cairn_radix_node_tier(child) != CAIRN_TIER_DISK)
+        any = true;
     if (!any)
         return; /* all on disk already: a hot prefix costs one walk */
     size_t n_nodes;
@@ -82,6 +88,8 @@ void kvc_behind_note(cairn_kvcache *c, cairn_radix_node *node)
         memcpy(tokens + at * ps, cairn_radix_node_tokens(c->nodes[i]), np * ps * sizeof *tokens);
         at += np;
     }
+    if (child) /* its first page: where the next request's match ends */
+        memcpy(tokens + at * ps, cairn_radix_node_tokens(child), ps * sizeof *tokens);
     /* One entry per path: a waiting prefix of this one grows into it; one
      * this is a prefix of covers it already. */
     for (size_t i = 0; i < c->n_behind; i++) {

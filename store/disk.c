@@ -105,6 +105,8 @@ static int open_env(cairn_disk *d, char *err, size_t err_len)
         rc = mdb_dbi_open(txn, "meta", MDB_CREATE, &d->db_meta);
     if (!rc)
         rc = mdb_dbi_open(txn, "records", MDB_CREATE, &d->db_records);
+    if (!rc)
+        rc = mdb_dbi_open(txn, "children", MDB_CREATE | MDB_DUPSORT, &d->db_children);
     uint32_t version = CAIRN_DISK_FORMAT_VERSION;
     if (!rc) {
         MDB_val k = {6, "format"}, v;
@@ -291,10 +293,9 @@ int cairn_disk_write(cairn_disk *d, cairn_page_hash key, const cairn_disk_page_o
          * parent again after a restart (cairn_disk_announce_pages checks
          * each candidate by hashing), and covered by the checksum. */
         cairn_page_hash_to_bytes(origin->parent, r->parent);
-        put_u32(r->data + 28, (uint32_t)r->parent[0] << 24 | (uint32_t)r->parent[1] << 16 |
-                                  (uint32_t)r->parent[2] << 8 | r->parent[3]);
+        disk_parent_word(r->parent, r->data + DISK_PARENT_WORD_AT);
         r->announce = (uint8_t)((origin->announce ? DISK_ANNOUNCE : 0) |
-                                (origin->has_parent ? DISK_HAS_PARENT : 0));
+                                (origin->has_parent ? DISK_HAS_PARENT | DISK_INDEXED : 0));
     }
     disk_tokens_to_le(r->data + CAIRN_DISK_HEADER_BYTES, tokens, d->cfg.page_size);
     memcpy(r->data + CAIRN_DISK_HEADER_BYTES + 4 * (size_t)d->cfg.page_size, payload,
@@ -321,6 +322,25 @@ int cairn_disk_read(cairn_disk *d, cairn_page_hash key, const int32_t *tokens, v
     cairn_page_hash_to_bytes(key, r->key);
     r->bytes = tb;
     disk_tokens_to_le(r->data, tokens, d->cfg.page_size);
+    return disk_enqueue(d, r);
+}
+
+int cairn_disk_read_child(cairn_disk *d, cairn_page_hash parent, const int32_t *next,
+                          size_t n_next, void *dst, uint64_t cookie)
+{
+    if (!d || !next || !dst || n_next == 0 ||
+        n_next >= (size_t)d->cfg.page_size)
+        return CAIRN_EINVAL;
+    disk_req *r = malloc(sizeof *r + n_next * sizeof *next);
+    if (!r)
+        return CAIRN_ENOMEM;
+    memset(r, 0, sizeof *r);
+    r->op = CAIRN_DISK_READ_CHILD;
+    r->cookie = cookie;
+    r->dst = dst;
+    cairn_page_hash_to_bytes(parent, r->parent);
+    r->n_next = (int)n_next;
+    memcpy(r->data, next, n_next * sizeof *next);
     return disk_enqueue(d, r);
 }
 

@@ -35,7 +35,8 @@ typedef struct disk_req {
     size_t bytes;        /* bytes in data[]                                */
     size_t key_len;      /* records: data[0..key_len) is the key, the rest
                             (bytes - key_len) the value                    */
-    void *result;        /* record get: the value, malloc'd, handed over   */
+    void *result;        /* record get: the value; read child: the page's
+                            tokens (int32_t); malloc'd, handed over        */
     size_t result_bytes;
     double queued_at;    /* cairn_now() at enqueue: completion latency     */
     int status;
@@ -43,9 +44,14 @@ typedef struct disk_req {
     bool from_shared;    /* ... and the shared tier answered               */
     bool seen_elsewhere; /* ... or not, but another replica asked it before */
     bool busy_elsewhere; /* ... and said it writes what it computes, lately */
-    uint8_t announce;    /* write: DISK_ANNOUNCE / DISK_HAS_PARENT (disk_watch.c) */
+    uint8_t announce;    /* write: DISK_ANNOUNCE / DISK_HAS_PARENT (disk_watch.c),
+                            DISK_INDEXED (listed under its parent)         */
+    int n_next;          /* read child: next[] tokens in data[]            */
+    int matched;         /* read child: what the page found shares         */
+
     bool deleted;        /* read: the value failed verification and went   */
-    uint8_t parent[16];  /* write: the page before this one (or the seed)  */
+    uint8_t parent[16];  /* write: the page before this one (or the seed);
+                            read child: the parent looked under            */
     uint8_t data[];      /* write: the whole value; read: expected tokens  */
 } disk_req;
 
@@ -59,6 +65,7 @@ struct cairn_disk {
     uint64_t max_pages;  /* keep at most this many values: see page_budget() */
     MDB_env *env;
     MDB_dbi db_pages, db_atime, db_lru, db_meta, db_records;
+    MDB_dbi db_children; /* parent word -> child keys (DUPSORT): read_child */
     uint64_t tick;       /* I/O thread only, after open */
 
     pthread_t thread;
@@ -85,7 +92,13 @@ struct cairn_disk {
 };
 
 /* disk_req.announce bits */
-enum { DISK_ANNOUNCE = 1, DISK_HAS_PARENT = 2 };
+enum { DISK_ANNOUNCE = 1, DISK_HAS_PARENT = 2, DISK_INDEXED = 4 };
+
+/* Where a value keeps its parent: the first four bytes of the parent's
+ * hash, as a little-endian word at this offset of the header. The children
+ * database is keyed by those four bytes (a value deleted tells which entry
+ * to drop); two parents sharing them are told apart by hashing. */
+#define DISK_PARENT_WORD_AT 28
 
 /* disk_watch.c: tell the watcher what a committed batch stored and
  * deleted; the keys [n][16] an LRU eviction deleted. I/O thread. */
@@ -143,6 +156,11 @@ void disk_build_header(const cairn_disk *d, uint8_t *v);
 /* True when the stored value is the page the caller expects. */
 bool disk_value_ok(const cairn_disk *d, const uint8_t *v, size_t bytes, const uint8_t *tokens_le);
 void disk_tokens_to_le(uint8_t *dst, const int32_t *tokens, int n);
+/* The parent word of a value (DISK_PARENT_WORD_AT) for this parent. */
+void disk_parent_word(const uint8_t parent[16], uint8_t out[4]);
+/* The longest run of leading tokens a stored page's tokens (little-endian)
+ * share with next[0 .. n) (int32_t, host order, any alignment). */
+int disk_shared_prefix(const uint8_t *tokens_le, const void *next, int n);
 /* CAIRN_OK when the store at d->dir passed the walk (or there is none yet),
  * CAIRN_ECORRUPT otherwise. */
 int disk_check_store_integrity(const cairn_disk *d, char *err, size_t err_len);

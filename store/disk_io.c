@@ -82,9 +82,28 @@ static int touch(cairn_disk *d, MDB_txn *txn, MDB_val *key)
     return rc;
 }
 
+/* Take a page off its parent's list of children (before its value goes:
+ * the value says which list). */
+static int unlist_child(cairn_disk *d, MDB_txn *txn, MDB_val *key)
+{
+    MDB_val v;
+    int rc = mdb_get(txn, d->db_pages, key, &v);
+    if (rc == MDB_NOTFOUND || (!rc && v.mv_size < CAIRN_DISK_HEADER_BYTES))
+        return MDB_SUCCESS;
+    if (rc)
+        return rc;
+    uint8_t word[4];
+    memcpy(word, (const uint8_t *)v.mv_data + DISK_PARENT_WORD_AT, 4);
+    MDB_val wk = {4, word};
+    rc = mdb_del(txn, d->db_children, &wk, key);
+    return rc == MDB_NOTFOUND ? MDB_SUCCESS : rc;
+}
+
 static int delete_page(cairn_disk *d, MDB_txn *txn, MDB_val *key)
 {
-    int rc = mdb_del(txn, d->db_pages, key, NULL);
+    int rc = unlist_child(d, txn, key);
+    if (!rc)
+        rc = mdb_del(txn, d->db_pages, key, NULL);
     if (rc && rc != MDB_NOTFOUND)
         return rc;
     return forget_access(d, txn, key);
@@ -115,6 +134,8 @@ static int evict_lru(cairn_disk *d, size_t n, size_t *n_out)
         memcpy(key, pk.mv_data, 16);
         rc = mdb_cursor_del(cur, 0);
         MDB_val kv = {16, key};
+        if (!rc)
+            rc = unlist_child(d, txn, &kv);
         if (!rc) {
             rc = mdb_del(txn, d->db_pages, &kv, NULL);
             if (rc == MDB_NOTFOUND)
@@ -159,6 +180,104 @@ static int evict_lru(cairn_disk *d, size_t n, size_t *n_out)
     return MDB_SUCCESS;
 }
 
+/* ---- the page that continues a parent ------------------------------------ */
+
+/* Children looked at per read at most: a prefix with more continuations
+ * than this on disk is a template, not a document, and any of its first
+ * children is as good a guess. */
+#define CHILDREN_MAX 256
+
+/* Serve a read child (tiers.h, cairn_disk_read_child): the listed child of
+ * r->parent sharing the most leading tokens with next[], into r->dst and
+ * r->tokens_out. r->status says what came of it; the return is an LMDB
+ * code that fails the batch. */
+static int read_child(cairn_disk *d, MDB_txn *txn, disk_req *r)
+{
+    const int ps = d->cfg.page_size;
+    const size_t tok_bytes = 4 * (size_t)ps;
+    const uint8_t *next = r->data; /* int32_t, unaligned */
+    const cairn_page_hash parent = cairn_page_hash_from_bytes(r->parent);
+    r->status = CAIRN_ENOTFOUND;
+    r->matched = 0;
+    uint8_t word[4];
+    disk_parent_word(r->parent, word);
+    MDB_val wk = {4, word}, ck;
+    MDB_cursor *cur;
+    int rc = mdb_cursor_open(txn, d->db_children, &cur);
+    if (rc)
+        return rc;
+    uint8_t best_key[16], stale[CHILDREN_MAX][16];
+    int best = 0, n_stale = 0;
+    int32_t *tok = malloc(tok_bytes);
+    if (!tok) {
+        mdb_cursor_close(cur);
+        return MDB_SUCCESS; /* a miss: the caller computes the page */
+    }
+    rc = mdb_cursor_get(cur, &wk, &ck, MDB_SET_KEY);
+    for (int seen = 0; rc == MDB_SUCCESS && seen < CHILDREN_MAX; seen++) {
+        if (ck.mv_size == 16) {
+            MDB_val v, kv = {16, ck.mv_data};
+            int g = mdb_get(txn, d->db_pages, &kv, &v);
+            if (g == MDB_NOTFOUND) {
+                memcpy(stale[n_stale++], ck.mv_data, 16); /* its page went */
+            } else if (g) {
+                rc = g;
+                break;
+            } else if (v.mv_size == d->value_bytes) {
+                const uint8_t *tle = (const uint8_t *)v.mv_data + CAIRN_DISK_HEADER_BYTES;
+                int l = disk_shared_prefix(tle, next, r->n_next);
+                if (l > best) {
+                    /* another parent with the same first four bytes? */
+                    for (int i = 0; i < ps; i++)
+                        tok[i] = (int32_t)get_u32(tle + 4 * i);
+                    cairn_page_hash h = cairn_page_hash_next(parent, tok, (size_t)ps);
+                    uint8_t hb[16];
+                    cairn_page_hash_to_bytes(h, hb);
+                    if (memcmp(hb, ck.mv_data, 16) == 0) {
+                        best = l;
+                        memcpy(best_key, ck.mv_data, 16);
+                    }
+                }
+            }
+        }
+        rc = mdb_cursor_get(cur, &wk, &ck, MDB_NEXT_DUP);
+    }
+    mdb_cursor_close(cur);
+    free(tok);
+    if (rc && rc != MDB_NOTFOUND)
+        return rc;
+    for (int i = 0; i < n_stale; i++) {
+        MDB_val sk = {16, stale[i]};
+        rc = mdb_del(txn, d->db_children, &wk, &sk);
+        if (rc && rc != MDB_NOTFOUND)
+            return rc;
+    }
+    if (best == 0)
+        return MDB_SUCCESS;
+    MDB_val key = {16, best_key}, v;
+    if ((rc = mdb_get(txn, d->db_pages, &key, &v)))
+        return rc;
+    const uint8_t *tle = (const uint8_t *)v.mv_data + CAIRN_DISK_HEADER_BYTES;
+    if (!disk_value_ok(d, v.mv_data, v.mv_size, tle)) {
+        memcpy(r->key, best_key, 16);
+        r->deleted = true; /* the watcher hears of it like a failed read */
+        return delete_page(d, txn, &key);
+    }
+    int32_t *out = malloc(tok_bytes);
+    if (!out)
+        return MDB_SUCCESS; /* a miss */
+    for (int i = 0; i < ps; i++)
+        out[i] = (int32_t)get_u32(tle + 4 * i);
+    memcpy(r->dst, tle + tok_bytes, d->cfg.page_bytes);
+    free(r->result); /* a retried batch */
+    r->result = out;
+    r->result_bytes = tok_bytes;
+    memcpy(r->key, best_key, 16);
+    r->matched = best;
+    r->status = CAIRN_OK;
+    return touch(d, txn, &key);
+}
+
 /* ---- serving a batch ---------------------------------------------------- */
 
 typedef struct {
@@ -184,6 +303,10 @@ static int serve_batch(cairn_disk *d, disk_req *list, batch_counts *bc)
             if (!rc) {
                 memcpy(val.mv_data, r->data, r->bytes);
                 rc = touch(d, txn, &key);
+            }
+            if (!rc && (r->announce & DISK_INDEXED)) {
+                MDB_val wk = {4, r->data + DISK_PARENT_WORD_AT};
+                rc = mdb_put(txn, d->db_children, &wk, &key, 0);
             }
             if (rc)
                 break;
@@ -220,6 +343,17 @@ static int serve_batch(cairn_disk *d, disk_req *list, batch_counts *bc)
             r->status = CAIRN_OK;
             bc->hits++;
             bc->bytes_read += d->cfg.page_bytes;
+        } else if (r->op == CAIRN_DISK_READ_CHILD) {
+            bc->reads++;
+            rc = read_child(d, txn, r);
+            if (rc)
+                break;
+            if (r->status == CAIRN_OK) {
+                bc->hits++;
+                bc->bytes_read += d->cfg.page_bytes;
+            } else {
+                bc->misses++;
+            }
         } else if (r->op == CAIRN_DISK_RECORD_PUT) {
             MDB_val rk = {r->key_len, r->data}, rv = {r->bytes - r->key_len, NULL};
             rc = mdb_put(txn, d->db_records, &rk, &rv, MDB_RESERVE);
@@ -324,7 +458,7 @@ static void post(cairn_disk *d, disk_req *list, const batch_counts *bc, uint64_t
     double now = cairn_now();
     for (disk_req *r = list; r; r = r->next) {
         double waited = now - r->queued_at;
-        if (r->op == CAIRN_DISK_READ) {
+        if (r->op == CAIRN_DISK_READ || r->op == CAIRN_DISK_READ_CHILD) {
             d->stats.read_seconds += waited;
         } else if (r->op == CAIRN_DISK_WRITE) {
             d->stats.write_seconds += waited;
@@ -333,7 +467,8 @@ static void post(cairn_disk *d, disk_req *list, const batch_counts *bc, uint64_t
             d->done[d->n_done++] = (cairn_disk_completion){
                 .cookie = r->cookie, .op = r->op, .status = r->status, .seconds = waited,
                 .data = r->result, .bytes = r->result_bytes, .shared = r->from_shared,
-                .seen_elsewhere = r->seen_elsewhere, .busy_elsewhere = r->busy_elsewhere};
+                .seen_elsewhere = r->seen_elsewhere, .busy_elsewhere = r->busy_elsewhere,
+                .matched = r->matched};
             r->result = NULL; /* handed over */
         }
     }
@@ -464,10 +599,11 @@ static void process(cairn_disk *d, disk_req *list)
             memset(&bc, 0, sizeof bc);
             list->status = list->op == CAIRN_DISK_WRITE || list->op == CAIRN_DISK_RECORD_PUT
                                ? CAIRN_EFULL
-                           : list->op == CAIRN_DISK_READ || list->op == CAIRN_DISK_RECORD_GET
+                           : list->op == CAIRN_DISK_READ || list->op == CAIRN_DISK_RECORD_GET ||
+                                     list->op == CAIRN_DISK_READ_CHILD
                                ? CAIRN_ENOTFOUND
                                : CAIRN_EIO;
-            bc.reads = bc.misses = list->op == CAIRN_DISK_READ;
+            bc.reads = bc.misses = list->op == CAIRN_DISK_READ || list->op == CAIRN_DISK_READ_CHILD;
             post(d, list, &bc, list->op == CAIRN_DISK_WRITE);
             return;
         }
@@ -480,7 +616,7 @@ static void process(cairn_disk *d, disk_req *list)
             if (r->op == CAIRN_DISK_WRITE) {
                 r->status = CAIRN_EIO;
                 failures++;
-            } else if (r->op == CAIRN_DISK_READ) {
+            } else if (r->op == CAIRN_DISK_READ || r->op == CAIRN_DISK_READ_CHILD) {
                 r->status = CAIRN_ENOTFOUND;
                 bc.misses++;
                 bc.reads++;

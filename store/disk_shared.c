@@ -15,6 +15,9 @@
  *
  * Keys (P the configured prefix, hex lower-case):
  *     P p:<namespace root>:<page hash>   a page, in the disk value format
+ *     P c:<namespace root>:<page hash>   the pages after it: a hash of child
+ *                                        key (16 bytes) -> its tokens (LE),
+ *                                        with the pages' TTL (read_child)
  *     P s:<namespace root>:<page hash>   its lookup mark: "<looker> <unix ms>
  *                                        <w>", set once (NX) by the first
  *                                        replica to look the page up; w = 1
@@ -49,7 +52,7 @@
 #define SHARED_PIPELINE_MAX 256 /* writer commands per round trip */
 #define SHARED_DEFAULT_PAGE_TTL_S (7L * 24 * 3600)
 
-enum { ITEM_SET = 1, ITEM_DEL, ITEM_EVENT };
+enum { ITEM_SET = 1, ITEM_DEL, ITEM_EVENT, ITEM_INDEX };
 #define ITEM_MAX_ARGS 20
 
 /* A queued write: one Redis command, its arguments back to back in data[]
@@ -227,18 +230,122 @@ static char *record_key(const disk_shared *s, const uint8_t *key, size_t len, si
 
 /* ---- the reader: the disk's I/O thread ------------------------------------ */
 
+typedef struct {
+    uint64_t hits, misses, corrupt, bytes;
+} read_counts;
+
+/* A read child that missed in LMDB (tiers.h, cairn_disk_read_child): the
+ * parent's list in Redis, the child sharing the most with next[], then that
+ * page. Two round trips, at most one per fetch. False when the connection
+ * failed (it was dropped). */
+static bool serve_child(cairn_disk *d, disk_req *r, read_counts *rc)
+{
+    disk_shared *s = d->shared;
+    redisContext *c = s->reader.ctx;
+    const int ps = d->cfg.page_size;
+    const size_t tok_bytes = 4 * (size_t)ps;
+    const uint8_t *next = r->data; /* int32_t, unaligned */
+    const cairn_page_hash parent = cairn_page_hash_from_bytes(r->parent);
+    char k[256];
+    size_t kl = page_key_of(s, "c", r->parent, k, sizeof k);
+    const char *hv[2] = {"HGETALL", k};
+    const size_t hl[2] = {7, kl};
+    redisReply *list = redisCommandArgv(c, 2, hv, hl);
+    if (!list) {
+        link_drop(s, &s->reader, "read", c->errstr[0] ? c->errstr : "no reply");
+        return false;
+    }
+    r->shared_asked = true;
+    int best = 0;
+    uint8_t best_key[16], *best_tokens = malloc(tok_bytes);
+    int32_t *tok = malloc(tok_bytes);
+    for (size_t i = 0; best_tokens && tok && list->type == REDIS_REPLY_ARRAY &&
+                       i + 1 < list->elements; i += 2) {
+        const redisReply *f = list->element[i], *v = list->element[i + 1];
+        if (f->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING || f->len != 16 ||
+            v->len != tok_bytes)
+            continue;
+        int l = disk_shared_prefix((const uint8_t *)v->str, next, r->n_next);
+        if (l <= best)
+            continue;
+        for (int j = 0; j < ps; j++)
+            tok[j] = (int32_t)get_u32((const uint8_t *)v->str + 4 * j);
+        uint8_t hb[16];
+        cairn_page_hash_to_bytes(cairn_page_hash_next(parent, tok, (size_t)ps), hb);
+        if (memcmp(hb, f->str, 16) != 0)
+            continue; /* not this parent's child */
+        best = l;
+        memcpy(best_key, f->str, 16);
+        memcpy(best_tokens, v->str, tok_bytes);
+    }
+    freeReplyObject(list);
+    bool ok = true;
+    if (best > 0) {
+        char pk[256];
+        size_t pkl = page_key(s, best_key, pk, sizeof pk);
+        const char *gv[2] = {"GET", pk};
+        const size_t gl[2] = {3, pkl};
+        redisReply *page = redisCommandArgv(c, 2, gv, gl);
+        if (!page) {
+            link_drop(s, &s->reader, "read", c->errstr[0] ? c->errstr : "no reply");
+            ok = false;
+        } else if (page->type == REDIS_REPLY_STRING &&
+                   disk_value_ok(d, (const uint8_t *)page->str, page->len, best_tokens)) {
+            memcpy(r->dst, (const uint8_t *)page->str + CAIRN_DISK_HEADER_BYTES + tok_bytes,
+                   d->cfg.page_bytes);
+            for (int j = 0; j < ps; j++)
+                tok[j] = (int32_t)get_u32(best_tokens + 4 * j);
+            r->result = tok; /* handed over */
+            tok = NULL;
+            r->result_bytes = tok_bytes;
+            memcpy(r->key, best_key, 16);
+            r->matched = best;
+            r->status = CAIRN_OK;
+            r->from_shared = true;
+            rc->hits++;
+            rc->bytes += d->cfg.page_bytes;
+        } else if (page->type == REDIS_REPLY_STRING) {
+            rc->corrupt++; /* never used; deleted so nobody else tries it */
+            disk_shared_delete_key(d, pk, pkl);
+        }
+        if (page)
+            freeReplyObject(page);
+    }
+    free(best_tokens);
+    free(tok);
+    if (r->status != CAIRN_OK)
+        rc->misses++;
+    return ok;
+}
+
 void disk_shared_serve(cairn_disk *d, disk_req *list)
 {
     disk_shared *s = d->shared;
     if (!s)
         return;
-    size_t n_pages = 0, n_records = 0;
+    size_t n_pages = 0, n_records = 0, n_children = 0;
     for (disk_req *r = list; r; r = r->next) {
         n_pages += r->op == CAIRN_DISK_READ && r->status == CAIRN_ENOTFOUND;
         n_records += r->op == CAIRN_DISK_RECORD_GET && r->status == CAIRN_ENOTFOUND;
+        n_children += r->op == CAIRN_DISK_READ_CHILD && r->status == CAIRN_ENOTFOUND;
     }
-    if (n_pages + n_records == 0 || !link_up(s, &s->reader, "read"))
+    if (n_pages + n_records + n_children == 0 || !link_up(s, &s->reader, "read"))
         return;
+    read_counts children = {0};
+    for (disk_req *r = list; r && n_children; r = r->next)
+        if (r->op == CAIRN_DISK_READ_CHILD && r->status == CAIRN_ENOTFOUND &&
+            !serve_child(d, r, &children))
+            return; /* the connection went: the rest stay misses */
+    if (n_pages + n_records == 0) {
+        note_exchange(s, true);
+        pthread_mutex_lock(&d->cmu);
+        d->stats.shared_hits += children.hits;
+        d->stats.shared_misses += children.misses;
+        d->stats.shared_corrupt += children.corrupt;
+        d->stats.bytes_read += children.bytes;
+        pthread_mutex_unlock(&d->cmu);
+        return;
+    }
     redisContext *c = s->reader.ctx;
     size_t sent = 0;
     for (disk_req *r = list; r; r = r->next) {
@@ -280,11 +387,12 @@ void disk_shared_serve(cairn_disk *d, disk_req *list)
             sent++;
         }
     }
-    uint64_t hits = 0, misses = 0, corrupt = 0, bytes = 0;
+    uint64_t hits = children.hits, misses = children.misses, corrupt = children.corrupt,
+             bytes = children.bytes;
     size_t tok_bytes = 4 * (size_t)d->cfg.page_size;
     size_t got = 0;
     for (disk_req *r = list; r && got < sent; r = r->next) {
-        if (!r->shared_asked)
+        if (!r->shared_asked || r->op == CAIRN_DISK_READ_CHILD)
             continue;
         void *reply = NULL;
         if (redisGetReply(c, &reply) != REDIS_OK) {
@@ -632,8 +740,33 @@ void disk_shared_close(cairn_disk *d)
 
 bool cairn_disk_has_shared(const cairn_disk *d) { return d && d->shared; }
 
-int cairn_disk_share_page(cairn_disk *d, cairn_page_hash key, const int32_t *tokens,
-                          const void *payload)
+/* List a shared page under its parent: HSET P c:<ns>:<parent> <key>
+ * <tokens>, then the list's TTL renewed to the pages'. */
+static int list_child(disk_shared *s, const uint8_t parent[16], const uint8_t key[16],
+                      const uint8_t *tokens_le, size_t tok_bytes)
+{
+    char k[256];
+    size_t kl = page_key_of(s, "c", parent, k, sizeof k);
+    const void *hargs[4] = {"HSET", k, key, tokens_le};
+    const size_t hlens[4] = {4, kl, 16, tok_bytes};
+    const void *eargs[3] = {"EXPIRE", k, s->page_ttl};
+    const size_t elens[3] = {6, kl, strlen(s->page_ttl)};
+    shared_item *h = item_of(ITEM_INDEX, 4, hargs, hlens);
+    shared_item *e = h ? item_of(ITEM_INDEX, 3, eargs, elens) : NULL;
+    if (!e) {
+        free(h);
+        return CAIRN_ENOMEM;
+    }
+    int rc = enqueue(s, h);
+    if (rc == CAIRN_OK)
+        rc = enqueue(s, e);
+    else
+        free(e);
+    return rc;
+}
+
+int cairn_disk_share_page(cairn_disk *d, cairn_page_hash key, const cairn_disk_page_origin *origin,
+                          const int32_t *tokens, const void *payload)
 {
     if (!d || !tokens || !payload)
         return CAIRN_EINVAL;
@@ -648,14 +781,23 @@ int cairn_disk_share_page(cairn_disk *d, cairn_page_hash key, const int32_t *tok
     if (!v)
         return CAIRN_ENOMEM;
     disk_build_header(d, v);
+    uint8_t parent[16];
+    if (origin) {
+        cairn_page_hash_to_bytes(origin->parent, parent);
+        disk_parent_word(parent, v + DISK_PARENT_WORD_AT);
+    }
     disk_tokens_to_le(v + CAIRN_DISK_HEADER_BYTES, tokens, d->cfg.page_size);
     memcpy(v + CAIRN_DISK_HEADER_BYTES + 4 * (size_t)d->cfg.page_size, payload, d->cfg.page_bytes);
     put_u64(v + 40, disk_value_checksum(v, d->value_bytes));
     const void *args[5] = {"SET", k, v, "EX", s->page_ttl};
     const size_t lens[5] = {3, kl, d->value_bytes, 2, strlen(s->page_ttl)};
     shared_item *it = item_of(ITEM_SET, 5, args, lens);
+    int rc = it ? enqueue(s, it) : CAIRN_ENOMEM;
+    /* listed after the page is queued: whoever finds the entry finds the page */
+    if (rc == CAIRN_OK && origin && origin->has_parent)
+        list_child(s, parent, kb, v + CAIRN_DISK_HEADER_BYTES, 4 * (size_t)d->cfg.page_size);
     free(v);
-    return it ? enqueue(s, it) : CAIRN_ENOMEM;
+    return rc;
 }
 
 int cairn_disk_unshare_record(cairn_disk *d, const void *key, size_t key_len)

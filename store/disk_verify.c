@@ -78,6 +78,24 @@ void disk_tokens_to_le(uint8_t *dst, const int32_t *tokens, int n)
         put_u32(dst + 4 * i, (uint32_t)tokens[i]);
 }
 
+void disk_parent_word(const uint8_t parent[16], uint8_t out[4])
+{
+    put_u32(out, (uint32_t)parent[0] << 24 | (uint32_t)parent[1] << 16 |
+                     (uint32_t)parent[2] << 8 | parent[3]);
+}
+
+int disk_shared_prefix(const uint8_t *tokens_le, const void *next, int n)
+{
+    int i = 0;
+    for (; i < n; i++) {
+        int32_t t;
+        memcpy(&t, (const uint8_t *)next + 4 * i, 4); /* a request's data[]: unaligned */
+        if ((int32_t)get_u32(tokens_le + 4 * i) != t)
+            break;
+    }
+    return i;
+}
+
 /* ---- integrity walk ------------------------------------------------------
  *
  * The value checksums protect our bytes, not LMDB's: LMDB trusts its own
@@ -266,7 +284,7 @@ static bool pages_hold_together(const char *path, const walk_geometry *g)
     return ok;
 }
 
-static const char *const STORE_DBS[] = {"pages", "atime", "lru", "meta", "records"};
+static const char *const STORE_DBS[] = {"pages", "atime", "lru", "meta", "records", "children"};
 #define N_STORE_DBS (sizeof STORE_DBS / sizeof STORE_DBS[0])
 
 /* The child's side: WALK_OK or WALK_CORRUPT as its exit status. An error

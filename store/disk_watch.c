@@ -79,7 +79,7 @@ void disk_watch_batch(cairn_disk *d, const disk_req *list)
             e.parent = cairn_page_hash_from_bytes(r->parent);
             e.tokens = tok;
             fn(&e, user);
-        } else if (r->op == CAIRN_DISK_READ && r->deleted) {
+        } else if ((r->op == CAIRN_DISK_READ || r->op == CAIRN_DISK_READ_CHILD) && r->deleted) {
             fn(&e, user);
         }
     }

@@ -49,7 +49,7 @@ int cairn_kvcache_pin(cairn_kvcache *c, cairn_radix_node *node)
      * now, so it survives eviction and restarts. */
     for (size_t i = 0; i < n_nodes; i++)
         write_through_node(c, c->nodes[i], NULL);
-    kvc_share_path(c, node);
+    kvc_share_path(c, node, NULL);
     return CAIRN_OK;
 }
 
@@ -93,7 +93,7 @@ int cairn_kvcache_persist(cairn_kvcache *c, cairn_radix_node *node, uint64_t coo
         }
         write_through_node(c, c->nodes[i], &missing);
     }
-    kvc_share_path(c, node); /* where the session goes if this replica dies */
+    kvc_share_path(c, node, NULL); /* where the session goes if this replica dies */
     uint64_t id;
     rc = add_op(c, CAIRN_KVCACHE_EV_PERSIST, cookie, missing ? CAIRN_ENOTFOUND : CAIRN_OK, &id);
     if (rc)

@@ -231,6 +231,7 @@ static int add_fetch(cairn_kvcache *c, fetch_op *op)
 
 static void free_fetch(fetch_op *op)
 {
+    free(op->child_tokens);
     free(op->tokens);
     free(op->origin);
     free(op->round);
@@ -249,20 +250,29 @@ static void complete_fetch(cairn_kvcache *c, fetch_op *op)
     ev.resident_pages = cairn_radix_node_depth(op->node);
     /* A prefix seen twice is worth having where every replica finds it. */
     if (ev.resident_pages > 0) {
-        kvc_share_path(c, op->node);
+        /* with the tree page its partial match ends in, when there is one:
+         * found again by parent, on another replica or after a restart */
+        size_t ps = (size_t)c->L.page_size, at = ev.resident_pages * ps;
+        cairn_radix_node *child = NULL;
+        if (op->n_tokens > at)
+            kvc_partial_best(c, op->ns, op->node, op->tokens + at,
+                             op->n_tokens - at < ps - 1 ? op->n_tokens - at : ps - 1, &child);
+        kvc_share_path(c, op->node, child);
         /* ... and worth more than pages nobody found again (eviction order) */
         cairn_radix_mark_reused(c->tree, op->node);
         /* ... and worth keeping on this replica's disk across a crash */
-        kvc_behind_note(c, op->node);
+        kvc_behind_note(c, op->node, child);
     }
     for (size_t i = 0; i < ev.resident_pages && i < op->n_target; i++)
         ev.from_tier[op->origin[i]]++;
     size_t ps = (size_t)c->L.page_size;
     size_t looked = op->n_lookup;
+    /* the disk tier's hits include the rows of the page found by parent */
+    size_t child_hit = op->child_slot < 0 && op->child_matched > 0 ? (size_t)op->child_matched : 0;
     for (int t = 0; t < CAIRN_TIER_COUNT; t++) {
         if ((t == CAIRN_TIER_HOST && !c->host) || (t == CAIRN_TIER_DISK && !c->disk))
             break;
-        size_t hit = ev.from_tier[t] * ps;
+        size_t hit = ev.from_tier[t] * ps + (t == CAIRN_TIER_DISK ? child_hit : 0);
         if (hit > looked)
             hit = looked;
         c->stats.tier[t].hit_tokens += hit;
@@ -271,12 +281,114 @@ static void complete_fetch(cairn_kvcache *c, fetch_op *op)
     }
     c->stats.fetches++;
     c->stats.fetch_skipped_pages += op->skipped;
-    c->stats.shared_hit_tokens += op->from_shared * ps;
+    c->stats.shared_hit_tokens += op->from_shared * ps + (op->child_shared ? child_hit : 0);
     if (kvc_push_event(c, ev) != CAIRN_OK) {
         /* Nobody will hear of this lock: give it back. */
         cairn_radix_unlock(c->tree, op->node);
     }
     free_fetch(op);
+}
+
+/* ---- the partial page, read by parent -------------------------------------
+ *
+ * The match usually ends inside a page: the page after the last whole-page
+ * hit holds the request's next tokens and then others (another question
+ * about the same document). In memory, partial() finds such a page among
+ * the tree's children and the tails. After a restart, or on a replica that
+ * took the whole pages from Redis, memory has none, and a read by hash
+ * cannot find it (its key covers the tokens the request does not share):
+ * the disk's list of children can (tiers.h, cairn_disk_read_child). The
+ * page it returns becomes a tail in host RAM, where partial() takes it
+ * from, like any tail. One read per fetch, only when memory has nothing. */
+
+/* The hash of the op's last page (the op's node is never the root here). */
+static cairn_page_hash node_hash(cairn_radix_node *node)
+{
+    cairn_radix_page *pg;
+    size_t np = cairn_radix_node_pages(node, &pg);
+    return pg[np - 1].hash;
+}
+
+/* Tokens of the request after the op's node worth looking for: up to a page
+ * less one. 0 when there is no reason to look: an error, a sequence's first
+ * page (the seed's list would be every prompt), nothing after the node, the
+ * cost model stopping before the request's whole pages ended (the next page
+ * may be whole on disk; it was not worth reading), or a page in memory that
+ * already continues the match. */
+static size_t child_wanted(cairn_kvcache *c, fetch_op *op)
+{
+    const size_t ps = (size_t)c->L.page_size;
+    const size_t at = op->next * ps;
+    if (!c->disk || !c->host || op->status != CAIRN_OK || op->child_asked || op->next == 0 ||
+        op->n_tokens <= at || (op->next == op->n_target && op->n_target < op->n_pages_req))
+        return 0;
+    size_t limit = op->n_tokens - at < ps - 1 ? op->n_tokens - at : ps - 1;
+    if (kvc_partial_best(c, op->ns, op->node, op->tokens + at, limit, NULL) > 0)
+        return 0;
+    return limit;
+}
+
+static bool queue_child(cairn_kvcache *c, fetch_op *op, size_t limit)
+{
+    op->child_asked = true;
+    kvc_host_room(c, 1);
+    int32_t slot;
+    if (cairn_host_pool_alloc(c->host, 1, &slot) != CAIRN_OK)
+        return false;
+    const int32_t *next = op->tokens + op->next * (size_t)c->L.page_size;
+    if (cairn_disk_read_child(c->disk, node_hash(op->node), next, limit,
+                              cairn_host_pool_slot(c->host, slot), COOKIE_CHILD | (uint64_t)slot) !=
+        CAIRN_OK) {
+        kvc_host_release(c, slot);
+        return false;
+    }
+    /* not a rate sample: a walk of a list, not a transfer of pages */
+    c->slot_state[slot] = SLOT_LOADING;
+    op->child_slot = slot;
+    return true;
+}
+
+/* The read child came back (its completion precedes the fence's): a page
+ * found becomes a tail, its first page_size - 1 tokens usable by any
+ * request that shares some of them. */
+static void absorb_child(cairn_kvcache *c, fetch_op *op)
+{
+    int32_t slot = op->child_slot;
+    op->child_slot = -1;
+    if (c->slot_state[slot] == SLOT_LOADED && op->child_tokens && op->child_matched > 0) {
+        if (kvc_tail_adopt_host(c, op->ns, node_hash(op->node), op->child_tokens,
+                                (size_t)c->L.page_size - 1, slot,
+                                op->child_shared ? CAIRN_KVCACHE_FROM_SHARED : CAIRN_TIER_DISK) ==
+            CAIRN_OK)
+            c->stats.child_pages++;
+        else
+            op->child_matched = 0; /* not kept: not a hit */
+        return;
+    }
+    c->slot_state[slot] = SLOT_IDLE;
+    kvc_host_release(c, slot);
+}
+
+void kvc_child_done(cairn_kvcache *c, int32_t slot, const cairn_disk_completion *done)
+{
+    for (size_t j = 0; j < c->n_fetches; j++) {
+        fetch_op *op = c->fetches[j];
+        if (op->child_slot != slot)
+            continue;
+        bool ok = done->status == CAIRN_OK && done->data &&
+                  done->bytes == (size_t)c->L.page_size * sizeof(int32_t);
+        c->slot_state[slot] = ok ? SLOT_LOADED : SLOT_MISSED;
+        if (ok) {
+            free(op->child_tokens);
+            op->child_tokens = done->data; /* taken */
+            op->child_matched = done->matched;
+            op->child_shared = done->shared;
+        }
+        return;
+    }
+    /* nobody waits for it (its op was finished early) */
+    c->slot_state[slot] = SLOT_IDLE;
+    kvc_host_release(c, slot);
 }
 
 /* Drive the op after its fence completed (or at once when it had nothing
@@ -314,6 +426,17 @@ bool kvc_advance_fetch(cairn_kvcache *c, fetch_op *op, double fence_seconds)
             c->n_fetches--; /* it is the last one: just added */
             orphan_round(c, op);
         }
+    }
+    size_t limit;
+    if (op->child_slot >= 0) {
+        absorb_child(c, op);
+    } else if ((limit = child_wanted(c, op)) > 0 && queue_child(c, op, limit)) {
+        if (add_fetch(c, op) == CAIRN_OK) {
+            if (cairn_disk_fence(c->disk, COOKIE_FETCH | op->id) == CAIRN_OK)
+                return false;
+            c->n_fetches--;
+        }
+        op->child_slot = -1; /* kvc_child_done finds no op: it gives the slot back */
     }
     complete_fetch(c, op);
     return true;
@@ -371,12 +494,12 @@ static int match_usable(cairn_kvcache *c, fetch_op *op, const int32_t *tokens, s
  * cost model's choice among them (op->n_target, op->skipped), and a copy of
  * the chosen pages' tokens. CAIRN_ENOMEM when the op's arrays cannot be
  * allocated. */
-static int choose_target(cairn_kvcache *c, fetch_op *op, const int32_t *tokens, size_t n_nodes,
-                         size_t usable, size_t n_cand)
+static int choose_target(cairn_kvcache *c, fetch_op *op, const int32_t *tokens, size_t n_tokens,
+                         size_t n_nodes, size_t usable, size_t n_cand)
 {
     size_t ps = (size_t)c->L.page_size;
     op->origin = malloc(n_cand + 1);
-    op->tokens = malloc((n_cand * ps + 1) * sizeof *op->tokens);
+    op->tokens = malloc((n_cand * ps + ps) * sizeof *op->tokens);
     if (!op->origin || !op->tokens)
         return CAIRN_ENOMEM;
     size_t k = 0;
@@ -391,7 +514,9 @@ static int choose_target(cairn_kvcache *c, fetch_op *op, const int32_t *tokens, 
     size_t target = kvc_choose_pages(c, op->origin, n_cand);
     op->n_target = target;
     op->skipped = usable > target ? usable - target : 0;
-    memcpy(op->tokens, tokens, target * ps * sizeof *tokens);
+    /* and up to a page less one past them: the partial page (child_wanted) */
+    op->n_tokens = target * ps + ps - 1 < n_tokens ? target * ps + ps - 1 : n_tokens;
+    memcpy(op->tokens, tokens, op->n_tokens * sizeof *tokens);
     return CAIRN_OK;
 }
 
@@ -451,6 +576,8 @@ int cairn_kvcache_fetch(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, si
     op->cookie = cookie;
     op->ns = ns;
     op->n_lookup = n_lookup;
+    op->n_pages_req = n_pages;
+    op->child_slot = -1;
 
     cairn_radix_match_result m;
     size_t n_nodes, usable = 0;
@@ -469,7 +596,7 @@ int cairn_kvcache_fetch(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, si
     size_t n_cand = usable;
     if (!broken && usable == n_mem && c->disk)
         n_cand = n_pages;
-    if (choose_target(c, op, tokens, n_nodes, usable, n_cand) != CAIRN_OK) {
+    if (choose_target(c, op, tokens, n_tokens, n_nodes, usable, n_cand) != CAIRN_OK) {
         free_fetch(op);
         return CAIRN_ENOMEM;
     }

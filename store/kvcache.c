@@ -225,7 +225,7 @@ int cairn_kvcache_commit(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, s
             kvc_note_stored(c, end, n_full > n_cached ? n_full - n_cached : 0);
             kvc_announce_node(c, end);
             if (c->share_policy == CAIRN_SHARE_ALL)
-                kvc_share_path(c, end);
+                kvc_share_path(c, end, NULL);
             /* pages [from, n_cached) duplicate what the tree already had */
             if (n_cached > from)
                 cairn_page_pool_release(c->dev, (int32_t)(n_cached - from), pages + from);

@@ -308,6 +308,10 @@ void kvc_drain_disk(cairn_kvcache *c)
                                                       (done[i].busy_elsewhere ? SLOT_BUSY : 0))
                                           : 0;
                 }
+            } else if (kind == COOKIE_CHILD) {
+                kvc_child_done(c, (int32_t)v, &done[i]);
+                if (c->slot_state[v] == SLOT_LOADED)
+                    done[i].data = NULL; /* the op took it */
             } else if (kind == COOKIE_WRITE) {
                 if (v == BEHIND_WRITE)
                     kvc_behind_done(c, done[i].status);

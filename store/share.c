@@ -50,6 +50,9 @@ struct kv_tail {
     uint64_t last_use;
     uint64_t id;            /* unique while the cache lives (a live mark's) */
     int32_t live;           /* live marks of sessions whose history ends in it */
+    int8_t came_from;       /* a page read by parent: CAIRN_TIER_DISK or
+                               CAIRN_KVCACHE_FROM_SHARED until its first use
+                               (where that use's rows came from); else -1 */
     int32_t *tokens;        /* [page_size], points into the shared array   */
 };
 
@@ -228,19 +231,25 @@ static cairn_page_hash chain_hash(cairn_kvcache *c, uint64_t ns, const int32_t *
     return h;
 }
 
-int cairn_kvcache_keep_tail(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, size_t n_tokens,
-                            int32_t page)
+/* Give back what a tail would have been kept in: a device page or a host
+ * slot. */
+static void release_holder(cairn_kvcache *c, int32_t page, int32_t host_slot)
 {
-    if (!c || !tokens || page < 0)
-        return CAIRN_EINVAL;
-    const size_t ps = (size_t)c->L.page_size;
-    const size_t n = n_tokens % ps;
-    if (n == 0 || tails_init(c) != CAIRN_OK) {
+    if (page >= 0)
         cairn_page_pool_release(c->dev, 1, &page);
-        return n == 0 ? CAIRN_EINVAL : CAIRN_ENOMEM;
+    if (host_slot >= 0)
+        kvc_host_release(c, host_slot);
+}
+
+/* Keep tail[0 .. n) under `parent`, its KV in device page `page` or host
+ * slot `host_slot` (one of them; taken in every case). */
+static int tail_place(cairn_kvcache *c, uint64_t ns, cairn_page_hash parent, const int32_t *tail,
+                      size_t n, int32_t page, int32_t host_slot)
+{
+    if (tails_init(c) != CAIRN_OK) {
+        release_holder(c, page, host_slot);
+        return CAIRN_ENOMEM;
     }
-    const int32_t *tail = tokens + (n_tokens - n);
-    const cairn_page_hash parent = chain_hash(c, ns, tokens, n_tokens / ps);
     struct kv_tail *slot = NULL;
     for (size_t i = 0; i < c->n_tails_cap; i++) {
         struct kv_tail *t = &c->tails[i];
@@ -258,7 +267,7 @@ int cairn_kvcache_keep_tail(cairn_kvcache *c, uint64_t ns, const int32_t *tokens
                 slot = t;
         } else if (l == n) { /* it already holds ours and more */
             t->last_use = ++c->tail_clock;
-            cairn_page_pool_release(c->dev, 1, &page);
+            release_holder(c, page, host_slot);
             return CAIRN_OK;
         }
     }
@@ -276,12 +285,43 @@ int cairn_kvcache_keep_tail(cairn_kvcache *c, uint64_t ns, const int32_t *tokens
         tail_drop(c, lru);
         slot = lru;
     }
-    *slot = (struct kv_tail){.parent = parent, .ns = ns, .page = page, .slot = -1,
+    *slot = (struct kv_tail){.parent = parent, .ns = ns, .page = page, .slot = host_slot,
                              .n = (int32_t)n, .last_use = ++c->tail_clock,
-                             .id = ++c->tail_ids, .tokens = slot->tokens};
+                             .id = ++c->tail_ids, .came_from = -1, .tokens = slot->tokens};
     memcpy(slot->tokens, tail, n * sizeof *tail);
     c->n_tails++;
     return CAIRN_OK;
+}
+
+int cairn_kvcache_keep_tail(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, size_t n_tokens,
+                            int32_t page)
+{
+    if (!c || !tokens || page < 0)
+        return CAIRN_EINVAL;
+    const size_t ps = (size_t)c->L.page_size;
+    const size_t n = n_tokens % ps;
+    if (n == 0) {
+        cairn_page_pool_release(c->dev, 1, &page);
+        return CAIRN_EINVAL;
+    }
+    return tail_place(c, ns, chain_hash(c, ns, tokens, n_tokens / ps), tokens + (n_tokens - n), n,
+                      page, -1);
+}
+
+int kvc_tail_adopt_host(cairn_kvcache *c, uint64_t ns, cairn_page_hash parent,
+                        const int32_t *tokens, size_t n, int32_t host_slot, int came_from)
+{
+    if (n == 0 || n >= (size_t)c->L.page_size) {
+        kvc_host_release(c, host_slot);
+        return CAIRN_EINVAL;
+    }
+    c->slot_state[host_slot] = SLOT_IDLE;
+    uint64_t id = c->tail_ids + 1;
+    int rc = tail_place(c, ns, parent, tokens, n, -1, host_slot);
+    for (size_t i = 0; rc == CAIRN_OK && i < c->n_tails_cap; i++)
+        if (c->tails[i].id == id && tail_live(&c->tails[i]))
+            c->tails[i].came_from = (int8_t)came_from;
+    return rc;
 }
 
 /* A live session's history that ends in a partial page ends in a tail: it
@@ -352,24 +392,17 @@ static int alloc_guarded(cairn_kvcache *c, cairn_radix_node *child, struct kv_ta
     return rc;
 }
 
-int cairn_kvcache_partial(cairn_kvcache *c, uint64_t ns, cairn_kv_hold *hold, size_t n_held,
-                          const int32_t *next, size_t n_next, int32_t *page, size_t *n_reused,
-                          int *from_tier)
+/* Among the pages that continue `node` in memory (its children in the tree,
+ * device or host tier, and the tails under its last page), the one sharing
+ * the most leading tokens with next[0 .. limit): how many, and which. */
+static size_t best_source(cairn_kvcache *c, uint64_t ns, cairn_radix_node *node,
+                          const int32_t *next, size_t limit, cairn_radix_node **from_child,
+                          struct kv_tail **from_tail)
 {
-    if (!c || !next || !n_reused || !page)
-        return CAIRN_EINVAL;
-    *n_reused = 0;
-    cairn_radix_node *node = hold ? hold : cairn_radix_root(c->tree);
-    if (cairn_radix_node_depth(node) != n_held)
-        return CAIRN_EINVAL; /* next[] must continue exactly where the hold ends */
-    const size_t ps = (size_t)c->L.page_size;
-    const size_t limit = n_next < ps - 1 ? n_next : ps - 1; /* a whole page is a match */
-    if (limit == 0)
-        return CAIRN_OK;
     const bool at_root = cairn_radix_parent(node) == NULL;
     size_t best = 0;
-    cairn_radix_node *from_child = NULL; /* a tree page (device or host) */
-    struct kv_tail *from_tail = NULL;
+    *from_child = NULL;
+    *from_tail = NULL;
     for (size_t i = 0, nc = cairn_radix_node_n_children(node); i < nc; i++) {
         cairn_radix_node *ch = cairn_radix_node_child(node, i);
         if (at_root && cairn_radix_node_ns(ch) != ns)
@@ -386,7 +419,7 @@ int cairn_kvcache_partial(cairn_kvcache *c, uint64_t ns, cairn_kv_hold *hold, si
         size_t l = lcp(cairn_radix_node_tokens(ch), next, limit);
         if (l > best) {
             best = l;
-            from_child = ch;
+            *from_child = ch;
         }
     }
     if (c->n_tails > 0) {
@@ -403,11 +436,42 @@ int cairn_kvcache_partial(cairn_kvcache *c, uint64_t ns, cairn_kv_hold *hold, si
             size_t l = lcp(t->tokens, next, limit < (size_t)t->n ? limit : (size_t)t->n);
             if (l > best) {
                 best = l;
-                from_tail = t;
-                from_child = NULL;
+                *from_tail = t;
+                *from_child = NULL;
             }
         }
     }
+    return best;
+}
+
+size_t kvc_partial_best(cairn_kvcache *c, uint64_t ns, cairn_radix_node *node,
+                        const int32_t *next, size_t limit, cairn_radix_node **child)
+{
+    struct kv_tail *tail;
+    cairn_radix_node *ch;
+    size_t best = best_source(c, ns, node, next, limit, &ch, &tail);
+    if (child)
+        *child = ch;
+    return best;
+}
+
+int cairn_kvcache_partial(cairn_kvcache *c, uint64_t ns, cairn_kv_hold *hold, size_t n_held,
+                          const int32_t *next, size_t n_next, int32_t *page, size_t *n_reused,
+                          int *from_tier)
+{
+    if (!c || !next || !n_reused || !page)
+        return CAIRN_EINVAL;
+    *n_reused = 0;
+    cairn_radix_node *node = hold ? hold : cairn_radix_root(c->tree);
+    if (cairn_radix_node_depth(node) != n_held)
+        return CAIRN_EINVAL; /* next[] must continue exactly where the hold ends */
+    const size_t ps = (size_t)c->L.page_size;
+    const size_t limit = n_next < ps - 1 ? n_next : ps - 1; /* a whole page is a match */
+    if (limit == 0)
+        return CAIRN_OK;
+    cairn_radix_node *from_child = NULL; /* a tree page (device or host) */
+    struct kv_tail *from_tail = NULL;
+    size_t best = best_source(c, ns, node, next, limit, &from_child, &from_tail);
     if (best == 0)
         return CAIRN_OK;
     /* a page only now that there is something to put in it */
@@ -440,7 +504,11 @@ int cairn_kvcache_partial(cairn_kvcache *c, uint64_t ns, cairn_kv_hold *hold, si
     if (rc == CAIRN_OK) {
         *n_reused = best;
         if (from_tier)
-            *from_tier = device_page >= 0 ? CAIRN_TIER_DEVICE : CAIRN_TIER_HOST;
+            *from_tier = from_tail && from_tail->came_from >= 0 ? from_tail->came_from
+                         : device_page >= 0                    ? CAIRN_TIER_DEVICE
+                                                               : CAIRN_TIER_HOST;
+        if (from_tail)
+            from_tail->came_from = -1; /* from now on, it is a host page like any */
     } else if (ours) {
         cairn_page_pool_release(c->dev, 1, page);
         *page = -1;

@@ -32,11 +32,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void share_node(cairn_kvcache *c, cairn_radix_node *node)
+/* Share the node's first max_pages pages. */
+static void share_node(cairn_kvcache *c, cairn_radix_node *node, size_t max_pages)
 {
     size_t ps = (size_t)c->L.page_size;
     cairn_radix_page *pg;
     size_t np = cairn_radix_node_pages(node, &pg);
+    if (np > max_pages)
+        np = max_pages;
     const int32_t *tok = cairn_radix_node_tokens(node);
     int tier = cairn_radix_node_tier(node);
     if (tier == CAIRN_TIER_DISK)
@@ -47,7 +50,8 @@ static void share_node(cairn_kvcache *c, cairn_radix_node *node)
         const void *bytes = kvc_page_bytes(c, tier, &pg[j]);
         if (!bytes)
             continue;
-        int rc = cairn_disk_share_page(c->disk, pg[j].hash, tok + j * ps, bytes);
+        cairn_disk_page_origin origin = kvc_page_origin(c, node, j);
+        int rc = cairn_disk_share_page(c->disk, pg[j].hash, &origin, tok + j * ps, bytes);
         if (rc == CAIRN_EFULL)
             return; /* the queue is full: Redis is behind, try again later */
         if (rc == CAIRN_OK) {
@@ -57,7 +61,7 @@ static void share_node(cairn_kvcache *c, cairn_radix_node *node)
     }
 }
 
-void kvc_share_path(cairn_kvcache *c, cairn_radix_node *node)
+void kvc_share_path(cairn_kvcache *c, cairn_radix_node *node, cairn_radix_node *child)
 {
     if (!c->shared || c->share_policy == CAIRN_SHARE_NONE || !node || !cairn_radix_parent(node))
         return;
@@ -65,7 +69,9 @@ void kvc_share_path(cairn_kvcache *c, cairn_radix_node *node)
     if (kvc_path_nodes(c, node, &n_nodes) != CAIRN_OK)
         return;
     for (size_t i = 0; i < n_nodes; i++)
-        share_node(c, c->nodes[i]);
+        share_node(c, c->nodes[i], SIZE_MAX);
+    if (child) /* the page a partial match ends in: other replicas find it by parent */
+        share_node(c, child, 1);
 }
 
 static void push_hash(cairn_page_hash **v, size_t *n, size_t *cap, cairn_page_hash h)
@@ -142,6 +148,6 @@ int cairn_kvcache_share(cairn_kvcache *c, cairn_kv_hold *hold)
 {
     if (!c)
         return CAIRN_EINVAL;
-    kvc_share_path(c, hold);
+    kvc_share_path(c, hold, NULL);
     return CAIRN_OK;
 }

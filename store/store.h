@@ -370,9 +370,13 @@ int cairn_kvcache_extend(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, s
  * (0: nothing found, *page untouched). Pages in tier 2 only are not
  * considered. *from_tier (may be NULL) receives where the rows came from:
  * CAIRN_TIER_DEVICE (a page copy on the device) or CAIRN_TIER_HOST (a host
- * slot uploaded), whenever *n_reused > 0. Errors: CAIRN_EINVAL;
+ * slot uploaded), whenever *n_reused > 0; CAIRN_TIER_DISK, or
+ * CAIRN_KVCACHE_FROM_SHARED when Redis answered, for the first use of a page
+ * the fetch just read by parent (it waits in host RAM as a tail, but this
+ * request's rows came from the tier below). Errors: CAIRN_EINVAL;
  * CAIRN_EFULL (no page to copy into); what the copy or upload returned (a
  * page taken here is given back). */
+#define CAIRN_KVCACHE_FROM_SHARED 3 /* partial()'s *from_tier: the shared tier */
 int cairn_kvcache_partial(cairn_kvcache *c, uint64_t ns, cairn_kv_hold *hold, size_t n_held,
                           const int32_t *next, size_t n_next, int32_t *page, size_t *n_reused,
                           int *from_tier);
@@ -659,6 +663,8 @@ typedef struct {
     cairn_kvcache_tier_stats tier[CAIRN_TIER_COUNT];
     size_t fetches;                         /* fetches completed             */
     size_t fetch_skipped_pages;             /* pages the cost model skipped  */
+    size_t child_pages;                     /* partial pages found by parent
+                                               on disk or in Redis (fetch.c) */
     size_t dropped_cheap_pages;             /* evicted out of the tree, not
                                                down a tier: cheaper to
                                                recompute than to load back  */

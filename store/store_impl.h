@@ -67,6 +67,7 @@ enum { PAGE_ANN_DEVICE = 4, PAGE_ANN_HOST = 8 };
 #define COOKIE_WRITE (3ull << 60)
 #define COOKIE_FETCH (4ull << 60) /* value: fetch op id                    */
 #define COOKIE_OP (5ull << 60)    /* value: pending op id (sync, records)  */
+#define COOKIE_CHILD (6ull << 60) /* value: host slot of a fetch's read child */
 /* COOKIE_WRITE's value: 0 for write-back / write-through, BEHIND_WRITE for
  * a write-behind write (its completion ends its in-flight count). */
 #define BEHIND_WRITE 1ull
@@ -119,6 +120,16 @@ typedef struct {
     bool busy_elsewhere;    /* ... and is computing for Redis now       */
     size_t n_reads;         /* disk reads before the current fence (rate samples) */
     size_t skipped, lost;
+    size_t n_tokens;        /* tokens[] holds this many: the target's pages and
+                               up to a page past them (the partial page)     */
+    size_t n_pages_req;     /* whole pages the request has (the most the target
+                               could be)                                    */
+    /* the page that continues the match in part, read by parent (fetch.c) */
+    bool child_asked;
+    int32_t child_slot;     /* its host slot while the read is out, else -1 */
+    int child_matched;      /* tokens of the request it shares (0: none)    */
+    bool child_shared;      /* ... and Redis answered, not LMDB            */
+    int32_t *child_tokens;  /* [page_size], from the completion             */
 } fetch_op;
 
 /* Decayed sums for the rate estimates. */
@@ -290,6 +301,17 @@ bool kvc_drop_host_tail(cairn_kvcache *c, bool live);
 uint64_t kvc_tail_mark_live(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, size_t n_tokens);
 void kvc_tail_unmark_live(cairn_kvcache *c, uint64_t id);
 void kvc_tails_free(cairn_kvcache *c);
+/* Keep tokens[0 .. n) (n < page_size) under `parent` as a tail whose KV is
+ * in host slot `slot` (a page read by parent: fetch.c), which came from
+ * `came_from` (partial()'s *from_tier at its first use); the slot is taken
+ * in every case. */
+int kvc_tail_adopt_host(cairn_kvcache *c, uint64_t ns, cairn_page_hash parent,
+                        const int32_t *tokens, size_t n, int32_t slot, int came_from);
+/* How many leading tokens of next[0 .. limit) the best page continuing
+ * `node` in memory shares (a tree child on the device or in host RAM, or a
+ * tail); *child (may be NULL) receives the tree child when that is it. */
+size_t kvc_partial_best(cairn_kvcache *c, uint64_t ns, cairn_radix_node *node,
+                        const int32_t *next, size_t limit, cairn_radix_node **child);
 void kvc_tail_counts(const cairn_kvcache *c, uint64_t *on_device, uint64_t *in_host);
 
 /* ---- cost.c: the cost model --------------------------------------------- */
@@ -319,8 +341,10 @@ void kvc_drain_disk(cairn_kvcache *c);
 /* ---- shared.c: the cache's side of tier 3 --------------------------------- */
 
 /* Queue for Redis every resident page of the path root..node that has no
- * copy there yet (device pages are downloaded into c->scratch first). */
-void kvc_share_path(cairn_kvcache *c, cairn_radix_node *node);
+ * copy there yet (device pages are downloaded into c->scratch first), and
+ * the first page of `child` (a child of node, may be NULL: the page a
+ * partial match ends in). */
+void kvc_share_path(cairn_kvcache *c, cairn_radix_node *node, cairn_radix_node *child);
 /* The last n_new pages of the path root..leaf just entered the tree. */
 void kvc_note_stored(cairn_kvcache *c, cairn_radix_node *leaf, size_t n_new);
 /* A page left the tree (a cairn_radix_drop callback's page). */
@@ -343,8 +367,11 @@ void kvc_flush_events(cairn_kvcache *c);
 /* ---- behind.c: write-behind -------------------------------------------- */
 
 /* The path root..node was reused (a fetch found it cached): queue its pages
- * that are not on disk yet for write-behind. Uses c->path and c->nodes. */
-void kvc_behind_note(cairn_kvcache *c, cairn_radix_node *node);
+ * that are not on disk yet for write-behind, and the first page of `child`
+ * (a child of node, may be NULL): the page the reuse's partial match ends
+ * in, which a restart finds again by parent (fetch.c). Uses c->path and
+ * c->nodes. */
+void kvc_behind_note(cairn_kvcache *c, cairn_radix_node *node, cairn_radix_node *child);
 /* Queue the next write-behind pages, within the bounds (from poll). */
 void kvc_behind_step(cairn_kvcache *c);
 /* A write-behind write completed. */
@@ -355,6 +382,9 @@ void kvc_behind_free(cairn_kvcache *c);
 
 /* Drive a fetch op after its fence completed (or at once when it had
  * nothing to wait for). Returns true when the op is finished (and freed). */
+/* A fetch's read child completed (promote.c's drain): to its op, or the
+ * slot back when the op is gone. */
+void kvc_child_done(cairn_kvcache *c, int32_t slot, const cairn_disk_completion *done);
 bool kvc_advance_fetch(cairn_kvcache *c, fetch_op *op, double fence_seconds);
 
 #endif /* CAIRN_STORE_IMPL_H */

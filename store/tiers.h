@@ -161,6 +161,7 @@ typedef enum {
     CAIRN_DISK_RECORD_PUT = 5,    /* records: see "durable records" below      */
     CAIRN_DISK_RECORD_DELETE = 6,
     CAIRN_DISK_RECORD_GET = 7,
+    CAIRN_DISK_READ_CHILD = 8,    /* cairn_disk_read_child                     */
 } cairn_disk_op;
 
 typedef struct {
@@ -181,9 +182,13 @@ typedef struct {
                          the pages it computes, and looked it up less than
                          CAIRN_SHARED_BUSY_S ago: it is probably computing
                          the page now                                       */
-    void *data;       /* RECORD_GET with CAIRN_OK: the value, malloc'd; the
-                         poller owns it (free()). NULL otherwise.            */
+    void *data;       /* RECORD_GET with CAIRN_OK: the value; READ_CHILD with
+                         CAIRN_OK: the page's tokens (int32_t [page_size]);
+                         malloc'd, the poller owns it (free()). NULL
+                         otherwise.                                         */
     size_t bytes;     /* bytes of data                                      */
+    int matched;      /* READ_CHILD with CAIRN_OK: leading tokens of next[] the
+                         page found shares (1 .. n_next)                    */
 } cairn_disk_completion;
 
 /* Where a page written to disk hangs: the page before it (the namespace's
@@ -238,6 +243,34 @@ int cairn_disk_announce_pages(cairn_disk *d, cairn_page_hash seed);
  * queued, so a read queued after a write of the same key sees it. */
 int cairn_disk_read(cairn_disk *d, cairn_page_hash key, const int32_t *tokens, void *dst,
                     uint64_t cookie);
+
+/* The page that continues `parent` best. A prefix shared with a cached
+ * sequence usually ends inside a page (a document followed by another
+ * question, a conversation resent with one more message); the page that
+ * holds its last tokens is keyed by tokens the request does not have, so no
+ * read by hash finds it. Every page written with an origin is therefore also
+ * listed under the page before it (a sequence's first page is not: the
+ * namespace's seed would list every prompt; LMDB's "children" database, keyed by the
+ * parent's word that the value keeps; Redis's P c:<ns>:<parent> hash, see
+ * tier 3), and this read looks through that list:
+ *
+ *     parent ──▶ child A  [t0 t1 t2 t3 ... t15]     lcp with next[] = 3
+ *            └─▶ child B  [t0 t1 u2 u3 ... u15]     lcp with next[] = 2
+ *
+ * Among the pages listed under `parent` (LMDB first, then the shared tier),
+ * the one whose tokens share the most leading tokens with next[0 .. n_next)
+ * (1 <= n_next < page_size; a page sharing all page_size tokens would be the
+ * read by hash) is read into `dst` [page_bytes] (the caller's, valid and
+ * untouched until the completion). The completion's `matched` says how many
+ * leading tokens it shares, and its `data` holds the page's page_size token
+ * ids (int32_t, malloc'd; the poller frees it). CAIRN_ENOTFOUND when none
+ * shares even one. Each candidate is checked by
+ * hashing (parent, its tokens) to its key, the one read is verified like
+ * any read; entries whose page is gone are dropped from the list. Pages
+ * written before the list existed are not in it (they are found by hash
+ * as before). */
+int cairn_disk_read_child(cairn_disk *d, cairn_page_hash parent, const int32_t *next,
+                          size_t n_next, void *dst, uint64_t cookie);
 
 /* Queue a no-op whose completion means every earlier request has completed. */
 int cairn_disk_fence(cairn_disk *d, uint64_t cookie);
@@ -332,6 +365,8 @@ void cairn_disk_get_stats(cairn_disk *d, cairn_disk_stats *out);
  * router (route/) reads to send each request where its prefix is cached.
  *
  *     P p:<namespace root hex>:<page hash hex>  a page, the disk value format
+ *     P c:<namespace root hex>:<page hash hex>  the pages after it: child key ->
+ *                                               its tokens (read_child)
  *     P r:<record key hex>                      a durable record's value
  *     P events                                  stream: r, op, ns, ps[, h | http, rpc]
  *
@@ -354,10 +389,13 @@ typedef enum {
 } cairn_shared_event;
 
 bool cairn_disk_has_shared(const cairn_disk *d);
-/* Queue a page for Redis (tokens and payload copied). CAIRN_EUNSUPPORTED
- * without a shared tier, CAIRN_EFULL when the queue is full (dropped). */
-int cairn_disk_share_page(cairn_disk *d, cairn_page_hash key, const int32_t *tokens,
-                          const void *payload);
+/* Queue a page for Redis (tokens and payload copied); with an origin, it
+ * is also listed under its parent for cairn_disk_read_child (P c:<ns>:
+ * <parent hex>, a hash of child key -> its tokens, with the page's TTL).
+ * CAIRN_EUNSUPPORTED without a shared tier, CAIRN_EFULL when the queue is
+ * full (dropped). */
+int cairn_disk_share_page(cairn_disk *d, cairn_page_hash key, const cairn_disk_page_origin *origin,
+                          const int32_t *tokens, const void *payload);
 /* Queue the deletion of a record's Redis copy (a session its user closed;
  * the local copy goes with cairn_disk_record_delete). CAIRN_OK without a
  * shared tier. */

@@ -6,9 +6,11 @@ on the real instruct model with a real LMDB --cache-dir and a real SIGKILL:
   shares it); the server writes the reused prefix's pages to LMDB in the
   background (write-behind), which /metrics reports as committed;
 - a one-off prompt, never reused, is not written;
-- SIGKILL (no SIGTERM write-back), restart on the same --cache-dir: request
-  1 again finds the document on disk (cached tokens >= document - one page)
-  and gives exactly the greedy output it gave cold; the one-off prompt is
+- SIGKILL (no SIGTERM write-back), restart on the same --cache-dir: a new
+  question about the document finds all of it on disk (its whole pages by
+  hash, its last tokens in request 1's page, found by parent), and gives
+  the greedy output a fresh server gives; request 1 again finds the
+  document and gives exactly the output it gave cold; the one-off prompt is
   computed again (nothing of it was on disk);
 - with --no-write-behind the same SIGKILL loses the document (what the
   option costs, and that the first part is the write-behind's doing).
@@ -55,6 +57,7 @@ def document(n_paragraphs):
 DOC = document(26)
 Q1 = "\n\nQuestion: What does the scheduler do in section 1?\nAnswer:"
 Q2 = "\n\nQuestion: Which flag turns the disk tier off?\nAnswer:"
+Q3 = "\n\nQuestion: How often is queue 3 checked?\nAnswer:"
 ONE_OFF = ("A one-off note about gardening, never asked twice: tomatoes want sun, "
            "basil wants water, and the compost heap wants patience. ") * 6
 
@@ -87,9 +90,9 @@ class WriteBehind(harness.TestCase):
             raise unittest.SkipTest("CAIRN_CHAT_MODEL (%s) is absent; scripts/get-model "
                                     "fetches it" % (CHAT_MODEL or "unset"))
 
-    def start(self, scratch, *extra):
+    def start(self, scratch, *extra, cache_dir="kv"):
         return scratch.start(CAIRN, ["-m", CHAT_MODEL, "-c", "2048", "--kv-mem", "128M",
-                                     "--cache-dir", scratch.path("kv"), *extra], http=True)
+                                     "--cache-dir", scratch.path(cache_dir), *extra], http=True)
 
     def shared_pages(self, srv):
         """Whole pages the two document requests share."""
@@ -118,7 +121,10 @@ class WriteBehind(harness.TestCase):
             self.assertTrue(done(m), "the reused document was not written behind: %s" %
                             {k: v for k, v in m.items() if "behind" in k or "disk" in k})
             written = m["cairn_kv_write_behind_pages_total"]
-            self.assertEqual(written, doc_pages)  # the reused prefix, not request 1's rest
+            # the reused prefix, and the page of request 1 that request 2's
+            # match ended in (the document's last tokens, found again by its
+            # parent after a restart), not request 1's rest
+            self.assertEqual(written, doc_pages + (1 if n_doc % PAGE else 0))
             on_disk = m['cairn_kv_pages_used{tier="disk"}']
             self.assertEqual(on_disk, written)
 
@@ -132,10 +138,19 @@ class WriteBehind(harness.TestCase):
             srv = scratch.track(srv.restart(kill=True))
             _, cached = complete(srv, ONE_OFF, 4)
             self.assertEqual(cached, 0, "a one-off prompt came back from disk")
+            # A new question: the document's whole pages by hash, its last
+            # tokens from request 1's page found by its parent. Nothing of
+            # the document is computed again.
+            q3, cached = complete(srv, DOC + Q3, 24)
+            self.assertGreaterEqual(cached, n_doc, "the document's last page was not found")
             again, cached = complete(srv, DOC + Q1, 24)
-            self.assertGreaterEqual(cached, n_doc - PAGE,
+            self.assertGreaterEqual(cached, n_doc,
                                     "the reused document did not come back from disk")
             self.assertEqual(again, cold, "output after a restart from disk pages differs")
+            fresh = self.start(scratch, cache_dir="kv-fresh")
+            q3_cold, cached = complete(fresh, DOC + Q3, 24)
+            self.assertEqual(cached, 0)
+            self.assertEqual(q3, q3_cold, "rows found by parent gave other tokens")
 
     def test_no_write_behind_loses_it(self):
         with harness.Scratch() as scratch:

@@ -9,6 +9,8 @@ their own each and `--shared-cache redis://...` to one real redis-server
     cached_tokens_by_tier["shared"], the same greedy tokens as a fresh
     server's; a prefix computed once by A and once by B (seen twice in the
     cluster) is shared by B and served to C;
+  - the page a shared prefix ends inside (another question's page) is
+    found in Redis by its parent: B computes nothing of the document;
   - A's page events: a hello with its addresses, and stored events that
     name every page A put in Redis;
   - a damaged value in Redis is never used: it is deleted and the prefix
@@ -112,6 +114,27 @@ class SharedTier(SharedCase):
         self.wait_written(ca)
         r_once = cb.generate(once, max_tokens=4, temperature=0)
         self.assertEqual(r_once.usage.cached_tokens_by_tier["shared"], 0)
+
+    def test_partial_page_by_parent(self):
+        """B gets the whole pages A shared and, through the parent's list of
+        children in Redis, the page that holds the document's last tokens
+        (A's page of another question): nothing of the document is computed
+        again, and the answer is a fresh server's."""
+        a, b = self.replica(), self.replica()
+        ca, cb = self.client(a), self.client(b)
+        document = doc(6)
+        q1, q2 = document + " Question one: why?", document + " Question two: how?"
+        t1, t2 = ca.tokenize(q1, add_bos=True), ca.tokenize(q2, add_bos=True)
+        n_common = next(i for i in range(min(len(t1), len(t2))) if t1[i] != t2[i])
+        self.assertNotEqual(n_common % P, 0, "the document should end inside a page")
+        self.compute_twice(ca, q1)
+        self.assertTrue(self.redis.db.keys("cairn:c:*"), "no page was listed under its parent")
+        rb = cb.generate(q2, max_tokens=8, temperature=0)
+        self.assertEqual(rb.tokens, ref(q2))
+        tiers = rb.usage.cached_tokens_by_tier
+        self.assertEqual(sum(tiers.values()), rb.usage.cached_tokens)
+        self.assertGreaterEqual(rb.usage.cached_tokens, n_common, rb.raw["usage"])
+        self.assertEqual(tiers["shared"], rb.usage.cached_tokens, rb.raw["usage"])
 
     def test_page_events(self):
         a = self.replica("--replica-id", "replica-a")

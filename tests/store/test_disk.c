@@ -10,7 +10,9 @@
  *   - a writer killed with SIGKILL in the middle of a write storm leaves a
  *     store in which every confirmed page reads back right and every other
  *     page either reads back right or is a miss;
- *   - a tiny map exercises the disk-full path (LRU eviction, never failure).
+ *   - a tiny map exercises the disk-full path (LRU eviction, never failure);
+ *   - the page that continues a parent best is found by its tokens (read
+ *     child), after a restart too, and a deleted page is never returned.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -127,6 +129,14 @@ static int read_page(cairn_disk *d, uint64_t i, size_t page_bytes)
     free(got);
     free(want);
     return st;
+}
+
+static size_t lcp_of(const int32_t *a, const int32_t *b, size_t n)
+{
+    size_t i = 0;
+    while (i < n && a[i] == b[i])
+        i++;
+    return i;
 }
 
 /* ---- persistence ---------------------------------------------------------- */
@@ -688,6 +698,134 @@ static void test_tiny_map(void **state)
     test_remove_dir(dir);
 }
 
+/* ---- the page that continues a parent ------------------------------------ */
+
+/* Write child `tok` of `parent` (listed under it) with the payload of its
+ * tokens; returns its key. */
+static cairn_page_hash write_child(cairn_disk *d, cairn_page_hash parent, const int32_t *tok,
+                                   size_t pb)
+{
+    uint8_t *buf = malloc(pb);
+    assert_non_null(buf);
+    test_payload(tok, PS, buf, pb);
+    cairn_page_hash key = cairn_page_hash_next(parent, tok, PS);
+    cairn_disk_page_origin o = {.parent = parent, .has_parent = true};
+    assert_int_equal(cairn_disk_write(d, key, &o, tok, buf, 0), CAIRN_OK);
+    int st[1] = {-1};
+    collect(d, 1, st, 1);
+    assert_int_equal(st[0], CAIRN_OK);
+    free(buf);
+    return key;
+}
+
+/* read_child: *matched and the page's tokens into tok_out; returns the
+ * status, and checks the payload is the tokens' own. */
+static int read_child(cairn_disk *d, cairn_page_hash parent, const int32_t *next, size_t n,
+                      size_t pb, int *matched, int32_t *tok_out)
+{
+    uint8_t *got = malloc(pb), *want = malloc(pb);
+    assert_non_null(got);
+    assert_int_equal(cairn_disk_read_child(d, parent, next, n, got, 5), CAIRN_OK);
+    cairn_disk_completion c;
+    int k = 0;
+    while (k == 0) {
+        cairn_disk_wait(d, 1000);
+        assert_int_equal(cairn_disk_poll(d, &c, 1, &k), CAIRN_OK);
+    }
+    assert_int_equal(c.cookie, 5);
+    assert_int_equal(c.op, CAIRN_DISK_READ_CHILD);
+    *matched = c.matched;
+    if (c.status == CAIRN_OK) {
+        assert_int_equal(c.bytes, PS * sizeof(int32_t));
+        memcpy(tok_out, c.data, PS * sizeof(int32_t));
+        test_payload(tok_out, PS, want, pb);
+        assert_memory_equal(got, want, pb);
+        /* and it is parent's child: its key chains from parent */
+        assert_int_equal(lcp_of(tok_out, next, n), (size_t)c.matched);
+    } else {
+        assert_null(c.data);
+    }
+    free(c.data);
+    free(got);
+    free(want);
+    return c.status;
+}
+
+static void test_read_child(void **state)
+{
+    (void)state;
+    char dir[512];
+    test_make_dir(dir, sizeof dir, "child");
+    const size_t pb = 2048;
+    cairn_disk_config cfg = config(dir, pb, 32u << 20);
+    cairn_disk *d;
+    assert_int_equal(cairn_disk_open(&cfg, &d, NULL, 0), CAIRN_OK);
+    /* parent: a page of some sequence; three pages continue it, sharing 16,
+     * 5 and 2 leading tokens with A (a document's last tokens, then
+     * different questions) */
+    cairn_page_hash parent = page_key(test_ns(), 0), other = page_key(test_ns(), 1);
+    int32_t a[PS], b[PS], c[PS], next[PS], got[PS];
+    page_tokens(100, a);
+    memcpy(b, a, sizeof a);
+    memcpy(c, a, sizeof a);
+    for (int i = 5; i < PS; i++)
+        b[i] = a[i] + 1;
+    for (int i = 2; i < PS; i++)
+        c[i] = a[i] + 2;
+    write_child(d, parent, b, pb);
+    write_child(d, parent, a, pb);
+    write_child(d, parent, c, pb);
+    /* a page that is not listed (no origin): never an answer */
+    write_pages(d, 50, 1, pb);
+
+    int m = -1;
+    memcpy(next, a, sizeof a);
+    next[7] = a[7] + 3; /* shares 7 with A, 5 with B, 2 with C */
+    assert_int_equal(read_child(d, parent, next, PS - 1, pb, &m, got), CAIRN_OK);
+    assert_int_equal(m, 7);
+    assert_memory_equal(got, a, sizeof a);
+    /* a shorter request: as much as it has */
+    assert_int_equal(read_child(d, parent, next, 3, pb, &m, got), CAIRN_OK);
+    assert_int_equal(m, 3);
+    memcpy(next, b, sizeof b);
+    assert_int_equal(read_child(d, parent, next, PS - 1, pb, &m, got), CAIRN_OK);
+    assert_int_equal(m, PS - 1);
+    assert_memory_equal(got, b, sizeof b);
+    /* nothing shared, another parent, bad arguments */
+    next[0] = a[0] + 1;
+    assert_int_equal(read_child(d, parent, next, PS - 1, pb, &m, got), CAIRN_ENOTFOUND);
+    assert_int_equal(m, 0);
+    memcpy(next, a, sizeof a);
+    assert_int_equal(read_child(d, other, next, PS - 1, pb, &m, got), CAIRN_ENOTFOUND);
+    uint8_t *dst = malloc(pb);
+    assert_int_equal(cairn_disk_read_child(d, parent, next, PS, dst, 0), CAIRN_EINVAL);
+    assert_int_equal(cairn_disk_read_child(d, parent, next, 0, dst, 0), CAIRN_EINVAL);
+    cairn_disk_close(d);
+
+    /* after a restart, the list is there */
+    assert_int_equal(cairn_disk_open(&cfg, &d, NULL, 0), CAIRN_OK);
+    next[7] = a[7] + 3;
+    assert_int_equal(read_child(d, parent, next, PS - 1, pb, &m, got), CAIRN_OK);
+    assert_int_equal(m, 7);
+    assert_memory_equal(got, a, sizeof a);
+    /* A's value goes (a read expecting other tokens deletes it): the next
+     * best, B, answers; A is never returned again */
+    int32_t wrong[PS];
+    memcpy(wrong, a, sizeof a);
+    wrong[PS - 1] ^= 1;
+    assert_int_equal(cairn_disk_read(d, cairn_page_hash_next(parent, a, PS), wrong, dst, 1),
+                     CAIRN_OK);
+    int s1[2];
+    collect(d, 1, s1, 2);
+    assert_int_equal(s1[1], CAIRN_ENOTFOUND);
+    assert_int_equal(read_child(d, parent, next, PS - 1, pb, &m, got), CAIRN_OK);
+    assert_int_equal(m, 5);
+    assert_memory_equal(got, b, sizeof b);
+    free(dst);
+    cairn_disk_close(d);
+    test_remove_dir(dir);
+}
+
 /* ---- small pieces --------------------------------------------------------- */
 
 static void test_namespace(void **state)
@@ -833,6 +971,7 @@ int main(void)
         cmocka_unit_test(test_sigkill_storm),
         cmocka_unit_test(test_tiny_map),
         cmocka_unit_test(test_lost_page),
+        cmocka_unit_test(test_read_child),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -144,13 +144,14 @@ static void check_accounting(cache *k)
     cairn_kvcache_stats st; /* draining: given back while a late copy still uses them */
     cairn_kvcache_get_stats(k->c, &st);
     cairn_page_pool *dev = cairn_kvcache_device_pool(k->c);
+    /* tails: partial pages kept apart from the tree (pages found by parent) */
     assert_int_equal(rs.pages[CAIRN_TIER_DEVICE] + st.tier[CAIRN_TIER_DEVICE].draining_pages +
-                         (size_t)cairn_page_pool_available(dev),
+                         st.tail_pages + (size_t)cairn_page_pool_available(dev),
                      (size_t)cairn_page_pool_capacity(dev));
     cairn_host_pool *host = cairn_kvcache_host_pool(k->c);
     if (host)
         assert_int_equal(rs.pages[CAIRN_TIER_HOST] + st.tier[CAIRN_TIER_HOST].draining_pages +
-                             (size_t)cairn_host_pool_available(host),
+                             st.tail_host_pages + (size_t)cairn_host_pool_available(host),
                          (size_t)cairn_host_pool_capacity(host));
 }
 
@@ -217,6 +218,7 @@ static void test_fetch_memory_tiers(void **state)
     assert_int_equal(st.tier[CAIRN_TIER_HOST].store_ops, 2);   /* two downloads */
     assert_true(st.tier[CAIRN_TIER_HOST].load_ops >= 2);       /* uploads       */
     assert_int_equal(st.tier[CAIRN_TIER_DISK].load_ops, 1);    /* one round     */
+    assert_int_equal(st.child_pages, 0); /* the page after, looked for by parent: none */
     assert_int_equal(st.tier[CAIRN_TIER_DISK].store_ops, 2);   /* C's writes    */
     assert_true(st.tier[CAIRN_TIER_DISK].load_mean_s >= 0);
     assert_int_equal(st.tier[CAIRN_TIER_DEVICE].pages, 6);
@@ -361,6 +363,87 @@ static void test_fetch_after_restart(void **state)
     cairn_disk_get_stats(cairn_kvcache_disk(k.c), &ds);
     assert_int_equal(ds.corrupt, 1);
     free(buf);
+    cache_close(&k);
+    test_remove_dir(dir);
+}
+
+/* After a restart, a request that shares a sequence's whole pages and part
+ * of the next one (another question about the same document) finds that
+ * page by its parent on disk: it comes back as a tail in host RAM, and
+ * partial() copies its shared rows, exactly the stored ones. */
+static void test_fetch_partial_after_restart(void **state)
+{
+    (void)state;
+    char dir[512];
+    test_make_dir(dir, sizeof dir, "partial");
+    int32_t tok[4 * PS], q[4 * PS + 3];
+    seq_tokens(tok, 4 * PS, 3);
+    memcpy(q, tok, sizeof tok);
+    for (int i = 3 * PS + 5; i < 4 * PS + 3; i++)
+        q[i] = 29000 + i; /* shares pages 0-2 and 5 tokens of page 3 */
+
+    cache k;
+    cache_open(&k, dir, 32, 8);
+    put_pages(&k, tok, 4);
+    assert_int_equal(cairn_kvcache_flush(k.c), CAIRN_OK);
+    cache_close(&k);
+
+    cache_open(&k, dir, 32, 8);
+    cairn_radix *t = cairn_kvcache_tree(k.c);
+    assert_int_equal(cairn_kvcache_override_rates(k.c, &fast_disk), CAIRN_OK);
+    assert_int_equal(cairn_kvcache_fetch(k.c, 0, q, 4 * PS + 2, SIZE_MAX, 31), CAIRN_OK);
+    cairn_kvcache_event ev = wait_event(&k);
+    assert_int_equal(ev.status, CAIRN_OK);
+    assert_int_equal(ev.resident_pages, 3);
+    check_resident(&k, ev.node, tok);
+    cairn_kvcache_stats st;
+    cairn_kvcache_get_stats(k.c, &st);
+    assert_int_equal(st.child_pages, 1);
+    assert_int_equal(st.tail_host_pages, 1);
+    int32_t page = -1;
+    size_t reused = 0;
+    int from = -1;
+    assert_int_equal(cairn_kvcache_partial(k.c, 0, ev.node, 3, q + 3 * PS, PS + 2, &page, &reused,
+                                           &from),
+                     CAIRN_OK);
+    assert_int_equal(reused, 5);
+    assert_int_equal(from, CAIRN_TIER_DISK); /* this request's rows came from disk */
+    uint8_t *want = malloc(k.L.page_bytes);
+    test_payload(tok, 4 * PS, want, k.L.page_bytes);
+    uint8_t *base = cairn_page_pool_base(cairn_kvcache_device_pool(k.c));
+    assert_memory_equal(base + (size_t)page * k.L.page_bytes, want, k.L.page_bytes);
+    cairn_kvcache_free_pages(k.c, 1, &page);
+    /* the next request finds it in host RAM */
+    page = -1;
+    assert_int_equal(cairn_kvcache_partial(k.c, 0, ev.node, 3, q + 3 * PS, PS + 2, &page, &reused,
+                                           &from),
+                     CAIRN_OK);
+    assert_int_equal(reused, 5);
+    assert_int_equal(from, CAIRN_TIER_HOST);
+    cairn_kvcache_free_pages(k.c, 1, &page);
+    assert_int_equal(cairn_radix_unlock(t, ev.node), CAIRN_OK);
+
+    /* Asked again: memory has the page now, the disk is not asked. */
+    assert_int_equal(cairn_kvcache_fetch(k.c, 0, q, 4 * PS + 2, SIZE_MAX, 32), CAIRN_OK);
+    ev = wait_event(&k);
+    assert_int_equal(ev.resident_pages, 3);
+    assert_int_equal(cairn_radix_unlock(t, ev.node), CAIRN_OK);
+    cairn_kvcache_get_stats(k.c, &st);
+    assert_int_equal(st.child_pages, 1);
+
+    /* A request sharing no token of page 3: nothing found, nothing kept. */
+    int32_t r[4 * PS];
+    memcpy(r, tok, 3 * PS * sizeof *r);
+    for (int i = 3 * PS; i < 4 * PS; i++)
+        r[i] = 28000 + i;
+    assert_int_equal(cairn_kvcache_fetch(k.c, 0, r, 4 * PS - 1, SIZE_MAX, 33), CAIRN_OK);
+    ev = wait_event(&k);
+    assert_int_equal(ev.resident_pages, 3);
+    assert_int_equal(cairn_radix_unlock(t, ev.node), CAIRN_OK);
+    cairn_kvcache_get_stats(k.c, &st);
+    assert_int_equal(st.child_pages, 1);
+    check_accounting(&k);
+    free(want);
     cache_close(&k);
     test_remove_dir(dir);
 }
@@ -1242,6 +1325,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fetch_memory_tiers),
         cmocka_unit_test(test_fetch_after_restart),
+        cmocka_unit_test(test_fetch_partial_after_restart),
         cmocka_unit_test(test_fetch_concurrent),
         cmocka_unit_test(test_cost_model),
         cmocka_unit_test(test_records),
