@@ -127,6 +127,10 @@ static uint32_t first4(cairn_page_hash h)
 
 static int scan_add(scan *s, const uint8_t key[16], const uint8_t *v, int ps)
 {
+    /* a kept tail (share.c): its tokens padded with -1, found only by its
+     * parent; not a page anyone routes to */
+    if ((int32_t)get_u32(v + CAIRN_DISK_HEADER_BYTES + 4 * (size_t)(ps - 1)) < 0)
+        return CAIRN_OK;
     if (s->n == s->cap) {
         size_t nc = s->cap ? 2 * s->cap : 1024;
         scan_entry *nv = realloc(s->v, nc * sizeof *nv);

@@ -94,6 +94,12 @@ int cairn_kvcache_persist(cairn_kvcache *c, cairn_radix_node *node, uint64_t coo
         write_through_node(c, c->nodes[i], &missing);
     }
     kvc_share_path(c, node, NULL); /* where the session goes if this replica dies */
+    /* ... with its last reply's partly filled page, when it ends in one */
+    if (cairn_radix_parent(node)) {
+        cairn_radix_page *pg;
+        size_t np = cairn_radix_node_pages(node, &pg);
+        kvc_tails_down(c, &pg[np - 1].hash, true, true);
+    }
     uint64_t id;
     rc = add_op(c, CAIRN_KVCACHE_EV_PERSIST, cookie, missing ? CAIRN_ENOTFOUND : CAIRN_OK, &id);
     if (rc)
@@ -145,6 +151,7 @@ int cairn_kvcache_flush(cairn_kvcache *c)
     for (size_t i = 0; i < n; i++)
         if (cairn_radix_node_tier(c->nodes[i]) != CAIRN_TIER_DISK)
             write_through_node(c, c->nodes[i], NULL);
+    kvc_tails_down(c, NULL, true, false); /* conversations resume to the token */
     uint64_t id;
     rc = add_op(c, -1, 0, CAIRN_OK, &id);
     if (rc)

@@ -349,15 +349,18 @@ static bool queue_child(cairn_kvcache *c, fetch_op *op, size_t limit)
 }
 
 /* The read child came back (its completion precedes the fence's): a page
- * found becomes a tail, its first page_size - 1 tokens usable by any
- * request that shares some of them. */
+ * found becomes a tail, its first page_size - 1 tokens (a kept tail's own
+ * tokens) usable by any request that shares some of them. */
 static void absorb_child(cairn_kvcache *c, fetch_op *op)
 {
     int32_t slot = op->child_slot;
     op->child_slot = -1;
     if (c->slot_state[slot] == SLOT_LOADED && op->child_tokens && op->child_matched > 0) {
-        if (kvc_tail_adopt_host(c, op->ns, node_hash(op->node), op->child_tokens,
-                                (size_t)c->L.page_size - 1, slot,
+        /* a kept tail comes back padded with -1 (share.c): its own length */
+        size_t n = 0;
+        while (n < (size_t)c->L.page_size - 1 && op->child_tokens[n] >= 0)
+            n++;
+        if (kvc_tail_adopt_host(c, op->ns, node_hash(op->node), op->child_tokens, n, slot,
                                 op->child_shared ? CAIRN_KVCACHE_FROM_SHARED : CAIRN_TIER_DISK) ==
             CAIRN_OK)
             c->stats.child_pages++;

@@ -23,7 +23,9 @@
  *                runs short (each is worth less than a page of recompute):
  *                to a host slot when one is free, else dropped; host tails
  *                are the first slots given up when host RAM is needed.
- *                They never go to disk (LMDB is keyed by whole pages).
+ *                Below host RAM they live as padded pages listed under
+ *                their parent (see "tails in the lower tiers"): written at
+ *                flush and persist, shared at once with --shared-write all.
  *
  * Why copy and not copy-on-write sharing: a page is written row by row
  * while its sequence runs; sharing a page some of whose rows another
@@ -50,6 +52,7 @@ struct kv_tail {
     uint64_t last_use;
     uint64_t id;            /* unique while the cache lives (a live mark's) */
     int32_t live;           /* live marks of sessions whose history ends in it */
+    bool on_disk, shared;   /* written to LMDB / queued for Redis (below)  */
     int8_t came_from;       /* a page read by parent: CAIRN_TIER_DISK or
                                CAIRN_KVCACHE_FROM_SHARED until its first use
                                (where that use's rows came from); else -1 */
@@ -304,8 +307,11 @@ int cairn_kvcache_keep_tail(cairn_kvcache *c, uint64_t ns, const int32_t *tokens
         cairn_page_pool_release(c->dev, 1, &page);
         return CAIRN_EINVAL;
     }
-    return tail_place(c, ns, chain_hash(c, ns, tokens, n_tokens / ps), tokens + (n_tokens - n), n,
-                      page, -1);
+    const cairn_page_hash parent = chain_hash(c, ns, tokens, n_tokens / ps);
+    int rc = tail_place(c, ns, parent, tokens + (n_tokens - n), n, page, -1);
+    if (rc == CAIRN_OK && c->shared && c->share_policy == CAIRN_SHARE_ALL)
+        kvc_tails_down(c, &parent, false, true); /* a conversation may go on elsewhere */
+    return rc;
 }
 
 int kvc_tail_adopt_host(cairn_kvcache *c, uint64_t ns, cairn_page_hash parent,
@@ -365,6 +371,78 @@ void kvc_tail_unmark_live(cairn_kvcache *c, uint64_t id)
                 c->tails[i].live--;
             return;
         }
+}
+
+/* ---- tails in the lower tiers ------------------------------------------ *
+ *
+ * A tail is not a page of the tree: no read by hash can name it (its key
+ * would cover tokens that do not exist yet). It goes to LMDB and Redis as a
+ * page whose tokens are the tail's, padded with -1 (never a token id) to a
+ * whole page, listed under its parent like any page; a read child finds it
+ * by its leading tokens, and the padding stops every match at the tail's
+ * end. It is never announced to routers. Written: at flush (a graceful
+ * restart resumes conversations to the token), at persist (a persisted
+ * session's last reply survives a SIGKILL), and, with --shared-write all,
+ * to Redis as soon as it is kept (a conversation moved to another replica
+ * finds its last page there). */
+
+/* The tail's padded tokens, key, origin and bytes; false when it has no
+ * place below (a sequence's first page is never listed) or its bytes
+ * cannot be had. Bytes of a device page are downloaded into c->scratch. */
+static bool tail_value(cairn_kvcache *c, struct kv_tail *t, int32_t *padded, cairn_page_hash *key,
+                       cairn_disk_page_origin *o, const void **bytes)
+{
+    const size_t ps = (size_t)c->L.page_size;
+    if (!tail_live(t) || cairn_page_hash_equal(t->parent, cairn_radix_ns_seed(c->tree, t->ns)))
+        return false;
+    memcpy(padded, t->tokens, (size_t)t->n * sizeof *padded);
+    for (size_t i = (size_t)t->n; i < ps; i++)
+        padded[i] = -1;
+    *key = cairn_page_hash_next(t->parent, padded, ps);
+    *o = (cairn_disk_page_origin){.parent = t->parent, .has_parent = true, .announce = false};
+    if (t->page >= 0)
+        *bytes = c->be->iface->download(c->be, c->scratch, dev_addr(c, t->page),
+                                        c->L.page_bytes) == CAIRN_OK
+                     ? c->scratch
+                     : NULL;
+    else
+        *bytes = kvc_slot_settle(c, t->slot) == CAIRN_OK ? cairn_host_pool_slot(c->host, t->slot)
+                                                         : NULL;
+    return *bytes != NULL;
+}
+
+/* Write (disk) or share the tail; true when it was queued. */
+static bool tail_down(cairn_kvcache *c, struct kv_tail *t, bool to_disk)
+{
+    int32_t *padded = malloc((size_t)c->L.page_size * sizeof *padded);
+    cairn_page_hash key;
+    cairn_disk_page_origin o;
+    const void *bytes;
+    bool ok = padded && tail_value(c, t, padded, &key, &o, &bytes) &&
+              (to_disk ? cairn_disk_write(c->disk, key, &o, padded, bytes, COOKIE_WRITE)
+                       : cairn_disk_share_page(c->disk, key, &o, padded, bytes)) == CAIRN_OK;
+    free(padded);
+    return ok;
+}
+
+void kvc_tails_down(cairn_kvcache *c, const cairn_page_hash *parent, bool to_disk, bool share)
+{
+    if (!c->disk)
+        return;
+    share = share && c->shared && c->share_policy != CAIRN_SHARE_NONE;
+    for (size_t i = 0; i < c->n_tails_cap && c->n_tails > 0; i++) {
+        struct kv_tail *t = &c->tails[i];
+        if (!tail_live(t) || (parent && !cairn_page_hash_equal(t->parent, *parent)))
+            continue;
+        if (to_disk && !t->on_disk && tail_down(c, t, true)) {
+            t->on_disk = true;
+            c->stats.written_pages++;
+        }
+        if (share && !t->shared && tail_down(c, t, false)) {
+            t->shared = true;
+            c->stats.shared_pages_queued++;
+        }
+    }
 }
 
 /* ---- partial reuse ----------------------------------------------------- */

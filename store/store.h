@@ -388,7 +388,10 @@ int cairn_kvcache_partial(cairn_kvcache *c, uint64_t ns, cairn_kv_hold *hold, si
  * replaced; the least recently used tail makes room when all are taken.
  * Tails are the first pages to leave tier 0 when allocation runs short (to
  * a free host slot, else dropped) and the first host slots given up; they
- * never go to disk. */
+ * are not evicted to disk, but reach LMDB as padded pages listed under their
+ * parent at flush and persist (the tail under the persisted node), and
+ * Redis at once with CAIRN_SHARE_ALL, where a fetch's read by parent finds
+ * them (fetch.c). */
 int cairn_kvcache_keep_tail(cairn_kvcache *c, uint64_t ns, const int32_t *tokens, size_t n_tokens,
                             int32_t page);
 

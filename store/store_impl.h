@@ -307,6 +307,10 @@ void kvc_tails_free(cairn_kvcache *c);
  * in every case. */
 int kvc_tail_adopt_host(cairn_kvcache *c, uint64_t ns, cairn_page_hash parent,
                         const int32_t *tokens, size_t n, int32_t slot, int came_from);
+/* Write to LMDB (to_disk) and/or queue for Redis (share; only when pages are
+ * shared at all) the tails under `parent` (NULL: every tail) that are not
+ * there yet, as padded pages listed under their parent (share.c). */
+void kvc_tails_down(cairn_kvcache *c, const cairn_page_hash *parent, bool to_disk, bool share);
 /* How many leading tokens of next[0 .. limit) the best page continuing
  * `node` in memory shares (a tree child on the device or in host RAM, or a
  * tail); *child (may be NULL) receives the tree child when that is it. */

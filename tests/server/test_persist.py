@@ -347,6 +347,9 @@ class PersistedSessions(PersistCase):
         self.assertEqual(r2.usage.prompt_tokens, len(hist_a) + len(t2))
         self.assertEqual(r2.tokens, ref_continue(hist_a + t2, 20))
         self.assertCachedAfterHistory(r2.usage.cached_tokens, len(hist_a), "session A")
+        # to the token: the reply's partly filled last page was persisted
+        # with the session (the history's last token was sampled, not fed)
+        self.assertEqual(r2.usage.cached_tokens, len(hist_a) - 1, r2.raw["usage"])
         self.assertEqual(by_tier["disk"], r2.usage.cached_tokens, r2.raw["usage"])
         hist_a += t2 + r2.tokens
         self.assertEqual(c.session_info(sid_a)["n_tokens"], len(hist_a))

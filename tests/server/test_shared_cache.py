@@ -10,7 +10,9 @@ their own each and `--shared-cache redis://...` to one real redis-server
     server's; a prefix computed once by A and once by B (seen twice in the
     cluster) is shared by B and served to C;
   - the page a shared prefix ends inside (another question's page) is
-    found in Redis by its parent: B computes nothing of the document;
+    found in Redis by its parent: B computes nothing of the document; with
+    --shared-write all a reply's partly filled last page is in Redis too:
+    the next turn, on B, computes nothing of the history;
   - A's page events: a hello with its addresses, and stored events that
     name every page A put in Redis;
   - a damaged value in Redis is never used: it is deleted and the prefix
@@ -135,6 +137,40 @@ class SharedTier(SharedCase):
         self.assertEqual(sum(tiers.values()), rb.usage.cached_tokens)
         self.assertGreaterEqual(rb.usage.cached_tokens, n_common, rb.raw["usage"])
         self.assertEqual(tiers["shared"], rb.usage.cached_tokens, rb.raw["usage"])
+
+    def test_conversation_moves_to_the_token(self):
+        """With --shared-write all, a reply's partly filled last page goes to
+        Redis as soon as it is kept: the next turn, resent whole to another
+        replica, computes nothing of the history."""
+        a, b = self.replica("--shared-write", "all"), self.replica("--shared-write", "all")
+        ca, cb = self.client(a), self.client(b)
+        first = doc(8, 200)
+        r1 = ca.generate(first, max_tokens=13, temperature=0)
+        self.wait_written(ca)
+        second = first + r1.text + " Then what?"
+        # what A holds: the prompt and the reply but its last token (never fed)
+        held = ca.tokenize(first, add_bos=True) + r1.tokens[:-1]
+        t2 = cb.tokenize(second, add_bos=True)
+        common = 0
+        while common < min(len(held), len(t2) - 1) and held[common] == t2[common]:
+            common += 1
+        self.assertNotEqual(common % P, 0, "the history should end inside a page")
+        self.assertGreater(common, P * (len(held) // P), "... inside A's last, partly filled one")
+        rb = cb.generate(second, max_tokens=8, temperature=0)
+        self.assertEqual(rb.tokens, ref(second))
+        self.assertEqual(rb.usage.cached_tokens, common, rb.raw["usage"])
+        self.assertEqual(rb.usage.cached_tokens_by_tier["shared"], common, rb.raw["usage"])
+        # a kept tail is no page anyone routes to: never in A's page events
+        stored = set()
+        for e in self.redis.db.xrange("cairn:events"):
+            if e[1].get(b"op") == b"stored":
+                h = e[1][b"h"]
+                stored.update(h[i:i + 16].hex() for i in range(0, len(h), 16))
+        for key in self.redis.db.keys("cairn:p:*"):
+            value = self.redis.db.get(key)
+            tokens = struct.unpack_from("<%di" % P, value, 48)
+            if tokens[-1] < 0:
+                self.assertNotIn(key.decode().rsplit(":", 1)[1], stored)
 
     def test_page_events(self):
         a = self.replica("--replica-id", "replica-a")

@@ -448,6 +448,67 @@ static void test_fetch_partial_after_restart(void **state)
     test_remove_dir(dir);
 }
 
+/* A conversation's partly filled last page (a tail, not a page of the
+ * tree) is written at flush as a padded page under its parent: after a
+ * restart, the next turn finds it by its tokens and reuses exactly them. */
+static void test_tail_after_restart(void **state)
+{
+    (void)state;
+    char dir[512];
+    test_make_dir(dir, sizeof dir, "tail");
+    int32_t tok[3 * PS + 40];
+    seq_tokens(tok, 3 * PS + 40, 4);
+    const size_t n_hist = 2 * PS + 9; /* 2 whole pages and a tail of 9 */
+
+    cache k;
+    cache_open(&k, dir, 32, 8);
+    put_pages(&k, tok, 2);
+    int32_t page;
+    assert_int_equal(cairn_kvcache_alloc(k.c, 1, &page), CAIRN_OK);
+    uint8_t *base = cairn_page_pool_base(cairn_kvcache_device_pool(k.c));
+    test_payload(tok, n_hist, base + (size_t)page * k.L.page_bytes, k.L.page_bytes);
+    assert_int_equal(cairn_kvcache_keep_tail(k.c, 0, tok, n_hist, page), CAIRN_OK);
+    assert_int_equal(cairn_kvcache_flush(k.c), CAIRN_OK);
+    cairn_kvcache_stats st;
+    cairn_kvcache_get_stats(k.c, &st);
+    assert_int_equal(st.written_pages, 3); /* two pages and the tail */
+    cache_close(&k);
+
+    cache_open(&k, dir, 32, 8);
+    cairn_radix *t = cairn_kvcache_tree(k.c);
+    assert_int_equal(cairn_kvcache_override_rates(k.c, &fast_disk), CAIRN_OK);
+    /* the next turn: the history and more */
+    assert_int_equal(cairn_kvcache_fetch(k.c, 0, tok, 3 * PS + 30, SIZE_MAX, 41), CAIRN_OK);
+    cairn_kvcache_event ev = wait_event(&k);
+    assert_int_equal(ev.resident_pages, 2);
+    cairn_kvcache_get_stats(k.c, &st);
+    assert_int_equal(st.child_pages, 1);
+    int32_t got = -1;
+    size_t reused = 0;
+    int from = -1;
+    assert_int_equal(cairn_kvcache_partial(k.c, 0, ev.node, 2, tok + 2 * PS, PS + 20, &got,
+                                           &reused, &from),
+                     CAIRN_OK);
+    assert_int_equal(reused, 9); /* the tail's tokens, not one more */
+    assert_int_equal(from, CAIRN_TIER_DISK);
+    uint8_t *want = malloc(k.L.page_bytes);
+    test_payload(tok, n_hist, want, k.L.page_bytes);
+    base = cairn_page_pool_base(cairn_kvcache_device_pool(k.c));
+    assert_memory_equal(base + (size_t)got * k.L.page_bytes, want, k.L.page_bytes);
+    cairn_kvcache_free_pages(k.c, 1, &got);
+    assert_int_equal(cairn_radix_unlock(t, ev.node), CAIRN_OK);
+    /* a padded tail is never a page of the tree: a read by hash of the
+     * request's whole pages does not find it */
+    assert_int_equal(cairn_kvcache_fetch(k.c, 0, tok, 3 * PS + 30, SIZE_MAX, 42), CAIRN_OK);
+    ev = wait_event(&k);
+    assert_int_equal(ev.resident_pages, 2);
+    assert_int_equal(cairn_radix_unlock(t, ev.node), CAIRN_OK);
+    check_accounting(&k);
+    free(want);
+    cache_close(&k);
+    test_remove_dir(dir);
+}
+
 /* Two fetches of the same disk-resident prefix at once: both answer, the
  * pages are in the tree once, and the duplicate copies go back. */
 static void test_fetch_concurrent(void **state)
@@ -1326,6 +1387,7 @@ int main(void)
         cmocka_unit_test(test_fetch_memory_tiers),
         cmocka_unit_test(test_fetch_after_restart),
         cmocka_unit_test(test_fetch_partial_after_restart),
+        cmocka_unit_test(test_tail_after_restart),
         cmocka_unit_test(test_fetch_concurrent),
         cmocka_unit_test(test_cost_model),
         cmocka_unit_test(test_records),
