@@ -135,8 +135,14 @@ static bool absorb_round(cairn_kvcache *c, fetch_op *op)
         hits++;
     if (hits < op->n_round && (c->slot_seen[op->round[hits]] & SLOT_SEEN))
         op->share_wanted = true; /* where the answer ends, another replica asked too */
-    if (hits < op->n_round && (c->slot_seen[op->round[hits]] & SLOT_BUSY))
-        op->busy_elsewhere = true; /* ... and is computing it, for Redis */
+    /* ... and is computing it, for Redis: told by any page of the round
+     * from there on, not only the first. Replicas of a burst mark the pages
+     * they look up first, in whatever order their pipelines reach Redis, so
+     * the first missing page may carry this replica's own mark while the
+     * rest carry the mark of the one computing them. */
+    for (size_t i = hits; i < op->n_round && !op->busy_elsewhere; i++)
+        if (c->slot_seen[op->round[i]] & SLOT_BUSY)
+            op->busy_elsewhere = true;
     uint8_t shared_of[NEXT_ROUND_MIN];
     bool marks = hits <= sizeof shared_of;
     bool all = hits == op->n_round;

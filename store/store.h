@@ -254,12 +254,13 @@ typedef struct {
     bool share_wanted;     /* FETCH: the pages after the answer were looked up
                               by another replica before: once computed, give
                               them to the shared tier (cairn_kvcache_share) */
-    bool busy_elsewhere;   /* FETCH: the first page after the answer is being
-                              computed by another replica that gives Redis
-                              what it computes (its lookup mark is recent and
-                              says so): fetching again a little later finds
-                              more, where computing now would compute the
-                              same tokens twice in the cluster               */
+    bool busy_elsewhere;   /* FETCH: a page after the answer (of those the
+                              last round looked up) is being computed by
+                              another replica that gives Redis what it
+                              computes (its lookup mark is recent and says
+                              so): fetching again a little later finds more,
+                              where computing now would compute the same
+                              tokens twice in the cluster                    */
     void *data;            /* RECORD_GET with CAIRN_OK: the value, malloc'd;
                               the poller owns it and free()s it             */
     size_t data_bytes;
