@@ -156,6 +156,13 @@ void disk_build_header(const cairn_disk *d, uint8_t *v);
 /* True when the stored value is the page the caller expects. */
 bool disk_value_ok(const cairn_disk *d, const uint8_t *v, size_t bytes, const uint8_t *tokens_le);
 void disk_tokens_to_le(uint8_t *dst, const int32_t *tokens, int n);
+void disk_tokens_from_le(int32_t *dst, const uint8_t *src, int n);
+/* How many leading tokens of next[0 .. n_next) a listed child shares, when
+ * that is more than better_than and the child (its key, its tokens in
+ * stored form) really chains from parent (the list is keyed by four bytes
+ * of the parent's hash, which two parents may share); else 0. */
+int disk_child_match(cairn_page_hash parent, const uint8_t key[16], const uint8_t *tokens_le,
+                     int ps, const void *next, int n_next, int better_than);
 /* The parent word of a value (DISK_PARENT_WORD_AT) for this parent. */
 void disk_parent_word(const uint8_t parent[16], uint8_t out[4]);
 /* The longest run of leading tokens a stored page's tokens (little-endian)

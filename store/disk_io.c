@@ -189,7 +189,7 @@ static int evict_lru(cairn_disk *d, size_t n, size_t *n_out)
 
 /* Serve a read child (tiers.h, cairn_disk_read_child): the listed child of
  * r->parent sharing the most leading tokens with next[], into r->dst and
- * r->tokens_out. r->status says what came of it; the return is an LMDB
+ * (its tokens) r->result. r->status says what came of it; the return is an LMDB
  * code that fails the batch. */
 static int read_child(cairn_disk *d, MDB_txn *txn, disk_req *r)
 {
@@ -208,11 +208,6 @@ static int read_child(cairn_disk *d, MDB_txn *txn, disk_req *r)
         return rc;
     uint8_t best_key[16], stale[CHILDREN_MAX][16];
     int best = 0, n_stale = 0;
-    int32_t *tok = malloc(tok_bytes);
-    if (!tok) {
-        mdb_cursor_close(cur);
-        return MDB_SUCCESS; /* a miss: the caller computes the page */
-    }
     rc = mdb_cursor_get(cur, &wk, &ck, MDB_SET_KEY);
     for (int seen = 0; rc == MDB_SUCCESS && seen < CHILDREN_MAX; seen++) {
         if (ck.mv_size == 16) {
@@ -224,26 +219,18 @@ static int read_child(cairn_disk *d, MDB_txn *txn, disk_req *r)
                 rc = g;
                 break;
             } else if (v.mv_size == d->value_bytes) {
-                const uint8_t *tle = (const uint8_t *)v.mv_data + CAIRN_DISK_HEADER_BYTES;
-                int l = disk_shared_prefix(tle, next, r->n_next);
-                if (l > best) {
-                    /* another parent with the same first four bytes? */
-                    for (int i = 0; i < ps; i++)
-                        tok[i] = (int32_t)get_u32(tle + 4 * i);
-                    cairn_page_hash h = cairn_page_hash_next(parent, tok, (size_t)ps);
-                    uint8_t hb[16];
-                    cairn_page_hash_to_bytes(h, hb);
-                    if (memcmp(hb, ck.mv_data, 16) == 0) {
-                        best = l;
-                        memcpy(best_key, ck.mv_data, 16);
-                    }
+                int l = disk_child_match(parent, ck.mv_data,
+                                         (const uint8_t *)v.mv_data + CAIRN_DISK_HEADER_BYTES, ps,
+                                         next, r->n_next, best);
+                if (l > 0) {
+                    best = l;
+                    memcpy(best_key, ck.mv_data, 16);
                 }
             }
         }
         rc = mdb_cursor_get(cur, &wk, &ck, MDB_NEXT_DUP);
     }
     mdb_cursor_close(cur);
-    free(tok);
     if (rc && rc != MDB_NOTFOUND)
         return rc;
     for (int i = 0; i < n_stale; i++) {
@@ -266,8 +253,7 @@ static int read_child(cairn_disk *d, MDB_txn *txn, disk_req *r)
     int32_t *out = malloc(tok_bytes);
     if (!out)
         return MDB_SUCCESS; /* a miss */
-    for (int i = 0; i < ps; i++)
-        out[i] = (int32_t)get_u32(tle + 4 * i);
+    disk_tokens_from_le(out, tle, ps);
     memcpy(r->dst, tle + tok_bytes, d->cfg.page_bytes);
     free(r->result); /* a retried batch */
     r->result = out;

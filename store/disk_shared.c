@@ -265,18 +265,13 @@ static bool serve_child(cairn_disk *d, disk_req *r, read_counts *rc)
         if (f->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING || f->len != 16 ||
             v->len != tok_bytes)
             continue;
-        int l = disk_shared_prefix((const uint8_t *)v->str, next, r->n_next);
-        if (l <= best)
-            continue;
-        for (int j = 0; j < ps; j++)
-            tok[j] = (int32_t)get_u32((const uint8_t *)v->str + 4 * j);
-        uint8_t hb[16];
-        cairn_page_hash_to_bytes(cairn_page_hash_next(parent, tok, (size_t)ps), hb);
-        if (memcmp(hb, f->str, 16) != 0)
-            continue; /* not this parent's child */
-        best = l;
-        memcpy(best_key, f->str, 16);
-        memcpy(best_tokens, v->str, tok_bytes);
+        int l = disk_child_match(parent, (const uint8_t *)f->str, (const uint8_t *)v->str, ps,
+                                 next, r->n_next, best);
+        if (l > 0) {
+            best = l;
+            memcpy(best_key, f->str, 16);
+            memcpy(best_tokens, v->str, tok_bytes);
+        }
     }
     freeReplyObject(list);
     bool ok = true;
@@ -293,8 +288,7 @@ static bool serve_child(cairn_disk *d, disk_req *r, read_counts *rc)
                    disk_value_ok(d, (const uint8_t *)page->str, page->len, best_tokens)) {
             memcpy(r->dst, (const uint8_t *)page->str + CAIRN_DISK_HEADER_BYTES + tok_bytes,
                    d->cfg.page_bytes);
-            for (int j = 0; j < ps; j++)
-                tok[j] = (int32_t)get_u32(best_tokens + 4 * j);
+            disk_tokens_from_le(tok, best_tokens, ps);
             r->result = tok; /* handed over */
             tok = NULL;
             r->result_bytes = tok_bytes;
@@ -336,16 +330,6 @@ void disk_shared_serve(cairn_disk *d, disk_req *list)
         if (r->op == CAIRN_DISK_READ_CHILD && r->status == CAIRN_ENOTFOUND &&
             !serve_child(d, r, &children))
             return; /* the connection went: the rest stay misses */
-    if (n_pages + n_records == 0) {
-        note_exchange(s, true);
-        pthread_mutex_lock(&d->cmu);
-        d->stats.shared_hits += children.hits;
-        d->stats.shared_misses += children.misses;
-        d->stats.shared_corrupt += children.corrupt;
-        d->stats.bytes_read += children.bytes;
-        pthread_mutex_unlock(&d->cmu);
-        return;
-    }
     redisContext *c = s->reader.ctx;
     size_t sent = 0;
     for (disk_req *r = list; r; r = r->next) {

@@ -78,6 +78,28 @@ void disk_tokens_to_le(uint8_t *dst, const int32_t *tokens, int n)
         put_u32(dst + 4 * i, (uint32_t)tokens[i]);
 }
 
+void disk_tokens_from_le(int32_t *dst, const uint8_t *src, int n)
+{
+    for (int i = 0; i < n; i++)
+        dst[i] = (int32_t)get_u32(src + 4 * i);
+}
+
+int disk_child_match(cairn_page_hash parent, const uint8_t key[16], const uint8_t *tokens_le,
+                     int ps, const void *next, int n_next, int better_than)
+{
+    int l = disk_shared_prefix(tokens_le, next, n_next);
+    if (l <= better_than)
+        return 0;
+    int32_t *tok = malloc((size_t)ps * sizeof *tok);
+    if (!tok)
+        return 0;
+    disk_tokens_from_le(tok, tokens_le, ps);
+    uint8_t hb[16];
+    cairn_page_hash_to_bytes(cairn_page_hash_next(parent, tok, (size_t)ps), hb);
+    free(tok);
+    return memcmp(hb, key, 16) == 0 ? l : 0;
+}
+
 void disk_parent_word(const uint8_t parent[16], uint8_t out[4])
 {
     put_u32(out, (uint32_t)parent[0] << 24 | (uint32_t)parent[1] << 16 |

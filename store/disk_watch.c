@@ -53,12 +53,6 @@ int cairn_disk_watch(cairn_disk *d, cairn_disk_watch_fn fn, void *user)
     return CAIRN_OK;
 }
 
-static void tokens_from_le(int32_t *dst, const uint8_t *src, int n)
-{
-    for (int i = 0; i < n; i++)
-        dst[i] = (int32_t)get_u32(src + 4 * i);
-}
-
 void disk_watch_batch(cairn_disk *d, const disk_req *list)
 {
     void *user;
@@ -73,7 +67,7 @@ void disk_watch_batch(cairn_disk *d, const disk_req *list)
         if (r->op == CAIRN_DISK_WRITE && r->status == CAIRN_OK && (r->announce & DISK_ANNOUNCE)) {
             if (!tok && !(tok = malloc((size_t)ps * sizeof *tok)))
                 return; /* an announcement lost: the routers' view is a hint */
-            tokens_from_le(tok, r->data + CAIRN_DISK_HEADER_BYTES, ps);
+            disk_tokens_from_le(tok, r->data + CAIRN_DISK_HEADER_BYTES, ps);
             e.stored = true;
             e.has_parent = r->announce & DISK_HAS_PARENT;
             e.parent = cairn_page_hash_from_bytes(r->parent);
@@ -147,7 +141,7 @@ static int scan_add(scan *s, const uint8_t key[16], const uint8_t *v, int ps)
     e->key = cairn_page_hash_from_bytes(key);
     e->parent4 = get_u32(v + 28);
     e->done = false;
-    tokens_from_le(s->tokens + s->n * (size_t)ps, v + CAIRN_DISK_HEADER_BYTES, ps);
+    disk_tokens_from_le(s->tokens + s->n * (size_t)ps, v + CAIRN_DISK_HEADER_BYTES, ps);
     s->n++;
     return CAIRN_OK;
 }

@@ -245,9 +245,10 @@ static void release_holder(cairn_kvcache *c, int32_t page, int32_t host_slot)
 }
 
 /* Keep tail[0 .. n) under `parent`, its KV in device page `page` or host
- * slot `host_slot` (one of them; taken in every case). */
+ * slot `host_slot` (one of them; taken in every case), which came from
+ * `came_from` (kv_tail.came_from). */
 static int tail_place(cairn_kvcache *c, uint64_t ns, cairn_page_hash parent, const int32_t *tail,
-                      size_t n, int32_t page, int32_t host_slot)
+                      size_t n, int32_t page, int32_t host_slot, int came_from)
 {
     if (tails_init(c) != CAIRN_OK) {
         release_holder(c, page, host_slot);
@@ -290,7 +291,8 @@ static int tail_place(cairn_kvcache *c, uint64_t ns, cairn_page_hash parent, con
     }
     *slot = (struct kv_tail){.parent = parent, .ns = ns, .page = page, .slot = host_slot,
                              .n = (int32_t)n, .last_use = ++c->tail_clock,
-                             .id = ++c->tail_ids, .came_from = -1, .tokens = slot->tokens};
+                             .id = ++c->tail_ids, .came_from = (int8_t)came_from,
+                             .tokens = slot->tokens};
     memcpy(slot->tokens, tail, n * sizeof *tail);
     c->n_tails++;
     return CAIRN_OK;
@@ -308,7 +310,7 @@ int cairn_kvcache_keep_tail(cairn_kvcache *c, uint64_t ns, const int32_t *tokens
         return CAIRN_EINVAL;
     }
     const cairn_page_hash parent = chain_hash(c, ns, tokens, n_tokens / ps);
-    int rc = tail_place(c, ns, parent, tokens + (n_tokens - n), n, page, -1);
+    int rc = tail_place(c, ns, parent, tokens + (n_tokens - n), n, page, -1, -1);
     if (rc == CAIRN_OK && c->shared && c->share_policy == CAIRN_SHARE_ALL)
         kvc_tails_down(c, &parent, false, true); /* a conversation may go on elsewhere */
     return rc;
@@ -322,12 +324,7 @@ int kvc_tail_adopt_host(cairn_kvcache *c, uint64_t ns, cairn_page_hash parent,
         return CAIRN_EINVAL;
     }
     c->slot_state[host_slot] = SLOT_IDLE;
-    uint64_t id = c->tail_ids + 1;
-    int rc = tail_place(c, ns, parent, tokens, n, -1, host_slot);
-    for (size_t i = 0; rc == CAIRN_OK && i < c->n_tails_cap; i++)
-        if (c->tails[i].id == id && tail_live(&c->tails[i]))
-            c->tails[i].came_from = (int8_t)came_from;
-    return rc;
+    return tail_place(c, ns, parent, tokens, n, -1, host_slot, came_from);
 }
 
 /* A live session's history that ends in a partial page ends in a tail: it
